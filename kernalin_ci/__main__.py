@@ -1,0 +1,3 @@
+from kernalin_ci.cli import main
+
+raise SystemExit(main())

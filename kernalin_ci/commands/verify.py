@@ -1,0 +1,60 @@
+"""kernalin-ci verify: check one entry against its op (SPEC-cli.md)."""
+from __future__ import annotations
+
+import sys
+
+from kernalin_ci.commands._common import parse_params, resolve_device, write_json
+from kernalin_ci.ops import NAMES
+from kernalin_ci.ops.base import DTYPES
+
+NAME = "verify"
+HELP = "verify one kernel entry: structural and multi-position dynamic checks"
+ORDER = 10
+
+
+def add_arguments(p):
+    p.add_argument("--op", required=True, choices=NAMES, metavar="OP", help=f"one of: {', '.join(NAMES)}")
+    p.add_argument("--entry", required=True, help="path/to/file.py:function or package.module:function")
+    p.add_argument("--param", action="append", metavar="K=V", help="op parameter (repeatable)")
+    p.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when a GPU is visible, else cpu")
+    p.add_argument("--dtype", choices=DTYPES, help="run every case in this dtype (default: float32 cases "
+                                                   "plus a float16/bfloat16 sweep)")
+    p.add_argument("--only", choices=("dynamic", "structural"), help="run only one kind of check")
+    p.add_argument("--probe", choices=("pos0",), help="run only the single demo probe most tools use "
+                                                      "(batch 1, kv_len 1 / position 0 / slot 0)")
+    p.add_argument("--case", metavar="JSON", help="run exactly this case (from a finding's reproduce command)")
+    p.add_argument("--timeout", type=float, metavar="S", help="seconds one case may take (default 600 on the "
+                                                              "CPU, 180 on a GPU)")
+    p.add_argument("--json", metavar="PATH|-", help="write the result as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+
+
+def run(args) -> int:
+    device = resolve_device(args.device)
+    from kernalin_ci.verify import verify
+
+    result = verify(args.op, args.entry, parse_params(args.param), device, dtype=args.dtype, only=args.only,
+                    probe=bool(args.probe), case_json=args.case, timeout_s=args.timeout,
+                    progress=not args.quiet)
+    write_json(result.to_json(), args.json)
+    print_result(result, sys.stderr if args.json == "-" else sys.stdout)
+    return 1 if result.findings else 0
+
+
+def print_result(result, out) -> None:
+    head = "PASS" if not result.findings else f"FAIL  {len(result.findings)} finding" + \
+        "s" * (len(result.findings) != 1)
+    print(f"{head}  {result.op} {result.entry} ({result.cases_run} cases on {result.device}, "
+          f"{result.seconds:.1f} s)", file=out)
+    for f in result.findings:
+        where = f" at {f.location.path}:{f.location.line}" if f.location else ""
+        print(f"  [{f.bug_class}] {f.check} ({f.kind}){where}: {f.message}", file=out)
+        if f.case:
+            from kernalin_ci.ops.base import Case
+
+            print(f"      case: {Case.from_json(f.case).summary()}", file=out)
+        if f.reproduce:
+            print(f"      reproduce: {f.reproduce}", file=out)
+    for n in result.notices:
+        where = f" at {n.location.path}:{n.location.line}" if n.location else ""
+        print(f"  note: {n.check}{where}: {n.message}", file=out)

@@ -1,0 +1,132 @@
+"""Findings, notices and the fixed bug-class vocabulary (docs/bug-classes.md).
+
+A finding is evidence that a kernel is wrong; a notice says a check could not
+decide (it never fails the gate). Both are plain data, serialised as SPEC-cli.md
+describes.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+# One vocabulary for dynamic and structural checks. "Symptom" classes are what a
+# launch shows when no more specific cause is known; "cause" classes name the bug.
+BUG_CLASSES: dict[str, str] = {
+    # symptoms (dynamic)
+    "wrong-output": "output differs from the float64 reference beyond tolerance; no known bug fingerprint matched",
+    "non-finite": "NaN or Inf in the output where the reference is finite",
+    "unwritten-output": "part of the output was never written (the poison survived)",
+    "input-modified": "an input the contract does not name as written changed",
+    "stale-result": "the output depends on an earlier call (results cached across calls)",
+    "entry-error": "the entry raised an exception on a valid input",
+    "timeout": "the kernel did not finish within the time limit",
+    "crashed": "the process running the kernel died (segfault, abort)",
+    "cuda-error": "a CUDA error (illegal memory access, launch failure) during the launch",
+    # attention
+    "softmax-no-max": "exp of scores without subtracting their maximum (overflows for large scores)",
+    "softmax-no-normalize": "output not divided by the sum of the exponentials (missing 1/l)",
+    "online-rescale": "tiled online softmax: accumulator or running sum not rescaled by exp(m_old - m_new)",
+    "split-combine": "split-KV partial results combined with the wrong log-sum-exp weights",
+    "scale": "softmax scale missing, applied twice, or applied after the max",
+    "kv-mask": "positions >= kv_len take part in the softmax (length mask missing or off by one)",
+    "unmasked-load": "a load or store whose index can leave the valid range (unmasked tail; 0 * NaN)",
+    "gqa-mapping": "query head h reads a KV head other than h // (Hq // Hkv)",
+    "stride": "a tensor indexed with the wrong stride (batch stride ignored, another tensor's strides)",
+    "paged-index": "paged KV addressing wrong (block table lookup, block size, in-block offset)",
+    # rope
+    "rope-pairing": "rotation pairs the wrong dimensions (neox and gptj swapped, wrong half)",
+    "rope-sign": "a sign of the rotation is flipped",
+    "rope-position": "the angle does not follow the token's position (program id, constant, wrong token)",
+    "rope-frequency": "frequencies not base^(-2i/rotary_dim) (head dim used for partial rotary, wrong base)",
+    "rope-passthrough": "dims >= rotary_dim not passed through unchanged",
+    "precision": "angles, reductions or accumulations computed in reduced precision",
+    # kv_append
+    "kv-slot": "a token written to the wrong slot (off by one, wrong block/offset split)",
+    "kv-padding": "a padding token (slot -1) written instead of skipped",
+    "kv-source": "a cache written from the wrong source (V from K, K from V)",
+    "kv-coverage": "part of a token's Hkv * D elements never written (only the first head, half of D)",
+    "stray-write": "bytes outside the intended write set changed",
+    "offset-overflow": "32-bit address arithmetic that overflows once a buffer passes 2^31 elements",
+}
+
+
+@dataclass
+class Location:
+    path: str
+    line: int
+
+
+@dataclass
+class Finding:
+    check: str
+    bug_class: str
+    message: str
+    location: Location | None = None
+    case: dict | None = None
+    reproduce: str | None = None
+    kind: str = "dynamic"  # "dynamic" | "structural"
+
+    def __post_init__(self):
+        if self.bug_class not in BUG_CLASSES:
+            raise ValueError(f"unknown bug class {self.bug_class!r}")
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Finding":
+        loc = d.get("location")
+        return cls(**{**d, "location": Location(**loc) if loc else None})
+
+
+@dataclass
+class Notice:
+    """A check that could not decide: 'could not verify X'. Never fails the gate."""
+
+    check: str
+    message: str
+    location: Location | None = None
+    kind: str = "structural"
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Notice":
+        loc = d.get("location")
+        return cls(**{**d, "location": Location(**loc) if loc else None})
+
+
+@dataclass
+class VerifyResult:
+    op: str
+    entry: str
+    cases_run: int = 0
+    seconds: float = 0.0
+    findings: list[Finding] = field(default_factory=list)
+    notices: list[Notice] = field(default_factory=list)
+    device: str = "cpu"
+
+    @property
+    def verdict(self) -> str:
+        return "fail" if self.findings else "pass"
+
+    def to_json(self) -> dict:
+        return {
+            "op": self.op,
+            "entry": self.entry,
+            "verdict": self.verdict,
+            "cases_run": self.cases_run,
+            "seconds": round(self.seconds, 3),
+            "device": self.device,
+            "findings": [f.to_json() for f in self.findings],
+            "notices": [n.to_json() for n in self.notices],
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> "VerifyResult":
+        return cls(
+            op=d["op"], entry=d["entry"], cases_run=d["cases_run"], seconds=d["seconds"],
+            findings=[Finding.from_json(f) for f in d["findings"]],
+            notices=[Notice.from_json(n) for n in d.get("notices", [])],
+            device=d.get("device", "cpu"),
+        )

@@ -1,0 +1,112 @@
+"""Run a worker task in a child process with a per-step timeout.
+
+A kernel under test can hang, segfault, or poison the CUDA context; none of
+that may take the gate down. The parent streams the child's events; each event
+restarts the step clock; silence past `timeout_s` kills the whole process group.
+"""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Outcome:
+    status: str  # "ok" | "timeout" | "crashed" | "usage-error" | "internal-error" | "restart"
+    events: list = field(default_factory=list)
+    detail: str = ""
+    output_tail: str = ""
+
+
+def child_env(device: str, extra: dict | None = None) -> dict:
+    env = dict(os.environ)
+    if device == "cpu":
+        env["TRITON_INTERPRET"] = "1"
+    else:
+        env.pop("TRITON_INTERPRET", None)
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # silences Triton 3.9's warning; keeps its default
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra or {})
+    return env
+
+
+def run_task(job: dict, device: str, timeout_s: float, on_event=None, env: dict | None = None,
+             cwd: str | None = None) -> Outcome:
+    """Run job (a dict with 'task') in `python -m kernalin_ci.worker`; call on_event per event."""
+    with tempfile.TemporaryDirectory(prefix="kernalin-job-") as tmp:
+        job_path = os.path.join(tmp, "job.json")
+        log_path = os.path.join(tmp, "output.log")
+        with open(job_path, "w") as f:
+            json.dump(job, f)
+        r, w = os.pipe()
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "kernalin_ci.worker", job_path, str(w)],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, pass_fds=(w,),
+                env=child_env(device, env), cwd=cwd, start_new_session=True)
+        os.close(w)
+        events: queue.Queue = queue.Queue()
+
+        def reader():
+            with os.fdopen(r) as f:
+                for line in f:
+                    try:
+                        events.put(json.loads(line))
+                    except json.JSONDecodeError:
+                        pass
+            events.put(None)
+
+        threading.Thread(target=reader, daemon=True).start()
+        outcome = Outcome("crashed")
+        while True:
+            try:
+                ev = events.get(timeout=timeout_s)
+            except queue.Empty:
+                _kill(proc)
+                outcome.status = "timeout"
+                outcome.detail = f"no progress for {timeout_s:g} s"
+                break
+            if ev is None:
+                break
+            outcome.events.append(ev)
+            kind = ev.get("event")
+            if kind in ("done", "usage-error", "internal-error", "restart"):
+                outcome.status = "ok" if kind == "done" else kind
+                outcome.detail = ev.get("message", ev.get("reason", ""))
+            if on_event:
+                on_event(ev)
+        try:
+            rc = proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            _kill(proc)
+            rc = proc.wait()
+        if outcome.status == "crashed":
+            outcome.detail = _describe_exit(rc)
+        with open(log_path, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - 4000))
+            outcome.output_tail = f.read().decode(errors="replace")
+        return outcome
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _describe_exit(rc: int) -> str:
+    if rc is not None and rc < 0:
+        try:
+            return f"killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"killed by signal {-rc}"
+    return f"exited with code {rc} before finishing"

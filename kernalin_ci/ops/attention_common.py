@@ -1,0 +1,144 @@
+"""What attention.decode and attention.decode_paged share: the float64 definition,
+the case plan (lengths around tile sizes, GQA ratios, large scores, poisoned tails),
+and the bug fingerprints (alternative references a known bug would produce)."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kernalin_ci.ops.base import Case, Param, positive
+
+# Optional shape params: pin a dimension for kernels specialised to one model.
+SHAPE_PARAMS = (
+    Param("head_dim", None, int, "pin D for every case (default: cases use 64 and 128)", check=positive),
+    Param("num_q_heads", None, int, "pin Hq (default: cases vary Hq/Hkv over 1, 4, 6, 8)", check=positive),
+    Param("num_kv_heads", None, int, "pin Hkv (default: cases vary it)", check=positive),
+)
+
+TILES = (16, 32, 64, 128, 256)
+
+
+def tile_lengths() -> list[int]:
+    """kv_len 1 and 2, t-1/t/t+1 around every power-of-two tile, and several tiles."""
+    lens = [1, 2]
+    for t in TILES:
+        lens += [t - 1, t, t + 1]
+    return lens + [300, 515, 1000]
+
+
+def long_length(device: str) -> int:
+    return 16384 if device == "cuda" else 2048
+
+
+def plan(params: dict, device: str, dtype: str | None) -> list[Case]:
+    """The default case set, as (name, dims, dtype) before op-specific dims are added."""
+    main = dtype or "float32"
+    D64 = params.get("head_dim") or 64
+    D128 = params.get("head_dim") or 128
+
+    def heads(hq, hkv):
+        hq = params.get("num_q_heads") or hq
+        hkv = params.get("num_kv_heads") or hkv
+        if params.get("num_q_heads") and not params.get("num_kv_heads"):
+            hkv = hkv if hq % hkv == 0 else 1
+        return hq, hkv
+
+    def dims(hq, hkv, D, lens, **extra):
+        hq, hkv = heads(hq, hkv)
+        return {"Hq": hq, "Hkv": hkv, "D": D, "kv_lens": list(lens), "scale": D ** -0.5, **extra}
+
+    long = long_length(device)
+    cases = [
+        Case("tiles", dims(8, 2, D64, tile_lengths()), main, 1, ("tiles",)),
+        Case("gqa-1", dims(4, 4, D128, [1, 33, 64, 200], scale=0.7 * D128 ** -0.5), main, 2),
+        Case("gqa-8", dims(16, 2, D64, [5, 17, 129, 300]), main, 3),
+        Case("gqa-6", dims(12, 2, D64, [2, 63, 65, 257]), main, 4),
+        Case("large-scores", dims(8, 2, D64, [2, 16, 100, 257], qk_std=6.5), main, 5, ("large-scores",)),
+        Case("stale-tail", dims(4, 4, D128, [3, 31, 64, 190], tail="stale"), main, 6, ("stale-tail",)),
+        Case("fresh-inputs", dims(4, 4, D128, [1, 33, 64, 200], scale=0.7 * D128 ** -0.5), main, 7,
+             ("repeat-of:gqa-1",)),
+        Case("long", dims(8, 2, D64, [long, long * 3 // 5 + 3]), main, 8, ("long",)),
+    ]
+    if dtype is None:  # dtype sweep on a smaller set
+        for i, dt in enumerate(("float16", "bfloat16")):
+            cases.append(Case(f"gqa-8-{dt}", dims(16, 2, D64, [5, 17, 129, 300]), dt, 20 + i))
+            cases.append(Case(f"large-scores-{dt}", dims(8, 2, D64, [2, 16, 100, 257], qk_std=6.5), dt,
+                              30 + i, ("large-scores",)))
+    return cases
+
+
+def probe_dims(params: dict) -> dict:
+    """The single demo probe: batch 1, kv_len 1, zeros past it, no poison."""
+    D = params.get("head_dim") or 64
+    hq = params.get("num_q_heads") or 8
+    hkv = params.get("num_kv_heads") or 2
+    return {"Hq": hq, "Hkv": hkv, "D": D, "kv_lens": [1], "scale": D ** -0.5, "tail": "zeros"}
+
+
+def head_map(Hq: int, Hkv: int) -> list[int]:
+    return [h // (Hq // Hkv) for h in range(Hq)]
+
+
+def attend(q: torch.Tensor, keys: list, values: list, scale: float, hmap: list[int],
+           normalize: bool = True) -> torch.Tensor:
+    """The definition in float64: q [B, Hq, D]; keys[b], values[b]: [Hkv, L_b, D]."""
+    q = q.to(torch.float64)
+    out = torch.empty_like(q)
+    idx = torch.tensor(hmap)
+    for b in range(q.shape[0]):
+        K = keys[b].to(torch.float64)[idx]  # [Hq, L, D]
+        V = values[b].to(torch.float64)[idx]
+        s = scale * torch.einsum("hd,hld->hl", q[b], K)
+        if normalize:
+            p = torch.softmax(s, dim=-1)
+        else:
+            p = torch.exp(s - s.max(dim=-1, keepdim=True).values)
+        out[b] = torch.einsum("hl,hld->hd", p, V)
+    return out
+
+
+def validate_dims(dims: dict) -> str | None:
+    """A --case given by hand: the shape rules of SPEC-ops.md."""
+    hq, hkv = dims.get("Hq"), dims.get("Hkv")
+    if not hq or not hkv or hq % hkv:
+        return "Hq must be a positive multiple of Hkv"
+    if any(L < 1 for L in dims.get("kv_lens", [])) or not dims.get("kv_lens"):
+        return "kv_lens must be >= 1"
+    return None
+
+
+def fingerprints(q, keys_of, values_of, kv_lens: list[int], scale: float, Hq: int, Hkv: int,
+                 D: int, tail_finite: bool) -> list[tuple[str, dict]]:
+    """Alternative outputs that known bugs would produce. `keys_of(b, L)` gives [Hkv, L, D]."""
+    B = len(kv_lens)
+    good = head_map(Hq, Hkv)
+    K = [keys_of(b, L) for b, L in enumerate(kv_lens)]
+    V = [values_of(b, L) for b, L in enumerate(kv_lens)]
+    fps = []
+    if Hq != Hkv:
+        fps.append(("gqa-mapping", {"out": attend(q, K, V, scale, [h % Hkv for h in range(Hq)])}))
+    fps.append(("softmax-no-normalize", {"out": attend(q, K, V, scale, good, normalize=False)}))
+    fps.append(("scale", {"out": attend(q, K, V, 1.0, good)}))
+    fps.append(("scale", {"out": attend(q, K, V, scale * scale, good)}))
+    if not math.isclose(scale, D ** -0.5):
+        fps.append(("scale", {"out": attend(q, K, V, D ** -0.5, good)}))
+    if tail_finite:
+        K1 = [keys_of(b, L + 1) for b, L in enumerate(kv_lens)]
+        V1 = [values_of(b, L + 1) for b, L in enumerate(kv_lens)]
+        fps.append(("kv-mask", {"out": attend(q, K1, V1, scale, good)}))
+    Km = [keys_of(b, max(L - 1, 1)) for b, L in enumerate(kv_lens)]
+    Vm = [values_of(b, max(L - 1, 1)) for b, L in enumerate(kv_lens)]
+    fps.append(("kv-mask", {"out": attend(q, Km, Vm, scale, good)}))
+    if B > 1:
+        K0 = [keys_of(0, L) for L in kv_lens]
+        V0 = [values_of(0, L) for L in kv_lens]
+        fps.append(("stride", {"out": attend(q, K0, V0, scale, good)}))
+    return fps
+
+
+def row_label(dims: dict, row: int) -> str:
+    """Name output row `row` of out [B, Hq, D] with the facts that matter."""
+    hq = dims["Hq"]
+    b, h = divmod(row, hq)
+    return f"b={b} h={h} (kv_len={dims['kv_lens'][b]})"

@@ -1,0 +1,77 @@
+"""attention.decode: one query token per sequence, contiguous KV cache (SPEC-ops.md)."""
+from __future__ import annotations
+
+import torch
+
+from kernalin_ci.ops import attention_common as ac
+from kernalin_ci.ops.base import Case, Expected, generator, randn, torch_dtype
+from kernalin_ci.verify.poison import fill_canary
+
+
+class AttentionDecode:
+    name = "attention.decode"
+    params = ac.SHAPE_PARAMS
+    written = ()
+
+    def cases(self, params, device, dtype):
+        return ac.plan(params, device, dtype)
+
+    def probe(self, params, dtype):
+        return Case("pos0-probe", ac.probe_dims(params), dtype or "float32", 0, ("probe",))
+
+    def inputs(self, case, params, device, poison=True):
+        d = case.dims
+        g = generator(case.seed)
+        lens = d["kv_lens"]
+        B, Hq, Hkv, D = len(lens), d["Hq"], d["Hkv"], d["D"]
+        S = d.get("S") or max(lens) + 13
+        std = d.get("qk_std", 1.0)
+        q = randn((B, Hq, D), g, case.dtype, "cpu", std)
+        k = randn((B, Hkv, S, D), g, case.dtype, "cpu", std)
+        v = randn((B, Hkv, S, D), g, case.dtype, "cpu")
+        _fill_tails(k, v, lens, d.get("tail", "nan"), g, poison)
+        return {
+            "q": q.to(device), "k_cache": k.to(device), "v_cache": v.to(device),
+            "kv_lens": torch.tensor(lens, dtype=torch.int32, device=device), "scale": float(d["scale"]),
+        }
+
+    def outputs(self, ret, kw):
+        return {"out": ret}
+
+    def reference(self, kw, params):
+        lens = kw["kv_lens"].tolist()
+        q = kw["q"]
+        Hq, Hkv = q.shape[1], kw["k_cache"].shape[1]
+        K = [kw["k_cache"][b, :, :L] for b, L in enumerate(lens)]
+        V = [kw["v_cache"][b, :, :L] for b, L in enumerate(lens)]
+        return Expected({"out": ac.attend(q, K, V, kw["scale"], ac.head_map(Hq, Hkv))})
+
+    def fingerprints(self, kw, params, case):
+        S = kw["k_cache"].shape[2]
+        q = kw["q"]
+        return ac.fingerprints(
+            q, lambda b, L: kw["k_cache"][b, :, :min(L, S)], lambda b, L: kw["v_cache"][b, :, :min(L, S)],
+            kw["kv_lens"].tolist(), kw["scale"], q.shape[1], kw["k_cache"].shape[1], q.shape[2],
+            tail_finite=case.dims.get("tail", "nan") != "nan")
+
+    def properties(self, case, kw, outs, params):
+        return []
+
+    def row_label(self, case, kw, name, row):
+        return ac.row_label(case.dims, row)
+
+
+def _fill_tails(k, v, lens, tail, g, poison):
+    """Cache entries at j >= kv_len: NaN canary (default), stale finite data, or zeros (probe)."""
+    for b, L in enumerate(lens):
+        for t in (k, v):
+            part = t[b, :, L:]
+            if tail == "zeros" or not poison:
+                part.zero_()
+            elif tail == "stale":
+                part.copy_(torch.randn(part.shape, generator=g, dtype=torch.float64).mul_(3.0).to(part.dtype))
+            else:
+                fill_canary(part)
+
+
+OP = AttentionDecode()

@@ -1,0 +1,127 @@
+"""attention.decode_paged: one query token per sequence, paged KV cache (SPEC-ops.md)."""
+from __future__ import annotations
+
+import torch
+
+from kernalin_ci.ops import attention_common as ac
+from kernalin_ci.ops.base import Case, Expected, Param, generator, positive, randn
+from kernalin_ci.verify.poison import fill_canary
+
+
+class AttentionDecodePaged:
+    name = "attention.decode_paged"
+    params = (Param("block_size", 16, int, "tokens per KV-cache block", check=positive),) + ac.SHAPE_PARAMS
+    written = ()
+
+    def cases(self, params, device, dtype):
+        return ac.plan(params, device, dtype)
+
+    def probe(self, params, dtype):
+        return Case("pos0-probe", {**ac.probe_dims(params), "arange_tables": True}, dtype or "float32", 0,
+                    ("probe",))
+
+    def inputs(self, case, params, device, poison=True):
+        d = case.dims
+        g = generator(case.seed)
+        bs = params["block_size"]
+        lens = d["kv_lens"]
+        B, Hq, Hkv, D = len(lens), d["Hq"], d["Hkv"], d["D"]
+        std = d.get("qk_std", 1.0)
+        tail = d.get("tail", "nan") if poison else "zeros"
+        need = [-(-L // bs) for L in lens]
+        max_blocks = max(need) + 2
+        num_blocks = sum(need) + d.get("free_blocks", 7)
+        if d.get("arange_tables"):
+            ids = torch.arange(num_blocks)
+        else:
+            ids = torch.randperm(num_blocks, generator=g)
+            last = sum(need) - 1  # make the highest block id one that is read
+            j = int((ids == num_blocks - 1).nonzero()[0])
+            ids[j], ids[last] = ids[last].clone(), ids[j].clone()
+        tables = torch.randint(0, num_blocks, (B, max_blocks), generator=g, dtype=torch.int32)
+        pos = 0
+        for b, n in enumerate(need):
+            tables[b, :n] = ids[pos:pos + n].to(torch.int32)
+            pos += n
+        q = randn((B, Hq, D), g, case.dtype, "cpu", std)
+        k = torch.empty((num_blocks, bs, Hkv, D), dtype=q.dtype)
+        v = torch.empty_like(k)
+        for t in (k, v):  # free blocks and slots past kv_len
+            if tail == "zeros":
+                t.zero_()
+            elif tail == "stale":
+                t.copy_(torch.randn(t.shape, generator=g, dtype=torch.float64).mul_(3.0).to(t.dtype))
+            else:
+                fill_canary(t)
+        for b, L in enumerate(lens):
+            kb = randn((L, Hkv, D), g, case.dtype, "cpu", std)
+            vb = randn((L, Hkv, D), g, case.dtype, "cpu")
+            j = torch.arange(L)
+            blk = tables[b, j // bs].long()
+            k[blk, j % bs] = kb
+            v[blk, j % bs] = vb
+        return {
+            "q": q.to(device), "k_cache": k.to(device), "v_cache": v.to(device),
+            "block_tables": tables.to(device),
+            "kv_lens": torch.tensor(lens, dtype=torch.int32, device=device), "scale": float(d["scale"]),
+        }
+
+    def outputs(self, ret, kw):
+        return {"out": ret}
+
+    @staticmethod
+    def _gather(cache, tables, b, L):
+        bs = cache.shape[1]
+        L = min(L, tables.shape[1] * bs)
+        j = torch.arange(L)
+        blk = tables[b, j // bs].long().clamp(0, cache.shape[0] - 1)
+        return cache[blk, j % bs].permute(1, 0, 2)  # [Hkv, L, D]
+
+    def reference(self, kw, params):
+        lens = kw["kv_lens"].tolist()
+        q, tb = kw["q"], kw["block_tables"]
+        Hq, Hkv = q.shape[1], kw["k_cache"].shape[2]
+        K = [self._gather(kw["k_cache"], tb, b, L) for b, L in enumerate(lens)]
+        V = [self._gather(kw["v_cache"], tb, b, L) for b, L in enumerate(lens)]
+        return Expected({"out": ac.attend(q, K, V, kw["scale"], ac.head_map(Hq, Hkv))})
+
+    def fingerprints(self, kw, params, case):
+        q, tb = kw["q"], kw["block_tables"]
+        fps = ac.fingerprints(
+            q, lambda b, L: self._gather(kw["k_cache"], tb, b, L),
+            lambda b, L: self._gather(kw["v_cache"], tb, b, L),
+            kw["kv_lens"].tolist(), kw["scale"], q.shape[1], kw["k_cache"].shape[2], q.shape[2],
+            tail_finite=case.dims.get("tail", "nan") != "nan")
+        # the block size confused with another power of two (a tile size)
+        bs = kw["k_cache"].shape[1]
+        lens = kw["kv_lens"].tolist()
+        for wrong in (8, 16, 32, 64):
+            if wrong == bs:
+                continue
+            K, V = [], []
+            ok = True
+            for b, L in enumerate(lens):
+                j = torch.arange(L)
+                col = j // wrong
+                if int(col.max()) >= tb.shape[1]:
+                    ok = False
+                    break
+                blk = tb[b, col].long()
+                if int(blk.min()) < 0 or int(blk.max()) >= kw["k_cache"].shape[0]:
+                    ok = False
+                    break
+                K.append(kw["k_cache"][blk, j % bs].permute(1, 0, 2))
+                V.append(kw["v_cache"][blk, j % bs].permute(1, 0, 2))
+            if ok:
+                hm = ac.head_map(q.shape[1], kw["k_cache"].shape[2])
+                fps.append(("paged-index", {"out": ac.attend(q, K, V, kw["scale"], hm)}))
+        return fps
+
+    def properties(self, case, kw, outs, params):
+        return []
+
+    def row_label(self, case, kw, name, row):
+        return ac.row_label(case.dims, row)
+
+
+OP = AttentionDecodePaged()

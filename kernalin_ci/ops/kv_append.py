@@ -1,0 +1,169 @@
+"""kv_append: write new keys and values into a paged cache, in place (SPEC-ops.md).
+
+The check is exact and whole-buffer: every written slot must hold its token's
+key/value bit for bit, and every other byte of both caches (canary-filled
+before the call) must be unchanged.
+"""
+from __future__ import annotations
+
+import torch
+
+from kernalin_ci.findings import Finding
+from kernalin_ci.ops.base import Case, Param, generator, positive, randn
+from kernalin_ci.verify.poison import bits, fill_canary
+
+PARAMS = (
+    Param("block_size", 16, int, "slots per cache block", check=positive),
+    Param("head_dim", None, int, "pin D for every case (default: 64 and 128)", check=positive),
+    Param("num_kv_heads", None, int, "pin Hkv", check=positive),
+)
+
+HUGE_ELEMENTS = 2 ** 31  # one cache past 2^31 elements: 32-bit offsets overflow
+
+
+class KvAppend:
+    name = "kv_append"
+    params = PARAMS
+    written = ("k_cache", "v_cache")
+
+    def _dims(self, params, T, Hkv, D, num_blocks, padding, **extra):
+        return {"T": T, "Hkv": params.get("num_kv_heads") or Hkv, "D": params.get("head_dim") or D,
+                "num_blocks": num_blocks, "padding": padding, **extra}
+
+    def cases(self, params, device, dtype):
+        main = dtype or "float32"
+        cases = [
+            Case("slots", self._dims(params, 37, 2, 64, 23, 5), main, 1),
+            Case("heads", self._dims(params, 29, 8, 128, 11, 3), main, 2),
+            Case("all-padding-but-one", self._dims(params, 7, 4, 64, 5, 6), main, 3),
+            Case("fresh-inputs", self._dims(params, 37, 2, 64, 23, 5), main, 4, ("repeat-of:slots",)),
+        ]
+        if dtype is None:
+            for i, dt in enumerate(("float16", "bfloat16")):
+                cases.append(Case(f"slots-{dt}", self._dims(params, 37, 2, 64, 23, 5), dt, 10 + i))
+        huge_dt = "float32" if main == "float32" else main
+        hkv, d = params.get("num_kv_heads") or 8, params.get("head_dim") or 128
+        per_block = params["block_size"] * hkv * d
+        nb = HUGE_ELEMENTS // per_block + 2
+        cases.append(Case("past-2^31-elements", self._dims(params, 6, hkv, d, nb, 1, high_slots=True),
+                          "float16" if huge_dt == "float32" else huge_dt, 5, ("huge",)))
+        return cases
+
+    def probe(self, params, dtype):
+        dims = self._dims(params, 1, 2, 64, 4, 0, slots=[0])
+        return Case("pos0-probe", dims, dtype or "float32", 0, ("probe",))
+
+    def slot_mapping(self, case, params, g) -> list[int]:
+        d = case.dims
+        if "slots" in d:
+            return list(d["slots"])
+        bs, T, nb, pad = params["block_size"], d["T"], d["num_blocks"], d["padding"]
+        n = nb * bs
+        want = T - pad
+        if d.get("high_slots"):  # slots whose element offset passes 2^31, and slot 0
+            special = [n - 1, n - bs, n - bs - 1, 0][:want]
+        else:  # first and last slot overall, last slot of a block, first of the next
+            special = [0, n - 1, bs - 1, bs, (nb // 2) * bs + bs - 1][:want]
+        rest = [s for s in torch.randperm(n, generator=g)[: want + len(special)].tolist() if s not in special]
+        slots = (special + rest)[:want]
+        slots += [-1] * pad
+        order = torch.randperm(T, generator=g).tolist()
+        return [slots[i] for i in order]
+
+    def inputs(self, case, params, device, poison=True):
+        d = case.dims
+        g = generator(case.seed)
+        T, Hkv, D, nb, bs = d["T"], d["Hkv"], d["D"], d["num_blocks"], params["block_size"]
+        slots = self.slot_mapping(case, params, g)
+        key = randn((T, Hkv, D), g, case.dtype, "cpu").to(device)
+        value = randn((T, Hkv, D), g, case.dtype, "cpu").to(device)
+        shape = (nb, bs, Hkv, D)
+        if "huge" in case.tags:  # lazily allocated zeros: never resident as a whole
+            k_cache = torch.zeros(shape, dtype=key.dtype, device=device)
+            v_cache = torch.zeros(shape, dtype=key.dtype, device=device)
+        else:
+            k_cache = torch.empty(shape, dtype=key.dtype, device=device)
+            v_cache = torch.empty(shape, dtype=key.dtype, device=device)
+            if poison:
+                fill_canary(k_cache), fill_canary(v_cache)
+            else:
+                k_cache.zero_(), v_cache.zero_()
+        return {"key": key, "value": value, "k_cache": k_cache, "v_cache": v_cache,
+                "slot_mapping": torch.tensor(slots, dtype=torch.int64, device=device)}
+
+    def outputs(self, ret, kw):
+        return {"k_cache": kw["k_cache"], "v_cache": kw["v_cache"]}
+
+    def check(self, case, before, kw, outs, params):
+        """Written slots hold their token's data; nothing else in either cache changed."""
+        findings = []
+        bs = params["block_size"]
+        slots = before["slot_mapping"].tolist()
+        tok = [t for t, s in enumerate(slots) if s >= 0]
+        pads = [t for t, s in enumerate(slots) if s < 0]
+        idx = torch.tensor([slots[t] for t in tok], dtype=torch.int64)
+        sources = {"k_cache": ("key", "value"), "v_cache": ("value", "key")}
+        for name, (src, other) in sources.items():
+            cache = outs[name]
+            dev = cache.device
+            b_idx, o_idx = (idx // bs).to(dev), (idx % bs).to(dev)
+            got = cache[b_idx, o_idx]  # [n, Hkv, D]
+            want = before[src].to(dev)[tok]
+            bad = bits(got) != bits(want)
+            if bool(bad.any()):
+                findings.append(self._explain_slots(name, got, want, bad, before, src, other, tok, slots))
+            # restore the written slots to their previous contents, then the whole cache must match
+            if before.get(name) is not None:
+                cache[b_idx, o_idx] = before[name].to(dev)[b_idx, o_idx]
+                changed = bits(cache) != bits(before[name].to(dev))
+            else:  # lazily allocated zero cache
+                cache[b_idx, o_idx] = 0
+                changed = bits(cache) != 0
+            if bool(changed.any()):
+                findings.append(self._explain_stray(name, cache, changed, before, src, pads, bs))
+        return findings
+
+    def _explain_slots(self, name, got, want, bad, before, src, other, tok, slots):
+        bad_tok = bad.flatten(1).any(1)
+        n_bad = int(bad_tok.sum())
+        i = int(bad_tok.nonzero()[0])
+        where = f"token {tok[i]} (slot {slots[tok[i]]})"
+        heads_bad = bad[i].any(-1).nonzero().flatten().tolist()
+        prev = before.get(name)
+        if prev is not None:
+            bs = prev.shape[1]
+            s = torch.tensor([slots[t] for t in tok])
+            untouched = bits(got) == bits(prev.to(got.device)[s // bs, s % bs])
+        else:
+            untouched = bits(got) == 0
+        from_other = bits(got[bad_tok]) == bits(before[other].to(got.device)[tok][bad_tok])
+        if bool((untouched | ~bad).all()):
+            return Finding("kv-written-slots", "kv-coverage",
+                           f"{name}: {n_bad} of {len(tok)} tokens not fully written; e.g. {where}: "
+                           f"heads {heads_bad} of {got.shape[1]} still hold the previous contents")
+        if bool(from_other.all()):
+            return Finding("kv-written-slots", "kv-source",
+                           f"{name}: written from {other!r} instead of {src!r} ({n_bad} tokens, e.g. {where})")
+        return Finding("kv-written-slots", "kv-slot",
+                       f"{name}: {n_bad} of {len(tok)} written slots do not hold their token's {src}; "
+                       f"e.g. {where}, heads {heads_bad}")
+
+    def _explain_stray(self, name, cache, changed, before, src, pads, bs):
+        n = int(changed.sum())
+        first = [int(x) for x in changed.nonzero()[0]]
+        blk, off = first[0], first[1]
+        msg = (f"{name}: {n} elements outside the written slots changed; first at block {blk}, slot {off} "
+               f"(slot index {blk * bs + off}), head {first[2]}, dim {first[3]}")
+        cls = "stray-write"
+        if pads:
+            pad_vals = before[src].to(cache.device)[pads]  # [P, Hkv, D]
+            rows = cache[changed.any(-1).any(-1)]  # changed slots [m, Hkv, D]
+            for r in rows[:64]:
+                if any(bool((bits(r) == bits(p)).all()) for p in pad_vals):
+                    cls = "kv-padding"
+                    msg = f"{name}: a padding token (slot -1) was written, at slot index {blk * bs + off}"
+                    break
+        return Finding("kv-whole-cache", cls, msg)
+
+
+OP = KvAppend()

@@ -1,0 +1,174 @@
+"""rope: rotary position embedding of query and key (SPEC-ops.md)."""
+from __future__ import annotations
+
+import torch
+
+from kernalin_ci.findings import Finding
+from kernalin_ci.ops.base import TOLERANCE, Case, Expected, Param, generator, positive, randn
+
+PARAMS = (
+    Param("style", "neox", str, "pairing: neox (i, i + r/2) or gptj (2i, 2i + 1)", choices=("neox", "gptj")),
+    Param("base", 10000.0, float, "theta_i = base^(-2i/r)", check=lambda v: None if v > 1 else "must be > 1"),
+    Param("rotary_dim", None, int, "r, the rotated dims (default D; even, <= D)",
+          check=lambda v: None if v > 0 and v % 2 == 0 else "must be positive and even"),
+    Param("max_position", 65536, int, "positions are < max_position", check=positive),
+    Param("head_dim", None, int, "pin D for every case (default: 64 and 128)", check=positive),
+    Param("num_q_heads", None, int, "pin Hq", check=positive),
+    Param("num_kv_heads", None, int, "pin Hkv", check=positive),
+)
+
+
+def rotate(x: torch.Tensor, positions: torch.Tensor, style: str, base: float, r: int,
+           sign: float = 1.0) -> torch.Tensor:
+    """The definition in float64. x [T, H, D], positions [T]."""
+    x = x.to(torch.float64)
+    i = torch.arange(r // 2, dtype=torch.float64)
+    theta = base ** (-2.0 * i / r)
+    a = positions.to(torch.float64)[:, None] * theta[None, :]  # [T, r/2]
+    cos, sin = torch.cos(a)[:, None, :], sign * torch.sin(a)[:, None, :]
+    out = x.clone()
+    if style == "neox":
+        x1, x2 = x[..., : r // 2], x[..., r // 2: r]
+        out[..., : r // 2] = x1 * cos - x2 * sin
+        out[..., r // 2: r] = x2 * cos + x1 * sin
+    else:
+        x1, x2 = x[..., 0:r:2], x[..., 1:r:2]
+        out[..., 0:r:2] = x1 * cos - x2 * sin
+        out[..., 1:r:2] = x2 * cos + x1 * sin
+    return out
+
+
+class Rope:
+    name = "rope"
+    params = PARAMS
+    written = ("q", "k")  # in-place kernels may return q and k themselves
+
+    def _shape(self, params, D, hq, hkv):
+        D = params.get("head_dim") or D
+        r = params.get("rotary_dim") or D
+        if r > D:
+            D = r
+        hq = params.get("num_q_heads") or hq
+        hkv = params.get("num_kv_heads") or hkv
+        return {"D": D, "Hq": hq, "Hkv": hkv}
+
+    def cases(self, params, device, dtype):
+        main = dtype or "float32"
+        mp = params["max_position"]
+        special = [0, 1, 2, 3, 7, 31, 100, 1000, 4095, mp - 1, mp - 2, mp // 2 + 1]
+        special = [p for p in special if 0 <= p < mp]
+        cases = [
+            Case("positions", {**self._shape(params, 64, 8, 2), "T": 37, "positions": special}, main, 1),
+            Case("full-heads", {**self._shape(params, 128, 4, 4), "T": 19, "positions": special[:5]}, main, 2),
+            Case("many-heads", {**self._shape(params, 64, 12, 4), "T": 53}, main, 3),
+            Case("relative", {**self._shape(params, 64, 8, 2), "T": 16, "relative": 5}, main, 4, ("relative",)),
+            Case("fresh-inputs", {**self._shape(params, 64, 8, 2), "T": 37, "positions": special}, main, 5,
+                 ("repeat-of:positions",)),
+        ]
+        if dtype is None:
+            for i, dt in enumerate(("float16", "bfloat16")):
+                cases.append(Case(f"positions-{dt}", {**self._shape(params, 64, 8, 2), "T": 37,
+                                                      "positions": special}, dt, 10 + i))
+        return cases
+
+    def probe(self, params, dtype):
+        return Case("pos0-probe", {**self._shape(params, 64, 8, 2), "T": 1, "positions": [0]},
+                    dtype or "float32", 0, ("probe",))
+
+    def inputs(self, case, params, device, poison=True):
+        d = case.dims
+        g = generator(case.seed)
+        T, Hq, Hkv, D = d["T"], d["Hq"], d["Hkv"], d["D"]
+        mp = params["max_position"]
+        pos = list(d.get("positions", []))[:T]
+        if d.get("relative"):
+            # pairs (m, m - delta) with the same delta: <R(m)q, R(m-delta)k> must not depend on m
+            ms = torch.randint(d["relative"], mp, (T // 2,), generator=g).tolist()
+            pos = [p for m in ms for p in (m, m - d["relative"])]
+        pos = pos + torch.randint(0, mp, (T - len(pos),), generator=g).tolist()
+        q = randn((T, Hq, D), g, case.dtype, "cpu")
+        k = randn((T, Hkv, D), g, case.dtype, "cpu")
+        if d.get("relative"):  # one q vector and one k vector everywhere
+            q[:] = q[0]
+            k[:] = k[0]
+        return {"q": q.to(device), "k": k.to(device),
+                "positions": torch.tensor(pos, dtype=torch.int64, device=device)}
+
+    def outputs(self, ret, kw):
+        if not isinstance(ret, (tuple, list)) or len(ret) != 2:
+            raise TypeError(f"rope entry must return (q_out, k_out), got {type(ret).__name__}")
+        return {"q": ret[0], "k": ret[1]}
+
+    def _r(self, params, D):
+        return params.get("rotary_dim") or D
+
+    def reference(self, kw, params):
+        D = kw["q"].shape[-1]
+        r, st, base = self._r(params, D), params["style"], params["base"]
+        return Expected({"q": rotate(kw["q"], kw["positions"], st, base, r),
+                         "k": rotate(kw["k"], kw["positions"], st, base, r)})
+
+    def fingerprints(self, kw, params, case):
+        D = kw["q"].shape[-1]
+        r, st, base = self._r(params, D), params["style"], params["base"]
+        pos = kw["positions"]
+        other = "gptj" if st == "neox" else "neox"
+
+        def both(**kws):
+            a = dict(style=st, base=base, r=r, positions=pos)
+            a.update(kws)
+            p = a.pop("positions")
+            return {"q": rotate(kw["q"], p, **a), "k": rotate(kw["k"], p, **a)}
+
+        fps = [
+            ("rope-pairing", both(style=other)),
+            ("rope-sign", both(sign=-1.0)),
+            ("rope-position", both(positions=torch.zeros_like(pos))),
+            ("rope-position", both(positions=torch.arange(len(pos)))),
+        ]
+        if r != D:
+            fps.append(("rope-frequency", both(r=D)))
+        return fps
+
+    def properties(self, case, kw, outs, params):
+        """Reference-free: rotations preserve norms; <R(m)q, R(n)k> depends on m - n only."""
+        found = []
+        tol = TOLERANCE[case.dtype]
+        for name in ("q", "k"):
+            x = kw[name].to(torch.float64)
+            y = outs[name].detach().to("cpu", torch.float64)
+            nx, ny = x.norm(dim=-1), y.norm(dim=-1)
+            rel = ((ny - nx).abs() / nx.clamp_min(1e-30))
+            bad = ~(rel <= 4 * tol)
+            if bool(bad.any()):
+                t, h = [int(i) for i in bad.nonzero()[0]]
+                found.append(Finding(
+                    "norm-preservation", "wrong-output",
+                    f"{name}: {int(bad.sum())} of {bad.numel()} rows change their norm (a rotation keeps it); "
+                    f"worst relative change {float(rel.nan_to_num(float('inf')).max()):.3g} at t={t} h={h}, "
+                    f"position {int(kw['positions'][t])}"))
+        if case.dims.get("relative"):
+            q = outs["q"].detach().to("cpu", torch.float64)
+            k = outs["k"].detach().to("cpu", torch.float64)
+            dots = (q[0::2, :, None, :] * k[1::2, None, :, :]).sum(-1)  # [pairs, Hq, Hkv]
+            ref = dots[0:1]
+            scale = (kw["q"].to(torch.float64)[0].norm(dim=-1)[:, None]
+                     * kw["k"].to(torch.float64)[0].norm(dim=-1)[None, :])
+            dev = ((dots - ref).abs() / scale).nan_to_num(float("inf"))
+            if float(dev.max()) > 8 * tol:
+                i = int(dev.amax(dim=(1, 2)).argmax())
+                m, n = int(kw["positions"][2 * i]), int(kw["positions"][2 * i + 1])
+                m0, n0 = int(kw["positions"][0]), int(kw["positions"][1])
+                found.append(Finding(
+                    "relative-position", "rope-position",
+                    f"<R(m)q, R(n)k> is not a function of m - n: positions ({m}, {n}) and ({m0}, {n0}) "
+                    f"(both m - n = {case.dims['relative']}) differ by {float(dev.max()):.3g} of |q||k|"))
+        return found
+
+    def row_label(self, case, kw, name, row):
+        H = case.dims["Hq"] if name == "q" else case.dims["Hkv"]
+        t, h = divmod(row, H)
+        return f"{name}[t={t}, h={h}] (position {int(kw['positions'][t])})"
+
+
+OP = Rope()

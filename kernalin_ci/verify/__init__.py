@@ -1,0 +1,180 @@
+"""verify(): run an entry's checks and return a VerifyResult.
+
+The parent never imports the user's code: dynamic checks run in worker child
+processes (kernalin_ci.isolate). A timeout or crash becomes a finding for the
+case in flight, and the remaining cases go on in a fresh child.
+"""
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import time
+
+from kernalin_ci.errors import UsageError
+from kernalin_ci.findings import Finding, Notice, VerifyResult
+from kernalin_ci.isolate import run_task
+from kernalin_ci.ops import get_op
+from kernalin_ci.ops.base import Case, resolve_params
+
+DEFAULT_TIMEOUT = {"cpu": 600.0, "cuda": 180.0}
+MAX_RESTARTS = 8
+
+
+def reproduce_command(op: str, entry: str, raw_params: dict, device: str, case: Case | None) -> str:
+    parts = ["kernalin-ci", "verify", "--op", op, "--entry", entry]
+    for k, v in raw_params.items():
+        parts += ["--param", f"{k}={json.dumps(v) if isinstance(v, (list, dict)) else v}"]
+    parts += ["--device", device, "--only", "dynamic"]
+    if case is not None:
+        parts += ["--case", json.dumps(case.to_json(), separators=(",", ":"))]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+class Progress:
+    """One line per finished case on stderr (long interpreter runs need a pulse)."""
+
+    def __init__(self, enabled: bool, total: int, label: str):
+        self.enabled, self.total, self.label = enabled, total, label
+        self.names: dict[int, str] = {}
+
+    def case_done(self, index: int, name: str, seconds: float, n_findings: int) -> None:
+        if self.enabled:
+            status = "ok" if n_findings == 0 else f"FAIL ({n_findings} finding{'s' * (n_findings != 1)})"
+            print(f"  {self.label} [{index + 1}/{self.total}] {name}: {status} ({seconds:.1f} s)",
+                  file=sys.stderr, flush=True)
+
+    def note(self, text: str) -> None:
+        if self.enabled:
+            print(f"  {self.label} {text}", file=sys.stderr, flush=True)
+
+
+def run_cases(task: str, job: dict, cases: list[Case], device: str, timeout_s: float, progress: Progress,
+              repro) -> tuple[list[Finding], int]:
+    """Drive worker children over all cases, restarting after a hang or crash."""
+    findings: list[Finding] = []
+    done = 0
+    start = 0
+    restarts = 0
+    while start < len(cases):
+        in_flight = {"index": None}
+
+        def on_event(ev):
+            nonlocal done
+            if ev["event"] == "case-start":
+                in_flight["index"] = ev["index"]
+            elif ev["event"] == "case-done":
+                i = ev["index"]
+                in_flight["index"] = None
+                fs = [Finding.from_json(f) for f in ev["findings"]]
+                for f in fs:
+                    f.case = cases[i].to_json()
+                    f.reproduce = repro(cases[i])
+                findings.extend(fs)
+                done += 1
+                progress.case_done(i, cases[i].name, ev.get("seconds", 0.0), len(fs))
+
+        outcome = run_task({**job, "task": task, "cases": [c.to_json() for c in cases], "start": start},
+                           device, timeout_s, on_event)
+        if outcome.status == "usage-error":
+            raise UsageError(outcome.detail)
+        if outcome.status == "internal-error":
+            tb = next((e.get("traceback") for e in outcome.events if e.get("event") == "internal-error"), "")
+            raise RuntimeError(f"worker failed: {outcome.detail}\n{tb}")
+        if outcome.status == "ok":
+            break
+        last = max((e["index"] for e in outcome.events if e.get("event") == "case-done"), default=start - 1)
+        i = in_flight["index"]
+        if outcome.status in ("timeout", "crashed"):
+            if i is None and not any(e.get("event") == "case-start" for e in outcome.events):
+                # died before any case started: loading the entry itself hangs or crashes
+                tail = " ".join(outcome.output_tail.split()[-40:])[-300:]
+                findings.append(Finding("isolation", outcome.status,
+                                        f"loading the entry: {outcome.detail}; last output: {tail}"))
+                progress.note(f"loading the entry {outcome.status}: {outcome.detail}")
+                break
+            if i is None:
+                i = last + 1
+            kind = outcome.status if outcome.status == "timeout" else "crashed"
+            tail = " ".join(outcome.output_tail.split()[-40:])
+            msg = (f"case {cases[i].name!r}: {outcome.detail}"
+                   + (f"; last output: {tail[-300:]}" if tail and kind == "crashed" else ""))
+            findings.append(Finding("isolation", kind, msg, case=cases[i].to_json(), reproduce=repro(cases[i])))
+            done += 1
+            progress.case_done(i, cases[i].name, 0.0, 1)
+            start = i + 1
+        else:  # "restart": the CUDA context was lost after case `last`
+            start = last + 1
+        restarts += 1
+        if restarts > MAX_RESTARTS:
+            progress.note(f"gave up after {restarts} restarts; {len(cases) - start} cases not run")
+            break
+    return findings, done
+
+
+def dedupe(findings: list[Finding]) -> list[Finding]:
+    """One finding per (check, bug class, location), the first case kept, the others counted."""
+    seen: dict[tuple, Finding] = {}
+    extra: dict[tuple, list[str]] = {}
+    for f in findings:
+        key = (f.kind, f.check, f.bug_class, (f.location.path, f.location.line) if f.location else None)
+        if key in seen:
+            extra[key].append((f.case or {}).get("name", "?"))
+        else:
+            seen[key] = f
+            extra[key] = []
+    out = []
+    for key, f in seen.items():
+        if extra[key]:
+            names = sorted(set(extra[key]))
+            f.message += f" (also in {len(extra[key])} more case{'s' * (len(extra[key]) != 1)}: " \
+                         f"{', '.join(names[:6])}{', ...' if len(names) > 6 else ''})"
+        out.append(f)
+    return out
+
+
+def verify(op_name: str, entry: str, raw_params: dict, device: str, *, dtype: str | None = None,
+           only: str | None = None, probe: bool = False, case_json: str | None = None,
+           root: str | None = None, timeout_s: float | None = None, progress: bool = True) -> VerifyResult:
+    op = get_op(op_name)
+    params = resolve_params(op_name, op.params, raw_params)
+    t0 = time.perf_counter()
+    result = VerifyResult(op=op_name, entry=entry, device=device)
+    timeout_s = timeout_s or DEFAULT_TIMEOUT[device]
+    if only in (None, "dynamic") or probe or case_json:
+        if case_json:
+            cases = [Case.from_json(case_json)]
+        elif probe:
+            cases = [op.probe(params, dtype)]
+        else:
+            cases = op.cases(params, device, dtype)
+        prog = Progress(progress, len(cases), op_name)
+        job = {"op": op_name, "entry": entry, "root": root, "params": params, "device": device,
+               "poison": not probe}
+        found, n = run_cases("verify-dynamic", job, cases, device, timeout_s, prog,
+                             lambda c: reproduce_command(op_name, entry, raw_params, device, c))
+        result.findings += found
+        result.cases_run += n
+    if only in (None, "structural") and not probe and not case_json:
+        structural = _structural()
+        if structural is None:
+            if only == "structural":
+                raise UsageError("--only structural: structural verification is not available yet")
+        else:
+            found, notices = structural(op_name, entry, params, device=device, root=root, timeout_s=timeout_s)
+            result.findings += found
+            result.notices += notices
+    result.findings = dedupe(result.findings)
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+def _structural():
+    try:
+        from kernalin_ci.verify.structural import verify_structural
+    except ImportError:
+        return None
+    return verify_structural
+
+
+__all__ = ["verify", "reproduce_command", "VerifyResult", "Notice"]

@@ -1,0 +1,80 @@
+"""Compare an entry's outputs with the float64 reference: per-row relative error,
+unwritten (canary) elements, non-finite values, and bug fingerprints."""
+from __future__ import annotations
+
+import torch
+
+from kernalin_ci.findings import Finding
+from kernalin_ci.ops.base import TOLERANCE
+from kernalin_ci.verify.poison import is_canary
+
+
+def rows(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(1, -1) if t.dim() < 2 else t.reshape(-1, t.shape[-1])
+
+
+def row_errors(actual: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
+    """||a - e|| / ||e|| per row (last dim); NaN where the actual row is not finite."""
+    a, e = rows(actual), rows(expected)
+    return (a - e).norm(dim=-1) / e.norm(dim=-1).clamp_min(1e-30)
+
+
+def check_reference(op, case, before: dict, outs: dict, params: dict, memo: dict) -> list[Finding]:
+    """Every output against op.reference(before); explain failures with fingerprints."""
+    tol = TOLERANCE.get(case.dtype, TOLERANCE["float32"])
+    expected = op.reference(before, params)
+    memo[case.name] = expected
+    findings: list[Finding] = []
+    fps = None
+    for name, exp in expected.tensors.items():
+        act = outs.get(name)
+        if not isinstance(act, torch.Tensor):
+            findings.append(Finding("output-shape", "wrong-output",
+                                    f"output {name!r}: expected a tensor, got {type(act).__name__}"))
+            continue
+        if tuple(act.shape) != tuple(exp.shape):
+            findings.append(Finding("output-shape", "wrong-output",
+                                    f"output {name!r}: shape {tuple(act.shape)}, expected {tuple(exp.shape)}"))
+            continue
+        canary = rows(is_canary(act).cpu()).any(-1)
+        a64 = act.detach().to("cpu", torch.float64)
+        finite_exp = torch.isfinite(rows(exp)).all(-1)
+        nonfinite = ~torch.isfinite(rows(a64)).all(-1) & finite_exp & ~canary
+        if bool(canary.any()):
+            r = int(canary.nonzero()[0])
+            n_el = int(is_canary(act).sum())
+            findings.append(Finding(
+                "output-written", "unwritten-output",
+                f"{name}: {n_el} of {act.numel()} elements never written (the poison survived) in "
+                f"{int(canary.sum())} of {canary.numel()} rows; first {op.row_label(case, before, name, r)}"))
+        if bool(nonfinite.any()):
+            r = int(nonfinite.nonzero()[0])
+            findings.append(Finding(
+                "finite", "non-finite",
+                f"{name}: NaN/Inf in {int(nonfinite.sum())} of {nonfinite.numel()} rows where the reference is "
+                f"finite; first {op.row_label(case, before, name, r)}"))
+        err = row_errors(a64, exp)
+        bad = ~(err <= tol) & ~canary & ~nonfinite
+        if not bool(bad.any()):
+            continue
+        worst = int(torch.where(bad, err, torch.zeros_like(err)).argmax())
+        cls = "wrong-output"
+        if fps is None:
+            fps = op.fingerprints(before, params, case)
+        for fp_class, alt in fps:
+            if name in alt and bool((row_errors(a64, alt[name])[bad] <= tol).all()):
+                cls = fp_class
+                break
+        repeat = next((t.split(":", 1)[1] for t in case.tags if t.startswith("repeat-of:")), None)
+        if cls == "wrong-output" and repeat in memo:
+            old = memo[repeat].tensors.get(name)
+            if old is not None and old.shape == exp.shape and bool((row_errors(a64, old)[bad] <= tol).all()):
+                cls = "stale-result"
+        why = {"stale-result": f"; it equals the output of the earlier case {repeat!r}: results are cached "
+                               f"across calls",
+               "wrong-output": ""}.get(cls, f"; it matches what a {cls} bug produces")
+        findings.append(Finding(
+            "reference", cls,
+            f"{name}: {int(bad.sum())} of {bad.numel()} rows off the float64 reference (worst relative error "
+            f"{float(err[worst]):.3g} at {op.row_label(case, before, name, worst)}; tolerance {tol:g}){why}"))
+    return findings

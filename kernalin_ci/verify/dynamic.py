@@ -1,0 +1,139 @@
+"""Dynamic checks: launch the entry on each case, inside the worker child process.
+
+Per case: fresh inputs (own seed), tensors moved into canary-guarded buffers,
+a snapshot of every input, the call (with poisoned allocations), then the
+checks: out-of-bounds writes into the guards, inputs the contract does not let
+the entry write, and the op's own output check (float64 reference, properties,
+or the whole-cache diff of kv_append). The reference is computed after the call.
+"""
+from __future__ import annotations
+
+import re
+import time
+from contextlib import nullcontext
+
+import torch
+
+from kernalin_ci.findings import Finding
+from kernalin_ci.ops import written as written_names
+from kernalin_ci.ops.base import Case
+from kernalin_ci.verify.compare import check_reference
+from kernalin_ci.verify.poison import bits, fill_canary, is_canary, poisoned_allocations, prime_cuda_allocator
+
+GUARD = 16384  # canary elements before and after every input tensor
+CUDA_ERROR = re.compile(r"CUDA error|illegal memory access|unspecified launch failure|misaligned address|"
+                        r"device-side assert|AcceleratorError|cudaErrorIllegalAddress", re.I)
+
+
+class CudaContextLost(Exception):
+    """A CUDA error poisons the context: the worker reports it and exits."""
+
+
+def guard_inputs(kw: dict, skip: set) -> tuple[dict, dict]:
+    """Copy each tensor into the middle of a canary-filled buffer; return new kwargs and the guards."""
+    out, guards = {}, {}
+    for name, t in kw.items():
+        if not isinstance(t, torch.Tensor) or name in skip or not t.is_contiguous():
+            out[name] = t
+            continue
+        flat = fill_canary(torch.empty(t.numel() + 2 * GUARD, dtype=t.dtype, device=t.device))
+        view = flat[GUARD:GUARD + t.numel()].view(t.shape)
+        view.copy_(t)
+        out[name] = view
+        guards[name] = flat
+    return out, guards
+
+
+def _guard_findings(op, guards: dict, before: dict) -> list[Finding]:
+    found = []
+    for name, flat in guards.items():
+        for side, part in (("before", flat[:GUARD]), ("after", flat[-GUARD:])):
+            hit = ~is_canary(part) if part.dtype.is_floating_point else part != fill_canary(part.clone())
+            if bool(hit.any()):
+                n = int(hit.sum())
+                cls = "stray-write"
+                explain = getattr(op, "guard_class", None)
+                if explain:
+                    cls = explain(name, side, before) or cls
+                found.append(Finding("out-of-bounds-write", cls,
+                                     f"{n} elements written just {side} {name!r} (outside the tensor)"))
+    return found
+
+
+def snapshot(kw: dict, skip: set) -> dict:
+    return {k: (v.clone() if isinstance(v, torch.Tensor) and k not in skip else v)
+            for k, v in kw.items()} | {k: None for k in skip}
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def run_case(op, fn, case: Case, params: dict, device: str, memo: dict, poison: bool = True) -> list[Finding]:
+    kw = op.inputs(case, params, device, poison)
+    writable = set(written_names(op, params))
+    lazy = writable if "huge" in case.tags else set()
+    guards = {}
+    if poison:
+        kw, guards = guard_inputs(kw, skip=lazy)
+    before = snapshot(kw, skip=lazy)
+    if poison and device == "cuda":
+        prime_cuda_allocator()
+    try:
+        with poisoned_allocations() if poison else nullcontext():
+            ret = fn(**kw)
+        sync(device)
+    except Exception as e:  # the user's kernel: any exception is a finding
+        msg = " ".join(str(e).split())[:400]
+        if device == "cuda" and CUDA_ERROR.search(f"{type(e).__name__} {msg}"):
+            raise CudaContextLost(f"{type(e).__name__}: {msg}") from None
+        return [Finding("call", "entry-error", f"the entry raised {type(e).__name__}: {msg}")]
+
+    findings = _guard_findings(op, guards, before)
+    for name, old in before.items():
+        if name in writable or not isinstance(old, torch.Tensor):
+            continue
+        changed = bits(kw[name]) != bits(old)
+        if bool(changed.any()):
+            findings.append(Finding("inputs-unchanged", "input-modified",
+                                    f"{name}: {int(changed.sum())} of {old.numel()} elements changed by the call "
+                                    f"(the contract does not let the entry write it)"))
+    try:
+        outs = op.outputs(ret, kw)
+    except TypeError as e:
+        return findings + [Finding("output-shape", "wrong-output", str(e))]
+    cpu_before = {k: (v.cpu() if isinstance(v, torch.Tensor) and v.numel() < (1 << 28) else v)
+                  for k, v in before.items()}
+    if hasattr(op, "check"):
+        findings += op.check(case, before, kw, outs, params)
+    else:
+        findings += check_reference(op, case, cpu_before, outs, params, memo)
+        findings += op.properties(case, cpu_before, outs, params)
+    return findings
+
+
+def run_job(job: dict, emit) -> None:
+    """Worker task 'verify-dynamic': run cases[start:] and emit one event per case."""
+    from kernalin_ci.entry import load_entry
+    from kernalin_ci.ops import get_op
+
+    op = get_op(job["op"])
+    if job["op"] == "custom":
+        op.root = job.get("root")
+    fn = load_entry(job["entry"], job.get("root"))
+    cases = [Case.from_json(c) for c in job["cases"]]
+    memo: dict = {}
+    for i in range(job.get("start", 0), len(cases)):
+        case = cases[i]
+        emit({"event": "case-start", "index": i})
+        t0 = time.perf_counter()
+        try:
+            found = run_case(op, fn, case, job["params"], job["device"], memo, poison=job.get("poison", True))
+        except CudaContextLost as e:
+            emit({"event": "case-done", "index": i, "seconds": time.perf_counter() - t0,
+                  "findings": [Finding("call", "cuda-error", str(e)).to_json()]})
+            emit({"event": "restart", "reason": "CUDA context lost"})
+            return
+        emit({"event": "case-done", "index": i, "seconds": time.perf_counter() - t0,
+              "findings": [f.to_json() for f in found]})

@@ -1,0 +1,55 @@
+"""The child process that runs untrusted kernels: `python -m kernalin_ci.worker JOB.json FD`.
+
+It runs one task (named in the job) and writes JSON-line events to file
+descriptor FD. The kernel's own prints go to stdout/stderr, which the parent
+keeps apart from the events. The device is fixed by the parent through the
+environment (TRITON_INTERPRET=1 for the CPU) before anything imports Triton.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import traceback
+
+TASKS = {
+    "verify-dynamic": "kernalin_ci.verify.dynamic:run_job",
+    "verify-pipeline": "kernalin_ci.verify.pipeline:run_job",
+}
+
+
+def register(name: str, target: str) -> None:
+    TASKS[name] = target
+
+
+def main(argv: list[str]) -> int:
+    job_path, fd = argv[0], int(argv[1])
+    with open(job_path) as f:
+        job = json.load(f)
+    out = os.fdopen(fd, "w", buffering=1)
+
+    def emit(event: dict) -> None:
+        out.write(json.dumps(event) + "\n")
+        out.flush()
+
+    os.environ["KERNALIN_PARAMS"] = json.dumps(job.get("params", {}))
+    from kernalin_ci.errors import UsageError
+
+    try:
+        target = job.get("target") or TASKS[job["task"]]
+        mod, _, fn = target.partition(":")
+        getattr(importlib.import_module(mod), fn)(job, emit)
+    except UsageError as e:
+        emit({"event": "usage-error", "message": str(e)})
+        return 2
+    except Exception as e:
+        emit({"event": "internal-error", "message": f"{type(e).__name__}: {e}",
+              "traceback": traceback.format_exc()})
+        return 3
+    emit({"event": "done"})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
