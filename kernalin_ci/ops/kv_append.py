@@ -10,6 +10,7 @@ import torch
 
 from kernalin_ci.findings import Finding
 from kernalin_ci.ops.base import Case, Param, generator, positive, randn
+from kernalin_ci.verify.interp import lazy_zeros
 from kernalin_ci.verify.poison import bits, fill_canary
 
 PARAMS = (
@@ -19,6 +20,7 @@ PARAMS = (
 )
 
 HUGE_ELEMENTS = 2 ** 31  # one cache past 2^31 elements: 32-bit offsets overflow
+CHUNK_BLOCKS = 2048
 
 
 class KvAppend:
@@ -78,9 +80,12 @@ class KvAppend:
         key = randn((T, Hkv, D), g, case.dtype, "cpu").to(device)
         value = randn((T, Hkv, D), g, case.dtype, "cpu").to(device)
         shape = (nb, bs, Hkv, D)
-        if "huge" in case.tags:  # lazily allocated zeros: never resident as a whole
-            k_cache = torch.zeros(shape, dtype=key.dtype, device=device)
-            v_cache = torch.zeros(shape, dtype=key.dtype, device=device)
+        if "huge" in case.tags:  # zeros, lazily allocated on the CPU: never resident as a whole
+            if device == "cpu":
+                k_cache, v_cache = lazy_zeros(shape, key.dtype), lazy_zeros(shape, key.dtype)
+            else:
+                k_cache = torch.zeros(shape, dtype=key.dtype, device=device)
+                v_cache = torch.zeros(shape, dtype=key.dtype, device=device)
         else:
             k_cache = torch.empty(shape, dtype=key.dtype, device=device)
             v_cache = torch.empty(shape, dtype=key.dtype, device=device)
@@ -116,12 +121,28 @@ class KvAppend:
             if before.get(name) is not None:
                 cache[b_idx, o_idx] = before[name].to(dev)[b_idx, o_idx]
                 changed = bits(cache) != bits(before[name].to(dev))
-            else:  # lazily allocated zero cache
+            else:  # lazily allocated zero cache: scan it in chunks, never materialise it whole
                 cache[b_idx, o_idx] = 0
-                changed = bits(cache) != 0
+                changed = None
+                for start in range(0, cache.shape[0], CHUNK_BLOCKS):
+                    part = cache[start:start + CHUNK_BLOCKS]
+                    if bool((bits(part) != 0).any()):
+                        changed = torch.zeros(cache.shape[:1], dtype=torch.bool, device=dev)
+                        findings.append(Finding(
+                            "kv-whole-cache", "stray-write",
+                            f"{name}: elements outside the written slots changed, first in blocks "
+                            f"{start}..{start + part.shape[0] - 1} of {cache.shape[0]}"))
+                        break
+                continue
             if bool(changed.any()):
                 findings.append(self._explain_stray(name, cache, changed, before, src, pads, bs))
         return findings
+
+    def guard_class(self, name, side, before):
+        """A write just before a cache, with padding tokens present, is slot -1 written."""
+        if name in self.written and side == "before" and bool((before["slot_mapping"] < 0).any()):
+            return "kv-padding"
+        return None
 
     def _explain_slots(self, name, got, want, bad, before, src, other, tok, slots):
         bad_tok = bad.flatten(1).any(1)

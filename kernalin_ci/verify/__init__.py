@@ -50,7 +50,7 @@ class Progress:
 
 
 def run_cases(task: str, job: dict, cases: list[Case], device: str, timeout_s: float, progress: Progress,
-              repro) -> tuple[list[Finding], int]:
+              repro, on_other_event=None) -> tuple[list[Finding], int]:
     """Drive worker children over all cases, restarting after a hang or crash."""
     findings: list[Finding] = []
     done = 0
@@ -73,6 +73,10 @@ def run_cases(task: str, job: dict, cases: list[Case], device: str, timeout_s: f
                 findings.extend(fs)
                 done += 1
                 progress.case_done(i, cases[i].name, ev.get("seconds", 0.0), len(fs))
+                if ev.get("skipped"):
+                    progress.note(f"case {cases[i].name!r} skipped: {ev['skipped']}")
+            elif on_other_event:
+                on_other_event(ev)
 
         outcome = run_task({**job, "task": task, "cases": [c.to_json() for c in cases], "start": start},
                            device, timeout_s, on_event)
@@ -167,6 +171,76 @@ def verify(op_name: str, entry: str, raw_params: dict, device: str, *, dtype: st
     result.findings = dedupe(result.findings)
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def pipeline_params(entries: dict, raw_params: dict) -> dict:
+    """One param dict for the pipeline: each op resolves the keys it knows; unknown keys are errors."""
+    merged: dict = {}
+    used: set = set()
+    for role in entries:
+        op = get_op(role)
+        known = {p.name for p in op.params}
+        merged.update(resolve_params(role, op.params, {k: v for k, v in raw_params.items() if k in known}))
+        used |= known
+    unknown = set(raw_params) - used
+    if unknown:
+        raise UsageError(f"pipeline: unknown param {sorted(unknown)[0]!r} (params: {', '.join(sorted(used))})")
+    merged.setdefault("style", "neox")
+    merged.setdefault("base", 10000.0)
+    return merged
+
+
+def verify_pipeline(entries: dict, raw_params: dict, device: str, *, dtype: str | None = None, steps: int = 64,
+                    seed: int = 0, root: str | None = None, timeout_s: float | None = None,
+                    progress: bool = True) -> VerifyResult:
+    """The decode-pipeline check over kv_append + attention.decode_paged (+ rope) entries."""
+    from kernalin_ci.verify.pipeline import ROLES
+
+    for role in ("kv_append", "attention.decode_paged"):
+        if not entries.get(role):
+            raise UsageError(f"pipeline: an entry for {role} is required")
+    for role in entries:
+        if role not in ROLES:
+            raise UsageError(f"pipeline: {role!r} is not a pipeline role ({', '.join(ROLES)})")
+    if steps < 1:
+        raise UsageError("pipeline: --steps must be >= 1")
+    params = pipeline_params(entries, raw_params)
+    dtype = dtype or "float32"
+    label = "+".join(r for r in ROLES if entries.get(r))
+    t0 = time.perf_counter()
+    result = VerifyResult(op="decode-pipeline", entry=label, device=device)
+    prog = Progress(progress, 1, "decode-pipeline")
+
+    def on_event(ev):
+        if ev.get("event") == "step" and (ev["step"] + 1) % 8 == 0:
+            prog.note(f"step {ev['step'] + 1}/{steps}")
+
+    def repro(_case):
+        parts = ["kernalin-ci", "pipeline"]
+        for role, flag in (("kv_append", "--kv-append"), ("attention.decode_paged", "--attention"),
+                           ("rope", "--rope")):
+            if entries.get(role):
+                parts += [flag, entries[role]]
+        for k, v in raw_params.items():
+            parts += ["--param", f"{k}={v}"]
+        parts += ["--device", device, "--dtype", dtype, "--steps", str(steps), "--seed", str(seed)]
+        return " ".join(shlex.quote(p) for p in parts)
+
+    case = Case("decode-loop", {"steps": steps, "start_lengths": list(_start_lengths())}, dtype, seed)
+    job = {"entries": {k: v for k, v in entries.items() if v}, "root": root, "params": params,
+           "device": device, "dtype": dtype, "seed": seed, "steps": steps}
+    found, n = run_cases("verify-pipeline", job, [case], device, timeout_s or DEFAULT_TIMEOUT[device],
+                         prog, repro, on_event)
+    result.findings = dedupe(found)
+    result.cases_run = n
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+def _start_lengths():
+    from kernalin_ci.verify.pipeline import START_LENGTHS
+
+    return START_LENGTHS
 
 
 def _structural():

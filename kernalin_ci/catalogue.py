@@ -1,0 +1,152 @@
+"""The catalogue (checks/): correct and injected-bug kernels per op, and their catch matrix.
+
+Each catalogue module declares a literal `CATALOGUE` dict (op, bug_class, pos0,
+params, modelled_on, style) and an `entry` function. The matrix runs every
+kernel through the pos-0 probe, the dynamic checks and the structural checks,
+and compares what was caught with what the file says.
+"""
+from __future__ import annotations
+
+import ast
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from kernalin_ci.errors import UsageError
+from kernalin_ci.findings import BUG_CLASSES
+from kernalin_ci.ops import NAMES
+
+KINDS = ("probe", "dynamic", "structural")
+
+
+@dataclass
+class Kernel:
+    path: str
+    op: str
+    bug_class: str | None
+    pos0: str | None
+    params: dict
+    modelled_on: str | None
+    style: str | None
+
+    @property
+    def name(self) -> str:
+        return f"{Path(self.path).parent.name}/{Path(self.path).stem}"
+
+    @property
+    def is_bug(self) -> bool:
+        return self.bug_class is not None
+
+
+@dataclass
+class Cell:
+    caught: bool
+    classes: list[str] = field(default_factory=list)
+    notices: int = 0
+    seconds: float = 0.0
+    error: str | None = None
+
+
+@dataclass
+class Row:
+    kernel: Kernel
+    cells: dict  # kind -> Cell
+
+    def expected(self, kind: str) -> bool | None:
+        """What the catalogue says this kind must report (None: no expectation)."""
+        k = self.kernel
+        if not k.is_bug:
+            return False
+        if kind == "probe":
+            return k.pos0 == "caught"
+        if kind == "dynamic":
+            return True
+        return None  # structural: judged by the structural coverage table, not per file
+
+    def mismatches(self) -> list[str]:
+        out = []
+        for kind, cell in self.cells.items():
+            want = self.expected(kind)
+            if cell.error:
+                out.append(f"{kind}: {cell.error}")
+            elif kind == "structural" and not self.kernel.is_bug and cell.caught:
+                out.append("structural: a false finding on a correct kernel")
+            elif want is not None and cell.caught != want:
+                out.append(f"{kind}: {'caught' if cell.caught else 'missed'}, catalogue says "
+                           f"{'caught' if want else 'missed'}")
+        return out
+
+
+def default_dir() -> Path:
+    env = os.environ.get("KERNALIN_CHECKS")
+    if env:
+        return Path(env)
+    here = Path(__file__).resolve().parent.parent / "checks"
+    return here if here.is_dir() else Path.cwd() / "checks"
+
+
+def discover(root: Path, ops: list[str] | None = None) -> list[Kernel]:
+    if not root.is_dir():
+        raise UsageError(f"catalogue directory not found: {root}")
+    kernels = []
+    for path in sorted(root.glob("*/*.py")):
+        if path.name.startswith("_"):
+            continue
+        meta = read_meta(path)
+        if ops and meta.op not in ops:
+            continue
+        kernels.append(meta)
+    return kernels
+
+
+def read_meta(path: Path) -> Kernel:
+    tree = ast.parse(path.read_text(), str(path))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "CATALOGUE" for t in node.targets):
+            try:
+                d = ast.literal_eval(node.value)
+            except ValueError:
+                raise UsageError(f"{path}:{node.lineno}: CATALOGUE must be a literal dict") from None
+            break
+    else:
+        raise UsageError(f"{path}: no CATALOGUE dict")
+    if d.get("op") not in NAMES:
+        raise UsageError(f"{path}: CATALOGUE op {d.get('op')!r} is not an op")
+    bug = d.get("bug_class")
+    if bug is not None and bug not in BUG_CLASSES:
+        raise UsageError(f"{path}: CATALOGUE bug_class {bug!r} is not in the vocabulary")
+    if bug is not None and d.get("pos0") not in ("caught", "missed"):
+        raise UsageError(f"{path}: CATALOGUE pos0 must be 'caught' or 'missed' for a bug kernel")
+    return Kernel(str(path), d["op"], bug, d.get("pos0"), dict(d.get("params") or {}), d.get("modelled_on"),
+                  d.get("style"))
+
+
+def run_one(kernel: Kernel, kind: str, device: str) -> Cell:
+    from kernalin_ci.verify import verify
+
+    entry = f"{kernel.path}:entry"
+    try:
+        if kind == "probe":
+            r = verify(kernel.op, entry, kernel.params, device, probe=True, progress=False)
+        else:
+            r = verify(kernel.op, entry, kernel.params, device, only=kind, progress=False)
+    except UsageError as e:
+        return Cell(False, error=str(e))
+    return Cell(bool(r.findings), sorted({f.bug_class for f in r.findings}), len(r.notices), r.seconds)
+
+
+def matrix(kernels: list[Kernel], kinds: tuple[str, ...], device: str, jobs: int = 1, on_row=None) -> list[Row]:
+    def work(k: Kernel) -> Row:
+        row = Row(k, {kind: run_one(k, kind, device) for kind in kinds})
+        if on_row:
+            on_row(row)
+        return row
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        return list(pool.map(work, kernels))
+
+
+def row_json(row: Row) -> dict:
+    return {"kernel": row.kernel.name, **asdict(row.kernel),
+            "results": {k: asdict(c) for k, c in row.cells.items()}, "mismatches": row.mismatches()}

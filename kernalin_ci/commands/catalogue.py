@@ -1,0 +1,88 @@
+"""kernalin-ci catalogue: run every catalogue kernel and print the catch matrix."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from kernalin_ci.commands._common import resolve_device, write_json
+from kernalin_ci.errors import UsageError
+
+NAME = "catalogue"
+HELP = "run the bug catalogue (checks/) and print the catch matrix: pos-0 probe vs dynamic vs structural"
+ORDER = 20
+
+
+def add_arguments(p):
+    p.add_argument("--dir", metavar="DIR", help="catalogue directory (default: the checks/ beside the package)")
+    p.add_argument("--op", action="append", metavar="OP", help="only this op (repeatable)")
+    p.add_argument("--kinds", default=None, help="comma-separated subset of probe,dynamic,structural "
+                                                 "(default: all available)")
+    p.add_argument("--device", choices=("cpu", "cuda"))
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="kernels verified at once")
+    p.add_argument("--json", metavar="PATH|-")
+    p.add_argument("--markdown", metavar="PATH", help="also write the matrix as a markdown table")
+
+
+def run(args) -> int:
+    from kernalin_ci import catalogue as cat
+
+    device = resolve_device(args.device)
+    kinds = tuple(args.kinds.split(",")) if args.kinds else available_kinds()
+    for k in kinds:
+        if k not in cat.KINDS:
+            raise UsageError(f"--kinds: {k!r} is not one of {', '.join(cat.KINDS)}")
+    kernels = cat.discover(Path(args.dir) if args.dir else cat.default_dir(), args.op)
+    if not kernels:
+        raise UsageError("no catalogue kernels found")
+    print(f"catalogue: {len(kernels)} kernels x {', '.join(kinds)} on {device}", file=sys.stderr)
+    done = [0]
+
+    def on_row(row):
+        done[0] += 1
+        flag = "ok" if not row.mismatches() else "MISMATCH: " + "; ".join(row.mismatches())
+        print(f"  [{done[0]}/{len(kernels)}] {row.kernel.name}: {flag}", file=sys.stderr, flush=True)
+
+    rows = cat.matrix(kernels, kinds, device, args.jobs, on_row)
+    text = render(rows, kinds)
+    write_json({"device": device, "kinds": list(kinds), "rows": [cat.row_json(r) for r in rows]}, args.json)
+    print(text, file=sys.stderr if args.json == "-" else sys.stdout)
+    if args.markdown:
+        Path(args.markdown).write_text(text + "\n")
+    return 1 if any(r.mismatches() for r in rows) else 0
+
+
+def available_kinds() -> tuple[str, ...]:
+    try:
+        import kernalin_ci.verify.structural  # noqa: F401
+    except ImportError:
+        return ("probe", "dynamic")
+    return ("probe", "dynamic", "structural")
+
+
+def _cell(row, kind) -> str:
+    c = row.cells[kind]
+    if c.error:
+        return "error"
+    if not c.caught:
+        return "pass" if not row.kernel.is_bug else "missed"
+    label = "caught" if row.kernel.is_bug else "FLAGGED"
+    return f"{label} ({', '.join(c.classes)})" if kind != "probe" else label
+
+
+def render(rows, kinds) -> str:
+    titles = {"probe": "pos-0 probe", "dynamic": "dynamic", "structural": "structural"}
+    head = ["kernel", "bug class", *(titles[k] for k in kinds), "as labelled"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [f"`{r.kernel.name}`", r.kernel.bug_class or "(correct)"]
+        cells += [_cell(r, k) for k in kinds]
+        cells.append("yes" if not r.mismatches() else "NO")
+        lines.append("| " + " | ".join(cells) + " |")
+    bugs = [r for r in rows if r.kernel.is_bug]
+    summary = [f"{len(rows)} kernels ({len(rows) - len(bugs)} correct, {len(bugs)} with a bug)."]
+    for k in kinds:
+        caught = sum(r.cells[k].caught for r in bugs)
+        false = sum(r.cells[k].caught for r in rows if not r.kernel.is_bug)
+        summary.append(f"{k}: caught {caught} of {len(bugs)} bugs, {false} false findings on correct kernels.")
+    return "\n".join(lines) + "\n\n" + " ".join(summary)

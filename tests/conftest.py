@@ -1,0 +1,37 @@
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+CHECKS = REPO / "checks"
+KERNELS = Path(__file__).resolve().parent / "kernels"
+
+
+def has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if has_cuda():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def cli(*args, cwd=None, timeout=900, env=None):
+    """Run the real `kernalin-ci` command in a subprocess; returns CompletedProcess."""
+    e = dict(os.environ)
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-m", "kernalin_ci", *args], cwd=cwd or REPO, capture_output=True,
+                          text=True, timeout=timeout, env=e)
