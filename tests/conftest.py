@@ -35,3 +35,6 @@ def cli(*args, cwd=None, timeout=900, env=None):
     e.update(env or {})
     return subprocess.run([sys.executable, "-m", "kernalin_ci", *args], cwd=cwd or REPO, capture_output=True,
                           text=True, timeout=timeout, env=e)
+
+
+from kernalin_ci.testing.pytest_fixtures import github_standin, make_github_standin  # noqa: E402,F401
