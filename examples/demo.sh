@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The gate on the bundled example, as CI would run it on three pull requests:
+#   pr/fused-exp2          rewrites the attention loop and drops the max subtraction
+#                          (invisible to a kv_len=1 probe): the gate must FAIL, naming the line;
+#   pr/wider-tiles         only widens the attention tiles: the gate must PASS;
+#   pr/exp2-softmax-step   (GPU, or KERNALIN_DEMO_ALL=1) touches the shared helper module,
+#                          so three kernels and the decode pipeline are gated: must PASS.
+# Usage: examples/demo.sh [OUT_DIR]   (device: cuda when visible, else the CPU interpreter;
+#        set KERNALIN_DEVICE=cpu|cuda to choose)
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+out=$(mkdir -p "${1:-kernalin-demo}" && cd "${1:-kernalin-demo}" && pwd)
+device=${KERNALIN_DEVICE:-$(python -c 'import torch; print("cuda" if torch.cuda.is_available() else "cpu")')}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+cp -r "$here/decode-kernels" "$work/repo"
+rm -rf "$work/repo/prs"
+cd "$work/repo"
+git init -q -b main
+git add -A
+git -c user.name=demo -c user.email=demo@example.invalid commit -qm "base: four decode kernels"
+
+prs=("fused-exp2:1" "wider-tiles:0")
+if [ "$device" = cuda ] || [ -n "${KERNALIN_DEMO_ALL:-}" ]; then prs+=("exp2-softmax-step:0"); fi
+status=0
+for item in "${prs[@]}"; do
+  pr=${item%%:*}; want=${item##*:}
+  git checkout -q -b "pr/$pr" main
+  git apply "$here/decode-kernels/prs/$pr.patch"
+  git -c user.name=demo -c user.email=demo@example.invalid commit -qam "$pr"
+  echo "== pr/$pr (gate on $device)"
+  start=$(date +%s)
+  set +e
+  kernalin-ci run --base main --head "pr/$pr" --out "$out/$pr" --device "$device"
+  rc=$?
+  set -e
+  echo "== pr/$pr: exit $rc (expected $want) in $(( $(date +%s) - start )) s; report: $out/$pr/report.md"
+  head -n 1 "$out/$pr/report.md" || true
+  [ "$rc" = "$want" ] || status=1
+done
+exit $status

@@ -1,0 +1,103 @@
+"""kernalin-ci run: the PR gate, locally or in CI (SPEC-cli.md)."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from kernalin_ci.commands._common import resolve_device
+from kernalin_ci.errors import UsageError
+
+NAME = "run"
+HELP = "the PR gate: verify and benchmark the kernels changed between two revisions, write the report"
+ORDER = 1
+
+
+def add_arguments(p):
+    p.add_argument("--config", metavar="PATH", help="configuration (default: .kernalin.yml at the repository root)")
+    p.add_argument("--base", metavar="REF", help="base revision (default: the PR base in Actions, else the "
+                                                 "merge base with the default branch)")
+    p.add_argument("--head", metavar="REF", help="head revision (default: the PR head in Actions, else HEAD)")
+    p.add_argument("--out", metavar="DIR", default="kernalin-out", help="report directory (default kernalin-out)")
+    p.add_argument("--device", choices=("cpu", "cuda"))
+    p.add_argument("--github", action="store_true", help="also post the check run, annotations and PR comment")
+    p.add_argument("--quiet", action="store_true", help="no per-case progress lines")
+
+
+def run(args) -> int:
+    from kernalin_ci.gate.diff import repo_root
+    from kernalin_ci.gate.run import log, run_gate
+    from kernalin_ci.github import actions
+    from kernalin_ci.report.writer import step_summary, write_all
+
+    device = resolve_device(args.device)
+    start_dir = Path(args.config).resolve().parent if args.config else Path.cwd()
+    repo = repo_root(start_dir)
+    in_actions = actions.in_actions()
+    ctx = actions.context() if in_actions else None
+    event_path = os.environ.get("GITHUB_EVENT_PATH") if in_actions else None
+    poster = _Poster(ctx) if args.github else None
+
+    report = run_gate(repo, args.config, args.base, args.head, device, event_path=event_path,
+                      progress=not args.quiet, on_start=poster.begin if poster else None)
+    paths = write_all(report, args.out)
+    if os.environ.get("GITHUB_STEP_SUMMARY"):
+        actions.append_step_summary(step_summary(report))
+    if os.environ.get("GITHUB_OUTPUT"):
+        from kernalin_ci.gate.post import verdict_output
+
+        actions.set_output("conclusion", report.conclusion)
+        actions.set_output("verdict", verdict_output(report))
+        actions.set_output("report", str(Path(paths["report.json"]).resolve()))
+    log(f"{report.conclusion}: {report.reason} ({report.seconds:.0f} s); report in {args.out}/")
+    if poster:
+        poster.finish(report)
+    return 1 if report.conclusion == "failure" else 0
+
+
+class _Poster:
+    """--github: a check run in progress at the start, the results at the end. Local reports are
+    written before anything is posted, so an API failure never loses them."""
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self.client = None
+        self.started = None
+        self.repo = None
+        self.sha = None
+        self.pr = None
+
+    def begin(self, refs) -> None:
+        from kernalin_ci.github.auth import client_from_env
+        from kernalin_ci.github.publish import begin
+
+        pr = self.ctx.pull_request if self.ctx else None
+        self.repo = (pr.repo if pr else None) or refs.repo or (self.ctx.repository if self.ctx else None) \
+            or os.environ.get("GITHUB_REPOSITORY")
+        if not self.repo:
+            raise UsageError("--github: no repository (set GITHUB_REPOSITORY=owner/name)")
+        self.sha = pr.head_sha if pr else refs.head
+        self.pr = pr.number if pr else refs.pr
+        self.client = client_from_env(self.repo)
+        self.started = begin(self.client, self.repo, self.sha,
+                             details_url=self.ctx.run_url if self.ctx else None)
+        for w in self.started.warnings:
+            print(f"kernalin-ci run: warning: {w}", file=sys.stderr)
+
+    def finish(self, report) -> None:
+        from kernalin_ci.gate.post import publication
+        from kernalin_ci.github.errors import GitHubError
+        from kernalin_ci.github.publish import publish
+
+        if self.client is None:
+            return
+        pub = publication(report, self.repo, self.sha, self.pr,
+                          details_url=self.ctx.run_url if self.ctx else None)
+        try:
+            res = publish(self.client, pub, check_run_id=self.started.check_run_id if self.started else None)
+        except GitHubError as e:
+            print(f"kernalin-ci run: warning: posting to GitHub failed: {e} (the report is in the output "
+                  f"directory)", file=sys.stderr)
+            return
+        for w in res.warnings:
+            print(f"kernalin-ci run: warning: {w}", file=sys.stderr)

@@ -1,0 +1,256 @@
+""".kernalin.yml -> typed Config. Every error names the file, the line and the key.
+
+The schema is in docs/config.md; `kernalin-ci init` writes a commented starter.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from kernalin_ci.errors import UsageError
+from kernalin_ci.ops import NAMES as OP_NAMES
+from kernalin_ci.ops import get_op
+from kernalin_ci.ops.base import DTYPES, resolve_params
+
+FAIL_ON = ("finding", "slower", "inconclusive")
+DEFAULT_FILE = ".kernalin.yml"
+
+
+@dataclass
+class Kernel:
+    name: str
+    op: str
+    entry: str
+    params: dict = field(default_factory=dict)
+    sources: list[str] = field(default_factory=list)
+    dtype: str | None = None  # verify every case in this dtype (default: float32 + a half-precision sweep)
+    bench: dict = field(default_factory=dict)  # benchmark shapes/params for the harness
+    timeout: float | None = None
+
+    @property
+    def entry_file(self) -> str | None:
+        target = self.entry.rpartition(":")[0]
+        return target if target.endswith(".py") else None
+
+
+@dataclass
+class Pipeline:
+    name: str
+    kv_append: str  # kernel names
+    attention: str
+    rope: str | None = None
+    steps: int = 64
+
+
+@dataclass
+class Gate:
+    fail_on: tuple[str, ...] = ("finding", "slower")
+    rope: float = 0.005  # minimum ROPE half-width
+    budget_s: float = 30.0  # benchmark budget per kernel pair
+    bench: bool = True
+
+
+@dataclass
+class Config:
+    path: str
+    kernels: list[Kernel]
+    gate: Gate = field(default_factory=Gate)
+    pipelines: list[Pipeline] = field(default_factory=list)
+
+    def kernel(self, name: str) -> Kernel | None:
+        return next((k for k in self.kernels if k.name == name), None)
+
+
+class _Where:
+    """file:line: key -- for error messages."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def err(self, node, key: str, msg: str) -> UsageError:
+        line = node.start_mark.line + 1 if node is not None else 1
+        return UsageError(f"{self.path}:{line}: {key}: {msg}")
+
+
+def _py(node):
+    return yaml.safe_load(yaml.serialize(node)) if node is not None else None
+
+
+def _mapping(w: _Where, node, key: str) -> dict:
+    if not isinstance(node, yaml.MappingNode):
+        raise w.err(node, key, "expected a mapping")
+    out = {}
+    for k, v in node.value:
+        if not isinstance(k, yaml.ScalarNode):
+            raise w.err(k, key, "keys must be plain strings")
+        if k.value in out:
+            raise w.err(k, f"{key}.{k.value}" if key else k.value, "duplicate key")
+        out[k.value] = (k, v)
+    return out
+
+
+def _known(w: _Where, m: dict, key: str, allowed: tuple[str, ...]) -> None:
+    for name, (knode, _) in m.items():
+        if name not in allowed:
+            raise w.err(knode, f"{key}.{name}" if key else name,
+                        f"unknown key (allowed: {', '.join(allowed)})")
+
+
+def _scalar(w: _Where, m: dict, key: str, name: str, kind, default=None, required=False):
+    if name not in m:
+        if required:
+            anchor = next(iter(m.values()))[0] if m else None
+            raise w.err(anchor, f"{key}.{name}", "required")
+        return default
+    knode, v = m[name]
+    val = _py(v)
+    if kind is float and isinstance(val, int) and not isinstance(val, bool):
+        val = float(val)
+    if not isinstance(val, kind) or (kind is not bool and isinstance(val, bool)):
+        raise w.err(v, f"{key}.{name}", f"expected {getattr(kind, '__name__', kind)}, got {val!r}")
+    return val
+
+
+def load(path: str | Path) -> Config:
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"{p}: configuration file not found (run `kernalin-ci init` to write one)")
+    return parse(p.read_text(), str(p))
+
+
+def parse(text: str, path: str = DEFAULT_FILE) -> Config:
+    w = _Where(path)
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = mark.line + 1 if mark else 1
+        raise UsageError(f"{path}:{line}: not valid YAML: {getattr(e, 'problem', None) or e}") from None
+    if root is None:
+        raise UsageError(f"{path}:1: empty configuration (expected a 'kernels' list)")
+    top = _mapping(w, root, "")
+    _known(w, top, "", ("version", "kernels", "gate", "pipelines"))
+    if "version" in top and _py(top["version"][1]) != 1:
+        raise w.err(top["version"][1], "version", "only version 1 is known")
+    if "kernels" not in top:
+        raise w.err(root, "kernels", "required (a list of kernels)")
+    knode = top["kernels"][1]
+    if not isinstance(knode, yaml.SequenceNode) or not knode.value:
+        raise w.err(knode, "kernels", "expected a non-empty list")
+    kernels: list[Kernel] = []
+    for i, item in enumerate(knode.value):
+        kernels.append(_kernel(w, item, f"kernels[{i}]", {k.name for k in kernels}))
+    cfg = Config(path, kernels)
+    if "gate" in top:
+        cfg.gate = _gate(w, top["gate"][1])
+    if "pipelines" in top:
+        pnode = top["pipelines"][1]
+        if not isinstance(pnode, yaml.SequenceNode):
+            raise w.err(pnode, "pipelines", "expected a list")
+        for i, item in enumerate(pnode.value):
+            cfg.pipelines.append(_pipeline(w, item, f"pipelines[{i}]", cfg))
+    return cfg
+
+
+def _kernel(w: _Where, node, key: str, taken: set) -> Kernel:
+    m = _mapping(w, node, key)
+    _known(w, m, key, ("name", "op", "entry", "params", "sources", "dtype", "bench", "timeout"))
+    name = _scalar(w, m, key, "name", str, required=True)
+    if name in taken:
+        raise w.err(m["name"][1], f"{key}.name", f"duplicate kernel name {name!r}")
+    op = _scalar(w, m, key, "op", str, required=True)
+    if op not in OP_NAMES:
+        raise w.err(m["op"][1], f"{key}.op", f"unknown op {op!r} (ops: {', '.join(OP_NAMES)})")
+    entry = _scalar(w, m, key, "entry", str, required=True)
+    if ":" not in entry or not entry.rpartition(":")[2].isidentifier():
+        raise w.err(m["entry"][1], f"{key}.entry", "expected 'path/to/file.py:function' or 'module:function'")
+    params = _scalar(w, m, key, "params", dict, default={}) or {}
+    try:
+        resolve_params(op, get_op(op).params, params)
+    except UsageError as e:
+        raise w.err(m["params"][1] if "params" in m else node, f"{key}.params", str(e)) from None
+    sources = _scalar(w, m, key, "sources", list, default=[]) or []
+    if not all(isinstance(s, str) for s in sources):
+        raise w.err(m["sources"][1], f"{key}.sources", "expected a list of glob strings")
+    dtype = _scalar(w, m, key, "dtype", str)
+    if dtype is not None and dtype not in DTYPES:
+        raise w.err(m["dtype"][1], f"{key}.dtype", f"must be one of {', '.join(DTYPES)}")
+    bench = _scalar(w, m, key, "bench", dict, default={}) or {}
+    timeout = _scalar(w, m, key, "timeout", float)
+    if timeout is not None and timeout <= 0:
+        raise w.err(m["timeout"][1], f"{key}.timeout", "must be positive")
+    return Kernel(name, op, entry, params, sources, dtype, bench, timeout)
+
+
+def _gate(w: _Where, node) -> Gate:
+    m = _mapping(w, node, "gate")
+    _known(w, m, "gate", ("fail_on", "rope", "budget_s", "bench"))
+    g = Gate()
+    if "fail_on" in m:
+        v = _py(m["fail_on"][1])
+        v = [v] if isinstance(v, str) else v
+        if not isinstance(v, list) or any(x not in FAIL_ON for x in v):
+            raise w.err(m["fail_on"][1], "gate.fail_on", f"expected a list of {', '.join(FAIL_ON)}")
+        g.fail_on = tuple(v)
+    g.rope = _scalar(w, m, "gate", "rope", float, default=g.rope)
+    if not 0 <= g.rope < 0.5:
+        raise w.err(m["rope"][1], "gate.rope", "a fraction in [0, 0.5), e.g. 0.005 for +-0.5%")
+    g.budget_s = _scalar(w, m, "gate", "budget_s", float, default=g.budget_s)
+    if g.budget_s <= 0:
+        raise w.err(m["budget_s"][1], "gate.budget_s", "must be positive")
+    g.bench = _scalar(w, m, "gate", "bench", bool, default=g.bench)
+    return g
+
+
+def _pipeline(w: _Where, node, key: str, cfg: Config) -> Pipeline:
+    m = _mapping(w, node, key)
+    _known(w, m, key, ("name", "kv_append", "attention", "rope", "steps"))
+    name = _scalar(w, m, key, "name", str, required=True)
+    roles = {"kv_append": "kv_append", "attention": "attention.decode_paged", "rope": "rope"}
+    refs = {}
+    for role, op in roles.items():
+        ref = _scalar(w, m, key, role, str, required=role != "rope")
+        if ref is None:
+            continue
+        k = cfg.kernel(ref)
+        if k is None:
+            raise w.err(m[role][1], f"{key}.{role}", f"no kernel named {ref!r}")
+        if k.op != op:
+            raise w.err(m[role][1], f"{key}.{role}", f"kernel {ref!r} is {k.op}, expected {op}")
+        refs[role] = ref
+    steps = _scalar(w, m, key, "steps", int, default=64)
+    if steps < 1:
+        raise w.err(m["steps"][1], f"{key}.steps", "must be >= 1")
+    return Pipeline(name, refs["kv_append"], refs["attention"], refs.get("rope"), steps)
+
+
+STARTER = """\
+# kernalin-ci configuration (docs/config.md). Every kernel listed here is verified
+# and benchmarked when a pull request changes its entry file, its `sources`, or a
+# repository module its entry imports.
+version: 1
+
+kernels:
+  - name: decode_attention            # unique name
+    op: attention.decode              # attention.decode | attention.decode_paged | rope | kv_append | custom
+    entry: kernels/attention.py:entry # file.py:function (relative to the repository root) or module:function
+    params: {}                        # op params (see docs/ops.md), e.g. {block_size: 16} or {style: gptj}
+    sources: ["kernels/common/*.py"]  # more files that count as this kernel (globs); optional
+    # dtype: bfloat16                 # verify every case in one dtype (default: float32 + fp16/bf16 sweep)
+    # bench: {batch: 64, kv_len: 8192}  # benchmark shape params (default: the op's decode shapes)
+
+gate:
+  fail_on: [finding, slower]          # also: inconclusive
+  rope: 0.005                         # smallest region of practical equivalence (+-0.5%)
+  budget_s: 30                        # benchmark time per kernel pair (seconds of GPU time)
+  bench: true                         # false: verify only
+
+# pipelines:                          # run kv_append + paged attention (+ rope) as a decode loop
+#   - name: decode_loop
+#     kv_append: kv_append_kernel
+#     attention: paged_attention_kernel
+#     rope: rope_kernel
+#     steps: 64
+"""

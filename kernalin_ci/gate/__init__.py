@@ -1,0 +1,1 @@
+"""The PR gate: git diff -> changed kernels -> verify + bench -> Report."""

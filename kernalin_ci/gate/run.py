@@ -1,0 +1,220 @@
+"""The PR gate: config + refs -> affected kernels -> verify + bench -> Report.
+
+Every kernel is checked in its own worker children (kernalin_ci.verify and
+kernalin_ci.bench start them), so one kernel's crash does not stop the gate.
+"""
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from kernalin_ci import config as config_mod
+from kernalin_ci.config import Config
+from kernalin_ci.errors import UsageError
+from kernalin_ci.gate.diff import Refs, affected_kernels, changed_files, resolve_refs, worktrees
+from kernalin_ci.report.model import KernelReport, PipelineReport, Report
+
+
+def log(msg: str) -> None:
+    print(f"kernalin-ci run: {msg}", file=sys.stderr, flush=True)
+
+
+def judge(kr: KernelReport, cfg: Config, device: str) -> list[str]:
+    """Which policy items (gate.fail_on) this kernel fails."""
+    failed = []
+    fail_on = cfg.gate.fail_on
+    v = kr.verification
+    if kr.error:
+        failed.append("error")
+    if v and v.get("findings") and "finding" in fail_on:
+        failed.append("finding")
+    b = kr.benchmark
+    if b and device == "cuda":  # interpreter wall-clock timings never gate (docs/gate.md)
+        if b.get("verdict") == "slower" and "slower" in fail_on:
+            failed.append("slower")
+        if b.get("verdict") == "inconclusive" and "inconclusive" in fail_on:
+            failed.append("inconclusive")
+    return failed
+
+
+def conclude(report: Report) -> tuple[str, str]:
+    bad = [k for k in report.kernels if k.failed_by] + [p for p in report.pipelines if p.failed_by]
+    checked = [k for k in report.kernels if k.status in ("changed", "new")]
+    if bad:
+        parts = []
+        for item in bad:
+            parts.append(f"{item.name} ({', '.join(item.failed_by)})")
+        return "failure", "failed: " + "; ".join(parts)
+    if not checked:
+        return "success", "no kernel changed"
+    faster = [k.name for k in checked if k.benchmark and k.benchmark.get("verdict") == "faster"]
+    msg = f"{len(checked)} kernel{'s' * (len(checked) != 1)} verified"
+    if faster:
+        msg += f"; faster: {', '.join(faster)}"
+    return "success", msg
+
+
+def run_gate(repo: Path, config_path: str | None, base: str | None, head: str | None, device: str,
+             event_path: str | None = None, progress: bool = True, on_start=None) -> Report:
+    """Run the whole gate and return the Report (the caller writes it out and posts it)."""
+    t0 = time.perf_counter()
+    cfg_path = Path(config_path) if config_path else repo / config_mod.DEFAULT_FILE
+    cfg = config_mod.load(cfg_path)
+    refs = resolve_refs(repo, base, head, event_path)
+    if on_start:
+        on_start(refs)
+    changed = changed_files(repo, refs.base, refs.head)
+    log(f"base {refs.base[:12]} ({refs.base_label}), head {refs.head[:12]} ({refs.head_label}): "
+        f"{len(changed)} files changed")
+    report = Report(conclusion="success", reason="", base={"ref": refs.base_label, "sha": refs.base},
+                    head={"ref": refs.head_label, "sha": refs.head}, device=device,
+                    policy=asdict(cfg.gate) | {"fail_on": list(cfg.gate.fail_on)}, repo=refs.repo, pr=refs.pr,
+                    reproduce=reproduce_command(cfg_path, repo, refs, device))
+    with worktrees(repo, refs.base, refs.head) as (base_root, head_root):
+        plan = affected_kernels(cfg, changed, head_root, base_root)
+        report.removed = removed_kernels(cfg, base_root, cfg_path, repo)
+        todo = [a for a in plan if a.status != "unchanged"]
+        log(f"{len(todo)} of {len(plan)} kernels affected"
+            + (f"; removed: {', '.join(report.removed)}" if report.removed else ""))
+        results: dict[str, KernelReport] = {}
+        for i, a in enumerate(plan):
+            k = a.kernel
+            kr = KernelReport(k.name, k.op, k.entry, a.status, a.reasons)
+            results[k.name] = kr
+            report.kernels.append(kr)
+            if a.status == "unchanged":
+                continue
+            log(f"[{sum(1 for x in report.kernels if x.status != 'unchanged')}/{len(todo)}] {k.name} "
+                f"({k.op}, {a.status}): {'; '.join(a.reasons)}")
+            kt = time.perf_counter()
+            check_kernel(kr, k, cfg, device, base_root, head_root, progress)
+            kr.failed_by = judge(kr, cfg, device)
+            kr.seconds = time.perf_counter() - kt
+            log(f"    {k.name}: {summary_line(kr)}")
+        for p in cfg.pipelines:
+            members = {"kv_append": p.kv_append, "attention.decode_paged": p.attention, "rope": p.rope}
+            names = [n for n in members.values() if n]
+            if not any(results[n].status in ("changed", "new") for n in names):
+                continue
+            report.pipelines.append(check_pipeline(p, members, cfg, device, head_root, progress))
+    for kr in report.kernels:
+        _relativise(kr.verification, head_root)
+    report.conclusion, report.reason = conclude(report)
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def check_kernel(kr: KernelReport, k, cfg: Config, device: str, base_root: Path, head_root: Path,
+                 progress: bool) -> None:
+    from kernalin_ci.verify import verify
+
+    try:
+        vr = verify(k.op, k.entry, k.params, device, dtype=k.dtype, root=str(head_root), timeout_s=k.timeout,
+                    progress=progress)
+        kr.verification = vr.to_json()
+    except UsageError as e:  # the kernel's entry cannot be loaded at head: that fails this kernel
+        kr.error = str(e)
+        return
+    if not cfg.gate.bench:
+        kr.benchmark_note = "benchmarks are off (gate.bench: false)"
+        return
+    if kr.status == "new":
+        kr.benchmark_note = "new kernel: nothing to compare against"
+        return
+    if vr.findings:
+        kr.benchmark_note = "not benchmarked: verification failed"
+        return
+    from kernalin_ci.bench.pair import bench_pair
+
+    try:
+        res = bench_pair(k.op, k.entry, k.entry, str(base_root), str(head_root), {**k.params, **k.bench},
+                         device, budget_s=cfg.gate.budget_s, rope_min=cfg.gate.rope, progress=progress)
+        kr.benchmark = res.to_json()
+    except UsageError as e:
+        kr.error = f"benchmark: {e}"
+        return
+    if device != "cuda":
+        kr.benchmark_note = "CPU interpreter wall-clock timings: reported, never gating"
+
+
+def check_pipeline(p, members: dict, cfg: Config, device: str, head_root: Path, progress: bool) -> PipelineReport:
+    from kernalin_ci.verify import verify_pipeline
+
+    t0 = time.perf_counter()
+    entries = {}
+    params: dict = {}
+    for role, name in members.items():
+        if name:
+            k = cfg.kernel(name)
+            entries[role] = k.entry
+            params.update(k.params)
+    pr = PipelineReport(p.name, {r: n for r, n in members.items() if n})
+    log(f"pipeline {p.name}: {' -> '.join(pr.members.values())}, {p.steps} steps")
+    try:
+        vr = verify_pipeline(entries, params, device, steps=p.steps, root=str(head_root), progress=progress)
+        pr.verification = vr.to_json()
+        if vr.findings and "finding" in cfg.gate.fail_on:
+            pr.failed_by = ["finding"]
+    except UsageError as e:
+        pr.verification = {"verdict": "fail", "findings": [], "error": str(e)}
+        pr.failed_by = ["error"]
+    pr.seconds = time.perf_counter() - t0
+    return pr
+
+
+def removed_kernels(cfg: Config, base_root: Path, cfg_path: Path, repo: Path) -> list[str]:
+    try:
+        rel = cfg_path.resolve().relative_to(repo.resolve())
+    except ValueError:
+        return []
+    base_cfg_path = base_root / rel
+    if not base_cfg_path.is_file():
+        return []
+    try:
+        base_cfg = config_mod.load(base_cfg_path)
+    except UsageError:
+        return []
+    names = {k.name for k in cfg.kernels}
+    return [k.name for k in base_cfg.kernels if k.name not in names]
+
+
+def _relativise(verification: dict | None, head_root: Path) -> None:
+    """Finding locations inside the head worktree become repository-relative paths."""
+    if not verification:
+        return
+    prefix = str(head_root.resolve()) + "/"
+    for f in verification.get("findings", []) + verification.get("notices", []):
+        loc = f.get("location")
+        if loc and loc.get("path", "").startswith(prefix):
+            loc["path"] = loc["path"][len(prefix):]
+        elif loc and loc.get("path", "").startswith(str(head_root) + "/"):
+            loc["path"] = loc["path"][len(str(head_root)) + 1:]
+
+
+def summary_line(kr: KernelReport) -> str:
+    if kr.error:
+        return f"ERROR {kr.error}"
+    v = kr.verification or {}
+    n = len(v.get("findings", []))
+    parts = [f"verification {'FAIL (' + str(n) + ' findings)' if n else 'pass'}"]
+    b = kr.benchmark
+    if b:
+        parts.append(f"benchmark {b['verdict']} (ratio {b['ratio']:.4f})")
+    elif kr.benchmark_note:
+        parts.append(kr.benchmark_note)
+    return "; ".join(parts)
+
+
+def reproduce_command(cfg_path: Path, repo: Path, refs: Refs, device: str) -> str:
+    parts = ["kernalin-ci", "run"]
+    try:
+        rel = cfg_path.resolve().relative_to(repo.resolve())
+        if str(rel) != config_mod.DEFAULT_FILE:
+            parts += ["--config", str(rel)]
+    except ValueError:
+        parts += ["--config", str(cfg_path)]
+    parts += ["--base", refs.base, "--head", refs.head, "--device", device]
+    return " ".join(shlex.quote(p) for p in parts)

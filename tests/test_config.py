@@ -1,0 +1,85 @@
+""".kernalin.yml parsing: the starter parses; every error names file, line and key (exit 2)."""
+import pytest
+
+from conftest import cli
+from kernalin_ci.config import STARTER, load, parse
+from kernalin_ci.errors import UsageError
+
+GOOD = """\
+kernels:
+  - name: attn
+    op: attention.decode_paged
+    entry: kernels/attn.py:entry
+    params: {block_size: 32}
+    sources: ["kernels/common/*.py"]
+  - name: kv
+    op: kv_append
+    entry: kernels/kv.py:entry
+    params: {block_size: 32}
+gate:
+  fail_on: [finding, slower, inconclusive]
+  rope: 0.01
+  budget_s: 12
+pipelines:
+  - name: loop
+    kv_append: kv
+    attention: attn
+    steps: 16
+"""
+
+
+def test_starter_parses():
+    cfg = parse(STARTER, "starter.yml")
+    assert cfg.kernels[0].op == "attention.decode" and cfg.gate.fail_on == ("finding", "slower")
+
+
+def test_full_config():
+    cfg = parse(GOOD, "k.yml")
+    assert [k.name for k in cfg.kernels] == ["attn", "kv"]
+    assert cfg.kernels[0].params == {"block_size": 32} and cfg.kernels[0].sources == ["kernels/common/*.py"]
+    assert cfg.kernels[0].entry_file == "kernels/attn.py"
+    assert cfg.gate.fail_on == ("finding", "slower", "inconclusive") and cfg.gate.rope == 0.01
+    assert cfg.gate.budget_s == 12.0
+    assert cfg.pipelines[0].kv_append == "kv" and cfg.pipelines[0].steps == 16
+
+
+@pytest.mark.parametrize("text, where", [
+    ("kernels: [\n  {name: a, op: attention.decode, entry: a.py:entry\n", "k.yml:3: not valid YAML"),
+    ("kernels:\n  - name: a\n    op: attention.decoder\n    entry: a.py:entry\n", "k.yml:3: kernels[0].op: unknown op"),
+    ("kernels:\n  - name: a\n    op: rope\n    entry: a.py\n", "k.yml:4: kernels[0].entry"),
+    ("kernels:\n  - name: a\n    op: rope\n    entry: a.py:f\n    params: {style: llama}\n",
+     "k.yml:5: kernels[0].params: op rope: param style='llama' must be one of neox, gptj"),
+    ("kernels:\n  - name: a\n    op: rope\n    entry: a.py:f\n    colour: red\n", "k.yml:5: kernels[0].colour: unknown key"),
+    ("kernels:\n  - name: a\n    op: rope\n    entry: a.py:f\n  - name: a\n    op: rope\n    entry: b.py:f\n",
+     "k.yml:5: kernels[1].name: duplicate kernel name"),
+    ("kernels:\n  - name: a\n    op: rope\n    entry: a.py:f\ngate:\n  fail_on: [faster]\n", "k.yml:6: gate.fail_on"),
+    ("kernels:\n  - name: a\n    op: rope\n    entry: a.py:f\ngate:\n  rope: 2\n", "k.yml:6: gate.rope"),
+    ("kernels:\n  - name: a\n    op: rope\n    entry: a.py:f\npipelines:\n  - name: p\n    kv_append: a\n"
+     "    attention: a\n", "k.yml:7: pipelines[0].kv_append: kernel 'a' is rope, expected kv_append"),
+    ("kernels: []\n", "k.yml:1: kernels: expected a non-empty list"),
+    ("", "k.yml:1: empty configuration"),
+])
+def test_errors_name_file_line_and_key(text, where):
+    with pytest.raises(UsageError) as e:
+        parse(text, "k.yml")
+    assert str(e.value).startswith(where), str(e.value)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(UsageError, match="not found"):
+        load(tmp_path / "nope.yml")
+
+
+def test_run_with_bad_config_exits_2_with_one_line(tmp_path):
+    (tmp_path / "bad.yml").write_text("kernels:\n  - name: a\n    op: nope\n    entry: a.py:f\n")
+    r = cli("run", "--config", str(tmp_path / "bad.yml"), "--device", "cpu", cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "bad.yml:3: kernels[0].op" in r.stderr
+
+
+def test_init_writes_a_starter_that_parses(tmp_path):
+    r = cli("init", cwd=tmp_path)
+    assert r.returncode == 0
+    assert load(tmp_path / ".kernalin.yml").kernels[0].name == "decode_attention"
+    r = cli("init", cwd=tmp_path)
+    assert r.returncode == 2 and "exists" in r.stderr
