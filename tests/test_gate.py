@@ -1,0 +1,146 @@
+"""The PR gate on real git repositories made in temp dirs (base and head commits of the example kernels)."""
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, cli
+from kernalin_ci import config as config_mod
+from kernalin_ci.gate.diff import affected_kernels, changed_files, resolve_refs, worktrees
+
+EXAMPLE = REPO / "examples" / "decode-kernels"
+
+
+def git(repo, *args):
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", *args], cwd=repo,
+                          check=True, capture_output=True, text=True).stdout.strip()
+
+
+def commit_all(repo, msg):
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", msg)
+    return git(repo, "rev-parse", "HEAD")
+
+
+@pytest.fixture
+def repo(tmp_path):
+    """The example kernel repository as a fresh git repo on branch main (bench off: fast)."""
+    r = tmp_path / "repo"
+    shutil.copytree(EXAMPLE, r, ignore=shutil.ignore_patterns("prs"))
+    cfg = (r / ".kernalin.yml").read_text().replace("  budget_s: 30\n", "  budget_s: 30\n  bench: false\n")
+    (r / ".kernalin.yml").write_text(cfg)
+    git(r, "init", "-q", "-b", "main")
+    commit_all(r, "base")
+    return r
+
+
+def edit(path: Path, old: str, new: str):
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new))
+
+
+def run_gate_cli(repo, *args):
+    r = cli("run", "--device", "cpu", "--quiet", "--out", str(repo / "out"), *args, cwd=repo)
+    report = json.loads((repo / "out" / "report.json").read_text()) if (repo / "out/report.json").exists() else None
+    return r, report
+
+
+def plan(repo, base="main", head="HEAD"):
+    cfg = config_mod.load(repo / ".kernalin.yml")
+    refs = resolve_refs(repo, base, head)
+    with worktrees(repo, refs.base, refs.head) as (b, h):
+        return {a.kernel.name: a for a in affected_kernels(cfg, changed_files(repo, refs.base, refs.head), h, b)}
+
+
+def test_no_kernel_changed_passes_quickly(repo):
+    git(repo, "checkout", "-qb", "docs")
+    (repo / "README.md").write_text("docs only\n")
+    commit_all(repo, "docs")
+    r, report = run_gate_cli(repo, "--base", "main")
+    assert r.returncode == 0, r.stderr
+    assert report["conclusion"] == "success" and report["reason"] == "no kernel changed"
+    assert all(k["status"] == "unchanged" and k["verification"] is None for k in report["kernels"])
+    assert {p.name for p in (repo / "out").iterdir()} >= {"report.json", "report.md", "junit.xml", "badge.svg",
+                                                           "badge.json"}
+
+
+def test_shared_module_change_affects_every_importer(repo):
+    git(repo, "checkout", "-qb", "pr")
+    edit(repo / "kernels/common.py", "return triton.next_power_of_2(head_dim)",
+         "return max(16, triton.next_power_of_2(head_dim))")
+    commit_all(repo, "common")
+    p = plan(repo)
+    assert {n for n, a in p.items() if a.status == "changed"} == {"decode_attention", "paged_attention", "rope"}
+    assert p["kv_append"].status == "unchanged"
+    assert p["rope"].reasons == ["kernels/common.py changed"]
+
+
+def test_sources_globs_new_and_removed_kernels(repo):
+    git(repo, "checkout", "-qb", "pr")
+    (repo / "kernels/tables.dat").write_text("1 2 3\n")
+    (repo / "kernels/kv_v2.py").write_text((repo / "kernels/kv_cache.py").read_text())
+    cfg = (repo / ".kernalin.yml").read_text()
+    cfg = cfg.replace("    params: {style: neox}\n", "    params: {style: neox}\n    sources: ['kernels/*.dat']\n")
+    cfg = cfg.replace("  - name: kv_append\n    op: kv_append\n    entry: kernels/kv_cache.py:append",
+                      "  - name: kv_append_v2\n    op: kv_append\n    entry: kernels/kv_v2.py:append")
+    cfg = cfg.replace("    kv_append: kv_append\n", "    kv_append: kv_append_v2\n")
+    (repo / ".kernalin.yml").write_text(cfg)
+    commit_all(repo, "v2")
+    p = plan(repo)
+    assert p["rope"].status == "changed" and p["rope"].reasons == ["kernels/tables.dat changed (sources)"]
+    assert p["kv_append_v2"].status == "new"
+    from kernalin_ci.gate.run import removed_kernels
+
+    refs = resolve_refs(repo, "main", "HEAD")
+    with worktrees(repo, refs.base, refs.head) as (b, _h):
+        assert removed_kernels(config_mod.load(repo / ".kernalin.yml"), b, repo / ".kernalin.yml", repo) == \
+            ["kv_append"]
+
+
+def test_a_kv_bug_fails_the_gate_and_only_that_kernel_is_checked(repo):
+    git(repo, "checkout", "-qb", "pr")
+    edit(repo / "kernels/kv_cache.py", "    if slot >= 0:\n", "    if slot >= -1:\n")
+    commit_all(repo, "kv: also handle slot -1")
+    r, report = run_gate_cli(repo, "--base", "main")
+    assert r.returncode == 1, r.stderr
+    assert report["conclusion"] == "failure" and "kv_append" in report["reason"]
+    by = {k["name"]: k for k in report["kernels"]}
+    kv = by["kv_append"]
+    assert kv["status"] == "changed" and kv["failed_by"] == ["finding"]
+    assert "kv-padding" in {f["bug_class"] for f in kv["verification"]["findings"]}
+    assert all(by[n]["verification"] is None for n in ("decode_attention", "paged_attention", "rope"))
+    assert git(repo, "worktree", "list").count("\n") == 0  # base and head worktrees are gone
+    assert "kv_append" in (repo / "out/report.md").read_text()
+
+
+def test_entry_that_cannot_load_at_head_fails_and_cleans_up(repo):
+    git(repo, "checkout", "-qb", "pr")
+    edit(repo / "kernels/rope.py", "import torch\n", "import torch\nimport not_installed_anywhere\n")
+    commit_all(repo, "rope: broken import")
+    r, report = run_gate_cli(repo, "--base", "main")
+    assert r.returncode == 1
+    rope = next(k for k in report["kernels"] if k["name"] == "rope")
+    assert "ModuleNotFoundError" in rope["error"] and rope["failed_by"] == ["error"]
+    assert git(repo, "worktree", "list").count("\n") == 0
+
+
+def test_default_base_is_the_merge_base_with_main(repo):
+    base = git(repo, "rev-parse", "HEAD")
+    git(repo, "checkout", "-qb", "feature")
+    (repo / "notes.txt").write_text("x\n")
+    head = commit_all(repo, "feature")
+    git(repo, "checkout", "-q", "main")
+    (repo / "other.txt").write_text("y\n")
+    commit_all(repo, "main moves on")
+    git(repo, "checkout", "-q", "feature")
+    refs = resolve_refs(repo, None, None)
+    assert (refs.base, refs.head) == (base, head)
+
+
+def test_unknown_revision_is_a_usage_error(repo):
+    r, _ = run_gate_cli(repo, "--base", "no-such-branch")
+    assert r.returncode == 2 and "unknown revision 'no-such-branch'" in r.stderr
+    assert r.stderr.strip().count("\n") == 0
