@@ -1,4 +1,6 @@
 """.kernalin.yml parsing: the starter parses; every error names file, line and key (exit 2)."""
+import subprocess
+
 import pytest
 
 from conftest import cli
@@ -72,6 +74,7 @@ def test_missing_file(tmp_path):
 
 def test_run_with_bad_config_exits_2_with_one_line(tmp_path):
     (tmp_path / "bad.yml").write_text("kernels:\n  - name: a\n    op: nope\n    entry: a.py:f\n")
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
     r = cli("run", "--config", str(tmp_path / "bad.yml"), "--device", "cpu", cwd=tmp_path)
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0 and "bad.yml:3: kernels[0].op" in r.stderr
