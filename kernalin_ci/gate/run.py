@@ -32,7 +32,7 @@ def judge(kr: KernelReport, cfg: Config, device: str) -> list[str]:
     if v and v.get("findings") and "finding" in fail_on:
         failed.append("finding")
     b = kr.benchmark
-    if b and device == "cuda":  # interpreter wall-clock timings never gate (docs/gate.md)
+    if b and device == "cuda":  # interpreter wall-clock timings never gate (docs/config.md)
         if b.get("verdict") == "slower" and "slower" in fail_on:
             failed.append("slower")
         if b.get("verdict") == "inconclusive" and "inconclusive" in fail_on:
