@@ -133,6 +133,9 @@ def check_kernel(kr: KernelReport, k, cfg: Config, device: str, base_root: Path,
         res = bench_pair(k.op, k.entry, k.entry, str(base_root), str(head_root), {**k.params, **k.bench},
                          device, budget_s=cfg.gate.budget_s, rope_min=cfg.gate.rope, progress=progress)
         kr.benchmark = res.to_json()
+        if res.failed:  # e.g. base and head disagree on an output, or the head crashed while timed
+            kr.error = f"benchmark: {res.error}"
+            return
     except UsageError as e:
         kr.error = f"benchmark: {e}"
         return

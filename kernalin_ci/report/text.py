@@ -1,0 +1,245 @@
+"""Text helpers shared by the renderers: escaping for markdown, HTML and XML, and the wording of
+numbers that are already in the Report (percentages, probabilities, the benchmark verdict).
+
+Nothing here computes a statistic: every figure comes from the verdict JSON as it is, only
+rounded and phrased.
+"""
+from __future__ import annotations
+
+import html
+import math
+import re
+
+from kernalin_ci.ops.base import Case
+
+# ---------------------------------------------------------------------------------------- escaping
+
+_MD_BACKSLASH = re.compile(r"([\\`*_\[\]|~])")
+_XML_BAD = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def md(text: object) -> str:
+    """TEXT as inline markdown that renders literally, also inside a table cell.
+
+    HTML's `& < >` become entities; markdown's punctuation (backslash, backtick, `* _ [ ] | ~`) is
+    backslash-escaped (GitHub's table parser reads `\\|` as a literal pipe); a line break becomes `<br>`.
+    """
+    s = html.escape(str(text), quote=False)
+    s = _MD_BACKSLASH.sub(r"\\\1", s)
+    return s.replace("\r\n", "\n").replace("\r", "\n").replace("\n", "<br>")
+
+
+def html_text(text: object) -> str:
+    """TEXT for a raw-HTML line (a `<summary>`), where markdown is not parsed: entities only."""
+    return html.escape(str(text).replace("\n", " "), quote=True)
+
+
+def code(text: object, *, table: bool = False) -> str:
+    """TEXT as a markdown code span: literal whatever it holds (backticks, `<script>`, pipes).
+
+    The fence is one backtick longer than the longest run inside; in a table cell a pipe is
+    written `\\|`, which GitHub's table parser turns back into `|` inside the span.
+    """
+    s = str(text).replace("\r", " ").replace("\n", " ")
+    if table:
+        s = s.replace("|", "\\|")
+    if not s:
+        return "` `"
+    longest = max((len(r) for r in re.findall(r"`+", s)), default=0)
+    fence = "`" * (longest + 1)
+    if s.startswith("`") or s.endswith("`") or longest:
+        s = f" {s} "
+    return f"{fence}{s}{fence}"
+
+
+def code_block(text: str, lang: str = "") -> str:
+    """TEXT in a fenced code block whose fence no line of TEXT can close."""
+    longest = max((len(r) for r in re.findall(r"`{3,}", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}{lang}\n{text.rstrip()}\n{fence}"
+
+
+def xml_text(text: object) -> str:
+    """TEXT with the characters XML 1.0 cannot hold at all (NUL, ESC, ...) written as `\\xNN`;
+    the XML writer escapes `& < > "` itself."""
+    return _XML_BAD.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
+
+
+def clip(text: str, limit: int) -> str:
+    """TEXT cut to LIMIT characters with a note of how much was cut."""
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"… ({len(text) - limit} more characters)"
+
+
+# ---------------------------------------------------------------------------------------- numbers
+
+
+def _finite(*xs) -> bool:
+    return all(isinstance(x, (int, float)) and math.isfinite(x) for x in xs)
+
+
+def percent(frac: float, decimals: int = 1) -> str:
+    """0.031 -> '3.1%'."""
+    return f"{100 * frac:.{decimals}f}%"
+
+
+def signed_percent(frac: float, decimals: int = 1) -> str:
+    """0.031 -> '+3.1%', -0.002 -> '-0.2%' (a minus sign that survives copy and paste)."""
+    return f"{100 * frac:+.{decimals}f}%"
+
+
+def prob(p: float) -> str:
+    """A posterior probability as a percentage; the extremes say 'beyond this resolution'."""
+    if not _finite(p):
+        return "n/a"
+    if p >= 0.9995:
+        return ">99.9%"
+    if p <= 0.0005:
+        return "<0.1%"
+    return f"{100 * p:.1f}%"
+
+
+def rope_text(rope) -> str:
+    """ROPE [lo, hi] as ratios -> '±0.5%' (its half-width, trailing zeros dropped)."""
+    lo, hi = rope
+    if not _finite(lo, hi):
+        return "n/a"
+    half = 100 * (hi - lo) / 2
+    s = f"{half:.2f}".rstrip("0").rstrip(".")
+    return f"±{s}%"
+
+
+def ratio_text(x) -> str:
+    return f"{x:.4f}" if _finite(x) else "n/a"
+
+
+def hdi_text(hdi) -> str:
+    lo, hi = hdi
+    return f"{ratio_text(lo)}–{ratio_text(hi)}"
+
+
+def _decimals(*fracs: float, apart: tuple[float, float] | None = None) -> int:
+    """One decimal for effects of a percent or more, two below that (0.35% must not read 0.3%); more
+    (up to three) while the two ends of APART (an HDI) would print the same."""
+    d = 1 if max(abs(f) for f in fracs) >= 0.01 else 2
+    while apart and d < 3 and f"{100 * apart[0]:.{d}f}" == f"{100 * apart[1]:.{d}f}":
+        d += 1
+    return d
+
+
+# ---------------------------------------------------------------------------------------- verdicts
+
+
+def benchmark_ok(b: dict | None) -> bool:
+    """Whether B has the SPEC-cli verdict fields a renderer needs (and they are numbers)."""
+    if not isinstance(b, dict) or b.get("verdict") not in ("faster", "slower", "equivalent", "inconclusive"):
+        return False
+    try:
+        return _finite(b["ratio"], *b["hdi"], b["p_faster"], b["p_slower"], b["p_equivalent"], *b["rope"])
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
+def effect(b: dict) -> str:
+    """'3.1% faster', '2.0% slower', 'equivalent', 'inconclusive (+0.4%)': for headlines and cells."""
+    v, r = b["verdict"], b["ratio"]
+    if v == "faster":
+        return f"{percent(1 - r, _decimals(1 - r))} faster"
+    if v == "slower":
+        return f"{percent(r - 1, _decimals(r - 1))} slower"
+    if v == "equivalent":
+        return "equivalent"
+    return f"inconclusive ({signed_percent(r - 1, _decimals(r - 1))})"
+
+
+def verdict_phrase(b: dict) -> str:
+    """The verdict for humans, e.g. 'faster: 3.1% (95% HDI 2.7%..3.5%), P(faster) 99.4%, ROPE ±0.5%'.
+
+    Effects are changes of the head's time against the base's: 'faster: 3.1%' is a ratio of 0.969.
+    """
+    v, r = b["verdict"], b["ratio"]
+    lo, hi = b["hdi"]
+    rope = rope_text(b["rope"])
+    if v == "faster":
+        d = _decimals(1 - r, 1 - lo, 1 - hi, apart=(lo, hi))
+        return (f"faster: {percent(1 - r, d)} (95% HDI {percent(1 - hi, d)}..{percent(1 - lo, d)}), "
+                f"P(faster) {prob(b['p_faster'])}, ROPE {rope}")
+    if v == "slower":
+        d = _decimals(r - 1, lo - 1, hi - 1, apart=(lo, hi))
+        return (f"slower: {percent(r - 1, d)} (95% HDI {percent(lo - 1, d)}..{percent(hi - 1, d)}), "
+                f"P(slower) {prob(b['p_slower'])}, ROPE {rope}")
+    d = _decimals(r - 1, lo - 1, hi - 1, apart=(lo, hi))
+    span = f"{signed_percent(r - 1, d)} (95% HDI {signed_percent(lo - 1, d)}..{signed_percent(hi - 1, d)})"
+    if v == "equivalent":
+        return f"equivalent: {span}, P(equivalent) {prob(b['p_equivalent'])}, ROPE {rope}"
+    return (f"inconclusive: {span}, P(faster) {prob(b['p_faster'])}, P(equivalent) {prob(b['p_equivalent'])}, "
+            f"P(slower) {prob(b['p_slower'])}, ROPE {rope}")
+
+
+def mass_sentence(b: dict) -> str:
+    """Where the posterior mass sits relative to the ROPE, e.g. '99.4% of the posterior mass sits below
+    the ROPE.' (below = head faster)."""
+    pf, ps, pe = b["p_faster"], b["p_slower"], b["p_equivalent"]
+    if pf >= 0.5:
+        return f"{prob(pf)} of the posterior mass sits below the ROPE (head faster)."
+    if ps >= 0.5:
+        return f"{prob(ps)} of the posterior mass sits above the ROPE (head slower)."
+    if pe >= 0.5:
+        return f"{prob(pe)} of the posterior mass sits inside the ROPE."
+    return (f"The posterior mass is split: {prob(pf)} below the ROPE, {prob(pe)} inside, "
+            f"{prob(ps)} above.")
+
+
+def measurement_note(b: dict) -> str:
+    """'24 rounds · 18.2 s · CUDA events · A/A floor 0.05%', from the fields that are present."""
+    parts = []
+    if isinstance(b.get("rounds"), int):
+        parts.append(f"{b['rounds']} rounds")
+    if _finite(b.get("seconds")):
+        parts.append(f"{b['seconds']:.1f} s")
+    clock = {"cuda-events": "CUDA events", "cpu-wall": "CPU wall clock",
+             "cpu-wall-clock": "CPU wall clock"}.get(b.get("clock"), b.get("clock"))
+    if clock:
+        parts.append(str(clock))
+    if _finite(b.get("floor")):
+        parts.append(f"A/A floor {percent(b['floor'], 2)}")
+    shapes = b.get("shapes")
+    if isinstance(shapes, list) and shapes:
+        parts.append(f"{len(shapes)} shape{'s' * (len(shapes) != 1)}")
+    return " · ".join(parts)
+
+
+# ---------------------------------------------------------------------------------------- findings
+
+
+def case_summary(case: dict | None) -> str | None:
+    """'long-tail [float16, seed 8] Hq=8 Hkv=2 D=64 kv_lens=[...]': the op layer's own case summary."""
+    if not isinstance(case, dict):
+        return None
+    try:
+        return Case(name=str(case.get("name", "?")), dims=dict(case.get("dims") or {}),
+                    dtype=str(case.get("dtype", "float32")), seed=case.get("seed", 0),
+                    tags=tuple(case.get("tags") or ())).summary()
+    except (TypeError, ValueError):
+        return str(case)
+
+
+def location_text(loc: dict | None) -> str | None:
+    """'kernels/attn.py:57' or None."""
+    if not isinstance(loc, dict) or not loc.get("path"):
+        return None
+    return f"{loc['path']}:{loc['line']}" if loc.get("line") else str(loc["path"])
+
+
+def bug_classes(findings: list[dict]) -> list[tuple[str, int]]:
+    """The findings' bug classes in first-seen order, with how often each occurs."""
+    counts: dict[str, int] = {}
+    for f in findings:
+        c = str(f.get("bug_class", "?"))
+        counts[c] = counts.get(c, 0) + 1
+    return list(counts.items())
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}{'s' * (n != 1)}"
