@@ -16,6 +16,8 @@ import traceback
 TASKS = {
     "verify-dynamic": "kernalin_ci.verify.dynamic:run_job",
     "verify-pipeline": "kernalin_ci.verify.pipeline:run_job",
+    "verify-structural": "kernalin_ci.verify.structural.task:run_job",
+    "bench": "kernalin_ci.bench.harness:run_job",
 }
 
 

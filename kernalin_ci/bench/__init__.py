@@ -1,0 +1,12 @@
+"""The baseline-versus-PR benchmark: interleaved timing rounds and Bayesian bootstrap verdicts.
+
+- `stats.py`    posterior, noise floor, ROPE, verdicts, adaptive-stopping looks (numpy only)
+- `trace.py`    the `compare` trace format (npz/json), validated on load
+- `shapes.py`   each op's default benchmark shapes and `--param` overrides
+- `harness.py`  the timing loop inside the worker child (CUDA graphs + events, or a CPU wall clock)
+- `pair.py`     `bench_pair()`: the parent side, what the CLI and the gate call
+- `render.py`   text for verdicts and progress
+"""
+from kernalin_ci.bench.stats import Verdict, compare_many, compare_trace
+
+__all__ = ["Verdict", "compare_trace", "compare_many"]  # bench_pair: kernalin_ci.bench.pair

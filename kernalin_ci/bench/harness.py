@@ -1,0 +1,386 @@
+"""The timing loop, run inside the worker child (task "bench"; see kernalin_ci/worker.py).
+
+Instances: the base entry, the head entry and a second, separately loaded copy of
+the base (from a copy of its tree) for the A/A noise floor; more may follow (the
+GPU benchmark script records extra variants). Per shape, each instance gets its
+own copy of the inputs. Per round and shape:
+
+1. fresh inputs: every floating-point input is redrawn in place from a seeded
+   generator on the device (the op's generator built the initial tensors, so
+   lengths, tables, positions and slots keep the op's structure; `custom`
+   ops call their own `inputs()` with a new seed instead);
+2. output agreement: each instance runs once on the fresh inputs, through the
+   same CUDA graph mechanism it is timed with, and every output must agree with
+   the base's within twice the op's tolerance (both sides carry up to one
+   tolerance of error; kv_append is compared bit for bit). A kernel that skips
+   work when captured or timed, returns a cached result, or works on another
+   stream leaves stale outputs behind and is caught here;
+3. timing: the inputs are restored, and the instances are timed back to back in
+   a random order; each does one discarded warm-up sample, then `reps` samples.
+
+A CUDA sample is one replay of a CUDA graph of `inner` launches between two CUDA
+events on the launching stream, preceded (by default) by an L2 flush and
+followed by a device synchronize; `inner` is chosen so one sample lasts about
+1 ms, far above the few microseconds of launch overhead. Should an entry not be
+capturable (a host sync inside, say), every instance of that shape is timed
+eagerly instead, with a device synchronize before the end event so work on
+other streams is inside the interval. On the CPU the same loop runs with a
+wall clock (the Triton interpreter): those figures are not GPU figures.
+"""
+from __future__ import annotations
+
+import math
+import random
+import time
+
+import torch
+
+from kernalin_ci.bench import stats
+from kernalin_ci.bench.trace import geometric_mean_over_shapes
+from kernalin_ci.entry import load_entry
+from kernalin_ci.ops import get_op
+from kernalin_ci.ops.base import TOLERANCE, Case
+from kernalin_ci.verify.compare import row_errors
+from kernalin_ci.verify.dynamic import CUDA_ERROR
+from kernalin_ci.verify.poison import bits
+
+TARGET_SAMPLE_S = {"cuda": 1e-3, "cpu": 5e-3}
+MAX_INNER = 10000
+L2_FLUSH_BYTES = 256 << 20  # several times the L2 of any current GPU (H100: 50 MB, H200: 60 MB)
+CLOCKS = {"cuda": "cuda-events", "cpu": "cpu-wall-clock"}
+
+
+class BenchAbort(Exception):
+    """Stops the benchmark: outputs disagree, or an entry raised."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+# ------------------------------------------------------------------ inputs
+
+def clone_inputs(kw: dict) -> dict:
+    return {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+
+
+def copy_into(dst: dict, src: dict) -> None:
+    for k, v in src.items():
+        if isinstance(v, torch.Tensor):
+            if dst[k].shape != v.shape or dst[k].dtype != v.dtype:
+                raise BenchAbort("input-shape", f"input {k!r} changed shape between rounds "
+                                                f"({tuple(dst[k].shape)} -> {tuple(v.shape)})")
+            dst[k].copy_(v)
+
+
+def refresh(kw: dict, gen: torch.Generator) -> None:
+    """Redraw every floating-point input in place (standard normal, like the op generators)."""
+    for v in kw.values():
+        if isinstance(v, torch.Tensor) and v.is_floating_point():
+            v.normal_(generator=gen)
+
+
+def disagreement(op, case: Case, ref: dict, got: dict, exact: bool) -> str | None:
+    """None when `got` agrees with `ref` (the base's outputs), else what differs."""
+    tol = 2 * TOLERANCE.get(case.dtype, TOLERANCE["float32"])
+    for name, r in ref.items():
+        g = got.get(name)
+        if not isinstance(g, torch.Tensor) or g.shape != r.shape:
+            return f"output {name!r}: shape {tuple(g.shape) if isinstance(g, torch.Tensor) else type(g).__name__}" \
+                   f" vs the base's {tuple(r.shape)}"
+        if exact:
+            diff = bits(g) != bits(r)
+            if bool(diff.any()):
+                return f"output {name!r}: {int(diff.sum())} of {diff.numel()} elements differ bit for bit"
+            continue
+        finite_r, finite_g = torch.isfinite(r), torch.isfinite(g)
+        if bool((finite_r != finite_g).any()):
+            return f"output {name!r}: {int((finite_r != finite_g).sum())} elements finite on one side only"
+        err = row_errors(torch.where(finite_g, g, 0).double(), torch.where(finite_r, r, 0).double())
+        bad = ~(err <= tol)
+        if bool(bad.any()):
+            worst = int(torch.where(bad, err, torch.zeros_like(err)).argmax())
+            where = op.row_label(case, {}, name, worst) if _labels_rows(op) else f"row {worst}"
+            return (f"output {name!r}: {int(bad.sum())} of {bad.numel()} rows differ by more than {tol:g} "
+                    f"(relative; worst {float(err[worst]):.3g} at {where})")
+    return None
+
+
+def _labels_rows(op) -> bool:
+    return op.name in ("attention.decode", "attention.decode_paged")
+
+
+# ------------------------------------------------------------------ one instance on one shape
+
+class Runner:
+    """An instance's entry bound to its own inputs; `check()` runs it once, `sample()` times it."""
+
+    def __init__(self, name: str, fn, kw: dict, device: str):
+        self.name, self.fn, self.kw, self.device = name, fn, kw, device
+        self.graph_check = self.graph_time = None
+        self.check_ret = None
+        self.inner = 1
+
+    def call(self):
+        try:
+            return self.fn(**self.kw)
+        except Exception as e:  # the user's kernel
+            raise BenchAbort("entry-error", f"{self.name}: the entry raised {type(e).__name__}: "
+                                            f"{' '.join(str(e).split())[:300]}") from None
+
+    def warm_up(self, calls: int = 3) -> None:
+        if self.device == "cuda":
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(calls):
+                    self.call()
+            torch.cuda.current_stream().wait_stream(side)
+            torch.cuda.synchronize()
+        else:
+            for _ in range(min(calls, 1)):
+                self.call()
+
+    def capture(self, launches: int):
+        g = torch.cuda.CUDAGraph()
+        ret = None
+        with torch.cuda.graph(g):
+            for _ in range(launches):
+                ret = self.fn(**self.kw)
+        torch.cuda.synchronize()
+        return g, ret
+
+    def check(self):
+        """One launch on the current inputs; returns what the entry returned."""
+        if self.graph_check is not None:
+            self.graph_check.replay()
+            torch.cuda.synchronize()
+            return self.check_ret
+        ret = self.call()
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+        return ret
+
+
+class CudaClock:
+    label = "cuda-events"
+    warm_sample = True  # one discarded sample per instance and round: the first runs 0.5-2.4% slow on a GPU
+
+    def __init__(self, l2_flush: bool):
+        self.flush_buf = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device="cuda") if l2_flush else None
+        self.start = torch.cuda.Event(enable_timing=True)
+        self.end = torch.cuda.Event(enable_timing=True)
+
+    def prepare(self, runners: list[Runner], emit, label: str) -> tuple[int, str]:
+        """Warm up, capture graphs (or fall back to eager for all), choose inner. -> (inner, timing)."""
+        for r in runners:
+            r.warm_up()
+        timing = "cuda-graph"
+        try:
+            for r in runners:
+                r.graph_check, r.check_ret = r.capture(1)
+        except Exception as e:
+            timing = "eager"
+            note = " ".join(str(e).split())[:200]
+            emit({"event": "note", "message": f"{label}: CUDA graph capture failed ({type(e).__name__}: {note}); "
+                                              f"every instance is timed eagerly"})
+            for r in runners:
+                r.graph_check = r.check_ret = None
+            torch.cuda.synchronize()
+        per_launch = self._per_launch(runners[0], timing)
+        inner = max(1, min(MAX_INNER, math.ceil(TARGET_SAMPLE_S["cuda"] / max(per_launch, 1e-9))))
+        for r in runners:
+            r.inner = inner
+            if timing == "cuda-graph":
+                r.graph_time, _ = r.capture(inner)
+            emit({"event": "setup-step", "message": f"{label}: {r.name} ready"})
+        return inner, timing
+
+    def _per_launch(self, r: Runner, timing: str) -> float:
+        n = 20
+        for _ in range(3):
+            r.check()
+        self.start.record()
+        for _ in range(n):
+            if timing == "cuda-graph":
+                r.graph_check.replay()
+            else:
+                r.call()
+        self.end.record()
+        torch.cuda.synchronize()
+        return self.start.elapsed_time(self.end) / 1e3 / n
+
+    def sample(self, r: Runner) -> float:
+        """Milliseconds per launch."""
+        if self.flush_buf is not None:
+            self.flush_buf.zero_()
+        self.start.record()
+        if r.graph_time is not None:
+            r.graph_time.replay()
+        else:
+            for _ in range(r.inner):
+                r.call()
+            torch.cuda.synchronize()  # work on other streams counts too
+        self.end.record()
+        torch.cuda.synchronize()
+        return self.start.elapsed_time(self.end) / r.inner
+
+
+class CpuClock:
+    label = "cpu-wall-clock"
+    warm_sample = False  # an interpreter call is long; nothing to warm
+
+    def __init__(self, l2_flush: bool = False):
+        pass
+
+    def prepare(self, runners: list[Runner], emit, label: str) -> tuple[int, str]:
+        for r in runners:
+            r.warm_up()
+            emit({"event": "setup-step", "message": f"{label}: {r.name} ready"})
+        t0 = time.perf_counter()
+        runners[0].call()
+        per_launch = time.perf_counter() - t0
+        inner = max(1, min(MAX_INNER, math.ceil(TARGET_SAMPLE_S["cpu"] / max(per_launch, 1e-9))))
+        for r in runners:
+            r.inner = inner
+        return inner, "wall-clock"
+
+    def sample(self, r: Runner) -> float:
+        t0 = time.perf_counter()
+        for _ in range(r.inner):
+            r.call()
+        return (time.perf_counter() - t0) * 1e3 / r.inner
+
+
+# ------------------------------------------------------------------ the job
+
+class Shape:
+    def __init__(self, case: Case, master: dict, runners: list[Runner], gen: torch.Generator):
+        self.case, self.master, self.runners, self.gen = case, master, runners, gen
+        self.inner, self.timing = 1, ""
+
+
+def run_job(job: dict, emit) -> None:
+    """Worker task "bench": emits setup / round / stopped events (or bench-error)."""
+    device = job["device"]
+    op = get_op(job["op"])
+    params = job["params"]
+    if job["op"] == "custom":
+        op.root = job["instances"][0]["root"]
+    fns = [(i["name"], load_entry(i["entry"], i.get("root"))) for i in job["instances"]]
+    cases = [Case.from_json(c) for c in job["cases"]]
+    try:
+        _run(job, emit, op, params, device, fns, cases)
+    except BenchAbort as e:
+        emit({"event": "bench-error", "kind": e.kind, "message": str(e)})
+    except torch.cuda.OutOfMemoryError as e:
+        emit({"event": "bench-error", "kind": "out-of-memory", "message": " ".join(str(e).split())[:300]})
+    except RuntimeError as e:  # an illegal address in a graph replay poisons the context: report and end
+        msg = " ".join(str(e).split())[:300]
+        if device != "cuda" or not CUDA_ERROR.search(f"{type(e).__name__} {msg}"):
+            raise
+        emit({"event": "bench-error", "kind": "cuda-error", "message": f"{type(e).__name__}: {msg}"})
+
+
+def _run(job, emit, op, params, device, fns, cases) -> None:
+    clock = CudaClock(job.get("l2_flush", True)) if device == "cuda" else CpuClock()
+    seed = int(job.get("seed", 0))
+    exact = hasattr(op, "check")  # kv_append: whole caches, bit for bit
+    shapes: list[Shape] = []
+    t_setup = time.perf_counter()
+    for si, case in enumerate(cases):
+        master = op.inputs(case, params, device, poison=False)
+        gen = torch.Generator(device=device)
+        gen.manual_seed(seed * 1_000_003 + si)
+        runners = [Runner(name, fn, clone_inputs(master), device) for name, fn in fns]
+        sh = Shape(case, master, runners, gen)
+        sh.inner, sh.timing = clock.prepare(runners, emit, case.name)
+        shapes.append(sh)
+        emit({"event": "setup", "shape": si, "label": case.name, "inner": sh.inner, "timing": sh.timing})
+    emit({"event": "setup-done", "seconds": time.perf_counter() - t_setup, "clock": clock.label})
+
+    names = [n for n, _ in fns]
+    reps = int(job["reps"])
+    budget = float(job["budget_s"])
+    max_rounds = job.get("max_rounds") or 1 << 30
+    adaptive = job.get("adaptive", True)
+    order_rng = random.Random(seed)
+    times = {n: [] for n in names}  # per instance: list of [S, reps] per round
+    elapsed = 0.0
+    rnd = 0
+    while True:
+        t0 = time.perf_counter()
+        per = {n: [] for n in names}
+        orders = []
+        for si, sh in enumerate(shapes):
+            _fresh_inputs(op, params, device, sh, rnd, seed)
+            _check_agreement(op, sh, exact, rnd)
+            for r in sh.runners:
+                copy_into(r.kw, sh.master)
+            order = order_rng.sample(range(len(sh.runners)), len(sh.runners))
+            orders.append(order)
+            got = {}
+            for i in order:
+                r = sh.runners[i]
+                if clock.warm_sample:
+                    clock.sample(r)  # warm-up sample, discarded
+                got[r.name] = [clock.sample(r) for _ in range(reps)]
+            for n in names:
+                per[n].append(got[n])
+        for n in names:
+            times[n].append(per[n])
+        rnd += 1
+        elapsed += time.perf_counter() - t0
+        verdict = _verdict(times, names, job)
+        emit({"event": "round", "round": rnd, "times": per, "order": orders, "elapsed": elapsed,
+              "verdict": verdict.to_json() if verdict else None})
+        reason = None
+        if adaptive and verdict is not None and stats.is_look(rnd) and \
+                stats.should_stop(verdict.verdict, verdict.rope_source):
+            reason = "verdict"
+        elif elapsed >= budget:
+            reason = "budget"
+        elif rnd >= max_rounds:
+            reason = "max-rounds"
+        if reason:
+            emit({"event": "stopped", "reason": reason, "rounds": rnd, "elapsed": elapsed})
+            return
+
+
+def _fresh_inputs(op, params, device, sh: Shape, rnd: int, seed: int) -> None:
+    if op.name == "custom":
+        c = sh.case
+        new = op.inputs(Case(c.name, c.dims, c.dtype, c.seed * 7919 + rnd + 1 + seed, c.tags), params, device,
+                        poison=False)
+        copy_into(sh.master, new)
+    else:
+        refresh(sh.master, sh.gen)
+
+
+def _check_agreement(op, sh: Shape, exact: bool, rnd: int) -> None:
+    outs = []
+    for r in sh.runners:
+        copy_into(r.kw, sh.master)
+        ret = r.check()
+        try:
+            o = op.outputs(ret, r.kw)
+        except TypeError as e:
+            raise BenchAbort("wrong-output", f"{r.name}: {e}") from None
+        outs.append({k: v.detach().clone() for k, v in o.items() if isinstance(v, torch.Tensor)})
+    base = sh.runners[0].name
+    for r, o in zip(sh.runners[1:], outs[1:]):
+        why = disagreement(op, sh.case, outs[0], o, exact)
+        if why:
+            raise BenchAbort("mismatch", f"{r.name} and {base} disagree on shape {sh.case.name} "
+                                         f"(round {rnd + 1}, fresh inputs): {why}")
+
+
+def _verdict(times: dict, names: list[str], job: dict):
+    if len(names) < 2:
+        return None
+    import numpy as np
+
+    arr = {n: geometric_mean_over_shapes(np.asarray(times[n], dtype=np.float64)) for n in names}
+    base2 = arr[names[2]] if len(names) > 2 else None
+    return stats.compare_trace(arr[names[0]], arr[names[1]], base2, rope=job.get("rope"),
+                               rope_min=job.get("rope_min", stats.ROPE_MIN))

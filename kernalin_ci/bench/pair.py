@@ -1,0 +1,260 @@
+"""bench_pair(): time head against base on an op's benchmark shapes and judge it (parent side).
+
+The parent never imports user code: the harness runs in a worker child
+(kernalin_ci.isolate.run_task, task "bench"), streams one event per round, and a
+hang or crash ends the benchmark with an error instead of taking the caller
+down. The A/A instance is the base entry loaded from a temporary copy of the
+base tree, so it is a separately imported and compiled instance of the same code.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from kernalin_ci.bench import stats
+from kernalin_ci.bench.render import progress_line
+from kernalin_ci.bench.shapes import bench_cases, split_params
+from kernalin_ci.bench.trace import Trace, from_shapes
+from kernalin_ci.entry import parse_entry
+from kernalin_ci.errors import UsageError
+from kernalin_ci.isolate import run_task
+from kernalin_ci.ops import get_op
+from kernalin_ci.ops.base import resolve_params
+
+DEFAULT_BUDGET_S = 30.0
+DEFAULT_REPS = {"cuda": 5, "cpu": 3}
+DEFAULT_TIMEOUT_S = {"cuda": 180.0, "cpu": 600.0}
+L2_FLUSH_DEFAULT = True  # docs/benchmarking.md: decided from the H200 measurement of benchmarks/gpu_bench.py
+COPY_LIMIT_BYTES = 256 << 20
+SKIP_DIRS = {"__pycache__", "venv", "env", "node_modules", "build", "dist"}  # and every hidden folder (.git, .venv)
+CLOCK_NOTE = {"cpu-wall-clock": "CPU wall-clock times under the Triton interpreter: not GPU figures",
+              "cuda-events": "CUDA events around CUDA-graph replays, per launch"}
+
+
+@dataclass
+class BenchResult:
+    op: str
+    base: str
+    head: str
+    device: str
+    verdict: stats.Verdict | None = None
+    shapes: list = field(default_factory=list)  # [{"shape", "dims", "inner", "timing", **verdict}]
+    rounds: int = 0
+    seconds: float = 0.0  # wall time of the whole call
+    bench_seconds: float = 0.0  # time spent in timing rounds (on a GPU: GPU seconds to the verdict)
+    setup_seconds: float = 0.0
+    stopped: str = ""  # "verdict" | "budget" | "max-rounds" | "" (aborted)
+    clock: str = ""
+    l2_flush: bool | None = None
+    reps: int = 0
+    budget_s: float = 0.0
+    error: str | None = None
+    error_kind: str | None = None  # "mismatch" | "entry-error" | "timeout" | "crashed" | "cuda-error" | ...
+    notes: list = field(default_factory=list)
+    trace: Trace | None = None
+    instances: dict = field(default_factory=dict)  # name -> [rounds, shapes, reps] ms per launch
+    orders: np.ndarray | None = None  # [rounds, shapes, instances] timing order
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
+
+    def to_json(self) -> dict:
+        v = self.verdict.to_json() if self.verdict else {
+            "verdict": None, "ratio": None, "hdi": None, "p_faster": None, "p_slower": None,
+            "p_equivalent": None, "rope": None}
+        return {**v, "op": self.op, "base": self.base, "head": self.head, "device": self.device,
+                "clock": self.clock, "clock_note": CLOCK_NOTE.get(self.clock, ""), "shapes": self.shapes,
+                "rounds": self.rounds, "seconds": self.seconds, "bench_seconds": self.bench_seconds,
+                "setup_seconds": self.setup_seconds, "stopped": self.stopped, "budget_s": self.budget_s,
+                "l2_flush": self.l2_flush, "reps": self.reps, "error": self.error, "error_kind": self.error_kind,
+                "notes": self.notes}
+
+
+def bench_pair(op: str, base_entry: str, head_entry: str, base_root: str | None = None,
+               head_root: str | None = None, params: dict | None = None, device: str = "cuda", *,
+               budget_s: float = DEFAULT_BUDGET_S, rope_min: float = stats.ROPE_MIN, rope: float | None = None,
+               reps: int | None = None, l2_flush: bool | None = None, max_rounds: int | None = None,
+               adaptive: bool = True, seed: int = 0, timeout_s: float | None = None, progress=None,
+               extra: list[tuple[str, str, str | None]] = ()) -> BenchResult:
+    """Benchmark head against base; the gate and `kernalin-ci bench` call this.
+
+    params: op params and bench params together (see kernalin_ci/bench/shapes.py).
+    progress: None, True (lines on stderr) or a callable taking each round event.
+    extra: more instances to time in the same rounds, (name, entry, root); they are
+    checked against the base and recorded in `instances`, never judged.
+    Usage problems raise UsageError; a benchmark that cannot finish returns a
+    BenchResult with `error` set (outputs disagree, a crash, a hang).
+    """
+    t_start = time.perf_counter()
+    op_obj = get_op(op)
+    op_params, bench_params = split_params(dict(params or {}))
+    resolved = resolve_params(op, op_obj.params, op_params)
+    cases = bench_cases(op, resolved, device, bench_params)
+    if budget_s <= 0:
+        raise UsageError("--budget-s must be positive")
+    reps = reps or DEFAULT_REPS[device]
+    if reps < 1:
+        raise UsageError("--reps must be at least 1")
+    l2_flush = L2_FLUSH_DEFAULT if l2_flush is None else l2_flush
+    base_root = str(Path(base_root or os.getcwd()).resolve())
+    head_root = str(Path(head_root or os.getcwd()).resolve())
+    parse_entry(base_entry), parse_entry(head_entry)
+    result = BenchResult(op=op, base=base_entry, head=head_entry, device=device, budget_s=budget_s, reps=reps,
+                         l2_flush=l2_flush if device == "cuda" else None)
+    with tempfile.TemporaryDirectory(prefix="kernalin-aa-") as tmp:
+        base2_entry, base2_root, note = aa_copy(base_entry, base_root, tmp)
+        if note:
+            result.notes.append(note)
+        instances = [{"name": "base", "entry": base_entry, "root": base_root},
+                     {"name": "head", "entry": head_entry, "root": head_root},
+                     {"name": "base2", "entry": base2_entry, "root": base2_root}]
+        instances += [{"name": n, "entry": e, "root": str(Path(r or os.getcwd()).resolve())} for n, e, r in extra]
+        job = {"task": "bench", "op": op, "params": resolved, "device": device,
+               "cases": [c.to_json() for c in cases], "instances": instances, "reps": reps,
+               "budget_s": budget_s, "max_rounds": max_rounds, "adaptive": adaptive, "seed": seed,
+               "l2_flush": l2_flush, "rope": rope, "rope_min": rope_min}
+        info = _run(job, result, cases, device, timeout_s or DEFAULT_TIMEOUT_S[device], progress)
+    _finish(result, cases, info, rope, rope_min)
+    result.seconds = time.perf_counter() - t_start
+    return result
+
+
+def aa_copy(entry: str, root: str, tmp: str) -> tuple[str, str, str | None]:
+    """Copy the base tree for the A/A instance -> (entry, root, note or None)."""
+    es = parse_entry(entry)
+    src_root = Path(root)
+    if es.is_file:
+        path = es.file_path(src_root).resolve()
+        try:
+            rel = path.relative_to(src_root)
+        except ValueError:  # an entry file outside the root: copy its own directory
+            src_root, rel = path.parent, Path(path.name)
+        dest = Path(tmp) / "base2"
+        if not _copy_tree(src_root, dest):
+            return entry, root, ("the base tree is larger than 256 MB: the A/A instance is loaded from the same "
+                                 "files (still a separate module and a separate Triton JIT instance)")
+        return f"{dest / rel}:{es.function}", str(dest), None
+    dest = Path(tmp) / "base2"
+    if not _copy_tree(src_root, dest):
+        return entry, root, "the base tree is larger than 256 MB: the A/A instance is loaded from the same files"
+    return entry, str(dest), None
+
+
+def _copy_tree(src: Path, dest: Path) -> bool:
+    total = 0
+    for dirpath, dirnames, filenames in os.walk(src):
+        dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS and not d.startswith(".")
+                       and not d.endswith(".egg-info")]
+        rel = Path(dirpath).relative_to(src)
+        (dest / rel).mkdir(parents=True, exist_ok=True)
+        for f in filenames:
+            p = Path(dirpath) / f
+            if p.is_symlink() or not p.is_file():
+                continue
+            total += p.stat().st_size
+            if total > COPY_LIMIT_BYTES:
+                return False
+            shutil.copy2(p, dest / rel / f)
+    return True
+
+
+def _run(job: dict, result: BenchResult, cases, device: str, timeout_s: float, progress) -> dict:
+    """Drive the child; fill result's rounds, trace and error. -> per-shape inner and timing."""
+    names = [i["name"] for i in job["instances"]]
+    times = {n: [] for n in names}
+    orders = []
+    labels = [c.name for c in cases]
+    info: dict = {"inner": {}, "timing": {}}
+    state = {"where": "setting up"}
+    tty = progress is True and sys.stderr.isatty()
+
+    def on_event(ev):
+        kind = ev.get("event")
+        if kind == "setup":
+            info["inner"][ev["shape"]] = ev["inner"]
+            info["timing"][ev["shape"]] = ev["timing"]
+            state["where"] = f"setting up {ev['label']}"
+        elif kind == "setup-done":
+            result.setup_seconds = ev["seconds"]
+            result.clock = ev["clock"]
+        elif kind == "note":
+            result.notes.append(ev["message"])
+        elif kind == "round":
+            for n in names:
+                times[n].append(ev["times"][n])
+            orders.append(ev["order"])
+            result.rounds = ev["round"]
+            result.bench_seconds = ev["elapsed"]
+            state["where"] = f"round {ev['round'] + 1}"
+            if progress is True:
+                v = stats.Verdict.from_json(ev["verdict"]) if ev.get("verdict") else None
+                if tty or stats.is_look(ev["round"]) or ev["round"] % 50 == 0:
+                    line = progress_line(ev["round"], ev["elapsed"], v, result.clock or "")
+                    print(("\r" + line + "\033[K") if tty else line, end="" if tty else "\n", file=sys.stderr,
+                          flush=True)
+        elif kind == "stopped":
+            result.stopped = ev["reason"]
+        elif kind == "bench-error":
+            result.error, result.error_kind = ev["message"], ev["kind"]
+        if callable(progress):
+            progress(ev)
+
+    outcome = run_task(job, device, timeout_s, on_event)
+    if tty:
+        print(file=sys.stderr)
+    if outcome.status == "usage-error":
+        raise UsageError(outcome.detail)
+    if outcome.status == "internal-error":
+        tb = next((e.get("traceback") for e in outcome.events if e.get("event") == "internal-error"), "")
+        raise RuntimeError(f"bench worker failed: {outcome.detail}\n{tb}")
+    if outcome.status in ("timeout", "crashed") and result.error is None:
+        tail = " ".join(outcome.output_tail.split()[-40:])[-300:]
+        result.error_kind = outcome.status
+        result.error = f"the benchmark child {outcome.detail} while {state['where']}" + \
+            (f"; last output: {tail}" if tail and outcome.status == "crashed" else "")
+    if result.rounds:
+        result.instances = {n: np.asarray(times[n], dtype=np.float64) for n in names}
+        result.orders = np.asarray(orders, dtype=np.int8)
+        meta = {"op": job["op"], "base": result.base, "head": result.head, "device": device, "unit": "ms",
+                "clock": result.clock, "shapes": labels, "inner": [info["inner"].get(i) for i in range(len(labels))],
+                "timing": [info["timing"].get(i) for i in range(len(labels))], "reps": job["reps"],
+                "l2_flush": result.l2_flush, "seed": job["seed"]}
+        result.trace = from_shapes(result.instances["base"], result.instances["head"],
+                                   result.instances.get("base2"), meta)
+    return info
+
+
+def _finish(result: BenchResult, cases, info: dict, rope, rope_min) -> None:
+    tr = result.trace
+    if tr is not None and not result.failed:
+        result.verdict = stats.compare_trace(tr.base, tr.head, tr.base2, rope=rope, rope_min=rope_min)
+    for i, c in enumerate(cases):
+        entry = {"shape": c.name, "dims": _compact(c.dims), "dtype": c.dtype, "inner": info["inner"].get(i),
+                 "timing": info["timing"].get(i)}
+        if tr is not None and not result.failed:
+            st = tr.shape_trace(i)
+            entry.update(stats.compare_trace(st.base, st.head, st.base2, rope=rope, rope_min=rope_min).to_json())
+            entry["base_ms"] = float(np.median(st.base))
+            entry["head_ms"] = float(np.median(st.head))
+        result.shapes.append(entry)
+    if not result.failed and result.clock == "cpu-wall-clock":
+        result.notes.append(CLOCK_NOTE["cpu-wall-clock"])
+
+
+def _compact(dims: dict) -> dict:
+    out = {}
+    for k, v in dims.items():
+        if isinstance(v, list) and len(v) > 4:
+            out[k] = [min(v), max(v)]
+            out[f"{k}_count"] = len(v)
+        else:
+            out[k] = v
+    return out

@@ -1,0 +1,83 @@
+"""kernalin-ci bench: time head against base, interleaved, and give the verdict (SPEC-cli.md)."""
+from __future__ import annotations
+
+import sys
+
+from kernalin_ci.commands._common import parse_params, resolve_device, write_json
+from kernalin_ci.commands.compare import fraction
+from kernalin_ci.errors import UsageError
+from kernalin_ci.ops import NAMES
+
+NAME = "bench"
+HELP = "benchmark a head kernel entry against its base: interleaved rounds, Bayesian bootstrap verdict"
+ORDER = 20
+
+
+def add_arguments(p):
+    p.add_argument("--op", required=True, choices=NAMES, metavar="OP", help=f"one of: {', '.join(NAMES)}")
+    p.add_argument("--base", required=True, metavar="ENTRY", help="the baseline entry (file.py:fn or module:fn)")
+    p.add_argument("--head", required=True, metavar="ENTRY", help="the entry under test")
+    p.add_argument("--base-root", metavar="DIR", help="directory the base entry resolves against (default: .)")
+    p.add_argument("--head-root", metavar="DIR", help="directory the head entry resolves against (default: .)")
+    p.add_argument("--param", action="append", metavar="K=V", help="op or bench-shape parameter, e.g. batch=64 "
+                                                                   "kv_len=8192 (repeatable)")
+    p.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when a GPU is visible, else cpu")
+    p.add_argument("--budget-s", type=float, default=None, metavar="SECONDS",
+                   help="timing budget; rounds stop earlier once a verdict is reached (default 30)")
+    p.add_argument("--max-rounds", type=int, metavar="N", help="stop after N rounds at the latest")
+    p.add_argument("--rope", metavar="FRACTION", help="fix the ROPE half-width (0.01 = +-1%%)")
+    p.add_argument("--rope-min", metavar="FRACTION", help="smallest ROPE half-width (default 0.005)")
+    p.add_argument("--reps", type=int, metavar="N", help="samples per instance per round (default 5; 3 on cpu)")
+    p.add_argument("--l2-flush", dest="l2_flush", action="store_true", default=None,
+                   help="flush the L2 cache before every sample (default on)")
+    p.add_argument("--no-l2-flush", dest="l2_flush", action="store_false")
+    p.add_argument("--seed", type=int, default=0, help="seed of the inputs and of the timing order")
+    p.add_argument("--timeout", type=float, metavar="S", help="seconds without progress before the run is killed")
+    p.add_argument("--json", metavar="PATH|-", help="write the verdict JSON")
+    p.add_argument("--trace", metavar="PATH", help="save the raw trace (.npz or .json, the compare format)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+
+
+def run(args) -> int:
+    from kernalin_ci.bench import stats
+    from kernalin_ci.bench.pair import DEFAULT_BUDGET_S, bench_pair
+    from kernalin_ci.bench.trace import save_trace
+
+    device = resolve_device(args.device)
+    if args.max_rounds is not None and args.max_rounds < 1:
+        raise UsageError("--max-rounds must be at least 1")
+    result = bench_pair(
+        args.op, args.base, args.head, args.base_root, args.head_root, parse_params(args.param), device,
+        budget_s=args.budget_s if args.budget_s is not None else DEFAULT_BUDGET_S,
+        rope_min=fraction(args.rope_min) if args.rope_min is not None else stats.ROPE_MIN,
+        rope=fraction(args.rope) if args.rope is not None else None, reps=args.reps, l2_flush=args.l2_flush,
+        max_rounds=args.max_rounds, seed=args.seed, timeout_s=args.timeout, progress=not args.quiet)
+    if args.trace and result.trace is not None:
+        save_trace(result.trace, args.trace)
+    write_json(result.to_json(), args.json)
+    print_result(result, sys.stderr if args.json == "-" else sys.stdout)
+    if result.failed:
+        return 1
+    return 1 if result.verdict.verdict == "slower" else 0
+
+
+def print_result(result, out) -> None:
+    from kernalin_ci.bench.render import summary_sentence, verdict_line
+
+    if result.failed:
+        print(f"BENCH FAILED ({result.error_kind}) {result.op} {result.head} vs {result.base}: {result.error}",
+              file=out)
+        return
+    v = result.verdict
+    print(verdict_line(v, f"{result.op} {result.head} vs {result.base}"), file=out)
+    print(f"  {summary_sentence(v)}", file=out)
+    clock = "GPU seconds" if result.clock == "cuda-events" else "CPU wall-clock seconds"
+    print(f"  {result.rounds} rounds, {result.bench_seconds:.1f} {clock} timing (stopped: {result.stopped}), "
+          f"{result.setup_seconds:.1f} s setup, {result.seconds:.1f} s in all", file=out)
+    for s in result.shapes:
+        if s.get("verdict"):
+            print(f"  {s['shape']}: base {s['base_ms']:.4g} ms, head {s['head_ms']:.4g} ms, "
+                  f"head/base {s['ratio']:.4f} [{s['hdi'][0]:.4f}, {s['hdi'][1]:.4f}] -> {s['verdict']} "
+                  f"(inner {s['inner']}, {s['timing']})", file=out)
+    for n in result.notes:
+        print(f"  note: {n}", file=out)

@@ -1,0 +1,72 @@
+"""kernalin-ci compare: offline verdicts on timing traces (SPEC-cli.md)."""
+from __future__ import annotations
+
+import json
+import sys
+
+from kernalin_ci.errors import UsageError
+
+NAME = "compare"
+HELP = "judge timing traces (base vs head, interleaved rounds) with a Bayesian bootstrap against the noise floor"
+ORDER = 30
+
+
+def fraction(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise UsageError(f"expected a fraction such as 0.01, got {text!r}") from None
+    if not 0.0 <= v < 1.0:
+        raise UsageError(f"expected a fraction in [0, 1), got {text!r}")
+    return v
+
+
+def add_arguments(p):
+    p.add_argument("traces", nargs="+", metavar="TRACE", help=".npz or .json with arrays base, head "
+                                                               "[rounds, reps] (optional base2)")
+    p.add_argument("--rope", metavar="FRACTION", help="fix the ROPE half-width (0.01 = +-1%%); default: the "
+                                                      "larger of --rope-min and a multiple of the A/A floor")
+    p.add_argument("--rope-min", metavar="FRACTION", default=None, help="smallest ROPE half-width (default 0.005)")
+    p.add_argument("--shapes", action="store_true", help="also judge every shape of a multi-shape trace")
+    p.add_argument("--json", metavar="PATH|-", help="one JSON verdict object per line, in the order given")
+    p.add_argument("--quiet", action="store_true", help="no human-readable lines")
+
+
+def run(args) -> int:
+    from kernalin_ci.bench import stats
+    from kernalin_ci.bench.render import verdict_line
+    from kernalin_ci.bench.trace import load_trace
+
+    rope = fraction(args.rope) if args.rope is not None else None
+    rope_min = fraction(args.rope_min) if args.rope_min is not None else stats.ROPE_MIN
+    traces = [load_trace(p) for p in args.traces]
+    verdicts = stats.compare_many([(t.base, t.head, t.base2) for t in traces], rope=rope, rope_min=rope_min)
+    objs = []
+    for path, tr, v in zip(args.traces, traces, verdicts):
+        obj = {**v.to_json(), "trace": path}
+        if tr.meta.get("clock"):
+            obj["clock"] = tr.meta["clock"]
+        if args.shapes and tr.per_shape is not None:
+            labels = tr.meta.get("shapes") or [f"shape {i}" for i in range(tr.per_shape["base"].shape[1])]
+            per = stats.compare_many([(s.base, s.head, s.base2) for s in
+                                      (tr.shape_trace(i) for i in range(len(labels)))], rope=rope, rope_min=rope_min)
+            obj["shapes"] = [{"shape": lab, **pv.to_json()} for lab, pv in zip(labels, per)]
+        objs.append(obj)
+    if args.json:
+        text = "".join(json.dumps(o) + "\n" for o in objs)
+        if args.json == "-":
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        else:
+            try:
+                with open(args.json, "w") as f:
+                    f.write(text)
+            except OSError as e:
+                raise UsageError(f"--json {args.json}: {e.strerror}") from None
+    if not args.quiet:
+        out = sys.stderr if args.json == "-" else sys.stdout
+        for path, v, obj in zip(args.traces, verdicts, objs):
+            print(verdict_line(v, path), file=out)
+            for s in obj.get("shapes", []):
+                print(verdict_line(stats.Verdict.from_json(s), f"    {s['shape']}"), file=out)
+    return 0
