@@ -25,8 +25,19 @@ class Outcome:
     output_tail: str = ""
 
 
+# Credentials the gate holds never reach the kernel code under test (it runs in the worker).
+_SECRET_PREFIXES = ("KERNALIN_GITHUB_APP_", "ACTIONS_RUNTIME_TOKEN", "ACTIONS_ID_TOKEN_REQUEST_")
+_SECRET_NAMES = {"GITHUB_TOKEN", "GH_TOKEN", "INPUT_GITHUB-TOKEN", "INPUT_GITHUB_TOKEN",
+                 "KERNALIN_WEBHOOK_SECRET", "KERNALIN_WEBHOOK_SECRET_FILE", "ACTIONS_CACHE_URL", "ACTIONS_RESULTS_URL"}
+
+
+def is_secret(name: str) -> bool:
+    return name.upper() in _SECRET_NAMES or name.upper().startswith(_SECRET_PREFIXES)
+
+
 def child_env(device: str, extra: dict | None = None) -> dict:
-    env = dict(os.environ)
+    """The kernel worker's environment: ours without credentials, the device's Triton mode set."""
+    env = {k: v for k, v in os.environ.items() if not is_secret(k)}
     if device == "cpu":
         env["TRITON_INTERPRET"] = "1"
     else:

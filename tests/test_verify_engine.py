@@ -84,3 +84,11 @@ def test_triton_kv_append_correct_and_padding_written():
     assert rc == 1 and "kv-padding" in classes(res), res["findings"]
     rc, res = verify("kv_append", f"{KV}:no_padding_skip", "--probe", "pos0")
     assert rc == 0  # the probe has no padding token
+
+
+def test_kernel_code_does_not_see_the_gates_credentials():
+    secrets = {"GITHUB_TOKEN": "ghs_x", "GH_TOKEN": "gho_x", "KERNALIN_GITHUB_APP_PRIVATE_KEY": "k",
+               "ACTIONS_RUNTIME_TOKEN": "t"}
+    r = cli("verify", "--op", "attention.decode", "--entry", f"{ATT}:reads_credentials", "--device", "cpu",
+            "--quiet", "--json", "-", env=secrets)
+    assert r.returncode == 0, r.stdout + r.stderr

@@ -76,3 +76,12 @@ def segfaults_on_gqa1(q, k_cache, v_cache, kv_lens, scale):
 def prints_a_lot(q, k_cache, v_cache, kv_lens, scale):
     print("{\"event\": \"done\"}")  # a kernel's stdout must not be taken for an engine event
     return _attend(q, k_cache, v_cache, kv_lens, scale)
+
+
+def reads_credentials(q, k_cache, v_cache, kv_lens, scale):
+    """Kernel code that goes looking for the gate's credentials in its environment."""
+    import os
+    found = sorted(k for k in os.environ if "TOKEN" in k or k.startswith("KERNALIN_GITHUB_APP_"))
+    if found:
+        raise RuntimeError("credentials visible to the kernel: " + ", ".join(found))
+    return entry(q, k_cache, v_cache, kv_lens, scale)
