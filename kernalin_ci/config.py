@@ -131,7 +131,8 @@ def parse(text: str, path: str = DEFAULT_FILE) -> Config:
     if root is None:
         raise UsageError(f"{path}:1: empty configuration (expected a 'kernels' list)")
     top = _mapping(w, root, "")
-    _known(w, top, "", ("version", "kernels", "gate", "pipelines"))
+    # `daemon:` belongs to `kernalin-ci serve` (kernalin_ci/daemon/workspace.py reads it); the gate ignores it
+    _known(w, top, "", ("version", "kernels", "gate", "pipelines", "daemon"))
     if "version" in top and _py(top["version"][1]) != 1:
         raise w.err(top["version"][1], "version", "only version 1 is known")
     if "kernels" not in top:

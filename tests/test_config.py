@@ -67,6 +67,11 @@ def test_errors_name_file_line_and_key(text, where):
     assert str(e.value).startswith(where), str(e.value)
 
 
+def test_daemon_section_is_left_to_the_daemon():
+    cfg = parse("kernels:\n  - name: a\n    op: rope\n    entry: a.py:f\ndaemon:\n  fork_label: ok-to-test\n", "k.yml")
+    assert [k.name for k in cfg.kernels] == ["a"]
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(UsageError, match="not found"):
         load(tmp_path / "nope.yml")
