@@ -39,6 +39,9 @@ class KvAppend:
             Case("heads", self._dims(params, 29, 8, 128, 11, 3), main, 2),
             Case("all-padding-but-one", self._dims(params, 7, 4, 64, 5, 6), main, 3),
             Case("fresh-inputs", self._dims(params, 37, 2, 64, 23, 5), main, 4, ("repeat-of:slots",)),
+            # Hkv * D = 480 and D = 80 are no powers of two: a tile rounded up and left unmasked writes
+            # past its row or head into the next slot
+            Case("odd-heads", self._dims(params, 19, 6, 80, 13, 2), main, 6),
         ]
         if dtype is None:
             for i, dt in enumerate(("float16", "bfloat16")):

@@ -1,0 +1,76 @@
+"""Paged decode attention: online softmax over pages, block-table lookup per key, exp2 with log2(e) folded in
+
+Correct kernel. One program per (sequence, query head g-mapped to KV head
+h // (Hq // Hkv)) walks the sequence's kv_len tokens in tiles of BLOCK_N = 64
+tokens, independent of the cache's block size (the block_size op param, here
+read from the layout: k_cache.shape[1]). For each token j of a tile it looks up
+the physical block block_tables[b, j // block_size] (masked to the sequence's
+ceil(kv_len / block_size) blocks) and reads slot j % block_size of that block,
+with 64-bit block offsets and strides taken from the tensors. The softmax is online and in base 2: qk_scale =
+scale * log2(e) is folded once before the loop, the running maximum lives in the
+scaled domain, and acc and l are rescaled by exp2(m_old - m_new). Loads masked
+to j < kv_len, scores past it -inf, float32 throughout.
+"""
+import torch
+import triton
+import triton.language as tl
+
+CATALOGUE = {
+    "op": "attention.decode_paged",
+    "bug_class": None,
+    "pos0": None,
+    "params": {"block_size": 16},
+    "modelled_on": None,
+    "style": "paged-online-softmax-exp2",
+}
+
+
+@triton.jit
+def _paged_online(Q, K, V, Out, Tables, Lens, sm_scale,
+                  s_qb, s_qh, s_qd, s_kn, s_kp, s_kh, s_kd, s_vn, s_vp, s_vh, s_vd, s_tb, s_tc, s_ob, s_oh, s_od,
+                  HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    g = h // (HQ // HKV)
+    kv_len = tl.load(Lens + b)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < D
+    q = tl.load(Q + b * s_qb + h * s_qh + offs_d * s_qd, mask=d_mask, other=0.0).to(tl.float32)
+    table = Tables + b * s_tb
+    n_pages = (kv_len + PAGE - 1) // PAGE
+
+    qk_scale = sm_scale * 1.4426950408889634
+    m_i = -float("inf")
+    l_i = 0.0
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for start in range(0, kv_len, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < kv_len
+        col = offs_n // PAGE
+        blk = tl.load(table + col * s_tc, mask=col < n_pages, other=0).to(tl.int64)
+        slot = offs_n % PAGE
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(K + blk[:, None] * s_kn + slot[:, None] * s_kp + g * s_kh + offs_d[None, :] * s_kd,
+                    mask=kv_mask, other=0.0)
+        qk = tl.where(n_mask, tl.sum(k.to(tl.float32) * q[None, :], 1), float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 0) * qk_scale)
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(qk * qk_scale - m_new)
+        v = tl.load(V + blk[:, None] * s_vn + slot[:, None] * s_vp + g * s_vh + offs_d[None, :] * s_vd,
+                    mask=kv_mask, other=0.0)
+        acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), 0)
+        l_i = l_i * alpha + tl.sum(p, 0)
+        m_i = m_new
+    tl.store(Out + b * s_ob + h * s_oh + offs_d * s_od, (acc / l_i).to(Out.dtype.element_ty), mask=d_mask)
+
+
+def entry(q, k_cache, v_cache, block_tables, kv_lens, scale):
+    B, Hq, D = q.shape
+    out = torch.empty_like(q)
+    _paged_online[(B, Hq)](
+        q, k_cache, v_cache, out, block_tables, kv_lens, scale,
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_tables.stride(), *out.stride(),
+        HQ=Hq, HKV=k_cache.shape[2], D=D, PAGE=k_cache.shape[1], BLOCK_N=64,
+        BLOCK_D=triton.next_power_of_2(D))
+    return out

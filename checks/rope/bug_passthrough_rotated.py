@@ -1,0 +1,87 @@
+"""NeoX RoPE that ignores rotary_dim and rotates the whole head, pass-through dims included
+
+Parent: correct_partial.py. Injected bug, in entry(): `rot = D` where it should be
+`rot = current_params().get("rotary_dim") or D`: with rotary_dim = 32 on a head of 64 or
+128, all D dims are rotated (pairs (i, i + D/2), frequencies base^(-2i/D)) instead of the
+first 32, and dims 32..D-1 are no longer passed through.
+Bug class: rope-passthrough.
+Modelled on ml-explore/mlx-lm PR #1698: GLMAttention built its RoPE over the whole head_dim,
+dropping partial_rotary_factor (0.5), so glm checkpoints got every dimension rotated.
+pos-0 probe: missed. At position 0 every angle is 0, cos = 1 and sin = 0, so any rotation is
+the identity; the wrongly rotated pass-through dims therefore still come out unchanged.
+"""
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+CATALOGUE = {
+    "op": "rope",
+    "bug_class": "rope-passthrough",
+    "pos0": "missed",
+    "params": {"rotary_dim": 32},
+    "modelled_on": "https://github.com/ml-explore/mlx-lm/pull/1698",
+    "style": "neox, rotary_dim ignored: the whole head rotates",
+}
+
+BASE = 10000.0
+
+
+@triton.jit
+def _rotate_heads_partial(src, dst, stride_src_h, stride_dst_h, num_heads, cos, sin,
+                          HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_H: tl.constexpr,
+                          ROT: tl.constexpr, PASS: tl.constexpr, BLOCK_PASS: tl.constexpr):
+    h = tl.arange(0, BLOCK_H)[:, None]
+    i = tl.arange(0, BLOCK_HALF)[None, :]
+    mask = (h < num_heads) & (i < HALF)
+    x1 = tl.load(src + h * stride_src_h + i, mask=mask).to(tl.float32)
+    x2 = tl.load(src + h * stride_src_h + i + HALF, mask=mask).to(tl.float32)
+    tl.store(dst + h * stride_dst_h + i, (x1 * cos - x2 * sin).to(dst.dtype.element_ty), mask=mask)
+    tl.store(dst + h * stride_dst_h + i + HALF, (x2 * cos + x1 * sin).to(dst.dtype.element_ty), mask=mask)
+    if PASS > 0:
+        j = tl.arange(0, BLOCK_PASS)[None, :]
+        pmask = (h < num_heads) & (j < PASS)
+        xp = tl.load(src + h * stride_src_h + ROT + j, mask=pmask)
+        tl.store(dst + h * stride_dst_h + ROT + j, xp, mask=pmask)
+
+
+@triton.jit
+def _rope_partial_kernel(q, k, q_out, k_out, positions,
+                         stride_qt, stride_qh, stride_kt, stride_kh,
+                         stride_qot, stride_qoh, stride_kot, stride_koh,
+                         num_q_heads, num_kv_heads, log2_base,
+                         HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
+                         BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr,
+                         ROT: tl.constexpr, PASS: tl.constexpr, BLOCK_PASS: tl.constexpr):
+    t = tl.program_id(0)
+    pos = tl.load(positions + t).to(tl.float32)
+    i = tl.arange(0, BLOCK_HALF)
+    inv_freq = tl.exp2(-(2.0 * i.to(tl.float32) / ROT) * log2_base)  # base^(-2i/r)
+    angle = pos * inv_freq
+    cos = tl.cos(angle)[None, :]
+    sin = tl.sin(angle)[None, :]
+    _rotate_heads_partial(q + t * stride_qt, q_out + t * stride_qot, stride_qh, stride_qoh, num_q_heads,
+                          cos, sin, HALF, BLOCK_HALF, BLOCK_HQ, ROT, PASS, BLOCK_PASS)
+    _rotate_heads_partial(k + t * stride_kt, k_out + t * stride_kot, stride_kh, stride_koh, num_kv_heads,
+                          cos, sin, HALF, BLOCK_HALF, BLOCK_HKV, ROT, PASS, BLOCK_PASS)
+
+
+def entry(q, k, positions):
+    T, Hq, D = q.shape
+    Hkv = k.shape[1]
+    rot = D
+    assert q.stride(2) == 1 and k.stride(2) == 1 and rot % 2 == 0 and rot <= D
+    q_out = torch.empty_like(q)
+    k_out = torch.empty_like(k)
+    half = rot // 2
+    _rope_partial_kernel[(T,)](
+        q, k, q_out, k_out, positions,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+        q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1),
+        Hq, Hkv, math.log2(BASE),
+        HALF=half, BLOCK_HALF=triton.next_power_of_2(half),
+        BLOCK_HQ=triton.next_power_of_2(Hq), BLOCK_HKV=triton.next_power_of_2(Hkv),
+        ROT=rot, PASS=D - rot, BLOCK_PASS=triton.next_power_of_2(max(D - rot, 1)),
+    )
+    return q_out, k_out

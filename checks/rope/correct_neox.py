@@ -1,0 +1,78 @@
+"""NeoX-style RoPE with the angles computed in the kernel from each token's loaded position.
+
+One program per token rotates every head of q and then every head of k. The
+program loads positions[t], computes theta_i = base^(-2i/r) as
+exp2(-(2i/r) * log2(base)) and a = position * theta_i in float32, takes cos and
+sin once per token, and applies them to a [heads, r/2] tile: pairs (i, i + r/2)
+of every head (neox). Loads are widened to float32 and the result is cast back
+to the input dtype on the store. Out of place: q_out and k_out are new tensors.
+Full rotary (r = D); base and style are fixed (the defaults).
+"""
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+CATALOGUE = {
+    "op": "rope",
+    "bug_class": None,
+    "pos0": None,
+    "params": {"style": "neox"},
+    "modelled_on": None,
+    "style": "neox, in-kernel float32 angles, one program per token (all heads)",
+}
+
+BASE = 10000.0
+
+
+@triton.jit
+def _rotate_heads_neox(src, dst, stride_src_h, stride_dst_h, num_heads, cos, sin,
+                       HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_H: tl.constexpr):
+    h = tl.arange(0, BLOCK_H)[:, None]
+    i = tl.arange(0, BLOCK_HALF)[None, :]
+    mask = (h < num_heads) & (i < HALF)
+    x1 = tl.load(src + h * stride_src_h + i, mask=mask).to(tl.float32)
+    x2 = tl.load(src + h * stride_src_h + i + HALF, mask=mask).to(tl.float32)
+    out1 = x1 * cos - x2 * sin
+    out2 = x2 * cos + x1 * sin
+    tl.store(dst + h * stride_dst_h + i, out1.to(dst.dtype.element_ty), mask=mask)
+    tl.store(dst + h * stride_dst_h + i + HALF, out2.to(dst.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rope_neox_kernel(q, k, q_out, k_out, positions,
+                      stride_qt, stride_qh, stride_kt, stride_kh,
+                      stride_qot, stride_qoh, stride_kot, stride_koh,
+                      num_q_heads, num_kv_heads, log2_base,
+                      HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
+                      BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr):
+    t = tl.program_id(0)
+    pos = tl.load(positions + t).to(tl.float32)
+    i = tl.arange(0, BLOCK_HALF)
+    inv_freq = tl.exp2(-(i.to(tl.float32) / HALF) * log2_base)  # base^(-2i/r), r = 2 * HALF
+    angle = pos * inv_freq
+    cos = tl.cos(angle)[None, :]
+    sin = tl.sin(angle)[None, :]
+    _rotate_heads_neox(q + t * stride_qt, q_out + t * stride_qot, stride_qh, stride_qoh, num_q_heads,
+                       cos, sin, HALF, BLOCK_HALF, BLOCK_HQ)
+    _rotate_heads_neox(k + t * stride_kt, k_out + t * stride_kot, stride_kh, stride_koh, num_kv_heads,
+                       cos, sin, HALF, BLOCK_HALF, BLOCK_HKV)
+
+
+def entry(q, k, positions):
+    T, Hq, D = q.shape
+    Hkv = k.shape[1]
+    assert q.stride(2) == 1 and k.stride(2) == 1 and D % 2 == 0
+    q_out = torch.empty_like(q)
+    k_out = torch.empty_like(k)
+    half = D // 2
+    _rope_neox_kernel[(T,)](
+        q, k, q_out, k_out, positions,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+        q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1),
+        Hq, Hkv, math.log2(BASE),
+        HALF=half, BLOCK_HALF=triton.next_power_of_2(half),
+        BLOCK_HQ=triton.next_power_of_2(Hq), BLOCK_HKV=triton.next_power_of_2(Hkv),
+    )
+    return q_out, k_out

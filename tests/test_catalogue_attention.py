@@ -1,0 +1,113 @@
+"""The attention part of the bug catalogue (checks/attention_decode*/): format, coverage, minimal diffs,
+and the truth of every `pos0` label (the single probe is run for real under the Triton interpreter).
+
+The whole-matrix run (every file through the full case set) lives in the catalogue test; this file
+checks what is specific to the attention entries."""
+import ast
+import difflib
+import re
+
+import pytest
+
+from conftest import CHECKS, cli
+from kernalin_ci.findings import BUG_CLASSES
+
+DIRS = {"attention_decode": "attention.decode", "attention_decode_paged": "attention.decode_paged"}
+SIGNATURE = {
+    "attention.decode": ["q", "k_cache", "v_cache", "kv_lens", "scale"],
+    "attention.decode_paged": ["q", "k_cache", "v_cache", "block_tables", "kv_lens", "scale"],
+}
+ALLOWED_IMPORTS = {"torch", "triton", "triton.language", "math", "kernalin_ci"}
+# every class the attention catalogue must show at least once, across both ops
+REQUIRED = {"softmax-no-max", "softmax-no-normalize", "online-rescale", "split-combine", "kv-mask",
+            "unmasked-load", "gqa-mapping", "stride", "scale", "paged-index"}
+FILES = sorted(p for d in DIRS for p in (CHECKS / d).glob("*.py"))
+
+
+def parse(path):
+    src = path.read_text()
+    tree = ast.parse(src)
+    doc = ast.get_docstring(tree)
+    return src, tree, doc, ast.literal_eval(catalogue_node(tree).value)
+
+
+def catalogue_node(tree):
+    return next(n for n in tree.body if isinstance(n, ast.Assign)
+                and any(isinstance(t, ast.Name) and t.id == "CATALOGUE" for t in n.targets))
+
+
+def code_body(src):
+    """The kernel and entry: everything after the header and the CATALOGUE dict."""
+    return src.splitlines()[catalogue_node(ast.parse(src)).end_lineno:]
+
+
+def label(path):
+    return f"{path.parent.name}/{path.name}"
+
+
+def test_both_directories_are_populated():
+    for d in DIRS:
+        names = [p.name for p in (CHECKS / d).glob("*.py")]
+        assert any(n.startswith("correct_") for n in names) and sum(n.startswith("bug_") for n in names) >= 8, d
+
+
+@pytest.mark.parametrize("path", FILES, ids=label)
+def test_header_catalogue_and_entry(path):
+    src, tree, doc, cat = parse(path)
+    op = DIRS[path.parent.name]
+    assert doc and doc.splitlines()[0].strip(), "module docstring with a title line"
+    assert set(cat) >= {"op", "bug_class", "pos0", "params", "modelled_on", "style"}
+    assert cat["op"] == op
+    assert isinstance(cat["params"], dict) and cat["style"]
+    if path.name.startswith("correct_"):
+        assert cat["bug_class"] is None and cat["pos0"] is None and cat["modelled_on"] is None
+    else:
+        assert path.name.startswith("bug_")
+        assert cat["bug_class"] in BUG_CLASSES
+        assert cat["pos0"] in ("caught", "missed")
+        assert re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+/(issues|pull)/\d+", cat["modelled_on"])
+        assert cat["modelled_on"] in doc, "the header cites the issue it is modelled on"
+        assert f"pos0 probe: {cat['pos0']}" in doc, "the header states and explains the pos0 result"
+        assert "should be" in doc, "the header shows the injected line and what it should be"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            assert all(a.name in ALLOWED_IMPORTS for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            assert node.module in ALLOWED_IMPORTS, node.module
+    entry = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "entry")
+    assert [a.arg for a in entry.args.args] == SIGNATURE[op]
+
+
+def test_bug_classes_cover_the_attention_vocabulary():
+    classes = {op: set() for op in DIRS.values()}
+    for path in FILES:
+        cat = parse(path)[3]
+        if cat["bug_class"]:
+            classes[cat["op"]].add(cat["bug_class"])
+    assert REQUIRED <= classes["attention.decode"] | classes["attention.decode_paged"]
+    assert "paged-index" in classes["attention.decode_paged"]
+
+
+@pytest.mark.parametrize("path", [p for p in FILES if p.name.startswith("bug_")], ids=label)
+def test_each_bug_is_a_small_diff_from_a_correct_kernel(path):
+    """The bug is a change of one to four lines of a correct kernel in the same directory."""
+    body = code_body(path.read_text())
+    best = None
+    for ref in path.parent.glob("correct_*.py"):
+        diff = [ln for ln in difflib.unified_diff(code_body(ref.read_text()), body, lineterm="", n=0)
+                if ln[:1] in "+-" and not ln.startswith(("+++", "---"))]
+        changed = max(sum(ln.startswith("-") for ln in diff), sum(ln.startswith("+") for ln in diff))
+        best = changed if best is None else min(best, changed)
+    assert best is not None and 1 <= best <= 4, f"{best} changed lines from the nearest correct kernel"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", FILES, ids=label)
+def test_pos0_label_is_the_truth(path):
+    """`verify --probe pos0` fails exactly the kernels labelled caught (and never a correct one)."""
+    cat = parse(path)[3]
+    params = [a for k, v in cat["params"].items() for a in ("--param", f"{k}={v}")]
+    r = cli("verify", "--op", cat["op"], "--entry", f"{path.relative_to(CHECKS.parent)}:entry",
+            "--device", "cpu", "--probe", "pos0", "--quiet", *params, timeout=300)
+    want = 1 if cat["pos0"] == "caught" else 0
+    assert r.returncode == want, r.stdout + r.stderr
