@@ -1,0 +1,80 @@
+"""Wall time and peak memory of the default `kernalin-ci verify` per catalogue kernel.
+
+    python benchmarks/verify_bench.py [--device cpu|cuda] [--kind dynamic|structural|all] [--op OP]
+                                      [--only correct|bug|all] [--json PATH]
+
+Each kernel is verified in a fresh process tree; the peak resident memory is the
+largest of that tree's processes (the CLI and its worker children), read from
+getrusage(RUSAGE_CHILDREN) in a wrapper process. Prints one row per kernel and a
+summary (median, max). Figures: docs/verification.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+WRAPPER = r"""
+import json, resource, subprocess, sys, time
+t = time.perf_counter()
+r = subprocess.run(sys.argv[1:], capture_output=True, text=True)
+print(json.dumps({"rc": r.returncode, "seconds": time.perf_counter() - t,
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
+                  "stdout": r.stdout, "stderr": r.stderr[-2000:]}))
+"""
+
+
+def measure(kernel, device: str, kind: str) -> dict:
+    cmd = [sys.executable, "-m", "kernalin_ci", "verify", "--op", kernel.op, "--entry", f"{kernel.path}:entry",
+           "--device", device, "--quiet", "--json", "-"]
+    for k, v in kernel.params.items():
+        cmd += ["--param", f"{k}={v}"]
+    if kind != "all":
+        cmd += ["--only", kind]
+    out = subprocess.run([sys.executable, "-c", WRAPPER, *cmd], capture_output=True, text=True, cwd=ROOT)
+    m = json.loads(out.stdout)
+    try:
+        res = json.loads(m["stdout"])
+    except json.JSONDecodeError:
+        res = {"verdict": "error", "cases_run": 0, "findings": []}
+    return {"kernel": kernel.name, "op": kernel.op, "bug": kernel.bug_class, "rc": m["rc"],
+            "verdict": res.get("verdict"), "cases": res.get("cases_run"), "seconds": round(m["seconds"], 2),
+            "peak_rss_mb": round(m["peak_rss_mb"]), "error": None if m["rc"] in (0, 1) else m["stderr"][-300:]}
+
+
+def main() -> int:
+    from kernalin_ci.catalogue import default_dir, discover
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--kind", default="all", choices=("dynamic", "structural", "all"))
+    ap.add_argument("--op", action="append")
+    ap.add_argument("--only", default="correct", choices=("correct", "bug", "all"))
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    kernels = [k for k in discover(default_dir(), args.op)
+               if args.only == "all" or (args.only == "bug") == k.is_bug]
+    rows = []
+    print(f"{'kernel':48} {'verdict':8} {'cases':>5} {'seconds':>8} {'peak MB':>8}")
+    for k in kernels:
+        r = measure(k, args.device, args.kind)
+        rows.append(r)
+        print(f"{r['kernel']:48} {str(r['verdict']):8} {str(r['cases']):>5} {r['seconds']:8.1f} "
+              f"{r['peak_rss_mb']:8d}" + (f"  ERROR {r['error']}" if r["error"] else ""), flush=True)
+    secs = [r["seconds"] for r in rows]
+    mem = [r["peak_rss_mb"] for r in rows]
+    print(f"\n{len(rows)} kernels on {args.device} ({args.kind}): seconds median {statistics.median(secs):.1f}, "
+          f"max {max(secs):.1f}; peak RSS median {statistics.median(mem):.0f} MB, max {max(mem):.0f} MB")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

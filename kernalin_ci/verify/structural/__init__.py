@@ -1,0 +1,49 @@
+"""Structural verification: prove a kernel's structure from its compiled IR, with no input and no GPU.
+
+Parent side. The user's code is never imported here: the worker task
+"verify-structural" (task.py) captures the entry's launches, compiles each
+kernel to TTIR for sm_90 on the CPU, interprets it abstractly and runs the
+op's analyses; this module starts it and turns its event into findings and
+notices.
+
+Modules: capture.py (launch recording), compile.py (TTIR), ir.py (the TTIR
+parser), interp.py (abstract interpreter), dataflow.py (def-use, loops,
+reductions, linear forms), common.py (every kernel), attention.py, rope.py,
+kv_append.py (one per op), task.py (the worker task). docs/structural.md has
+the checks and the catch matrix.
+"""
+from __future__ import annotations
+
+from kernalin_ci.findings import Finding, Notice
+
+OPS = ("attention.decode", "attention.decode_paged", "rope", "kv_append")
+TASK = "verify-structural"
+
+
+def verify_structural(op_name: str, entry: str, params: dict, device: str = "cpu", root: str | None = None,
+                      timeout_s: float = 600.0) -> tuple[list[Finding], list[Notice]]:
+    """Structural findings and notices for one entry. `device` is unused: nothing is launched."""
+    from kernalin_ci.isolate import run_task
+
+    if op_name not in OPS:
+        return [], [Notice("structural", f"could not verify: no structural checks for op {op_name}")]
+    job = {"task": TASK, "op": op_name, "entry": entry, "root": root, "params": params}
+    # TRITON_INTERPRET=0: the child compiles the kernels (it never launches them)
+    outcome = run_task(job, "cpu", timeout_s, env={"TRITON_INTERPRET": "0"})
+    done = next((e for e in outcome.events if e.get("event") == "structural-done"), None)
+    if outcome.status == "usage-error":
+        from kernalin_ci.errors import UsageError
+
+        raise UsageError(outcome.detail)
+    if done is None:
+        tail = " ".join(outcome.output_tail.split()[-30:])[-300:]
+        why = outcome.detail or outcome.status
+        if outcome.status == "internal-error":
+            tb = next((e.get("traceback", "") for e in outcome.events if e.get("event") == "internal-error"), "")
+            why = f"{outcome.detail}; {tb.strip().splitlines()[-1] if tb.strip() else ''}"
+        return [], [Notice("structural", f"could not verify: the structural worker {outcome.status}: {why}"
+                                         + (f"; last output: {tail}" if tail and outcome.status == 'crashed' else ""))]
+    return ([Finding.from_json(f) for f in done["findings"]], [Notice.from_json(n) for n in done["notices"]])
+
+
+__all__ = ["verify_structural", "TASK"]

@@ -1,0 +1,1003 @@
+"""Structural checks for attention.decode and attention.decode_paged.
+
+From the IR graph (no data):
+* every exp of the scores is exp(s - m) with m an upper bound of s: the max over
+  the same scores, or a running max that includes it (`softmax-no-max`);
+* the scale multiplies the scores exactly once (times log2(e) for exp2), before
+  the max (`scale`);
+* in a tiled loop with a running max, every accumulation of exponentials (the
+  output accumulator, the running sum) is rescaled by exp(m_old - m_new)
+  (`online-rescale`);
+* the stored output is divided by a sum of the same exponentials
+  (`softmax-no-normalize`);
+* a split-KV combine weights partials by exp(lse_i - max lse) and divides by
+  the sum of those weights (`split-combine`).
+
+From the abstract interpretation (index arithmetic only, floats never computed):
+* scores at positions >= kv_len get weight exactly 0 (`kv-mask`); K/V lanes past
+  kv_len are masked so garbage never reaches the output (`kv-mask` for K,
+  `unmasked-load` for V: 0 * NaN);
+* query head h reads KV head h // (Hq / Hkv) (`gqa-mapping`), of its own
+  sequence (`stride`; `paged-index` through the block table), every position
+  < kv_len exactly once (`kv-mask` when the tail is dropped).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from kernalin_ci.verify.structural.common import Report, kname
+from kernalin_ci.verify.structural.dataflow import (LOG2E, MAX_KINDS, LF, KernelView, carried, exp_base2,
+                                                    for_result, is_exp, lf_equal, lf_ratio, loop_arg, loop_yield,
+                                                    peel, reduce_kind)
+from kernalin_ci.verify.structural.interp import INV_MASK, POS
+from kernalin_ci.verify.structural.ir import Op, Value
+
+
+# --------------------------------------------------------------------------- interpreter model
+
+class AttentionModel:
+    """Which K/V cache elements are valid positions: j < kv_len of the sequence that owns them."""
+
+    linear = False
+
+    def __init__(self, cap):
+        self.cap = cap
+        self.paged = cap.op == "attention.decode_paged"
+        self.lens = [int(x) for x in cap.kwargs["kv_lens"].tolist()]
+        if self.paged:
+            self.bs = int(cap.params["block_size"])
+            tables = cap.kwargs["block_tables"].tolist()
+            self.owner = {}   # block -> (b, i): block i of sequence b
+            self.tail = set()  # blocks the tables name past a sequence's last block
+            for b, row in enumerate(tables):
+                need = -(-self.lens[b] // self.bs)
+                for i, blk in enumerate(row):
+                    if i < need:
+                        self.owner[int(blk)] = (b, i)
+                    else:
+                        self.tail.add(int(blk))
+
+    def decode(self, info, elem):
+        """K/V element offsets -> (sequence, kv head, position) arrays; position -1 where unowned."""
+        co = info.coords(elem)
+        if not self.paged:
+            return co[..., 0], co[..., 1], co[..., 2]
+        blk, off, g = co[..., 0], co[..., 1], co[..., 2]
+        seq = np.full(blk.shape, -1, dtype=np.int64)
+        pos = np.full(blk.shape, -1, dtype=np.int64)
+        for k, (b, i) in self.owner.items():
+            hit = blk == k
+            seq[hit] = b
+            pos[hit] = i * self.bs + off[hit]
+        return seq, g, pos
+
+    def overrun(self, info, elem, b: int, g: int) -> np.ndarray:
+        """Lanes whose offset, taken from the start of the row of (sequence b, KV head g), lies past
+        kv_len[b] (contiguous) or past the head dim of the slot it starts in (paged)."""
+        elem = np.asarray(elem, dtype=np.int64)
+        st = info.strides
+        if not self.paged:
+            rel = elem - (b * st[0] + g * st[1])
+            return (rel >= 0) & (np.floor_divide(rel, max(st[2], 1)) >= self.lens[b])
+        co = info.coords(elem)
+        rel = elem - (co[..., 0] * st[0] + co[..., 1] * st[1] + g * st[2])
+        return (rel >= info.shape[3]) & (co[..., 2] != g)
+
+    def valid(self, info, elem):
+        seq, g, pos = self.decode(info, elem)
+        lens = np.array(self.lens + [0], dtype=np.int64)
+        L = lens[np.where(seq >= 0, seq, len(self.lens))]
+        return (seq >= 0) & (pos >= 0) & (pos < L)
+
+    def label(self, info, elem, mask, inb, interp):
+        if info.name not in ("k_cache", "v_cache"):
+            return None, None
+        ok = self.valid(info, elem) & inb
+        return ~ok, ~ok
+
+
+# --------------------------------------------------------------------------- helpers
+
+def _max_like(v: Value, depth: int = 0) -> bool:
+    """A max over something: a max reduction, maxnumf, a running max carried by a loop."""
+    v = peel(v)
+    if depth > 8:
+        return False
+    op = v.owner
+    if op is not None:
+        if reduce_kind(op) in MAX_KINDS or op.name in ("arith.maxnumf", "arith.maximumf"):
+            return True
+        fr = for_result(v)
+        if fr is not None:
+            y = loop_yield(*fr)
+            return y is not None and _max_like(y, depth + 1)
+        return False
+    c = carried(v)
+    if c is not None:
+        y = loop_yield(*c)
+        return y is not None and _max_like(y, depth + 1)
+    return False
+
+
+def _select_peels(g, x: Value, depth=0):
+    yield x
+    x = peel(x)
+    op = x.owner
+    if op is not None and op.name == "arith.select" and depth < 4:
+        for a, b in ((op.operands[1], op.operands[2]), (op.operands[2], op.operands[1])):
+            k = g.const(peel(b))
+            if k is not None and k == -math.inf:
+                yield from _select_peels(g, a, depth + 1)
+
+
+def upper_bound(g, m: Value, target: LF, depth: int = 0) -> bool:
+    """Is m >= every lane of `target` by construction?"""
+    if depth > 12:
+        return False
+    m = peel(m)
+    lm = g.lf(m)
+    if lf_equal(lm, target) and math.isclose(lm.const, target.const, abs_tol=1e-9):
+        return True
+    if lm.const == 0 and len(lm.atoms) == 1:
+        (r, k), = lm.atoms.items()
+        if r is not m and k > 0:
+            return upper_bound(g, r, target.scaled(1.0 / k), depth + 1)
+    op = m.owner
+    if op is not None and reduce_kind(op) in MAX_KINDS:
+        return any(g.lf_equiv(g.lf(x), target) for x in _select_peels(g, op.operands[0]))
+    if op is not None and op.name in ("arith.maxnumf", "arith.maximumf"):
+        return any(upper_bound(g, o, target, depth + 1) for o in op.operands)
+    fr = for_result(m)
+    if fr is not None:
+        y = loop_yield(*fr)
+        return y is not None and upper_bound(g, y, target, depth + 1)
+    return False
+
+
+def bound_ratio(g, m: Value, target: LF, depth: int = 0) -> float | None:
+    """When m is a max over the same scores with another coefficient: target / scores-of-m."""
+    if depth > 12:
+        return None
+    m = peel(m)
+    lm = g.lf(m)
+    if lm.const == 0 and len(lm.atoms) == 1:
+        (r, k), = lm.atoms.items()
+        if r is not m and k > 0:
+            x = bound_ratio(g, r, target.scaled(1.0 / k), depth + 1)
+            return x
+    op = m.owner
+    if op is not None and reduce_kind(op) in MAX_KINDS:
+        for x in _select_peels(g, op.operands[0]):
+            k = lf_ratio(target, g.lf(x))
+            if k is not None:
+                return k
+        return None
+    if op is not None and op.name in ("arith.maxnumf", "arith.maximumf"):
+        for o in op.operands:
+            k = bound_ratio(g, o, target, depth + 1)
+            if k is not None:
+                return k
+    fr = for_result(m)
+    if fr is not None:
+        y = loop_yield(*fr)
+        return bound_ratio(g, y, target, depth + 1) if y is not None else None
+    return None
+
+
+def score_factor(view: KernelView, v: Value, depth: int = 0):
+    """(factor, tensors): v == factor * <q, k> with loads of `tensors`; (None, ...) when not recognised."""
+    g = view.graph
+    v = peel(v)
+    op = v.owner
+    if op is None or depth > 24:
+        return None, set()
+    n = op.name
+    if n == "tt.load":
+        t = view.loads.get(op)
+        return (1.0, {t}) if t else (None, set())
+    if n == "arith.select":
+        for a, b in ((op.operands[1], op.operands[2]), (op.operands[2], op.operands[1])):
+            if g.const(peel(b)) is not None:
+                return score_factor(view, a, depth + 1)
+        return None, set()
+    if n == "arith.mulf":
+        a, b = op.operands
+        kb, ka = g.const(peel(b)), g.const(peel(a))
+        if kb is not None:
+            f, ts = score_factor(view, a, depth + 1)
+            return (f * kb if f is not None else None), ts
+        if ka is not None:
+            f, ts = score_factor(view, b, depth + 1)
+            return (f * ka if f is not None else None), ts
+        fa, ta = score_factor(view, a, depth + 1)
+        fb, tb = score_factor(view, b, depth + 1)
+        return (fa * fb if fa is not None and fb is not None else None), ta | tb
+    if n in ("arith.divf", "tt.precise_divf"):
+        kb = g.const(peel(op.operands[1]))
+        if kb:
+            f, ts = score_factor(view, op.operands[0], depth + 1)
+            return (f / kb if f is not None else None), ts
+        return None, set()
+    if n == "tt.dot":
+        if len(op.operands) > 2 and g.const(peel(op.operands[2])) not in (0.0, None):
+            return None, set()
+        fa, ta = score_factor(view, op.operands[0], depth + 1)
+        fb, tb = score_factor(view, op.operands[1], depth + 1)
+        return (fa * fb if fa is not None and fb is not None else None), ta | tb
+    if reduce_kind(op) == "addf":
+        return score_factor(view, op.operands[0], depth + 1)
+    return None, set()
+
+
+def _dims(cap):
+    q = cap.kwargs["q"]
+    kc = cap.kwargs["k_cache"]
+    Hq = q.shape[1]
+    Hkv = kc.shape[2] if cap.op == "attention.decode_paged" else kc.shape[1]
+    return q.shape[0], Hq, Hkv, q.shape[2]
+
+
+# --------------------------------------------------------------------------- the exps
+
+class Exps:
+    """The exps of one kernel, each classified: 'score', 'rescale', 'combine' or None."""
+
+    def __init__(self, view: KernelView, role: str):
+        self.view = view
+        self.items = []   # (op, kind, lf)
+        g = view.graph
+        for op in view.ops():
+            if not is_exp(op):
+                continue
+            arg = op.operands[0]
+            lf = g.lf(arg)
+            if role == "main":
+                if not view.reads(arg, "k_cache"):
+                    continue
+                pos = lf.positive()
+                kind = "rescale" if pos.atoms and all(_max_like(a) for a in pos.atoms) else "score"
+            else:
+                if not any(view.reads(arg, t) for t in view.loads.values() if t.startswith("scratch")):
+                    continue
+                kind = "combine"
+            self.items.append((op, kind, lf))
+
+    def of(self, kind):
+        return [(op, lf) for op, k, lf in self.items if k == kind]
+
+
+def check_exps(view: KernelView, exps: Exps, rep: Report, scale: float) -> None:
+    g = view.graph
+    name = kname(view)
+    for op, lf in exps.of("score"):
+        pos, neg = lf.positive(), lf.negative()
+        drift = _drifting_factor(view, op.operands[0])
+        if drift is not None:
+            rep.finding("softmax-scale", "scale",
+                        f"{name}: the factor applied to the scores ({drift.name}) is updated on every loop "
+                        f"iteration, so each tile of keys is scaled differently", _yield_def(drift) or op, view)
+            continue
+        if not neg.atoms:
+            rep.finding("softmax-max", "softmax-no-max",
+                        f"{name}: exp of the scores with nothing subtracted (no max): exp(s) overflows "
+                        f"once a score passes ~88", op, view)
+            continue
+        if len(neg.atoms) != 1:
+            rep.notice("softmax-max", f"{name}: could not verify the max subtraction: the exp argument subtracts "
+                                      f"{len(neg.atoms)} terms", op, view)
+            continue
+        (m, k), = neg.atoms.items()
+        target = pos.scaled(1.0 / k)
+        if upper_bound(g, m, target):
+            _check_scale(view, op, pos, rep, scale)
+            continue
+        ratio = bound_ratio(g, m, pos)
+        if ratio is not None and not math.isclose(ratio, k, rel_tol=1e-4):
+            rep.finding("softmax-scale", "scale",
+                        f"{name}: the exp subtracts the max of the scores scaled by {pos_coef(pos) / ratio:.6g} "
+                        f"from scores scaled by {pos_coef(pos) / k:.6g}: the scale is applied after the max "
+                        f"(or only on one side)", op, view)
+            continue
+        if _max_like(m):
+            rep.finding("softmax-max", "softmax-no-max",
+                        f"{name}: the exp subtracts a max that does not include these scores (it is not an "
+                        f"upper bound of them), so exp(s - m) can overflow", op, view)
+        else:
+            rep.notice("softmax-max", f"{name}: could not verify that the value subtracted in exp is the max "
+                                      f"of the scores", op, view)
+    bases = {exp_base2(op) for op, _ in exps.of("score")}
+    for op, lf in exps.of("rescale"):
+        pos, neg = lf.positive(), lf.negative()
+        ok = len(neg.atoms) == 1 and len(pos.atoms) == 1
+        if ok:
+            (m_new, k), = neg.atoms.items()
+            ok = upper_bound(g, m_new, pos.scaled(1.0 / k))
+        if not ok:
+            rep.finding("online-rescale", "online-rescale",
+                        f"{name}: the rescale factor is not exp(m_old - m_new) (old running max minus the new "
+                        f"one)", op, view)
+        elif bases and exp_base2(op) not in bases:
+            rep.finding("online-rescale", "online-rescale",
+                        f"{name}: the rescale factor uses {'exp2' if exp_base2(op) else 'exp'} but the scores use "
+                        f"{'exp2' if True in bases else 'exp'}", op, view)
+
+
+def _drifting_factor(view: KernelView, v: Value) -> Value | None:
+    """A loop-carried scalar, computed without data, that multiplies the scores and changes every iteration."""
+    g = view.graph
+    stack, seen = [v], 0
+    while stack and seen < 200:
+        x = peel(stack.pop())
+        seen += 1
+        op = x.owner
+        if op is None:
+            continue
+        if op.name in ("arith.mulf", "arith.divf"):
+            for o in op.operands:
+                c = carried(peel(o))
+                if c is not None:
+                    y = loop_yield(*c)
+                    if y is not None and peel(y) is not peel(o) and not g.reaches(
+                            y, lambda q: q.name in ("tt.load", "tt.reduce", "tt.dot")):
+                        return peel(o)
+            stack.extend(op.operands)
+        elif op.name in ("arith.addf", "arith.subf", "arith.select", "arith.negf"):
+            stack.extend(op.operands)
+    return None
+
+
+def _yield_def(arg: Value) -> Op | None:
+    c = carried(arg)
+    if c is None:
+        return None
+    y = loop_yield(*c)
+    return peel(y).owner if y is not None else None
+
+
+def _additive_mask(g, v: Value) -> bool:
+    """`where(mask, 0, -inf)` added to the scores: a select between two constants."""
+    op = peel(v).owner
+    return op is not None and op.name == "arith.select" and all(g.const(peel(o)) is not None
+                                                               for o in op.operands[1:])
+
+
+def pos_coef(pos: LF) -> float:
+    return next(iter(pos.atoms.values())) if pos.atoms else 1.0
+
+
+def _check_scale(view: KernelView, op: Op, pos: LF, rep: Report, scale: float) -> None:
+    name = kname(view)
+    terms = {a: c for a, c in pos.atoms.items() if not _additive_mask(view.graph, a)}
+    if len(terms) != 1:
+        rep.notice("softmax-scale", f"{name}: could not verify the scale: the exp argument adds "
+                                    f"{len(terms)} score terms", op, view)
+        return
+    (s, c), = terms.items()
+    f, tensors = score_factor(view, s)
+    if f is None or not {"q", "k_cache"} <= tensors:
+        rep.notice("softmax-scale", f"{name}: could not verify the scale: the scores are not recognised as "
+                                    f"a product of q and k", op, view)
+        return
+    total = c * f
+    base2 = exp_base2(op)
+    want = scale * (LOG2E if base2 else 1.0)
+    if math.isclose(total, want, rel_tol=2e-3):
+        return
+    fn = "exp2" if base2 else "exp"
+    if math.isclose(total, 1.0, rel_tol=2e-3) or math.isclose(total, LOG2E, rel_tol=2e-3):
+        why = "the scale is missing"
+    elif math.isclose(total, want * scale, rel_tol=2e-3):
+        why = "the scale is applied twice"
+    elif base2 and math.isclose(total, scale, rel_tol=2e-3):
+        why = "exp2 is used without folding log2(e) into the scale"
+    elif not base2 and math.isclose(total, scale * LOG2E, rel_tol=2e-3):
+        why = "log2(e) is folded into the scale but exp (not exp2) is used"
+    else:
+        why = f"the scores are multiplied by {total:.6g}, expected {want:.6g}"
+    sites = _factor_sites(view, s)
+    where = sites[-1] if sites else op
+    rep.finding("softmax-scale", "scale", f"{name}: {fn} of q.k * {total:.6g} with scale {scale:.6g}: {why}",
+                where, view)
+
+
+def _factor_sites(view: KernelView, v: Value, depth: int = 0) -> list:
+    """The ops that multiply q, k or their product by a constant factor, outermost first."""
+    g = view.graph
+    v = peel(v)
+    op = v.owner
+    if op is None or depth > 24:
+        return []
+    if op.name in ("arith.mulf", "arith.divf", "tt.precise_divf"):
+        consts = [o for o in op.operands if g.const(peel(o)) is not None]
+        rest = [o for o in op.operands if g.const(peel(o)) is None]
+        here = [op] if consts else []
+        return here + [x for o in rest for x in _factor_sites(view, o, depth + 1)]
+    if op.name in ("arith.select", "tt.dot") or reduce_kind(op) == "addf":
+        return [x for o in op.operands for x in _factor_sites(view, o, depth + 1)]
+    return []
+
+
+# --------------------------------------------------------------------------- rescale and normalisation
+
+def _exp_results(exps: Exps, kind="score") -> set:
+    return {op.result for op, _ in exps.of(kind)}
+
+
+def _is_exp_sum(view: KernelView, v: Value, ps: set, depth: int = 0) -> bool:
+    """v is a sum of exponentials: reduce_sum over an exp result, or a running sum of those."""
+    if depth > 10:
+        return False
+    v = peel(v)
+    op = v.owner
+    g = view.graph
+    if op is None:
+        c = carried(v)
+        if c is not None:
+            y = loop_yield(*c)
+            return y is not None and _is_exp_sum(view, y, ps, depth + 1)
+        return False
+    if op.name == "arith.select":
+        return any(_is_exp_sum(view, o, ps, depth + 1) for o in op.operands[1:] if g.const(peel(o)) is None)
+    if reduce_kind(op) == "addf":
+        x = peel(op.operands[0])
+        return x in ps or _is_exp_sum(view, x, ps, depth + 1)
+    if op.name in ("arith.addf",):
+        return any(_is_exp_sum(view, o, ps, depth + 1) for o in op.operands)
+    if op.name == "arith.mulf":
+        return any(_is_exp_sum(view, o, ps, depth + 1) for o in op.operands)
+    fr = for_result(v)
+    if fr is not None:
+        y = loop_yield(*fr)
+        return y is not None and _is_exp_sum(view, y, ps, depth + 1)
+    if op.name in ("math.exp", "math.exp2") and peel(v) in ps:
+        return True
+    return False
+
+
+def _contains(v: Value, targets: set, depth=0) -> bool:
+    v = peel(v)
+    if v in targets:
+        return True
+    if depth > 6 or v.owner is None:
+        return False
+    op = v.owner
+    if op.name in ("arith.mulf", "arith.addf", "tt.dot") or reduce_kind(op) == "addf":
+        return any(_contains(o, targets, depth + 1) for o in op.operands)
+    return False
+
+
+def check_rescale(view: KernelView, exps: Exps, rep: Report) -> None:
+    """Every accumulation of exponentials in a loop with a running max is rescaled by exp(m_old - m_new)."""
+    g = view.graph
+    ps = _exp_results(exps)
+    alphas = _exp_results(exps, "rescale")
+    name = kname(view)
+    for loop in [op for op in view.ops() if op.name == "scf.for"]:
+        body = loop.regions[0][0]
+        nargs = len(body.args) - 1
+        maxes = [j for j in range(nargs) if _is_running_max(loop, j)]
+        if not maxes:
+            continue
+        for j in range(nargs):
+            if j in maxes:
+                continue
+            arg = loop_arg(loop, j)
+            y = loop_yield(loop, j)
+            if y is None or not arg.type.is_float:
+                continue
+            yo = peel(y).owner
+            if yo is None:
+                continue
+            if yo.name == "tt.dot":
+                old, new = yo.operands[2], yo
+            elif yo.name == "arith.addf":
+                a, b = yo.operands
+                if _depends_on_arg(a, arg):
+                    old, new = a, b
+                elif _depends_on_arg(b, arg):
+                    old, new = b, a
+                else:
+                    continue
+            else:
+                continue
+            if yo.name == "tt.dot":
+                fresh = _contains(yo.operands[0], ps) or _contains(yo.operands[1], ps)
+            else:
+                fresh = _contains(new, ps)
+            if not fresh:
+                continue
+            what = "output accumulator" if _has_v(view, y) else "running sum"
+            if peel(old) is arg:
+                rep.finding("online-rescale", "online-rescale",
+                            f"{name}: the {what} ({arg.name}) is not rescaled by exp(m_old - m_new) when the "
+                            f"running max grows", yo, view)
+                continue
+            oo = peel(old).owner
+            ok = oo is not None and oo.name == "arith.mulf" and any(peel(o) is arg for o in oo.operands) and \
+                any(peel(o) in alphas for o in oo.operands)
+            if not ok:
+                rep.finding("online-rescale", "online-rescale",
+                            f"{name}: the {what} ({arg.name}) is rescaled by something other than "
+                            f"exp(m_old - m_new)", oo or yo, view)
+    del g
+
+
+def _has_v(view: KernelView, v: Value) -> bool:
+    return view.reads(v, "v_cache")
+
+
+def _depends_on_arg(v: Value, arg: Value, depth=0) -> bool:
+    v = peel(v)
+    if v is arg:
+        return True
+    if depth > 6 or v.owner is None:
+        return False
+    return any(_depends_on_arg(o, arg, depth + 1) for o in v.owner.operands)
+
+
+def _is_running_max(loop: Op, j: int) -> bool:
+    y = loop_yield(loop, j)
+    if y is None:
+        return False
+    yo = peel(y).owner
+    arg = loop_arg(loop, j)
+    return yo is not None and yo.name in ("arith.maxnumf", "arith.maximumf") and \
+        any(peel(o) is arg for o in yo.operands)
+
+
+def _division(view: KernelView, v: Value, depth=0):
+    """(numerator, denominator) when v is x / d or x * (1 / d); else None."""
+    g = view.graph
+    v = peel(v)
+    op = v.owner
+    if op is None or depth > 8:
+        return None
+    if op.name in ("arith.divf", "tt.precise_divf"):
+        return op.operands[0], op.operands[1]
+    if op.name == "arith.mulf":
+        for a, b in ((op.operands[0], op.operands[1]), (op.operands[1], op.operands[0])):
+            bo = peel(b).owner
+            if bo is not None and bo.name in ("arith.divf", "tt.precise_divf") and g.const(peel(bo.operands[0])) == 1.0:
+                return a, bo.operands[1]
+    if op.name == "arith.select":
+        for o in op.operands[1:]:
+            if g.const(peel(o)) is None:
+                return _division(view, o, depth + 1)
+    return None
+
+
+def check_normalize(view: KernelView, exps: Exps, rep: Report, out_tensors: set) -> None:
+    ps = _exp_results(exps)
+    if not ps:
+        return
+    name = kname(view)
+    for op in view.ops():
+        if op.name != "tt.store" or view.stores.get(op) not in out_tensors:
+            continue
+        val = op.operands[1]
+        if not view.reads(val, "v_cache"):
+            continue  # not the attention output (an lse, a max)
+        d = _division(view, val)
+        if d is None:
+            rep.finding("softmax-normalize", "softmax-no-normalize",
+                        f"{name}: the output is stored without dividing by the sum of the exponentials (1/l)",
+                        op, view)
+            continue
+        _, den = d
+        if not _is_exp_sum(view, den, ps):
+            rep.finding("softmax-normalize", "softmax-no-normalize",
+                        f"{name}: the output is divided by something that is not the sum of the exponentials",
+                        peel(val).owner or op, view)
+
+
+# --------------------------------------------------------------------------- split-KV combine
+
+def check_combine(view: KernelView, exps: Exps, rep: Report, out_tensors: set) -> None:
+    g = view.graph
+    name = kname(view)
+    weights = set()
+    for op, lf in exps.of("combine"):
+        pos, neg = lf.positive(), lf.negative()
+        if not neg.atoms:
+            rep.finding("split-combine", "split-combine",
+                        f"{name}: partials weighted by exp(lse_i) without subtracting max(lse): the weights "
+                        f"overflow", op, view)
+            continue
+        if len(neg.atoms) == 1:
+            (m, k), = neg.atoms.items()
+            if upper_bound(g, m, pos.scaled(1.0 / k)):
+                weights.add(op.result)
+                continue
+        rep.finding("split-combine", "split-combine",
+                    f"{name}: the combine weights are not exp(lse_i - max lse)", op, view)
+    if not weights:
+        return
+    for op in view.ops():
+        if op.name != "tt.store" or view.stores.get(op) not in out_tensors:
+            continue
+        val = op.operands[1]
+        d = _division(view, val)
+        if d is None or not _is_exp_sum(view, d[1], weights):
+            rep.finding("split-combine", "split-combine",
+                        f"{name}: the combined output is not divided by the sum of the combine weights",
+                        op, view)
+
+
+def check_lse_stores(view: KernelView, exps: Exps, rep: Report) -> None:
+    """A partial kernel that stores a log-sum-exp must store m + log(l) (the max it subtracted plus log sum)."""
+    g = view.graph
+    ps = _exp_results(exps)
+    name = kname(view)
+    for op in view.ops():
+        if op.name != "tt.store" or not (view.stores.get(op) or "").startswith("scratch"):
+            continue
+        val = op.operands[1]
+        if view.reads(val, "v_cache") or not view.reads(val, "k_cache"):
+            continue
+        lf = g.lf(val)
+        logs = [a for a in lf.atoms if peel(a).owner is not None and peel(a).owner.name in ("math.log", "math.log2")]
+        if not logs:
+            continue  # a max or a sum stored on its own: the combine must account for it
+        maxes = [a for a in lf.atoms if _max_like(a)]
+        if not maxes:
+            rep.finding("split-combine", "split-combine",
+                        f"{name}: the stored log-sum-exp is log(l) without the max m that was subtracted "
+                        f"(lse must be m + log(l))", op, view)
+    del ps
+
+
+# --------------------------------------------------------------------------- masks (interpreter)
+
+def _mask_op(view: KernelView, exp_op: Op) -> Op:
+    """The line to blame for an unmasked score: the select that masks the scores, else the exp."""
+    g = view.graph
+    seen = 0
+    stack = [exp_op.operands[0]]
+    while stack and seen < 200:
+        v = peel(stack.pop())
+        seen += 1
+        op = v.owner
+        if op is None:
+            continue
+        if op.name == "arith.select":
+            for o in op.operands[1:]:
+                if g.const(peel(o)) == -math.inf:
+                    cm = peel(op.operands[0]).owner
+                    return cm if cm is not None else op
+        if op.name in ("arith.addf", "arith.subf", "arith.mulf"):
+            stack.extend(op.operands)
+    return exp_op
+
+
+def check_masks(view: KernelView, exps: Exps, rep: Report) -> None:
+    """Softmax weights at positions >= kv_len must be exactly 0 where they are summed (the running sum, P @ V)."""
+    name = kname(view)
+    score_ops = {op for op, _ in exps.of("score")}
+    if not score_ops:
+        return
+    g = view.graph
+    feeds = {}
+    for ev in view.trace.sums:
+        if ev.op not in feeds:
+            feeds[ev.op] = g.reaches(ev.operand, lambda o: o in score_ops)
+        if not feeds[ev.op]:
+            continue
+        pos = (ev.value.tags & np.uint64(POS)) != 0
+        garbage = (ev.value.tags & INV_MASK) != 0   # values read past kv_len: check_garbage reports them
+        bad = pos & ~garbage & ~(ev.value.known() & (ev.value.c == 0))
+        if bad.any():
+            exp_op = next(iter(score_ops))
+            rep.finding("kv-mask", "kv-mask",
+                        f"{name}: {int(bad.sum())} softmax weight(s) at positions >= kv_len are not 0 where they "
+                        f"are summed (program {ev.program}): the length mask is missing or off by one",
+                        _mask_op(view, exp_op), view)
+
+
+def check_garbage(cap, views: list, rep: Report, out_name: str) -> None:
+    """Garbage (data past kv_len, out of bounds, never written) that reaches the output."""
+    names = list(cap.tensors)
+    hits: dict = {}
+    for view in views:
+        for acc in view.accesses("store", out_name):
+            tags = acc.value.tags[acc.mask & acc.inb] if hasattr(acc.value, "tags") else np.zeros(0, np.uint64)
+            if not tags.size:
+                continue
+            inv = int(np.bitwise_or.reduce(tags))
+            for t, tname in enumerate(names):
+                if inv >> (32 + t) & 1:
+                    hits.setdefault(tname, (view, acc))
+    for tname, (view, acc) in hits.items():
+        src = _first_bad_load(views, tname)
+        sview, sop = src if src else (view, acc.op)
+        if tname == "k_cache":
+            rep.finding("kv-mask", "kv-mask",
+                        f"{kname(sview)}: keys past kv_len are loaded unmasked and reach the output",
+                        _length_test(sview, sop), sview)
+        elif tname == "v_cache":
+            if rep.has("kv-mask"):
+                continue  # the same length mask lets the values in: one finding is enough
+            rep.finding("kv-mask-v", "unmasked-load",
+                        f"{kname(sview)}: values past kv_len are loaded unmasked; their weight is 0 but 0 * NaN "
+                        f"is NaN, so garbage reaches the output", sop, sview)
+        else:
+            rep.finding("garbage", "unmasked-load",
+                        f"{kname(sview)}: elements of {tname} that are out of range or never written reach the "
+                        f"output", sop, sview)
+
+
+def _length_test(view: KernelView, load_op: Op) -> Op:
+    """The comparison in a load's mask that depends on data (the kv_len test), else the load."""
+    if len(load_op.operands) < 2:
+        return load_op
+    g = view.graph
+    stack, seen = [load_op.operands[1]], 0
+    while stack and seen < 64:
+        v = peel(stack.pop())
+        seen += 1
+        op = v.owner
+        if op is None:
+            continue
+        if op.name == "arith.cmpi" and not g.static(v):
+            return op
+        if op.name in ("arith.andi", "arith.ori"):
+            stack.extend(op.operands)
+    return load_op
+
+
+def _first_bad_load(views: list, tname: str):
+    for view in views:
+        for acc in view.accesses("load", tname):
+            bad = acc.mask & (((acc.value.tags if hasattr(acc.value, "tags") else 0) >> np.uint64(32)) != 0) \
+                if hasattr(acc.value, "tags") else None
+            if bad is not None and np.any(bad):
+                return view, acc.op
+    return None
+
+
+# --------------------------------------------------------------------------- addressing (interpreter)
+
+def check_addressing(cap, views: list, rep: Report, model: AttentionModel) -> bool:
+    """Each program's K/V reads belong to its own sequence and KV head and cover every position once.
+
+    Returns True when a read of the wrong sequence or head was found (later findings would be echoes)."""
+    B, Hq, Hkv, D = _dims(cap)
+    ratio = Hq // Hkv
+    lens = model.lens
+    qinfo = cap.tensors["q"]
+    reads: dict = {}     # (b, h, tensor) -> {load op: [element offsets]}
+    positions: dict = {}  # (b, h, tensor) -> set of positions
+    wrong = False
+    for view in views:
+        progs: dict = {}
+        for acc in view.trace.accesses:
+            if acc.kind != "load":
+                continue
+            t = view.names[int(np.asarray(acc.tensor).reshape(-1)[0])]
+            if t in ("q", "k_cache", "v_cache"):
+                progs.setdefault(acc.program, []).append((t, acc))
+        for pid, accs in progs.items():
+            qrows = set()
+            for t, acc in accs:
+                if t == "q":
+                    m = acc.mask & acc.inb
+                    co = qinfo.coords(acc.elem[m])
+                    qrows |= {(int(b), int(h)) for b, h in co[:, :2]}
+            if not qrows:
+                continue
+            seqs = {b for b, _ in qrows}
+            if len(seqs) != 1:
+                rep.notice("kv-addressing", f"{kname(view)}: could not verify the KV addressing of a program that "
+                                            f"serves several sequences", where=(view.launch.path, view.launch.line))
+                continue
+            b, = seqs
+            heads = sorted({h for _, h in qrows})
+            wrong |= _check_index_rows(cap, view, pid, b, rep)
+            for t, acc in accs:
+                if t == "q":
+                    continue
+                info = cap.tensors[t]
+                m = acc.mask & acc.inb
+                if not m.any():
+                    continue
+                elem = acc.elem[m]
+                # lanes that run past kv_len of the program's own (sequence, head) row and wrap into the next
+                # row are a length-mask problem (checked elsewhere), not a wrong head or sequence
+                elem = elem[~model.overrun(info, elem, b, heads[0] // ratio)]
+                if not elem.size:
+                    continue
+                seq, gg, pos = model.decode(info, elem)
+                read = {int(x) for x in gg}
+                expect = {h // ratio for h in heads}
+                if len(read) == 1:
+                    g_read, = read
+                    bad = [h for h in heads if h // ratio != g_read]
+                    if bad:
+                        wrong = True
+                        rep.finding("gqa-mapping", "gqa-mapping",
+                                    f"{kname(view)}: query head(s) {bad[:4]} of sequence {b} read {t} head {g_read}; "
+                                    f"expected h // (Hq/Hkv) = h // {ratio} = {sorted({h // ratio for h in bad})[:4]}",
+                                    _head_index_op(view, acc.op), view)
+                elif read - expect:
+                    wrong = True
+                    rep.finding("gqa-mapping", "gqa-mapping",
+                                f"{kname(view)}: query head(s) {heads[:4]} of sequence {b} read {t} head(s) "
+                                f"{sorted(read - expect)[:4]}, expected {sorted(expect)}", acc.op, view)
+                elif len(expect) > 1:
+                    rep.notice("kv-addressing", f"{kname(view)}: could not verify which query head reads which KV "
+                                                f"head in a program that serves several KV heads", acc.op, view)
+                other_seq = (seq != b) & (seq >= 0)
+                if other_seq.any():
+                    wrong = True
+                    cls = "paged-index" if model.paged else "stride"
+                    what = "blocks of sequence" if model.paged else "batch row"
+                    rep.finding("kv-sequence", cls,
+                                f"{kname(view)}: sequence {b} reads {t} {what} "
+                                f"{sorted({int(x) for x in seq[other_seq]})[:4]}", _address_op(acc.op), view)
+                if model.paged:
+                    blk = info.coords(elem)[..., 0]
+                    stray = (seq < 0) & ~np.isin(blk, list(model.tail))
+                    if stray.any():
+                        wrong = True
+                        rep.finding("kv-block", "paged-index",
+                                    f"{kname(view)}: sequence {b} reads {t} block(s) "
+                                    f"{sorted({int(x) for x in blk[stray]})[:4]} that no block-table entry names",
+                                    _address_op(acc.op), view)
+                ok = (seq == b) & (pos >= 0) & (pos < lens[b])
+                for h in heads:
+                    sel = ok & (gg == h // ratio)
+                    reads.setdefault((b, h, t), {}).setdefault(acc.op, []).extend(elem[sel].tolist())
+                    positions.setdefault((b, h, t), set()).update(pos[sel].tolist())
+    for (b, h, t), per_op in reads.items():
+        for op, elems in per_op.items():
+            arr = np.array(elems, dtype=np.int64)
+            if arr.size and np.unique(arr).size != arr.size:
+                view = _view_of(views, op)
+                wrong = True
+                rep.finding("kv-positions", "paged-index" if model.paged else "stride",
+                            f"{kname(view)}: sequence {b} head {h} reads some {t} elements more than once "
+                            f"(and so misses others)", _address_op(op), view)
+        L = lens[b]
+        missing = sorted(set(range(L)) - positions.get((b, h, t), set()))
+        if missing and not wrong:
+            op = next(iter(per_op))
+            view = _view_of(views, op)
+            tail = missing == list(range(L - len(missing), L))
+            cls = "kv-mask" if tail else ("paged-index" if model.paged else "stride")
+            rep.finding("kv-positions", cls,
+                        f"{kname(view)}: sequence {b} (kv_len {L}) never reads {t} position(s) "
+                        f"{missing[:4]}{'...' if len(missing) > 4 else ''}", op, view)
+    return wrong
+
+
+def _address_op(load_op: Op) -> Op:
+    """Where a load's address is computed: the offset's own line when it is not the load's line."""
+    from kernalin_ci.verify.structural.dataflow import line_of
+
+    ptr = load_op.operands[0]
+    here = line_of(load_op, None)
+    stack, seen = [ptr], 0
+    while stack and seen < 64:
+        v = stack.pop()
+        seen += 1
+        op = v.owner
+        if op is None:
+            continue
+        if op.name == "tt.addptr":
+            off = op.operands[1].owner
+            if off is not None and off.name not in ("tt.splat", "tt.broadcast", "tt.expand_dims") and \
+                    line_of(off, None) not in (None, here):
+                return off
+            stack.extend(op.operands)
+        elif op.name in ("tt.splat", "tt.broadcast", "tt.expand_dims", "tt.reshape"):
+            stack.extend(op.operands)
+    return load_op
+
+
+def _head_index_op(view: KernelView, load_op: Op) -> Op:
+    """The line that computes the KV head index of a K/V load: the division or remainder of a program id on
+    its address path (else the load itself)."""
+    from kernalin_ci.verify.structural.interp import PID
+
+    pid_bits = PID[0] | PID[1] | PID[2]
+    stack, seen = [load_op.operands[0]], set()
+    while stack:
+        v = stack.pop()
+        if id(v) in seen or v.owner is None:
+            continue
+        seen.add(id(v))
+        op = v.owner
+        if op.name in ("arith.divsi", "arith.divui", "arith.remsi", "arith.remui", "arith.floordivsi") and \
+                view.trace.int_tags.get(op.result, 0) & pid_bits and \
+                not view.trace.int_tags.get(op.result, 0) & ~np.uint64(pid_bits) & np.uint64(0xFFFFFF00):
+            return op
+        if op.name != "tt.load":
+            stack.extend(op.operands)
+    return load_op
+
+
+def _check_index_rows(cap, view, pid, b: int, rep: Report) -> bool:
+    """A program serving sequence b reads kv_lens[b] and block_tables[b, :], nothing else."""
+    wrong = False
+    for acc in view.trace.accesses:
+        if acc.kind != "load" or acc.program != pid:
+            continue
+        t = view.names[int(np.asarray(acc.tensor).reshape(-1)[0])]
+        if t not in ("kv_lens", "block_tables"):
+            continue
+        m = acc.mask & acc.inb
+        if not m.any():
+            continue
+        rows = cap.tensors[t].coords(acc.elem[m])[..., 0]
+        if (rows != b).any():
+            wrong = True
+            what = "entry" if t == "kv_lens" else "row"
+            rep.finding("index-rows", "stride",
+                        f"{kname(view)}: sequence {b} reads {t} {what} {sorted({int(r) for r in rows[rows != b]})[:4]} "
+                        f"(a wrong stride or index into {t})", acc.op, view)
+    return wrong
+
+
+def _view_of(views, op):
+    for v in views:
+        if op in v.loads or op in v.stores:
+            return v
+    return views[0]
+
+
+def check_output_coverage(cap, views: list, rep: Report, out_name: str) -> None:
+    info = cap.tensors[out_name]
+    written = np.zeros(info.numel, dtype=bool)
+    last = None
+    for view in views:
+        for acc in view.accesses("store", out_name):
+            m = acc.mask & acc.inb
+            e = acc.elem[m]
+            written[np.clip(e, 0, info.numel - 1)] = True
+            last = (view, acc.op)
+    if last is None:
+        rep.notice("output", "could not verify the output: no kernel stores to it")
+        return
+    if not written.all():
+        co = info.coords(np.flatnonzero(~written))
+        view, op = last
+        rep.finding("output-coverage", "unwritten-output",
+                    f"{kname(view)}: {int((~written).sum())} of {info.numel} output elements are never written "
+                    f"(first at index {tuple(int(x) for x in co[0])})", op, view)
+
+
+# --------------------------------------------------------------------------- entry point
+
+def analyze(cap, views: list, rep: Report, model: AttentionModel) -> None:
+    scale = float(cap.kwargs["scale"])
+    out_name = cap.outputs.get("out")
+    main = [v for v in views if v.loads_of("k_cache")]
+    others = [v for v in views if v not in main]
+    if not main:
+        rep.notice("attention", "could not verify the attention kernels: no launched kernel reads k_cache")
+        return
+    out_tensors = {out_name} | {t for t in cap.tensors if t.startswith("scratch")}
+    for view in main:
+        exps = Exps(view, "main")
+        if not exps.of("score"):
+            rep.notice("softmax", f"{kname(view)}: could not verify the softmax: no exp of the scores found",
+                       where=(view.launch.path, view.launch.line))
+        check_exps(view, exps, rep, scale)
+        check_rescale(view, exps, rep)
+        check_normalize(view, exps, rep, out_tensors)
+        check_lse_stores(view, exps, rep)
+    for view in others:
+        exps = Exps(view, "combine")
+        check_combine(view, exps, rep, {out_name})
+    wrong = check_addressing(cap, main, rep, model)
+    if wrong:
+        rep.notice("kv-mask", "the length-mask checks were skipped: the K/V addressing is already wrong, and "
+                              "every read of the wrong rows would show up again as a read past kv_len")
+    else:
+        for view in main:
+            check_masks(view, Exps(view, "main"), rep)
+        if out_name:
+            check_garbage(cap, views, rep, out_name)
+    if out_name:
+        check_output_coverage(cap, views, rep, out_name)

@@ -1,0 +1,475 @@
+"""Capture: record every Triton kernel an entry launches, with its exact specialization, without a GPU.
+
+Runs in the worker child with TRITON_INTERPRET off, so `@triton.jit` gives real
+`JITFunction`s. During one small call of the entry, `JITFunction.run` is
+replaced by a recorder that binds the arguments with Triton's own binder for
+an sm_90 backend (the same code path, hence the same signature, constexprs and
+divisibility hints, a GPU launch would compile), resolves the grid, and
+returns without launching. Nothing is computed; the analyses never need the
+kernel's results, only its structure and the launch parameters.
+
+Every pointer argument is mapped back to the tensor it points into: an op
+argument (q, k_cache, slot_mapping, ...; a pointer into the middle of a tensor
+still belongs to it), the tensor the entry returns (the output), or a scratch
+tensor the entry allocated. Allocations made by the entry are poisoned with
+canaries, so a scratch tensor's initial content is known ("uninitialized",
+"zeros", "copy of q").
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+TARGET = ("cuda", 90, 32)
+
+
+# --------------------------------------------------------------------------- data
+
+
+@dataclass(eq=False)
+class TensorInfo:
+    """One tensor a kernel can address: an op argument, the output, or a scratch buffer."""
+
+    name: str                 # "q", "k_cache", "out", "q_out", "scratch0"
+    role: str                 # "input" | "written" (an op input the op may write) | "output" | "scratch"
+    dtype: str                # torch dtype name without "torch."
+    shape: tuple
+    strides: tuple            # in elements
+    elsize: int
+    storage: np.ndarray       # the whole storage, as uint8 (a view: no copy)
+    base: int                 # byte offset of element 0 in the storage
+    init: str = "input"       # scratch/output content at its first launch: "uninitialized", "zeros", "copy:q", "data"
+    also: tuple = ()          # other names of the same storage (an in-place output is also an input)
+
+    @property
+    def numel(self) -> int:
+        return int(np.prod(self.shape)) if self.shape else 1
+
+    @property
+    def is_float(self) -> bool:
+        return self.dtype.startswith(("float", "bfloat"))
+
+    def read(self, byte_offsets: np.ndarray, np_dtype) -> tuple[np.ndarray, np.ndarray]:
+        """Values at byte offsets from element 0 (as the kernel's pointee type); and which were in the storage."""
+        size = np.dtype(np_dtype).itemsize
+        pos = self.base + byte_offsets.astype(np.int64)
+        ok = (pos >= 0) & (pos + size <= self.storage.size)
+        out = np.zeros(byte_offsets.shape, dtype=np_dtype)
+        if ok.any():
+            idx = pos[ok]
+            raw = np.stack([self.storage[idx + k] for k in range(size)], axis=-1)
+            out[ok] = raw.view(np_dtype).reshape(-1)
+        return out, ok
+
+    def coords(self, elem: np.ndarray) -> np.ndarray:
+        """Element offsets (from element 0) -> index tuples [..., ndim], for a tensor with these strides.
+
+        Works for any non-overlapping strides (dims sorted by stride, largest first)."""
+        elem = np.asarray(elem, dtype=np.int64)
+        out = np.zeros(elem.shape + (len(self.shape),), dtype=np.int64)
+        rest = elem.copy()
+        order = sorted(range(len(self.shape)), key=lambda d: -self.strides[d])
+        for d in order:
+            s = max(int(self.strides[d]), 1)
+            out[..., d] = np.floor_divide(rest, s)
+            rest = rest - out[..., d] * s
+        return out
+
+    def coord(self, elem: int) -> tuple:
+        """One element offset -> its index tuple (pure Python, for per-element loops)."""
+        out = [0] * len(self.shape)
+        rest = int(elem)
+        for d in sorted(range(len(self.shape)), key=lambda d: -self.strides[d]):
+            s = max(int(self.strides[d]), 1)
+            out[d], rest = divmod(rest, s)
+        return tuple(out)
+
+    def in_bounds(self, elem: np.ndarray) -> np.ndarray:
+        c = self.coords(elem)
+        ok = np.ones(elem.shape, dtype=bool)
+        flat = np.zeros(elem.shape, dtype=np.int64)
+        for d, n in enumerate(self.shape):
+            ok &= (c[..., d] >= 0) & (c[..., d] < n)
+            flat += c[..., d] * self.strides[d]
+        return ok & (flat == elem)
+
+
+@dataclass
+class KernelArg:
+    name: str
+    kind: str                  # "pointer" | "int" | "float" | "bool" | "constexpr" | "none" | "other"
+    value: Any = None          # scalars and constexprs
+    tensor: str | None = None  # pointers: the TensorInfo name
+    byte_offset: int = 0       # pointers: where into that tensor
+    pointee: str = ""          # pointers: the kernel's element type ("fp16", "i32", ...)
+
+
+@dataclass(eq=False)
+class Launch:
+    index: int
+    kernel: str
+    path: str                  # the kernel's source file
+    line: int                  # its `def` line
+    grid: tuple
+    args: list                 # list[KernelArg], every parameter in order
+    jit: Any = None            # the JITFunction (in-process only)
+    signature: dict = field(default_factory=dict)
+    constexprs: dict = field(default_factory=dict)
+    attrs: dict = field(default_factory=dict)
+    options: Any = None
+    autotuned: bool = False
+
+    def arg(self, name: str) -> KernelArg | None:
+        return next((a for a in self.args if a.name == name), None)
+
+    @property
+    def runtime_args(self) -> list:
+        """The parameters that remain function arguments in the IR (not constexpr, not None)."""
+        return [a for a in self.args if self.signature.get(a.name) not in ("constexpr", None)]
+
+
+@dataclass
+class Capture:
+    op: str
+    params: dict
+    dims: dict
+    dtype: str
+    tensors: dict               # name -> TensorInfo
+    launches: list              # list[Launch]
+    outputs: dict               # op output name ("out", "q", "k", "k_cache") -> TensorInfo name
+    kwargs: dict                # the op's keyword arguments (tensors and scalars), for the analyses
+    notes: list = field(default_factory=list)   # things the capture could not follow
+
+
+class CaptureError(Exception):
+    """The entry could not be run for capture (it raised, or launched nothing we can follow)."""
+
+
+# --------------------------------------------------------------------------- the capture case
+
+
+def capture_cases(op_name: str, params: dict, op) -> list[tuple[dict, str]]:
+    """Small calls to try, in order: the first with a head dim that leaves a tail under its power-of-two
+    block (48), then a power of two (64) for kernels that require one."""
+    first = capture_case(op_name, params, op, 48)
+    if params.get("head_dim"):
+        return [first]
+    return [first, capture_case(op_name, params, op, 64)]
+
+
+def capture_case(op_name: str, params: dict, op, head_dim: int = 48) -> tuple[dict, str]:
+    """A small call whose launches specialise like real ones: B > 1, Hq != Hkv with a ratio that is
+    neither 1 nor Hkv, kv_len spanning several tiles with a partial last tile, a head dim with a tail
+    under its power-of-two block, positions and slots that are neither 0 nor the token index, and
+    padding tokens."""
+    pin = {k: params.get(k) for k in ("head_dim", "num_q_heads", "num_kv_heads") if params.get(k)}
+    D = pin.get("head_dim") or head_dim
+    hq = pin.get("num_q_heads") or 6
+    hkv = pin.get("num_kv_heads") or (2 if hq % 2 == 0 else 1)
+    if hq % hkv:
+        hkv = 1
+    if op_name in ("attention.decode", "attention.decode_paged"):
+        dims = {"Hq": hq, "Hkv": hkv, "D": D, "kv_lens": [37, 100], "scale": 0.7 * D ** -0.5, "tail": "zeros"}
+        if op_name == "attention.decode_paged":
+            dims["free_blocks"] = 12
+    elif op_name == "rope":
+        r = params.get("rotary_dim") or D
+        D = max(D, r)
+        dims = {"T": 3, "Hq": hq, "Hkv": hkv, "D": D, "positions": [1000, 7, 33]}
+    elif op_name == "kv_append":
+        hkv = pin.get("num_kv_heads") or 2
+        dims = {"T": 5, "Hkv": hkv, "D": D, "num_blocks": 7, "padding": 2}
+    else:
+        raise CaptureError(f"no structural capture for op {op_name}")
+    return dims, "float16"
+
+
+def build_inputs(op_name: str, op, params: dict, dims: dict, dtype: str) -> dict:
+    from kernalin_ci.ops.base import Case
+
+    case = Case("structural-capture", dict(dims), dtype, 11, ("structural",))
+    kw = op.inputs(case, params, "cpu", poison=False)
+    if op_name == "attention.decode_paged":
+        # table entries past a sequence's blocks point at free blocks nobody owns, so that reading
+        # them is recognisably "past kv_len" rather than "another sequence's data"
+        import torch
+
+        bs = params["block_size"]
+        tables = kw["block_tables"]
+        need = [-(-L // bs) for L in dims["kv_lens"]]
+        used = {int(x) for b, n in enumerate(need) for x in tables[b, :n].tolist()}
+        nb = kw["k_cache"].shape[0]
+        free = [x for x in range(nb) if x not in used]
+        k = 0
+        for b, n in enumerate(need):
+            for j in range(n, tables.shape[1]):
+                tables[b, j] = free[k % len(free)]
+                k += 1
+        kw["block_tables"] = tables.to(torch.int32)
+    return kw
+
+
+# --------------------------------------------------------------------------- tensors
+
+
+def _storage_bytes(t) -> tuple[np.ndarray, int]:
+    import torch
+
+    u8 = torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage())
+    return u8.numpy(), t.storage_offset() * t.element_size()
+
+
+def _dtype_name(t) -> str:
+    return str(t.dtype).replace("torch.", "")
+
+
+class TensorRegistry:
+    def __init__(self):
+        self.infos: dict[str, TensorInfo] = {}
+        self.by_storage: dict[int, list[tuple[Any, TensorInfo]]] = {}
+        self.n_scratch = 0
+
+    def add(self, name: str, t, role: str, init: str = "input") -> TensorInfo:
+        storage, base = _storage_bytes(t)
+        info = TensorInfo(name, role, _dtype_name(t), tuple(t.shape), tuple(t.stride()), t.element_size(),
+                          storage, base, init)
+        self.infos[name] = info
+        self.by_storage.setdefault(t.untyped_storage().data_ptr(), []).append((t, info))
+        return info
+
+    def find(self, t) -> tuple[TensorInfo | None, int]:
+        """The registered tensor whose memory holds t's first element, and the byte offset into it."""
+        key = t.untyped_storage().data_ptr()
+        ptr = t.data_ptr()
+        for owner, info in self.by_storage.get(key, []):
+            lo = owner.data_ptr()
+            span = _extent_bytes(owner)
+            if lo <= ptr < lo + max(span, 1):
+                return info, ptr - lo
+        return None, 0
+
+
+def _extent_bytes(t) -> int:
+    if t.numel() == 0:
+        return 0
+    last = sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+    return (last + 1) * t.element_size()
+
+
+def _initial_content(t, kw: dict) -> str:
+    import torch
+
+    from kernalin_ci.verify.poison import is_canary
+
+    if t.numel() == 0:
+        return "zeros"
+    if t.dtype.is_floating_point:
+        can = is_canary(t)
+        if bool(can.all()):
+            return "uninitialized"
+        if bool(can.any()):
+            return "partly-uninitialized"
+    for name, v in kw.items():
+        if isinstance(v, torch.Tensor) and v.shape == t.shape and torch.equal(v.to(t.dtype), t):
+            return f"copy:{name}"   # a copy, possibly in another float type (q.float())
+    if not t.dtype.is_floating_point and int(t.reshape(-1)[0]) == 0x5A5A5A5A and bool((t == t.reshape(-1)[0]).all()):
+        return "uninitialized"
+    if bool((t == 0).all()):
+        return "zeros"
+    return "data"
+
+
+# --------------------------------------------------------------------------- recording launches
+
+
+class Recorder:
+    """Replaces JITFunction.run (and Autotuner.run) while the entry runs."""
+
+    def __init__(self, registry: TensorRegistry, kw: dict):
+        os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton's default; silences 3.9's warning
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler.compiler import make_backend
+
+        self.registry = registry
+        self.kw = kw
+        self.target = GPUTarget(*TARGET)
+        self.backend = make_backend(self.target)
+        self.binders: dict[int, Any] = {}
+        self.launches: list[Launch] = []
+        self.notes: list[str] = []
+
+    def binder(self, jit):
+        import triton.runtime.jit as J
+
+        b = self.binders.get(id(jit))
+        if b is None:
+            b = J.create_function_from_signature(jit.signature, jit.params, self.backend)
+            self.binders[id(jit)] = b
+        return b
+
+    def record(self, jit, args, kwargs, grid, autotuned=False):
+        import inspect
+
+        import torch
+
+        kwargs = {k: v for k, v in kwargs.items() if k not in ("warmup",)}
+        bound, specialization, opts = self.binder(jit)(*args, **kwargs)
+        options, signature, constexprs, attrs = jit._pack_args(self.backend, kwargs, bound, specialization, opts)
+        if callable(grid):
+            grid = grid(bound)
+        grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
+        kargs = []
+        for name, value in bound.items():
+            sig = signature.get(name)
+            if sig == "constexpr":
+                v = value.value if hasattr(value, "value") and not isinstance(value, (int, float, bool)) else value
+                kargs.append(KernelArg(name, "constexpr", _plain(v)))
+            elif isinstance(value, torch.Tensor):
+                info, off = self.registry.find(value)
+                if info is None:
+                    self.registry.n_scratch += 1
+                    nm = f"scratch{self.registry.n_scratch}"
+                    info = self.registry.add(nm, value, "scratch", _initial_content(value, self.kw))
+                    off = 0
+                kargs.append(KernelArg(name, "pointer", tensor=info.name, byte_offset=int(off),
+                                       pointee=str(sig).lstrip("*")))
+            elif value is None:
+                kargs.append(KernelArg(name, "none"))
+            elif isinstance(value, bool):
+                kargs.append(KernelArg(name, "bool", bool(value)))
+            elif isinstance(value, int):
+                kargs.append(KernelArg(name, "int", int(value)))
+            elif isinstance(value, float):
+                kargs.append(KernelArg(name, "float", float(value)))
+            else:
+                kargs.append(KernelArg(name, "other", repr(value)[:80]))
+        fn = jit.fn
+        try:
+            path = os.path.realpath(inspect.getsourcefile(fn) or "")
+            lines, line = inspect.getsourcelines(fn)
+            line += next((k for k, t in enumerate(lines) if t.lstrip().startswith("def ")), 0)  # past decorators
+        except (OSError, TypeError):
+            path, line = "", 0
+        self.launches.append(Launch(len(self.launches), fn.__name__, path, line, grid, kargs, jit, signature,
+                                    constexprs, attrs, options, autotuned))
+
+    def install(self):
+        from triton.runtime.jit import JITFunction
+
+        recorder = self
+        saved = [(JITFunction, "run", JITFunction.run)]
+
+        def run(jit, *args, grid, warmup, **kwargs):
+            if warmup:
+                return None
+            recorder.record(jit, args, kwargs, grid)
+            return None
+
+        JITFunction.run = run
+        try:
+            from triton.runtime.autotuner import Autotuner
+
+            saved.append((Autotuner, "run", Autotuner.run))
+
+            def tuned_run(tuner, *args, **kwargs):
+                # no GPU to benchmark on: the first config is the one checked
+                config = tuner.configs[0]
+                recorder.notes.append(f"autotuned kernel {tuner.fn.__name__ if hasattr(tuner.fn, '__name__') else ''}"
+                                      f": checked with its first config only")
+                extra = config.all_kwargs() if hasattr(config, "all_kwargs") else dict(config.kwargs)
+                return tuner.fn.run(*args, **kwargs, **extra)
+
+            Autotuner.run = tuned_run
+        except ImportError:
+            pass
+        return saved
+
+    @staticmethod
+    def uninstall(saved):
+        for cls, name, fn in saved:
+            setattr(cls, name, fn)
+
+
+def _plain(v):
+    if isinstance(v, (int, float, bool, str)) or v is None:
+        return v
+    if isinstance(v, (tuple, list)):
+        return [_plain(x) for x in v]
+    return repr(v)
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def capture(op_name: str, entry_fn, params: dict) -> Capture:
+    """Run the entry once on a small case (a second one if the first is refused) and record its launches."""
+    from kernalin_ci.ops import get_op
+
+    op = get_op(op_name)
+    first_error = None
+    for dims, dtype in capture_cases(op_name, params, op):
+        try:
+            return _capture_once(op_name, op, entry_fn, params, dims, dtype)
+        except CaptureError as e:
+            first_error = first_error or e
+    raise first_error
+
+
+def _capture_once(op_name, op, entry_fn, params, dims, dtype) -> Capture:
+    import torch
+
+    from kernalin_ci.ops import written as written_names
+    from kernalin_ci.verify.poison import poisoned_allocations
+
+    kw = build_inputs(op_name, op, params, dims, dtype)
+    registry = TensorRegistry()
+    writable = set(written_names(op, params))
+    for name, v in kw.items():
+        if isinstance(v, torch.Tensor):
+            registry.add(name, v, "written" if name in writable else "input")
+    snapshot = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+    recorder = Recorder(registry, snapshot)
+    saved = recorder.install()
+    try:
+        with poisoned_allocations():
+            ret = entry_fn(**kw)
+    except Exception as e:  # the user's code: report, never crash
+        msg = " ".join(str(e).split())[:300]
+        raise CaptureError(f"the entry raised {type(e).__name__} during the capture call: {msg}") from None
+    finally:
+        Recorder.uninstall(saved)
+    try:
+        outs = op.outputs(ret, kw)
+    except TypeError as e:
+        raise CaptureError(str(e)) from None
+    outputs = {}
+    for oname, t in outs.items():
+        if not isinstance(t, torch.Tensor):
+            continue
+        info, off = registry.find(t)
+        if info is None:
+            # returned but never passed to a kernel: written by host code only
+            info = registry.add(f"{oname}_out" if oname in kw else oname, t, "output", "host")
+        elif info.role == "scratch":
+            new = oname if oname not in kw else f"{oname}_out"
+            _rename(registry, recorder.launches, info, new)
+            info.role = "output"
+        else:
+            info.also = tuple(set(info.also) | {f"{oname}_out"}) if oname not in ("k_cache", "v_cache") else info.also
+        outputs[oname] = info.name
+    return Capture(op_name, dict(params), dims, dtype, registry.infos, recorder.launches, outputs, kw,
+                   recorder.notes)
+
+
+def _rename(registry: TensorRegistry, launches: list, info: TensorInfo, new: str) -> None:
+    old = info.name
+    registry.infos.pop(old, None)
+    info.name = new
+    registry.infos[new] = info
+    for la in launches:
+        for a in la.args:
+            if a.tensor == old:
+                a.tensor = new

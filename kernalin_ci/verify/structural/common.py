@@ -1,0 +1,110 @@
+"""Checks every kernel gets, and the report the analyses write into.
+
+* out-of-range accesses: a load or store whose (unmasked) index leaves its tensor;
+* reduced precision: sums (tt.reduce with addf), loop-carried accumulations
+  and tl.dot accumulators held in float16/bfloat16.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from kernalin_ci.findings import Finding, Location, Notice
+from kernalin_ci.verify.structural.dataflow import KernelView, carried, line_of, loop_yield, peel, reduce_kind
+from kernalin_ci.verify.structural.ir import Op
+
+LOW = ("f16", "bf16", "f8")
+
+
+class Report:
+    """Findings and notices of one entry, one per (check, class, location)."""
+
+    def __init__(self):
+        self.findings: list[Finding] = []
+        self.notices: list[Notice] = []
+        self._seen: set = set()
+
+    def finding(self, check: str, bug_class: str, message: str, op: Op | None = None, view=None,
+                where: tuple | None = None) -> None:
+        loc = where or (line_of(op, view.launch) if view is not None else None)
+        key = ("F", bug_class, loc)   # one finding per class and line, whichever check saw it first
+        if key in self._seen:
+            return
+        self._seen.add(key)
+        self.findings.append(Finding(check=f"structural:{check}", bug_class=bug_class, message=message,
+                                     location=Location(*loc) if loc else None, kind="structural"))
+
+    def notice(self, check: str, message: str, op: Op | None = None, view=None, where: tuple | None = None) -> None:
+        loc = where or (line_of(op, view.launch) if view is not None else None)
+        key = ("N", check, message, loc)
+        if key in self._seen:
+            return
+        self._seen.add(key)
+        self.notices.append(Notice(check=f"structural:{check}", message=message,
+                                   location=Location(*loc) if loc else None))
+
+    def has(self, bug_class: str) -> bool:
+        return any(f.bug_class == bug_class for f in self.findings)
+
+
+def kname(view: KernelView) -> str:
+    return view.launch.kernel
+
+
+def first_lanes(mask: np.ndarray, n: int = 3) -> list:
+    idx = np.argwhere(mask)
+    return [tuple(int(x) for x in row) for row in idx[:n]]
+
+
+# --------------------------------------------------------------------------- out of range
+
+def check_bounds(view: KernelView, rep: Report, stores: bool = True) -> None:
+    """Masked-in lanes whose address falls outside the tensor they point into."""
+    seen = set()
+    for acc in view.trace.accesses:
+        bad = acc.mask & ~acc.inb
+        if not bad.any() or acc.op in seen or (acc.kind == "store" and not stores):
+            continue
+        seen.add(acc.op)
+        t = view.names[int(np.asarray(acc.tensor).reshape(-1)[0])]
+        info = view.capture.tensors[t]
+        n = int(bad.sum())
+        e = acc.elem[bad]
+        side = "past the end of" if (e >= 0).all() else "before the start of"
+        what = "loads" if acc.kind == "load" else "stores"
+        msg = (f"{kname(view)} {what} {n} element(s) {side} {t} {list(info.shape)} "
+               f"(program {acc.program}, element offsets {e[:3].tolist()}): the index is not masked")
+        if acc.kind == "load":
+            rep.finding("bounds", "unmasked-load", msg, acc.op, view)
+        else:
+            rep.finding("bounds", "stray-write", msg, acc.op, view)
+
+
+# --------------------------------------------------------------------------- precision
+
+def check_precision(view: KernelView, rep: Report) -> None:
+    for op in view.ops():
+        if op.name == "tt.reduce" and reduce_kind(op) == "addf":
+            t = op.operands[0].type
+            if t.elem in LOW:
+                rep.finding("precision", "precision",
+                            f"{kname(view)} sums {t.elem} values with a {t.elem} reduction (accumulate in float32)",
+                            op, view)
+        elif op.name == "tt.dot":
+            if op.result.type.elem in LOW:
+                rep.finding("precision", "precision",
+                            f"{kname(view)} accumulates tl.dot in {op.result.type.elem} (use a float32 accumulator)",
+                            op, view)
+        elif op.name == "scf.for":
+            body = op.regions[0][0]
+            for j, arg in enumerate(body.args[1:]):
+                if arg.type.elem not in LOW:
+                    continue
+                y = loop_yield(op, j)
+                if y is None:
+                    continue
+                yo = peel(y).owner
+                if yo is not None and yo.name in ("arith.addf", "arith.subf", "math.fma", "tt.dot") and \
+                        any(peel(o) is arg or carried(peel(o)) == (op, j) for o in yo.operands):
+                    rep.finding("precision", "precision",
+                                f"{kname(view)} accumulates {arg.name} across loop iterations in {arg.type.elem}",
+                                yo, view)

@@ -1,0 +1,34 @@
+"""Bug fixture (from kv_correct_per_token.py): block index truncated to int32, so blk * stride overflows past 2^31 elements."""
+import triton
+import triton.language as tl
+
+from kernalin_ci import current_params
+
+CATALOGUE = {"op": "kv_append", "bug_class": "offset-overflow", "pos0": None, "params": {}, "modelled_on": None,
+             "style": "one program per token, [Hkv, D] tile"}
+
+
+@triton.jit
+def _append(K, V, KC, VC, Slots, s_kt, s_kh, s_vt, s_vh, s_cb, s_cs, s_ch, s_vb, s_vs, s_vhh,
+            HKV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    t = tl.program_id(0)
+    slot = tl.load(Slots + t)
+    if slot >= 0:
+        blk = (slot // BS).to(tl.int32)
+        off = slot % BS
+        h = tl.arange(0, BLOCK_H)[:, None]
+        d = tl.arange(0, BLOCK_D)[None, :]
+        m = (h < HKV) & (d < D)
+        k = tl.load(K + t * s_kt + h * s_kh + d, mask=m)
+        v = tl.load(V + t * s_vt + h * s_vh + d, mask=m)
+        tl.store(KC + blk * s_cb + off * s_cs + h * s_ch + d, k, mask=m)
+        tl.store(VC + blk * s_vb + off * s_vs + h * s_vhh + d, v, mask=m)
+
+
+def entry(key, value, k_cache, v_cache, slot_mapping):
+    T, Hkv, D = key.shape
+    bs = current_params().get("block_size", 16)
+    _append[(T,)](key, value, k_cache, v_cache, slot_mapping, key.stride(0), key.stride(1), value.stride(0),
+                  value.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0),
+                  v_cache.stride(1), v_cache.stride(2), HKV=Hkv, D=D, BS=bs,
+                  BLOCK_H=triton.next_power_of_2(Hkv), BLOCK_D=triton.next_power_of_2(D))
