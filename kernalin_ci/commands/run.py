@@ -21,6 +21,10 @@ def add_arguments(p):
     p.add_argument("--out", metavar="DIR", default="kernalin-out", help="report directory (default kernalin-out)")
     p.add_argument("--device", choices=("cpu", "cuda"))
     p.add_argument("--github", action="store_true", help="also post the check run, annotations and PR comment")
+    p.add_argument("--fail-on", metavar="LIST", help="what fails the gate, overriding gate.fail_on: a comma-separated "
+                                                     "list of finding, slower, inconclusive, or 'none'")
+    p.add_argument("--budget-s", type=float, metavar="SECONDS",
+                   help="benchmark budget per kernel pair, overriding gate.budget_s")
     p.add_argument("--quiet", action="store_true", help="no per-case progress lines")
 
 
@@ -30,6 +34,7 @@ def run(args) -> int:
     from kernalin_ci.github import actions
     from kernalin_ci.report.writer import step_summary, write_all
 
+    overrides = gate_overrides(args)  # bad values fail before anything runs
     device = resolve_device(args.device)
     start_dir = Path(args.config).resolve().parent if args.config else Path.cwd()
     repo = repo_root(start_dir)
@@ -39,7 +44,8 @@ def run(args) -> int:
     poster = _Poster(ctx) if args.github else None
 
     report = run_gate(repo, args.config, args.base, args.head, device, event_path=event_path,
-                      progress=not args.quiet, on_start=poster.begin if poster else None)
+                      progress=not args.quiet, on_start=poster.begin if poster else None,
+                      gate_overrides=overrides)
     paths = write_all(report, args.out)
     if os.environ.get("GITHUB_STEP_SUMMARY"):
         actions.append_step_summary(step_summary(report))
@@ -53,6 +59,26 @@ def run(args) -> int:
     if poster:
         poster.finish(report)
     return 1 if report.conclusion == "failure" else 0
+
+
+def gate_overrides(args) -> dict:
+    """--fail-on / --budget-s -> fields of config.Gate that replace the configuration's."""
+    from kernalin_ci.config import FAIL_ON
+
+    out: dict = {}
+    if args.fail_on is not None:
+        items = [x.strip() for x in args.fail_on.split(",") if x.strip()]
+        if items == ["none"]:
+            items = []
+        elif not items or any(x not in FAIL_ON for x in items):
+            raise UsageError(f"--fail-on {args.fail_on!r}: expected a comma-separated list of "
+                             f"{', '.join(FAIL_ON)}, or 'none'")
+        out["fail_on"] = tuple(items)
+    if args.budget_s is not None:
+        if not args.budget_s > 0:
+            raise UsageError(f"--budget-s {args.budget_s:g}: must be positive")
+        out["budget_s"] = args.budget_s
+    return out
 
 
 class _Poster:

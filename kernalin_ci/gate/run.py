@@ -8,7 +8,7 @@ from __future__ import annotations
 import shlex
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from kernalin_ci import config as config_mod
@@ -58,11 +58,15 @@ def conclude(report: Report) -> tuple[str, str]:
 
 
 def run_gate(repo: Path, config_path: str | None, base: str | None, head: str | None, device: str,
-             event_path: str | None = None, progress: bool = True, on_start=None) -> Report:
-    """Run the whole gate and return the Report (the caller writes it out and posts it)."""
+             event_path: str | None = None, progress: bool = True, on_start=None,
+             gate_overrides: dict | None = None) -> Report:
+    """Run the whole gate and return the Report (the caller writes it out and posts it).
+    gate_overrides: fields of config.Gate that replace the configuration's (e.g. the Action's fail-on)."""
     t0 = time.perf_counter()
     cfg_path = Path(config_path) if config_path else repo / config_mod.DEFAULT_FILE
     cfg = config_mod.load(cfg_path)
+    if gate_overrides:
+        cfg.gate = replace(cfg.gate, **gate_overrides)
     refs = resolve_refs(repo, base, head, event_path)
     if on_start:
         on_start(refs)
