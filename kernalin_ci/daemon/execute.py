@@ -1,0 +1,94 @@
+"""One job, start to end, on one slot: fetch, read the base configuration, apply the fork
+policy, run the gate through the runner, read report.json. Returns an Outcome; never posts
+anything (the daemon's poster does) and never raises for the job's own failures.
+
+The same function runs in the embedded scheduler (a thread of `serve`) and in an RQ worker
+process on another host (`kernalin-ci worker`).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+from kernalin_ci.daemon import policy, workspace
+from kernalin_ci.daemon.gpus import Slot
+from kernalin_ci.daemon.model import JobSpec, Outcome
+from kernalin_ci.daemon.runners import Runner, RunRequest, StopReason
+from kernalin_ci.daemon.settings import Settings
+
+log = logging.getLogger("kernalin_ci.daemon")
+
+
+def execute(spec: JobSpec, slot: Slot, settings: Settings, runner: Runner, stop_reason: StopReason, *,
+            fetch_token: str | None = None, on_start=lambda pid: None) -> Outcome:
+    t0 = time.monotonic()
+    job_dir = settings.jobs_dir / spec.id
+    outcome = _execute(spec, slot, settings, runner, stop_reason, job_dir, fetch_token, on_start)
+    outcome.seconds = round(time.monotonic() - t0, 3)
+    outcome.worker = slot.worker
+    return outcome
+
+
+def _execute(spec, slot, settings, runner, stop_reason, job_dir: Path, token, on_start) -> Outcome:
+    url = workspace.clone_url(settings.github.clone_url, spec.repo)
+    try:
+        ws = workspace.create(job_dir)
+        workspace.fetch(ws, url, spec.base_sha, token=token)
+        workspace.read_base_config(ws, spec)
+    except workspace.FetchError as e:
+        return Outcome("infra", f"fetching {spec.repo}: {e}")
+    try:
+        if ws.config is None:
+            return Outcome("skipped", f"no {workspace.DEFAULT_FILE} on the base commit {spec.base_sha[:12]}")
+        label = str(ws.repo_settings.get("fork_label") or settings.fork_label)
+        decision = policy.decide(spec, label)
+        if decision.action == "skip":
+            return Outcome("skipped", decision.summary)
+        if decision.action == "wait":
+            return Outcome("waiting", decision.title, detail=decision.summary)
+        reason = stop_reason()
+        if reason:
+            return Outcome("shutdown" if reason == "shutdown" else "cancelled", reason)
+        try:  # only now is the pull request's code fetched
+            workspace.fetch(ws, url, spec.head_sha, token=token)
+            workspace.checkout_head(ws, spec)
+        except workspace.FetchError as e:
+            return Outcome("infra", f"fetching {spec.repo}: {e}")
+        timeout = settings.runner.timeout_s
+        repo_timeout = ws.repo_settings.get("timeout_s")
+        if isinstance(repo_timeout, (int, float)) and not isinstance(repo_timeout, bool) and repo_timeout > 0:
+            timeout = min(timeout, float(repo_timeout))  # a repository may ask for less, never more
+        req = RunRequest(spec.id, job_dir, ws.repo, ws.out, spec.base_sha, spec.head_sha, slot, timeout,
+                         settings.runner.command, dict(settings.runner.env))
+        log.info("job %s: %s #%d %s on %s (%s runner)", spec.id, spec.repo, spec.pr, spec.head_sha[:12], slot.name,
+                 runner.name)
+        res = runner.run(req, stop_reason, on_start)
+        return _outcome(res, ws)
+    finally:
+        ws.clean()
+
+
+def _outcome(res, ws: workspace.Workspace) -> Outcome:
+    if res.infra_error:
+        return Outcome("infra", res.infra_error, log_tail=res.log_tail)
+    if res.stopped:
+        return Outcome("shutdown" if res.stopped == "shutdown" else "cancelled", res.stopped, log_tail=res.log_tail)
+    if res.timed_out:
+        return Outcome("timeout", f"the job ran past its time limit ({res.seconds:.0f} s) and was killed",
+                       log_tail=res.log_tail)
+    report_path = ws.out / "report.json"
+    if res.exit_code in (0, 1) and report_path.is_file():
+        try:
+            report = json.loads(report_path.read_text())
+        except (OSError, ValueError) as e:
+            return Outcome("error", f"report.json is unreadable: {e}", exit_code=res.exit_code,
+                           log_tail=res.log_tail)
+        return Outcome("report", report.get("reason", ""), report=report, exit_code=res.exit_code,
+                       log_tail=res.log_tail)
+    why = "it ran out of memory" if res.oom_killed else f"exit code {res.exit_code}"
+    last = [ln for ln in res.log_tail.splitlines() if ln.strip()]
+    detail = f": {last[-1].strip()[:300]}" if last else ""
+    return Outcome("error", f"the gate could not run ({why}){detail}", exit_code=res.exit_code,
+                   log_tail=res.log_tail)

@@ -1,0 +1,94 @@
+"""The local runner: the job's command as a subprocess in the job's checkout.
+
+The process starts in a session of its own, with a parent-death signal (`setpriv --pdeathsig
+KILL`, where util-linux has it) so it dies with the daemon. Stopping, a timeout, or a restart
+after a crash kill every process that carries the job's marker in its environment: the gate
+starts its kernel workers in sessions of their own, so a process-group kill would miss them.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+from kernalin_ci.daemon.runners import JOB_MARKER, POLL_S, RunRequest, RunResult, StopReason, job_env, tail
+
+
+def marked_pids(job_id: str) -> list[int]:
+    """Processes whose environment carries JOB_MARKER=JOB_ID (readable ones: this user's)."""
+    needle = f"{JOB_MARKER}={job_id}".encode()
+    out = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    out.append(int(entry.name))
+        except OSError:
+            continue
+    return out
+
+
+def kill_marked(job_id: str) -> int:
+    """SIGKILL every process of JOB_ID; how many there were."""
+    pids = [p for p in marked_pids(job_id) if p != os.getpid()]
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return len(pids)
+
+
+class LocalRunner:
+    name = "local"
+
+    def __init__(self):
+        self._setpriv = shutil.which("setpriv")
+
+    def run(self, req: RunRequest, stop_reason: StopReason, on_start) -> RunResult:
+        home, tmp = req.job_dir / "home", req.job_dir / "tmp"
+        for d in (home, tmp):
+            d.mkdir(parents=True, exist_ok=True)
+        argv = req.argv(python=sys.executable, config=str(req.repo / ".kernalin.yml"), out=str(req.out),
+                        repo=str(req.repo))
+        if self._setpriv:
+            argv = [self._setpriv, "--pdeathsig", "KILL", "--", *argv]
+        env = job_env(req, home=str(home), tmp=str(tmp), visible=req.slot.visible)
+        t0 = time.monotonic()
+        with open(req.log, "ab") as log:
+            try:
+                proc = subprocess.Popen(argv, cwd=req.repo, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
+            except OSError as e:
+                return RunResult(None, 0.0, infra_error=f"cannot start the job: {e}")
+        on_start(proc.pid)
+        stopped, timed_out = None, False
+        try:
+            while True:
+                try:
+                    proc.wait(POLL_S)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                stopped = stop_reason()
+                timed_out = time.monotonic() - t0 > req.timeout_s
+                if stopped or timed_out:
+                    break
+        finally:
+            kill_marked(req.job_id)  # the job, and anything it left behind
+            code = proc.wait()
+        seconds = time.monotonic() - t0
+        if timed_out:
+            with open(req.log, "a") as log:
+                log.write(f"\nkernalin-ci daemon: the job ran past {req.timeout_s:.0f} s and was killed\n")
+        return RunResult(None if (stopped or timed_out) else code, seconds, tail(req.log), stopped=stopped,
+                         timed_out=timed_out)
+
+    def cleanup(self, job_id: str) -> int:
+        return kill_marked(job_id)
+

@@ -1,0 +1,174 @@
+"""The daemon's HTTP server (standard library, a thread per connection).
+
+    POST /webhook                     GitHub App deliveries (path: settings.webhook_path)
+    GET  /healthz                     200 {"status": "ok", ...} while the store answers
+    GET  /metrics                     Prometheus text format
+    GET  /badge/OWNER/REPO.svg|.json  the newest gate result into the default branch (?branch=)
+    GET  /jobs/ID                     one job's state and timings (JSON)
+
+A delivery is answered in the order: 413 (too big: not even read), 411 (no length), 401 (no
+or a wrong X-Hub-Signature-256, checked on the raw bytes before anything is parsed), 400
+(missing headers, malformed JSON, not the event's shape), then 200 for a replayed delivery
+id, 202 for everything recorded. Nothing but the store is touched before the answer.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+from kernalin_ci.daemon import webhook
+from kernalin_ci.daemon.metrics import CONTENT_TYPE as METRICS_TYPE
+
+log = logging.getLogger("kernalin_ci.daemon")
+_BADGE = re.compile(r"/badge/([A-Za-z0-9_.-]+)/([A-Za-z0-9_.-]+)\.(svg|json)")
+_JOB = re.compile(r"/jobs/(kci-[0-9a-f]{1,40})")
+DRAIN_BYTES = 4 * 1024 * 1024  # read (and drop) at most this much of a body that is too big
+_DELIVERY = re.compile(r"[A-Za-z0-9._-]{1,100}")
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 1024  # a burst of deliveries waits in the kernel's backlog, not in SYN retries
+
+    def __init__(self, address, daemon):
+        class _H(Handler):
+            app = daemon
+
+        super().__init__(address, _H)
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "kernalin-ci"
+    timeout = 10  # a client slower than this loses its connection (and its thread)
+    disable_nagle_algorithm = True
+    app = None  # the Daemon
+
+    def log_message(self, format, *args):  # requests are counted in /metrics, not logged one by one
+        pass
+
+    # -- answers ----------------------------------------------------------------------------------
+    def _send(self, status: int, body: bytes | str | dict, ctype: str = "application/json",
+              headers: dict | None = None, close: bool = False) -> None:
+        if isinstance(body, dict):
+            body = json.dumps(body) + "\n"
+        data = body.encode() if isinstance(body, str) else body
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        if close:
+            self.send_header("Connection", "close")
+            self.close_connection = True
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    # -- POST -------------------------------------------------------------------------------------
+    def do_POST(self):
+        t0 = time.perf_counter()
+        if urlsplit(self.path).path != self.app.settings.webhook_path:
+            return self._send(404, {"error": "not found"}, close=True)
+        try:
+            status, answer, event = self._delivery()
+        except Exception as e:  # the store failed: GitHub shows the delivery as failed and can redeliver it
+            log.exception("delivery failed")
+            status, answer, event = 500, {"error": f"internal error: {type(e).__name__}"}, None
+        self._send(status, answer, close=status >= 400)
+        m = self.app.metrics
+        m.observe("webhook_ack_seconds", time.perf_counter() - t0)
+        m.inc("webhook_deliveries_total", {"event": event or "-", "status": str(status)})
+
+    def _delivery(self) -> tuple[int, dict, str | None]:
+        settings = self.app.settings
+        length = self.headers.get("Content-Length")
+        if length is None or not length.strip().isdigit():
+            return 411, {"error": "a Content-Length header is required"}, None
+        n = int(length)
+        if n > settings.max_body_bytes:
+            self._discard(min(n, DRAIN_BYTES))  # so the client reads the answer rather than a reset
+            return 413, {"error": f"the body is larger than {settings.max_body_bytes} bytes"}, None
+        body = self.rfile.read(n)
+        if len(body) != n:
+            return 400, {"error": "the body ended early"}, None
+        if not webhook.signature_ok(settings.secrets.webhook, body, self.headers.get(webhook.SIGNATURE_HEADER)):
+            return 401, {"error": f"missing or wrong {webhook.SIGNATURE_HEADER}"}, None
+        event = self.headers.get("X-GitHub-Event", "")
+        delivery = self.headers.get("X-GitHub-Delivery", "")
+        if not event or not _DELIVERY.fullmatch(event) or not _DELIVERY.fullmatch(delivery):
+            return 400, {"error": "missing or malformed X-GitHub-Event / X-GitHub-Delivery"}, event or None
+        try:
+            payload = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            return 400, {"error": "the body is not JSON (set the webhook's content type to application/json)"}, event
+        try:
+            intents = webhook.interpret(event, payload)
+        except webhook.BadPayload as e:
+            return 400, {"error": f"not a {event} event: {e}"}, event
+        action = payload.get("action") if isinstance(payload.get("action"), str) else None
+        accepted = self.app.store.accept(delivery, event, action, intents)
+        if accepted.duplicate:
+            return 200, {"status": "duplicate", "delivery": delivery}, event
+        self.app.delivered(accepted)
+        if accepted.jobs or accepted.cancelled or intents.installation:
+            return 202, {"status": "accepted", "delivery": delivery, "jobs": accepted.jobs,
+                         "cancelled": accepted.cancelled, "note": accepted.note}, event
+        note = accepted.note or intents.note
+        return 202, {"status": "ignored", "delivery": delivery, "jobs": [], "note": note}, event
+
+    def _discard(self, n: int) -> None:
+        try:
+            while n > 0:
+                chunk = self.rfile.read(min(n, 65536))
+                if not chunk:
+                    return
+                n -= len(chunk)
+        except OSError:
+            pass
+
+    # -- GET --------------------------------------------------------------------------------------
+    def do_GET(self):
+        url = urlsplit(self.path)
+        path = url.path
+        if path == "/healthz":
+            try:
+                depth = self.app.store.queue_depth()
+            except Exception as e:  # the store is what health means here
+                return self._send(503, {"status": "unhealthy", "error": type(e).__name__})
+            return self._send(200, {"status": "ok", "queue_depth": depth, "slots": self.app.slot_names()})
+        if path == "/metrics":
+            return self._send(200, self.app.render_metrics(), METRICS_TYPE)
+        m = _BADGE.fullmatch(path)
+        if m:
+            return self._badge(f"{m.group(1)}/{m.group(2)}", m.group(3), parse_qs(url.query).get("branch", [None])[0])
+        m = _JOB.fullmatch(path)
+        if m:
+            job = self.app.store.job(m.group(1))
+            if job is None or not self.app.visible(job.spec.repo):
+                return self._send(404, {"error": "no such job"})
+            return self._send(200, job.public())
+        return self._send(404, {"error": "not found"})
+
+    do_HEAD = do_GET
+
+    def _badge(self, repo: str, kind: str, branch: str | None):
+        from kernalin_ci.daemon.poster import report_from_json
+        from kernalin_ci.report.badge import badge_endpoint, badge_svg
+
+        info = self.app.store.repo(repo)
+        if info is None or not self.app.visible(repo):
+            return self._send(404, {"error": "unknown repository"})
+        job = self.app.store.latest_result(repo, branch or info["default_branch"])
+        if job is None or job.outcome is None or job.outcome.report is None:
+            return self._send(404, {"error": f"no gate result for {branch or info['default_branch']} yet"})
+        report = report_from_json(job.outcome.report)
+        cache = {"Cache-Control": "no-cache, max-age=60"}
+        if kind == "svg":
+            return self._send(200, badge_svg(report), "image/svg+xml; charset=utf-8", cache)
+        return self._send(200, badge_endpoint(report), "application/json", cache)
