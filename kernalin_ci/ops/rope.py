@@ -38,6 +38,15 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, style: str, base: float, r:
     return out
 
 
+def angle_slack(positions: torch.Tensor) -> torch.Tensor:
+    """Extra relative error allowed per token. A correct kernel forms the angle p * inv_freq in float32:
+    one rounding at the highest frequency (inv_freq = 1) already moves it by up to p * 2^-24 rad, which
+    moves the rotated pair by as much relative to its norm. Two such roundings are allowed: 0.0076 at
+    position 64000, against the O(1) error of a wrong position, sign, pairing or base, and p * 2^-11
+    of an angle formed in float16."""
+    return positions.abs() * 2.0 ** -23
+
+
 class Rope:
     name = "rope"
     params = PARAMS
@@ -105,8 +114,10 @@ class Rope:
     def reference(self, kw, params):
         D = kw["q"].shape[-1]
         r, st, base = self._r(params, D), params["style"], params["base"]
+        pos = kw["positions"].to("cpu", torch.float64)
         return Expected({"q": rotate(kw["q"], kw["positions"], st, base, r),
-                         "k": rotate(kw["k"], kw["positions"], st, base, r)})
+                         "k": rotate(kw["k"], kw["positions"], st, base, r)},
+                        row_slack={n: angle_slack(pos).repeat_interleave(kw[n].shape[1]) for n in ("q", "k")})
 
     def fingerprints(self, kw, params, case):
         D = kw["q"].shape[-1]
@@ -155,7 +166,7 @@ class Rope:
             scale = (kw["q"].to(torch.float64)[0].norm(dim=-1)[:, None]
                      * kw["k"].to(torch.float64)[0].norm(dim=-1)[None, :])
             dev = ((dots - ref).abs() / scale).nan_to_num(float("inf"))
-            if float(dev.max()) > 8 * tol:
+            if float(dev.max()) > 8 * tol + 2 * float(angle_slack(kw["positions"].to("cpu", torch.float64)).max()):
                 i = int(dev.amax(dim=(1, 2)).argmax())
                 m, n = int(kw["positions"][2 * i]), int(kw["positions"][2 * i + 1])
                 m0, n0 = int(kw["positions"][0]), int(kw["positions"][1])

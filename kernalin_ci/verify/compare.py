@@ -54,7 +54,9 @@ def check_reference(op, case, before: dict, outs: dict, params: dict, memo: dict
                 f"{name}: NaN/Inf in {int(nonfinite.sum())} of {nonfinite.numel()} rows where the reference is "
                 f"finite; first {op.row_label(case, before, name, r)}"))
         err = row_errors(a64, exp)
-        bad = ~(err <= tol) & ~canary & ~nonfinite
+        slack = expected.row_slack.get(name)
+        limit = torch.full_like(err, tol) if slack is None else tol + slack.to(err.dtype).reshape(-1)
+        bad = ~(err <= limit) & ~canary & ~nonfinite
         if not bool(bad.any()):
             continue
         worst = int(torch.where(bad, err, torch.zeros_like(err)).argmax())
@@ -62,13 +64,13 @@ def check_reference(op, case, before: dict, outs: dict, params: dict, memo: dict
         if fps is None:
             fps = op.fingerprints(before, params, case)
         for fp_class, alt in fps:
-            if name in alt and bool((row_errors(a64, alt[name])[bad] <= tol).all()):
+            if name in alt and bool((row_errors(a64, alt[name])[bad] <= limit[bad]).all()):
                 cls = fp_class
                 break
         repeat = next((t.split(":", 1)[1] for t in case.tags if t.startswith("repeat-of:")), None)
         if cls == "wrong-output" and repeat in memo:
             old = memo[repeat].tensors.get(name)
-            if old is not None and old.shape == exp.shape and bool((row_errors(a64, old)[bad] <= tol).all()):
+            if old is not None and old.shape == exp.shape and bool((row_errors(a64, old)[bad] <= limit[bad]).all()):
                 cls = "stale-result"
         why = {"stale-result": f"; it equals the output of the earlier case {repeat!r}: results are cached "
                                f"across calls",
@@ -76,5 +78,6 @@ def check_reference(op, case, before: dict, outs: dict, params: dict, memo: dict
         findings.append(Finding(
             "reference", cls,
             f"{name}: {int(bad.sum())} of {bad.numel()} rows off the float64 reference (worst relative error "
-            f"{float(err[worst]):.3g} at {op.row_label(case, before, name, worst)}; tolerance {tol:g}){why}"))
+            f"{float(err[worst]):.3g} at {op.row_label(case, before, name, worst)}; tolerance "
+            f"{float(limit[worst]):.3g}){why}"))
     return findings
