@@ -4,7 +4,9 @@
 #                          (invisible to a kv_len=1 probe): the gate must FAIL, naming the line;
 #   pr/wider-tiles         only widens the attention tiles: the gate must PASS;
 #   pr/exp2-softmax-step   (GPU, or KERNALIN_DEMO_ALL=1) touches the shared helper module,
-#                          so three kernels and the decode pipeline are gated: must PASS.
+#                          so three kernels and the decode pipeline are gated: every verification
+#                          must pass; the gate's exit follows the measured speed (on an H200 the
+#                          paged kernel measured 0.9% slower, which fails a gate on `slower`).
 # Usage: examples/demo.sh [OUT_DIR]   (device: cuda when visible, else the CPU interpreter;
 #        set KERNALIN_DEVICE=cpu|cuda to choose)
 set -euo pipefail
@@ -22,7 +24,7 @@ git add -A
 git -c user.name=demo -c user.email=demo@example.invalid commit -qm "base: four decode kernels"
 
 prs=("fused-exp2:1" "wider-tiles:0")
-if [ "$device" = cuda ] || [ -n "${KERNALIN_DEMO_ALL:-}" ]; then prs+=("exp2-softmax-step:0"); fi
+if [ "$device" = cuda ] || [ -n "${KERNALIN_DEMO_ALL:-}" ]; then prs+=("exp2-softmax-step:verified"); fi
 status=0
 for item in "${prs[@]}"; do
   pr=${item%%:*}; want=${item##*:}
@@ -37,6 +39,16 @@ for item in "${prs[@]}"; do
   set -e
   echo "== pr/$pr: exit $rc (expected $want) in $(( $(date +%s) - start )) s; report: $out/$pr/report.md"
   head -n 1 "$out/$pr/report.md" || true
-  [ "$rc" = "$want" ] || status=1
+  if [ "$want" = verified ]; then  # no finding anywhere; the benchmark verdicts are what they measure
+    python - "$out/$pr/report.json" <<'PY' || status=1
+import json, sys
+r = json.load(open(sys.argv[1]))
+units = r["kernels"] + r["pipelines"]
+checked = [u for u in units if u.get("verification") or u.get("error")]
+bad = [u["name"] for u in checked if u.get("error") or u["verification"]["verdict"] != "pass"]
+print(f"   verification: {len(checked)} checked,", "all pass" if not bad else "FAILED: " + ", ".join(bad))
+sys.exit(1 if bad or not checked else 0)
+PY
+  elif [ "$rc" != "$want" ]; then status=1; fi
 done
 exit $status
