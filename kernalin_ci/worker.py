@@ -39,6 +39,8 @@ def main(argv: list[str]) -> int:
     from kernalin_ci.errors import UsageError
 
     try:
+        if job.get("device") == "cuda":
+            require_cuda()
         target = job.get("target") or TASKS[job["task"]]
         mod, _, fn = target.partition(":")
         getattr(importlib.import_module(mod), fn)(job, emit)
@@ -51,6 +53,17 @@ def main(argv: list[str]) -> int:
         return 3
     emit({"event": "done"})
     return 0
+
+
+def require_cuda() -> None:
+    """The CLI saw a GPU through the driver; this torch must be able to use it."""
+    import torch
+
+    from kernalin_ci.errors import UsageError
+
+    if not torch.cuda.is_available():
+        raise UsageError(f"--device cuda: torch {torch.__version__} here cannot use the GPU "
+                         f"(a CPU-only build?); use --device cpu")
 
 
 if __name__ == "__main__":

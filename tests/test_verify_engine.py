@@ -24,7 +24,30 @@ def classes(result):
 def test_correct_entry_passes_every_case():
     rc, res = verify("attention.decode", f"{ATT}:entry")
     assert rc == 0 and res["verdict"] == "pass" and res["findings"] == []
-    assert res["cases_run"] == 12  # 8 float32 cases + a float16/bfloat16 sweep of 4 and set(res) >= {"op", "entry", "verdict", "cases_run", "seconds", "findings"}
+    assert res["cases_run"] == 12  # 8 float32 cases + a float16/bfloat16 sweep of 4
+    assert set(res) >= {"op", "entry", "verdict", "cases_run", "seconds", "findings"}
+
+
+def test_parent_never_imports_torch():
+    """The CLI resolves params and builds every op's cases without torch (a 3 s import on a CUDA
+    machine, paid again by each worker); only the workers import it."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from kernalin_ci import cli, catalogue, verify\n"
+            "from kernalin_ci.ops import NAMES, get_op\n"
+            "from kernalin_ci.ops.base import resolve_params\n"
+            "for name in NAMES:\n"
+            "    if name != 'custom':\n"
+            "        op = get_op(name)\n"
+            "        p = resolve_params(name, op.params, {})\n"
+            "        for device in ('cpu', 'cuda'):\n"
+            "            [c.to_json() for c in op.cases(p, device, None) + [op.probe(p, None)]]\n"
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
 
 
 @pytest.mark.parametrize("fn, expected", [

@@ -1,6 +1,7 @@
 """Argument helpers shared by subcommands."""
 from __future__ import annotations
 
+import ctypes
 import json
 import sys
 
@@ -28,12 +29,23 @@ def resolve_device(requested: str | None) -> str:
     """Default: cuda when a GPU is visible, else cpu. --device cuda without a GPU is exit 2."""
     if requested == "cpu":
         return "cpu"
-    import torch
-
-    has_gpu = torch.cuda.is_available()
+    has_gpu = visible_gpus() > 0
     if requested == "cuda" and not has_gpu:
         raise UsageError("--device cuda: no CUDA GPU is visible")
     return "cuda" if has_gpu else "cpu"
+
+
+def visible_gpus() -> int:
+    """CUDA devices the driver reports (CUDA_VISIBLE_DEVICES applies), asked of libcuda directly:
+    importing torch for this would cost the CLI process about 3 s; only the workers need torch."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return 0
+    n = ctypes.c_int(0)
+    if lib.cuInit(0) != 0 or lib.cuDeviceGetCount(ctypes.byref(n)) != 0:
+        return 0
+    return n.value
 
 
 def write_json(obj, dest: str | None) -> None:

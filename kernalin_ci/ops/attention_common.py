@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-import torch
+from kernalin_ci.lazy import torch
 
 from kernalin_ci.ops.base import Case, Param, positive
 

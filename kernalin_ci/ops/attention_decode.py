@@ -1,7 +1,7 @@
 """attention.decode: one query token per sequence, contiguous KV cache (SPEC-ops.md)."""
 from __future__ import annotations
 
-import torch
+from kernalin_ci.lazy import torch
 
 from kernalin_ci.ops import attention_common as ac
 from kernalin_ci.ops.base import Case, Expected, generator, randn, torch_dtype

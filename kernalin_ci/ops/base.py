@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Protocol
 
 from kernalin_ci.errors import UsageError
+from kernalin_ci.lazy import torch
 
 DTYPES = ("float32", "float16", "bfloat16")
 
@@ -175,14 +176,10 @@ def power_of_two(v) -> str | None:
 
 
 def torch_dtype(name: str):
-    import torch
-
     return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
 
 
 def generator(seed: int):
-    import torch
-
     g = torch.Generator()
     g.manual_seed(seed)
     return g
@@ -190,7 +187,5 @@ def generator(seed: int):
 
 def randn(shape, g, dtype: str, device: str, scale: float = 1.0):
     """Random normal data drawn on the CPU (reproducible everywhere), then moved."""
-    import torch
-
     x = torch.randn(*shape, generator=g, dtype=torch.float64) * scale
     return x.to(torch_dtype(dtype)).to(device)

@@ -3,7 +3,7 @@ callable (same keywords as the entry) and an `inputs(seed, case) -> dict` builde
 (SPEC-ops.md)."""
 from __future__ import annotations
 
-import torch
+from kernalin_ci.lazy import torch
 
 from kernalin_ci.entry import load_entry
 from kernalin_ci.errors import UsageError

@@ -6,7 +6,7 @@ before the call) must be unchanged.
 """
 from __future__ import annotations
 
-import torch
+from kernalin_ci.lazy import torch
 
 from kernalin_ci.findings import Finding
 from kernalin_ci.ops.base import Case, Param, generator, positive, randn

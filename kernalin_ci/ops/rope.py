@@ -1,7 +1,7 @@
 """rope: rotary position embedding of query and key (SPEC-ops.md)."""
 from __future__ import annotations
 
-import torch
+from kernalin_ci.lazy import torch
 
 from kernalin_ci.findings import Finding
 from kernalin_ci.ops.base import TOLERANCE, Case, Expected, Param, generator, positive, randn

@@ -2,7 +2,7 @@
 unwritten (canary) elements, non-finite values, and bug fingerprints."""
 from __future__ import annotations
 
-import torch
+from kernalin_ci.lazy import torch
 
 from kernalin_ci.findings import Finding
 from kernalin_ci.ops.base import TOLERANCE

@@ -10,7 +10,7 @@ patched and `skip_self_copy()` returns False; callers then skip the huge case.
 """
 from __future__ import annotations
 
-import torch
+from kernalin_ci.lazy import torch
 
 
 def skip_self_copy() -> bool:

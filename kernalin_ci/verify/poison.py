@@ -8,32 +8,34 @@ a NaN" (often 0 * NaN from an unmasked load of a poisoned slot).
 from __future__ import annotations
 
 import contextlib
+import functools
 
-import torch
+from kernalin_ci.lazy import torch
 
-# bit patterns, as the signed integer view of each dtype
-CANARY_BITS = {
-    torch.float32: 0x7FC0BEEF,
-    torch.float16: 0x7E5B,
-    torch.bfloat16: 0x7FDB,
-}
 CANARY_INT = 0x5A5A5A5A  # for integer scratch buffers
-_INT_VIEW = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
+
+
+@functools.cache
+def _canaries() -> dict:
+    """float dtype -> (canary as a signed integer of the same width, that integer dtype)."""
+    def signed(v, bits):
+        return v - (1 << bits) if v >= 1 << (bits - 1) else v
+
+    return {torch.float32: (signed(0x7FC0BEEF, 32), torch.int32),
+            torch.float16: (signed(0x7E5B, 16), torch.int16),
+            torch.bfloat16: (signed(0x7FDB, 16), torch.int16)}
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
     """The integer view of a float tensor (for bitwise comparison, NaN payloads included)."""
-    return t.view(_INT_VIEW[t.dtype]) if t.dtype in _INT_VIEW else t
+    c = _canaries().get(t.dtype)
+    return t.view(c[1]) if c else t
 
 
 def fill_canary(t: torch.Tensor) -> torch.Tensor:
-    if t.dtype in CANARY_BITS:
-        # write through the integer view: a float fill would canonicalise the NaN
-        v = CANARY_BITS[t.dtype]
-        iv = _INT_VIEW[t.dtype]
-        if iv is torch.int16 and v > 0x7FFF:
-            v -= 0x10000
-        bits(t).fill_(v)
+    c = _canaries().get(t.dtype)
+    if c:
+        bits(t).fill_(c[0])  # through the integer view: a float fill would canonicalise the NaN
     elif t.dtype.is_floating_point:
         t.fill_(float("nan"))
     elif t.dtype == torch.bool:
@@ -46,12 +48,10 @@ def fill_canary(t: torch.Tensor) -> torch.Tensor:
 
 def is_canary(t: torch.Tensor) -> torch.Tensor:
     """Boolean mask of elements that still hold the canary."""
-    if t.dtype not in CANARY_BITS:
+    c = _canaries().get(t.dtype)
+    if not c:
         return torch.zeros(t.shape, dtype=torch.bool, device=t.device)
-    v = CANARY_BITS[t.dtype]
-    if _INT_VIEW[t.dtype] is torch.int16 and v > 0x7FFF:
-        v -= 0x10000
-    return bits(t) == v
+    return bits(t) == c[0]
 
 
 def canary_tensor(shape, dtype, device) -> torch.Tensor:
@@ -69,8 +69,10 @@ def poisoned_allocations():
     torch.empty / empty_like; poisoning those makes an unwritten element visible.
     On CUDA the caching allocator is also primed with a freed canary block.
     """
-    originals = {name: getattr(torch, name) for name in _PATCHED}
-    orig_new_empty = torch.Tensor.new_empty
+    import torch as real  # patch the module itself, not kernalin_ci.lazy's stand-in
+
+    originals = {name: getattr(real, name) for name in _PATCHED}
+    orig_new_empty = real.Tensor.new_empty
 
     def wrap(fn):
         def poisoned(*args, **kwargs):
@@ -79,14 +81,14 @@ def poisoned_allocations():
         return poisoned
 
     for name, fn in originals.items():
-        setattr(torch, name, wrap(fn))
-    torch.Tensor.new_empty = wrap(orig_new_empty)
+        setattr(real, name, wrap(fn))
+    real.Tensor.new_empty = wrap(orig_new_empty)
     try:
         yield
     finally:
         for name, fn in originals.items():
-            setattr(torch, name, fn)
-        torch.Tensor.new_empty = orig_new_empty
+            setattr(real, name, fn)
+        real.Tensor.new_empty = orig_new_empty
 
 
 def prime_cuda_allocator(nbytes: int = 64 << 20) -> None:
