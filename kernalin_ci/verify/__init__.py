@@ -7,9 +7,11 @@ case in flight, and the remaining cases go on in a fresh child.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from kernalin_ci.errors import UsageError
 from kernalin_ci.findings import Finding, Notice, VerifyResult
@@ -19,6 +21,10 @@ from kernalin_ci.ops.base import Case, resolve_params
 
 DEFAULT_TIMEOUT = {"cpu": 600.0, "cuda": 180.0}
 MAX_RESTARTS = 8
+# Dynamic workers per entry. On a GPU, one per dtype: each pays its own torch import and CUDA
+# start (about 4 s on the H200) at the same time and compiles only its dtype's specialisations.
+# On the CPU the interpreter already keeps the cores busy.
+DYNAMIC_WORKERS = {"cpu": 1, "cuda": 3}
 
 
 def reproduce_command(op: str, entry: str, raw_params: dict, device: str, case: Case | None) -> str:
@@ -48,9 +54,44 @@ class Progress:
         if self.enabled:
             print(f"  {self.label} {text}", file=sys.stderr, flush=True)
 
+    def subset(self, indices: list[int]) -> "Progress":
+        """The same lines for a shard of the cases, numbered as in the whole list."""
+        view = Progress(self.enabled, self.total, self.label)
+        view.case_done = lambda i, *rest: self.case_done(indices[i], *rest)
+        return view
+
+
+def threads_each(workers: int) -> dict | None:
+    """Workers running at once share the cores: their OpenMP pools (the float64 references)
+    would otherwise each take all of them, and spin."""
+    if workers <= 1 or "OMP_NUM_THREADS" in os.environ:
+        return None
+    return {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // workers))}
+
+
+def shard(cases: list[Case], workers: int) -> list[list[int]]:
+    """Split case indices into at most `workers` groups, one dtype per group where possible.
+
+    A case tagged repeat-of:NAME stays with NAME (the stale-result check compares them in one
+    worker). Groups keep the case order; the smallest neighbours merge when there are too many."""
+    unit = list(range(len(cases)))
+    by_name = {c.name: i for i, c in enumerate(cases)}
+    for i, c in enumerate(cases):
+        for t in c.tags:
+            if t.startswith("repeat-of:") and t.split(":", 1)[1] in by_name:
+                unit[i] = unit[by_name[t.split(":", 1)[1]]]
+    groups: dict[str, list[int]] = {}
+    for i in range(len(cases)):
+        groups.setdefault(cases[unit[i]].dtype, []).append(i)
+    out = sorted(groups.values())
+    while len(out) > max(1, workers):
+        j = min(range(len(out) - 1), key=lambda k: len(out[k]) + len(out[k + 1]))
+        out[j:j + 2] = [sorted(out[j] + out[j + 1])]
+    return out
+
 
 def run_cases(task: str, job: dict, cases: list[Case], device: str, timeout_s: float, progress: Progress,
-              repro, on_other_event=None) -> tuple[list[Finding], int]:
+              repro, on_other_event=None, env: dict | None = None) -> tuple[list[Finding], int]:
     """Drive worker children over all cases, restarting after a hang or crash."""
     findings: list[Finding] = []
     done = 0
@@ -79,7 +120,7 @@ def run_cases(task: str, job: dict, cases: list[Case], device: str, timeout_s: f
                 on_other_event(ev)
 
         outcome = run_task({**job, "task": task, "cases": [c.to_json() for c in cases], "start": start},
-                           device, timeout_s, on_event)
+                           device, timeout_s, on_event, env=env)
         if outcome.status == "usage-error":
             raise UsageError(outcome.detail)
         if outcome.status == "internal-error":
@@ -145,27 +186,43 @@ def verify(op_name: str, entry: str, raw_params: dict, device: str, *, dtype: st
     t0 = time.perf_counter()
     result = VerifyResult(op=op_name, entry=entry, device=device)
     timeout_s = timeout_s or DEFAULT_TIMEOUT[device]
-    if only in (None, "dynamic") or probe or case_json:
-        if case_json:
-            cases = [Case.from_json(case_json)]
-        elif probe:
-            cases = [op.probe(params, dtype)]
-        else:
-            cases = op.cases(params, device, dtype)
-        prog = Progress(progress, len(cases), op_name)
-        job = {"op": op_name, "entry": entry, "root": root, "params": params, "device": device,
-               "poison": not probe}
-        found, n = run_cases("verify-dynamic", job, cases, device, timeout_s, prog,
-                             lambda c: reproduce_command(op_name, entry, raw_params, device, c))
-        result.findings += found
-        result.cases_run += n
+    structural = None
     if only in (None, "structural") and not probe and not case_json:
         structural = _structural()
-        if structural is None:
-            if only == "structural":
-                raise UsageError("--only structural: structural verification is not available yet")
-        else:
-            found, notices = structural(op_name, entry, params, device=device, root=root, timeout_s=timeout_s)
+        if structural is None and only == "structural":
+            raise UsageError("--only structural: structural verification is not available yet")
+    # The structural worker compiles while the dynamic worker launches: two processes, so the
+    # wall time is the longer of the two instead of their sum (each child imports torch and Triton).
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pending = pool.submit(structural, op_name, entry, params, device=device, root=root,
+                              timeout_s=timeout_s) if structural else None
+        if only in (None, "dynamic") or probe or case_json:
+            if case_json:
+                cases = [Case.from_json(case_json)]
+            elif probe:
+                cases = [op.probe(params, dtype)]
+            else:
+                cases = op.cases(params, device, dtype)
+            prog = Progress(progress, len(cases), op_name)
+            job = {"op": op_name, "entry": entry, "root": root, "params": params, "device": device,
+                   "poison": not probe}
+            def repro(c):
+                return reproduce_command(op_name, entry, raw_params, device, c)
+
+            groups = shard(cases, DYNAMIC_WORKERS[device])
+            env = threads_each(len(groups) + (pending is not None))
+            with ThreadPoolExecutor(max_workers=len(groups)) as shards:
+                runs = [shards.submit(run_cases, "verify-dynamic", job, [cases[i] for i in g], device, timeout_s,
+                                      prog.subset(g), repro, env=env) for g in groups]
+                parts = [r.result() for r in runs]
+            order = {c.name: i for i, c in enumerate(cases)}
+            found = sorted((f for fs, _ in parts for f in fs),
+                           key=lambda f: order.get((f.case or {}).get("name"), -1))
+            n = sum(n for _, n in parts)
+            result.findings += found
+            result.cases_run += n
+        if pending is not None:
+            found, notices = pending.result()
             result.findings += found
             result.notices += notices
     result.findings = dedupe(result.findings)
