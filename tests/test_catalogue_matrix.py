@@ -38,3 +38,13 @@ def test_row_matches_its_label(matrix, name):
         assert row.cells["dynamic"].caught and row.cells["structural"].caught
     else:
         assert not any(c.caught for c in row.cells.values())
+
+
+def test_jobs_below_one_is_a_usage_error():
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "kernalin_ci", "catalogue", "--jobs", "0", "--device", "cpu"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == ["kernalin-ci catalogue: error: --jobs must be at least 1, not 0"], r.stderr

@@ -28,6 +28,11 @@ def run(args) -> int:
     from kernalin_ci import catalogue as cat
 
     device = resolve_device(args.device)
+    if args.jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, not {args.jobs}")
+    # Each kernel's worker gets its share of the cores: N workers each with an all-core OpenMP pool
+    # (the float64 references) oversubscribe the machine many times over.
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.jobs)))
     kinds = tuple(args.kinds.split(",")) if args.kinds else available_kinds()
     for k in kinds:
         if k not in cat.KINDS:
