@@ -23,8 +23,8 @@ events on the launching stream, preceded (by default) by an L2 flush and
 followed by a device synchronize; `inner` is chosen so one sample lasts about
 1 ms, far above the few microseconds of launch overhead. Should an entry not be
 capturable (a host sync inside, say), every instance of that shape is timed
-eagerly instead, with a device synchronize before the end event so work on
-other streams is inside the interval. On the CPU the same loop runs with a
+eagerly instead, with a device synchronize before the start event and another
+before the end event, so work on other streams lies wholly inside the interval. On the CPU the same loop runs with a
 wall clock (the Triton interpreter): those figures are not GPU figures.
 """
 from __future__ import annotations
@@ -214,6 +214,10 @@ class CudaClock:
         """Milliseconds per launch."""
         if self.flush_buf is not None:
             self.flush_buf.zero_()
+        if r.graph_time is None:
+            # eager calls may launch on another stream, which would not wait for the flush on this
+            # one and could start before the start event: nothing may run before the interval
+            torch.cuda.synchronize()
         self.start.record()
         if r.graph_time is not None:
             r.graph_time.replay()
