@@ -16,9 +16,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
-import threading
 import time
 
+from kernalin_ci.daemon.loop import BackgroundLoop
 from kernalin_ci.daemon.model import CANCELLED
 from kernalin_ci.daemon.store import Job, Store
 from kernalin_ci.errors import UsageError
@@ -77,23 +77,12 @@ def publication_for(job: Job, settings) -> Publication:
                        **common)
 
 
-class Poster:
+class Poster(BackgroundLoop):
+    thread_name = "kernalin-poster"
+
     def __init__(self, store: Store, settings, app, metrics):
         self.store, self.settings, self.app, self.metrics = store, settings, app, metrics
-        self.wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> "Poster":
-        self._thread = threading.Thread(target=self._loop, name="kernalin-poster", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self.wake.set()
-        if self._thread:
-            self._thread.join(timeout=30)
+        super().__init__()
 
     def _loop(self) -> None:
         while not self._stop.is_set():

@@ -18,11 +18,11 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import threading
 import time
 import uuid
 
 from kernalin_ci.daemon.execute import execute
+from kernalin_ci.daemon.loop import BackgroundLoop
 from kernalin_ci.daemon.model import JobSpec, Outcome
 from kernalin_ci.daemon.store import Job, Store
 
@@ -44,7 +44,9 @@ def _rq():
     return Redis, Queue, JSONSerializer
 
 
-class Dispatcher:
+class Dispatcher(BackgroundLoop):
+    thread_name = "kernalin-dispatcher"
+
     def __init__(self, store: Store, settings, app, metrics, on_finished=lambda: None):
         from rq.job import Job as RQJob
 
@@ -54,20 +56,7 @@ class Dispatcher:
         self.serializer = JSONSerializer
         self.queue = Queue(settings.queue.name, connection=self.redis, serializer=JSONSerializer)
         self.RQJob = RQJob
-        self.wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> "Dispatcher":
-        self._thread = threading.Thread(target=self._loop, name="kernalin-dispatcher", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self.wake.set()
-        if self._thread:
-            self._thread.join(timeout=30)
+        super().__init__()
 
     def _loop(self) -> None:
         failures = 0
