@@ -44,3 +44,28 @@ def test_a_repeat_follows_its_original_into_another_dtype_group():
 
 def test_one_dtype_is_one_worker():
     assert len(shard(default_cases("rope", dtype="float16"), 3)) == 1
+
+
+def test_progress_of_a_shard_numbers_cases_as_in_the_whole_list(capsys):
+    from kernalin_ci.verify import Progress
+
+    Progress(True, 12, "attention.decode").subset([8, 9, 10, 11]).case_done(1, "large-scores-float16", 0.25, 0)
+    assert capsys.readouterr().err.strip() == "attention.decode [10/12] large-scores-float16: ok (0.2 s)"
+
+
+def test_sharded_run_reports_every_case_and_finding_in_case_order(monkeypatch):
+    """Three workers at once (as on a GPU) give the same result as one."""
+    from conftest import KERNELS
+
+    import kernalin_ci.verify as v
+
+    entry = f"{KERNELS / 'torch_attention.py'}:gqa_modulo"
+    one = v.verify("attention.decode", entry, {}, "cpu", only="dynamic", progress=False)
+    monkeypatch.setitem(v.DYNAMIC_WORKERS, "cpu", 3)
+    three = v.verify("attention.decode", entry, {}, "cpu", only="dynamic", progress=False)
+    assert three.cases_run == one.cases_run == 12
+    assert [f.to_json() for f in three.findings] == [f.to_json() for f in one.findings]
+    assert {f.bug_class for f in three.findings} == {"gqa-mapping"}
+    first = three.findings[0]
+    assert first.case["name"] == "tiles"  # the first case of the whole list, from the float32 worker
+    assert "gqa-8-bfloat16, gqa-8-float16" in first.message  # ... and the other workers' cases with it

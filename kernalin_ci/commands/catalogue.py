@@ -30,9 +30,9 @@ def run(args) -> int:
     device = resolve_device(args.device)
     if args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, not {args.jobs}")
-    # Each kernel's worker gets its share of the cores: N workers each with an all-core OpenMP pool
-    # (the float64 references) oversubscribe the machine many times over.
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.jobs)))
+    from kernalin_ci.verify import threads_each
+
+    os.environ.update(threads_each(args.jobs) or {})  # each job's workers get their share of the cores
     kinds = tuple(args.kinds.split(",")) if args.kinds else available_kinds()
     for k in kinds:
         if k not in cat.KINDS:

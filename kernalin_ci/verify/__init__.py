@@ -40,11 +40,13 @@ def reproduce_command(op: str, entry: str, raw_params: dict, device: str, case: 
 class Progress:
     """One line per finished case on stderr (long interpreter runs need a pulse)."""
 
-    def __init__(self, enabled: bool, total: int, label: str):
+    def __init__(self, enabled: bool, total: int, label: str, indices: list[int] | None = None):
         self.enabled, self.total, self.label = enabled, total, label
-        self.names: dict[int, str] = {}
+        self.indices = indices  # a shard's case i is case indices[i] of the whole list
 
     def case_done(self, index: int, name: str, seconds: float, n_findings: int) -> None:
+        if self.indices is not None:
+            index = self.indices[index]
         if self.enabled:
             status = "ok" if n_findings == 0 else f"FAIL ({n_findings} finding{'s' * (n_findings != 1)})"
             print(f"  {self.label} [{index + 1}/{self.total}] {name}: {status} ({seconds:.1f} s)",
@@ -56,9 +58,7 @@ class Progress:
 
     def subset(self, indices: list[int]) -> "Progress":
         """The same lines for a shard of the cases, numbered as in the whole list."""
-        view = Progress(self.enabled, self.total, self.label)
-        view.case_done = lambda i, *rest: self.case_done(indices[i], *rest)
-        return view
+        return Progress(self.enabled, self.total, self.label, indices)
 
 
 def threads_each(workers: int) -> dict | None:
