@@ -116,6 +116,44 @@ def test_a_kv_bug_fails_the_gate_and_only_that_kernel_is_checked(repo):
     assert "kv_append" in (repo / "out/report.md").read_text()
 
 
+# every optional dependency (pyproject's extras, less the core ones) and the module it installs
+OPTIONAL_MODULES = {"PyGithub": "github", "PyJWT": "jwt", "docker": "docker", "rq": "rq", "redis": "redis",
+                    "pytest": "pytest", "jsonschema": "jsonschema", "cmarkgfm": "cmarkgfm",
+                    "openapi-schema-validator": "openapi_schema_validator"}
+
+
+def test_the_local_gate_needs_no_optional_dependency(repo, tmp_path):
+    """README command 1 installs only the core dependencies: a local `kernalin-ci run` (parent and
+    workers) must import nothing from an extra. Each optional module is shadowed by one that fails."""
+    import re
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    name = lambda d: re.split(r"[<>=\[ ]", d)[0]  # noqa: E731
+    core = {name(d) for d in project["dependencies"]}
+    optional = {name(d) for ds in project["optional-dependencies"].values() for d in ds} - core
+    assert optional == set(OPTIONAL_MODULES)
+    block = tmp_path / "block"
+    for module in OPTIONAL_MODULES.values():
+        (block / module).mkdir(parents=True)
+        (block / module / "__init__.py").write_text(f"raise ModuleNotFoundError('not installed', name={module!r})\n")
+    git(repo, "checkout", "-qb", "pr")
+    edit(repo / "kernels/kv_cache.py", "    if slot >= 0:\n", "    if slot >= -1:\n")
+    commit_all(repo, "kv: also handle slot -1")
+    r = cli("run", "--device", "cpu", "--quiet", "--base", "main", "--out", str(repo / "out"), cwd=repo,
+            env={"PYTHONPATH": str(block)})
+    assert r.returncode == 1, r.stderr
+    report = json.loads((repo / "out" / "report.json").read_text())
+    kv = next(k for k in report["kernels"] if k["name"] == "kv_append")
+    assert "kv-padding" in {f["bug_class"] for f in kv["verification"]["findings"]}
+    # posting to GitHub does need the extra: one line that says which, exit 2
+    r = cli("run", "--device", "cpu", "--quiet", "--base", "main", "--github", "--out", str(repo / "out2"),
+            cwd=repo, env={"PYTHONPATH": str(block), "GITHUB_TOKEN": "t", "GITHUB_REPOSITORY": "acme/kernels"})
+    assert r.returncode == 2
+    assert r.stderr.splitlines() == ["kernalin-ci run: error: GitHub support needs PyGithub (github is missing): "
+                                     "pip install 'kernalin-ci[github]'"], r.stderr
+
+
 def test_entry_that_cannot_load_at_head_fails_and_cleans_up(repo):
     git(repo, "checkout", "-qb", "pr")
     edit(repo / "kernels/rope.py", "import torch\n", "import torch\nimport not_installed_anywhere\n")

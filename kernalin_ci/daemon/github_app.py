@@ -8,10 +8,9 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-from github import Auth, GithubIntegration
-
 from kernalin_ci.github.auth import app_client
 from kernalin_ci.github.client import GitHubClient
+from kernalin_ci.github.pygithub import Auth, GithubIntegration
 from kernalin_ci.github.retry import RetryPolicy, call_with_retry
 
 MAX_CLIENTS = 256

@@ -19,12 +19,10 @@ import os
 from pathlib import Path
 from typing import Mapping
 
-from cryptography.hazmat.primitives.serialization import load_pem_private_key
-from github import Auth, GithubIntegration
-
 from kernalin_ci.errors import UsageError
 from kernalin_ci.github.client import DEFAULT_API_URL, GitHubClient
 from kernalin_ci.github.errors import GitHubPermissionError
+from kernalin_ci.github.pygithub import Auth, GithubIntegration, load_pem_private_key
 from kernalin_ci.github.retry import RetryPolicy, call_with_retry
 
 ENV_APP_ID = "KERNALIN_GITHUB_APP_ID"

@@ -13,10 +13,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Iterable, Sequence
 
-import github
-from github import Github
-
 from kernalin_ci import __version__
+from kernalin_ci.github.pygithub import Github, github
 from kernalin_ci.github.retry import RetryPolicy, call_with_retry
 
 log = logging.getLogger("kernalin_ci.github")

@@ -20,11 +20,9 @@ from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import Callable, TypeVar
 
-import requests
-from github.GithubException import GithubException
-
 from kernalin_ci.github.errors import (GitHubAuthError, GitHubError, GitHubPermissionError, GitHubUnavailable,
                                        redact)
+from kernalin_ci.github.pygithub import GithubException, requests
 
 log = logging.getLogger("kernalin_ci.github")
 T = TypeVar("T")
