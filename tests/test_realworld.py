@@ -66,13 +66,13 @@ def _check(k: corpus.Kernel, o: corpus.Outcome) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("k,variant", _params("original"))
+@pytest.mark.parametrize("k,variant", list(_params("original")))
 def test_original_verifies_clean(k, variant, outcomes):
     _check(k, outcomes[k.id, variant].result())
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("k,variant", _params("mutant"))
+@pytest.mark.parametrize("k,variant", list(_params("mutant")))
 def test_mutant_is_caught(k, variant, outcomes):
     _check(k, outcomes[k.id, variant].result())
 
@@ -87,14 +87,14 @@ def test_manifest_is_complete():
         assert (corpus.REPO / k.adapter.split(":")[0]).is_file(), k.adapter
         assert k.mutant.file in k.files and k.mutant.find and k.mutant.find != k.mutant.replace, k.id
         assert k.mutant.bug_class in corpus.bug_classes(), k.id
-        for rule in [*k.known_false, *([k.true_finding] if k.true_finding else [])]:
+        for rule in [*k.known_false, *k.true_findings]:
             assert set(rule) - {"cause", "why"} <= set(corpus.MATCH_KEYS) and (rule.get("cause") or rule.get("why"))
 
 
 def test_judgement_flags_unexplained_findings():
     """A finding no manifest rule explains is a problem; one a known cause explains is not; a missing
     structural analysis is a problem even with no finding."""
-    k = next(k for k in KERNELS if k.known_false and not k.true_finding)
+    k = next(k for k in KERNELS if k.known_false and not k.true_findings)
     rule = k.known_false[0]
     known = {"bug_class": rule.get("bug_class", "wrong-output"), "kind": rule.get("kind", "dynamic"), "message": "",
              "case": {"name": rule.get("case", "x"), "dtype": rule.get("dtype", "float32")}}

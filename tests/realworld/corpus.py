@@ -60,7 +60,7 @@ class Kernel:
     mutant: Mutant
     # findings on the original from a known cause that is not the kernel's fault: [{"cause", match keys}]
     known_false: tuple[dict, ...] = ()
-    true_finding: dict | None = None  # a real bug of the public kernel: {"why", match keys}
+    true_findings: tuple[dict, ...] = ()  # a real bug of the public kernel: [{"why", match keys}], each seen
     needs_triton_below: str | None = None  # the kernel uses a construct later Triton versions removed
     notes: str = ""
 
@@ -69,11 +69,13 @@ MATCH_KEYS = ("bug_class", "kind", "dtype", "case")
 
 
 def matches(finding: dict, rule: dict) -> bool:
-    """Whether a finding (verify --json) matches a manifest rule's keys: bug_class, kind, dtype, case name."""
+    """Whether a finding (verify --json) matches a manifest rule's keys: bug_class, kind, dtype, case name
+    (a rule's value may be a list of accepted values)."""
     case = finding.get("case") or {}
     have = {"bug_class": finding.get("bug_class"), "kind": finding.get("kind"), "dtype": case.get("dtype"),
             "case": case.get("name")}
-    return all(have[key] == rule[key] for key in MATCH_KEYS if key in rule)
+    return all(have[key] in (rule[key] if isinstance(rule[key], list) else [rule[key]])
+               for key in MATCH_KEYS if key in rule)
 
 
 def triton_too_new(k: "Kernel") -> bool:
@@ -94,7 +96,8 @@ def load_manifest(path: Path = MANIFEST) -> list[Kernel]:
     for kid, k in data["kernels"].items():
         k = dict(k)
         kernels.append(Kernel(id=kid, dist=dists[k.pop("dist")], files=tuple(k.pop("files")),
-                              mutant=Mutant(**k.pop("mutant")), known_false=tuple(k.pop("known_false", ())), **k))
+                              mutant=Mutant(**k.pop("mutant")), known_false=tuple(k.pop("known_false", ())),
+                              true_findings=tuple(k.pop("true_findings", ())), **k))
     return kernels
 
 
@@ -263,7 +266,7 @@ def judge(k: Kernel, o: Outcome) -> Judgement:
             return Judgement("caught", [], [])
         return Judgement("MISSED", [f"mutant ({k.mutant.models}) not reported as {k.mutant.bug_class}"], [])
     problems, known = [], []
-    true = [f for f in o.findings if k.true_finding and matches(f, k.true_finding)]
+    true = [f for f in o.findings if any(matches(f, r) for r in k.true_findings)]
     for f in o.findings:
         if f in true:
             continue
@@ -274,8 +277,9 @@ def judge(k: Kernel, o: Outcome) -> Judgement:
             problems.append(f"false finding [{f['bug_class']}] {f['kind']}: {f['message'][:200]}")
     if o.structural != "ran":
         problems.append(f"structural analysis did not run: {o.structural}")
-    if k.true_finding and not true:
-        problems.append(f"the documented true finding is gone ({k.true_finding['why'][:80]})")
+    for r in k.true_findings:
+        if not any(matches(f, r) for f in true):
+            problems.append(f"the documented true finding is gone: [{r['bug_class']}] {r['why'][:80]}")
     word = "true finding" if true else "clean"
     if problems:
         word = "FALSE FINDING" if any(p.startswith("false") for p in problems) else "STRUCTURAL NOT RUN"
