@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import time
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -200,8 +201,6 @@ class Outcome:
 def verify(k: Kernel, variant: str, device: str = "cpu", extra: tuple[str, ...] = (),
            cache: Path = CACHE, timeout: float = 1800) -> Outcome:
     """Run `kernalin-ci verify` on the original or the mutant of one kernel; parse its JSON."""
-    import time
-
     tree = cache / "src" if variant == "original" else mutant_tree(k, cache)
     if variant == "mutant":  # each mutant's bug shows in float32; the dtype sweep would only add time
         extra = ("--dtype", "float32", *extra)
