@@ -88,12 +88,13 @@ def test_manifest_is_complete():
         assert k.mutant.file in k.files and k.mutant.find and k.mutant.find != k.mutant.replace, k.id
         assert k.mutant.bug_class in corpus.bug_classes(), k.id
         for rule in [*k.known_false, *k.true_findings]:
-            assert set(rule) - {"cause", "why"} <= set(corpus.MATCH_KEYS) and (rule.get("cause") or rule.get("why"))
+            assert set(rule) - {"cause", "why", "device"} <= set(corpus.MATCH_KEYS), rule
+            assert rule.get("cause") or rule.get("why"), rule
 
 
 def test_judgement_flags_unexplained_findings():
-    """A finding no manifest rule explains is a problem; one a known cause explains is not; a missing
-    structural analysis is a problem even with no finding."""
+    """A finding no manifest rule explains is a problem; one a known cause explains is not; a known cause
+    that no longer shows is a problem (its rule must go); a missing structural analysis is a problem."""
     k = next(k for k in KERNELS if k.known_false and not k.true_findings)
     rule = k.known_false[0]
     known = {"bug_class": rule.get("bug_class", "wrong-output"), "kind": rule.get("kind", "dynamic"), "message": "",
@@ -103,5 +104,7 @@ def test_judgement_flags_unexplained_findings():
     assert not j.problems and j.known == [rule["cause"]]
     j = corpus.judge(k, corpus.Outcome(k.id, "original", 1, ["gqa-mapping"], [known, other], "ran"))
     assert j.problems and j.word == "FALSE FINDING"
-    j = corpus.judge(k, corpus.Outcome(k.id, "original", 0, [], [], "not analysed: capture failed"))
+    j = corpus.judge(k, corpus.Outcome(k.id, "original", 0, [], [], "ran"))
+    assert j.problems and j.word == "MANIFEST OUT OF DATE"
+    j = corpus.judge(k, corpus.Outcome(k.id, "original", 1, [known["bug_class"]], [known], "not analysed: capture failed"))
     assert j.problems and j.word == "STRUCTURAL NOT RUN"

@@ -66,7 +66,7 @@ class Kernel:
     notes: str = ""
 
 
-MATCH_KEYS = ("bug_class", "kind", "dtype", "case")
+MATCH_KEYS = ("bug_class", "kind", "dtype", "case")  # a rule's "device" (cpu | cuda) limits where it applies
 
 
 def matches(finding: dict, rule: dict) -> bool:
@@ -196,6 +196,7 @@ class Outcome:
     structural: str = ""           # "ran" or why it did not
     seconds: float = 0.0
     error: str = ""
+    device: str = "cpu"
 
 
 def verify(k: Kernel, variant: str, device: str = "cpu", extra: tuple[str, ...] = (),
@@ -216,13 +217,13 @@ def verify(k: Kernel, variant: str, device: str = "cpu", extra: tuple[str, ...] 
         res = json.loads(r.stdout)
     except json.JSONDecodeError:
         return Outcome(k.id, variant, r.returncode, [], structural="not run", seconds=seconds,
-                       error=(r.stderr.strip().splitlines() or ["no output"])[-1])
+                       error=(r.stderr.strip().splitlines() or ["no output"])[-1], device=device)
     findings = res.get("findings", [])
     classes: list[str] = []
     for f in findings:
         if f.get("bug_class") not in classes:
             classes.append(f.get("bug_class"))
-    return Outcome(k.id, variant, r.returncode, classes, findings, structural_status(res), seconds)
+    return Outcome(k.id, variant, r.returncode, classes, findings, structural_status(res), seconds, device=device)
 
 
 def structural_status(res: dict) -> str:
@@ -265,15 +266,19 @@ def judge(k: Kernel, o: Outcome) -> Judgement:
             return Judgement("caught", [], [])
         return Judgement("MISSED", [f"mutant ({k.mutant.models}) not reported as {k.mutant.bug_class}"], [])
     problems, known = [], []
+    rules = [r for r in k.known_false if r.get("device", o.device) == o.device]
     true = [f for f in o.findings if any(matches(f, r) for r in k.true_findings)]
     for f in o.findings:
         if f in true:
             continue
-        causes = [r["cause"] for r in k.known_false if matches(f, r)]
+        causes = [r["cause"] for r in rules if matches(f, r)]
         if causes:
             known += [c for c in causes if c not in known]
         else:
             problems.append(f"false finding [{f['bug_class']}] {f['kind']}: {f['message'][:200]}")
+    for r in rules:  # a cause that no longer shows has been fixed: its rule must go
+        if not any(matches(f, r) for f in o.findings if f not in true):
+            problems.append(f"known cause no longer seen (fixed? remove it from the manifest): {r['cause'][:120]}")
     if o.structural != "ran":
         problems.append(f"structural analysis did not run: {o.structural}")
     for r in k.true_findings:
@@ -281,7 +286,8 @@ def judge(k: Kernel, o: Outcome) -> Judgement:
             problems.append(f"the documented true finding is gone: [{r['bug_class']}] {r['why'][:80]}")
     word = "true finding" if true else "clean"
     if problems:
-        word = "FALSE FINDING" if any(p.startswith("false") for p in problems) else "STRUCTURAL NOT RUN"
+        word = ("FALSE FINDING" if any(p.startswith("false") for p in problems) else
+                "STRUCTURAL NOT RUN" if any(p.startswith("structural") for p in problems) else "MANIFEST OUT OF DATE")
     elif known:
         word = word + " + known false" if true else "known false"
     return Judgement(word, problems, known)
