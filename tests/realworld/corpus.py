@@ -197,6 +197,7 @@ class Outcome:
     seconds: float = 0.0
     error: str = ""
     device: str = "cpu"
+    not_checked: list[str] = field(default_factory=list)  # cases kernalin-ci reported as not checked, and why
 
 
 def verify(k: Kernel, variant: str, device: str = "cpu", extra: tuple[str, ...] = (),
@@ -223,7 +224,9 @@ def verify(k: Kernel, variant: str, device: str = "cpu", extra: tuple[str, ...] 
     for f in findings:
         if f.get("bug_class") not in classes:
             classes.append(f.get("bug_class"))
-    return Outcome(k.id, variant, r.returncode, classes, findings, structural_status(res), seconds, device=device)
+    not_checked = [f"{n.get('shape')}: {n.get('reason')} ({n.get('error', '')[:120]})" for n in res.get("not_checked", [])]
+    return Outcome(k.id, variant, r.returncode, classes, findings, structural_status(res), seconds, device=device,
+                   not_checked=not_checked)
 
 
 def structural_status(res: dict) -> str:

@@ -61,6 +61,7 @@ def main(argv=None) -> int:
         k = next(k for k in kernels if k.id == o.kernel)
         j = corpus.judge(k, o)
         notes += [f"- {k.id} ({o.variant}): {p}" for p in j.problems + j.known]
+        notes += [f"- {k.id} ({o.variant}): not checked: {n}" for n in o.not_checked]
     notes += [f"- {k.id}: true finding [{r['bug_class']}]: {r['why']}" for k in kernels for r in k.true_findings]
     if notes:
         print("\n" + "\n".join(notes))
