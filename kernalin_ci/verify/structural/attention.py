@@ -531,7 +531,6 @@ def check_rescale(view: KernelView, exps: Exps, rep: Report) -> None:
     rescaled by exp(m_old - m_new); an update guarded by an `if` in the loop is checked in its branch."""
     ps = _exp_results(exps) | _exp_results(exps, "combine")
     alphas = _exp_results(exps, "rescale")
-    name = kname(view)
     for loop in [op for op in view.ops() if op.name == "scf.for"]:
         body = loop.regions[0][0]
         nargs = len(body.args) - 1
@@ -711,8 +710,8 @@ def check_combine(view: KernelView, exps: Exps, rep: Report, out_tensors: set, p
         pos, neg = lf.positive(), lf.negative()
         if not neg.atoms:
             rep.finding("split-combine", "split-combine",
-                        f"{name}: partials weighted by exp(lse_i) without subtracting max(lse): the weights "
-                        f"overflow", op, view)
+                        f"{name}: partials weighted by exp of their stored statistic (lse_i or m_i) without "
+                        f"subtracting its max: the weights overflow", op, view)
             continue
         if len(neg.atoms) == 1:
             (m, k), = neg.atoms.items()
