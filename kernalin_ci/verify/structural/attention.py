@@ -452,13 +452,14 @@ def _check_scale(view: KernelView, op: Op, pos: LF, rep: Report, scale: float) -
     else:
         why = f"the scores are multiplied by {total:.6g}, expected {want:.6g}"
     sites = _factor_sites(view, s)
-    where = sites[-1] if sites else op
+    where = sites[-1] if sites else (op, view)
     rep.finding("softmax-scale", "scale", f"{name}: {fn} of q.k * {total:.6g} with scale {scale:.6g}: {why}",
-                where, view)
+                *where)
 
 
 def _factor_sites(view: KernelView, v: Value, depth: int = 0) -> list:
-    """The ops that multiply q, k or their product by a constant factor, outermost first."""
+    """(op, view) of the ops that multiply q, k or their product by a constant factor, outermost first; into
+    the kernel that computed scores this one loads."""
     g = view.graph
     v = peel(v)
     op = v.owner
@@ -467,10 +468,12 @@ def _factor_sites(view: KernelView, v: Value, depth: int = 0) -> list:
     if op.name in ("arith.mulf", "arith.divf", "tt.precise_divf"):
         consts = [o for o in op.operands if g.const(peel(o)) is not None]
         rest = [o for o in op.operands if g.const(peel(o)) is None]
-        here = [op] if consts else []
+        here = [(op, view)] if consts else []
         return here + [x for o in rest for x in _factor_sites(view, o, depth + 1)]
     if op.name in ("arith.select", "tt.dot") or reduce_kind(op) == "addf":
         return [x for o in op.operands for x in _factor_sites(view, o, depth + 1)]
+    if op.name == "tt.load" and op in view.sources:
+        return [x for pv, val in view.stored(op) for x in _factor_sites(pv, val, depth + 1)]
     return []
 
 
