@@ -48,7 +48,7 @@ def _stage1(Q, K, V, Mid, MidLse, Lens, scale, s_qb, s_qh, s_kb, s_kh, s_ks, s_m
 
 
 @triton.jit
-def _stage2(Mid, MidLse, O, Lens, s_mb, s_mh, s_ms, s_ob, s_oh,
+def _stage2(Mid, MidLse, O, Lens, v_scale, s_mb, s_mh, s_ms, s_ob, s_oh,
             D: tl.constexpr, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -72,7 +72,7 @@ def _stage2(Mid, MidLse, O, Lens, s_mb, s_mh, s_ms, s_ob, s_oh,
             acc += exp_logic * tv
             e_sum = e_sum * old_scale + exp_logic
             e_max = n_e_max
-    tl.store(O + b * s_ob + h * s_oh + d, (acc / e_sum).to(O.dtype.element_ty), mask=dm)
+    tl.store(O + b * s_ob + h * s_oh + d, (acc / e_sum * v_scale).to(O.dtype.element_ty), mask=dm)
 
 
 def entry(q, k_cache, v_cache, kv_lens, scale):
@@ -85,6 +85,6 @@ def entry(q, k_cache, v_cache, kv_lens, scale):
                              k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), mid.stride(0), mid.stride(1),
                              mid.stride(2), GROUP=Hq // k_cache.shape[1], D=D, SPLITS=SPLITS, BLOCK_N=16,
                              BLOCK_D=bd)
-    _stage2[(B, Hq)](mid, mid_lse, out, kv_lens, mid.stride(0), mid.stride(1), mid.stride(2), out.stride(0),
+    _stage2[(B, Hq)](mid, mid_lse, out, kv_lens, 1.0, mid.stride(0), mid.stride(1), mid.stride(2), out.stride(0),
                      out.stride(1), D=D, SPLITS=SPLITS, BLOCK_N=16, BLOCK_D=bd)
     return out

@@ -627,6 +627,9 @@ def _division(view: KernelView, v: Value, depth=0):
             bo = peel(b).owner
             if bo is not None and bo.name in ("arith.divf", "tt.precise_divf") and g.const(peel(bo.operands[0])) == 1.0:
                 return a, bo.operands[1]
+        for a, b in ((op.operands[0], op.operands[1]), (op.operands[1], op.operands[0])):
+            if g.const(peel(b)) is not None:   # (acc / l) * v_scale: a dequantisation factor of V
+                return _division(view, a, depth + 1)
     if op.name == "arith.select":
         for o in op.operands[1:]:
             if g.const(peel(o)) is None:
