@@ -12,9 +12,12 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
-from kernalin_ci.daemon.runners import JOB_MARKER, POLL_S, RunRequest, RunResult, StopReason, job_env, tail
+from kernalin_ci.daemon import safefile
+from kernalin_ci.daemon.runners import JOB_MARKER, POLL_S, CappedLog, RunRequest, RunResult, StopReason, job_env
+from kernalin_ci.launch import module_argv
 
 
 def marked_pids(job_id: str) -> list[int]:
@@ -47,48 +50,64 @@ def kill_marked(job_id: str) -> int:
 class LocalRunner:
     name = "local"
 
-    def __init__(self):
+    def __init__(self, log_max_bytes: int = 16 * 1024 * 1024):
         self._setpriv = shutil.which("setpriv")
+        self.log_max_bytes = log_max_bytes
 
     def run(self, req: RunRequest, stop_reason: StopReason, on_start) -> RunResult:
         home, tmp = req.job_dir / "home", req.job_dir / "tmp"
         for d in (home, tmp):
             d.mkdir(parents=True, exist_ok=True)
-        argv = req.argv(python=sys.executable, config=str(req.repo / ".kernalin.yml"), out=str(req.out),
-                        repo=str(req.repo))
+        argv = req.argv(module_argv("kernalin_ci"), python=sys.executable, config=str(req.repo / ".kernalin.yml"),
+                        out=str(req.out), repo=str(req.repo))
         if self._setpriv:
             argv = [self._setpriv, "--pdeathsig", "KILL", "--", *argv]
         env = job_env(req, home=str(home), tmp=str(tmp), visible=req.slot.visible)
         t0 = time.monotonic()
-        with open(req.log, "ab") as log:
-            try:
-                proc = subprocess.Popen(argv, cwd=req.repo, env=env, stdin=subprocess.DEVNULL, stdout=log,
+        try:
+            log = safefile.append(req.log, req.job_dir)
+        except OSError as e:
+            return RunResult(None, 0.0, infra_error=f"cannot open the job's log: {e}")
+        with log:
+            try:  # the output comes through a pipe, so job.log keeps at most log_max_bytes of it
+                proc = subprocess.Popen(argv, cwd=req.repo, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, start_new_session=True)
             except OSError as e:
                 return RunResult(None, 0.0, infra_error=f"cannot start the job: {e}")
-        on_start(proc.pid)
-        stopped, timed_out = None, False
-        try:
-            while True:
-                try:
-                    proc.wait(POLL_S)
-                    break
-                except subprocess.TimeoutExpired:
-                    pass
-                stopped = stop_reason()
-                timed_out = time.monotonic() - t0 > req.timeout_s
-                if stopped or timed_out:
-                    break
-        finally:
-            kill_marked(req.job_id)  # the job, and anything it left behind
-            code = proc.wait()
-        seconds = time.monotonic() - t0
-        if timed_out:
-            with open(req.log, "a") as log:
-                log.write(f"\nkernalin-ci daemon: the job ran past {req.timeout_s:.0f} s and was killed\n")
-        return RunResult(None if (stopped or timed_out) else code, seconds, tail(req.log), stopped=stopped,
+            capture = CappedLog(log, self.log_max_bytes)
+            reader = threading.Thread(target=capture.pump, args=(proc.stdout,), name=f"log-{req.job_id}", daemon=True)
+            reader.start()
+            on_start(proc.pid)
+            stopped, timed_out = None, False
+            try:
+                while True:
+                    try:
+                        proc.wait(POLL_S)
+                        break
+                    except subprocess.TimeoutExpired:
+                        pass
+                    stopped = stop_reason()
+                    timed_out = time.monotonic() - t0 > req.timeout_s
+                    if stopped or timed_out:
+                        break
+            finally:
+                _kill_group(proc.pid)  # the job's own session (its process may be non-dumpable: no marker read)
+                kill_marked(req.job_id)  # the job, and anything it left behind in sessions of its own
+                code = proc.wait()
+            reader.join(5)
+            seconds = time.monotonic() - t0
+            if timed_out:
+                capture.note(f"\nkernalin-ci daemon: the job ran past {req.timeout_s:.0f} s and was killed\n")
+            capture.close()
+        return RunResult(None if (stopped or timed_out) else code, seconds, capture.tail(), stopped=stopped,
                          timed_out=timed_out)
 
     def cleanup(self, job_id: str) -> int:
         return kill_marked(job_id)
 
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -1,0 +1,46 @@
+"""How kernalin-ci starts its own Python children (the gate under the daemon's local runner, the
+kernel workers of verify and bench), and how a process that runs untrusted children hides itself.
+
+A child starts in isolated mode (`-I`: no PYTHON* variables, no user site-packages, neither the
+working directory nor a script's directory on sys.path) with the directory this kernalin_ci was
+imported from first on sys.path. A checkout that carries its own `kernalin_ci/` package (the
+gate and the workers run inside checkouts) therefore cannot stand in for the tool, and this
+works the same from an installed wheel, an editable install or a plain source tree.
+"""
+from __future__ import annotations
+
+import ctypes
+import sys
+from pathlib import Path
+
+import kernalin_ci
+
+# the directory that holds the kernalin_ci package this process runs (site-packages or a source tree)
+PACKAGE_ROOT = str(Path(kernalin_ci.__file__).resolve().parent.parent)
+# argv: -c BOOT ROOT MODULE ARGS...: ROOT goes first on sys.path, MODULE runs as __main__ with ARGS
+_BOOT = ("import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); m = sys.argv.pop(1); "
+         "runpy.run_module(m, run_name='__main__', alter_sys=True)")
+
+
+def module_argv(module: str, *, python: str = sys.executable, root: str = PACKAGE_ROOT) -> list[str]:
+    """argv that runs `python -m MODULE` from this installation only (append the module's arguments)."""
+    return [python, "-I", "-u", "-c", _BOOT, root, module]
+
+
+_PR_SET_DUMPABLE = 4
+
+
+def make_undumpable() -> bool:
+    """Make this process non-dumpable (prctl PR_SET_DUMPABLE 0) for as long as it lives.
+
+    Its /proc/PID files (environ, mem, cmdline's neighbours) then belong to root and ptrace is
+    refused, so an untrusted child running as the same uid cannot read the parent's environment
+    or memory. Children get the flag back on exec, so the daemon can still find and kill them.
+    No core dumps either. False where prctl is not available (not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
