@@ -76,7 +76,7 @@ def run_task(job: dict, device: str, timeout_s: float, on_event=None, env: dict 
         r, w = os.pipe()
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
-                [*module_argv("kernalin_ci.worker"), job_path, str(w)],
+                [*module_argv("kernalin_ci.worker", cwd=cwd), job_path, str(w)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, pass_fds=(w,),
                 env=child_env(device, env), cwd=cwd, start_new_session=True)
         os.close(w)

@@ -2,14 +2,18 @@
 kernel workers of verify and bench), and how a process that runs untrusted children hides itself.
 
 A child starts in isolated mode (`-I`: no PYTHON* variables, no user site-packages, neither the
-working directory nor a script's directory on sys.path) with the directory this kernalin_ci was
-imported from first on sys.path. A checkout that carries its own `kernalin_ci/` package (the
-gate and the workers run inside checkouts) therefore cannot stand in for the tool, and this
-works the same from an installed wheel, an editable install or a plain source tree.
+working directory nor a script's directory on sys.path). Its sys.path gets, in front, the
+directory this kernalin_ci was imported from and then this process's own absolute sys.path entries
+(where torch and the rest were found, PYTHONPATH included), minus anything inside the child's
+working directory. A checkout that carries its own `kernalin_ci/` package (the gate and the
+workers run inside checkouts) therefore cannot stand in for the tool, and this works the same from
+an installed wheel, an editable install or a plain source tree.
 """
 from __future__ import annotations
 
 import ctypes
+import json
+import os
 import sys
 from pathlib import Path
 
@@ -17,14 +21,29 @@ import kernalin_ci
 
 # the directory that holds the kernalin_ci package this process runs (site-packages or a source tree)
 PACKAGE_ROOT = str(Path(kernalin_ci.__file__).resolve().parent.parent)
-# argv: -c BOOT ROOT MODULE ARGS...: ROOT goes first on sys.path, MODULE runs as __main__ with ARGS
-_BOOT = ("import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); m = sys.argv.pop(1); "
+# argv: -c BOOT PATHS MODULE ARGS...: PATHS (JSON) go first on sys.path, MODULE runs as __main__ with ARGS
+_BOOT = ("import json, runpy, sys; sys.path[:0] = json.loads(sys.argv.pop(1)); m = sys.argv.pop(1); "
          "runpy.run_module(m, run_name='__main__', alter_sys=True)")
 
 
-def module_argv(module: str, *, python: str = sys.executable, root: str = PACKAGE_ROOT) -> list[str]:
-    """argv that runs `python -m MODULE` from this installation only (append the module's arguments)."""
-    return [python, "-I", "-u", "-c", _BOOT, root, module]
+def child_path(cwd: str | os.PathLike | None = None) -> list[str]:
+    """The sys.path entries a child gets in front: ours, never one inside its working directory CWD."""
+    inside = os.path.realpath(cwd if cwd is not None else os.getcwd())
+    out = [PACKAGE_ROOT]
+    for p in sys.path:
+        if not p or not os.path.isabs(p) or p in out:
+            continue
+        real = os.path.realpath(p)
+        if real == inside or real.startswith(inside.rstrip(os.sep) + os.sep):
+            continue
+        out.append(p)
+    return out
+
+
+def module_argv(module: str, *, cwd: str | os.PathLike | None = None, python: str = sys.executable) -> list[str]:
+    """argv that runs `python -m MODULE` from this installation only, in working directory CWD (default:
+    ours); append the module's arguments."""
+    return [python, "-I", "-u", "-c", _BOOT, json.dumps(child_path(cwd)), module]
 
 
 _PR_SET_DUMPABLE = 4

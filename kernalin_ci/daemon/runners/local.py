@@ -58,7 +58,7 @@ class LocalRunner:
         home, tmp = req.job_dir / "home", req.job_dir / "tmp"
         for d in (home, tmp):
             d.mkdir(parents=True, exist_ok=True)
-        argv = req.argv(module_argv("kernalin_ci"), python=sys.executable, config=str(req.repo / ".kernalin.yml"),
+        argv = req.argv(module_argv("kernalin_ci", cwd=req.repo), python=sys.executable, config=str(req.repo / ".kernalin.yml"),
                         out=str(req.out), repo=str(req.repo))
         if self._setpriv:
             argv = [self._setpriv, "--pdeathsig", "KILL", "--", *argv]
