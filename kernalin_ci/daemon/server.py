@@ -38,25 +38,52 @@ _JOB = re.compile(r"/jobs/(kci-[0-9a-f]{1,40})")
 DRAIN_BYTES = 4 * 1024 * 1024  # read (and drop) at most this much of a body that is too big
 _DELIVERY = re.compile(r"[A-Za-z0-9._-]{1,100}")
 _LENGTH = re.compile(r"[0-9]{1,15}")
+CUT_AFTER_S = 2.0  # when every slot is taken, a connection still reading its request after this may be cut
 
 
 class Deadlines:
     """A watchdog thread: a connection past its deadline has its socket shut down, which ends any
-    read or write blocked on it (a per-read timeout alone lets a client send one byte at a time)."""
+    read or write blocked on it (a per-read timeout alone lets a client send one byte at a time).
+    It also knows which connections are still reading their request, and since when: when every
+    slot is taken, the one that has been reading longest is cut to make room (a real sender's
+    request arrives in milliseconds; a slow one never finishes)."""
 
     def __init__(self):
         self._due: dict[socket.socket, float] = {}
+        self._reading: dict[socket.socket, float] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         threading.Thread(target=self._run, name="kernalin-http-deadlines", daemon=True).start()
 
     def arm(self, sock: socket.socket, seconds: float) -> None:
+        """SOCK starts reading a request, which must be done (and answered) within SECONDS."""
         with self._lock:
             self._due[sock] = time.monotonic() + seconds
+            self._reading[sock] = time.monotonic()
+
+    def read(self, sock: socket.socket) -> None:
+        """SOCK's request has arrived whole: it is being handled, no longer a candidate to cut."""
+        with self._lock:
+            self._reading.pop(sock, None)
 
     def disarm(self, sock: socket.socket) -> None:
         with self._lock:
             self._due.pop(sock, None)
+            self._reading.pop(sock, None)
+
+    def cut_slowest(self, min_age_s: float) -> bool:
+        """Shut down the connection that has been reading its request longest, if that is more than
+        MIN_AGE_S (a burst of real deliveries waiting for the CPU is not cut); whether one was."""
+        with self._lock:
+            if not self._reading:
+                return False
+            sock = min(self._reading, key=self._reading.get)
+            if time.monotonic() - self._reading[sock] < min_age_s:
+                return False
+            del self._reading[sock]
+            self._due.pop(sock, None)
+        _shut(sock)
+        return True
 
     def stop(self) -> None:
         self._stop.set()
@@ -68,11 +95,28 @@ class Deadlines:
                 late = [sk for sk, t in self._due.items() if t <= now]
                 for sk in late:
                     del self._due[sk]
+                    self._reading.pop(sk, None)
             for sk in late:
-                try:
-                    sk.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+                _shut(sk)
+
+
+def _shut(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+def _fix_mmap_threshold(nbytes: int = 1 << 20) -> None:
+    """Allocations from NBYTES up get their own mapping, returned to the system when freed (glibc
+    otherwise raises the threshold after the first large free, and request bodies then stay in the
+    heap of whichever thread read them)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).mallopt(-3, nbytes)  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        pass
 
 
 class ByteBudget:
@@ -109,12 +153,14 @@ class Server(ThreadingHTTPServer):
         self.budget = ByteBudget(limits.max_buffered_bytes)
         self._slots = threading.BoundedSemaphore(limits.max_connections)
         self._closing = False
+        _fix_mmap_threshold()
         super().__init__(address, _H)
 
     def process_request(self, request, client_address):
         # Wait for a free slot before taking the connection on: the accept loop pauses and further
         # clients queue in the kernel's backlog, so threads (and their memory) stay bounded.
-        while not self._slots.acquire(timeout=0.2):
+        while not self._slots.acquire(timeout=0.01):
+            self.deadlines.cut_slowest(CUT_AFTER_S)
             if self._closing:
                 self.shutdown_request(request)
                 return
@@ -204,17 +250,20 @@ class Handler(BaseHTTPRequestHandler):
         finally:
             budget.give(n)
 
-    def _read_body(self, n: int) -> bytes:
-        body = bytearray()
+    def _read_body(self, n: int) -> bytes | bytearray:
+        body = bytearray(n)  # one allocation of the announced size, filled in place
+        view, got = memoryview(body), 0
         try:
-            while len(body) < n:
-                chunk = self.rfile.read(min(n - len(body), 65536))
-                if not chunk:
+            while got < n:
+                k = self.rfile.readinto(view[got:got + 65536])
+                if not k:
                     break
-                body += chunk
+                got += k
         except OSError:
             pass
-        return bytes(body)
+        view.release()
+        self.server.deadlines.read(self.connection)
+        return body if got == n else body[:got]
 
     def _signed(self, body: bytes) -> tuple[int, dict, str | None]:
         settings = self.app.settings
@@ -260,6 +309,7 @@ class Handler(BaseHTTPRequestHandler):
 
     # -- GET --------------------------------------------------------------------------------------
     def do_GET(self):
+        self.server.deadlines.read(self.connection)
         url = urlsplit(self.path)
         path = url.path
         if path == "/healthz":
