@@ -26,7 +26,7 @@ def _queue(redis_url, name):
 
 
 def test_a_worker_runs_only_its_own_job_function(tmp_path, world, redis_url):
-    cfg = world.daemon_config(tmp_path / "serve", runner={"command": fake_gate_command(tmp_path)},
+    cfg = world.daemon_config(tmp_path / "serve", runner={"command": fake_gate_command()},
                               queue={"backend": "redis", "redis_url": redis_url, "name": "kernalin-test"})
     worker_cfg = tmp_path / "worker.yml"
     worker_cfg.write_text(yaml.safe_dump({k: v for k, v in cfg.items() if k != "github"}))

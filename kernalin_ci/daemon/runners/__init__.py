@@ -148,4 +148,5 @@ def get_runner(settings) -> Runner:
         return DockerRunner(settings.runner.docker, log_max_bytes=settings.runner.log_max_bytes)
     from kernalin_ci.daemon.runners.local import LocalRunner
 
-    return LocalRunner(settings.runner.log_max_bytes)
+    return LocalRunner(settings.runner.sandbox, hide=settings.private_paths(),
+                       log_max_bytes=settings.runner.log_max_bytes)
