@@ -66,7 +66,7 @@ def mac_ok(key: bytes, kind: str, rq_id: str, value, tag) -> bool:
 
 
 def _aead(key: bytes):
-    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM  # with PyJWT[crypto], in the daemon extra
 
     return AESGCM(hmac.new(key, b"kernalin-ci fetch token", hashlib.sha256).digest())
 
