@@ -46,6 +46,18 @@ def module_argv(module: str, *, cwd: str | os.PathLike | None = None, python: st
     return [python, "-I", "-u", "-c", _BOOT, json.dumps(child_path(cwd)), module]
 
 
+# For an image where kernalin-ci is installed (the docker runner): no -I, so the interpreter keeps every
+# site it has (a user site too); the working directory ('' with -c) leaves sys.path before anything is
+# imported, so a module in the checkout cannot stand in for runpy or kernalin_ci.
+_IMAGE_BOOT = ("import sys; sys.path[:] = [p for p in sys.path if p]; import runpy; m = sys.argv.pop(1); "
+               "runpy.run_module(m, run_name='__main__', alter_sys=True)")
+
+
+def image_module_argv(module: str, python: str = "python3") -> list[str]:
+    """argv that runs `python -m MODULE` from the installation of an image, never from the working directory."""
+    return [python, "-u", "-c", _IMAGE_BOOT, module]
+
+
 _PR_SET_DUMPABLE = 4
 
 

@@ -138,3 +138,17 @@ def test_a_same_uid_kernel_cannot_read_the_parents_environment(open_dir):
     assert stolen.get("parent_error") == "PermissionError", stolen.get("parent_error")
     assert not any(v in stolen.get("parent_environ", "") for v in SECRETS.values())
     assert [k for k in SECRETS if k in stolen["env"]] == []
+
+
+def test_the_docker_runners_command_never_imports_from_the_checkout(tmp_path):
+    """Inside the image the gate starts without -I (the image's own sites stay), so the working
+    directory, a checkout with its own runpy.py and kernalin_ci/, must leave sys.path before any import."""
+    from kernalin_ci.launch import image_module_argv
+
+    shadow_package(tmp_path, tmp_path)
+    (tmp_path / "runpy.py").write_text(SHADOW_MAIN.replace('os.environ["MARKER_DIR"]', repr(str(tmp_path))))
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": PACKAGE_ROOT}  # as the image's site-packages would
+    r = subprocess.run(image_module_argv("kernalin_ci", python=sys.executable) + ["--version"], cwd=tmp_path,
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert not (tmp_path / "shadowed").exists()
+    assert r.returncode == 0 and r.stdout.startswith("kernalin-ci "), r.stderr

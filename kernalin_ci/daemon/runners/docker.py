@@ -22,6 +22,7 @@ from docker.types import DeviceRequest
 from kernalin_ci.daemon import safefile
 from kernalin_ci.daemon.runners import POLL_S, CappedLog, RunRequest, RunResult, StopReason, job_env
 from kernalin_ci.daemon.settings import DockerSettings
+from kernalin_ci.launch import image_module_argv
 
 LABEL = "kernalin-ci.job"
 # clone the read-only checkout (owned by another uid: safe.directory) to a writable place, put the base
@@ -50,8 +51,9 @@ class DockerRunner:
 
     def _create(self, req: RunRequest):
         s = self.settings
-        # the image's own installation, isolated (-I): /tmp/repo, the working directory, is not on sys.path
-        argv = req.argv(["python3", "-I", "-u", "-m", "kernalin_ci"], python="python3", config="/tmp/repo/.kernalin.yml", out="/out", repo="/tmp/repo")
+        # the image's own installation: /tmp/repo, the working directory, never comes on sys.path
+        argv = req.argv(image_module_argv("kernalin_ci"), python="python3", config="/tmp/repo/.kernalin.yml",
+                        out="/out", repo="/tmp/repo")
         # inside, the one GPU of the device request is device 0: CUDA_VISIBLE_DEVICES stays unset
         env = job_env(req, home="/tmp/home", tmp="/tmp", visible=None)
         env.pop("PATH", None)  # the image's own
