@@ -76,7 +76,12 @@ def slow_clients(daemon, n: int, seconds: float) -> dict:
     cut = [False] * n
     health = []
     end = time.monotonic() + seconds
-    checker = threading.Thread(target=lambda: (time.sleep(min(2, seconds / 2)), health.append(timed_healthz(daemon.url))))
+
+    def check():  # a real client, once the slow ones hold every slot
+        time.sleep(min(2, seconds / 2))
+        health.append(timed_healthz(daemon.url))
+
+    checker = threading.Thread(target=check)
     checker.start()
     while time.monotonic() < end:
         for i, s in enumerate(socks):
