@@ -183,8 +183,8 @@ class Poster(BackgroundLoop):
         self.failures = 0
         for w in res.warnings:
             log.warning("job %s: %s", job.id, w)
+        self.metrics.inc("posts_total", {"result": "posted"})  # before the job shows as posted
         self.store.posted(job.id, res.check_run.id if res.check_run else None)
-        self.metrics.inc("posts_total", {"result": "posted"})
         log.info("job %s: posted %s to %s#%d", job.id, pub.conclusion, job.spec.repo, job.spec.pr)
 
     def _give_up(self, job: Job, error: str) -> None:

@@ -225,10 +225,10 @@ class Handler(BaseHTTPRequestHandler):
         except Exception as e:  # the store failed: GitHub shows the delivery as failed and can redeliver it
             log.exception("delivery failed")
             status, answer, event = 500, {"error": f"internal error: {type(e).__name__}"}, None
-        self._send(status, answer, close=status >= 400)
-        m = self.app.metrics
+        m = self.app.metrics  # counted before the answer goes out: a client that reads /metrics next sees it
         m.observe("webhook_ack_seconds", time.perf_counter() - t0)
         m.inc("webhook_deliveries_total", {"event": event or "-", "status": str(status)})
+        self._send(status, answer, close=status >= 400)
 
     def _delivery(self) -> tuple[int, dict, str | None]:
         settings = self.app.settings

@@ -8,6 +8,7 @@ from kernalin_ci.daemon.app import wait_for
 from kernalin_ci.daemon.harness import wait_job
 
 from hostile_support import PAYLOAD_COMMAND, REPO, check_run_text, pr_with_payload
+from hostile_support import world, serve  # noqa: F401 (fixtures)
 
 GOOD = '''import sys
 from kernalin_ci.report.model import Report

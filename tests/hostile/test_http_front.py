@@ -14,6 +14,7 @@ from kernalin_ci.daemon.harness import WEBHOOK_SECRET
 from kernalin_ci.daemon.webhook import signature
 
 from hostile_support import PAYLOAD_COMMAND, REPO, proc_threads
+from hostile_support import world, serve  # noqa: F401 (fixtures)
 
 
 def raw(url: str, data: bytes) -> int:

@@ -15,6 +15,7 @@ from kernalin_ci.daemon.app import wait_for
 from kernalin_ci.daemon.harness import fake_gate_command, wait_job
 
 from hostile_support import PAYLOAD_COMMAND, check_run_text, pr_with_payload
+from hostile_support import world, serve, redis_url  # noqa: F401 (fixtures)
 
 
 def _queue(redis_url, name):

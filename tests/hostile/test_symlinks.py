@@ -10,6 +10,7 @@ import os
 from kernalin_ci.daemon.harness import wait_job
 
 from hostile_support import PAYLOAD_COMMAND, REPO, check_run_text, pr_with_payload
+from hostile_support import world, serve  # noqa: F401 (fixtures)
 
 SECRET = "kernalin-secret-6c1f9e0b"
 
