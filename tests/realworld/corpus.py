@@ -4,9 +4,9 @@
 and one single-bug mutant. Nothing of the kernels' code lives in this repository: `fetch()` downloads
 each distribution with `pip download --no-deps` into `.cache/realworld/` (git-ignored), checks its
 sha256 and extracts the named members. `mutant_tree()` copies a kernel's extracted files and applies its
-mutant (one find/replace). The adapters in `adapters/` load the production modules from the tree named
-by `KERNALIN_REALWORLD_SRC` (default: the extracted originals), so the same adapter runs an original or
-its mutant. `verify()` runs `kernalin-ci verify` on one variant and returns what it found.
+mutant (one find/replace) into `mutants/<kernel>/src/`, beside a copy of the adapters: an adapter loads
+the production modules from the `src/` beside its own folder when there is one, else from the extracted
+originals, so the same adapter code runs an original or its mutant. `verify()` runs `kernalin-ci verify` on one variant and returns what it found.
 """
 from __future__ import annotations
 
@@ -27,7 +27,6 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 MANIFEST = HERE / "manifest.json"
 CACHE = Path(os.environ.get("KERNALIN_REALWORLD_CACHE") or REPO / ".cache" / "realworld")
-SRC_ENV = "KERNALIN_REALWORLD_SRC"  # the adapters load production modules from this tree
 
 
 @dataclass(frozen=True)
@@ -168,12 +167,14 @@ def fetch(kernels: list[Kernel], cache: Path = CACHE) -> None:
 
 
 def mutant_tree(k: Kernel, cache: Path = CACHE) -> Path:
-    """A source tree holding the kernel's files with its mutant applied; returns the tree's root."""
+    """mutants/<kernel>/: src/ holding the kernel's files with its mutant applied, and adapters/, a copy
+    of the adapters (they load from the src/ beside them). Returns that folder."""
     src = cache / "src" / k.dist.key
     root = cache / "mutants" / k.id
-    dst = root / k.dist.key
-    if dst.exists():
-        shutil.rmtree(dst)
+    if root.exists():
+        shutil.rmtree(root)
+    shutil.copytree(HERE / "adapters", root / "adapters", ignore=shutil.ignore_patterns("__pycache__"))
+    dst = root / "src" / k.dist.key
     for m in k.files:
         _write(dst / m, (src / m).read_bytes())
     text = (src / k.mutant.file).read_text()
@@ -203,16 +204,16 @@ class Outcome:
 def verify(k: Kernel, variant: str, device: str = "cpu", extra: tuple[str, ...] = (),
            cache: Path = CACHE, timeout: float = 1800) -> Outcome:
     """Run `kernalin-ci verify` on the original or the mutant of one kernel; parse its JSON."""
-    tree = cache / "src" if variant == "original" else mutant_tree(k, cache)
+    entry = k.adapter
     if variant == "mutant":  # each mutant's bug shows in float32; the dtype sweep would only add time
+        entry = str(mutant_tree(k, cache) / "adapters" / Path(k.adapter).name)
         extra = ("--dtype", "float32", *extra)
-    cmd = [sys.executable, "-m", "kernalin_ci", "verify", "--op", k.op, "--entry", k.adapter,
+    cmd = [sys.executable, "-m", "kernalin_ci", "verify", "--op", k.op, "--entry", entry,
            "--device", device, "--json", "-", "--quiet", *extra]
     for name, value in k.params.items():
         cmd += ["--param", f"{name}={value}"]
-    env = dict(os.environ, **{SRC_ENV: str(tree)})
     t0 = time.monotonic()
-    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env, timeout=timeout)
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
     seconds = time.monotonic() - t0
     try:
         res = json.loads(r.stdout)

@@ -1,23 +1,24 @@
 """Load one production module from the fetched corpus (`tests/realworld/fetch.py`).
 
-The tree is `$KERNALIN_REALWORLD_SRC` (the tests point it at a mutant's tree) or the extracted
-originals in `.cache/realworld/src/`. `stubs` stands in for the few package utilities a module imports
+The tree is the `src/` folder beside this file's folder when there is one (a mutant's tree:
+`.cache/realworld/mutants/<kernel>/` holds `src/` with the mutated files and `adapters/`, a copy of these
+adapters), else the extracted originals in `.cache/realworld/src/`. `stubs` stands in for the few package utilities a module imports
 (our own few lines, e.g. `is_hip`), so no serving stack has to be installed; they are removed from
 `sys.modules` again once the module is loaded.
 """
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 import types
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[3]
+HERE = Path(__file__).resolve().parent
 
 
 def source_root() -> Path:
-    return Path(os.environ.get("KERNALIN_REALWORLD_SRC") or REPO / ".cache" / "realworld" / "src")
+    beside = HERE.parent / "src"
+    return beside if beside.is_dir() else HERE.parents[2] / ".cache" / "realworld" / "src"
 
 
 def load(dist: str, member: str, stubs: dict[str, dict] | None = None) -> types.ModuleType:
