@@ -125,3 +125,22 @@ def test_token_pool_adapter_views_the_cache_with_block_size_1():
         rc, res = verify(PAGED, f"{TOKEN}:token_pool", "--param", "block_size=1",
                          "--case", case_json(PAGED, name, block_size=1))
         assert rc == 0 and res["cases_run"] == 1, res["findings"]
+
+
+def test_structural_analyses_read_an_hnd_cache_in_its_own_order():
+    for op, entry, want in ((PAGED, "hnd_attention", 0), ("kv_append", "hnd_kv_append", 0),
+                            ("kv_append", "nhd_kv_append_given_hnd", 1)):
+        r = cli("verify", "--op", op, "--entry", f"{TOKEN}:{entry}", "--param", "layout=hnd", "--device", "cpu",
+                "--only", "structural", "--quiet", "--json", "-")
+        assert r.returncode == want, r.stdout + r.stderr
+        res = json.loads(r.stdout)
+        assert not [n for n in res["notices"] if "not analysed" in n["message"] or "could not" in n["message"]]
+
+
+def test_pipeline_runs_on_an_hnd_cache():
+    r = cli("pipeline", "--kv-append", f"{TOKEN}:hnd_kv_append", "--attention", f"{TOKEN}:hnd_attention",
+            "--param", "layout=hnd", "--steps", "3", "--device", "cpu", "--quiet")
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = cli("pipeline", "--kv-append", f"{TOKEN}:nhd_kv_append_given_hnd", "--attention", f"{TOKEN}:hnd_attention",
+            "--param", "layout=hnd", "--steps", "3", "--device", "cpu", "--quiet")
+    assert r.returncode == 1, r.stdout + r.stderr
