@@ -8,6 +8,7 @@ or the whole-cache diff of kv_append). The reference is computed after the call.
 """
 from __future__ import annotations
 
+import os
 import re
 import time
 from contextlib import nullcontext
@@ -154,7 +155,12 @@ def run_job(job: dict, emit) -> None:
                   "findings": [Finding("call", "cuda-error", str(e)).to_json()]})
             emit({"event": "restart", "reason": "CUDA context lost"})
             return
+        base = os.path.realpath(job.get("root") or os.getcwd()) + os.sep
         for n in notices:
+            if n.location and os.path.realpath(n.location.path).startswith(base):
+                rel = os.path.realpath(n.location.path)[len(base):]
+                n.message = n.message.replace(n.location.path, rel)
+                n.location.path = rel
             emit({"event": "notice", "index": i, "notice": n.to_json()})
         emit({"event": "case-done", "index": i, "seconds": time.perf_counter() - t0,
               "findings": [f.to_json() for f in found]})
