@@ -1,23 +1,18 @@
-"""GPT-J-style RoPE whose cos/sin table is stored in float16 while the activations are float32
+"""GPT-J-style RoPE whose cos/sin table is stored in float16 while q and k are float32
 
-Bug kernel, derived from correct_gptj_table.py. The table is built in float32 from
-the definition and then cast to half precision, as a model-wide `.half()` cast does
-to a cos/sin cache kept as a buffer, while q and k stay float32:
-
-    _TABLES[key] = torch.cat([freqs.cos(), freqs.sin()], dim=-1).contiguous().to(device, torch.float16)
-        # should be: _TABLES[key] = torch.cat([freqs.cos(), freqs.sin()], dim=-1).contiguous().to(device)
-
-Every cos and sin is off by up to 2^-11 of itself: ~1.4e-4 of each row's norm at
-every position past the first few, on float32 activations that a correct kernel
-rotates to ~1e-6. A per-token angle allowance of p * 2^-23 hides it at positions
-above ~1000, and the float32 tolerance of 2e-3 hides it everywhere.
-
+Parent: correct_gptj_table.py. Injected bug, in _cos_sin_table: the table is built in
+float32 from the definition and then cast to half precision, as a model-wide `.half()`
+cast does to a cos/sin cache kept as a buffer, while the activations stay float32:
+`.contiguous().to(device, torch.float16)` where it should be `.contiguous().to(device)`.
+Every cos and sin is off by up to 2^-11 of itself: ~1.4e-4 of each row's norm at every
+position past the first few, on float32 activations that a correct kernel rotates to
+~1e-6. A per-token angle allowance of p * 2^-23 hides it above position ~1000, and the
+float32 tolerance of 2e-3 hides it everywhere.
 Bug class: precision.
-Modelled on: https://github.com/huggingface/transformers/issues/25681 -- Llama's
-rotary embedding kept its cos/sin cache as a buffer, so casting the model to
-float16/bfloat16 cast the cache too and every position got rounded cos/sin values.
-
-pos0 probe: missed. At position 0 the table holds cos = 1 and sin = 0, exact in
+Modelled on huggingface/transformers issue #25681: Llama's rotary embedding kept its
+cos/sin cache as a buffer, so casting the model to float16/bfloat16 cast the cache too,
+and every position got rounded cos/sin values.
+pos-0 probe: missed. At position 0 the table holds cos = 1 and sin = 0, exact in
 float16: the rotation is the identity either way.
 """
 import torch
