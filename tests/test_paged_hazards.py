@@ -48,11 +48,13 @@ def test_free_low_blocks_case_frees_block_0_and_pads_tables_with_0():
     assert torch.isnan(kw["k_cache"][:3]).all() and torch.isnan(kw["v_cache"][:3]).all()
 
 
-def test_padded_lanes_sent_to_block_0_are_caught_only_where_block_0_is_free():
+def test_padded_lanes_sent_to_block_0_are_caught_where_block_0_is_free():
+    """A random table hands block 0 to a sequence (finite slot 0): the same kernel passes there."""
     entry = f"{CHECKS}/attention_decode_paged/bug_padded_lanes_block0.py:entry"
-    rc, res = verify(PAGED, entry, "--dtype", "float32")
-    assert rc == 1
-    assert {name for _, name in found(res)} == {"free-low-blocks"}, res["findings"]
+    rc, res = verify(PAGED, entry, "--case", case_json(PAGED, "free-low-blocks"))
+    assert rc == 1 and {name for _, name in found(res)} == {"free-low-blocks"}, res["findings"]
+    rc, res = verify(PAGED, entry, "--case", case_json(PAGED, "gqa-8"))
+    assert rc == 0, res["findings"]
 
 
 def test_correct_paged_kernels_stay_clean_with_block_0_free():
