@@ -19,6 +19,7 @@ from kernalin_ci.ops import written as written_names
 from kernalin_ci.ops.base import Case
 from kernalin_ci.verify.compare import check_reference
 from kernalin_ci.verify.interp import skip_self_copy
+from kernalin_ci.verify.interp_bf16 import faithful_bf16, take_unfaithful
 from kernalin_ci.verify.poison import bits, fill_canary, is_canary, poisoned_allocations, prime_cuda_allocator
 
 GUARD = 16384  # canary elements before and after every input tensor
@@ -114,6 +115,29 @@ def run_case(op, fn, case: Case, params: dict, device: str, memo: dict, poison: 
     return findings
 
 
+class Interpreter:
+    """On the CPU: patches the Triton interpreter, and says which cases it cannot run faithfully."""
+
+    def __init__(self, cpu: bool):
+        self.cpu = cpu
+        self.lazy_ok = not cpu or skip_self_copy()
+        self.bf16 = faithful_bf16() if cpu else None  # patches the interpreter; None: bfloat16 is faithful
+        take_unfaithful()
+
+    def cannot_run(self, case: Case) -> str | None:
+        """Why a case cannot be checked at all here, or None."""
+        if "huge" in case.tags and not self.lazy_ok:
+            return "this Triton interpreter would make the 2^31-element buffers resident"
+        if self.cpu and case.dtype == "bfloat16" and self.bf16:
+            return f"interpreter: {self.bf16}"
+        return None
+
+    def did_not_run_faithfully(self) -> str | None:
+        """Why the case just run is not checked (a construct the interpreter cannot emulate), or None."""
+        why = take_unfaithful() if self.cpu else None
+        return f"interpreter: {why}" if why else None
+
+
 def run_job(job: dict, emit) -> None:
     """Worker task 'verify-dynamic': run cases[start:] and emit one event per case."""
     from kernalin_ci.entry import load_entry
@@ -125,14 +149,14 @@ def run_job(job: dict, emit) -> None:
     fn = load_entry(job["entry"], job.get("root"))
     cases = [Case.from_json(c) for c in job["cases"]]
     memo: dict = {}
-    lazy_ok = job["device"] != "cpu" or skip_self_copy()
+    interp = Interpreter(job["device"] == "cpu")
     for i in range(job.get("start", 0), len(cases)):
         case = cases[i]
         emit({"event": "case-start", "index": i})
         t0 = time.perf_counter()
-        if "huge" in case.tags and not lazy_ok:
-            emit({"event": "case-done", "index": i, "seconds": 0.0, "findings": [],
-                  "skipped": "this Triton interpreter would make the 2^31-element buffers resident"})
+        skipped = interp.cannot_run(case)
+        if skipped:
+            emit({"event": "case-done", "index": i, "seconds": 0.0, "findings": [], "skipped": skipped})
             continue
         try:
             found = run_case(op, fn, case, job["params"], job["device"], memo, poison=job.get("poison", True))
@@ -141,5 +165,9 @@ def run_job(job: dict, emit) -> None:
                   "findings": [Finding("call", "cuda-error", str(e)).to_json()]})
             emit({"event": "restart", "reason": "CUDA context lost"})
             return
-        emit({"event": "case-done", "index": i, "seconds": time.perf_counter() - t0,
-              "findings": [f.to_json() for f in found]})
+        done = {"event": "case-done", "index": i, "seconds": time.perf_counter() - t0,
+                "findings": [f.to_json() for f in found]}
+        skipped = interp.did_not_run_faithfully()
+        if skipped:
+            done.update(findings=[], skipped=skipped)
+        emit(done)
