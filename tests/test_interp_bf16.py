@@ -87,3 +87,17 @@ def test_rounding_float64_to_bf16_is_a_single_rounding():
 def test_rounding_toward_zero_truncates():
     x = np.array([1 + 255 * 2.0 ** -16, -(1 + 255 * 2.0 ** -16), 3.5e38], dtype=np.float64)
     assert [hex(v) for v in _to_bf16_bits(x, toward_zero=True)] == ["0x3f80", "0xbf80", "0x7f7f"]
+
+
+def test_a_case_the_interpreter_cannot_run_is_not_checked_instead_of_a_finding():
+    """The bfloat16 cases of a correct kernel that writes with tl.atomic_add: skipped with an interpreter
+    reason (unpatched, the interpreter's 'Unsupported data type' made each an entry-error finding)."""
+    from conftest import cli
+
+    r = cli("verify", "--op", "rope", "--entry", "tests/kernels/rope_atomic.py:entry", "--device", "cpu",
+            "--only", "dynamic", "--dtype", "bfloat16", "--json", "-")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads(r.stdout)["findings"] == []
+    skipped = [ln for ln in r.stderr.splitlines() if "skipped: interpreter: " in ln]
+    assert len(skipped) == 5 and all(ln.endswith("the Triton interpreter has no bfloat16 atomic read-modify-write")
+                                     for ln in skipped), r.stderr

@@ -12,11 +12,11 @@ rounding a float32 sum, difference, product, quotient or square root once more t
 the correctly rounded bfloat16 result. Data movement (loads, stores, where, splat, reshape) keeps
 the bit patterns, NaN payloads (the poison canary) included; a computed NaN is the canonical 0x7FFF.
 
-A Triton without these hooks is not patched, and a self-test through the builder decides whether
-bfloat16 is faithful there: if not, `faithful_bf16()` says why and bfloat16 cases are not checked.
+A Triton without these hooks is not patched; either way a self-test through the builder decides
+whether bfloat16 is faithful: if not, `faithful_bf16()` says why and bfloat16 cases are not checked.
 A construct the interpreter cannot run on bfloat16 (its atomics fail with "Unsupported data type")
-is recorded: `take_unfaithful()` names it, and that case is not checked (instead of an entry-error). float16 needs nothing: numpy's float16
-is IEEE half with round-to-nearest-even.
+is recorded: `take_unfaithful()` names it, and that case is not checked instead of an entry-error.
+float16 needs nothing: numpy's float16 is IEEE half with round-to-nearest-even.
 """
 from __future__ import annotations
 
@@ -58,20 +58,29 @@ def _install_bf16() -> str | None:
         from triton.runtime import interpreter
     except ImportError as e:
         return f"the Triton interpreter cannot be imported ({e})"
-    version = getattr(triton, "__version__", "?")
-    if getattr(interpreter, "_get_np_dtype", lambda t: None)(tl.bfloat16) == _U16:
+    missing = []
+    if _stores_bf16_as_bits(interpreter, tl):
         missing = [f"{cls}.{name}" for cls, names in _BF16_HOOKS.items() for name in names
                    if not hasattr(getattr(interpreter, cls, None), name)]
         missing += [name for name in ("TensorHandle", "interpreter_builder", "_ir") if not hasattr(interpreter, name)]
-        if missing:
-            return f"bfloat16 arithmetic is not emulated on this Triton {version} interpreter (no {missing[0]})"
-        _patch_bf16(interpreter, tl)
-    # else: this Triton stores bfloat16 some other way; the self-test decides whether it computes on values
+        if not missing:
+            _patch_bf16(interpreter, tl)
+    # a Triton that stores bfloat16 some other way is left alone: the self-test says whether it is faithful
     try:
         wrong = _bf16_self_test(interpreter, tl)
     except Exception as e:  # an interpreter whose builder API differs
         wrong = f"{type(e).__name__}: {e}"
-    return f"bfloat16 is not computed faithfully by this Triton {version} interpreter ({wrong})" if wrong else None
+    if not wrong:
+        return None
+    why = f"no {missing[0]} to patch" if missing else wrong
+    return f"bfloat16 is not computed faithfully by this Triton {getattr(triton, '__version__', '?')} interpreter ({why})"
+
+
+def _stores_bf16_as_bits(interpreter, tl) -> bool:
+    try:
+        return interpreter._get_np_dtype(tl.bfloat16) == _U16
+    except Exception:
+        return False
 
 
 def _bf16_bits_to_f32(u: np.ndarray) -> np.ndarray:
@@ -121,7 +130,7 @@ def _patch_bf16(interpreter, tl) -> None:
     def on_values(method, probe=0, result=0, wide=np.float32):
         """Run `method` on widened values when args[probe] is bfloat16; round back if args[result] was."""
         def patched(self, *args):
-            if not is_bf16(args[probe]):
+            if args[probe].data.dtype is not _U16 or not is_bf16(args[probe]):  # the first test is the cheap one
                 return method(self, *args)
             ret = method(self, *[widen(a, wide) for a in args])
             return narrow(ret) if is_bf16(args[result]) else ret
