@@ -101,3 +101,17 @@ def test_a_case_the_interpreter_cannot_run_is_not_checked_instead_of_a_finding()
     skipped = [ln for ln in r.stderr.splitlines() if "skipped: interpreter: " in ln]
     assert len(skipped) == 5 and all(ln.endswith("the Triton interpreter has no bfloat16 atomic read-modify-write")
                                      for ln in skipped), r.stderr
+
+
+BF16_KERNELS = [("rope", "checks/rope/correct_bf16_math.py"),
+                ("attention.decode", "checks/attention_decode/correct_bf16_dot.py")]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op,path", BF16_KERNELS, ids=[p for _, p in BF16_KERNELS])
+@pytest.mark.parametrize("dtype", [None, "bfloat16"], ids=["default-cases", "all-bfloat16"])
+def test_the_catalogue_kernels_that_compute_in_bf16_pass_on_the_gpu(op, path, dtype):
+    from conftest import cli
+
+    r = cli("verify", "--op", op, "--entry", f"{path}:entry", "--device", "cuda", *(["--dtype", dtype] if dtype else []))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
