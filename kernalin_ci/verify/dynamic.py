@@ -116,26 +116,28 @@ def run_case(op, fn, case: Case, params: dict, device: str, memo: dict, poison: 
 
 
 class Interpreter:
-    """On the CPU: patches the Triton interpreter, and says which cases it cannot run faithfully."""
+    """On the CPU: makes the Triton interpreter compute bfloat16 on values, and says which cases it
+    still cannot run faithfully. Those are not checked (never a finding): their case-done event
+    carries `not_checked` {"reason": "interpreter", "error": why} and `skipped` "interpreter: why"."""
 
     def __init__(self, cpu: bool):
         self.cpu = cpu
-        self.lazy_ok = not cpu or skip_self_copy()
-        self.bf16 = faithful_bf16() if cpu else None  # patches the interpreter; None: bfloat16 is faithful
+        self.bf16 = faithful_bf16() if cpu else None  # None: bfloat16 is faithful (or not on the CPU)
         take_unfaithful()
 
-    def cannot_run(self, case: Case) -> str | None:
-        """Why a case cannot be checked at all here, or None."""
-        if "huge" in case.tags and not self.lazy_ok:
-            return "this Triton interpreter would make the 2^31-element buffers resident"
-        if self.cpu and case.dtype == "bfloat16" and self.bf16:
-            return f"interpreter: {self.bf16}"
-        return None
+    def cannot_run(self, dtype: str) -> dict:
+        """case-done fields for a case of this dtype that cannot run faithfully at all ({} if it can)."""
+        return self._fields(self.bf16 if self.cpu and dtype == "bfloat16" else None)
 
-    def did_not_run_faithfully(self) -> str | None:
-        """Why the case just run is not checked (a construct the interpreter cannot emulate), or None."""
-        why = take_unfaithful() if self.cpu else None
-        return f"interpreter: {why}" if why else None
+    def after_case(self) -> dict:
+        """case-done fields for the case just run if it used a construct the interpreter cannot emulate."""
+        return self._fields(take_unfaithful() if self.cpu else None)
+
+    @staticmethod
+    def _fields(why: str | None) -> dict:
+        if not why:
+            return {}
+        return {"skipped": f"interpreter: {why}", "not_checked": {"reason": "interpreter", "error": why}}
 
 
 def run_job(job: dict, emit) -> None:
@@ -149,14 +151,19 @@ def run_job(job: dict, emit) -> None:
     fn = load_entry(job["entry"], job.get("root"))
     cases = [Case.from_json(c) for c in job["cases"]]
     memo: dict = {}
+    lazy_ok = job["device"] != "cpu" or skip_self_copy()
     interp = Interpreter(job["device"] == "cpu")
     for i in range(job.get("start", 0), len(cases)):
         case = cases[i]
         emit({"event": "case-start", "index": i})
         t0 = time.perf_counter()
-        skipped = interp.cannot_run(case)
-        if skipped:
-            emit({"event": "case-done", "index": i, "seconds": 0.0, "findings": [], "skipped": skipped})
+        if "huge" in case.tags and not lazy_ok:
+            emit({"event": "case-done", "index": i, "seconds": 0.0, "findings": [],
+                  "skipped": "this Triton interpreter would make the 2^31-element buffers resident"})
+            continue
+        unfaithful = interp.cannot_run(case.dtype)
+        if unfaithful:
+            emit({"event": "case-done", "index": i, "seconds": 0.0, "findings": [], **unfaithful})
             continue
         try:
             found = run_case(op, fn, case, job["params"], job["device"], memo, poison=job.get("poison", True))
@@ -165,9 +172,6 @@ def run_job(job: dict, emit) -> None:
                   "findings": [Finding("call", "cuda-error", str(e)).to_json()]})
             emit({"event": "restart", "reason": "CUDA context lost"})
             return
-        done = {"event": "case-done", "index": i, "seconds": time.perf_counter() - t0,
-                "findings": [f.to_json() for f in found]}
-        skipped = interp.did_not_run_faithfully()
-        if skipped:
-            done.update(findings=[], skipped=skipped)
-        emit(done)
+        unfaithful = interp.after_case()
+        emit({"event": "case-done", "index": i, "seconds": time.perf_counter() - t0,
+              "findings": [] if unfaithful else [f.to_json() for f in found], **unfaithful})
