@@ -111,5 +111,6 @@ BF16_KERNELS = [("rope", "checks/rope/correct_bf16_math.py"),
 def test_the_catalogue_kernels_that_compute_in_bf16_pass_on_the_gpu(op, path, dtype):
     from conftest import cli
 
-    r = cli("verify", "--op", op, "--entry", f"{path}:entry", "--device", "cuda", *(["--dtype", dtype] if dtype else []))
+    extra = ["--dtype", dtype] if dtype else []
+    r = cli("verify", "--op", op, "--entry", f"{path}:entry", "--device", "cuda", *extra)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]

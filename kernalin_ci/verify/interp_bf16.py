@@ -73,7 +73,8 @@ def _install_bf16() -> str | None:
     if not wrong:
         return None
     why = f"no {missing[0]} to patch" if missing else wrong
-    return f"bfloat16 is not computed faithfully by this Triton {getattr(triton, '__version__', '?')} interpreter ({why})"
+    version = getattr(triton, "__version__", "?")
+    return f"bfloat16 is not computed faithfully by this Triton {version} interpreter ({why})"
 
 
 def _stores_bf16_as_bits(interpreter, tl) -> bool:
