@@ -75,10 +75,12 @@ def _atomic(out_ptr, x_ptr, N: tl.constexpr):
 
 def _inputs(dt):
     g = torch.Generator().manual_seed(0)
-    # magnitudes in [0.5, 4): every product and sum below is exact in float32
+
     def mag(n):
         return (torch.rand(n, generator=g) * 3.5 + 0.5) * torch.where(torch.rand(n, generator=g) < 0.5, -1.0, 1.0)
-    # 8 significant bits (bfloat16 values) in both dtypes: x * y + z is exact in float32
+
+    # magnitudes in [0.5, 4) with 8 significant bits (bfloat16 values) in both dtypes: x * y + z is
+    # exact in float32; a and b are multiples of 1/4, p in [0.5, 1): the dots and sums are exact too
     x, y, z = (mag(N).to(torch.bfloat16).to(dt) for _ in range(3))
     f = torch.randn(N, generator=g)  # float32 with all 24 bits: the cast must round to nearest even
     c = torch.tensor([0.3]).to(dt)
