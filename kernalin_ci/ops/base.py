@@ -96,6 +96,8 @@ class Expected:
     # per output name: extra tolerance per row (a float64 vector over the rows of that output), added to
     # the dtype's tolerance where a correct kernel's error provably grows with the input (rope: position)
     row_slack: dict = field(default_factory=dict)
+    # the relative tolerance when the op holds this dtype to a tighter one than TOLERANCE (float32 rope)
+    tolerance: float | None = None
 
 
 class Op(Protocol):
