@@ -8,18 +8,21 @@ or the whole-cache diff of kv_append). The reference is computed after the call.
 """
 from __future__ import annotations
 
+import os
 import re
 import time
 from contextlib import nullcontext
 
 import torch
 
-from kernalin_ci.findings import Finding
+from kernalin_ci.findings import Finding, Notice
 from kernalin_ci.ops import written as written_names
 from kernalin_ci.ops.base import Case
 from kernalin_ci.verify.compare import check_reference
 from kernalin_ci.verify.interp import skip_self_copy
+from kernalin_ci.verify.interp_bf16 import faithful_bf16, take_unfaithful
 from kernalin_ci.verify.poison import bits, fill_canary, is_canary, poisoned_allocations, prime_cuda_allocator
+from kernalin_ci.verify.precision import TF32_TOLERANCE, recorded_launches, tf32_locations, where
 
 GUARD = 16384  # canary elements before and after every input tensor
 CUDA_ERROR = re.compile(r"CUDA error|illegal memory access|unspecified launch failure|misaligned address|"
@@ -71,7 +74,8 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def run_case(op, fn, case: Case, params: dict, device: str, memo: dict, poison: bool = True) -> list[Finding]:
+def run_case(op, fn, case: Case, params: dict, device: str, memo: dict, poison: bool = True,
+             notices: list | None = None) -> list[Finding]:
     kw = op.inputs(case, params, device, poison)
     writable = set(written_names(op, params))
     lazy = writable if "huge" in case.tags else set()
@@ -81,8 +85,10 @@ def run_case(op, fn, case: Case, params: dict, device: str, memo: dict, poison: 
     before = snapshot(kw, skip=lazy)
     if poison and device == "cuda":
         prime_cuda_allocator()
+    launched = None
     try:
-        with poisoned_allocations() if poison else nullcontext():
+        with poisoned_allocations() if poison else nullcontext(), \
+                recorded_launches() if device == "cuda" else nullcontext() as launched:
             ret = fn(**kw)
         sync(device)
     except Exception as e:  # the user's kernel: any exception is a finding
@@ -109,9 +115,41 @@ def run_case(op, fn, case: Case, params: dict, device: str, memo: dict, poison: 
     if hasattr(op, "check"):
         findings += op.check(case, before, kw, outs, params)
     else:
-        findings += check_reference(op, case, cpu_before, outs, params, memo)
+        tolerance = None
+        tf32 = tf32_locations(launched) if case.dtype == "float32" else []
+        if tf32:
+            tolerance = TF32_TOLERANCE
+            if notices is not None:
+                notices.append(Notice("tf32", f"float32 judged at TF32 tolerance ({TF32_TOLERANCE:g}): tl.dot input "
+                                              f"precision tf32 at {where(tf32[0])}", tf32[0], kind="dynamic"))
+        findings += check_reference(op, case, cpu_before, outs, params, memo, tolerance)
         findings += op.properties(case, cpu_before, outs, params)
     return findings
+
+
+class Interpreter:
+    """On the CPU: makes the Triton interpreter compute bfloat16 on values, and says which cases it
+    still cannot run faithfully. Those are not checked (never a finding): their case-done event
+    carries `not_checked` {"reason": "interpreter", "error": why} and `skipped` "interpreter: why"."""
+
+    def __init__(self, cpu: bool):
+        self.cpu = cpu
+        self.bf16 = faithful_bf16() if cpu else None  # None: bfloat16 is faithful (or not on the CPU)
+        take_unfaithful()
+
+    def cannot_run(self, dtype: str) -> dict:
+        """case-done fields for a case of this dtype that cannot run faithfully at all ({} if it can)."""
+        return self._fields(self.bf16 if self.cpu and dtype == "bfloat16" else None)
+
+    def after_case(self) -> dict:
+        """case-done fields for the case just run if it used a construct the interpreter cannot emulate."""
+        return self._fields(take_unfaithful() if self.cpu else None)
+
+    @staticmethod
+    def _fields(why: str | None) -> dict:
+        if not why:
+            return {}
+        return {"skipped": f"interpreter: {why}", "not_checked": {"reason": "interpreter", "error": why}}
 
 
 def run_job(job: dict, emit) -> None:
@@ -126,6 +164,7 @@ def run_job(job: dict, emit) -> None:
     cases = [Case.from_json(c) for c in job["cases"]]
     memo: dict = {}
     lazy_ok = job["device"] != "cpu" or skip_self_copy()
+    interp = Interpreter(job["device"] == "cpu")
     for i in range(job.get("start", 0), len(cases)):
         case = cases[i]
         emit({"event": "case-start", "index": i})
@@ -134,12 +173,26 @@ def run_job(job: dict, emit) -> None:
             emit({"event": "case-done", "index": i, "seconds": 0.0, "findings": [],
                   "skipped": "this Triton interpreter would make the 2^31-element buffers resident"})
             continue
+        unfaithful = interp.cannot_run(case.dtype)
+        if unfaithful:
+            emit({"event": "case-done", "index": i, "seconds": 0.0, "findings": [], **unfaithful})
+            continue
+        notices: list = []
         try:
-            found = run_case(op, fn, case, job["params"], job["device"], memo, poison=job.get("poison", True))
+            found = run_case(op, fn, case, job["params"], job["device"], memo, poison=job.get("poison", True),
+                             notices=notices)
         except CudaContextLost as e:
             emit({"event": "case-done", "index": i, "seconds": time.perf_counter() - t0,
                   "findings": [Finding("call", "cuda-error", str(e)).to_json()]})
             emit({"event": "restart", "reason": "CUDA context lost"})
             return
+        base = os.path.realpath(job.get("root") or os.getcwd()) + os.sep
+        for n in notices:
+            if n.location and os.path.realpath(n.location.path).startswith(base):
+                rel = os.path.realpath(n.location.path)[len(base):]
+                n.message = n.message.replace(n.location.path, rel)
+                n.location.path = rel
+            emit({"event": "notice", "index": i, "notice": n.to_json()})
+        unfaithful = interp.after_case()
         emit({"event": "case-done", "index": i, "seconds": time.perf_counter() - t0,
-              "findings": [f.to_json() for f in found]})
+              "findings": [] if unfaithful else [f.to_json() for f in found], **unfaithful})

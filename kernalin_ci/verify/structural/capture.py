@@ -187,7 +187,8 @@ def capture_case(op_name: str, params: dict, op, head_dim: int = 48) -> tuple[di
         dims = {"T": 5, "Hkv": hkv, "D": D, "num_blocks": 7, "padding": 2}
     else:
         raise CaptureError(f"no structural capture for op {op_name}")
-    return dims, "float16"
+    # rope in float32: the precision a float32 model needs (angles, a cos/sin table) is visible there
+    return dims, "float32" if op_name == "rope" else "float16"
 
 
 def build_inputs(op_name: str, op, params: dict, dims: dict, dtype: str) -> dict:
@@ -452,7 +453,7 @@ def _capture_once(op_name, op, entry_fn, params, dims, dtype) -> Capture:
     writable = set(written_names(op, params))
     for name, v in kw.items():
         if isinstance(v, torch.Tensor):
-            registry.add(name, v, "written" if name in writable else "input")
+            registry.add(name, _logical(op_name, params, name, v), "written" if name in writable else "input")
     snapshot = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
     moves = HostMoves({k: v for k, v in kw.items() if isinstance(v, torch.Tensor)})
     recorder = Recorder(registry, snapshot, moves)
@@ -484,8 +485,18 @@ def _capture_once(op_name, op, entry_fn, params, dims, dtype) -> Capture:
         else:
             info.also = tuple(set(info.also) | {f"{oname}_out"}) if oname not in ("k_cache", "v_cache") else info.also
         outputs[oname] = info.name
-    return Capture(op_name, dict(params), dims, dtype, registry.infos, recorder.launches, outputs, kw,
+    logical = {k: _logical(op_name, params, k, v) for k, v in kw.items()}
+    return Capture(op_name, dict(params), dims, dtype, registry.infos, recorder.launches, outputs, logical,
                    recorder.notes)
+
+
+def _logical(op_name: str, params: dict, name: str, v):
+    """The analyses see a paged cache in nhd order whatever its layout: a permuted view of the same memory."""
+    if op_name in ("attention.decode_paged", "kv_append") and name in ("k_cache", "v_cache"):
+        from kernalin_ci.ops.paged import layout_of, nhd
+
+        return nhd(v, layout_of(params))
+    return v
 
 
 def _rename(registry: TensorRegistry, launches: list, info: TensorInfo, new: str) -> None:
