@@ -1,4 +1,4 @@
-"""The ops of SPEC-ops.md, one module each; `get_op(name)` is the registry."""
+"""The ops of docs/ops.md, one module each; `get_op(name)` is the registry."""
 from __future__ import annotations
 
 import importlib

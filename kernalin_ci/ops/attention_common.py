@@ -99,7 +99,7 @@ def attend(q: torch.Tensor, keys: list, values: list, scale: float, hmap: list[i
 
 
 def validate_dims(dims: dict) -> str | None:
-    """A --case given by hand: the shape rules of SPEC-ops.md."""
+    """A --case given by hand: the shape rules of docs/ops.md."""
     hq, hkv = dims.get("Hq"), dims.get("Hkv")
     if not hq or not hkv or hq % hkv:
         return "Hq must be a positive multiple of Hkv"
