@@ -346,13 +346,13 @@ def _run(job, emit, op, params, device, fns, cases) -> None:
 
 
 def _fresh_inputs(op, params, device, sh: Shape, rnd: int, seed: int) -> None:
-    if op.name == "custom":
+    if op.redraw_inputs:
+        refresh(sh.master, sh.gen)
+    else:
         c = sh.case
         new = op.inputs(Case(c.name, c.dims, c.dtype, c.seed * 7919 + rnd + 1 + seed, c.tags), params, device,
                         poison=False)
         copy_into(sh.master, new)
-    else:
-        refresh(sh.master, sh.gen)
 
 
 def _check_agreement(op, sh: Shape, exact: bool, rnd: int) -> None:

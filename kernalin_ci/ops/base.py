@@ -124,6 +124,9 @@ class Op(ABC):
     exact: bool = False
     # the module of kernalin_ci.verify.structural that analyses this op's compiled IR; None: no analysis
     structural: str | None = None
+    # True: a benchmark round may redraw the floating-point inputs in place (standard normal); False: it
+    # builds them anew from another seed (inputs with structure a redraw would break)
+    redraw_inputs: bool = True
 
     def __init__(self, root: str | None = None) -> None:
         self.root = root

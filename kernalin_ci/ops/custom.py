@@ -40,6 +40,7 @@ class Custom(Op):
     name = "custom"
     params = PARAMS
     written = ()
+    redraw_inputs = False  # the user's builder knows the structure of its inputs
 
     def _fn(self, params: Params, key: str) -> Any:
         if not params.get(key):
