@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from kernalin_ci.ops.base import Case, Op
 
 TARGET = ("cuda", 90, 32)
 
@@ -358,7 +361,7 @@ def capture(op_name: str, entry_fn, params: dict) -> Capture:
     raise first_error
 
 
-def _capture_once(op, entry_fn, params: dict, case) -> Capture:
+def _capture_once(op: Op, entry_fn, params: dict, case: Case) -> Capture:
     import torch
 
     from kernalin_ci.verify.poison import poisoned_allocations
