@@ -18,6 +18,7 @@ from kernalin_ci.findings import Finding
 from kernalin_ci.ops.base import Case, Op
 from kernalin_ci.verify.compare import check_reference
 from kernalin_ci.verify.interp import skip_self_copy
+from kernalin_ci.verify.interp_bf16 import faithful_bf16, take_unfaithful
 from kernalin_ci.verify.poison import bits, fill_canary, is_canary, poisoned_allocations, prime_cuda_allocator
 
 GUARD = 16384  # canary elements before and after every input tensor
@@ -111,6 +112,31 @@ def run_case(op: Op, fn, case: Case, params: dict, device: str, memo: dict, pois
     return findings
 
 
+class Interpreter:
+    """On the CPU: makes the Triton interpreter compute bfloat16 on values, and says which cases it
+    still cannot run faithfully. Those are not checked (never a finding): their case-done event
+    carries `not_checked` {"reason": "interpreter", "error": why} and `skipped` "interpreter: why"."""
+
+    def __init__(self, cpu: bool):
+        self.cpu = cpu
+        self.bf16 = faithful_bf16() if cpu else None  # None: bfloat16 is faithful (or not on the CPU)
+        take_unfaithful()
+
+    def cannot_run(self, dtype: str) -> dict:
+        """case-done fields for a case of this dtype that cannot run faithfully at all ({} if it can)."""
+        return self._fields(self.bf16 if self.cpu and dtype == "bfloat16" else None)
+
+    def after_case(self) -> dict:
+        """case-done fields for the case just run if it used a construct the interpreter cannot emulate."""
+        return self._fields(take_unfaithful() if self.cpu else None)
+
+    @staticmethod
+    def _fields(why: str | None) -> dict:
+        if not why:
+            return {}
+        return {"skipped": f"interpreter: {why}", "not_checked": {"reason": "interpreter", "error": why}}
+
+
 def run_job(job: dict, emit) -> None:
     """Worker task 'verify-dynamic': run cases[start:] and emit one event per case."""
     from kernalin_ci.entry import load_entry
@@ -121,6 +147,7 @@ def run_job(job: dict, emit) -> None:
     cases = [Case.from_json(c) for c in job["cases"]]
     memo: dict = {}
     lazy_ok = job["device"] != "cpu" or skip_self_copy()
+    interp = Interpreter(job["device"] == "cpu")
     for i in range(job.get("start", 0), len(cases)):
         case = cases[i]
         emit({"event": "case-start", "index": i})
@@ -129,6 +156,10 @@ def run_job(job: dict, emit) -> None:
             emit({"event": "case-done", "index": i, "seconds": 0.0, "findings": [],
                   "skipped": "this Triton interpreter would make the 2^31-element buffers resident"})
             continue
+        unfaithful = interp.cannot_run(case.dtype)
+        if unfaithful:
+            emit({"event": "case-done", "index": i, "seconds": 0.0, "findings": [], **unfaithful})
+            continue
         try:
             found = run_case(op, fn, case, job["params"], job["device"], memo, poison=job.get("poison", True))
         except CudaContextLost as e:
@@ -136,5 +167,6 @@ def run_job(job: dict, emit) -> None:
                   "findings": [Finding("call", "cuda-error", str(e)).to_json()]})
             emit({"event": "restart", "reason": "CUDA context lost"})
             return
+        unfaithful = interp.after_case()
         emit({"event": "case-done", "index": i, "seconds": time.perf_counter() - t0,
-              "findings": [f.to_json() for f in found]})
+              "findings": [] if unfaithful else [f.to_json() for f in found], **unfaithful})
