@@ -102,6 +102,8 @@ class Expected:
     # per output name: extra tolerance per row (a float64 vector over the rows of that output), added to
     # the dtype's tolerance where a correct kernel's error provably grows with the input (rope: position)
     row_slack: dict[str, Any] = field(default_factory=dict)
+    # the relative tolerance when the op holds this dtype to a tighter one than TOLERANCE (float32 rope)
+    tolerance: float | None = None
 
 
 Params = dict[str, Any]    # resolved op params (resolve_params)
@@ -283,9 +285,9 @@ def capture_heads(params: Params) -> tuple[int, int]:
     return hq, (hkv if hq % hkv == 0 else 1)
 
 
-def capture_case(dims: dict[str, Any]) -> Case:
-    """A structural capture call: float16 (the common serving dtype), a fixed seed."""
-    return Case("structural-capture", dims, "float16", 11, ("structural",))
+def capture_case(dims: dict[str, Any], dtype: str = "float16") -> Case:
+    """A structural capture call: float16 by default (the common serving dtype), a fixed seed."""
+    return Case("structural-capture", dims, dtype, 11, ("structural",))
 
 
 def torch_dtype(name: str) -> torch.dtype:

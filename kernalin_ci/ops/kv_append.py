@@ -11,6 +11,7 @@ from typing import Any
 from kernalin_ci.lazy import torch
 
 from kernalin_ci.findings import Finding
+from kernalin_ci.ops import paged
 from kernalin_ci.ops.base import (Case, Expected, Op, Param, Params, Tensors, capture_case, capture_head_dims,
                                   generator, positive, randn, valid_dims)
 from kernalin_ci.ops.bench_shapes import BenchRequest
@@ -21,6 +22,7 @@ PARAMS = (
     Param("block_size", 16, int, "slots per cache block", check=positive),
     Param("head_dim", None, int, "pin D for every case (default: 64 and 128)", check=positive),
     Param("num_kv_heads", None, int, "pin Hkv", check=positive),
+    paged.LAYOUT,
 )
 
 HUGE_ELEMENTS = 2 ** 31  # one cache past 2^31 elements: 32-bit offsets overflow
@@ -36,6 +38,8 @@ class KvAppend(Op):
 
     def _dims(self, params: Params, T: int, Hkv: int, D: int, num_blocks: int, padding: int,
               **extra: Any) -> dict[str, Any]:
+        # at least two free slots per token, whatever the block size (block_size 1: a token-level pool)
+        num_blocks = max(num_blocks, -(-2 * T // params["block_size"]) + 2)
         return {"T": T, "Hkv": params.get("num_kv_heads") or Hkv, "D": params.get("head_dim") or D,
                 "num_blocks": num_blocks, "padding": padding, **extra}
 
@@ -49,6 +53,10 @@ class KvAppend(Op):
             # Hkv * D = 480 and D = 80 are no powers of two: a tile rounded up and left unmasked writes
             # past its row or head into the next slot
             Case("odd-heads", self._dims(params, 19, 6, 80, 13, 2), main, 6),
+            # slot 0 and the rest of blocks 0 and 1 free (canary): a kernel that sends padding tokens to
+            # slot 0 (a clamp of -1, a masked slot load with other=0) and writes there is seen, whatever
+            # the order of its programs
+            Case("free-low-slots", self._dims(params, 23, 2, 64, 13, 6, free_low=2), main, 7),
         ]
         if dtype is None:
             for i, dt in enumerate(("float16", "bfloat16")):
@@ -72,11 +80,14 @@ class KvAppend(Op):
         bs, T, nb, pad = params["block_size"], d["T"], d["num_blocks"], d["padding"]
         n = nb * bs
         want = T - pad
+        low = d.get("free_low", 0) * bs  # slots 0 .. low-1 stay free
         if d.get("high_slots"):  # slots whose element offset passes 2^31, and slot 0
-            special = [n - 1, n - bs, n - bs - 1, 0][:want]
+            special = [n - 1, n - bs, n - bs - 1, 0]
         else:  # first and last slot overall, last slot of a block, first of the next
-            special = [0, n - 1, bs - 1, bs, (nb // 2) * bs + bs - 1][:want]
-        rest = [s for s in torch.randperm(n, generator=g)[: want + len(special)].tolist() if s not in special]
+            special = [0, n - 1, bs - 1, bs, (nb // 2) * bs + bs - 1]
+        special = [s for s in dict.fromkeys(special) if s >= low][:want]  # distinct (block_size 1)
+        perm = (low + torch.randperm(n - low, generator=g)).tolist()
+        rest = [s for s in perm[: want + len(special)] if s not in special]
         slots = (special + rest)[:want]
         slots += [-1] * pad
         order = torch.randperm(T, generator=g).tolist()
@@ -89,7 +100,7 @@ class KvAppend(Op):
         slots = self.slot_mapping(case, params, g)
         key = randn((T, Hkv, D), g, case.dtype, "cpu").to(device)
         value = randn((T, Hkv, D), g, case.dtype, "cpu").to(device)
-        shape = (nb, bs, Hkv, D)
+        shape = paged.shape(nb, bs, Hkv, D, paged.layout_of(params))
         if "huge" in case.tags:  # zeros, lazily allocated on the CPU: never resident as a whole
             if device == "cpu":
                 k_cache, v_cache = lazy_zeros(shape, key.dtype), lazy_zeros(shape, key.dtype)
@@ -114,6 +125,9 @@ class KvAppend(Op):
 
     def check(self, case: Case, before: Tensors, kw: Tensors, outs: Tensors, params: Params) -> list[Finding]:
         """Written slots hold their token's data; nothing else in either cache changed."""
+        lay = paged.layout_of(params)
+        before = {k: (paged.nhd(v, lay) if k in self.written and v is not None else v) for k, v in before.items()}
+        outs = {k: paged.nhd(v, lay) for k, v in outs.items()}
         findings = []
         bs = params["block_size"]
         slots = before["slot_mapping"].tolist()

@@ -23,13 +23,16 @@ PARAMS = (
 
 
 def rotate(x: torch.Tensor, positions: torch.Tensor, style: str, base: float, r: int,
-           sign: float = 1.0) -> torch.Tensor:
-    """The definition in float64. x [T, H, D], positions [T]."""
+           sign: float = 1.0, table: torch.dtype | None = None) -> torch.Tensor:
+    """The definition in float64. x [T, H, D], positions [T]. `table`: a dtype the cos/sin values are
+    rounded to first (what a cos/sin table held in that dtype gives)."""
     x = x.to(torch.float64)
     i = torch.arange(r // 2, dtype=torch.float64)
     theta = base ** (-2.0 * i / r)
-    a = positions.to(torch.float64)[:, None] * theta[None, :]  # [T, r/2]
+    a = positions.to("cpu", torch.float64)[:, None] * theta[None, :]  # [T, r/2]
     cos, sin = torch.cos(a)[:, None, :], sign * torch.sin(a)[:, None, :]
+    if table is not None:
+        cos, sin = cos.to(table).to(torch.float64), sin.to(table).to(torch.float64)
     out = x.clone()
     if style == "neox":
         x1, x2 = x[..., : r // 2], x[..., r // 2: r]
@@ -42,13 +45,46 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, style: str, base: float, r:
     return out
 
 
-def angle_slack(positions: torch.Tensor) -> torch.Tensor:
-    """Extra relative error allowed per token. A correct kernel forms the angle p * inv_freq in float32:
-    one rounding at the highest frequency (inv_freq = 1) already moves it by up to p * 2^-24 rad, which
-    moves the rotated pair by as much relative to its norm. Two such roundings are allowed: 0.0076 at
-    position 64000, against the O(1) error of a wrong position, sign, pairing or base, and p * 2^-11
-    of an angle formed in float16."""
-    return positions.abs() * 2.0 ** -23
+# The rounding unit of float32 (the largest relative error of one rounding).
+U32 = 2.0 ** -24
+# float32 rope is held to float32 accuracy: with exact angles a correct kernel's rows are off by a few
+# roundings of the rotation (x1 cos - x2 sin: ~3 U32) and of cos/sin themselves (1-2 ulps; the GPU's
+# approximate sin/cos: absolute error ~2^-20.5 = 7e-7 after range reduction). 1e-5 leaves a margin of
+# 10 over the worst of these, and is 10 to 20 times below a cos/sin table stored in float16 (2^-11
+# relative per entry, ~1.4e-4 per row). The angle error of a correct kernel grows with the position
+# and is allowed separately, per frequency (`angle_error`).
+FLOAT32_TOLERANCE = 1e-5
+
+
+def angle_error(positions: torch.Tensor, base: float, r: int) -> torch.Tensor:
+    """[T, r/2]: the angle error (radians) a correct float32 kernel may make at each token and frequency.
+
+    A correct kernel forms theta_i = base^(-2i/r) in float32 (torch pow, or exp2 of -2i/r * log2(base)):
+    the exponent carries up to 3 roundings of its own size, so theta_i is off by up to 3 |ln theta_i| U32
+    relative (measured: 12.8 U32 at most for exp2, base 5e5, r 128, where 3 |ln theta| + 1.3 bounds it),
+    plus 2 ulps (4 U32) for pow/exp2 and a reciprocal. The angle p * theta_i adds one rounding, and sin/cos
+    of a large angle on a GPU (the approximate instructions reduce the argument by a float32 product with
+    1/(2 pi)) up to 2 ulps more of the angle. So the error is at most p * theta_i * (8 + 3 |ln theta_i|) * U32:
+    0.03 rad at position 65535 for theta = 1, against the O(1) error of a wrong position, sign, pairing or
+    base, and p * theta_i * 2^-11 of an angle formed in float16."""
+    i = torch.arange(r // 2, dtype=torch.float64)
+    theta = base ** (-2.0 * i / r)
+    per_freq = theta * (8.0 + 3.0 * theta.log().abs()) * U32
+    return positions.to(torch.float64).abs()[:, None] * per_freq[None, :]
+
+
+def row_slack(x: torch.Tensor, positions: torch.Tensor, style: str, base: float, r: int) -> torch.Tensor:
+    """Extra relative error allowed per row of x [T, H, D] (flattened to T * H): an angle error d_i moves
+    the pair of frequency i by at most d_i times its norm n_i, so the row moves by sqrt(sum_i d_i^2 n_i^2),
+    relative to the row's norm (which the rotation keeps)."""
+    x = x.to(torch.float64)
+    if style == "neox":
+        a, b = x[..., : r // 2], x[..., r // 2: r]
+    else:
+        a, b = x[..., 0:r:2], x[..., 1:r:2]
+    d = angle_error(positions.to("cpu"), base, r)[:, None, :]  # [T, 1, r/2]
+    moved = ((d * d) * (a * a + b * b)).sum(-1).sqrt()
+    return (moved / x.norm(dim=-1).clamp_min(1e-30)).reshape(-1)
 
 
 class Rope(Op):
@@ -119,10 +155,12 @@ class Rope(Op):
     def reference(self, kw: Tensors, params: Params) -> Expected:
         D = kw["q"].shape[-1]
         r, st, base = self._r(params, D), params["style"], params["base"]
-        pos = kw["positions"].to("cpu", torch.float64)
+        pos = kw["positions"].to("cpu")
+        fp32 = kw["q"].dtype == torch.float32
         return Expected({"q": rotate(kw["q"], kw["positions"], st, base, r),
                          "k": rotate(kw["k"], kw["positions"], st, base, r)},
-                        row_slack={n: angle_slack(pos).repeat_interleave(kw[n].shape[1]) for n in ("q", "k")})
+                        row_slack={n: row_slack(kw[n].to("cpu"), pos, st, base, r) for n in ("q", "k")},
+                        tolerance=FLOAT32_TOLERANCE if fp32 else None)
 
     def fingerprints(self, kw: Tensors, params: Params, case: Case) -> list[tuple[str, Tensors]]:
         D = kw["q"].shape[-1]
@@ -144,6 +182,8 @@ class Rope(Op):
         ]
         if r != D:
             fps.append(("rope-frequency", both(r=D)))
+        if kw["q"].dtype == torch.float32:  # a cos/sin table in half precision
+            fps += [("precision", both(table=torch.float16)), ("precision", both(table=torch.bfloat16))]
         return fps
 
     def properties(self, case: Case, kw: Tensors, outs: Tensors, params: Params) -> list[Finding]:
@@ -171,7 +211,9 @@ class Rope(Op):
             scale = (kw["q"].to(torch.float64)[0].norm(dim=-1)[:, None]
                      * kw["k"].to(torch.float64)[0].norm(dim=-1)[None, :])
             dev = ((dots - ref).abs() / scale).nan_to_num(float("inf"))
-            if float(dev.max()) > 8 * tol + 2 * float(angle_slack(kw["positions"].to("cpu", torch.float64)).max()):
+            r = self._r(params, kw["q"].shape[-1])
+            angle = float(angle_error(kw["positions"].to("cpu"), params["base"], r).max())
+            if float(dev.max()) > 8 * tol + 2 * angle:
                 i = int(dev.amax(dim=(1, 2)).argmax())
                 m, n = int(kw["positions"][2 * i]), int(kw["positions"][2 * i + 1])
                 m0, n0 = int(kw["positions"][0]), int(kw["positions"][1])
@@ -207,7 +249,9 @@ class Rope(Op):
         cases = []
         for D in capture_head_dims(params):
             D = max(D, params.get("rotary_dim") or D)
-            cases.append(capture_case({"T": 3, "Hq": hq, "Hkv": hkv, "D": D, "positions": [1000, 7, 33]}))
+            # float32: the precision a float32 model needs (angles, a cos/sin table) is visible there
+            cases.append(capture_case({"T": 3, "Hq": hq, "Hkv": hkv, "D": D, "positions": [1000, 7, 33]},
+                                      "float32"))
         return cases
 
 

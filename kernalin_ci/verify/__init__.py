@@ -214,10 +214,19 @@ def verify(op_name: str, entry: str, raw_params: dict, device: str, *, dtype: st
 
             groups = shard(cases, DYNAMIC_WORKERS[device])
             env = threads_each(len(groups) + (pending is not None))
+            dyn_notices: list[Notice] = []
+
+            def on_notice(ev):  # the same notice from several cases or shards is kept once
+                if ev.get("event") == "notice":
+                    n = Notice.from_json(ev["notice"])
+                    if all(n.message != m.message for m in dyn_notices):
+                        dyn_notices.append(n)
+
             with ThreadPoolExecutor(max_workers=len(groups)) as shards:
                 runs = [shards.submit(run_cases, "verify-dynamic", job, [cases[i] for i in g], device, timeout_s,
-                                      prog.subset(g), repro, env=env) for g in groups]
+                                      prog.subset(g), repro, on_notice, env=env) for g in groups]
                 parts = [r.result() for r in runs]
+            result.notices += dyn_notices
             order = {c.name: i for i, c in enumerate(cases)}
             found = sorted((f for fs, _ in parts for f in fs),
                            key=lambda f: order.get((f.case or {}).get("name"), -1))

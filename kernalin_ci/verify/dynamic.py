@@ -8,18 +8,20 @@ or the whole-cache diff of kv_append). The reference is computed after the call.
 """
 from __future__ import annotations
 
+import os
 import re
 import time
 from contextlib import nullcontext
 
 import torch
 
-from kernalin_ci.findings import Finding
+from kernalin_ci.findings import Finding, Notice
 from kernalin_ci.ops.base import Case, Op
 from kernalin_ci.verify.compare import check_reference
 from kernalin_ci.verify.interp import skip_self_copy
 from kernalin_ci.verify.interp_bf16 import faithful_bf16, take_unfaithful
 from kernalin_ci.verify.poison import bits, fill_canary, is_canary, poisoned_allocations, prime_cuda_allocator
+from kernalin_ci.verify.precision import TF32_TOLERANCE, recorded_launches, tf32_locations, where
 
 GUARD = 16384  # canary elements before and after every input tensor
 CUDA_ERROR = re.compile(r"CUDA error|illegal memory access|unspecified launch failure|misaligned address|"
@@ -69,7 +71,8 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def run_case(op: Op, fn, case: Case, params: dict, device: str, memo: dict, poison: bool = True) -> list[Finding]:
+def run_case(op: Op, fn, case: Case, params: dict, device: str, memo: dict, poison: bool = True,
+             notices: list | None = None) -> list[Finding]:
     kw = op.inputs(case, params, device, poison)
     writable = set(op.written_names(params))
     lazy = writable if "huge" in case.tags else set()
@@ -79,8 +82,10 @@ def run_case(op: Op, fn, case: Case, params: dict, device: str, memo: dict, pois
     before = snapshot(kw, skip=lazy)
     if poison and device == "cuda":
         prime_cuda_allocator()
+    launched = None
     try:
-        with poisoned_allocations() if poison else nullcontext():
+        with poisoned_allocations() if poison else nullcontext(), \
+                recorded_launches() if device == "cuda" else nullcontext() as launched:
             ret = fn(**kw)
         sync(device)
     except Exception as e:  # the user's kernel: any exception is a finding
@@ -107,7 +112,14 @@ def run_case(op: Op, fn, case: Case, params: dict, device: str, memo: dict, pois
     if op.exact:
         findings += op.check(case, before, kw, outs, params)
     else:
-        findings += check_reference(op, case, cpu_before, outs, params, memo)
+        tolerance = None
+        tf32 = tf32_locations(launched) if case.dtype == "float32" else []
+        if tf32:
+            tolerance = TF32_TOLERANCE
+            if notices is not None:
+                notices.append(Notice("tf32", f"float32 judged at TF32 tolerance ({TF32_TOLERANCE:g}): tl.dot input "
+                                              f"precision tf32 at {where(tf32[0])}", tf32[0], kind="dynamic"))
+        findings += check_reference(op, case, cpu_before, outs, params, memo, tolerance)
         findings += op.properties(case, cpu_before, outs, params)
     return findings
 
@@ -160,13 +172,22 @@ def run_job(job: dict, emit) -> None:
         if unfaithful:
             emit({"event": "case-done", "index": i, "seconds": 0.0, "findings": [], **unfaithful})
             continue
+        notices: list = []
         try:
-            found = run_case(op, fn, case, job["params"], job["device"], memo, poison=job.get("poison", True))
+            found = run_case(op, fn, case, job["params"], job["device"], memo, poison=job.get("poison", True),
+                             notices=notices)
         except CudaContextLost as e:
             emit({"event": "case-done", "index": i, "seconds": time.perf_counter() - t0,
                   "findings": [Finding("call", "cuda-error", str(e)).to_json()]})
             emit({"event": "restart", "reason": "CUDA context lost"})
             return
+        base = os.path.realpath(job.get("root") or os.getcwd()) + os.sep
+        for n in notices:
+            if n.location and os.path.realpath(n.location.path).startswith(base):
+                rel = os.path.realpath(n.location.path)[len(base):]
+                n.message = n.message.replace(n.location.path, rel)
+                n.location.path = rel
+            emit({"event": "notice", "index": i, "notice": n.to_json()})
         unfaithful = interp.after_case()
         emit({"event": "case-done", "index": i, "seconds": time.perf_counter() - t0,
               "findings": [] if unfaithful else [f.to_json() for f in found], **unfaithful})

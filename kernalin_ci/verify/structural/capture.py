@@ -394,7 +394,7 @@ def _capture_once(op: Op, entry_fn, params: dict, case: Case) -> Capture:
     writable = set(op.written_names(params))
     for name, v in kw.items():
         if isinstance(v, torch.Tensor):
-            registry.add(name, v, "written" if name in writable else "input")
+            registry.add(name, _logical(op.name, params, name, v), "written" if name in writable else "input")
     snapshot = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
     moves = HostMoves({k: v for k, v in kw.items() if isinstance(v, torch.Tensor)})
     recorder = Recorder(registry, snapshot, moves)
@@ -426,8 +426,18 @@ def _capture_once(op: Op, entry_fn, params: dict, case: Case) -> Capture:
         else:
             info.also = tuple(set(info.also) | {f"{oname}_out"}) if oname not in ("k_cache", "v_cache") else info.also
         outputs[oname] = info.name
-    return Capture(op.name, dict(params), case.dims, case.dtype, registry.infos, recorder.launches, outputs, kw,
+    logical = {k: _logical(op.name, params, k, v) for k, v in kw.items()}
+    return Capture(op.name, dict(params), case.dims, case.dtype, registry.infos, recorder.launches, outputs, logical,
                    recorder.notes)
+
+
+def _logical(op_name: str, params: dict, name: str, v):
+    """The analyses see a paged cache in nhd order whatever its layout: a permuted view of the same memory."""
+    if op_name in ("attention.decode_paged", "kv_append") and name in ("k_cache", "v_cache"):
+        from kernalin_ci.ops.paged import layout_of, nhd
+
+        return nhd(v, layout_of(params))
+    return v
 
 
 def _rename(registry: TensorRegistry, launches: list, info: TensorInfo, new: str) -> None:
