@@ -16,8 +16,7 @@ from contextlib import nullcontext
 import torch
 
 from kernalin_ci.findings import Finding, Notice
-from kernalin_ci.ops import written as written_names
-from kernalin_ci.ops.base import Case
+from kernalin_ci.ops.base import Case, Op
 from kernalin_ci.verify.compare import check_reference
 from kernalin_ci.verify.interp import skip_self_copy
 from kernalin_ci.verify.interp_bf16 import faithful_bf16, take_unfaithful
@@ -48,7 +47,7 @@ def guard_inputs(kw: dict, skip: set) -> tuple[dict, dict]:
     return out, guards
 
 
-def _guard_findings(op, guards: dict, before: dict) -> list[Finding]:
+def _guard_findings(op: Op, guards: dict, before: dict) -> list[Finding]:
     found = []
     for name, flat in guards.items():
         for side, part in (("before", flat[:GUARD]), ("after", flat[-GUARD:])):
@@ -56,9 +55,7 @@ def _guard_findings(op, guards: dict, before: dict) -> list[Finding]:
             if bool(hit.any()):
                 n = int(hit.sum())
                 cls = "stray-write"
-                explain = getattr(op, "guard_class", None)
-                if explain:
-                    cls = explain(name, side, before) or cls
+                cls = op.guard_class(name, side, before) or cls
                 found.append(Finding("out-of-bounds-write", cls,
                                      f"{n} elements written just {side} {name!r} (outside the tensor)"))
     return found
@@ -74,10 +71,10 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def run_case(op, fn, case: Case, params: dict, device: str, memo: dict, poison: bool = True,
+def run_case(op: Op, fn, case: Case, params: dict, device: str, memo: dict, poison: bool = True,
              notices: list | None = None) -> list[Finding]:
     kw = op.inputs(case, params, device, poison)
-    writable = set(written_names(op, params))
+    writable = set(op.written_names(params))
     lazy = writable if "huge" in case.tags else set()
     guards = {}
     if poison:
@@ -112,7 +109,7 @@ def run_case(op, fn, case: Case, params: dict, device: str, memo: dict, poison: 
         return findings + [Finding("output-shape", "wrong-output", str(e))]
     cpu_before = {k: (v.cpu() if isinstance(v, torch.Tensor) and v.numel() < (1 << 28) else v)
                   for k, v in before.items()}
-    if hasattr(op, "check"):
+    if op.exact:
         findings += op.check(case, before, kw, outs, params)
     else:
         tolerance = None
@@ -157,9 +154,7 @@ def run_job(job: dict, emit) -> None:
     from kernalin_ci.entry import load_entry
     from kernalin_ci.ops import get_op
 
-    op = get_op(job["op"])
-    if job["op"] == "custom":
-        op.root = job.get("root")
+    op = get_op(job["op"], root=job.get("root"))
     fn = load_entry(job["entry"], job.get("root"))
     cases = [Case.from_json(c) for c in job["cases"]]
     memo: dict = {}

@@ -14,7 +14,8 @@ import time
 def analyze_entry(op_name: str, fn, params: dict, root: str | None = None) -> dict:
     """Run every structural check on one entry (already loaded). Returns plain data; source paths
     under `root` (default: the current directory) are made relative to it."""
-    from kernalin_ci.verify.structural import attention, kv_append, rope
+    from kernalin_ci.ops import get_op
+    from kernalin_ci.verify.structural import analysis_of
     from kernalin_ci.verify.structural.capture import CaptureError, capture
     from kernalin_ci.verify.structural.common import Report, check_bounds, check_precision
     from kernalin_ci.verify.structural.compile import CompileError, ttir
@@ -25,6 +26,10 @@ def analyze_entry(op_name: str, fn, params: dict, root: str | None = None) -> di
     rep = Report()
     times = {"capture": 0.0, "compile": 0.0, "interpret": 0.0, "analyse": 0.0}
     kernels = []
+    analysis = analysis_of(get_op(op_name))
+    if analysis is None:
+        rep.notice("structural", f"could not verify: no structural checks for op {op_name}")
+        return _result(rep, kernels, times, root)
     t0 = time.perf_counter()
     try:
         cap = capture(op_name, fn, params)
@@ -37,9 +42,7 @@ def analyze_entry(op_name: str, fn, params: dict, root: str | None = None) -> di
     if not cap.launches:
         rep.notice("capture", "could not verify: the entry launched no Triton kernel")
         return _result(rep, kernels, times, root)
-    models = {"attention.decode": attention.AttentionModel, "attention.decode_paged": attention.AttentionModel,
-              "rope": rope.RopeModel, "kv_append": kv_append.KvModel}
-    model = models[op_name](cap)
+    model = analysis.model(cap)
     views = []
     shadow: dict = {}   # memory written by earlier launches (split-KV partials)
     complete = True
@@ -75,11 +78,9 @@ def analyze_entry(op_name: str, fn, params: dict, root: str | None = None) -> di
     if views and complete:
         link_views(views)
         for view in views:
-            check_bounds(view, rep, stores=op_name != "kv_append")  # kv_append: its write-set check
+            check_bounds(view, rep, stores=analysis.store_bounds)
             check_precision(view, rep)
-        analyses = {"attention.decode": attention.analyze, "attention.decode_paged": attention.analyze,
-                    "rope": rope.analyze, "kv_append": kv_append.analyze}
-        analyses[op_name](cap, views, rep, model)
+        analysis.analyze(cap, views, rep, model)
     elif views:
         rep.notice("structural", "could not verify the whole entry: some of its kernels could not be followed "
                                  "(the checks that need every kernel were skipped)")
