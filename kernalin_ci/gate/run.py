@@ -31,6 +31,8 @@ def judge(kr: KernelReport, cfg: Config, device: str) -> list[str]:
         failed.append("error")
     if v and v.get("findings") and "finding" in fail_on:
         failed.append("finding")
+    if v and (v.get("structural") or {}).get("status") == "not-analysed" and "not-analysed" in fail_on:
+        failed.append("not-analysed")
     b = kr.benchmark
     if b and device == "cuda":  # interpreter wall-clock timings never gate (docs/config.md)
         if b.get("verdict") == "slower" and "slower" in fail_on:
@@ -54,6 +56,9 @@ def conclude(report: Report) -> tuple[str, str]:
     msg = f"{len(checked)} kernel{'s' * (len(checked) != 1)} verified"
     if faster:
         msg += f"; faster: {', '.join(faster)}"
+    blind = [k.name for k in checked if ((k.verification or {}).get("structural") or {}).get("status") == "not-analysed"]
+    if blind:
+        msg += f"; structure not analysed: {', '.join(blind)}"
     return "success", msg
 
 
@@ -117,7 +122,7 @@ def check_kernel(kr: KernelReport, k, cfg: Config, device: str, base_root: Path,
 
     try:
         vr = verify(k.op, k.entry, k.params, device, dtype=k.dtype, root=str(head_root), timeout_s=k.timeout,
-                    progress=progress)
+                    progress=progress, raw_domain=k.domain)
         kr.verification = vr.to_json()
     except UsageError as e:  # the kernel's entry cannot be loaded at head: that fails this kernel
         kr.error = str(e)
@@ -134,7 +139,11 @@ def check_kernel(kr: KernelReport, k, cfg: Config, device: str, base_root: Path,
     from kernalin_ci.bench.pair import bench_pair
 
     try:
-        res = bench_pair(k.op, k.entry, k.entry, str(base_root), str(head_root), {**k.params, **k.bench},
+        from kernalin_ci.domain import resolve as resolve_domain
+        from kernalin_ci.ops import get_op
+
+        _, op_params = resolve_domain(get_op(k.op), k.params, k.domain)  # one declared value pins the shape
+        res = bench_pair(k.op, k.entry, k.entry, str(base_root), str(head_root), {**op_params, **k.bench},
                          device, budget_s=cfg.gate.budget_s, rope_min=cfg.gate.rope, progress=progress)
         kr.benchmark = res.to_json()
         if res.failed:  # e.g. base and head disagree on an output, or the head crashed while timed
@@ -207,6 +216,9 @@ def summary_line(kr: KernelReport) -> str:
     v = kr.verification or {}
     n = len(v.get("findings", []))
     parts = [f"verification {'FAIL (' + str(n) + ' findings)' if n else 'pass'}"]
+    st = v.get("structural") or {}
+    if st.get("status") == "not-analysed":
+        parts.append(f"structural: not analysed ({st.get('cause')})")
     b = kr.benchmark
     if b:
         parts.append(f"benchmark {b['verdict']} (ratio {b['ratio']:.4f})")

@@ -12,12 +12,16 @@ class AttentionDecode:
     name = "attention.decode"
     params = ac.SHAPE_PARAMS
     written = ()
+    domain_axes = ("head_dim", "num_q_heads", "num_kv_heads", "dtype")
 
     def cases(self, params, device, dtype):
         return ac.plan(params, device, dtype)
 
     def probe(self, params, dtype):
         return Case("pos0-probe", ac.probe_dims(params), dtype or "float32", 0, ("probe",))
+
+    def shape_case(self, params, dtype):
+        return Case("shape", ac.shape_dims(params), dtype, 40, ("shape",))
 
     def inputs(self, case, params, device, poison=True):
         d = case.dims

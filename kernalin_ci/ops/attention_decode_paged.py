@@ -12,6 +12,7 @@ class AttentionDecodePaged:
     name = "attention.decode_paged"
     params = (Param("block_size", 16, int, "tokens per KV-cache block", check=positive),) + ac.SHAPE_PARAMS
     written = ()
+    domain_axes = ("head_dim", "num_q_heads", "num_kv_heads", "dtype", "block_size")
 
     def cases(self, params, device, dtype):
         return ac.plan(params, device, dtype)
@@ -19,6 +20,9 @@ class AttentionDecodePaged:
     def probe(self, params, dtype):
         return Case("pos0-probe", {**ac.probe_dims(params), "arange_tables": True}, dtype or "float32", 0,
                     ("probe",))
+
+    def shape_case(self, params, dtype):
+        return Case("shape", ac.shape_dims(params), dtype, 40, ("shape",))
 
     def inputs(self, case, params, device, poison=True):
         d = case.dims

@@ -37,6 +37,7 @@ class Custom:
     name = "custom"
     params = PARAMS
     written = ()
+    domain_axes = ()  # the user's cases are the domain: an error in any of them is a finding
     root = None  # set by the worker: the directory the callables resolve against
 
     def _fn(self, params, key):
@@ -59,6 +60,9 @@ class Custom:
     def probe(self, params, dtype):
         c = (params.get("cases") or [{}])[0]
         return Case("probe", dict(c), dtype or "float32", 0, ("probe",))
+
+    def shape_case(self, params, dtype):
+        return self.probe(params, dtype)
 
     def inputs(self, case, params, device, poison=True):
         kw = self._fn(params, "inputs")(case.seed, {**case.dims, "dtype": case.dtype, "device": device})

@@ -27,6 +27,7 @@ class KvAppend:
     name = "kv_append"
     params = PARAMS
     written = ("k_cache", "v_cache")
+    domain_axes = ("head_dim", "num_kv_heads", "dtype", "block_size")
 
     def _dims(self, params, T, Hkv, D, num_blocks, padding, **extra):
         return {"T": T, "Hkv": params.get("num_kv_heads") or Hkv, "D": params.get("head_dim") or D,
@@ -57,6 +58,9 @@ class KvAppend:
     def probe(self, params, dtype):
         dims = self._dims(params, 1, 2, 64, 4, 0, slots=[0])
         return Case("pos0-probe", dims, dtype or "float32", 0, ("probe",))
+
+    def shape_case(self, params, dtype):
+        return Case("shape", self._dims(params, 7, 2, 64, 5, 2), dtype, 40, ("shape",))
 
     def slot_mapping(self, case, params, g) -> list[int]:
         d = case.dims

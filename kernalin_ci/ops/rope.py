@@ -51,6 +51,7 @@ class Rope:
     name = "rope"
     params = PARAMS
     written = ("q", "k")  # in-place kernels may return q and k themselves
+    domain_axes = ("head_dim", "num_q_heads", "num_kv_heads", "dtype")
 
     def _shape(self, params, D, hq, hkv):
         D = params.get("head_dim") or D
@@ -83,6 +84,11 @@ class Rope:
     def probe(self, params, dtype):
         return Case("pos0-probe", {**self._shape(params, 64, 8, 2), "T": 1, "positions": [0]},
                     dtype or "float32", 0, ("probe",))
+
+    def shape_case(self, params, dtype):
+        mp = params["max_position"]
+        pos = [p for p in (0, 1, 7, mp - 1) if p < mp]
+        return Case("shape", {**self._shape(params, 64, 8, 2), "T": 5, "positions": pos}, dtype, 40, ("shape",))
 
     def inputs(self, case, params, device, poison=True):
         d = case.dims

@@ -151,13 +151,37 @@ class CaptureError(Exception):
 # --------------------------------------------------------------------------- the capture case
 
 
-def capture_cases(op_name: str, params: dict, op) -> list[tuple[dict, str]]:
-    """Small calls to try, in order: the first with a head dim that leaves a tail under its power-of-two
-    block (48), then a power of two (64) for kernels that require one."""
-    first = capture_case(op_name, params, op, 48)
-    if params.get("head_dim"):
-        return [first]
-    return [first, capture_case(op_name, params, op, 64)]
+MAX_CANDIDATES = 10
+
+
+def capture_cases(op_name: str, params: dict, op, domain=None) -> list[tuple[dict, str]]:
+    """Small calls to try, in order, until one captures and compiles. The declared domain first
+    (each declared head dim, in the declared dtypes and heads); undeclared, a head dim that leaves a tail
+    under its power-of-two block (48), then the usual head dims for kernels that need a power of two or
+    one head dim, in float16, then bfloat16 and float32 for kernels that refuse float16."""
+    from kernalin_ci.domain import Domain
+
+    domain = domain or Domain()
+    pinned = params.get("head_dim")
+    dims_list = list(domain.head_dim) or ([pinned] if pinned else [48, 64, 128, 256, 80, 96])
+    dtypes = list(domain.dtype) or ["float16", "bfloat16", "float32"]
+    heads = {"num_q_heads": domain.num_q_heads[0] if domain.num_q_heads else None,
+             "num_kv_heads": domain.num_kv_heads[0] if domain.num_kv_heads else None}
+    p = {**params, **{k: v for k, v in heads.items() if v}}
+    # nearest the first choice first: one step along either list before two
+    pairs = sorted(((i, j) for i in range(len(dims_list)) for j in range(len(dtypes))), key=lambda ij: (sum(ij), ij[1]))
+    out: list[tuple[dict, str]] = []
+    for i, j in pairs:
+        dims, _ = capture_case(op_name, p, op, dims_list[i])
+        if (dims, dtypes[j]) not in out:
+            out.append((dims, dtypes[j]))
+    return out[:MAX_CANDIDATES]
+
+
+def shape_label(dims: dict, dtype: str) -> str:
+    """E.g. 'D=48 float16 Hq=6 Hkv=2'."""
+    heads = f" Hq={dims['Hq']}" if "Hq" in dims else ""
+    return f"D={dims.get('D')} {dtype}{heads} Hkv={dims.get('Hkv')}"
 
 
 def capture_case(op_name: str, params: dict, op, head_dim: int = 48) -> tuple[dict, str]:
@@ -165,8 +189,8 @@ def capture_case(op_name: str, params: dict, op, head_dim: int = 48) -> tuple[di
     neither 1 nor Hkv, kv_len spanning several tiles with a partial last tile, a head dim with a tail
     under its power-of-two block, positions and slots that are neither 0 nor the token index, and
     padding tokens."""
-    pin = {k: params.get(k) for k in ("head_dim", "num_q_heads", "num_kv_heads") if params.get(k)}
-    D = pin.get("head_dim") or head_dim
+    pin = {k: params.get(k) for k in ("num_q_heads", "num_kv_heads") if params.get(k)}
+    D = head_dim
     hq = pin.get("num_q_heads") or 6
     hkv = pin.get("num_kv_heads") or (2 if hq % 2 == 0 else 1)
     if hq % hkv:
@@ -404,18 +428,25 @@ def _plain(v):
 # --------------------------------------------------------------------------- entry point
 
 
-def capture(op_name: str, entry_fn, params: dict) -> Capture:
-    """Run the entry once on a small case (a second one if the first is refused) and record its launches."""
+def capture(op_name: str, entry_fn, params: dict, domain=None) -> Capture:
+    """Run the entry on the first candidate shape it accepts and record its launches."""
     from kernalin_ci.ops import get_op
 
     op = get_op(op_name)
     first_error = None
-    for dims, dtype in capture_cases(op_name, params, op):
+    for dims, dtype in capture_cases(op_name, params, op, domain):
         try:
             return _capture_once(op_name, op, entry_fn, params, dims, dtype)
         except CaptureError as e:
             first_error = first_error or e
     raise first_error
+
+
+def capture_at(op_name: str, entry_fn, params: dict, dims: dict, dtype: str) -> Capture:
+    """Run the entry once on one candidate shape and record its launches (CaptureError if refused)."""
+    from kernalin_ci.ops import get_op
+
+    return _capture_once(op_name, get_op(op_name), entry_fn, params, dims, dtype)
 
 
 def _capture_once(op_name, op, entry_fn, params, dims, dtype) -> Capture:
