@@ -232,6 +232,9 @@ def verify(op_name: str, entry: str, raw_params: dict, device: str, *, dtype: st
         if only in (None, "dynamic") or probe or case_json:
             if case_json:
                 cases = [Case.from_json(case_json)]
+                problem = op.validate_case(cases[0])
+                if problem:
+                    raise UsageError(f"--case: {problem}")
             elif probe:
                 cases = [op.probe(params, dtype)]
             else:

@@ -15,7 +15,6 @@ from contextlib import nullcontext
 import torch
 
 from kernalin_ci.findings import Finding
-from kernalin_ci.ops import written as written_names
 from kernalin_ci.ops.base import Case
 from kernalin_ci.verify.compare import check_reference
 from kernalin_ci.verify.interp import skip_self_copy
@@ -58,9 +57,7 @@ def _guard_findings(op, guards: dict, before: dict) -> list[Finding]:
             if bool(hit.any()):
                 n = int(hit.sum())
                 cls = "stray-write"
-                explain = getattr(op, "guard_class", None)
-                if explain:
-                    cls = explain(name, side, before) or cls
+                cls = op.guard_class(name, side, before) or cls
                 found.append(Finding("out-of-bounds-write", cls,
                                      f"{n} elements written just {side} {name!r} (outside the tensor)"))
     return found
@@ -78,7 +75,7 @@ def sync(device: str) -> None:
 
 def run_case(op, fn, case: Case, params: dict, device: str, memo: dict, poison: bool = True) -> list[Finding]:
     kw = op.inputs(case, params, device, poison)
-    writable = set(written_names(op, params))
+    writable = set(op.written_names(params))
     lazy = writable if "huge" in case.tags else set()
     guards = {}
     if poison:
@@ -111,7 +108,7 @@ def run_case(op, fn, case: Case, params: dict, device: str, memo: dict, poison: 
         return findings + [Finding("output-shape", "wrong-output", str(e))]
     cpu_before = {k: (v.cpu() if isinstance(v, torch.Tensor) and v.numel() < (1 << 28) else v)
                   for k, v in before.items()}
-    if hasattr(op, "check"):
+    if op.exact:
         findings += op.check(case, before, kw, outs, params)
     else:
         findings += check_reference(op, case, cpu_before, outs, params, memo)
@@ -139,9 +136,7 @@ def run_job(job: dict, emit) -> None:
     from kernalin_ci.ops import get_op
     from kernalin_ci.verify.support import Support
 
-    op = get_op(job["op"])
-    if job["op"] == "custom":
-        op.root = job.get("root")
+    op = get_op(job["op"], root=job.get("root"))
     fn = load_entry(job["entry"], job.get("root"))
     cases = [Case.from_json(c) for c in job["cases"]]
     memo: dict = {}

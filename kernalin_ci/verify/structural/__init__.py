@@ -14,10 +14,25 @@ the checks and the catch matrix.
 """
 from __future__ import annotations
 
-from kernalin_ci.findings import Finding, Notice, StructuralStatus
+import importlib
+from typing import TYPE_CHECKING
 
-OPS = ("attention.decode", "attention.decode_paged", "rope", "kv_append")
+from kernalin_ci.findings import Finding, Notice, StructuralStatus
+from kernalin_ci.ops import get_op
+from kernalin_ci.ops.base import Op
+
+if TYPE_CHECKING:
+    from kernalin_ci.verify.structural.common import Analysis
+
 TASK = "verify-structural"
+
+
+def analysis_of(op: Op) -> Analysis | None:
+    """The structural analysis the op names (`Op.structural`), or None when it has none."""
+    if op.structural is None:
+        return None
+    analysis: Analysis = importlib.import_module(f"kernalin_ci.verify.structural.{op.structural}").ANALYSIS
+    return analysis
 
 
 def verify_structural(op_name: str, entry: str, params: dict, device: str = "cpu", root: str | None = None,
@@ -25,7 +40,7 @@ def verify_structural(op_name: str, entry: str, params: dict, device: str = "cpu
     """Structural findings, notices and status for one entry. `device` is unused: nothing is launched."""
     from kernalin_ci.isolate import run_task
 
-    if op_name not in OPS:
+    if get_op(op_name).structural is None:
         return [], [], StructuralStatus("not-analysed", f"no structural checks for op {op_name}")
     job = {"task": TASK, "op": op_name, "entry": entry, "root": root, "params": params,
            "domain": domain.to_json() if domain is not None else {}}
@@ -48,4 +63,4 @@ def verify_structural(op_name: str, entry: str, params: dict, device: str = "cpu
             StructuralStatus.from_json(done["status"]))
 
 
-__all__ = ["verify_structural", "TASK"]
+__all__ = ["verify_structural", "analysis_of", "TASK"]

@@ -17,7 +17,7 @@ def analyze_entry(op_name: str, fn, params: dict, root: str | None = None, domai
     entry was analysed, and if not, why: a capture the kernel refuses or a kernel that does not
     compile moves on to the next candidate shape (the declared domain first)."""
     from kernalin_ci.ops import get_op
-    from kernalin_ci.verify.structural import attention, kv_append, rope
+    from kernalin_ci.verify.structural import analysis_of
     from kernalin_ci.verify.structural.capture import CaptureError, capture_at, capture_cases, shape_label
     from kernalin_ci.verify.structural.common import Report, check_bounds, check_precision
     from kernalin_ci.verify.structural.compile import CompileError, ttir
@@ -28,13 +28,17 @@ def analyze_entry(op_name: str, fn, params: dict, root: str | None = None, domai
     rep = Report()
     times = {"capture": 0.0, "compile": 0.0, "interpret": 0.0, "analyse": 0.0}
     kernels: list = []
+    op = get_op(op_name)
+    analysis = analysis_of(op)
+    if analysis is None:
+        return _result(rep, kernels, times, root, not_analysed=f"no structural checks for op {op_name}")
     refused: list[str] = []
     cap, modules = None, []
-    for dims, dtype in capture_cases(op_name, params, get_op(op_name), domain):
-        shape = shape_label(dims, dtype)
+    for case in capture_cases(op, params, domain):
+        shape = shape_label(case)
         t0 = time.perf_counter()
         try:
-            cap = capture_at(op_name, fn, params, dims, dtype)
+            cap = capture_at(op, fn, params, case)
         except CaptureError as e:
             refused.append(f"at {shape}: {e}")
             continue
@@ -56,14 +60,12 @@ def analyze_entry(op_name: str, fn, params: dict, root: str | None = None, domai
         break
     if cap is None:
         more = f" ({len(refused)} shapes tried)" if len(refused) > 1 else ""
-        return _result(rep, kernels, times, root, not_analysed=(refused[0] if refused else "no capture shape")
+        return _result(rep, kernels, times, root, not_analysed=(refused[0] if refused else "no capture call")
                        + more)
-    analysed_at = shape_label(cap.dims, cap.dtype)
+    analysed_at = shape_label(case)
     for note in cap.notes:
         rep.notice("capture", note)
-    models = {"attention.decode": attention.AttentionModel, "attention.decode_paged": attention.AttentionModel,
-              "rope": rope.RopeModel, "kv_append": kv_append.KvModel}
-    model = models[op_name](cap)
+    model = analysis.model(cap)
     views = []
     shadow: dict = {}   # memory written by earlier launches (split-KV partials)
     complete = True
@@ -90,11 +92,9 @@ def analyze_entry(op_name: str, fn, params: dict, root: str | None = None, domai
     t3 = time.perf_counter()
     if views and complete:
         for view in views:
-            check_bounds(view, rep, stores=op_name != "kv_append")  # kv_append: its write-set check
+            check_bounds(view, rep, stores=analysis.store_bounds)
             check_precision(view, rep)
-        analyses = {"attention.decode": attention.analyze, "attention.decode_paged": attention.analyze,
-                    "rope": rope.analyze, "kv_append": kv_append.analyze}
-        analyses[op_name](cap, views, rep, model)
+        analysis.analyze(cap, views, rep, model)
     elif views:
         rep.notice("structural", "could not verify the whole entry: some of its kernels could not be followed "
                                  "(the checks that need every kernel were skipped)")
