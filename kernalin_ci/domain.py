@@ -165,6 +165,17 @@ def resolve(op, raw_params: dict, raw_domain: dict | None, where: str = "--domai
     return dom, params
 
 
+def one_shape(op, raw_params: dict, raw_domain: dict | None) -> tuple[dict, str | None]:
+    """For checks that run one shape (the decode pipeline): the params with the first declared value of
+    each axis pinned, and the first declared dtype (None: undeclared)."""
+    dom, params = resolve(op, raw_params, raw_domain)
+    known = {p.name for p in op.params}
+    for axis in ("head_dim", "num_q_heads", "num_kv_heads", "block_size"):
+        if axis in known and dom.values(axis):
+            params[axis] = dom.values(axis)[0]
+    return params, (dom.dtype[0] if dom.dtype else None)
+
+
 # ------------------------------------------------------------------------------------------ shapes
 
 

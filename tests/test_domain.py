@@ -203,3 +203,20 @@ def test_verify_end_to_end_reports_coverage_and_what_was_not_checked():
                          "--only", "dynamic")
     assert out["verdict"] == "pass" and out["not_checked"] == []
     assert out["coverage"]["head_dims"] == [128]
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_a_power_of_two_kernel_is_checked_where_it_compiles():
+    """On a GPU the refusal is a compile error at launch; the rest is the same as under the interpreter."""
+    r = cli("verify", "--op", OP, "--entry", f"{POW2}:entry", "--device", "cuda", "--quiet", "--json", "-")
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = json.loads(r.stdout)
+    assert out["verdict"] == "pass" and out["coverage"]["head_dims"] == [64, 128, 256]
+    assert {n["shape"] for n in out["not_checked"]} == {"D=80 Hq=8 Hkv=2 float32", "D=96 Hq=8 Hkv=2 float32"}
+    r = cli("verify", "--op", OP, "--entry", f"{POW2}:entry_fp16_only", "--device", "cuda", "--quiet", "--json", "-")
+    out = json.loads(r.stdout)
+    assert r.returncode == 0 and out["verdict"] == "pass", out["findings"]
+    assert out["coverage"]["dtypes"] == ["float16"]
+    assert all(n["reason"] == "unsupported" for n in out["not_checked"])
+    r = cli("verify", "--op", OP, "--entry", f"{POW2}:entry_no_max", "--device", "cuda", "--quiet", "--json", "-")
+    assert r.returncode == 1 and "softmax-no-max" in {f["bug_class"] for f in json.loads(r.stdout)["findings"]}

@@ -159,18 +159,25 @@ def check_kernel(kr: KernelReport, k, cfg: Config, device: str, base_root: Path,
 def check_pipeline(p, members: dict, cfg: Config, device: str, head_root: Path, progress: bool) -> PipelineReport:
     from kernalin_ci.verify import verify_pipeline
 
+    from kernalin_ci.domain import one_shape
+    from kernalin_ci.ops import get_op
+
     t0 = time.perf_counter()
     entries = {}
     params: dict = {}
+    dtype = None
     for role, name in members.items():
         if name:
             k = cfg.kernel(name)
             entries[role] = k.entry
-            params.update(k.params)
+            p_role, dt = one_shape(get_op(k.op), k.params, k.domain)  # one shape: the first declared one
+            params.update(p_role)
+            dtype = dtype or dt
     pr = PipelineReport(p.name, {r: n for r, n in members.items() if n})
     log(f"pipeline {p.name}: {' -> '.join(pr.members.values())}, {p.steps} steps")
     try:
-        vr = verify_pipeline(entries, params, device, steps=p.steps, root=str(head_root), progress=progress)
+        vr = verify_pipeline(entries, params, device, dtype=dtype, steps=p.steps, root=str(head_root),
+                             progress=progress)
         pr.verification = vr.to_json()
         if vr.findings and "finding" in cfg.gate.fail_on:
             pr.failed_by = ["finding"]
