@@ -276,7 +276,11 @@ def shape_cases(op, params: dict, dom: Domain, planned: list[Case], main_dtype: 
     base = op.shape_case(params, main_dtype)
     base = fit(op, base, params, dom, main_dtype) or base
     seen = {a: {shape_of(op, c, params)[a] for c in planned} for a in op.domain_axes}
-    out = []
+    # undeclared dtypes: the small cases take the plan's dtypes in turn, so on a GPU (one worker per
+    # dtype) each worker compiles about as many new specialisations as the others
+    turns = [d for d in DTYPES if d in {c.dtype for c in planned}] if not dom.dtype else [main_dtype]
+    turns = turns[1:] + turns[:1] if len(turns) > 1 else [main_dtype]
+    out: list[Case] = []
     for axis in op.domain_axes:
         values = dom.values(axis) or (USUAL[axis] if axis == "head_dim" else ())
         lo = (params.get("rotary_dim") or 1) if axis == "head_dim" else 1
@@ -289,6 +293,8 @@ def shape_cases(op, params: dict, dom: Domain, planned: list[Case], main_dtype: 
                                             (not dom.num_kv_heads or k in dom.num_kv_heads))
             if axis == "num_kv_heads" and base.dims.get("Hq") and base.dims["Hq"] % v:
                 shape["num_q_heads"] = v * max(1, base.dims["Hq"] // base.dims.get("Hkv", 1))
+            if axis != "dtype" and not dom.dtype:
+                shape["dtype"] = turns[len(out) % len(turns)]
             label = shape_text({axis: v}).replace("=", "").replace(" ", "-")
             out.append(with_shape(base, shape, params, name=f"shape-{label}", tags=(SHAPE_TAG + axis,)))
     return out
@@ -308,6 +314,7 @@ def alternatives(op, case: Case, params: dict, dom: Domain, main_dtype: str) -> 
     two. A shape case keeps its axis; a dtype-sweep case keeps its dtype."""
     shape = shape_of(op, case, params)
     fixed = {t[len(SHAPE_TAG):] for t in case.tags if t.startswith(SHAPE_TAG)}
+    small = bool(fixed)  # a shape case: one other axis at a time, never the heads
     if case.dtype != main_dtype:
         fixed.add("dtype")
     options: dict[str, list] = {}
@@ -319,8 +326,10 @@ def alternatives(op, case: Case, params: dict, dom: Domain, main_dtype: str) -> 
             lo = params.get("rotary_dim") or 1
             pool = sorted((v for v in pool if v >= lo), key=lambda v: (abs(math.log(v / shape[axis])), -v))
         options[axis] = [v for v in pool if v != shape[axis]]
-    heads = _head_options(shape, dom, fixed)
+    heads = [] if small else _head_options(shape, dom, fixed)
     singles = [{a: v} for a, vs in options.items() for v in vs] + heads
+    if small:
+        return singles
     doubles = []
     axes = list(options)
     for i, a in enumerate(axes):
