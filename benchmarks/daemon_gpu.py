@@ -143,6 +143,8 @@ def main(argv=None) -> int:
     ap.add_argument("--noise", action="store_true", help="issue 7: noise floor alone vs beside a job (2 GPUs)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds to wait for each job")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    ap.add_argument("--bwrap", default="bwrap", help="the bubblewrap binary the local runner's sandbox uses "
+                                                      "(default: bwrap on PATH)")
     ap.add_argument("--check", action="store_true", help="only check the prerequisites")
     ap.add_argument("--cpu", action="store_true", help="try the script without a GPU: CPU slots, the interpreter "
                                                        "(slow; benchmarks never gate)")
@@ -170,7 +172,7 @@ def main(argv=None) -> int:
     world = World(tmp / "world").start()
     repo, heads = make_repo(world, prs)
     cfg = world.daemon_config(tmp / "state", gpus="cpu" if args.cpu else args.gpus, cpu_slots=args.gpus,
-                              runner={"timeout_s": args.timeout})
+                              runner={"timeout_s": args.timeout, "sandbox": {"bwrap": args.bwrap}})
     t_start = time.time()
     serve = ServeProcess(world, cfg, python=sys.executable).start(timeout=120)
     device = "CPU (interpreter)" if args.cpu else torch.cuda.get_device_name(0)

@@ -94,7 +94,7 @@ def main(argv=None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="kernalin-load-"))
     world = World(tmp / "world").start()
     repo = world.add_repo(REPO, {".kernalin.yml": "version: 1\nkernels: []\n", "verdict.txt": "success\n"})
-    cfg = world.daemon_config(tmp / "state", cpu_slots=args.slots, runner={"command": fake_gate_command(tmp)})
+    cfg = world.daemon_config(tmp / "state", cpu_slots=args.slots, runner={"command": fake_gate_command()})
     serve = ServeProcess(world, cfg).start()
     db_path = tmp / "state" / "jobs.sqlite3"
     print(f"kernalin-ci serve pid {serve.pid} on {serve.url}; {args.slots} CPU slots; state in {tmp}", flush=True)

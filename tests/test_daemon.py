@@ -18,6 +18,7 @@ from kernalin_ci.daemon.deliver import deliver, get_json
 from kernalin_ci.daemon.harness import (APP_ID, INSTALLATION_ID, WEBHOOK_SECRET, World, fake_gate_command,
                                         settings_for, wait_job)
 from kernalin_ci.daemon.metrics import rss_bytes
+from kernalin_ci.daemon.runners.local import marked_pids
 from kernalin_ci.report.badge import badge_endpoint, badge_svg
 from kernalin_ci.github.client import sticky_marker
 from kernalin_ci.report.markdown import render_markdown
@@ -51,7 +52,7 @@ def make_daemon(tmp_path, world):
     made = []
 
     def make(**overrides) -> Daemon:
-        sections = {"runner": {"command": fake_gate_command(tmp_path)}}
+        sections = {"runner": {"command": fake_gate_command()}}
         sections.update(overrides)
         cfg = world.daemon_config(tmp_path / f"state{len(made)}", **sections)
         d = Daemon(settings_for(world, cfg)).start()
@@ -200,13 +201,13 @@ def test_a_new_push_cancels_the_superseded_job_and_marks_its_check_run(world, ma
     first = send(d, "pull_request", world.pull_request(REPO, 14, old_head, repo.main))[1]["jobs"][0]
     started = job_out(d, first) / "started"
     assert wait_for(lambda: started.exists() and d.store.job(first).began, 30)
-    pid = int(started.read_text())
+    assert marked_pids(first)  # the job's processes, seen from the host (its own PIDs are namespaced)
     new_head = repo.commit({"sleep.txt": "0"}, "fast", branch="pr-14")
     status, answer = send(d, "pull_request", world.pull_request(REPO, 14, new_head, repo.main, action="synchronize"))
     assert status == 202 and answer["cancelled"] == [first]
     old = wait_job(get(d), first)
     assert old["state"] == "cancelled" and "superseded by a newer push" in old["cancel_reason"]
-    assert not Path(f"/proc/{pid}").exists() or b"zombie" in Path(f"/proc/{pid}/status").read_bytes().lower()
+    assert wait_for(lambda: not marked_pids(first), 10)
     new = wait_job(get(d), answer["jobs"][0])
     assert new["state"] == "done" and new["conclusion"] == "success"
     (old_run,) = runs_of(world, first)
@@ -234,12 +235,12 @@ def test_a_queued_job_superseded_before_it_starts_posts_nothing(world, make_daem
 
 
 def test_job_timeout_kills_the_job_and_is_not_retried(world, make_daemon):
-    d = make_daemon(runner={"command": fake_gate_command(world.root), "timeout_s": 1.5})
+    d = make_daemon(runner={"command": fake_gate_command(), "timeout_s": 1.5})
     _, payload = pr_head(world, 17, {"sleep.txt": "60"})
     job = wait_job(get(d), send(d, "pull_request", payload)[1]["jobs"][0])
     assert job["state"] == "failed" and job["conclusion"] == "timed_out" and job["attempts"] == 0
-    pid = int((job_out(d, job["id"]) / "started").read_text())
-    assert wait_for(lambda: not Path(f"/proc/{pid}").exists(), 5)
+    assert (job_out(d, job["id"]) / "started").exists()
+    assert wait_for(lambda: not marked_pids(job["id"]), 5)
     (run,) = runs_of(world, job["id"])
     assert run["conclusion"] == "timed_out" and "Timed out" in run["output"]["title"]
 
@@ -421,7 +422,7 @@ def test_no_configuration_on_the_base_means_nothing_to_do(world, make_daemon):
 
 def test_jobs_never_see_a_secret(world, make_daemon, monkeypatch):
     monkeypatch.setenv("GITHUB_TOKEN", "ghs_daemonprocesstoken0000000000")
-    d = make_daemon(runner={"command": fake_gate_command(world.root), "env": {"HF_HOME": "/models"}})
+    d = make_daemon(runner={"command": fake_gate_command(), "env": {"HF_HOME": "/models"}})
     _, payload = pr_head(world, 27, {"verdict.txt": "success\n"})
     job = wait_job(get(d), send(d, "pull_request", payload)[1]["jobs"][0])
     env = json.loads((job_out(d, job["id"]) / "env.json").read_text())
@@ -429,7 +430,7 @@ def test_jobs_never_see_a_secret(world, make_daemon, monkeypatch):
     assert WEBHOOK_SECRET not in text and "PRIVATE KEY" not in text and "ghs_" not in text
     assert not any(k.startswith(("KERNALIN_GITHUB", "KERNALIN_WEBHOOK", "GITHUB_")) for k in env)
     assert env["HF_HOME"] == "/models" and env["CUDA_VISIBLE_DEVICES"] == "" and env["KERNALIN_DAEMON_JOB"] == job["id"]
-    assert env["HOME"].startswith(str(d.settings.jobs_dir))
+    assert env["HOME"] == "/sandbox/home" and env["TMPDIR"] == "/tmp"  # the sandbox's own tmpfs
     git_config = (d.settings.jobs_dir / job["id"]).glob("**/.git/config")
     assert all("extraHeader" not in p.read_text() for p in git_config)
     assert "***" in repr(d.settings.secrets) and world.private_key not in repr(d.settings)
@@ -579,7 +580,7 @@ def test_one_job_per_gpu_each_with_its_own_visible_device(world, make_daemon, tm
     from kernalin_ci.daemon.gpus import Slot
 
     slots = [Slot("gpu0", "cuda", "GPU-aaaa"), Slot("gpu1", "cuda", "GPU-bbbb")]
-    cfg = world.daemon_config(tmp_path / "gpu-state", runner={"command": fake_gate_command(tmp_path)})
+    cfg = world.daemon_config(tmp_path / "gpu-state", runner={"command": fake_gate_command()})
     d = Daemon(settings_for(world, cfg), slots=slots).start()
     try:
         repo = world.repos[REPO]

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from kernalin_ci.daemon.app import wait_for
+from kernalin_ci.daemon.runners.local import marked_pids
 from kernalin_ci.daemon.harness import ServeProcess, World, fake_gate_command, wait_job
 
 REPO = "acme/kernels"
@@ -58,7 +59,7 @@ def assert_posted_once(world, jobs: dict[int, str]) -> None:
 
 
 def test_kill_9_mid_job_then_restart(tmp_path, world, serve):
-    cfg = world.daemon_config(tmp_path / "state", runner={"command": fake_gate_command(tmp_path)})
+    cfg = world.daemon_config(tmp_path / "state", runner={"command": fake_gate_command()})
     d = serve(cfg)
     jobs = {}
     for number, payload in open_prs(world, 3, first_sleep=8):
@@ -70,11 +71,10 @@ def test_kill_9_mid_job_then_restart(tmp_path, world, serve):
     assert wait_for(lambda: any(r["external_id"] == jobs[1] and r["status"] == "in_progress"
                                 for r in world.standin.check_runs(REPO)), 30)
     run_before = next(r["id"] for r in world.standin.check_runs(REPO) if r["external_id"] == jobs[1])
-    child = int(started.read_text())
+    assert marked_pids(jobs[1])  # the job's processes, seen from the host (their own PIDs are namespaced)
 
-    d.kill9_daemon_only()  # the daemon dies; the job's process must not outlive it
-    assert wait_for(lambda: not Path(f"/proc/{child}").exists() or
-                    "Z" in Path(f"/proc/{child}/stat").read_text().split()[2], 10)
+    d.kill9_daemon_only()  # the daemon dies; the job's processes must not outlive it
+    assert wait_for(lambda: not marked_pids(jobs[1]), 10)
 
     d = serve(cfg)  # recovers: the running job goes back to the queue, nothing is lost
     for job_id in jobs.values():
@@ -91,7 +91,7 @@ def test_kill_9_mid_job_then_restart(tmp_path, world, serve):
 
 
 def test_kill_9_while_posting_then_restart(tmp_path, world, serve):
-    cfg = world.daemon_config(tmp_path / "state", runner={"command": fake_gate_command(tmp_path)},
+    cfg = world.daemon_config(tmp_path / "state", runner={"command": fake_gate_command()},
                               posting={"attempts": 50, "base_delay_s": 0.2, "max_delay_s": 0.5})
     outage = world.standin.inject("PATCH", "/repos/{owner}/{repo}/check-runs/{check_run_id}", 503, times=None)
     d = serve(cfg)

@@ -63,7 +63,7 @@ def start_worker(cfg_path, state_dir, log):
 
 
 def test_two_workers_take_jobs_from_a_shared_redis(tmp_path, world, redis_url):
-    cfg = world.daemon_config(tmp_path / "serve", runner={"command": fake_gate_command(tmp_path)},
+    cfg = world.daemon_config(tmp_path / "serve", runner={"command": fake_gate_command()},
                               queue={"backend": "redis", "redis_url": redis_url, "name": "kernalin-test"})
     serve = ServeProcess(world, cfg).start()
     worker_cfg = tmp_path / "worker.yml"

@@ -39,7 +39,7 @@ from kernalin_ci.bench import stats
 from kernalin_ci.bench.trace import geometric_mean_over_shapes
 from kernalin_ci.entry import load_entry
 from kernalin_ci.ops import get_op
-from kernalin_ci.ops.base import TOLERANCE, Case
+from kernalin_ci.ops.base import TOLERANCE, Case, Op
 from kernalin_ci.verify.compare import row_errors
 from kernalin_ci.verify.dynamic import CUDA_ERROR
 from kernalin_ci.verify.poison import bits
@@ -80,7 +80,7 @@ def refresh(kw: dict, gen: torch.Generator) -> None:
             v.normal_(generator=gen)
 
 
-def disagreement(op, case: Case, inputs: dict, ref: dict, got: dict, exact: bool) -> str | None:
+def disagreement(op: Op, case: Case, inputs: dict, ref: dict, got: dict, exact: bool) -> str | None:
     """None when `got` agrees with `ref` (the base's outputs on `inputs`), else what differs."""
     tol = 2 * TOLERANCE.get(case.dtype, TOLERANCE["float32"])
     for name, r in ref.items():

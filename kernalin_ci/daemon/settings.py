@@ -18,6 +18,7 @@ from typing import Mapping
 
 import yaml
 
+from kernalin_ci.daemon.sandbox import SandboxError, SandboxSettings, parse_size
 from kernalin_ci.errors import UsageError
 
 ENV_CONFIG = "KERNALIN_DAEMON_CONFIG"
@@ -40,6 +41,7 @@ GITHUB_MAX_BODY = 25 * 1024 * 1024  # GitHub caps webhook payloads at 25 MB
 class Secrets:
     webhook: bytes = b""
     app_private_key: str = ""
+    files: list[str] = field(default_factory=list)  # where they were read from (masked in job sandboxes)
 
     def __repr__(self) -> str:  # never show a secret, not even by accident in a traceback
         return f"Secrets(webhook={'***' if self.webhook else 'unset'}, " \
@@ -83,6 +85,7 @@ class RunnerSettings:
     command: list[str] | None = None  # replaces `kernalin-ci run ...` (a hook for tests and smoke checks)
     env: dict[str, str] = field(default_factory=dict)  # extra job environment (never secrets)
     docker: DockerSettings = field(default_factory=DockerSettings)
+    sandbox: SandboxSettings = field(default_factory=SandboxSettings)  # the local runner's
 
 
 @dataclass
@@ -129,6 +132,14 @@ class Settings:
     def jobs_dir(self) -> Path:
         return Path(self.state_dir) / "jobs"
 
+    def private_paths(self) -> list[str]:
+        """What a job must never see: the state folder (database, other jobs), the secret files and the
+        folder systemd keeps credentials in, this configuration file."""
+        paths = [self.state_dir, *self.secrets.files, os.environ.get("CREDENTIALS_DIRECTORY", "")]
+        if self.path and os.path.isfile(self.path):
+            paths.append(self.path)
+        return [os.path.abspath(p) for p in paths if p]
+
 
 _KEYS = {
     "": ("listen", "public_url", "state_dir", "webhook", "github", "queue", "gpus", "cpu_slots", "runner",
@@ -138,7 +149,8 @@ _KEYS = {
                "min_request_interval_s"),
     "github.retry": ("attempts", "base_delay_s", "budget_s"),
     "queue": ("backend", "redis_url", "name"),
-    "runner": ("backend", "timeout_s", "command", "env", "docker"),
+    "runner": ("backend", "timeout_s", "command", "env", "docker", "sandbox"),
+    "runner.sandbox": ("enabled", "memory", "pids", "tmpfs_size", "user", "bwrap", "extra_ro"),
     "runner.docker": ("image", "memory", "pids", "tmpfs_size", "url", "user"),
     "retries": ("attempts", "base_delay_s", "max_delay_s"),
     "posting": ("attempts", "base_delay_s", "max_delay_s"),
@@ -229,6 +241,8 @@ def parse(data, where: str = "daemon.yml", env: Mapping[str, str] | None = None)
     secret_file = env.get(ENV_WEBHOOK_SECRET_FILE) or wh.get("secret_file", str, None)
     secret = env.get(ENV_WEBHOOK_SECRET) or (_read_secret_file(secret_file, "webhook secret") if secret_file else "")
     s.secrets.webhook = secret.strip().encode()
+    if secret_file:
+        s.secrets.files.append(secret_file)
 
     gh = top.sub("github")
     g = s.github
@@ -242,6 +256,8 @@ def parse(data, where: str = "daemon.yml", env: Mapping[str, str] | None = None)
     key_file = env.get(ENV_APP_KEY_PATH) or gh.get("private_key_file", str, None)
     s.secrets.app_private_key = env.get(ENV_APP_KEY) or (
         _read_secret_file(key_file, "GitHub App private key") if key_file else "")
+    if key_file:
+        s.secrets.files.append(key_file)
     g.check_name = gh.get("check_name", str, g.check_name)
     g.clone_url = gh.get("clone_url", str, g.clone_url)
     try:
@@ -278,6 +294,18 @@ def parse(data, where: str = "daemon.yml", env: Mapping[str, str] | None = None)
     s.runner.docker = DockerSettings(d.get("image", str, s.runner.docker.image), d.get("memory", str, "16g"),
                                      d.positive("pids", int, 4096), d.get("tmpfs_size", str, "8g"),
                                      d.get("url", str, None), d.get("user", str, None))
+    b, dflt = r.sub("sandbox"), SandboxSettings()
+    s.runner.sandbox = SandboxSettings(b.get("enabled", bool, dflt.enabled), b.get("memory", str, dflt.memory),
+                                       b.positive("pids", int, dflt.pids), b.get("tmpfs_size", str, dflt.tmpfs_size),
+                                       b.get("user", str, dflt.user), b.get("bwrap", str, dflt.bwrap),
+                                       [str(x) for x in b.get("extra_ro", list, [])])
+    for key in ("memory", "tmpfs_size"):
+        try:
+            parse_size(getattr(s.runner.sandbox, key))
+        except SandboxError as e:
+            raise b.err(f"runner.sandbox.{key}", str(e)) from None
+    if not re.fullmatch(r"\d+(:\d+)?", s.runner.sandbox.user):
+        raise b.err("runner.sandbox.user", "expected uid[:gid] (numbers)")
 
     s.retries = _backoff(top.sub("retries"), s.retries)
     s.posting = _backoff(top.sub("posting"), s.posting)

@@ -7,7 +7,7 @@ from kernalin_ci.lazy import torch
 
 from kernalin_ci.findings import Finding
 from kernalin_ci.ops import attention_common as ac
-from kernalin_ci.ops.base import Case, Expected, Params, Tensors, generator, randn, torch_dtype
+from kernalin_ci.ops.base import Case, Expected, Params, Tensors, generator, randn
 from kernalin_ci.verify.poison import fill_canary
 
 

@@ -207,10 +207,11 @@ class KvAppend(Op):
 
     def validate_case(self, case: Case) -> str | None:
         d = case.dims
+        problem = valid_dims(d, ("T", "Hkv", "D", "num_blocks"))
         pad = d.get("padding")
-        if "slots" not in d and not (isinstance(pad, int) and 0 <= pad <= int(d.get("T") or 0)):
+        if problem is None and "slots" not in d and not (isinstance(pad, int) and 0 <= pad <= d["T"]):
             return "padding must be an integer from 0 to T (or give slots)"
-        return valid_dims(d, ("T", "Hkv", "D", "num_blocks"))
+        return problem
 
     def bench_cases(self, params: Params, device: str, request: BenchRequest) -> list[Case]:
         _, hkv, D = request.heads(params)

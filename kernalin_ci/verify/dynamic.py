@@ -15,7 +15,7 @@ from contextlib import nullcontext
 import torch
 
 from kernalin_ci.findings import Finding
-from kernalin_ci.ops.base import Case
+from kernalin_ci.ops.base import Case, Op
 from kernalin_ci.verify.compare import check_reference
 from kernalin_ci.verify.interp import skip_self_copy
 from kernalin_ci.verify.poison import bits, fill_canary, is_canary, poisoned_allocations, prime_cuda_allocator
@@ -49,7 +49,7 @@ def guard_inputs(kw: dict, skip: set) -> tuple[dict, dict]:
     return out, guards
 
 
-def _guard_findings(op, guards: dict, before: dict) -> list[Finding]:
+def _guard_findings(op: Op, guards: dict, before: dict) -> list[Finding]:
     found = []
     for name, flat in guards.items():
         for side, part in (("before", flat[:GUARD]), ("after", flat[-GUARD:])):
@@ -73,7 +73,7 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def run_case(op, fn, case: Case, params: dict, device: str, memo: dict, poison: bool = True) -> list[Finding]:
+def run_case(op: Op, fn, case: Case, params: dict, device: str, memo: dict, poison: bool = True) -> list[Finding]:
     kw = op.inputs(case, params, device, poison)
     writable = set(op.written_names(params))
     lazy = writable if "huge" in case.tags else set()

@@ -104,4 +104,4 @@ def get_runner(settings) -> Runner:
         return DockerRunner(settings.runner.docker)
     from kernalin_ci.daemon.runners.local import LocalRunner
 
-    return LocalRunner()
+    return LocalRunner(settings.runner.sandbox, hide=settings.private_paths())

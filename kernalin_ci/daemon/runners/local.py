@@ -1,9 +1,14 @@
-"""The local runner: the job's command as a subprocess in the job's checkout.
+"""The local runner: the job's command as a subprocess in the job's checkout, inside the sandbox.
 
-The process starts in a session of its own, with a parent-death signal (`setpriv --pdeathsig
-KILL`, where util-linux has it) so it dies with the daemon. Stopping, a timeout, or a restart
-after a crash kill every process that carries the job's marker in its environment: the gate
-starts its kernel workers in sessions of their own, so a process-group kill would miss them.
+By default the job runs under bubblewrap (kernalin_ci/daemon/sandbox.py): its own PID, network and
+user namespaces, an allowlisted read-only file system with only its checkout and output writable,
+an unprivileged uid, and a cgroup with memory and process caps. When the sandbox's first process
+ends, or the daemon dies, the kernel kills everything the job started; stopping, a timeout, or a
+restart after a crash also kill what is left in the job's cgroup.
+
+With `runner.sandbox.enabled: false` (trusted repositories only) the process starts in a session
+of its own with a parent-death signal (`setpriv --pdeathsig KILL`, where util-linux has it), and
+cleanup finds its processes by the job's marker in their environment.
 """
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ import subprocess
 import sys
 import time
 
+from kernalin_ci.daemon import sandbox
 from kernalin_ci.daemon.runners import JOB_MARKER, POLL_S, RunRequest, RunResult, StopReason, job_env, tail
 
 
@@ -47,24 +53,40 @@ def kill_marked(job_id: str) -> int:
 class LocalRunner:
     name = "local"
 
-    def __init__(self):
+    def __init__(self, sandbox_settings: sandbox.SandboxSettings | None = None, hide: list[str] = ()):
         self._setpriv = shutil.which("setpriv")
+        self.sandbox = sandbox_settings or sandbox.SandboxSettings()
+        self.hide = list(hide)  # the daemon's private paths, masked inside the sandbox
 
     def run(self, req: RunRequest, stop_reason: StopReason, on_start) -> RunResult:
-        home, tmp = req.job_dir / "home", req.job_dir / "tmp"
-        for d in (home, tmp):
-            d.mkdir(parents=True, exist_ok=True)
         argv = req.argv(python=sys.executable, config=str(req.repo / ".kernalin.yml"), out=str(req.out),
                         repo=str(req.repo))
-        if self._setpriv:
-            argv = [self._setpriv, "--pdeathsig", "KILL", "--", *argv]
-        env = job_env(req, home=str(home), tmp=str(tmp), visible=req.slot.visible)
+        preexec = None
+        if self.sandbox.enabled:
+            try:
+                plan = sandbox.prepare(self.sandbox, req.job_id, [req.repo, req.out],
+                                       sandbox.gpu_device_nodes(req.slot.visible) if req.slot.device == "cuda"
+                                       else [], hide=self.hide)
+            except sandbox.SandboxError as e:
+                return RunResult(None, 0.0, infra_error=f"cannot start the job's sandbox: {e}")
+            argv, preexec = plan.argv_prefix + argv, plan.preexec
+            home, tmp = plan.home, plan.tmp
+            with open(req.log, "a") as log:
+                log.write(f"kernalin-ci daemon: sandbox: {sandbox.describe(plan)}\n")
+        else:
+            home, tmp = str(req.job_dir / "home"), str(req.job_dir / "tmp")
+            for d in (home, tmp):
+                os.makedirs(d, exist_ok=True)
+            if self._setpriv:
+                argv = [self._setpriv, "--pdeathsig", "KILL", "--", *argv]
+        env = job_env(req, home=home, tmp=tmp, visible=req.slot.visible)
         t0 = time.monotonic()
         with open(req.log, "ab") as log:
             try:
                 proc = subprocess.Popen(argv, cwd=req.repo, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                        stderr=subprocess.STDOUT, start_new_session=True)
-            except OSError as e:
+                                        stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=preexec)
+            except (OSError, subprocess.SubprocessError) as e:
+                sandbox.cleanup(req.job_id)
                 return RunResult(None, 0.0, infra_error=f"cannot start the job: {e}")
         on_start(proc.pid)
         stopped, timed_out = None, False
@@ -81,14 +103,18 @@ class LocalRunner:
                     break
         finally:
             kill_marked(req.job_id)  # the job, and anything it left behind
+            if preexec is not None:
+                sandbox.kill_cgroup(req.job_id)
             code = proc.wait()
+            oom = preexec is not None and sandbox.oom_killed(req.job_id)
+            sandbox.remove_cgroup(req.job_id)
         seconds = time.monotonic() - t0
         if timed_out:
             with open(req.log, "a") as log:
                 log.write(f"\nkernalin-ci daemon: the job ran past {req.timeout_s:.0f} s and was killed\n")
         return RunResult(None if (stopped or timed_out) else code, seconds, tail(req.log), stopped=stopped,
-                         timed_out=timed_out)
+                         timed_out=timed_out, oom_killed=oom)
 
     def cleanup(self, job_id: str) -> int:
-        return kill_marked(job_id)
+        return kill_marked(job_id) + sandbox.cleanup(job_id)
 

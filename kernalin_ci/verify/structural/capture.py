@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from kernalin_ci.ops.base import Case, Op
 
 TARGET = ("cuda", 90, 32)
 
@@ -154,7 +157,7 @@ class CaptureError(Exception):
 MAX_CANDIDATES = 10
 
 
-def capture_cases(op, params: dict, domain=None) -> list:
+def capture_cases(op: Op, params: dict, domain=None) -> list[Case]:
     """The capture calls to try, in order, until one captures and compiles: the op's capture call
     (`Op.capture_cases`) at each candidate shape. The declared domain first (its head dims, dtypes,
     heads); undeclared, a head dim that leaves a tail under its power-of-two block (48), then the
@@ -173,7 +176,7 @@ def capture_cases(op, params: dict, domain=None) -> list:
         if domain.values(axis):
             p[axis] = domain.values(axis)[0]
     pairs = sorted(((i, j) for i in range(len(head_dims)) for j in range(len(dtypes))), key=lambda ij: (sum(ij), ij[1]))
-    out: list = []
+    out: list[Case] = []
     for i, j in pairs:
         for case in op.capture_cases({**p, "head_dim": head_dims[i]})[:1]:
             case = replace(case, dtype=dtypes[j])
@@ -182,7 +185,7 @@ def capture_cases(op, params: dict, domain=None) -> list:
     return out[:MAX_CANDIDATES]
 
 
-def shape_label(case) -> str:
+def shape_label(case: Case) -> str:
     """A capture call's shape, e.g. 'D=48 float16 Hq=6 Hkv=2'."""
     d = case.dims
     return f"D={d.get('D')} {case.dtype}" + (f" Hq={d['Hq']}" if "Hq" in d else "") + f" Hkv={d.get('Hkv')}"
@@ -397,12 +400,12 @@ def capture(op_name: str, entry_fn, params: dict, domain=None) -> Capture:
     raise first_error
 
 
-def capture_at(op, entry_fn, params: dict, case) -> Capture:
+def capture_at(op: Op, entry_fn, params: dict, case: Case) -> Capture:
     """Run the entry once on one capture call and record its launches (CaptureError if refused)."""
     return _capture_once(op, entry_fn, params, case)
 
 
-def _capture_once(op, entry_fn, params: dict, case) -> Capture:
+def _capture_once(op: Op, entry_fn, params: dict, case: Case) -> Capture:
     import torch
 
     from kernalin_ci.verify.poison import poisoned_allocations

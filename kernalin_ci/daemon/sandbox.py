@@ -1,0 +1,321 @@
+"""The local runner's sandbox: a pull request's code runs where it can reach nothing it could misuse.
+
+A job runs under bubblewrap (`bwrap`) with
+
+- its own user, PID, network, IPC, UTS and cgroup namespaces: it sees only its own processes (no
+  /proc/<daemon pid>/environ), has no network but its own loopback, and when the sandbox's PID 1 ends
+  (the job ended, or the daemon died: `--die-with-parent`) the kernel kills everything left in it;
+- an allowlisted file system: the system (/usr, /etc, /opt; read-only), the Python installation and
+  the kernalin_ci package (read-only), the job's checkout and output folder (read-write), and fresh
+  size-capped tmpfs for HOME and /tmp. The daemon's state folder (database, other jobs) and the
+  credential files it reads are never bound, so nothing there exists inside;
+- when the daemon runs as root, an unprivileged uid (`runner.sandbox.user`, default 65534) outside the
+  namespace too, so even a file bound by mistake is read with no privilege;
+- a cgroup per job with a memory and a process cap, where the daemon may create cgroups (root, or a
+  systemd unit with `Delegate=yes`); a job's cgroup is also how a restarted daemon finds and kills
+  anything a previous run left behind.
+
+`prepare()` returns how to start the job (argv prefix, a pre-exec hook that joins the cgroup and drops
+the uid) and the limits actually in force; what could not be enforced is stated, never skipped silently.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+CGROUP_NAME = "kernalin-ci"
+SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+# read-only system folders bound into the sandbox when they exist (the rest of / is not there)
+SYSTEM_RO = ("/usr", "/etc", "/opt", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+# GPU device nodes: /dev in the sandbox is a fresh minimal one, these are added to it
+GPU_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
+
+
+class SandboxError(Exception):
+    """The sandbox cannot be set up as configured (bwrap missing, bad size)."""
+
+
+def parse_size(text: str) -> int:
+    s = str(text).strip().lower().removesuffix("b").removesuffix("i")
+    unit = s[-1] if s and s[-1] in SIZE_UNITS else ""
+    num = s[: len(s) - len(unit)]
+    try:
+        value = float(num)
+    except ValueError:
+        raise SandboxError(f"not a size: {text!r} (e.g. 16g, 512m)") from None
+    if value <= 0:
+        raise SandboxError(f"a size must be positive: {text!r}")
+    return int(value * SIZE_UNITS[unit])
+
+
+@dataclass
+class SandboxSettings:
+    enabled: bool = True
+    memory: str = "16g"  # the job's cgroup: RAM (and its tmpfs pages)
+    pids: int = 4096  # the job's cgroup: processes and threads
+    tmpfs_size: str = "8g"  # HOME and /tmp inside the sandbox, each
+    user: str = "65534:65534"  # uid:gid the job runs as when the daemon is root
+    bwrap: str = "bwrap"  # the bubblewrap binary (a name on PATH or a path)
+    extra_ro: list[str] = field(default_factory=list)  # more read-only paths (a CUDA toolkit elsewhere)
+
+
+# ------------------------------------------------------------------ cgroups
+
+def _cgroup_v2() -> bool:
+    return (CGROUP_ROOT / "cgroup.controllers").exists()
+
+
+def _cgroup_dirs(job_id: str) -> list[Path]:
+    """The job's cgroup folders: one on cgroup v2, one per controller (memory, pids) on v1."""
+    if _cgroup_v2():
+        return [CGROUP_ROOT / CGROUP_NAME / f"job-{job_id}"]
+    return [CGROUP_ROOT / c / CGROUP_NAME / f"job-{job_id}" for c in ("memory", "pids")]
+
+
+def _write(path: Path, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)
+
+
+def create_cgroup(job_id: str, memory: int, pids: int) -> tuple[list[Path], str | None]:
+    """The job's cgroup folders with their limits, or ([], why not)."""
+    dirs = _cgroup_dirs(job_id)
+    try:
+        if _cgroup_v2():
+            parent = dirs[0].parent
+            parent.mkdir(exist_ok=True)
+            try:  # let the parent hand memory and pids to its children
+                _write(parent / "cgroup.subtree_control", "+memory +pids")
+            except OSError:
+                pass
+            dirs[0].mkdir(exist_ok=True)
+            _write(dirs[0] / "memory.max", str(memory))
+            _write(dirs[0] / "memory.swap.max", "0") if (dirs[0] / "memory.swap.max").exists() else None
+            _write(dirs[0] / "pids.max", str(pids))
+        else:
+            mem, pid = dirs
+            for d in dirs:
+                d.parent.mkdir(exist_ok=True)
+                d.mkdir(exist_ok=True)
+            _write(mem / "memory.limit_in_bytes", str(memory))
+            if (mem / "memory.memsw.limit_in_bytes").exists():
+                try:
+                    _write(mem / "memory.memsw.limit_in_bytes", str(memory))
+                except OSError:
+                    pass
+            _write(pid / "pids.max", str(pids))
+    except OSError as e:
+        remove_cgroup(job_id)
+        return [], f"cannot create the job's cgroup under {CGROUP_ROOT}: {e.strerror or e}"
+    return dirs, None
+
+
+def cgroup_pids(job_id: str) -> list[int]:
+    out: set[int] = set()
+    for d in _cgroup_dirs(job_id):
+        try:
+            with open(d / "cgroup.procs") as f:
+                out.update(int(x) for x in f.read().split())
+        except OSError:
+            continue
+    return sorted(out)
+
+
+def kill_cgroup(job_id: str, wait_s: float = 5.0) -> int:
+    """SIGKILL everything in the job's cgroup until it is empty; how many processes there were."""
+    seen: set[int] = set()
+    deadline = time.monotonic() + wait_s
+    while True:
+        pids = cgroup_pids(job_id)
+        if not pids:
+            return len(seen)
+        for p in pids:
+            seen.add(p)
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if time.monotonic() > deadline:
+            return len(seen)
+        time.sleep(0.02)
+
+
+def remove_cgroup(job_id: str) -> None:
+    for d in _cgroup_dirs(job_id):
+        try:
+            d.rmdir()
+        except OSError:
+            pass
+
+
+def oom_killed(job_id: str) -> bool:
+    """Whether the job's cgroup hit its memory cap (read before remove_cgroup)."""
+    for d in _cgroup_dirs(job_id):
+        for name, key in (("memory.events", "oom_kill"), ("memory.oom_control", "oom_kill")):
+            try:
+                with open(d / name) as f:
+                    for line in f:
+                        k, _, v = line.partition(" ")
+                        if k == key and int(v) > 0:
+                            return True
+            except (OSError, ValueError):
+                continue
+    return False
+
+
+# ------------------------------------------------------------------ the bwrap command
+
+def _user(text: str) -> tuple[int, int]:
+    uid, _, gid = str(text).partition(":")
+    try:
+        return int(uid), int(gid or uid)
+    except ValueError:
+        raise SandboxError(f"runner.sandbox.user: expected uid[:gid], got {text!r}") from None
+
+
+def _python_paths() -> list[str]:
+    """The Python installation and the kernalin_ci package, wherever they live."""
+    import kernalin_ci
+
+    paths = {sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(os.path.realpath(kernalin_ci.__file__)))}
+    paths |= {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix)}
+    return sorted(p for p in paths if p and p != "/")
+
+
+@dataclass
+class Plan:
+    argv_prefix: list[str]  # bwrap ... --   (the job's argv follows)
+    preexec: object  # callable run in the child before exec (joins the cgroup, drops the uid)
+    limits: dict  # what is in force: memory, pids, tmpfs, user, cgroup
+    not_enforced: list[str]  # what could not be enforced, and why
+    home: str = "/sandbox/home"
+    tmp: str = "/tmp"
+
+
+def _readable_by_others(path: str) -> bool:
+    """Whether an unprivileged uid can reach PATH: every folder above it searchable by others."""
+    p = os.path.realpath(path)
+    parts = p.split(os.sep)
+    for i in range(2, len(parts) + 1):
+        try:
+            mode = os.stat(os.sep.join(parts[:i]) or os.sep).st_mode
+        except OSError:
+            return False
+        if not mode & 0o001 and os.path.isdir(os.sep.join(parts[:i])):
+            return False
+    return True
+
+
+def prepare(settings: SandboxSettings, job_id: str, writable: list[Path], gpu_devices: list[str],
+            hide: list[str] = ()) -> Plan:
+    """How to start job JOB_ID inside the sandbox. WRITABLE are bound read-write at the same paths;
+    HIDE (the daemon's state folder, its secret files) are masked wherever a bound folder holds them."""
+    bwrap = shutil.which(settings.bwrap) if os.sep not in settings.bwrap else settings.bwrap
+    if not bwrap or not os.access(bwrap, os.X_OK):
+        raise SandboxError(f"bubblewrap ({settings.bwrap!r}) is not installed: install it (Debian/Ubuntu: "
+                           f"apt-get install bubblewrap) or set runner.sandbox.enabled: false (unsafe for "
+                           f"untrusted pull requests)")
+    memory, tmpfs = parse_size(settings.memory), parse_size(settings.tmpfs_size)
+    not_enforced: list[str] = []
+    ro = [p for p in _python_paths() + list(settings.extra_ro) if os.path.exists(p)]
+    uid, gid = os.geteuid(), os.getegid()
+    drop = False
+    if uid == 0:
+        uid, gid = _user(settings.user)
+        blocked = [p for p in ro + [str(w) for w in writable] if not _readable_by_others(p)]
+        drop = not blocked
+        if blocked:
+            not_enforced.append(f"an unprivileged uid outside the sandbox: {blocked[0]} is not reachable by "
+                                f"other users, so the job keeps the daemon's uid outside its namespace")
+    cg_dirs, why = create_cgroup(job_id, memory, settings.pids)
+    if why:
+        not_enforced.append(f"memory and process caps: {why}")
+    if drop:
+        for p in writable:  # the job's own files, owned by the job's uid
+            for dirpath, dirnames, filenames in os.walk(p):
+                for name in [dirpath, *(os.path.join(dirpath, n) for n in dirnames + filenames)]:
+                    try:
+                        os.lchown(name, uid, gid)
+                    except OSError:
+                        pass
+    argv = [bwrap, "--unshare-all", "--die-with-parent", "--new-session"]
+    for p in SYSTEM_RO:
+        if os.path.islink(p):
+            argv += ["--symlink", os.readlink(p), p]
+        elif os.path.isdir(p):
+            argv += ["--ro-bind", p, p]
+    argv += ["--proc", "/proc", "--dev", "/dev"]
+    for dev in gpu_devices:
+        if os.path.exists(dev):
+            argv += ["--dev-bind", dev, dev]
+    argv += ["--size", str(tmpfs), "--tmpfs", "/tmp", "--size", str(tmpfs), "--tmpfs", "/sandbox"]
+    argv += ["--dir", "/sandbox/home"]
+    for p in ro:  # after /tmp: a Python installation may live under it
+        argv += ["--ro-bind", p, p]
+    bound = SYSTEM_RO + tuple(ro)
+    for h in hide:
+        if not h or not os.path.exists(h) or not any(_inside(h, b) for b in bound):
+            continue
+        argv += ["--tmpfs", h] if os.path.isdir(h) else ["--ro-bind", "/dev/null", h]
+    for p in writable:
+        argv += ["--bind", str(p), str(p)]
+    argv += ["--uid", str(uid), "--gid", str(gid), "--"]
+    procs = [d / "cgroup.procs" for d in cg_dirs]
+
+    def preexec() -> None:  # in the forked child: no locks, no buffered files
+        for f in procs:  # join the job's cgroup before anything of the job runs
+            fd = os.open(f, os.O_WRONLY)
+            try:
+                os.write(fd, str(os.getpid()).encode())
+            finally:
+                os.close(fd)
+        if drop:
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+
+    limits = {"memory": memory if cg_dirs else None, "pids": settings.pids if cg_dirs else None,
+              "tmpfs": tmpfs, "uid": uid, "outside_uid": uid if drop else os.geteuid(), "network": "none",
+              "cgroup": [str(d) for d in cg_dirs]}
+    return Plan(argv, preexec, limits, not_enforced)
+
+
+def _inside(path: str, folder: str) -> bool:
+    p, f = os.path.realpath(path), os.path.realpath(folder)
+    return p == f or p.startswith(f.rstrip(os.sep) + os.sep)
+
+
+def gpu_device_nodes(visible: str | None) -> list[str]:
+    """/dev/nvidiaN for the slot's GPUs (all of them when the slot names none) and the control nodes."""
+    nodes = [d for d in GPU_DEVICES if os.path.exists(d)]
+    if not nodes:
+        return []
+    try:
+        numbered = sorted(n for n in os.listdir("/dev") if n.startswith("nvidia") and n[6:].isdigit())
+    except OSError:
+        numbered = []
+    return nodes + [f"/dev/{n}" for n in numbered]
+
+
+def cleanup(job_id: str) -> int:
+    """Kill and remove whatever is left of JOB_ID's cgroup (after a crash of the daemon)."""
+    n = kill_cgroup(job_id)
+    remove_cgroup(job_id)
+    return n
+
+
+def describe(plan: Plan) -> str:
+    """One line for the job log: what is in force, and what is not."""
+    lim = plan.limits
+    parts = [f"bubblewrap, uid {lim['uid']} ({lim['outside_uid']} outside), no network, PID namespace",
+             f"tmpfs {lim['tmpfs'] >> 20} MiB for HOME and /tmp"]
+    if lim["memory"] is not None:
+        parts.append(f"memory {lim['memory'] >> 20} MiB, {lim['pids']} processes")
+    parts += [f"NOT ENFORCED: {w}" for w in plan.not_enforced]
+    return "; ".join(parts)
