@@ -198,20 +198,6 @@ class Plan:
     tmp: str = "/tmp"
 
 
-def _readable_by_others(path: str) -> bool:
-    """Whether an unprivileged uid can reach PATH: every folder above it searchable by others."""
-    p = os.path.realpath(path)
-    parts = p.split(os.sep)
-    for i in range(2, len(parts) + 1):
-        try:
-            mode = os.stat(os.sep.join(parts[:i]) or os.sep).st_mode
-        except OSError:
-            return False
-        if not mode & 0o001 and os.path.isdir(os.sep.join(parts[:i])):
-            return False
-    return True
-
-
 def prepare(settings: SandboxSettings, job_id: str, writable: list[Path], gpu_devices: list[str],
             hide: list[str] = ()) -> Plan:
     """How to start job JOB_ID inside the sandbox. WRITABLE are bound read-write at the same paths;
@@ -224,27 +210,33 @@ def prepare(settings: SandboxSettings, job_id: str, writable: list[Path], gpu_de
     memory, tmpfs = parse_size(settings.memory), parse_size(settings.tmpfs_size)
     not_enforced: list[str] = []
     ro = [p for p in _python_paths() + list(settings.extra_ro) if os.path.exists(p)]
-    uid, gid = os.geteuid(), os.getegid()
-    drop = False
-    if uid == 0:
+    root = os.geteuid() == 0
+    setpriv = shutil.which("setpriv") if root else None
+    if root:
+        # bwrap sets the sandbox up as root (so it can bind a Python installation under /root), with
+        # no user namespace; the job then drops to an unprivileged uid for real, on the host too
         uid, gid = _user(settings.user)
-        blocked = [p for p in ro + [str(w) for w in writable] if not _readable_by_others(p)]
-        drop = not blocked
-        if blocked:
-            not_enforced.append(f"an unprivileged uid outside the sandbox: {blocked[0]} is not reachable by "
-                                f"other users, so the job keeps the daemon's uid outside its namespace")
+        argv = [bwrap, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+        if setpriv:
+            argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+            for p in writable:  # the job's own files, owned by the job's uid
+                for dirpath, dirnames, filenames in os.walk(p):
+                    for name in [dirpath, *(os.path.join(dirpath, n) for n in dirnames + filenames)]:
+                        try:
+                            os.lchown(name, uid, gid)
+                        except OSError:
+                            pass
+        else:
+            not_enforced.append("an unprivileged uid: setpriv (util-linux) is not installed, the job keeps "
+                                "uid 0 without capabilities")
+            uid, gid = 0, 0
+    else:  # an unprivileged daemon: a user namespace, the job's uid is the daemon's outside it
+        uid, gid = os.geteuid(), os.getegid()
+        argv = [bwrap, "--unshare-all"]
+    argv += ["--die-with-parent", "--new-session"]
     cg_dirs, why = create_cgroup(job_id, memory, settings.pids)
     if why:
         not_enforced.append(f"memory and process caps: {why}")
-    if drop:
-        for p in writable:  # the job's own files, owned by the job's uid
-            for dirpath, dirnames, filenames in os.walk(p):
-                for name in [dirpath, *(os.path.join(dirpath, n) for n in dirnames + filenames)]:
-                    try:
-                        os.lchown(name, uid, gid)
-                    except OSError:
-                        pass
-    argv = [bwrap, "--unshare-all", "--die-with-parent", "--new-session"]
     for p in SYSTEM_RO:
         if os.path.islink(p):
             argv += ["--symlink", os.readlink(p), p]
@@ -256,16 +248,33 @@ def prepare(settings: SandboxSettings, job_id: str, writable: list[Path], gpu_de
             argv += ["--dev-bind", dev, dev]
     argv += ["--size", str(tmpfs), "--tmpfs", "/tmp", "--size", str(tmpfs), "--tmpfs", "/sandbox"]
     argv += ["--dir", "/sandbox/home"]
+    made: set[str] = set()
+
+    def parents(p, bound) -> list[str]:
+        # the folders above a bind exist only in the sandbox's tmpfs: make them searchable by the job's uid
+        # (bwrap would copy the host's modes: a 0700 /root or state folder would lock the job out)
+        out = []
+        for a in map(str, reversed(Path(p).parents)):
+            if a != "/" and a not in made and not any(_inside(a, b) for b in bound):
+                out += ["--perms", "0755", "--dir", a]
+                made.add(a)
+        return out
+
+    bound: tuple[str, ...] = SYSTEM_RO
     for p in ro:  # after /tmp: a Python installation may live under it
-        argv += ["--ro-bind", p, p]
-    bound = SYSTEM_RO + tuple(ro)
+        argv += [*parents(p, bound), "--ro-bind", p, p]
+        bound += (p,)
     for h in hide:
         if not h or not os.path.exists(h) or not any(_inside(h, b) for b in bound):
             continue
         argv += ["--tmpfs", h] if os.path.isdir(h) else ["--ro-bind", "/dev/null", h]
     for p in writable:
-        argv += ["--bind", str(p), str(p)]
-    argv += ["--uid", str(uid), "--gid", str(gid), "--"]
+        argv += [*parents(p, bound), "--bind", str(p), str(p)]
+    if root:
+        argv += ["--", *([setpriv, "--reuid", str(uid), "--regid", str(gid), "--clear-groups", "--"]
+                         if setpriv else [])]
+    else:
+        argv += ["--uid", str(uid), "--gid", str(gid), "--"]
     procs = [d / "cgroup.procs" for d in cg_dirs]
 
     def preexec() -> None:  # in the forked child: no locks, no buffered files
@@ -275,13 +284,9 @@ def prepare(settings: SandboxSettings, job_id: str, writable: list[Path], gpu_de
                 os.write(fd, str(os.getpid()).encode())
             finally:
                 os.close(fd)
-        if drop:
-            os.setgroups([])
-            os.setgid(gid)
-            os.setuid(uid)
 
     limits = {"memory": memory if cg_dirs else None, "pids": settings.pids if cg_dirs else None,
-              "tmpfs": tmpfs, "uid": uid, "outside_uid": uid if drop else os.geteuid(), "network": "none",
+              "tmpfs": tmpfs, "uid": uid, "network": "none",
               "cgroup": [str(d) for d in cg_dirs]}
     return Plan(argv, preexec, limits, not_enforced)
 
@@ -313,7 +318,7 @@ def cleanup(job_id: str) -> int:
 def describe(plan: Plan) -> str:
     """One line for the job log: what is in force, and what is not."""
     lim = plan.limits
-    parts = [f"bubblewrap, uid {lim['uid']} ({lim['outside_uid']} outside), no network, PID namespace",
+    parts = [f"bubblewrap, uid {lim['uid']}, no network, PID namespace",
              f"tmpfs {lim['tmpfs'] >> 20} MiB for HOME and /tmp"]
     if lim["memory"] is not None:
         parts.append(f"memory {lim['memory'] >> 20} MiB, {lim['pids']} processes")
