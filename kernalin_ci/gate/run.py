@@ -223,6 +223,8 @@ def summary_line(kr: KernelReport) -> str:
     v = kr.verification or {}
     n = len(v.get("findings", []))
     parts = [f"verification {'FAIL (' + str(n) + ' findings)' if n else 'pass'}"]
+    if v.get("not_checked"):
+        parts.append(f"{len(v['not_checked'])} shape{'s' * (len(v['not_checked']) != 1)} not checked")
     st = v.get("structural") or {}
     if st.get("status") == "not-analysed":
         parts.append(f"structural: not analysed ({st.get('cause')})")
