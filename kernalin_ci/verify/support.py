@@ -23,6 +23,7 @@ from kernalin_ci.ops.base import Case
 from kernalin_ci.verify.dynamic import EntryRaised
 
 PROBE_BUDGET = 12  # new probe launches per refused case while looking for a shape the kernel takes
+TOTAL_PROBES = 48  # and per worker: an entry that refuses everything costs a bounded number of launches
 
 
 @dataclass
@@ -51,6 +52,7 @@ class Support:
         self.op, self.params, self.domain, self.main_dtype = op, params, domain, main_dtype
         self.launch = launch  # one unchecked call of the entry
         self.known: dict[str, str | None] = {}  # shape -> None (the entry ran at it) or its error
+        self.searches_left = TOTAL_PROBES
 
     def declared(self, shape: dict) -> bool:
         return self.domain.declares(tuple(self.op.domain_axes), shape)
@@ -91,9 +93,10 @@ class Support:
         for alt in alternatives(self.op, case, self.params, self.domain, self.main_dtype):
             target = {**shape, **alt}
             if key(target) not in self.known:
-                if fresh >= PROBE_BUDGET:
+                if fresh >= PROBE_BUDGET or self.searches_left <= 0:
                     break
                 fresh += 1
+                self.searches_left -= 1
             if self.probe(target) is not None:
                 continue
             moved = with_shape(case, alt, self.params)
