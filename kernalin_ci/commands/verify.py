@@ -59,7 +59,8 @@ def print_result(result, out) -> None:
             print(f"      case: {Case.from_json(f.case).summary()}", file=out)
         if f.reproduce:
             print(f"      reproduce: {f.reproduce}", file=out)
-    print(f"  coverage: {result.coverage.summary()}", file=out)
+    if result.cases_run:
+        print(f"  coverage: {result.coverage.summary()}", file=out)
     for n in result.not_checked:
         cases = ", ".join(n.cases[:4]) + (", ..." if len(n.cases) > 4 else "")
         print(f"  not checked: {n.summary()} [cases: {cases}]", file=out)
