@@ -311,11 +311,11 @@ def plan(op, params: dict, dom: Domain, cases: list[Case], main_dtype: str) -> l
 
 def alternatives(op, case: Case, params: dict, dom: Domain, main_dtype: str) -> list[dict]:
     """Shapes to run a case at when the kernel refuses its own, nearest first: one axis changed, then
-    two. A shape case keeps its axis; a dtype-sweep case keeps its dtype."""
+    two. A shape case keeps its axis (its dtype is only the plan's turn); a dtype-sweep case keeps its dtype."""
     shape = shape_of(op, case, params)
     fixed = {t[len(SHAPE_TAG):] for t in case.tags if t.startswith(SHAPE_TAG)}
     small = bool(fixed)  # a shape case: one other axis at a time, never the heads
-    if case.dtype != main_dtype:
+    if case.dtype != main_dtype and not small:  # a sweep case is there for its dtype
         fixed.add("dtype")
     options: dict[str, list] = {}
     for axis in op.domain_axes:

@@ -151,9 +151,7 @@ class NotChecked:
         return cls(**d)
 
     def summary(self) -> str:
-        what = f"{self.shape}: {self.reason}, not checked"
-        if self.instead:
-            what += f" (ran at {self.instead} instead)"
+        what = f"{self.shape}: {self.reason}, " + (f"checked at {self.instead} instead" if self.instead else "not checked")
         return what + (f": {self.error}" if self.error else "")
 
 

@@ -550,8 +550,8 @@ def test_coverage_not_checked_and_structural_status_in_every_output():
         assert ("- **Structural:** **not analysed (kernel \\_append\\_gather could not be followed: tt.gather)**."
                 in text)
         assert "- **Coverage:** D 64, 128 · float32, float16 · heads 2, 8 · block size 16." in text
-        assert ("D=80 Hkv=6 float32 block\\_size=16: unsupported, not checked (ran at D=64 Hkv=6 float32 "
-                "block\\_size=16 instead): CompilationError: arange's range must be a power of 2 &lt;script&gt; "
+        assert ("D=80 Hkv=6 float32 block\\_size=16: unsupported, checked at D=64 Hkv=6 float32 "
+                "block\\_size=16 instead: CompilationError: arange's range must be a power of 2 &lt;script&gt; "
                 "(cases: odd-heads)") in text
     row = row_of(table_rows(render_markdown(r)), "kv_append_v2")[4]
     assert row == "pass · 31 cases · 1 shape not checked · structure not analysed"
