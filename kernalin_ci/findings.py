@@ -151,7 +151,8 @@ class NotChecked:
         return cls(**d)
 
     def summary(self) -> str:
-        what = f"{self.shape}: {self.reason}, " + (f"checked at {self.instead} instead" if self.instead else "not checked")
+        done = f"checked at {self.instead} instead" if self.instead else "not checked"
+        what = f"{self.shape}: {self.reason}, {done}"
         return what + (f": {self.error}" if self.error else "")
 
 

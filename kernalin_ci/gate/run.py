@@ -56,7 +56,8 @@ def conclude(report: Report) -> tuple[str, str]:
     msg = f"{len(checked)} kernel{'s' * (len(checked) != 1)} verified"
     if faster:
         msg += f"; faster: {', '.join(faster)}"
-    blind = [k.name for k in checked if ((k.verification or {}).get("structural") or {}).get("status") == "not-analysed"]
+    blind = [k.name for k in checked
+             if ((k.verification or {}).get("structural") or {}).get("status") == "not-analysed"]
     if blind:
         msg += f"; structure not analysed: {', '.join(blind)}"
     return "success", msg
