@@ -104,3 +104,31 @@ def test_entry_that_raises(cap_of, tmp_path):
     src.write_text("def entry(q, k, positions):\n    raise RuntimeError('no kernel here')\n")
     with pytest.raises(CaptureError, match="RuntimeError during the capture call: no kernel here"):
         cap_of(f"{src}:entry", "rope")
+
+
+def test_host_moves_follow_gathers_to_the_input():
+    """Elements moved on the host (mask indexing, index_select, a transposed contiguous copy, a cast, a copy
+    into part of a buffer) map back to the input's element offsets; arithmetic makes them unknown."""
+    import torch
+
+    from kernalin_ci.verify.structural.host import HostMoves
+
+    key = torch.randn(5, 2, 3)
+    slots = torch.tensor([4, -1, 7, -1, 0])
+    moves = HostMoves({"key": key, "slot_mapping": slots})
+    with moves:
+        keep = slots >= 0
+        kept = key[keep]
+        picked = key.index_select(0, torch.tensor([4, 0])).transpose(0, 1).contiguous().double()
+        buf = torch.zeros(4, 2, 3)
+        buf[1:3] = key[keep][:2]
+        scaled = key[keep] * 2.0
+    offsets = torch.arange(30).reshape(5, 2, 3)
+    name, m = moves.origin(kept)
+    assert name == "key" and m[:18].tolist() == offsets[[0, 2, 4]].reshape(-1).tolist()
+    name, m = moves.origin(picked)
+    assert name == "key" and m[:12].tolist() == offsets[[4, 0]].transpose(0, 1).reshape(-1).tolist()
+    name, m = moves.origin(buf)
+    assert m[:6].tolist() == [-1] * 6 and m[6:18].tolist() == offsets[[0, 2]].reshape(-1).tolist()
+    assert m[18:].tolist() == [-1] * 6
+    assert moves.origin(scaled) is None

@@ -21,6 +21,10 @@ FIX = ROOT / "tests" / "structural_fixtures"
 # Findings whose line is not the changed line, and why.
 SITE = {
     "attn_bug_exp2_unfolded.py": ({33}, "the change is in the launcher; the kernel line that applies the scale"),
+    "attn_bug_guarded_combine_no_rescale.py": ({71}, "the removed rescale has no line; the accumulation it misses"),
+    "kv_bug_gather_slots_not_kept.py": ({24, 25}, "the change is in the entry (host code has no IR); the stores"),
+    "kv_bug_gather_value_from_key.py": ({25}, "the change is in the entry (host code has no IR); the V store"),
+    "attn_bug_paged_wrap_mask_if.py": ({40}, "the wrong `if` guards the mask; the exp of the unmasked scores"),
     "attn_bug_no_normalize.py": ({38}, "`out = acc` is an alias (no op); the store of the unnormalised value"),
     "attn_bug_scores_unmasked.py": ({31}, "the removed `where` has no line; the exp of the unmasked scores"),
     "kv_bug_slot_split.py": ({24, 25}, "the offset is computed inside the store's address expression"),

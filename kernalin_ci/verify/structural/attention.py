@@ -28,9 +28,9 @@ import math
 import numpy as np
 
 from kernalin_ci.verify.structural.common import Analysis, Report, kname
-from kernalin_ci.verify.structural.dataflow import (LOG2E, MAX_KINDS, LF, KernelView, carried, exp_base2,
-                                                    for_result, is_exp, lf_equal, lf_ratio, loop_arg, loop_yield,
-                                                    peel, reduce_kind)
+from kernalin_ci.verify.structural.dataflow import (LOG2E, MAX_KINDS, LF, KernelView, alternatives, carried,
+                                                    exp_base2, for_result, guarded, is_exp, lf_equal, lf_ratio,
+                                                    loop_arg, loop_yield, peel, reduce_kind, unguard, updates)
 from kernalin_ci.verify.structural.interp import INV_MASK, POS
 from kernalin_ci.verify.structural.ir import Op, Value
 
@@ -101,7 +101,8 @@ class AttentionModel:
 # --------------------------------------------------------------------------- helpers
 
 def _max_like(v: Value, depth: int = 0) -> bool:
-    """A max over something: a max reduction, maxnumf, a running max carried by a loop."""
+    """A max over something: a max reduction, maxnumf, a running max carried by a loop (updated under an `if`
+    or not), a max with a constant in place of -inf (`where(m > -inf, m, 0)`)."""
     v = peel(v)
     if depth > 8:
         return False
@@ -109,6 +110,15 @@ def _max_like(v: Value, depth: int = 0) -> bool:
     if op is not None:
         if reduce_kind(op) in MAX_KINDS or op.name in ("arith.maxnumf", "arith.maximumf"):
             return True
+        ups = updates(v)
+        if ups is not None:
+            return bool(ups) and all(_max_like(u, depth + 1) for u in ups)
+        if op.name == "arith.select":
+            a, b = (peel(o) for o in op.operands[1:])
+            for x, k in ((a, b), (b, a)):
+                if k.owner is not None and k.owner.name == "arith.constant" and _max_like(x, depth + 1):
+                    return True
+            return False
         fr = for_result(v)
         if fr is not None:
             y = loop_yield(*fr)
@@ -149,6 +159,12 @@ def upper_bound(g, m: Value, target: LF, depth: int = 0) -> bool:
         return any(g.lf_equiv(g.lf(x), target) for x in _select_peels(g, op.operands[0]))
     if op is not None and op.name in ("arith.maxnumf", "arith.maximumf"):
         return any(upper_bound(g, o, target, depth + 1) for o in op.operands)
+    ups = updates(m)
+    if ups is not None:
+        return bool(ups) and all(upper_bound(g, u, target, depth + 1) for u in ups)
+    x = guarded(g, m)
+    if x is not None:
+        return upper_bound(g, x, target, depth + 1)
     fr = for_result(m)
     if fr is not None:
         y = loop_yield(*fr)
@@ -179,6 +195,10 @@ def bound_ratio(g, m: Value, target: LF, depth: int = 0) -> float | None:
             k = bound_ratio(g, o, target, depth + 1)
             if k is not None:
                 return k
+    for x in (updates(m) or []) + [guarded(g, m)]:
+        k = bound_ratio(g, x, target, depth + 1) if x is not None else None
+        if k is not None:
+            return k
     fr = for_result(m)
     if fr is not None:
         y = loop_yield(*fr)
@@ -194,6 +214,21 @@ def score_factor(view: KernelView, v: Value, depth: int = 0):
     if op is None or depth > 24:
         return None, set()
     n = op.name
+    ups = updates(v)
+    if ups is not None:
+        # scores masked under an `if` (only the tiles that need it): every branch must scale them alike
+        got = {(f, frozenset(ts)) for f, ts in (score_factor(view, u, depth + 1) for u in ups)}
+        if len(got) == 1:
+            f, ts = got.pop()
+            return f, set(ts)
+        return None, set()
+    if n == "tt.load" and op in view.sources:
+        # scores an earlier kernel computed and stored: their factor there
+        got = {(f, frozenset(ts)) for f, ts in (score_factor(pv, val, depth + 1) for pv, val in view.stored(op))}
+        if len(got) == 1:
+            f, ts = got.pop()
+            return f, set(ts)
+        return None, set()
     if n == "tt.load":
         t = view.loads.get(op)
         return (1.0, {t}) if t else (None, set())
@@ -241,10 +276,19 @@ def _dims(cap):
 
 # --------------------------------------------------------------------------- the exps
 
-class Exps:
-    """The exps of one kernel, each classified: 'score', 'rescale', 'combine' or None."""
+def exps_of(view: KernelView) -> "Exps":
+    if "exps" not in view.cache:
+        view.cache["exps"] = Exps(view)
+    return view.cache["exps"]
 
-    def __init__(self, view: KernelView, role: str):
+
+class Exps:
+    """The exps of one kernel that depend on the keys (here or through an earlier kernel's stores), each
+    classified: 'score' (exp of scores, those of this kernel or scores an earlier kernel stored), 'rescale'
+    (exp of a running max minus its update), 'combine' (exp of a statistic an earlier kernel stored: a
+    log-sum-exp or a max of a partial softmax)."""
+
+    def __init__(self, view: KernelView):
         self.view = view
         self.items = []   # (op, kind, lf)
         g = view.graph
@@ -252,20 +296,37 @@ class Exps:
             if not is_exp(op):
                 continue
             arg = op.operands[0]
+            if not view.reads(arg, "k_cache"):
+                continue
             lf = g.lf(arg)
-            if role == "main":
-                if not view.reads(arg, "k_cache"):
-                    continue
-                pos = lf.positive()
-                kind = "rescale" if pos.atoms and all(_max_like(a) for a in pos.atoms) else "score"
-            else:
-                if not any(view.reads(arg, t) for t in view.loads.values() if t.startswith("scratch")):
-                    continue
+            pos = lf.positive()
+            if pos.atoms and any(_loaded_statistic(view, a) for a in pos.atoms):
                 kind = "combine"
+            elif pos.atoms and all(_max_like(a) for a in pos.atoms):
+                kind = "rescale"
+            else:
+                kind = "score"
             self.items.append((op, kind, lf))
 
     def of(self, kind):
         return [(op, lf) for op, k, lf in self.items if k == kind]
+
+
+def _loaded_statistic(view: KernelView, v: Value) -> bool:
+    """v is loaded from memory in which earlier kernels stored softmax statistics (a max, a log-sum-exp, a sum
+    of exponentials), not scores."""
+    op = unguard(view.graph, v).owner
+    if op is None or op.name != "tt.load" or op not in view.sources:
+        return False
+    return all(_statistic(pv, val) for pv, val in view.stored(op))
+
+
+def _statistic(view: KernelView, v: Value) -> bool:
+    if _max_like(v) or _is_exp_sum(view, v, _exp_results(exps_of(view))):
+        return True
+    atoms = view.graph.lf(v).atoms
+    return any(peel(a).owner is not None and peel(a).owner.name in ("math.log", "math.log2") or _max_like(a) or
+               _loaded_statistic(view, a) for a in atoms)
 
 
 def check_exps(view: KernelView, exps: Exps, rep: Report, scale: float) -> None:
@@ -301,9 +362,11 @@ def check_exps(view: KernelView, exps: Exps, rep: Report, scale: float) -> None:
                         f"(or only on one side)", op, view)
             continue
         if _max_like(m):
+            guard = peel(m).owner if peel(m).owner is not None and peel(m).owner.name == "arith.select" else None
             rep.finding("softmax-max", "softmax-no-max",
                         f"{name}: the exp subtracts a max that does not include these scores (it is not an "
-                        f"upper bound of them), so exp(s - m) can overflow", op, view)
+                        f"upper bound of them{'; the guard replacing -inf tests another value' if guard else ''}), "
+                        f"so exp(s - m) can overflow", guard or op, view)
         else:
             rep.notice("softmax-max", f"{name}: could not verify that the value subtracted in exp is the max "
                                       f"of the scores", op, view)
@@ -397,13 +460,14 @@ def _check_scale(view: KernelView, op: Op, pos: LF, rep: Report, scale: float) -
     else:
         why = f"the scores are multiplied by {total:.6g}, expected {want:.6g}"
     sites = _factor_sites(view, s)
-    where = sites[-1] if sites else op
+    where = sites[-1] if sites else (op, view)
     rep.finding("softmax-scale", "scale", f"{name}: {fn} of q.k * {total:.6g} with scale {scale:.6g}: {why}",
-                where, view)
+                *where)
 
 
 def _factor_sites(view: KernelView, v: Value, depth: int = 0) -> list:
-    """The ops that multiply q, k or their product by a constant factor, outermost first."""
+    """(op, view) of the ops that multiply q, k or their product by a constant factor, outermost first; into
+    the kernel that computed scores this one loads."""
     g = view.graph
     v = peel(v)
     op = v.owner
@@ -412,10 +476,15 @@ def _factor_sites(view: KernelView, v: Value, depth: int = 0) -> list:
     if op.name in ("arith.mulf", "arith.divf", "tt.precise_divf"):
         consts = [o for o in op.operands if g.const(peel(o)) is not None]
         rest = [o for o in op.operands if g.const(peel(o)) is None]
-        here = [op] if consts else []
+        here = [(op, view)] if consts else []
         return here + [x for o in rest for x in _factor_sites(view, o, depth + 1)]
     if op.name in ("arith.select", "tt.dot") or reduce_kind(op) == "addf":
         return [x for o in op.operands for x in _factor_sites(view, o, depth + 1)]
+    if op.name == "tt.load" and op in view.sources:
+        return [x for pv, val in view.stored(op) for x in _factor_sites(pv, val, depth + 1)]
+    ups = updates(v)
+    if ups:
+        return _factor_sites(view, ups[0], depth + 1)
     return []
 
 
@@ -438,6 +507,9 @@ def _is_exp_sum(view: KernelView, v: Value, ps: set, depth: int = 0) -> bool:
             y = loop_yield(*c)
             return y is not None and _is_exp_sum(view, y, ps, depth + 1)
         return False
+    ups = updates(v)
+    if ups is not None:
+        return bool(ups) and all(_is_exp_sum(view, u, ps, depth + 1) for u in ups)
     if op.name == "arith.select":
         return any(_is_exp_sum(view, o, ps, depth + 1) for o in op.operands[1:] if g.const(peel(o)) is None)
     if reduce_kind(op) == "addf":
@@ -456,24 +528,23 @@ def _is_exp_sum(view: KernelView, v: Value, ps: set, depth: int = 0) -> bool:
     return False
 
 
-def _contains(v: Value, targets: set, depth=0) -> bool:
-    v = peel(v)
+def _contains(g, v: Value, targets: set, depth=0) -> bool:
+    v = unguard(g, v)
     if v in targets:
         return True
     if depth > 6 or v.owner is None:
         return False
     op = v.owner
     if op.name in ("arith.mulf", "arith.addf", "tt.dot") or reduce_kind(op) == "addf":
-        return any(_contains(o, targets, depth + 1) for o in op.operands)
+        return any(_contains(g, o, targets, depth + 1) for o in op.operands)
     return False
 
 
 def check_rescale(view: KernelView, exps: Exps, rep: Report) -> None:
-    """Every accumulation of exponentials in a loop with a running max is rescaled by exp(m_old - m_new)."""
-    g = view.graph
-    ps = _exp_results(exps)
+    """Every accumulation of exponentials (of scores, or combine weights) in a loop with a running max is
+    rescaled by exp(m_old - m_new); an update guarded by an `if` in the loop is checked in its branch."""
+    ps = _exp_results(exps) | _exp_results(exps, "combine")
     alphas = _exp_results(exps, "rescale")
-    name = kname(view)
     for loop in [op for op in view.ops() if op.name == "scf.for"]:
         body = loop.regions[0][0]
         nargs = len(body.args) - 1
@@ -487,41 +558,46 @@ def check_rescale(view: KernelView, exps: Exps, rep: Report) -> None:
             y = loop_yield(loop, j)
             if y is None or not arg.type.is_float:
                 continue
-            yo = peel(y).owner
-            if yo is None:
-                continue
-            if yo.name == "tt.dot":
-                old, new = yo.operands[2], yo
-            elif yo.name == "arith.addf":
-                a, b = yo.operands
-                if _depends_on_arg(a, arg):
-                    old, new = a, b
-                elif _depends_on_arg(b, arg):
-                    old, new = b, a
-                else:
-                    continue
-            else:
-                continue
-            if yo.name == "tt.dot":
-                fresh = _contains(yo.operands[0], ps) or _contains(yo.operands[1], ps)
-            else:
-                fresh = _contains(new, ps)
-            if not fresh:
-                continue
-            what = "output accumulator" if _has_v(view, y) else "running sum"
-            if peel(old) is arg:
-                rep.finding("online-rescale", "online-rescale",
-                            f"{name}: the {what} ({arg.name}) is not rescaled by exp(m_old - m_new) when the "
-                            f"running max grows", yo, view)
-                continue
-            oo = peel(old).owner
-            ok = oo is not None and oo.name == "arith.mulf" and any(peel(o) is arg for o in oo.operands) and \
-                any(peel(o) in alphas for o in oo.operands)
-            if not ok:
-                rep.finding("online-rescale", "online-rescale",
-                            f"{name}: the {what} ({arg.name}) is rescaled by something other than "
-                            f"exp(m_old - m_new)", oo or yo, view)
-    del g
+            for u in alternatives(y):
+                _check_accumulation(view, arg, u, ps, alphas, rep)
+
+
+def _check_accumulation(view: KernelView, arg: Value, y: Value, ps: set, alphas: set, rep: Report) -> None:
+    """One update y of the carried accumulator arg: fresh exponentials added to arg * exp(m_old - m_new)."""
+    g = view.graph
+    name = kname(view)
+    yo = peel(y).owner
+    if yo is None:
+        return
+    if yo.name == "tt.dot":
+        old, new = yo.operands[2], yo
+        fresh = _contains(g, yo.operands[0], ps) or _contains(g, yo.operands[1], ps)
+    elif yo.name == "arith.addf":
+        a, b = yo.operands
+        if _depends_on_arg(a, arg):
+            old, new = a, b
+        elif _depends_on_arg(b, arg):
+            old, new = b, a
+        else:
+            return
+        fresh = _contains(g, new, ps)
+    else:
+        return
+    if not fresh:
+        return
+    what = "output accumulator" if _has_v(view, y) else "running sum"
+    if peel(old) is arg:
+        rep.finding("online-rescale", "online-rescale",
+                    f"{name}: the {what} ({arg.name}) is not rescaled by exp(m_old - m_new) when the "
+                    f"running max grows", yo, view)
+        return
+    oo = peel(old).owner
+    ok = oo is not None and oo.name == "arith.mulf" and any(peel(o) is arg for o in oo.operands) and \
+        any(unguard(g, o) in alphas for o in oo.operands)
+    if not ok:
+        rep.finding("online-rescale", "online-rescale",
+                    f"{name}: the {what} ({arg.name}) is rescaled by something other than "
+                    f"exp(m_old - m_new)", oo or yo, view)
 
 
 def _has_v(view: KernelView, v: Value) -> bool:
@@ -541,10 +617,11 @@ def _is_running_max(loop: Op, j: int) -> bool:
     y = loop_yield(loop, j)
     if y is None:
         return False
-    yo = peel(y).owner
     arg = loop_arg(loop, j)
-    return yo is not None and yo.name in ("arith.maxnumf", "arith.maximumf") and \
-        any(peel(o) is arg for o in yo.operands)
+    ups = alternatives(y)
+    return bool(ups) and all(
+        yo is not None and yo.name in ("arith.maxnumf", "arith.maximumf") and any(peel(o) is arg for o in yo.operands)
+        for yo in (peel(u).owner for u in ups))
 
 
 def _division(view: KernelView, v: Value, depth=0):
@@ -561,6 +638,9 @@ def _division(view: KernelView, v: Value, depth=0):
             bo = peel(b).owner
             if bo is not None and bo.name in ("arith.divf", "tt.precise_divf") and g.const(peel(bo.operands[0])) == 1.0:
                 return a, bo.operands[1]
+        for a, b in ((op.operands[0], op.operands[1]), (op.operands[1], op.operands[0])):
+            if g.const(peel(b)) is not None:   # (acc / l) * v_scale: a dequantisation factor of V
+                return _division(view, a, depth + 1)
     if op.name == "arith.select":
         for o in op.operands[1:]:
             if g.const(peel(o)) is None:
@@ -568,11 +648,15 @@ def _division(view: KernelView, v: Value, depth=0):
     return None
 
 
-def check_normalize(view: KernelView, exps: Exps, rep: Report, out_tensors: set) -> None:
+def check_normalize(view: KernelView, exps: Exps, rep: Report, out_tensors: set) -> list:
+    """The output (or a partial output) is divided by the sum of the exponentials. Returns the partials stored
+    unnormalised for a later kernel to reduce (split-K): their normalisation is checked there, by
+    `check_partials`."""
     ps = _exp_results(exps)
     if not ps:
-        return
+        return []
     name = kname(view)
+    partials = []
     for op in view.ops():
         if op.name != "tt.store" or view.stores.get(op) not in out_tensors:
             continue
@@ -580,6 +664,9 @@ def check_normalize(view: KernelView, exps: Exps, rep: Report, out_tensors: set)
         if not view.reads(val, "v_cache"):
             continue  # not the attention output (an lse, a max)
         d = _division(view, val)
+        if d is None and op in view.consumers:
+            partials.append((view, op))
+            continue
         if d is None:
             rep.finding("softmax-normalize", "softmax-no-normalize",
                         f"{name}: the output is stored without dividing by the sum of the exponentials (1/l)",
@@ -590,11 +677,49 @@ def check_normalize(view: KernelView, exps: Exps, rep: Report, out_tensors: set)
             rep.finding("softmax-normalize", "softmax-no-normalize",
                         f"{name}: the output is divided by something that is not the sum of the exponentials",
                         peel(val).owner or op, view)
+    return partials
+
+
+def _from_store(view: KernelView, v: Value, source: tuple) -> bool:
+    """Does v depend on a load of memory that the store `source` (view, op) of an earlier kernel wrote?"""
+    return view.graph.reaches(v, lambda o: o.name == "tt.load" and source in view.sources.get(o, []))
+
+
+def check_partials(views: list, partials: list, rep: Report, out_name: str | None) -> None:
+    """Split-K: a kernel stores its unnormalised accumulator with the max and the sum of its exponentials, and a
+    later kernel reduces the partials. The output it stores must be divided by the partials' sums."""
+    for pview, sop in partials:
+        ps = _exp_results(exps_of(pview))
+        sums = [(pview, st) for st in pview.ops() if st.name == "tt.store" and st in pview.consumers and
+                _is_exp_sum(pview, st.operands[1], ps)]
+        lse = any(st.name == "tt.store" and any(peel(a).owner is not None and peel(a).owner.name in
+                                                ("math.log", "math.log2") for a in pview.graph.lf(st.operands[1]).atoms)
+                  for st in pview.ops())
+        outs = [(cv, st) for cv in views for st in cv.ops()
+                if st.name == "tt.store" and cv.stores.get(st) == out_name and _from_store(cv, st.operands[1],
+                                                                                      (pview, sop))]
+        if not outs:
+            rep.finding("softmax-normalize", "softmax-no-normalize",
+                        f"{kname(pview)}: the output is stored without dividing by the sum of the exponentials "
+                        f"(1/l)", sop, pview)
+        for cv, st in outs:
+            d = _division(cv, st.operands[1])
+            if d is None:
+                rep.finding("softmax-normalize", "softmax-no-normalize",
+                            f"{kname(cv)}: the output sums partial accumulators that {kname(pview)} stored "
+                            f"unnormalised, and is not divided by their sums of exponentials", st, cv)
+            elif not any(_from_store(cv, d[1], src) for src in sums):
+                where = (sop, pview) if lse else (peel(st.operands[1]).owner or st, cv)
+                rep.finding("softmax-normalize", "softmax-no-normalize",
+                            f"{kname(pview)} stores its accumulator unnormalised, and {kname(cv)} divides the "
+                            f"combined output by something other than the partials' sums of exponentials", *where)
 
 
 # --------------------------------------------------------------------------- split-KV combine
 
-def check_combine(view: KernelView, exps: Exps, rep: Report, out_tensors: set) -> None:
+def check_combine(view: KernelView, exps: Exps, rep: Report, out_tensors: set, partials: list) -> None:
+    """Combine weights exp(stat_i - max stat); the combined output divided by the sum of the weights (a missing
+    division over unnormalised partials is `check_partials`' finding)."""
     g = view.graph
     name = kname(view)
     weights = set()
@@ -602,8 +727,8 @@ def check_combine(view: KernelView, exps: Exps, rep: Report, out_tensors: set) -
         pos, neg = lf.positive(), lf.negative()
         if not neg.atoms:
             rep.finding("split-combine", "split-combine",
-                        f"{name}: partials weighted by exp(lse_i) without subtracting max(lse): the weights "
-                        f"overflow", op, view)
+                        f"{name}: partials weighted by exp of their stored statistic (lse_i or m_i) without "
+                        f"subtracting its max: the weights overflow", op, view)
             continue
         if len(neg.atoms) == 1:
             (m, k), = neg.atoms.items()
@@ -619,6 +744,8 @@ def check_combine(view: KernelView, exps: Exps, rep: Report, out_tensors: set) -
             continue
         val = op.operands[1]
         d = _division(view, val)
+        if d is None and any(_from_store(view, val, src) for src in partials):
+            continue
         if d is None or not _is_exp_sum(view, d[1], weights):
             rep.finding("split-combine", "split-combine",
                         f"{name}: the combined output is not divided by the sum of the combine weights",
@@ -850,9 +977,13 @@ def check_addressing(cap, views: list, rep: Report, model: AttentionModel) -> bo
                     reads.setdefault((b, h, t), {}).setdefault(acc.op, []).extend(elem[sel].tolist())
                     positions.setdefault((b, h, t), set()).update(pos[sel].tolist())
     for (b, h, t), per_op in reads.items():
+        # every element of the row read: lanes that read one twice are head-dim padding (`offs_d % D` with the
+        # padding masked elsewhere), harmless
+        complete = np.unique(np.concatenate([np.asarray(e, dtype=np.int64) for e in per_op.values()])).size \
+            >= lens[b] * D
         for op, elems in per_op.items():
             arr = np.array(elems, dtype=np.int64)
-            if arr.size and np.unique(arr).size != arr.size:
+            if arr.size and np.unique(arr).size != arr.size and not complete:
                 view = _view_of(views, op)
                 wrong = True
                 rep.finding("kv-positions", "paged-index" if model.paged else "stride",
@@ -970,33 +1101,36 @@ def check_output_coverage(cap, views: list, rep: Report, out_name: str) -> None:
 # --------------------------------------------------------------------------- entry point
 
 def analyze(cap, views: list, rep: Report, model: AttentionModel) -> None:
+    """Every kernel of the entry gets every check, over one dataflow: a value an earlier kernel stored is
+    followed into the kernel that computed it (scores, partial accumulators, their max, sum or lse)."""
     scale = float(cap.kwargs["scale"])
     out_name = cap.outputs.get("out")
     main = [v for v in views if v.loads_of("k_cache")]
-    others = [v for v in views if v not in main]
     if not main:
         rep.notice("attention", "could not verify the attention kernels: no launched kernel reads k_cache")
         return
     out_tensors = {out_name} | {t for t in cap.tensors if t.startswith("scratch")}
-    for view in main:
-        exps = Exps(view, "main")
-        if not exps.of("score"):
-            rep.notice("softmax", f"{kname(view)}: could not verify the softmax: no exp of the scores found",
-                       where=(view.launch.path, view.launch.line))
+    partials = []
+    for view in views:
+        exps = exps_of(view)
         check_exps(view, exps, rep, scale)
         check_rescale(view, exps, rep)
-        check_normalize(view, exps, rep, out_tensors)
+        partials += check_normalize(view, exps, rep, out_tensors)
         check_lse_stores(view, exps, rep)
-    for view in others:
-        exps = Exps(view, "combine")
-        check_combine(view, exps, rep, {out_name})
+    if not any(exps_of(v).of("score") for v in views):
+        for view in main:
+            rep.notice("softmax", f"{kname(view)}: could not verify the softmax: no exp of the scores found",
+                       where=(view.launch.path, view.launch.line))
+    for view in views:
+        check_combine(view, exps_of(view), rep, {out_name}, partials)
+    check_partials(views, partials, rep, out_name)
     wrong = check_addressing(cap, main, rep, model)
     if wrong:
         rep.notice("kv-mask", "the length-mask checks were skipped: the K/V addressing is already wrong, and "
                               "every read of the wrong rows would show up again as a read past kv_len")
     else:
-        for view in main:
-            check_masks(view, Exps(view, "main"), rep)
+        for view in views:
+            check_masks(view, exps_of(view), rep)
         if out_name:
             check_garbage(cap, views, rep, out_name)
     if out_name:

@@ -44,8 +44,11 @@ class TensorInfo:
     elsize: int
     storage: np.ndarray       # the whole storage, as uint8 (a view: no copy)
     base: int                 # byte offset of element 0 in the storage
-    init: str = "input"       # scratch/output content at its first launch: "uninitialized", "zeros", "copy:q", "data"
+    init: str = "input"       # scratch/output content at its first launch: "uninitialized", "zeros", "copy:q",
+    #                           "gather:key" (elements of key moved on the host, see host.py), "data"
     also: tuple = ()          # other names of the same storage (an in-place output is also an input)
+    origin: tuple | None = None  # copy/gather: (input name, per element offset from element 0: the input's element
+    #                              offset it holds, -1 where none)
 
     @property
     def numel(self) -> int:
@@ -267,13 +270,14 @@ def _initial_content(t, kw: dict) -> str:
 class Recorder:
     """Replaces JITFunction.run (and Autotuner.run) while the entry runs."""
 
-    def __init__(self, registry: TensorRegistry, kw: dict):
+    def __init__(self, registry: TensorRegistry, kw: dict, moves=None):
         os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton's default; silences 3.9's warning
         from triton.backends.compiler import GPUTarget
         from triton.compiler.compiler import make_backend
 
         self.registry = registry
         self.kw = kw
+        self.moves = moves   # host.HostMoves: where the host took a scratch tensor's elements from
         self.target = GPUTarget(*TARGET)
         self.backend = make_backend(self.target)
         self.binders: dict[int, Any] = {}
@@ -290,6 +294,12 @@ class Recorder:
         return b
 
     def record(self, jit, args, kwargs, grid, autotuned=False):
+        if self.moves is None:
+            return self._record(jit, args, kwargs, grid, autotuned)
+        with self.moves.paused():
+            return self._record(jit, args, kwargs, grid, autotuned)
+
+    def _record(self, jit, args, kwargs, grid, autotuned=False):
         import inspect
 
         import torch
@@ -312,6 +322,7 @@ class Recorder:
                     self.registry.n_scratch += 1
                     nm = f"scratch{self.registry.n_scratch}"
                     info = self.registry.add(nm, value, "scratch", _initial_content(value, self.kw))
+                    self._set_origin(info, value)
                     off = 0
                 kargs.append(KernelArg(name, "pointer", tensor=info.name, byte_offset=int(off),
                                        pointee=str(sig).lstrip("*")))
@@ -334,6 +345,17 @@ class Recorder:
             path, line = "", 0
         self.launches.append(Launch(len(self.launches), fn.__name__, path, line, grid, kargs, jit, signature,
                                     constexprs, attrs, options, autotuned))
+
+    def _set_origin(self, info: TensorInfo, t) -> None:
+        """A scratch tensor the host filled with an input's elements: a copy, or a gather (host.py)."""
+        from kernalin_ci.verify.structural.host import identity_origin
+
+        if info.init.startswith("copy:") and info.init[5:] in self.registry.infos:
+            info.origin = identity_origin(info, self.registry.infos[info.init[5:]])
+        elif info.init == "data" and self.moves is not None:
+            info.origin = self.moves.origin(t)
+            if info.origin is not None:
+                info.init = f"gather:{info.origin[0]}"
 
     def install(self):
         from triton.runtime.jit import JITFunction
@@ -409,6 +431,7 @@ def _capture_once(op: Op, entry_fn, params: dict, case: Case) -> Capture:
     import torch
 
     from kernalin_ci.verify.poison import poisoned_allocations
+    from kernalin_ci.verify.structural.host import HostMoves
 
     kw = op.capture_inputs(case, params)
     registry = TensorRegistry()
@@ -417,10 +440,11 @@ def _capture_once(op: Op, entry_fn, params: dict, case: Case) -> Capture:
         if isinstance(v, torch.Tensor):
             registry.add(name, v, "written" if name in writable else "input")
     snapshot = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
-    recorder = Recorder(registry, snapshot)
+    moves = HostMoves({k: v for k, v in kw.items() if isinstance(v, torch.Tensor)})
+    recorder = Recorder(registry, snapshot, moves)
     saved = recorder.install()
     try:
-        with poisoned_allocations():
+        with poisoned_allocations(), moves:
             ret = entry_fn(**kw)
     except Exception as e:  # the user's code: report, never crash
         msg = " ".join(str(e).split())[:300]

@@ -12,7 +12,8 @@ from typing import Any, Callable
 import numpy as np
 
 from kernalin_ci.findings import Finding, Location, Notice
-from kernalin_ci.verify.structural.dataflow import KernelView, carried, line_of, loop_yield, peel, reduce_kind
+from kernalin_ci.verify.structural.dataflow import (KernelView, alternatives, carried, line_of, loop_yield, peel,
+                                                    reduce_kind)
 from kernalin_ci.verify.structural.ir import Op
 
 LOW = ("f16", "bf16", "f8")
@@ -117,9 +118,10 @@ def check_precision(view: KernelView, rep: Report) -> None:
                 y = loop_yield(op, j)
                 if y is None:
                     continue
-                yo = peel(y).owner
-                if yo is not None and yo.name in ("arith.addf", "arith.subf", "math.fma", "tt.dot") and \
-                        any(peel(o) is arg or carried(peel(o)) == (op, j) for o in yo.operands):
-                    rep.finding("precision", "precision",
-                                f"{kname(view)} accumulates {arg.name} across loop iterations in {arg.type.elem}",
-                                yo, view)
+                for u in alternatives(y):   # an update under an `if` in the loop counts too
+                    yo = peel(u).owner
+                    if yo is not None and yo.name in ("arith.addf", "arith.subf", "math.fma", "tt.dot") and \
+                            any(peel(o) is arg or carried(peel(o)) == (op, j) for o in yo.operands):
+                        rep.finding("precision", "precision",
+                                    f"{kname(view)} accumulates {arg.name} across loop iterations in "
+                                    f"{arg.type.elem}", yo, view)

@@ -5,8 +5,8 @@ Triton IR, then the `make_ttir` pass pipeline: inlining, canonicalisation, CSE,
 loop-invariant code motion), about a tenth of a second per kernel. If a Triton
 version moves those internals, the slow path runs the whole `triton.compile`
 (through PTX and ptxas, about a second) and reads `asm["ttir"]`. Results are
-cached per process by the source's own hash (the JIT's cache key: source,
-dependencies, signature, constexprs, attributes) and options.
+cached per process by the kernel's file, the source's own hash (the JIT's cache
+key: source, dependencies, signature, constexprs, attributes) and options.
 """
 from __future__ import annotations
 
@@ -64,7 +64,9 @@ def ttir(launch) -> str:
     """The TTIR text of one captured launch (cached). Raises CompileError with a one-line cause."""
     src = _source(launch)
     target = _target()
-    key = src.hash() + repr(sorted((launch.options.__dict__ if launch.options is not None else {}).items()))
+    # the file is part of the key: the same kernel source in two files compiles to two sets of locations
+    opts = launch.options.__dict__ if launch.options is not None else {}
+    key = launch.path + src.hash() + repr(sorted(opts.items()))
     if key in _CACHE:
         return _CACHE[key]
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")

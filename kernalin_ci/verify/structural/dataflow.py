@@ -5,6 +5,11 @@
   reshape, trans, extf/truncf);
 * loop-carried values of `scf.for`: `carried(v)` for a body argument, `loop_*`
   for its init, yielded value, body argument and loop result;
+* values yielded from `scf.if`: `updates(v)`, the branches that change a value
+  (an update guarded by `if` inside a loop keeps the carried value in its other
+  branch; an `if` around a loop keeps the loop's init);
+* guarded values: `guarded(g, v)` sees through `where(x > -inf, x, c)` (a max made
+  safe for fully masked rows) and `unguard(g, v)` through `where(cond, x, 0)`;
 * reductions and their combiners: `reduce_kind(op)` ("addf", "maxnumf", ...);
 * linear forms of float values, `Graph.lf(v)`: `v = const + sum(coef * atom)`,
   with coefficients from constants and scalar kernel arguments (their values are
@@ -13,7 +18,10 @@
 * backward slices (`Graph.reaches`), which follow loop-carried values through
   their init and yielded values;
 * which tensor each load or store addresses (`KernelView.tensor_of`), from the
-  interpreter's records: pointer arithmetic traced back to the arguments.
+  interpreter's records: pointer arithmetic traced back to the arguments;
+* the dataflow between the kernels of one entry (`link_views`): which stores of
+  earlier launches wrote the elements a load reads, so `KernelView.reads` and the
+  analyses follow a value through scratch memory into the kernel that computed it.
 """
 from __future__ import annotations
 
@@ -93,6 +101,59 @@ def for_result(v: Value):
     return None
 
 
+def if_result(v: Value):
+    """For a result of scf.if: (if op, result index)."""
+    if v.owner is not None and v.owner.name == "scf.if":
+        return v.owner, v.index
+    return None
+
+
+def if_branches(op: Op, i: int) -> list:
+    """The values the branches of an scf.if yield for its result i."""
+    out = []
+    for region in op.regions:
+        y = region[0].ops[-1] if region and region[0].ops else None
+        if y is not None and y.name == "scf.yield" and i < len(y.operands):
+            out.append(y.operands[i])
+    return out
+
+
+def _yields_into(y: Value | None, v: Value, depth: int = 0) -> bool:
+    """Is v the value y, or one of the scf.if results y is chosen from?"""
+    if y is None or depth > 8:
+        return False
+    if y is v:
+        return True
+    r = if_result(y)
+    return r is not None and any(_yields_into(b, v, depth + 1) for b in if_branches(*r))
+
+
+def updates(v: Value, depth: int = 0) -> list | None:
+    """For an scf.if result: the values of its branches that change it (nested ifs expanded). A branch that
+    passes a loop-carried value through (the guarded update `if c: m = ...` inside a loop) or the init of a
+    loop another branch ran (an `if` around a loop) is no update. None when v is not an scf.if result."""
+    r = if_result(v)
+    if r is None:
+        return None
+    branches = if_branches(*r)
+    out = []
+    for b in branches:
+        c = carried(b)
+        if c is not None and _yields_into(loop_yield(*c), v):
+            continue
+        if any(for_result(o) is not None and loop_init(*for_result(o)) is b for o in branches if o is not b):
+            continue
+        sub = updates(b, depth + 1) if depth < 8 else None
+        out.extend(sub if sub is not None else [b])
+    return out
+
+
+def alternatives(v: Value) -> list:
+    """The values v stands for: the updates of an scf.if result, else v itself."""
+    u = updates(v)
+    return [v] if u is None else u
+
+
 def enclosing_loops(op: Op) -> list:
     out = []
     b = op.parent
@@ -101,6 +162,59 @@ def enclosing_loops(op: Op) -> list:
             out.append(b.parent)
         b = b.parent.parent
     return out
+
+
+# --------------------------------------------------------------------------- guards
+
+_ABOVE_NEG_INF = {"ogt", "one", "une", "ugt"}      # x > -inf, x != -inf  (x on the left)
+_AT_NEG_INF = {"oeq", "ueq", "ole", "ule"}           # x == -inf, x <= -inf (x on the left)
+_SWAP = {"ogt": "olt", "olt": "ogt", "ugt": "ult", "ult": "ugt", "oge": "ole", "ole": "oge", "uge": "ule",
+         "ule": "uge"}
+
+
+def guarded(g: "Graph", v: Value) -> Value | None:
+    """x when v is `where(x > -inf, x, c)` (or `where(x == -inf, c, x)`) with c a finite constant: a running max
+    made safe for rows whose every score is masked. Where the guard replaces x, x is -inf, so every score it
+    bounds is -inf too and exp(s - c) is 0, as exp(s - x) would be."""
+    v = peel(v)
+    op = v.owner
+    if op is None or op.name != "arith.select":
+        return None
+    cnd = peel(op.operands[0]).owner
+    if cnd is None or cnd.name != "arith.cmpf":
+        return None
+    for xi, ci, preds in ((1, 2, _ABOVE_NEG_INF), (2, 1, _AT_NEG_INF)):
+        x, c = peel(op.operands[xi]), op.operands[ci]
+        k = g.const(peel(c))
+        if k is None or not math.isfinite(k):
+            continue
+        a, b = (peel(o) for o in cnd.operands[:2])
+        pred = cnd.attrs.get("predicate", "")
+        if b is not x and a is x:
+            other = b
+        elif a is not x and b is x:
+            other, pred = a, _SWAP.get(pred, pred)
+        else:
+            continue
+        if g.const(other) == -math.inf and pred in preds:
+            return x
+    return None
+
+
+def unguard(g: "Graph", v: Value) -> Value:
+    """v without `where(cond, v, 0)` / `where(cond, 0, v)` around it (weights zeroed for masked rows)."""
+    for _ in range(4):
+        v = peel(v)
+        op = v.owner
+        if op is None or op.name != "arith.select":
+            return v
+        if g.const(peel(op.operands[2])) == 0.0 and g.const(peel(op.operands[1])) is None:
+            v = op.operands[1]
+        elif g.const(peel(op.operands[1])) == 0.0 and g.const(peel(op.operands[2])) is None:
+            v = op.operands[2]
+        else:
+            return v
+    return peel(v)
 
 
 # --------------------------------------------------------------------------- linear forms
@@ -295,6 +409,11 @@ class Graph:
                 continue
             if pred(op):
                 return True
+            r = if_result(x)
+            if r is not None:
+                stack.append(op.operands[0])
+                stack.extend(if_branches(*r))
+                continue
             fr = for_result(x)
             if fr is not None:
                 y = loop_yield(*fr)
@@ -318,7 +437,7 @@ def _is_data(op: Op | None) -> bool:
 
 # --------------------------------------------------------------------------- kernel view
 
-@dataclass
+@dataclass(eq=False)
 class KernelView:
     """Everything the analyses need about one launch: IR, graph, interpreter trace, tensors."""
 
@@ -330,6 +449,10 @@ class KernelView:
     graph: Graph = None
     loads: dict = field(default_factory=dict)   # load op -> tensor name
     stores: dict = field(default_factory=dict)  # store op -> tensor name
+    sources: dict = field(default_factory=dict)    # load op -> [(view, store op)] of earlier launches (link_views)
+    consumers: dict = field(default_factory=dict)  # store op -> [(view, load op)] of later launches
+    cache: dict = field(default_factory=dict)      # analyses' per-kernel results
+    _reads: dict = field(default_factory=dict)
 
     def __post_init__(self):
         values = dict(self.trace.values)
@@ -349,9 +472,27 @@ class KernelView:
         return [op for op, t in self.loads.items() if t in tensors]
 
     def reads(self, v: Value, *tensors) -> bool:
-        """Does v depend on a load of one of these tensors?"""
-        want = set(tensors)
-        return self.graph.reaches(v, lambda op: op.name == "tt.load" and self.loads.get(op) in want)
+        """Does v depend on a load of one of these tensors, here or, through memory an earlier launch wrote,
+        in the kernel that computed the stored value?"""
+        key = (v, tensors)
+        if key not in self._reads:
+            want = set(tensors)
+            linked = []
+
+            def hit(op):
+                if op.name != "tt.load":
+                    return False
+                if op in self.sources:
+                    linked.append(op)
+                return self.loads.get(op) in want
+
+            self._reads[key] = self.graph.reaches(v, hit) or any(
+                pv.reads(st.operands[1], *tensors) for op in linked for pv, st in self.sources[op])
+        return self._reads[key]
+
+    def stored(self, load_op: Op) -> list:
+        """For a load of memory earlier launches wrote: [(view, stored value)] of the stores that wrote it."""
+        return [(pv, st.operands[1]) for pv, st in self.sources.get(load_op, [])]
 
     def reads_int(self, v: Value, *tensors) -> bool:
         """Does an integer value depend on a load of one of these tensors?"""
@@ -365,6 +506,45 @@ class KernelView:
             t = int(np.asarray(acc.tensor).reshape(-1)[0]) if np.asarray(acc.tensor).size else -1
             if t in idx:
                 yield acc
+
+
+def link_views(views: list) -> None:
+    """The dataflow between launches: for every load, the stores of earlier launches that wrote the elements it
+    reads (masked-in lanes), in `view.sources`, and the reverse in `view.consumers`."""
+    writer: dict = {}    # tensor index -> per element: index into `writes`, -1 where no launch wrote
+    writes: list = []    # (view, store op)
+    index: dict = {}
+    for view in views:
+        for acc in view.trace.accesses:
+            if acc.kind != "load":
+                continue
+            t = int(np.asarray(acc.tensor).reshape(-1)[0]) if np.asarray(acc.tensor).size else -1
+            w = writer.get(t)
+            if w is None:
+                continue
+            e = acc.elem[acc.mask & acc.inb]
+            ids = np.unique(w[np.clip(e, 0, w.size - 1)]) if e.size else ()
+            for i in ids:
+                if i < 0:
+                    continue
+                pv, st = writes[int(i)]
+                src = view.sources.setdefault(acc.op, [])
+                if (pv, st) not in src:
+                    src.append((pv, st))
+                    pv.consumers.setdefault(st, []).append((view, acc.op))
+        for acc in view.trace.accesses:
+            if acc.kind != "store":
+                continue
+            t = int(np.asarray(acc.tensor).reshape(-1)[0]) if np.asarray(acc.tensor).size else -1
+            if t < 0:
+                continue
+            info = view.capture.tensors[view.names[t]]
+            w = writer.setdefault(t, np.full(max(info.storage.size // max(info.elsize, 1), 1), -1, dtype=np.int64))
+            i = index.setdefault((view, acc.op), len(writes))
+            if i == len(writes):
+                writes.append((view, acc.op))
+            e = acc.elem[acc.mask & acc.inb]
+            w[np.clip(e, 0, w.size - 1)] = i
 
 
 def line_of(op: Op | None, launch) -> tuple[str, int] | None:

@@ -390,19 +390,20 @@ class Interp:
         elif info.init == "zeros" and info.role in ("scratch", "output"):
             pass  # zeros unless written
         else:
-            src_t = t
+            src_t = np.full(shape, t, dtype=np.int16)
             src_elem = elem
-            if info.init.startswith("copy:") and info.role in ("scratch", "output"):
-                src_name = info.init[5:]
-                if src_name in self.index:
-                    src_t = self.index[src_name]
-                    src_info = self.infos[src_t]
-                    co = info.coords(elem)
-                    src_elem = (co * np.array(src_info.strides, dtype=np.int64)).sum(-1)
-                    tags = _u64(shape, src_bit(src_t))
+            if info.origin is not None and info.role in ("scratch", "output") and info.origin[0] in self.index:
+                # a copy or a gather of an input the host made: its elements are that input's
+                name, omap = info.origin
+                ok = (elem >= 0) & (elem < omap.size)
+                oe = np.where(ok, omap[np.clip(elem, 0, max(omap.size - 1, 0))], -1)
+                hit = oe >= 0
+                src_t = np.where(hit, self.index[name], t).astype(np.int16)
+                src_elem = np.where(hit, oe, elem)
+                tags = np.where(hit, np.uint64(src_bit(self.index[name])), tags)
             if self.linear:
                 bid = len(self.trace.blocks)
-                self.trace.blocks.append((np.full(shape, src_t, dtype=np.int16), src_elem.copy(), acc.op))
+                self.trace.blocks.append((src_t, src_elem.copy(), acc.op))
                 acc.block = bid
                 terms.append((bid, np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape),
                               np.where(mask & inb & ~written, 1.0, 0.0)))
@@ -632,6 +633,14 @@ def _int_binop(fn):
             exact, bad = fn(av, bv, bits)
         unk = a.unk | b.unk | bad
         res = _wrap(exact, bits, unsigned)
+        if bits == 1 and op.name in ("arith.andi", "arith.ori"):
+            # a known false (and) / true (or) decides the lane, whatever the other side: `d < D & (m > -inf)`
+            # with m data is false past the head dim
+            dom = op.name == "arith.ori"
+            known = [~x.unk & ((v & 1).astype(bool) == dom) for x, v in ((a, av), (b, bv))]
+            decided = np.broadcast_to(known[0], unk.shape) | np.broadcast_to(known[1], unk.shape)
+            unk = unk & ~decided
+            res = np.where(decided, dom, res)
         if bits == 32 and op.name in ("arith.muli", "arith.addi", "arith.subi", "arith.shli"):
             over = (res.astype(np.int64) != exact) & ~unk
             if over.any():

@@ -21,7 +21,7 @@ def analyze_entry(op_name: str, fn, params: dict, root: str | None = None, domai
     from kernalin_ci.verify.structural.capture import CaptureError, capture_at, capture_cases, shape_label
     from kernalin_ci.verify.structural.common import Report, check_bounds, check_precision
     from kernalin_ci.verify.structural.compile import CompileError, ttir
-    from kernalin_ci.verify.structural.dataflow import KernelView
+    from kernalin_ci.verify.structural.dataflow import KernelView, link_views
     from kernalin_ci.verify.structural.interp import Interp, InterpError
     from kernalin_ci.verify.structural.ir import ParseError, parse_module
 
@@ -91,6 +91,7 @@ def analyze_entry(op_name: str, fn, params: dict, root: str | None = None, domai
                         "ops": sum(1 for _ in module.walk()), "programs": trace.programs})
     t3 = time.perf_counter()
     if views and complete:
+        link_views(views)
         for view in views:
             check_bounds(view, rep, stores=analysis.store_bounds)
             check_precision(view, rep)
