@@ -11,10 +11,11 @@ import os
 import queue
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 from dataclasses import dataclass, field
+
+from kernalin_ci.launch import make_undumpable, module_argv
 
 
 @dataclass
@@ -25,7 +26,16 @@ class Outcome:
     output_tail: str = ""
 
 
-# Credentials the gate holds never reach the kernel code under test (it runs in the worker).
+# The kernel worker's environment is an allowlist: what Python, torch, Triton and CUDA need, and the
+# daemon's job marker. Everything else the gate process holds (cloud keys, GITHUB_TOKEN, HF_TOKEN,
+# OPENAI_API_KEY, the App key, ...) stays out of reach of the kernel code under test.
+PASS_NAMES = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM", "LD_LIBRARY_PATH",
+    "CC", "CXX", "XDG_CACHE_HOME", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+    "KERNALIN_DAEMON_JOB", "KERNALIN_CHECKS"})
+PASS_PREFIXES = ("LC_", "TRITON_", "CUDA_", "NVIDIA_", "PYTORCH_", "TORCH_")
+
+# Credentials named here are refused even where a prefix above would let them through.
 _SECRET_PREFIXES = ("KERNALIN_GITHUB_APP_", "ACTIONS_RUNTIME_TOKEN", "ACTIONS_ID_TOKEN_REQUEST_")
 _SECRET_NAMES = {"GITHUB_TOKEN", "GH_TOKEN", "INPUT_GITHUB-TOKEN", "INPUT_GITHUB_TOKEN",
                  "KERNALIN_WEBHOOK_SECRET", "KERNALIN_WEBHOOK_SECRET_FILE", "ACTIONS_CACHE_URL", "ACTIONS_RESULTS_URL"}
@@ -35,22 +45,29 @@ def is_secret(name: str) -> bool:
     return name.upper() in _SECRET_NAMES or name.upper().startswith(_SECRET_PREFIXES)
 
 
+def passes(name: str) -> bool:
+    """Whether the variable NAME may reach a kernel worker."""
+    return (name in PASS_NAMES or name.startswith(PASS_PREFIXES)) and not is_secret(name)
+
+
 def child_env(device: str, extra: dict | None = None) -> dict:
-    """The kernel worker's environment: ours without credentials, the device's Triton mode set."""
-    env = {k: v for k, v in os.environ.items() if not is_secret(k)}
+    """The kernel worker's environment: the allowlisted part of ours, the device's Triton mode set."""
+    env = {k: v for k, v in os.environ.items() if passes(k)}
     if device == "cpu":
         env["TRITON_INTERPRET"] = "1"
     else:
         env.pop("TRITON_INTERPRET", None)
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # silences Triton 3.9's warning; keeps its default
-    env["PYTHONUNBUFFERED"] = "1"
     env.update(extra or {})
     return env
 
 
 def run_task(job: dict, device: str, timeout_s: float, on_event=None, env: dict | None = None,
              cwd: str | None = None) -> Outcome:
-    """Run job (a dict with 'task') in `python -m kernalin_ci.worker`; call on_event per event."""
+    """Run job (a dict with 'task') in `python -m kernalin_ci.worker` (isolated: launch.module_argv);
+    call on_event per event. This process is made non-dumpable first (the child must not read our
+    /proc/PID/environ)."""
+    make_undumpable()
     with tempfile.TemporaryDirectory(prefix="kernalin-job-") as tmp:
         job_path = os.path.join(tmp, "job.json")
         log_path = os.path.join(tmp, "output.log")
@@ -59,7 +76,7 @@ def run_task(job: dict, device: str, timeout_s: float, on_event=None, env: dict 
         r, w = os.pipe()
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "kernalin_ci.worker", job_path, str(w)],
+                [*module_argv("kernalin_ci.worker", cwd=cwd), job_path, str(w)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, pass_fds=(w,),
                 env=child_env(device, env), cwd=cwd, start_new_session=True)
         os.close(w)

@@ -1,5 +1,6 @@
 """The docker runner on a real engine (started by .ci/run) with the locally built kernalin image
 (tests/docker_support.py: fixtures docker_client and kernalin_image; skipped without an engine)."""
+import importlib.util
 import json
 import time
 from pathlib import Path
@@ -8,7 +9,7 @@ import pytest
 
 from kernalin_ci.daemon.app import Daemon, wait_for
 from kernalin_ci.daemon.deliver import deliver, get_json
-from kernalin_ci.daemon.harness import FAKE_GATE, WEBHOOK_SECRET, World, settings_for, wait_job
+from kernalin_ci.daemon.harness import WEBHOOK_SECRET, World, settings_for, wait_job
 from kernalin_ci.daemon.runners.docker import LABEL, DockerRunner
 
 docker_support = pytest.importorskip("docker_support", reason="tests/docker_support.py is not there yet")
@@ -16,6 +17,8 @@ docker_client = docker_support.docker_client
 kernalin_image = docker_support.kernalin_image
 
 pytestmark = pytest.mark.docker
+# the fake gate (a script module: importing it would run it), run as a script inside the container
+FAKE_GATE = Path(importlib.util.find_spec("kernalin_ci.testing.fake_gate").origin).read_text()
 REPO = "acme/kernels"
 # runs inside the container: looks at its own sandbox, then behaves like the fake gate
 PROBE = r'''
@@ -161,3 +164,17 @@ def test_the_real_gate_in_the_kernalin_image(world, make_daemon):
     assert report["device"] == "cpu" and report["head"]["sha"] == head
     (run,) = [r for r in world.standin.check_runs("acme/gate") if r["external_id"] == job["id"]]
     assert run["conclusion"] == "success"
+
+
+def test_a_link_the_job_puts_in_out_is_never_followed(world, make_daemon, tmp_path):
+    """Issue 13, attack 5 through the docker runner: the container links /out/report.json to a file of
+    the host that the daemon can read; the daemon must refuse it, not post what it holds."""
+    secret = tmp_path / "secret.json"
+    secret.write_text(json.dumps({"schema": 1, "conclusion": "success", "reason": "host-secret-5e1d", "kernels": []}))
+    d = make_daemon(command=["sh", "-c", 'ln -s "$2" "$1/report.json"', "job", "{out}", str(secret)])
+    job_id = open_pr(world, d, 5, {})
+    job = wait_job(lambda p: get_json(d.url + p), job_id, timeout=120)
+    assert job["state"] == "failed", job
+    (run,) = [r for r in world.standin.check_runs(REPO) if r["external_id"] == job_id]
+    assert "host-secret-5e1d" not in json.dumps(run["output"]) and "symbolic link" in json.dumps(run["output"])
+

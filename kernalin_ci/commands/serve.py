@@ -40,6 +40,13 @@ def run(args) -> int:
     settings = settings_mod.load(args.config)
     apply_overrides(settings, args)
     settings_mod.require_serving_secrets(settings)
+    if settings.queue.backend == "redis":
+        from kernalin_ci.daemon.rq_backend import require_key
+
+        require_key(settings)
+    from kernalin_ci.launch import make_undumpable
+
+    make_undumpable()  # a job of the same uid cannot read this process's environment or memory
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     daemon = Daemon(settings).start()
     print(f"kernalin-ci serve: listening on {daemon.url}", flush=True)

@@ -30,7 +30,8 @@ def run(args) -> int:
     apply_overrides(settings, args)
     if args.redis_url:
         settings.queue.redis_url = args.redis_url
-    settings.secrets = settings_mod.Secrets()  # a worker holds no secret at all
+    # a worker holds no secret but the key it shares with serve (jobs and results are signed with it)
+    settings.secrets = settings_mod.Secrets(result_key=settings.secrets.result_key, files=settings.secrets.files)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     slots = gpus.slots(settings.gpus, settings.cpu_slots)
     if len(slots) == 1:

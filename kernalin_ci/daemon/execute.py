@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from pathlib import Path
 
-from kernalin_ci.daemon import policy, workspace
+from kernalin_ci.daemon import policy, safefile, workspace
 from kernalin_ci.daemon.gpus import Slot
 from kernalin_ci.daemon.model import JobSpec, Outcome
 from kernalin_ci.daemon.runners import Runner, RunRequest, StopReason
@@ -65,12 +66,73 @@ def _execute(spec, slot, settings, runner, stop_reason, job_dir: Path, token, on
         log.info("job %s: %s #%d %s on %s (%s runner)", spec.id, spec.repo, spec.pr, spec.head_sha[:12], slot.name,
                  runner.name)
         res = runner.run(req, stop_reason, on_start)
-        return _outcome(res, ws)
+        return _outcome(res, ws, settings.runner.out_max_bytes)
     finally:
         ws.clean()
 
 
-def _outcome(res, ws: workspace.Workspace) -> Outcome:
+class BadReport(ValueError):
+    """report.json is a link, too large, not JSON, or does not match its schema."""
+
+
+REPORT_MAX_BYTES = 32 * 1024 * 1024
+
+
+def read_report(ws: workspace.Workspace) -> dict:
+    """out/report.json, read without following links and checked against its schema before anything
+    else reads it (report/schema.py). Raises BadReport."""
+    try:
+        data = safefile.read_bytes(ws.out / "report.json", ws.job_dir, REPORT_MAX_BYTES)
+    except OSError as e:
+        raise BadReport(f"refused: {e}") from None
+    return check_report(data)
+
+
+def check_report(data: bytes | str | dict) -> dict:
+    """A report (report.json's bytes, or parsed) that matches the schema; BadReport otherwise."""
+    import jsonschema
+
+    from kernalin_ci.report.schema import REPORT_SCHEMA
+
+    try:
+        report = json.loads(data) if isinstance(data, (bytes, str)) else data
+    except (ValueError, RecursionError) as e:
+        raise BadReport(f"not JSON ({type(e).__name__})") from None
+    try:
+        error = jsonschema.exceptions.best_match(_validator(REPORT_SCHEMA).iter_errors(report))
+    except RecursionError:
+        raise BadReport("nested too deeply") from None
+    if error is not None:
+        where = "/".join(str(p) for p in error.absolute_path) or "(top level)"
+        raise BadReport(f"does not match its schema at {where}: {error.message[:200]}")
+    return report
+
+
+_VALIDATORS: dict = {}
+
+
+def _validator(schema: dict):
+    import jsonschema
+
+    if id(schema) not in _VALIDATORS:
+        _VALIDATORS[id(schema)] = jsonschema.Draft202012Validator(schema)
+    return _VALIDATORS[id(schema)]
+
+
+def _out_too_big(ws: workspace.Workspace, limit: int) -> str | None:
+    if ws.out.is_symlink() or not ws.out.is_dir():
+        safefile.remove(ws.out)
+        ws.out.mkdir()
+        return "the job replaced its output directory (a link or a file): refused"
+    size = safefile.tree_size(ws.out)
+    if size <= limit:
+        return None
+    safefile.remove(ws.out)
+    ws.out.mkdir()
+    return f"the job wrote {size} bytes to its output directory, over the limit of {limit} (removed)"
+
+
+def _outcome(res, ws: workspace.Workspace, out_max_bytes: int) -> Outcome:
     if res.infra_error:
         return Outcome("infra", res.infra_error, log_tail=res.log_tail)
     if res.stopped:
@@ -78,13 +140,14 @@ def _outcome(res, ws: workspace.Workspace) -> Outcome:
     if res.timed_out:
         return Outcome("timeout", f"the job ran past its time limit ({res.seconds:.0f} s) and was killed",
                        log_tail=res.log_tail)
-    report_path = ws.out / "report.json"
-    if res.exit_code in (0, 1) and report_path.is_file():
+    too_big = _out_too_big(ws, out_max_bytes)
+    if too_big:
+        return Outcome("error", too_big, exit_code=res.exit_code, log_tail=res.log_tail)
+    if res.exit_code in (0, 1) and os.path.lexists(ws.out / "report.json"):
         try:
-            report = json.loads(report_path.read_text())
-        except (OSError, ValueError) as e:
-            return Outcome("error", f"report.json is unreadable: {e}", exit_code=res.exit_code,
-                           log_tail=res.log_tail)
+            report = read_report(ws)
+        except BadReport as e:
+            return Outcome("error", f"report.json: {e}", exit_code=res.exit_code, log_tail=res.log_tail)
         return Outcome("report", report.get("reason", ""), report=report, exit_code=res.exit_code,
                        log_tail=res.log_tail)
     why = "it ran out of memory" if res.oom_killed else f"exit code {res.exit_code}"

@@ -154,6 +154,13 @@ class World:
             "posting": {"attempts": 5, "base_delay_s": 0.2, "max_delay_s": 1},
         }
         cfg.update(overrides)
+        queue = cfg.get("queue") or {}
+        if queue.get("backend") == "redis" and "result_key_file" not in queue:  # shared by serve and workers
+            key = self.root / "result.key"
+            if not key.exists():
+                key.write_text(os.urandom(24).hex())
+                key.chmod(0o600)
+            cfg["queue"] = {**queue, "result_key_file": str(key)}
         return cfg
 
     def secret_env(self) -> dict[str, str]:

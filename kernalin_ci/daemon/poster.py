@@ -77,19 +77,46 @@ def publication_for(job: Job, settings) -> Publication:
                        **common)
 
 
+def unshowable(job: Job, settings, why: str) -> Publication:
+    """A failure check run for a job whose result cannot be shown (what publication_for() raised)."""
+    s = job.spec
+    return Publication(conclusion="failure", title=f"kernalin-ci could not show this job's result: {why}"[:240],
+                       summary=f"**The result of this job could not be shown: {why}.** Nothing of it is trusted.",
+                       repo=s.repo, head_sha=s.head_sha, pr_number=s.pr, name=settings.github.check_name,
+                       details_url=details_url(settings, job.id), external_id=job.id)
+
+
+FAILING_AFTER = 5  # /healthz is 503 after this many posting failures in a row
+
+
 class Poster(BackgroundLoop):
     thread_name = "kernalin-poster"
 
     def __init__(self, store: Store, settings, app, metrics):
         self.store, self.settings, self.app, self.metrics = store, settings, app, metrics
+        self.failures = 0  # posting failures in a row (GitHub down, refusals, errors); 0 after a success
+        self.last_error = ""
         super().__init__()
+
+    def health(self) -> str | None:
+        """None while posting works; else why not (for /healthz)."""
+        if self._thread is not None and not self._thread.is_alive() and not self._stop.is_set():
+            return "the poster thread stopped"
+        if self.failures >= FAILING_AFTER:
+            return f"posting failed {self.failures} times in a row: {self.last_error[:200]}"
+        return None
+
+    def _failed(self, error: str) -> None:
+        self.failures += 1
+        self.last_error = error
 
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
                 busy = self.step()
-            except Exception:  # never let one bad job stop all posting
+            except Exception as e:  # the store failed: try again after a pause, and say so in /healthz
                 log.exception("poster: unexpected error")
+                self._failed(f"{type(e).__name__}: {e}")
                 busy = 0
             if not busy:
                 nxt = self.store.next_post_at()
@@ -130,8 +157,13 @@ class Poster(BackgroundLoop):
     def _post(self, job: Job) -> None:
         try:
             pub = publication_for(job, self.settings)
+        except Exception as e:  # one job's result cannot be shown: it is posted as a failure, once
+            log.exception("job %s: its result cannot be shown", job.id)
+            pub = unshowable(job, self.settings, f"{type(e).__name__}")
+        try:
             res = publish(self._client(job), pub, check_run_id=job.check_run_id)
         except GitHubUnavailable as e:
+            self._failed(str(e))
             attempt = job.post_attempts + 1
             if attempt >= self.settings.posting.attempts:
                 self._give_up(job, f"GitHub unavailable, gave up after {attempt} attempts: {e}")
@@ -144,13 +176,19 @@ class Poster(BackgroundLoop):
         except (GitHubError, UsageError) as e:
             self._give_up(job, str(e))
             return
+        except Exception as e:  # a bug or a result GitHub's client cannot send: this job only, never again
+            log.exception("job %s: posting failed", job.id)
+            self._give_up(job, f"{type(e).__name__}: {e}")
+            return
+        self.failures = 0
         for w in res.warnings:
             log.warning("job %s: %s", job.id, w)
+        self.metrics.inc("posts_total", {"result": "posted"})  # before the job shows as posted
         self.store.posted(job.id, res.check_run.id if res.check_run else None)
-        self.metrics.inc("posts_total", {"result": "posted"})
         log.info("job %s: posted %s to %s#%d", job.id, pub.conclusion, job.spec.repo, job.spec.pr)
 
     def _give_up(self, job: Job, error: str) -> None:
+        self._failed(error)
         log.error("job %s: posting failed for good: %s", job.id, error)
         self.metrics.inc("posts_total", {"result": "failed"})
         self.store.post_failed(job.id, error, retry_at=None)

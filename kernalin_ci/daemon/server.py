@@ -1,4 +1,4 @@
-"""The daemon's HTTP server (standard library, a thread per connection).
+"""The daemon's HTTP server (standard library, a thread per connection, bounded).
 
     POST /webhook                     GitHub App deliveries (path: settings.webhook_path)
     GET  /healthz                     200 {"status": "ok", ...} while the store answers
@@ -10,12 +10,21 @@ A delivery is answered in the order: 413 (too big: not even read), 411 (no lengt
 or a wrong X-Hub-Signature-256, checked on the raw bytes before anything is parsed), 400
 (missing headers, malformed JSON, not the event's shape), then 200 for a replayed delivery
 id, 202 for everything recorded. Nothing but the store is touched before the answer.
+
+What a client without the webhook secret can hold is bounded (settings.http): at most
+`max_connections` connections are handled at once (more wait in the kernel's listen backlog,
+not in threads); each request must arrive whole within `request_deadline_s` (a watchdog shuts
+the socket down after it, however slowly the bytes trickle in); request bodies in memory never
+add up to more than `max_buffered_bytes` (a body that does not fit is answered 503). Anything
+malformed is a 4xx, never a 500: a 500 means the store failed.
 """
 from __future__ import annotations
 
 import json
 import logging
 import re
+import socket
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
@@ -28,6 +37,105 @@ _BADGE = re.compile(r"/badge/([A-Za-z0-9_.-]+)/([A-Za-z0-9_.-]+)\.(svg|json)")
 _JOB = re.compile(r"/jobs/(kci-[0-9a-f]{1,40})")
 DRAIN_BYTES = 4 * 1024 * 1024  # read (and drop) at most this much of a body that is too big
 _DELIVERY = re.compile(r"[A-Za-z0-9._-]{1,100}")
+_LENGTH = re.compile(r"[0-9]{1,15}")
+CUT_AFTER_S = 2.0  # when every slot is taken, a connection still reading its request after this may be cut
+
+
+class Deadlines:
+    """A watchdog thread: a connection past its deadline has its socket shut down, which ends any
+    read or write blocked on it (a per-read timeout alone lets a client send one byte at a time).
+    It also knows which connections are still reading their request, and since when: when every
+    slot is taken, the one that has been reading longest is cut to make room (a real sender's
+    request arrives in milliseconds; a slow one never finishes)."""
+
+    def __init__(self):
+        self._due: dict[socket.socket, float] = {}
+        self._reading: dict[socket.socket, float] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        threading.Thread(target=self._run, name="kernalin-http-deadlines", daemon=True).start()
+
+    def arm(self, sock: socket.socket, seconds: float) -> None:
+        """SOCK starts reading a request, which must be done (and answered) within SECONDS."""
+        with self._lock:
+            self._due[sock] = time.monotonic() + seconds
+            self._reading[sock] = time.monotonic()
+
+    def read(self, sock: socket.socket) -> None:
+        """SOCK's request has arrived whole: it is being handled, no longer a candidate to cut."""
+        with self._lock:
+            self._reading.pop(sock, None)
+
+    def disarm(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._due.pop(sock, None)
+            self._reading.pop(sock, None)
+
+    def cut_slowest(self, min_age_s: float) -> bool:
+        """Shut down the connection that has been reading its request longest, if that is more than
+        MIN_AGE_S (a burst of real deliveries waiting for the CPU is not cut); whether one was."""
+        with self._lock:
+            if not self._reading:
+                return False
+            sock = min(self._reading, key=self._reading.get)
+            if time.monotonic() - self._reading[sock] < min_age_s:
+                return False
+            del self._reading[sock]
+            self._due.pop(sock, None)
+        _shut(sock)
+        return True
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            now = time.monotonic()
+            with self._lock:
+                late = [sk for sk, t in self._due.items() if t <= now]
+                for sk in late:
+                    del self._due[sk]
+                    self._reading.pop(sk, None)
+            for sk in late:
+                _shut(sk)
+
+
+def _shut(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+def _fix_mmap_threshold(nbytes: int = 1 << 20) -> None:
+    """Allocations from NBYTES up get their own mapping, returned to the system when freed (glibc
+    otherwise raises the threshold after the first large free, and request bodies then stay in the
+    heap of whichever thread read them)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).mallopt(-3, nbytes)  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        pass
+
+
+class ByteBudget:
+    """Bytes of request bodies held at once, over all connections."""
+
+    def __init__(self, limit: int):
+        self.limit, self.used = limit, 0
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> bool:
+        with self._lock:
+            if self.used + n > self.limit:
+                return False
+            self.used += n
+            return True
+
+    def give(self, n: int) -> None:
+        with self._lock:
+            self.used -= n
 
 
 class Server(ThreadingHTTPServer):
@@ -39,15 +147,52 @@ class Server(ThreadingHTTPServer):
         class _H(Handler):
             app = daemon
 
+        limits = daemon.settings.http
+        self.deadline_s = limits.request_deadline_s
+        self.deadlines = Deadlines()
+        self.budget = ByteBudget(limits.max_buffered_bytes)
+        self._slots = threading.BoundedSemaphore(limits.max_connections)
+        self._closing = False
+        _fix_mmap_threshold()
         super().__init__(address, _H)
+
+    def process_request(self, request, client_address):
+        # Wait for a free slot before taking the connection on: the accept loop pauses and further
+        # clients queue in the kernel's backlog, so threads (and their memory) stay bounded.
+        while not self._slots.acquire(timeout=0.01):
+            self.deadlines.cut_slowest(CUT_AFTER_S)
+            if self._closing:
+                self.shutdown_request(request)
+                return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.deadlines.disarm(request)
+            self._slots.release()
+
+    def shutdown(self) -> None:
+        self._closing = True
+        super().shutdown()
+        self.deadlines.stop()
 
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "kernalin-ci"
-    timeout = 10  # a client slower than this loses its connection (and its thread)
+    timeout = 10  # per read; the whole request has the server's deadline (Deadlines)
     disable_nagle_algorithm = True
     app = None  # the Daemon
+
+    def handle_one_request(self):
+        self.server.deadlines.arm(self.connection, self.server.deadline_s)  # idle keep-alive time counts too
+        super().handle_one_request()
 
     def log_message(self, format, *args):  # requests are counted in /metrics, not logged one by one
         pass
@@ -80,22 +225,49 @@ class Handler(BaseHTTPRequestHandler):
         except Exception as e:  # the store failed: GitHub shows the delivery as failed and can redeliver it
             log.exception("delivery failed")
             status, answer, event = 500, {"error": f"internal error: {type(e).__name__}"}, None
-        self._send(status, answer, close=status >= 400)
-        m = self.app.metrics
+        m = self.app.metrics  # counted before the answer goes out: a client that reads /metrics next sees it
         m.observe("webhook_ack_seconds", time.perf_counter() - t0)
         m.inc("webhook_deliveries_total", {"event": event or "-", "status": str(status)})
+        self._send(status, answer, close=status >= 400)
 
     def _delivery(self) -> tuple[int, dict, str | None]:
         settings = self.app.settings
         length = self.headers.get("Content-Length")
-        if length is None or not length.strip().isdigit():
+        if length is None:
             return 411, {"error": "a Content-Length header is required"}, None
+        if not _LENGTH.fullmatch(length.strip()):
+            return 400, {"error": "a malformed Content-Length header"}, None
         n = int(length)
         if n > settings.max_body_bytes:
             self._discard(min(n, DRAIN_BYTES))  # so the client reads the answer rather than a reset
             return 413, {"error": f"the body is larger than {settings.max_body_bytes} bytes"}, None
-        body = self.rfile.read(n)
-        if len(body) != n:
+        budget = self.server.budget
+        if not budget.take(n):
+            self._discard(min(n, DRAIN_BYTES))
+            return 503, {"error": "too many request bodies in flight; try again"}, None
+        try:
+            return self._signed(self._read_body(n))
+        finally:
+            budget.give(n)
+
+    def _read_body(self, n: int) -> bytes | bytearray:
+        body = bytearray(n)  # one allocation of the announced size, filled in place
+        view, got = memoryview(body), 0
+        try:
+            while got < n:
+                k = self.rfile.readinto(view[got:got + 65536])
+                if not k:
+                    break
+                got += k
+        except OSError:
+            pass
+        view.release()
+        self.server.deadlines.read(self.connection)
+        return body if got == n else body[:got]
+
+    def _signed(self, body: bytes) -> tuple[int, dict, str | None]:
+        settings = self.app.settings
+        if len(body) != int(self.headers["Content-Length"]):
             return 400, {"error": "the body ended early"}, None
         if not webhook.signature_ok(settings.secrets.webhook, body, self.headers.get(webhook.SIGNATURE_HEADER)):
             return 401, {"error": f"missing or wrong {webhook.SIGNATURE_HEADER}"}, None
@@ -105,12 +277,15 @@ class Handler(BaseHTTPRequestHandler):
             return 400, {"error": "missing or malformed X-GitHub-Event / X-GitHub-Delivery"}, event or None
         try:
             payload = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):
             return 400, {"error": "the body is not JSON (set the webhook's content type to application/json)"}, event
         try:
             intents = webhook.interpret(event, payload)
         except webhook.BadPayload as e:
             return 400, {"error": f"not a {event} event: {e}"}, event
+        except (ValueError, TypeError, RecursionError) as e:  # a shape interpret() did not foresee: still the sender's
+            log.warning("delivery %s: unexpected %s payload: %s", delivery, event, type(e).__name__)
+            return 400, {"error": f"not a {event} event: {type(e).__name__}"}, event
         action = payload.get("action") if isinstance(payload.get("action"), str) else None
         accepted = self.app.store.accept(delivery, event, action, intents)
         if accepted.duplicate:
@@ -134,6 +309,7 @@ class Handler(BaseHTTPRequestHandler):
 
     # -- GET --------------------------------------------------------------------------------------
     def do_GET(self):
+        self.server.deadlines.read(self.connection)
         url = urlsplit(self.path)
         path = url.path
         if path == "/healthz":
@@ -141,6 +317,9 @@ class Handler(BaseHTTPRequestHandler):
                 depth = self.app.store.queue_depth()
             except Exception as e:  # the store is what health means here
                 return self._send(503, {"status": "unhealthy", "error": type(e).__name__})
+            posting = self.app.poster.health()
+            if posting:  # results are not reaching GitHub
+                return self._send(503, {"status": "unhealthy", "error": posting, "queue_depth": depth})
             return self._send(200, {"status": "ok", "queue_depth": depth, "slots": self.app.slot_names()})
         if path == "/metrics":
             return self._send(200, self.app.render_metrics(), METRICS_TYPE)

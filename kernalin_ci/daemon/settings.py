@@ -31,8 +31,11 @@ ENV_APP_KEY = "KERNALIN_GITHUB_APP_PRIVATE_KEY"
 ENV_APP_KEY_PATH = "KERNALIN_GITHUB_APP_PRIVATE_KEY_PATH"
 ENV_API_URL = "KERNALIN_GITHUB_API_URL"
 ENV_REDIS_URL = "KERNALIN_REDIS_URL"
+ENV_RESULT_KEY = "KERNALIN_RESULT_KEY"  # Redis mode: the key that signs results and seals fetch tokens
+ENV_RESULT_KEY_FILE = "KERNALIN_RESULT_KEY_FILE"
 # every environment variable above that holds or points at a secret: never passed to a job
-SECRET_ENV = (ENV_WEBHOOK_SECRET, ENV_WEBHOOK_SECRET_FILE, ENV_APP_KEY, ENV_APP_KEY_PATH, "GITHUB_TOKEN")
+SECRET_ENV = (ENV_WEBHOOK_SECRET, ENV_WEBHOOK_SECRET_FILE, ENV_APP_KEY, ENV_APP_KEY_PATH, "GITHUB_TOKEN",
+              ENV_REDIS_URL, ENV_RESULT_KEY, ENV_RESULT_KEY_FILE)
 
 GITHUB_MAX_BODY = 25 * 1024 * 1024  # GitHub caps webhook payloads at 25 MB
 
@@ -41,11 +44,13 @@ GITHUB_MAX_BODY = 25 * 1024 * 1024  # GitHub caps webhook payloads at 25 MB
 class Secrets:
     webhook: bytes = b""
     app_private_key: str = ""
+    result_key: bytes = b""  # Redis mode: shared by serve and its workers, never by a job
     files: list[str] = field(default_factory=list)  # where they were read from (masked in job sandboxes)
 
     def __repr__(self) -> str:  # never show a secret, not even by accident in a traceback
         return f"Secrets(webhook={'***' if self.webhook else 'unset'}, " \
-               f"app_private_key={'***' if self.app_private_key else 'unset'})"
+               f"app_private_key={'***' if self.app_private_key else 'unset'}, " \
+               f"result_key={'***' if self.result_key else 'unset'})"
 
 
 @dataclass
@@ -69,6 +74,15 @@ class QueueSettings:
 
 
 @dataclass
+class HttpSettings:
+    """Limits of the HTTP front (server.py): what one unauthenticated client can hold."""
+
+    max_connections: int = 64  # connections handled at once; more wait in the kernel's backlog
+    request_deadline_s: float = 10.0  # a request (headers and body) must arrive whole within this
+    max_buffered_bytes: int = 64 * 1024 * 1024  # request bodies held in memory at once, all connections
+
+
+@dataclass
 class DockerSettings:
     image: str = "kernalin-ci:latest"
     memory: str = "16g"
@@ -84,6 +98,8 @@ class RunnerSettings:
     timeout_s: float = 3600.0  # the whole job; the process or container is killed after it
     command: list[str] | None = None  # replaces `kernalin-ci run ...` (a hook for tests and smoke checks)
     env: dict[str, str] = field(default_factory=dict)  # extra job environment (never secrets)
+    log_max_bytes: int = 16 * 1024 * 1024  # job.log keeps this much of the job's output (and its end)
+    out_max_bytes: int = 256 * 1024 * 1024  # a larger out/ fails the job and is removed
     docker: DockerSettings = field(default_factory=DockerSettings)
     sandbox: SandboxSettings = field(default_factory=SandboxSettings)  # the local runner's
 
@@ -107,6 +123,7 @@ class Settings:
     state_dir: str = "/var/lib/kernalin-ci"
     webhook_path: str = "/webhook"
     max_body_bytes: int = GITHUB_MAX_BODY
+    http: HttpSettings = field(default_factory=HttpSettings)
     github: GitHubSettings = field(default_factory=GitHubSettings)
     queue: QueueSettings = field(default_factory=QueueSettings)
     gpus: object = "auto"  # auto | cpu | a count | a list of indexes or UUIDs
@@ -143,13 +160,14 @@ class Settings:
 
 _KEYS = {
     "": ("listen", "public_url", "state_dir", "webhook", "github", "queue", "gpus", "cpu_slots", "runner",
-         "retries", "posting", "policy", "badges", "retention_days"),
+         "retries", "posting", "policy", "badges", "retention_days", "http"),
+    "http": ("max_connections", "request_deadline_s", "max_buffered_bytes"),
     "webhook": ("path", "max_body_bytes", "secret_file"),
     "github": ("api_url", "app_id", "private_key_file", "check_name", "clone_url", "retry", "min_write_interval_s",
                "min_request_interval_s"),
     "github.retry": ("attempts", "base_delay_s", "budget_s"),
-    "queue": ("backend", "redis_url", "name"),
-    "runner": ("backend", "timeout_s", "command", "env", "docker", "sandbox"),
+    "queue": ("backend", "redis_url", "name", "result_key_file"),
+    "runner": ("backend", "timeout_s", "command", "env", "docker", "sandbox", "log_max_bytes", "out_max_bytes"),
     "runner.sandbox": ("enabled", "memory", "pids", "tmpfs_size", "user", "bwrap", "extra_ro"),
     "runner.docker": ("image", "memory", "pids", "tmpfs_size", "url", "user"),
     "retries": ("attempts", "base_delay_s", "max_delay_s"),
@@ -275,6 +293,16 @@ def parse(data, where: str = "daemon.yml", env: Mapping[str, str] | None = None)
     s.queue.backend = q.choice("backend", ("sqlite", "redis"), s.queue.backend)
     s.queue.redis_url = env.get(ENV_REDIS_URL) or q.get("redis_url", str, s.queue.redis_url)
     s.queue.name = q.get("name", str, s.queue.name)
+    key_file = env.get(ENV_RESULT_KEY_FILE) or q.get("result_key_file", str, None)
+    result_key = env.get(ENV_RESULT_KEY) or (_read_secret_file(key_file, "result key") if key_file else "")
+    s.secrets.result_key = result_key.strip().encode()
+    if key_file and not env.get(ENV_RESULT_KEY):
+        s.secrets.files.append(key_file)
+
+    h = top.sub("http")
+    s.http = HttpSettings(h.positive("max_connections", int, s.http.max_connections),
+                          h.positive("request_deadline_s", float, s.http.request_deadline_s),
+                          h.positive("max_buffered_bytes", int, s.http.max_buffered_bytes))
 
     r = top.sub("runner")
     s.runner.backend = r.choice("backend", ("local", "docker"), s.runner.backend)
@@ -290,6 +318,8 @@ def parse(data, where: str = "daemon.yml", env: Mapping[str, str] | None = None)
         if k in SECRET_ENV or k.startswith("KERNALIN_GITHUB_"):
             raise r.err(f"runner.env.{k}", "secrets are never passed to jobs")
     s.runner.env = {k: str(v) for k, v in job_env.items()}
+    s.runner.log_max_bytes = r.positive("log_max_bytes", int, s.runner.log_max_bytes)
+    s.runner.out_max_bytes = r.positive("out_max_bytes", int, s.runner.out_max_bytes)
     d = r.sub("docker")
     s.runner.docker = DockerSettings(d.get("image", str, s.runner.docker.image), d.get("memory", str, "16g"),
                                      d.positive("pids", int, 4096), d.get("tmpfs_size", str, "8g"),

@@ -249,6 +249,10 @@ class Store:
                 d["trigger"] = f"check_run.rerequested ({old.trigger})"
                 specs.append(JobSpec.from_json(d))
         for spec in specs:
+            refused = _no_installation(db, spec)
+            if refused:  # nothing runs for a repository the App is not (or no longer) installed on
+                note = refused
+                continue
             cancelled += self._supersede(db, spec, now)
             db.execute("INSERT INTO jobs (id, repo, pr, head_sha, base_ref, spec, state, created_at) "
                        "VALUES (?, ?, ?, ?, ?, ?, 'queued', ?)",
@@ -477,3 +481,13 @@ class Store:
             db.execute("UPDATE jobs SET post_attempts=post_attempts+1, post_error=?, post_state=?, post_next_at=? "
                        "WHERE id=?", (error[:2000], "pending" if retry_at is not None else "failed",
                                       retry_at or 0, job_id))
+
+
+def _no_installation(db, spec: JobSpec) -> str | None:
+    """Why SPEC may not run for want of an active App installation; None when it may."""
+    if spec.installation_id is None:
+        return "the delivery names no App installation: nothing is run"
+    r = db.execute("SELECT state FROM installations WHERE id=?", (spec.installation_id,)).fetchone()
+    if r is not None and r["state"] != "active":
+        return f"the App installation {spec.installation_id} is {r['state']}: nothing is run"
+    return None

@@ -15,7 +15,9 @@ from kernalin_ci.daemon.model import JobSpec
 
 SIGNATURE_HEADER = "X-Hub-Signature-256"
 PR_ACTIONS = ("opened", "synchronize", "reopened", "labeled")
-_REPO = re.compile(r"[A-Za-z0-9_.-]{1,100}/[A-Za-z0-9_.-]{1,100}")
+# owner/name; neither part may be "." or ".." (the name goes into API paths and the job directory)
+_REPO = re.compile(r"(?!\.\.?/)[A-Za-z0-9_.-]{1,100}/(?!\.\.?$)[A-Za-z0-9_.-]{1,100}")
+MAX_ID = 2 ** 53 - 1  # ids and numbers GitHub sends are positive and below this (JSON-safe integers)
 _SHA = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 _REF = re.compile(r"[^\x00-\x20~^:?*\[\\]{1,255}")
 
@@ -65,6 +67,8 @@ def _get(d, *path, kind=None, pattern=None, optional=False):
         return None
     if kind is not None and (not isinstance(cur, kind) or isinstance(cur, bool) and kind is not bool):
         raise BadPayload(f"{'.'.join(path)}: expected {kind.__name__}")
+    if kind is int and not 0 < cur <= MAX_ID:
+        raise BadPayload(f"{'.'.join(path)}: out of range")
     if pattern is not None and not pattern.fullmatch(str(cur)):
         raise BadPayload(f"{'.'.join(path)}: unexpected value")
     return cur

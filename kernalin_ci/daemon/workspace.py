@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from pathlib import Path
 import yaml
 
 from kernalin_ci.config import DEFAULT_FILE
+from kernalin_ci.daemon import safefile
 from kernalin_ci.daemon.model import JobSpec
 
 FETCH_TIMEOUT_S = 600
@@ -29,8 +31,21 @@ FETCH_TIMEOUT_S = 600
 REPO_KEYS = ("fork_label", "timeout_s")
 
 
+_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]*@")
+CONFIG_MAX_BYTES = 1024 * 1024
+
+
+def redact(text: str) -> str:
+    """TEXT with the credentials of every URL in it (scheme://USER:PASSWORD@host) taken out."""
+    return _USERINFO.sub(r"\1", text)
+
+
 class FetchError(Exception):
-    """The code could not be fetched (network, permissions, a commit that vanished): infrastructure."""
+    """The code could not be fetched (network, permissions, a commit that vanished): infrastructure.
+    Its message never holds a URL's credentials (it is posted on the check run)."""
+
+    def __init__(self, message: str):
+        super().__init__(redact(message))
 
 
 @dataclass
@@ -77,11 +92,13 @@ def clone_url(template: str, repo: str) -> str:
 
 
 def create(job_dir: Path) -> Workspace:
-    """A fresh, empty workspace (whatever an earlier attempt left is removed first)."""
+    """A fresh, empty workspace (whatever an earlier attempt left is removed first: links are removed,
+    never followed)."""
+    job_dir.mkdir(parents=True, exist_ok=True)
+    for d in ("repo", "out", "home", "tmp", "kernalin.yml"):
+        safefile.remove(job_dir / d)
     for d in ("repo", "out", "home", "tmp"):
-        shutil.rmtree(job_dir / d, ignore_errors=True)
-    for d in ("repo", "out", "home", "tmp"):
-        (job_dir / d).mkdir(parents=True, exist_ok=True)
+        (job_dir / d).mkdir()
     ws = Workspace(job_dir, job_dir / "repo", job_dir / "out", None)
     _git(ws.repo, "init", "-q")
     return ws
@@ -104,14 +121,15 @@ def read_base_config(ws: Workspace, spec: JobSpec) -> None:
         return
     text, ws.repo_settings = split_daemon_section(r.stdout)
     ws.config = ws.job_dir / "kernalin.yml"
-    ws.config.write_text(text)
+    safefile.replace(ws.config, text.encode(), within=ws.job_dir)
 
 
 def checkout_head(ws: Workspace, spec: JobSpec) -> None:
     """The working tree at the PR head, with the base configuration in place of the head's."""
     _git(ws.repo, "checkout", "-q", "--detach", spec.head_sha)
-    if ws.config is not None:
-        shutil.copyfile(ws.config, ws.repo / DEFAULT_FILE)
+    if ws.config is not None:  # the head's file may be a link: it is replaced, never written through
+        data = safefile.read_bytes(ws.config, ws.job_dir, CONFIG_MAX_BYTES)
+        safefile.replace(ws.repo / DEFAULT_FILE, data, within=ws.job_dir)
 
 
 def split_daemon_section(text: str) -> tuple[str, dict]:

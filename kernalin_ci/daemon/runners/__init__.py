@@ -11,6 +11,7 @@ environment is built from nothing (`job_env`), not inherited.
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol
@@ -20,8 +21,10 @@ from kernalin_ci.daemon.gpus import Slot
 JOB_MARKER = "KERNALIN_DAEMON_JOB"  # in every job process's environment: how leftovers are found
 POLL_S = 0.25
 LOG_TAIL_BYTES = 8192
-# the gate itself; a runner fills the placeholders with paths as the job sees them
-GATE_COMMAND = ["{python}", "-m", "kernalin_ci", "run", "--config", "{config}", "--base", "{base}", "--head", "{head}",
+# the gate itself; a runner fills the placeholders with paths as the job sees them. "{kernalin}" stands for
+# the argv that runs the kernalin_ci package of the daemon's installation in isolated mode (launch.py):
+# the checkout is the working directory and must not be able to shadow the tool
+GATE_COMMAND = ["{kernalin}", "run", "--config", "{config}", "--base", "{base}", "--head", "{head}",
                 "--out", "{out}", "--device", "{device}", "--quiet"]
 # inherited from the daemon when set: nothing else is (no tokens, no App key, no webhook secret)
 PASS_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "LD_LIBRARY_PATH")
@@ -44,9 +47,13 @@ class RunRequest:
     def log(self) -> Path:
         return self.job_dir / "job.log"
 
-    def argv(self, **paths: str) -> list[str]:
+    def argv(self, kernalin: list[str], **paths: str) -> list[str]:
+        """The command with its placeholders filled; KERNALIN is the argv prefix that runs kernalin_ci."""
         values = {"base": self.base_sha, "head": self.head_sha, "device": self.slot.device, **paths}
-        return [part.format(**values) for part in (self.command or GATE_COMMAND)]
+        out: list[str] = []
+        for part in self.command or GATE_COMMAND:
+            out += kernalin if part == "{kernalin}" else [part.format(**values)]
+        return out
 
 
 @dataclass
@@ -85,15 +92,52 @@ def job_env(req: RunRequest, *, home: str, tmp: str, visible: str | None) -> dic
     return env
 
 
-def tail(path: Path, n: int = LOG_TAIL_BYTES) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(size - n, 0))
-            return f.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
+class CappedLog:
+    """A job's output into job.log: the first MAX_BYTES, then a note of how much was dropped and the
+    last LOG_TAIL_BYTES. The tail the daemon posts comes from memory, never from re-reading the file."""
+
+    def __init__(self, f, max_bytes: int):
+        self.f, self.max_bytes = f, max_bytes
+        self.written = 0
+        self.dropped = 0
+        self._tail = bytearray()
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def pump(self, stream) -> None:
+        with stream:
+            while True:
+                chunk = stream.read1(65536)
+                if not chunk:
+                    return
+                self._add(chunk)
+
+    def _add(self, chunk: bytes) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._tail += chunk
+            del self._tail[:-LOG_TAIL_BYTES]
+            room = max(self.max_bytes - self.written, 0)
+            if room:
+                self.f.write(chunk[:room])
+                self.written += min(room, len(chunk))
+            self.dropped += max(len(chunk) - room, 0)
+
+    def note(self, text: str | bytes) -> None:
+        self._add(text.encode() if isinstance(text, str) else text)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            if self.dropped:
+                self.f.write(f"\n[kernalin-ci daemon: {self.dropped} bytes of output over the {self.max_bytes}-byte "
+                             f"log limit were dropped; the last {len(self._tail)} bytes follow]\n".encode())
+                self.f.write(bytes(self._tail))
+            self.f.flush()
+
+    def tail(self) -> str:
+        return bytes(self._tail).decode("utf-8", "replace")
 
 
 def get_runner(settings) -> Runner:
@@ -101,7 +145,8 @@ def get_runner(settings) -> Runner:
     if settings.runner.backend == "docker":
         from kernalin_ci.daemon.runners.docker import DockerRunner
 
-        return DockerRunner(settings.runner.docker)
+        return DockerRunner(settings.runner.docker, log_max_bytes=settings.runner.log_max_bytes)
     from kernalin_ci.daemon.runners.local import LocalRunner
 
-    return LocalRunner(settings.runner.sandbox, hide=settings.private_paths())
+    return LocalRunner(settings.runner.sandbox, hide=settings.private_paths(),
+                       log_max_bytes=settings.runner.log_max_bytes)

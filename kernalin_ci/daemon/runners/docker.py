@@ -19,8 +19,10 @@ import requests
 from docker.errors import DockerException, ImageNotFound, NotFound
 from docker.types import DeviceRequest
 
-from kernalin_ci.daemon.runners import POLL_S, RunRequest, RunResult, StopReason, job_env, tail
+from kernalin_ci.daemon import safefile
+from kernalin_ci.daemon.runners import POLL_S, CappedLog, RunRequest, RunResult, StopReason, job_env
 from kernalin_ci.daemon.settings import DockerSettings
+from kernalin_ci.launch import image_module_argv
 
 LABEL = "kernalin-ci.job"
 # clone the read-only checkout (owned by another uid: safe.directory) to a writable place, put the base
@@ -35,9 +37,10 @@ SCRIPT = "; ".join([
 class DockerRunner:
     name = "docker"
 
-    def __init__(self, settings: DockerSettings, client=None):
+    def __init__(self, settings: DockerSettings, client=None, log_max_bytes: int = 16 * 1024 * 1024):
         self.settings = settings
         self._client = client
+        self.log_max_bytes = log_max_bytes
 
     @property
     def client(self):
@@ -48,7 +51,9 @@ class DockerRunner:
 
     def _create(self, req: RunRequest):
         s = self.settings
-        argv = req.argv(python="python3", config="/tmp/repo/.kernalin.yml", out="/out", repo="/tmp/repo")
+        # the image's own installation: /tmp/repo, the working directory, never comes on sys.path
+        argv = req.argv(image_module_argv("kernalin_ci"), python="python3", config="/tmp/repo/.kernalin.yml",
+                        out="/out", repo="/tmp/repo")
         # inside, the one GPU of the device request is device 0: CUDA_VISIBLE_DEVICES stays unset
         env = job_env(req, home="/tmp/home", tmp="/tmp", visible=None)
         env.pop("PATH", None)  # the image's own
@@ -83,7 +88,7 @@ class DockerRunner:
             self._remove(container)
             return RunResult(None, 0.0, infra_error=f"docker: {_one_line(e)}")
         on_start(None)
-        stopped, timed_out, code, oom = None, False, None, False
+        stopped, timed_out, code, oom, capture = None, False, None, False, None
         try:
             while True:
                 try:
@@ -99,19 +104,22 @@ class DockerRunner:
                     break
             container.reload()
             oom = bool(container.attrs.get("State", {}).get("OOMKilled"))
-            with open(req.log, "ab") as log:
-                log.write(container.logs(stdout=True, stderr=True))
+            with safefile.append(req.log, req.job_dir) as log:
+                capture = CappedLog(log, self.log_max_bytes)
+                for chunk in container.logs(stdout=True, stderr=True, stream=True):
+                    capture.note(chunk)
                 if timed_out:
-                    log.write(f"\nkernalin-ci daemon: the job ran past {req.timeout_s:.0f} s and was killed\n".encode())
+                    capture.note(f"\nkernalin-ci daemon: the job ran past {req.timeout_s:.0f} s and was killed\n")
                 if oom:
-                    log.write(f"\nkernalin-ci daemon: the job was killed for using more than {self.settings.memory} "
-                              f"of memory\n".encode())
+                    capture.note(f"\nkernalin-ci daemon: the job was killed for using more than {self.settings.memory} "
+                                 f"of memory\n")
+                capture.close()
         except (DockerException, requests.RequestException) as e:
-            return RunResult(None, time.monotonic() - t0, tail(req.log),
+            return RunResult(None, time.monotonic() - t0, capture.tail() if capture else "",
                              infra_error=f"docker: lost the container: {_one_line(e)}")
         finally:
             self._remove(container)
-        return RunResult(None if (stopped or timed_out) else code, time.monotonic() - t0, tail(req.log),
+        return RunResult(None if (stopped or timed_out) else code, time.monotonic() - t0, capture.tail(),
                          stopped=stopped, timed_out=timed_out, oom_killed=oom)
 
     @staticmethod
