@@ -8,8 +8,8 @@ for the whole group. Scores are tl.dot(q, k^T) and the output update is
 tl.dot(p, v), both with float32 accumulation. float16 operands stay float16
 (tensor cores; p is cast to float16 for the second dot); float32 and bfloat16
 operands are fed as float32 with input_precision="ieee", so the large-score cases
-are not hurt by tf32 rounding (bfloat16 is upcast because the Triton 3.9
-interpreter computes a bfloat16 tl.dot wrongly; on a GPU a bfloat16 dot would do).
+are not hurt by tf32 rounding (correct_bf16_dot.py is the variant with
+bfloat16 operands).
 Online softmax per row, masked loads, -inf for keys past kv_len.
 """
 import torch

@@ -29,8 +29,8 @@ DTYPES = ("float32", "float16", "bfloat16")
 
 # Relative-error tolerances (per output row: ||out - ref|| / ||ref||), see docs/verification.md.
 # float32 allows tf32 matrix units (Triton's default for a float32 tl.dot), ~3e-4 typical.
-# bfloat16 is loose for a stated reason: the Triton interpreter truncates fp32->bf16
-# instead of rounding (an extra ~2^-9 relative, biased), on top of bf16's 8-bit mantissa.
+# bfloat16: an 8-bit mantissa, and kernels that compute in bfloat16 round every step
+# (bf16 x bf16 products, p.to(v.dtype) before a tl.dot).
 TOLERANCE = {"float32": 2e-3, "float16": 6e-3, "bfloat16": 3e-2}
 
 

@@ -18,6 +18,7 @@ from kernalin_ci.findings import Finding
 from kernalin_ci.ops.base import Case, Op
 from kernalin_ci.verify.compare import check_reference
 from kernalin_ci.verify.interp import skip_self_copy
+from kernalin_ci.verify.interp_bf16 import faithful_bf16, take_unfaithful
 from kernalin_ci.verify.poison import bits, fill_canary, is_canary, poisoned_allocations, prime_cuda_allocator
 
 GUARD = 16384  # canary elements before and after every input tensor
@@ -129,6 +130,31 @@ def launch(op, fn, case: Case, params: dict, device: str) -> None:
         raise EntryRaised(f"{type(e).__name__}: {msg}") from None
 
 
+class Interpreter:
+    """On the CPU: makes the Triton interpreter compute bfloat16 on values, and says which cases it
+    still cannot run faithfully. Those are not checked (never a finding): their case-done event
+    carries `not_checked` {"reason": "interpreter", "error": why} and `skipped` "interpreter: why"."""
+
+    def __init__(self, cpu: bool):
+        self.cpu = cpu
+        self.bf16 = faithful_bf16() if cpu else None  # None: bfloat16 is faithful (or not on the CPU)
+        take_unfaithful()
+
+    def cannot_run(self, dtype: str) -> dict:
+        """case-done fields for a case of this dtype that cannot run faithfully at all ({} if it can)."""
+        return self._fields(self.bf16 if self.cpu and dtype == "bfloat16" else None)
+
+    def after_case(self) -> dict:
+        """case-done fields for the case just run if it used a construct the interpreter cannot emulate."""
+        return self._fields(take_unfaithful() if self.cpu else None)
+
+    @staticmethod
+    def _fields(why: str | None) -> dict:
+        if not why:
+            return {}
+        return {"skipped": f"interpreter: {why}", "not_checked": {"reason": "interpreter", "error": why}}
+
+
 def run_job(job: dict, emit) -> None:
     """Worker task 'verify-dynamic': run cases[start:] and emit one event per case."""
     from kernalin_ci.domain import Domain
@@ -144,7 +170,9 @@ def run_job(job: dict, emit) -> None:
     device, params = job["device"], job["params"]
     main_dtype = job.get("main_dtype") or (cases[0].dtype if cases else "float32")
     support = Support(op, params, Domain.from_json(job.get("domain")), main_dtype,
-                      lambda c, p: launch(op, fn, c, p, device))
+                      lambda c, p: launch(op, fn, c, p, device),
+                      unfaithful=lambda: take_unfaithful() if device == "cpu" else None)
+    interp = Interpreter(device == "cpu")
     for i in range(job.get("start", 0), len(cases)):
         case = cases[i]
         emit({"event": "case-start", "index": i})
@@ -154,6 +182,10 @@ def run_job(job: dict, emit) -> None:
                   "not_checked": {"reason": "interpreter", "error": "this Triton interpreter would make the "
                                                                     "2^31-element buffers resident"}})
             continue
+        unfaithful = interp.cannot_run(case.dtype)
+        if unfaithful:
+            emit({"event": "case-done", "index": i, "seconds": 0.0, "findings": [], **unfaithful})
+            continue
         try:
             outcome = support.run(case, lambda c, p: run_case(op, fn, c, p, device, memo,
                                                               poison=job.get("poison", True)))
@@ -162,5 +194,7 @@ def run_job(job: dict, emit) -> None:
                   "findings": [Finding("call", "cuda-error", str(e)).to_json()]})
             emit({"event": "restart", "reason": "CUDA context lost"})
             return
-        emit({"event": "case-done", "index": i, "seconds": time.perf_counter() - t0,
-              "findings": [f.to_json() for f in outcome.findings], **outcome.event_fields()})
+        unfaithful = interp.after_case()  # then the case is not checked, whatever it showed
+        found = [] if unfaithful else [f.to_json() for f in outcome.findings]
+        emit({"event": "case-done", "index": i, "seconds": time.perf_counter() - t0, "findings": found,
+              **(unfaithful or outcome.event_fields())})

@@ -1,4 +1,4 @@
-"""Adjustments to the Triton interpreter for very large CPU buffers.
+"""Adjustments to the Triton interpreter for very large CPU buffers (bfloat16: interp_bf16.py).
 
 After every interpreted launch, the interpreter copies each argument's host
 storage back onto the argument's storage. For CPU tensors the two are the same

@@ -149,14 +149,21 @@ def _sync(device):
 def run_job(job: dict, emit) -> None:
     """Worker task 'verify-pipeline'."""
     from kernalin_ci.entry import load_entry
+    from kernalin_ci.verify.dynamic import Interpreter
 
     fns = {role: load_entry(spec, job.get("root")) for role, spec in job["entries"].items() if spec}
+    interp = Interpreter(job["device"] == "cpu")
     emit({"event": "case-start", "index": 0})
     t0 = time.perf_counter()
+    unfaithful = interp.cannot_run(job["dtype"])
+    if unfaithful:
+        emit({"event": "case-done", "index": 0, "seconds": 0.0, "findings": [], **unfaithful})
+        return
     try:
         found = run_pipeline(fns, job["params"], job["dtype"], job["device"], job["seed"], job["steps"], emit)
     except Exception as e:
         msg = " ".join(str(e).split())[:400]
         found = [Finding("pipeline", "entry-error", f"an entry raised {type(e).__name__}: {msg}")]
+    unfaithful = interp.after_case()
     emit({"event": "case-done", "index": 0, "seconds": time.perf_counter() - t0,
-          "findings": [f.to_json() for f in found]})
+          "findings": [] if unfaithful else [f.to_json() for f in found], **unfaithful})

@@ -48,10 +48,14 @@ def entry_error(err: str) -> Finding:
 
 class Support:
     def __init__(self, op, params: dict, domain: Domain, main_dtype: str,
-                 launch: Callable[[Case, dict], None]):
+                 launch: Callable[[Case, dict], None], unfaithful: Callable[[], str | None] = lambda: None):
         self.op, self.params, self.domain, self.main_dtype = op, params, domain, main_dtype
         self.launch = launch  # one unchecked call of the entry
+        # why the CPU interpreter could not run what was just launched (None: it could); an error then is the
+        # interpreter's, not the kernel's: the case is "not checked (interpreter)"
+        self.unfaithful = unfaithful
         self.known: dict[str, str | None] = {}  # shape -> None (the entry ran at it) or its error
+        self.interpreter: dict[str, str] = {}  # shape -> why the interpreter cannot run it
         self.searches_left = TOTAL_PROBES
 
     def declared(self, shape: dict) -> bool:
@@ -60,11 +64,18 @@ class Support:
     def run(self, case: Case, run_case: Callable[[Case, dict], list[Finding]]) -> Outcome:
         shape = shape_of(self.op, case, self.params)
         k = key(shape)
+        if k in self.interpreter:
+            return Outcome([], None, {"shape": shape_text(shape), "reason": "interpreter",
+                                      "error": self.interpreter[k]})
         if not self.declared(shape) and self.known.get(k) is not None:
             return self._elsewhere(case, shape, self.known[k], run_case)
         try:
             found = self._call(run_case, case)
         except EntryRaised as e:
+            why = self.unfaithful()
+            if why:
+                self.interpreter[k] = why
+                return Outcome([], None, {"shape": shape_text(shape), "reason": "interpreter", "error": why})
             if self.declared(shape) or (k in self.known and self.known[k] is None):
                 return Outcome([entry_error(str(e))], case)
             refused = self.probe(shape)
@@ -84,6 +95,7 @@ class Support:
                 self._call(lambda c, p: self.launch(c, p), small)
                 self.known[k] = None
             except EntryRaised as e:
+                self.unfaithful()  # an alternative the interpreter cannot run is refused all the same
                 self.known[k] = str(e)
         return self.known[k]
 
