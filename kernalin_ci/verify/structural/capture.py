@@ -164,8 +164,8 @@ def capture_cases(op: Op, params: dict, domain=None) -> list[Case]:
     """The capture calls to try, in order, until one captures and compiles: the op's capture call
     (`Op.capture_cases`) at each candidate shape. The declared domain first (its head dims, dtypes,
     heads); undeclared, a head dim that leaves a tail under its power-of-two block (48), then the
-    usual head dims for kernels that need a power of two or one head dim, in float16, then bfloat16
-    and float32 for kernels that refuse float16. Nearest the first choice first."""
+    usual head dims for kernels that need a power of two or one head dim, in the op's capture dtype,
+    then the other dtypes for kernels that refuse it. Nearest the first choice first."""
     from dataclasses import replace
 
     from kernalin_ci.domain import Domain
@@ -173,11 +173,13 @@ def capture_cases(op: Op, params: dict, domain=None) -> list[Case]:
     domain = domain or Domain()
     pinned = params.get("head_dim")
     head_dims = list(domain.head_dim) or ([pinned] if pinned else [48, 64, 128, 256, 80, 96])
-    dtypes = list(domain.dtype) or ["float16", "bfloat16", "float32"]
     p = dict(params)
     for axis in ("num_q_heads", "num_kv_heads"):
         if domain.values(axis):
             p[axis] = domain.values(axis)[0]
+    first = op.capture_cases(p)
+    own = first[0].dtype if first else "float16"  # the op's own choice of capture dtype comes first
+    dtypes = list(domain.dtype) or [own] + [d for d in ("float16", "bfloat16", "float32") if d != own]
     pairs = sorted(((i, j) for i in range(len(head_dims)) for j in range(len(dtypes))), key=lambda ij: (sum(ij), ij[1]))
     out: list[Case] = []
     for i, j in pairs:
