@@ -80,8 +80,9 @@ def test_each_op_names_its_structural_analysis():
         assert analysis is not None and callable(analysis.model) and callable(analysis.analyze)
     assert analysis_of(get_op("kv_append")).store_bounds is False  # it judges the write set itself
     assert analysis_of(get_op("custom")) is None
-    findings, notices = verify_structural("custom", f"{ATT}:entry", resolved("custom"))
-    assert findings == [] and [n.message for n in notices] == ["could not verify: no structural checks for op custom"]
+    findings, notices, status = verify_structural("custom", f"{ATT}:entry", resolved("custom"))
+    assert findings == [] and notices == []
+    assert (status.status, status.cause) == ("not-analysed", "no structural checks for op custom")
 
 
 def test_capture_calls_come_in_preference_order():

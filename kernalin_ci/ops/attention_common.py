@@ -79,6 +79,14 @@ def probe_dims(params: Params) -> dict[str, Any]:
     return {"Hq": hq, "Hkv": hkv, "D": D, "kv_lens": [1], "scale": D ** -0.5, "tail": "zeros"}
 
 
+def shape_dims(params: Params) -> dict[str, Any]:
+    """A small case for one shape of the domain: two sequences, kv_len 1 and 19, NaN past them."""
+    D = params.get("head_dim") or 64
+    hq = params.get("num_q_heads") or 8
+    hkv = params.get("num_kv_heads") or (2 if hq % 2 == 0 else 1)
+    return {"Hq": hq, "Hkv": hkv, "D": D, "kv_lens": [1, 19], "scale": D ** -0.5}
+
+
 def head_map(Hq: int, Hkv: int) -> list[int]:
     return [h // (Hq // Hkv) for h in range(Hq)]
 

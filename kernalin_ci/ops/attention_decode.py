@@ -15,12 +15,16 @@ class AttentionDecode(ac.AttentionOp):
     name = "attention.decode"
     params = ac.SHAPE_PARAMS
     written = ()
+    domain_axes = ("head_dim", "num_q_heads", "num_kv_heads", "dtype")
 
     def cases(self, params: Params, device: str, dtype: str | None) -> list[Case]:
         return ac.plan(params, device, dtype)
 
     def probe(self, params: Params, dtype: str | None) -> Case:
         return Case("pos0-probe", ac.probe_dims(params), dtype or "float32", 0, ("probe",))
+
+    def shape_case(self, params: Params, dtype: str) -> Case:
+        return Case("shape", ac.shape_dims(params), dtype, 40, ("shape",))
 
     def inputs(self, case: Case, params: Params, device: str, poison: bool = True) -> Tensors:
         d = case.dims

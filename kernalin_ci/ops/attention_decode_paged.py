@@ -17,6 +17,7 @@ class AttentionDecodePaged(ac.AttentionOp):
     params = (Param("block_size", 16, int, "tokens per KV-cache block", check=positive),) + ac.SHAPE_PARAMS \
         + (paged.LAYOUT,)
     written = ()
+    domain_axes = ("head_dim", "num_q_heads", "num_kv_heads", "dtype", "block_size")
 
     def cases(self, params: Params, device: str, dtype: str | None) -> list[Case]:
         cases = ac.plan(params, device, dtype)
@@ -35,6 +36,9 @@ class AttentionDecodePaged(ac.AttentionOp):
     def probe(self, params: Params, dtype: str | None) -> Case:
         return Case("pos0-probe", {**ac.probe_dims(params), "arange_tables": True}, dtype or "float32", 0,
                     ("probe",))
+
+    def shape_case(self, params: Params, dtype: str) -> Case:
+        return Case("shape", ac.shape_dims(params), dtype, 40, ("shape",))
 
     def inputs(self, case: Case, params: Params, device: str, poison: bool = True) -> Tensors:
         d = case.dims

@@ -129,6 +129,9 @@ class Op(ABC):
     # True: a benchmark round may redraw the floating-point inputs in place (standard normal); False: it
     # builds them anew from another seed (inputs with structure a redraw would break)
     redraw_inputs: bool = True
+    # the shape axes of kernalin_ci.domain.AXES this op's cases vary (a `domain:` may declare them);
+    # empty: the user's own cases are the domain, and an error in any of them is a finding
+    domain_axes: tuple[str, ...] = ()
 
     def __init__(self, root: str | None = None) -> None:
         self.root = root
@@ -142,6 +145,11 @@ class Op(ABC):
     @abstractmethod
     def probe(self, params: Params, dtype: str | None) -> Case:
         """The single demo probe most tools use (position 0, batch 1)."""
+
+    def shape_case(self, params: Params, dtype: str) -> Case:
+        """A small, cheap, checked case at the op's base shape; kernalin_ci.domain moves it to each head dim,
+        dtype, head count or block size it checks on its own, and probes a shape with it."""
+        return self.probe(params, dtype)
 
     def validate_case(self, case: Case) -> str | None:
         """A case given by hand (--case): what breaks the op's shape rules, or None."""

@@ -33,6 +33,7 @@ class KvAppend(Op):
     name = "kv_append"
     params = PARAMS
     written = ("k_cache", "v_cache")
+    domain_axes = ("head_dim", "num_kv_heads", "dtype", "block_size")
     exact = True  # `check`: the whole caches, bit for bit
     structural = "kv_append"
 
@@ -92,6 +93,9 @@ class KvAppend(Op):
         slots += [-1] * pad
         order = torch.randperm(T, generator=g).tolist()
         return [slots[i] for i in order]
+
+    def shape_case(self, params: Params, dtype: str) -> Case:
+        return Case("shape", self._dims(params, 7, 2, 64, 5, 2), dtype, 40, ("shape",))
 
     def inputs(self, case: Case, params: Params, device: str, poison: bool = True) -> Tensors:
         d = case.dims

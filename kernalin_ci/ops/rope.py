@@ -91,6 +91,7 @@ class Rope(Op):
     name = "rope"
     params = PARAMS
     written = ("q", "k")  # in-place kernels may return q and k themselves
+    domain_axes = ("head_dim", "num_q_heads", "num_kv_heads", "dtype")
     structural = "rope"
 
     def _shape(self, params: Params, D: int, hq: int, hkv: int) -> dict[str, Any]:
@@ -124,6 +125,11 @@ class Rope(Op):
     def probe(self, params: Params, dtype: str | None) -> Case:
         return Case("pos0-probe", {**self._shape(params, 64, 8, 2), "T": 1, "positions": [0]},
                     dtype or "float32", 0, ("probe",))
+
+    def shape_case(self, params: Params, dtype: str) -> Case:
+        mp = params["max_position"]
+        pos = [p for p in (0, 1, 7, mp - 1) if p < mp]
+        return Case("shape", {**self._shape(params, 64, 8, 2), "T": 5, "positions": pos}, dtype, 40, ("shape",))
 
     def inputs(self, case: Case, params: Params, device: str, poison: bool = True) -> Tensors:
         d = case.dims

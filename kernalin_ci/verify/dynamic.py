@@ -32,6 +32,11 @@ class CudaContextLost(Exception):
     """A CUDA error poisons the context: the worker reports it and exits."""
 
 
+class EntryRaised(Exception):
+    """The entry raised: an `entry-error` finding, or a shape outside the kernel's domain
+    (kernalin_ci.verify.support decides which)."""
+
+
 def guard_inputs(kw: dict, skip: set) -> tuple[dict, dict]:
     """Copy each tensor into the middle of a canary-filled buffer; return new kwargs and the guards."""
     out, guards = {}, {}
@@ -92,7 +97,7 @@ def run_case(op: Op, fn, case: Case, params: dict, device: str, memo: dict, pois
         msg = " ".join(str(e).split())[:400]
         if device == "cuda" and CUDA_ERROR.search(f"{type(e).__name__} {msg}"):
             raise CudaContextLost(f"{type(e).__name__}: {msg}") from None
-        return [Finding("call", "entry-error", f"the entry raised {type(e).__name__}: {msg}")]
+        raise EntryRaised(f"{type(e).__name__}: {msg}") from None
 
     findings = _guard_findings(op, guards, before)
     for name, old in before.items():
@@ -124,6 +129,19 @@ def run_case(op: Op, fn, case: Case, params: dict, device: str, memo: dict, pois
     return findings
 
 
+def launch(op, fn, case: Case, params: dict, device: str) -> None:
+    """One call of the entry on a case, nothing checked: does the kernel take this shape at all?"""
+    kw = op.inputs(case, params, device, poison=False)
+    try:
+        fn(**kw)
+        sync(device)
+    except Exception as e:
+        msg = " ".join(str(e).split())[:400]
+        if device == "cuda" and CUDA_ERROR.search(f"{type(e).__name__} {msg}"):
+            raise CudaContextLost(f"{type(e).__name__}: {msg}") from None
+        raise EntryRaised(f"{type(e).__name__}: {msg}") from None
+
+
 class Interpreter:
     """On the CPU: makes the Triton interpreter compute bfloat16 on values, and says which cases it
     still cannot run faithfully. Those are not checked (never a finding): their case-done event
@@ -151,22 +169,30 @@ class Interpreter:
 
 def run_job(job: dict, emit) -> None:
     """Worker task 'verify-dynamic': run cases[start:] and emit one event per case."""
+    from kernalin_ci.domain import Domain
     from kernalin_ci.entry import load_entry
     from kernalin_ci.ops import get_op
+    from kernalin_ci.verify.support import Support
 
     op = get_op(job["op"], root=job.get("root"))
     fn = load_entry(job["entry"], job.get("root"))
     cases = [Case.from_json(c) for c in job["cases"]]
     memo: dict = {}
     lazy_ok = job["device"] != "cpu" or skip_self_copy()
-    interp = Interpreter(job["device"] == "cpu")
+    device, params = job["device"], job["params"]
+    main_dtype = job.get("main_dtype") or (cases[0].dtype if cases else "float32")
+    support = Support(op, params, Domain.from_json(job.get("domain")), main_dtype,
+                      lambda c, p: launch(op, fn, c, p, device),
+                      unfaithful=lambda: take_unfaithful() if device == "cpu" else None)
+    interp = Interpreter(device == "cpu")
     for i in range(job.get("start", 0), len(cases)):
         case = cases[i]
         emit({"event": "case-start", "index": i})
         t0 = time.perf_counter()
         if "huge" in case.tags and not lazy_ok:
             emit({"event": "case-done", "index": i, "seconds": 0.0, "findings": [],
-                  "skipped": "this Triton interpreter would make the 2^31-element buffers resident"})
+                  "not_checked": {"reason": "interpreter", "error": "this Triton interpreter would make the "
+                                                                    "2^31-element buffers resident"}})
             continue
         unfaithful = interp.cannot_run(case.dtype)
         if unfaithful:
@@ -174,8 +200,8 @@ def run_job(job: dict, emit) -> None:
             continue
         notices: list = []
         try:
-            found = run_case(op, fn, case, job["params"], job["device"], memo, poison=job.get("poison", True),
-                             notices=notices)
+            outcome = support.run(case, lambda c, p: run_case(op, fn, c, p, device, memo,
+                                                              poison=job.get("poison", True), notices=notices))
         except CudaContextLost as e:
             emit({"event": "case-done", "index": i, "seconds": time.perf_counter() - t0,
                   "findings": [Finding("call", "cuda-error", str(e)).to_json()]})
@@ -188,6 +214,7 @@ def run_job(job: dict, emit) -> None:
                 n.message = n.message.replace(n.location.path, rel)
                 n.location.path = rel
             emit({"event": "notice", "index": i, "notice": n.to_json()})
-        unfaithful = interp.after_case()
-        emit({"event": "case-done", "index": i, "seconds": time.perf_counter() - t0,
-              "findings": [] if unfaithful else [f.to_json() for f in found], **unfaithful})
+        unfaithful = interp.after_case()  # then the case is not checked, whatever it showed
+        found = [] if unfaithful else [f.to_json() for f in outcome.findings]
+        emit({"event": "case-done", "index": i, "seconds": time.perf_counter() - t0, "findings": found,
+              **(unfaithful or outcome.event_fields())})

@@ -154,6 +154,48 @@ class CaptureError(Exception):
     """The entry could not be run for capture (it raised, or launched nothing we can follow)."""
 
 
+# --------------------------------------------------------------------------- the capture shapes
+
+
+MAX_CANDIDATES = 10
+
+
+def capture_cases(op: Op, params: dict, domain=None) -> list[Case]:
+    """The capture calls to try, in order, until one captures and compiles: the op's capture call
+    (`Op.capture_cases`) at each candidate shape. The declared domain first (its head dims, dtypes,
+    heads); undeclared, a head dim that leaves a tail under its power-of-two block (48), then the
+    usual head dims for kernels that need a power of two or one head dim, in the op's capture dtype,
+    then the other dtypes for kernels that refuse it. Nearest the first choice first."""
+    from dataclasses import replace
+
+    from kernalin_ci.domain import Domain
+
+    domain = domain or Domain()
+    pinned = params.get("head_dim")
+    head_dims = list(domain.head_dim) or ([pinned] if pinned else [48, 64, 128, 256, 80, 96])
+    p = dict(params)
+    for axis in ("num_q_heads", "num_kv_heads"):
+        if domain.values(axis):
+            p[axis] = domain.values(axis)[0]
+    first = op.capture_cases(p)
+    own = first[0].dtype if first else "float16"  # the op's own choice of capture dtype comes first
+    dtypes = list(domain.dtype) or [own] + [d for d in ("float16", "bfloat16", "float32") if d != own]
+    pairs = sorted(((i, j) for i in range(len(head_dims)) for j in range(len(dtypes))), key=lambda ij: (sum(ij), ij[1]))
+    out: list[Case] = []
+    for i, j in pairs:
+        for case in op.capture_cases({**p, "head_dim": head_dims[i]})[:1]:
+            case = replace(case, dtype=dtypes[j])
+            if not any(c.dims == case.dims and c.dtype == case.dtype for c in out):
+                out.append(case)
+    return out[:MAX_CANDIDATES]
+
+
+def shape_label(case: Case) -> str:
+    """A capture call's shape, e.g. 'D=48 float16 Hq=6 Hkv=2'."""
+    d = case.dims
+    return f"D={d.get('D')} {case.dtype}" + (f" Hq={d['Hq']}" if "Hq" in d else "") + f" Hkv={d.get('Hkv')}"
+
+
 # --------------------------------------------------------------------------- tensors
 
 
@@ -365,13 +407,12 @@ def _plain(v):
 # --------------------------------------------------------------------------- entry point
 
 
-def capture(op_name: str, entry_fn, params: dict) -> Capture:
-    """Run the entry once on the op's first capture call (the next when one is refused) and record its
-    launches."""
+def capture(op_name: str, entry_fn, params: dict, domain=None) -> Capture:
+    """Run the entry once on the first capture call it accepts and record its launches."""
     from kernalin_ci.ops import get_op
 
     op = get_op(op_name)
-    cases = op.capture_cases(params)
+    cases = capture_cases(op, params, domain)
     if not cases:
         raise CaptureError(f"no structural capture for op {op_name}")
     first_error = None
@@ -381,6 +422,11 @@ def capture(op_name: str, entry_fn, params: dict) -> Capture:
         except CaptureError as e:
             first_error = first_error or e
     raise first_error
+
+
+def capture_at(op: Op, entry_fn, params: dict, case: Case) -> Capture:
+    """Run the entry once on one capture call and record its launches (CaptureError if refused)."""
+    return _capture_once(op, entry_fn, params, case)
 
 
 def _capture_once(op: Op, entry_fn, params: dict, case: Case) -> Capture:
