@@ -76,7 +76,7 @@ def _k(X, Y, Z, n):
 
 
 def entry(q, k, positions):
-    out_q = q.float()
+    out_q = q.clone()  # a copy (rope is captured in float32: q.float() would be q itself)
     out_k = torch.zeros_like(k)
     _k[(1,)](q[1, 2:], out_q, out_k, 4)
     return out_q, out_k

@@ -1,26 +1,46 @@
 """attention.decode_paged: one query token per sequence, paged KV cache (docs/ops.md)."""
 from __future__ import annotations
 
+from typing import Any
+
 from kernalin_ci.lazy import torch
 
+from kernalin_ci.findings import Finding
 from kernalin_ci.ops import attention_common as ac
-from kernalin_ci.ops.base import Case, Expected, Param, generator, positive, randn
+from kernalin_ci.ops import paged
+from kernalin_ci.ops.base import Case, Expected, Param, Params, Tensors, generator, positive, randn
 from kernalin_ci.verify.poison import fill_canary
 
 
-class AttentionDecodePaged:
+class AttentionDecodePaged(ac.AttentionOp):
     name = "attention.decode_paged"
-    params = (Param("block_size", 16, int, "tokens per KV-cache block", check=positive),) + ac.SHAPE_PARAMS
+    params = (Param("block_size", 16, int, "tokens per KV-cache block", check=positive),) + ac.SHAPE_PARAMS \
+        + (paged.LAYOUT,)
     written = ()
+    domain_axes = ("head_dim", "num_q_heads", "num_kv_heads", "dtype", "block_size")
 
-    def cases(self, params, device, dtype):
-        return ac.plan(params, device, dtype)
+    def cases(self, params: Params, device: str, dtype: str | None) -> list[Case]:
+        cases = ac.plan(params, device, dtype)
+        # Block 0 and the next low blocks free and poisoned, table entries past a sequence's blocks 0 (as
+        # serving stacks pad them): a kernel that sends its padded lanes to block 0 (a masked table load
+        # with other=0) and loads K/V there without a mask reads NaN. Random tables almost always hand
+        # block 0 to a sequence, where the same lanes read finite data and 0 * finite hides the bug.
+        base = cases[0].dims
+        bs = params["block_size"]
+        lens = sorted({1, 3, bs - 1 or 1, bs + 1, 3 * bs + 5, 100, 129})
+        dims = {k: base[k] for k in ("Hq", "Hkv", "D", "scale")}
+        cases.append(Case("free-low-blocks", {**dims, "kv_lens": lens, "free_low": 3, "table_pad": 0},
+                          cases[0].dtype, 9, ("free-low-blocks",)))
+        return cases
 
-    def probe(self, params, dtype):
+    def probe(self, params: Params, dtype: str | None) -> Case:
         return Case("pos0-probe", {**ac.probe_dims(params), "arange_tables": True}, dtype or "float32", 0,
                     ("probe",))
 
-    def inputs(self, case, params, device, poison=True):
+    def shape_case(self, params: Params, dtype: str) -> Case:
+        return Case("shape", ac.shape_dims(params), dtype, 40, ("shape",))
+
+    def inputs(self, case: Case, params: Params, device: str, poison: bool = True) -> Tensors:
         d = case.dims
         g = generator(case.seed)
         bs = params["block_size"]
@@ -30,15 +50,19 @@ class AttentionDecodePaged:
         tail = d.get("tail", "nan") if poison else "zeros"
         need = [-(-L // bs) for L in lens]
         max_blocks = max(need) + 2
-        num_blocks = sum(need) + d.get("free_blocks", 7)
+        low = d.get("free_low", 0)  # blocks 0 .. low-1 stay free
+        num_blocks = sum(need) + max(d.get("free_blocks", 7), low + 1)
         if d.get("arange_tables"):
             ids = torch.arange(num_blocks)
         else:
-            ids = torch.randperm(num_blocks, generator=g)
+            ids = low + torch.randperm(num_blocks - low, generator=g)
             last = sum(need) - 1  # make the highest block id one that is read
             j = int((ids == num_blocks - 1).nonzero()[0])
             ids[j], ids[last] = ids[last].clone(), ids[j].clone()
-        tables = torch.randint(0, num_blocks, (B, max_blocks), generator=g, dtype=torch.int32)
+        if "table_pad" in d:
+            tables = torch.full((B, max_blocks), int(d["table_pad"]), dtype=torch.int32)
+        else:
+            tables = torch.randint(0, num_blocks, (B, max_blocks), generator=g, dtype=torch.int32)
         pos = 0
         for b, n in enumerate(need):
             tables[b, :n] = ids[pos:pos + n].to(torch.int32)
@@ -60,40 +84,49 @@ class AttentionDecodePaged:
             blk = tables[b, j // bs].long()
             k[blk, j % bs] = kb
             v[blk, j % bs] = vb
+        lay = paged.layout_of(params)
         return {
-            "q": q.to(device), "k_cache": k.to(device), "v_cache": v.to(device),
+            "q": q.to(device), "k_cache": paged.from_nhd(k, lay).to(device),
+            "v_cache": paged.from_nhd(v, lay).to(device),
             "block_tables": tables.to(device),
             "kv_lens": torch.tensor(lens, dtype=torch.int32, device=device), "scale": float(d["scale"]),
         }
 
-    def outputs(self, ret, kw):
+    def outputs(self, ret: Any, kw: Tensors) -> Tensors:
         return {"out": ret}
 
     @staticmethod
-    def _gather(cache, tables, b, L):
+    def _gather(cache: Any, tables: Any, b: int, L: int) -> Any:
         bs = cache.shape[1]
         L = min(L, tables.shape[1] * bs)
         j = torch.arange(L)
         blk = tables[b, j // bs].long().clamp(0, cache.shape[0] - 1)
         return cache[blk, j % bs].permute(1, 0, 2)  # [Hkv, L, D]
 
-    def reference(self, kw, params):
+    @staticmethod
+    def _caches(kw: Tensors, params: Params) -> tuple[Any, Any]:
+        lay = paged.layout_of(params)
+        return paged.nhd(kw["k_cache"], lay), paged.nhd(kw["v_cache"], lay)
+
+    def reference(self, kw: Tensors, params: Params) -> Expected:
         lens = kw["kv_lens"].tolist()
         q, tb = kw["q"], kw["block_tables"]
-        Hq, Hkv = q.shape[1], kw["k_cache"].shape[2]
-        K = [self._gather(kw["k_cache"], tb, b, L) for b, L in enumerate(lens)]
-        V = [self._gather(kw["v_cache"], tb, b, L) for b, L in enumerate(lens)]
+        kc, vc = self._caches(kw, params)
+        Hq, Hkv = q.shape[1], kc.shape[2]
+        K = [self._gather(kc, tb, b, L) for b, L in enumerate(lens)]
+        V = [self._gather(vc, tb, b, L) for b, L in enumerate(lens)]
         return Expected({"out": ac.attend(q, K, V, kw["scale"], ac.head_map(Hq, Hkv))})
 
-    def fingerprints(self, kw, params, case):
+    def fingerprints(self, kw: Tensors, params: Params, case: Case) -> list[tuple[str, Tensors]]:
         q, tb = kw["q"], kw["block_tables"]
+        kc, vc = self._caches(kw, params)
         fps = ac.fingerprints(
-            q, lambda b, L: self._gather(kw["k_cache"], tb, b, L),
-            lambda b, L: self._gather(kw["v_cache"], tb, b, L),
-            kw["kv_lens"].tolist(), kw["scale"], q.shape[1], kw["k_cache"].shape[2], q.shape[2],
+            q, lambda b, L: self._gather(kc, tb, b, L),
+            lambda b, L: self._gather(vc, tb, b, L),
+            kw["kv_lens"].tolist(), kw["scale"], q.shape[1], kc.shape[2], q.shape[2],
             tail_finite=case.dims.get("tail", "nan") != "nan")
         # the block size confused with another power of two (a tile size)
-        bs = kw["k_cache"].shape[1]
+        bs = kc.shape[1]
         lens = kw["kv_lens"].tolist()
         for wrong in (8, 16, 32, 64):
             if wrong == bs:
@@ -107,21 +140,45 @@ class AttentionDecodePaged:
                     ok = False
                     break
                 blk = tb[b, col].long()
-                if int(blk.min()) < 0 or int(blk.max()) >= kw["k_cache"].shape[0]:
+                if int(blk.min()) < 0 or int(blk.max()) >= kc.shape[0]:
                     ok = False
                     break
-                K.append(kw["k_cache"][blk, j % bs].permute(1, 0, 2))
-                V.append(kw["v_cache"][blk, j % bs].permute(1, 0, 2))
+                K.append(kc[blk, j % bs].permute(1, 0, 2))
+                V.append(vc[blk, j % bs].permute(1, 0, 2))
             if ok:
-                hm = ac.head_map(q.shape[1], kw["k_cache"].shape[2])
+                hm = ac.head_map(q.shape[1], kc.shape[2])
                 fps.append(("paged-index", {"out": ac.attend(q, K, V, kw["scale"], hm)}))
         return fps
 
-    def properties(self, case, kw, outs, params):
+    def properties(self, case: Case, kw: Tensors, outs: Tensors, params: Params) -> list[Finding]:
         return []
 
-    def row_label(self, case, kw, name, row):
+    def row_label(self, case: Case, kw: Tensors, name: str, row: int) -> str:
         return ac.row_label(case.dims, row)
 
+    def capture_cases(self, params: Params) -> list[Case]:
+        cases = super().capture_cases(params)
+        for c in cases:
+            c.dims["free_blocks"] = 12
+        return cases
 
-OP = AttentionDecodePaged()
+    def capture_inputs(self, case: Case, params: Params) -> Tensors:
+        """Table entries past a sequence's blocks point at free blocks nobody owns, so that reading them
+        is recognisably "past kv_len" rather than "another sequence's data"."""
+        kw = self.inputs(case, params, "cpu", poison=False)
+        bs = params["block_size"]
+        tables = kw["block_tables"]
+        need = [-(-L // bs) for L in case.dims["kv_lens"]]
+        used = {int(x) for b, n in enumerate(need) for x in tables[b, :n].tolist()}
+        nb = kw["k_cache"].shape[0]
+        free = [x for x in range(nb) if x not in used]
+        k = 0
+        for b, n in enumerate(need):
+            for j in range(n, tables.shape[1]):
+                tables[b, j] = free[k % len(free)]
+                k += 1
+        kw["block_tables"] = tables.to(torch.int32)
+        return kw
+
+
+OP_CLASS = AttentionDecodePaged

@@ -1,10 +1,14 @@
 """rope: rotary position embedding of query and key (docs/ops.md)."""
 from __future__ import annotations
 
+from typing import Any
+
 from kernalin_ci.lazy import torch
 
 from kernalin_ci.findings import Finding
-from kernalin_ci.ops.base import TOLERANCE, Case, Expected, Param, generator, positive, randn
+from kernalin_ci.ops.base import (TOLERANCE, Case, Expected, Op, Param, Params, Tensors, capture_case,
+                                  capture_head_dims, capture_heads, generator, positive, randn, valid_dims)
+from kernalin_ci.ops.bench_shapes import BenchRequest
 
 PARAMS = (
     Param("style", "neox", str, "pairing: neox (i, i + r/2) or gptj (2i, 2i + 1)", choices=("neox", "gptj")),
@@ -19,13 +23,16 @@ PARAMS = (
 
 
 def rotate(x: torch.Tensor, positions: torch.Tensor, style: str, base: float, r: int,
-           sign: float = 1.0) -> torch.Tensor:
-    """The definition in float64. x [T, H, D], positions [T]."""
+           sign: float = 1.0, table: torch.dtype | None = None) -> torch.Tensor:
+    """The definition in float64. x [T, H, D], positions [T]. `table`: a dtype the cos/sin values are
+    rounded to first (what a cos/sin table held in that dtype gives)."""
     x = x.to(torch.float64)
     i = torch.arange(r // 2, dtype=torch.float64)
     theta = base ** (-2.0 * i / r)
-    a = positions.to(torch.float64)[:, None] * theta[None, :]  # [T, r/2]
+    a = positions.to("cpu", torch.float64)[:, None] * theta[None, :]  # [T, r/2]
     cos, sin = torch.cos(a)[:, None, :], sign * torch.sin(a)[:, None, :]
+    if table is not None:
+        cos, sin = cos.to(table).to(torch.float64), sin.to(table).to(torch.float64)
     out = x.clone()
     if style == "neox":
         x1, x2 = x[..., : r // 2], x[..., r // 2: r]
@@ -38,21 +45,56 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, style: str, base: float, r:
     return out
 
 
-def angle_slack(positions: torch.Tensor) -> torch.Tensor:
-    """Extra relative error allowed per token. A correct kernel forms the angle p * inv_freq in float32:
-    one rounding at the highest frequency (inv_freq = 1) already moves it by up to p * 2^-24 rad, which
-    moves the rotated pair by as much relative to its norm. Two such roundings are allowed: 0.0076 at
-    position 64000, against the O(1) error of a wrong position, sign, pairing or base, and p * 2^-11
-    of an angle formed in float16."""
-    return positions.abs() * 2.0 ** -23
+# The rounding unit of float32 (the largest relative error of one rounding).
+U32 = 2.0 ** -24
+# float32 rope is held to float32 accuracy: with exact angles a correct kernel's rows are off by a few
+# roundings of the rotation (x1 cos - x2 sin: ~3 U32) and of cos/sin themselves (1-2 ulps; the GPU's
+# approximate sin/cos: absolute error ~2^-20.5 = 7e-7 after range reduction). 1e-5 leaves a margin of
+# 10 over the worst of these, and is 10 to 20 times below a cos/sin table stored in float16 (2^-11
+# relative per entry, ~1.4e-4 per row). The angle error of a correct kernel grows with the position
+# and is allowed separately, per frequency (`angle_error`).
+FLOAT32_TOLERANCE = 1e-5
 
 
-class Rope:
+def angle_error(positions: torch.Tensor, base: float, r: int) -> torch.Tensor:
+    """[T, r/2]: the angle error (radians) a correct float32 kernel may make at each token and frequency.
+
+    A correct kernel forms theta_i = base^(-2i/r) in float32 (torch pow, or exp2 of -2i/r * log2(base)):
+    the exponent carries up to 3 roundings of its own size, so theta_i is off by up to 3 |ln theta_i| U32
+    relative (measured: 12.8 U32 at most for exp2, base 5e5, r 128, where 3 |ln theta| + 1.3 bounds it),
+    plus 2 ulps (4 U32) for pow/exp2 and a reciprocal. The angle p * theta_i adds one rounding, and sin/cos
+    of a large angle on a GPU (the approximate instructions reduce the argument by a float32 product with
+    1/(2 pi)) up to 2 ulps more of the angle. So the error is at most p * theta_i * (8 + 3 |ln theta_i|) * U32:
+    0.03 rad at position 65535 for theta = 1, against the O(1) error of a wrong position, sign, pairing or
+    base, and p * theta_i * 2^-11 of an angle formed in float16."""
+    i = torch.arange(r // 2, dtype=torch.float64)
+    theta = base ** (-2.0 * i / r)
+    per_freq = theta * (8.0 + 3.0 * theta.log().abs()) * U32
+    return positions.to(torch.float64).abs()[:, None] * per_freq[None, :]
+
+
+def row_slack(x: torch.Tensor, positions: torch.Tensor, style: str, base: float, r: int) -> torch.Tensor:
+    """Extra relative error allowed per row of x [T, H, D] (flattened to T * H): an angle error d_i moves
+    the pair of frequency i by at most d_i times its norm n_i, so the row moves by sqrt(sum_i d_i^2 n_i^2),
+    relative to the row's norm (which the rotation keeps)."""
+    x = x.to(torch.float64)
+    if style == "neox":
+        a, b = x[..., : r // 2], x[..., r // 2: r]
+    else:
+        a, b = x[..., 0:r:2], x[..., 1:r:2]
+    d = angle_error(positions.to("cpu"), base, r)[:, None, :]  # [T, 1, r/2]
+    moved = ((d * d) * (a * a + b * b)).sum(-1).sqrt()
+    return (moved / x.norm(dim=-1).clamp_min(1e-30)).reshape(-1)
+
+
+class Rope(Op):
     name = "rope"
     params = PARAMS
     written = ("q", "k")  # in-place kernels may return q and k themselves
+    domain_axes = ("head_dim", "num_q_heads", "num_kv_heads", "dtype")
+    structural = "rope"
 
-    def _shape(self, params, D, hq, hkv):
+    def _shape(self, params: Params, D: int, hq: int, hkv: int) -> dict[str, Any]:
         D = params.get("head_dim") or D
         r = params.get("rotary_dim") or D
         if r > D:
@@ -61,7 +103,7 @@ class Rope:
         hkv = params.get("num_kv_heads") or hkv
         return {"D": D, "Hq": hq, "Hkv": hkv}
 
-    def cases(self, params, device, dtype):
+    def cases(self, params: Params, device: str, dtype: str | None) -> list[Case]:
         main = dtype or "float32"
         mp = params["max_position"]
         special = [0, 1, 2, 3, 7, 31, 100, 1000, 4095, mp - 1, mp - 2, mp // 2 + 1]
@@ -80,11 +122,16 @@ class Rope:
                                                       "positions": special}, dt, 10 + i))
         return cases
 
-    def probe(self, params, dtype):
+    def probe(self, params: Params, dtype: str | None) -> Case:
         return Case("pos0-probe", {**self._shape(params, 64, 8, 2), "T": 1, "positions": [0]},
                     dtype or "float32", 0, ("probe",))
 
-    def inputs(self, case, params, device, poison=True):
+    def shape_case(self, params: Params, dtype: str) -> Case:
+        mp = params["max_position"]
+        pos = [p for p in (0, 1, 7, mp - 1) if p < mp]
+        return Case("shape", {**self._shape(params, 64, 8, 2), "T": 5, "positions": pos}, dtype, 40, ("shape",))
+
+    def inputs(self, case: Case, params: Params, device: str, poison: bool = True) -> Tensors:
         d = case.dims
         g = generator(case.seed)
         T, Hq, Hkv, D = d["T"], d["Hq"], d["Hkv"], d["D"]
@@ -103,29 +150,31 @@ class Rope:
         return {"q": q.to(device), "k": k.to(device),
                 "positions": torch.tensor(pos, dtype=torch.int64, device=device)}
 
-    def outputs(self, ret, kw):
+    def outputs(self, ret: Any, kw: Tensors) -> Tensors:
         if not isinstance(ret, (tuple, list)) or len(ret) != 2:
             raise TypeError(f"rope entry must return (q_out, k_out), got {type(ret).__name__}")
         return {"q": ret[0], "k": ret[1]}
 
-    def _r(self, params, D):
+    def _r(self, params: Params, D: int) -> int:
         return params.get("rotary_dim") or D
 
-    def reference(self, kw, params):
+    def reference(self, kw: Tensors, params: Params) -> Expected:
         D = kw["q"].shape[-1]
         r, st, base = self._r(params, D), params["style"], params["base"]
-        pos = kw["positions"].to("cpu", torch.float64)
+        pos = kw["positions"].to("cpu")
+        fp32 = kw["q"].dtype == torch.float32
         return Expected({"q": rotate(kw["q"], kw["positions"], st, base, r),
                          "k": rotate(kw["k"], kw["positions"], st, base, r)},
-                        row_slack={n: angle_slack(pos).repeat_interleave(kw[n].shape[1]) for n in ("q", "k")})
+                        row_slack={n: row_slack(kw[n].to("cpu"), pos, st, base, r) for n in ("q", "k")},
+                        tolerance=FLOAT32_TOLERANCE if fp32 else None)
 
-    def fingerprints(self, kw, params, case):
+    def fingerprints(self, kw: Tensors, params: Params, case: Case) -> list[tuple[str, Tensors]]:
         D = kw["q"].shape[-1]
         r, st, base = self._r(params, D), params["style"], params["base"]
         pos = kw["positions"]
         other = "gptj" if st == "neox" else "neox"
 
-        def both(**kws):
+        def both(**kws: Any) -> Tensors:
             a = dict(style=st, base=base, r=r, positions=pos)
             a.update(kws)
             p = a.pop("positions")
@@ -139,9 +188,11 @@ class Rope:
         ]
         if r != D:
             fps.append(("rope-frequency", both(r=D)))
+        if kw["q"].dtype == torch.float32:  # a cos/sin table in half precision
+            fps += [("precision", both(table=torch.float16)), ("precision", both(table=torch.bfloat16))]
         return fps
 
-    def properties(self, case, kw, outs, params):
+    def properties(self, case: Case, kw: Tensors, outs: Tensors, params: Params) -> list[Finding]:
         """Reference-free: rotations preserve norms; <R(m)q, R(n)k> depends on m - n only."""
         found = []
         tol = TOLERANCE[case.dtype]
@@ -166,7 +217,9 @@ class Rope:
             scale = (kw["q"].to(torch.float64)[0].norm(dim=-1)[:, None]
                      * kw["k"].to(torch.float64)[0].norm(dim=-1)[None, :])
             dev = ((dots - ref).abs() / scale).nan_to_num(float("inf"))
-            if float(dev.max()) > 8 * tol + 2 * float(angle_slack(kw["positions"].to("cpu", torch.float64)).max()):
+            r = self._r(params, kw["q"].shape[-1])
+            angle = float(angle_error(kw["positions"].to("cpu"), params["base"], r).max())
+            if float(dev.max()) > 8 * tol + 2 * angle:
                 i = int(dev.amax(dim=(1, 2)).argmax())
                 m, n = int(kw["positions"][2 * i]), int(kw["positions"][2 * i + 1])
                 m0, n0 = int(kw["positions"][0]), int(kw["positions"][1])
@@ -176,10 +229,36 @@ class Rope:
                     f"(both m - n = {case.dims['relative']}) differ by {float(dev.max()):.3g} of |q||k|"))
         return found
 
-    def row_label(self, case, kw, name, row):
+    def row_label(self, case: Case, kw: Tensors, name: str, row: int) -> str:
         H = case.dims["Hq"] if name == "q" else case.dims["Hkv"]
         t, h = divmod(row, H)
         return f"{name}[t={t}, h={h}] (position {int(kw['positions'][t])})"
 
+    def validate_case(self, case: Case) -> str | None:
+        return valid_dims(case.dims, ("T", "Hq", "Hkv", "D"))
 
-OP = Rope()
+    def bench_cases(self, params: Params, device: str, request: BenchRequest) -> list[Case]:
+        hq, hkv, D = request.heads(params)
+        if params.get("rotary_dim") and params["rotary_dim"] > D:
+            D = params["rotary_dim"]
+        mp = params.get("max_position", 65536)
+        cases = []
+        for i, s in enumerate(request.token_shapes(self.name)):
+            dims = {"T": s["tokens"], "Hq": hq, "Hkv": hkv, "D": D}
+            cases.append(Case(f"T={s['tokens']} Hq={hq} Hkv={hkv} D={D} {request.dtype} (positions < {mp})",
+                              dims, request.dtype, 1000 + i, ("bench",)))
+        return cases
+
+    def capture_cases(self, params: Params) -> list[Case]:
+        """Several tokens at positions that are neither 0 nor the token index."""
+        hq, hkv = capture_heads(params)
+        cases = []
+        for D in capture_head_dims(params):
+            D = max(D, params.get("rotary_dim") or D)
+            # float32: the precision a float32 model needs (angles, a cos/sin table) is visible there
+            cases.append(capture_case({"T": 3, "Hq": hq, "Hkv": hkv, "D": D, "positions": [1000, 7, 33]},
+                                      "float32"))
+        return cases
+
+
+OP_CLASS = Rope

@@ -15,6 +15,7 @@ import torch
 
 from kernalin_ci.findings import Finding
 from kernalin_ci.ops import attention_common as ac
+from kernalin_ci.ops import paged
 from kernalin_ci.ops.base import TOLERANCE, generator, randn, torch_dtype
 from kernalin_ci.ops.rope import rotate
 from kernalin_ci.verify.compare import row_errors
@@ -51,7 +52,9 @@ def _init(params, dtype, device, seed, steps):
         ref_v[b] = vb.to(torch.float64).permute(1, 0, 2)
     return {
         "g": g, "bs": bs, "D": D, "Hq": Hq, "Hkv": Hkv, "lens": lens, "tables": tables.to(device),
-        "tables_cpu": tables, "k_cache": k_cache.to(device), "v_cache": v_cache.to(device),
+        "tables_cpu": tables, "layout": paged.layout_of(params),
+        "k_cache": paged.from_nhd(k_cache, paged.layout_of(params)).to(device),
+        "v_cache": paged.from_nhd(v_cache, paged.layout_of(params)).to(device),
         "ref_k": ref_k, "ref_v": ref_v, "scale": 0.9 * D ** -0.5,
     }
 
@@ -110,7 +113,8 @@ def run_pipeline(fns: dict, params: dict, dtype: str, device: str, seed: int, st
         _sync(device)
         for name, before, after, src in (("k_cache", kb, s["k_cache"], k_in), ("v_cache", vb, s["v_cache"], v)):
             src = src.to(device)
-            f = _cache_diff(name, before, after, [(sl, src[t]) for t, sl in enumerate(slots) if sl >= 0], step, bs)
+            f = _cache_diff(name, paged.nhd(before, s["layout"]), paged.nhd(after, s["layout"]),
+                            [(sl, src[t]) for t, sl in enumerate(slots) if sl >= 0], step, bs)
             if f:
                 return [f]
         for b in range(B):

@@ -23,7 +23,7 @@ import math
 
 import numpy as np
 
-from kernalin_ci.verify.structural.common import LOW, Report, kname
+from kernalin_ci.verify.structural.common import LOW, Analysis, Report, kname
 from kernalin_ci.verify.structural.dataflow import KernelView, peel
 
 TOL = 3e-3
@@ -167,6 +167,7 @@ def analyze(cap, views: list, rep: Report, model: RopeModel) -> None:
             rep.finding("rope-precision", "precision",
                         f"{kname(view)}: the rotation angle is computed in {op.result.type.elem} "
                         f"(positions up to {max(positions)} need float32)", op, view)
+    _low_precision_table(cap, views, rep)
     table_wrong = _check_tables(cap, views, rep, positions)
     for src in ("q", "k"):
         out_name = cap.outputs.get(src)
@@ -175,6 +176,23 @@ def analyze(cap, views: list, rep: Report, model: RopeModel) -> None:
             continue
         _check_output(cap, views, rep, src, out_name, names, style, base, positions,
                       skip_angles=table_wrong or rep.has("precision"))
+
+
+def _low_precision_table(cap, views, rep) -> None:
+    """A cos/sin table the entry built, held in float16/bfloat16 while q and k are float32: every entry is off
+    by up to 2^-11 (2^-8) of itself, far above float32 rope's accuracy."""
+    if cap.dtype != "float32":
+        return
+    for view in views:
+        for acc in view.trace.accesses:
+            if acc.kind != "load":
+                continue
+            info = cap.tensors[view.names[int(np.asarray(acc.tensor).reshape(-1)[0])]]
+            if info.role == "scratch" and info.init == "data" and info.dtype in ("float16", "bfloat16"):
+                rep.finding("rope-precision", "precision",
+                            f"{kname(view)}: q and k are float32 but the table {list(info.shape)} they are rotated "
+                            f"with is held in {info.dtype}", acc.op, view)
+                return
 
 
 def _check_tables(cap, views, rep, positions) -> bool:
@@ -366,3 +384,6 @@ def _explain_angles(lanes, positions, t, theta, r) -> tuple[str, str]:
     want = positions[t] * theta[j]
     return "rope-frequency", (f"dim {i}: the angle is {got:.5f} (mod 2 pi) but position {positions[t]} * "
                               f"base^(-2*{j}/{r}) = {(want + math.pi) % (2 * math.pi) - math.pi:.5f}")
+
+
+ANALYSIS = Analysis(RopeModel, analyze)

@@ -1,0 +1,87 @@
+"""The precision a launched kernel computes in, read from its compiled IR: float32 `tl.dot` on TF32.
+
+Triton's default input precision for a float32 `tl.dot` is TF32 on NVIDIA GPUs: the operands keep
+10 bits of mantissa, so a correct kernel's float32 outputs are off by far more than float32's own
+rounding. The dynamic worker records the compiled kernels an entry launches (every JIT launch asks
+its `CompiledKernel` for launch metadata; recording that call sees each launched kernel, autotuned
+or not) and reads `tt.dot ... inputPrecision = tf32` on float32 operands from the kernel's TTIR.
+Float32 cases of such an entry are judged at TF32_TOLERANCE, with a notice. Under the interpreter
+(the CPU) dots are computed in float32 and nothing is recorded.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+
+from kernalin_ci.findings import Location
+
+# Row error of a correct attention kernel whose q.k and p.v dots both run on TF32 (operands truncated
+# to 10 mantissa bits), emulated over the default attention cases: 2.3e-3 at most, 1.1e-2 in the
+# large-scores case (scores up to +-150: a 2^-10 error of a score moves its weight by ~10%).
+# Rounding instead of truncating halves both. 1.5e-2 covers the worst with a margin.
+TF32_TOLERANCE = 1.5e-2
+
+
+@functools.lru_cache(maxsize=256)
+def tf32_dots(ttir: str) -> tuple[Location, ...]:
+    """Source locations of the float32 tl.dot ops that take TF32 inputs in one kernel's TTIR."""
+    from kernalin_ci.verify.structural.ir import parse_module
+
+    module = parse_module(ttir)
+    found = []
+    for fn in module.functions.values():
+        for op in module.walk(fn):
+            if op.name != "tt.dot" or op.attrs.get("inputPrecision") != "tf32":
+                continue
+            if not all(v.type.elem == "f32" for v in op.operands[:2]):
+                continue
+            frame = op.loc.user_frame()
+            loc = Location(frame.path, frame.line) if frame else None
+            if loc not in found:
+                found.append(loc)
+    return tuple(found)
+
+
+@contextlib.contextmanager
+def recorded_launches():
+    """Yield a list that collects each compiled kernel launched inside the block (once each).
+
+    Yields None when this Triton has no launch-metadata call to record (nothing can be said)."""
+    try:
+        from triton.compiler.compiler import CompiledKernel
+    except ImportError:
+        yield None
+        return
+    original = getattr(CompiledKernel, "launch_metadata", None)
+    if original is None:
+        yield None
+        return
+    kernels: list = []
+
+    def record(self, *args, **kwargs):
+        if not any(k is self for k in kernels):
+            kernels.append(self)
+        return original(self, *args, **kwargs)
+
+    CompiledKernel.launch_metadata = record
+    try:
+        yield kernels
+    finally:
+        CompiledKernel.launch_metadata = original
+
+
+def tf32_locations(kernels) -> list[Location | None]:
+    """The TF32 dots of the launched kernels (their TTIR), in launch order."""
+    out: list = []
+    for k in kernels or ():
+        ttir = getattr(k, "asm", {}).get("ttir") if hasattr(k, "asm") else None
+        if not ttir:
+            continue
+        for loc in tf32_dots(ttir):
+            if loc not in out:
+                out.append(loc)
+    return out
+
+
+def where(loc: Location | None) -> str:
+    return f"{loc.path}:{loc.line}" if loc else "an unknown line"
