@@ -1,7 +1,7 @@
 """Findings, notices and the fixed bug-class vocabulary (docs/bug-classes.md).
 
 A finding is evidence that a kernel is wrong; a notice says a check could not
-decide (it never fails the gate). Both are plain data, serialised as SPEC-cli.md
+decide (it never fails the gate). Both are plain data, serialised as docs/cli.md
 describes.
 """
 from __future__ import annotations

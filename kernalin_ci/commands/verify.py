@@ -1,4 +1,4 @@
-"""kernalin-ci verify: check one entry against its op (SPEC-cli.md)."""
+"""kernalin-ci verify: check one entry against its op (docs/cli.md)."""
 from __future__ import annotations
 
 import sys

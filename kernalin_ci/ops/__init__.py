@@ -1,4 +1,4 @@
-"""The ops of SPEC-ops.md, one module each (a subclass of `base.Op` named by its `OP_CLASS`);
+"""The ops of docs/ops.md, one module each (a subclass of `base.Op` named by its `OP_CLASS`);
 `get_op(name)` is the registry."""
 from __future__ import annotations
 

@@ -110,7 +110,7 @@ def attend(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor]
 
 
 def validate_dims(dims: dict[str, Any]) -> str | None:
-    """A --case given by hand: the shape rules of SPEC-ops.md."""
+    """A --case given by hand: the shape rules of docs/ops.md."""
     hq, hkv = dims.get("Hq"), dims.get("Hkv")
     if not _positive_int(hq) or not _positive_int(hkv) or hq % hkv:
         return "Hq must be a positive multiple of Hkv"

@@ -1,4 +1,4 @@
-"""attention.decode: one query token per sequence, contiguous KV cache (SPEC-ops.md)."""
+"""attention.decode: one query token per sequence, contiguous KV cache (docs/ops.md)."""
 from __future__ import annotations
 
 from typing import Any

@@ -1,4 +1,4 @@
-"""attention.decode_paged: one query token per sequence, paged KV cache (SPEC-ops.md)."""
+"""attention.decode_paged: one query token per sequence, paged KV cache (docs/ops.md)."""
 from __future__ import annotations
 
 from typing import Any

@@ -1,6 +1,6 @@
 """The op protocol and the helpers every op shares.
 
-An op (SPEC-ops.md) is described by one module in this package, a subclass of
+An op (docs/ops.md) is described by one module in this package, a subclass of
 `Op` holding all that op's knowledge: its params, a default case set that
 reaches where bugs hide, a probe case (the single demo probe most tools use),
 an input builder, a float64 reference computed from the op's definition,

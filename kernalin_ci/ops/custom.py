@@ -1,6 +1,6 @@
 """custom: any other op. The configuration names a float64-capable `reference`
 callable (same keywords as the entry) and an `inputs(seed, case) -> dict` builder
-(SPEC-ops.md)."""
+(docs/ops.md)."""
 from __future__ import annotations
 
 from typing import Any

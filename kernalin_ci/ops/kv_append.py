@@ -1,4 +1,4 @@
-"""kv_append: write new keys and values into a paged cache, in place (SPEC-ops.md).
+"""kv_append: write new keys and values into a paged cache, in place (docs/ops.md).
 
 The check is exact and whole-buffer: every written slot must hold its token's
 key/value bit for bit, and every other byte of both caches (canary-filled

@@ -1,4 +1,4 @@
-"""rope: rotary position embedding of query and key (SPEC-ops.md)."""
+"""rope: rotary position embedding of query and key (docs/ops.md)."""
 from __future__ import annotations
 
 from typing import Any

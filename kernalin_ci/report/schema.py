@@ -1,6 +1,6 @@
 """The JSON Schema (draft 2020-12) of report.json, documented field by field in docs/report.md.
 
-Objects allow more properties than listed (SPEC-cli.md: more fields are fine); the listed ones keep
+Objects allow more properties than listed (docs/cli.md: more fields are fine); the listed ones keep
 their names, types and meanings for a given `schema` version.
 """
 from __future__ import annotations

@@ -132,7 +132,7 @@ def _decimals(*fracs: float, apart: tuple[float, float] | None = None) -> int:
 
 
 def benchmark_ok(b: dict | None) -> bool:
-    """Whether B has the SPEC-cli verdict fields a renderer needs (and they are numbers)."""
+    """Whether B has the docs/cli.md verdict fields a renderer needs (and they are numbers)."""
     if not isinstance(b, dict) or b.get("verdict") not in ("faster", "slower", "equivalent", "inconclusive"):
         return False
     try:
