@@ -4,7 +4,7 @@
     python benchmarks/stats_eval.py --only table    # one section: location|table|rounds|floor|sensitivity|
                                                     # adaptive|throughput
 
-Sources: ../shared/gpu-traces/timings_*.npz and benchmarks/data/*.npz, both in the
+Sources: tests/data/gpu-traces/timings_*.npz and benchmarks/data/*.npz, both in the
 "variants" layout t[rounds, variants, reps] (plus `groups`: which variants are
 identical builds; the shared traces' README says variants 0 and 1 are an A/A pair).
 
@@ -45,7 +45,7 @@ sys.path.insert(0, ROOT)
 
 from kernalin_ci.bench import stats as ks  # noqa: E402
 
-SHARED = os.path.join(ROOT, "..", "shared", "gpu-traces")
+SHARED = os.path.join(ROOT, "tests", "data", "gpu-traces")
 WINDOWS = (5, 10, 20, 50)
 POWER_GRID = (5, 6, 8, 10, 12, 15, 20, 30, 40, 50)
 MAX_WINDOWS = 120

@@ -1,7 +1,7 @@
 """The `kernalin-ci` command: parse arguments, call one function, map the result to an exit code.
 
 Each subcommand is a module in kernalin_ci/commands/ with NAME, HELP,
-add_arguments(parser) and run(args) -> int. Exit codes (SPEC-cli.md):
+add_arguments(parser) and run(args) -> int. Exit codes (docs/cli.md):
 0 passed or nothing to check, 1 a finding or a failed gate, 2 usage/config/load error.
 """
 from __future__ import annotations

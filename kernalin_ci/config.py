@@ -14,7 +14,7 @@ from kernalin_ci.ops import NAMES as OP_NAMES
 from kernalin_ci.ops import get_op
 from kernalin_ci.ops.base import DTYPES, resolve_params
 
-FAIL_ON = ("finding", "slower", "inconclusive")
+FAIL_ON = ("finding", "slower", "inconclusive", "not-analysed")
 DEFAULT_FILE = ".kernalin.yml"
 
 
@@ -24,6 +24,7 @@ class Kernel:
     op: str
     entry: str
     params: dict = field(default_factory=dict)
+    domain: dict = field(default_factory=dict)  # the shapes the model uses (kernalin_ci.domain; docs/config.md)
     sources: list[str] = field(default_factory=list)
     dtype: str | None = None  # verify every case in this dtype (default: float32 + a half-precision sweep)
     bench: dict = field(default_factory=dict)  # benchmark shapes/params for the harness
@@ -157,7 +158,7 @@ def parse(text: str, path: str = DEFAULT_FILE) -> Config:
 
 def _kernel(w: _Where, node, key: str, taken: set) -> Kernel:
     m = _mapping(w, node, key)
-    _known(w, m, key, ("name", "op", "entry", "params", "sources", "dtype", "bench", "timeout"))
+    _known(w, m, key, ("name", "op", "entry", "params", "domain", "sources", "dtype", "bench", "timeout"))
     name = _scalar(w, m, key, "name", str, required=True)
     if name in taken:
         raise w.err(m["name"][1], f"{key}.name", f"duplicate kernel name {name!r}")
@@ -172,17 +173,43 @@ def _kernel(w: _Where, node, key: str, taken: set) -> Kernel:
         resolve_params(op, get_op(op).params, params)
     except UsageError as e:
         raise w.err(m["params"][1] if "params" in m else node, f"{key}.params", str(e)) from None
+    domain = _domain(w, m, key, op, params)
     sources = _scalar(w, m, key, "sources", list, default=[]) or []
     if not all(isinstance(s, str) for s in sources):
         raise w.err(m["sources"][1], f"{key}.sources", "expected a list of glob strings")
     dtype = _scalar(w, m, key, "dtype", str)
     if dtype is not None and dtype not in DTYPES:
         raise w.err(m["dtype"][1], f"{key}.dtype", f"must be one of {', '.join(DTYPES)}")
+    if dtype is not None and domain.get("dtype") and dtype not in _as_list(domain["dtype"]):
+        raise w.err(m["dtype"][1], f"{key}.dtype", f"{dtype} is outside the declared domain.dtype")
     bench = _scalar(w, m, key, "bench", dict, default={}) or {}
     timeout = _scalar(w, m, key, "timeout", float)
     if timeout is not None and timeout <= 0:
         raise w.err(m["timeout"][1], f"{key}.timeout", "must be positive")
-    return Kernel(name, op, entry, params, sources, dtype, bench, timeout)
+    return Kernel(name, op, entry, params, domain, sources, dtype, bench, timeout)
+
+
+def _as_list(v) -> list:
+    return v if isinstance(v, list) else [v]
+
+
+def _domain(w: _Where, m: dict, key: str, op: str, params: dict) -> dict:
+    """kernels[i].domain: validated here, each error at the line of the offending key."""
+    from kernalin_ci import domain as domain_mod
+
+    if "domain" not in m:
+        return {}
+    node = m["domain"][1]
+    items = _mapping(w, node, f"{key}.domain")
+    raw = {k: _py(v) for k, (_, v) in items.items()}
+    try:
+        domain_mod.resolve(get_op(op), params, raw, where="")
+    except UsageError as e:
+        bad = next((k for k in items if str(e).startswith(f" {k}:")), None)
+        at = items[bad][1] if bad else node
+        raise w.err(at, f"{key}.domain" + (f".{bad}" if bad else ""),
+                    str(e).split(":", 1)[1].strip() if bad else str(e).strip()) from None
+    return raw
 
 
 def _gate(w: _Where, node) -> Gate:
@@ -238,12 +265,13 @@ kernels:
     op: attention.decode              # attention.decode | attention.decode_paged | rope | kv_append | custom
     entry: kernels/attention.py:entry # file.py:function (relative to the repository root) or module:function
     params: {}                        # op params (see docs/ops.md), e.g. {block_size: 16} or {style: gptj}
+    # domain: {head_dim: [64, 128], dtype: [float16, bfloat16]}  # the shapes your model uses (default: found)
     sources: ["kernels/common/*.py"]  # more files that count as this kernel (globs); optional
     # dtype: bfloat16                 # verify every case in one dtype (default: float32 + fp16/bf16 sweep)
     # bench: {batch: 64, kv_len: 8192}  # benchmark shape params (default: the op's decode shapes)
 
 gate:
-  fail_on: [finding, slower]          # also: inconclusive
+  fail_on: [finding, slower]          # also: inconclusive, not-analysed
   rope: 0.005                         # smallest region of practical equivalence (+-0.5%)
   budget_s: 30                        # benchmark time per kernel pair (seconds of GPU time)
   bench: true                         # false: verify only

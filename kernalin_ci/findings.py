@@ -1,7 +1,7 @@
 """Findings, notices and the fixed bug-class vocabulary (docs/bug-classes.md).
 
 A finding is evidence that a kernel is wrong; a notice says a check could not
-decide (it never fails the gate). Both are plain data, serialised as SPEC-cli.md
+decide (it never fails the gate). Both are plain data, serialised as docs/cli.md
 describes.
 """
 from __future__ import annotations
@@ -97,6 +97,97 @@ class Notice:
 
 
 @dataclass
+class Coverage:
+    """What the dynamic checks actually ran: every value seen in a case that completed its launch."""
+
+    head_dims: list[int] = field(default_factory=list)
+    heads: list[str] = field(default_factory=list)  # "Hq/Hkv" (kv_append: "Hkv")
+    dtypes: list[str] = field(default_factory=list)
+    block_sizes: list[int] = field(default_factory=list)
+    kv_lens: list[int] = field(default_factory=list)  # [lowest, highest] kv_len, or empty
+    positions: list[int] = field(default_factory=list)  # [lowest, highest] position, or empty
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Coverage":
+        return cls(**{k: list(d.get(k) or []) for k in cls.__dataclass_fields__})
+
+    def summary(self) -> str:
+        """One line, e.g. 'D 64, 128 · float32, float16 · heads 8/2, 4/4 · kv_len 1..2048'."""
+        parts = []
+        if self.head_dims:
+            parts.append("D " + ", ".join(map(str, self.head_dims)))
+        if self.dtypes:
+            parts.append(", ".join(self.dtypes))
+        if self.heads:
+            parts.append("heads " + ", ".join(self.heads))
+        if self.block_sizes:
+            parts.append("block size " + ", ".join(map(str, self.block_sizes)))
+        if self.kv_lens:
+            parts.append(f"kv_len {self.kv_lens[0]}..{self.kv_lens[-1]}")
+        if self.positions:
+            parts.append(f"positions {self.positions[0]}..{self.positions[-1]}")
+        return " · ".join(parts) or "nothing"
+
+
+@dataclass
+class NotChecked:
+    """Cases that did not run, and why. reason: "unsupported" (the kernel refused a shape nobody
+    declared: its own error is in `error`) or "interpreter" (the CPU interpreter cannot run it)."""
+
+    shape: str  # e.g. "D=80 float32 Hq=8 Hkv=2"
+    reason: str
+    error: str = ""
+    cases: list[str] = field(default_factory=list)  # the cases affected
+    instead: str | None = None  # the shape they ran at instead, if any
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "NotChecked":
+        return cls(**d)
+
+    def summary(self) -> str:
+        done = f"checked at {self.instead} instead" if self.instead else "not checked"
+        what = f"{self.shape}: {self.reason}, {done}"
+        return what + (f": {self.error}" if self.error else "")
+
+
+STRUCTURAL_STATUSES = ("analysed", "not-analysed", "not-run")
+
+
+@dataclass
+class StructuralStatus:
+    """Whether the compiled-IR analysis ran: "analysed" (at `shape`), "not-analysed" (`cause` says
+    why: never a silent pass) or "not-run" (not asked for: --only dynamic, --probe, --case)."""
+
+    status: str
+    cause: str | None = None
+    shape: str | None = None  # the capture shape the kernels were analysed at
+
+    def __post_init__(self):
+        if self.status not in STRUCTURAL_STATUSES:
+            raise ValueError(f"unknown structural status {self.status!r}")
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "StructuralStatus":
+        return cls(**d)
+
+    def summary(self) -> str:
+        if self.status == "analysed":
+            return "analysed" + (f" at {self.shape}" if self.shape else "")
+        if self.status == "not-analysed":
+            return f"not analysed ({self.cause})"
+        return "not run"
+
+
+@dataclass
 class VerifyResult:
     op: str
     entry: str
@@ -105,6 +196,9 @@ class VerifyResult:
     findings: list[Finding] = field(default_factory=list)
     notices: list[Notice] = field(default_factory=list)
     device: str = "cpu"
+    coverage: Coverage = field(default_factory=Coverage)
+    not_checked: list[NotChecked] = field(default_factory=list)
+    structural: StructuralStatus = field(default_factory=lambda: StructuralStatus("not-run"))
 
     @property
     def verdict(self) -> str:
@@ -120,6 +214,9 @@ class VerifyResult:
             "device": self.device,
             "findings": [f.to_json() for f in self.findings],
             "notices": [n.to_json() for n in self.notices],
+            "coverage": self.coverage.to_json(),
+            "not_checked": [n.to_json() for n in self.not_checked],
+            "structural": self.structural.to_json(),
         }
 
     @classmethod
@@ -129,4 +226,7 @@ class VerifyResult:
             findings=[Finding.from_json(f) for f in d["findings"]],
             notices=[Notice.from_json(n) for n in d.get("notices", [])],
             device=d.get("device", "cpu"),
+            coverage=Coverage.from_json(d.get("coverage") or {}),
+            not_checked=[NotChecked.from_json(n) for n in d.get("not_checked", [])],
+            structural=StructuralStatus.from_json(d.get("structural") or {"status": "not-run"}),
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import types
+from typing import TYPE_CHECKING
 
 
 class LazyModule(types.ModuleType):
@@ -18,4 +19,7 @@ class LazyModule(types.ModuleType):
         return getattr(module, attr)
 
 
-torch = LazyModule("torch")
+if TYPE_CHECKING:  # the type checker sees the real module (annotations such as torch.Tensor)
+    import torch as torch
+else:
+    torch = LazyModule("torch")

@@ -1,10 +1,11 @@
 """Benchmark shapes: realistic decode defaults per op, overrides from --param / .kernalin.yml."""
 import pytest
 
-from kernalin_ci.bench.shapes import bench_cases, kv_lens, split_params
+from kernalin_ci.bench.shapes import bench_cases, split_params
 from kernalin_ci.errors import UsageError
 from kernalin_ci.ops import get_op
 from kernalin_ci.ops.base import resolve_params
+from kernalin_ci.ops.bench_shapes import ragged_lens
 
 
 def cases(op, raw, device="cuda"):
@@ -52,10 +53,10 @@ def test_token_ops():
 
 
 def test_ragged_lengths():
-    assert kv_lens(1, 100, True) == [100]
-    lens = kv_lens(5, 100, True)
+    assert ragged_lens(1, 100, True) == [100]
+    lens = ragged_lens(5, 100, True)
     assert lens[0] == 50 and lens[-1] == 100 and lens == sorted(lens)
-    assert kv_lens(3, 100, False) == [100, 100, 100]
+    assert ragged_lens(3, 100, False) == [100, 100, 100]
 
 
 @pytest.mark.parametrize("raw", [{"batch": "0"}, {"kv_len": "[1, -2]"}, {"dtype": "int8"},

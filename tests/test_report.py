@@ -531,3 +531,36 @@ def test_schema_rejects_what_the_docs_forbid():
     f["bug_class"] = "typo-class"
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(doc, REPORT_SCHEMA)
+
+
+def test_coverage_not_checked_and_structural_status_in_every_output():
+    """The shape domain's facts (docs/verification.md) in the comment, the step summary, JUnit and report.json."""
+    from kernalin_ci.findings import Coverage, NotChecked, StructuralStatus
+    r = passing_report()
+    kv = next(k for k in r.kernels if k.name == "kv_append_v2")
+    kv.verification = VerifyResult(
+        "kv_append", "kernels/kv.py:entry", 31, 2.0, device="cuda",
+        coverage=Coverage([64, 128], ["2", "8"], ["float32", "float16"], [16], [], []),
+        not_checked=[NotChecked("D=80 Hkv=6 float32 block_size=16", "unsupported",
+                                "CompilationError: arange's range must be a power of 2 <script>", ["odd-heads"],
+                                "D=64 Hkv=6 float32 block_size=16")],
+        structural=StructuralStatus("not-analysed", "kernel _append_gather could not be followed: tt.gather"),
+    ).to_json()
+    for text in (render_markdown(r), step_summary(r)):
+        assert ("- **Structural:** **not analysed (kernel \\_append\\_gather could not be followed: tt.gather)**."
+                in text)
+        assert "- **Coverage:** D 64, 128 · float32, float16 · heads 2, 8 · block size 16." in text
+        assert ("D=80 Hkv=6 float32 block\\_size=16: unsupported, checked at D=64 Hkv=6 float32 "
+                "block\\_size=16 instead: CompilationError: arange's range must be a power of 2 &lt;script&gt; "
+                "(cases: odd-heads)") in text
+    row = row_of(table_rows(render_markdown(r)), "kv_append_v2")[4]
+    assert row == "pass · 31 cases · 1 shape not checked · structure not analysed"
+    tc = [t for t in ET.fromstring(render_junit(r)).iter("testcase") if t.get("name") == "kv_append_v2"][0]
+    out = tc.find("system-out").text
+    assert "structural: not analysed (kernel _append_gather" in out and "coverage: D 64, 128" in out
+    assert "not checked: D=80 Hkv=6 float32 block_size=16: unsupported" in out
+    jsonschema.validate(json.loads(report_json(r)), REPORT_SCHEMA)
+    bad = json.loads(report_json(r))
+    next(k for k in bad["kernels"] if k["name"] == "kv_append_v2")["verification"]["structural"]["status"] = "skipped"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, REPORT_SCHEMA)

@@ -63,7 +63,7 @@ def test_sharded_run_reports_every_case_and_finding_in_case_order(monkeypatch):
     one = v.verify("attention.decode", entry, {}, "cpu", only="dynamic", progress=False)
     monkeypatch.setitem(v.DYNAMIC_WORKERS, "cpu", 3)
     three = v.verify("attention.decode", entry, {}, "cpu", only="dynamic", progress=False)
-    assert three.cases_run == one.cases_run == 12
+    assert three.cases_run == one.cases_run == 15
     assert [f.to_json() for f in three.findings] == [f.to_json() for f in one.findings]
     assert {f.bug_class for f in three.findings} == {"gqa-mapping"}
     first = three.findings[0]

@@ -39,15 +39,18 @@ def test_a_kernel_it_cannot_follow_is_a_notice_not_a_pass_or_a_failure():
     assert out["findings"] == []
     assert [n["message"].split(":")[0] for n in out["notices"]] == ["could not verify kernel _append_gather"]
     assert "note: structural:interpret" in r.stderr
+    assert out["structural"]["status"] == "not-analysed"
+    assert "structural: not analysed (kernel _append_gather could not be followed" in r.stderr
 
 
-def test_an_entry_that_crashes_during_capture_is_a_notice(tmp_path):
+def test_an_entry_that_crashes_during_capture_is_not_analysed(tmp_path):
     (tmp_path / "crash.py").write_text("import os, signal\n\n\ndef entry(q, k, positions):\n"
                                        "    os.kill(os.getpid(), signal.SIGSEGV)\n")
     r, out = verify("--op", "rope", "--entry", str(tmp_path / "crash.py") + ":entry", "--only", "structural")
     assert r.returncode == 0, r.stderr
-    assert out["findings"] == [] and len(out["notices"]) == 1
-    assert out["notices"][0]["message"].startswith("could not verify: the structural worker crashed: killed by SIGSEGV")
+    assert out["findings"] == [] and out["notices"] == []
+    assert out["structural"]["status"] == "not-analysed"
+    assert out["structural"]["cause"].startswith("the structural worker crashed: killed by SIGSEGV")
 
 
 def test_bad_entry_is_a_usage_error():

@@ -1,6 +1,6 @@
 """Two correct attention.decode kernels that differ in speed, and copies made slower on purpose.
 
-Entries (SPEC-ops.md attention.decode, contiguous KV cache):
+Entries (docs/ops.md attention.decode, contiguous KV cache):
 - `split_kv`: one program per (sequence, query head, split); SPLITS partial softmax
   states combined by a second kernel. Fast at long kv_len and small batch.
 - `single_pass`: one program per (sequence, query head) walking the whole sequence.

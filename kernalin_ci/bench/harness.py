@@ -39,7 +39,7 @@ from kernalin_ci.bench import stats
 from kernalin_ci.bench.trace import geometric_mean_over_shapes
 from kernalin_ci.entry import load_entry
 from kernalin_ci.ops import get_op
-from kernalin_ci.ops.base import TOLERANCE, Case
+from kernalin_ci.ops.base import TOLERANCE, Case, Op
 from kernalin_ci.verify.compare import row_errors
 from kernalin_ci.verify.dynamic import CUDA_ERROR
 from kernalin_ci.verify.poison import bits
@@ -80,8 +80,8 @@ def refresh(kw: dict, gen: torch.Generator) -> None:
             v.normal_(generator=gen)
 
 
-def disagreement(op, case: Case, ref: dict, got: dict, exact: bool) -> str | None:
-    """None when `got` agrees with `ref` (the base's outputs), else what differs."""
+def disagreement(op: Op, case: Case, inputs: dict, ref: dict, got: dict, exact: bool) -> str | None:
+    """None when `got` agrees with `ref` (the base's outputs on `inputs`), else what differs."""
     tol = 2 * TOLERANCE.get(case.dtype, TOLERANCE["float32"])
     for name, r in ref.items():
         g = got.get(name)
@@ -100,14 +100,10 @@ def disagreement(op, case: Case, ref: dict, got: dict, exact: bool) -> str | Non
         bad = ~(err <= tol)
         if bool(bad.any()):
             worst = int(torch.where(bad, err, torch.zeros_like(err)).argmax())
-            where = op.row_label(case, {}, name, worst) if _labels_rows(op) else f"row {worst}"
+            where = op.row_label(case, inputs, name, worst)
             return (f"output {name!r}: {int(bad.sum())} of {bad.numel()} rows differ by more than {tol:g} "
                     f"(relative; worst {float(err[worst]):.3g} at {where})")
     return None
-
-
-def _labels_rows(op) -> bool:
-    return op.name in ("attention.decode", "attention.decode_paged")
 
 
 # ------------------------------------------------------------------ one instance on one shape
@@ -267,10 +263,8 @@ class Shape:
 def run_job(job: dict, emit) -> None:
     """Worker task "bench": emits setup / round / stopped events (or bench-error)."""
     device = job["device"]
-    op = get_op(job["op"])
+    op = get_op(job["op"], root=job["instances"][0]["root"])
     params = job["params"]
-    if job["op"] == "custom":
-        op.root = job["instances"][0]["root"]
     fns = [(i["name"], load_entry(i["entry"], i.get("root"))) for i in job["instances"]]
     cases = [Case.from_json(c) for c in job["cases"]]
     try:
@@ -289,7 +283,7 @@ def run_job(job: dict, emit) -> None:
 def _run(job, emit, op, params, device, fns, cases) -> None:
     clock = CudaClock(job.get("l2_flush", True)) if device == "cuda" else CpuClock()
     seed = int(job.get("seed", 0))
-    exact = hasattr(op, "check")  # kv_append: whole caches, bit for bit
+    exact = op.exact  # kv_append: whole caches, bit for bit
     shapes: list[Shape] = []
     t_setup = time.perf_counter()
     for si, case in enumerate(cases):
@@ -352,13 +346,13 @@ def _run(job, emit, op, params, device, fns, cases) -> None:
 
 
 def _fresh_inputs(op, params, device, sh: Shape, rnd: int, seed: int) -> None:
-    if op.name == "custom":
+    if op.redraw_inputs:
+        refresh(sh.master, sh.gen)
+    else:
         c = sh.case
         new = op.inputs(Case(c.name, c.dims, c.dtype, c.seed * 7919 + rnd + 1 + seed, c.tags), params, device,
                         poison=False)
         copy_into(sh.master, new)
-    else:
-        refresh(sh.master, sh.gen)
 
 
 def _check_agreement(op, sh: Shape, exact: bool, rnd: int) -> None:
@@ -373,7 +367,7 @@ def _check_agreement(op, sh: Shape, exact: bool, rnd: int) -> None:
         outs.append({k: v.detach().clone() for k, v in o.items() if isinstance(v, torch.Tensor)})
     base = sh.runners[0].name
     for r, o in zip(sh.runners[1:], outs[1:]):
-        why = disagreement(op, sh.case, outs[0], o, exact)
+        why = disagreement(op, sh.case, sh.master, outs[0], o, exact)
         if why:
             raise BenchAbort("mismatch", f"{r.name} and {base} disagree on shape {sh.case.name} "
                                          f"(round {rnd + 1}, fresh inputs): {why}")

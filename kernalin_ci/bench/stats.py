@@ -65,7 +65,7 @@ class Verdict:
         return self.rope[1] - 1.0
 
     def to_json(self) -> dict:
-        """The SPEC-cli.md verdict object (plus a few extra fields)."""
+        """The docs/cli.md verdict object (plus a few extra fields)."""
         return {
             "verdict": self.verdict, "ratio": self.ratio, "hdi": list(self.hdi),
             "p_faster": self.p_faster, "p_slower": self.p_slower, "p_equivalent": self.p_equivalent,

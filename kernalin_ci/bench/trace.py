@@ -1,4 +1,4 @@
-"""Timing traces in the `kernalin-ci compare` format (SPEC-cli.md), saved and loaded.
+"""Timing traces in the `kernalin-ci compare` format (docs/cli.md), saved and loaded.
 
 A trace holds `base` and `head` (and optionally `base2`, a second, separately
 built base instance timed in the same rounds), each [rounds, reps] per-launch

@@ -1,4 +1,4 @@
-"""kernalin-ci bench: time head against base, interleaved, and give the verdict (SPEC-cli.md)."""
+"""kernalin-ci bench: time head against base, interleaved, and give the verdict (docs/cli.md)."""
 from __future__ import annotations
 
 import sys

@@ -1,4 +1,4 @@
-"""kernalin-ci compare: offline verdicts on timing traces (SPEC-cli.md)."""
+"""kernalin-ci compare: offline verdicts on timing traces (docs/cli.md)."""
 from __future__ import annotations
 
 import json

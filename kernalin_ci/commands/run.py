@@ -1,4 +1,4 @@
-"""kernalin-ci run: the PR gate, locally or in CI (SPEC-cli.md)."""
+"""kernalin-ci run: the PR gate, locally or in CI (docs/cli.md)."""
 from __future__ import annotations
 
 import os

@@ -1,4 +1,4 @@
-"""kernalin-ci verify: check one entry against its op (SPEC-cli.md)."""
+"""kernalin-ci verify: check one entry against its op (docs/cli.md)."""
 from __future__ import annotations
 
 import sys
@@ -16,6 +16,9 @@ def add_arguments(p):
     p.add_argument("--op", required=True, choices=NAMES, metavar="OP", help=f"one of: {', '.join(NAMES)}")
     p.add_argument("--entry", required=True, help="path/to/file.py:function or package.module:function")
     p.add_argument("--param", action="append", metavar="K=V", help="op parameter (repeatable)")
+    p.add_argument("--domain", action="append", metavar="K=V[,V]",
+                   help="the shapes your model uses, e.g. head_dim=64,128 or dtype=float16 (repeatable; keys: "
+                        "head_dim, num_q_heads, num_kv_heads, dtype, block_size, max_position; default: found)")
     p.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when a GPU is visible, else cpu")
     p.add_argument("--dtype", choices=DTYPES, help="run every case in this dtype (default: float32 cases "
                                                    "plus a float16/bfloat16 sweep)")
@@ -31,11 +34,12 @@ def add_arguments(p):
 
 def run(args) -> int:
     device = resolve_device(args.device)
+    from kernalin_ci.domain import parse_cli
     from kernalin_ci.verify import verify
 
     result = verify(args.op, args.entry, parse_params(args.param), device, dtype=args.dtype, only=args.only,
                     probe=bool(args.probe), case_json=args.case, timeout_s=args.timeout,
-                    progress=not args.quiet)
+                    progress=not args.quiet, raw_domain=parse_cli(args.domain))
     write_json(result.to_json(), args.json)
     print_result(result, sys.stderr if args.json == "-" else sys.stdout)
     return 1 if result.findings else 0
@@ -55,6 +59,12 @@ def print_result(result, out) -> None:
             print(f"      case: {Case.from_json(f.case).summary()}", file=out)
         if f.reproduce:
             print(f"      reproduce: {f.reproduce}", file=out)
+    if result.cases_run:
+        print(f"  coverage: {result.coverage.summary()}", file=out)
+    for n in result.not_checked:
+        cases = ", ".join(n.cases[:4]) + (", ..." if len(n.cases) > 4 else "")
+        print(f"  not checked: {n.summary()} [cases: {cases}]", file=out)
+    print(f"  structural: {result.structural.summary()}", file=out)
     for n in result.notices:
         where = f" at {n.location.path}:{n.location.line}" if n.location else ""
         print(f"  note: {n.check}{where}: {n.message}", file=out)

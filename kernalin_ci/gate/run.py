@@ -31,6 +31,8 @@ def judge(kr: KernelReport, cfg: Config, device: str) -> list[str]:
         failed.append("error")
     if v and v.get("findings") and "finding" in fail_on:
         failed.append("finding")
+    if v and (v.get("structural") or {}).get("status") == "not-analysed" and "not-analysed" in fail_on:
+        failed.append("not-analysed")
     b = kr.benchmark
     if b and device == "cuda":  # interpreter wall-clock timings never gate (docs/config.md)
         if b.get("verdict") == "slower" and "slower" in fail_on:
@@ -54,6 +56,10 @@ def conclude(report: Report) -> tuple[str, str]:
     msg = f"{len(checked)} kernel{'s' * (len(checked) != 1)} verified"
     if faster:
         msg += f"; faster: {', '.join(faster)}"
+    blind = [k.name for k in checked
+             if ((k.verification or {}).get("structural") or {}).get("status") == "not-analysed"]
+    if blind:
+        msg += f"; structure not analysed: {', '.join(blind)}"
     return "success", msg
 
 
@@ -117,7 +123,7 @@ def check_kernel(kr: KernelReport, k, cfg: Config, device: str, base_root: Path,
 
     try:
         vr = verify(k.op, k.entry, k.params, device, dtype=k.dtype, root=str(head_root), timeout_s=k.timeout,
-                    progress=progress)
+                    progress=progress, raw_domain=k.domain)
         kr.verification = vr.to_json()
     except UsageError as e:  # the kernel's entry cannot be loaded at head: that fails this kernel
         kr.error = str(e)
@@ -134,7 +140,11 @@ def check_kernel(kr: KernelReport, k, cfg: Config, device: str, base_root: Path,
     from kernalin_ci.bench.pair import bench_pair
 
     try:
-        res = bench_pair(k.op, k.entry, k.entry, str(base_root), str(head_root), {**k.params, **k.bench},
+        from kernalin_ci.domain import resolve as resolve_domain
+        from kernalin_ci.ops import get_op
+
+        _, op_params = resolve_domain(get_op(k.op), k.params, k.domain)  # one declared value pins the shape
+        res = bench_pair(k.op, k.entry, k.entry, str(base_root), str(head_root), {**op_params, **k.bench},
                          device, budget_s=cfg.gate.budget_s, rope_min=cfg.gate.rope, progress=progress)
         kr.benchmark = res.to_json()
         if res.failed:  # e.g. base and head disagree on an output, or the head crashed while timed
@@ -150,18 +160,25 @@ def check_kernel(kr: KernelReport, k, cfg: Config, device: str, base_root: Path,
 def check_pipeline(p, members: dict, cfg: Config, device: str, head_root: Path, progress: bool) -> PipelineReport:
     from kernalin_ci.verify import verify_pipeline
 
+    from kernalin_ci.domain import one_shape
+    from kernalin_ci.ops import get_op
+
     t0 = time.perf_counter()
     entries = {}
     params: dict = {}
+    dtype = None
     for role, name in members.items():
         if name:
             k = cfg.kernel(name)
             entries[role] = k.entry
-            params.update(k.params)
+            p_role, dt = one_shape(get_op(k.op), k.params, k.domain)  # one shape: the first declared one
+            params.update(p_role)
+            dtype = dtype or dt
     pr = PipelineReport(p.name, {r: n for r, n in members.items() if n})
     log(f"pipeline {p.name}: {' -> '.join(pr.members.values())}, {p.steps} steps")
     try:
-        vr = verify_pipeline(entries, params, device, steps=p.steps, root=str(head_root), progress=progress)
+        vr = verify_pipeline(entries, params, device, dtype=dtype, steps=p.steps, root=str(head_root),
+                             progress=progress)
         pr.verification = vr.to_json()
         if vr.findings and "finding" in cfg.gate.fail_on:
             pr.failed_by = ["finding"]
@@ -207,6 +224,11 @@ def summary_line(kr: KernelReport) -> str:
     v = kr.verification or {}
     n = len(v.get("findings", []))
     parts = [f"verification {'FAIL (' + str(n) + ' findings)' if n else 'pass'}"]
+    if v.get("not_checked"):
+        parts.append(f"{len(v['not_checked'])} shape{'s' * (len(v['not_checked']) != 1)} not checked")
+    st = v.get("structural") or {}
+    if st.get("status") == "not-analysed":
+        parts.append(f"structural: not analysed ({st.get('cause')})")
     b = kr.benchmark
     if b:
         parts.append(f"benchmark {b['verdict']} (ratio {b['ratio']:.4f})")

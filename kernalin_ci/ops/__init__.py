@@ -1,9 +1,11 @@
-"""The ops of SPEC-ops.md, one module each; `get_op(name)` is the registry."""
+"""The ops of docs/ops.md, one module each (a subclass of `base.Op` named by its `OP_CLASS`);
+`get_op(name)` is the registry."""
 from __future__ import annotations
 
 import importlib
 
 from kernalin_ci.errors import UsageError
+from kernalin_ci.ops.base import Op
 
 MODULES = {
     "attention.decode": "attention_decode",
@@ -15,13 +17,10 @@ MODULES = {
 NAMES = tuple(MODULES)
 
 
-def get_op(name: str):
+def get_op(name: str, root: str | None = None) -> Op:
+    """A new instance of op `name`. `root`: the directory user callables named in its params resolve
+    against (the custom op's reference and inputs; None: the current directory)."""
     if name not in MODULES:
         raise UsageError(f"unknown op {name!r} (ops: {', '.join(NAMES)})")
-    return importlib.import_module(f"kernalin_ci.ops.{MODULES[name]}").OP
-
-
-def written(op, params: dict) -> tuple[str, ...]:
-    """The inputs an entry of this op may write."""
-    fn = getattr(op, "written_names", None)
-    return tuple(fn(params)) if fn else tuple(op.written)
+    op: Op = importlib.import_module(f"kernalin_ci.ops.{MODULES[name]}").OP_CLASS(root)
+    return op

@@ -4,10 +4,13 @@ and the bug fingerprints (alternative references a known bug would produce)."""
 from __future__ import annotations
 
 import math
+from typing import Any, Callable, TypeGuard
 
 from kernalin_ci.lazy import torch
 
-from kernalin_ci.ops.base import Case, Param, positive
+from kernalin_ci.ops.base import (Case, Op, Param, Params, capture_case, capture_head_dims, capture_heads,
+                                  positive)
+from kernalin_ci.ops.bench_shapes import BenchRequest, len_label, ragged_lens
 
 # Optional shape params: pin a dimension for kernels specialised to one model.
 SHAPE_PARAMS = (
@@ -31,20 +34,20 @@ def long_length(device: str) -> int:
     return 16384 if device == "cuda" else 2048
 
 
-def plan(params: dict, device: str, dtype: str | None) -> list[Case]:
+def plan(params: Params, device: str, dtype: str | None) -> list[Case]:
     """The default case set, as (name, dims, dtype) before op-specific dims are added."""
     main = dtype or "float32"
     D64 = params.get("head_dim") or 64
     D128 = params.get("head_dim") or 128
 
-    def heads(hq, hkv):
+    def heads(hq: int, hkv: int) -> tuple[int, int]:
         hq = params.get("num_q_heads") or hq
         hkv = params.get("num_kv_heads") or hkv
         if params.get("num_q_heads") and not params.get("num_kv_heads"):
             hkv = hkv if hq % hkv == 0 else 1
         return hq, hkv
 
-    def dims(hq, hkv, D, lens, **extra):
+    def dims(hq: int, hkv: int, D: int, lens: list[int], **extra: Any) -> dict[str, Any]:
         hq, hkv = heads(hq, hkv)
         return {"Hq": hq, "Hkv": hkv, "D": D, "kv_lens": list(lens), "scale": D ** -0.5, **extra}
 
@@ -68,7 +71,7 @@ def plan(params: dict, device: str, dtype: str | None) -> list[Case]:
     return cases
 
 
-def probe_dims(params: dict) -> dict:
+def probe_dims(params: Params) -> dict[str, Any]:
     """The single demo probe: batch 1, kv_len 1, zeros past it, no poison."""
     D = params.get("head_dim") or 64
     hq = params.get("num_q_heads") or 8
@@ -76,11 +79,19 @@ def probe_dims(params: dict) -> dict:
     return {"Hq": hq, "Hkv": hkv, "D": D, "kv_lens": [1], "scale": D ** -0.5, "tail": "zeros"}
 
 
+def shape_dims(params: Params) -> dict[str, Any]:
+    """A small case for one shape of the domain: two sequences, kv_len 1 and 19, NaN past them."""
+    D = params.get("head_dim") or 64
+    hq = params.get("num_q_heads") or 8
+    hkv = params.get("num_kv_heads") or (2 if hq % 2 == 0 else 1)
+    return {"Hq": hq, "Hkv": hkv, "D": D, "kv_lens": [1, 19], "scale": D ** -0.5}
+
+
 def head_map(Hq: int, Hkv: int) -> list[int]:
     return [h // (Hq // Hkv) for h in range(Hq)]
 
 
-def attend(q: torch.Tensor, keys: list, values: list, scale: float, hmap: list[int],
+def attend(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], scale: float, hmap: list[int],
            normalize: bool = True) -> torch.Tensor:
     """The definition in float64: q [B, Hq, D]; keys[b], values[b]: [Hkv, L_b, D]."""
     q = q.to(torch.float64)
@@ -98,18 +109,28 @@ def attend(q: torch.Tensor, keys: list, values: list, scale: float, hmap: list[i
     return out
 
 
-def validate_dims(dims: dict) -> str | None:
-    """A --case given by hand: the shape rules of SPEC-ops.md."""
+def validate_dims(dims: dict[str, Any]) -> str | None:
+    """A --case given by hand: the shape rules of docs/ops.md."""
     hq, hkv = dims.get("Hq"), dims.get("Hkv")
-    if not hq or not hkv or hq % hkv:
+    if not _positive_int(hq) or not _positive_int(hkv) or hq % hkv:
         return "Hq must be a positive multiple of Hkv"
-    if any(L < 1 for L in dims.get("kv_lens", [])) or not dims.get("kv_lens"):
-        return "kv_lens must be >= 1"
+    lens = dims.get("kv_lens")
+    if not isinstance(lens, list) or not lens or not all(_positive_int(L) for L in lens):
+        return "kv_lens must be a non-empty list of lengths >= 1"
+    if not _positive_int(dims.get("D")):
+        return "D must be a positive integer"
+    if not isinstance(dims.get("scale"), (int, float)) or isinstance(dims.get("scale"), bool):
+        return "scale must be a number"
     return None
 
 
-def fingerprints(q, keys_of, values_of, kv_lens: list[int], scale: float, Hq: int, Hkv: int,
-                 D: int, tail_finite: bool) -> list[tuple[str, dict]]:
+def _positive_int(v: Any) -> TypeGuard[int]:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
+def fingerprints(q: torch.Tensor, keys_of: Callable[[int, int], torch.Tensor],
+                 values_of: Callable[[int, int], torch.Tensor], kv_lens: list[int], scale: float, Hq: int,
+                 Hkv: int, D: int, tail_finite: bool) -> list[tuple[str, dict[str, Any]]]:
     """Alternative outputs that known bugs would produce. `keys_of(b, L)` gives [Hkv, L, D]."""
     B = len(kv_lens)
     good = head_map(Hq, Hkv)
@@ -137,8 +158,35 @@ def fingerprints(q, keys_of, values_of, kv_lens: list[int], scale: float, Hq: in
     return fps
 
 
-def row_label(dims: dict, row: int) -> str:
+def row_label(dims: dict[str, Any], row: int) -> str:
     """Name output row `row` of out [B, Hq, D] with the facts that matter."""
     hq = dims["Hq"]
     b, h = divmod(row, hq)
     return f"b={b} h={h} (kv_len={dims['kv_lens'][b]})"
+
+
+class AttentionOp(Op):
+    """What both attention ops answer alike: shape rules, benchmark shapes, the capture call, the analysis."""
+
+    structural = "attention"
+
+    def validate_case(self, case: Case) -> str | None:
+        return validate_dims(case.dims)
+
+    def bench_cases(self, params: Params, device: str, request: BenchRequest) -> list[Case]:
+        hq, hkv, D = request.heads(params)
+        cases = []
+        for i, s in enumerate(request.attention_shapes()):
+            lens = ragged_lens(s["batch"], s["kv_len"], ragged=not s.get("explicit"))
+            dims = {"Hq": hq, "Hkv": hkv, "D": D, "kv_lens": lens, "scale": D ** -0.5}
+            cases.append(Case(f"B={s['batch']} kv_len={len_label(lens)} Hq={hq} Hkv={hkv} D={D} {request.dtype}",
+                              dims, request.dtype, 1000 + i, ("bench",)))
+        return cases
+
+    def capture_cases(self, params: Params) -> list[Case]:
+        """B > 1, Hq != Hkv, kv_len spanning several tiles with a partial last tile, a head dim with a tail
+        under its power-of-two block."""
+        hq, hkv = capture_heads(params)
+        return [capture_case({"Hq": hq, "Hkv": hkv, "D": D, "kv_lens": [37, 100], "scale": 0.7 * D ** -0.5,
+                              "tail": "zeros"})
+                for D in capture_head_dims(params)]

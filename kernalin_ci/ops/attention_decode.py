@@ -1,25 +1,32 @@
-"""attention.decode: one query token per sequence, contiguous KV cache (SPEC-ops.md)."""
+"""attention.decode: one query token per sequence, contiguous KV cache (docs/ops.md)."""
 from __future__ import annotations
+
+from typing import Any
 
 from kernalin_ci.lazy import torch
 
+from kernalin_ci.findings import Finding
 from kernalin_ci.ops import attention_common as ac
-from kernalin_ci.ops.base import Case, Expected, generator, randn, torch_dtype
+from kernalin_ci.ops.base import Case, Expected, Params, Tensors, generator, randn
 from kernalin_ci.verify.poison import fill_canary
 
 
-class AttentionDecode:
+class AttentionDecode(ac.AttentionOp):
     name = "attention.decode"
     params = ac.SHAPE_PARAMS
     written = ()
+    domain_axes = ("head_dim", "num_q_heads", "num_kv_heads", "dtype")
 
-    def cases(self, params, device, dtype):
+    def cases(self, params: Params, device: str, dtype: str | None) -> list[Case]:
         return ac.plan(params, device, dtype)
 
-    def probe(self, params, dtype):
+    def probe(self, params: Params, dtype: str | None) -> Case:
         return Case("pos0-probe", ac.probe_dims(params), dtype or "float32", 0, ("probe",))
 
-    def inputs(self, case, params, device, poison=True):
+    def shape_case(self, params: Params, dtype: str) -> Case:
+        return Case("shape", ac.shape_dims(params), dtype, 40, ("shape",))
+
+    def inputs(self, case: Case, params: Params, device: str, poison: bool = True) -> Tensors:
         d = case.dims
         g = generator(case.seed)
         lens = d["kv_lens"]
@@ -35,10 +42,10 @@ class AttentionDecode:
             "kv_lens": torch.tensor(lens, dtype=torch.int32, device=device), "scale": float(d["scale"]),
         }
 
-    def outputs(self, ret, kw):
+    def outputs(self, ret: Any, kw: Tensors) -> Tensors:
         return {"out": ret}
 
-    def reference(self, kw, params):
+    def reference(self, kw: Tensors, params: Params) -> Expected:
         lens = kw["kv_lens"].tolist()
         q = kw["q"]
         Hq, Hkv = q.shape[1], kw["k_cache"].shape[1]
@@ -46,7 +53,7 @@ class AttentionDecode:
         V = [kw["v_cache"][b, :, :L] for b, L in enumerate(lens)]
         return Expected({"out": ac.attend(q, K, V, kw["scale"], ac.head_map(Hq, Hkv))})
 
-    def fingerprints(self, kw, params, case):
+    def fingerprints(self, kw: Tensors, params: Params, case: Case) -> list[tuple[str, Tensors]]:
         S = kw["k_cache"].shape[2]
         q = kw["q"]
         return ac.fingerprints(
@@ -54,14 +61,14 @@ class AttentionDecode:
             kw["kv_lens"].tolist(), kw["scale"], q.shape[1], kw["k_cache"].shape[1], q.shape[2],
             tail_finite=case.dims.get("tail", "nan") != "nan")
 
-    def properties(self, case, kw, outs, params):
+    def properties(self, case: Case, kw: Tensors, outs: Tensors, params: Params) -> list[Finding]:
         return []
 
-    def row_label(self, case, kw, name, row):
+    def row_label(self, case: Case, kw: Tensors, name: str, row: int) -> str:
         return ac.row_label(case.dims, row)
 
 
-def _fill_tails(k, v, lens, tail, g, poison):
+def _fill_tails(k: Any, v: Any, lens: list[int], tail: str, g: Any, poison: bool) -> None:
     """Cache entries at j >= kv_len: NaN canary (default), stale finite data, or zeros (probe)."""
     for b, L in enumerate(lens):
         for t in (k, v):
@@ -74,4 +81,4 @@ def _fill_tails(k, v, lens, tail, g, poison):
                 fill_canary(part)
 
 
-OP = AttentionDecode()
+OP_CLASS = AttentionDecode

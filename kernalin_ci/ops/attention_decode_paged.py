@@ -1,21 +1,25 @@
-"""attention.decode_paged: one query token per sequence, paged KV cache (SPEC-ops.md)."""
+"""attention.decode_paged: one query token per sequence, paged KV cache (docs/ops.md)."""
 from __future__ import annotations
+
+from typing import Any
 
 from kernalin_ci.lazy import torch
 
+from kernalin_ci.findings import Finding
 from kernalin_ci.ops import attention_common as ac
 from kernalin_ci.ops import paged
-from kernalin_ci.ops.base import Case, Expected, Param, generator, positive, randn
+from kernalin_ci.ops.base import Case, Expected, Param, Params, Tensors, generator, positive, randn
 from kernalin_ci.verify.poison import fill_canary
 
 
-class AttentionDecodePaged:
+class AttentionDecodePaged(ac.AttentionOp):
     name = "attention.decode_paged"
     params = (Param("block_size", 16, int, "tokens per KV-cache block", check=positive),) + ac.SHAPE_PARAMS \
         + (paged.LAYOUT,)
     written = ()
+    domain_axes = ("head_dim", "num_q_heads", "num_kv_heads", "dtype", "block_size")
 
-    def cases(self, params, device, dtype):
+    def cases(self, params: Params, device: str, dtype: str | None) -> list[Case]:
         cases = ac.plan(params, device, dtype)
         # Block 0 and the next low blocks free and poisoned, table entries past a sequence's blocks 0 (as
         # serving stacks pad them): a kernel that sends its padded lanes to block 0 (a masked table load
@@ -29,11 +33,14 @@ class AttentionDecodePaged:
                           cases[0].dtype, 9, ("free-low-blocks",)))
         return cases
 
-    def probe(self, params, dtype):
+    def probe(self, params: Params, dtype: str | None) -> Case:
         return Case("pos0-probe", {**ac.probe_dims(params), "arange_tables": True}, dtype or "float32", 0,
                     ("probe",))
 
-    def inputs(self, case, params, device, poison=True):
+    def shape_case(self, params: Params, dtype: str) -> Case:
+        return Case("shape", ac.shape_dims(params), dtype, 40, ("shape",))
+
+    def inputs(self, case: Case, params: Params, device: str, poison: bool = True) -> Tensors:
         d = case.dims
         g = generator(case.seed)
         bs = params["block_size"]
@@ -85,11 +92,11 @@ class AttentionDecodePaged:
             "kv_lens": torch.tensor(lens, dtype=torch.int32, device=device), "scale": float(d["scale"]),
         }
 
-    def outputs(self, ret, kw):
+    def outputs(self, ret: Any, kw: Tensors) -> Tensors:
         return {"out": ret}
 
     @staticmethod
-    def _gather(cache, tables, b, L):
+    def _gather(cache: Any, tables: Any, b: int, L: int) -> Any:
         bs = cache.shape[1]
         L = min(L, tables.shape[1] * bs)
         j = torch.arange(L)
@@ -97,11 +104,11 @@ class AttentionDecodePaged:
         return cache[blk, j % bs].permute(1, 0, 2)  # [Hkv, L, D]
 
     @staticmethod
-    def _caches(kw, params):
+    def _caches(kw: Tensors, params: Params) -> tuple[Any, Any]:
         lay = paged.layout_of(params)
         return paged.nhd(kw["k_cache"], lay), paged.nhd(kw["v_cache"], lay)
 
-    def reference(self, kw, params):
+    def reference(self, kw: Tensors, params: Params) -> Expected:
         lens = kw["kv_lens"].tolist()
         q, tb = kw["q"], kw["block_tables"]
         kc, vc = self._caches(kw, params)
@@ -110,7 +117,7 @@ class AttentionDecodePaged:
         V = [self._gather(vc, tb, b, L) for b, L in enumerate(lens)]
         return Expected({"out": ac.attend(q, K, V, kw["scale"], ac.head_map(Hq, Hkv))})
 
-    def fingerprints(self, kw, params, case):
+    def fingerprints(self, kw: Tensors, params: Params, case: Case) -> list[tuple[str, Tensors]]:
         q, tb = kw["q"], kw["block_tables"]
         kc, vc = self._caches(kw, params)
         fps = ac.fingerprints(
@@ -143,11 +150,35 @@ class AttentionDecodePaged:
                 fps.append(("paged-index", {"out": ac.attend(q, K, V, kw["scale"], hm)}))
         return fps
 
-    def properties(self, case, kw, outs, params):
+    def properties(self, case: Case, kw: Tensors, outs: Tensors, params: Params) -> list[Finding]:
         return []
 
-    def row_label(self, case, kw, name, row):
+    def row_label(self, case: Case, kw: Tensors, name: str, row: int) -> str:
         return ac.row_label(case.dims, row)
 
+    def capture_cases(self, params: Params) -> list[Case]:
+        cases = super().capture_cases(params)
+        for c in cases:
+            c.dims["free_blocks"] = 12
+        return cases
 
-OP = AttentionDecodePaged()
+    def capture_inputs(self, case: Case, params: Params) -> Tensors:
+        """Table entries past a sequence's blocks point at free blocks nobody owns, so that reading them
+        is recognisably "past kv_len" rather than "another sequence's data"."""
+        kw = self.inputs(case, params, "cpu", poison=False)
+        bs = params["block_size"]
+        tables = kw["block_tables"]
+        need = [-(-L // bs) for L in case.dims["kv_lens"]]
+        used = {int(x) for b, n in enumerate(need) for x in tables[b, :n].tolist()}
+        nb = kw["k_cache"].shape[0]
+        free = [x for x in range(nb) if x not in used]
+        k = 0
+        for b, n in enumerate(need):
+            for j in range(n, tables.shape[1]):
+                tables[b, j] = free[k % len(free)]
+                k += 1
+        kw["block_tables"] = tables.to(torch.int32)
+        return kw
+
+
+OP_CLASS = AttentionDecodePaged

@@ -1,10 +1,11 @@
 """The op protocol and the helpers every op shares.
 
-An op (SPEC-ops.md) is described by one module in this package that defines an
-object satisfying `Op`: its params, a default case set that reaches where bugs
-hide, a probe case (the single demo probe most tools use), an input builder,
-a float64 reference computed from the op's definition, reference-free
-properties, bug fingerprints and benchmark shapes.
+An op (docs/ops.md) is described by one module in this package, a subclass of
+`Op` holding all that op's knowledge: its params, a default case set that
+reaches where bugs hide, a probe case (the single demo probe most tools use),
+an input builder, a float64 reference computed from the op's definition,
+reference-free properties, bug fingerprints, benchmark shapes, the structural
+capture's calls and the name of its structural analysis.
 
 Everything here is plain data: a `Case` is JSON-serialisable, so a finding can
 carry it and `kernalin-ci verify --case JSON` reproduces exactly that case.
@@ -13,11 +14,16 @@ from __future__ import annotations
 
 import json
 import math
+from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable
 
 from kernalin_ci.errors import UsageError
+from kernalin_ci.findings import Finding
 from kernalin_ci.lazy import torch
+
+if TYPE_CHECKING:
+    from kernalin_ci.ops.bench_shapes import BenchRequest
 
 DTYPES = ("float32", "float16", "bfloat16")
 
@@ -34,7 +40,7 @@ class Param:
     default: Any
     kind: type
     doc: str
-    choices: tuple | None = None
+    choices: tuple[Any, ...] | None = None
     check: Callable[[Any], str | None] | None = None  # returns an error text or None
 
 
@@ -43,18 +49,18 @@ class Case:
     """One launch configuration. `dims` holds shapes, lengths, positions, slots."""
 
     name: str
-    dims: dict
+    dims: dict[str, Any]
     dtype: str = "float32"
     seed: int = 0
-    tags: tuple = ()
+    tags: tuple[str, ...] = ()
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["tags"] = list(self.tags)
         return d
 
     @classmethod
-    def from_json(cls, d: dict | str) -> "Case":
+    def from_json(cls, d: dict[str, Any] | str) -> Case:
         if isinstance(d, str):
             try:
                 d = json.loads(d)
@@ -76,7 +82,7 @@ class Case:
         return f"{self.name} [{self.dtype}, seed {self.seed}] " + " ".join(parts)
 
 
-def _short_list(v: list) -> str:
+def _short_list(v: list[Any]) -> str:
     if len(v) <= 8:
         return "[" + ",".join(str(x) for x in v) + "]"
     return "[" + ",".join(str(x) for x in v[:6]) + f",...({len(v)} total)]"
@@ -90,32 +96,120 @@ class Expected:
     exact tensors in the input dtype (`exact=True`: compared bit for bit).
     """
 
-    tensors: dict
+    tensors: dict[str, Any]
     exact: bool = False
-    info: dict = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
     # per output name: extra tolerance per row (a float64 vector over the rows of that output), added to
     # the dtype's tolerance where a correct kernel's error provably grows with the input (rope: position)
-    row_slack: dict = field(default_factory=dict)
+    row_slack: dict[str, Any] = field(default_factory=dict)
     # the relative tolerance when the op holds this dtype to a tighter one than TOLERANCE (float32 rope)
     tolerance: float | None = None
 
 
-class Op(Protocol):
+Params = dict[str, Any]    # resolved op params (resolve_params)
+Tensors = dict[str, Any]   # keyword arguments of an entry, or outputs, by name
+
+
+class Op(ABC):
+    """The contract every op implements; `get_op(name)` gives an instance.
+
+    Required: the params, the case plans, the input builder, the output mapping and the
+    float64 reference. The rest has a default here that an op overrides where it has
+    something to say. `root` is the directory user callables named in params resolve
+    against (the custom op's reference and inputs; None: the current directory).
+    """
+
     name: str
     params: tuple[Param, ...]
-    written: tuple[str, ...]  # inputs the entry may write; every other input must stay unchanged
+    written: tuple[str, ...] = ()  # inputs the entry may write; every other input must stay unchanged
+    # True: outputs are judged bit for bit by `check` (whole buffers), not against `reference`
+    exact: bool = False
+    # the module of kernalin_ci.verify.structural that analyses this op's compiled IR; None: no analysis
+    structural: str | None = None
+    # True: a benchmark round may redraw the floating-point inputs in place (standard normal); False: it
+    # builds them anew from another seed (inputs with structure a redraw would break)
+    redraw_inputs: bool = True
+    # the shape axes of kernalin_ci.domain.AXES this op's cases vary (a `domain:` may declare them);
+    # empty: the user's own cases are the domain, and an error in any of them is a finding
+    domain_axes: tuple[str, ...] = ()
 
-    def cases(self, params: dict, device: str, dtype: str | None) -> list[Case]: ...
-    def probe(self, params: dict, dtype: str | None) -> Case: ...
-    def inputs(self, case: Case, params: dict, device: str, poison: bool = True) -> dict: ...
-    def outputs(self, ret: Any, kwargs: dict) -> dict: ...
-    def reference(self, kwargs: dict, params: dict) -> Expected: ...
-    def fingerprints(self, kwargs: dict, params: dict) -> list[tuple[str, dict]]: ...
-    def properties(self, case: Case, kwargs: dict, outs: dict, params: dict) -> list: ...
-    def bench_cases(self, params: dict, device: str, dtype: str | None) -> list[Case]: ...
+    def __init__(self, root: str | None = None) -> None:
+        self.root = root
+
+    # ---------------------------------------------------------------- cases
+
+    @abstractmethod
+    def cases(self, params: Params, device: str, dtype: str | None) -> list[Case]:
+        """The default case set: where bugs hide. dtype None: the main dtype plus a dtype sweep."""
+
+    @abstractmethod
+    def probe(self, params: Params, dtype: str | None) -> Case:
+        """The single demo probe most tools use (position 0, batch 1)."""
+
+    def shape_case(self, params: Params, dtype: str) -> Case:
+        """A small, cheap, checked case at the op's base shape; kernalin_ci.domain moves it to each head dim,
+        dtype, head count or block size it checks on its own, and probes a shape with it."""
+        return self.probe(params, dtype)
+
+    def validate_case(self, case: Case) -> str | None:
+        """A case given by hand (--case): what breaks the op's shape rules, or None."""
+        return None
+
+    def bench_cases(self, params: Params, device: str, request: BenchRequest) -> list[Case]:
+        """The shapes to time, from the benchmark request (bench params and device defaults)."""
+        raise UsageError(f"op {self.name}: no benchmark shapes")
+
+    def capture_cases(self, params: Params) -> list[Case]:
+        """Small calls for the structural capture, in preference order (the next is tried when a call
+        is refused). Empty: the op has no structural capture."""
+        return []
+
+    # ---------------------------------------------------------------- one call
+
+    @abstractmethod
+    def inputs(self, case: Case, params: Params, device: str, poison: bool = True) -> Tensors:
+        """The entry's keyword arguments for `case` (seeded; canary-poisoned unless poison=False)."""
+
+    def capture_inputs(self, case: Case, params: Params) -> Tensors:
+        """The inputs of a structural capture call: CPU tensors with no poison."""
+        return self.inputs(case, params, "cpu", poison=False)
+
+    @abstractmethod
+    def outputs(self, ret: Any, kw: Tensors) -> Tensors:
+        """The entry's outputs by name, from its return value (or its written inputs)."""
+
+    def written_names(self, params: Params) -> tuple[str, ...]:
+        """The inputs an entry of this op may write, with these params."""
+        return tuple(self.written)
+
+    # ---------------------------------------------------------------- judging a call
+
+    @abstractmethod
+    def reference(self, kw: Tensors, params: Params) -> Expected:
+        """The float64 reference from the op's definition (`kw`: the inputs before the call)."""
+
+    def fingerprints(self, kw: Tensors, params: Params, case: Case) -> list[tuple[str, Tensors]]:
+        """Alternative references, each what a known bug class would produce."""
+        return []
+
+    def properties(self, case: Case, kw: Tensors, outs: Tensors, params: Params) -> list[Finding]:
+        """Reference-free checks of the outputs."""
+        return []
+
+    def check(self, case: Case, before: Tensors, kw: Tensors, outs: Tensors, params: Params) -> list[Finding]:
+        """The op's own output check, used instead of the reference when `exact`."""
+        return []
+
+    def guard_class(self, name: str, side: str, before: Tensors) -> str | None:
+        """The bug class of a write just `side` ("before" or "after") input `name`; None: stray-write."""
+        return None
+
+    def row_label(self, case: Case, kw: Tensors, name: str, row: int) -> str:
+        """Output `name`'s row `row` (as compared: the last dim is a row), named for a person."""
+        return f"{name} row {row}"
 
 
-def resolve_params(op_name: str, specs: tuple[Param, ...], raw: dict) -> dict:
+def resolve_params(op_name: str, specs: tuple[Param, ...], raw: dict[str, Any]) -> Params:
     """Defaults plus validated user values; unknown keys and bad values are UsageErrors."""
     known = {p.name: p for p in specs}
     for k in raw:
@@ -169,25 +263,52 @@ def _coerce(op_name: str, p: Param, v: Any) -> Any:
     raise UsageError(f"op {op_name}: param {p.name}={v!r} is not a valid {p.kind.__name__}")
 
 
-def positive(v) -> str | None:
+def positive(v: Any) -> str | None:
     return None if v > 0 else "must be positive"
 
 
-def power_of_two(v) -> str | None:
+def power_of_two(v: Any) -> str | None:
     return None if v > 0 and v & (v - 1) == 0 else "must be a positive power of two"
 
 
-def torch_dtype(name: str):
+def valid_dims(dims: dict[str, Any], keys: tuple[str, ...]) -> str | None:
+    """None when every key holds a positive integer, else what is wrong (for `Op.validate_case`)."""
+    for k in keys:
+        v = dims.get(k)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            return f"{k} must be a positive integer"
+    return None
+
+
+def capture_head_dims(params: Params) -> list[int]:
+    """Head dims for the structural capture, in preference order: one that leaves a tail under its
+    power-of-two block (48), then a power of two (64) for kernels that require one; or the pinned one."""
+    return [int(params["head_dim"])] if params.get("head_dim") else [48, 64]
+
+
+def capture_heads(params: Params) -> tuple[int, int]:
+    """(Hq, Hkv) for the structural capture: a ratio that is neither 1 nor Hkv, unless pinned."""
+    hq = int(params.get("num_q_heads") or 6)
+    hkv = int(params.get("num_kv_heads") or (2 if hq % 2 == 0 else 1))
+    return hq, (hkv if hq % hkv == 0 else 1)
+
+
+def capture_case(dims: dict[str, Any], dtype: str = "float16") -> Case:
+    """A structural capture call: float16 by default (the common serving dtype), a fixed seed."""
+    return Case("structural-capture", dims, dtype, 11, ("structural",))
+
+
+def torch_dtype(name: str) -> torch.dtype:
     return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
 
 
-def generator(seed: int):
+def generator(seed: int) -> torch.Generator:
     g = torch.Generator()
     g.manual_seed(seed)
     return g
 
 
-def randn(shape, g, dtype: str, device: str, scale: float = 1.0):
+def randn(shape: tuple[int, ...], g: torch.Generator, dtype: str, device: str, scale: float = 1.0) -> torch.Tensor:
     """Random normal data drawn on the CPU (reproducible everywhere), then moved."""
     x = torch.randn(*shape, generator=g, dtype=torch.float64) * scale
     return x.to(torch_dtype(dtype)).to(device)

@@ -1,16 +1,19 @@
 """custom: any other op. The configuration names a float64-capable `reference`
 callable (same keywords as the entry) and an `inputs(seed, case) -> dict` builder
-(SPEC-ops.md)."""
+(docs/ops.md)."""
 from __future__ import annotations
+
+from typing import Any
 
 from kernalin_ci.lazy import torch
 
 from kernalin_ci.entry import load_entry
 from kernalin_ci.errors import UsageError
-from kernalin_ci.ops.base import Case, Expected, Param
+from kernalin_ci.ops.base import Case, Expected, Op, Param, Params, Tensors
+from kernalin_ci.ops.bench_shapes import BenchRequest
 
 
-def _entry_spec(v):
+def _entry_spec(v: Any) -> str | None:
     return None if isinstance(v, str) and ":" in v else "must be 'file.py:function' or 'module:function'"
 
 
@@ -23,7 +26,7 @@ PARAMS = (
 )
 
 
-def as_outputs(ret) -> dict:
+def as_outputs(ret: Any) -> Tensors:
     if isinstance(ret, torch.Tensor):
         return {"out": ret}
     if isinstance(ret, (tuple, list)):
@@ -33,21 +36,21 @@ def as_outputs(ret) -> dict:
     raise TypeError(f"expected a tensor, a tuple of tensors or a dict, got {type(ret).__name__}")
 
 
-class Custom:
+class Custom(Op):
     name = "custom"
     params = PARAMS
     written = ()
-    root = None  # set by the worker: the directory the callables resolve against
+    redraw_inputs = False  # the user's builder knows the structure of its inputs
 
-    def _fn(self, params, key):
+    def _fn(self, params: Params, key: str) -> Any:
         if not params.get(key):
             raise UsageError(f"op custom: param {key!r} is required (a 'file.py:function' entry)")
         return load_entry(params[key], self.root)
 
-    def written_names(self, params):
+    def written_names(self, params: Params) -> tuple[str, ...]:
         return tuple(params.get("written") or ())
 
-    def cases(self, params, device, dtype):
+    def cases(self, params: Params, device: str, dtype: str | None) -> list[Case]:
         out = []
         for i, c in enumerate(params.get("cases") or [{}]):
             if not isinstance(c, dict):
@@ -56,33 +59,29 @@ class Custom:
                 out.append(Case(f"case{i}-seed{s}", dict(c), dtype or c.get("dtype", "float32"), 1000 * i + s))
         return out
 
-    def probe(self, params, dtype):
+    def probe(self, params: Params, dtype: str | None) -> Case:
         c = (params.get("cases") or [{}])[0]
         return Case("probe", dict(c), dtype or "float32", 0, ("probe",))
 
-    def inputs(self, case, params, device, poison=True):
+    def inputs(self, case: Case, params: Params, device: str, poison: bool = True) -> Tensors:
         kw = self._fn(params, "inputs")(case.seed, {**case.dims, "dtype": case.dtype, "device": device})
         if not isinstance(kw, dict):
             raise UsageError("op custom: inputs() must return a dict of keyword arguments")
         return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
 
-    def outputs(self, ret, kw):
+    def outputs(self, ret: Any, kw: Tensors) -> Tensors:
         return as_outputs(ret)
 
-    def reference(self, kw, params):
+    def reference(self, kw: Tensors, params: Params) -> Expected:
         kw64 = {k: (v.to("cpu", torch.float64) if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
                 for k, v in kw.items()}
         ref = as_outputs(self._fn(params, "reference")(**kw64))
         return Expected({k: v.to(torch.float64) for k, v in ref.items()})
 
-    def fingerprints(self, kw, params, case):
-        return []
-
-    def properties(self, case, kw, outs, params):
-        return []
-
-    def row_label(self, case, kw, name, row):
-        return f"{name} row {row}"
+    def bench_cases(self, params: Params, device: str, request: BenchRequest) -> list[Case]:
+        return [Case(f"custom case {i}", dict(c), request.given.get("dtype", c.get("dtype", request.dtype)),
+                     1000 + i, ("bench",))
+                for i, c in enumerate((params.get("cases") or [{}])[:4])]
 
 
-OP = Custom()
+OP_CLASS = Custom

@@ -1,4 +1,4 @@
-"""kv_append: write new keys and values into a paged cache, in place (SPEC-ops.md).
+"""kv_append: write new keys and values into a paged cache, in place (docs/ops.md).
 
 The check is exact and whole-buffer: every written slot must hold its token's
 key/value bit for bit, and every other byte of both caches (canary-filled
@@ -6,11 +6,15 @@ before the call) must be unchanged.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from kernalin_ci.lazy import torch
 
 from kernalin_ci.findings import Finding
 from kernalin_ci.ops import paged
-from kernalin_ci.ops.base import Case, Param, generator, positive, randn
+from kernalin_ci.ops.base import (Case, Expected, Op, Param, Params, Tensors, capture_case, capture_head_dims,
+                                  generator, positive, randn, valid_dims)
+from kernalin_ci.ops.bench_shapes import BenchRequest
 from kernalin_ci.verify.interp import lazy_zeros
 from kernalin_ci.verify.poison import bits, fill_canary
 
@@ -25,18 +29,22 @@ HUGE_ELEMENTS = 2 ** 31  # one cache past 2^31 elements: 32-bit offsets overflow
 CHUNK_BLOCKS = 2048
 
 
-class KvAppend:
+class KvAppend(Op):
     name = "kv_append"
     params = PARAMS
     written = ("k_cache", "v_cache")
+    domain_axes = ("head_dim", "num_kv_heads", "dtype", "block_size")
+    exact = True  # `check`: the whole caches, bit for bit
+    structural = "kv_append"
 
-    def _dims(self, params, T, Hkv, D, num_blocks, padding, **extra):
+    def _dims(self, params: Params, T: int, Hkv: int, D: int, num_blocks: int, padding: int,
+              **extra: Any) -> dict[str, Any]:
         # at least two free slots per token, whatever the block size (block_size 1: a token-level pool)
         num_blocks = max(num_blocks, -(-2 * T // params["block_size"]) + 2)
         return {"T": T, "Hkv": params.get("num_kv_heads") or Hkv, "D": params.get("head_dim") or D,
                 "num_blocks": num_blocks, "padding": padding, **extra}
 
-    def cases(self, params, device, dtype):
+    def cases(self, params: Params, device: str, dtype: str | None) -> list[Case]:
         main = dtype or "float32"
         cases = [
             Case("slots", self._dims(params, 37, 2, 64, 23, 5), main, 1),
@@ -62,11 +70,11 @@ class KvAppend:
                           "float16" if huge_dt == "float32" else huge_dt, 5, ("huge",)))
         return cases
 
-    def probe(self, params, dtype):
+    def probe(self, params: Params, dtype: str | None) -> Case:
         dims = self._dims(params, 1, 2, 64, 4, 0, slots=[0])
         return Case("pos0-probe", dims, dtype or "float32", 0, ("probe",))
 
-    def slot_mapping(self, case, params, g) -> list[int]:
+    def slot_mapping(self, case: Case, params: Params, g: Any) -> list[int]:
         d = case.dims
         if "slots" in d:
             return list(d["slots"])
@@ -86,7 +94,10 @@ class KvAppend:
         order = torch.randperm(T, generator=g).tolist()
         return [slots[i] for i in order]
 
-    def inputs(self, case, params, device, poison=True):
+    def shape_case(self, params: Params, dtype: str) -> Case:
+        return Case("shape", self._dims(params, 7, 2, 64, 5, 2), dtype, 40, ("shape",))
+
+    def inputs(self, case: Case, params: Params, device: str, poison: bool = True) -> Tensors:
         d = case.dims
         g = generator(case.seed)
         T, Hkv, D, nb, bs = d["T"], d["Hkv"], d["D"], d["num_blocks"], params["block_size"]
@@ -110,10 +121,13 @@ class KvAppend:
         return {"key": key, "value": value, "k_cache": k_cache, "v_cache": v_cache,
                 "slot_mapping": torch.tensor(slots, dtype=torch.int64, device=device)}
 
-    def outputs(self, ret, kw):
+    def outputs(self, ret: Any, kw: Tensors) -> Tensors:
         return {"k_cache": kw["k_cache"], "v_cache": kw["v_cache"]}
 
-    def check(self, case, before, kw, outs, params):
+    def reference(self, kw: Tensors, params: Params) -> Expected:
+        raise NotImplementedError("kv_append is checked exactly, by check()")
+
+    def check(self, case: Case, before: Tensors, kw: Tensors, outs: Tensors, params: Params) -> list[Finding]:
         """Written slots hold their token's data; nothing else in either cache changed."""
         lay = paged.layout_of(params)
         before = {k: (paged.nhd(v, lay) if k in self.written and v is not None else v) for k, v in before.items()}
@@ -155,13 +169,14 @@ class KvAppend:
                 findings.append(self._explain_stray(name, cache, changed, before, src, pads, bs))
         return findings
 
-    def guard_class(self, name, side, before):
+    def guard_class(self, name: str, side: str, before: Tensors) -> str | None:
         """A write just before a cache, with padding tokens present, is slot -1 written."""
         if name in self.written and side == "before" and bool((before["slot_mapping"] < 0).any()):
             return "kv-padding"
         return None
 
-    def _explain_slots(self, name, got, want, bad, before, src, other, tok, slots):
+    def _explain_slots(self, name: str, got: Any, want: Any, bad: Any, before: Tensors, src: str, other: str,
+                       tok: list[int], slots: list[int]) -> Finding:
         bad_tok = bad.flatten(1).any(1)
         n_bad = int(bad_tok.sum())
         i = int(bad_tok.nonzero()[0])
@@ -186,7 +201,8 @@ class KvAppend:
                        f"{name}: {n_bad} of {len(tok)} written slots do not hold their token's {src}; "
                        f"e.g. {where}, heads {heads_bad}")
 
-    def _explain_stray(self, name, cache, changed, before, src, pads, bs):
+    def _explain_stray(self, name: str, cache: Any, changed: Any, before: Tensors, src: str, pads: list[int],
+                       bs: int) -> Finding:
         n = int(changed.sum())
         first = [int(x) for x in changed.nonzero()[0]]
         blk, off = first[0], first[1]
@@ -203,5 +219,30 @@ class KvAppend:
                     break
         return Finding("kv-whole-cache", cls, msg)
 
+    def validate_case(self, case: Case) -> str | None:
+        d = case.dims
+        problem = valid_dims(d, ("T", "Hkv", "D", "num_blocks"))
+        pad = d.get("padding")
+        if problem is None and "slots" not in d and not (isinstance(pad, int) and 0 <= pad <= d["T"]):
+            return "padding must be an integer from 0 to T (or give slots)"
+        return problem
 
-OP = KvAppend()
+    def bench_cases(self, params: Params, device: str, request: BenchRequest) -> list[Case]:
+        _, hkv, D = request.heads(params)
+        bs = params.get("block_size", 16)
+        cases = []
+        for i, s in enumerate(request.token_shapes(self.name)):
+            nb = max(request.model["num_blocks"], -(-2 * s["tokens"] // bs))
+            dims = {"T": s["tokens"], "Hkv": hkv, "D": D, "num_blocks": nb, "padding": 0}
+            cases.append(Case(f"T={s['tokens']} Hkv={hkv} D={D} {request.dtype} ({nb} blocks of {bs})",
+                              dims, request.dtype, 1000 + i, ("bench",)))
+        return cases
+
+    def capture_cases(self, params: Params) -> list[Case]:
+        """Several tokens, two of them padding, in a cache of several blocks."""
+        hkv = params.get("num_kv_heads") or 2
+        return [capture_case({"T": 5, "Hkv": hkv, "D": D, "num_blocks": 7, "padding": 2})
+                for D in capture_head_dims(params)]
+
+
+OP_CLASS = KvAppend

@@ -16,7 +16,9 @@ writing through it reads and writes the entry's cache.
 """
 from __future__ import annotations
 
-from kernalin_ci.ops.base import Param
+from typing import Any
+
+from kernalin_ci.ops.base import Param, Params
 
 LAYOUTS = ("nhd", "hnd")
 LAYOUT = Param("layout", "nhd", str,
@@ -24,19 +26,19 @@ LAYOUT = Param("layout", "nhd", str,
                choices=LAYOUTS)
 
 
-def layout_of(params: dict) -> str:
-    return params.get("layout") or "nhd"
+def layout_of(params: Params) -> str:
+    return str(params.get("layout") or "nhd")
 
 
-def nhd(cache, layout: str):
+def nhd(cache: Any, layout: str) -> Any:
     """The [num_blocks, block_size, Hkv, D] view of a cache held in `layout` (no copy)."""
     return cache if layout == "nhd" else cache.permute(0, 2, 1, 3)
 
 
-def from_nhd(cache, layout: str):
+def from_nhd(cache: Any, layout: str) -> Any:
     """A contiguous tensor in `layout` holding the same cache as the nhd tensor `cache`."""
     return cache if layout == "nhd" else cache.permute(0, 2, 1, 3).contiguous()
 
 
-def shape(num_blocks: int, block_size: int, hkv: int, d: int, layout: str) -> tuple:
+def shape(num_blocks: int, block_size: int, hkv: int, d: int, layout: str) -> tuple[int, int, int, int]:
     return (num_blocks, block_size, hkv, d) if layout == "nhd" else (num_blocks, hkv, block_size, d)

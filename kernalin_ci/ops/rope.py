@@ -1,10 +1,14 @@
-"""rope: rotary position embedding of query and key (SPEC-ops.md)."""
+"""rope: rotary position embedding of query and key (docs/ops.md)."""
 from __future__ import annotations
+
+from typing import Any
 
 from kernalin_ci.lazy import torch
 
 from kernalin_ci.findings import Finding
-from kernalin_ci.ops.base import TOLERANCE, Case, Expected, Param, generator, positive, randn
+from kernalin_ci.ops.base import (TOLERANCE, Case, Expected, Op, Param, Params, Tensors, capture_case,
+                                  capture_head_dims, capture_heads, generator, positive, randn, valid_dims)
+from kernalin_ci.ops.bench_shapes import BenchRequest
 
 PARAMS = (
     Param("style", "neox", str, "pairing: neox (i, i + r/2) or gptj (2i, 2i + 1)", choices=("neox", "gptj")),
@@ -19,7 +23,7 @@ PARAMS = (
 
 
 def rotate(x: torch.Tensor, positions: torch.Tensor, style: str, base: float, r: int,
-           sign: float = 1.0, table=None) -> torch.Tensor:
+           sign: float = 1.0, table: torch.dtype | None = None) -> torch.Tensor:
     """The definition in float64. x [T, H, D], positions [T]. `table`: a dtype the cos/sin values are
     rounded to first (what a cos/sin table held in that dtype gives)."""
     x = x.to(torch.float64)
@@ -83,12 +87,14 @@ def row_slack(x: torch.Tensor, positions: torch.Tensor, style: str, base: float,
     return (moved / x.norm(dim=-1).clamp_min(1e-30)).reshape(-1)
 
 
-class Rope:
+class Rope(Op):
     name = "rope"
     params = PARAMS
     written = ("q", "k")  # in-place kernels may return q and k themselves
+    domain_axes = ("head_dim", "num_q_heads", "num_kv_heads", "dtype")
+    structural = "rope"
 
-    def _shape(self, params, D, hq, hkv):
+    def _shape(self, params: Params, D: int, hq: int, hkv: int) -> dict[str, Any]:
         D = params.get("head_dim") or D
         r = params.get("rotary_dim") or D
         if r > D:
@@ -97,7 +103,7 @@ class Rope:
         hkv = params.get("num_kv_heads") or hkv
         return {"D": D, "Hq": hq, "Hkv": hkv}
 
-    def cases(self, params, device, dtype):
+    def cases(self, params: Params, device: str, dtype: str | None) -> list[Case]:
         main = dtype or "float32"
         mp = params["max_position"]
         special = [0, 1, 2, 3, 7, 31, 100, 1000, 4095, mp - 1, mp - 2, mp // 2 + 1]
@@ -116,11 +122,16 @@ class Rope:
                                                       "positions": special}, dt, 10 + i))
         return cases
 
-    def probe(self, params, dtype):
+    def probe(self, params: Params, dtype: str | None) -> Case:
         return Case("pos0-probe", {**self._shape(params, 64, 8, 2), "T": 1, "positions": [0]},
                     dtype or "float32", 0, ("probe",))
 
-    def inputs(self, case, params, device, poison=True):
+    def shape_case(self, params: Params, dtype: str) -> Case:
+        mp = params["max_position"]
+        pos = [p for p in (0, 1, 7, mp - 1) if p < mp]
+        return Case("shape", {**self._shape(params, 64, 8, 2), "T": 5, "positions": pos}, dtype, 40, ("shape",))
+
+    def inputs(self, case: Case, params: Params, device: str, poison: bool = True) -> Tensors:
         d = case.dims
         g = generator(case.seed)
         T, Hq, Hkv, D = d["T"], d["Hq"], d["Hkv"], d["D"]
@@ -139,15 +150,15 @@ class Rope:
         return {"q": q.to(device), "k": k.to(device),
                 "positions": torch.tensor(pos, dtype=torch.int64, device=device)}
 
-    def outputs(self, ret, kw):
+    def outputs(self, ret: Any, kw: Tensors) -> Tensors:
         if not isinstance(ret, (tuple, list)) or len(ret) != 2:
             raise TypeError(f"rope entry must return (q_out, k_out), got {type(ret).__name__}")
         return {"q": ret[0], "k": ret[1]}
 
-    def _r(self, params, D):
+    def _r(self, params: Params, D: int) -> int:
         return params.get("rotary_dim") or D
 
-    def reference(self, kw, params):
+    def reference(self, kw: Tensors, params: Params) -> Expected:
         D = kw["q"].shape[-1]
         r, st, base = self._r(params, D), params["style"], params["base"]
         pos = kw["positions"].to("cpu")
@@ -157,13 +168,13 @@ class Rope:
                         row_slack={n: row_slack(kw[n].to("cpu"), pos, st, base, r) for n in ("q", "k")},
                         tolerance=FLOAT32_TOLERANCE if fp32 else None)
 
-    def fingerprints(self, kw, params, case):
+    def fingerprints(self, kw: Tensors, params: Params, case: Case) -> list[tuple[str, Tensors]]:
         D = kw["q"].shape[-1]
         r, st, base = self._r(params, D), params["style"], params["base"]
         pos = kw["positions"]
         other = "gptj" if st == "neox" else "neox"
 
-        def both(**kws):
+        def both(**kws: Any) -> Tensors:
             a = dict(style=st, base=base, r=r, positions=pos)
             a.update(kws)
             p = a.pop("positions")
@@ -181,7 +192,7 @@ class Rope:
             fps += [("precision", both(table=torch.float16)), ("precision", both(table=torch.bfloat16))]
         return fps
 
-    def properties(self, case, kw, outs, params):
+    def properties(self, case: Case, kw: Tensors, outs: Tensors, params: Params) -> list[Finding]:
         """Reference-free: rotations preserve norms; <R(m)q, R(n)k> depends on m - n only."""
         found = []
         tol = TOLERANCE[case.dtype]
@@ -218,10 +229,36 @@ class Rope:
                     f"(both m - n = {case.dims['relative']}) differ by {float(dev.max()):.3g} of |q||k|"))
         return found
 
-    def row_label(self, case, kw, name, row):
+    def row_label(self, case: Case, kw: Tensors, name: str, row: int) -> str:
         H = case.dims["Hq"] if name == "q" else case.dims["Hkv"]
         t, h = divmod(row, H)
         return f"{name}[t={t}, h={h}] (position {int(kw['positions'][t])})"
 
+    def validate_case(self, case: Case) -> str | None:
+        return valid_dims(case.dims, ("T", "Hq", "Hkv", "D"))
 
-OP = Rope()
+    def bench_cases(self, params: Params, device: str, request: BenchRequest) -> list[Case]:
+        hq, hkv, D = request.heads(params)
+        if params.get("rotary_dim") and params["rotary_dim"] > D:
+            D = params["rotary_dim"]
+        mp = params.get("max_position", 65536)
+        cases = []
+        for i, s in enumerate(request.token_shapes(self.name)):
+            dims = {"T": s["tokens"], "Hq": hq, "Hkv": hkv, "D": D}
+            cases.append(Case(f"T={s['tokens']} Hq={hq} Hkv={hkv} D={D} {request.dtype} (positions < {mp})",
+                              dims, request.dtype, 1000 + i, ("bench",)))
+        return cases
+
+    def capture_cases(self, params: Params) -> list[Case]:
+        """Several tokens at positions that are neither 0 nor the token index."""
+        hq, hkv = capture_heads(params)
+        cases = []
+        for D in capture_head_dims(params):
+            D = max(D, params.get("rotary_dim") or D)
+            # float32: the precision a float32 model needs (angles, a cos/sin table) is visible there
+            cases.append(capture_case({"T": 3, "Hq": hq, "Hkv": hkv, "D": D, "positions": [1000, 7, 33]},
+                                      "float32"))
+        return cases
+
+
+OP_CLASS = Rope

@@ -13,8 +13,9 @@ import xml.etree.ElementTree as ET
 
 from kernalin_ci.report.markdown import checked_kernels, headline
 from kernalin_ci.report.model import KernelReport, PipelineReport, Report
-from kernalin_ci.report.text import (benchmark_ok, bug_classes, case_summary, location_text, mass_sentence,
-                                     measurement_note, plural, verdict_phrase, xml_text)
+from kernalin_ci.report.text import (benchmark_ok, bug_classes, case_summary, coverage_text, location_text,
+                                     mass_sentence, measurement_note, not_checked_texts, plural, structural_text,
+                                     verdict_phrase, xml_text)
 
 SUITE = "kernalin-ci"
 
@@ -73,6 +74,11 @@ def _verification_text(item) -> str:
     line = f"verification: {v.get('verdict', '?')}" + (f" ({ctx})" if ctx else "")
     if fs:
         line += "; " + ", ".join(f"{c} x{n}" for c, n in bug_classes(fs))
+    for label, text in (("structural", structural_text(v)), ("coverage", coverage_text(v))):
+        if text:
+            line += f"\n{label}: {text}"
+    for text in not_checked_texts(v):
+        line += f"\nnot checked: {text}"
     notices = v.get("notices") or []
     for n in notices:
         loc = location_text(n.get("location"))

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from kernalin_ci.findings import BUG_CLASSES
 from kernalin_ci.report.chart import posterior_chart
 from kernalin_ci.report.model import KernelReport, PipelineReport, Report
-from kernalin_ci.report.text import (benchmark_ok, bug_classes, case_summary, clip, code, code_block, effect,
-                                     hdi_text, html_text, location_text, mass_sentence, md, measurement_note,
-                                     plural, prob, ratio_text, rope_text, verdict_phrase)
+from kernalin_ci.report.text import (benchmark_ok, bug_classes, case_summary, clip, code, code_block,
+                                     coverage_text, effect, hdi_text, html_text, location_text, mass_sentence,
+                                     md, measurement_note, not_checked_texts, plural, prob, ratio_text,
+                                     rope_text, structural_text, verdict_phrase)
 
 COMMENT_MAX_CHARS = 65536  # GitHub's limit for an issue or pull-request comment body
 # The publisher prepends the sticky-comment marker (one HTML comment line); leave it room.
@@ -181,6 +182,10 @@ def _verification_cell(item) -> str:
         cell += f" · {plural(v['cases_run'], 'case')}"
     if _notices(item):
         cell += f" · {plural(len(_notices(item)), 'notice')}"
+    if v.get("not_checked"):
+        cell += f" · {plural(len(v['not_checked']), 'shape')} not checked"
+    if (v.get("structural") or {}).get("status") == "not-analysed":
+        cell += " · **structure not analysed**"
     return cell
 
 
@@ -298,6 +303,29 @@ def _finding_item(i: int, f: dict) -> str:
     return "\n".join(lines) + "\n\n"
 
 
+def _domain_lines(item) -> list[str]:
+    """The structural status, the coverage and what was not checked, as list items."""
+    v = item.verification
+    if not isinstance(v, dict):
+        return []
+    lines = []
+    st = structural_text(v)
+    if st:
+        bold = (v.get("structural") or {}).get("status") == "not-analysed"
+        lines.append(f"- **Structural:** {'**' if bold else ''}{md(clip(st, 600))}{'**' if bold else ''}.")
+    cov = coverage_text(v)
+    if cov:
+        lines.append(f"- **Coverage:** {md(cov)}.")
+    nc = not_checked_texts(v)
+    if nc:
+        lines.append(f"- **Not checked:** {plural(len(nc), 'shape')} outside the kernel's domain or the "
+                     f"interpreter's reach (never a finding):")
+        lines += [f"  - {md(clip(t, 500))}" for t in nc[:10]]
+        if len(nc) > 10:
+            lines.append(f"  - … {len(nc) - 10} more in report.json")
+    return lines
+
+
 def _notices_block(item) -> str | None:
     ns = _notices(item)
     if not ns:
@@ -323,6 +351,7 @@ def _kernel_section(k: KernelReport) -> _Section:
     vl = _verification_line(k)
     if vl:
         lines.append(vl)
+    lines += _domain_lines(k)
     bl = _benchmark_line(k)
     if bl:
         lines.append(bl)

@@ -1,11 +1,11 @@
 """The JSON Schema (draft 2020-12) of report.json, documented field by field in docs/report.md.
 
-Objects allow more properties than listed (SPEC-cli.md: more fields are fine); the listed ones keep
+Objects allow more properties than listed (docs/cli.md: more fields are fine); the listed ones keep
 their names, types and meanings for a given `schema` version.
 """
 from __future__ import annotations
 
-from kernalin_ci.findings import BUG_CLASSES
+from kernalin_ci.findings import BUG_CLASSES, STRUCTURAL_STATUSES
 from kernalin_ci.report.model import SCHEMA_VERSION
 
 _num = {"type": "number"}
@@ -29,12 +29,35 @@ NOTICE = {"type": "object", "required": ["check", "message"],
           "properties": {"check": {"type": "string"}, "message": {"type": "string"}, "location": LOCATION,
                          "kind": {"type": "string"}}}
 
+_ints = {"type": "array", "items": {"type": "integer"}}
+_range = {"type": "array", "items": {"type": "integer"}, "maxItems": 2}
+
+# what the dynamic checks reached (kernalin_ci.findings.Coverage)
+COVERAGE = {"type": "object",
+            "properties": {"head_dims": _ints, "heads": {"type": "array", "items": {"type": "string"}},
+                           "dtypes": {"type": "array", "items": {"type": "string"}}, "block_sizes": _ints,
+                           "kv_lens": _range, "positions": _range}}
+
+# cases that did not run, and why (kernalin_ci.findings.NotChecked)
+NOT_CHECKED = {"type": "object", "required": ["shape", "reason", "error", "cases"],
+               "properties": {"shape": {"type": "string"}, "reason": {"enum": ["unsupported", "interpreter"]},
+                              "error": {"type": "string"}, "cases": {"type": "array", "items": {"type": "string"}},
+                              "instead": _str_or_null}}
+
+# whether the compiled IR was analysed (kernalin_ci.findings.StructuralStatus)
+STRUCTURAL = {"type": "object", "required": ["status"],
+              "properties": {"status": {"enum": list(STRUCTURAL_STATUSES)}, "cause": _str_or_null,
+                             "shape": _str_or_null}}
+
 VERIFICATION = {"type": ["object", "null"], "required": ["verdict", "findings"],
                 "properties": {"op": {"type": "string"}, "entry": {"type": "string"},
                                "verdict": {"enum": ["pass", "fail"]}, "cases_run": {"type": "integer", "minimum": 0},
                                "seconds": _num, "device": {"type": "string"},
                                "findings": {"type": "array", "items": FINDING},
                                "notices": {"type": "array", "items": NOTICE},
+                               "coverage": COVERAGE,
+                               "not_checked": {"type": "array", "items": NOT_CHECKED},
+                               "structural": STRUCTURAL,
                                "error": {"type": "string"}}}
 
 _num_or_null = {"type": ["number", "null"]}
@@ -58,7 +81,7 @@ FAILED_BENCHMARK = {"type": "object", "required": ["verdict", "error"],
 BENCHMARK = {"anyOf": [{"type": "null"}, VERDICT, FAILED_BENCHMARK]}
 
 _failed_by = {"type": "array", "items": {"type": "string"},
-              "examples": [["finding"], ["slower"], ["inconclusive"], ["error"]]}
+              "examples": [["finding"], ["slower"], ["inconclusive"], ["not-analysed"], ["error"]]}
 
 KERNEL = {"type": "object", "required": ["name", "op", "entry", "status", "verification", "benchmark", "failed_by"],
           "properties": {"name": {"type": "string"}, "op": {"type": "string"}, "entry": {"type": "string"},

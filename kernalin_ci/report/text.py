@@ -132,7 +132,7 @@ def _decimals(*fracs: float, apart: tuple[float, float] | None = None) -> int:
 
 
 def benchmark_ok(b: dict | None) -> bool:
-    """Whether B has the SPEC-cli verdict fields a renderer needs (and they are numbers)."""
+    """Whether B has the docs/cli.md verdict fields a renderer needs (and they are numbers)."""
     if not isinstance(b, dict) or b.get("verdict") not in ("faster", "slower", "equivalent", "inconclusive"):
         return False
     try:
@@ -243,3 +243,38 @@ def bug_classes(findings: list[dict]) -> list[tuple[str, int]]:
 
 def plural(n: int, word: str) -> str:
     return f"{n} {word}{'s' * (n != 1)}"
+
+
+# ---------------------------------------------------------------------------------------- shape domain
+
+
+def structural_text(v: dict) -> str | None:
+    """'analysed at D=64 float16 Hq=6 Hkv=2' / 'not analysed (cause)' / None when not run or unknown."""
+    from kernalin_ci.findings import StructuralStatus
+
+    st = v.get("structural")
+    if not isinstance(st, dict) or st.get("status") not in ("analysed", "not-analysed"):
+        return None
+    return StructuralStatus.from_json(st).summary()
+
+
+def coverage_text(v: dict) -> str | None:
+    """The shapes and lengths the dynamic checks reached, in one line; None when there is no coverage."""
+    from kernalin_ci.findings import Coverage
+
+    cov = v.get("coverage")
+    if not isinstance(cov, dict) or not any(cov.values()):
+        return None
+    return Coverage.from_json(cov).summary()
+
+
+def not_checked_texts(v: dict) -> list[str]:
+    """One line per shape that was not checked: its reason and the kernel's own error."""
+    from kernalin_ci.findings import NotChecked
+
+    out = []
+    for n in v.get("not_checked") or []:
+        item = NotChecked.from_json(n)
+        cases = ", ".join(item.cases[:4]) + (", ..." if len(item.cases) > 4 else "")
+        out.append(item.summary() + (f" (cases: {cases})" if cases else ""))
+    return out

@@ -12,9 +12,11 @@ import shlex
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 from kernalin_ci.errors import UsageError
-from kernalin_ci.findings import Finding, Notice, VerifyResult
+from kernalin_ci import domain as domain_mod
+from kernalin_ci.findings import Coverage, Finding, NotChecked, Notice, StructuralStatus, VerifyResult
 from kernalin_ci.isolate import run_task
 from kernalin_ci.ops import get_op
 from kernalin_ci.ops.base import Case, resolve_params
@@ -27,10 +29,13 @@ MAX_RESTARTS = 8
 DYNAMIC_WORKERS = {"cpu": 1, "cuda": 3}
 
 
-def reproduce_command(op: str, entry: str, raw_params: dict, device: str, case: Case | None) -> str:
+def reproduce_command(op: str, entry: str, raw_params: dict, device: str, case: Case | None,
+                      raw_domain: dict | None = None) -> str:
     parts = ["kernalin-ci", "verify", "--op", op, "--entry", entry]
     for k, v in raw_params.items():
         parts += ["--param", f"{k}={json.dumps(v) if isinstance(v, (list, dict)) else v}"]
+    for k, v in (raw_domain or {}).items():
+        parts += ["--domain", f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}"]
     parts += ["--device", device, "--only", "dynamic"]
     if case is not None:
         parts += ["--case", json.dumps(case.to_json(), separators=(",", ":"))]
@@ -44,11 +49,13 @@ class Progress:
         self.enabled, self.total, self.label = enabled, total, label
         self.indices = indices  # a shard's case i is case indices[i] of the whole list
 
-    def case_done(self, index: int, name: str, seconds: float, n_findings: int) -> None:
+    def case_done(self, index: int, name: str, seconds: float, n_findings: int, note: str = "") -> None:
         if self.indices is not None:
             index = self.indices[index]
         if self.enabled:
             status = "ok" if n_findings == 0 else f"FAIL ({n_findings} finding{'s' * (n_findings != 1)})"
+            if note:
+                status = note if n_findings == 0 else f"{status}; {note}"
             print(f"  {self.label} [{index + 1}/{self.total}] {name}: {status} ({seconds:.1f} s)",
                   file=sys.stderr, flush=True)
 
@@ -90,10 +97,21 @@ def shard(cases: list[Case], workers: int) -> list[list[int]]:
     return out
 
 
+@dataclass
+class CasesRun:
+    """What the workers did with a list of cases."""
+
+    findings: list[Finding] = field(default_factory=list)
+    done: int = 0  # cases finished (run, moved to another shape, or not checked)
+    ran: list[Case] = field(default_factory=list)  # the cases as they ran (at the shape they ran at)
+    not_checked: list[tuple[str, dict]] = field(default_factory=list)  # (case name, the worker's note)
+
+
 def run_cases(task: str, job: dict, cases: list[Case], device: str, timeout_s: float, progress: Progress,
-              repro, on_other_event=None, env: dict | None = None) -> tuple[list[Finding], int]:
+              repro, on_other_event=None, env: dict | None = None) -> CasesRun:
     """Drive worker children over all cases, restarting after a hang or crash."""
-    findings: list[Finding] = []
+    run = CasesRun()
+    findings = run.findings
     done = 0
     start = 0
     restarts = 0
@@ -107,15 +125,23 @@ def run_cases(task: str, job: dict, cases: list[Case], device: str, timeout_s: f
             elif ev["event"] == "case-done":
                 i = ev["index"]
                 in_flight["index"] = None
+                ran = Case.from_json(ev["ran"]) if ev.get("ran") else cases[i]
                 fs = [Finding.from_json(f) for f in ev["findings"]]
                 for f in fs:
-                    f.case = cases[i].to_json()
-                    f.reproduce = repro(cases[i])
+                    f.case = ran.to_json()
+                    f.reproduce = repro(ran)
                 findings.extend(fs)
                 done += 1
-                progress.case_done(i, cases[i].name, ev.get("seconds", 0.0), len(fs))
-                if ev.get("skipped"):
-                    progress.note(f"case {cases[i].name!r} skipped: {ev['skipped']}")
+                nc = ev.get("not_checked")
+                if nc:
+                    run.not_checked.append((cases[i].name, nc))
+                if not nc or nc.get("instead"):
+                    run.ran.append(ran)
+                note = ""
+                if nc:
+                    note = (f"{nc.get('shape') or 'this case'}: {nc['reason']}, "
+                            + (f"ran at {nc['instead']} instead" if nc.get("instead") else "not checked"))
+                progress.case_done(i, cases[i].name, ev.get("seconds", 0.0), len(fs), note)
             elif on_other_event:
                 on_other_event(ev)
 
@@ -154,7 +180,8 @@ def run_cases(task: str, job: dict, cases: list[Case], device: str, timeout_s: f
         if restarts > MAX_RESTARTS:
             progress.note(f"gave up after {restarts} restarts; {len(cases) - start} cases not run")
             break
-    return findings, done
+    run.done = done
+    return run
 
 
 def dedupe(findings: list[Finding]) -> list[Finding]:
@@ -180,9 +207,15 @@ def dedupe(findings: list[Finding]) -> list[Finding]:
 
 def verify(op_name: str, entry: str, raw_params: dict, device: str, *, dtype: str | None = None,
            only: str | None = None, probe: bool = False, case_json: str | None = None,
-           root: str | None = None, timeout_s: float | None = None, progress: bool = True) -> VerifyResult:
+           root: str | None = None, timeout_s: float | None = None, progress: bool = True,
+           raw_domain: dict | None = None) -> VerifyResult:
     op = get_op(op_name)
-    params = resolve_params(op_name, op.params, raw_params)
+    dom, plan_params = domain_mod.resolve(op, raw_params, raw_domain)
+    params = resolve_params(op_name, op.params, plan_params)
+    if dtype and dom.dtype and dtype not in dom.dtype:
+        raise UsageError(f"--dtype {dtype}: outside the declared domain (dtype {', '.join(dom.dtype)})")
+    plan_dtype = dtype or (dom.dtype[0] if len(dom.dtype) == 1 else None)
+    main_dtype = plan_dtype or "float32"
     t0 = time.perf_counter()
     result = VerifyResult(op=op_name, entry=entry, device=device)
     timeout_s = timeout_s or DEFAULT_TIMEOUT[device]
@@ -195,19 +228,22 @@ def verify(op_name: str, entry: str, raw_params: dict, device: str, *, dtype: st
     # wall time is the longer of the two instead of their sum (each child imports torch and Triton).
     with ThreadPoolExecutor(max_workers=1) as pool:
         pending = pool.submit(structural, op_name, entry, params, device=device, root=root,
-                              timeout_s=timeout_s) if structural else None
+                              timeout_s=timeout_s, domain=dom) if structural else None
         if only in (None, "dynamic") or probe or case_json:
             if case_json:
                 cases = [Case.from_json(case_json)]
+                problem = op.validate_case(cases[0])
+                if problem:
+                    raise UsageError(f"--case: {problem}")
             elif probe:
                 cases = [op.probe(params, dtype)]
             else:
-                cases = op.cases(params, device, dtype)
+                cases = domain_mod.plan(op, params, dom, op.cases(params, device, plan_dtype), main_dtype)
             prog = Progress(progress, len(cases), op_name)
             job = {"op": op_name, "entry": entry, "root": root, "params": params, "device": device,
-                   "poison": not probe}
+                   "poison": not probe, "domain": dom.to_json(), "main_dtype": main_dtype}
             def repro(c):
-                return reproduce_command(op_name, entry, raw_params, device, c)
+                return reproduce_command(op_name, entry, raw_params, device, c, raw_domain)
 
             groups = shard(cases, DYNAMIC_WORKERS[device])
             env = threads_each(len(groups) + (pending is not None))
@@ -225,18 +261,41 @@ def verify(op_name: str, entry: str, raw_params: dict, device: str, *, dtype: st
                 parts = [r.result() for r in runs]
             result.notices += dyn_notices
             order = {c.name: i for i, c in enumerate(cases)}
-            found = sorted((f for fs, _ in parts for f in fs),
+            found = sorted((f for p in parts for f in p.findings),
                            key=lambda f: order.get((f.case or {}).get("name"), -1))
-            n = sum(n for _, n in parts)
+            ran = sorted((c for p in parts for c in p.ran), key=lambda c: order.get(c.name, -1))
+            refused = sorted((x for p in parts for x in p.not_checked), key=lambda x: order.get(x[0], -1))
             result.findings += found
-            result.cases_run += n
+            result.cases_run += sum(p.done for p in parts)
+            result.coverage = domain_mod.coverage(op, ran, params)
+            result.not_checked = _not_checked(op, params, cases, refused)
+            if cases and not ran and any(n.reason == "unsupported" for n in result.not_checked):
+                first = result.not_checked[0]
+                result.findings.append(Finding(
+                    "domain", "entry-error", f"the entry raised at every shape tried ({len(result.not_checked)} "
+                    f"shape{'s' * (len(result.not_checked) != 1)}); at {first.shape}: {first.error}",
+                    case=cases[0].to_json(), reproduce=repro(cases[0])))
         if pending is not None:
-            found, notices = pending.result()
+            found, notices, status = pending.result()
             result.findings += found
             result.notices += notices
+            result.structural = status
     result.findings = dedupe(result.findings)
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def _not_checked(op, params: dict, cases: list[Case], refused: list[tuple[str, dict]]) -> list[NotChecked]:
+    """The workers' notes, one entry per (shape, reason, error, substitute), with the cases it covers."""
+    by_name = {c.name: c for c in cases}
+    out: dict[tuple, NotChecked] = {}
+    for name, nc in refused:
+        shape = nc.get("shape") or domain_mod.shape_text(domain_mod.shape_of(op, by_name[name], params))
+        k = (shape, nc["reason"], nc.get("error", ""), nc.get("instead"))
+        if k not in out:
+            out[k] = NotChecked(shape, nc["reason"], nc.get("error", ""), [], nc.get("instead"))
+        out[k].cases.append(name)
+    return list(out.values())
 
 
 def pipeline_params(entries: dict, raw_params: dict) -> dict:
@@ -295,10 +354,10 @@ def verify_pipeline(entries: dict, raw_params: dict, device: str, *, dtype: str 
     case = Case("decode-loop", {"steps": steps, "start_lengths": list(_start_lengths())}, dtype, seed)
     job = {"entries": {k: v for k, v in entries.items() if v}, "root": root, "params": params,
            "device": device, "dtype": dtype, "seed": seed, "steps": steps}
-    found, n = run_cases("verify-pipeline", job, [case], device, timeout_s or DEFAULT_TIMEOUT[device],
-                         prog, repro, on_event)
-    result.findings = dedupe(found)
-    result.cases_run = n
+    run = run_cases("verify-pipeline", job, [case], device, timeout_s or DEFAULT_TIMEOUT[device],
+                    prog, repro, on_event)
+    result.findings = dedupe(run.findings)
+    result.cases_run = run.done
     result.seconds = time.perf_counter() - t0
     return result
 
@@ -317,4 +376,4 @@ def _structural():
     return verify_structural
 
 
-__all__ = ["verify", "reproduce_command", "VerifyResult", "Notice"]
+__all__ = ["verify", "reproduce_command", "VerifyResult", "Notice", "StructuralStatus", "Coverage"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from kernalin_ci.lazy import torch
 
 from kernalin_ci.findings import Finding
-from kernalin_ci.ops.base import TOLERANCE
+from kernalin_ci.ops.base import TOLERANCE, Op
 from kernalin_ci.verify.poison import is_canary
 
 
@@ -19,7 +19,7 @@ def row_errors(actual: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
     return (a - e).norm(dim=-1) / e.norm(dim=-1).clamp_min(1e-30)
 
 
-def check_reference(op, case, before: dict, outs: dict, params: dict, memo: dict,
+def check_reference(op: Op, case, before: dict, outs: dict, params: dict, memo: dict,
                     tolerance: float | None = None) -> list[Finding]:
     """Every output against op.reference(before); explain failures with fingerprints. `tolerance`
     replaces the dtype's (float32 computed on TF32)."""

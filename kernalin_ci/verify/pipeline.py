@@ -1,4 +1,4 @@
-"""The decode pipeline check (SPEC-ops.md): rope -> kv_append -> attention.decode_paged,
+"""The decode pipeline check (docs/ops.md): rope -> kv_append -> attention.decode_paged,
 many steps on several sequences of different lengths, with the outputs and the
 whole caches compared with an independent float64 reference after every step.
 

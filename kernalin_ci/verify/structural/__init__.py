@@ -14,20 +14,36 @@ the checks and the catch matrix.
 """
 from __future__ import annotations
 
-from kernalin_ci.findings import Finding, Notice
+import importlib
+from typing import TYPE_CHECKING
 
-OPS = ("attention.decode", "attention.decode_paged", "rope", "kv_append")
+from kernalin_ci.findings import Finding, Notice, StructuralStatus
+from kernalin_ci.ops import get_op
+from kernalin_ci.ops.base import Op
+
+if TYPE_CHECKING:
+    from kernalin_ci.verify.structural.common import Analysis
+
 TASK = "verify-structural"
 
 
+def analysis_of(op: Op) -> Analysis | None:
+    """The structural analysis the op names (`Op.structural`), or None when it has none."""
+    if op.structural is None:
+        return None
+    analysis: Analysis = importlib.import_module(f"kernalin_ci.verify.structural.{op.structural}").ANALYSIS
+    return analysis
+
+
 def verify_structural(op_name: str, entry: str, params: dict, device: str = "cpu", root: str | None = None,
-                      timeout_s: float = 600.0) -> tuple[list[Finding], list[Notice]]:
-    """Structural findings and notices for one entry. `device` is unused: nothing is launched."""
+                      timeout_s: float = 600.0, domain=None) -> tuple[list[Finding], list[Notice], StructuralStatus]:
+    """Structural findings, notices and status for one entry. `device` is unused: nothing is launched."""
     from kernalin_ci.isolate import run_task
 
-    if op_name not in OPS:
-        return [], [Notice("structural", f"could not verify: no structural checks for op {op_name}")]
-    job = {"task": TASK, "op": op_name, "entry": entry, "root": root, "params": params}
+    if get_op(op_name).structural is None:
+        return [], [], StructuralStatus("not-analysed", f"no structural checks for op {op_name}")
+    job = {"task": TASK, "op": op_name, "entry": entry, "root": root, "params": params,
+           "domain": domain.to_json() if domain is not None else {}}
     # TRITON_INTERPRET=0: the child compiles the kernels (it never launches them)
     outcome = run_task(job, "cpu", timeout_s, env={"TRITON_INTERPRET": "0"})
     done = next((e for e in outcome.events if e.get("event") == "structural-done"), None)
@@ -41,9 +57,10 @@ def verify_structural(op_name: str, entry: str, params: dict, device: str = "cpu
         if outcome.status == "internal-error":
             tb = next((e.get("traceback", "") for e in outcome.events if e.get("event") == "internal-error"), "")
             why = f"{outcome.detail}; {tb.strip().splitlines()[-1] if tb.strip() else ''}"
-        return [], [Notice("structural", f"could not verify: the structural worker {outcome.status}: {why}"
-                                         + (f"; last output: {tail}" if tail and outcome.status == 'crashed' else ""))]
-    return ([Finding.from_json(f) for f in done["findings"]], [Notice.from_json(n) for n in done["notices"]])
+        return [], [], StructuralStatus("not-analysed", f"the structural worker {outcome.status}: {why}"
+                                        + (f"; last output: {tail}" if tail and outcome.status == 'crashed' else ""))
+    return ([Finding.from_json(f) for f in done["findings"]], [Notice.from_json(n) for n in done["notices"]],
+            StructuralStatus.from_json(done["status"]))
 
 
-__all__ = ["verify_structural", "TASK"]
+__all__ = ["verify_structural", "analysis_of", "TASK"]

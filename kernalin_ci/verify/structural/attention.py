@@ -27,7 +27,7 @@ import math
 
 import numpy as np
 
-from kernalin_ci.verify.structural.common import Report, kname
+from kernalin_ci.verify.structural.common import Analysis, Report, kname
 from kernalin_ci.verify.structural.dataflow import (LOG2E, MAX_KINDS, LF, KernelView, alternatives, carried,
                                                     exp_base2, for_result, guarded, is_exp, lf_equal, lf_ratio,
                                                     loop_arg, loop_yield, peel, reduce_kind, unguard, updates)
@@ -1135,3 +1135,6 @@ def analyze(cap, views: list, rep: Report, model: AttentionModel) -> None:
             check_garbage(cap, views, rep, out_name)
     if out_name:
         check_output_coverage(cap, views, rep, out_name)
+
+
+ANALYSIS = Analysis(AttentionModel, analyze)

@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from kernalin_ci.ops.base import Case, Op
 
 TARGET = ("cuda", 90, 32)
 
@@ -151,69 +154,46 @@ class CaptureError(Exception):
     """The entry could not be run for capture (it raised, or launched nothing we can follow)."""
 
 
-# --------------------------------------------------------------------------- the capture case
+# --------------------------------------------------------------------------- the capture shapes
 
 
-def capture_cases(op_name: str, params: dict, op) -> list[tuple[dict, str]]:
-    """Small calls to try, in order: the first with a head dim that leaves a tail under its power-of-two
-    block (48), then a power of two (64) for kernels that require one."""
-    first = capture_case(op_name, params, op, 48)
-    if params.get("head_dim"):
-        return [first]
-    return [first, capture_case(op_name, params, op, 64)]
+MAX_CANDIDATES = 10
 
 
-def capture_case(op_name: str, params: dict, op, head_dim: int = 48) -> tuple[dict, str]:
-    """A small call whose launches specialise like real ones: B > 1, Hq != Hkv with a ratio that is
-    neither 1 nor Hkv, kv_len spanning several tiles with a partial last tile, a head dim with a tail
-    under its power-of-two block, positions and slots that are neither 0 nor the token index, and
-    padding tokens."""
-    pin = {k: params.get(k) for k in ("head_dim", "num_q_heads", "num_kv_heads") if params.get(k)}
-    D = pin.get("head_dim") or head_dim
-    hq = pin.get("num_q_heads") or 6
-    hkv = pin.get("num_kv_heads") or (2 if hq % 2 == 0 else 1)
-    if hq % hkv:
-        hkv = 1
-    if op_name in ("attention.decode", "attention.decode_paged"):
-        dims = {"Hq": hq, "Hkv": hkv, "D": D, "kv_lens": [37, 100], "scale": 0.7 * D ** -0.5, "tail": "zeros"}
-        if op_name == "attention.decode_paged":
-            dims["free_blocks"] = 12
-    elif op_name == "rope":
-        r = params.get("rotary_dim") or D
-        D = max(D, r)
-        dims = {"T": 3, "Hq": hq, "Hkv": hkv, "D": D, "positions": [1000, 7, 33]}
-    elif op_name == "kv_append":
-        hkv = pin.get("num_kv_heads") or 2
-        dims = {"T": 5, "Hkv": hkv, "D": D, "num_blocks": 7, "padding": 2}
-    else:
-        raise CaptureError(f"no structural capture for op {op_name}")
-    # rope in float32: the precision a float32 model needs (angles, a cos/sin table) is visible there
-    return dims, "float32" if op_name == "rope" else "float16"
+def capture_cases(op: Op, params: dict, domain=None) -> list[Case]:
+    """The capture calls to try, in order, until one captures and compiles: the op's capture call
+    (`Op.capture_cases`) at each candidate shape. The declared domain first (its head dims, dtypes,
+    heads); undeclared, a head dim that leaves a tail under its power-of-two block (48), then the
+    usual head dims for kernels that need a power of two or one head dim, in the op's capture dtype,
+    then the other dtypes for kernels that refuse it. Nearest the first choice first."""
+    from dataclasses import replace
+
+    from kernalin_ci.domain import Domain
+
+    domain = domain or Domain()
+    pinned = params.get("head_dim")
+    head_dims = list(domain.head_dim) or ([pinned] if pinned else [48, 64, 128, 256, 80, 96])
+    p = dict(params)
+    for axis in ("num_q_heads", "num_kv_heads"):
+        if domain.values(axis):
+            p[axis] = domain.values(axis)[0]
+    first = op.capture_cases(p)
+    own = first[0].dtype if first else "float16"  # the op's own choice of capture dtype comes first
+    dtypes = list(domain.dtype) or [own] + [d for d in ("float16", "bfloat16", "float32") if d != own]
+    pairs = sorted(((i, j) for i in range(len(head_dims)) for j in range(len(dtypes))), key=lambda ij: (sum(ij), ij[1]))
+    out: list[Case] = []
+    for i, j in pairs:
+        for case in op.capture_cases({**p, "head_dim": head_dims[i]})[:1]:
+            case = replace(case, dtype=dtypes[j])
+            if not any(c.dims == case.dims and c.dtype == case.dtype for c in out):
+                out.append(case)
+    return out[:MAX_CANDIDATES]
 
 
-def build_inputs(op_name: str, op, params: dict, dims: dict, dtype: str) -> dict:
-    from kernalin_ci.ops.base import Case
-
-    case = Case("structural-capture", dict(dims), dtype, 11, ("structural",))
-    kw = op.inputs(case, params, "cpu", poison=False)
-    if op_name == "attention.decode_paged":
-        # table entries past a sequence's blocks point at free blocks nobody owns, so that reading
-        # them is recognisably "past kv_len" rather than "another sequence's data"
-        import torch
-
-        bs = params["block_size"]
-        tables = kw["block_tables"]
-        need = [-(-L // bs) for L in dims["kv_lens"]]
-        used = {int(x) for b, n in enumerate(need) for x in tables[b, :n].tolist()}
-        nb = kw["k_cache"].shape[0]
-        free = [x for x in range(nb) if x not in used]
-        k = 0
-        for b, n in enumerate(need):
-            for j in range(n, tables.shape[1]):
-                tables[b, j] = free[k % len(free)]
-                k += 1
-        kw["block_tables"] = tables.to(torch.int32)
-    return kw
+def shape_label(case: Case) -> str:
+    """A capture call's shape, e.g. 'D=48 float16 Hq=6 Hkv=2'."""
+    d = case.dims
+    return f"D={d.get('D')} {case.dtype}" + (f" Hq={d['Hq']}" if "Hq" in d else "") + f" Hkv={d.get('Hkv')}"
 
 
 # --------------------------------------------------------------------------- tensors
@@ -427,33 +407,40 @@ def _plain(v):
 # --------------------------------------------------------------------------- entry point
 
 
-def capture(op_name: str, entry_fn, params: dict) -> Capture:
-    """Run the entry once on a small case (a second one if the first is refused) and record its launches."""
+def capture(op_name: str, entry_fn, params: dict, domain=None) -> Capture:
+    """Run the entry once on the first capture call it accepts and record its launches."""
     from kernalin_ci.ops import get_op
 
     op = get_op(op_name)
+    cases = capture_cases(op, params, domain)
+    if not cases:
+        raise CaptureError(f"no structural capture for op {op_name}")
     first_error = None
-    for dims, dtype in capture_cases(op_name, params, op):
+    for case in cases:
         try:
-            return _capture_once(op_name, op, entry_fn, params, dims, dtype)
+            return _capture_once(op, entry_fn, params, case)
         except CaptureError as e:
             first_error = first_error or e
     raise first_error
 
 
-def _capture_once(op_name, op, entry_fn, params, dims, dtype) -> Capture:
+def capture_at(op: Op, entry_fn, params: dict, case: Case) -> Capture:
+    """Run the entry once on one capture call and record its launches (CaptureError if refused)."""
+    return _capture_once(op, entry_fn, params, case)
+
+
+def _capture_once(op: Op, entry_fn, params: dict, case: Case) -> Capture:
     import torch
 
-    from kernalin_ci.ops import written as written_names
     from kernalin_ci.verify.poison import poisoned_allocations
     from kernalin_ci.verify.structural.host import HostMoves
 
-    kw = build_inputs(op_name, op, params, dims, dtype)
+    kw = op.capture_inputs(case, params)
     registry = TensorRegistry()
-    writable = set(written_names(op, params))
+    writable = set(op.written_names(params))
     for name, v in kw.items():
         if isinstance(v, torch.Tensor):
-            registry.add(name, _logical(op_name, params, name, v), "written" if name in writable else "input")
+            registry.add(name, _logical(op.name, params, name, v), "written" if name in writable else "input")
     snapshot = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
     moves = HostMoves({k: v for k, v in kw.items() if isinstance(v, torch.Tensor)})
     recorder = Recorder(registry, snapshot, moves)
@@ -485,8 +472,8 @@ def _capture_once(op_name, op, entry_fn, params, dims, dtype) -> Capture:
         else:
             info.also = tuple(set(info.also) | {f"{oname}_out"}) if oname not in ("k_cache", "v_cache") else info.also
         outputs[oname] = info.name
-    logical = {k: _logical(op_name, params, k, v) for k, v in kw.items()}
-    return Capture(op_name, dict(params), dims, dtype, registry.infos, recorder.launches, outputs, logical,
+    logical = {k: _logical(op.name, params, k, v) for k, v in kw.items()}
+    return Capture(op.name, dict(params), case.dims, case.dtype, registry.infos, recorder.launches, outputs, logical,
                    recorder.notes)
 
 

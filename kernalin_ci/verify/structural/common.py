@@ -6,6 +6,9 @@
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any, Callable
+
 import numpy as np
 
 from kernalin_ci.findings import Finding, Location, Notice
@@ -45,6 +48,18 @@ class Report:
 
     def has(self, bug_class: str) -> bool:
         return any(f.bug_class == bug_class for f in self.findings)
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """One op's structural analysis (the module an op names in `Op.structural` defines `ANALYSIS`):
+    `model(capture)` is what the interpreter tracks for the op, `analyze(capture, views, report, model)`
+    runs its checks once every kernel was followed. `store_bounds`: False where `analyze` judges the
+    write set itself (the common bounds check then looks at loads only)."""
+
+    model: Callable[[Any], Any]
+    analyze: Callable[[Any, list, Report, Any], None]
+    store_bounds: bool = True
 
 
 def kname(view: KernelView) -> str:

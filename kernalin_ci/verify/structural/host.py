@@ -25,14 +25,16 @@ MOVES = {aten.index.Tensor, aten.index_select.default, aten.gather.default, aten
 _CONVERT = ("dtype", "layout", "device", "pin_memory", "non_blocking", "memory_format")
 
 
-def _key(t: torch.Tensor) -> int:
-    return t.untyped_storage().data_ptr()
+def _key(t: torch.Tensor) -> tuple[int, int]:
+    """A storage: its address and size (a freed storage's address is reused by later allocations)."""
+    s = t.untyped_storage()
+    return s.data_ptr(), s.nbytes()
 
 
 class HostMoves(TorchDispatchMode):
     def __init__(self, inputs: dict):
         super().__init__()
-        self.maps: dict = {}   # storage pointer -> (input name, element size, int64 map over the storage's elements)
+        self.maps: dict = {}   # storage (address, bytes) -> (input name, element size, int64 map over the storage's elements)
         self._paused = False
         for name, t in inputs.items():
             if isinstance(t, torch.Tensor) and t.numel() and _key(t) not in self.maps:

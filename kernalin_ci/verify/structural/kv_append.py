@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernalin_ci.verify.structural.common import Report, kname
+from kernalin_ci.verify.structural.common import Analysis, Report, kname
 from kernalin_ci.verify.structural.rope import stored_forms
 
 CACHES = {"k_cache": "key", "v_cache": "value"}
@@ -349,3 +349,6 @@ def _feeds(a, b, depth=0) -> bool:
     if depth > 16:
         return False
     return any(o.owner is a or (o.owner is not None and _feeds(a, o.owner, depth + 1)) for o in b.operands)
+
+
+ANALYSIS = Analysis(KvModel, analyze, store_bounds=False)

@@ -23,7 +23,7 @@ import math
 
 import numpy as np
 
-from kernalin_ci.verify.structural.common import LOW, Report, kname
+from kernalin_ci.verify.structural.common import LOW, Analysis, Report, kname
 from kernalin_ci.verify.structural.dataflow import KernelView, peel
 
 TOL = 3e-3
@@ -384,3 +384,6 @@ def _explain_angles(lanes, positions, t, theta, r) -> tuple[str, str]:
     want = positions[t] * theta[j]
     return "rope-frequency", (f"dim {i}: the angle is {got:.5f} (mod 2 pi) but position {positions[t]} * "
                               f"base^(-2*{j}/{r}) = {(want + math.pi) % (2 * math.pi) - math.pi:.5f}")
+
+
+ANALYSIS = Analysis(RopeModel, analyze)

@@ -11,11 +11,14 @@ import os
 import time
 
 
-def analyze_entry(op_name: str, fn, params: dict, root: str | None = None) -> dict:
+def analyze_entry(op_name: str, fn, params: dict, root: str | None = None, domain=None) -> dict:
     """Run every structural check on one entry (already loaded). Returns plain data; source paths
-    under `root` (default: the current directory) are made relative to it."""
-    from kernalin_ci.verify.structural import attention, kv_append, rope
-    from kernalin_ci.verify.structural.capture import CaptureError, capture
+    under `root` (default: the current directory) are made relative to it. `status` says whether the
+    entry was analysed, and if not, why: a capture the kernel refuses or a kernel that does not
+    compile moves on to the next candidate shape (the declared domain first)."""
+    from kernalin_ci.ops import get_op
+    from kernalin_ci.verify.structural import analysis_of
+    from kernalin_ci.verify.structural.capture import CaptureError, capture_at, capture_cases, shape_label
     from kernalin_ci.verify.structural.common import Report, check_bounds, check_precision
     from kernalin_ci.verify.structural.compile import CompileError, ttir
     from kernalin_ci.verify.structural.dataflow import KernelView, link_views
@@ -24,37 +27,51 @@ def analyze_entry(op_name: str, fn, params: dict, root: str | None = None) -> di
 
     rep = Report()
     times = {"capture": 0.0, "compile": 0.0, "interpret": 0.0, "analyse": 0.0}
-    kernels = []
-    t0 = time.perf_counter()
-    try:
-        cap = capture(op_name, fn, params)
-    except CaptureError as e:
-        rep.notice("capture", f"could not verify: {e}")
-        return _result(rep, kernels, times, root)
-    times["capture"] = time.perf_counter() - t0
-    for note in cap.notes:
-        rep.notice("capture", note)
-    if not cap.launches:
-        rep.notice("capture", "could not verify: the entry launched no Triton kernel")
-        return _result(rep, kernels, times, root)
-    models = {"attention.decode": attention.AttentionModel, "attention.decode_paged": attention.AttentionModel,
-              "rope": rope.RopeModel, "kv_append": kv_append.KvModel}
-    model = models[op_name](cap)
-    views = []
-    shadow: dict = {}   # memory written by earlier launches (split-KV partials)
-    complete = True
-    for la in cap.launches:
-        where = (la.path, la.line)
+    kernels: list = []
+    op = get_op(op_name)
+    analysis = analysis_of(op)
+    if analysis is None:
+        return _result(rep, kernels, times, root, not_analysed=f"no structural checks for op {op_name}")
+    refused: list[str] = []
+    cap, modules = None, []
+    for case in capture_cases(op, params, domain):
+        shape = shape_label(case)
+        t0 = time.perf_counter()
+        try:
+            cap = capture_at(op, fn, params, case)
+        except CaptureError as e:
+            refused.append(f"at {shape}: {e}")
+            continue
+        finally:
+            times["capture"] += time.perf_counter() - t0
+        if not cap.launches:
+            refused.append(f"at {shape}: the entry launched no Triton kernel")
+            cap = None
+            continue
         t1 = time.perf_counter()
         try:
-            text = ttir(la)
-            module = parse_module(text)
+            modules = [parse_module(ttir(la)) for la in cap.launches]
         except (CompileError, ParseError) as e:
-            rep.notice("compile", f"could not verify kernel {la.kernel}: {e}", where=where)
-            complete = False
+            refused.append(f"at {shape}: a kernel does not compile: {e}")
+            cap = None
             continue
         finally:
             times["compile"] += time.perf_counter() - t1
+        break
+    if cap is None:
+        more = f" ({len(refused)} shapes tried)" if len(refused) > 1 else ""
+        return _result(rep, kernels, times, root, not_analysed=(refused[0] if refused else "no capture call")
+                       + more)
+    analysed_at = shape_label(case)
+    for note in cap.notes:
+        rep.notice("capture", note)
+    model = analysis.model(cap)
+    views = []
+    shadow: dict = {}   # memory written by earlier launches (split-KV partials)
+    complete = True
+    unfollowed = []
+    for la, module in zip(cap.launches, modules):
+        where = (la.path, la.line)
         t2 = time.perf_counter()
         try:
             trace = Interp(module, la, cap, model, shadow=shadow).run()
@@ -63,6 +80,7 @@ def analyze_entry(op_name: str, fn, params: dict, root: str | None = None) -> di
 
             at = line_of(e.op, la) if e.op is not None else None
             rep.notice("interpret", f"could not verify kernel {la.kernel}: {e}", where=at or where)
+            unfollowed.append(f"kernel {la.kernel} could not be followed: {e}")
             complete = False
             continue
         finally:
@@ -75,11 +93,9 @@ def analyze_entry(op_name: str, fn, params: dict, root: str | None = None) -> di
     if views and complete:
         link_views(views)
         for view in views:
-            check_bounds(view, rep, stores=op_name != "kv_append")  # kv_append: its write-set check
+            check_bounds(view, rep, stores=analysis.store_bounds)
             check_precision(view, rep)
-        analyses = {"attention.decode": attention.analyze, "attention.decode_paged": attention.analyze,
-                    "rope": rope.analyze, "kv_append": kv_append.analyze}
-        analyses[op_name](cap, views, rep, model)
+        analysis.analyze(cap, views, rep, model)
     elif views:
         rep.notice("structural", "could not verify the whole entry: some of its kernels could not be followed "
                                  "(the checks that need every kernel were skipped)")
@@ -87,18 +103,20 @@ def analyze_entry(op_name: str, fn, params: dict, root: str | None = None) -> di
             check_bounds(view, rep)
             check_precision(view, rep)
     times["analyse"] = time.perf_counter() - t3
-    return _result(rep, kernels, times, root)
+    return _result(rep, kernels, times, root, not_analysed="; ".join(unfollowed) or None, shape=analysed_at)
 
 
-def _result(rep, kernels, times, root) -> dict:
+def _result(rep, kernels, times, root, not_analysed: str | None = None, shape: str | None = None) -> dict:
     base = os.path.realpath(root or os.getcwd()) + os.sep
     for item in rep.findings + rep.notices:
         if item.location is not None:
             p = os.path.realpath(item.location.path)
             if p.startswith(base):
                 item.location.path = p[len(base):]
+    status = ({"status": "not-analysed", "cause": not_analysed, "shape": None} if not_analysed else
+              {"status": "analysed", "cause": None, "shape": shape})
     return {"findings": [f.to_json() for f in rep.findings], "notices": [n.to_json() for n in rep.notices],
-            "kernels": kernels, "seconds": {k: round(v, 4) for k, v in times.items()}}
+            "kernels": kernels, "seconds": {k: round(v, 4) for k, v in times.items()}, "status": status}
 
 
 def run_job(job: dict, emit) -> None:
@@ -111,6 +129,8 @@ def run_job(job: dict, emit) -> None:
     t0 = time.perf_counter()
     fn = load_entry(job["entry"], job.get("root"))
     emit({"event": "structural-start"})
-    result = analyze_entry(job["op"], fn, job["params"], job.get("root"))
+    from kernalin_ci.domain import Domain
+
+    result = analyze_entry(job["op"], fn, job["params"], job.get("root"), Domain.from_json(job.get("domain")))
     result["seconds"]["total"] = round(time.perf_counter() - t0, 4)
     emit({"event": "structural-done", **result})

@@ -1,0 +1,126 @@
+"""Which shapes a kernel takes, found in the worker while the case plan runs (docs/verification.md,
+"Shape domain").
+
+The rule that tells "unsupported" from "a bug": when the entry raises on a case,
+- at a declared shape (every axis of the op declared, the case inside it): an `entry-error` finding;
+- at a shape the entry already ran at (another case, or a cheap probe launch of the same shape with
+  a short length): an `entry-error` finding, because the kernel takes that shape and fails on this
+  case's data (lengths, positions, slots);
+- otherwise the shape is outside the kernel's domain: the case is "unsupported, not checked", with
+  the kernel's own error, and runs at the nearest shape the kernel takes instead (one axis moved,
+  then two), so its lengths and positions are still checked.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+from kernalin_ci.domain import Domain, alternatives, case_params, key, shape_of, shape_text, with_shape
+from kernalin_ci.findings import Finding
+from kernalin_ci.ops.base import Case
+from kernalin_ci.verify.dynamic import EntryRaised
+
+PROBE_BUDGET = 12  # new probe launches per refused case while looking for a shape the kernel takes
+TOTAL_PROBES = 48  # and per worker: an entry that refuses everything costs a bounded number of launches
+
+
+@dataclass
+class Outcome:
+    findings: list[Finding]
+    ran: Case | None  # the case as it ran (moved to another shape, or as planned); None: not run
+    not_checked: dict | None = None  # {"shape", "reason", "error", "instead"}
+    moved: bool = False
+
+    def event_fields(self) -> dict:
+        out: dict = {}
+        if self.moved and self.ran is not None:
+            out["ran"] = self.ran.to_json()
+        if self.not_checked:
+            out["not_checked"] = self.not_checked
+        return out
+
+
+def entry_error(err: str) -> Finding:
+    return Finding("call", "entry-error", f"the entry raised {err}")
+
+
+class Support:
+    def __init__(self, op, params: dict, domain: Domain, main_dtype: str,
+                 launch: Callable[[Case, dict], None], unfaithful: Callable[[], str | None] = lambda: None):
+        self.op, self.params, self.domain, self.main_dtype = op, params, domain, main_dtype
+        self.launch = launch  # one unchecked call of the entry
+        # why the CPU interpreter could not run what was just launched (None: it could); an error then is the
+        # interpreter's, not the kernel's: the case is "not checked (interpreter)"
+        self.unfaithful = unfaithful
+        self.known: dict[str, str | None] = {}  # shape -> None (the entry ran at it) or its error
+        self.interpreter: dict[str, str] = {}  # shape -> why the interpreter cannot run it
+        self.searches_left = TOTAL_PROBES
+
+    def declared(self, shape: dict) -> bool:
+        return self.domain.declares(tuple(self.op.domain_axes), shape)
+
+    def run(self, case: Case, run_case: Callable[[Case, dict], list[Finding]]) -> Outcome:
+        shape = shape_of(self.op, case, self.params)
+        k = key(shape)
+        if k in self.interpreter:
+            return Outcome([], None, {"shape": shape_text(shape), "reason": "interpreter",
+                                      "error": self.interpreter[k]})
+        if not self.declared(shape) and self.known.get(k) is not None:
+            return self._elsewhere(case, shape, self.known[k], run_case)
+        try:
+            found = self._call(run_case, case)
+        except EntryRaised as e:
+            why = self.unfaithful()
+            if why:
+                self.interpreter[k] = why
+                return Outcome([], None, {"shape": shape_text(shape), "reason": "interpreter", "error": why})
+            if self.declared(shape) or (k in self.known and self.known[k] is None):
+                return Outcome([entry_error(str(e))], case)
+            refused = self.probe(shape)
+            if refused is None:  # it takes the shape: the error is this case's
+                return Outcome([entry_error(str(e))], case)
+            return self._elsewhere(case, shape, refused, run_case)
+        self.known[k] = None
+        return Outcome(found, case)
+
+    def probe(self, shape: dict) -> str | None:
+        """A cheap launch at this shape (the op's small shape case, no checks): None if it ran."""
+        k = key(shape)
+        if k not in self.known:
+            small = with_shape(self.op.shape_case(self.params, shape.get("dtype", self.main_dtype)), shape,
+                               self.params)
+            try:
+                self._call(lambda c, p: self.launch(c, p), small)
+                self.known[k] = None
+            except EntryRaised as e:
+                self.unfaithful()  # an alternative the interpreter cannot run is refused all the same
+                self.known[k] = str(e)
+        return self.known[k]
+
+    def _elsewhere(self, case: Case, shape: dict, error: str, run_case) -> Outcome:
+        note = {"shape": shape_text(shape), "reason": "unsupported", "error": error}
+        fresh = 0
+        for alt in alternatives(self.op, case, self.params, self.domain, self.main_dtype):
+            target = {**shape, **alt}
+            if key(target) not in self.known:
+                if fresh >= PROBE_BUDGET or self.searches_left <= 0:
+                    break
+                fresh += 1
+                self.searches_left -= 1
+            if self.probe(target) is not None:
+                continue
+            moved = with_shape(case, alt, self.params)
+            note["instead"] = shape_text(target)
+            try:
+                found = self._call(run_case, moved)
+            except EntryRaised as e:  # it ran at this shape before: the error is this case's
+                found = [entry_error(str(e))]
+            return Outcome(found, moved, note, moved=True)
+        return Outcome([], None, note)
+
+    def _call(self, fn, case: Case):
+        p = case_params(self.params, case)
+        os.environ["KERNALIN_PARAMS"] = json.dumps(p)  # what current_params() gives the entry
+        return fn(case, p)
