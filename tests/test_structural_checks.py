@@ -108,7 +108,7 @@ def test_entry_that_raises_is_not_analysed(analyze, tmp_path, monkeypatch):
     assert res["findings"] == [] and res["notices"] == []
     assert res["status"]["status"] == "not-analysed"
     cause = res["status"]["cause"]
-    assert cause.startswith("at D=48 float16 Hq=6 Hkv=2: the entry raised ValueError during the capture call: "
+    assert cause.startswith("at D=48 float32 Hq=6 Hkv=2: the entry raised ValueError during the capture call: "
                             "unsupported head dim"), cause
     assert cause.endswith("(10 shapes tried)")  # every candidate shape was tried before giving up
 
