@@ -1,0 +1,297 @@
+"""The real-world corpus: public production Triton kernels, fetched at test time, behind our own adapters.
+
+`manifest.json` names each kernel (distribution, sha256, the files it needs, license, op, params, adapter)
+and one single-bug mutant. Nothing of the kernels' code lives in this repository: `fetch()` downloads
+each distribution with `pip download --no-deps` into `.cache/realworld/` (git-ignored), checks its
+sha256 and extracts the named members. `mutant_tree()` copies a kernel's extracted files and applies its
+mutant (one find/replace) into `mutants/<kernel>/src/`, beside a copy of the adapters: an adapter loads
+the production modules from the `src/` beside its own folder when there is one, else from the extracted
+originals, so the same adapter code runs an original or its mutant. `verify()` runs `kernalin-ci verify` on one variant and returns what it found.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+MANIFEST = HERE / "manifest.json"
+CACHE = Path(os.environ.get("KERNALIN_REALWORLD_CACHE") or REPO / ".cache" / "realworld")
+
+
+@dataclass(frozen=True)
+class Dist:
+    key: str        # "package-version": the folder its members are extracted into
+    package: str
+    version: str
+    filename: str   # the distribution file pip downloads
+    sha256: str
+    license: str
+
+
+@dataclass(frozen=True)
+class Mutant:
+    file: str       # member path inside the distribution
+    find: str       # occurs exactly once in that file
+    replace: str
+    bug_class: str  # the finding class kernalin-ci must report
+    models: str     # the real bug it is modelled on
+
+
+@dataclass(frozen=True)
+class Kernel:
+    id: str
+    dist: Dist
+    files: tuple[str, ...]   # members the adapter loads
+    op: str
+    params: dict
+    adapter: str             # entry, relative to the repository root
+    description: str
+    mutant: Mutant
+    # findings on the original from a known cause that is not the kernel's fault: [{"cause", match keys}]
+    known_false: tuple[dict, ...] = ()
+    true_findings: tuple[dict, ...] = ()  # a real bug of the public kernel: [{"why", match keys}], each seen
+    needs_triton_below: str | None = None  # the kernel uses a construct later Triton versions removed
+    notes: str = ""
+
+
+MATCH_KEYS = ("bug_class", "kind", "dtype", "case")  # a rule's "device" (cpu | cuda) limits where it applies
+
+
+def matches(finding: dict, rule: dict) -> bool:
+    """Whether a finding (verify --json) matches a manifest rule's keys: bug_class, kind, dtype, case name
+    (a rule's value may be a list of accepted values)."""
+    case = finding.get("case") or {}
+    have = {"bug_class": finding.get("bug_class"), "kind": finding.get("kind"), "dtype": case.get("dtype"),
+            "case": case.get("name")}
+    return all(have[key] in (rule[key] if isinstance(rule[key], list) else [rule[key]])
+               for key in MATCH_KEYS if key in rule)
+
+
+def triton_too_new(k: "Kernel") -> bool:
+    if not k.needs_triton_below:
+        return False
+    from importlib.metadata import version
+
+    def parse(v):
+        return tuple(int(x) for x in re.findall(r"\d+", v)[:2])
+
+    return parse(version("triton")) >= parse(k.needs_triton_below)
+
+
+def load_manifest(path: Path = MANIFEST) -> list[Kernel]:
+    data = json.loads(path.read_text())
+    dists = {k: Dist(key=k, **v) for k, v in data["distributions"].items()}
+    kernels = []
+    for kid, k in data["kernels"].items():
+        k = dict(k)
+        kernels.append(Kernel(id=kid, dist=dists[k.pop("dist")], files=tuple(k.pop("files")),
+                              mutant=Mutant(**k.pop("mutant")), known_false=tuple(k.pop("known_false", ())),
+                              true_findings=tuple(k.pop("true_findings", ())), **k))
+    return kernels
+
+
+def bug_classes() -> set[str]:
+    from kernalin_ci.findings import BUG_CLASSES
+
+    return set(BUG_CLASSES)
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def download(dist: Dist, cache: Path = CACHE) -> Path:
+    """The distribution file, downloaded once with pip and checked against its sha256."""
+    target = cache / "dist" / dist.filename
+    if not target.is_file():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        kind = "--no-binary" if dist.filename.endswith((".tar.gz", ".zip")) else "--only-binary"
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+               kind, ":all:", "--dest", str(target.parent), f"{dist.package}=={dist.version}"]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0 or not target.is_file():
+            raise RuntimeError(f"pip download {dist.package}=={dist.version} failed: "
+                               f"{(r.stderr or r.stdout).strip().splitlines()[-1:]}")
+    got = sha256(target)
+    if got != dist.sha256:
+        raise RuntimeError(f"{target}: sha256 {got}, manifest says {dist.sha256}")
+    return target
+
+
+def extract(dist: Dist, members: set[str], cache: Path = CACHE) -> Path:
+    """Extract the named members of the distribution into cache/src/<package-version>/."""
+    archive = download(dist, cache)
+    root = cache / "src" / dist.key
+    missing = [m for m in sorted(members) if not (root / m).is_file()]
+    if not missing:
+        return root
+    if archive.name.endswith(".tar.gz"):
+        with tarfile.open(archive) as tf:
+            prefix = tf.getnames()[0].split("/")[0] + "/"
+            for m in missing:
+                f = tf.extractfile(prefix + m)
+                _write(root / m, f.read())
+    else:
+        with zipfile.ZipFile(archive) as zf:
+            for m in missing:
+                _write(root / m, zf.read(m))
+    return root
+
+
+def _write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+
+
+def fetch(kernels: list[Kernel], cache: Path = CACHE) -> None:
+    by_dist: dict[str, tuple[Dist, set[str]]] = {}
+    for k in kernels:
+        by_dist.setdefault(k.dist.key, (k.dist, set()))[1].update(k.files)
+    for dist, members in by_dist.values():
+        extract(dist, members, cache)
+
+
+def mutant_tree(k: Kernel, cache: Path = CACHE) -> Path:
+    """mutants/<kernel>/: src/ holding the kernel's files with its mutant applied, and adapters/, a copy
+    of the adapters (they load from the src/ beside them). Returns that folder."""
+    src = cache / "src" / k.dist.key
+    root = cache / "mutants" / k.id
+    if root.exists():
+        shutil.rmtree(root)
+    shutil.copytree(HERE / "adapters", root / "adapters", ignore=shutil.ignore_patterns("__pycache__"))
+    dst = root / "src" / k.dist.key
+    for m in k.files:
+        _write(dst / m, (src / m).read_bytes())
+    text = (src / k.mutant.file).read_text()
+    n = text.count(k.mutant.find)
+    if n != 1:
+        raise RuntimeError(f"{k.id}: mutant text occurs {n} times in {k.mutant.file} (must be once)")
+    (dst / k.mutant.file).write_text(text.replace(k.mutant.find, k.mutant.replace))
+    return root
+
+
+@dataclass
+class Outcome:
+    """What `kernalin-ci verify` said about one variant (original or mutant) of one kernel."""
+
+    kernel: str
+    variant: str                   # "original" | "mutant"
+    exit_code: int
+    classes: list[str]             # bug classes of the findings, in order, without repeats
+    findings: list[dict] = field(default_factory=list)
+    structural: str = ""           # "ran" or why it did not
+    seconds: float = 0.0
+    error: str = ""
+    device: str = "cpu"
+    not_checked: list[str] = field(default_factory=list)  # cases kernalin-ci reported as not checked, and why
+
+
+def verify(k: Kernel, variant: str, device: str = "cpu", extra: tuple[str, ...] = (),
+           cache: Path = CACHE, timeout: float = 1800) -> Outcome:
+    """Run `kernalin-ci verify` on the original or the mutant of one kernel; parse its JSON."""
+    entry = k.adapter
+    if variant == "mutant":  # each mutant's bug shows in float32; the dtype sweep would only add time
+        entry = str(mutant_tree(k, cache) / "adapters" / Path(k.adapter).name)
+        extra = ("--dtype", "float32", *extra)
+    cmd = [sys.executable, "-m", "kernalin_ci", "verify", "--op", k.op, "--entry", entry,
+           "--device", device, "--json", "-", "--quiet", *extra]
+    for name, value in k.params.items():
+        cmd += ["--param", f"{name}={value}"]
+    t0 = time.monotonic()
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    seconds = time.monotonic() - t0
+    try:
+        res = json.loads(r.stdout)
+    except json.JSONDecodeError:
+        return Outcome(k.id, variant, r.returncode, [], structural="not run", seconds=seconds,
+                       error=(r.stderr.strip().splitlines() or ["no output"])[-1], device=device)
+    findings = res.get("findings", [])
+    classes: list[str] = []
+    for f in findings:
+        if f.get("bug_class") not in classes:
+            classes.append(f.get("bug_class"))
+    not_checked = [f"{n.get('shape')}: {n.get('reason')} ({n.get('error', '')[:120]})" for n in res.get("not_checked", [])]
+    return Outcome(k.id, variant, r.returncode, classes, findings, structural_status(res), seconds, device=device,
+                   not_checked=not_checked)
+
+
+def structural_status(res: dict) -> str:
+    """'ran' when the structural analysis ran on the captured launches, else why it did not (in part or whole).
+
+    Reads a first-class status when the result carries one (a `structural` field), else the notices of the
+    structural worker: capture, compile and interpret failures and "could not verify the whole entry".
+    """
+    v = res.get("structural")
+    if isinstance(v, dict) and v.get("status"):
+        return "ran" if v["status"] in ("ran", "analysed") else f"{v['status']}: {v.get('cause', '')}".strip()
+    if isinstance(v, str):
+        return "ran" if v in ("ran", "analysed") else v
+    def check(n):
+        return n.get("check", "").removeprefix("structural:")
+    bad = [n for n in res.get("notices", []) if check(n) in ("capture", "compile", "interpret")
+           or (check(n) == "structural" and "could not verify" in n.get("message", ""))]
+    return "ran" if not bad else "not analysed: " + "; ".join(f"{n['check']}: {n['message']}" for n in bad)[:300]
+
+
+@dataclass
+class Judgement:
+    """What an outcome means against the manifest: `problems` fail the test; `known` are expected causes."""
+
+    word: str                 # one word or two for the matrix cell
+    problems: list[str]
+    known: list[str]
+
+
+def judge(k: Kernel, o: Outcome) -> Judgement:
+    if triton_too_new(k):
+        import importlib.metadata
+
+        why = f"needs Triton < {k.needs_triton_below} (installed {importlib.metadata.version('triton')})"
+        return Judgement("cannot run here", [], [why])
+    if o.error:
+        return Judgement("ERROR", [o.error], [])
+    if o.variant == "mutant":
+        if k.mutant.bug_class in o.classes:
+            return Judgement("caught", [], [])
+        return Judgement("MISSED", [f"mutant ({k.mutant.models}) not reported as {k.mutant.bug_class}"], [])
+    problems, known = [], []
+    rules = [r for r in k.known_false if r.get("device", o.device) == o.device]
+    true = [f for f in o.findings if any(matches(f, r) for r in k.true_findings)]
+    for f in o.findings:
+        if f in true:
+            continue
+        causes = [r["cause"] for r in rules if matches(f, r)]
+        if causes:
+            known += [c for c in causes if c not in known]
+        else:
+            problems.append(f"false finding [{f['bug_class']}] {f['kind']}: {f['message'][:200]}")
+    for r in rules:  # a cause that no longer shows has been fixed: its rule must go
+        if not any(matches(f, r) for f in o.findings if f not in true):
+            problems.append(f"known cause no longer seen (fixed? remove it from the manifest): {r['cause'][:120]}")
+    if o.structural != "ran":
+        problems.append(f"structural analysis did not run: {o.structural}")
+    for r in k.true_findings:
+        if not any(matches(f, r) for f in true):
+            problems.append(f"the documented true finding is gone: [{r['bug_class']}] {r['why'][:80]}")
+    word = "true finding" if true else "clean"
+    if problems:
+        word = ("FALSE FINDING" if any(p.startswith("false") for p in problems) else
+                "STRUCTURAL NOT RUN" if any(p.startswith("structural") for p in problems) else "MANIFEST OUT OF DATE")
+    elif known:
+        word = word + " + known false" if true else "known false"
+    return Judgement(word, problems, known)

@@ -1,0 +1,75 @@
+"""Verify every kernel of the real-world corpus and its mutant; print the matrix as a markdown table.
+
+    python tests/realworld/matrix.py [--device cpu|cuda] [--jobs N] [--only ID[,ID]] [--json PATH]
+
+Fetches the corpus first (tests/realworld/fetch.py). Exit code 0 when every original is as the manifest
+expects (clean, its documented true finding, or findings of a known cause) and every mutant is caught.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import corpus  # noqa: E402
+
+
+def row(k: corpus.Kernel, orig: corpus.Outcome, mut: corpus.Outcome) -> str:
+    def cell(o):
+        word = corpus.judge(k, o).word
+        return f"{word}: {', '.join(o.classes)}" if o.classes else word
+    structural = "ran" if orig.structural == "ran" else "not analysed"
+    if corpus.triton_too_new(k):
+        structural = "n/a"
+    return (f"| {k.id} | {k.op} | {cell(orig)} | {structural} | {k.mutant.bug_class} | {cell(mut)} | "
+            f"{orig.seconds:.0f} + {mut.seconds:.0f} |")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--jobs", type=int, default=1, help="verifies at once (each uses its own workers)")
+    ap.add_argument("--only", help="comma-separated kernel ids")
+    ap.add_argument("--json", help="also write every outcome as JSON to this path")
+    args = ap.parse_args(argv)
+    kernels = corpus.load_manifest()
+    if args.only:
+        wanted = set(args.only.split(","))
+        unknown = wanted - {k.id for k in kernels}
+        if unknown:
+            print(f"matrix: unknown kernel id(s): {', '.join(sorted(unknown))}", file=sys.stderr)
+            return 2
+        kernels = [k for k in kernels if k.id in wanted]
+    if args.jobs < 1:
+        print("matrix: --jobs must be at least 1", file=sys.stderr)
+        return 2
+    corpus.fetch(kernels)
+    jobs = [(k, v) for k in kernels for v in ("original", "mutant")]
+    with ThreadPoolExecutor(args.jobs) as pool:
+        outcomes = list(pool.map(lambda kv: corpus.verify(kv[0], kv[1], args.device), jobs))
+    by = {(o.kernel, o.variant): o for o in outcomes}
+    print(f"| kernel | op | original ({args.device}) | structural | mutant | mutant ({args.device}) | seconds |")
+    print("|---|---|---|---|---|---|---|")
+    for k in kernels:
+        print(row(k, by[k.id, "original"], by[k.id, "mutant"]))
+    notes = []
+    for o in outcomes:
+        k = next(k for k in kernels if k.id == o.kernel)
+        j = corpus.judge(k, o)
+        notes += [f"- {k.id} ({o.variant}): {p}" for p in j.problems + j.known]
+        notes += [f"- {k.id} ({o.variant}): not checked: {n}" for n in o.not_checked]
+    notes += [f"- {k.id}: true finding [{r['bug_class']}]: {r['why']}" for k in kernels for r in k.true_findings]
+    if notes:
+        print("\n" + "\n".join(notes))
+    if args.json:
+        Path(args.json).write_text(json.dumps([asdict(o) for o in outcomes], indent=1))
+    bad = [o for o in outcomes if corpus.judge(next(k for k in kernels if k.id == o.kernel), o).problems]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

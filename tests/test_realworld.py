@@ -1,0 +1,110 @@
+"""The real-world corpus (tests/realworld/, docs/realworld.md): public production Triton kernels behind
+our own adapters, fetched from the package registry at test time.
+
+Every original must verify with no finding and with its structural analysis run, or show exactly its
+documented true finding; every single-bug mutant must be caught with its bug class. Findings on an
+original that come from a known, filed cause (manifest `known_false`) make its test a strict xfail:
+the day the cause is fixed the test goes red and the entry must go. Any other finding fails.
+
+The verifies run two at a time (KERNALIN_REALWORLD_JOBS) and the matrix of the run is printed at the end
+(pytest -s) and written to .cache/realworld/matrix.md.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "realworld"))
+import corpus  # noqa: E402
+import matrix  # noqa: E402
+
+KERNELS = corpus.load_manifest()
+JOBS = int(os.environ.get("KERNALIN_REALWORLD_JOBS", "2"))
+
+
+class KnownFalse(Exception):
+    """Only findings of known causes remain (or the kernel cannot run on this Triton)."""
+
+
+@pytest.fixture(scope="module")
+def outcomes(request):
+    """Start every selected verify at once (JOBS at a time); tests wait for their own."""
+    corpus.fetch(KERNELS)
+    wanted = [(item.callspec.params["k"], item.callspec.params["variant"]) for item in request.session.items
+              if item.module.__name__ == __name__ and hasattr(item, "callspec")]
+    pool = ThreadPoolExecutor(JOBS)
+    futures = {(k.id, v): pool.submit(corpus.verify, k, v) for k, v in wanted}
+    yield futures
+    pool.shutdown(cancel_futures=True)
+    done = {key: f.result() for key, f in futures.items() if f.done() and not f.exception()}
+    lines = [matrix.row(k, done[k.id, "original"], done[k.id, "mutant"]) for k in KERNELS
+             if (k.id, "original") in done and (k.id, "mutant") in done]
+    if lines:
+        text = "\n".join(["| kernel | op | original | structural | mutant | mutant found | seconds |",
+                          "|---|---|---|---|---|---|---|", *lines]) + "\n"
+        (corpus.CACHE / "matrix.md").write_text(text)
+        print("\n" + text)
+
+
+def _params(variant: str):
+    for k in KERNELS:
+        expected = bool(k.needs_triton_below) or (variant == "original" and bool(k.known_false))
+        marks = [pytest.mark.xfail(strict=True, raises=KnownFalse, reason="known cause, see the manifest")] \
+            if expected else []
+        yield pytest.param(k, variant, id=k.id, marks=marks)
+
+
+def _check(k: corpus.Kernel, o: corpus.Outcome) -> None:
+    j = corpus.judge(k, o)
+    assert not j.problems, "\n".join(j.problems)
+    if j.known:
+        raise KnownFalse("; ".join(j.known))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("k,variant", list(_params("original")))
+def test_original_verifies_clean(k, variant, outcomes):
+    _check(k, outcomes[k.id, variant].result())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("k,variant", list(_params("mutant")))
+def test_mutant_is_caught(k, variant, outcomes):
+    _check(k, outcomes[k.id, variant].result())
+
+
+def test_manifest_is_complete():
+    """All four ops, ten kernels or more; each names its distribution's sha256 and license, an adapter
+    that exists, a one-place mutant in one of its files, and bug classes from the vocabulary."""
+    assert {k.op for k in KERNELS} == {"attention.decode", "attention.decode_paged", "rope", "kv_append"}
+    assert len(KERNELS) >= 10
+    for k in KERNELS:
+        assert len(k.dist.sha256) == 64 and k.dist.license, k.id
+        assert (corpus.REPO / k.adapter.split(":")[0]).is_file(), k.adapter
+        assert k.mutant.file in k.files and k.mutant.find and k.mutant.find != k.mutant.replace, k.id
+        assert k.mutant.bug_class in corpus.bug_classes(), k.id
+        for rule in [*k.known_false, *k.true_findings]:
+            assert set(rule) - {"cause", "why", "device"} <= set(corpus.MATCH_KEYS), rule
+            assert rule.get("cause") or rule.get("why"), rule
+
+
+def test_judgement_flags_unexplained_findings():
+    """A finding no manifest rule explains is a problem; one a known cause explains is not; a known cause
+    that no longer shows is a problem (its rule must go); a missing structural analysis is a problem."""
+    k = next(k for k in KERNELS if k.known_false and not k.true_findings)
+    rule = k.known_false[0]
+    known = {"bug_class": rule.get("bug_class", "wrong-output"), "kind": rule.get("kind", "dynamic"), "message": "",
+             "case": {"name": rule.get("case", "x"), "dtype": rule.get("dtype", "float32")}}
+    other = {"bug_class": "gqa-mapping", "kind": "dynamic", "message": "", "case": {"name": "x", "dtype": "float32"}}
+    j = corpus.judge(k, corpus.Outcome(k.id, "original", 1, [known["bug_class"]], [known], "ran"))
+    assert not j.problems and j.known == [rule["cause"]]
+    j = corpus.judge(k, corpus.Outcome(k.id, "original", 1, ["gqa-mapping"], [known, other], "ran"))
+    assert j.problems and j.word == "FALSE FINDING"
+    j = corpus.judge(k, corpus.Outcome(k.id, "original", 0, [], [], "ran"))
+    assert j.problems and j.word == "MANIFEST OUT OF DATE"
+    j = corpus.judge(k, corpus.Outcome(k.id, "original", 1, [known["bug_class"]], [known], "not analysed: capture failed"))
+    assert j.problems and j.word == "STRUCTURAL NOT RUN"
