@@ -246,8 +246,9 @@ def prepare(settings: SandboxSettings, job_id: str, writable: list[Path], gpu_de
     for dev in gpu_devices:
         if os.path.exists(dev):
             argv += ["--dev-bind", dev, dev]
-    argv += ["--size", str(tmpfs), "--tmpfs", "/tmp", "--size", str(tmpfs), "--tmpfs", "/sandbox"]
-    argv += ["--dir", "/sandbox/home"]
+    # the job's own scratch space, writable by its uid (every process in the sandbox is the job's)
+    argv += ["--perms", "1777", "--size", str(tmpfs), "--tmpfs", "/tmp",
+             "--perms", "0755", "--size", str(tmpfs), "--tmpfs", "/sandbox", "--perms", "0777", "--dir", "/sandbox/home"]
     made: set[str] = set()
 
     def parents(p, bound) -> list[str]:

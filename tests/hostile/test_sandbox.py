@@ -77,6 +77,12 @@ found["forked"] = forked
 # a process that outlives the job: clean environment, its own session, double fork
 subprocess.Popen(["setsid", "env", "-i", sys.executable, "-c",
                   "import time, sys; time.sleep(600)", plan["marker"]], start_new_session=True)
+for name in ("HOME", "TMPDIR"):  # its own scratch space works (Triton caches compiled kernels in HOME)
+    try:
+        os.makedirs(os.path.join(os.environ[name], "scratch", "x"))
+        found[name] = "writable"
+    except OSError as e:
+        found[name] = str(e)
 json.dump(found, open(os.path.join(out, "attack.json"), "w"))
 print("attack done", flush=True)
 time.sleep(plan.get("linger", 0))
@@ -188,6 +194,7 @@ def test_a_pull_requests_code_reaches_nothing_on_the_host(deployment, listener, 
     assert not any(Path(p).exists() for p in plan["write"])  # what it wrote stayed in its own tmpfs
     assert found["alloc"] != "ok"  # 1 GiB against a 512 MiB cap
     assert found["forked"] < 64  # the process cap
+    assert found["HOME"] == "writable" and found["TMPDIR"] == "writable"  # and the job can still work
     assert wait_for(lambda: not host_processes_with(marker), 10), "a process outlived its job"
     log = (tmp_path / "state" / "jobs" / job["id"] / "job.log").read_text()
     assert "sandbox: bubblewrap" in log and "memory 512 MiB, 64 processes" in log
