@@ -26,7 +26,7 @@ from kernalin_ci import current_params
 
 CATALOGUE = {
     "op": "attention.decode_paged",
-    "bug_class": "split-combine",
+    "bug_class": "softmax-no-max",
     "pos0": "missed",
     "params": {"block_size": 16},
     "modelled_on": "https://github.com/Dao-AILab/flash-attention/issues/949",

@@ -3,7 +3,7 @@ import torch
 import triton
 import triton.language as tl
 
-CATALOGUE = {"op": "attention.decode", "bug_class": "split-combine", "pos0": None, "params": {}, "modelled_on": None,
+CATALOGUE = {"op": "attention.decode", "bug_class": "softmax-no-max", "pos0": None, "params": {}, "modelled_on": None,
              "style": "split-kv, two kernels"}
 
 SPLITS = 3

@@ -4,7 +4,7 @@ import torch
 import triton
 import triton.language as tl
 
-CATALOGUE = {"op": "attention.decode", "bug_class": "split-combine", "pos0": None, "params": {}, "modelled_on": None,
+CATALOGUE = {"op": "attention.decode", "bug_class": "softmax-no-max", "pos0": None, "params": {}, "modelled_on": None,
              "style": "split-kv, guarded stage 1 and a guarded online combine"}
 
 SPLITS = 4

@@ -725,8 +725,8 @@ def check_combine(view: KernelView, exps: Exps, rep: Report, out_tensors: set, p
     weights = set()
     for op, lf in exps.of("combine"):
         pos, neg = lf.positive(), lf.negative()
-        if not neg.atoms:
-            rep.finding("split-combine", "split-combine",
+        if not neg.atoms:  # a softmax over the partials' statistics without its max: not wrong weights
+            rep.finding("split-combine", "softmax-no-max",
                         f"{name}: partials weighted by exp of their stored statistic (lse_i or m_i) without "
                         f"subtracting its max: the weights overflow", op, view)
             continue
