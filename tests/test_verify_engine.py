@@ -118,3 +118,14 @@ def test_kernel_code_does_not_see_the_gates_credentials():
     r = cli("verify", "--op", "attention.decode", "--entry", f"{ATT}:reads_credentials", "--device", "cpu",
             "--quiet", "--json", "-", env=secrets)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_a_broken_structural_package_is_an_error_never_a_silent_skip(monkeypatch):
+    """If the structural checks cannot be imported, verify must not pass without them."""
+    import sys
+
+    from kernalin_ci.verify import verify
+
+    monkeypatch.setitem(sys.modules, "kernalin_ci.verify.structural", None)  # import fails
+    with pytest.raises(ImportError):
+        verify("kv_append", f"{KERNELS}/triton_kv_append.py:append", {}, "cpu", only="structural", progress=False)

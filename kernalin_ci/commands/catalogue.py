@@ -58,10 +58,6 @@ def run(args) -> int:
 
 
 def available_kinds() -> tuple[str, ...]:
-    try:
-        import kernalin_ci.verify.structural  # noqa: F401
-    except ImportError:
-        return ("probe", "dynamic")
     return ("probe", "dynamic", "structural")
 
 

@@ -221,9 +221,7 @@ def verify(op_name: str, entry: str, raw_params: dict, device: str, *, dtype: st
     timeout_s = timeout_s or DEFAULT_TIMEOUT[device]
     structural = None
     if only in (None, "structural") and not probe and not case_json:
-        structural = _structural()
-        if structural is None and only == "structural":
-            raise UsageError("--only structural: structural verification is not available yet")
+        from kernalin_ci.verify.structural import verify_structural as structural
     # The structural worker compiles while the dynamic worker launches: two processes, so the
     # wall time is the longer of the two instead of their sum (each child imports torch and Triton).
     with ThreadPoolExecutor(max_workers=1) as pool:
@@ -366,14 +364,6 @@ def _start_lengths():
     from kernalin_ci.verify.pipeline import START_LENGTHS
 
     return START_LENGTHS
-
-
-def _structural():
-    try:
-        from kernalin_ci.verify.structural import verify_structural
-    except ImportError:
-        return None
-    return verify_structural
 
 
 __all__ = ["verify", "reproduce_command", "VerifyResult", "Notice", "StructuralStatus", "Coverage"]
