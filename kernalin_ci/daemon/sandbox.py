@@ -96,7 +96,8 @@ def create_cgroup(job_id: str, memory: int, pids: int) -> tuple[list[Path], str 
                 pass
             dirs[0].mkdir(exist_ok=True)
             _write(dirs[0] / "memory.max", str(memory))
-            _write(dirs[0] / "memory.swap.max", "0") if (dirs[0] / "memory.swap.max").exists() else None
+            if (dirs[0] / "memory.swap.max").exists():
+                _write(dirs[0] / "memory.swap.max", "0")
             _write(dirs[0] / "pids.max", str(pids))
         else:
             mem, pid = dirs
