@@ -41,6 +41,10 @@ def main(argv: list[str]) -> int:
     try:
         if job.get("device") == "cuda":
             require_cuda()
+        elif os.environ.get("TRITON_INTERPRET") == "1":
+            from kernalin_ci.verify.interp import int1_comparisons
+
+            int1_comparisons()  # the interpreter's int32-typed comparison results (verify/interp.py)
         target = job.get("target") or TASKS[job["task"]]
         mod, _, fn = target.partition(":")
         getattr(importlib.import_module(mod), fn)(job, emit)
