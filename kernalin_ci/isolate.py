@@ -15,6 +15,7 @@ import tempfile
 import threading
 from dataclasses import dataclass, field
 
+from kernalin_ci import sandbox
 from kernalin_ci.launch import make_undumpable, module_argv
 
 
@@ -64,21 +65,26 @@ def child_env(device: str, extra: dict | None = None) -> dict:
 
 def run_task(job: dict, device: str, timeout_s: float, on_event=None, env: dict | None = None,
              cwd: str | None = None) -> Outcome:
-    """Run job (a dict with 'task') in `python -m kernalin_ci.worker` (isolated: launch.module_argv);
-    call on_event per event. This process is made non-dumpable first (the child must not read our
-    /proc/PID/environ)."""
+    """Run job (a dict with 'task') in `python -m kernalin_ci.worker` (isolated: launch.module_argv), in
+    the worker sandbox where bubblewrap can make one (sandbox.worker_plan); call on_event per event. This
+    process is made non-dumpable first (the child must not read our /proc/PID/environ)."""
     make_undumpable()
     with tempfile.TemporaryDirectory(prefix="kernalin-job-") as tmp:
-        job_path = os.path.join(tmp, "job.json")
+        work = os.path.join(tmp, "work")  # the only folder the sandboxed worker may write
+        os.mkdir(work)
+        job_path = os.path.join(work, "job.json")
         log_path = os.path.join(tmp, "output.log")
         with open(job_path, "w") as f:
             json.dump(job, f)
+        plan, sandbox_env = sandbox.worker_plan(job, device, work, cwd)
+        argv = [*module_argv("kernalin_ci.worker", cwd=cwd), job_path]
         r, w = os.pipe()
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
-                [*module_argv("kernalin_ci.worker", cwd=cwd), job_path, str(w)],
+                [*(plan.argv_prefix if plan else []), *argv, str(w)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, pass_fds=(w,),
-                env=child_env(device, env), cwd=cwd, start_new_session=True)
+                env=child_env(device, {**(env or {}), **sandbox_env}), cwd=cwd, start_new_session=True,
+                preexec_fn=plan.preexec if plan else None)
         os.close(w)
         events: queue.Queue = queue.Queue()
 
@@ -115,6 +121,7 @@ def run_task(job: dict, device: str, timeout_s: float, on_event=None, env: dict 
         except subprocess.TimeoutExpired:
             _kill(proc)
             rc = proc.wait()
+        sandbox.end_worker(plan)
         if outcome.status == "crashed":
             outcome.detail = _describe_exit(rc)
         with open(log_path, "rb") as f:

@@ -18,7 +18,7 @@ from typing import Mapping
 
 import yaml
 
-from kernalin_ci.daemon.sandbox import SandboxError, SandboxSettings, parse_size
+from kernalin_ci.sandbox import SandboxError, SandboxSettings, parse_size
 from kernalin_ci.errors import UsageError
 
 ENV_CONFIG = "KERNALIN_DAEMON_CONFIG"

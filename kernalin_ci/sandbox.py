@@ -28,6 +28,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kernalin_ci.errors import UsageError
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CGROUP_NAME = "kernalin-ci"
 SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -37,8 +39,8 @@ SYSTEM_RO = ("/usr", "/etc", "/opt", "/bin", "/sbin", "/lib", "/lib32", "/lib64"
 GPU_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
 
 
-class SandboxError(Exception):
-    """The sandbox cannot be set up as configured (bwrap missing, bad size)."""
+class SandboxError(UsageError):
+    """The sandbox cannot be set up as configured (bwrap missing, bad size): a configuration error."""
 
 
 def parse_size(text: str) -> int:
@@ -326,3 +328,106 @@ def describe(plan: Plan) -> str:
         parts.append(f"memory {lim['memory'] >> 20} MiB, {lim['pids']} processes")
     parts += [f"NOT ENFORCED: {w}" for w in plan.not_enforced]
     return "; ".join(parts)
+
+
+# ------------------------------------------------------------------ kernel workers (verify, bench, the Action)
+
+WORKER_MODES = ("auto", "on", "off")
+ENV_WORKER_SANDBOX = "KERNALIN_SANDBOX"  # auto (default) | on | off, for the kernel workers of this process
+_probe: dict = {}
+_warned: list = []
+_count = [0]
+
+
+def worker_mode() -> str:
+    mode = os.environ.get(ENV_WORKER_SANDBOX, "auto").strip().lower() or "auto"
+    if mode not in WORKER_MODES:
+        raise SandboxError(f"{ENV_WORKER_SANDBOX}={mode!r}: expected one of {', '.join(WORKER_MODES)}")
+    return mode
+
+
+def _named_paths(value) -> set[str]:
+    """Absolute paths that exist among the strings of a job (its roots, entry files, sources)."""
+    out: set[str] = set()
+    if isinstance(value, dict):
+        for v in value.values():
+            out |= _named_paths(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            out |= _named_paths(v)
+    elif isinstance(value, str) and value.startswith(os.sep):
+        path = value.split(":", 1)[0]  # an entry "FILE:FUNCTION"
+        if os.path.exists(path):
+            out.add(os.path.realpath(path))
+    return out
+
+
+def _bwrap_works(settings: SandboxSettings) -> str | None:
+    """None if bubblewrap can start a sandbox here (probed once), else why not."""
+    if "why" not in _probe:
+        bwrap = shutil.which(settings.bwrap)
+        if not bwrap:
+            _probe["why"] = "bubblewrap is not installed"
+        else:
+            import subprocess
+
+            flags = ["--unshare-pid", "--unshare-net"] if os.geteuid() == 0 else ["--unshare-all"]
+            try:
+                p = subprocess.run([bwrap, *flags, "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "true"],
+                                   capture_output=True, text=True, timeout=30)
+                _probe["why"] = None if p.returncode == 0 else \
+                    f"bubblewrap cannot make a sandbox here ({' '.join(p.stderr.split())[:200]})"
+            except (OSError, subprocess.TimeoutExpired) as e:
+                _probe["why"] = f"bubblewrap cannot run ({e})"
+    return _probe["why"]
+
+
+def worker_plan(job: dict, device: str, workdir: str, cwd: str | None) -> tuple[Plan | None, dict]:
+    """How to start a kernel worker: in a sandbox (a Plan, plus the environment it needs), or not (None).
+
+    The worker sees the system and the Python installation read-only, the folders its job names (the
+    checkout, entry files) read-only, WORKDIR (its job file and result files) read-write, and fresh
+    tmpfs for HOME (so its own Triton cache) and /tmp; no network; its own PID namespace; the gate's
+    process and every other file of the user (SSH keys, a runner's credentials) do not exist inside.
+    KERNALIN_SANDBOX=off runs it unsandboxed; auto (the default) warns once on stderr where bubblewrap
+    cannot run; on makes that an error."""
+    mode = worker_mode()
+    if mode == "off":
+        return None, {}
+    settings = SandboxSettings(memory=_worker_memory(), tmpfs_size="8g")
+    why = _bwrap_works(settings)
+    if why:
+        if mode == "on":
+            raise SandboxError(f"{ENV_WORKER_SANDBOX}=on: {why}")
+        if not _warned:
+            _warned.append(why)
+            print(f"kernalin-ci: kernel workers run without a sandbox: {why} (set {ENV_WORKER_SANDBOX}=off "
+                  f"to silence, or install bubblewrap)", file=sys.stderr)
+        return None, {}
+    from kernalin_ci.launch import child_path
+
+    _count[0] += 1
+    readonly = sorted({os.path.realpath(p) for p in child_path(cwd) if os.path.isdir(p)}
+                      | _named_paths(job) | ({os.path.realpath(cwd)} if cwd else set()))
+    settings.extra_ro = readonly
+    plan = prepare(settings, f"worker-{os.getpid()}-{_count[0]}", [Path(workdir)],
+                   gpu_device_nodes(None) if device == "cuda" else [])
+    env = {"HOME": plan.home, "TMPDIR": plan.tmp, "XDG_CACHE_HOME": f"{plan.home}/.cache",
+           "TRITON_CACHE_DIR": f"{plan.home}/.triton"}
+    return plan, env
+
+
+def _worker_memory() -> str:
+    """A kernel worker's memory cap: 90% of this machine's RAM (it guards the host, not the kernel)."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return "64g"
+    return str(max(1 << 30, int(total * 0.9)))
+
+
+def end_worker(plan: Plan | None) -> None:
+    """After a sandboxed worker: kill whatever it left in its cgroup, remove the cgroup."""
+    if plan is not None and plan.limits.get("cgroup"):
+        job_id = Path(plan.limits["cgroup"][0]).name.removeprefix("job-")
+        cleanup(job_id)
