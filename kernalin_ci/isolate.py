@@ -122,6 +122,8 @@ def run_task(job: dict, device: str, timeout_s: float, on_event=None, env: dict 
             _kill(proc)
             rc = proc.wait()
         sandbox.end_worker(plan)
+        if plan is not None and rc is not None and 128 < rc < 160:
+            rc = 128 - rc  # bubblewrap exits 128 + N for a child killed by signal N
         if outcome.status == "crashed":
             outcome.detail = _describe_exit(rc)
         with open(log_path, "rb") as f:

@@ -356,10 +356,16 @@ def _named_paths(value) -> set[str]:
         for v in value:
             out |= _named_paths(v)
     elif isinstance(value, str) and value.startswith(os.sep):
-        path = value.split(":", 1)[0]  # an entry "FILE:FUNCTION"
+        path = os.path.realpath(value.split(":", 1)[0])  # an entry "FILE:FUNCTION"
+        folder = os.path.dirname(path)
+        if os.path.isfile(path) and folder not in _SHARED_DIRS and os.stat(folder).st_mode & 0o001:
+            path = folder  # the modules beside it too (when others may search it, as the job's uid must)
         if os.path.exists(path):
-            out.add(os.path.realpath(path))
+            out.add(path)
     return out
+
+
+_SHARED_DIRS = ("/", "/tmp", "/var/tmp", "/dev/shm")  # a file named there is bound alone
 
 
 def _bwrap_works(settings: SandboxSettings) -> str | None:
@@ -399,7 +405,7 @@ def worker_plan(job: dict, device: str, workdir: str, cwd: str | None) -> tuple[
     if why:
         if mode == "on":
             raise SandboxError(f"{ENV_WORKER_SANDBOX}=on: {why}")
-        if not _warned:
+        if why not in _warned:
             _warned.append(why)
             print(f"kernalin-ci: kernel workers run without a sandbox: {why} (set {ENV_WORKER_SANDBOX}=off "
                   f"to silence, or install bubblewrap)", file=sys.stderr)
@@ -407,14 +413,37 @@ def worker_plan(job: dict, device: str, workdir: str, cwd: str | None) -> tuple[
     from kernalin_ci.launch import child_path
 
     _count[0] += 1
+    here = os.path.realpath(cwd or os.getcwd())  # relative entries resolve against it, as outside
     readonly = sorted({os.path.realpath(p) for p in child_path(cwd) if os.path.isdir(p)}
-                      | _named_paths(job) | ({os.path.realpath(cwd)} if cwd else set()))
+                      | _named_paths(job) | {here})
+    if os.geteuid() == 0:  # the job drops to an unprivileged uid: it must be able to read what it needs
+        closed = [p for p in readonly if not _others_can_read(p)]
+        if closed:
+            why = (f"{closed[0]} is not readable by uid {settings.user.split(':')[0]}, the sandbox's user when "
+                   f"kernalin-ci runs as root")
+            if mode == "on":
+                raise SandboxError(f"{ENV_WORKER_SANDBOX}=on: {why}")
+            if why not in _warned:
+                _warned.append(why)
+                print(f"kernalin-ci: kernel workers run without a sandbox: {why}", file=sys.stderr)
+            return None, {}
     settings.extra_ro = readonly
     plan = prepare(settings, f"worker-{os.getpid()}-{_count[0]}", [Path(workdir)],
                    gpu_device_nodes(None) if device == "cuda" else [])
+    plan.argv_prefix[1:1] = ["--chdir", here]
     env = {"HOME": plan.home, "TMPDIR": plan.tmp, "XDG_CACHE_HOME": f"{plan.home}/.cache",
            "TRITON_CACHE_DIR": f"{plan.home}/.triton"}
     return plan, env
+
+
+def _others_can_read(path: str) -> bool:
+    """Whether a user with no claim on PATH can read it (o+r, and o+x for a folder). The folders above a
+    bound path are the sandbox's own (0755) unless bound themselves, when they are checked too."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return bool(st.st_mode & 0o004) and (not os.path.isdir(path) or bool(st.st_mode & 0o001))
 
 
 def _worker_memory() -> str:

@@ -110,6 +110,7 @@ def bench_pair(op: str, base_entry: str, head_entry: str, base_root: str | None 
     result = BenchResult(op=op, base=base_entry, head=head_entry, device=device, budget_s=budget_s, reps=reps,
                          l2_flush=l2_flush if device == "cuda" else None)
     with tempfile.TemporaryDirectory(prefix="kernalin-aa-") as tmp:
+        os.chmod(tmp, 0o755)  # read by the kernel workers' sandbox user (uid 65534 under root)
         base2_entry, base2_root, note = aa_copy(base_entry, base_root, tmp)
         if note:
             result.notes.append(note)

@@ -217,6 +217,7 @@ def _entry_exists(k: Kernel, root: Path) -> bool:
 def worktrees(repo: Path, base: str, head: str):
     """Base and head checked out side by side in a temp dir; removed afterwards, also on failure."""
     tmp = Path(tempfile.mkdtemp(prefix="kernalin-gate-"))
+    tmp.chmod(0o755)  # the kernel workers' sandbox user (uid 65534 under root) reads the checkouts
     made = []
     try:
         for name, sha in (("base", base), ("head", head)):

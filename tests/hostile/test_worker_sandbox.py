@@ -11,8 +11,10 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -72,10 +74,20 @@ def listener():
     srv.close()
 
 
+@pytest.fixture
+def open_dir():
+    """A folder the sandbox's uid 65534 can read (pytest's tmp_path lies under a root-only folder)."""
+    d = Path(tempfile.mkdtemp(prefix="kernalin-hostile-"))
+    d.chmod(0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
 @pytest.mark.parametrize("mode", ["on", "off"])
-def test_a_kernel_reads_no_credential_sees_no_process_reaches_no_host_and_leaves_nothing(tmp_path, listener, mode):
+def test_a_kernel_reads_no_credential_sees_no_process_reaches_no_host_and_leaves_nothing(open_dir, listener, mode):
+    tmp_path = open_dir
     port, accepted = listener
-    home = tmp_path / "home"
+    home = tmp_path.parent / f"{tmp_path.name}-home"  # beside the checkout, as a user's HOME is
     (home / ".aws").mkdir(parents=True)
     secret = home / ".aws" / "credentials"
     secret.write_text("aws_secret_access_key = KERNALIN-TEST-SECRET\n")
@@ -94,6 +106,7 @@ def test_a_kernel_reads_no_credential_sees_no_process_reaches_no_host_and_leaves
     left = _lingering(tag)
     for pid in left:
         os.kill(pid, 9)
+    shutil.rmtree(home, ignore_errors=True)
     out = p.stdout + p.stderr
     assert "ATTACK" in out, out[-3000:]
     got = json.loads(out.split("ATTACK")[1].replace("\\'", "'"))
