@@ -65,11 +65,11 @@ class Case:
             try:
                 d = json.loads(d)
             except json.JSONDecodeError as e:
-                raise UsageError(f"--case: not valid JSON: {e}") from None
+                raise UsageError(f"case: not valid JSON: {e}", setting="case") from None
         if not isinstance(d, dict) or "name" not in d or "dims" not in d:
-            raise UsageError("--case: expected a JSON object with at least 'name' and 'dims'")
+            raise UsageError("case: expected a JSON object with at least 'name' and 'dims'", setting="case")
         if d.get("dtype", "float32") not in DTYPES:
-            raise UsageError(f"--case: dtype must be one of {', '.join(DTYPES)}")
+            raise UsageError(f"case: dtype must be one of {', '.join(DTYPES)}", setting="case")
         return cls(name=d["name"], dims=dict(d["dims"]), dtype=d.get("dtype", "float32"),
                    seed=int(d.get("seed", 0)), tags=tuple(d.get("tags", ())))
 
