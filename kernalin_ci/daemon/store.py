@@ -58,7 +58,6 @@ CREATE TABLE IF NOT EXISTS repos (
     name TEXT PRIMARY KEY, default_branch TEXT NOT NULL, private INTEGER NOT NULL, installation_id INTEGER);
 """
 
-ACTIVE = (QUEUED, RUNNING)
 
 
 @dataclass

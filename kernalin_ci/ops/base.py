@@ -267,10 +267,6 @@ def positive(v: Any) -> str | None:
     return None if v > 0 else "must be positive"
 
 
-def power_of_two(v: Any) -> str | None:
-    return None if v > 0 and v & (v - 1) == 0 else "must be a positive power of two"
-
-
 def valid_dims(dims: dict[str, Any], keys: tuple[str, ...]) -> str | None:
     """None when every key holds a positive integer, else what is wrong (for `Op.validate_case`)."""
     for k in keys:
