@@ -93,7 +93,7 @@ def run_gate(repo: Path, config_path: str | None, base: str | None, head: str | 
         log(f"{len(todo)} of {len(plan)} kernels affected"
             + (f"; removed: {', '.join(report.removed)}" if report.removed else ""))
         results: dict[str, KernelReport] = {}
-        for i, a in enumerate(plan):
+        for a in plan:
             k = a.kernel
             kr = KernelReport(k.name, k.op, k.entry, a.status, a.reasons)
             results[k.name] = kr
