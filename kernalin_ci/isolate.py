@@ -15,7 +15,6 @@ import tempfile
 import threading
 from dataclasses import dataclass, field
 
-from kernalin_ci.errors import InternalError, UsageError
 from kernalin_ci.launch import make_undumpable, module_argv
 
 
@@ -31,6 +30,8 @@ class Outcome:
         (exit 2), its unexpected exception becomes an InternalError carrying the child's traceback
         (exit 3). Any other status (ok, timeout, crashed, restart) is the caller's to judge: a kernel
         that hangs or crashes is a finding, not an error."""
+        from kernalin_ci.errors import InternalError, UsageError
+
         if self.status == "usage-error":
             setting = next((e.get("setting") for e in self.events if e.get("event") == "usage-error"), None)
             raise UsageError(self.detail, setting=setting)
