@@ -26,6 +26,30 @@ class Outcome:
     detail: str = ""
     output_tail: str = ""
 
+    def raise_for_error(self, what: str) -> None:
+        """The one way a worker's end becomes an error: the child's UsageError is raised again here
+        (exit 2), its unexpected exception becomes an InternalError carrying the child's traceback
+        (exit 3). Any other status (ok, timeout, crashed, restart) is the caller's to judge: a kernel
+        that hangs or crashes is a finding, not an error."""
+        from kernalin_ci.errors import InternalError, UsageError
+
+        if self.status == "usage-error":
+            setting = next((e.get("setting") for e in self.events if e.get("event") == "usage-error"), None)
+            raise UsageError(self.detail, setting=setting)
+        if self.status == "internal-error":
+            tb = next((e.get("traceback", "") for e in self.events if e.get("event") == "internal-error"), "")
+            raise InternalError(f"the {what} worker failed: {self.detail}", detail=tb)
+
+    def ended(self) -> str:
+        """How a child that did not finish ended, in one line: the cause and, for a crash, the last
+        of its output (a segfault's message, an assertion)."""
+        return self.detail + self.last_output()
+
+    def last_output(self) -> str:
+        """'; last output: ...' after a crash (empty otherwise)."""
+        tail = " ".join(self.output_tail.split()[-40:])[-300:]
+        return f"; last output: {tail}" if tail and self.status == "crashed" else ""
+
 
 # The kernel worker's environment is an allowlist: what Python, torch, Triton and CUDA need, and the
 # daemon's job marker. Everything else the gate process holds (cloud keys, GITHUB_TOKEN, HF_TOKEN,

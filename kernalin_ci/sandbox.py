@@ -251,7 +251,8 @@ def prepare(settings: SandboxSettings, job_id: str, writable: list[Path], gpu_de
             argv += ["--dev-bind", dev, dev]
     # the job's own scratch space, writable by its uid (every process in the sandbox is the job's)
     argv += ["--perms", "1777", "--size", str(tmpfs), "--tmpfs", "/tmp",
-             "--perms", "0755", "--size", str(tmpfs), "--tmpfs", "/sandbox", "--perms", "0777", "--dir", "/sandbox/home"]
+             "--perms", "0755", "--size", str(tmpfs), "--tmpfs", "/sandbox",
+             "--perms", "0777", "--dir", "/sandbox/home"]
     made: set[str] = set()
 
     def parents(p, bound) -> list[str]:

@@ -21,10 +21,6 @@ TASKS = {
 }
 
 
-def register(name: str, target: str) -> None:
-    TASKS[name] = target
-
-
 def main(argv: list[str]) -> int:
     job_path, fd = argv[0], int(argv[1])
     with open(job_path) as f:
@@ -45,11 +41,11 @@ def main(argv: list[str]) -> int:
             from kernalin_ci.verify.interp import int1_comparisons
 
             int1_comparisons()  # the interpreter's int32-typed comparison results (verify/interp.py)
-        target = job.get("target") or TASKS[job["task"]]
+        target = TASKS[job["task"]]
         mod, _, fn = target.partition(":")
         getattr(importlib.import_module(mod), fn)(job, emit)
     except UsageError as e:
-        emit({"event": "usage-error", "message": str(e)})
+        emit({"event": "usage-error", "message": str(e), "setting": e.setting})
         return 2
     except Exception as e:
         emit({"event": "internal-error", "message": f"{type(e).__name__}: {e}",
@@ -66,8 +62,8 @@ def require_cuda() -> None:
     from kernalin_ci.errors import UsageError
 
     if not torch.cuda.is_available():
-        raise UsageError(f"--device cuda: torch {torch.__version__} here cannot use the GPU "
-                         f"(a CPU-only build?); use --device cpu")
+        raise UsageError(f"device cuda: torch {torch.__version__} here cannot use the GPU "
+                         f"(a CPU-only build?); use the cpu device", setting="device")
 
 
 if __name__ == "__main__":

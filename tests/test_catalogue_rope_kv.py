@@ -117,7 +117,7 @@ def test_pos0_labels_are_what_the_probe_finds():
     assert r.returncode == 0, r.stderr[-2000:]
     found = json.loads(r.stdout.strip().splitlines()[-1])
     wrong = []
-    for op, p in files:
+    for _op, p in files:
         label = read_catalogue(p)[1]["pos0"]
         classes = found[str(p.relative_to(REPO))]
         if bool(classes) != (label == "caught"):

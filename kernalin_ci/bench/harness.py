@@ -47,7 +47,6 @@ from kernalin_ci.verify.poison import bits
 TARGET_SAMPLE_S = {"cuda": 1e-3, "cpu": 5e-3}
 MAX_INNER = 10000
 L2_FLUSH_BYTES = 256 << 20  # several times the L2 of any current GPU (H100: 50 MB, H200: 60 MB)
-CLOCKS = {"cuda": "cuda-events", "cpu": "cpu-wall-clock"}
 
 
 class BenchAbort(Exception):

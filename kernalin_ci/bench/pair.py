@@ -99,10 +99,10 @@ def bench_pair(op: str, base_entry: str, head_entry: str, base_root: str | None 
     resolved = resolve_params(op, op_obj.params, op_params)
     cases = bench_cases(op, resolved, device, bench_params)
     if budget_s <= 0:
-        raise UsageError("--budget-s must be positive")
+        raise UsageError("budget_s: must be positive", setting="budget_s")
     reps = reps or DEFAULT_REPS[device]
     if reps < 1:
-        raise UsageError("--reps must be at least 1")
+        raise UsageError("reps: must be at least 1", setting="reps")
     l2_flush = L2_FLUSH_DEFAULT if l2_flush is None else l2_flush
     base_root = str(Path(base_root or os.getcwd()).resolve())
     head_root = str(Path(head_root or os.getcwd()).resolve())
@@ -211,16 +211,11 @@ def _run(job: dict, result: BenchResult, cases, device: str, timeout_s: float, p
     outcome = run_task(job, device, timeout_s, on_event)
     if tty:
         print(file=sys.stderr)
-    if outcome.status == "usage-error":
-        raise UsageError(outcome.detail)
-    if outcome.status == "internal-error":
-        tb = next((e.get("traceback") for e in outcome.events if e.get("event") == "internal-error"), "")
-        raise RuntimeError(f"bench worker failed: {outcome.detail}\n{tb}")
+    outcome.raise_for_error("bench")
     if outcome.status in ("timeout", "crashed") and result.error is None:
-        tail = " ".join(outcome.output_tail.split()[-40:])[-300:]
         result.error_kind = outcome.status
-        result.error = f"the benchmark child {outcome.detail} while {state['where']}" + \
-            (f"; last output: {tail}" if tail and outcome.status == "crashed" else "")
+        result.error = f"the benchmark child {outcome.detail} while {state['where']}" \
+            + outcome.last_output()
     if result.rounds:
         result.instances = {n: np.asarray(times[n], dtype=np.float64) for n in names}
         result.orders = np.asarray(orders, dtype=np.int8)

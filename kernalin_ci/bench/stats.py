@@ -39,7 +39,6 @@ SEED = 20261202  # fixed: the same trace always gives the same verdict
 HIST_BINS = 40  # bins of the posterior histogram in the verdict JSON (the report draws it)
 LOOK_GROWTH = 1.25  # adaptive stopping looks at rounds 5, 6, 8, 10, 12, 15, 19, 24, ...
 
-VERDICTS = ("faster", "slower", "equivalent", "inconclusive")
 
 
 @dataclass

@@ -62,7 +62,8 @@ def run(args) -> int:
 
 
 def print_result(result, out) -> None:
-    from kernalin_ci.bench.render import summary_sentence, verdict_line
+    from kernalin_ci.bench.render import verdict_line
+    from kernalin_ci.report.text import mass_sentence
 
     if result.failed:
         print(f"BENCH FAILED ({result.error_kind}) {result.op} {result.head} vs {result.base}: {result.error}",
@@ -70,7 +71,7 @@ def print_result(result, out) -> None:
         return
     v = result.verdict
     print(verdict_line(v, f"{result.op} {result.head} vs {result.base}"), file=out)
-    print(f"  {summary_sentence(v)}", file=out)
+    print(f"  {mass_sentence(v.to_json())}", file=out)
     clock = "GPU seconds" if result.clock == "cuda-events" else "CPU wall-clock seconds"
     print(f"  {result.rounds} rounds, {result.bench_seconds:.1f} {clock} timing (stopped: {result.stopped}), "
           f"{result.setup_seconds:.1f} s setup, {result.seconds:.1f} s in all", file=out)

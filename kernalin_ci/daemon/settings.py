@@ -351,11 +351,11 @@ def parse_gpus(text: str):
         return text
     if text.isdigit():
         if int(text) < 1:
-            raise UsageError("--gpus: a count must be at least 1")
+            raise UsageError("gpus: a count must be at least 1", setting="gpus")
         return int(text)
     items = [t.strip() for t in text.split(",") if t.strip()]
     if not items:
-        raise UsageError(f"--gpus: expected auto, cpu, a count or a list, got {text!r}")
+        raise UsageError(f"gpus: expected auto, cpu, a count or a list, got {text!r}", setting="gpus")
     return [int(t) if t.isdigit() else t for t in items]
 
 

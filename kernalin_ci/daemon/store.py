@@ -58,7 +58,6 @@ CREATE TABLE IF NOT EXISTS repos (
     name TEXT PRIMARY KEY, default_branch TEXT NOT NULL, private INTEGER NOT NULL, installation_id INTEGER);
 """
 
-ACTIVE = (QUEUED, RUNNING)
 
 
 @dataclass
@@ -297,9 +296,10 @@ class Store:
                 "AND post_state != 'pending'", (cut,))]
             # keep each branch's newest result: the badges read it
             keep = {r[0] for r in db.execute(
-                "SELECT id FROM jobs j WHERE state='done' AND conclusion IN ('success', 'failure') AND finished_at = "
-                "(SELECT MAX(finished_at) FROM jobs k WHERE k.repo=j.repo AND k.base_ref=j.base_ref AND "
-                "k.state='done' AND k.conclusion IN ('success', 'failure'))")}
+                "SELECT id FROM jobs j WHERE state='done' AND conclusion IN ('success', 'failure') "
+                "AND finished_at = (SELECT MAX(finished_at) FROM jobs k "
+                "WHERE k.repo=j.repo AND k.base_ref=j.base_ref "
+                "AND k.state='done' AND k.conclusion IN ('success', 'failure'))")}
             ids = [i for i in ids if i not in keep]
             db.executemany("DELETE FROM jobs WHERE id=?", [(i,) for i in ids])
         return ids

@@ -57,7 +57,8 @@ def default_branch(repo: Path) -> str:
             return name
         except UsageError:
             continue
-    raise UsageError("cannot find the default branch (no origin/HEAD, main or master): pass --base")
+    raise UsageError("base: cannot find the default branch (no origin/HEAD, main or master) to take the "
+                     "base revision from; name the base revision", setting="base")
 
 
 def event_refs(event_path: str | None) -> dict:

@@ -1,7 +1,10 @@
 """The PR gate: config + refs -> affected kernels -> verify + bench -> Report.
 
 Every kernel is checked in its own worker children (kernalin_ci.verify and
-kernalin_ci.bench start them), so one kernel's crash does not stop the gate.
+kernalin_ci.bench start them), so one kernel's crash does not stop the gate. An
+error while checking one kernel or pipeline (its entry does not load: a UsageError;
+a bug of ours: any other exception) is recorded on that kernel, which fails, and
+the gate goes on to the others: the report is always written.
 """
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from pathlib import Path
 
 from kernalin_ci import config as config_mod
 from kernalin_ci.config import Config
-from kernalin_ci.errors import UsageError
+from kernalin_ci.errors import UsageError, describe, log_text, write_log
 from kernalin_ci.gate.diff import Refs, affected_kernels, changed_files, resolve_refs, worktrees
 from kernalin_ci.report.model import KernelReport, PipelineReport, Report
 
@@ -90,7 +93,7 @@ def run_gate(repo: Path, config_path: str | None, base: str | None, head: str | 
         log(f"{len(todo)} of {len(plan)} kernels affected"
             + (f"; removed: {', '.join(report.removed)}" if report.removed else ""))
         results: dict[str, KernelReport] = {}
-        for i, a in enumerate(plan):
+        for a in plan:
             k = a.kernel
             kr = KernelReport(k.name, k.op, k.entry, a.status, a.reasons)
             results[k.name] = kr
@@ -100,7 +103,10 @@ def run_gate(repo: Path, config_path: str | None, base: str | None, head: str | 
             log(f"[{sum(1 for x in report.kernels if x.status != 'unchanged')}/{len(todo)}] {k.name} "
                 f"({k.op}, {a.status}): {'; '.join(a.reasons)}")
             kt = time.perf_counter()
-            check_kernel(kr, k, cfg, device, base_root, head_root, progress)
+            try:
+                check_kernel(kr, k, cfg, device, base_root, head_root, progress)
+            except Exception as e:  # a bug of ours: this kernel is in error, the others go on
+                kr.error = internal_error(k.name, e)
             kr.failed_by = judge(kr, cfg, device)
             kr.seconds = time.perf_counter() - kt
             log(f"    {k.name}: {summary_line(kr)}")
@@ -182,11 +188,20 @@ def check_pipeline(p, members: dict, cfg: Config, device: str, head_root: Path, 
         pr.verification = vr.to_json()
         if vr.findings and "finding" in cfg.gate.fail_on:
             pr.failed_by = ["finding"]
-    except UsageError as e:
-        pr.verification = {"verdict": "fail", "findings": [], "error": str(e)}
+    except Exception as e:  # a load error, or a bug of ours (logged): this pipeline fails, the gate goes on
+        why = str(e) if isinstance(e, UsageError) else internal_error(f"pipeline {p.name}", e)
+        pr.verification = {"verdict": "fail", "findings": [], "error": why}
         pr.failed_by = ["error"]
     pr.seconds = time.perf_counter() - t0
     return pr
+
+
+def internal_error(what: str, e: Exception) -> str:
+    """An internal error while checking one kernel: the traceback to a log file named on stderr,
+    one line for the report."""
+    path = write_log(log_text(e))
+    log(f"    {what}: internal error: {describe(e)} (traceback in {path})")
+    return f"internal error: {describe(e)} (a bug in kernalin-ci)"
 
 
 def removed_kernels(cfg: Config, base_root: Path, cfg_path: Path, repo: Path) -> list[str]:

@@ -65,11 +65,11 @@ class Case:
             try:
                 d = json.loads(d)
             except json.JSONDecodeError as e:
-                raise UsageError(f"--case: not valid JSON: {e}") from None
+                raise UsageError(f"case: not valid JSON: {e}", setting="case") from None
         if not isinstance(d, dict) or "name" not in d or "dims" not in d:
-            raise UsageError("--case: expected a JSON object with at least 'name' and 'dims'")
+            raise UsageError("case: expected a JSON object with at least 'name' and 'dims'", setting="case")
         if d.get("dtype", "float32") not in DTYPES:
-            raise UsageError(f"--case: dtype must be one of {', '.join(DTYPES)}")
+            raise UsageError(f"case: dtype must be one of {', '.join(DTYPES)}", setting="case")
         return cls(name=d["name"], dims=dict(d["dims"]), dtype=d.get("dtype", "float32"),
                    seed=int(d.get("seed", 0)), tags=tuple(d.get("tags", ())))
 
@@ -265,10 +265,6 @@ def _coerce(op_name: str, p: Param, v: Any) -> Any:
 
 def positive(v: Any) -> str | None:
     return None if v > 0 else "must be positive"
-
-
-def power_of_two(v: Any) -> str | None:
-    return None if v > 0 and v & (v - 1) == 0 else "must be a positive power of two"
 
 
 def valid_dims(dims: dict[str, Any], keys: tuple[str, ...]) -> str | None:

@@ -232,6 +232,23 @@ def location_text(loc: dict | None) -> str | None:
     return f"{loc['path']}:{loc['line']}" if loc.get("line") else str(loc["path"])
 
 
+def finding_text(f: dict) -> str:
+    """One finding as plain text: class, check, location, message, case and reproduce command. The one
+    plain-text wording of a finding (the CLI, JUnit and the check-run annotations use it; the comment
+    is markdown)."""
+    head = f"[{f.get('bug_class', '?')}] {f.get('kind', 'dynamic')} check {f.get('check', '?')}"
+    loc = location_text(f.get("location"))
+    if loc:
+        head += f" at {loc}"
+    lines = [head, f"  {f.get('message', '')}"]
+    case = case_summary(f.get("case"))
+    if case:
+        lines.append(f"  case: {case}")
+    if f.get("reproduce"):
+        lines.append(f"  reproduce: {f['reproduce']}")
+    return "\n".join(lines)
+
+
 def bug_classes(findings: list[dict]) -> list[tuple[str, int]]:
     """The findings' bug classes in first-seen order, with how often each occurs."""
     counts: dict[str, int] = {}

@@ -4,7 +4,10 @@ It reads what to do from the checkout (verdict.txt: success|failure|error; sleep
 records its environment and working directory, and writes a real report.json through the report
 writer: `python -m kernalin_ci.testing.fake_gate OUT BASE HEAD DEVICE`.
 """
-import json, os, sys, time
+import json
+import os
+import sys
+import time
 from pathlib import Path
 out, base, head, device = sys.argv[1:5]
 Path(out).mkdir(parents=True, exist_ok=True)

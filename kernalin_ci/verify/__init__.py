@@ -147,11 +147,7 @@ def run_cases(task: str, job: dict, cases: list[Case], device: str, timeout_s: f
 
         outcome = run_task({**job, "task": task, "cases": [c.to_json() for c in cases], "start": start},
                            device, timeout_s, on_event, env=env)
-        if outcome.status == "usage-error":
-            raise UsageError(outcome.detail)
-        if outcome.status == "internal-error":
-            tb = next((e.get("traceback") for e in outcome.events if e.get("event") == "internal-error"), "")
-            raise RuntimeError(f"worker failed: {outcome.detail}\n{tb}")
+        outcome.raise_for_error(task)
         if outcome.status == "ok":
             break
         last = max((e["index"] for e in outcome.events if e.get("event") == "case-done"), default=start - 1)
@@ -159,17 +155,13 @@ def run_cases(task: str, job: dict, cases: list[Case], device: str, timeout_s: f
         if outcome.status in ("timeout", "crashed"):
             if i is None and not any(e.get("event") == "case-start" for e in outcome.events):
                 # died before any case started: loading the entry itself hangs or crashes
-                tail = " ".join(outcome.output_tail.split()[-40:])[-300:]
-                findings.append(Finding("isolation", outcome.status,
-                                        f"loading the entry: {outcome.detail}; last output: {tail}"))
+                findings.append(Finding("isolation", outcome.status, f"loading the entry: {outcome.ended()}"))
                 progress.note(f"loading the entry {outcome.status}: {outcome.detail}")
                 break
             if i is None:
                 i = last + 1
             kind = outcome.status if outcome.status == "timeout" else "crashed"
-            tail = " ".join(outcome.output_tail.split()[-40:])
-            msg = (f"case {cases[i].name!r}: {outcome.detail}"
-                   + (f"; last output: {tail[-300:]}" if tail and kind == "crashed" else ""))
+            msg = f"case {cases[i].name!r}: {outcome.ended()}"
             findings.append(Finding("isolation", kind, msg, case=cases[i].to_json(), reproduce=repro(cases[i])))
             done += 1
             progress.case_done(i, cases[i].name, 0.0, 1)
@@ -213,7 +205,8 @@ def verify(op_name: str, entry: str, raw_params: dict, device: str, *, dtype: st
     dom, plan_params = domain_mod.resolve(op, raw_params, raw_domain)
     params = resolve_params(op_name, op.params, plan_params)
     if dtype and dom.dtype and dtype not in dom.dtype:
-        raise UsageError(f"--dtype {dtype}: outside the declared domain (dtype {', '.join(dom.dtype)})")
+        raise UsageError(f"dtype {dtype}: outside the declared domain (dtype {', '.join(dom.dtype)})",
+                         setting="dtype")
     plan_dtype = dtype or (dom.dtype[0] if len(dom.dtype) == 1 else None)
     main_dtype = plan_dtype or "float32"
     t0 = time.perf_counter()
@@ -232,7 +225,7 @@ def verify(op_name: str, entry: str, raw_params: dict, device: str, *, dtype: st
                 cases = [Case.from_json(case_json)]
                 problem = op.validate_case(cases[0])
                 if problem:
-                    raise UsageError(f"--case: {problem}")
+                    raise UsageError(f"case: {problem}", setting="case")
             elif probe:
                 cases = [op.probe(params, dtype)]
             else:
@@ -326,7 +319,7 @@ def verify_pipeline(entries: dict, raw_params: dict, device: str, *, dtype: str 
         if role not in ROLES:
             raise UsageError(f"pipeline: {role!r} is not a pipeline role ({', '.join(ROLES)})")
     if steps < 1:
-        raise UsageError("pipeline: --steps must be >= 1")
+        raise UsageError("steps: must be at least 1 (the pipeline's decode steps)", setting="steps")
     params = pipeline_params(entries, raw_params)
     dtype = dtype or "float32"
     label = "+".join(r for r in ROLES if entries.get(r))
