@@ -34,6 +34,8 @@ def change(ratio, hdi) -> str:
     if not _finite(ratio, *hdi):
         return "n/a"
     d = 1 if max(abs(ratio - 1), abs(hdi[0] - 1), abs(hdi[1] - 1)) >= 0.01 else 2
+    while d < 3 and f"{100 * hdi[0]:.{d}f}" == f"{100 * hdi[1]:.{d}f}":  # the two ends must read apart
+        d += 1
     return f"{100 * (ratio - 1):+.{d}f}% (95% HDI {100 * (hdi[0] - 1):+.{d}f}%..{100 * (hdi[1] - 1):+.{d}f}%)"
 
 

@@ -39,7 +39,7 @@ KEYS = ("preset", *SHAPE_KEYS, "dtype", "serving", "gpu_price_per_hour", "kernel
 # The default price: an on-demand H200 (one GPU, per hour, USD) as published by a GPU cloud;
 # override with model.gpu_price_per_hour. docs/tokens.md gives the source and the spread.
 DEFAULT_PRICE_PER_HOUR = 3.50
-DEFAULT_PRICE_SOURCE = "on-demand H200, 1 GPU, USD 3.50/h (GPUaaS.com list price, 2026-05-26; docs/tokens.md)"
+DEFAULT_PRICE_SOURCE = "default: GPUaaS.com on-demand H200 list price, one GPU, 2026-05-26 (docs/tokens.md)"
 DEFAULT_SERVING = ((1, 4096), (64, 4096))
 
 
@@ -220,7 +220,7 @@ def tiny(spec: ModelSpec) -> ModelSpec:
     group = spec.num_heads // spec.num_kv_heads
     hkv = min(spec.num_kv_heads, 2)
     hq = hkv * min(group, 2)
-    return ModelSpec(name=f"{spec.name} (tiny CPU shape)", layers=2, hidden_size=hq * spec.head_dim,
+    return ModelSpec(name=f"{spec.name} (tiny CPU shape)", layers=1, hidden_size=hq * spec.head_dim,
                      num_heads=hq, num_kv_heads=hkv, head_dim=spec.head_dim,
                      intermediate_size=2 * hq * spec.head_dim, vocab_size=256, dtype="float32",
                      serving=[ServingPoint(2, 20)], price_per_hour=spec.price_per_hour,
