@@ -298,3 +298,19 @@ def test_not_measured_says_so_and_prints_no_figure():
     assert "**Tokens/s:** not measured (no GPU)." in section and "$/Mtok" not in section
     assert "tokens/s: not measured (no GPU)" in "\n".join(text_lines(m))
     assert "Decode throughput" not in render_markdown(_report(None))
+
+
+def test_the_parent_turns_timed_rounds_into_serving_points():
+    """What bench_model does with the worker's rounds on a GPU: [rounds, points, reps] per instance."""
+    from kernalin_ci.throughput.bench import _finish
+
+    t = np.load(TRACE)["t"]
+    spec = from_cli("llama-3.1-8b")
+    r = ModelResult(spec, "cuda", rounds=200)
+    r.instances = {"base": np.stack([t[:, 4], t[:, 3]], axis=1), "head": np.stack([t[:, 0], t[:, 0]], axis=1),
+                   "base2": np.stack([t[:, 4], t[:, 3]], axis=1)[::-1].copy()}
+    _finish(r, None, 0.005)
+    assert r.measured and r.reason is None and r.verdict.verdict == "faster"
+    assert [(p["batch"], p["context"]) for p in r.points] == [(1, 4096), (64, 4096)]
+    assert r.points[1]["base"]["tokens_per_s"] == pytest.approx(64 / (r.points[1]["base"]["step_ms"] / 1e3))
+    jsonschema.validate(json.loads(report_json(_report(r.to_json()))), REPORT_SCHEMA)

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from kernalin_ci.bench import stats
-from kernalin_ci.bench.harness import BenchAbort, CudaClock, Runner
+from kernalin_ci.bench.harness import BenchAbort, CpuClock, CudaClock, Runner
 from kernalin_ci.bench.trace import geometric_mean_over_shapes
 from kernalin_ci.entry import load_entry
 from kernalin_ci.ops.base import TOLERANCE
@@ -111,12 +111,12 @@ class Part:
         self.name, self.multiplier, self.runners = name, multiplier, runners
 
 
-def choose_mode(spec: ModelSpec, points: list[ServingPoint], k0: st.Kernels, requested: str) -> tuple[str, int, str]:
-    """-> (mode, layers built, why)."""
+def choose_mode(spec: ModelSpec, points: list[ServingPoint], k0: st.Kernels, requested: str,
+                free: int) -> tuple[str, int, str]:
+    """-> (mode, layers built, why); `free`: the device's free memory in bytes."""
     lb, eb = st.layer_bytes(spec), st.ends_bytes(spec)
     kv = sum(st.kv_bytes(spec, p, k0) for p in points)
     need = spec.layers * (lb + kv) + eb + HEADROOM_BYTES
-    free = torch.cuda.mem_get_info()[0]
     fits = need <= FREE_FRACTION * free
     mode = requested if requested != "auto" else ("full" if fits else "per-layer")
     gib = 1 << 30
@@ -127,24 +127,27 @@ def choose_mode(spec: ModelSpec, points: list[ServingPoint], k0: st.Kernels, req
 
 
 def _run(spec: ModelSpec, instances, job, emit) -> None:
+    """The timed benchmark (run_job calls it on a GPU only; the loop itself is device-generic)."""
+    device = job["device"]
     seed = int(job.get("seed", 0))
     points = spec.serving
-    clock = CudaClock(job.get("l2_flush", True))
+    clock = CudaClock(job.get("l2_flush", True)) if device == "cuda" else CpuClock()
     k0 = instances[0][1]
-    mode, built, why = choose_mode(spec, points, k0, job.get("mode", "auto"))
+    free = torch.cuda.mem_get_info()[0] if device == "cuda" else int(job.get("free_bytes", 1 << 40))
+    mode, built, why = choose_mode(spec, points, k0, job.get("mode", "auto"), free)
     t_setup = time.perf_counter()
-    w = st.build_weights(spec, built, "cuda", seed)
+    w = st.build_weights(spec, built, device, seed)
     emit({"event": "mode", "mode": mode, "layers_built": built, "why": why})
     shapes = []
     for pi_index, p in enumerate(points):
-        pi = st.build_point(spec, p, k0, built, "cuda", seed * 1009 + pi_index)
+        pi = st.build_point(spec, p, k0, built, device, seed * 1009 + pi_index)
         if mode == "full":
             spec_parts = [("step", 1.0, st.full_step)]
         else:
             spec_parts = [("layers", spec.layers / built, st.layers_part), ("ends", 1.0, st.ends_part)]
         parts = []
         for pname, mult, fn in spec_parts:
-            runners = [Runner(name, functools.partial(fn, spec, w, pi, k), {}, "cuda") for name, k in instances]
+            runners = [Runner(name, functools.partial(fn, spec, w, pi, k), {}, device) for name, k in instances]
             inner, timing = clock.prepare(runners, emit, f"{p.label} {pname}")
             parts.append(Part(pname, mult, runners))
             emit({"event": "setup", "shape": pi_index, "label": p.label, "part": pname, "inner": inner,
@@ -156,7 +159,7 @@ def _run(spec: ModelSpec, instances, job, emit) -> None:
     reps, budget = int(job["reps"]), float(job["budget_s"])
     max_rounds = job.get("max_rounds") or 1 << 30
     order_rng = random.Random(seed)
-    gen = torch.Generator(device="cuda")
+    gen = torch.Generator(device=device)
     gen.manual_seed(seed + 7)
     times: dict[str, list] = {n: [] for n in names}
     elapsed, rnd = 0.0, 0
@@ -174,9 +177,9 @@ def _run(spec: ModelSpec, instances, job, emit) -> None:
             got = {}
             for i in order_rng.sample(range(len(names)), len(names)):
                 samples = []
-                for rep in range(reps + 1):  # the first is the discarded warm-up sample
+                for rep in range(reps + int(clock.warm_sample)):  # CUDA: the first is a discarded warm-up
                     ms = sum(part.multiplier * clock.sample(part.runners[i]) for part in parts)
-                    if rep:
+                    if rep or not clock.warm_sample:
                         samples.append(ms)
                 got[names[i]] = samples
             for n in names:
