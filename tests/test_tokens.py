@@ -314,3 +314,28 @@ def test_the_parent_turns_timed_rounds_into_serving_points():
     assert [(p["batch"], p["context"]) for p in r.points] == [(1, 4096), (64, 4096)]
     assert r.points[1]["base"]["tokens_per_s"] == pytest.approx(64 / (r.points[1]["base"]["step_ms"] / 1e3))
     jsonschema.validate(json.loads(report_json(_report(r.to_json()))), REPORT_SCHEMA)
+
+
+# ---------------------------------------------------------------------------------------- GPU
+
+SMALL = ModelSpec("small", layers=64, hidden_size=1024, num_heads=8, num_kv_heads=2, head_dim=128,
+                  intermediate_size=2048, vocab_size=4096, dtype="bfloat16",
+                  serving=[ServingPoint(1, 512), ServingPoint(16, 256)])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["full", "per-layer"])
+def test_on_a_gpu_tokens_per_second_is_measured_per_serving_point(mode):
+    r = bench_model(SMALL, _example_roles(), str(EXAMPLE), str(EXAMPLE), "cuda", budget_s=3, mode=mode)
+    assert r.error is None, r.error
+    assert r.measured and r.mode == mode and r.verdict is not None and len(r.points) == 2
+    for p, want in zip(r.points, SMALL.serving):
+        assert (p["batch"], p["context"]) == (want.batch, want.context)
+        for side in ("base", "head"):
+            s = p[side]
+            assert s["tokens_per_s"] > 0 and s["tokens_per_s_hdi"][0] <= s["tokens_per_s"] <= s["tokens_per_s_hdi"][1]
+        assert p["verdict"] in ("equivalent", "inconclusive", "faster", "slower")
+    block = st.block_layers(SMALL, st.layer_bytes(SMALL) + sum(st.kv_bytes(SMALL, p, st.Kernels(
+        attention_op="attention.decode_paged")) for p in SMALL.serving))
+    assert 2 <= block < 64 and r.layers_built == (64 if mode == "full" else block)
+    print("\n".join(text_lines(r.to_json())))

@@ -82,10 +82,11 @@ def agreement(spec: ModelSpec, label: str, outs: list[tuple[str, dict]]) -> None
                 raise BenchAbort("mismatch", f"{label}: {name}'s {key} holds non-finite values")
         if name == base_name or "attn0" not in o:
             continue
-        err = row_errors(o["attn0"].double().cpu(), base["attn0"].double().cpu())
+        rows = (-1, spec.head_dim)  # one row per (sequence, head), as the ops compare
+        err = row_errors(o["attn0"].double().cpu().reshape(rows), base["attn0"].double().cpu().reshape(rows))
         if not bool((err <= tol).all()):
             raise BenchAbort("mismatch", f"{name} and {base_name} disagree on {label}: layer 0's attention output "
-                                         f"differs by up to {float(err.max()):.3g} (relative, per row; "
+                                         f"differs by up to {float(err.max()):.3g} (relative, per head; "
                                          f"tolerance {tol:g})")
 
 
