@@ -143,10 +143,20 @@ def _paged_attention(q, k_cache, v_cache, block_tables, kv_lens, scale):
     return out
 
 
-@pytest.mark.parametrize("paged", [True, False])
-def test_the_torch_step_has_the_model_shapes_and_attends_over_context_plus_one(paged):
-    k = st.Kernels(attention=_paged_attention if paged else None,
-                   attention_op="attention.decode_paged" if paged else None, block_size=8)
+def _kv_append(key, value, k_cache, v_cache, slot_mapping):
+    """A plain torch kv_append (docs/ops.md) standing in for a kernel."""
+    k_cache.view(-1, *key.shape[1:])[slot_mapping] = key
+    v_cache.view(-1, *value.shape[1:])[slot_mapping] = value
+
+
+@pytest.mark.parametrize("places", ["paged attention kernel", "kv_append kernel, torch attention", "torch"])
+def test_the_torch_step_has_the_model_shapes_and_attends_over_context_plus_one(places):
+    paged = places != "torch"
+    k = {"paged attention kernel": st.Kernels(attention=_paged_attention, attention_op="attention.decode_paged",
+                                              block_size=8),
+         "kv_append kernel, torch attention": st.Kernels(kv_append=_kv_append, block_size=8),
+         "torch": st.Kernels()}[places]
+    assert k.paged == paged
     w = st.build_weights(TINY, TINY.layers, "cpu", 0)
     pi = st.build_point(TINY, TINY.serving[0], k, TINY.layers, "cpu", 1)
     B, L, Hq, Hkv, D = 3, 21, 4, 2, 16

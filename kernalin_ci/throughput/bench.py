@@ -91,7 +91,7 @@ def role_names(roles: list[Role]) -> dict:
     have = {r.role: r for r in roles}
     out = {role: have[role].kernel if role in have else "torch" for role in ROLE_OPS}
     att = have.get("attention")
-    if "kv_append" in have and not (att and att.op == "attention.decode_paged"):
+    if "kv_append" in have and att and att.op == "attention.decode":
         out["kv_append"] = f"torch ({have['kv_append'].kernel} not used: the cache is contiguous)"
     return out
 
@@ -118,11 +118,12 @@ def check_roles(spec: ModelSpec, roles: list[Role]) -> tuple[dict, dict]:
     by = {r.role: r for r in roles}
     att = by.get("attention")
     layout = {"attention_op": att.op if att else None, "block_size": 16, "layout": "nhd"}
-    if att and att.op == "attention.decode_paged":
-        layout["block_size"] = int(att.params.get("block_size") or 16)
-        layout["layout"] = att.params.get("layout") or "nhd"
-        app = by.get("kv_append")
-        if app:
+    app = by.get("kv_append")
+    cache = att if att and att.op == "attention.decode_paged" else app if not att else None
+    if cache:  # a paged cache: the paged attention's, or the kv_append kernel's with the torch attention
+        layout["block_size"] = int(cache.params.get("block_size") or 16)
+        layout["layout"] = cache.params.get("layout") or "nhd"
+        if app and att:
             for key in ("block_size", "layout"):
                 if (app.params.get(key) or layout[key]) != layout[key]:
                     raise UsageError(f"model: {app.kernel} has {key} {app.params.get(key)}, "

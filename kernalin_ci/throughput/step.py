@@ -45,7 +45,9 @@ class Kernels:
 
     @property
     def paged(self) -> bool:
-        return self.attention_op == "attention.decode_paged"
+        """A paged cache for a paged attention kernel, or for a kv_append kernel with the torch attention."""
+        return self.attention_op == "attention.decode_paged" or (self.attention_op is None and
+                                                                 self.kv_append is not None)
 
 
 @dataclass
@@ -209,8 +211,11 @@ def attention_block(spec: ModelSpec, layer: Layer, cache: Caches, pi: PointInput
                 cache.k[blk, off], cache.v[blk, off] = key, value
             else:
                 cache.k[blk, :, off], cache.v[blk, :, off] = key, value
-        o = k.attention(q=q, k_cache=cache.k, v_cache=cache.v, block_tables=pi.block_tables, kv_lens=pi.kv_lens,
-                        scale=scale)
+        if k.attention is not None:
+            o = k.attention(q=q, k_cache=cache.k, v_cache=cache.v, block_tables=pi.block_tables,
+                            kv_lens=pi.kv_lens, scale=scale)
+        else:
+            o = torch_paged_attention(q, cache, pi, k.layout, scale)
     else:
         L = pi.point.context
         cache.k[:, :, L].copy_(key)
@@ -221,6 +226,23 @@ def attention_block(spec: ModelSpec, layer: Layer, cache: Caches, pi: PointInput
             o = F.scaled_dot_product_attention(q[:, :, None], cache.k, cache.v, scale=scale,
                                                enable_gqa=Hq != Hkv)[:, :, 0]
     return o.reshape(B, Hq * D)
+
+
+def torch_paged_attention(q: torch.Tensor, cache: Caches, pi: PointInputs, layout: str, scale: float) -> torch.Tensor:
+    """The torch attention over a paged cache (no attention kernel configured): gather every sequence's
+    context + 1 keys and values through its block table, then SDPA."""
+    n = pi.point.context + 1
+    tables = pi.block_tables.long()
+
+    def gather(c: torch.Tensor) -> torch.Tensor:
+        g = c[tables]  # nhd [B, blocks, bs, Hkv, D]; hnd [B, blocks, Hkv, bs, D]
+        if layout != "nhd":
+            g = g.transpose(2, 3)
+        return g.flatten(1, 2)[:, :n].transpose(1, 2)  # [B, Hkv, n, D]
+
+    keys, values = gather(cache.k), gather(cache.v)
+    return F.scaled_dot_product_attention(q[:, :, None], keys, values, scale=scale,
+                                          enable_gqa=q.shape[1] != keys.shape[1])[:, :, 0]
 
 
 def layer_forward(spec: ModelSpec, layer: Layer, cache: Caches, pi: PointInputs, k: Kernels,
