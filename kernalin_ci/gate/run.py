@@ -223,9 +223,10 @@ def check_model(cfg: Config, results: dict, device: str, base_root: Path, head_r
     try:
         res = bench_model(spec, roles, str(base_root), str(head_root), device,
                           budget_s=spec.budget_s or cfg.gate.budget_s, rope_min=cfg.gate.rope, progress=progress)
-    except UsageError as e:
-        out = not_measured(spec, device, str(e), names)
-        out["error"] = str(e)
+    except (UsageError, RuntimeError) as e:  # a kernel that cannot serve the model; the worker failing
+        msg = " ".join(str(e).split())[:2000]
+        out = not_measured(spec, device, "the model benchmark could not run", names)
+        out["error"] = msg
         return out
     return res.to_json()
 
