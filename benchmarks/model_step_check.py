@@ -111,13 +111,42 @@ def check_estimate() -> list[str]:
     return lines
 
 
+def apply_patch(patch: str, root: str) -> None:
+    """Apply a unified diff's hunks by text replacement (no `patch` or git needed on the GPU host)."""
+    target, old, new = None, [], []
+
+    def flush():
+        if target and (old or new):
+            path = os.path.join(root, target)
+            text = open(path).read()
+            before, after = "".join(old), "".join(new)
+            assert text.count(before) == 1, f"{patch}: hunk does not apply to {target}"
+            open(path, "w").write(text.replace(before, after))
+
+    for line in open(patch).read().splitlines(keepends=True):
+        if line.startswith("+++ "):
+            target = line[4:].strip().split("/", 1)[1]
+        elif line.startswith("--- "):
+            continue
+        elif line.startswith("@@"):
+            flush()
+            old, new = [], []
+        elif line[:1] == "-":
+            old.append(line[1:])
+        elif line[:1] == "+":
+            new.append(line[1:])
+        elif line[:1] == " ":
+            old.append(line[1:])
+            new.append(line[1:])
+    flush()
+
+
 def bench_model_demo(out: str) -> int:
     """Step 2: the CLI, base = the example's paged attention, head = with the exp2-softmax-step patch."""
     with tempfile.TemporaryDirectory(prefix="model-check-") as tmp:
         head = os.path.join(tmp, "head")
         shutil.copytree(EXAMPLE, head, ignore=shutil.ignore_patterns("prs"))
-        subprocess.run(["patch", "-s", "-p1", "-d", head, "-i", os.path.join(EXAMPLE, "prs", "exp2-softmax-step.patch")],
-                       check=True)
+        apply_patch(os.path.join(EXAMPLE, "prs", "exp2-softmax-step.patch"), head)
         cmd = [sys.executable, "-m", "kernalin_ci", "bench", "--model", "llama-3.1-8b", "--op",
                "attention.decode_paged", "--base", "kernels/paged_attention.py:decode_paged", "--base-root", EXAMPLE,
                "--head", "kernels/paged_attention.py:decode_paged", "--head-root", head,
