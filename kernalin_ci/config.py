@@ -13,6 +13,7 @@ from kernalin_ci.errors import UsageError
 from kernalin_ci.ops import NAMES as OP_NAMES
 from kernalin_ci.ops import get_op
 from kernalin_ci.ops.base import DTYPES, resolve_params
+from kernalin_ci.throughput.spec import ModelSpec
 
 FAIL_ON = ("finding", "slower", "inconclusive", "not-analysed")
 DEFAULT_FILE = ".kernalin.yml"
@@ -59,6 +60,7 @@ class Config:
     kernels: list[Kernel]
     gate: Gate = field(default_factory=Gate)
     pipelines: list[Pipeline] = field(default_factory=list)
+    model: ModelSpec | None = None  # `model:`: decode tokens/s and $/Mtok (docs/tokens.md)
 
     def kernel(self, name: str) -> Kernel | None:
         return next((k for k in self.kernels if k.name == name), None)
@@ -133,7 +135,7 @@ def parse(text: str, path: str = DEFAULT_FILE) -> Config:
         raise UsageError(f"{path}:1: empty configuration (expected a 'kernels' list)")
     top = _mapping(w, root, "")
     # `daemon:` belongs to `kernalin-ci serve` (kernalin_ci/daemon/workspace.py reads it); the gate ignores it
-    _known(w, top, "", ("version", "kernels", "gate", "pipelines", "daemon"))
+    _known(w, top, "", ("version", "kernels", "gate", "pipelines", "model", "daemon"))
     if "version" in top and _py(top["version"][1]) != 1:
         raise w.err(top["version"][1], "version", "only version 1 is known")
     if "kernels" not in top:
@@ -153,7 +155,37 @@ def parse(text: str, path: str = DEFAULT_FILE) -> Config:
             raise w.err(pnode, "pipelines", "expected a list")
         for i, item in enumerate(pnode.value):
             cfg.pipelines.append(_pipeline(w, item, f"pipelines[{i}]", cfg))
+    if "model" in top:
+        cfg.model = _model(w, top["model"][1], cfg)
     return cfg
+
+
+def _model(w: _Where, node, cfg: Config) -> ModelSpec:
+    """`model:` (docs/tokens.md); its `kernels` resolved to the configuration's kernels, one per role: the one
+    named, else the only kernel of the role's op (attention: decode_paged before decode), else none (torch)."""
+    from kernalin_ci.throughput.spec import ROLE_OPS, parse_node
+
+    spec = parse_node(node, w.path)
+    named = dict(spec.kernels)
+    resolved: dict[str, str] = {}
+    for role, ops in ROLE_OPS.items():
+        if role in named:
+            k = cfg.kernel(named[role])
+            if k is None:
+                raise w.err(node, f"model.kernels.{role}", f"no kernel named {named[role]!r}")
+            if k.op not in ops:
+                raise w.err(node, f"model.kernels.{role}", f"kernel {k.name!r} is {k.op}, expected {' or '.join(ops)}")
+            resolved[role] = k.name
+            continue
+        for op in ops:
+            found = [k.name for k in cfg.kernels if k.op == op]
+            if len(found) > 1:
+                raise w.err(node, f"model.kernels.{role}", f"several {op} kernels ({', '.join(found)}): name one")
+            if found:
+                resolved[role] = found[0]
+                break
+    spec.kernels = resolved
+    return spec
 
 
 def _kernel(w: _Where, node, key: str, taken: set) -> Kernel:
@@ -282,4 +314,9 @@ gate:
 #     attention: paged_attention_kernel
 #     rope: rope_kernel
 #     steps: 64
+
+# model:                              # decode tokens/s and $/Mtok of your model, on a GPU (docs/tokens.md)
+#   preset: llama-3.1-8b              # llama-3.1-8b | llama-3.1-70b | qwen2.5-7b | mistral-7b, or the shape keys
+#   serving: [{batch: 1, context: 4096}, {batch: 64, context: 4096}]
+#   gpu_price_per_hour: 3.50          # USD per GPU-hour (default: an on-demand H200)
 """

@@ -18,6 +18,7 @@ TASKS = {
     "verify-pipeline": "kernalin_ci.verify.pipeline:run_job",
     "verify-structural": "kernalin_ci.verify.structural.task:run_job",
     "bench": "kernalin_ci.bench.harness:run_job",
+    "model-bench": "kernalin_ci.throughput.task:run_job",
 }
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from kernalin_ci import config as config_mod
 from kernalin_ci.config import Config
-from kernalin_ci.errors import UsageError, describe, log_text, write_log
+from kernalin_ci.errors import InternalError, UsageError, describe, log_text, write_log
 from kernalin_ci.gate.diff import Refs, affected_kernels, changed_files, resolve_refs, worktrees
 from kernalin_ci.report.model import KernelReport, PipelineReport, Report
 
@@ -116,6 +116,7 @@ def run_gate(repo: Path, config_path: str | None, base: str | None, head: str | 
             if not any(results[n].status in ("changed", "new") for n in names):
                 continue
             report.pipelines.append(check_pipeline(p, members, cfg, device, head_root, progress))
+        report.model = check_model(cfg, results, device, base_root, head_root, progress)
     for kr in report.kernels:
         _relativise(kr.verification, head_root)
     report.conclusion, report.reason = conclude(report)
@@ -202,6 +203,47 @@ def internal_error(what: str, e: Exception) -> str:
     path = write_log(log_text(e))
     log(f"    {what}: internal error: {describe(e)} (traceback in {path})")
     return f"internal error: {describe(e)} (a bug in kernalin-ci)"
+
+
+def check_model(cfg: Config, results: dict, device: str, base_root: Path, head_root: Path,
+                progress: bool) -> dict | None:
+    """Decode tokens/s and $/Mtok with the model's kernels, base against head (docs/tokens.md); None when the
+    configuration has no `model:` or none of the kernels in the step changed. Reported, never gating."""
+    from kernalin_ci.domain import resolve as resolve_domain
+    from kernalin_ci.ops import get_op
+    from kernalin_ci.ops.base import resolve_params
+    from kernalin_ci.throughput.bench import Role, bench_model, not_measured, role_names
+
+    spec = cfg.model
+    if spec is None:
+        return None
+    members = {role: cfg.kernel(name) for role, name in spec.kernels.items()}
+    touched = [k.name for k in members.values() if results[k.name].status in ("changed", "new")]
+    if not touched:
+        return None
+    roles = []
+    for role, k in members.items():
+        _, op_params = resolve_domain(get_op(k.op), k.params, k.domain)
+        params = resolve_params(k.op, get_op(k.op).params, op_params)
+        roles.append(Role(role, k.op, k.name, k.entry, k.entry, params))
+    names = role_names(roles)
+    new = [k.name for k in members.values() if results[k.name].status == "new"]
+    bad = [k.name for k in members.values() if results[k.name].error or results[k.name].failed_by]
+    reason = ("no GPU" if device != "cuda" else "benchmarks are off (gate.bench: false)" if not cfg.gate.bench
+              else f"new kernel {', '.join(new)}: nothing to compare against" if new
+              else f"{', '.join(bad)} failed" if bad else None)
+    if reason:
+        return not_measured(spec, device, reason, names)
+    log(f"model {spec.name}: decode step with {', '.join(f'{r} {n}' for r, n in names.items())}")
+    try:
+        res = bench_model(spec, roles, str(base_root), str(head_root), device,
+                          budget_s=spec.budget_s or cfg.gate.budget_s, rope_min=cfg.gate.rope, progress=progress)
+    except (UsageError, InternalError) as e:  # a kernel that cannot serve the model; the worker failing
+        msg = " ".join(str(e).split())[:2000]
+        out = not_measured(spec, device, "the model benchmark could not run", names)
+        out["error"] = msg
+        return out
+    return res.to_json()
 
 
 def removed_kernels(cfg: Config, base_root: Path, cfg_path: Path, repo: Path) -> list[str]:

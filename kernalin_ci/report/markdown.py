@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from kernalin_ci.findings import BUG_CLASSES
 from kernalin_ci.report.chart import posterior_chart
 from kernalin_ci.report.model import KernelReport, PipelineReport, Report
+from kernalin_ci.report.tokens import markdown_section
 from kernalin_ci.report.text import (benchmark_ok, bug_classes, case_summary, clip, code, code_block,
                                      coverage_text, effect, hdi_text, html_text, location_text, mass_sentence,
                                      md, measurement_note, not_checked_texts, plural, prob, ratio_text,
@@ -458,6 +459,9 @@ def render_markdown(report: Report, *, limit: int = COMMENT_LIMIT) -> str:
     table = _table(rows, limit - fixed) + "\n\n" if rows else ""
     budget = _Budget(limit - fixed - len(table))
     sections = [_kernel_section(x) if isinstance(x, KernelReport) else _pipeline_section(x) for x in items]
+    throughput = markdown_section(report.model)  # decode tokens/s and $/Mtok (report/tokens.py)
+    if throughput and not budget.take(throughput):
+        budget.cut_blocks += 1
     _fill(budget, sections, _others(report))
     note = ""
     if budget.cut_findings or budget.cut_blocks:

@@ -46,6 +46,7 @@ class Report:
     seconds: float = 0.0
     reproduce: str = ""
     schema: int = SCHEMA_VERSION
+    model: dict | None = None  # decode tokens/s and $/Mtok, base against head (docs/tokens.md); None: no `model:`
 
     def to_json(self) -> dict:
         return asdict(self)

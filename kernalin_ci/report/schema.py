@@ -96,6 +96,32 @@ PIPELINE = {"type": "object", "required": ["name", "members", "verification", "f
                            "members": {"type": "object", "additionalProperties": {"type": "string"}},
                            "verification": VERIFICATION, "failed_by": _failed_by, "seconds": _num}}
 
+# decode tokens/s and $/Mtok, base against head (docs/tokens.md; kernalin_ci.throughput.bench.ModelResult)
+_side = {"type": "object", "required": ["step_ms", "tokens_per_s", "usd_per_mtok"],
+         "properties": {"step_ms": _num, "tokens_per_s": _num, "tokens_per_s_hdi": _pair, "usd_per_mtok": _num,
+                        "usd_per_mtok_hdi": _pair}}
+SERVING_POINT = {"type": "object",
+                 "required": ["batch", "context", "verdict", "tokens_per_s_ratio", "tokens_per_s_ratio_hdi",
+                              "p_faster", "p_equivalent", "p_slower", "base", "head"],
+                 "properties": {"batch": {"type": "integer", "minimum": 1}, "context": {"type": "integer", "minimum": 1},
+                                "verdict": {"enum": ["faster", "slower", "equivalent", "inconclusive"]},
+                                "step_ratio": _num, "step_hdi": _pair, "tokens_per_s_ratio": _num,
+                                "tokens_per_s_ratio_hdi": _pair, "p_faster": _prob, "p_equivalent": _prob,
+                                "p_slower": _prob, "rope": _pair, "rounds": {"type": "integer"},
+                                "usd_per_mtok_change": _num, "base": _side, "head": _side}}
+MODEL = {"type": ["object", "null"],
+         "required": ["model", "shape", "price_per_hour", "measured", "reason", "points"],
+         "properties": {"model": {"type": "string"}, "shape": {"type": "object"}, "source": {"type": "string"},
+                        "price_per_hour": _num, "price_source": {"type": "string"}, "device": {"type": "string"},
+                        "kernels": {"type": "object", "additionalProperties": {"type": "string"}},
+                        "measured": {"type": "boolean"}, "reason": _str_or_null,
+                        "mode": {"enum": ["full", "per-layer", None]}, "mode_why": _str_or_null,
+                        "layers_built": {"type": ["integer", "null"]},
+                        "points": {"type": "array", "items": SERVING_POINT},
+                        "verdict": {"anyOf": [{"type": "null"}, VERDICT]}, "rounds": {"type": "integer"},
+                        "error": _str_or_null, "error_kind": _str_or_null,
+                        "notes": {"type": "array", "items": {"type": "string"}}}}
+
 _ref = {"type": "object", "properties": {"ref": _str_or_null, "sha": _str_or_null}}
 
 REPORT_SCHEMA = {
@@ -119,5 +145,6 @@ REPORT_SCHEMA = {
         "pr": {"type": ["integer", "null"]},
         "seconds": _num,
         "reproduce": {"type": "string"},
+        "model": MODEL,
     },
 }
