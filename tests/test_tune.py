@@ -162,3 +162,34 @@ def test_patch_writer_sets_entry_defaults_and_autotune_lists():
     ast.parse(out)
     p = patch.Patch("k.py", inline, out)
     assert p.diff.startswith("--- a/k.py\n+++ b/k.py\n")
+
+
+def test_recommend_keeps_the_current_config_unless_shown_faster():
+    t = synthetic({"current": [1.0, 1.0], "base2": [1.0, 1.0], "x": [0.8, 1.0], "y": [0.8, 1.3]})
+    js = race.judge(t, "current", "base2", ["current", "x", "y"], rope_min=0.01)
+    assert race.recommend(js, "current") == ("x", None)
+    t = synthetic({"current": [1.0, 1.0], "base2": [1.0, 1.0], "y": [0.8, 1.3]})
+    js = race.judge(t, "current", "base2", ["current", "y"], rope_min=0.01)
+    assert race.recommend(js, "current") in (("current", "y"), ("current", None))
+
+
+def test_make_patch_writes_the_chosen_defaults(tmp_path):
+    from kernalin_ci.tune.run import Target, TuneResult
+
+    root = repo(tmp_path, "paged_tiles.py")
+    spec = TuneSpec({"BLOCK_N": [8, 16]}, use_autotune=False)
+    space = build_space(spec, "kernels/paged_tiles.py:entry", str(root), "cpu")
+    result = TuneResult(Target("attention.decode_paged", "kernels/paged_tiles.py:entry", str(root)), "cpu", space)
+    result.reference = "current"
+    result.judgements = race.judge(synthetic({"current": [1.0], "base2": [1.0], "c0": [0.7]}), "current", "base2",
+                                   ["current", "c0"])
+    result.chosen, held = race.recommend(result.judgements, "current")
+    assert (result.chosen, held) == ("c0", None)
+    p, why = patch.make_patch(result)
+    assert why == "" and p.path == "kernels/paged_tiles.py"
+    assert "-def entry(q, k_cache, v_cache, block_tables, kv_lens, scale, BLOCK_N=16, num_warps=4):" in p.diff
+    assert "+def entry(q, k_cache, v_cache, block_tables, kv_lens, scale, BLOCK_N=8, num_warps=4):" in p.diff
+    patch.apply(p, str(root))
+    assert "BLOCK_N=8, num_warps=4):" in (root / "kernels" / "paged_tiles.py").read_text()
+    result.chosen = "current"
+    assert patch.make_patch(result)[0] is None

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 
-def _autotuners(fn, root: str) -> dict:
+def autotuners(fn, root: str) -> dict:
     """name -> Autotuner object reachable from the entry: its module's globals, and the globals of
     modules it imported from the same tree (one level)."""
     from triton.runtime.autotuner import Autotuner
@@ -59,7 +59,7 @@ def discover_job(job: dict, emit) -> None:
 
     fn = load_entry(job["entry"], job["root"])
     kernels = []
-    for name, at in sorted(_autotuners(fn, job["root"]).items()):
+    for name, at in sorted(autotuners(fn, job["root"]).items()):
         code = base_function(at).__code__
         path = code.co_filename
         try:
@@ -79,7 +79,7 @@ def load_candidate(entry: str, root: str, params: dict, autotune: dict | None):
 
     fn = load_entry(entry, root)
     if autotune is not None:
-        tuners = _autotuners(fn, root)
+        tuners = autotuners(fn, root)
         at = tuners.get(autotune["kernel"])
         if at is None:
             raise RuntimeError(f"autotuned kernel {autotune['kernel']!r} not found from {entry}")

@@ -110,3 +110,16 @@ def overall(judgements: list[ShapeJudgement], reference: str) -> str:
         return (-good, rel, n != reference)
 
     return min(names, key=score)
+
+
+def recommend(judgements: list[ShapeJudgement], reference: str) -> tuple[str, str | None]:
+    """The config to adopt -> (name, a leader that was held back or None). `overall`'s pick replaces
+    the reference only when its posterior says faster on at least one shape and faster or equivalent
+    on every shape."""
+    pick = overall(judgements, reference)
+    if pick == reference:
+        return pick, None
+    verdicts = [j.vs_reference[pick].verdict for j in judgements]
+    if "faster" in verdicts and all(v in ("faster", "equivalent") for v in verdicts):
+        return pick, None
+    return reference, pick

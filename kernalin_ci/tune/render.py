@@ -84,8 +84,8 @@ def markdown(result, patch=None, why: str = "") -> str:
     if result.dropped:
         out += ["| dropped config | finding |", "|---|---|"]
         for c in result.dropped:
-            first = c.finding_lines()[0] if c.findings else c.note
-            out.append(f"| `{c.candidate.label}` | {first.replace('|', '/')} |")
+            text = "<br>".join(c.finding_lines()) if c.findings else c.note
+            out.append(f"| `{c.candidate.label}` | {text.replace('|', '/')} |")
         out.append("")
     rs = rows(result)
     if rs:

@@ -31,7 +31,7 @@ from kernalin_ci.tune.space import Candidate, Space, TuneSpec, build_space, cand
 DEFAULT_BUDGET_S = {"cuda": 120.0, "cpu": 60.0}
 FINALISTS = 3
 SCREEN_ROUNDS = 2
-FINAL_CHUNKS = (5, 5, 10, 20, 40, 80)  # rounds per final chunk: the race looks after each
+FINAL_CHUNKS = (10, 20, 40, 80, 160)  # rounds per final chunk: the race looks after each
 VERIFY_JOBS = {"cuda": 4, "cpu": 1}
 DEFAULT_REPS = {"cuda": 5, "cpu": 1}
 
@@ -60,7 +60,8 @@ class Checked:
     note: str = ""
 
     def finding_lines(self) -> list[str]:
-        return [finding_line(f) for f in self.findings]
+        """One line per finding, those with a source location first."""
+        return [finding_line(f) for f in sorted(self.findings, key=lambda f: f.location is None)]
 
     def to_json(self) -> dict:
         return {**self.candidate.to_json(), "passed": self.passed, "note": self.note,
@@ -263,6 +264,7 @@ def _race(result: TuneResult, target: Target, entries: dict, root: str, field_: 
         alive = kept
         rounds *= 2
     acc: dict | None = None
+    held = None
     result.stopped = "budget"
     for chunk in FINAL_CHUNKS:
         if spent >= budget_s or not alive:
@@ -277,10 +279,17 @@ def _race(result: TuneResult, target: Target, entries: dict, root: str, field_: 
             acc = {n: np.concatenate([acc[n], times[n]]) for n in names}
         result.final_rounds = int(acc[reference].shape[0])
         result.judgements = race.judge(acc, reference, "base2", [reference, *alive], rope=rope, rope_min=rope_min)
-        result.chosen = race.overall(result.judgements, reference)
+        if reference == "current":
+            result.chosen, held = race.recommend(result.judgements, reference)
+        else:  # the current config failed verification: any verified config beats it
+            result.chosen, held = race.overall(result.judgements, reference), None
         if result.final_rounds >= stats.MIN_ROUNDS and race.settled(result.judgements):
             result.stopped = "settled"
             break
     result.race_seconds = spent
+    if held is not None:
+        verdicts = ", ".join(j.vs_reference[held].verdict for j in result.judgements)
+        result.notes.append(f"{result.label(held)} leads on median time but is not shown faster than the current "
+                            f"config on every shape ({verdicts}): the current config stays")
     if not result.judgements and alive:
         result.notes.append("the race produced no judgement (budget spent in screening, or the benchmark failed)")
