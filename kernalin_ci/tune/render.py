@@ -1,7 +1,6 @@
 """tune's outputs: the terminal table, tune.json and tune.md (plain text from a TuneResult)."""
 from __future__ import annotations
 
-from kernalin_ci.bench.render import pct
 
 
 def _verdict_cell(j, name: str) -> str:
@@ -106,4 +105,4 @@ def markdown(result, patch=None, why: str = "") -> str:
     return "\n".join(out) + "\n"
 
 
-__all__ = ["table", "to_json", "markdown", "pct"]
+__all__ = ["table", "to_json", "markdown"]

@@ -8,11 +8,11 @@
    per rung (rounds double per rung) until `finalists` remain;
 3. final: the finalists and the current config race in chunks of rounds (the interleaved Bayesian
    benchmark); after each chunk `race.judge` decides per shape, and the race stops when
-   `race.settled` or the budget is spent.
+   `race.settled` or the budget is spent (one final chunk always runs, so a small budget may be
+   overrun by one chunk; screening stops at half the budget).
 """
 from __future__ import annotations
 
-import os
 import re
 import sys
 import tempfile
@@ -100,7 +100,10 @@ class TuneResult:
         if name is None:
             return "-"
         if name == "current":
-            return f"current ({self.space.current.label})"
+            if self.space.current.params:
+                return f"current ({self.space.current.label})"
+            at = self.space.autotuned
+            return f"current (the autotuner over {len(at['configs'])} configs)" if at else "current"
         c = next((c for c in self.space.candidates if c.name == name), None)
         return c.label if c else name
 
@@ -254,7 +257,7 @@ def _race(result: TuneResult, target: Target, entries: dict, root: str, field_: 
             return None
 
     rounds = SCREEN_ROUNDS
-    while len(alive) > finalists and spent < budget_s:
+    while len(alive) > finalists and spent < budget_s / 2:  # half the budget at most for screening
         before = list(alive)
         times = timed(alive, rounds, f"screening {len(alive)} configs")
         if times is None:
@@ -267,7 +270,7 @@ def _race(result: TuneResult, target: Target, entries: dict, root: str, field_: 
     held = None
     result.stopped = "budget"
     for chunk in FINAL_CHUNKS:
-        if spent >= budget_s or not alive:
+        if not alive or (spent >= budget_s and acc is not None):  # one final chunk always runs
             break
         times = timed(alive, chunk, f"final race of {len(alive)} configs and {reference}")
         if times is None:

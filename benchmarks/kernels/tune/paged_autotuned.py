@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-CONFIGS = [triton.Config({"BLOCK_N": n}, num_warps=w) for n in (8, 16, 32, 64) for w in (2, 4)]
+CONFIGS = [triton.Config({"BLOCK_N": n}, num_warps=w) for n in (16, 32, 64) for w in (2, 4)]
 
 
 @triton.autotune(configs=CONFIGS, key=["D"])
