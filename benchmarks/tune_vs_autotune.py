@@ -142,6 +142,10 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("tune_vs_autotune: needs a CUDA GPU", file=sys.stderr)
         return 2
+    unknown = [n for n in args.kernels.split(",") if n.strip() and n.strip() not in KERNELS]
+    if unknown:
+        print(f"tune_vs_autotune: unknown kernel {unknown[0]!r} (kernels: {', '.join(KERNELS)})", file=sys.stderr)
+        return 2
     out_dir = Path(os.environ.get("OUT", "tune-vs-autotune-out"))
     out_dir.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
