@@ -30,6 +30,7 @@ class Kernel:
     dtype: str | None = None  # verify every case in this dtype (default: float32 + a half-precision sweep)
     bench: dict = field(default_factory=dict)  # benchmark shapes/params for the harness
     timeout: float | None = None
+    tune: dict = field(default_factory=dict)  # `kernalin-ci tune`'s search space (docs/tune.md)
 
     @property
     def entry_file(self) -> str | None:
@@ -190,7 +191,7 @@ def _model(w: _Where, node, cfg: Config) -> ModelSpec:
 
 def _kernel(w: _Where, node, key: str, taken: set) -> Kernel:
     m = _mapping(w, node, key)
-    _known(w, m, key, ("name", "op", "entry", "params", "domain", "sources", "dtype", "bench", "timeout"))
+    _known(w, m, key, ("name", "op", "entry", "params", "domain", "sources", "dtype", "bench", "timeout", "tune"))
     name = _scalar(w, m, key, "name", str, required=True)
     if name in taken:
         raise w.err(m["name"][1], f"{key}.name", f"duplicate kernel name {name!r}")
@@ -218,7 +219,32 @@ def _kernel(w: _Where, node, key: str, taken: set) -> Kernel:
     timeout = _scalar(w, m, key, "timeout", float)
     if timeout is not None and timeout <= 0:
         raise w.err(m["timeout"][1], f"{key}.timeout", "must be positive")
-    return Kernel(name, op, entry, params, domain, sources, dtype, bench, timeout)
+    return Kernel(name, op, entry, params, domain, sources, dtype, bench, timeout, _tune(w, m, key))
+
+
+def _tune(w: _Where, m: dict, key: str) -> dict:
+    """kernels[i].tune: {params: {NAME: [values]}, autotune: KERNEL | false} (docs/tune.md)."""
+    if "tune" not in m:
+        return {}
+    items = _mapping(w, m["tune"][1], f"{key}.tune")
+    _known(w, items, f"{key}.tune", ("params", "autotune"))
+    out: dict = {}
+    if "params" in items:
+        pm = _mapping(w, items["params"][1], f"{key}.tune.params")
+        out["params"] = {}
+        for name, (knode, vnode) in pm.items():
+            vals = _py(vnode)
+            if not name.isidentifier():
+                raise w.err(knode, f"{key}.tune.params.{name}", "expected an entry keyword name")
+            if not isinstance(vals, list) or not vals:
+                raise w.err(vnode, f"{key}.tune.params.{name}", "expected a non-empty list of candidate values")
+            out["params"][name] = vals
+    if "autotune" in items:
+        v = _py(items["autotune"][1])
+        if not (isinstance(v, str) or v is False):
+            raise w.err(items["autotune"][1], f"{key}.tune.autotune", "expected a kernel name or false")
+        out["autotune"] = v
+    return out
 
 
 def _as_list(v) -> list:

@@ -19,6 +19,7 @@ TASKS = {
     "verify-structural": "kernalin_ci.verify.structural.task:run_job",
     "bench": "kernalin_ci.bench.harness:run_job",
     "model-bench": "kernalin_ci.throughput.task:run_job",
+    "tune-discover": "kernalin_ci.tune.pin:discover_job",
 }
 
 
