@@ -152,6 +152,7 @@ def bench_model(spec: ModelSpec, roles: list[Role], base_root: str | None, head_
     reps = reps or DEFAULT_REPS[device]
     result = ModelResult(spec, device, roles=role_names(roles))
     with tempfile.TemporaryDirectory(prefix="kernalin-model-aa-") as tmp:
+        os.chmod(tmp, 0o755)  # read by the kernel workers' sandbox user (uid 65534 under root)
         base2 = {}
         for r in roles:
             entry, root, note = aa_copy(r.base_entry, base_root, os.path.join(tmp, r.role))

@@ -13,6 +13,7 @@
 """
 from __future__ import annotations
 
+import os
 import re
 import sys
 import tempfile
@@ -129,6 +130,7 @@ def tune(target: Target, spec: TuneSpec, device: str, *, budget_s: float | None 
     say(f"tune {target.name or target.entry}: {len(space.candidates)} candidates "
         f"({_space_text(space)}) on {device}")
     with tempfile.TemporaryDirectory(prefix="kernalin-tune-") as tmp:
+        os.chmod(tmp, 0o755)  # read by the kernel workers' sandbox user (uid 65534 under root)
         entries = {"current": target.entry}
         for c in space.candidates:
             path = Path(tmp, f"candidate_{c.name}.py")
