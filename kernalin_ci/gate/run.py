@@ -39,6 +39,9 @@ def judge(kr: KernelReport, cfg: Config, device: str) -> list[str]:
             failed.append("slower")
         if b.get("verdict") == "inconclusive" and "inconclusive" in fail_on:
             failed.append("inconclusive")
+    from kernalin_ci.explain.gate import failed_by
+
+    failed += [x for x in failed_by(kr, fail_on) if x not in failed]
     return failed
 
 
@@ -65,9 +68,10 @@ def conclude(report: Report) -> tuple[str, str]:
 
 def run_gate(repo: Path, config_path: str | None, base: str | None, head: str | None, device: str,
              event_path: str | None = None, progress: bool = True, on_start=None,
-             gate_overrides: dict | None = None) -> Report:
+             gate_overrides: dict | None = None, profile: bool = False) -> Report:
     """Run the whole gate and return the Report (the caller writes it out and posts it).
-    gate_overrides: fields of config.Gate that replace the configuration's (e.g. the Action's fail-on)."""
+    gate_overrides: fields of config.Gate that replace the configuration's (e.g. the Action's fail-on).
+    profile: Nsight Compute for the changed kernels where `ncu` is on PATH (kernalin_ci.explain)."""
     t0 = time.perf_counter()
     cfg_path = Path(config_path) if config_path else repo / config_mod.DEFAULT_FILE
     cfg = config_mod.load(cfg_path)
@@ -100,7 +104,7 @@ def run_gate(repo: Path, config_path: str | None, base: str | None, head: str | 
             log(f"[{sum(1 for x in report.kernels if x.status != 'unchanged')}/{len(todo)}] {k.name} "
                 f"({k.op}, {a.status}): {'; '.join(a.reasons)}")
             kt = time.perf_counter()
-            check_kernel(kr, k, cfg, device, base_root, head_root, progress)
+            check_kernel(kr, k, cfg, device, base_root, head_root, progress, profile)
             kr.failed_by = judge(kr, cfg, device)
             kr.seconds = time.perf_counter() - kt
             log(f"    {k.name}: {summary_line(kr)}")
@@ -118,7 +122,8 @@ def run_gate(repo: Path, config_path: str | None, base: str | None, head: str | 
 
 
 def check_kernel(kr: KernelReport, k, cfg: Config, device: str, base_root: Path, head_root: Path,
-                 progress: bool) -> None:
+                 progress: bool, profile: bool = False) -> None:
+    from kernalin_ci import explain
     from kernalin_ci.verify import verify
 
     try:
@@ -144,12 +149,19 @@ def check_kernel(kr: KernelReport, k, cfg: Config, device: str, base_root: Path,
         from kernalin_ci.ops import get_op
 
         _, op_params = resolve_domain(get_op(k.op), k.params, k.domain)  # one declared value pins the shape
-        res = bench_pair(k.op, k.entry, k.entry, str(base_root), str(head_root), {**op_params, **k.bench},
-                         device, budget_s=cfg.gate.budget_s, rope_min=cfg.gate.rope, progress=progress)
+        params = {**op_params, **k.bench}
+        plan = explain.plan_kernel(kr, k, k.op, params, device, base_root, head_root)  # docs/benchmarking.md
+        if plan is not None and plan.skip_timing:
+            return
+        res = bench_pair(k.op, k.entry, k.entry, str(base_root), str(head_root), params,
+                         device, budget_s=cfg.gate.budget_s, rope_min=cfg.gate.rope, progress=progress,
+                         shapes=plan.to_time if plan is not None else None)
         kr.benchmark = res.to_json()
         if res.failed:  # e.g. base and head disagree on an output, or the head crashed while timed
             kr.error = f"benchmark: {res.error}"
             return
+        if plan is not None:
+            explain.finish_kernel(kr, plan, k, k.op, params, device, head_root, profile)
     except UsageError as e:
         kr.error = f"benchmark: {e}"
         return
@@ -234,6 +246,11 @@ def summary_line(kr: KernelReport) -> str:
         parts.append(f"benchmark {b['verdict']} (ratio {b['ratio']:.4f})")
     elif kr.benchmark_note:
         parts.append(kr.benchmark_note)
+    from kernalin_ci.explain.render import explain_summary
+
+    ex = explain_summary(kr.explain)
+    if ex and not (kr.benchmark_note or "").startswith(ex):
+        parts.append(ex)
     return "; ".join(parts)
 
 
