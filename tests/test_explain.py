@@ -35,33 +35,42 @@ def _tree(tmp: Path, name: str, patch: str | None) -> str:
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
     """Base, a comment-only PR and a num_warps PR of the example's decode attention, compiled at the
-    CPU benchmark shapes."""
+    CPU benchmark shapes: the comment PR through the gate's own call (`plan_kernel`, as kernalin_ci.gate.run
+    makes it), the num_warps PR alongside."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kernalin_ci.config import Kernel
+    from kernalin_ci.explain import plan_kernel
+
     tmp = tmp_path_factory.mktemp("explain")
     params = resolve_params(OP, get_op(OP).params, {})
     cases = bench_cases(OP, params, "cpu", {})
-    from concurrent.futures import ThreadPoolExecutor
-
     trees = {name: _tree(tmp, name, patch)
              for name, patch in (("base", None), ("comment", "comment-only.patch"), ("warps", "more-warps.patch"))}
-    with ThreadPoolExecutor(3) as pool:  # three worker children
-        futures = {n: pool.submit(compile_side, OP, "kernels/attention.py:decode", t, params, cases)
-                   for n, t in trees.items()}
-        sides = {n: f.result() for n, f in futures.items()}
-    return cases, sides
+    k = Kernel(name="decode_attention", op=OP, entry="kernels/attention.py:decode")
+    kr = KernelReport(k.name, OP, k.entry, "changed")
+    with ThreadPoolExecutor(2) as pool:
+        warps = pool.submit(compile_side, OP, k.entry, trees["warps"], params, cases)
+        plan = plan_kernel(kr, k, OP, {}, "cpu", trees["base"], trees["comment"])
+        sides = {"base": plan.base, "comment": plan.head, "warps": warps.result()}
+    return cases, sides, kr
 
 
 def test_comment_only_change_is_identical_compiled_code(compiled):
-    cases, s = compiled
+    cases, s, kr = compiled
     assert s["base"].error is None, s["base"].error
     la = s["base"].shapes[0]["launches"][0]
     assert la["kernel"] == "_decode_kernel" and la["compiled"]["sass"] and la["compiled"]["ptx"]
     ident = compare(s["base"], s["comment"], cases)
     assert ident.status == "compared" and ident.all_identical, ident.to_json()
     assert ident.verdict == EQUIVALENT and ident.to_time([c.name for c in cases]) == []
+    # the gate's call: no timing, the verdict in the note and in report.json
+    assert kr.benchmark is None and kr.benchmark_note.startswith(EQUIVALENT)
+    assert kr.explain["identity"]["verdict"] == EQUIVALENT and kr.explain["provenance"]["start"]["torch"]
 
 
 def test_num_warps_change_differs_and_says_why(compiled):
-    cases, s = compiled
+    cases, s, _ = compiled
     ident = compare(s["base"], s["warps"], cases)
     assert not ident.all_identical and ident.verdict is None
     assert ident.to_time([c.name for c in cases]) == [cases[0].name]
@@ -77,7 +86,7 @@ def test_num_warps_change_differs_and_says_why(compiled):
 
 
 def test_toolchain_change_times_everything(compiled):
-    cases, s = compiled
+    cases, s, _ = compiled
     other = SideCompile(dict(s["comment"].toolchain, triton="0.0-other"), s["comment"].shapes)
     ident = compare(s["base"], other, cases)
     assert ident.toolchain_changed and not ident.all_identical

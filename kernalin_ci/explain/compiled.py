@@ -27,19 +27,25 @@ _COMPILED: dict = {}
 
 def _tool(name: str, arch: int = ARCH) -> str | None:
     """Triton's bundled ptxas / cuobjdump (the system's may be too old for Triton's PTX)."""
-    try:
-        if name == "ptxas":
+    if name == "ptxas":
+        try:
             from triton.backends.nvidia.compiler import get_ptxas
 
             try:
                 return get_ptxas(arch).path
             except TypeError:
                 return get_ptxas().path
+        except Exception:
+            pass
+    try:
         import triton.knobs as knobs
 
-        return getattr(knobs.nvidia, name).path
+        path = getattr(knobs.nvidia, name).path
+        if path:
+            return path
     except Exception:
-        return shutil.which(name)
+        pass
+    return shutil.which(name)
 
 
 def toolchain() -> dict:
