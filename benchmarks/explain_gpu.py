@@ -111,7 +111,7 @@ def main() -> int:
             r = bench_pair(OP, k.entry, k.entry, base, head, bench_params, dev, budget_s=a.budget_s,
                            progress=False, shapes=plan.to_time)
             kr.benchmark = r.to_json()
-            ex = after_bench(plan, kr, k, OP, {}, dev, head)
+            ex = after_bench(plan, kr, k, OP, {}, dev, head, profile=True)  # ncu where on PATH
             say(f"4. {name}: verdict {kr.benchmark.get('verdict')} ratio {kr.benchmark.get('ratio')}")
             for line in explain_lines(ex):
                 print("     " + line, flush=True)

@@ -188,3 +188,20 @@ def test_report_renders_and_validates():
     same = {"identity": {"status": "compared", "shapes": [{"shape": "B=1", "identical": True, "differences": []}],
                          "verdict": EQUIVALENT}}
     assert "timing skipped" in explain_block(same)
+
+
+def test_profile_says_when_nsight_is_missing_and_parses_ncu_csv(monkeypatch, tmp_path):
+    from kernalin_ci.explain.profile import nsight, parse, profile_lines
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no ncu here
+    assert nsight(True) == {"status": "not available", "cause": "ncu (Nsight Compute) is not on PATH"}
+    assert nsight(False) is None
+    header = '"ID","Process ID","Kernel Name","Metric Name","Metric Unit","Metric Value"'
+    text = "==PROF== Connected\n" + header + "\n" + \
+        '"0","1","_decode_kernel","dram__throughput.avg.pct_of_peak_sustained_elapsed","%","81.52"\n' + \
+        '"0","1","_decode_kernel","sm__warps_active.avg.pct_of_peak_sustained_active","%","45.0"\n'
+    rows = parse(text)
+    assert rows == [{"kernel": "_decode_kernel", "dram_throughput_pct": 81.52, "achieved_occupancy_pct": 45.0}]
+    lines = profile_lines({"status": "profiled", "cause": "shape s", "base": {"kernels": rows},
+                           "head": {"error": "ncu exited 1"}})
+    assert "dram_throughput_pct 81.5" in lines[1] and lines[2] == "  head: ncu exited 1"

@@ -8,12 +8,12 @@ shape, base against head per changed kernel, the environment again (a change ref
 """
 from __future__ import annotations
 
-import shutil
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from kernalin_ci.explain import peak as peak_mod
 from kernalin_ci.explain import provenance
+from kernalin_ci.explain.profile import nsight
 from kernalin_ci.explain.identity import EQUIVALENT, Identity, SideCompile, compare, compile_side, why_changed
 from kernalin_ci.explain.recheck import recheck, smallest
 
@@ -29,6 +29,7 @@ class Plan:
     head: SideCompile
     env_start: dict
     to_time: list = field(default_factory=list)
+    base_root: str = ""
 
     @property
     def skip_timing(self) -> bool:
@@ -54,7 +55,7 @@ def before_bench(op_name: str, entry: str, op_params: dict, bench_params: dict, 
     else:
         env = provenance.environment(device)
         env["copy_gbs"] = _COPY[device]
-    return Plan(cases, ident, base, head, env, ident.to_time([c.name for c in cases]))
+    return Plan(cases, ident, base, head, env, ident.to_time([c.name for c in cases]), base_root)
 
 
 def skipped(plan: Plan) -> dict:
@@ -118,7 +119,10 @@ def after_bench(plan: Plan, kr, k, op_name: str, op_params: dict, device: str, h
     case = smallest(op, params, timed)
     if case is not None and not kr.error:
         out["recheck"] = recheck(k, op_name, case, device, head_root)
-    out["profile"] = nsight(profile)
+    if profile and device != "cuda":
+        out["profile"] = {"status": "not available", "cause": "Nsight Compute needs a GPU (--device cuda)"}
+    else:
+        out["profile"] = nsight(profile, op_name, k.entry, str(plan.base_root), head_root, params, case)
     return out
 
 
@@ -127,15 +131,6 @@ def _regime(bench: dict) -> dict:
     return {"clock": bench.get("clock"), "l2_flush": bench.get("l2_flush"), "reps": bench.get("reps"),
             "timing": sorted({str(s.get("timing")) for s in bench.get("shapes") or [] if s.get("timing")}),
             **({"regime": bench["regime"]} if "regime" in bench else {})}
-
-
-def nsight(requested: bool) -> dict | None:
-    if not requested:
-        return None
-    if shutil.which("ncu") is None:
-        return {"status": "not available", "cause": "ncu (Nsight Compute) is not on PATH"}
-    return {"status": "not run", "cause": "ncu is on PATH, but profiling through the isolated worker is not "
-                                          "implemented yet"}
 
 
 # --------------------------------------------------------------------------- the gate's two calls

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from kernalin_ci.explain.code import mix_text
 from kernalin_ci.explain.peak import peak_text
+from kernalin_ci.explain.profile import profile_lines
 from kernalin_ci.explain.provenance import provenance_text
 
 
@@ -90,8 +91,7 @@ def explain_lines(ex: dict | None) -> list[str]:
             out.append(f"correctness after timing: {rc['error']}")
         else:
             out.append(f"correctness after timing: {rc.get('verdict')} on {rc['case']}")
-    if ex.get("profile"):
-        out.append(f"Nsight Compute: {ex['profile']['status']} ({ex['profile']['cause']})")
+    out += profile_lines(ex.get("profile"))
     if ex.get("error"):
         out.append(f"explanation incomplete: {ex['error']}")
     return out

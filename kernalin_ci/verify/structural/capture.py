@@ -382,8 +382,10 @@ class Recorder:
                 if recorder.all_configs:
                     for config in tuner.configs:
                         extra = config.all_kwargs() if hasattr(config, "all_kwargs") else dict(config.kwargs)
+                        n = len(recorder.launches)
                         tuner.fn.run(*args, **kwargs, **extra)
-                        recorder.launches[-1].autotuned = True
+                        for la in recorder.launches[n:]:
+                            la.autotuned = True
                     return None
                 # no GPU to benchmark on: the first config is the one checked
                 config = tuner.configs[0]
