@@ -14,6 +14,7 @@ from pathlib import Path
 from kernalin_ci import config as config_mod
 from kernalin_ci.config import Config
 from kernalin_ci.errors import UsageError
+from kernalin_ci.explain.render import explain_lines
 from kernalin_ci.gate.diff import Refs, affected_kernels, changed_files, resolve_refs, worktrees
 from kernalin_ci.report.model import KernelReport, PipelineReport, Report
 
@@ -108,6 +109,8 @@ def run_gate(repo: Path, config_path: str | None, base: str | None, head: str | 
             kr.failed_by = judge(kr, cfg, device)
             kr.seconds = time.perf_counter() - kt
             log(f"    {k.name}: {summary_line(kr)}")
+            for line in explain_lines(kr.explain) if progress else []:
+                log(f"      {line}")
         for p in cfg.pipelines:
             members = {"kv_append": p.kv_append, "attention.decode_paged": p.attention, "rope": p.rope}
             names = [n for n in members.values() if n]
