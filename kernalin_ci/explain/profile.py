@@ -96,6 +96,10 @@ def nsight(requested: bool, op: str = "", entry: str = "", base_root: str = "", 
         return {"status": "not available", "cause": "ncu (Nsight Compute) is not on PATH"}
     if case is None:
         return {"status": "not run", "cause": "no timed shape to profile"}
+    import importlib.util
+
+    if importlib.util.find_spec("kernalin_ci.sandbox") is not None:  # workers run sandboxed: ncu is not
+        return {"status": "not run", "cause": "ncu would run the pull request's code outside the worker sandbox"}
     out = {"status": "profiled", "cause": f"shape {case.name}", "metrics": list(METRICS.values())}
     for side, root in (("base", base_root), ("head", head_root)):
         out[side] = profile_side(op, entry, root, params or {}, case)
