@@ -85,6 +85,16 @@ def test_num_warps_change_differs_and_says_why(compiled):
     assert "num_warps: 4 -> 8" in text and "registers/thread:" in text and "theoretical occupancy" in text
 
 
+def test_only_the_shapes_that_differ_are_timed(compiled):
+    cases, s, _ = compiled
+    two = [cases[0], Case("second", cases[0].dims, cases[0].dtype)]
+    base = SideCompile(s["base"].toolchain, [s["base"].shapes[0]] * 2)
+    head = SideCompile(s["comment"].toolchain, [s["comment"].shapes[0], s["warps"].shapes[0]])
+    ident = compare(base, head, two)
+    assert [x.identical for x in ident.shapes] == [True, False] and not ident.all_identical
+    assert ident.to_time([c.name for c in two]) == ["second"]
+
+
 def test_toolchain_change_times_everything(compiled):
     cases, s, _ = compiled
     other = SideCompile(dict(s["comment"].toolchain, triton="0.0-other"), s["comment"].shapes)
