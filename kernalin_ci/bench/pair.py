@@ -83,13 +83,14 @@ def bench_pair(op: str, base_entry: str, head_entry: str, base_root: str | None 
                budget_s: float = DEFAULT_BUDGET_S, rope_min: float = stats.ROPE_MIN, rope: float | None = None,
                reps: int | None = None, l2_flush: bool | None = None, max_rounds: int | None = None,
                adaptive: bool = True, seed: int = 0, timeout_s: float | None = None, progress=None,
-               extra: list[tuple[str, str, str | None]] = ()) -> BenchResult:
+               extra: list[tuple[str, str, str | None]] = (), shapes: list[str] | None = None) -> BenchResult:
     """Benchmark head against base; the gate and `kernalin-ci bench` call this.
 
     params: op params and bench params together (see kernalin_ci/bench/shapes.py).
     progress: None, True (lines on stderr) or a callable taking each round event.
     extra: more instances to time in the same rounds, (name, entry, root); they are
     checked against the base and recorded in `instances`, never judged.
+    shapes: time only the shapes with these names (kernalin_ci.explain: the ones whose code differs).
     Usage problems raise UsageError; a benchmark that cannot finish returns a
     BenchResult with `error` set (outputs disagree, a crash, a hang).
     """
@@ -98,6 +99,8 @@ def bench_pair(op: str, base_entry: str, head_entry: str, base_root: str | None 
     op_params, bench_params = split_params(dict(params or {}))
     resolved = resolve_params(op, op_obj.params, op_params)
     cases = bench_cases(op, resolved, device, bench_params)
+    if shapes is not None:
+        cases = [c for c in cases if c.name in shapes]
     if budget_s <= 0:
         raise UsageError("budget_s: must be positive", setting="budget_s")
     reps = reps or DEFAULT_REPS[device]

@@ -17,6 +17,7 @@ from pathlib import Path
 from kernalin_ci import config as config_mod
 from kernalin_ci.config import Config
 from kernalin_ci.errors import InternalError, UsageError, describe, log_text, write_log
+from kernalin_ci.explain.render import explain_lines
 from kernalin_ci.gate.diff import Refs, affected_kernels, changed_files, resolve_refs, worktrees
 from kernalin_ci.report.model import KernelReport, PipelineReport, Report
 
@@ -42,6 +43,9 @@ def judge(kr: KernelReport, cfg: Config, device: str) -> list[str]:
             failed.append("slower")
         if b.get("verdict") == "inconclusive" and "inconclusive" in fail_on:
             failed.append("inconclusive")
+    from kernalin_ci.explain.gate import failed_by
+
+    failed += [x for x in failed_by(kr, fail_on) if x not in failed]
     return failed
 
 
@@ -68,9 +72,10 @@ def conclude(report: Report) -> tuple[str, str]:
 
 def run_gate(repo: Path, config_path: str | None, base: str | None, head: str | None, device: str,
              event_path: str | None = None, progress: bool = True, on_start=None,
-             gate_overrides: dict | None = None) -> Report:
+             gate_overrides: dict | None = None, profile: bool = False) -> Report:
     """Run the whole gate and return the Report (the caller writes it out and posts it).
-    gate_overrides: fields of config.Gate that replace the configuration's (e.g. the Action's fail-on)."""
+    gate_overrides: fields of config.Gate that replace the configuration's (e.g. the Action's fail-on).
+    profile: Nsight Compute for the changed kernels where `ncu` is on PATH (kernalin_ci.explain)."""
     t0 = time.perf_counter()
     cfg_path = Path(config_path) if config_path else repo / config_mod.DEFAULT_FILE
     cfg = config_mod.load(cfg_path)
@@ -104,12 +109,14 @@ def run_gate(repo: Path, config_path: str | None, base: str | None, head: str | 
                 f"({k.op}, {a.status}): {'; '.join(a.reasons)}")
             kt = time.perf_counter()
             try:
-                check_kernel(kr, k, cfg, device, base_root, head_root, progress)
+                check_kernel(kr, k, cfg, device, base_root, head_root, progress, profile)
             except Exception as e:  # a bug of ours: this kernel is in error, the others go on
                 kr.error = internal_error(k.name, e)
             kr.failed_by = judge(kr, cfg, device)
             kr.seconds = time.perf_counter() - kt
             log(f"    {k.name}: {summary_line(kr)}")
+            for line in explain_lines(kr.explain) if progress else []:
+                log(f"      {line}")
         for p in cfg.pipelines:
             members = {"kv_append": p.kv_append, "attention.decode_paged": p.attention, "rope": p.rope}
             names = [n for n in members.values() if n]
@@ -125,7 +132,8 @@ def run_gate(repo: Path, config_path: str | None, base: str | None, head: str | 
 
 
 def check_kernel(kr: KernelReport, k, cfg: Config, device: str, base_root: Path, head_root: Path,
-                 progress: bool) -> None:
+                 progress: bool, profile: bool = False) -> None:
+    from kernalin_ci import explain
     from kernalin_ci.verify import verify
 
     try:
@@ -151,12 +159,19 @@ def check_kernel(kr: KernelReport, k, cfg: Config, device: str, base_root: Path,
         from kernalin_ci.ops import get_op
 
         _, op_params = resolve_domain(get_op(k.op), k.params, k.domain)  # one declared value pins the shape
-        res = bench_pair(k.op, k.entry, k.entry, str(base_root), str(head_root), {**op_params, **k.bench},
-                         device, budget_s=cfg.gate.budget_s, rope_min=cfg.gate.rope, progress=progress)
+        params = {**op_params, **k.bench}
+        plan = explain.plan_kernel(kr, k, k.op, params, device, base_root, head_root)  # docs/benchmarking.md
+        if plan is not None and plan.skip_timing:
+            return
+        res = bench_pair(k.op, k.entry, k.entry, str(base_root), str(head_root), params,
+                         device, budget_s=cfg.gate.budget_s, rope_min=cfg.gate.rope, progress=progress,
+                         shapes=plan.to_time if plan is not None else None)
         kr.benchmark = res.to_json()
         if res.failed:  # e.g. base and head disagree on an output, or the head crashed while timed
             kr.error = f"benchmark: {res.error}"
             return
+        if plan is not None:
+            explain.finish_kernel(kr, plan, k, k.op, params, device, head_root, profile)
     except UsageError as e:
         kr.error = f"benchmark: {e}"
         return
@@ -291,6 +306,11 @@ def summary_line(kr: KernelReport) -> str:
         parts.append(f"benchmark {b['verdict']} (ratio {b['ratio']:.4f})")
     elif kr.benchmark_note:
         parts.append(kr.benchmark_note)
+    from kernalin_ci.explain.render import explain_summary
+
+    ex = explain_summary(kr.explain)
+    if ex and not (kr.benchmark_note or "").startswith(ex):
+        parts.append(ex)
     return "; ".join(parts)
 
 

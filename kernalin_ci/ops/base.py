@@ -106,6 +106,24 @@ class Expected:
     tolerance: float | None = None
 
 
+@dataclass(frozen=True)
+class Traffic:
+    """What one call must move and compute by the op's definition (docs/benchmarking.md): every input
+    element the result depends on read once, every output element written once, the arithmetic of the
+    definition's dot products and rotations (exp, max, casts not counted)."""
+
+    bytes_read: int
+    bytes_written: int
+    flops: int
+
+    @property
+    def bytes(self) -> int:
+        return self.bytes_read + self.bytes_written
+
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
 Params = dict[str, Any]    # resolved op params (resolve_params)
 Tensors = dict[str, Any]   # keyword arguments of an entry, or outputs, by name
 
@@ -158,6 +176,10 @@ class Op(ABC):
     def bench_cases(self, params: Params, device: str, request: BenchRequest) -> list[Case]:
         """The shapes to time, from the benchmark request (bench params and device defaults)."""
         raise UsageError(f"op {self.name}: no benchmark shapes")
+
+    def traffic(self, case: Case, params: Params) -> Traffic | None:
+        """Bytes moved and FLOPs of one call of `case` by the op's definition; None: no model."""
+        return None
 
     def capture_cases(self, params: Params) -> list[Case]:
         """Small calls for the structural capture, in preference order (the next is tried when a call

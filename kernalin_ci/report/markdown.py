@@ -359,8 +359,10 @@ def _kernel_section(k: KernelReport) -> _Section:
     err = _error(k)
     if err:
         lines.append(f"- **Error:** {md(clip(err, MESSAGE_MAX))}")
+    from kernalin_ci.explain.render import explain_block
+
     extras = [x for x in (posterior_chart(k.benchmark) if benchmark_ok(k.benchmark) else None,
-                          _notices_block(k)) if x]
+                          explain_block(k.explain), _notices_block(k)) if x]
     extras = [x if x.endswith("\n\n") else x + "\n\n" for x in extras]
     fs = _findings(k)
     return _Section("\n".join(lines) + "\n\n", extras, [_finding_item(i + 1, f) for i, f in enumerate(fs)],

@@ -19,6 +19,7 @@ class KernelReport:
     error: str | None = None  # infrastructure failure for this kernel
     failed_by: list[str] = field(default_factory=list)  # policy items this kernel failed: finding/slower/...
     seconds: float = 0.0
+    explain: dict | None = None  # kernalin_ci.explain: identity, % of peak, why, provenance, re-check
 
 
 @dataclass

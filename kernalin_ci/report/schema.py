@@ -80,6 +80,46 @@ FAILED_BENCHMARK = {"type": "object", "required": ["verdict", "error"],
 
 BENCHMARK = {"anyOf": [{"type": "null"}, VERDICT, FAILED_BENCHMARK]}
 
+# kernalin_ci.explain (docs/report.md "explain"): every verdict explained
+_obj_or_null = {"type": ["object", "null"]}
+SHAPE_IDENTITY = {"type": "object", "required": ["shape", "identical", "differences"],
+                  "properties": {"shape": {"type": "string"}, "identical": {"type": ["boolean", "null"]},
+                                 "differences": {"type": "array", "items": {"type": "string"}}}}
+IDENTITY = {"type": "object", "required": ["status", "shapes", "verdict"],
+            "properties": {"status": {"enum": ["compared", "not-compared"]}, "cause": _str_or_null,
+                           "toolchain_changed": {"type": "array", "items": {"type": "string"}},
+                           "shapes": {"type": "array", "items": SHAPE_IDENTITY},
+                           "toolchain": {"type": "object"}, "seconds": _num,
+                           "verdict": {"enum": [None, "equivalent (identical compiled code)"]}}}
+SIDE_PEAK = {"type": "object", "required": ["bytes", "flops", "achieved_gbs", "above_peak"],
+             "properties": {"bytes": {"type": "integer"}, "flops": {"type": "integer"}, "ms": _num_or_null,
+                            "achieved_gbs": _num_or_null, "achieved_tflops": _num_or_null,
+                            "peak_gbs": _num_or_null, "peak_tflops": _num_or_null,
+                            "peak_flops_kind": _str_or_null, "pct_peak_bw": _num_or_null,
+                            "pct_peak_flops": _num_or_null, "pct_copy_bw": _num_or_null,
+                            "bound": {"enum": [None, "memory-bound", "compute-bound"]},
+                            "above_peak": {"type": "boolean"}, "problem": _str_or_null}}
+PEAK_ROW = {"type": "object", "required": ["shape"],
+            "properties": {"shape": {"type": ["string", "null"]}, "model": _str_or_null, "base": SIDE_PEAK,
+                           "head": SIDE_PEAK}}
+WHY_ROW = {"type": "object", "required": ["kernel", "shape", "base", "head", "changed"],
+           "properties": {"kernel": {"type": "string"}, "shape": {"type": "string"}, "launch": {"type": "integer"},
+                          "base": _obj_or_null, "head": _obj_or_null,
+                          "changed": {"type": "array", "items": {"type": "string"}}}}
+EXPLAIN = {"type": ["object", "null"],
+           "properties": {"identity": IDENTITY, "verdict": _str_or_null,
+                          "peak": {"type": "array", "items": PEAK_ROW}, "peak_note": {"type": "string"},
+                          "above_peak": {"type": "boolean"}, "why": {"type": "array", "items": WHY_ROW},
+                          "provenance": {"type": "object",
+                                         "properties": {"start": _obj_or_null, "end": _obj_or_null,
+                                                        "changed": {"type": "array", "items": {"type": "string"}},
+                                                        "regime": {"type": "object"}}},
+                          "recheck": {"type": ["object", "null"], "required": ["case", "verdict", "findings"],
+                                      "properties": {"case": {"type": "string"}, "verdict": _str_or_null,
+                                                     "findings": {"type": "array", "items": FINDING},
+                                                     "error": _str_or_null}},
+                          "profile": {"type": ["object", "null"]}, "error": {"type": "string"}}}
+
 _failed_by = {"type": "array", "items": {"type": "string"},
               "examples": [["finding"], ["slower"], ["inconclusive"], ["not-analysed"], ["error"]]}
 
@@ -89,7 +129,7 @@ KERNEL = {"type": "object", "required": ["name", "op", "entry", "status", "verif
                          "reasons": {"type": "array", "items": {"type": "string"}},
                          "verification": VERIFICATION, "benchmark": BENCHMARK,
                          "benchmark_note": _str_or_null, "error": _str_or_null,
-                         "failed_by": _failed_by, "seconds": _num}}
+                         "failed_by": _failed_by, "seconds": _num, "explain": EXPLAIN}}
 
 PIPELINE = {"type": "object", "required": ["name", "members", "verification", "failed_by"],
             "properties": {"name": {"type": "string"},
