@@ -270,7 +270,7 @@ def _dims(cap):
     q = cap.kwargs["q"]
     kc = cap.kwargs["k_cache"]
     Hq = q.shape[1]
-    Hkv = kc.shape[2] if cap.op == "attention.decode_paged" else kc.shape[1]
+    Hkv = kc.shape[2] if cap.op in ("attention.decode_paged", "decode_step") else kc.shape[1]
     return q.shape[0], Hq, Hkv, q.shape[2]
 
 
