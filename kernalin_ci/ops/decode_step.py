@@ -20,6 +20,7 @@ from kernalin_ci.ops import paged
 from kernalin_ci.ops.attention_decode_paged import AttentionDecodePaged
 from kernalin_ci.ops.base import (Case, Expected, Op, Param, Params, Tensors, capture_case, capture_head_dims,
                                   positive, valid_dims)
+from kernalin_ci.ops.bench_shapes import BenchRequest, len_label, ragged_lens
 from kernalin_ci.ops.rope import PARAMS as ROPE_PARAMS
 from kernalin_ci.ops.rope import rotate
 
@@ -146,6 +147,17 @@ class DecodeStep(Op):
     def row_label(self, case: Case, kw: Tensors, name: str, row: int) -> str:
         b, h = divmod(row, case.dims["Hq"])
         return f"b={b} h={h} (kv_len={int(kw['kv_lens'][b])})"
+
+    def bench_cases(self, params: Params, device: str, request: BenchRequest) -> list[Case]:
+        """One step at each attention shape: B sequences whose kv_len (the new token included) is the shape's."""
+        hq, hkv, D = request.heads(params)
+        cases = []
+        for i, s in enumerate(request.attention_shapes()):
+            lens = ragged_lens(s["batch"], s["kv_len"], ragged=not s.get("explicit"))
+            dims = self._dims(params, hq, hkv, D, [L - 1 for L in lens], 1, poison=False)
+            cases.append(Case(f"B={s['batch']} kv_len={len_label(lens)} Hq={dims['Hq']} Hkv={dims['Hkv']} "
+                              f"D={dims['D']} {request.dtype}", dims, request.dtype, 1000 + i, ("bench",)))
+        return cases
 
     def capture_cases(self, params: Params) -> list[Case]:
         """Three sequences (one at position 0), GQA, kv_lens across a block boundary, one step; float32, where

@@ -40,10 +40,10 @@ class DecodeStepModel(attention.AttentionModel):
 
     linear = True
 
-    def __init__(self, cap):
+    def __init__(self, cap, lens: list | None = None):
         self.cap = cap
         self.paged = True
-        self.lens = [int(x) for x in cap.kwargs["kv_lens"].tolist()]
+        self.lens = lens if lens is not None else [int(x) for x in cap.kwargs["kv_lens"].tolist()]
         self.bs = int(cap.params["block_size"])
         self.owner, self.tail = {}, set()
         for b, row in enumerate(cap.kwargs["block_tables"].tolist()):
@@ -92,7 +92,10 @@ def analyze(cap, views: list, rep: Report, model: DecodeStepModel) -> None:
                                   "scores inside the kernel, where no linear form of it survives; the dynamic "
                                   "loop checks it)", where=(views[0].launch.path, views[0].launch.line))
     if parts["softmax"]:
-        _check_new_token_twice(cap, views, rep, bs, slots)
+        if _check_new_token_twice(cap, views, rep, bs, slots) == "registers":
+            # the new token's score comes from registers, its slot is never read back: the cache part of the
+            # attention covers the kv_len - 1 tokens before it
+            model = DecodeStepModel(cap, [L - 1 for L in model.lens])
         main = [v for v in views if v.loads_of("k_cache")]
         if q_rot is not None and not any(v.loads_of("q") for v in main):
             # the attention kernels read the rotated copy: it is their query (its rotation is checked above)
@@ -319,8 +322,10 @@ def _check_order(cap, views, rep, bs, slots) -> None:
                     return
 
 
-def _check_new_token_twice(cap, views, rep, bs, slots) -> None:
-    """A score from the new key in registers, in a kernel whose cache reads also cover the new token's slot."""
+def _check_new_token_twice(cap, views, rep, bs, slots) -> str | None:
+    """A score from the new key in registers, in a kernel whose cache reads also cover the new token's slot.
+    Returns "registers" when the new token's score comes from registers and its slot is never read back."""
+    path = None
     for view in views:
         def from_k(op):
             return op.name == "tt.load" and view.loads.get(op) == "k"
@@ -336,6 +341,9 @@ def _check_new_token_twice(cap, views, rep, bs, slots) -> None:
                         f"{kname(view)}: a score is computed from the new key k in registers while the kernel also "
                         f"reads the new token's slot of k_cache (kv_len includes it): the new token enters the "
                         f"softmax twice", twice[0], view)
+        else:
+            path = "registers"
+    return path
 
 
 ANALYSIS = Analysis(DecodeStepModel, analyze, store_bounds=True)
