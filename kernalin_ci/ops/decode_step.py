@@ -28,7 +28,7 @@ PARAMS = tuple(p for p in ROPE_PARAMS if p.name in ("style", "base", "rotary_dim
     Param("block_size", 16, int, "slots per cache block", check=positive),
     paged.LAYOUT,
     Param("steps", 64, int, "decode steps of each loop case", check=positive),
-    Param("head_dim", None, int, "pin D for every case (default: 40 on the CPU, 128 and 64 on a GPU)", check=positive),
+    Param("head_dim", None, int, "pin D for every case (default: 40 on the CPU, 128 and 80 on a GPU)", check=positive),
     Param("num_q_heads", None, int, "pin Hq", check=positive),
     Param("num_kv_heads", None, int, "pin Hkv", check=positive),
 )
@@ -61,7 +61,8 @@ class DecodeStep(Op):
             return [Case("decode-loop", self._dims(params, 4, 2, 40, [0, 17], steps, stale=True), main, 1)]
         cases = [
             Case("decode-loop", self._dims(params, 8, 2, 128, [0, 5, 17, 63, 200], 2 * steps, stale=True), main, 1),
-            Case("decode-loop-poisoned", self._dims(params, 16, 4, 64, [1, 31, 100], steps), main, 2),
+            # D 80: a head dim under a power-of-two tile (a padded tile left unmasked spills past the head)
+            Case("decode-loop-poisoned", self._dims(params, 16, 4, 80, [1, 31, 100], steps), main, 2),
         ]
         if dtype is None:
             for i, dt in enumerate(("float16", "bfloat16")):

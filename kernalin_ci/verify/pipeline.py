@@ -146,16 +146,18 @@ def _slot_name(slot: int, s: dict[str, Any]) -> str:
 
 
 def _cache_diff(name: str, before: torch.Tensor, after: torch.Tensor, slots: list[int], want: Written,
-                step: int, s: dict[str, Any], tol: float, check: str) -> Finding | None:
-    """Whole-buffer diff: only this step's slots may differ, and each must hold its token's row."""
+                step: int, s: dict[str, Any], tol: float, check: str) -> list[Finding]:
+    """Whole-buffer diff: each of this step's slots must hold its token's row, and nothing else may differ.
+    Both are reported when both fail (a padded tile can spoil its own slot and spill past it)."""
     bs = s["shape"].block_size
     changed = bits(after) != bits(before)
+    found = []
     for t, slot in enumerate(slots):
         if slot < 0:
             continue
         b, o = divmod(slot, bs)
         got = after[b, o]
-        if not _holds(got, want.rows[t], want.exact, tol):
+        if not found and not _holds(got, want.rows[t], want.exact, tol):
             cls, why = "kv-slot", "does not hold the token appended to it"
             if not bool((bits(got) != bits(before[b, o])).any()):
                 cls, why = "kv-coverage", "was not written (it still holds its previous contents)"
@@ -164,15 +166,15 @@ def _cache_diff(name: str, before: torch.Tensor, after: torch.Tensor, slots: lis
                     if _holds(got, rows[t], exact, tol):
                         cls, why = alt_cls, f"holds what a {alt_cls} bug writes"
                         break
-            return Finding(check, cls, f"step {step}: {name} {_slot_name(slot, s)} {why}")
+            found.append(Finding(check, cls, f"step {step}: {name} {_slot_name(slot, s)} {why}"))
         changed[b, o] = False
     if bool(changed.any()):
         n = int(changed.sum())
         blk, off, h, d = [int(x) for x in changed.nonzero()[0]]
-        return Finding(check, "stray-write",
-                       f"step {step}: {n} elements of {name} outside this step's slots changed; first at "
-                       f"{_slot_name(blk * bs + off, s)}, head {h}, dim {d}")
-    return None
+        found.append(Finding(check, "stray-write",
+                             f"step {step}: {n} elements of {name} outside this step's slots changed; first at "
+                             f"{_slot_name(blk * bs + off, s)}, head {h}, dim {d}"))
+    return found
 
 
 def _holds(got: torch.Tensor, want: torch.Tensor, exact: bool, tol: float) -> bool:
@@ -206,13 +208,14 @@ def decode_loop(s: dict[str, Any], do_step: Callable[[Step], StepResult], dtype:
         if res.findings:
             return res.findings
         _sync(s["k_cache"].device.type)
+        found = []
         for name, before, after, want in (("k_cache", kb, s["k_cache"], res.k_rows),
                                           ("v_cache", vb, s["v_cache"], res.v_rows)):
             assert want is not None
-            f = _cache_diff(name, paged.nhd(before, sh.layout), paged.nhd(after, sh.layout), st.slots, want,
-                            index, s, tol, f"{check}-cache")
-            if f:
-                return [f]
+            found += _cache_diff(name, paged.nhd(before, sh.layout), paged.nhd(after, sh.layout), st.slots, want,
+                                 index, s, tol, f"{check}-cache")
+        if found:
+            return found
         old_k, old_v = [x.clone() for x in s["ref_k"]], [x.clone() for x in s["ref_v"]]
         for b in range(B):
             s["ref_k"][b] = torch.cat([s["ref_k"][b], k_ref[b][:, None, :]], dim=1)
