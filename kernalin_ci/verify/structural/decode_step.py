@@ -117,13 +117,15 @@ def _rotated_q(cap, views, names) -> str | None:
 
 
 def _as_query(cap, views, q_rot: str):
-    """The capture and views with `q_rot` named q (and q renamed away), for attention's analyses."""
+    """The capture and views with `q_rot` named q, for attention's analyses."""
     from dataclasses import replace
 
     from kernalin_ci.verify.structural.dataflow import KernelView, link_views
 
-    rename = {q_rot: "q", "q": "q_input"}
-    tensors = {rename.get(n, n): i for n, i in cap.tensors.items()}
+    # both are "q" to the analyses: q_rot is the query the attention reads, and a value followed back into
+    # the kernel that stored q_rot is a form of q itself (the scale check asks for a product of q and k)
+    rename = {q_rot: "q"}
+    tensors = {rename.get(n, n): i for n, i in cap.tensors.items() if n != "q"}
     kwargs = dict(cap.kwargs, q=cap.kwargs["q"])
     cap2 = replace(cap, tensors=tensors, kwargs=kwargs)
     views2 = [KernelView(v.launch, v.module, v.trace, cap2, [rename.get(n, n) for n in v.names]) for v in views]
