@@ -200,6 +200,12 @@ class Op(ABC):
     def outputs(self, ret: Any, kw: Tensors) -> Tensors:
         """The entry's outputs by name, from its return value (or its written inputs)."""
 
+    def drive(self, fn: Callable[..., Any], case: Case, params: Params, device: str,
+              poison: bool) -> list[Finding] | None:
+        """A stateful op's own dynamic run of `case`: many calls of `fn`, each judged before the next (the
+        decode_step loop). None: the case is the one call verify.dynamic makes and judges."""
+        return None
+
     def written_names(self, params: Params) -> tuple[str, ...]:
         """The inputs an entry of this op may write, with these params."""
         return tuple(self.written)

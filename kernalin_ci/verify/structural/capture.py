@@ -492,7 +492,7 @@ def _capture_once(op: Op, entry_fn, params: dict, case: Case, inputs: dict | Non
 
 def _logical(op_name: str, params: dict, name: str, v):
     """The analyses see a paged cache in nhd order whatever its layout: a permuted view of the same memory."""
-    if op_name in ("attention.decode_paged", "kv_append") and name in ("k_cache", "v_cache"):
+    if op_name in ("attention.decode_paged", "kv_append", "decode_step") and name in ("k_cache", "v_cache"):
         from kernalin_ci.ops.paged import layout_of, nhd
 
         return nhd(v, layout_of(params))
