@@ -45,6 +45,7 @@ class Report:
     pr: int | None = None
     seconds: float = 0.0
     reproduce: str = ""
+    environment: dict = field(default_factory=dict)  # gpu, torch, triton, python, kernalin_ci (history)
     schema: int = SCHEMA_VERSION
 
     def to_json(self) -> dict:

@@ -119,5 +119,8 @@ REPORT_SCHEMA = {
         "pr": {"type": ["integer", "null"]},
         "seconds": _num,
         "reproduce": {"type": "string"},
+        "environment": {"type": "object", "properties": {"gpu": _str_or_null, "torch": {"type": "string"},
+                                                         "triton": {"type": "string"}, "python": {"type": "string"},
+                                                         "kernalin_ci": {"type": "string"}}},
     },
 }
