@@ -1,6 +1,6 @@
 """Evaluate change-point detection on commit series built from H200 timing traces (docs/history.md).
 
-    python benchmarks/changepoint_eval.py --traces ../shared/gpu-traces [--series 40] [--edivisive]
+    python benchmarks/changepoint_eval.py --traces DIR [--series 40] [--session-noise S] [--edivisive]
 
 Each synthetic commit is one gate run: ROUNDS consecutive rounds from a random place in a trace (of one of the two
 identical A/A instances, picked at random per commit), its time the median of their samples. A series
@@ -77,7 +77,7 @@ def edivisive(x):
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--traces", default="../shared/gpu-traces")
+    ap.add_argument("--traces", required=True, help="the directory of timings_{attn,rope,copy}.npz")
     ap.add_argument("--series", type=int, default=40)
     ap.add_argument("--penalties", default="2,3,5")
     ap.add_argument("--edivisive", action="store_true", help="also E-divisive (signal-processing-algorithms)")

@@ -124,7 +124,7 @@ def test_data_branch_concurrent_writers_lose_nothing(tmp_path):
     assert git(clones[0], "rev-parse", "--abbrev-ref", "HEAD").strip() == "main"
     assert git(clones[0], "status", "--porcelain") == ""
     # the same commit again: not recorded twice
-    p = subprocess.run(CLI + ["history", "record", "--store", "git:kernalin-history", "--report", str(rep),
+    p = subprocess.run(CLI + ["history", "--store", "git:kernalin-history", "--record", str(rep),
                               "--repo", "acme/k", "--commit", sha(0, 0)], cwd=clones[1], capture_output=True, text=True)
     assert p.returncode == 0 and "already recorded" in p.stderr
 
@@ -160,14 +160,14 @@ def test_history_cli_list_show_csv_and_bad_input(tmp_path):
         store.add(run_from_report(report([kernel("rope", bench(1.0, float(t)))]), repo="acme/k", commit=sha(i),
                                   branch="main", pr=100 + i))
     env = {**os.environ, "KERNALIN_HISTORY": str(db)}
-    out = subprocess.run(CLI + ["history", "list"], env=env, capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(CLI + ["history"], env=env, capture_output=True, text=True, check=True).stdout
     assert "rope" in out and "decode" in out and f"{sha(11)[:7]}..{sha(12)[:7]} (+2." in out, out
-    out = subprocess.run(CLI + ["history", "show", "rope", "--csv"], env=env, capture_output=True, text=True,
+    out = subprocess.run(CLI + ["history", "--kernel", "rope", "--csv"], env=env, capture_output=True, text=True,
                          check=True).stdout
     rows = list(__import__("csv").DictReader(out.splitlines()))
     assert len(rows) == 20 and rows[12]["commit"] == sha(12) and rows[12]["change"].startswith("+2.")
     assert rows[0]["pr"] == "100" and rows[0]["verification"] == "pass"
-    for bad in (["history", "show", "nope"], ["history", "list", "--repo", "x/y"], ["history"],
-                ["history", "record", "--report", str(tmp_path / "missing.json"), "--repo", "a/b", "--commit", "c"]):
+    for bad in (["history", "--kernel", "nope"], ["history", "--repo", "x/y"], ["history", "--record", "r.json"],
+                ["history", "--record", str(tmp_path / "missing.json"), "--repo", "a/b", "--commit", "c"]):
         p = subprocess.run(CLI + bad, env=env, capture_output=True, text=True)
         assert p.returncode == 2 and p.stderr.count("\n") == 1, (bad, p.stderr)

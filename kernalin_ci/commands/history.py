@@ -23,24 +23,17 @@ def add_store(p) -> None:
 
 
 def add_arguments(p):
-    sub = p.add_subparsers(dest="action", metavar="ACTION", parser_class=type(p))
-    ls = sub.add_parser("list", help="every series: kernel, shape, commits, latest time and verdict, change points")
-    add_store(ls)
-    ls.add_argument("--repo", metavar="OWNER/NAME", help="one repository (default: all)")
-    show = sub.add_parser("show", help="one kernel's series, a line per recorded commit")
-    add_store(show)
-    show.add_argument("kernel")
-    show.add_argument("--repo", metavar="OWNER/NAME", help="needed when the history holds several repositories")
-    show.add_argument("--shape", help="one shape (default: all of the kernel's)")
-    show.add_argument("--csv", action="store_true", help="CSV on stdout instead of a table")
-    rec = sub.add_parser("record", help="add a gate run (report.json) as a commit of the default branch")
-    add_store(rec)
-    rec.add_argument("--report", required=True, metavar="PATH", help="the gate's report.json")
-    rec.add_argument("--repo", required=True, metavar="OWNER/NAME")
-    rec.add_argument("--commit", required=True, metavar="SHA", help="the default branch's commit this run stands for")
-    rec.add_argument("--branch", default="main", help="the default branch's name (default main)")
-    rec.add_argument("--pr", type=int, help="the pull request merged by this commit, if any")
-    rec.add_argument("--report-url", metavar="URL", help="where the run's report can be read (the workflow run)")
+    add_store(p)
+    p.add_argument("--repo", metavar="OWNER/NAME", help="one repository (needed with --kernel when the history "
+                                                        "holds several; the repository with --record)")
+    p.add_argument("--kernel", metavar="NAME", help="show this kernel's series, a line per recorded commit")
+    p.add_argument("--shape", help="with --kernel: one shape (default: all of the kernel's)")
+    p.add_argument("--csv", action="store_true", help="with --kernel: CSV on stdout instead of a table")
+    p.add_argument("--record", metavar="REPORT", help="add this report.json as a commit of the default branch")
+    p.add_argument("--commit", metavar="SHA", help="with --record: the default branch's commit the run stands for")
+    p.add_argument("--branch", default="main", help="with --record: the default branch's name (default main)")
+    p.add_argument("--pr", type=int, help="with --record: the pull request merged by this commit")
+    p.add_argument("--report-url", metavar="URL", help="with --record: where the run's report can be read")
 
 
 def open_from(args):
@@ -64,11 +57,12 @@ def pick_repo(store, repo: str | None) -> str:
 
 
 def run(args) -> int:
-    if args.action is None:
-        raise UsageError("expected an action: list, show or record")
+    if args.record and not (args.repo and args.commit):
+        raise UsageError("--record needs --repo and --commit")
     store = open_from(args)
     try:
-        return {"list": _list, "show": _show, "record": _record}[args.action](store, args)
+        action = _record if args.record else _show if args.kernel else _list
+        return action(store, args)
     finally:
         store.close()
 
@@ -77,12 +71,12 @@ def _record(store, args) -> int:
     from kernalin_ci.history.model import run_from_report
 
     try:
-        with open(args.report) as f:
+        with open(args.record) as f:
             report = json.load(f)
     except (OSError, ValueError) as e:
-        raise UsageError(f"--report {args.report}: cannot read it: {e}") from None
+        raise UsageError(f"--record {args.record}: cannot read it: {e}") from None
     if not isinstance(report, dict) or "kernels" not in report:
-        raise UsageError(f"--report {args.report}: not a kernalin-ci report.json")
+        raise UsageError(f"--record {args.record}: not a kernalin-ci report.json")
     r = run_from_report(report, repo=args.repo, commit=args.commit, branch=args.branch, pr=args.pr,
                         report_url=args.report_url)
     added = store.add(r)
