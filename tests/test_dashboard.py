@@ -1,16 +1,16 @@
-"""The dashboard in a real browser (Chromium driven by Selenium), and the daemon recording merged pull
-requests into its history (SQLite, and a real PostgreSQL server) and serving /dashboard."""
+"""The dashboard in a real browser (Chromium driven by Selenium); the PostgreSQL history (a real server,
+started from the system packages) with concurrent writers; the daemon recording merged pull requests
+into its history (SQLite and PostgreSQL) and serving /dashboard, looked at in the browser too."""
 import json
 import shutil
-import subprocess
-import sys
 import urllib.request
 
 import pytest
 
+from kernalin_ci.cli import main
 from kernalin_ci.daemon.app import wait_for
 from kernalin_ci.history.model import run_from_report
-from kernalin_ci.history.store import SQLiteHistory, open_store
+from kernalin_ci.history.store import PostgresHistory, SQLiteHistory, open_store
 from history_support import PG_BIN, Postgres, bench, kernel, report
 from test_daemon import BASE_FILES, REPO, make_daemon, pr_head, send, get, world  # noqa: F401  (fixtures)
 from kernalin_ci.daemon.harness import wait_job
@@ -65,9 +65,7 @@ def recorded(tmp_path):
 def test_the_static_dashboard_draws_every_series_with_change_points_and_failing_prs(tmp_path, browser):
     store, times = recorded(tmp_path)
     out = tmp_path / "site"
-    p = subprocess.run([sys.executable, "-m", "kernalin_ci", "dashboard", "--store", str(tmp_path / "h.sqlite3"),
-                        "--out", str(out)], capture_output=True, text=True)
-    assert p.returncode == 0, p.stderr
+    assert main(["dashboard", "--store", str(tmp_path / "h.sqlite3"), "--out", str(out)]) == 0
     assert (out / "assets" / "chart.umd.min.js").is_file() and (out / "index-badge.svg").is_file()
     browser.get((out / "index.html").as_uri())
     assert wait_for(lambda: browser.execute_script("return document.body.dataset.rendered") == "true", 30)
@@ -100,19 +98,28 @@ def test_the_static_dashboard_draws_every_series_with_change_points_and_failing_
     assert len(overview) == 4
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def history_url(request, tmp_path):
-    if request.param == "sqlite":
-        yield None
-        return
+@pytest.fixture(scope="module")
+def postgres():
     if PG_BIN is None:
         pytest.skip("PostgreSQL server binaries are not installed (apt-get install postgresql)")
     pg = Postgres().start()
-    yield pg.url
+    yield pg
     pg.stop()
 
 
-def test_the_daemon_records_a_merged_pull_request_and_serves_the_dashboard(world, make_daemon, history_url):
+@pytest.fixture(params=["sqlite", "postgresql"])
+def history_url(request):
+    yield None if request.param == "sqlite" else request.getfixturevalue("postgres").url
+
+
+def test_postgres_history_concurrent_writers_lose_nothing(postgres):
+    from test_history import check_all_there, concurrent_adds
+
+    concurrent_adds(lambda: PostgresHistory(postgres.url))
+    check_all_there(open_store(postgres.url))
+
+
+def test_the_daemon_records_a_merged_pull_request_and_serves_the_dashboard(world, make_daemon, history_url, browser):
     d = make_daemon(**({"history": {"url": history_url}} if history_url else {}))
     head, payload = pr_head(world, 5, {"benchmark.json": json.dumps(bench(1.02, 0.75, "b32"))})
     status, answer = send(d, "pull_request", payload)
@@ -131,8 +138,10 @@ def test_the_daemon_records_a_merged_pull_request_and_serves_the_dashboard(world
     assert (p.kernel, p.shape, p.verdict, p.head_ms, p.verification) == ("kv_append", "b32", "slower", 0.75, "pass")
     page = urllib.request.urlopen(d.url + f"/dashboard/{REPO}").read().decode()
     assert merge_sha in page and f'src="/badge/{REPO}.svg"' in page
-    js = urllib.request.urlopen(d.url + "/dashboard/assets/chart.umd.min.js").read()
-    assert len(js) > 100_000
+    browser.get(d.url + f"/dashboard/{REPO}")
+    assert wait_for(lambda: browser.execute_script("return document.body.dataset.rendered") == "true", 30)
+    assert browser.execute_script("return Chart.getChart(document.querySelector('canvas')).data.datasets[2].data") \
+        == [0.75]
     assert REPO in urllib.request.urlopen(d.url + "/dashboard").read().decode()
     # a pull request closed without merging records nothing
     head6, p6 = pr_head(world, 6, {"x.txt": "1"})

@@ -112,27 +112,37 @@ def run_from_report(report: dict, *, repo: str, commit: str, branch: str, pr: in
 
 
 def environment(device: str) -> dict:
-    """The GPU and software the gate ran on (recorded in report.json as `environment`)."""
+    """The GPU and software the gate ran on (recorded in report.json as `environment`). Nothing is
+    imported and CUDA is not initialised here: versions come from the installed packages' metadata,
+    the GPU's name from nvidia-smi (the first device CUDA_VISIBLE_DEVICES shows)."""
     import platform
+    from importlib import metadata
 
     from kernalin_ci import __version__
 
-    env: dict = {"python": platform.python_version(), "kernalin_ci": __version__, "gpu": None}
-    try:
-        import torch
-
-        env["torch"] = torch.__version__
-        if device == "cuda" and torch.cuda.is_available():
-            env["gpu"] = torch.cuda.get_device_name(0)
-            env["cuda"] = torch.version.cuda
-    except Exception as e:  # an environment without torch still records what it can
-        env["torch"] = f"unavailable ({type(e).__name__})"
-    try:
-        import triton
-
-        env["triton"] = triton.__version__
-    except Exception as e:
-        env["triton"] = f"unavailable ({type(e).__name__})"
-    if env["gpu"] is None:
-        env["gpu"] = "none (CPU interpreter)" if device == "cpu" else "unknown"
+    env: dict = {"python": platform.python_version(), "kernalin_ci": __version__}
+    for pkg in ("torch", "triton"):
+        try:
+            env[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            env[pkg] = "not installed"
+    env["gpu"] = _gpu_name() if device == "cuda" else "none (CPU interpreter)"
     return env
+
+
+def _gpu_name() -> str:
+    import os
+    import shutil
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return "unknown (no nvidia-smi)"
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    try:
+        r = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"] + (["-i", first] if first else []),
+                           capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"unknown ({type(e).__name__})"
+    name = r.stdout.strip().splitlines()[0].strip() if r.returncode == 0 and r.stdout.strip() else ""
+    return name or "unknown (nvidia-smi failed)"

@@ -76,7 +76,11 @@ def find_changes(s: Series) -> None:
     if len(gpus) > 1:  # times of different GPUs are not one series; analyse the newest GPU's
         newest = timed[-1][1].gpu
         timed = [(i, p) for i, p in timed if p.gpu == newest]
-    found = changepoints.detect([p.head_ms for _, p in timed])
+    try:
+        found = changepoints.detect([p.head_ms for _, p in timed])
+    except ImportError:
+        s.analysed = "not analysed (ruptures is not installed: pip install 'kernalin-ci[history]')"
+        return
     if found is None:
         s.analysed = f"too few timed commits ({len(timed)} < {changepoints.MIN_POINTS})"
         return
