@@ -192,3 +192,18 @@ def test_report_environment_is_what_is_installed_and_fits_the_schema():
     assert env["torch"] == metadata.version("torch") and env["triton"] == metadata.version("triton")
     assert env["gpu"] == "none (CPU interpreter)"
     jsonschema.validate(report([kernel("rope")]) | {"environment": env}, REPORT_SCHEMA)
+
+
+def test_daemon_history_settings():
+    from kernalin_ci.daemon.settings import parse
+    from kernalin_ci.errors import UsageError
+
+    s = parse({"state_dir": "/srv/k"}, "d.yml", {})
+    assert s.history and s.history_location == "/srv/k/jobs.sqlite3"  # in the job database
+    s = parse({"history": {"url": "postgresql://a@h/db"}}, "d.yml", {"KERNALIN_HISTORY_URL": "postgresql://b@h/db"})
+    assert s.history_location == "postgresql://b@h/db"  # the environment wins (a password belongs there)
+    assert not parse({"history": {"enabled": False}}, "d.yml", {}).history
+    with pytest.raises(UsageError, match="history.url"):
+        parse({"history": {"url": "mysql://h/db"}}, "d.yml", {})
+    with pytest.raises(UsageError, match="secrets are never passed"):
+        parse({"runner": {"env": {"KERNALIN_HISTORY_URL": "x"}}}, "d.yml", {})
