@@ -68,7 +68,8 @@ class Postgres:
         self.root.mkdir(parents=True, exist_ok=True)
         if self.user:
             shutil.chown(self.root, self.user)
-        self._run(str(PG_BIN / "initdb"), "-D", str(self.data), "-U", "kernalin", "--auth=trust", "-E", "UTF8", "--no-sync")
+        self._run(str(PG_BIN / "initdb"), "-D", str(self.data), "-U", "kernalin", "--auth=trust", "-E", "UTF8",
+                  "--no-sync")
         self._run(str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-l", str(self.root / "log"), "-w", "-o",
                   f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off", "start")
         return self

@@ -5,7 +5,6 @@ import os
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -207,3 +206,17 @@ def test_daemon_history_settings():
         parse({"history": {"url": "mysql://h/db"}}, "d.yml", {})
     with pytest.raises(UsageError, match="secrets are never passed"):
         parse({"runner": {"env": {"KERNALIN_HISTORY_URL": "x"}}}, "d.yml", {})
+
+
+def test_a_series_follows_the_gpu_the_timings_were_taken_on():
+    """The GPU of explain.provenance (where the kernel was timed) wins over the report's environment; times
+    of another GPU are not one series with these."""
+    runs = []
+    for i, t in enumerate(series_with_step(n=20, at=12)):
+        k = kernel("rope", bench(1.0, float(t) * (2.0 if i < 4 else 1.0)))  # the first 4 on a slower GPU
+        k["explain"] = {"provenance": {"start": {"gpu_name": "NVIDIA A10" if i < 4 else "NVIDIA H200",
+                                                 "driver": "580.1", "clocks": {"sm": 1980}}}}
+        runs.append(run_from_report(report([k]), repo="acme/k", commit=sha(i), branch="main"))
+    assert runs[0].points[0].provenance == {"gpu_name": "NVIDIA A10", "driver": "580.1"}
+    (s,) = build(runs)
+    assert [c.first_commit for c in s.changes] == [sha(12)]  # not the GPU switch at commit 4

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 
 RECORD_VERSION = 1
 MAX_FINDINGS = 20  # findings kept per point (the report keeps them all)
+PROVENANCE_KEYS = ("gpu_name", "gpu_uuid", "driver", "torch", "cuda", "triton")
 
 
 @dataclass
@@ -30,6 +31,8 @@ class Point:
     base_ms: float | None = None  # median time per launch
     head_ms: float | None = None
     clock: str | None = None  # cuda-events | cpu-wall-clock
+    # where the timings were taken, when the report's explain.provenance says (gpu_name, driver, versions)
+    provenance: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -83,8 +86,10 @@ def points_of(report: dict) -> list[Point]:
         if k.get("status") == "unchanged":
             continue  # not run at this commit: its series goes on from the last commit that checked it
         v = k.get("verification") or None
+        start = (((k.get("explain") or {}).get("provenance") or {}).get("start") or {})
         common = dict(kernel=k["name"], status=k.get("status", ""), verification=(v or {}).get("verdict"),
-                      findings=_findings(v), failed_by=list(k.get("failed_by") or []))
+                      findings=_findings(v), failed_by=list(k.get("failed_by") or []),
+                      provenance={key: start[key] for key in PROVENANCE_KEYS if start.get(key) is not None})
         b = k.get("benchmark") or {}
         shapes = [s for s in b.get("shapes") or [] if isinstance(s, dict) and s.get("verdict")]
         if not shapes:

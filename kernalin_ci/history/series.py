@@ -61,7 +61,7 @@ def build(runs: list[Run]) -> list[Series]:
             s.points.append(SeriesPoint(
                 run.commit, run.base, run.pr, run.recorded_at, run.conclusion, run.report_url, p.verification,
                 p.findings, p.failed_by, p.verdict, p.ratio, p.hdi, p.p_slower, p.head_ms, p.base_ms, band,
-                (run.environment or {}).get("gpu")))
+                p.provenance.get("gpu_name") or (run.environment or {}).get("gpu")))
     for s in by_key.values():
         find_changes(s)
     return sorted(by_key.values(), key=lambda s: (s.kernel, s.shape))
