@@ -3,6 +3,7 @@ started from the system packages) with concurrent writers; the daemon recording 
 into its history (SQLite and PostgreSQL) and serving /dashboard, looked at in the browser too."""
 import json
 import shutil
+import urllib.error
 import urllib.request
 
 import pytest
@@ -119,7 +120,8 @@ def test_postgres_history_concurrent_writers_lose_nothing(postgres):
     check_all_there(open_store(postgres.url))
 
 
-def test_the_daemon_records_a_merged_pull_request_and_serves_the_dashboard(world, make_daemon, history_url, browser):
+def test_the_daemon_records_a_merged_pull_request_and_serves_the_dashboard(world, make_daemon, history_url, browser,
+                                                                           monkeypatch, tmp_path):
     d = make_daemon(**({"history": {"url": history_url}} if history_url else {}))
     head, payload = pr_head(world, 5, {"benchmark.json": json.dumps(bench(1.02, 0.75, "b32"))})
     status, answer = send(d, "pull_request", payload)
@@ -143,6 +145,17 @@ def test_the_daemon_records_a_merged_pull_request_and_serves_the_dashboard(world
     assert browser.execute_script("return Chart.getChart(document.querySelector('canvas')).data.datasets[2].data") \
         == [0.75]
     assert REPO in urllib.request.urlopen(d.url + "/dashboard").read().decode()
+    if history_url is None:  # without Chart.js installed: 503 with what to run, and the page says so
+        from kernalin_ci.dashboard import assets
+
+        monkeypatch.setattr(assets, "VENDOR", tmp_path / "no-vendor")
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(d.url + "/dashboard/assets/chart.umd.min.js")
+        assert e.value.code == 503 and "--fetch-assets" in e.value.read().decode()
+        browser.execute_cdp_cmd("Network.clearBrowserCache", {})  # it was served with max-age=3600
+        browser.get(d.url + f"/dashboard/{REPO}")
+        assert wait_for(lambda: browser.execute_script("return document.body.dataset.rendered") == "true", 30)
+        assert "Chart.js did not load" in browser.find_element("css selector", "#app").text
     # a pull request closed without merging records nothing
     head6, p6 = pr_head(world, 6, {"x.txt": "1"})
     closed6 = world.pull_request(REPO, 6, head6, world.repos[REPO].main, action="closed")

@@ -116,7 +116,10 @@
   }
 
   app.textContent = "";
-  if (!data.kernels.length) {
+  if (typeof Chart === "undefined") {  // the server has no Chart.js (docs/history.md): say so, draw nothing
+    app.append(el("p", { class: "error" }, "Chart.js did not load: run `kernalin-ci dashboard --fetch-assets` " +
+      "where this page is served from. The data is in this page as JSON (#kernalin-data)."));
+  } else if (!data.kernels.length) {
     app.append(el("p", {}, "No history recorded yet."));
   } else {
     app.append(el("h2", {}, "Overview"), overview(data.kernels));
