@@ -119,7 +119,8 @@ def test_a_kv_bug_fails_the_gate_and_only_that_kernel_is_checked(repo):
 # every optional dependency (pyproject's extras, less the core ones) and the module it installs
 OPTIONAL_MODULES = {"PyGithub": "github", "PyJWT": "jwt", "docker": "docker", "rq": "rq", "redis": "redis",
                     "pytest": "pytest", "jsonschema": "jsonschema", "cmarkgfm": "cmarkgfm",
-                    "openapi-schema-validator": "openapi_schema_validator", "mypy": "mypy", "nvidia-ml-py": "pynvml"}
+                    "openapi-schema-validator": "openapi_schema_validator", "mypy": "mypy", "nvidia-ml-py": "pynvml",
+                    "ruptures": "ruptures", "psycopg": "psycopg", "selenium": "selenium", "ruff": "ruff"}
 
 
 def test_the_local_gate_needs_no_optional_dependency(repo, tmp_path):

@@ -127,6 +127,9 @@ def run_gate(repo: Path, config_path: str | None, base: str | None, head: str | 
     for kr in report.kernels:
         _relativise(kr.verification, head_root)
     report.conclusion, report.reason = conclude(report)
+    from kernalin_ci.history.model import environment
+
+    report.environment = environment(device)
     report.seconds = time.perf_counter() - t0
     return report
 

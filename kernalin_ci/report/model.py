@@ -46,6 +46,7 @@ class Report:
     pr: int | None = None
     seconds: float = 0.0
     reproduce: str = ""
+    environment: dict = field(default_factory=dict)  # gpu, torch, triton, python, kernalin_ci (history)
     schema: int = SCHEMA_VERSION
     model: dict | None = None  # decode tokens/s and $/Mtok, base against head (docs/tokens.md); None: no `model:`
 

@@ -186,5 +186,8 @@ REPORT_SCHEMA = {
         "seconds": _num,
         "reproduce": {"type": "string"},
         "model": MODEL,
+        "environment": {"type": "object", "properties": {"gpu": _str_or_null, "torch": {"type": "string"},
+                                                         "triton": {"type": "string"}, "python": {"type": "string"},
+                                                         "kernalin_ci": {"type": "string"}}},
     },
 }
