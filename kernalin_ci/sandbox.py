@@ -20,6 +20,7 @@ the uid) and the limits actually in force; what could not be enforced is stated,
 """
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import signal
@@ -337,7 +338,7 @@ WORKER_MODES = ("auto", "on", "off")
 ENV_WORKER_SANDBOX = "KERNALIN_SANDBOX"  # auto (default) | on | off, for the kernel workers of this process
 _probe: dict = {}
 _warned: list = []
-_count = [0]
+_worker_ids = itertools.count(1)  # next() is atomic: workers start from several threads at once
 
 
 def worker_mode() -> str:
@@ -413,7 +414,7 @@ def worker_plan(job: dict, device: str, workdir: str, cwd: str | None) -> tuple[
         return None, {}
     from kernalin_ci.launch import child_path
 
-    _count[0] += 1
+    worker_id = f"worker-{os.getpid()}-{next(_worker_ids)}"  # its own cgroup: end_worker kills all of it
     here = os.path.realpath(cwd or os.getcwd())  # relative entries resolve against it, as outside
     readonly = sorted({os.path.realpath(p) for p in child_path(cwd) if os.path.isdir(p)}
                       | _named_paths(job) | {here})
@@ -429,7 +430,7 @@ def worker_plan(job: dict, device: str, workdir: str, cwd: str | None) -> tuple[
                 print(f"kernalin-ci: kernel workers run without a sandbox: {why}", file=sys.stderr)
             return None, {}
     settings.extra_ro = readonly
-    plan = prepare(settings, f"worker-{os.getpid()}-{_count[0]}", [Path(workdir)],
+    plan = prepare(settings, worker_id, [Path(workdir)],
                    gpu_device_nodes(None) if device == "cuda" else [])
     plan.argv_prefix[1:1] = ["--chdir", here]
     env = {"HOME": plan.home, "TMPDIR": plan.tmp, "XDG_CACHE_HOME": f"{plan.home}/.cache",
