@@ -144,8 +144,10 @@ def check_kernel(kr: KernelReport, k, cfg: Config, device: str, base_root: Path,
         from kernalin_ci.ops import get_op
 
         _, op_params = resolve_domain(get_op(k.op), k.params, k.domain)  # one declared value pins the shape
-        res = bench_pair(k.op, k.entry, k.entry, str(base_root), str(head_root), {**op_params, **k.bench},
-                         device, budget_s=cfg.gate.budget_s, rope_min=cfg.gate.rope, progress=progress)
+        shape_params = {kk: v for kk, v in k.bench.items() if kk != "regime"}
+        res = bench_pair(k.op, k.entry, k.entry, str(base_root), str(head_root), {**op_params, **shape_params},
+                         device, budget_s=cfg.gate.budget_s, rope_min=cfg.gate.rope, progress=progress,
+                         regime=k.bench.get("regime"))
         kr.benchmark = res.to_json()
         if res.failed:  # e.g. base and head disagree on an output, or the head crashed while timed
             kr.error = f"benchmark: {res.error}"
