@@ -123,3 +123,13 @@ def test_per_shape_rule_keeps_the_minimum_rounds_and_agrees_with_the_overall_at_
     overall, per = stats.compare_run(base, head, base2)
     alone = stats.compare_trace(base[:, 0], head[:, 0], base2[:, 0])
     assert overall.to_json() == per[0].to_json() == alone.to_json() and alone.verdict == "slower"
+
+
+def test_the_regime_in_kernalin_yml():
+    from kernalin_ci.config import parse
+
+    text = "kernels:\n  - name: a\n    op: rope\n    entry: a.py:f\n    bench: {tokens: 64, regime: %s}\n"
+    assert parse(text % "cold", "k.yml").kernels[0].bench == {"tokens": 64, "regime": "cold"}
+    with pytest.raises(UsageError) as e:
+        parse(text % "hot", "k.yml")
+    assert str(e.value).startswith("k.yml:5: kernels[0].bench.regime: must be one of warm, cold")
