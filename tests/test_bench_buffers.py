@@ -133,3 +133,10 @@ def test_the_regime_in_kernalin_yml():
     with pytest.raises(UsageError) as e:
         parse(text % "hot", "k.yml")
     assert str(e.value).startswith("k.yml:5: kernels[0].bench.regime: must be one of warm, cold")
+
+
+def test_the_report_names_the_regime():
+    from kernalin_ci.report.text import measurement_note
+
+    assert "cold L2" in measurement_note({"rounds": 8, "clock": "cuda-events", "regime": "cold"})
+    assert "L2" not in measurement_note({"rounds": 8, "clock": "cuda-events"})  # older JSON: nothing invented
