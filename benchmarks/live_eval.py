@@ -58,7 +58,8 @@ OPS = {
     "attention.decode_paged": ("benchmarks/kernels/paged_attention.py", "decode_paged", {},
                                [("num_warps=2", "NUM_WARPS", 2), ("num_warps=8", "NUM_WARPS", 8)]),
 }
-CPU_SHAPES = {"kv_append": {"tokens": [1, 4]}, "rope": {"tokens": [1, 4]}}  # the interpreter is slow
+CPU_SHAPES = {"kv_append": {"tokens": [1, 4]}, "rope": {"tokens": [1, 4]},  # the interpreter is slow
+              "attention.decode": {"batch": 1, "kv_len": 8}, "attention.decode_paged": {"batch": 1, "kv_len": 8}}
 WINDOWS = (5, 10)
 EFFECT_MIN = 0.02  # the goal: every reference effect of 2% or more gets its direction
 
@@ -128,8 +129,10 @@ def reference(op_name: str, entries: list[tuple[str, str]], params: dict, device
                     fn(**kw)
             torch.cuda.synchronize()
         segs = _segments(prof, marker_names)
-        if len(segs) != iters * len(fns):
+        k = len(segs) // len(fns)  # the loop ends with the last entry: align the launches from the end
+        if k < iters // 2:
             raise RuntimeError(f"profiler: {len(segs)} launches found, expected {iters * len(fns)}")
+        segs = segs[len(segs) - k * len(fns):]
         for i in range(len(fns)):
             out[i].append(float(np.median(segs[i::len(fns)][2:])))
         del kw
@@ -200,7 +203,8 @@ class Noise:
 
 # ------------------------------------------------------------------ one benchmark call
 
-def bench_call(op_name: str, tmp: str, call: int, regime: str, args, device: str, noisy: bool) -> dict:
+def bench_call(op_name: str, tmp: str, call: int, regime: str, args, device: str, noisy: bool,
+               budget_s: float) -> dict:
     from kernalin_ci.bench.pair import bench_pair
 
     src, fn, shape_params, variants = OPS[op_name]
@@ -221,7 +225,7 @@ def bench_call(op_name: str, tmp: str, call: int, regime: str, args, device: str
     try:
         res = bench_pair(op_name, f"{copies['base']}:{fn}", f"{copies['head']}:{fn}",
                          os.path.dirname(copies["base"]), os.path.dirname(copies["head"]), shape_params, device,
-                         budget_s=1e6, reps=args.reps, max_rounds=args.rounds, adaptive=False, seed=call,
+                         budget_s=budget_s, reps=args.reps, max_rounds=args.rounds, adaptive=False, seed=call,
                          regime=regime, extra=extra, timeout_s=300.0)
     finally:
         if ctx:
@@ -265,10 +269,11 @@ def aa_trials(call: dict) -> list[dict]:
     out = []
     for bn, hn, fn in triples(call):
         b, h, f = arr[bn], arr[hn], arr[fn]
-        budgets = [(n, s) for n in WINDOWS if n <= R for s in range(0, R - n + 1, n)] + [(R, 0)]
-        for n, s in budgets:
+        budgets = [(n, s, n) for n in WINDOWS if n < R for s in range(0, R - n + 1, n)] + [("all", 0, R)]
+        for label, s, n in budgets:
             v, per = stats.compare_run(b[s:s + n], h[s:s + n], f[s:s + n])
-            out.append({"budget": n, "start": s, "triple": [bn, hn, fn], "verdict": v.verdict, "ratio": v.ratio,
+            out.append({"budget": label, "rounds": n, "start": s, "triple": [bn, hn, fn], "verdict": v.verdict,
+                        "ratio": v.ratio,
                         "floor": v.floor, "shapes": [p.verdict for p in per], "shape_ratios": [p.ratio for p in per]})
         v, per = adaptive_verdict(b, h, f)
         out.append({"budget": "adaptive", "start": 0, "triple": [bn, hn, fn], "verdict": v.verdict, "ratio": v.ratio,
@@ -286,11 +291,11 @@ def effect_trials(call: dict, ref: dict) -> list[dict]:
     for vname in call["variants"]:
         r_shapes = ref["ratios"][vname]
         r = float(np.exp(np.mean(np.log(r_shapes))))
-        for n in sorted({min(n, R) for n in (5, 10, R)}):
+        for label, n in [(n, n) for n in WINDOWS if n < R] + [("all", R)]:
             v, per = stats.compare_run(arr["base"][:n], arr[vname][:n], arr["base2"][:n])
             lo, hi = v.hdi[0] - v.floor, v.hdi[1] + v.floor
             want = "faster" if r <= 1 - EFFECT_MIN else "slower" if r >= 1 + EFFECT_MIN else None
-            out.append({"variant": vname, "budget": n, "reference": r, "reference_shapes": r_shapes,
+            out.append({"variant": vname, "budget": label, "rounds": n, "reference": r, "reference_shapes": r_shapes,
                         "verdict": v.verdict, "ratio": v.ratio, "hdi": list(v.hdi), "floor": v.floor,
                         "inside": bool(lo <= r <= hi), "expected": want,
                         "shapes": [p.verdict for p in per], "shape_ratios": [p.ratio for p in per],
@@ -319,10 +324,10 @@ def print_tables(results: dict) -> None:
         if not tr:
             continue
         cells = []
-        for b in (5, 10, r["rounds"], "adaptive"):
+        for b in (5, 10, "all", "adaptive"):
             o, n, s, ns = false_count(tr, b)
             cells += [f"{o}/{n}" if n else "-", f"{s}/{ns}" if ns else "-"]
-        full = [t for t in tr if t["budget"] == r["rounds"]]
+        full = [t for t in tr if t["budget"] == "all"]
         floors = [t["floor"] for t in full]
         ratios = [x for t in full for x in t["shape_ratios"]]
         print(f"| {r['pass']} | {r['regime']} | {r['op']} | {len(r['calls'])} x {len(full) // max(1, len(r['calls']))}"
@@ -335,7 +340,7 @@ def print_tables(results: dict) -> None:
     for key, r in results["runs"].items():
         for c, eff in enumerate(r["effects"]):
             for e in eff:
-                if e["budget"] != r["rounds"]:
+                if e["budget"] != "all":
                     continue
                 right = "-" if e["expected"] is None else ("yes" if e["verdict"] == e["expected"] else "**no**")
                 shapes = ", ".join(f"{x:.3f}->{v}" for x, v in zip(e["reference_shapes"], e["shapes"]))
@@ -353,19 +358,19 @@ def print_tables(results: dict) -> None:
                 continue
             effs = [e for r in rs for eff in r["effects"] for e in eff if e["expected"]]
             pw = []
-            for b in ("5", "10", "all"):
-                sel = [e for e in effs if (str(e["budget"]) == b if b != "all" else
-                                           e["budget"] == next(r["rounds"] for r in rs))]
+            for b in (5, 10, "all"):
+                sel = [e for e in effs if e["budget"] == b]
                 pw.append(f"{sum(e['verdict'] == e['expected'] for e in sel)}/{len(sel)}" if sel else "-")
             fa = []
-            for b in (5, 10, rs[0]["rounds"], "adaptive"):
+            for b in (5, 10, "all", "adaptive"):
                 o = n = 0
                 for r in rs:
                     oo, nn, _, _ = false_count(r["aa"], b)
                     o, n = o + oo, n + nn
                 fa.append(f"{o}/{n}" if n else "-")
             print(f"| {pas} | {regime} | {' | '.join(pw)} | {' | '.join(fa)} |")
-    print("\n## Regimes: per-launch time of the base (median, ms) and kernel-only reference (us)")
+    unit = next((r["reference"]["unit"] for r in results["runs"].values() if r.get("reference")), "us")
+    print(f"\n## Regimes: per-launch time of the base (bench median, ms) and the reference ({unit})")
     print("| op | shape | warm bench | cold bench | cold/warm | warm ref | cold ref | copies (cold) | "
           "same output addresses |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -443,18 +448,18 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="kernalin-live-") as tmp:
         for pas, regime, op, c in plan:
             key = f"{pas}/{regime}/{op}"
-            r = results["runs"].setdefault(key, {"pass": pas, "regime": regime, "op": op, "rounds": args.rounds,
-                                                 "calls": [], "aa": [], "effects": [], "reference": None})
-            elapsed = time.perf_counter() - T0
+            r = results["runs"].setdefault(key, {"pass": pas, "regime": regime, "op": op, "calls": [], "aa": [],
+                                                 "effects": [], "reference": None})
             guess = float(np.median(per_call)) if per_call else 0.0
-            if elapsed + guess > args.budget_s:
+            if time.perf_counter() - T0 + guess > args.budget_s:
                 results["skipped"].append(f"{key} call {c}")
                 continue
+            t = time.perf_counter()
             if (op, regime) not in refs:
                 refs[(op, regime)] = measure_reference(op, regime, args, tmp)
             r["reference"] = refs[(op, regime)]
-            t = time.perf_counter()
-            call = bench_call(op, tmp, c, regime, args, args.device, pas == "noisy")
+            left = args.budget_s - (time.perf_counter() - T0)  # the timing rounds stop there at the latest
+            call = bench_call(op, tmp, c, regime, args, args.device, pas == "noisy", max(1.0, left))
             per_call.append(time.perf_counter() - t)
             r["calls"].append(call)
             r["aa"] += aa_trials(call)

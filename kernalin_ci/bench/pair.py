@@ -76,8 +76,8 @@ class BenchResult:
                 "clock": self.clock, "clock_note": CLOCK_NOTE.get(self.clock, ""), "shapes": self.shapes,
                 "rounds": self.rounds, "seconds": self.seconds, "bench_seconds": self.bench_seconds,
                 "setup_seconds": self.setup_seconds, "stopped": self.stopped, "budget_s": self.budget_s,
-                "l2_flush": self.l2_flush, "regime": self.regime, "reps": self.reps, "error": self.error, "error_kind": self.error_kind,
-                "notes": self.notes}
+                "l2_flush": self.l2_flush, "regime": self.regime, "reps": self.reps, "error": self.error,
+                "error_kind": self.error_kind, "notes": self.notes}
 
 
 def bench_pair(op: str, base_entry: str, head_entry: str, base_root: str | None = None,
