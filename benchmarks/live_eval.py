@@ -317,8 +317,8 @@ def print_tables(results: dict) -> None:
     print("\n## A/A false verdicts (faster/slower on identical copies): overall and per shape")
     print("| pass | regime | op | trials (calls x triples) | n=5 overall | n=5 per shape | n=10 overall | "
           "n=10 per shape | all rounds overall | all rounds per shape | adaptive overall | adaptive per shape | "
-          "median floor | A/A ratio range |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "median floor | A/A ratio range | false by shape (every budget) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for key, r in results["runs"].items():
         tr = r["aa"]
         if not tr:
@@ -330,9 +330,11 @@ def print_tables(results: dict) -> None:
         full = [t for t in tr if t["budget"] == "all"]
         floors = [t["floor"] for t in full]
         ratios = [x for t in full for x in t["shape_ratios"]]
+        by_shape = ", ".join(f"{sum(t['shapes'][i] in ('faster', 'slower') for t in tr)}/{len(tr)}"
+                             for i in range(len(tr[0]["shapes"])))
         print(f"| {r['pass']} | {r['regime']} | {r['op']} | {len(r['calls'])} x {len(full) // max(1, len(r['calls']))}"
               f" | {' | '.join(cells)} | {100 * np.median(floors):.2f}% | "
-              f"{min(ratios):.4f}..{max(ratios):.4f} |")
+              f"{min(ratios):.4f}..{max(ratios):.4f} | {by_shape} |")
     print("\n## Known-effect pairs (all rounds): reference = torch.profiler kernel-only device time")
     print("| pass | regime | op | variant | call | reference | verdict | head/base | 95% HDI | floor | "
           "reference in HDI +- floor | direction right (reference off by >= 2%) | per shape: ref -> verdict |")
@@ -369,6 +371,23 @@ def print_tables(results: dict) -> None:
                     o, n = o + oo, n + nn
                 fa.append(f"{o}/{n}" if n else "-")
             print(f"| {pas} | {regime} | {' | '.join(pw)} | {' | '.join(fa)} |")
+    print("\n## Regime summary (quiet pass; the default regime is chosen from this and the table below)")
+    print("| regime | A/A false verdicts, overall (every budget) | A/A false, per shape | reference in HDI +- floor | "
+          "direction right (reference off by >= 2%) | median A/A floor |")
+    print("|---|---|---|---|---|---|")
+    for regime in results["regimes"]:
+        rs = [r for r in results["runs"].values() if r["pass"] == "quiet" and r["regime"] == regime]
+        aa = [t for r in rs for t in r["aa"]]
+        effs = [e for r in rs for eff in r["effects"] for e in eff if e["budget"] == "all"]
+        if not aa:
+            continue
+        fo = sum(t["verdict"] in ("faster", "slower") for t in aa)
+        fs = sum(v in ("faster", "slower") for t in aa for v in t["shapes"])
+        ns = sum(len(t["shapes"]) for t in aa)
+        want = [e for e in effs if e["expected"]]
+        print(f"| {regime} | {fo}/{len(aa)} | {fs}/{ns} | {sum(e['inside'] for e in effs)}/{len(effs)} | "
+              f"{sum(e['verdict'] == e['expected'] for e in want)}/{len(want)} | "
+              f"{100 * np.median([t['floor'] for t in aa]):.2f}% |")
     unit = next((r["reference"]["unit"] for r in results["runs"].values() if r.get("reference")), "us")
     print(f"\n## Regimes: per-launch time of the base (bench median, ms) and the reference ({unit})")
     print("| op | shape | warm bench | cold bench | cold/warm | warm ref | cold ref | copies (cold) | "

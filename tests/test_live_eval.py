@@ -13,7 +13,7 @@ def test_live_eval_runs_on_the_cpu_and_writes_every_table(tmp_path):
     r = subprocess.run([sys.executable, "benchmarks/live_eval.py", "--device", "cpu", "--quick", "--ops", "kv_append",
                         "--regimes", "cold", "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    for title in ("A/A false verdicts", "Known-effect pairs", "Power and false alarms", "Regimes"):
+    for title in ("A/A false verdicts", "Known-effect pairs", "Power and false alarms", "Regime summary", "Regimes:"):
         assert f"## {title}" in r.stdout
     res = json.loads(out.read_text())
     run = res["runs"]["quiet/cold/kv_append"]

@@ -222,12 +222,14 @@ class Runner:
             raise BenchAbort("entry-error", f"{self.name}: the entry raised {type(e).__name__}: "
                                             f"{' '.join(str(e).split())[:300]}") from None
 
-    def launches(self):
-        """The `inner` launches of one sample, each on its ring entry; returns the last return value."""
+    def launches(self, raw: bool = False):
+        """The `inner` launches of one sample, each on its ring entry; returns the last return value.
+        raw: the entry's own exceptions pass through (inside a graph capture)."""
         ring = self.inputs.ring
+        call = (lambda kw: self.fn(**kw)) if raw else self.call
         ret = None
         for j in range(self.inner):
-            ret = self.call(ring[j % len(ring)])
+            ret = call(ring[j % len(ring)])
         return ret
 
     def warm_up(self, calls: int = 3) -> None:
@@ -285,7 +287,7 @@ class CudaClock:
         timing = "cuda-graph"
         try:
             for r in runners:
-                r.graph_check, r.check_ret = r.capture(r.call)
+                r.graph_check, r.check_ret = r.capture(lambda: r.fn(**r.kw))
         except Exception as e:
             timing = "eager"
             note = " ".join(str(e).split())[:200]
@@ -301,7 +303,7 @@ class CudaClock:
         for r in runners:
             r.inner = inner
             if timing == "cuda-graph":
-                r.graph_time, ret = r.capture(r.launches, pool)
+                r.graph_time, ret = r.capture(lambda: r.launches(raw=True), pool)
                 r.out_ptrs = _tensor_ptrs(ret)
                 del ret  # freed into the shared pool: the next instance's capture reuses the same memory
             emit({"event": "setup-step", "message": f"{label}: {r.name} ready"})
