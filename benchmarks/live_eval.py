@@ -3,6 +3,7 @@
     python3 benchmarks/live_eval.py                      # default: <= 8 minutes on one H200
     python3 benchmarks/live_eval.py --quick              # <= 2 minutes, a smoke run
     python3 benchmarks/live_eval.py --noise              # adds the noisy pass (a competing stream)
+    python3 benchmarks/live_eval.py --noise-only         # the noisy pass alone (about 4 minutes)
     python3 benchmarks/live_eval.py --device cpu --quick # the code path under the Triton interpreter (no figures)
 
 Ops: kv_append and rope at tokens 1, 64, 256; attention.decode and attention.decode_paged at their
@@ -428,6 +429,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ref-iters", type=int, default=60, help="profiled launches per entry and shape")
     ap.add_argument("--noise", action="store_true", help="also a noisy pass (a competing CUDA stream)")
     ap.add_argument("--noise-calls", type=int, default=2, help="calls per op and regime in the noisy pass")
+    ap.add_argument("--noise-only", action="store_true", help="only the noisy pass (a second run of the script)")
     ap.add_argument("--budget-s", type=float, default=420.0, help="start no new call after this (seconds)")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "live_eval.json"))
     args = ap.parse_args(argv)
@@ -460,7 +462,8 @@ def main(argv=None) -> int:
     else:
         say("CPU (Triton interpreter): the code path only; the figures mean nothing")
     results = {"device": args.device, "args": vars(args), "ops": ops, "regimes": regimes, "runs": {}, "skipped": []}
-    passes = [("quiet", args.calls)] + ([("noisy", args.noise_calls)] if args.noise else [])
+    passes = ([] if args.noise_only else [("quiet", args.calls)]) + \
+        ([("noisy", args.noise_calls)] if args.noise or args.noise_only else [])
     plan = [(pas, regime, op, c) for pas, n in passes for regime in regimes for op in ops for c in range(n)]
     per_call = []
     refs: dict = {}
