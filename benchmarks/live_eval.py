@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import re
 import shutil
@@ -320,7 +319,7 @@ def print_tables(results: dict) -> None:
           "n=10 per shape | all rounds overall | all rounds per shape | adaptive overall | adaptive per shape | "
           "median floor | A/A ratio range | false by shape (every budget) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for key, r in results["runs"].items():
+    for r in results["runs"].values():
         tr = r["aa"]
         if not tr:
             continue
@@ -340,7 +339,7 @@ def print_tables(results: dict) -> None:
     print("| pass | regime | op | variant | call | reference | verdict | head/base | 95% HDI | floor | "
           "reference in HDI +- floor | direction right (reference off by >= 2%) | per shape: ref -> verdict |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for key, r in results["runs"].items():
+    for r in results["runs"].values():
         for c, eff in enumerate(r["effects"]):
             for e in eff:
                 if e["budget"] != "all":
@@ -404,10 +403,10 @@ def print_tables(results: dict) -> None:
         if not some:
             continue
         for i, shape in enumerate(some["calls"][0]["shapes"]):
-            def med(r):
+            def med(r, i=i):
                 return float(np.median(np.asarray(r["calls"][0]["instances"]["base"])[:, i])) if r else float("nan")
 
-            def refv(r):
+            def refv(r, i=i):
                 return r["reference"]["base"][i] if r and r.get("reference") else float("nan")
             same = {str(cl.get("same_output_addresses")) for rr in (w, c) if rr for cl in rr["calls"]}
             print(f"| {op} | {shape} | {med(w):.5f} | {med(c):.5f} | {med(c) / med(w):.3f} | {refv(w):.2f} | "

@@ -287,7 +287,7 @@ class CudaClock:
         timing = "cuda-graph"
         try:
             for r in runners:
-                r.graph_check, r.check_ret = r.capture(lambda: r.fn(**r.kw))
+                r.graph_check, r.check_ret = r.capture(lambda r=r: r.fn(**r.kw))
         except Exception as e:
             timing = "eager"
             note = " ".join(str(e).split())[:200]
@@ -303,7 +303,7 @@ class CudaClock:
         for r in runners:
             r.inner = inner
             if timing == "cuda-graph":
-                r.graph_time, ret = r.capture(lambda: r.launches(raw=True), pool)
+                r.graph_time, ret = r.capture(lambda r=r: r.launches(raw=True), pool)
                 r.out_ptrs = _tensor_ptrs(ret)
                 del ret  # freed into the shared pool: the next instance's capture reuses the same memory
             emit({"event": "setup-step", "message": f"{label}: {r.name} ready"})
