@@ -216,6 +216,12 @@ def _kernel(w: _Where, node, key: str, taken: set) -> Kernel:
     if dtype is not None and domain.get("dtype") and dtype not in _as_list(domain["dtype"]):
         raise w.err(m["dtype"][1], f"{key}.dtype", f"{dtype} is outside the declared domain.dtype")
     bench = _scalar(w, m, key, "bench", dict, default={}) or {}
+    if "regime" in bench:
+        from kernalin_ci.bench.regime import REGIMES
+
+        if bench["regime"] not in REGIMES:
+            raise w.err(m["bench"][1], f"{key}.bench.regime",
+                        f"must be one of {', '.join(REGIMES)}, got {bench['regime']!r}")
     timeout = _scalar(w, m, key, "timeout", float)
     if timeout is not None and timeout <= 0:
         raise w.err(m["timeout"][1], f"{key}.timeout", "must be positive")
@@ -326,7 +332,8 @@ kernels:
     # domain: {head_dim: [64, 128], dtype: [float16, bfloat16]}  # the shapes your model uses (default: found)
     sources: ["kernels/common/*.py"]  # more files that count as this kernel (globs); optional
     # dtype: bfloat16                 # verify every case in one dtype (default: float32 + fp16/bf16 sweep)
-    # bench: {batch: 64, kv_len: 8192}  # benchmark shape params (default: the op's decode shapes)
+    # bench: {batch: 64, kv_len: 8192}  # benchmark shape params (default: the op's decode shapes);
+    #                                   # regime: warm | cold (docs/benchmarking.md)
 
 gate:
   fail_on: [finding, slower]          # also: inconclusive, not-analysed

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import sys
 
+from kernalin_ci.bench.regime import DEFAULT_REGIME, REGIMES
 from kernalin_ci.commands._common import parse_params, resolve_device, write_json
 from kernalin_ci.commands.compare import fraction
 from kernalin_ci.errors import UsageError
@@ -31,6 +32,9 @@ def add_arguments(p):
     p.add_argument("--l2-flush", dest="l2_flush", action="store_true", default=None,
                    help="flush the L2 cache before every sample (default on)")
     p.add_argument("--no-l2-flush", dest="l2_flush", action="store_false")
+    p.add_argument("--regime", choices=REGIMES, default=None,
+                   help="warm: back-to-back launches on the same inputs; cold: every launch on inputs not in L2 "
+                        f"(default: {DEFAULT_REGIME})")
     p.add_argument("--seed", type=int, default=0, help="seed of the inputs and of the timing order")
     p.add_argument("--timeout", type=float, metavar="S", help="seconds without progress before the run is killed")
     p.add_argument("--json", metavar="PATH|-", help="write the verdict JSON")
@@ -55,7 +59,8 @@ def run(args) -> int:
         budget_s=args.budget_s if args.budget_s is not None else DEFAULT_BUDGET_S,
         rope_min=fraction(args.rope_min) if args.rope_min is not None else stats.ROPE_MIN,
         rope=fraction(args.rope) if args.rope is not None else None, reps=args.reps, l2_flush=args.l2_flush,
-        max_rounds=args.max_rounds, seed=args.seed, timeout_s=args.timeout, progress=not args.quiet)
+        max_rounds=args.max_rounds, seed=args.seed, regime=args.regime, timeout_s=args.timeout,
+        progress=not args.quiet)
     if args.trace and result.trace is not None:
         save_trace(result.trace, args.trace)
     write_json(result.to_json(), args.json)
@@ -77,7 +82,8 @@ def print_result(result, out) -> None:
     print(verdict_line(v, f"{result.op} {result.head} vs {result.base}"), file=out)
     print(f"  {mass_sentence(v.to_json())}", file=out)
     clock = "GPU seconds" if result.clock == "cuda-events" else "CPU wall-clock seconds"
-    print(f"  {result.rounds} rounds, {result.bench_seconds:.1f} {clock} timing (stopped: {result.stopped}), "
+    print(f"  {result.rounds} rounds, {result.bench_seconds:.1f} {clock} timing, {result.regime} regime "
+          f"(stopped: {result.stopped}), "
           f"{result.setup_seconds:.1f} s setup, {result.seconds:.1f} s in all", file=out)
     for s in result.shapes:
         if s.get("verdict"):

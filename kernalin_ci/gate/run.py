@@ -162,13 +162,13 @@ def check_kernel(kr: KernelReport, k, cfg: Config, device: str, base_root: Path,
         from kernalin_ci.ops import get_op
 
         _, op_params = resolve_domain(get_op(k.op), k.params, k.domain)  # one declared value pins the shape
-        params = {**op_params, **k.bench}
+        params = {**op_params, **{kk: v for kk, v in k.bench.items() if kk != "regime"}}
         plan = explain.plan_kernel(kr, k, k.op, params, device, base_root, head_root)  # docs/benchmarking.md
         if plan is not None and plan.skip_timing:
             return
         res = bench_pair(k.op, k.entry, k.entry, str(base_root), str(head_root), params,
                          device, budget_s=cfg.gate.budget_s, rope_min=cfg.gate.rope, progress=progress,
-                         shapes=plan.to_time if plan is not None else None)
+                         shapes=plan.to_time if plan is not None else None, regime=k.bench.get("regime"))
         kr.benchmark = res.to_json()
         if res.failed:  # e.g. base and head disagree on an output, or the head crashed while timed
             kr.error = f"benchmark: {res.error}"

@@ -70,6 +70,7 @@ VERDICT = {"type": "object",
                           "rope_source": _str_or_null, "floor": _num_or_null, "aa_ratio": _num_or_null,
                           "aa_hdi": {"type": ["array", "null"], "items": _num},
                           "shapes": {"type": ["array", "null"]}, "seconds": _num_or_null, "clock": _str_or_null,
+                          "regime": _str_or_null,
                           "posterior_hist": {"type": ["object", "null"], "required": ["edges", "density"],
                                              "properties": {"edges": {"type": "array", "items": _num},
                                                             "density": {"type": "array", "items": _num}}}}}

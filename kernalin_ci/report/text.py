@@ -192,7 +192,7 @@ def mass_sentence(b: dict) -> str:
 
 
 def measurement_note(b: dict) -> str:
-    """'24 rounds · 18.2 s · CUDA events · A/A floor 0.05%', from the fields that are present."""
+    """'24 rounds · 18.2 s · CUDA events · warm L2 · A/A floor 0.05%', from the fields that are present."""
     parts = []
     if isinstance(b.get("rounds"), int):
         parts.append(f"{b['rounds']} rounds")
@@ -202,6 +202,8 @@ def measurement_note(b: dict) -> str:
              "cpu-wall-clock": "CPU wall clock"}.get(b.get("clock"), b.get("clock"))
     if clock:
         parts.append(str(clock))
+    if b.get("regime") in ("warm", "cold"):
+        parts.append(f"{b['regime']} L2")
     if _finite(b.get("floor")):
         parts.append(f"A/A floor {percent(b['floor'], 2)}")
     shapes = b.get("shapes")
