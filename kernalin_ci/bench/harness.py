@@ -65,7 +65,6 @@ from kernalin_ci.verify.poison import bits
 TARGET_SAMPLE_S = {"cuda": 1e-3, "cpu": 5e-3}
 MAX_INNER = 10000
 L2_FLUSH_BYTES = 256 << 20  # several times the L2 of any current GPU (H100: 50 MB, H200: 60 MB)
-CLOCKS = {"cuda": "cuda-events", "cpu": "cpu-wall-clock"}
 COLD_L2_MULTIPLE = 2  # cold: each input tensor's copies span at least this many L2 sizes
 COLD_MAX_BYTES = {"cuda": 4 << 30, "cpu": 256 << 20}  # cold: all copies of one shape's inputs, at most
 DEFAULT_L2_BYTES = {"cuda": 50 << 20, "cpu": 32 << 20}  # when the device does not say (the CPU never does)
