@@ -118,3 +118,27 @@ def test_a_kernel_reads_no_credential_sees_no_process_reaches_no_host_and_leaves
     assert got["network"] != "connected" and not accepted
     assert left == [], "a process the kernel started outlived its worker"
     assert p.returncode == 1
+
+
+def test_workers_started_at_once_get_a_cgroup_each(open_dir, monkeypatch):
+    """Dynamic shards and the structural worker start from several threads at once; each must get its own
+    cgroup, since the end of a worker kills everything in its cgroup (two sharing one: SIGKILL)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kernalin_ci import sandbox
+
+    monkeypatch.setenv(sandbox.ENV_WORKER_SANDBOX, "on")
+    tmp_path = open_dir
+    work = [tmp_path / f"w{i}" for i in range(16)]
+    for w in work:
+        w.mkdir()
+    with ThreadPoolExecutor(16) as pool:
+        plans = list(pool.map(lambda w: sandbox.worker_plan({}, "cpu", str(w), str(tmp_path))[0], work))
+    try:
+        groups = [tuple(p.limits["cgroup"]) for p in plans]
+        if not any(groups):
+            pytest.skip("no cgroup can be made here")
+        assert len(set(groups)) == len(groups)
+    finally:
+        for p in plans:
+            sandbox.end_worker(p)
