@@ -7,4 +7,5 @@
   layer between other kernels, as in a decode step).
 """
 REGIMES = ("warm", "cold")
-DEFAULT_REGIME = "warm"  # pending the H200 run of benchmarks/live_eval.py (docs/statistics.md, "Live evaluation")
+DEFAULT_REGIME = "cold"  # H200 live evaluation: warm gave 25/360 false per-shape A/A verdicts, cold 0/210
+# (docs/statistics.md, "Live evaluation")
