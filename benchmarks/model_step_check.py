@@ -85,8 +85,9 @@ def check_estimate() -> list[str]:
         ends = Runner("ends", functools.partial(st.ends_part, spec, wk, pik, kern), {}, device)
         for r in (full, block, ends):
             clock.prepare([r], lambda ev: None, p.label)
-        variants = {"whole": lambda: clock.sample(full),
-                    "estimate": lambda: spec.layers / k * clock.sample(block) + clock.sample(ends)}
+        variants = {"whole": lambda full=full: clock.sample(full),
+                    "estimate": lambda block=block, ends=ends: spec.layers / k * clock.sample(block)
+                    + clock.sample(ends)}
         times = {n: [] for n in variants}
         parts = {"layers": [], "ends": []}
         for _ in range(ROUNDS):

@@ -90,7 +90,7 @@ def autotune_picks(k: dict, result, cases, op, params: dict) -> list[dict]:
             ms = {}
             for c in field:
                 f = load_candidate(k["entry"], root, c.params, None)
-                ms[c.name] = triton.testing.do_bench(lambda: f(**kw))
+                ms[c.name] = triton.testing.do_bench(lambda f=f, kw=kw: f(**kw))
             name = min(ms, key=ms.get)
         out.append({"shape": case.name, "pick": name, "seconds": time.perf_counter() - t0})
     return out

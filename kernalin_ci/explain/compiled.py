@@ -208,7 +208,7 @@ def run_job(job: dict, emit) -> None:
         case = Case.from_json(cj)
         host = HostOps()
 
-        def entry(**kw):
+        def entry(host=host, **kw):
             with host:
                 return fn(**kw)
 

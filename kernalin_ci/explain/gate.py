@@ -92,7 +92,7 @@ def after_bench(plan: Plan, kr, k, op_name: str, op_params: dict, device: str, h
     gpu = plan.env_start.get("gpu_name")
     peaks = peak_mod.gpu_peaks(gpu) if gpu else None
     by_name = {c.name: c for c in plan.cases}
-    for i, s in enumerate(bench.get("shapes") or []):
+    for s in bench.get("shapes") or []:
         case = by_name.get(s.get("shape"))
         t = op.traffic(case, params) if case is not None else None
         row: dict = {"shape": s.get("shape"), "model": None}

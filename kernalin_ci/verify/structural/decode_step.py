@@ -329,7 +329,7 @@ def _check_new_token_twice(cap, views, rep, bs, slots) -> str | None:
     Returns "registers" when the new token's score comes from registers and its slot is never read back."""
     path = None
     for view in views:
-        def from_k(op):
+        def from_k(op, view=view):
             return op.name == "tt.load" and view.loads.get(op) == "k"
 
         twice = [op for op, _ in attention.exps_of(view).of("score") if view.graph.reaches(op.operands[0], from_k)]
