@@ -124,6 +124,9 @@ class Op(ABC):
     written: tuple[str, ...] = ()  # inputs the entry may write; every other input must stay unchanged
     # True: outputs are judged bit for bit by `check` (whole buffers), not against `reference`
     exact: bool = False
+    # True: `inputs` and `reference` call the user's own code (the custom op): they run in the worker
+    # beside the entry, which hands their tensors back; the parent, which never imports user code, judges
+    user_code: bool = False
     # the module of kernalin_ci.verify.structural that analyses this op's compiled IR; None: no analysis
     structural: str | None = None
     # True: a benchmark round may redraw the floating-point inputs in place (standard normal); False: it
