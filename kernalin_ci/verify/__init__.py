@@ -1,8 +1,10 @@
 """verify(): run an entry's checks and return a VerifyResult.
 
 The parent never imports the user's code: dynamic checks run in worker child
-processes (kernalin_ci.isolate). A timeout or crash becomes a finding for the
-case in flight, and the remaining cases go on in a fresh child.
+processes (kernalin_ci.isolate), which hand back raw tensors only; the parent
+judges them (verify/judge.py), so the child cannot choose the verdict. A timeout
+or crash becomes a finding for the case in flight, and the remaining cases go on
+in a fresh child.
 """
 from __future__ import annotations
 
@@ -124,8 +126,10 @@ def run_cases(task: str, job: dict, cases: list[Case], device: str, timeout_s: f
     The parent knows which cases it asked for, in which order: each case-start and case-done event
     must name the case due next. `read_case(index, case, event, results_dir)` turns a case-done event
     into a CaseResult (verify/judge.py; results_dir is the private directory the worker writes its
-    result files into). An event out of turn, a malformed one, or a result the parent cannot accept is
-    a `bad-result` finding and stops that worker; a case that ends with no result is one too.
+    result files into); `read_case.part(...)`, where it exists, reads a case handed back in parts. A
+    result the parent cannot accept is a `bad-result` finding for that case; an event out of turn or a
+    malformed one is one too and stops that worker; so is a case that ends with no result, and a file
+    no event named.
     """
     from kernalin_ci.verify import exchange
     from kernalin_ci.verify.exchange import BadResult
@@ -212,9 +216,11 @@ def run_cases(task: str, job: dict, cases: list[Case], device: str, timeout_s: f
             outcome = run_task({**job, "task": task, "cases": [c.to_json() for c in cases], "start": start,
                                 "results": results}, device, timeout_s, on_event, env=env)
             i = state["in_flight"]
-            if i is not None:  # a result the dead child may have begun to write is not read
-                with contextlib.suppress(OSError):
-                    os.unlink(os.path.join(results, exchange.file_name(i)))
+            if i is not None:  # what the dead child may have begun to write for the case in flight is not read
+                for name in os.listdir(results):
+                    if name.startswith((f"case-{i}.", f"case-{i}-")):
+                        with contextlib.suppress(OSError):
+                            os.unlink(os.path.join(results, name))
             left = exchange.leftovers(results)
             if left:
                 run.findings.append(bad_result(f"the worker wrote files no result named: {', '.join(left[:5])}"
