@@ -60,3 +60,11 @@ def test_junk_symlinked_and_extra_result_files_are_bad_results():
 def test_early_done_and_malformed_events_fail(fn, says):
     res = verify(fn)
     assert classes(res) == {"bad-result"} and says in messages(res), res["findings"]
+
+
+def test_a_forged_end_of_the_decode_pipeline_fails():
+    r = cli("pipeline", "--kv-append", f"{FORGE}:forge_pipeline_steps", "--attention", f"{FORGE}:forge_pipeline_steps",
+            "--device", "cpu", "--steps", "4", "--quiet", "--json", "-", timeout=600)
+    assert r.returncode == 1, f"rc {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}"
+    res = json.loads(r.stdout)
+    assert classes(res) == {"bad-result"} and "after 0 of 4 steps" in messages(res), res["findings"]
