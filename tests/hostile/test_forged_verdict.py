@@ -68,3 +68,38 @@ def test_a_forged_end_of_the_decode_pipeline_fails():
     assert r.returncode == 1, f"rc {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}"
     res = json.loads(r.stdout)
     assert classes(res) == {"bad-result"} and "after 0 of 4 steps" in messages(res), res["findings"]
+
+
+def test_claims_the_parent_cannot_accept_are_bad_results(tmp_path):
+    """The worker's words about a case that did not run (checked in the parent, no worker needed): 'unsupported'
+    at a declared shape, 'interpreter' on a GPU, a case moved to a shape that is none of its alternatives."""
+    from kernalin_ci import domain as dm
+    from kernalin_ci.ops import get_op
+    from kernalin_ci.ops.base import resolve_params
+    from kernalin_ci.verify.exchange import BadResult
+    from kernalin_ci.verify.judge import CaseReader
+
+    op = get_op("attention.decode")
+    params = resolve_params(op.name, op.params, {})
+    case = next(c for c in op.cases(params, "cpu", "float32") if c.dims["D"] == 64)
+    shape = dm.shape_text(dm.shape_of(op, case, params))
+    declared = dm.parse({"head_dim": 64, "num_q_heads": case.dims["Hq"], "num_kv_heads": case.dims["Hkv"],
+                         "dtype": "float32"}, op)
+
+    def read(domain, device, ev):
+        reader = CaseReader(op, params, domain, "float32", device, poison=True, root=None)
+        return reader(0, case, {"event": "case-done", "index": 0, **ev}, str(tmp_path))
+
+    unsupported = {"status": "not-run", "not_checked": {"shape": shape, "reason": "unsupported", "error": "x"}}
+    assert read(dm.Domain(), "cpu", unsupported).ran is None  # undeclared: accepted, as not checked
+    with pytest.raises(BadResult, match="a declared shape"):
+        read(declared, "cpu", unsupported)
+    interpreter = {"status": "not-run", "not_checked": {"reason": "interpreter", "error": "x"}}
+    assert read(dm.Domain(), "cpu", interpreter).ran is None
+    with pytest.raises(BadResult, match="claimed on cuda"):
+        read(dm.Domain(), "cuda", interpreter)
+    moved = dict(case.to_json(), dims={**case.dims, "D": 72})
+    with pytest.raises(BadResult, match="not one of its alternatives"):
+        read(dm.Domain(), "cpu", {"status": "ok", "file": "case-0.pt", "ran": moved,
+                                  "not_checked": {"shape": shape, "reason": "unsupported", "error": "x",
+                                                  "instead": "D=72"}})
