@@ -98,7 +98,7 @@ def run_phase(serve, world, repo, heads, prs: list[tuple[int, str]], timeout: fl
             raise SystemExit(f"delivery for {name} answered {status}: {answer}")
         sent.append((number, name, answer["jobs"][0], t0, ack))
     rows = []
-    for number, name, job_id, t0, ack in sent:
+    for number, name, job_id, _t0, ack in sent:
         job = wait_job(serve.get, job_id, timeout=timeout)
         runs = [r for r in world.standin.check_runs(REPO) if r["external_id"] == job_id]
         comments = world.standin.comments(REPO, number)

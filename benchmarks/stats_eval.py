@@ -117,7 +117,7 @@ def trials_for(src: Source) -> list[Trial]:
             out.append(Trial(src.name, kind, long_run_ratio(t, b, h), t[:, b][:, half], t[:, h][:, half],
                              base2[:, : len(half)] if base2.shape[1] >= len(half) else base2, design))
 
-    for gid, vs in by_group.items():  # A/A: two builds of one group
+    for vs in by_group.values():  # A/A: two builds of one group
         if len(vs) >= 3:
             for k in range(len(vs)):
                 add("aa", vs[k], vs[(k + 2) % len(vs)], vs[(k + 1) % len(vs)])

@@ -121,7 +121,8 @@ def main(argv=None) -> int:
         found = ", ".join(f"{c}@{ln}" for c, ln in row["findings"]) or "-"
         print(f"{row['verdict']:7s} {row['file']:58s} expected={str(row['expected']):22s} "
               f"found=[{found}] notices={len(row['notices'])} "
-              f"t={s.get('total', 0):.2f}s cpu={s.get('cpu', 0):.2f}s (capture {s.get('capture', 0):.2f}, compile {s.get('compile', 0):.2f}, "
+              f"t={s.get('total', 0):.2f}s cpu={s.get('cpu', 0):.2f}s (capture {s.get('capture', 0):.2f}, "
+              f"compile {s.get('compile', 0):.2f}, "
               f"interpret {s.get('interpret', 0):.2f}, analyse {s.get('analyse', 0):.2f})", flush=True)
         for n in row["notices"]:
             print(f"        note: {n[:200]}")

@@ -3,6 +3,10 @@
 #   pr/fused-exp2          rewrites the attention loop and drops the max subtraction
 #                          (invisible to a kv_len=1 probe): the gate must FAIL, naming the line;
 #   pr/wider-tiles         only widens the attention tiles: the gate must PASS;
+#   pr/fused-step-early-store  stores the fused decode step's new key before rotating it (at position 0
+#                          the rotation is the identity, so a pos-0 probe passes): the gate must FAIL
+#                          with kv-unrotated, dynamically (the 64-step loop, at step 0) and structurally,
+#                          naming the store's line;
 #   pr/exp2-softmax-step   (GPU, or KERNALIN_DEMO_ALL=1) touches the shared helper module,
 #                          so three kernels and the decode pipeline are gated: every verification
 #                          must pass; the gate's exit follows the measured speed (on an H200 the
@@ -21,9 +25,9 @@ rm -rf "$work/repo/prs"
 cd "$work/repo"
 git init -q -b main
 git add -A
-git -c user.name=demo -c user.email=demo@example.invalid commit -qm "base: four decode kernels"
+git -c user.name=demo -c user.email=demo@example.invalid commit -qm "base: five decode kernels"
 
-prs=("fused-exp2:1" "wider-tiles:0")
+prs=("fused-exp2:1" "wider-tiles:0" "fused-step-early-store:1")
 if [ "$device" = cuda ] || [ -n "${KERNALIN_DEMO_ALL:-}" ]; then prs+=("exp2-softmax-step:verified"); fi
 status=0
 for item in "${prs[@]}"; do

@@ -2,7 +2,8 @@
 
 Each subcommand is a module in kernalin_ci/commands/ with NAME, HELP,
 add_arguments(parser) and run(args) -> int. Exit codes (docs/cli.md):
-0 passed or nothing to check, 1 a finding or a failed gate, 2 usage/config/load error.
+0 passed or nothing to check, 1 a finding or a failed gate, 2 usage/config/load error,
+3 internal error (kernalin_ci.errors).
 """
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import argparse
 import importlib
 import pkgutil
 import sys
+import traceback
 
 from kernalin_ci import __version__
-from kernalin_ci.errors import UsageError
+from kernalin_ci.errors import EXIT_INTERNAL, EXIT_USAGE, UsageError, describe, log_text, write_log
 
 
 class _Parser(argparse.ArgumentParser):
@@ -47,21 +49,33 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
-        return 2
+        return EXIT_USAGE
     try:
         return int(args.func(args) or 0)
     except UsageError as e:
         if args.debug:
-            raise
-        print(f"kernalin-ci {args.command}: error: {e}", file=sys.stderr)
-        return 2
+            traceback.print_exc()
+        print(f"kernalin-ci {args.command}: error: {as_flag(e, args)}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print(f"kernalin-ci {args.command}: interrupted", file=sys.stderr)
         return 130
-    except Exception as e:
+    except Exception as e:  # InternalError, or any exception nobody expected: a bug of ours
+        text = log_text(e, ["kernalin-ci", *(sys.argv[1:] if argv is None else argv)])
         if args.debug:
-            raise
-        msg = " ".join(str(e).split())[:300]
-        print(f"kernalin-ci {args.command}: internal error: {type(e).__name__}: {msg} "
-              f"(run with --debug for the traceback)", file=sys.stderr)
-        return 2
+            print(text, file=sys.stderr, end="")
+            where = "traceback above"
+        else:
+            where = f"traceback in {write_log(text)}; --debug prints it"
+        print(f"kernalin-ci {args.command}: internal error: {describe(e)} ({where})", file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+def as_flag(e: UsageError, args: argparse.Namespace) -> str:
+    """The message, its leading setting name written as the flag the user passed (`dtype x: ...`
+    -> `--dtype x: ...`). Library code names settings, not flags: the value may have come from a
+    configuration file, where no flag was given."""
+    text = str(e)
+    if e.setting and text.startswith(e.setting) and getattr(args, e.setting, None) not in (None, False):
+        return "--" + e.setting.replace("_", "-") + text[len(e.setting):]
+    return text

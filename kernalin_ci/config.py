@@ -13,6 +13,7 @@ from kernalin_ci.errors import UsageError
 from kernalin_ci.ops import NAMES as OP_NAMES
 from kernalin_ci.ops import get_op
 from kernalin_ci.ops.base import DTYPES, resolve_params
+from kernalin_ci.throughput.spec import ModelSpec
 
 FAIL_ON = ("finding", "slower", "inconclusive", "not-analysed")
 DEFAULT_FILE = ".kernalin.yml"
@@ -29,6 +30,7 @@ class Kernel:
     dtype: str | None = None  # verify every case in this dtype (default: float32 + a half-precision sweep)
     bench: dict = field(default_factory=dict)  # benchmark shapes/params for the harness
     timeout: float | None = None
+    tune: dict = field(default_factory=dict)  # `kernalin-ci tune`'s search space (docs/tune.md)
 
     @property
     def entry_file(self) -> str | None:
@@ -59,6 +61,7 @@ class Config:
     kernels: list[Kernel]
     gate: Gate = field(default_factory=Gate)
     pipelines: list[Pipeline] = field(default_factory=list)
+    model: ModelSpec | None = None  # `model:`: decode tokens/s and $/Mtok (docs/tokens.md)
 
     def kernel(self, name: str) -> Kernel | None:
         return next((k for k in self.kernels if k.name == name), None)
@@ -133,7 +136,7 @@ def parse(text: str, path: str = DEFAULT_FILE) -> Config:
         raise UsageError(f"{path}:1: empty configuration (expected a 'kernels' list)")
     top = _mapping(w, root, "")
     # `daemon:` belongs to `kernalin-ci serve` (kernalin_ci/daemon/workspace.py reads it); the gate ignores it
-    _known(w, top, "", ("version", "kernels", "gate", "pipelines", "daemon"))
+    _known(w, top, "", ("version", "kernels", "gate", "pipelines", "model", "daemon"))
     if "version" in top and _py(top["version"][1]) != 1:
         raise w.err(top["version"][1], "version", "only version 1 is known")
     if "kernels" not in top:
@@ -153,12 +156,42 @@ def parse(text: str, path: str = DEFAULT_FILE) -> Config:
             raise w.err(pnode, "pipelines", "expected a list")
         for i, item in enumerate(pnode.value):
             cfg.pipelines.append(_pipeline(w, item, f"pipelines[{i}]", cfg))
+    if "model" in top:
+        cfg.model = _model(w, top["model"][1], cfg)
     return cfg
+
+
+def _model(w: _Where, node, cfg: Config) -> ModelSpec:
+    """`model:` (docs/tokens.md); its `kernels` resolved to the configuration's kernels, one per role: the one
+    named, else the only kernel of the role's op (attention: decode_paged before decode), else none (torch)."""
+    from kernalin_ci.throughput.spec import ROLE_OPS, parse_node
+
+    spec = parse_node(node, w.path)
+    named = dict(spec.kernels)
+    resolved: dict[str, str] = {}
+    for role, ops in ROLE_OPS.items():
+        if role in named:
+            k = cfg.kernel(named[role])
+            if k is None:
+                raise w.err(node, f"model.kernels.{role}", f"no kernel named {named[role]!r}")
+            if k.op not in ops:
+                raise w.err(node, f"model.kernels.{role}", f"kernel {k.name!r} is {k.op}, expected {' or '.join(ops)}")
+            resolved[role] = k.name
+            continue
+        for op in ops:
+            found = [k.name for k in cfg.kernels if k.op == op]
+            if len(found) > 1:
+                raise w.err(node, f"model.kernels.{role}", f"several {op} kernels ({', '.join(found)}): name one")
+            if found:
+                resolved[role] = found[0]
+                break
+    spec.kernels = resolved
+    return spec
 
 
 def _kernel(w: _Where, node, key: str, taken: set) -> Kernel:
     m = _mapping(w, node, key)
-    _known(w, m, key, ("name", "op", "entry", "params", "domain", "sources", "dtype", "bench", "timeout"))
+    _known(w, m, key, ("name", "op", "entry", "params", "domain", "sources", "dtype", "bench", "timeout", "tune"))
     name = _scalar(w, m, key, "name", str, required=True)
     if name in taken:
         raise w.err(m["name"][1], f"{key}.name", f"duplicate kernel name {name!r}")
@@ -183,10 +216,41 @@ def _kernel(w: _Where, node, key: str, taken: set) -> Kernel:
     if dtype is not None and domain.get("dtype") and dtype not in _as_list(domain["dtype"]):
         raise w.err(m["dtype"][1], f"{key}.dtype", f"{dtype} is outside the declared domain.dtype")
     bench = _scalar(w, m, key, "bench", dict, default={}) or {}
+    if "regime" in bench:
+        from kernalin_ci.bench.regime import REGIMES
+
+        if bench["regime"] not in REGIMES:
+            raise w.err(m["bench"][1], f"{key}.bench.regime",
+                        f"must be one of {', '.join(REGIMES)}, got {bench['regime']!r}")
     timeout = _scalar(w, m, key, "timeout", float)
     if timeout is not None and timeout <= 0:
         raise w.err(m["timeout"][1], f"{key}.timeout", "must be positive")
-    return Kernel(name, op, entry, params, domain, sources, dtype, bench, timeout)
+    return Kernel(name, op, entry, params, domain, sources, dtype, bench, timeout, _tune(w, m, key))
+
+
+def _tune(w: _Where, m: dict, key: str) -> dict:
+    """kernels[i].tune: {params: {NAME: [values]}, autotune: KERNEL | false} (docs/tune.md)."""
+    if "tune" not in m:
+        return {}
+    items = _mapping(w, m["tune"][1], f"{key}.tune")
+    _known(w, items, f"{key}.tune", ("params", "autotune"))
+    out: dict = {}
+    if "params" in items:
+        pm = _mapping(w, items["params"][1], f"{key}.tune.params")
+        out["params"] = {}
+        for name, (knode, vnode) in pm.items():
+            vals = _py(vnode)
+            if not name.isidentifier():
+                raise w.err(knode, f"{key}.tune.params.{name}", "expected an entry keyword name")
+            if not isinstance(vals, list) or not vals:
+                raise w.err(vnode, f"{key}.tune.params.{name}", "expected a non-empty list of candidate values")
+            out["params"][name] = vals
+    if "autotune" in items:
+        v = _py(items["autotune"][1])
+        if not (isinstance(v, str) or v is False):
+            raise w.err(items["autotune"][1], f"{key}.tune.autotune", "expected a kernel name or false")
+        out["autotune"] = v
+    return out
 
 
 def _as_list(v) -> list:
@@ -268,7 +332,8 @@ kernels:
     # domain: {head_dim: [64, 128], dtype: [float16, bfloat16]}  # the shapes your model uses (default: found)
     sources: ["kernels/common/*.py"]  # more files that count as this kernel (globs); optional
     # dtype: bfloat16                 # verify every case in one dtype (default: float32 + fp16/bf16 sweep)
-    # bench: {batch: 64, kv_len: 8192}  # benchmark shape params (default: the op's decode shapes)
+    # bench: {batch: 64, kv_len: 8192}  # benchmark shape params (default: the op's decode shapes);
+    #                                   # regime: warm | cold (docs/benchmarking.md)
 
 gate:
   fail_on: [finding, slower]          # also: inconclusive, not-analysed
@@ -282,4 +347,9 @@ gate:
 #     attention: paged_attention_kernel
 #     rope: rope_kernel
 #     steps: 64
+
+# model:                              # decode tokens/s and $/Mtok of your model, on a GPU (docs/tokens.md)
+#   preset: llama-3.1-8b              # llama-3.1-8b | llama-3.1-70b | qwen2.5-7b | mistral-7b, or the shape keys
+#   serving: [{batch: 1, context: 4096}, {batch: 64, context: 4096}]
+#   gpu_price_per_hour: 3.50          # USD per GPU-hour (default: an on-demand H200)
 """

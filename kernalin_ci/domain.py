@@ -124,19 +124,19 @@ def parse_cli(items: list[str] | None) -> dict:
     for item in items or []:
         key, sep, value = item.partition("=")
         if not sep or not key or not value:
-            raise UsageError(f"--domain {item!r}: expected KEY=VALUE[,VALUE...]")
+            raise UsageError(f"domain {item!r}: expected KEY=VALUE[,VALUE...]", setting="domain")
         vals = [v.strip() for v in value.split(",")]
         raw[key.strip()] = vals if len(vals) > 1 or key.strip() not in ("max_position",) else vals[0]
     return raw
 
 
-def resolve(op, raw_params: dict, raw_domain: dict | None, where: str = "--domain") -> tuple[Domain, dict]:
+def resolve(op, raw_params: dict, raw_domain: dict | None, where: str = "domain") -> tuple[Domain, dict]:
     """The declared domain and the params the case plan uses. The op's pins (head_dim=128 ...) declare
     one value; a pin that contradicts the domain is an error."""
     try:
         dom = parse(raw_domain or {}, op)
     except DomainError as e:
-        raise UsageError(f"{where}{' ' + e.key if e.key else ''}: {e}") from None
+        raise UsageError(f"{where}{' ' + e.key if e.key else ''}: {e}", setting=where or None) from None
     declared = {}
     known = {p.name for p in op.params}
     for axis in AXES + ("max_position",):
@@ -150,7 +150,8 @@ def resolve(op, raw_params: dict, raw_domain: dict | None, where: str = "--domai
         have = dom.values(axis) if axis != "max_position" else dom.max_position
         if have and (pin not in have if isinstance(have, tuple) else pin != have):
             shown = ", ".join(map(str, have)) if isinstance(have, tuple) else have
-            raise UsageError(f"{where} {axis}: param {axis}={pin} is outside the declared domain ({shown})")
+            raise UsageError(f"{where} {axis}: param {axis}={pin} is outside the declared domain ({shown})",
+                             setting=where or None)
         if not have:
             declared[axis] = (pin,) if axis != "max_position" else pin
     dom = replace(dom, **declared)

@@ -47,6 +47,11 @@ BUG_CLASSES: dict[str, str] = {
     "kv-coverage": "part of a token's Hkv * D elements never written (only the first head, half of D)",
     "stray-write": "bytes outside the intended write set changed",
     "offset-overflow": "32-bit address arithmetic that overflows once a buffer passes 2^31 elements",
+    # decode_step (a whole step: rotate, append, attend)
+    "step-order": "attention reads the new token's cache slot before this step's write of it lands",
+    "kv-unrotated": "keys written to the cache before the rotation (the cache holds k, not R(position) k)",
+    "rope-value": "the rotation applied to v (values are stored or attended rotated)",
+    "new-token-twice": "the new token enters the softmax twice (read back from the cache and taken from registers)",
 }
 
 

@@ -15,6 +15,7 @@ import tempfile
 import threading
 from dataclasses import dataclass, field
 
+from kernalin_ci import sandbox
 from kernalin_ci.launch import make_undumpable, module_argv
 
 
@@ -24,6 +25,30 @@ class Outcome:
     events: list = field(default_factory=list)
     detail: str = ""
     output_tail: str = ""
+
+    def raise_for_error(self, what: str) -> None:
+        """The one way a worker's end becomes an error: the child's UsageError is raised again here
+        (exit 2), its unexpected exception becomes an InternalError carrying the child's traceback
+        (exit 3). Any other status (ok, timeout, crashed, restart) is the caller's to judge: a kernel
+        that hangs or crashes is a finding, not an error."""
+        from kernalin_ci.errors import InternalError, UsageError
+
+        if self.status == "usage-error":
+            setting = next((e.get("setting") for e in self.events if e.get("event") == "usage-error"), None)
+            raise UsageError(self.detail, setting=setting)
+        if self.status == "internal-error":
+            tb = next((e.get("traceback", "") for e in self.events if e.get("event") == "internal-error"), "")
+            raise InternalError(f"the {what} worker failed: {self.detail}", detail=tb)
+
+    def ended(self) -> str:
+        """How a child that did not finish ended, in one line: the cause and, for a crash, the last
+        of its output (a segfault's message, an assertion)."""
+        return self.detail + self.last_output()
+
+    def last_output(self) -> str:
+        """'; last output: ...' after a crash (empty otherwise)."""
+        tail = " ".join(self.output_tail.split()[-40:])[-300:]
+        return f"; last output: {tail}" if tail and self.status == "crashed" else ""
 
 
 # The kernel worker's environment is an allowlist: what Python, torch, Triton and CUDA need, and the
@@ -63,22 +88,29 @@ def child_env(device: str, extra: dict | None = None) -> dict:
 
 
 def run_task(job: dict, device: str, timeout_s: float, on_event=None, env: dict | None = None,
-             cwd: str | None = None) -> Outcome:
-    """Run job (a dict with 'task') in `python -m kernalin_ci.worker` (isolated: launch.module_argv);
-    call on_event per event (when it returns False, the child is killed: status "refused"). This process is made non-dumpable first (the child must not read our
-    /proc/PID/environ)."""
+             cwd: str | None = None, writable: tuple[str, ...] = ()) -> Outcome:
+    """Run job (a dict with 'task') in `python -m kernalin_ci.worker` (isolated: launch.module_argv), in
+    the worker sandbox where bubblewrap can make one (sandbox.worker_plan); call on_event per event (when
+    it returns False, the child is killed: status "refused"). `writable`: folders the parent made for the
+    worker's results, which it may write besides its own work folder. This process is made non-dumpable
+    first (the child must not read our /proc/PID/environ)."""
     make_undumpable()
     with tempfile.TemporaryDirectory(prefix="kernalin-job-") as tmp:
-        job_path = os.path.join(tmp, "job.json")
+        work = os.path.join(tmp, "work")  # the only folder the sandboxed worker may write
+        os.mkdir(work)
+        job_path = os.path.join(work, "job.json")
         log_path = os.path.join(tmp, "output.log")
         with open(job_path, "w") as f:
             json.dump(job, f)
+        plan, sandbox_env = sandbox.worker_plan(job, device, work, cwd, writable)
+        argv = [*module_argv("kernalin_ci.worker", cwd=cwd), job_path]
         r, w = os.pipe()
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
-                [*module_argv("kernalin_ci.worker", cwd=cwd), job_path, str(w)],
+                [*(plan.argv_prefix if plan else []), *argv, str(w)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, pass_fds=(w,),
-                env=child_env(device, env), cwd=cwd, start_new_session=True)
+                env=child_env(device, {**(env or {}), **sandbox_env}), cwd=cwd, start_new_session=True,
+                preexec_fn=plan.preexec if plan else None)
         os.close(w)
         events: queue.Queue = queue.Queue()
 
@@ -119,6 +151,9 @@ def run_task(job: dict, device: str, timeout_s: float, on_event=None, env: dict 
         except subprocess.TimeoutExpired:
             _kill(proc)
             rc = proc.wait()
+        sandbox.end_worker(plan)
+        if plan is not None and rc is not None and 128 < rc < 160:
+            rc = 128 - rc  # bubblewrap exits 128 + N for a child killed by signal N
         if outcome.status == "crashed":
             outcome.detail = _describe_exit(rc)
         with open(log_path, "rb") as f:

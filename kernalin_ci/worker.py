@@ -18,11 +18,12 @@ TASKS = {
     "verify-pipeline": "kernalin_ci.verify.pipeline:run_job",
     "verify-structural": "kernalin_ci.verify.structural.task:run_job",
     "bench": "kernalin_ci.bench.harness:run_job",
+    "model-bench": "kernalin_ci.throughput.task:run_job",
+    "tune-discover": "kernalin_ci.tune.pin:discover_job",
+    "explain-compile": "kernalin_ci.explain.compiled:run_job",
+    "explain-env": "kernalin_ci.explain.provenance:run_job",
+    "explain-profile": "kernalin_ci.explain.profile:run_job",
 }
-
-
-def register(name: str, target: str) -> None:
-    TASKS[name] = target
 
 
 def main(argv: list[str]) -> int:
@@ -41,11 +42,15 @@ def main(argv: list[str]) -> int:
     try:
         if job.get("device") == "cuda":
             require_cuda()
-        target = job.get("target") or TASKS[job["task"]]
+        elif os.environ.get("TRITON_INTERPRET") == "1":
+            from kernalin_ci.verify.interp import int1_comparisons
+
+            int1_comparisons()  # the interpreter's int32-typed comparison results (verify/interp.py)
+        target = TASKS[job["task"]]
         mod, _, fn = target.partition(":")
         getattr(importlib.import_module(mod), fn)(job, emit)
     except UsageError as e:
-        emit({"event": "usage-error", "message": str(e)})
+        emit({"event": "usage-error", "message": str(e), "setting": e.setting})
         return 2
     except Exception as e:
         emit({"event": "internal-error", "message": f"{type(e).__name__}: {e}",
@@ -62,8 +67,8 @@ def require_cuda() -> None:
     from kernalin_ci.errors import UsageError
 
     if not torch.cuda.is_available():
-        raise UsageError(f"--device cuda: torch {torch.__version__} here cannot use the GPU "
-                         f"(a CPU-only build?); use --device cpu")
+        raise UsageError(f"device cuda: torch {torch.__version__} here cannot use the GPU "
+                         f"(a CPU-only build?); use the cpu device", setting="device")
 
 
 if __name__ == "__main__":

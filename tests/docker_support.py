@@ -211,7 +211,7 @@ print(json.dumps({"implementation_name": sys.implementation.name,
 """
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def marker_environment(client, image: str) -> dict:
     """The PEP 508 marker environment of IMAGE's python3."""
     r = run_container(client, image, ["-c", MARKER_ENVIRONMENT], entrypoint=["python3"], timeout=300)

@@ -82,3 +82,18 @@ def test_cached_results_are_caught_on_the_gpu(tmp_path):
     res = bench_pair("attention.decode", f"{K}:split_kv", "k.py:cached", str(REPO), str(tmp_path), LONG, "cuda",
                      max_rounds=3)
     assert res.failed and res.error_kind == "mismatch" and "round 1" in res.error
+
+
+@pytest.mark.parametrize("regime", ["warm", "cold"])
+def test_identical_copies_share_their_buffers_in_both_regimes(regime):
+    """Issue 12: base and its A/A copy get the same output addresses (one graph pool per shape); cold copies."""
+    rope = "benchmarks/kernels/rope.py:rope"
+    res = bench_pair("rope", rope, rope, str(REPO), str(REPO), {"tokens": [1, 256]}, "cuda", regime=regime,
+                     max_rounds=6, adaptive=False)
+    assert not res.failed, res.error
+    assert res.regime == regime and res.trace.meta["regime"] == regime
+    assert res.trace.meta["same_output_addresses"] == [True, True]
+    copies = [s["copies"] for s in res.shapes]
+    assert copies == [1, 1] if regime == "warm" else all(c > 1 for c in copies)
+    assert res.verdict.verdict in ("equivalent", "inconclusive")
+    assert all(s["verdict"] in ("equivalent", "inconclusive") for s in res.shapes)

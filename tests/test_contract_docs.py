@@ -240,6 +240,7 @@ def test_every_configuration_key_is_documented():
         "kernels[]": _allowed_keys("kernels:\n  - {name: a, bogus: 1}\n"),
         "gate": _allowed_keys(kernel + "gate: {bogus: 1}\n"),
         "pipelines[]": _allowed_keys(kernel + "pipelines:\n  - {bogus: 1}\n"),
+        "model": _allowed_keys(kernel + "model: {bogus: 1}\n"),
         "daemon": list(REPO_KEYS),
     }
     body = sections("docs/cli.md")["`.kernalin.yml`"]

@@ -618,6 +618,14 @@ def test_deployment_files_agree_with_the_daemon():
     env = compose["services"]["daemon"]["environment"]
     assert set(env) == {ENV_WEBHOOK_SECRET_FILE, ENV_APP_KEY_PATH}
     assert compose["services"]["daemon"]["command"][0] == "serve"
+    # Compose: jobs in their own containers (the daemon container holds /run/secrets), started through the
+    # host's socket; their mounts name host paths, so the state folder has the same path on both sides
+    small = load(root / "compose" / "daemon.yml", env={})
+    assert small.runner.backend == "docker"
+    for name in ("daemon", "worker"):
+        volumes = compose["services"][name]["volumes"]
+        assert f"{small.state_dir}:{small.state_dir}" in volumes
+        assert "/var/run/docker.sock:/var/run/docker.sock" in volumes
     for f in (root / "k8s").glob("*.yaml"):
         assert list(yaml.safe_load_all(f.read_text()))
     values = yaml.safe_load((root / "k8s" / "values-gpu-runners.yaml").read_text())

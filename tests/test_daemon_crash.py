@@ -3,7 +3,6 @@ and each result is posted exactly once (one check run per job, found again by it
 sticky comment per pull request, edited rather than duplicated)."""
 import sqlite3
 import time
-from pathlib import Path
 
 import pytest
 

@@ -119,7 +119,8 @@ def test_a_kv_bug_fails_the_gate_and_only_that_kernel_is_checked(repo):
 # every optional dependency (pyproject's extras, less the core ones) and the module it installs
 OPTIONAL_MODULES = {"PyGithub": "github", "PyJWT": "jwt", "docker": "docker", "rq": "rq", "redis": "redis",
                     "pytest": "pytest", "jsonschema": "jsonschema", "cmarkgfm": "cmarkgfm",
-                    "openapi-schema-validator": "openapi_schema_validator", "mypy": "mypy"}
+                    "openapi-schema-validator": "openapi_schema_validator", "mypy": "mypy", "nvidia-ml-py": "pynvml",
+                    "ruptures": "ruptures", "psycopg": "psycopg", "selenium": "selenium", "ruff": "ruff"}
 
 
 def test_the_local_gate_needs_no_optional_dependency(repo, tmp_path):
@@ -182,3 +183,30 @@ def test_unknown_revision_is_a_usage_error(repo):
     r, _ = run_gate_cli(repo, "--base", "no-such-branch")
     assert r.returncode == 2 and "unknown revision 'no-such-branch'" in r.stderr
     assert r.stderr.strip().count("\n") == 0
+
+
+# An entry that breaks the checker it runs in: the worker's own code then raises, as a bug of
+# kernalin-ci would (a real internal error in the real worker process, not a simulated one).
+BREAKS_THE_WORKER = ("import kernalin_ci.verify.support as _support\n"
+                     "_support.Support.run = None  # the worker's next case raises TypeError\n")
+
+
+def test_an_internal_error_in_one_kernel_is_recorded_and_the_gate_goes_on(repo):
+    git(repo, "checkout", "-qb", "pr")
+    cfg = (repo / ".kernalin.yml").read_text()
+    (repo / ".kernalin.yml").write_text(cfg[:cfg.index("pipelines:")])  # no pipeline: faster
+    edit(repo / "kernels/kv_cache.py", "import triton\n", "import triton\n" + BREAKS_THE_WORKER)
+    edit(repo / "kernels/rope.py", "import torch\n", "import torch  # touched: checked as well\n")
+    commit_all(repo, "kv: breaks the worker; rope: a comment")
+    r, report = run_gate_cli(repo, "--base", "main")
+    assert r.returncode == 1, r.stderr  # the gate ran to its end and failed that kernel
+    by = {k["name"]: k for k in report["kernels"]}
+    kv, rope = by["kv_append"], by["rope"]
+    assert kv["failed_by"] == ["error"] and kv["error"].startswith("internal error: the verify-dynamic worker "
+                                                                   "failed: TypeError"), kv["error"]
+    assert rope["status"] == "changed" and rope["failed_by"] == [] and rope["verification"]["findings"] == []
+    assert report["conclusion"] == "failure" and "kv_append (error)" in report["reason"]
+    log = r.stderr.split("traceback in ")[1].split(")")[0]  # the traceback is in the named log file
+    text = Path(log).read_text()
+    assert "in the worker child:" in text and "support.run(" in text
+    Path(log).unlink()

@@ -12,7 +12,7 @@ from kernalin_ci.ops import NAMES, get_op
 from kernalin_ci.ops.base import Op, resolve_params
 
 ATT = str(KERNELS / "torch_attention.py")
-STRUCTURAL = ("attention.decode", "attention.decode_paged", "rope", "kv_append")
+STRUCTURAL = ("attention.decode", "attention.decode_paged", "rope", "kv_append", "decode_step")
 
 
 def resolved(name, raw=None):
@@ -90,7 +90,7 @@ def test_capture_calls_come_in_preference_order():
         op = get_op(name)
         cases = op.capture_cases(resolved(name))
         assert [c.dims["D"] for c in cases] == [48, 64], name  # a head dim with a tail first, then a power of two
-        assert all(c.dtype == ("float32" if name == "rope" else "float16") for c in cases)
+        assert all(c.dtype == ("float32" if name in ("rope", "decode_step") else "float16") for c in cases)
         assert [c.dims["D"] for c in op.capture_cases(resolved(name, {"head_dim": 80}))] == [80]
     assert get_op("custom").capture_cases(resolved("custom")) == []
 

@@ -106,5 +106,6 @@ def test_judgement_flags_unexplained_findings():
     assert j.problems and j.word == "FALSE FINDING"
     j = corpus.judge(k, corpus.Outcome(k.id, "original", 0, [], [], "ran"))
     assert j.problems and j.word == "MANIFEST OUT OF DATE"
-    j = corpus.judge(k, corpus.Outcome(k.id, "original", 1, [known["bug_class"]], [known], "not analysed: capture failed"))
+    j = corpus.judge(k, corpus.Outcome(k.id, "original", 1, [known["bug_class"]], [known],
+                                       "not analysed: capture failed"))
     assert j.problems and j.word == "STRUCTURAL NOT RUN"

@@ -63,7 +63,7 @@ def changed_lines(path: Path) -> set:
     base = FIX / re.search(r"from (\w+\.py)", doc).group(1)
     old, new = base.read_text().splitlines(), path.read_text().splitlines()
     out = set()
-    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, old, new).get_opcodes():
+    for tag, _i1, _i2, j1, j2 in difflib.SequenceMatcher(None, old, new).get_opcodes():
         if tag != "equal" and j1 > 3:  # past the docstring
             out |= set(range(j1 + 1, max(j2, j1 + 1) + 1))
     return out

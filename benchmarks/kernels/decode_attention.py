@@ -18,6 +18,7 @@ import triton.language as tl
 
 SPLITS = 16
 BLOCK_N = 64
+NUM_WARPS = 4  # Triton's default; benchmarks/live_eval.py varies it, SPLITS and BLOCK_N
 
 
 @triton.jit
@@ -122,7 +123,7 @@ def _split(q, k_cache, v_cache, kv_lens, scale, extra_per_mille):
         q, k_cache, v_cache, kv_lens, mid_o, mid_m, mid_l, scale, 0.0, extra_per_mille,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        GROUP=Hq // Hkv, D=D, SPLITS=SPLITS, BLOCK_N=BLOCK_N)
+        GROUP=Hq // Hkv, D=D, SPLITS=SPLITS, BLOCK_N=BLOCK_N, num_warps=NUM_WARPS)
     _combine_kernel[(B, Hq)](mid_o, mid_m, mid_l, out, out.stride(0), out.stride(1), D=D, SPLITS=SPLITS)
     return out
 

@@ -10,6 +10,8 @@ import triton.language as tl
 
 from kernalin_ci import current_params
 
+NUM_WARPS = 4  # the launch config benchmarks/live_eval.py varies (Triton's default)
+
 
 @triton.jit
 def _rope_kernel(x, out, pos, log2_base, stride_t, stride_h, ostride_t, ostride_h,
@@ -40,7 +42,8 @@ def _rotate(x, out, positions, repeat):
     T, H, D = x.shape
     base = float(current_params().get("base", 10000.0))
     _rope_kernel[(T,)](x, out, positions, math.log2(base), x.stride(0), x.stride(1), out.stride(0), out.stride(1),
-                       H=H, BLOCK_H=triton.next_power_of_2(H), HALF=D // 2, REPEAT=repeat)
+                       H=H, BLOCK_H=triton.next_power_of_2(H), HALF=D // 2, REPEAT=repeat,
+                       num_warps=NUM_WARPS)
     return out
 
 

@@ -2,21 +2,39 @@
 
 Instances: the base entry, the head entry and a second, separately loaded copy of
 the base (from a copy of its tree) for the A/A noise floor; more may follow (the
-GPU benchmark script records extra variants). Per shape, each instance gets its
-own copy of the inputs. Per round and shape:
+GPU benchmark script records extra variants).
+
+Shared buffers. Per shape, every instance is timed on the SAME input buffers (and,
+on a GPU, its timing graph is captured into one memory pool shared by the
+instances of that shape, so identical code also gets identical output and scratch
+addresses). With a copy of the inputs per instance, each instance had its own
+memory placement, and on a 2 us kernel a placement offset of 0.5-1.5% is larger than
+the A/A floor: identical code was called `slower` (issue 12). Inputs an instance
+writes (a KV cache, an in-place rotation) are restored from the master copy before
+every other instance runs, so each instance starts from the same data.
+
+Regimes (`regime`): `warm` times `inner` back-to-back launches on the same inputs
+after one L2 flush per sample (launches 2..inner find the inputs in L2); `cold`
+gives every input tensor enough copies to span COLD_L2_MULTIPLE x the L2 (at most
+`inner` copies, COLD_MAX_BYTES in all) and launch j of a sample reads copy
+j mod n of each, so every launch reads memory that is not in L2.
+
+Per round and shape:
 
 1. fresh inputs: every floating-point input is redrawn in place from a seeded
    generator on the device (the op's generator built the initial tensors, so
    lengths, tables, positions and slots keep the op's structure; `custom`
-   ops call their own `inputs()` with a new seed instead);
+   ops call their own `inputs()` with a new seed instead), then loaded into
+   every copy;
 2. output agreement: each instance runs once on the fresh inputs, through the
    same CUDA graph mechanism it is timed with, and every output must agree with
    the base's within twice the op's tolerance (both sides carry up to one
    tolerance of error; kv_append is compared bit for bit). A kernel that skips
    work when captured or timed, returns a cached result, or works on another
    stream leaves stale outputs behind and is caught here;
-3. timing: the inputs are restored, and the instances are timed back to back in
-   a random order; each does one discarded warm-up sample, then `reps` samples.
+3. timing: the instances are timed back to back in a random order, the inputs
+   any of them writes restored before each; each does one discarded warm-up
+   sample, then `reps` samples.
 
 A CUDA sample is one replay of a CUDA graph of `inner` launches between two CUDA
 events on the launching stream, preceded (by default) by an L2 flush and
@@ -36,7 +54,7 @@ import time
 import torch
 
 from kernalin_ci.bench import stats
-from kernalin_ci.bench.trace import geometric_mean_over_shapes
+from kernalin_ci.bench.regime import REGIMES
 from kernalin_ci.entry import load_entry
 from kernalin_ci.ops import get_op
 from kernalin_ci.ops.base import TOLERANCE, Case, Op
@@ -47,7 +65,9 @@ from kernalin_ci.verify.poison import bits
 TARGET_SAMPLE_S = {"cuda": 1e-3, "cpu": 5e-3}
 MAX_INNER = 10000
 L2_FLUSH_BYTES = 256 << 20  # several times the L2 of any current GPU (H100: 50 MB, H200: 60 MB)
-CLOCKS = {"cuda": "cuda-events", "cpu": "cpu-wall-clock"}
+COLD_L2_MULTIPLE = 2  # cold: each input tensor's copies span at least this many L2 sizes
+COLD_MAX_BYTES = {"cuda": 4 << 30, "cpu": 256 << 20}  # cold: all copies of one shape's inputs, at most
+DEFAULT_L2_BYTES = {"cuda": 50 << 20, "cpu": 32 << 20}  # when the device does not say (the CPU never does)
 
 
 class BenchAbort(Exception):
@@ -80,6 +100,78 @@ def refresh(kw: dict, gen: torch.Generator) -> None:
             v.normal_(generator=gen)
 
 
+def l2_bytes(device: str) -> int:
+    """The device's L2 size (torch.cuda.get_device_properties), else a nominal one."""
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        return int(getattr(props, "L2_cache_size", 0) or DEFAULT_L2_BYTES["cuda"])
+    return DEFAULT_L2_BYTES["cpu"]
+
+
+def cold_copies(sizes: dict[str, int], launches: int, l2: int, max_bytes: int) -> dict[str, int]:
+    """Copies per input tensor (name -> bytes) for the cold regime: enough to span COLD_L2_MULTIPLE x l2,
+    at most `launches`, scaled down together when their total would exceed max_bytes (at least 1)."""
+    n = {k: max(1, min(launches, math.ceil(COLD_L2_MULTIPLE * l2 / max(b, 1)))) for k, b in sizes.items()}
+    total = sum(n[k] * sizes[k] for k in sizes)
+    if total > max_bytes:
+        scale = max_bytes / total
+        n = {k: max(1, int(n[k] * scale)) for k in n}
+    return n
+
+
+class SharedInputs:
+    """One shape's input buffers, shared by every instance.
+
+    `kw` is what checks and warm launches read; `ring[j]` is what launch j of a
+    sample reads (warm: always `kw`; cold: copy j mod n of each tensor). `written`
+    names the inputs some instance changed (found by the checks); they are
+    restored from `master` before each instance is timed.
+    """
+
+    def __init__(self, master: dict):
+        self.master = master
+        self.kw = clone_inputs(master)
+        self.copies = {k: [v] for k, v in self.kw.items() if isinstance(v, torch.Tensor)}
+        self.ring = [self.kw]
+        self.written: set[str] = set()
+
+    def make_ring(self, regime: str, launches: int, device: str) -> dict[str, int]:
+        """Build the cold copies (nothing for warm) -> copies per tensor."""
+        if regime != "cold":
+            return {k: 1 for k in self.copies}
+        sizes = {k: v[0].numel() * v[0].element_size() for k, v in self.copies.items()}
+        n = cold_copies(sizes, launches, l2_bytes(device), COLD_MAX_BYTES[device])
+        for k, c in self.copies.items():
+            c += [c[0].clone() for _ in range(n[k] - 1)]
+        self.ring = [{**self.kw, **{k: c[j % len(c)] for k, c in self.copies.items()}} for j in range(launches)]
+        return n
+
+    def load(self) -> None:
+        """Every copy of every input := master (after the round's fresh draw)."""
+        for k, c in self.copies.items():
+            for t in c:
+                _copy(t, self.master[k], k)
+
+    def restore(self) -> None:
+        """Undo what an instance wrote: the written inputs (every copy) := master."""
+        for k in self.written:
+            for t in self.copies[k]:
+                t.copy_(self.master[k])
+
+    def note_writes(self) -> None:
+        """After a check: remember every input whose buffer no longer equals master."""
+        for k, c in self.copies.items():
+            if k not in self.written and not torch.equal(bits(c[0]), bits(self.master[k])):
+                self.written.add(k)
+
+
+def _copy(dst, src, name: str) -> None:
+    if dst.shape != src.shape or dst.dtype != src.dtype:
+        raise BenchAbort("input-shape", f"input {name!r} changed shape between rounds "
+                                        f"({tuple(dst.shape)} -> {tuple(src.shape)})")
+    dst.copy_(src)
+
+
 def disagreement(op: Op, case: Case, inputs: dict, ref: dict, got: dict, exact: bool) -> str | None:
     """None when `got` agrees with `ref` (the base's outputs on `inputs`), else what differs."""
     tol = 2 * TOLERANCE.get(case.dtype, TOLERANCE["float32"])
@@ -109,20 +201,35 @@ def disagreement(op: Op, case: Case, inputs: dict, ref: dict, got: dict, exact: 
 # ------------------------------------------------------------------ one instance on one shape
 
 class Runner:
-    """An instance's entry bound to its own inputs; `check()` runs it once, `sample()` times it."""
+    """An instance's entry bound to its shape's shared inputs; `check()` runs it once, `sample()` times it."""
 
-    def __init__(self, name: str, fn, kw: dict, device: str):
-        self.name, self.fn, self.kw, self.device = name, fn, kw, device
+    def __init__(self, name: str, fn, inputs: SharedInputs, device: str):
+        self.name, self.fn, self.inputs, self.device = name, fn, inputs, device
         self.graph_check = self.graph_time = None
         self.check_ret = None
         self.inner = 1
+        self.out_ptrs: tuple = ()  # addresses of the timing graph's outputs (shared-pool diagnostics)
 
-    def call(self):
+    @property
+    def kw(self) -> dict:
+        return self.inputs.kw
+
+    def call(self, kw: dict | None = None):
         try:
-            return self.fn(**self.kw)
+            return self.fn(**(self.kw if kw is None else kw))
         except Exception as e:  # the user's kernel
             raise BenchAbort("entry-error", f"{self.name}: the entry raised {type(e).__name__}: "
                                             f"{' '.join(str(e).split())[:300]}") from None
+
+    def launches(self, raw: bool = False):
+        """The `inner` launches of one sample, each on its ring entry; returns the last return value.
+        raw: the entry's own exceptions pass through (inside a graph capture)."""
+        ring = self.inputs.ring
+        call = (lambda kw: self.fn(**kw)) if raw else self.call
+        ret = None
+        for j in range(self.inner):
+            ret = call(ring[j % len(ring)])
+        return ret
 
     def warm_up(self, calls: int = 3) -> None:
         if self.device == "cuda":
@@ -137,12 +244,10 @@ class Runner:
             for _ in range(min(calls, 1)):
                 self.call()
 
-    def capture(self, launches: int):
+    def capture(self, body, pool=None):
         g = torch.cuda.CUDAGraph()
-        ret = None
-        with torch.cuda.graph(g):
-            for _ in range(launches):
-                ret = self.fn(**self.kw)
+        with torch.cuda.graph(g, pool=pool):
+            ret = body()
         torch.cuda.synchronize()
         return g, ret
 
@@ -158,6 +263,11 @@ class Runner:
         return ret
 
 
+def _tensor_ptrs(ret) -> tuple:
+    items = ret if isinstance(ret, (tuple, list)) else (ret,)
+    return tuple(t.data_ptr() for t in items if isinstance(t, torch.Tensor))
+
+
 class CudaClock:
     label = "cuda-events"
     warm_sample = True  # one discarded sample per instance and round: the first runs 0.5-2.4% slow on a GPU
@@ -167,14 +277,16 @@ class CudaClock:
         self.start = torch.cuda.Event(enable_timing=True)
         self.end = torch.cuda.Event(enable_timing=True)
 
-    def prepare(self, runners: list[Runner], emit, label: str) -> tuple[int, str]:
-        """Warm up, capture graphs (or fall back to eager for all), choose inner. -> (inner, timing)."""
+    def prepare(self, runners: list[Runner], inputs: SharedInputs, regime: str, emit,
+                label: str) -> tuple[int, str, dict]:
+        """Warm up, capture graphs (or fall back to eager for all), choose inner, build the cold copies.
+        -> (inner, timing, copies per input)."""
         for r in runners:
             r.warm_up()
         timing = "cuda-graph"
         try:
             for r in runners:
-                r.graph_check, r.check_ret = r.capture(1)
+                r.graph_check, r.check_ret = r.capture(lambda r=r: r.fn(**r.kw))
         except Exception as e:
             timing = "eager"
             note = " ".join(str(e).split())[:200]
@@ -185,12 +297,16 @@ class CudaClock:
             torch.cuda.synchronize()
         per_launch = self._per_launch(runners[0], timing)
         inner = max(1, min(MAX_INNER, math.ceil(TARGET_SAMPLE_S["cuda"] / max(per_launch, 1e-9))))
+        copies = inputs.make_ring(regime, inner, "cuda")
+        pool = torch.cuda.graph_pool_handle()  # one pool per shape: identical code, identical addresses
         for r in runners:
             r.inner = inner
             if timing == "cuda-graph":
-                r.graph_time, _ = r.capture(inner)
+                r.graph_time, ret = r.capture(lambda r=r: r.launches(raw=True), pool)
+                r.out_ptrs = _tensor_ptrs(ret)
+                del ret  # freed into the shared pool: the next instance's capture reuses the same memory
             emit({"event": "setup-step", "message": f"{label}: {r.name} ready"})
-        return inner, timing
+        return inner, timing, copies
 
     def _per_launch(self, r: Runner, timing: str) -> float:
         n = 20
@@ -218,8 +334,7 @@ class CudaClock:
         if r.graph_time is not None:
             r.graph_time.replay()
         else:
-            for _ in range(r.inner):
-                r.call()
+            r.launches()
             torch.cuda.synchronize()  # work on other streams counts too
         self.end.record()
         torch.cuda.synchronize()
@@ -233,7 +348,8 @@ class CpuClock:
     def __init__(self, l2_flush: bool = False):
         pass
 
-    def prepare(self, runners: list[Runner], emit, label: str) -> tuple[int, str]:
+    def prepare(self, runners: list[Runner], inputs: SharedInputs, regime: str, emit,
+                label: str) -> tuple[int, str, dict]:
         for r in runners:
             r.warm_up()
             emit({"event": "setup-step", "message": f"{label}: {r.name} ready"})
@@ -241,23 +357,27 @@ class CpuClock:
         runners[0].call()
         per_launch = time.perf_counter() - t0
         inner = max(1, min(MAX_INNER, math.ceil(TARGET_SAMPLE_S["cpu"] / max(per_launch, 1e-9))))
+        copies = inputs.make_ring(regime, inner, "cpu")
         for r in runners:
             r.inner = inner
-        return inner, "wall-clock"
+        return inner, "wall-clock", copies
 
     def sample(self, r: Runner) -> float:
         t0 = time.perf_counter()
-        for _ in range(r.inner):
-            r.call()
+        r.launches()
         return (time.perf_counter() - t0) * 1e3 / r.inner
 
 
 # ------------------------------------------------------------------ the job
 
 class Shape:
-    def __init__(self, case: Case, master: dict, runners: list[Runner], gen: torch.Generator):
-        self.case, self.master, self.runners, self.gen = case, master, runners, gen
-        self.inner, self.timing = 1, ""
+    def __init__(self, case: Case, inputs: SharedInputs, runners: list[Runner], gen: torch.Generator):
+        self.case, self.inputs, self.runners, self.gen = case, inputs, runners, gen
+        self.inner, self.timing, self.copies = 1, "", {}
+
+    @property
+    def master(self) -> dict:
+        return self.inputs.master
 
 
 def run_job(job: dict, emit) -> None:
@@ -282,19 +402,25 @@ def run_job(job: dict, emit) -> None:
 
 def _run(job, emit, op, params, device, fns, cases) -> None:
     clock = CudaClock(job.get("l2_flush", True)) if device == "cuda" else CpuClock()
+    regime = job.get("regime", "warm")
+    if regime not in REGIMES:
+        raise BenchAbort("usage", f"regime must be one of {', '.join(REGIMES)}, got {regime!r}")
     seed = int(job.get("seed", 0))
     exact = op.exact  # kv_append: whole caches, bit for bit
     shapes: list[Shape] = []
     t_setup = time.perf_counter()
     for si, case in enumerate(cases):
-        master = op.inputs(case, params, device, poison=False)
+        inputs = SharedInputs(op.inputs(case, params, device, poison=False))
         gen = torch.Generator(device=device)
         gen.manual_seed(seed * 1_000_003 + si)
-        runners = [Runner(name, fn, clone_inputs(master), device) for name, fn in fns]
-        sh = Shape(case, master, runners, gen)
-        sh.inner, sh.timing = clock.prepare(runners, emit, case.name)
+        runners = [Runner(name, fn, inputs, device) for name, fn in fns]
+        sh = Shape(case, inputs, runners, gen)
+        sh.inner, sh.timing, sh.copies = clock.prepare(runners, inputs, regime, emit, case.name)
         shapes.append(sh)
-        emit({"event": "setup", "shape": si, "label": case.name, "inner": sh.inner, "timing": sh.timing})
+        # the A/A pair (base, base2): identical code in one shared pool gets identical output addresses
+        same = runners[0].out_ptrs == runners[2].out_ptrs if len(runners) > 2 and runners[0].out_ptrs else None
+        emit({"event": "setup", "shape": si, "label": case.name, "inner": sh.inner, "timing": sh.timing,
+              "copies": max(sh.copies.values(), default=1), "same_output_addresses": same})
     emit({"event": "setup-done", "seconds": time.perf_counter() - t_setup, "clock": clock.label})
 
     names = [n for n, _ in fns]
@@ -312,14 +438,14 @@ def _run(job, emit, op, params, device, fns, cases) -> None:
         orders = []
         for si, sh in enumerate(shapes):
             _fresh_inputs(op, params, device, sh, rnd, seed)
+            sh.inputs.load()
             _check_agreement(op, sh, exact, rnd)
-            for r in sh.runners:
-                copy_into(r.kw, sh.master)
             order = order_rng.sample(range(len(sh.runners)), len(sh.runners))
             orders.append(order)
             got = {}
             for i in order:
                 r = sh.runners[i]
+                sh.inputs.restore()  # what an earlier instance wrote (its checks found out what)
                 if clock.warm_sample:
                     clock.sample(r)  # warm-up sample, discarded
                 got[r.name] = [clock.sample(r) for _ in range(reps)]
@@ -358,8 +484,9 @@ def _fresh_inputs(op, params, device, sh: Shape, rnd: int, seed: int) -> None:
 def _check_agreement(op, sh: Shape, exact: bool, rnd: int) -> None:
     outs = []
     for r in sh.runners:
-        copy_into(r.kw, sh.master)
+        sh.inputs.restore()
         ret = r.check()
+        sh.inputs.note_writes()
         try:
             o = op.outputs(ret, r.kw)
         except TypeError as e:
@@ -374,11 +501,13 @@ def _check_agreement(op, sh: Shape, exact: bool, rnd: int) -> None:
 
 
 def _verdict(times: dict, names: list[str], job: dict):
+    """The overall verdict after this round, from the same function that decides the final verdicts."""
     if len(names) < 2:
         return None
     import numpy as np
 
-    arr = {n: geometric_mean_over_shapes(np.asarray(times[n], dtype=np.float64)) for n in names}
+    arr = {n: np.asarray(times[n], dtype=np.float64) for n in names}
     base2 = arr[names[2]] if len(names) > 2 else None
-    return stats.compare_trace(arr[names[0]], arr[names[1]], base2, rope=job.get("rope"),
-                               rope_min=job.get("rope_min", stats.ROPE_MIN))
+    overall, _ = stats.compare_run(arr[names[0]], arr[names[1]], base2, rope=job.get("rope"),
+                                   rope_min=job.get("rope_min", stats.ROPE_MIN))
+    return overall

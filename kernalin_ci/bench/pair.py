@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from kernalin_ci.bench import stats
+from kernalin_ci.bench.regime import DEFAULT_REGIME, REGIMES
 from kernalin_ci.bench.render import progress_line
 from kernalin_ci.bench.shapes import bench_cases, split_params
 from kernalin_ci.bench.trace import Trace, from_shapes
@@ -53,6 +54,7 @@ class BenchResult:
     stopped: str = ""  # "verdict" | "budget" | "max-rounds" | "" (aborted)
     clock: str = ""
     l2_flush: bool | None = None
+    regime: str = ""  # "warm" | "cold" (docs/benchmarking.md)
     reps: int = 0
     budget_s: float = 0.0
     error: str | None = None
@@ -74,8 +76,8 @@ class BenchResult:
                 "clock": self.clock, "clock_note": CLOCK_NOTE.get(self.clock, ""), "shapes": self.shapes,
                 "rounds": self.rounds, "seconds": self.seconds, "bench_seconds": self.bench_seconds,
                 "setup_seconds": self.setup_seconds, "stopped": self.stopped, "budget_s": self.budget_s,
-                "l2_flush": self.l2_flush, "reps": self.reps, "error": self.error, "error_kind": self.error_kind,
-                "notes": self.notes}
+                "l2_flush": self.l2_flush, "regime": self.regime, "reps": self.reps, "error": self.error,
+                "error_kind": self.error_kind, "notes": self.notes}
 
 
 def bench_pair(op: str, base_entry: str, head_entry: str, base_root: str | None = None,
@@ -83,13 +85,16 @@ def bench_pair(op: str, base_entry: str, head_entry: str, base_root: str | None 
                budget_s: float = DEFAULT_BUDGET_S, rope_min: float = stats.ROPE_MIN, rope: float | None = None,
                reps: int | None = None, l2_flush: bool | None = None, max_rounds: int | None = None,
                adaptive: bool = True, seed: int = 0, timeout_s: float | None = None, progress=None,
-               extra: list[tuple[str, str, str | None]] = ()) -> BenchResult:
+               extra: list[tuple[str, str, str | None]] = (), shapes: list[str] | None = None,
+               regime: str | None = None) -> BenchResult:
     """Benchmark head against base; the gate and `kernalin-ci bench` call this.
 
     params: op params and bench params together (see kernalin_ci/bench/shapes.py).
     progress: None, True (lines on stderr) or a callable taking each round event.
     extra: more instances to time in the same rounds, (name, entry, root); they are
     checked against the base and recorded in `instances`, never judged.
+    shapes: time only the shapes with these names (kernalin_ci.explain: the ones whose code differs).
+    regime: "warm" or "cold" (None: DEFAULT_REGIME); see kernalin_ci/bench/harness.py.
     Usage problems raise UsageError; a benchmark that cannot finish returns a
     BenchResult with `error` set (outputs disagree, a crash, a hang).
     """
@@ -98,18 +103,24 @@ def bench_pair(op: str, base_entry: str, head_entry: str, base_root: str | None 
     op_params, bench_params = split_params(dict(params or {}))
     resolved = resolve_params(op, op_obj.params, op_params)
     cases = bench_cases(op, resolved, device, bench_params)
+    if shapes is not None:
+        cases = [c for c in cases if c.name in shapes]
     if budget_s <= 0:
-        raise UsageError("--budget-s must be positive")
+        raise UsageError("budget_s: must be positive", setting="budget_s")
     reps = reps or DEFAULT_REPS[device]
     if reps < 1:
-        raise UsageError("--reps must be at least 1")
+        raise UsageError("reps: must be at least 1", setting="reps")
     l2_flush = L2_FLUSH_DEFAULT if l2_flush is None else l2_flush
+    regime = DEFAULT_REGIME if regime is None else regime
+    if regime not in REGIMES:
+        raise UsageError(f"--regime must be one of {', '.join(REGIMES)}, got {regime!r}")
     base_root = str(Path(base_root or os.getcwd()).resolve())
     head_root = str(Path(head_root or os.getcwd()).resolve())
     parse_entry(base_entry), parse_entry(head_entry)
     result = BenchResult(op=op, base=base_entry, head=head_entry, device=device, budget_s=budget_s, reps=reps,
-                         l2_flush=l2_flush if device == "cuda" else None)
+                         l2_flush=l2_flush if device == "cuda" else None, regime=regime)
     with tempfile.TemporaryDirectory(prefix="kernalin-aa-") as tmp:
+        os.chmod(tmp, 0o755)  # read by the kernel workers' sandbox user (uid 65534 under root)
         base2_entry, base2_root, note = aa_copy(base_entry, base_root, tmp)
         if note:
             result.notes.append(note)
@@ -120,7 +131,7 @@ def bench_pair(op: str, base_entry: str, head_entry: str, base_root: str | None 
         job = {"task": "bench", "op": op, "params": resolved, "device": device,
                "cases": [c.to_json() for c in cases], "instances": instances, "reps": reps,
                "budget_s": budget_s, "max_rounds": max_rounds, "adaptive": adaptive, "seed": seed,
-               "l2_flush": l2_flush, "rope": rope, "rope_min": rope_min}
+               "l2_flush": l2_flush, "regime": regime, "rope": rope, "rope_min": rope_min}
         info = _run(job, result, cases, device, timeout_s or DEFAULT_TIMEOUT_S[device], progress)
     _finish(result, cases, info, rope, rope_min)
     result.seconds = time.perf_counter() - t_start
@@ -172,7 +183,7 @@ def _run(job: dict, result: BenchResult, cases, device: str, timeout_s: float, p
     times = {n: [] for n in names}
     orders = []
     labels = [c.name for c in cases]
-    info: dict = {"inner": {}, "timing": {}}
+    info: dict = {"inner": {}, "timing": {}, "copies": {}, "same_addresses": {}}
     state = {"where": "setting up"}
     tty = progress is True and sys.stderr.isatty()
 
@@ -181,6 +192,8 @@ def _run(job: dict, result: BenchResult, cases, device: str, timeout_s: float, p
         if kind == "setup":
             info["inner"][ev["shape"]] = ev["inner"]
             info["timing"][ev["shape"]] = ev["timing"]
+            info["copies"][ev["shape"]] = ev.get("copies")
+            info["same_addresses"][ev["shape"]] = ev.get("same_output_addresses")
             state["where"] = f"setting up {ev['label']}"
         elif kind == "setup-done":
             result.setup_seconds = ev["seconds"]
@@ -210,23 +223,20 @@ def _run(job: dict, result: BenchResult, cases, device: str, timeout_s: float, p
     outcome = run_task(job, device, timeout_s, on_event)
     if tty:
         print(file=sys.stderr)
-    if outcome.status == "usage-error":
-        raise UsageError(outcome.detail)
-    if outcome.status == "internal-error":
-        tb = next((e.get("traceback") for e in outcome.events if e.get("event") == "internal-error"), "")
-        raise RuntimeError(f"bench worker failed: {outcome.detail}\n{tb}")
+    outcome.raise_for_error("bench")
     if outcome.status in ("timeout", "crashed") and result.error is None:
-        tail = " ".join(outcome.output_tail.split()[-40:])[-300:]
         result.error_kind = outcome.status
-        result.error = f"the benchmark child {outcome.detail} while {state['where']}" + \
-            (f"; last output: {tail}" if tail and outcome.status == "crashed" else "")
+        result.error = f"the benchmark child {outcome.detail} while {state['where']}" \
+            + outcome.last_output()
     if result.rounds:
         result.instances = {n: np.asarray(times[n], dtype=np.float64) for n in names}
         result.orders = np.asarray(orders, dtype=np.int8)
         meta = {"op": job["op"], "base": result.base, "head": result.head, "device": device, "unit": "ms",
                 "clock": result.clock, "shapes": labels, "inner": [info["inner"].get(i) for i in range(len(labels))],
                 "timing": [info["timing"].get(i) for i in range(len(labels))], "reps": job["reps"],
-                "l2_flush": result.l2_flush, "seed": job["seed"]}
+                "l2_flush": result.l2_flush, "regime": result.regime, "seed": job["seed"],
+                "copies": [info["copies"].get(i) for i in range(len(labels))],
+                "same_output_addresses": [info["same_addresses"].get(i) for i in range(len(labels))]}
         result.trace = from_shapes(result.instances["base"], result.instances["head"],
                                    result.instances.get("base2"), meta)
     return info
@@ -234,14 +244,17 @@ def _run(job: dict, result: BenchResult, cases, device: str, timeout_s: float, p
 
 def _finish(result: BenchResult, cases, info: dict, rope, rope_min) -> None:
     tr = result.trace
+    per_shape = None
     if tr is not None and not result.failed:
-        result.verdict = stats.compare_trace(tr.base, tr.head, tr.base2, rope=rope, rope_min=rope_min)
+        ps = tr.per_shape
+        result.verdict, per_shape = stats.compare_run(ps["base"], ps["head"], ps.get("base2"), rope=rope,
+                                                      rope_min=rope_min)
     for i, c in enumerate(cases):
         entry = {"shape": c.name, "dims": _compact(c.dims), "dtype": c.dtype, "inner": info["inner"].get(i),
-                 "timing": info["timing"].get(i)}
-        if tr is not None and not result.failed:
+                 "timing": info["timing"].get(i), "copies": info["copies"].get(i)}
+        if per_shape is not None:
             st = tr.shape_trace(i)
-            entry.update(stats.compare_trace(st.base, st.head, st.base2, rope=rope, rope_min=rope_min).to_json())
+            entry.update(per_shape[i].to_json())
             entry["base_ms"] = float(np.median(st.base))
             entry["head_ms"] = float(np.median(st.head))
         result.shapes.append(entry)

@@ -1,34 +1,21 @@
-"""Text rendering of verdicts and progress (never recomputes a statistic)."""
+"""Text lines of the `bench` and `compare` commands: a verdict per line and the progress lines
+(never recomputes a statistic; the verdict's wording is kernalin_ci.report.text's)."""
 from __future__ import annotations
 
 from kernalin_ci.bench.stats import Verdict
-
-
-def pct(x: float) -> str:
-    return f"{100 * x:+.2f}%"
+from kernalin_ci.report.text import verdict_phrase
 
 
 def verdict_line(v: Verdict, label: str = "") -> str:
-    rho = v.rope_half_width
+    """One line per verdict for `bench` and `compare`: the verdict in capitals (a column to scan),
+    head/base, the verdict in the report's own words (kernalin_ci.report.text.verdict_phrase), where
+    the ROPE came from, and the rounds."""
+    b = v.to_json()
+    words = verdict_phrase(b).split(": ", 1)[1]  # "faster: 3.1% (...)": the verdict is the column
     floor = f", A/A floor {100 * v.floor:.2f}%" if v.floor is not None else ""
     src = {"fixed": "fixed", "minimum": "minimum", "floor": "from the floor"}.get(v.rope_source, v.rope_source)
     head = f"{label}  " if label else ""
-    return (f"{head}{v.verdict.upper():12s} head/base {v.ratio:.4f} ({pct(v.ratio - 1)}), 95% HDI "
-            f"[{v.hdi[0]:.4f}, {v.hdi[1]:.4f}]; P(faster) {v.p_faster:.3f}, P(equivalent) {v.p_equivalent:.3f}, "
-            f"P(slower) {v.p_slower:.3f}; ROPE +-{100 * rho:.2f}% ({src}{floor}); {v.rounds} rounds")
-
-
-def summary_sentence(v: Verdict) -> str:
-    """One sentence for a report: e.g. '99.4% of the posterior mass sits below the ROPE'."""
-    rho = 100 * v.rope_half_width
-    if v.verdict == "faster":
-        return f"{100 * v.p_faster:.1f}% of the posterior mass sits below the ROPE (-{rho:.2f}%): head is faster"
-    if v.verdict == "slower":
-        return f"{100 * v.p_slower:.1f}% of the posterior mass sits above the ROPE (+{rho:.2f}%): head is slower"
-    if v.verdict == "equivalent":
-        return f"{100 * v.p_equivalent:.1f}% of the posterior mass sits inside the ROPE (+-{rho:.2f}%): equivalent"
-    return (f"no side holds 95% of the posterior mass (faster {100 * v.p_faster:.1f}%, equivalent "
-            f"{100 * v.p_equivalent:.1f}%, slower {100 * v.p_slower:.1f}%): inconclusive")
+    return f"{head}{v.verdict.upper():12s} head/base {v.ratio:.4f}: {words} ({src}{floor}); {v.rounds} rounds"
 
 
 def progress_line(rounds: int, seconds: float, v: Verdict | None, clock: str) -> str:

@@ -44,5 +44,5 @@ def bench_cases(op_name: str, params: dict, device: str, bench: dict | None = No
     request = BenchRequest(device, bench)
     dtype = bench.get("dtype", request.model["dtype"])
     if dtype not in DTYPES:
-        raise UsageError(f"--param dtype={dtype!r} must be one of {', '.join(DTYPES)}")
+        raise UsageError(f"bench param dtype={dtype!r} must be one of {', '.join(DTYPES)}")
     return get_op(op_name).bench_cases(params, device, request)

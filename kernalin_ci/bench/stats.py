@@ -39,7 +39,6 @@ SEED = 20261202  # fixed: the same trace always gives the same verdict
 HIST_BINS = 40  # bins of the posterior histogram in the verdict JSON (the report draws it)
 LOOK_GROWTH = 1.25  # adaptive stopping looks at rounds 5, 6, 8, 10, 12, 15, 19, 24, ...
 
-VERDICTS = ("faster", "slower", "equivalent", "inconclusive")
 
 
 @dataclass
@@ -236,6 +235,42 @@ def compare_trace(base, head, base2=None, rope: float | None = None, rope_min: f
     d = log_ratios(base, head)[None, :]
     a = log_ratios(base, np.asarray(base2, dtype=np.float64))[None, :] if base2 is not None else None
     return verdicts_from(judge_arrays(d, a, rope, rope_min))[0]
+
+
+def common_floor(summary: dict) -> dict:
+    """Every row of a run (the overall row and one per shape) gets the run's one floor: the largest A/A floor
+    among them. A copy of `summary`; each row keeps its own A/A ratio and HDI."""
+    if "floor" not in summary:
+        return summary
+    out = dict(summary)
+    out["floor"] = np.full_like(summary["floor"], float(np.max(summary["floor"])))
+    return out
+
+
+def compare_run(base, head, base2=None, rope: float | None = None,
+                rope_min: float = ROPE_MIN) -> tuple[Verdict, list[Verdict]]:
+    """One benchmark run, [rounds, shapes, reps] per instance -> (overall verdict, one verdict per shape).
+
+    The one function that decides both. The overall row judges the per-repetition geometric mean over
+    shapes (each shape weighs the same); every row is decided by the same rule (`decide`: same ROPE
+    rule, same minimum rounds, same probabilities) under the same floor (`common_floor`), so a shape is
+    never called `slower` under a narrower ROPE than the run's A/A pairs justify at some shape.
+    """
+    base, head = np.asarray(base, dtype=np.float64), np.asarray(head, dtype=np.float64)
+    b2 = np.asarray(base2, dtype=np.float64) if base2 is not None else None
+    if base.ndim != 3 or head.shape != base.shape or (b2 is not None and b2.shape[:2] != base.shape[:2]):
+        raise ValueError(f"base, head (and base2) must be [rounds, shapes, reps] with the same rounds and shapes, "
+                         f"got {base.shape}, {head.shape}" + (f", {b2.shape}" if b2 is not None else ""))
+
+    def rows(x: np.ndarray) -> np.ndarray:  # [1 + shapes, rounds] of log per-round locations
+        overall = np.log(round_location(np.exp(np.log(x).mean(axis=1))))
+        return np.concatenate([overall[None, :], np.log(round_location(x)).T], axis=0)
+
+    lb = rows(base)
+    d = rows(head) - lb
+    a = rows(b2) - lb if b2 is not None else None
+    vs = verdicts_from(decide(common_floor(posterior_summary(d, a)), rope, rope_min))
+    return vs[0], vs[1:]
 
 
 def compare_many(traces, rope: float | None = None, rope_min: float = ROPE_MIN) -> list[Verdict]:

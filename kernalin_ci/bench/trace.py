@@ -74,7 +74,7 @@ def save_trace(trace: Trace, path: str) -> None:
             with open(path, "wb") as f:
                 np.savez_compressed(f, **arrays, meta=np.array(json.dumps(trace.meta)))
     except OSError as e:
-        raise UsageError(f"--trace {path}: {e.strerror}") from None
+        raise UsageError(f"trace {path}: {e.strerror}", setting="trace") from None
 
 
 def load_trace(path: str) -> Trace:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import sys
 
+from kernalin_ci.bench.regime import DEFAULT_REGIME, REGIMES
 from kernalin_ci.commands._common import parse_params, resolve_device, write_json
 from kernalin_ci.commands.compare import fraction
 from kernalin_ci.errors import UsageError
@@ -31,10 +32,15 @@ def add_arguments(p):
     p.add_argument("--l2-flush", dest="l2_flush", action="store_true", default=None,
                    help="flush the L2 cache before every sample (default on)")
     p.add_argument("--no-l2-flush", dest="l2_flush", action="store_false")
+    p.add_argument("--regime", choices=REGIMES, default=None,
+                   help="warm: back-to-back launches on the same inputs; cold: every launch on inputs not in L2 "
+                        f"(default: {DEFAULT_REGIME})")
     p.add_argument("--seed", type=int, default=0, help="seed of the inputs and of the timing order")
     p.add_argument("--timeout", type=float, metavar="S", help="seconds without progress before the run is killed")
     p.add_argument("--json", metavar="PATH|-", help="write the verdict JSON")
     p.add_argument("--trace", metavar="PATH", help="save the raw trace (.npz or .json, the compare format)")
+    p.add_argument("--model", metavar="PRESET|FILE", help="time a decode step of this model with the kernel in its "
+                   "place instead of the op's shapes; report tokens/s and $/Mtok (docs/tokens.md)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
@@ -46,12 +52,15 @@ def run(args) -> int:
     device = resolve_device(args.device)
     if args.max_rounds is not None and args.max_rounds < 1:
         raise UsageError("--max-rounds must be at least 1")
+    if args.model is not None:
+        return run_model(args, device)
     result = bench_pair(
         args.op, args.base, args.head, args.base_root, args.head_root, parse_params(args.param), device,
         budget_s=args.budget_s if args.budget_s is not None else DEFAULT_BUDGET_S,
         rope_min=fraction(args.rope_min) if args.rope_min is not None else stats.ROPE_MIN,
         rope=fraction(args.rope) if args.rope is not None else None, reps=args.reps, l2_flush=args.l2_flush,
-        max_rounds=args.max_rounds, seed=args.seed, timeout_s=args.timeout, progress=not args.quiet)
+        max_rounds=args.max_rounds, seed=args.seed, regime=args.regime, timeout_s=args.timeout,
+        progress=not args.quiet)
     if args.trace and result.trace is not None:
         save_trace(result.trace, args.trace)
     write_json(result.to_json(), args.json)
@@ -62,7 +71,8 @@ def run(args) -> int:
 
 
 def print_result(result, out) -> None:
-    from kernalin_ci.bench.render import summary_sentence, verdict_line
+    from kernalin_ci.bench.render import verdict_line
+    from kernalin_ci.report.text import mass_sentence
 
     if result.failed:
         print(f"BENCH FAILED ({result.error_kind}) {result.op} {result.head} vs {result.base}: {result.error}",
@@ -70,9 +80,10 @@ def print_result(result, out) -> None:
         return
     v = result.verdict
     print(verdict_line(v, f"{result.op} {result.head} vs {result.base}"), file=out)
-    print(f"  {summary_sentence(v)}", file=out)
+    print(f"  {mass_sentence(v.to_json())}", file=out)
     clock = "GPU seconds" if result.clock == "cuda-events" else "CPU wall-clock seconds"
-    print(f"  {result.rounds} rounds, {result.bench_seconds:.1f} {clock} timing (stopped: {result.stopped}), "
+    print(f"  {result.rounds} rounds, {result.bench_seconds:.1f} {clock} timing, {result.regime} regime "
+          f"(stopped: {result.stopped}), "
           f"{result.setup_seconds:.1f} s setup, {result.seconds:.1f} s in all", file=out)
     for s in result.shapes:
         if s.get("verdict"):
@@ -81,3 +92,40 @@ def print_result(result, out) -> None:
                   f"(inner {s['inner']}, {s['timing']})", file=out)
     for n in result.notes:
         print(f"  note: {n}", file=out)
+
+
+def run_model(args, device: str) -> int:
+    """--model: the kernel pair in its place in a decode step of the model (docs/tokens.md)."""
+    from kernalin_ci.bench import stats
+    from kernalin_ci.bench.shapes import split_params
+    from kernalin_ci.ops import get_op
+    from kernalin_ci.ops.base import resolve_params
+    from kernalin_ci.report.tokens import text_lines
+    from kernalin_ci.throughput.bench import Role, bench_model
+    from kernalin_ci.throughput.spec import ROLE_OPS, from_cli
+
+    spec = from_cli(args.model)
+    role = next((r for r, ops in ROLE_OPS.items() if args.op in ops), None)
+    if role is None:
+        raise UsageError(f"--model: op {args.op} has no place in the decode step (ops: "
+                         f"{', '.join(op for ops in ROLE_OPS.values() for op in ops)})")
+    op_params, shape_params = split_params(parse_params(args.param))
+    if shape_params:
+        raise UsageError(f"--model: --param {', '.join(sorted(shape_params))}: the serving points of the model "
+                         f"give the shapes")
+    params = resolve_params(args.op, get_op(args.op).params, op_params)
+    if args.trace:
+        raise UsageError("--trace: not with --model (the step times are in --json)")
+    result = bench_model(
+        spec, [Role(role, args.op, args.head, args.base, args.head, params)], args.base_root, args.head_root, device,
+        budget_s=args.budget_s if args.budget_s is not None else (spec.budget_s or 30.0),
+        rope_min=fraction(args.rope_min) if args.rope_min is not None else stats.ROPE_MIN,
+        rope=fraction(args.rope) if args.rope is not None else None, reps=args.reps,
+        l2_flush=args.l2_flush if args.l2_flush is not None else True, max_rounds=args.max_rounds, seed=args.seed,
+        timeout_s=args.timeout, progress=not args.quiet)
+    out = result.to_json()
+    write_json(out, args.json)
+    print("\n".join(text_lines(out)), file=sys.stderr if args.json == "-" else sys.stdout)
+    if result.failed:
+        return 1
+    return 1 if result.verdict is not None and result.verdict.verdict == "slower" else 0

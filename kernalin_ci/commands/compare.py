@@ -40,16 +40,26 @@ def run(args) -> int:
     rope = fraction(args.rope) if args.rope is not None else None
     rope_min = fraction(args.rope_min) if args.rope_min is not None else stats.ROPE_MIN
     traces = [load_trace(p) for p in args.traces]
-    verdicts = stats.compare_many([(t.base, t.head, t.base2) for t in traces], rope=rope, rope_min=rope_min)
+    # a multi-shape trace is judged as the benchmark judged it: overall and per shape by one function, one floor
+    multi = [i for i, t in enumerate(traces) if t.per_shape is not None and t.per_shape["base"].shape[1] > 1]
+    runs = {i: stats.compare_run(traces[i].per_shape["base"], traces[i].per_shape["head"],
+                                 traces[i].per_shape.get("base2"), rope=rope, rope_min=rope_min) for i in multi}
+    plain = [i for i in range(len(traces)) if i not in runs]
+    verdicts: list = [None] * len(traces)
+    for i, v in zip(plain, stats.compare_many([(traces[i].base, traces[i].head, traces[i].base2) for i in plain],
+                                              rope=rope, rope_min=rope_min)):
+        verdicts[i] = v
+    for i, (overall, _) in runs.items():
+        verdicts[i] = overall
     objs = []
-    for path, tr, v in zip(args.traces, traces, verdicts):
+    for i, (path, tr, v) in enumerate(zip(args.traces, traces, verdicts)):
         obj = {**v.to_json(), "trace": path}
-        if tr.meta.get("clock"):
-            obj["clock"] = tr.meta["clock"]
+        for key in ("clock", "regime"):
+            if tr.meta.get(key):
+                obj[key] = tr.meta[key]
         if args.shapes and tr.per_shape is not None:
             labels = tr.meta.get("shapes") or [f"shape {i}" for i in range(tr.per_shape["base"].shape[1])]
-            per = stats.compare_many([(s.base, s.head, s.base2) for s in
-                                      (tr.shape_trace(i) for i in range(len(labels)))], rope=rope, rope_min=rope_min)
+            per = runs[i][1] if i in runs else [v]
             obj["shapes"] = [{"shape": lab, **pv.to_json()} for lab, pv in zip(labels, per)]
         objs.append(obj)
     if args.json:

@@ -26,6 +26,8 @@ def add_arguments(p):
     p.add_argument("--budget-s", type=float, metavar="SECONDS",
                    help="benchmark budget per kernel pair, overriding gate.budget_s")
     p.add_argument("--quiet", action="store_true", help="no per-case progress lines")
+    p.add_argument("--profile", action="store_true", help="Nsight Compute metrics for the changed kernels "
+                                                          "(where ncu is on PATH; the report says otherwise)")
 
 
 def run(args) -> int:
@@ -45,7 +47,7 @@ def run(args) -> int:
 
     report = run_gate(repo, args.config, args.base, args.head, device, event_path=event_path,
                       progress=not args.quiet, on_start=poster.begin if poster else None,
-                      gate_overrides=overrides)
+                      gate_overrides=overrides, profile=args.profile)
     paths = write_all(report, args.out)
     if os.environ.get("GITHUB_STEP_SUMMARY"):
         actions.append_step_summary(step_summary(report))

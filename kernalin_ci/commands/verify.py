@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import sys
+import textwrap
 
 from kernalin_ci.commands._common import parse_params, resolve_device, write_json
 from kernalin_ci.ops import NAMES
 from kernalin_ci.ops.base import DTYPES
+from kernalin_ci.report.text import finding_text
 
 NAME = "verify"
 HELP = "verify one kernel entry: structural and multi-position dynamic checks"
@@ -51,14 +53,7 @@ def print_result(result, out) -> None:
     print(f"{head}  {result.op} {result.entry} ({result.cases_run} cases on {result.device}, "
           f"{result.seconds:.1f} s)", file=out)
     for f in result.findings:
-        where = f" at {f.location.path}:{f.location.line}" if f.location else ""
-        print(f"  [{f.bug_class}] {f.check} ({f.kind}){where}: {f.message}", file=out)
-        if f.case:
-            from kernalin_ci.ops.base import Case
-
-            print(f"      case: {Case.from_json(f.case).summary()}", file=out)
-        if f.reproduce:
-            print(f"      reproduce: {f.reproduce}", file=out)
+        print(textwrap.indent(finding_text(f.to_json()), "  "), file=out)
     if result.cases_run:
         print(f"  coverage: {result.coverage.summary()}", file=out)
     for n in result.not_checked:

@@ -52,6 +52,13 @@ class Daemon:
         self.scheduler = None if self.redis_mode else Scheduler(
             self.store, settings, self.slots, self.runner, github, self.metrics, on_finished=self.poster.wake.set)
         self.dispatcher = None
+        self.history = self.recorder = None
+        if settings.history:
+            from kernalin_ci.history.recorder import Recorder
+            from kernalin_ci.history.store import open_store
+
+            self.history = open_store(settings.history_location)
+            self.recorder = Recorder(self.store, self.history, settings)
         self.server: Server | None = None
         self._threads: list[threading.Thread] = []
         self._stopped = threading.Event()
@@ -73,6 +80,8 @@ class Daemon:
             log.warning("job %s was %s when the daemon stopped: queued again%s", job.id, job.state,
                         f" ({killed} leftover processes or containers removed)" if killed else "")
         self.poster.start()
+        if self.recorder:
+            self.recorder.start()
         if self.redis_mode:
             from kernalin_ci.daemon.rq_backend import Dispatcher
 
@@ -108,6 +117,9 @@ class Daemon:
         if self.dispatcher:
             self.dispatcher.stop()
         self.poster.stop()
+        if self.recorder:
+            self.recorder.stop()
+            self.history.close()
         self.store.close()
         self._lock_file.close()
 
@@ -128,6 +140,8 @@ class Daemon:
             self.dispatcher.wake.set()
         if accepted.cancelled:
             self.poster.wake.set()
+        if self.recorder:  # a merge may have come in
+            self.recorder.wake.set()
 
     def visible(self, repo: str) -> bool:
         """Whether badges and job pages of REPO may be shown (private repositories: only when configured)."""

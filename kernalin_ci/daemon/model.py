@@ -7,7 +7,6 @@ from dataclasses import asdict, dataclass, field
 # job states (docs/daemon.md has the diagram)
 QUEUED, RUNNING, DONE, FAILED, CANCELLED = "queued", "running", "done", "failed", "cancelled"
 STATES = (QUEUED, RUNNING, DONE, FAILED, CANCELLED)
-TERMINAL = (DONE, FAILED, CANCELLED)
 
 
 def new_job_id() -> str:

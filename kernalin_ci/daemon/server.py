@@ -5,6 +5,7 @@
     GET  /metrics                     Prometheus text format
     GET  /badge/OWNER/REPO.svg|.json  the newest gate result into the default branch (?branch=)
     GET  /jobs/ID                     one job's state and timings (JSON)
+    GET  /dashboard[/OWNER/REPO]      the history dashboard (read-only; kernalin_ci/dashboard)
 
 A delivery is answered in the order: 413 (too big: not even read), 411 (no length), 401 (no
 or a wrong X-Hub-Signature-256, checked on the raw bytes before anything is parsed), 400
@@ -35,6 +36,8 @@ from kernalin_ci.daemon.metrics import CONTENT_TYPE as METRICS_TYPE
 log = logging.getLogger("kernalin_ci.daemon")
 _BADGE = re.compile(r"/badge/([A-Za-z0-9_.-]+)/([A-Za-z0-9_.-]+)\.(svg|json)")
 _JOB = re.compile(r"/jobs/(kci-[0-9a-f]{1,40})")
+_DASHBOARD = re.compile(r"/dashboard(?:/([A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+))?/?")
+_ASSET = re.compile(r"/dashboard/assets/([a-z.]+)")
 DRAIN_BYTES = 4 * 1024 * 1024  # read (and drop) at most this much of a body that is too big
 _DELIVERY = re.compile(r"[A-Za-z0-9._-]{1,100}")
 _LENGTH = re.compile(r"[0-9]{1,15}")
@@ -326,6 +329,8 @@ class Handler(BaseHTTPRequestHandler):
         m = _BADGE.fullmatch(path)
         if m:
             return self._badge(f"{m.group(1)}/{m.group(2)}", m.group(3), parse_qs(url.query).get("branch", [None])[0])
+        if path.startswith("/dashboard"):
+            return self._dashboard(path)
         m = _JOB.fullmatch(path)
         if m:
             job = self.app.store.job(m.group(1))
@@ -335,6 +340,38 @@ class Handler(BaseHTTPRequestHandler):
         return self._send(404, {"error": "not found"})
 
     do_HEAD = do_GET
+
+    def _dashboard(self, path: str):
+        from kernalin_ci.dashboard import assets, site
+        from kernalin_ci.errors import UsageError
+
+        history = self.app.history
+        if history is None:
+            return self._send(404, {"error": "the history is off (history.enabled: false)"})
+        m = _ASSET.fullmatch(path)
+        if m:
+            try:
+                data = assets.asset(m.group(1))
+            except UsageError as e:  # Chart.js was not fetched at install time
+                return self._send(503, {"error": str(e)})
+            if data is None:
+                return self._send(404, {"error": "not found"})
+            kind = {"js": "text/javascript", "css": "text/css"}[m.group(1).rpartition(".")[2]]
+            return self._send(200, data, f"{kind}; charset=utf-8", {"Cache-Control": "max-age=3600"})
+        m = _DASHBOARD.fullmatch(path)
+        if m is None:
+            return self._send(404, {"error": "not found"})
+        html = "text/html; charset=utf-8"
+        if m.group(1) is None:
+            names = [r for r in history.repos() if self.app.visible(r)]
+            listing = [(r, f"/dashboard/{r}", len(history.runs(r))) for r in names]
+            return self._send(200, site.index_page(listing, assets="/dashboard/assets/"), html)
+        repo = m.group(1)
+        if not self.app.visible(repo):
+            return self._send(404, {"error": "unknown repository"})
+        page = site.repo_page(repo, history.runs(repo), assets="/dashboard/assets/", badge_src=f"/badge/{repo}.svg",
+                              index_href="/dashboard")
+        return self._send(200, page, html)
 
     def _badge(self, repo: str, kind: str, branch: str | None):
         from kernalin_ci.daemon.poster import report_from_json

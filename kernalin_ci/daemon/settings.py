@@ -18,7 +18,7 @@ from typing import Mapping
 
 import yaml
 
-from kernalin_ci.daemon.sandbox import SandboxError, SandboxSettings, parse_size
+from kernalin_ci.sandbox import SandboxError, SandboxSettings, parse_size
 from kernalin_ci.errors import UsageError
 
 ENV_CONFIG = "KERNALIN_DAEMON_CONFIG"
@@ -33,9 +33,10 @@ ENV_API_URL = "KERNALIN_GITHUB_API_URL"
 ENV_REDIS_URL = "KERNALIN_REDIS_URL"
 ENV_RESULT_KEY = "KERNALIN_RESULT_KEY"  # Redis mode: the key that signs results and seals fetch tokens
 ENV_RESULT_KEY_FILE = "KERNALIN_RESULT_KEY_FILE"
+ENV_HISTORY_URL = "KERNALIN_HISTORY_URL"  # a postgresql:// URL holds a password
 # every environment variable above that holds or points at a secret: never passed to a job
 SECRET_ENV = (ENV_WEBHOOK_SECRET, ENV_WEBHOOK_SECRET_FILE, ENV_APP_KEY, ENV_APP_KEY_PATH, "GITHUB_TOKEN",
-              ENV_REDIS_URL, ENV_RESULT_KEY, ENV_RESULT_KEY_FILE)
+              ENV_REDIS_URL, ENV_RESULT_KEY, ENV_RESULT_KEY_FILE, ENV_HISTORY_URL)
 
 GITHUB_MAX_BODY = 25 * 1024 * 1024  # GitHub caps webhook payloads at 25 MB
 
@@ -134,6 +135,8 @@ class Settings:
     fork_label: str = "safe-to-test"
     private_badges: bool = False  # serve badges and job pages of private repositories too
     retention_days: float = 14.0
+    history: bool = True  # merged pull requests' results are kept (docs/history.md)
+    history_url: str | None = None  # None: in the job database (SQLite); else postgresql://... shared by hosts
     secrets: Secrets = field(default_factory=Secrets, repr=False)
 
     @property
@@ -144,6 +147,10 @@ class Settings:
     @property
     def db_path(self) -> Path:
         return Path(self.state_dir) / "jobs.sqlite3"
+
+    @property
+    def history_location(self) -> str:
+        return self.history_url or str(self.db_path)
 
     @property
     def jobs_dir(self) -> Path:
@@ -160,7 +167,8 @@ class Settings:
 
 _KEYS = {
     "": ("listen", "public_url", "state_dir", "webhook", "github", "queue", "gpus", "cpu_slots", "runner",
-         "retries", "posting", "policy", "badges", "retention_days", "http"),
+         "retries", "posting", "policy", "badges", "retention_days", "http",
+         "history"),
     "http": ("max_connections", "request_deadline_s", "max_buffered_bytes"),
     "webhook": ("path", "max_body_bytes", "secret_file"),
     "github": ("api_url", "app_id", "private_key_file", "check_name", "clone_url", "retry", "min_write_interval_s",
@@ -174,6 +182,7 @@ _KEYS = {
     "posting": ("attempts", "base_delay_s", "max_delay_s"),
     "policy": ("fork_label",),
     "badges": ("private_repos",),
+    "history": ("enabled", "url"),
 }
 
 
@@ -341,6 +350,11 @@ def parse(data, where: str = "daemon.yml", env: Mapping[str, str] | None = None)
     s.posting = _backoff(top.sub("posting"), s.posting)
     s.fork_label = top.sub("policy").get("fork_label", str, s.fork_label)
     s.private_badges = top.sub("badges").get("private_repos", bool, False)
+    hi = top.sub("history")
+    s.history = hi.get("enabled", bool, s.history)
+    s.history_url = env.get(ENV_HISTORY_URL) or hi.get("url", str, None)
+    if s.history_url and not s.history_url.startswith(("postgresql://", "postgres://", "sqlite://")):
+        raise hi.err("history.url", "expected postgresql://USER@HOST/DB or sqlite:///PATH")
     return s
 
 
@@ -351,11 +365,11 @@ def parse_gpus(text: str):
         return text
     if text.isdigit():
         if int(text) < 1:
-            raise UsageError("--gpus: a count must be at least 1")
+            raise UsageError("gpus: a count must be at least 1", setting="gpus")
         return int(text)
     items = [t.strip() for t in text.split(",") if t.strip()]
     if not items:
-        raise UsageError(f"--gpus: expected auto, cpu, a count or a list, got {text!r}")
+        raise UsageError(f"gpus: expected auto, cpu, a count or a list, got {text!r}", setting="gpus")
     return [int(t) if t.isdigit() else t for t in items]
 
 

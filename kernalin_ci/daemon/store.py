@@ -54,11 +54,14 @@ CREATE INDEX IF NOT EXISTS jobs_post ON jobs(post_state, post_next_at);
 CREATE INDEX IF NOT EXISTS jobs_badge ON jobs(repo, base_ref, state, finished_at);
 CREATE TABLE IF NOT EXISTS installations (
     id INTEGER PRIMARY KEY, account TEXT, state TEXT NOT NULL, updated_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS merges (             -- pull requests merged into the default branch: history
+    repo TEXT NOT NULL, pr INTEGER NOT NULL, head_sha TEXT NOT NULL, merge_sha TEXT NOT NULL,
+    received_at REAL NOT NULL, state TEXT NOT NULL DEFAULT 'pending', note TEXT,
+    PRIMARY KEY (repo, merge_sha));
 CREATE TABLE IF NOT EXISTS repos (
     name TEXT PRIMARY KEY, default_branch TEXT NOT NULL, private INTEGER NOT NULL, installation_id INTEGER);
 """
 
-ACTIVE = (QUEUED, RUNNING)
 
 
 @dataclass
@@ -236,6 +239,9 @@ class Store:
             for r in db.execute("SELECT * FROM jobs WHERE repo=? AND pr=? AND state IN ('queued', 'running')",
                                 (repo, pr)).fetchall():
                 cancelled += self._cancel(db, r, reason, now)
+        for repo, pr, head_sha, merge_sha in intents.merged:
+            db.execute("INSERT INTO merges (repo, pr, head_sha, merge_sha, received_at) VALUES (?, ?, ?, ?, ?) "
+                       "ON CONFLICT DO NOTHING", (repo, pr, head_sha, merge_sha, now))
         specs = list(intents.jobs)
         note = intents.note
         if intents.rerun_job:
@@ -297,9 +303,10 @@ class Store:
                 "AND post_state != 'pending'", (cut,))]
             # keep each branch's newest result: the badges read it
             keep = {r[0] for r in db.execute(
-                "SELECT id FROM jobs j WHERE state='done' AND conclusion IN ('success', 'failure') AND finished_at = "
-                "(SELECT MAX(finished_at) FROM jobs k WHERE k.repo=j.repo AND k.base_ref=j.base_ref AND "
-                "k.state='done' AND k.conclusion IN ('success', 'failure'))")}
+                "SELECT id FROM jobs j WHERE state='done' AND conclusion IN ('success', 'failure') "
+                "AND finished_at = (SELECT MAX(finished_at) FROM jobs k "
+                "WHERE k.repo=j.repo AND k.base_ref=j.base_ref "
+                "AND k.state='done' AND k.conclusion IN ('success', 'failure'))")}
             ids = [i for i in ids if i not in keep]
             db.executemany("DELETE FROM jobs WHERE id=?", [(i,) for i in ids])
         return ids
@@ -337,6 +344,20 @@ class Store:
         """The newest finished gate result of the pull requests into BRANCH of REPO."""
         r = self._one("SELECT * FROM jobs WHERE repo=? AND base_ref=? AND state='done' "
                       "AND conclusion IN ('success', 'failure') ORDER BY finished_at DESC LIMIT 1", (repo, branch))
+        return Job.from_row(r) if r else None
+
+    def pending_merges(self) -> list[dict]:
+        return [dict(r) for r in self._all("SELECT * FROM merges WHERE state='pending' ORDER BY received_at")]
+
+    def merge_recorded(self, repo: str, merge_sha: str, state: str, note: str = "") -> None:
+        with self._tx() as db:
+            db.execute("UPDATE merges SET state=?, note=? WHERE repo=? AND merge_sha=?", (state, note, repo, merge_sha))
+
+    def result_for(self, repo: str, pr: int, head_sha: str) -> Job | None:
+        """The newest gate result (a report) of pull request PR at commit HEAD_SHA."""
+        r = self._one("SELECT * FROM jobs WHERE repo=? AND pr=? AND head_sha=? AND state='done' "
+                      "AND conclusion IN ('success', 'failure') ORDER BY finished_at DESC LIMIT 1",
+                      (repo, pr, head_sha))
         return Job.from_row(r) if r else None
 
     def deliveries(self) -> int:

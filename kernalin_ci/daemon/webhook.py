@@ -48,11 +48,13 @@ class Intents:
     rerun_repo: str | None = None
     installation: tuple[int, str, str] | None = None  # (id, account, state)
     repos: list[tuple[str, str, bool, int | None]] = field(default_factory=list)  # (name, branch, private, inst)
+    merged: list[tuple[str, int, str, str]] = field(default_factory=list)  # (repo, pr, head_sha, merge sha): history
     note: str = ""  # why nothing is done, for the answer and the log
 
     @property
     def empty(self) -> bool:
-        return not (self.jobs or self.cancel_prs or self.rerun_job or self.installation or self.repos)
+        return not (self.jobs or self.cancel_prs or self.rerun_job or self.installation or self.repos
+                    or self.merged)
 
 
 def _get(d, *path, kind=None, pattern=None, optional=False):
@@ -108,7 +110,13 @@ def _pull_request(payload: dict) -> Intents:
     pr = _get(payload, "pull_request", kind=dict)
     number = _get(pr, "number", kind=int)
     if action == "closed":
-        return Intents(cancel_prs=[(repo, number, "the pull request was closed")], repos=[repo_info])
+        out = Intents(cancel_prs=[(repo, number, "the pull request was closed")], repos=[repo_info])
+        if _get(pr, "merged", kind=bool, optional=True) and _get(pr, "base", "ref", kind=str) == repo_info[1]:
+            # merged into the default branch: its gate result joins the history (kernalin_ci/history)
+            out.merged.append((repo, number, _get(pr, "head", "sha", kind=str, pattern=_SHA),
+                               _get(pr, "merge_commit_sha", kind=str, pattern=_SHA)))
+            out.note = "merged into the default branch: its gate result goes into the history"
+        return out
     if action not in PR_ACTIONS:
         return Intents(note=f"pull_request.{action} is not handled", repos=[repo_info])
     head_repo = _get(pr, "head", "repo", "full_name", kind=str, pattern=_REPO, optional=True)

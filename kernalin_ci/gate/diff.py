@@ -57,7 +57,8 @@ def default_branch(repo: Path) -> str:
             return name
         except UsageError:
             continue
-    raise UsageError("cannot find the default branch (no origin/HEAD, main or master): pass --base")
+    raise UsageError("base: cannot find the default branch (no origin/HEAD, main or master) to take the "
+                     "base revision from; name the base revision", setting="base")
 
 
 def event_refs(event_path: str | None) -> dict:
@@ -71,11 +72,22 @@ def event_refs(event_path: str | None) -> dict:
         raise UsageError(f"GITHUB_EVENT_PATH {event_path}: cannot read the event: {e}") from None
     pr = ev.get("pull_request")
     if not pr:
-        return {}
+        return _push_refs(ev)
     head_repo = (pr.get("head", {}).get("repo") or {}).get("full_name")
     base_repo = (pr.get("base", {}).get("repo") or {}).get("full_name")
     return {"base": pr["base"]["sha"], "head": pr["head"]["sha"], "pr": pr.get("number"),
             "repo": base_repo, "fork": bool(head_repo and base_repo and head_repo != base_repo)}
+
+
+def _push_refs(ev: dict) -> dict:
+    """A push to the default branch: the pushed range, before..after (the history records it)."""
+    repo = ev.get("repository") or {}
+    before, after = ev.get("before"), ev.get("after")
+    if not isinstance(repo, dict) or ev.get("ref") != f"refs/heads/{repo.get('default_branch')}":
+        return {}
+    if not before or not after or set(before) == {"0"}:
+        return {}
+    return {"base": before, "head": after, "repo": repo.get("full_name")}
 
 
 def resolve_refs(repo: Path, base: str | None, head: str | None, event_path: str | None = None) -> Refs:
@@ -217,6 +229,7 @@ def _entry_exists(k: Kernel, root: Path) -> bool:
 def worktrees(repo: Path, base: str, head: str):
     """Base and head checked out side by side in a temp dir; removed afterwards, also on failure."""
     tmp = Path(tempfile.mkdtemp(prefix="kernalin-gate-"))
+    tmp.chmod(0o755)  # the kernel workers' sandbox user (uid 65534 under root) reads the checkouts
     made = []
     try:
         for name, sha in (("base", base), ("head", head)):

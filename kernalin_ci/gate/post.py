@@ -6,6 +6,7 @@ from kernalin_ci.github.client import Annotation
 from kernalin_ci.github.publish import Publication
 from kernalin_ci.report.markdown import headline, render_markdown
 from kernalin_ci.report.model import Report
+from kernalin_ci.report.text import finding_text
 
 
 def annotations(report: Report) -> list[Annotation]:
@@ -20,7 +21,7 @@ def annotations(report: Report) -> list[Annotation]:
             out.append(Annotation(
                 path=loc["path"], start_line=line, end_line=line, annotation_level="failure",
                 title=f"{item.name}: {f['bug_class']} ({f['check']})",
-                message=f["message"] + (f"\nReproduce: {f['reproduce']}" if f.get("reproduce") else "")))
+                message=finding_text(f)))
     return out
 
 

@@ -1,7 +1,10 @@
 """The PR gate: config + refs -> affected kernels -> verify + bench -> Report.
 
 Every kernel is checked in its own worker children (kernalin_ci.verify and
-kernalin_ci.bench start them), so one kernel's crash does not stop the gate.
+kernalin_ci.bench start them), so one kernel's crash does not stop the gate. An
+error while checking one kernel or pipeline (its entry does not load: a UsageError;
+a bug of ours: any other exception) is recorded on that kernel, which fails, and
+the gate goes on to the others: the report is always written.
 """
 from __future__ import annotations
 
@@ -13,7 +16,8 @@ from pathlib import Path
 
 from kernalin_ci import config as config_mod
 from kernalin_ci.config import Config
-from kernalin_ci.errors import UsageError
+from kernalin_ci.errors import InternalError, UsageError, describe, log_text, write_log
+from kernalin_ci.explain.render import explain_lines
 from kernalin_ci.gate.diff import Refs, affected_kernels, changed_files, resolve_refs, worktrees
 from kernalin_ci.report.model import KernelReport, PipelineReport, Report
 
@@ -39,6 +43,9 @@ def judge(kr: KernelReport, cfg: Config, device: str) -> list[str]:
             failed.append("slower")
         if b.get("verdict") == "inconclusive" and "inconclusive" in fail_on:
             failed.append("inconclusive")
+    from kernalin_ci.explain.gate import failed_by
+
+    failed += [x for x in failed_by(kr, fail_on) if x not in failed]
     return failed
 
 
@@ -65,9 +72,10 @@ def conclude(report: Report) -> tuple[str, str]:
 
 def run_gate(repo: Path, config_path: str | None, base: str | None, head: str | None, device: str,
              event_path: str | None = None, progress: bool = True, on_start=None,
-             gate_overrides: dict | None = None) -> Report:
+             gate_overrides: dict | None = None, profile: bool = False) -> Report:
     """Run the whole gate and return the Report (the caller writes it out and posts it).
-    gate_overrides: fields of config.Gate that replace the configuration's (e.g. the Action's fail-on)."""
+    gate_overrides: fields of config.Gate that replace the configuration's (e.g. the Action's fail-on).
+    profile: Nsight Compute for the changed kernels where `ncu` is on PATH (kernalin_ci.explain)."""
     t0 = time.perf_counter()
     cfg_path = Path(config_path) if config_path else repo / config_mod.DEFAULT_FILE
     cfg = config_mod.load(cfg_path)
@@ -90,7 +98,7 @@ def run_gate(repo: Path, config_path: str | None, base: str | None, head: str | 
         log(f"{len(todo)} of {len(plan)} kernels affected"
             + (f"; removed: {', '.join(report.removed)}" if report.removed else ""))
         results: dict[str, KernelReport] = {}
-        for i, a in enumerate(plan):
+        for a in plan:
             k = a.kernel
             kr = KernelReport(k.name, k.op, k.entry, a.status, a.reasons)
             results[k.name] = kr
@@ -100,25 +108,35 @@ def run_gate(repo: Path, config_path: str | None, base: str | None, head: str | 
             log(f"[{sum(1 for x in report.kernels if x.status != 'unchanged')}/{len(todo)}] {k.name} "
                 f"({k.op}, {a.status}): {'; '.join(a.reasons)}")
             kt = time.perf_counter()
-            check_kernel(kr, k, cfg, device, base_root, head_root, progress)
+            try:
+                check_kernel(kr, k, cfg, device, base_root, head_root, progress, profile)
+            except Exception as e:  # a bug of ours: this kernel is in error, the others go on
+                kr.error = internal_error(k.name, e)
             kr.failed_by = judge(kr, cfg, device)
             kr.seconds = time.perf_counter() - kt
             log(f"    {k.name}: {summary_line(kr)}")
+            for line in explain_lines(kr.explain) if progress else []:
+                log(f"      {line}")
         for p in cfg.pipelines:
             members = {"kv_append": p.kv_append, "attention.decode_paged": p.attention, "rope": p.rope}
             names = [n for n in members.values() if n]
             if not any(results[n].status in ("changed", "new") for n in names):
                 continue
             report.pipelines.append(check_pipeline(p, members, cfg, device, head_root, progress))
+        report.model = check_model(cfg, results, device, base_root, head_root, progress)
     for kr in report.kernels:
         _relativise(kr.verification, head_root)
     report.conclusion, report.reason = conclude(report)
+    from kernalin_ci.history.model import environment
+
+    report.environment = environment(device)
     report.seconds = time.perf_counter() - t0
     return report
 
 
 def check_kernel(kr: KernelReport, k, cfg: Config, device: str, base_root: Path, head_root: Path,
-                 progress: bool) -> None:
+                 progress: bool, profile: bool = False) -> None:
+    from kernalin_ci import explain
     from kernalin_ci.verify import verify
 
     try:
@@ -144,12 +162,19 @@ def check_kernel(kr: KernelReport, k, cfg: Config, device: str, base_root: Path,
         from kernalin_ci.ops import get_op
 
         _, op_params = resolve_domain(get_op(k.op), k.params, k.domain)  # one declared value pins the shape
-        res = bench_pair(k.op, k.entry, k.entry, str(base_root), str(head_root), {**op_params, **k.bench},
-                         device, budget_s=cfg.gate.budget_s, rope_min=cfg.gate.rope, progress=progress)
+        params = {**op_params, **{kk: v for kk, v in k.bench.items() if kk != "regime"}}
+        plan = explain.plan_kernel(kr, k, k.op, params, device, base_root, head_root)  # docs/benchmarking.md
+        if plan is not None and plan.skip_timing:
+            return
+        res = bench_pair(k.op, k.entry, k.entry, str(base_root), str(head_root), params,
+                         device, budget_s=cfg.gate.budget_s, rope_min=cfg.gate.rope, progress=progress,
+                         shapes=plan.to_time if plan is not None else None, regime=k.bench.get("regime"))
         kr.benchmark = res.to_json()
         if res.failed:  # e.g. base and head disagree on an output, or the head crashed while timed
             kr.error = f"benchmark: {res.error}"
             return
+        if plan is not None:
+            explain.finish_kernel(kr, plan, k, k.op, params, device, head_root, profile)
     except UsageError as e:
         kr.error = f"benchmark: {e}"
         return
@@ -182,11 +207,61 @@ def check_pipeline(p, members: dict, cfg: Config, device: str, head_root: Path, 
         pr.verification = vr.to_json()
         if vr.findings and "finding" in cfg.gate.fail_on:
             pr.failed_by = ["finding"]
-    except UsageError as e:
-        pr.verification = {"verdict": "fail", "findings": [], "error": str(e)}
+    except Exception as e:  # a load error, or a bug of ours (logged): this pipeline fails, the gate goes on
+        why = str(e) if isinstance(e, UsageError) else internal_error(f"pipeline {p.name}", e)
+        pr.verification = {"verdict": "fail", "findings": [], "error": why}
         pr.failed_by = ["error"]
     pr.seconds = time.perf_counter() - t0
     return pr
+
+
+def internal_error(what: str, e: Exception) -> str:
+    """An internal error while checking one kernel: the traceback to a log file named on stderr,
+    one line for the report."""
+    path = write_log(log_text(e))
+    log(f"    {what}: internal error: {describe(e)} (traceback in {path})")
+    return f"internal error: {describe(e)} (a bug in kernalin-ci)"
+
+
+def check_model(cfg: Config, results: dict, device: str, base_root: Path, head_root: Path,
+                progress: bool) -> dict | None:
+    """Decode tokens/s and $/Mtok with the model's kernels, base against head (docs/tokens.md); None when the
+    configuration has no `model:` or none of the kernels in the step changed. Reported, never gating."""
+    from kernalin_ci.domain import resolve as resolve_domain
+    from kernalin_ci.ops import get_op
+    from kernalin_ci.ops.base import resolve_params
+    from kernalin_ci.throughput.bench import Role, bench_model, not_measured, role_names
+
+    spec = cfg.model
+    if spec is None:
+        return None
+    members = {role: cfg.kernel(name) for role, name in spec.kernels.items()}
+    touched = [k.name for k in members.values() if results[k.name].status in ("changed", "new")]
+    if not touched:
+        return None
+    roles = []
+    for role, k in members.items():
+        _, op_params = resolve_domain(get_op(k.op), k.params, k.domain)
+        params = resolve_params(k.op, get_op(k.op).params, op_params)
+        roles.append(Role(role, k.op, k.name, k.entry, k.entry, params))
+    names = role_names(roles)
+    new = [k.name for k in members.values() if results[k.name].status == "new"]
+    bad = [k.name for k in members.values() if results[k.name].error or results[k.name].failed_by]
+    reason = ("no GPU" if device != "cuda" else "benchmarks are off (gate.bench: false)" if not cfg.gate.bench
+              else f"new kernel {', '.join(new)}: nothing to compare against" if new
+              else f"{', '.join(bad)} failed" if bad else None)
+    if reason:
+        return not_measured(spec, device, reason, names)
+    log(f"model {spec.name}: decode step with {', '.join(f'{r} {n}' for r, n in names.items())}")
+    try:
+        res = bench_model(spec, roles, str(base_root), str(head_root), device,
+                          budget_s=spec.budget_s or cfg.gate.budget_s, rope_min=cfg.gate.rope, progress=progress)
+    except (UsageError, InternalError) as e:  # a kernel that cannot serve the model; the worker failing
+        msg = " ".join(str(e).split())[:2000]
+        out = not_measured(spec, device, "the model benchmark could not run", names)
+        out["error"] = msg
+        return out
+    return res.to_json()
 
 
 def removed_kernels(cfg: Config, base_root: Path, cfg_path: Path, repo: Path) -> list[str]:
@@ -234,6 +309,11 @@ def summary_line(kr: KernelReport) -> str:
         parts.append(f"benchmark {b['verdict']} (ratio {b['ratio']:.4f})")
     elif kr.benchmark_note:
         parts.append(kr.benchmark_note)
+    from kernalin_ci.explain.render import explain_summary
+
+    ex = explain_summary(kr.explain)
+    if ex and not (kr.benchmark_note or "").startswith(ex):
+        parts.append(ex)
     return "; ".join(parts)
 
 

@@ -176,8 +176,8 @@ def append_step_summary(markdown: str, *, env: Mapping[str, str] | None = None) 
     room = STEP_SUMMARY_MAX_BYTES - (p.stat().st_size if p.exists() else 0)
     data = (markdown if markdown.endswith("\n") else markdown + "\n").encode("utf-8")
     if len(data) > room:
-        note = ("\n\n*The step summary was cut at GitHub's 1 MiB limit; "
-                "the full report is in the job's output.*\n").encode()
+        note = (b"\n\n*The step summary was cut at GitHub's 1 MiB limit; "
+                b"the full report is in the job's output.*\n")
         head = data[:max(room - len(note), 0)].decode("utf-8", errors="ignore").encode("utf-8")
         data = head + note if room >= len(note) else b""
     with open(p, "ab") as f:

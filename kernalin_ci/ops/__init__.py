@@ -12,6 +12,7 @@ MODULES = {
     "attention.decode_paged": "attention_decode_paged",
     "rope": "rope",
     "kv_append": "kv_append",
+    "decode_step": "decode_step",
     "custom": "custom",
 }
 NAMES = tuple(MODULES)

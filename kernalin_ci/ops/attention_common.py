@@ -8,8 +8,8 @@ from typing import Any, Callable, TypeGuard
 
 from kernalin_ci.lazy import torch
 
-from kernalin_ci.ops.base import (Case, Op, Param, Params, capture_case, capture_head_dims, capture_heads,
-                                  positive)
+from kernalin_ci.ops.base import (DTYPE_BYTES, Case, Op, Param, Params, Traffic, capture_case, capture_head_dims,
+                                  capture_heads, positive)
 from kernalin_ci.ops.bench_shapes import BenchRequest, len_label, ragged_lens
 
 # Optional shape params: pin a dimension for kernels specialised to one model.
@@ -182,6 +182,19 @@ class AttentionOp(Op):
             cases.append(Case(f"B={s['batch']} kv_len={len_label(lens)} Hq={hq} Hkv={hkv} D={D} {request.dtype}",
                               dims, request.dtype, 1000 + i, ("bench",)))
         return cases
+
+    def traffic(self, case: Case, params: Params) -> Traffic | None:
+        """q read, each sequence's K and V rows read once per KV head, kv_lens (and block tables) read, out
+        written; 2·D FLOPs per (query head, key) for q·k and as many for p·v."""
+        d = case.dims
+        e = DTYPE_BYTES[case.dtype]
+        lens = [int(x) for x in d["kv_lens"]]
+        B, Hq, Hkv, D = len(lens), int(d["Hq"]), int(d["Hkv"]), int(d["D"])
+        read = B * Hq * D * e + 2 * sum(lens) * Hkv * D * e + 4 * B
+        if params.get("block_size"):  # paged: the block-table entries that are used
+            bs = int(params["block_size"])
+            read += 4 * sum(-(-L // bs) for L in lens)
+        return Traffic(read, B * Hq * D * e, 4 * Hq * D * sum(lens))
 
     def capture_cases(self, params: Params) -> list[Case]:
         """B > 1, Hq != Hkv, kv_len spanning several tiles with a partial last tile, a head dim with a tail

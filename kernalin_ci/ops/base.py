@@ -65,11 +65,11 @@ class Case:
             try:
                 d = json.loads(d)
             except json.JSONDecodeError as e:
-                raise UsageError(f"--case: not valid JSON: {e}") from None
+                raise UsageError(f"case: not valid JSON: {e}", setting="case") from None
         if not isinstance(d, dict) or "name" not in d or "dims" not in d:
-            raise UsageError("--case: expected a JSON object with at least 'name' and 'dims'")
+            raise UsageError("case: expected a JSON object with at least 'name' and 'dims'", setting="case")
         if d.get("dtype", "float32") not in DTYPES:
-            raise UsageError(f"--case: dtype must be one of {', '.join(DTYPES)}")
+            raise UsageError(f"case: dtype must be one of {', '.join(DTYPES)}", setting="case")
         return cls(name=d["name"], dims=dict(d["dims"]), dtype=d.get("dtype", "float32"),
                    seed=int(d.get("seed", 0)), tags=tuple(d.get("tags", ())))
 
@@ -104,6 +104,24 @@ class Expected:
     row_slack: dict[str, Any] = field(default_factory=dict)
     # the relative tolerance when the op holds this dtype to a tighter one than TOLERANCE (float32 rope)
     tolerance: float | None = None
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """What one call must move and compute by the op's definition (docs/benchmarking.md): every input
+    element the result depends on read once, every output element written once, the arithmetic of the
+    definition's dot products and rotations (exp, max, casts not counted)."""
+
+    bytes_read: int
+    bytes_written: int
+    flops: int
+
+    @property
+    def bytes(self) -> int:
+        return self.bytes_read + self.bytes_written
+
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 Params = dict[str, Any]    # resolved op params (resolve_params)
@@ -162,6 +180,10 @@ class Op(ABC):
         """The shapes to time, from the benchmark request (bench params and device defaults)."""
         raise UsageError(f"op {self.name}: no benchmark shapes")
 
+    def traffic(self, case: Case, params: Params) -> Traffic | None:
+        """Bytes moved and FLOPs of one call of `case` by the op's definition; None: no model."""
+        return None
+
     def capture_cases(self, params: Params) -> list[Case]:
         """Small calls for the structural capture, in preference order (the next is tried when a call
         is refused). Empty: the op has no structural capture."""
@@ -180,6 +202,19 @@ class Op(ABC):
     @abstractmethod
     def outputs(self, ret: Any, kw: Tensors) -> Tensors:
         """The entry's outputs by name, from its return value (or its written inputs)."""
+
+    def drive(self, fn: Callable[..., Any], case: Case, params: Params, device: str, poison: bool,
+              hand_back: Callable[[int, dict[str, Any], float], None]) -> int | None:
+        """In the worker: a stateful op's own dynamic run of `case`, many calls of `fn` (the decode_step
+        loop), each call's raw result handed back as one part (`hand_back(step, raw, seconds)`); returns
+        the number of parts. None: the case is the one call verify.dynamic makes. Nothing is judged here:
+        the parent judges the parts with `loop_judge`."""
+        return None
+
+    def loop_judge(self, case: Case, params: Params, poison: bool) -> Any:
+        """In the parent: the judge of a case that `drive` runs (verify.pipeline.LoopJudge), None for an
+        op whose cases are one call."""
+        return None
 
     def written_names(self, params: Params) -> tuple[str, ...]:
         """The inputs an entry of this op may write, with these params."""
@@ -268,10 +303,6 @@ def _coerce(op_name: str, p: Param, v: Any) -> Any:
 
 def positive(v: Any) -> str | None:
     return None if v > 0 else "must be positive"
-
-
-def power_of_two(v: Any) -> str | None:
-    return None if v > 0 and v & (v - 1) == 0 else "must be a positive power of two"
 
 
 def valid_dims(dims: dict[str, Any], keys: tuple[str, ...]) -> str | None:

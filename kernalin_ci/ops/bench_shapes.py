@@ -77,7 +77,7 @@ class BenchRequest:
                 try:
                     shapes = json.loads(shapes)
                 except json.JSONDecodeError as e:
-                    raise UsageError(f"--param shapes: not valid JSON: {e}") from None
+                    raise UsageError(f"bench param shapes: not valid JSON: {e}") from None
             if not isinstance(shapes, list) or not shapes or not all(isinstance(s, dict) for s in shapes):
                 raise UsageError("bench param 'shapes' must be a non-empty list of objects")
             out = []
@@ -102,10 +102,10 @@ def _ints(key: str, v: Any) -> list[int]:
         try:
             v = json.loads(v)
         except json.JSONDecodeError:
-            raise UsageError(f"--param {key}={v!r}: expected an integer or a list of integers") from None
+            raise UsageError(f"bench param {key}={v!r}: expected an integer or a list of integers") from None
     vals = v if isinstance(v, list) else [v]
     if not vals or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in vals):
-        raise UsageError(f"--param {key}={v!r}: expected a positive integer or a list of them")
+        raise UsageError(f"bench param {key}={v!r}: expected a positive integer or a list of them")
     return vals
 
 

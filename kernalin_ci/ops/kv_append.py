@@ -12,8 +12,8 @@ from kernalin_ci.lazy import torch
 
 from kernalin_ci.findings import Finding
 from kernalin_ci.ops import paged
-from kernalin_ci.ops.base import (Case, Expected, Op, Param, Params, Tensors, capture_case, capture_head_dims,
-                                  generator, positive, randn, valid_dims)
+from kernalin_ci.ops.base import (DTYPE_BYTES, Case, Expected, Op, Param, Params, Tensors, Traffic, capture_case,
+                                  capture_head_dims, generator, positive, randn, valid_dims)
 from kernalin_ci.ops.bench_shapes import BenchRequest
 from kernalin_ci.verify.interp import lazy_zeros
 from kernalin_ci.verify.poison import bits, fill_canary, words
@@ -237,6 +237,14 @@ class KvAppend(Op):
             cases.append(Case(f"T={s['tokens']} Hkv={hkv} D={D} {request.dtype} ({nb} blocks of {bs})",
                               dims, request.dtype, 1000 + i, ("bench",)))
         return cases
+
+    def traffic(self, case: Case, params: Params) -> Traffic | None:
+        """key, value and the int64 slot mapping read; one cache row per non-padding token written to each
+        cache; no arithmetic."""
+        d = case.dims
+        row = int(d["Hkv"]) * int(d["D"]) * DTYPE_BYTES[case.dtype]
+        T, pad = int(d["T"]), int(d.get("padding", 0))
+        return Traffic(2 * T * row + 8 * T, 2 * (T - pad) * row, 0)
 
     def capture_cases(self, params: Params) -> list[Case]:
         """Several tokens, two of them padding, in a cache of several blocks."""

@@ -6,7 +6,8 @@ from typing import Any
 from kernalin_ci.lazy import torch
 
 from kernalin_ci.findings import Finding
-from kernalin_ci.ops.base import (TOLERANCE, Case, Expected, Op, Param, Params, Tensors, capture_case,
+from kernalin_ci.ops.base import (DTYPE_BYTES, TOLERANCE, Case, Expected, Op, Param, Params, Tensors, Traffic,
+                                  capture_case,
                                   capture_head_dims, capture_heads, generator, positive, randn, valid_dims)
 from kernalin_ci.ops.bench_shapes import BenchRequest
 
@@ -248,6 +249,14 @@ class Rope(Op):
             cases.append(Case(f"T={s['tokens']} Hq={hq} Hkv={hkv} D={D} {request.dtype} (positions < {mp})",
                               dims, request.dtype, 1000 + i, ("bench",)))
         return cases
+
+    def traffic(self, case: Case, params: Params) -> Traffic | None:
+        """q, k and the int64 positions read, q and k written whole; 3 FLOPs per rotated element
+        (x·cos ∓ y·sin); the angles are not counted."""
+        d = case.dims
+        e = DTYPE_BYTES[case.dtype]
+        T, H, D = int(d["T"]), int(d["Hq"]) + int(d["Hkv"]), int(d["D"])
+        return Traffic(T * H * D * e + 8 * T, T * H * D * e, 3 * T * H * self._r(params, D))
 
     def capture_cases(self, params: Params) -> list[Case]:
         """Several tokens at positions that are neither 0 nor the token index."""

@@ -13,7 +13,7 @@ import xml.etree.ElementTree as ET
 
 from kernalin_ci.report.markdown import checked_kernels, headline
 from kernalin_ci.report.model import KernelReport, PipelineReport, Report
-from kernalin_ci.report.text import (benchmark_ok, bug_classes, case_summary, coverage_text, location_text,
+from kernalin_ci.report.text import (benchmark_ok, bug_classes, coverage_text, finding_text, location_text,
                                      mass_sentence, measurement_note, not_checked_texts, plural, structural_text,
                                      verdict_phrase, xml_text)
 
@@ -32,21 +32,6 @@ def _findings(item) -> list[dict]:
     return list(v.get("findings") or []) if isinstance(v, dict) else []
 
 
-def finding_text(f: dict) -> str:
-    """One finding as plain text: class, check, location, message, case and reproduce command."""
-    head = f"[{f.get('bug_class', '?')}] {f.get('kind', 'dynamic')} check {f.get('check', '?')}"
-    loc = location_text(f.get("location"))
-    if loc:
-        head += f" at {loc}"
-    lines = [head, f"  {f.get('message', '')}"]
-    case = case_summary(f.get("case"))
-    if case:
-        lines.append(f"  case: {case}")
-    if f.get("reproduce"):
-        lines.append(f"  reproduce: {f['reproduce']}")
-    return "\n".join(lines)
-
-
 def _benchmark_text(k: KernelReport) -> str | None:
     b = k.benchmark
     parts = []
@@ -60,6 +45,9 @@ def _benchmark_text(k: KernelReport) -> str | None:
         parts.append(f"benchmark failed, no verdict: {b['error']}")
     if k.benchmark_note:
         parts.append(f"benchmark note: {k.benchmark_note}")
+    from kernalin_ci.explain.render import explain_lines
+
+    parts += [f"why: {line}" for line in explain_lines(k.explain)]
     return "\n".join(parts) or None
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from kernalin_ci.findings import BUG_CLASSES
 from kernalin_ci.report.chart import posterior_chart
 from kernalin_ci.report.model import KernelReport, PipelineReport, Report
+from kernalin_ci.report.tokens import markdown_section
 from kernalin_ci.report.text import (benchmark_ok, bug_classes, case_summary, clip, code, code_block,
                                      coverage_text, effect, hdi_text, html_text, location_text, mass_sentence,
                                      md, measurement_note, not_checked_texts, plural, prob, ratio_text,
@@ -358,8 +359,10 @@ def _kernel_section(k: KernelReport) -> _Section:
     err = _error(k)
     if err:
         lines.append(f"- **Error:** {md(clip(err, MESSAGE_MAX))}")
+    from kernalin_ci.explain.render import explain_block
+
     extras = [x for x in (posterior_chart(k.benchmark) if benchmark_ok(k.benchmark) else None,
-                          _notices_block(k)) if x]
+                          explain_block(k.explain), _notices_block(k)) if x]
     extras = [x if x.endswith("\n\n") else x + "\n\n" for x in extras]
     fs = _findings(k)
     return _Section("\n".join(lines) + "\n\n", extras, [_finding_item(i + 1, f) for i, f in enumerate(fs)],
@@ -458,6 +461,9 @@ def render_markdown(report: Report, *, limit: int = COMMENT_LIMIT) -> str:
     table = _table(rows, limit - fixed) + "\n\n" if rows else ""
     budget = _Budget(limit - fixed - len(table))
     sections = [_kernel_section(x) if isinstance(x, KernelReport) else _pipeline_section(x) for x in items]
+    throughput = markdown_section(report.model)  # decode tokens/s and $/Mtok (report/tokens.py)
+    if throughput and not budget.take(throughput):
+        budget.cut_blocks += 1
     _fill(budget, sections, _others(report))
     note = ""
     if budget.cut_findings or budget.cut_blocks:

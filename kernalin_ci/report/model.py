@@ -19,6 +19,7 @@ class KernelReport:
     error: str | None = None  # infrastructure failure for this kernel
     failed_by: list[str] = field(default_factory=list)  # policy items this kernel failed: finding/slower/...
     seconds: float = 0.0
+    explain: dict | None = None  # kernalin_ci.explain: identity, % of peak, why, provenance, re-check
 
 
 @dataclass
@@ -45,7 +46,9 @@ class Report:
     pr: int | None = None
     seconds: float = 0.0
     reproduce: str = ""
+    environment: dict = field(default_factory=dict)  # gpu, torch, triton, python, kernalin_ci (history)
     schema: int = SCHEMA_VERSION
+    model: dict | None = None  # decode tokens/s and $/Mtok, base against head (docs/tokens.md); None: no `model:`
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -70,6 +70,7 @@ VERDICT = {"type": "object",
                           "rope_source": _str_or_null, "floor": _num_or_null, "aa_ratio": _num_or_null,
                           "aa_hdi": {"type": ["array", "null"], "items": _num},
                           "shapes": {"type": ["array", "null"]}, "seconds": _num_or_null, "clock": _str_or_null,
+                          "regime": _str_or_null,
                           "posterior_hist": {"type": ["object", "null"], "required": ["edges", "density"],
                                              "properties": {"edges": {"type": "array", "items": _num},
                                                             "density": {"type": "array", "items": _num}}}}}
@@ -80,6 +81,46 @@ FAILED_BENCHMARK = {"type": "object", "required": ["verdict", "error"],
 
 BENCHMARK = {"anyOf": [{"type": "null"}, VERDICT, FAILED_BENCHMARK]}
 
+# kernalin_ci.explain (docs/report.md "explain"): every verdict explained
+_obj_or_null = {"type": ["object", "null"]}
+SHAPE_IDENTITY = {"type": "object", "required": ["shape", "identical", "differences"],
+                  "properties": {"shape": {"type": "string"}, "identical": {"type": ["boolean", "null"]},
+                                 "differences": {"type": "array", "items": {"type": "string"}}}}
+IDENTITY = {"type": "object", "required": ["status", "shapes", "verdict"],
+            "properties": {"status": {"enum": ["compared", "not-compared"]}, "cause": _str_or_null,
+                           "toolchain_changed": {"type": "array", "items": {"type": "string"}},
+                           "shapes": {"type": "array", "items": SHAPE_IDENTITY},
+                           "toolchain": {"type": "object"}, "seconds": _num,
+                           "verdict": {"enum": [None, "equivalent (identical compiled code)"]}}}
+SIDE_PEAK = {"type": "object", "required": ["bytes", "flops", "achieved_gbs", "above_peak"],
+             "properties": {"bytes": {"type": "integer"}, "flops": {"type": "integer"}, "ms": _num_or_null,
+                            "achieved_gbs": _num_or_null, "achieved_tflops": _num_or_null,
+                            "peak_gbs": _num_or_null, "peak_tflops": _num_or_null,
+                            "peak_flops_kind": _str_or_null, "pct_peak_bw": _num_or_null,
+                            "pct_peak_flops": _num_or_null, "pct_copy_bw": _num_or_null,
+                            "bound": {"enum": [None, "memory-bound", "compute-bound"]},
+                            "above_peak": {"type": "boolean"}, "problem": _str_or_null}}
+PEAK_ROW = {"type": "object", "required": ["shape"],
+            "properties": {"shape": {"type": ["string", "null"]}, "model": _str_or_null, "base": SIDE_PEAK,
+                           "head": SIDE_PEAK}}
+WHY_ROW = {"type": "object", "required": ["kernel", "shape", "base", "head", "changed"],
+           "properties": {"kernel": {"type": "string"}, "shape": {"type": "string"}, "launch": {"type": "integer"},
+                          "base": _obj_or_null, "head": _obj_or_null,
+                          "changed": {"type": "array", "items": {"type": "string"}}}}
+EXPLAIN = {"type": ["object", "null"],
+           "properties": {"identity": IDENTITY, "verdict": _str_or_null,
+                          "peak": {"type": "array", "items": PEAK_ROW}, "peak_note": {"type": "string"},
+                          "above_peak": {"type": "boolean"}, "why": {"type": "array", "items": WHY_ROW},
+                          "provenance": {"type": "object",
+                                         "properties": {"start": _obj_or_null, "end": _obj_or_null,
+                                                        "changed": {"type": "array", "items": {"type": "string"}},
+                                                        "regime": {"type": "object"}}},
+                          "recheck": {"type": ["object", "null"], "required": ["case", "verdict", "findings"],
+                                      "properties": {"case": {"type": "string"}, "verdict": _str_or_null,
+                                                     "findings": {"type": "array", "items": FINDING},
+                                                     "error": _str_or_null}},
+                          "profile": {"type": ["object", "null"]}, "error": {"type": "string"}}}
+
 _failed_by = {"type": "array", "items": {"type": "string"},
               "examples": [["finding"], ["slower"], ["inconclusive"], ["not-analysed"], ["error"]]}
 
@@ -89,12 +130,38 @@ KERNEL = {"type": "object", "required": ["name", "op", "entry", "status", "verif
                          "reasons": {"type": "array", "items": {"type": "string"}},
                          "verification": VERIFICATION, "benchmark": BENCHMARK,
                          "benchmark_note": _str_or_null, "error": _str_or_null,
-                         "failed_by": _failed_by, "seconds": _num}}
+                         "failed_by": _failed_by, "seconds": _num, "explain": EXPLAIN}}
 
 PIPELINE = {"type": "object", "required": ["name", "members", "verification", "failed_by"],
             "properties": {"name": {"type": "string"},
                            "members": {"type": "object", "additionalProperties": {"type": "string"}},
                            "verification": VERIFICATION, "failed_by": _failed_by, "seconds": _num}}
+
+# decode tokens/s and $/Mtok, base against head (docs/tokens.md; kernalin_ci.throughput.bench.ModelResult)
+_side = {"type": "object", "required": ["step_ms", "tokens_per_s", "usd_per_mtok"],
+         "properties": {"step_ms": _num, "tokens_per_s": _num, "tokens_per_s_hdi": _pair, "usd_per_mtok": _num,
+                        "usd_per_mtok_hdi": _pair}}
+SERVING_POINT = {"type": "object",
+                 "required": ["batch", "context", "verdict", "tokens_per_s_ratio", "tokens_per_s_ratio_hdi",
+                              "p_faster", "p_equivalent", "p_slower", "base", "head"],
+                 "properties": {"batch": {"type": "integer", "minimum": 1}, "context": {"type": "integer", "minimum": 1},
+                                "verdict": {"enum": ["faster", "slower", "equivalent", "inconclusive"]},
+                                "step_ratio": _num, "step_hdi": _pair, "tokens_per_s_ratio": _num,
+                                "tokens_per_s_ratio_hdi": _pair, "p_faster": _prob, "p_equivalent": _prob,
+                                "p_slower": _prob, "rope": _pair, "rounds": {"type": "integer"},
+                                "usd_per_mtok_change": _num, "base": _side, "head": _side}}
+MODEL = {"type": ["object", "null"],
+         "required": ["model", "shape", "price_per_hour", "measured", "reason", "points"],
+         "properties": {"model": {"type": "string"}, "shape": {"type": "object"}, "source": {"type": "string"},
+                        "price_per_hour": _num, "price_source": {"type": "string"}, "device": {"type": "string"},
+                        "kernels": {"type": "object", "additionalProperties": {"type": "string"}},
+                        "measured": {"type": "boolean"}, "reason": _str_or_null,
+                        "mode": {"enum": ["full", "per-layer", None]}, "mode_why": _str_or_null,
+                        "layers_built": {"type": ["integer", "null"]},
+                        "points": {"type": "array", "items": SERVING_POINT},
+                        "verdict": {"anyOf": [{"type": "null"}, VERDICT]}, "rounds": {"type": "integer"},
+                        "error": _str_or_null, "error_kind": _str_or_null,
+                        "notes": {"type": "array", "items": {"type": "string"}}}}
 
 _ref = {"type": "object", "properties": {"ref": _str_or_null, "sha": _str_or_null}}
 
@@ -119,5 +186,9 @@ REPORT_SCHEMA = {
         "pr": {"type": ["integer", "null"]},
         "seconds": _num,
         "reproduce": {"type": "string"},
+        "model": MODEL,
+        "environment": {"type": "object", "properties": {"gpu": _str_or_null, "torch": {"type": "string"},
+                                                         "triton": {"type": "string"}, "python": {"type": "string"},
+                                                         "kernalin_ci": {"type": "string"}}},
     },
 }

@@ -192,7 +192,7 @@ def mass_sentence(b: dict) -> str:
 
 
 def measurement_note(b: dict) -> str:
-    """'24 rounds · 18.2 s · CUDA events · A/A floor 0.05%', from the fields that are present."""
+    """'24 rounds · 18.2 s · CUDA events · warm L2 · A/A floor 0.05%', from the fields that are present."""
     parts = []
     if isinstance(b.get("rounds"), int):
         parts.append(f"{b['rounds']} rounds")
@@ -202,6 +202,8 @@ def measurement_note(b: dict) -> str:
              "cpu-wall-clock": "CPU wall clock"}.get(b.get("clock"), b.get("clock"))
     if clock:
         parts.append(str(clock))
+    if b.get("regime") in ("warm", "cold"):
+        parts.append(f"{b['regime']} L2")
     if _finite(b.get("floor")):
         parts.append(f"A/A floor {percent(b['floor'], 2)}")
     shapes = b.get("shapes")
@@ -230,6 +232,23 @@ def location_text(loc: dict | None) -> str | None:
     if not isinstance(loc, dict) or not loc.get("path"):
         return None
     return f"{loc['path']}:{loc['line']}" if loc.get("line") else str(loc["path"])
+
+
+def finding_text(f: dict) -> str:
+    """One finding as plain text: class, check, location, message, case and reproduce command. The one
+    plain-text wording of a finding (the CLI, JUnit and the check-run annotations use it; the comment
+    is markdown)."""
+    head = f"[{f.get('bug_class', '?')}] {f.get('kind', 'dynamic')} check {f.get('check', '?')}"
+    loc = location_text(f.get("location"))
+    if loc:
+        head += f" at {loc}"
+    lines = [head, f"  {f.get('message', '')}"]
+    case = case_summary(f.get("case"))
+    if case:
+        lines.append(f"  case: {case}")
+    if f.get("reproduce"):
+        lines.append(f"  reproduce: {f['reproduce']}")
+    return "\n".join(lines)
 
 
 def bug_classes(findings: list[dict]) -> list[tuple[str, int]]:

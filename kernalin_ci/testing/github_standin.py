@@ -675,8 +675,8 @@ class GitHubStandIn:
         repo = ctx.repo("checks", level="write")
         run = self._find_run(repo, ctx)
         if run["app_id"] != ctx.auth.app_id:
-            raise ApiError(403, "Invalid app_id `%s` - check run can only be modified by the GitHub App that "
-                                "created it." % ctx.auth.app_id)
+            raise ApiError(403, f"Invalid app_id `{ctx.auth.app_id}` - check run can only be modified by the GitHub "
+                                "App that created it.")
         b = ctx.body
         if run["status"] == "completed" and b.get("status") in ("queued", "in_progress") and "conclusion" not in b:
             # a completed run cannot be reopened (reported by integrators; GitHub's reference is silent)

@@ -126,7 +126,8 @@ def run_cases(task: str, job: dict, cases: list[Case], device: str, timeout_s: f
     The parent knows which cases it asked for, in which order: each case-start and case-done event
     must name the case due next. `read_case(index, case, event, results_dir)` turns a case-done event
     into a CaseResult (verify/judge.py; results_dir is the private directory the worker writes its
-    result files into); `read_case.part(...)`, where it exists, reads a case handed back in parts. A
+    result files into); `read_case.part(...)`, where it exists, reads a case handed back in parts, and
+    `read_case.partial(index)` gives the findings of the parts judged before the worker died. A
     result the parent cannot accept is a `bad-result` finding for that case; an event out of turn or a
     malformed one is one too and stops that worker; so is a case that ends with no result, and a file
     no event named.
@@ -214,7 +215,7 @@ def run_cases(task: str, job: dict, cases: list[Case], device: str, timeout_s: f
                 return True
 
             outcome = run_task({**job, "task": task, "cases": [c.to_json() for c in cases], "start": start,
-                                "results": results}, device, timeout_s, on_event, env=env)
+                                "results": results}, device, timeout_s, on_event, env=env, writable=(results,))
             i = state["in_flight"]
             if i is not None:  # what the dead child may have begun to write for the case in flight is not read
                 for name in os.listdir(results):
@@ -228,19 +229,13 @@ def run_cases(task: str, job: dict, cases: list[Case], device: str, timeout_s: f
             if outcome.status == "refused":
                 progress.note(f"worker stopped: {state['refused']}")
                 break
-            if outcome.status == "usage-error":
-                raise UsageError(outcome.detail)
-            if outcome.status == "internal-error":
-                tb = next((e.get("traceback") for e in outcome.events if e.get("event") == "internal-error"), "")
-                raise RuntimeError(f"worker failed: {outcome.detail}\n{tb}")
+            outcome.raise_for_error(task)
             if outcome.status == "ok":
                 break
             if outcome.status in ("timeout", "crashed"):
                 if i is None and not any(e.get("event") == "case-start" for e in outcome.events):
                     # died before any case started: loading the entry itself hangs or crashes
-                    tail = " ".join(outcome.output_tail.split()[-40:])[-300:]
-                    run.findings.append(Finding("isolation", outcome.status,
-                                                f"loading the entry: {outcome.detail}; last output: {tail}"))
+                    run.findings.append(Finding("isolation", outcome.status, f"loading the entry: {outcome.ended()}"))
                     progress.note(f"loading the entry {outcome.status}: {outcome.detail}")
                     explained = True
                     break
@@ -249,10 +244,9 @@ def run_cases(task: str, job: dict, cases: list[Case], device: str, timeout_s: f
                 if i >= len(cases):
                     break
                 kind = outcome.status if outcome.status == "timeout" else "crashed"
-                tail = " ".join(outcome.output_tail.split()[-40:])
-                msg = (f"case {cases[i].name!r}: {outcome.detail}"
-                       + (f"; last output: {tail[-300:]}" if tail and kind == "crashed" else ""))
-                record(i, None, [Finding("isolation", kind, msg)])
+                # the steps of a loop case already judged keep their findings (a stray write, then the crash)
+                partial = read_case.partial(i) if hasattr(read_case, "partial") else []
+                record(i, None, [*partial, Finding("isolation", kind, f"case {cases[i].name!r}: {outcome.ended()}")])
                 start = i + 1
             else:  # "restart": the CUDA context was lost after the last case reported
                 start = state["due"]
@@ -300,7 +294,8 @@ def verify(op_name: str, entry: str, raw_params: dict, device: str, *, dtype: st
     dom, plan_params = domain_mod.resolve(op, raw_params, raw_domain)
     params = resolve_params(op_name, op.params, plan_params)
     if dtype and dom.dtype and dtype not in dom.dtype:
-        raise UsageError(f"--dtype {dtype}: outside the declared domain (dtype {', '.join(dom.dtype)})")
+        raise UsageError(f"dtype {dtype}: outside the declared domain (dtype {', '.join(dom.dtype)})",
+                         setting="dtype")
     plan_dtype = dtype or (dom.dtype[0] if len(dom.dtype) == 1 else None)
     main_dtype = plan_dtype or "float32"
     t0 = time.perf_counter()
@@ -319,7 +314,7 @@ def verify(op_name: str, entry: str, raw_params: dict, device: str, *, dtype: st
                 cases = [Case.from_json(case_json)]
                 problem = op.validate_case(cases[0])
                 if problem:
-                    raise UsageError(f"--case: {problem}")
+                    raise UsageError(f"case: {problem}", setting="case")
             elif probe:
                 cases = [op.probe(params, dtype)]
             else:
@@ -421,7 +416,7 @@ def verify_pipeline(entries: dict, raw_params: dict, device: str, *, dtype: str 
         if role not in ROLES:
             raise UsageError(f"pipeline: {role!r} is not a pipeline role ({', '.join(ROLES)})")
     if steps < 1:
-        raise UsageError("pipeline: --steps must be >= 1")
+        raise UsageError("steps: must be at least 1 (the pipeline's decode steps)", setting="steps")
     params = pipeline_params(entries, raw_params)
     dtype = dtype or "float32"
     label = "+".join(r for r in ROLES if entries.get(r))

@@ -55,8 +55,19 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def run_case(op: Op, fn, case: Case, params: dict, device: str, poison: bool = True) -> dict:
-    """One call of the entry on `case`; its raw result (verify/exchange.py), judged by the parent."""
+def run_case(op: Op, fn, case: Case, params: dict, device: str, poison: bool = True, hand_back=None) -> dict | int:
+    """One call of the entry on `case`; its raw result (verify/exchange.py), judged by the parent. For an
+    op that drives its own loop of calls (Op.drive: decode_step), each call's raw result goes to
+    `hand_back` as a part, and the number of parts is returned."""
+    try:
+        parts = op.drive(fn, case, params, device, poison, hand_back)
+    except Exception as e:  # the user's kernel: any exception is its error
+        msg = " ".join(str(e).split())[:400]
+        if device == "cuda" and CUDA_ERROR.search(f"{type(e).__name__} {msg}"):
+            raise CudaContextLost(f"{type(e).__name__}: {msg}") from None
+        raise EntryRaised(f"{type(e).__name__}: {msg}") from None
+    if parts is not None:
+        return parts
     kw = op.inputs(case, params, device, poison)
     writable = set(op.written_names(params))
     lazy = writable if "huge" in case.tags else set()
@@ -159,6 +170,7 @@ def run_job(job: dict, emit) -> None:
     from kernalin_ci.domain import Domain
     from kernalin_ci.entry import load_entry
     from kernalin_ci.ops import get_op
+    from kernalin_ci.verify.pipeline import hand_back_parts
     from kernalin_ci.verify.support import Support
 
     op = get_op(job["op"], root=job.get("root"))
@@ -185,7 +197,8 @@ def run_job(job: dict, emit) -> None:
             emit({"event": "case-done", "index": i, "seconds": 0.0, "status": "not-run", **unfaithful})
             continue
         try:
-            outcome = support.run(case, lambda c, p: run_case(op, fn, c, p, device, poison=job.get("poison", True)))
+            outcome = support.run(case, lambda c, p: run_case(op, fn, c, p, device, poison=job.get("poison", True),
+                                                               hand_back=hand_back_parts(emit, results, i)))
         except CudaContextLost as e:
             emit({"event": "case-done", "index": i, "seconds": time.perf_counter() - t0, "status": "cuda-error",
                   "error": str(e)})
@@ -197,8 +210,11 @@ def run_job(job: dict, emit) -> None:
             ev.update(status="not-run", **unfaithful)
         elif outcome.error is not None:
             ev.update(status="raised", error=outcome.error, **outcome.event_fields())
+        elif isinstance(outcome.result, int):  # handed back in parts (Op.drive)
+            ev.update(status="ok", **outcome.event_fields())
         elif outcome.result is not None:
-            ev.update(status="ok", file=exchange.save(results, exchange.file_name(i), outcome.result), **outcome.event_fields())
+            ev.update(status="ok", file=exchange.save(results, exchange.file_name(i), outcome.result),
+                      **outcome.event_fields())
         else:
             ev.update(status="not-run", **outcome.event_fields())
         emit(ev)

@@ -1,4 +1,4 @@
-"""Adjustments to the Triton interpreter for very large CPU buffers (bfloat16: interp_bf16.py).
+"""Adjustments to the Triton interpreter (bfloat16: interp_bf16.py).
 
 After every interpreted launch, the interpreter copies each argument's host
 storage back onto the argument's storage. For CPU tensors the two are the same
@@ -7,6 +7,11 @@ allocated 4 GiB cache (the 2^31-element kv_append case) becomes 4 GiB resident.
 `skip_self_copy()` makes that copy skip storages that are the same memory.
 If the interpreter's internals differ (another Triton version), nothing is
 patched and `skip_self_copy()` returns False; callers then skip the huge case.
+
+`int1_comparisons()`: the interpreter types a comparison's result as its operands' type (int32 for
+`pid < H`) although the values are booleans; splatting such a scalar to a block (`(pid < H) & mask`)
+then makes an int32 block of ones and `tl.load` rejects it ("mask has unsupported dtype"). Compiled,
+the comparison is an i1 and the kernel runs; the patch types boolean comparison results as int1.
 """
 from __future__ import annotations
 
@@ -50,3 +55,44 @@ def lazy_zeros(shape, dtype: torch.dtype) -> torch.Tensor:
         n *= s
     raw = np.zeros(n * dtype.itemsize, dtype=np.uint8)
     return torch.from_numpy(raw).view(dtype).view(shape)
+
+
+_CMP = ("create_icmpSLE", "create_icmpSLT", "create_icmpSGE", "create_icmpSGT", "create_icmpULE",
+        "create_icmpULT", "create_icmpUGE", "create_icmpUGT", "create_icmpEQ", "create_icmpNE",
+        "create_fcmpOLT", "create_fcmpOGT", "create_fcmpOLE", "create_fcmpOGE", "create_fcmpOEQ",
+        "create_fcmpONE", "create_fcmpULT", "create_fcmpUGT", "create_fcmpULE", "create_fcmpUGE",
+        "create_fcmpUEQ", "create_fcmpUNE")
+
+
+def int1_comparisons() -> bool:
+    """Type the interpreter's comparison results as int1 (see the module doc); idempotent.
+
+    Returns False when this Triton's interpreter has no such builder methods (nothing patched)."""
+    try:
+        import numpy as np
+        import triton.language as tl
+        from triton.runtime import interpreter
+    except ImportError:
+        return False
+    builder = getattr(interpreter, "InterpreterBuilder", None)
+    handle = getattr(interpreter, "TensorHandle", None)
+    if builder is None or handle is None:
+        return False
+    patched = False
+    for name in _CMP:
+        original = getattr(builder, name, None)
+        if original is None:
+            continue
+        patched = True
+        if getattr(original, "_kernalin", False):
+            continue
+
+        def compare(self, *args, _original=original):
+            out = _original(self, *args)
+            if getattr(out.data, "dtype", None) == np.bool_ and out.dtype != tl.int1:
+                return handle(out.data, tl.int1)
+            return out
+
+        compare._kernalin = True
+        setattr(builder, name, compare)
+    return patched

@@ -189,8 +189,9 @@ class CaseResult:
 
 class CaseReader:
     """Reads the dynamic worker's case-done events of one worker group (a shard): loads each result
-    file, judges it, and checks every claim the worker makes about a case against what the parent
-    knows. A claim the parent cannot accept is a BadResult:
+    file (or, for a loop case, each step's part: verify/pipeline.py), judges it, and checks every claim
+    the worker makes about a case against what the parent knows. A loop case is never moved to another
+    shape (its steps are judged as they arrive, at its own). A claim the parent cannot accept is a BadResult:
     - "not checked (interpreter)": only on the CPU;
     - "not checked (unsupported)": only at a shape outside the declared domain, and not at a shape a
       case of this group already ran at (the kernel takes it: its error there is a finding);
@@ -202,6 +203,29 @@ class CaseReader:
         self.device, self.poison, self.root = device, poison, root
         self.memo: dict = {}  # case name -> its Expected (stale-result: a repeat compared with its original)
         self.ran_shapes: set[str] = set()
+        self.loops: dict = {}  # case index -> its LoopReader (an op that drives a loop: decode_step)
+
+    def _loop(self, index: int, case: Case):
+        """The LoopReader of a case the op runs as a loop of calls (Op.loop_judge), None for one call."""
+        from kernalin_ci.domain import case_params
+        from kernalin_ci.verify.pipeline import LoopReader
+
+        if index not in self.loops:
+            judge = self.op.loop_judge(case, case_params(self.params, case), self.poison)
+            self.loops[index] = LoopReader(judge) if judge is not None else None
+        return self.loops[index]
+
+    def partial(self, index: int) -> list[Finding]:
+        """The findings of a loop case's steps judged so far (the worker died in it)."""
+        loop = self.loops.get(index)
+        return list(loop.found) if loop is not None else []
+
+    def part(self, index: int, case: Case, ev: dict, results: str) -> None:
+        """One step of a loop case (a case-part event), judged as it arrives."""
+        loop = self._loop(index, case)
+        if loop is None:
+            raise BadResult("a case-part event: this op's cases are one call each")
+        loop.part(index, ev, results)
 
     def __call__(self, index: int, case: Case, ev: dict, results: str) -> CaseResult:
         from kernalin_ci.domain import case_params, key, shape_of
@@ -211,6 +235,14 @@ class CaseReader:
         ran = self._ran(case, ev.get("ran"), nc)
         if status in ("ok", "raised", "cuda-error") and nc is not None and ev.get("ran") is None:
             raise BadResult("a case that ran at its own shape, said to be not checked")
+        loop = self._loop(index, case)
+        if loop is not None and (status in ("ok", "raised") or loop.step):
+            if ev.get("ran") is not None:  # its parts were judged as the case was planned
+                raise BadResult("a loop case said to have run at another shape")
+            if loop.found or status == "ok":
+                found = loop.finish()
+                self.ran_shapes.add(key(shape_of(self.op, ran, self.params)))
+                return CaseResult(ran, found, [], nc)
         if status == "ok":
             raw = exchange.load_case(results, index, ev.get("file"))
             try:

@@ -1,15 +1,27 @@
-"""The decode pipeline check (docs/ops.md): rope -> kv_append -> attention.decode_paged,
-many steps on several sequences of different lengths, with the outputs and the
-whole caches compared with an independent float64 reference after every step.
+"""The decode loop (docs/ops.md): many steps on several sequences of different lengths, with the
+outputs and the whole caches compared with an independent float64 reference after every step.
+
+One loop serves two ways of doing a step:
+- the decode pipeline check: rope -> kv_append -> attention.decode_paged, three entries, where each
+  member's own output is also checked inside the step;
+- the `decode_step` op: one entry that does the whole step, fused or not.
+
+The loop is split across the two processes. In the worker (`drive_loop`, which runs the PR's code)
+each step's entries run and what they produced (outputs, both whole caches) is handed back raw, one
+part file per step (verify/exchange.py); nothing is judged there. In the parent (`LoopJudge`, read
+through `LoopReader`) the same steps are drawn again from the seed and every finding is computed.
 
 This is where a stray KV write that heals itself a step later, or surfaces in
 another sequence's block many steps on, is caught: nothing in either cache may
-change except the slots written this step, and every step's attention output
-must match attention over the reference's own history.
+change except the slots written this step, every written slot must hold its
+token's key (rotated) and value, and every step's attention output must match
+attention over the reference's own history.
 """
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 from kernalin_ci.lazy import torch
 
@@ -27,221 +39,505 @@ ROLES = ("kv_append", "attention.decode_paged", "rope")
 START_LENGTHS = (1, 9, 30, 47)
 
 
-def _init(params, dtype, device, seed, steps):
+@dataclass
+class LoopShape:
+    """The sequences and heads of one decode loop. `start_lens`: the prefill lengths (0: the first step
+    writes position 0). `stale`: the free slots of the sequences' own blocks hold finite stale data (a
+    block recycled from a finished request) instead of the canary; free blocks always hold the canary.
+    `poison` False: zeros everywhere outside the history (the pos-0 probe)."""
+
+    Hq: int
+    Hkv: int
+    D: int
+    start_lens: list[int]
+    block_size: int
+    layout: str = "nhd"
+    free_blocks: int = 5
+    stale: bool = False
+    poison: bool = True
+
+
+@dataclass
+class Step:
+    """One step's inputs (CPU tensors, in the loop's dtype) and where they go."""
+
+    index: int
+    q: torch.Tensor          # [n, Hq, D]
+    k: torch.Tensor          # [n, Hkv, D]
+    v: torch.Tensor          # [n, Hkv, D]
+    positions: list[int]     # [n]
+    slots: list[int]         # [n], -1 for padding
+    kv_lens: list[int]       # [B], including this step's token
+
+
+@dataclass
+class Written:
+    """What a step must have written into one cache: per token, the row its slot must hold, either bit for
+    bit (`exact`) or within the tolerance of a float64 row; `alternatives`: (bug class, rows) a known
+    bug would have written instead."""
+
+    rows: torch.Tensor
+    exact: bool
+    alternatives: list[tuple[str, torch.Tensor, bool]] = field(default_factory=list)
+
+
+@dataclass
+class StepResult:
+    findings: list[Finding]
+    out: Any = None
+    k_rows: Written | None = None
+    v_rows: Written | None = None
+
+
+def init_state(shape: LoopShape, dtype: str, device: str, seed: int, steps: int) -> dict[str, Any]:
+    """Block tables, caches holding each sequence's prefill, and the float64 history."""
     g = generator(seed)
-    bs = params["block_size"]
-    D = params.get("head_dim") or 64
-    Hq = params.get("num_q_heads") or 4
-    Hkv = params.get("num_kv_heads") or 2
-    lens = list(START_LENGTHS)
+    bs, D, Hkv = shape.block_size, shape.D, shape.Hkv
+    lens = list(shape.start_lens)
     B = len(lens)
     per_seq = -(-(max(lens) + steps) // bs)
-    num_blocks = B * per_seq + 5
+    num_blocks = B * per_seq + shape.free_blocks
     perm = torch.randperm(num_blocks, generator=g)
     tables = perm[: B * per_seq].reshape(B, per_seq).to(torch.int32)
-    shape = (num_blocks, bs, Hkv, D)
-    k_cache = fill_canary(torch.empty(shape, dtype=torch_dtype(dtype)))
-    v_cache = fill_canary(torch.empty(shape, dtype=torch_dtype(dtype)))
-    ref_k = [torch.empty((Hkv, 0, D), dtype=torch.float64) for _ in range(B)]
-    ref_v = [torch.empty((Hkv, 0, D), dtype=torch.float64) for _ in range(B)]
+    cshape = (num_blocks, bs, Hkv, D)
+    k_cache = torch.empty(cshape, dtype=torch_dtype(dtype))
+    v_cache = torch.empty(cshape, dtype=torch_dtype(dtype))
+    for t in (k_cache, v_cache):
+        if shape.poison:
+            fill_canary(t)
+        else:
+            t.zero_()
+    if shape.stale:  # the sequences' own blocks: finite data left by an earlier request
+        own = tables.reshape(-1).long()
+        for t in (k_cache, v_cache):
+            t[own] = (torch.randn((len(own), bs, Hkv, D), generator=g, dtype=torch.float64) * 2.0).to(t.dtype)
+    ref_k = []
+    ref_v = []
     for b, L in enumerate(lens):  # the prefill: history already in the cache
         kb, vb = randn((L, Hkv, D), g, dtype, "cpu"), randn((L, Hkv, D), g, dtype, "cpu")
         j = torch.arange(L)
         blk = tables[b, j // bs].long()
         k_cache[blk, j % bs] = kb
         v_cache[blk, j % bs] = vb
-        ref_k[b] = kb.to(torch.float64).permute(1, 0, 2)
-        ref_v[b] = vb.to(torch.float64).permute(1, 0, 2)
+        ref_k.append(kb.to(torch.float64).permute(1, 0, 2))
+        ref_v.append(vb.to(torch.float64).permute(1, 0, 2))
     return {
-        "g": g, "bs": bs, "D": D, "Hq": Hq, "Hkv": Hkv, "lens": lens, "tables": tables.to(device),
-        "tables_cpu": tables, "layout": paged.layout_of(params),
-        "k_cache": paged.from_nhd(k_cache, paged.layout_of(params)).to(device),
-        "v_cache": paged.from_nhd(v_cache, paged.layout_of(params)).to(device),
+        "g": g, "shape": shape, "lens": lens, "tables": tables.to(device), "tables_cpu": tables,
+        "k_cache": paged.from_nhd(k_cache, shape.layout).to(device),
+        "v_cache": paged.from_nhd(v_cache, shape.layout).to(device),
         "ref_k": ref_k, "ref_v": ref_v, "scale": 0.9 * D ** -0.5,
     }
 
 
-def _cache_diff(name, before, after, written, step, bs) -> Finding | None:
-    """Whole-buffer diff: only `written` slots may differ, and must hold the given rows."""
+def next_step(s: dict[str, Any], index: int, dtype: str, padding: int = 0) -> Step:
+    """The step's random q, k, v (plus `padding` tokens at slot -1) at the sequences' current lengths."""
+    sh: LoopShape = s["shape"]
+    g, bs, lens, tables = s["g"], sh.block_size, s["lens"], s["tables_cpu"]
+    n = len(lens) + padding
+    q = randn((n, sh.Hq, sh.D), g, dtype, "cpu")
+    k = randn((n, sh.Hkv, sh.D), g, dtype, "cpu")
+    v = randn((n, sh.Hkv, sh.D), g, dtype, "cpu")
+    slots = [int(tables[b, L // bs]) * bs + L % bs for b, L in enumerate(lens)] + [-1] * padding
+    return Step(index, q, k, v, list(lens) + [0] * padding, slots, [L + 1 for L in lens])
+
+
+def _slot_name(slot: int, s: dict[str, Any]) -> str:
+    """'slot 37 (sequence 1, position 12)' or 'slot 37 (a free block)'."""
+    bs = s["shape"].block_size
+    blk, off = divmod(slot, bs)
+    hit = (s["tables_cpu"] == blk).nonzero()
+    if hit.numel():
+        b, i = (int(x) for x in hit[0])
+        return f"slot {slot} (sequence {b}, position {i * bs + off}; {s['lens'][b]} tokens before this step)"
+    return f"slot {slot} (block {blk}, which no sequence owns)"
+
+
+def _cache_diff(name: str, before: torch.Tensor, after: torch.Tensor, slots: list[int], want: Written,
+                step: int, s: dict[str, Any], tol: float, check: str) -> list[Finding]:
+    """Whole-buffer diff: each of this step's slots must hold its token's row, and nothing else may differ.
+    Both are reported when both fail (a padded tile can spoil its own slot and spill past it)."""
+    bs = s["shape"].block_size
     changed = bits(after) != bits(before)
-    for slot, row in written:
+    found = []
+    for t, slot in enumerate(slots):
+        if slot < 0:
+            continue
         b, o = divmod(slot, bs)
-        if bool((bits(after[b, o]) != bits(row)).any()):
-            return Finding("pipeline-cache", "kv-slot", f"step {step}: {name} slot {slot} does not hold the token "
-                                                        f"appended to it")
+        got = after[b, o]
+        if not found and not _holds(got, want.rows[t], want.exact, tol):
+            cls, why = "kv-slot", "does not hold the token appended to it"
+            if not bool((bits(got) != bits(before[b, o])).any()):
+                cls, why = "kv-coverage", "was not written (it still holds its previous contents)"
+            else:
+                for alt_cls, rows, exact in want.alternatives:
+                    if _holds(got, rows[t], exact, tol):
+                        cls, why = alt_cls, f"holds what a {alt_cls} bug writes"
+                        break
+            found.append(Finding(check, cls, f"step {step}: {name} {_slot_name(slot, s)} {why}"))
         changed[b, o] = False
     if bool(changed.any()):
         n = int(changed.sum())
         blk, off, h, d = [int(x) for x in changed.nonzero()[0]]
-        return Finding("pipeline-cache", "stray-write",
-                       f"step {step}: {n} elements of {name} outside this step's slots changed; first at block "
-                       f"{blk} slot {off} (slot index {blk * bs + off}) head {h} dim {d}")
-    return None
+        found.append(Finding(check, "stray-write",
+                             f"step {step}: {n} elements of {name} outside this step's slots changed; first at "
+                             f"{_slot_name(blk * bs + off, s)}, head {h}, dim {d}"))
+    return found
 
 
-def _draw(g, B: int, Hq: int, Hkv: int, D: int, dtype: str):
-    """One step's tokens: B decode tokens plus one padding token (slot -1) that must change nothing."""
-    return randn((B + 1, Hq, D), g, dtype, "cpu"), randn((B + 1, Hkv, D), g, dtype, "cpu"), \
-        randn((B + 1, Hkv, D), g, dtype, "cpu")
+def _holds(got: torch.Tensor, want: torch.Tensor, exact: bool, tol: float) -> bool:
+    if exact:
+        return not bool((bits(got) != bits(want.to(got.device, got.dtype))).any())
+    err = row_errors(got.detach().to("cpu", torch.float64), want.to(torch.float64))
+    return bool((err <= tol).all())
 
 
-def _slots(lens: list[int], tables, bs: int) -> list[int]:
-    return [int(tables[b, L // bs]) * bs + L % bs for b, L in enumerate(lens)] + [-1]
+# --------------------------------------------------------------------------- the worker's half
 
-
-def drive(fns: dict, params: dict, dtype: str, device: str, seed: int, steps: int, emit, results: str) -> None:
-    """In the worker: run the steps and hand back, per step, what the entries produced (a part file:
-    the rope outputs, both caches after kv_append and after attention, the attention output).
-    Nothing is judged here (PipelineReader, in the parent). An entry that raises ends the loop."""
-    s = _init(params, dtype, device, seed, steps)
-    g, D, Hq, Hkv = s["g"], s["D"], s["Hq"], s["Hkv"]
-    lens, tables = s["lens"], s["tables_cpu"]
-    B = len(lens)
-    rope_fn = fns.get("rope")
-    for step in range(steps):
+def drive_loop(s: dict[str, Any], run_step: Callable[[Step], dict[str, Any]], dtype: str, steps: int,
+               hand_back: Callable[[int, dict[str, Any], float], None], padding: int = 0) -> int:
+    """In the worker: run `steps` steps; `run_step` calls the entries and returns what they produced (CPU
+    tensors, the caches after the step as `k_cache`, `v_cache`), which `hand_back(step, raw, seconds)`
+    writes out. Nothing is judged here. An entry that raises ends the loop (the exception goes up).
+    Returns the number of steps handed back."""
+    for index in range(steps):
         t0 = time.perf_counter()
-        q, k, v = _draw(g, B, Hq, Hkv, D, dtype)
-        pos = torch.tensor(lens + [0], dtype=torch.int64)
-        raw: dict = {}
-        q_in, k_in = q.to(device), k.to(device)
-        if rope_fn is not None:
-            q_in, k_in = rope_fn(q=q_in, k=k_in, positions=pos.to(device))
-            _sync(device)
-            raw["q"], raw["k"] = plain(q_in), plain(k_in)
-        slots = _slots(lens, tables, s["bs"])
-        fns["kv_append"](key=k_in, value=v.to(device), k_cache=s["k_cache"], v_cache=s["v_cache"],
-                         slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device))
-        _sync(device)
-        raw["k_cache_append"], raw["v_cache_append"] = plain(s["k_cache"]), plain(s["v_cache"])
-        lens = [L + 1 for L in lens]
-        out = fns["attention.decode_paged"](
-            q=q_in[:B], k_cache=s["k_cache"], v_cache=s["v_cache"], block_tables=s["tables"],
-            kv_lens=torch.tensor(lens, dtype=torch.int32, device=device), scale=s["scale"])
-        _sync(device)
-        raw["k_cache_attention"], raw["v_cache_attention"] = plain(s["k_cache"]), plain(s["v_cache"])
-        raw["out"] = plain(out)
-        emit({"event": "case-part", "index": 0, "part": step, "seconds": time.perf_counter() - t0,
-              "file": exchange.save(results, exchange.part_name(0, step), raw)})
+        st = next_step(s, index, dtype, padding)
+        raw = run_step(st)
+        s["lens"] = list(st.kv_lens)
+        hand_back(index, raw, time.perf_counter() - t0)
+    return steps
 
 
-class PipelineReader:
-    """In the parent: replays the pipeline's inputs from the seed, keeps the float64 reference history,
-    and judges each step the worker hands back as it arrives (the first failure is the finding)."""
+def raw_out(out: Any) -> Any:
+    """The step's output as handed back: a CPU tensor, or the name of what came back instead."""
+    return plain(out) if isinstance(out, torch.Tensor) else type(out).__name__
 
-    def __init__(self, params: dict, dtype: str, seed: int, steps: int, device: str, rope: bool, on_step=None):
-        self.params, self.dtype, self.steps, self.on_step = params, dtype, steps, on_step
-        self.device, self.rope, self.seed = device, rope, seed
-        self.s: dict = {}  # _init's state on the CPU, made at the first step (torch is imported by then)
-        self.prev: tuple = ()  # the caches before this step's kv_append
-        self.lens: list[int] = []
+
+def hand_back_parts(emit: Callable[[dict[str, Any]], None], results: str, index: int) \
+        -> Callable[[int, dict[str, Any], float], None]:
+    """A step's raw result as part file `case-<index>-<step>.pt` and a `case-part` event naming it."""
+    def hand_back(step: int, raw: dict[str, Any], seconds: float) -> None:
+        emit({"event": "case-part", "index": index, "part": step, "seconds": seconds,
+              "file": exchange.save(results, exchange.part_name(index, step), raw)})
+    return hand_back
+
+
+# --------------------------------------------------------------------------- the parent's half
+
+StepCheck = Callable[[Step, dict[str, Any], dict[str, Any]], StepResult]
+
+
+class LoopJudge:
+    """In the parent: draws each step's inputs again from the seed (on the CPU), keeps the float64
+    history and the caches as the worker's last step left them, and judges one step's raw result.
+    `step_check(step, raw, state)`: the way of doing a step's own checks (findings that end the loop
+    early) and what its caches must hold. `keys`: the tensors a step hands back. `rope`: the rope params
+    when q and k are rotated in the step. `check`: the prefix of the findings' check names."""
+
+    def __init__(self, shape: LoopShape, dtype: str, seed: int, steps: int, step_check: StepCheck,
+                 keys: set[str], rope: dict[str, Any] | None, padding: int = 0, fingerprints: bool = False,
+                 check: str = "pipeline"):
+        self.shape, self.dtype, self.seed, self.steps = shape, dtype, seed, steps
+        self.step_check, self.rope, self.padding = step_check, rope, padding
+        self.keys = keys | {"k_cache", "v_cache", "out"}
+        self.fingerprints, self.check = fingerprints, check
+        self.s: dict[str, Any] = {}  # init_state on the CPU, made at the first step (torch is imported by then)
+
+    def step(self, index: int, raw: dict[str, Any]) -> list[Finding]:
+        """The findings of step `index` (which must be the next one); BadResult for a result not of it."""
+        if not self.s:
+            self.s = init_state(self.shape, self.dtype, "cpu", self.seed, self.steps)
+        s, sh = self.s, self.shape
+        if set(raw) != self.keys or not all(isinstance(t, torch.Tensor) for k, t in raw.items() if k != "out") \
+                or not isinstance(raw["out"], (torch.Tensor, str)):
+            raise BadResult(f"step {index}: handed back {sorted(map(str, raw))}, expected {sorted(self.keys)}")
+        for name in ("k_cache", "v_cache"):
+            exchange.like(f"step {index} {name}", raw[name], s[name])
+        tol = 2 * TOLERANCE[self.dtype]  # rounded rotated keys enter the cache: errors compound once
+        st = next_step(s, index, self.dtype, self.padding)
+        B = len(s["lens"])
+        rope = self.rope
+        q_ref, k_ref = st.q[:B].to(torch.float64), st.k[:B].to(torch.float64)
+        if rope is not None:
+            pos = torch.tensor(st.positions[:B], dtype=torch.int64)
+            r = rope.get("rotary_dim") or sh.D
+            q_ref = rotate(st.q[:B], pos, rope["style"], rope["base"], r)
+            k_ref = rotate(st.k[:B], pos, rope["style"], rope["base"], r)
+        kb, vb = s["k_cache"], s["v_cache"]
+        res = self.step_check(st, raw, s)
+        if res.findings:
+            return res.findings
+        found = []
+        for name, before, after, want in (("k_cache", kb, raw["k_cache"], res.k_rows),
+                                          ("v_cache", vb, raw["v_cache"], res.v_rows)):
+            assert want is not None
+            found += _cache_diff(name, paged.nhd(before, sh.layout), paged.nhd(after, sh.layout), st.slots, want,
+                                 index, s, tol, f"{self.check}-cache")
+        if found:
+            return found
+        s["k_cache"], s["v_cache"] = raw["k_cache"], raw["v_cache"]  # the next step starts from them
+        old_k, old_v = [x.clone() for x in s["ref_k"]], [x.clone() for x in s["ref_v"]]
+        for b in range(B):
+            s["ref_k"][b] = torch.cat([s["ref_k"][b], k_ref[b][:, None, :]], dim=1)
+            s["ref_v"][b] = torch.cat([s["ref_v"][b], st.v[b].to(torch.float64)[:, None, :]], dim=1)
+        s["lens"] = list(st.kv_lens)
+        hmap = ac.head_map(sh.Hq, sh.Hkv)
+        want_out = ac.attend(q_ref, s["ref_k"], s["ref_v"], s["scale"], hmap)
+        out = res.out
+        check = self.check
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(want_out.shape):
+            got_shape = tuple(out.shape) if isinstance(out, torch.Tensor) else str(out)[:40]
+            return [Finding(f"{check}-attention", "wrong-output",
+                            f"step {index}: the output is {got_shape}, expected {tuple(want_out.shape)}")]
+        if bool(is_canary(out).any()):
+            return [Finding(f"{check}-attention", "unwritten-output", f"step {index}: attention output not written")]
+        got = out.to(torch.float64)
+        err = row_errors(got, want_out)
+        if not bool((err <= tol).all()):
+            row = int(err.nan_to_num(float("inf")).argmax())
+            b, h = divmod(row, sh.Hq)
+            cls, why = "wrong-output", ""
+            finite_ref = bool(torch.isfinite(want_out).all())
+            if finite_ref and not bool(torch.isfinite(got).all()):
+                cls = "non-finite"
+            if self.fingerprints:
+                bad = ~(err <= tol)
+                for fp_cls, alt in _output_fingerprints(s, st, q_ref, k_ref, old_k, old_v, kb, vb, hmap, rope):
+                    if bool((row_errors(got, alt)[bad] <= tol).all()):
+                        cls, why = fp_cls, f"; it matches what a {fp_cls} bug produces"
+                        break
+            return [Finding(f"{check}-attention", cls,
+                            f"step {index}: attention output off the reference at b={b} h={h} (kv_len="
+                            f"{s['lens'][b]}): relative error {float(err[row]):.3g}, tolerance {tol:g}{why}")]
+        return []
+
+
+class LoopReader:
+    """In the parent: reads a loop case handed back in parts (one per step, in order) and judges each as
+    it arrives with its LoopJudge; the first failing step is the finding (later parts are read, not
+    judged). `finish` accepts the end of the case only when every step was handed back."""
+
+    def __init__(self, judge: LoopJudge, on_step: Callable[[int], None] | None = None):
+        self.judge, self.on_step = judge, on_step
         self.step = 0
         self.found: list[Finding] = []
 
-    def part(self, index: int, case, ev: dict, results: str) -> None:
+    def part(self, index: int, ev: dict[str, Any], results: str) -> None:
         step = self.step
         if ev.get("part") != step:
             raise BadResult(f"step {str(ev.get('part'))[:20]} handed back where step {step} was due")
+        if step >= self.judge.steps:
+            raise BadResult(f"step {step} handed back; the loop has {self.judge.steps} steps")
         raw = exchange.load(results, exchange.part_name(index, step), ev.get("file"))
         if not isinstance(raw, dict):
             raise BadResult(f"step {step}: not a raw result")
         self.step += 1
         if not self.found:
             try:
-                f = self._judge(step, raw)
+                self.found = self.judge.step(step, raw)
             except BadResult:
                 raise
             except Exception as e:  # a result the comparison cannot use: never a pass
                 raise BadResult(f"step {step}: the result cannot be compared ({type(e).__name__}: "
                                 f"{' '.join(str(e).split())[:200]})") from None
-            if f is not None:
-                self.found.append(f)
         if self.on_step:
             self.on_step(step)
+
+    def finish(self) -> list[Finding]:
+        """The case's findings once the worker says the loop ended cleanly."""
+        if self.found:
+            return self.found
+        if self.step != self.judge.steps:
+            raise BadResult(f"the loop ended after {self.step} of {self.judge.steps} steps")
+        return []
+
+
+def _output_fingerprints(s: dict[str, Any], st: Step, q_ref: torch.Tensor, k_ref: torch.Tensor,
+                         old_k: list[torch.Tensor], old_v: list[torch.Tensor], kb: torch.Tensor, vb: torch.Tensor,
+                         hmap: list[int], rope: dict[str, Any] | None) -> list[tuple[str, torch.Tensor]]:
+    """Outputs a step-level bug would produce: the new token attended from the slot's contents before this
+    step's write (`step-order`), the new token counted twice (`new-token-twice`), then the attention
+    fingerprints (kv-mask, scale, gqa-mapping, ...) over the reference history."""
+    sh: LoopShape = s["shape"]
+    B = len(st.kv_lens)
+    bs = sh.block_size
+    kprev, vprev = paged.nhd(kb, sh.layout).to("cpu"), paged.nhd(vb, sh.layout).to("cpu")
+    stale_k, stale_v, twice_k, twice_v = [], [], [], []
+    for b in range(B):
+        blk, off = divmod(st.slots[b], bs)
+        sk = kprev[blk, off].to(torch.float64)[:, None, :]
+        sv = vprev[blk, off].to(torch.float64)[:, None, :]
+        stale_k.append(torch.cat([old_k[b], sk], dim=1))
+        stale_v.append(torch.cat([old_v[b], sv], dim=1))
+        twice_k.append(torch.cat([s["ref_k"][b], k_ref[b][:, None, :]], dim=1))
+        twice_v.append(torch.cat([s["ref_v"][b], st.v[b].to(torch.float64)[:, None, :]], dim=1))
+    scale = s["scale"]
+    fps = [("step-order", ac.attend(q_ref, stale_k, stale_v, scale, hmap)),
+           ("new-token-twice", ac.attend(q_ref, twice_k, twice_v, scale, hmap))]
+    if rope is not None:  # q left unrotated, or rotated at position 0
+        fps.append(("rope-position", ac.attend(st.q[:B].to(torch.float64), s["ref_k"], s["ref_v"], scale, hmap)))
+    for cls, alt in ac.fingerprints(q_ref, lambda b, L: s["ref_k"][b][:, :L], lambda b, L: s["ref_v"][b][:, :L],
+                                    st.kv_lens, scale, sh.Hq, sh.Hkv, sh.D, tail_finite=False):
+        fps.append((cls, alt["out"]))
+    return fps
+
+
+# --------------------------------------------------------------------------- the decode pipeline check
+
+def _pipeline_shape(params: dict[str, Any]) -> LoopShape:
+    return LoopShape(params.get("num_q_heads") or 4, params.get("num_kv_heads") or 2, params.get("head_dim") or 64,
+                     list(START_LENGTHS), params["block_size"], paged.layout_of(params))
+
+
+def _rope_params(params: dict[str, Any]) -> dict[str, Any]:
+    return {k: params.get(k) for k in ("style", "base", "rotary_dim")}
+
+
+def drive_pipeline(fns: dict, params: dict, dtype: str, device: str, seed: int, steps: int, hand_back) -> int:
+    """In the worker: each step, B decode tokens plus one padding token (slot -1) that must change
+    nothing, through rope (when given), kv_append and attention; handed back: the rope outputs, both
+    caches after kv_append and after attention, the attention output."""
+    s = init_state(_pipeline_shape(params), dtype, device, seed, steps)
+    rope_fn = fns.get("rope")
+
+    def run_step(st: Step) -> dict[str, Any]:
+        B = len(st.kv_lens)
+        raw: dict[str, Any] = {}
+        q_in, k_in = st.q.to(device), st.k.to(device)
+        if rope_fn is not None:
+            pos = torch.tensor(st.positions, dtype=torch.int64)
+            q_in, k_in = rope_fn(q=q_in, k=k_in, positions=pos.to(device))
+            _sync(device)
+            raw["q"], raw["k"] = plain(q_in), plain(k_in)
+        fns["kv_append"](key=k_in, value=st.v.to(device), k_cache=s["k_cache"], v_cache=s["v_cache"],
+                         slot_mapping=torch.tensor(st.slots, dtype=torch.int64, device=device))
+        _sync(device)
+        raw["k_cache_append"], raw["v_cache_append"] = plain(s["k_cache"]), plain(s["v_cache"])
+        out = fns["attention.decode_paged"](
+            q=q_in[:B], k_cache=s["k_cache"], v_cache=s["v_cache"], block_tables=s["tables"],
+            kv_lens=torch.tensor(st.kv_lens, dtype=torch.int32, device=device), scale=s["scale"])
+        _sync(device)
+        raw["k_cache"], raw["v_cache"], raw["out"] = plain(s["k_cache"]), plain(s["v_cache"]), raw_out(out)
+        return raw
+
+    return drive_loop(s, run_step, dtype, steps, hand_back, padding=1)
+
+
+def pipeline_judge(params: dict, dtype: str, seed: int, steps: int, rope: bool) -> LoopJudge:
+    """In the parent: the pipeline's steps judged (each member's own output inside the step)."""
+    tol = 2 * TOLERANCE[dtype]
+    shape = _pipeline_shape(params)
+    rp = _rope_params(params) if rope else None
+
+    def step_check(st: Step, raw: dict[str, Any], s: dict[str, Any]) -> StepResult:
+        k_in = st.k
+        if rp is not None:
+            pos = torch.tensor(st.positions, dtype=torch.int64)
+            r = rp.get("rotary_dim") or shape.D
+            for name, src in (("q", st.q), ("k", st.k)):
+                if tuple(raw[name].shape) != tuple(src.shape):
+                    raise BadResult(f"step {st.index}: rope {name} of shape {tuple(raw[name].shape)}, "
+                                    f"expected {tuple(src.shape)}")
+                err = row_errors(raw[name].to(torch.float64), rotate(src, pos, rp["style"], rp["base"], r))
+                if not bool((err <= tol).all()):
+                    return StepResult([Finding("pipeline-rope", "wrong-output",
+                                               f"step {st.index}: rope {name} off the reference (worst relative "
+                                               f"error {float(err.nan_to_num(float('inf')).max()):.3g}, tolerance "
+                                               f"{tol:g})")])
+            k_in = raw["k"]
+        for name in ("k_cache", "v_cache"):
+            exchange.like(f"step {st.index} {name}_append", raw[f"{name}_append"], s[name])
+            if bool((bits(raw[name]) != bits(raw[f"{name}_append"])).any()):
+                return StepResult([Finding("pipeline-attention", "input-modified",
+                                           f"step {st.index}: the attention entry changed {name}")])
+        # the cache diff (LoopJudge) is of the caches after the whole step: attention changed neither
+        return StepResult([], raw["out"], Written(k_in, exact=True), Written(st.v, exact=True))
+
+    keys = {"k_cache_append", "v_cache_append"} | ({"q", "k"} if rope else set())
+    return LoopJudge(shape, dtype, seed, steps, step_check, keys, rp, padding=1)
+
+
+class PipelineReader:
+    """The pipeline's reader for run_cases: its one case, handed back in parts (LoopReader)."""
+
+    def __init__(self, params: dict, dtype: str, seed: int, steps: int, device: str, rope: bool, on_step=None):
+        self.device = device
+        self.loop = LoopReader(pipeline_judge(params, dtype, seed, steps, rope), on_step)
+
+    def part(self, index: int, case, ev: dict, results: str) -> None:
+        self.loop.part(index, ev, results)
+
+    def partial(self, index: int) -> list[Finding]:
+        return list(self.loop.found)
 
     def __call__(self, index: int, case, ev: dict, results: str):
         from kernalin_ci.verify.judge import CaseResult, _text
 
         status = ev.get("status")
-        if status == "not-run" and isinstance(ev.get("not_checked"), dict) and self.step == 0:
+        if status == "not-run" and isinstance(ev.get("not_checked"), dict) and self.loop.step == 0:
             nc = ev["not_checked"]
             if nc.get("reason") != "interpreter" or self.device != "cpu":
                 raise BadResult(f"'not checked ({_text(nc.get('reason'))[:20]})' claimed on {self.device}")
             return CaseResult(None, [], [], {"reason": "interpreter", "error": _text(nc.get("error"))})
-        if self.found:
-            return CaseResult(case, self.found)
+        if self.loop.found:
+            return CaseResult(case, self.loop.found)
         if status == "raised":
             return CaseResult(case, [Finding("pipeline", "entry-error", f"an entry raised {_text(ev.get('error'))}")])
-        if status == "ok" and self.step == self.steps:
-            return CaseResult(case, [])
-        raise BadResult(f"the pipeline ended after {self.step} of {self.steps} steps (status {_text(status)[:40]!r})")
+        if status == "ok":
+            return CaseResult(case, self.loop.finish())
+        raise BadResult(f"the pipeline ended after {self.loop.step} of {self.loop.judge.steps} steps "
+                        f"(status {_text(status)[:40]!r})")
 
-    def _judge(self, step: int, raw: dict) -> Finding | None:
-        if not self.s:
-            self.s = _init(self.params, self.dtype, "cpu", self.seed, self.steps)
-            self.prev = (self.s["k_cache"], self.s["v_cache"])
-            self.lens = list(self.s["lens"])
-        s, params, dtype = self.s, self.params, self.dtype
-        g, bs, D, Hq, Hkv = s["g"], s["bs"], s["D"], s["Hq"], s["Hkv"]
-        lens, tables = self.lens, s["tables_cpu"]
-        B = len(lens)
-        tol = 2 * TOLERANCE[dtype]  # rounded rotated keys enter the cache: errors compound once
-        q, k, v = _draw(g, B, Hq, Hkv, D, dtype)
-        pos = torch.tensor(lens + [0], dtype=torch.int64)
-        q_ref, k_ref = q[:B].to(torch.float64), k[:B].to(torch.float64)
-        k_in = k
-        want_keys = {"k_cache_append", "v_cache_append", "k_cache_attention", "v_cache_attention", "out"}
-        if self.rope:
-            want_keys |= {"q", "k"}
-        if set(raw) != want_keys or not all(isinstance(t, torch.Tensor) for t in raw.values()):
-            raise BadResult(f"step {step}: handed back {sorted(map(str, raw))}, expected {sorted(want_keys)}")
-        for name in ("k_cache_append", "v_cache_append", "k_cache_attention", "v_cache_attention"):
-            exchange.like(f"step {step} {name}", raw[name], s["k_cache"])
-        if "q" in raw:
-            for name, src in (("q", q), ("k", k)):
-                if tuple(raw[name].shape) != tuple(src.shape):
-                    raise BadResult(f"step {step}: rope {name} of shape {tuple(raw[name].shape)}, "
-                                    f"expected {tuple(src.shape)}")
-            r = params.get("rotary_dim") or D
-            q_full = rotate(q, pos, params["style"], params["base"], r)
-            k_full = rotate(k, pos, params["style"], params["base"], r)
-            q_ref, k_ref = q_full[:B], k_full[:B]
-            for name, want in (("q", q_full), ("k", k_full)):
-                err = row_errors(raw[name].to(torch.float64), want)
-                if not bool((err <= tol).all()):
-                    return Finding("pipeline-rope", "wrong-output",
-                                   f"step {step}: rope {name} off the reference (worst relative error "
-                                   f"{float(err.nan_to_num(float('inf')).max()):.3g}, tolerance {tol:g})")
-            k_in = raw["k"]
-        slots = _slots(lens, tables, bs)
-        for name, before, after, src in (("k_cache", self.prev[0], raw["k_cache_append"], k_in),
-                                         ("v_cache", self.prev[1], raw["v_cache_append"], v)):
-            f = _cache_diff(name, paged.nhd(before, s["layout"]), paged.nhd(after, s["layout"]),
-                            [(sl, src[t]) for t, sl in enumerate(slots) if sl >= 0], step, bs)
-            if f:
-                return f
-        for b in range(B):
-            s["ref_k"][b] = torch.cat([s["ref_k"][b], k_ref[b][:, None, :]], dim=1)
-            s["ref_v"][b] = torch.cat([s["ref_v"][b], v[b].to(torch.float64)[:, None, :]], dim=1)
-        self.lens = lens = [L + 1 for L in lens]
-        for name in ("k_cache", "v_cache"):
-            if bool((bits(raw[f"{name}_attention"]) != bits(raw[f"{name}_append"])).any()):
-                return Finding("pipeline-attention", "input-modified", f"step {step}: the attention entry changed {name}")
-        self.prev = (raw["k_cache_attention"], raw["v_cache_attention"])
-        out = raw["out"]
-        if tuple(out.shape) != (B, Hq, D):
-            return Finding("pipeline-attention", "wrong-output",
-                           f"step {step}: attention output of shape {tuple(out.shape)}, expected {(B, Hq, D)}")
-        want = ac.attend(q_ref, s["ref_k"], s["ref_v"], s["scale"], ac.head_map(Hq, Hkv))
-        if bool(is_canary(out).any()):
-            return Finding("pipeline-attention", "unwritten-output", f"step {step}: attention output not written")
-        err = row_errors(out.to(torch.float64), want)
-        if not bool((err <= tol).all()):
-            row = int(err.nan_to_num(float("inf")).argmax())
-            b, h = divmod(row, Hq)
-            return Finding("pipeline-attention", "wrong-output",
-                           f"step {step}: attention output off the reference at b={b} h={h} (kv_len={lens[b]}): "
-                           f"relative error {float(err[row]):.3g}, tolerance {tol:g}")
-        return None
+
+# --------------------------------------------------------------------------- the decode_step op
+
+DECODE_STEP_INPUTS = ("q", "k", "v", "positions", "slot_mapping", "block_tables", "kv_lens")
+
+
+def drive_decode_step(fn: Callable[..., Any], shape: LoopShape, dtype: str, device: str, seed: int, steps: int,
+                      hand_back: Callable[[int, dict[str, Any], float], None]) -> int:
+    """In the worker: the `decode_step` op's loop, one entry doing the whole step; handed back: its
+    inputs as the call left them, both caches, the output."""
+    s = init_state(shape, dtype, device, seed, steps)
+
+    def run_step(st: Step) -> dict[str, Any]:
+        pos = torch.tensor(st.positions, dtype=torch.int64)
+        kw = {"q": st.q.to(device), "k": st.k.to(device), "v": st.v.to(device), "positions": pos.to(device),
+              "k_cache": s["k_cache"], "v_cache": s["v_cache"],
+              "slot_mapping": torch.tensor(st.slots, dtype=torch.int64, device=device),
+              "block_tables": s["tables"], "kv_lens": torch.tensor(st.kv_lens, dtype=torch.int32, device=device),
+              "scale": s["scale"]}
+        out = fn(**kw)
+        _sync(device)
+        return {**{n: plain(kw[n]) for n in (*DECODE_STEP_INPUTS, "k_cache", "v_cache")}, "out": raw_out(out)}
+
+    return drive_loop(s, run_step, dtype, steps, hand_back)
+
+
+def decode_step_judge(shape: LoopShape, params: dict[str, Any], dtype: str, seed: int, steps: int) -> LoopJudge:
+    """In the parent: the `decode_step` op's steps judged; q, k, v and the index tensors must stay unchanged."""
+    rope = _rope_params(params)
+    r = params.get("rotary_dim") or shape.D
+
+    def step_check(st: Step, raw: dict[str, Any], s: dict[str, Any]) -> StepResult:
+        pos = torch.tensor(st.positions, dtype=torch.int64)
+        given = {"q": st.q, "k": st.k, "v": st.v, "positions": pos,
+                 "slot_mapping": torch.tensor(st.slots, dtype=torch.int64), "block_tables": s["tables_cpu"],
+                 "kv_lens": torch.tensor(st.kv_lens, dtype=torch.int32)}
+        for n, old in given.items():
+            exchange.like(f"step {st.index} {n}", raw[n], old)
+            if bool((bits(raw[n]) != bits(old)).any()):
+                return StepResult([Finding("decode-step-inputs", "input-modified",
+                                           f"step {st.index}: the entry changed {n} (the contract does not let it "
+                                           f"write it)")])
+        k_rot = rotate(st.k, pos, rope["style"], rope["base"], r)
+        v_rot = rotate(st.v, pos, rope["style"], rope["base"], r)
+        k_rows = Written(k_rot, exact=False, alternatives=[("kv-unrotated", st.k, True)])
+        v_rows = Written(st.v, exact=True, alternatives=[("rope-value", v_rot, False), ("kv-source", k_rot, False)])
+        return StepResult([], raw["out"], k_rows, v_rows)
+
+    return LoopJudge(shape, dtype, seed, steps, step_check, set(DECODE_STEP_INPUTS), rope, fingerprints=True,
+                     check="decode-step")
 
 
 def _sync(device):
@@ -264,7 +560,8 @@ def run_job(job: dict, emit) -> None:
         return
     ev: dict = {"status": "ok"}
     try:
-        drive(fns, job["params"], job["dtype"], job["device"], job["seed"], job["steps"], emit, job["results"])
+        drive_pipeline(fns, job["params"], job["dtype"], job["device"], job["seed"], job["steps"],
+                       hand_back_parts(emit, job["results"], 0))
     except Exception as e:
         ev = {"status": "raised", "error": f"{type(e).__name__}: {' '.join(str(e).split())[:400]}"}
     unfaithful = interp.after_case()

@@ -64,10 +64,6 @@ def is_canary(t: torch.Tensor) -> torch.Tensor:
     return bits(t) == c[0]
 
 
-def canary_tensor(shape, dtype, device) -> torch.Tensor:
-    return fill_canary(torch.empty(shape, dtype=dtype, device=device))
-
-
 _PATCHED = ("empty", "empty_like", "empty_strided")
 
 

@@ -101,7 +101,9 @@ def attack(tmp_path, unprivileged: bool) -> tuple[dict, Path]:
     tmp.mkdir()
     for d in (tmp_path, work, tmp):
         d.chmod(0o777)
-    env = {"PATH": os.environ["PATH"], "HOME": str(tmp), "TMPDIR": str(tmp),
+    # KERNALIN_SANDBOX=off: the allowlist and the isolated start must hold without the worker sandbox too
+    # (test_worker_sandbox.py); the kernel leaves what it saw in TMPDIR
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp), "TMPDIR": str(tmp), "KERNALIN_SANDBOX": "off",
            "PYTHONPATH": os.pathsep.join([PACKAGE_ROOT, *(p for p in sys.path if p)]), **SECRETS}
     # -P: like the kernalin-ci console script, the command itself does not put the checkout on sys.path
     r = subprocess.run([PYTHON if unprivileged else sys.executable, "-P", "-m", "kernalin_ci", "verify", "--op",

@@ -40,7 +40,7 @@ def test_symlinks_from_a_pull_request_are_never_followed(tmp_path, world, serve)
         status, answer = daemon.deliver("pull_request", payload)
         assert status == 202, answer
         jobs[number] = answer["jobs"][0]
-    for number, job_id in jobs.items():
+    for job_id in jobs.values():
         wait_job(daemon.get, job_id, timeout=60)
 
     assert victim.read_text() == "precious\n"  # attack 5: nothing written through the PR's link

@@ -6,7 +6,8 @@ each distribution with `pip download --no-deps` into `.cache/realworld/` (git-ig
 sha256 and extracts the named members. `mutant_tree()` copies a kernel's extracted files and applies its
 mutant (one find/replace) into `mutants/<kernel>/src/`, beside a copy of the adapters: an adapter loads
 the production modules from the `src/` beside its own folder when there is one, else from the extracted
-originals, so the same adapter code runs an original or its mutant. `verify()` runs `kernalin-ci verify` on one variant and returns what it found.
+originals, so the same adapter code runs an original or its mutant. `verify()` runs `kernalin-ci verify` on
+one variant and returns what it found.
 """
 from __future__ import annotations
 
@@ -225,7 +226,8 @@ def verify(k: Kernel, variant: str, device: str = "cpu", extra: tuple[str, ...] 
     for f in findings:
         if f.get("bug_class") not in classes:
             classes.append(f.get("bug_class"))
-    not_checked = [f"{n.get('shape')}: {n.get('reason')} ({n.get('error', '')[:120]})" for n in res.get("not_checked", [])]
+    not_checked = [f"{n.get('shape')}: {n.get('reason')} ({n.get('error', '')[:120]})"
+                   for n in res.get("not_checked", [])]
     return Outcome(k.id, variant, r.returncode, classes, findings, structural_status(res), seconds, device=device,
                    not_checked=not_checked)
 

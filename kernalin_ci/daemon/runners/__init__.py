@@ -85,7 +85,9 @@ def job_env(req: RunRequest, *, home: str, tmp: str, visible: str | None) -> dic
     env.update(req.env)
     env.update({"HOME": home, "TMPDIR": tmp, "XDG_CACHE_HOME": f"{home}/.cache",
                 "TRITON_CACHE_DIR": f"{home}/.triton", "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1",
-                JOB_MARKER: req.job_id})
+                JOB_MARKER: req.job_id,
+                # the runner isolates the whole job (its sandbox, or a container): no second sandbox inside
+                "KERNALIN_SANDBOX": "off"})
     if visible is not None:
         env["CUDA_VISIBLE_DEVICES"] = visible
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"

@@ -1,6 +1,6 @@
 """The local runner: the job's command as a subprocess in the job's checkout, inside the sandbox.
 
-By default the job runs under bubblewrap (kernalin_ci/daemon/sandbox.py): its own PID, network and
+By default the job runs under bubblewrap (kernalin_ci/sandbox.py): its own PID, network and
 user namespaces, an allowlisted read-only file system with only its checkout and output writable,
 an unprivileged uid, and a cgroup with memory and process caps. When the sandbox's first process
 ends, or the daemon dies, the kernel kills everything the job started; stopping, a timeout, or a
@@ -20,7 +20,8 @@ import sys
 import threading
 import time
 
-from kernalin_ci.daemon import safefile, sandbox
+from kernalin_ci import sandbox
+from kernalin_ci.daemon import safefile
 from kernalin_ci.daemon.runners import JOB_MARKER, POLL_S, CappedLog, RunRequest, RunResult, StopReason, job_env
 from kernalin_ci.launch import module_argv
 

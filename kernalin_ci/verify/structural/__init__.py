@@ -47,18 +47,10 @@ def verify_structural(op_name: str, entry: str, params: dict, device: str = "cpu
     # TRITON_INTERPRET=0: the child compiles the kernels (it never launches them)
     outcome = run_task(job, "cpu", timeout_s, env={"TRITON_INTERPRET": "0"})
     done = next((e for e in outcome.events if e.get("event") == "structural-done"), None)
-    if outcome.status == "usage-error":
-        from kernalin_ci.errors import UsageError
-
-        raise UsageError(outcome.detail)
+    outcome.raise_for_error("structural")
     if done is None:
-        tail = " ".join(outcome.output_tail.split()[-30:])[-300:]
-        why = outcome.detail or outcome.status
-        if outcome.status == "internal-error":
-            tb = next((e.get("traceback", "") for e in outcome.events if e.get("event") == "internal-error"), "")
-            why = f"{outcome.detail}; {tb.strip().splitlines()[-1] if tb.strip() else ''}"
-        return [], [], StructuralStatus("not-analysed", f"the structural worker {outcome.status}: {why}"
-                                        + (f"; last output: {tail}" if tail and outcome.status == 'crashed' else ""))
+        return [], [], StructuralStatus("not-analysed", f"the structural worker {outcome.status}: "
+                                        f"{outcome.ended() or outcome.status}")
     return ([Finding.from_json(f) for f in done["findings"]], [Notice.from_json(n) for n in done["notices"]],
             StructuralStatus.from_json(done["status"]))
 

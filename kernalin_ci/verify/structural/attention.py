@@ -263,6 +263,17 @@ def score_factor(view: KernelView, v: Value, depth: int = 0):
         return (fa * fb if fa is not None and fb is not None else None), ta | tb
     if reduce_kind(op) == "addf":
         return score_factor(view, op.operands[0], depth + 1)
+    if getattr(view.capture, "op", None) == "decode_step":
+        # a fused decode step scores a rotated q (x cos - y sin, halves of the head dim kept apart): the
+        # rotation keeps the norm, so its cos/sin coefficients count as 1 and the halves' partial scores,
+        # alike in factor, add up to the score (RoPE's checks judge the rotation itself)
+        if n in ("math.cos", "math.sin"):
+            return 1.0, set()
+        if n in ("arith.addf", "arith.subf"):
+            fa, ta = score_factor(view, op.operands[0], depth + 1)
+            fb, tb = score_factor(view, op.operands[1], depth + 1)
+            if fa is not None and fb is not None and math.isclose(fa, fb, rel_tol=1e-6):
+                return fa, ta | tb
     return None, set()
 
 
@@ -270,7 +281,7 @@ def _dims(cap):
     q = cap.kwargs["q"]
     kc = cap.kwargs["k_cache"]
     Hq = q.shape[1]
-    Hkv = kc.shape[2] if cap.op == "attention.decode_paged" else kc.shape[1]
+    Hkv = kc.shape[2] if cap.op in ("attention.decode_paged", "decode_step") else kc.shape[1]
     return q.shape[0], Hq, Hkv, q.shape[2]
 
 
@@ -439,7 +450,9 @@ def _check_scale(view: KernelView, op: Op, pos: LF, rep: Report, scale: float) -
         return
     (s, c), = terms.items()
     f, tensors = score_factor(view, s)
-    if f is None or not {"q", "k_cache"} <= tensors:
+    # decode_step: keys an earlier launch rotated and stored are followed back to k
+    keys = ({"k_cache"}, {"k"}) if getattr(view.capture, "op", None) == "decode_step" else ({"k_cache"},)
+    if f is None or not any({"q"} | ks <= tensors for ks in keys):
         rep.notice("softmax-scale", f"{name}: could not verify the scale: the scores are not recognised as "
                                     f"a product of q and k", op, view)
         return

@@ -272,7 +272,7 @@ def _initial_content(t, kw: dict) -> str:
 class Recorder:
     """Replaces JITFunction.run (and Autotuner.run) while the entry runs."""
 
-    def __init__(self, registry: TensorRegistry, kw: dict, moves=None):
+    def __init__(self, registry: TensorRegistry, kw: dict, moves=None, all_configs: bool = False):
         os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton's default; silences 3.9's warning
         from triton.backends.compiler import GPUTarget
         from triton.compiler.compiler import make_backend
@@ -285,6 +285,7 @@ class Recorder:
         self.binders: dict[int, Any] = {}
         self.launches: list[Launch] = []
         self.notes: list[str] = []
+        self.all_configs = all_configs  # autotuned kernels: record every config (kernalin_ci.explain)
 
     def binder(self, jit):
         import triton.runtime.jit as J
@@ -378,6 +379,14 @@ class Recorder:
             saved.append((Autotuner, "run", Autotuner.run))
 
             def tuned_run(tuner, *args, **kwargs):
+                if recorder.all_configs:
+                    for config in tuner.configs:
+                        extra = config.all_kwargs() if hasattr(config, "all_kwargs") else dict(config.kwargs)
+                        n = len(recorder.launches)
+                        tuner.fn.run(*args, **kwargs, **extra)
+                        for la in recorder.launches[n:]:
+                            la.autotuned = True
+                    return None
                 # no GPU to benchmark on: the first config is the one checked
                 config = tuner.configs[0]
                 recorder.notes.append(f"autotuned kernel {tuner.fn.__name__ if hasattr(tuner.fn, '__name__') else ''}"
@@ -424,18 +433,22 @@ def capture(op_name: str, entry_fn, params: dict, domain=None) -> Capture:
     raise first_error
 
 
-def capture_at(op: Op, entry_fn, params: dict, case: Case) -> Capture:
-    """Run the entry once on one capture call and record its launches (CaptureError if refused)."""
-    return _capture_once(op, entry_fn, params, case)
+def capture_at(op: Op, entry_fn, params: dict, case: Case, *, inputs: dict | None = None,
+               all_configs: bool = False) -> Capture:
+    """Run the entry once on one capture call and record its launches (CaptureError if refused).
+    inputs: the call's arguments (default: the op's capture inputs); all_configs: an autotuned kernel
+    records one launch per config (kernalin_ci.explain compares them all)."""
+    return _capture_once(op, entry_fn, params, case, inputs, all_configs)
 
 
-def _capture_once(op: Op, entry_fn, params: dict, case: Case) -> Capture:
+def _capture_once(op: Op, entry_fn, params: dict, case: Case, inputs: dict | None = None,
+                  all_configs: bool = False) -> Capture:
     import torch
 
     from kernalin_ci.verify.poison import poisoned_allocations
     from kernalin_ci.verify.structural.host import HostMoves
 
-    kw = op.capture_inputs(case, params)
+    kw = op.capture_inputs(case, params) if inputs is None else inputs
     registry = TensorRegistry()
     writable = set(op.written_names(params))
     for name, v in kw.items():
@@ -443,7 +456,7 @@ def _capture_once(op: Op, entry_fn, params: dict, case: Case) -> Capture:
             registry.add(name, _logical(op.name, params, name, v), "written" if name in writable else "input")
     snapshot = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
     moves = HostMoves({k: v for k, v in kw.items() if isinstance(v, torch.Tensor)})
-    recorder = Recorder(registry, snapshot, moves)
+    recorder = Recorder(registry, snapshot, moves, all_configs)
     saved = recorder.install()
     try:
         with poisoned_allocations(), moves:
@@ -479,7 +492,7 @@ def _capture_once(op: Op, entry_fn, params: dict, case: Case) -> Capture:
 
 def _logical(op_name: str, params: dict, name: str, v):
     """The analyses see a paged cache in nhd order whatever its layout: a permuted view of the same memory."""
-    if op_name in ("attention.decode_paged", "kv_append") and name in ("k_cache", "v_cache"):
+    if op_name in ("attention.decode_paged", "kv_append", "decode_step") and name in ("k_cache", "v_cache"):
         from kernalin_ci.ops.paged import layout_of, nhd
 
         return nhd(v, layout_of(params))

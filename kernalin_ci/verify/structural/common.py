@@ -66,11 +66,6 @@ def kname(view: KernelView) -> str:
     return view.launch.kernel
 
 
-def first_lanes(mask: np.ndarray, n: int = 3) -> list:
-    idx = np.argwhere(mask)
-    return [tuple(int(x) for x in row) for row in idx[:n]]
-
-
 # --------------------------------------------------------------------------- out of range
 
 def check_bounds(view: KernelView, rep: Report, stores: bool = True) -> None:

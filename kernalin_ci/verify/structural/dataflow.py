@@ -1,6 +1,6 @@
 """The shared dataflow layer over one kernel's TTIR.
 
-* def-use: `defop(v)`, `Value.uses`; `peel(v)` looks through ops that only move
+* def-use: `Value.owner`, `Value.uses`; `peel(v)` looks through ops that only move
   or reshape lanes or change float width (splat, broadcast, expand_dims,
   reshape, trans, extf/truncf);
 * loop-carried values of `scf.for`: `carried(v)` for a body argument, `loop_*`
@@ -38,10 +38,6 @@ TRANSPARENT = {"tt.splat", "tt.broadcast", "tt.expand_dims", "tt.reshape", "ttg.
 MAX_KINDS = ("maxnumf", "maximumf")
 EXP_OPS = ("math.exp", "math.exp2")
 LOG2E = 1.0 / math.log(2.0)
-
-
-def defop(v: Value) -> Op | None:
-    return v.owner
 
 
 def peel(v: Value) -> Value:
@@ -152,16 +148,6 @@ def alternatives(v: Value) -> list:
     """The values v stands for: the updates of an scf.if result, else v itself."""
     u = updates(v)
     return [v] if u is None else u
-
-
-def enclosing_loops(op: Op) -> list:
-    out = []
-    b = op.parent
-    while b is not None and b.parent is not None:
-        if b.parent.name == "scf.for":
-            out.append(b.parent)
-        b = b.parent.parent
-    return out
 
 
 # --------------------------------------------------------------------------- guards

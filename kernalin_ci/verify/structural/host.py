@@ -34,7 +34,8 @@ def _key(t: torch.Tensor) -> tuple[int, int]:
 class HostMoves(TorchDispatchMode):
     def __init__(self, inputs: dict):
         super().__init__()
-        self.maps: dict = {}   # storage (address, bytes) -> (input name, element size, int64 map over the storage's elements)
+        # storage (address, bytes) -> (input name, element size, int64 map over the storage's elements)
+        self.maps: dict = {}
         self._paused = False
         for name, t in inputs.items():
             if isinstance(t, torch.Tensor) and t.numel() and _key(t) not in self.maps:

@@ -243,10 +243,19 @@ def _check_tables(cap, views, rep, positions) -> bool:
 
 def _check_output(cap, views, rep, src, out_name, names, style, base, positions, skip_angles) -> None:
     oinfo = cap.tensors[out_name]
-    T, H, D = oinfo.shape
-    r = int(cap.params.get("rotary_dim") or D)
     forms = stored_forms(views, out_name, names)
+    rows = {oinfo.coord(e): forms.get(e) for e in range(oinfo.numel)}
     in_place = out_name == src or oinfo.init == f"copy:{src}"
+    check_rotation(cap, views, rep, src, rows, oinfo.shape, in_place, style, base, positions, skip_angles)
+
+
+def check_rotation(cap, views, rep, src, rows: dict, shape: tuple, in_place: bool, style: str, base: float,
+                   positions: list, skip_angles: bool, unwritten: str = "unwritten-output") -> None:
+    """Judge the stored form of every element (t, h, i) of the rotated `src` (`rows`: (t, h, i) -> the form
+    `stored_forms` gives, or None where nothing was stored) against the definition. `unwritten`: the class
+    of a rotated element never stored."""
+    T, H, D = shape
+    r = int(cap.params.get("rotary_dim") or D)
     src_info = cap.tensors[src]
     problems: dict = {}
 
@@ -258,9 +267,7 @@ def _check_output(cap, views, rep, src, out_name, names, style, base, positions,
     opaque = 0
     angles: dict = {}   # token -> [(dim, frequency index, angle found, view)]
     theta = base ** (-2.0 * np.arange(r // 2) / r)
-    for e in range(oinfo.numel):
-        t, h, i = oinfo.coord(e)
-        form = forms.get(e)
+    for (t, h, i), form in rows.items():
         if form is None:
             if i >= r and in_place:
                 continue
@@ -269,7 +276,7 @@ def _check_output(cap, views, rep, src, out_name, names, style, base, positions,
                      f"dims {r}..{D - 1} of {src} (past rotary_dim {r}) are never written to the output, which "
                      f"does not already hold {src}", None, None)
             else:
-                flag("unwritten", "unwritten-output", f"rotated dims of {src} are never written", None, None)
+                flag("unwritten", unwritten, f"rotated dims of {src} are never written", None, None)
             continue
         view, sop, atoms, const, lin = form
         if not lin:

@@ -1,10 +1,10 @@
 """Load one production module from the fetched corpus (`tests/realworld/fetch.py`).
 
 The tree is the `src/` folder beside this file's folder when there is one (a mutant's tree:
-`.cache/realworld/mutants/<kernel>/` holds `src/` with the mutated files and `adapters/`, a copy of these
-adapters), else the extracted originals in `.cache/realworld/src/`. `stubs` stands in for the few package utilities a module imports
-(our own few lines, e.g. `is_hip`), so no serving stack has to be installed; they are removed from
-`sys.modules` again once the module is loaded.
+`.cache/realworld/mutants/<kernel>/` holds `src/` with the mutated files and `adapters/`, a copy of
+these adapters), else the extracted originals in `.cache/realworld/src/`. `stubs` stands in for the few
+package utilities a module imports (our own few lines, e.g. `is_hip`), so no serving stack has to be
+installed; they are removed from `sys.modules` again once the module is loaded.
 """
 from __future__ import annotations
 

@@ -20,6 +20,7 @@ the uid) and the limits actually in force; what could not be enforced is stated,
 """
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import signal
@@ -27,6 +28,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from kernalin_ci.errors import UsageError
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CGROUP_NAME = "kernalin-ci"
@@ -37,8 +40,8 @@ SYSTEM_RO = ("/usr", "/etc", "/opt", "/bin", "/sbin", "/lib", "/lib32", "/lib64"
 GPU_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
 
 
-class SandboxError(Exception):
-    """The sandbox cannot be set up as configured (bwrap missing, bad size)."""
+class SandboxError(UsageError):
+    """The sandbox cannot be set up as configured (bwrap missing, bad size): a configuration error."""
 
 
 def parse_size(text: str) -> int:
@@ -249,7 +252,8 @@ def prepare(settings: SandboxSettings, job_id: str, writable: list[Path], gpu_de
             argv += ["--dev-bind", dev, dev]
     # the job's own scratch space, writable by its uid (every process in the sandbox is the job's)
     argv += ["--perms", "1777", "--size", str(tmpfs), "--tmpfs", "/tmp",
-             "--perms", "0755", "--size", str(tmpfs), "--tmpfs", "/sandbox", "--perms", "0777", "--dir", "/sandbox/home"]
+             "--perms", "0755", "--size", str(tmpfs), "--tmpfs", "/sandbox",
+             "--perms", "0777", "--dir", "/sandbox/home"]
     made: set[str] = set()
 
     def parents(p, bound) -> list[str]:
@@ -326,3 +330,138 @@ def describe(plan: Plan) -> str:
         parts.append(f"memory {lim['memory'] >> 20} MiB, {lim['pids']} processes")
     parts += [f"NOT ENFORCED: {w}" for w in plan.not_enforced]
     return "; ".join(parts)
+
+
+# ------------------------------------------------------------------ kernel workers (verify, bench, the Action)
+
+WORKER_MODES = ("auto", "on", "off")
+ENV_WORKER_SANDBOX = "KERNALIN_SANDBOX"  # auto (default) | on | off, for the kernel workers of this process
+_probe: dict = {}
+_warned: list = []
+_worker_ids = itertools.count(1)  # next() is atomic: workers start from several threads at once
+
+
+def worker_mode() -> str:
+    mode = os.environ.get(ENV_WORKER_SANDBOX, "auto").strip().lower() or "auto"
+    if mode not in WORKER_MODES:
+        raise SandboxError(f"{ENV_WORKER_SANDBOX}={mode!r}: expected one of {', '.join(WORKER_MODES)}")
+    return mode
+
+
+def _named_paths(value) -> set[str]:
+    """Absolute paths that exist among the strings of a job (its roots, entry files, sources)."""
+    out: set[str] = set()
+    if isinstance(value, dict):
+        for v in value.values():
+            out |= _named_paths(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            out |= _named_paths(v)
+    elif isinstance(value, str) and value.startswith(os.sep):
+        path = os.path.realpath(value.split(":", 1)[0])  # an entry "FILE:FUNCTION"
+        folder = os.path.dirname(path)
+        if os.path.isfile(path) and folder not in _SHARED_DIRS and os.stat(folder).st_mode & 0o001:
+            path = folder  # the modules beside it too (when others may search it, as the job's uid must)
+        if os.path.exists(path):
+            out.add(path)
+    return out
+
+
+_SHARED_DIRS = ("/", "/tmp", "/var/tmp", "/dev/shm")  # a file named there is bound alone
+
+
+def _bwrap_works(settings: SandboxSettings) -> str | None:
+    """None if bubblewrap can start a sandbox here (probed once), else why not."""
+    if "why" not in _probe:
+        bwrap = shutil.which(settings.bwrap)
+        if not bwrap:
+            _probe["why"] = "bubblewrap is not installed"
+        else:
+            import subprocess
+
+            flags = ["--unshare-pid", "--unshare-net"] if os.geteuid() == 0 else ["--unshare-all"]
+            try:
+                p = subprocess.run([bwrap, *flags, "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "true"],
+                                   capture_output=True, text=True, timeout=30)
+                _probe["why"] = None if p.returncode == 0 else \
+                    f"bubblewrap cannot make a sandbox here ({' '.join(p.stderr.split())[:200]})"
+            except (OSError, subprocess.TimeoutExpired) as e:
+                _probe["why"] = f"bubblewrap cannot run ({e})"
+    return _probe["why"]
+
+
+def worker_plan(job: dict, device: str, workdir: str, cwd: str | None,
+                writable: tuple[str, ...] = ()) -> tuple[Plan | None, dict]:
+    """How to start a kernel worker: in a sandbox (a Plan, plus the environment it needs), or not (None).
+
+    The worker sees the system and the Python installation read-only, the folders its job names (the
+    checkout, entry files) read-only, WORKDIR (its job file) and WRITABLE (the folder the parent reads its
+    raw results from) read-write, and fresh
+    tmpfs for HOME (so its own Triton cache) and /tmp; no network; its own PID namespace; the gate's
+    process and every other file of the user (SSH keys, a runner's credentials) do not exist inside.
+    KERNALIN_SANDBOX=off runs it unsandboxed; auto (the default) warns once on stderr where bubblewrap
+    cannot run; on makes that an error."""
+    mode = worker_mode()
+    if mode == "off":
+        return None, {}
+    settings = SandboxSettings(memory=_worker_memory(), tmpfs_size="8g")
+    why = _bwrap_works(settings)
+    if why:
+        if mode == "on":
+            raise SandboxError(f"{ENV_WORKER_SANDBOX}=on: {why}")
+        if why not in _warned:
+            _warned.append(why)
+            print(f"kernalin-ci: kernel workers run without a sandbox: {why} (set {ENV_WORKER_SANDBOX}=off "
+                  f"to silence, or install bubblewrap)", file=sys.stderr)
+        return None, {}
+    from kernalin_ci.launch import child_path
+
+    worker_id = f"worker-{os.getpid()}-{next(_worker_ids)}"  # its own cgroup: end_worker kills all of it
+    here = os.path.realpath(cwd or os.getcwd())  # relative entries resolve against it, as outside
+    rw = {os.path.realpath(p) for p in writable}  # named in the job too, but bound read-write (below)
+    readonly = sorted({os.path.realpath(p) for p in child_path(cwd) if os.path.isdir(p)}
+                      | (_named_paths(job) - rw) | {here})
+    if os.geteuid() == 0:  # the job drops to an unprivileged uid: it must be able to read what it needs
+        closed = [p for p in readonly if not _others_can_read(p)]
+        if closed:
+            why = (f"{closed[0]} is not readable by uid {settings.user.split(':')[0]}, the sandbox's user when "
+                   f"kernalin-ci runs as root")
+            if mode == "on":
+                raise SandboxError(f"{ENV_WORKER_SANDBOX}=on: {why}")
+            if why not in _warned:
+                _warned.append(why)
+                print(f"kernalin-ci: kernel workers run without a sandbox: {why}", file=sys.stderr)
+            return None, {}
+    settings.extra_ro = readonly
+    plan = prepare(settings, worker_id, [Path(workdir), *map(Path, sorted(rw))],
+                   gpu_device_nodes(None) if device == "cuda" else [])
+    plan.argv_prefix[1:1] = ["--chdir", here]
+    env = {"HOME": plan.home, "TMPDIR": plan.tmp, "XDG_CACHE_HOME": f"{plan.home}/.cache",
+           "TRITON_CACHE_DIR": f"{plan.home}/.triton"}
+    return plan, env
+
+
+def _others_can_read(path: str) -> bool:
+    """Whether a user with no claim on PATH can read it (o+r, and o+x for a folder). The folders above a
+    bound path are the sandbox's own (0755) unless bound themselves, when they are checked too."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return bool(st.st_mode & 0o004) and (not os.path.isdir(path) or bool(st.st_mode & 0o001))
+
+
+def _worker_memory() -> str:
+    """A kernel worker's memory cap: 90% of this machine's RAM (it guards the host, not the kernel)."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return "64g"
+    return str(max(1 << 30, int(total * 0.9)))
+
+
+def end_worker(plan: Plan | None) -> None:
+    """After a sandboxed worker: kill whatever it left in its cgroup, remove the cgroup."""
+    if plan is not None and plan.limits.get("cgroup"):
+        job_id = Path(plan.limits["cgroup"][0]).name.removeprefix("job-")
+        cleanup(job_id)

@@ -1,0 +1,10 @@
+"""Timing regimes of a benchmark sample (docs/benchmarking.md, "Timing regimes").
+
+- `warm`: `inner` back-to-back launches on the same inputs after one L2 flush per sample,
+  so launches 2..inner find their inputs in L2 (a kernel run many times in a row).
+- `cold`: launch j of a sample reads copy j mod n of every input, with enough copies to
+  span twice the L2, so every launch reads memory that is not in L2 (a kernel run once per
+  layer between other kernels, as in a decode step).
+"""
+REGIMES = ("warm", "cold")
+DEFAULT_REGIME = "warm"  # pending the H200 run of benchmarks/live_eval.py (docs/statistics.md, "Live evaluation")

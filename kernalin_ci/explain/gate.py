@@ -1,0 +1,172 @@
+"""The gate's use of the explanations (kernalin_ci.gate.run calls `before_bench` and `after_bench`).
+
+before_bench: compile base and head at the benchmark shapes (two worker children, side by side), compare
+them, record the environment; the shapes to time are the ones whose compiled code differs (all of them
+after a toolchain change or when the comparison could not be made). after_bench: % of peak per timed
+shape, base against head per changed kernel, the environment again (a change refuses the comparison:
+`inconclusive: environment changed`), the correctness re-check, and Nsight Compute when asked.
+"""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from kernalin_ci.explain import peak as peak_mod
+from kernalin_ci.explain import provenance
+from kernalin_ci.explain.profile import nsight
+from kernalin_ci.explain.identity import EQUIVALENT, Identity, SideCompile, compare, compile_side, why_changed
+from kernalin_ci.explain.recheck import recheck, smallest
+
+ENV_CHANGED = "inconclusive: environment changed"
+_COPY: dict = {}  # device -> measured copy GB/s, once per gate process
+
+
+@dataclass
+class Plan:
+    cases: list
+    ident: Identity
+    base: SideCompile
+    head: SideCompile
+    env_start: dict
+    to_time: list = field(default_factory=list)
+    base_root: str = ""
+
+    @property
+    def skip_timing(self) -> bool:
+        return self.ident.all_identical
+
+
+def before_bench(op_name: str, entry: str, op_params: dict, bench_params: dict, device: str, base_root: str,
+                 head_root: str) -> Plan:
+    from kernalin_ci.bench.shapes import bench_cases
+    from kernalin_ci.ops import get_op
+    from kernalin_ci.ops.base import resolve_params
+
+    resolved = resolve_params(op_name, get_op(op_name).params, op_params)
+    cases = bench_cases(op_name, resolved, device, bench_params)
+    with ThreadPoolExecutor(2) as pool:  # two children: the compiles overlap
+        fb = pool.submit(compile_side, op_name, entry, base_root, resolved, cases)
+        fh = pool.submit(compile_side, op_name, entry, head_root, resolved, cases)
+        base, head = fb.result(), fh.result()
+    ident = compare(base, head, cases)
+    if device not in _COPY:
+        env = provenance.environment(device, measure_copy=device == "cuda")
+        _COPY[device] = env.get("copy_gbs")
+    else:
+        env = provenance.environment(device)
+        env["copy_gbs"] = _COPY[device]
+    return Plan(cases, ident, base, head, env, ident.to_time([c.name for c in cases]), base_root)
+
+
+def skipped(plan: Plan) -> dict:
+    """The explanation of a kernel whose compiled code is identical: nothing was timed."""
+    return {"identity": plan.ident.to_json(), "verdict": EQUIVALENT, "peak": [], "why": [],
+            "provenance": {"start": plan.env_start, "end": None, "changed": []}, "recheck": None, "profile": None}
+
+
+def after_bench(plan: Plan, kr, k, op_name: str, op_params: dict, device: str, head_root: str,
+                profile: bool = False) -> dict:
+    """Fill the explanation after timing; may turn the verdict inconclusive or fail the kernel."""
+    from kernalin_ci.ops import get_op
+    from kernalin_ci.ops.base import resolve_params
+
+    op = get_op(op_name)
+    params = resolve_params(op_name, op.params, op_params)
+    bench = kr.benchmark or {}
+    env_end = provenance.environment(device)
+    env_end["copy_gbs"] = _COPY.get(device)
+    env_changed = provenance.changed(plan.env_start, env_end) if not env_end.get("error") else []
+    env_changed += plan.ident.toolchain_changed
+    out: dict = {"identity": plan.ident.to_json(), "verdict": None, "peak": [], "why": [],
+                 "provenance": {"start": plan.env_start, "end": env_end, "changed": env_changed,
+                                "regime": _regime(bench)}, "recheck": None, "profile": None}
+    same = [x["shape"] for x in out["identity"]["shapes"] if x["identical"] and x["shape"] not in plan.to_time]
+    if same and isinstance(bench.get("notes"), list):
+        bench["notes"].append(f"{len(same)} of {len(plan.cases)} shapes not timed: identical compiled code "
+                              f"({', '.join(same)})")
+    if env_changed and bench.get("verdict") is not None:
+        bench["verdict_measured"] = bench["verdict"]
+        bench["verdict"] = "inconclusive"
+        out["verdict"] = f"{ENV_CHANGED} ({'; '.join(env_changed)})"
+    # % of peak, per timed shape and side
+    gpu = plan.env_start.get("gpu_name")
+    peaks = peak_mod.gpu_peaks(gpu) if gpu else None
+    by_name = {c.name: c for c in plan.cases}
+    for i, s in enumerate(bench.get("shapes") or []):
+        case = by_name.get(s.get("shape"))
+        t = op.traffic(case, params) if case is not None else None
+        row: dict = {"shape": s.get("shape"), "model": None}
+        if t is None:
+            row["model"] = f"no bytes/FLOPs model for op {op_name}"
+        else:
+            j = [c.name for c in plan.cases].index(case.name)
+            for side, comp in (("base", plan.base), ("head", plan.head)):
+                launches = ((comp.shapes[j] or {}).get("launches") or []) if comp.shapes else []
+                ms = s.get(f"{side}_ms") if device == "cuda" else None  # interpreter times are no GPU figures
+                row[side] = peak_mod.shape_peak(t, ms, case.dtype, peaks,
+                                                _COPY.get(device) if device == "cuda" else None,
+                                                peak_mod.uses_tensor_cores(launches))
+        out["peak"].append(row)
+    if device != "cuda":
+        out["peak_note"] = "CPU interpreter wall-clock times: % of a GPU's peak is not available on the CPU"
+    elif peaks is None:
+        out["peak_note"] = f"GPU {gpu!r} is not in the peak table: shares of peak not available"
+    if any((r.get("head") or {}).get("above_peak") or (r.get("base") or {}).get("above_peak") for r in out["peak"]):
+        out["above_peak"] = True
+    out["why"] = why_changed(plan.base, plan.head, plan.cases, plan.ident)
+    # correctness after timing: one timed case of the head, against the reference
+    timed = [by_name[n] for n in plan.to_time if n in by_name]
+    case = smallest(op, params, timed)
+    if case is not None and not kr.error:
+        out["recheck"] = recheck(k, op_name, case, device, head_root)
+    if profile and device != "cuda":
+        out["profile"] = {"status": "not available", "cause": "Nsight Compute needs a GPU (--device cuda)"}
+    else:
+        out["profile"] = nsight(profile, op_name, k.entry, str(plan.base_root), head_root, params, case)
+    return out
+
+
+def _regime(bench: dict) -> dict:
+    """The timing regime the benchmark reports (clock, L2 flush, per-shape timing, reps)."""
+    return {"clock": bench.get("clock"), "l2_flush": bench.get("l2_flush"), "reps": bench.get("reps"),
+            "timing": sorted({str(s.get("timing")) for s in bench.get("shapes") or [] if s.get("timing")}),
+            **({"regime": bench["regime"]} if "regime" in bench else {})}
+
+
+# --------------------------------------------------------------------------- the gate's two calls
+
+
+def plan_kernel(kr, k, op_name: str, params: dict, device: str, base_root, head_root) -> Plan | None:
+    """Before timing: the plan, or None (kr.explain says why) when the explanation could not start."""
+    from kernalin_ci.bench.shapes import split_params
+
+    op_params, bench_params = split_params(params)
+    try:
+        plan = before_bench(op_name, k.entry, op_params, bench_params, device, str(base_root), str(head_root))
+    except Exception as e:  # never take the gate down: the benchmark runs as without it
+        kr.explain = {"error": f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"}
+        return None
+    if plan.skip_timing:
+        kr.explain = skipped(plan)
+        kr.benchmark_note = f"{EQUIVALENT}: every kernel and launch configuration is byte-identical, not timed"
+    return plan
+
+
+def finish_kernel(kr, plan: Plan, k, op_name: str, params: dict, device: str, head_root,
+                  profile: bool = False) -> None:
+    from kernalin_ci.bench.shapes import split_params
+
+    op_params, _ = split_params(params)
+    try:
+        kr.explain = after_bench(plan, kr, k, op_name, op_params, device, str(head_root), profile)
+    except Exception as e:
+        kr.explain = {"identity": plan.ident.to_json(), "error": f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"}
+        return
+    if kr.explain.get("verdict", "") and str(kr.explain["verdict"]).startswith(ENV_CHANGED):
+        kr.benchmark_note = kr.explain["verdict"]
+
+
+def failed_by(kr, fail_on) -> list[str]:
+    """Policy items the explanation fails: a re-check finding is a finding."""
+    rc = (kr.explain or {}).get("recheck") or {}
+    return ["finding"] if rc.get("findings") and "finding" in fail_on else []

@@ -1,0 +1,153 @@
+"""What history keeps of one gate run: plain data, serialised as JSON (docs/history.md: the record).
+
+A Run is one commit of the default branch; its points are the kernels (and, when benchmarked, each
+shape) the gate checked at that commit. Times are the medians the gate measured for the base and the
+head of the run; `ratio` and `hdi` are the posterior of head/base from the same run (the base being
+the commit the gate compared against: the previous recorded commit when pull requests merge in order).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+RECORD_VERSION = 1
+MAX_FINDINGS = 20  # findings kept per point (the report keeps them all)
+PROVENANCE_KEYS = ("gpu_name", "gpu_uuid", "driver", "torch", "cuda", "triton")
+
+
+@dataclass
+class Point:
+    kernel: str
+    shape: str  # "" for a kernel without a per-shape benchmark (verification only)
+    status: str  # the gate's: changed | new | unchanged
+    verification: str | None  # pass | fail | None (not verified at this commit)
+    findings: list[dict] = field(default_factory=list)  # {check, bug_class, message, path, line}
+    failed_by: list[str] = field(default_factory=list)
+    verdict: str | None = None  # faster | slower | equivalent | inconclusive | None
+    ratio: float | None = None  # head/base, posterior median
+    hdi: list[float] | None = None  # [lo, hi] of head/base
+    p_slower: float | None = None
+    p_faster: float | None = None
+    base_ms: float | None = None  # median time per launch
+    head_ms: float | None = None
+    clock: str | None = None  # cuda-events | cpu-wall-clock
+    # where the timings were taken, when the report's explain.provenance says (gpu_name, driver, versions)
+    provenance: dict = field(default_factory=dict)
+
+
+@dataclass
+class Run:
+    repo: str
+    commit: str  # the commit of the default branch this run stands for
+    base: str | None  # the commit the gate compared against
+    branch: str
+    recorded_at: float
+    conclusion: str
+    reason: str = ""
+    pr: int | None = None
+    device: str = ""
+    environment: dict = field(default_factory=dict)  # gpu, torch, triton, python, kernalin_ci
+    report_url: str | None = None
+    points: list[Point] = field(default_factory=list)
+    version: int = RECORD_VERSION
+
+    @property
+    def key(self) -> str:
+        """A commit is recorded once per repository."""
+        return f"{self.repo}@{self.commit}"
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Run":
+        d = dict(d)
+        d["points"] = [Point(**p) for p in d.get("points", [])]
+        return cls(**d)
+
+
+def _findings(v: dict | None) -> list[dict]:
+    out = []
+    for f in (v or {}).get("findings", [])[:MAX_FINDINGS]:
+        loc = f.get("location") or {}
+        out.append({"check": f.get("check"), "bug_class": f.get("bug_class"), "message": f.get("message", ""),
+                    "path": loc.get("path"), "line": loc.get("line")})
+    return out
+
+
+def _num(x) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+def points_of(report: dict) -> list[Point]:
+    """The points of one report.json: a point per benchmarked shape, else one per checked kernel."""
+    out = []
+    for k in report.get("kernels", []):
+        if k.get("status") == "unchanged":
+            continue  # not run at this commit: its series goes on from the last commit that checked it
+        v = k.get("verification") or None
+        start = (((k.get("explain") or {}).get("provenance") or {}).get("start") or {})
+        common = dict(kernel=k["name"], status=k.get("status", ""), verification=(v or {}).get("verdict"),
+                      findings=_findings(v), failed_by=list(k.get("failed_by") or []),
+                      provenance={key: start[key] for key in PROVENANCE_KEYS if start.get(key) is not None})
+        b = k.get("benchmark") or {}
+        shapes = [s for s in b.get("shapes") or [] if isinstance(s, dict) and s.get("verdict")]
+        if not shapes:
+            out.append(Point(shape="", verdict=b.get("verdict"), ratio=_num(b.get("ratio")),
+                             hdi=b.get("hdi"), p_slower=_num(b.get("p_slower")), p_faster=_num(b.get("p_faster")),
+                             clock=b.get("clock") or None, **common))
+            continue
+        for s in shapes:
+            out.append(Point(shape=str(s.get("shape")), verdict=s.get("verdict"), ratio=_num(s.get("ratio")),
+                             hdi=s.get("hdi"), p_slower=_num(s.get("p_slower")), p_faster=_num(s.get("p_faster")),
+                             base_ms=_num(s.get("base_ms")), head_ms=_num(s.get("head_ms")),
+                             clock=b.get("clock") or None, **common))
+    return out
+
+
+def run_from_report(report: dict, *, repo: str, commit: str, branch: str, pr: int | None = None,
+                    report_url: str | None = None, recorded_at: float | None = None) -> Run:
+    """The Run a report.json stands for, recorded as commit COMMIT of BRANCH."""
+    return Run(repo=repo, commit=commit, base=(report.get("base") or {}).get("sha"), branch=branch,
+               recorded_at=time.time() if recorded_at is None else recorded_at,
+               conclusion=report.get("conclusion", "neutral"), reason=report.get("reason", ""),
+               pr=pr if pr is not None else report.get("pr"), device=report.get("device", ""),
+               environment=dict(report.get("environment") or {}), report_url=report_url,
+               points=points_of(report))
+
+
+def environment(device: str) -> dict:
+    """The GPU and software the gate ran on (recorded in report.json as `environment`). Nothing is
+    imported and CUDA is not initialised here: versions come from the installed packages' metadata,
+    the GPU's name from nvidia-smi (the first device CUDA_VISIBLE_DEVICES shows)."""
+    import platform
+    from importlib import metadata
+
+    from kernalin_ci import __version__
+
+    env: dict = {"python": platform.python_version(), "kernalin_ci": __version__}
+    for pkg in ("torch", "triton"):
+        try:
+            env[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            env[pkg] = "not installed"
+    env["gpu"] = _gpu_name() if device == "cuda" else "none (CPU interpreter)"
+    return env
+
+
+def _gpu_name() -> str:
+    import os
+    import shutil
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return "unknown (no nvidia-smi)"
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    try:
+        r = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"] + (["-i", first] if first else []),
+                           capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"unknown ({type(e).__name__})"
+    name = r.stdout.strip().splitlines()[0].strip() if r.returncode == 0 and r.stdout.strip() else ""
+    return name or "unknown (nvidia-smi failed)"

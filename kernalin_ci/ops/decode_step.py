@@ -1,0 +1,180 @@
+"""decode_step: a whole attention decode step for a batch (docs/ops.md).
+
+Rotate q and k at `positions`, write the rotated k and v into the paged caches at
+`slot_mapping`, then paged decode attention over `kv_lens`, which include the new
+token. One launch or several, fused or not: the contract is the step.
+
+Every case is a decode loop (`drive` in the worker hands back each step's raw
+tensors; `loop_judge` in the parent judges them): many steps on ragged sequences,
+the output of each step against float64 attention over the reference's own
+history, and both whole caches diffed after each step (kernalin_ci.verify.pipeline,
+shared with the composed rope -> kv_append -> attention pipeline check).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from kernalin_ci.lazy import torch
+from kernalin_ci.ops import attention_common as ac
+from kernalin_ci.ops import paged
+from kernalin_ci.ops.attention_decode_paged import AttentionDecodePaged
+from kernalin_ci.ops.base import (Case, Expected, Op, Param, Params, Tensors, capture_case, capture_head_dims,
+                                  positive, valid_dims)
+from kernalin_ci.ops.bench_shapes import BenchRequest, len_label, ragged_lens
+from kernalin_ci.ops.rope import PARAMS as ROPE_PARAMS
+from kernalin_ci.ops.rope import rotate
+
+PARAMS = tuple(p for p in ROPE_PARAMS if p.name in ("style", "base", "rotary_dim")) + (
+    Param("block_size", 16, int, "slots per cache block", check=positive),
+    paged.LAYOUT,
+    Param("steps", 64, int, "decode steps of each loop case", check=positive),
+    Param("head_dim", None, int, "pin D for every case (default: 40 on the CPU, 128 and 80 on a GPU)", check=positive),
+    Param("num_q_heads", None, int, "pin Hq", check=positive),
+    Param("num_kv_heads", None, int, "pin Hkv", check=positive),
+)
+
+
+class DecodeStep(Op):
+    name = "decode_step"
+    params = PARAMS
+    written = ("k_cache", "v_cache")
+    structural = "decode_step"
+
+    def _dims(self, params: Params, hq: int, hkv: int, D: int, start_lens: list[int], steps: int,
+              **extra: Any) -> dict[str, Any]:
+        D = params.get("head_dim") or D
+        r = params.get("rotary_dim") or D
+        hq = params.get("num_q_heads") or hq
+        hkv = params.get("num_kv_heads") or hkv
+        if params.get("num_q_heads") and not params.get("num_kv_heads"):
+            hkv = hkv if hq % hkv == 0 else 1
+        return {"Hq": hq, "Hkv": hkv, "D": max(D, r), "start_lens": list(start_lens), "steps": steps, **extra}
+
+    def cases(self, params: Params, device: str, dtype: str | None) -> list[Case]:
+        """Decode loops on ragged sequences (one starts empty: its first token is at position 0), GQA, the
+        free blocks canary-filled. `stale`: the free slots of the sequences' own blocks hold finite data
+        left by an earlier request, so a step that attends the new token's slot before writing it gives a
+        finite wrong output whose cause can be named; without it the same read is the canary."""
+        main = dtype or "float32"
+        steps = int(params["steps"])
+        if device != "cuda":  # the interpreter: small heads, one loop
+            return [Case("decode-loop", self._dims(params, 4, 2, 40, [0, 17], steps, stale=True), main, 1)]
+        cases = [
+            Case("decode-loop", self._dims(params, 8, 2, 128, [0, 5, 17, 63, 200], 2 * steps, stale=True), main, 1),
+            # D 80: a head dim under a power-of-two tile (a padded tile left unmasked spills past the head)
+            Case("decode-loop-poisoned", self._dims(params, 16, 4, 80, [1, 31, 100], steps), main, 2),
+        ]
+        if dtype is None:
+            for i, dt in enumerate(("float16", "bfloat16")):
+                cases.append(Case(f"decode-loop-{dt}", self._dims(params, 8, 2, 128, [0, 5, 17, 63, 200], steps,
+                                                                  stale=True), dt, 10 + i))
+        return cases
+
+    def probe(self, params: Params, dtype: str | None) -> Case:
+        return Case("pos0-probe", self._dims(params, 8, 2, 64, [0], 1, poison=False), dtype or "float32", 0,
+                    ("probe",))
+
+    def validate_case(self, case: Case) -> str | None:
+        d = case.dims
+        problem = valid_dims(d, ("Hq", "Hkv", "D", "steps"))
+        if problem:
+            return problem
+        if d["Hq"] % d["Hkv"]:
+            return "Hq must be a positive multiple of Hkv"
+        lens = d.get("start_lens")
+        if not isinstance(lens, list) or not lens or not all(isinstance(x, int) and x >= 0 for x in lens):
+            return "start_lens must be a non-empty list of lengths >= 0"
+        return None
+
+    def _shape(self, case: Case, params: Params) -> Any:
+        from kernalin_ci.verify.pipeline import LoopShape
+
+        d = case.dims
+        return LoopShape(d["Hq"], d["Hkv"], d["D"], list(d["start_lens"]), int(params["block_size"]),
+                         paged.layout_of(params), int(d.get("free_blocks", 5)), bool(d.get("stale", False)),
+                         bool(d.get("poison", True)))
+
+    def drive(self, fn: Callable[..., Any], case: Case, params: Params, device: str, poison: bool,
+              hand_back: Callable[[int, dict[str, Any], float], None]) -> int | None:
+        from kernalin_ci.verify.pipeline import drive_decode_step
+
+        steps: int = drive_decode_step(fn, self._loop_shape(case, params, poison), case.dtype, device, case.seed,
+                                       int(case.dims["steps"]), hand_back)
+        return steps
+
+    def loop_judge(self, case: Case, params: Params, poison: bool) -> Any:
+        from kernalin_ci.verify.pipeline import decode_step_judge
+
+        return decode_step_judge(self._loop_shape(case, params, poison), params, case.dtype, case.seed,
+                                 int(case.dims["steps"]))
+
+    def _loop_shape(self, case: Case, params: Params, poison: bool) -> Any:
+        shape = self._shape(case, params)
+        if not poison:
+            shape.poison, shape.stale = False, False
+        return shape
+
+    def inputs(self, case: Case, params: Params, device: str, poison: bool = True) -> Tensors:
+        """The first step of the case's loop (what the structural capture and a single call see)."""
+        from kernalin_ci.verify.pipeline import init_state, next_step
+
+        s = init_state(self._loop_shape(case, params, poison), case.dtype, device, case.seed, int(case.dims["steps"]))
+        st = next_step(s, 0, case.dtype)
+        return {"q": st.q.to(device), "k": st.k.to(device), "v": st.v.to(device),
+                "positions": torch.tensor(st.positions, dtype=torch.int64, device=device),
+                "k_cache": s["k_cache"], "v_cache": s["v_cache"],
+                "slot_mapping": torch.tensor(st.slots, dtype=torch.int64, device=device),
+                "block_tables": s["tables"],
+                "kv_lens": torch.tensor(st.kv_lens, dtype=torch.int32, device=device), "scale": float(s["scale"])}
+
+    def outputs(self, ret: Any, kw: Tensors) -> Tensors:
+        return {"out": ret, "k_cache": kw["k_cache"], "v_cache": kw["v_cache"]}
+
+    def reference(self, kw: Tensors, params: Params) -> Expected:
+        """One step in float64 from the inputs before the call: q and k rotated, the new token's rotated key
+        and value placed at position kv_len - 1, attention over kv_len positions."""
+        D = kw["q"].shape[-1]
+        r = params.get("rotary_dim") or D
+        pos = kw["positions"].to("cpu")
+        qr = rotate(kw["q"].to("cpu"), pos, params["style"], params["base"], r)
+        kr = rotate(kw["k"].to("cpu"), pos, params["style"], params["base"], r)
+        v = kw["v"].to("cpu", torch.float64)
+        lay = paged.layout_of(params)
+        kc, vc = paged.nhd(kw["k_cache"], lay).to("cpu"), paged.nhd(kw["v_cache"], lay).to("cpu")
+        tb = kw["block_tables"].to("cpu")
+        K, V = [], []
+        for b, L in enumerate(kw["kv_lens"].tolist()):
+            old_k = AttentionDecodePaged._gather(kc, tb, b, L - 1).to(torch.float64)
+            old_v = AttentionDecodePaged._gather(vc, tb, b, L - 1).to(torch.float64)
+            K.append(torch.cat([old_k, kr[b][:, None, :]], dim=1))
+            V.append(torch.cat([old_v, v[b][:, None, :]], dim=1))
+        hm = ac.head_map(qr.shape[1], kc.shape[2])
+        return Expected({"out": ac.attend(qr, K, V, kw["scale"], hm)})
+
+    def row_label(self, case: Case, kw: Tensors, name: str, row: int) -> str:
+        b, h = divmod(row, case.dims["Hq"])
+        return f"b={b} h={h} (kv_len={int(kw['kv_lens'][b])})"
+
+    def bench_cases(self, params: Params, device: str, request: BenchRequest) -> list[Case]:
+        """One step at each attention shape: B sequences whose kv_len (the new token included) is the shape's."""
+        hq, hkv, D = request.heads(params)
+        cases = []
+        for i, s in enumerate(request.attention_shapes()):
+            lens = ragged_lens(s["batch"], s["kv_len"], ragged=not s.get("explicit"))
+            dims = self._dims(params, hq, hkv, D, [L - 1 for L in lens], 1, poison=False)
+            cases.append(Case(f"B={s['batch']} kv_len={len_label(lens)} Hq={dims['Hq']} Hkv={dims['Hkv']} "
+                              f"D={dims['D']} {request.dtype}", dims, request.dtype, 1000 + i, ("bench",)))
+        return cases
+
+    def capture_cases(self, params: Params) -> list[Case]:
+        """Three sequences (one at position 0), GQA, kv_lens across a block boundary, one step; float32, where
+        the precision a float32 model needs (angles) is visible."""
+        hq = int(params.get("num_q_heads") or 4)
+        hkv = int(params.get("num_kv_heads") or (2 if hq % 2 == 0 else 1))
+        return [capture_case({"Hq": hq, "Hkv": hkv if hq % hkv == 0 else 1,
+                              "D": max(D, params.get("rotary_dim") or D), "start_lens": [0, 5, 19], "steps": 1,
+                              "poison": False}, "float32")
+                for D in capture_head_dims(params)]
+
+
+OP_CLASS = DecodeStep

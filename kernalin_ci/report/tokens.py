@@ -1,0 +1,120 @@
+"""Decode tokens/s and $/Mtok in words: the PR comment's and step summary's section, and the lines of
+`kernalin-ci bench --model` (the model object of docs/tokens.md, as report.json holds it).
+
+Nothing here computes a statistic: every figure is in the model object, only rounded and phrased.
+"""
+from __future__ import annotations
+
+import math
+
+from kernalin_ci.report.text import code, md, prob
+
+NOT_MEASURED = "tokens/s: not measured"
+
+
+def _finite(*xs) -> bool:
+    return all(isinstance(x, (int, float)) and math.isfinite(x) for x in xs)
+
+
+def rate(x) -> str:
+    """Tokens per second: three significant figures at least, no fraction above 100."""
+    if not _finite(x):
+        return "n/a"
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
+def dollars(x) -> str:
+    if not _finite(x):
+        return "n/a"
+    return f"${x:,.2f}" if x >= 1 else f"${x:.3g}"
+
+
+def change(ratio, hdi) -> str:
+    """A tokens/s ratio head/base as '+3.7% (95% HDI +3.5%..+3.9%)'."""
+    if not _finite(ratio, *hdi):
+        return "n/a"
+    d = 1 if max(abs(ratio - 1), abs(hdi[0] - 1), abs(hdi[1] - 1)) >= 0.01 else 2
+    while d < 3 and f"{100 * hdi[0]:.{d}f}" == f"{100 * hdi[1]:.{d}f}":  # the two ends must read apart
+        d += 1
+    return f"{100 * (ratio - 1):+.{d}f}% (95% HDI {100 * (hdi[0] - 1):+.{d}f}%..{100 * (hdi[1] - 1):+.{d}f}%)"
+
+
+def shape_text(m: dict) -> str:
+    s = m.get("shape") or {}
+    return (f"{s.get('layers')} layers, hidden {s.get('hidden_size')}, heads {s.get('num_heads')}/"
+            f"{s.get('num_kv_heads')}, head dim {s.get('head_dim')}, MLP {s.get('intermediate_size')}, "
+            f"vocab {s.get('vocab_size')}, {s.get('dtype')}")
+
+
+def how_text(m: dict) -> str:
+    if m.get("mode") == "full":
+        return "the whole model timed as one CUDA graph per step"
+    if m.get("mode") == "per-layer":
+        layers = (m.get("shape") or {}).get("layers")
+        return (f"per-layer estimate: a block of {m.get('layers_built')} layers timed and scaled to {layers}, "
+                f"plus embedding and LM head ({m.get('mode_why')})")
+    return ""
+
+
+def kernels_text(m: dict) -> str:
+    return ", ".join(f"{role} {name}" for role, name in (m.get("kernels") or {}).items())
+
+
+def not_measured_line(m: dict) -> str:
+    return f"{NOT_MEASURED} ({m.get('reason') or 'unknown'})"
+
+
+def point_label(p: dict) -> str:
+    return f"batch {p.get('batch')}, context {p.get('context')}"
+
+
+def point_line(p: dict) -> str:
+    b, h = p.get("base") or {}, p.get("head") or {}
+    return (f"{point_label(p)}: base {rate(b.get('tokens_per_s'))} tokens/s ({dollars(b.get('usd_per_mtok'))}/Mtok), "
+            f"head {rate(h.get('tokens_per_s'))} tokens/s ({dollars(h.get('usd_per_mtok'))}/Mtok); tokens/s "
+            f"{change(p.get('tokens_per_s_ratio'), p.get('tokens_per_s_ratio_hdi') or (None, None))}, "
+            f"{p.get('verdict')}, P(more tokens/s) {prob(p.get('p_faster'))}")
+
+
+def text_lines(m: dict) -> list[str]:
+    """`kernalin-ci bench --model`'s lines."""
+    lines = [f"model {m.get('model')} ({m.get('source')}): {shape_text(m)}", f"  kernels: {kernels_text(m)}"]
+    if m.get("error"):
+        lines.append(f"  MODEL BENCH FAILED ({m.get('error_kind')}): {m['error']}")
+    if not m.get("measured"):
+        lines.append(f"  {not_measured_line(m)}")
+    else:
+        lines.append(f"  {how_text(m)}; {m.get('rounds')} rounds, {m.get('bench_seconds', 0):.1f} GPU seconds "
+                     f"(stopped: {m.get('stopped')})")
+        lines += [f"  {point_line(p)}" for p in m.get("points") or []]
+        lines.append(f"  price: ${m.get('price_per_hour'):.2f} per GPU-hour ({m.get('price_source')})")
+    lines += [f"  note: {n}" for n in m.get("notes") or []]
+    return lines
+
+
+TABLE_HEADER = ("| serving point | base tokens/s | head tokens/s | tokens/s change (95% HDI) | P(more tokens/s) "
+                "| base $/Mtok | head $/Mtok | verdict |\n|---|--:|--:|--:|--:|--:|--:|---|")
+
+
+def markdown_section(m: dict | None) -> str | None:
+    """The comment's 'Decode throughput' block, or None without a model object."""
+    if not isinstance(m, dict):
+        return None
+    lines = [f"#### Decode throughput · {code(m.get('model'))}", "",
+             f"<sub>{md(shape_text(m))} · kernels: {md(kernels_text(m))}</sub>", ""]
+    if m.get("error"):
+        lines += [f"- **Error:** {md(m['error'])}", ""]
+    if not m.get("measured"):
+        lines.append(f"- **Tokens/s:** not measured ({md(m.get('reason') or 'unknown')}).")
+        return "\n".join(lines) + "\n\n"
+    lines.append(TABLE_HEADER)
+    for p in m.get("points") or []:
+        b, h = p.get("base") or {}, p.get("head") or {}
+        lines.append(f"| {point_label(p)} | {rate(b.get('tokens_per_s'))} | {rate(h.get('tokens_per_s'))} | "
+                     f"{change(p.get('tokens_per_s_ratio'), p.get('tokens_per_s_ratio_hdi') or (None, None))} | "
+                     f"{prob(p.get('p_faster'))} | {dollars(b.get('usd_per_mtok'))} | {dollars(h.get('usd_per_mtok'))} "
+                     f"| {md(p.get('verdict'))} |")
+    lines += ["", f"<sub>{md(how_text(m))}; {m.get('rounds')} interleaved rounds; "
+                  f"${m.get('price_per_hour'):.2f} per GPU-hour ({md(m.get('price_source'))}); "
+                  f"reported, never gating</sub>"]
+    return "\n".join(lines) + "\n\n"

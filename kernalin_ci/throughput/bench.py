@@ -1,0 +1,237 @@
+"""bench_model(): decode tokens/s and $/Mtok of a model, base kernels against head kernels (parent side).
+
+The kernels run only in the worker child (task "model-bench", kernalin_ci.throughput.task); this
+process never imports them. Instances: base (every role from the base tree), head (from the head
+tree) and base2 (the base again, from a copy of the base tree: the A/A noise floor), as in
+kernalin_ci.bench.pair.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from kernalin_ci.bench import stats
+from kernalin_ci.bench.pair import DEFAULT_REPS, aa_copy
+from kernalin_ci.bench.trace import geometric_mean_over_shapes
+from kernalin_ci.entry import parse_entry
+from kernalin_ci.errors import UsageError
+from kernalin_ci.isolate import run_task
+from kernalin_ci.throughput import cost
+from kernalin_ci.throughput.spec import ROLE_OPS, ModelSpec
+
+DEFAULT_TIMEOUT_S = {"cuda": 300.0, "cpu": 600.0}
+NOT_MEASURED_CPU = "no GPU"
+
+
+@dataclass
+class Role:
+    """A gated kernel in its place in the step."""
+
+    role: str  # attention | rope | kv_append
+    op: str
+    kernel: str  # the kernel's name (the configuration's, or the entry)
+    base_entry: str
+    head_entry: str
+    params: dict = field(default_factory=dict)  # the op's resolved params
+
+
+@dataclass
+class ModelResult:
+    """The JSON of docs/tokens.md ("model" in report.json, `kernalin-ci bench --model --json`)."""
+
+    spec: ModelSpec
+    device: str
+    roles: dict = field(default_factory=dict)  # role -> kernel name, or "torch" where no kernel is configured
+    measured: bool = False
+    reason: str | None = None  # why nothing was measured
+    mode: str | None = None  # "full" | "per-layer"
+    mode_why: str | None = None
+    layers_built: int | None = None
+    points: list = field(default_factory=list)
+    verdict: stats.Verdict | None = None  # geometric mean over the serving points (step time)
+    rounds: int = 0
+    stopped: str = ""
+    seconds: float = 0.0
+    bench_seconds: float = 0.0
+    setup_seconds: float = 0.0
+    error: str | None = None
+    error_kind: str | None = None
+    notes: list = field(default_factory=list)
+    instances: dict = field(default_factory=dict)  # name -> [rounds, points, reps] ms per step
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
+
+    def to_json(self) -> dict:
+        s = self.spec
+        return {"model": s.name, "shape": s.shape(), "source": s.source, "price_per_hour": s.price_per_hour,
+                "price_source": s.price_source, "device": self.device, "kernels": self.roles,
+                "measured": self.measured, "reason": self.reason, "mode": self.mode, "mode_why": self.mode_why,
+                "layers_built": self.layers_built, "points": self.points,
+                "verdict": self.verdict.to_json() if self.verdict else None, "rounds": self.rounds,
+                "stopped": self.stopped, "seconds": self.seconds, "bench_seconds": self.bench_seconds,
+                "setup_seconds": self.setup_seconds, "error": self.error, "error_kind": self.error_kind,
+                "notes": self.notes}
+
+
+def not_measured(spec: ModelSpec, device: str, reason: str, roles: dict | None = None) -> dict:
+    """The model object when nothing runs (no GPU, verification failed, benchmarks off)."""
+    return ModelResult(spec, device, roles=roles or {}, reason=reason).to_json()
+
+
+def role_names(roles: list[Role]) -> dict:
+    """role -> the kernel in that place, or "torch" (no kernel configured for it)."""
+    have = {r.role: r for r in roles}
+    out = {role: have[role].kernel if role in have else "torch" for role in ROLE_OPS}
+    att = have.get("attention")
+    if "kv_append" in have and att and att.op == "attention.decode":
+        out["kv_append"] = f"torch ({have['kv_append'].kernel} not used: the cache is contiguous)"
+    return out
+
+
+def check_roles(spec: ModelSpec, roles: list[Role]) -> tuple[dict, dict]:
+    """-> (the worker's params: the union of the roles' params, the cache layout). UsageError when a kernel's
+    params cannot serve the model (a pinned head dim or head count, kv_append and attention on different caches)."""
+    params: dict = {}
+    for r in roles:
+        if r.op not in ROLE_OPS[r.role]:
+            raise UsageError(f"model: the {r.role} place takes {' or '.join(ROLE_OPS[r.role])}, "
+                             f"not {r.kernel} ({r.op})")
+        for pin, want in (("head_dim", spec.head_dim), ("num_q_heads", spec.num_heads),
+                          ("num_kv_heads", spec.num_kv_heads)):
+            got = r.params.get(pin)
+            if got is not None and int(got) != want:
+                raise UsageError(f"model: {r.kernel} pins {pin}={got}, the model has {want}")
+        if r.op == "rope" and r.params.get("max_position") is not None:
+            longest = max(p.context for p in spec.serving)
+            if longest >= int(r.params["max_position"]):
+                raise UsageError(f"model: context {longest} is beyond {r.kernel}'s max_position "
+                                 f"{r.params['max_position']}")
+        params.update({k: v for k, v in r.params.items() if v is not None or k not in params})
+    by = {r.role: r for r in roles}
+    att = by.get("attention")
+    layout = {"attention_op": att.op if att else None, "block_size": 16, "layout": "nhd"}
+    app = by.get("kv_append")
+    cache = att if att and att.op == "attention.decode_paged" else app if not att else None
+    if cache:  # a paged cache: the paged attention's, or the kv_append kernel's with the torch attention
+        layout["block_size"] = int(cache.params.get("block_size") or 16)
+        layout["layout"] = cache.params.get("layout") or "nhd"
+        if app and att:
+            for key in ("block_size", "layout"):
+                if (app.params.get(key) or layout[key]) != layout[key]:
+                    raise UsageError(f"model: {app.kernel} has {key} {app.params.get(key)}, "
+                                     f"{att.kernel} has {layout[key]}: they must share the cache")
+    return params, layout
+
+
+def bench_model(spec: ModelSpec, roles: list[Role], base_root: str | None, head_root: str | None, device: str, *,
+                budget_s: float = 30.0, rope_min: float = stats.ROPE_MIN, rope: float | None = None,
+                reps: int | None = None, l2_flush: bool = True, max_rounds: int | None = None, seed: int = 0,
+                timeout_s: float | None = None, progress=None, mode: str = "auto") -> ModelResult:
+    """Time the decode step of `spec` with the base kernels against the head kernels.
+
+    On the CPU nothing is timed: the step runs once per instance at a small shape (`measured` false,
+    reason "no GPU"). Usage problems raise UsageError; a benchmark that cannot finish returns a result
+    with `error` set.
+    """
+    t_start = time.perf_counter()
+    if budget_s <= 0:
+        raise UsageError("--budget-s must be positive")
+    params, layout = check_roles(spec, roles)
+    for r in roles:
+        parse_entry(r.base_entry), parse_entry(r.head_entry)
+    base_root = str(Path(base_root or os.getcwd()).resolve())
+    head_root = str(Path(head_root or os.getcwd()).resolve())
+    reps = reps or DEFAULT_REPS[device]
+    result = ModelResult(spec, device, roles=role_names(roles))
+    with tempfile.TemporaryDirectory(prefix="kernalin-model-aa-") as tmp:
+        os.chmod(tmp, 0o755)  # read by the kernel workers' sandbox user (uid 65534 under root)
+        base2 = {}
+        for r in roles:
+            entry, root, note = aa_copy(r.base_entry, base_root, os.path.join(tmp, r.role))
+            base2[r.role] = {"entry": entry, "root": root}
+            if note and note not in result.notes:
+                result.notes.append(note)
+        instances = [
+            {"name": "base", "roles": {r.role: {"entry": r.base_entry, "root": base_root} for r in roles}},
+            {"name": "head", "roles": {r.role: {"entry": r.head_entry, "root": head_root} for r in roles}},
+            {"name": "base2", "roles": base2}]
+        job = {"task": "model-bench", "device": device, "params": params, "spec": spec.to_json(),
+               "instances": instances, **layout, "reps": reps, "budget_s": budget_s, "max_rounds": max_rounds,
+               "seed": seed, "l2_flush": l2_flush, "rope": rope, "rope_min": rope_min, "mode": mode}
+        _drive(job, result, timeout_s or DEFAULT_TIMEOUT_S[device], progress)
+    _finish(result, rope, rope_min)
+    result.seconds = time.perf_counter() - t_start
+    return result
+
+
+def _drive(job: dict, result: ModelResult, timeout_s: float, progress) -> None:
+    names = [i["name"] for i in job["instances"]]
+    times: dict = {n: [] for n in names}
+    state = {"where": "setting up"}
+
+    def on_event(ev):
+        kind = ev.get("event")
+        if kind == "mode":
+            result.mode, result.layers_built, result.mode_why = ev["mode"], ev["layers_built"], ev["why"]
+        elif kind == "setup":
+            state["where"] = f"setting up {ev['label']} ({ev['part']})"
+        elif kind == "setup-done":
+            result.setup_seconds = ev["seconds"]
+        elif kind == "note":
+            result.notes.append(ev["message"])
+        elif kind == "cpu-check":
+            p, s = ev["point"], ev["shape"]
+            result.notes.append(
+                f"the decode step ran once per instance ({', '.join(ev['instances'])}) at a small shape "
+                f"(layers {s['layers']}, hidden {s['hidden_size']}, heads {s['num_heads']}/{s['num_kv_heads']}, "
+                f"head dim {s['head_dim']}, {s['dtype']}; batch {p['batch']}, context {p['context']}) under the "
+                f"Triton interpreter, and layer 0's attention outputs agree; nothing was timed")
+        elif kind == "round":
+            for n in names:
+                times[n].append(ev["times"][n])
+            result.rounds, result.bench_seconds = ev["round"], ev["elapsed"]
+            state["where"] = f"round {ev['round'] + 1}"
+            v = ev.get("verdict")
+            if progress is True and v and (stats.is_look(ev["round"]) or ev["round"] % 50 == 0):
+                print(f"  model round {ev['round']} ({ev['elapsed']:.1f} s): step head/base {v['ratio']:.4f} "
+                      f"[{v['hdi'][0]:.4f}, {v['hdi'][1]:.4f}] -> {v['verdict']}", file=sys.stderr, flush=True)
+        elif kind == "stopped":
+            result.stopped = ev["reason"]
+        elif kind == "bench-error":
+            result.error, result.error_kind = ev["message"], ev["kind"]
+        if callable(progress):
+            progress(ev)
+
+    outcome = run_task(job, job["device"], timeout_s, on_event)
+    outcome.raise_for_error("model-bench")
+    if outcome.status in ("timeout", "crashed") and result.error is None:
+        result.error_kind = outcome.status
+        result.error = f"the model benchmark child {outcome.detail} while {state['where']}{outcome.last_output()}"
+    if result.rounds:
+        result.instances = {n: np.asarray(times[n], dtype=np.float64) for n in names}
+
+
+def _finish(result: ModelResult, rope, rope_min) -> None:
+    if result.device != "cuda":
+        result.reason = NOT_MEASURED_CPU
+        return
+    inst = result.instances
+    if result.failed or not inst:
+        result.reason = "the benchmark did not finish" if result.failed else "no rounds were timed"
+        return
+    result.measured = True
+    geo = {n: geometric_mean_over_shapes(a) for n, a in inst.items()}
+    result.verdict = stats.compare_trace(geo["base"], geo["head"], geo.get("base2"), rope=rope, rope_min=rope_min)
+    for i, p in enumerate(result.spec.serving):
+        s = cost.point_summary(inst["base"][:, i], inst["head"][:, i],
+                               inst["base2"][:, i] if "base2" in inst else None, p.batch,
+                               result.spec.price_per_hour, rope=rope, rope_min=rope_min)
+        result.points.append({"batch": p.batch, "context": p.context, **s})

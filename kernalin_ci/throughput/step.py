@@ -1,0 +1,295 @@
+"""A decode step of a model's shape, with random weights, built with torch around the gated kernels.
+
+Runs inside the worker (kernalin_ci.throughput.task), never in the gate process. Per layer:
+
+    x -> RMSNorm -> q, k, v GEMMs -> rope -> kv_append -> attention -> o GEMM -> + x
+      -> RMSNorm -> gate|up GEMM -> SiLU(gate) * up -> down GEMM -> + residual
+
+with the embedding lookup before the first layer and RMSNorm + LM head after the last (the LM head
+reads the embedding matrix: tied, which changes nothing read per step). The GEMMs are cuBLAS through
+torch.mm; the norms and the activation are torch ops. The rope, kv_append and attention places take
+the configured kernels (each op's contract, docs/ops.md: contiguous q, k, v; positions and slots
+int64; kv_lens and block tables int32); a place without a kernel takes a torch implementation.
+
+Every sequence of a serving point holds `context` tokens and decodes token `context` (position
+`context`, attention over context + 1 keys). Caches are paged (block_size and layout from the
+attention kernel's params) when the attention is `attention.decode_paged`, contiguous [B, Hkv, S, D]
+otherwise; blocks are assigned in a random order, as a serving engine's pool hands them out.
+Weights are N(0, 1/fan_in) so activations stay bounded through any depth; the KV caches hold
+N(0, 1) keys and values. Nothing here reads the kernels' outputs except the agreement check.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from kernalin_ci.ops.base import torch_dtype
+from kernalin_ci.throughput.spec import ModelSpec, ServingPoint
+
+RMS_EPS = 1e-5
+
+
+@dataclass
+class Kernels:
+    """One instance's kernels by role (None: the torch implementation) and how the cache is laid out."""
+
+    attention: object | None = None
+    rope: object | None = None
+    kv_append: object | None = None
+    attention_op: str | None = None  # "attention.decode_paged" | "attention.decode" | None (torch SDPA)
+    block_size: int = 16
+    layout: str = "nhd"
+
+    @property
+    def paged(self) -> bool:
+        """A paged cache for a paged attention kernel, or for a kv_append kernel with the torch attention."""
+        return self.attention_op == "attention.decode_paged" or (self.attention_op is None and
+                                                                 self.kv_append is not None)
+
+
+@dataclass
+class Layer:
+    attn_norm: torch.Tensor
+    wq: torch.Tensor  # [H, Hq*D]
+    wk: torch.Tensor  # [H, Hkv*D]
+    wv: torch.Tensor
+    wo: torch.Tensor  # [Hq*D, H]
+    mlp_norm: torch.Tensor
+    w_gate_up: torch.Tensor  # [H, 2I]
+    w_down: torch.Tensor  # [I, H]
+
+
+@dataclass
+class Weights:
+    embed: torch.Tensor  # [V, H]; the LM head is embed.T
+    final_norm: torch.Tensor
+    layers: list[Layer] = field(default_factory=list)
+
+
+def layer_bytes(spec: ModelSpec) -> int:
+    H, D, I = spec.hidden_size, spec.head_dim, spec.intermediate_size
+    n = H * spec.num_heads * D * 2 + H * spec.num_kv_heads * D * 2 + H * 2 * I + I * H + 2 * H
+    return n * torch_dtype(spec.dtype).itemsize
+
+
+def ends_bytes(spec: ModelSpec) -> int:
+    return (spec.vocab_size * spec.hidden_size + spec.hidden_size) * torch_dtype(spec.dtype).itemsize
+
+
+def cache_blocks(point: ServingPoint, block_size: int) -> tuple[int, int]:
+    """(blocks per sequence, blocks in the pool) of a paged cache for this point."""
+    per_seq = -(-(point.context + 1) // block_size)
+    return per_seq, point.batch * per_seq + 1
+
+
+def kv_bytes(spec: ModelSpec, point: ServingPoint, kernels: Kernels) -> int:
+    """Both caches of one layer at this point."""
+    slots = cache_blocks(point, kernels.block_size)[1] * kernels.block_size if kernels.paged \
+        else point.batch * (point.context + 1)
+    return 2 * slots * spec.num_kv_heads * spec.head_dim * torch_dtype(spec.dtype).itemsize
+
+
+def _randn(shape, gen, dtype, device, scale=1.0) -> torch.Tensor:
+    t = torch.randn(*shape, generator=gen, device=device, dtype=torch.float32 if device == "cpu" else dtype)
+    if scale != 1.0:
+        t.mul_(scale)
+    return t.to(dtype)
+
+
+def build_weights(spec: ModelSpec, n_layers: int, device: str, seed: int) -> Weights:
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    dt = torch_dtype(spec.dtype)
+    H, D, I = spec.hidden_size, spec.head_dim, spec.intermediate_size
+    ones = torch.ones(H, dtype=dt, device=device)
+    w = Weights(embed=_randn((spec.vocab_size, H), gen, dt, device), final_norm=ones)
+    for _ in range(n_layers):
+        w.layers.append(Layer(
+            attn_norm=ones, wq=_randn((H, spec.num_heads * D), gen, dt, device, H ** -0.5),
+            wk=_randn((H, spec.num_kv_heads * D), gen, dt, device, H ** -0.5),
+            wv=_randn((H, spec.num_kv_heads * D), gen, dt, device, H ** -0.5),
+            wo=_randn((spec.num_heads * D, H), gen, dt, device, (spec.num_heads * D) ** -0.5),
+            mlp_norm=ones, w_gate_up=_randn((H, 2 * I), gen, dt, device, H ** -0.5),
+            w_down=_randn((I, H), gen, dt, device, I ** -0.5)))
+    return w
+
+
+@dataclass
+class Caches:
+    """One layer's KV caches at one serving point."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+
+
+@dataclass
+class PointInputs:
+    """What one serving point's step reads besides the weights (shared by every instance: each writes the
+    new token's keys and values into the same slots before it reads them)."""
+
+    point: ServingPoint
+    tokens: torch.Tensor  # [B] int64
+    hidden: torch.Tensor  # [B, H]: the input of the per-layer block
+    positions: torch.Tensor  # [B] int64
+    slots: torch.Tensor  # [B] int64 (paged)
+    block_tables: torch.Tensor | None  # [B, blocks per sequence] int32 (paged)
+    kv_lens: torch.Tensor  # [B] int32
+    cos: torch.Tensor  # [D/2] float32: the torch rope's angles at this position
+    sin: torch.Tensor
+    caches: list[Caches] = field(default_factory=list)  # one per built layer
+
+
+def build_point(spec: ModelSpec, point: ServingPoint, kernels: Kernels, n_layers: int, device: str,
+                seed: int) -> PointInputs:
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(seed)
+    dgen = torch.Generator(device=device)
+    dgen.manual_seed(seed + 1)
+    dt = torch_dtype(spec.dtype)
+    B, L, Hkv, D = point.batch, point.context, spec.num_kv_heads, spec.head_dim
+    positions = torch.full((B,), L, dtype=torch.int64)
+    if kernels.paged:
+        bs = kernels.block_size
+        per_seq, pool = cache_blocks(point, bs)
+        tables = torch.randperm(pool, generator=gen)[: B * per_seq].reshape(B, per_seq).to(torch.int32)
+        slots = (tables[:, L // bs].to(torch.int64) * bs + L % bs)
+        shape = (pool, bs, Hkv, D) if kernels.layout == "nhd" else (pool, Hkv, bs, D)
+    else:
+        tables, slots = None, torch.zeros(B, dtype=torch.int64)
+        shape = (B, Hkv, L + 1, D)
+    inv = spec_rope_base() ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+    ang = float(L) * inv
+    pi = PointInputs(point=point, tokens=torch.randint(0, spec.vocab_size, (B,), generator=gen).to(device),
+                     hidden=_randn((B, spec.hidden_size), dgen, dt, device), positions=positions.to(device),
+                     slots=slots.to(device), block_tables=tables.to(device) if tables is not None else None,
+                     kv_lens=torch.full((B,), L + 1, dtype=torch.int32, device=device),
+                     cos=ang.cos().float().to(device), sin=ang.sin().float().to(device))
+    for _ in range(n_layers):
+        pi.caches.append(Caches(_randn(shape, dgen, dt, device), _randn(shape, dgen, dt, device)))
+    return pi
+
+
+def spec_rope_base() -> float:
+    return 10000.0  # the torch rope's base (timing only: the angles' values do not change the work)
+
+
+# ------------------------------------------------------------------------------------------ the step
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return F.rms_norm(x, (x.shape[-1],), w, RMS_EPS)
+
+
+def torch_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    h = x.shape[-1] // 2
+    x1, x2 = x[..., :h].float(), x[..., h:].float()
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
+def attention_block(spec: ModelSpec, layer: Layer, cache: Caches, pi: PointInputs, k: Kernels,
+                    x: torch.Tensor) -> torch.Tensor:
+    """The attention half of a layer up to (not including) the o projection: [B, Hq*D]."""
+    B, Hq, Hkv, D = pi.point.batch, spec.num_heads, spec.num_kv_heads, spec.head_dim
+    xn = rms_norm(x, layer.attn_norm)
+    q = torch.mm(xn, layer.wq).view(B, Hq, D)
+    key = torch.mm(xn, layer.wk).view(B, Hkv, D)
+    value = torch.mm(xn, layer.wv).view(B, Hkv, D)
+    if k.rope is not None:
+        q, key = k.rope(q=q, k=key, positions=pi.positions)
+    else:
+        q, key = torch_rope(q, pi.cos, pi.sin), torch_rope(key, pi.cos, pi.sin)
+    scale = D ** -0.5
+    if k.paged:
+        if k.kv_append is not None:
+            k.kv_append(key=key, value=value, k_cache=cache.k, v_cache=cache.v, slot_mapping=pi.slots)
+        else:
+            bs = k.block_size
+            blk, off = pi.slots // bs, pi.slots % bs
+            if k.layout == "nhd":
+                cache.k[blk, off], cache.v[blk, off] = key, value
+            else:
+                cache.k[blk, :, off], cache.v[blk, :, off] = key, value
+        if k.attention is not None:
+            o = k.attention(q=q, k_cache=cache.k, v_cache=cache.v, block_tables=pi.block_tables,
+                            kv_lens=pi.kv_lens, scale=scale)
+        else:
+            o = torch_paged_attention(q, cache, pi, k.layout, scale)
+    else:
+        L = pi.point.context
+        cache.k[:, :, L].copy_(key)
+        cache.v[:, :, L].copy_(value)
+        if k.attention is not None:
+            o = k.attention(q=q, k_cache=cache.k, v_cache=cache.v, kv_lens=pi.kv_lens, scale=scale)
+        else:
+            o = F.scaled_dot_product_attention(q[:, :, None], cache.k, cache.v, scale=scale,
+                                               enable_gqa=Hq != Hkv)[:, :, 0]
+    return o.reshape(B, Hq * D)
+
+
+def torch_paged_attention(q: torch.Tensor, cache: Caches, pi: PointInputs, layout: str, scale: float) -> torch.Tensor:
+    """The torch attention over a paged cache (no attention kernel configured): gather every sequence's
+    context + 1 keys and values through its block table, then SDPA."""
+    n = pi.point.context + 1
+    tables = pi.block_tables.long()
+
+    def gather(c: torch.Tensor) -> torch.Tensor:
+        g = c[tables]  # nhd [B, blocks, bs, Hkv, D]; hnd [B, blocks, Hkv, bs, D]
+        if layout != "nhd":
+            g = g.transpose(2, 3)
+        return g.flatten(1, 2)[:, :n].transpose(1, 2)  # [B, Hkv, n, D]
+
+    keys, values = gather(cache.k), gather(cache.v)
+    return F.scaled_dot_product_attention(q[:, :, None], keys, values, scale=scale,
+                                          enable_gqa=q.shape[1] != keys.shape[1])[:, :, 0]
+
+
+def layer_forward(spec: ModelSpec, layer: Layer, cache: Caches, pi: PointInputs, k: Kernels,
+                  x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (the layer's output, its attention output [B, Hq*D])."""
+    attn = attention_block(spec, layer, cache, pi, k, x)
+    h = x + torch.mm(attn, layer.wo)
+    gu = torch.mm(rms_norm(h, layer.mlp_norm), layer.w_gate_up)
+    inter = spec.intermediate_size
+    act = F.silu(gu[:, :inter]) * gu[:, inter:]
+    return h + torch.mm(act, layer.w_down), attn
+
+
+def embed(w: Weights, pi: PointInputs) -> torch.Tensor:
+    return F.embedding(pi.tokens, w.embed)
+
+
+def lm_head(w: Weights, x: torch.Tensor) -> torch.Tensor:
+    return torch.mm(rms_norm(x, w.final_norm), w.embed.t())
+
+
+def full_step(spec: ModelSpec, w: Weights, pi: PointInputs, k: Kernels) -> dict:
+    """Embedding, every layer, the LM head: one decode step. -> {"attn0", "logits"}."""
+    x = embed(w, pi)
+    attn0 = None
+    for i, layer in enumerate(w.layers):
+        x, attn = layer_forward(spec, layer, pi.caches[i], pi, k, x)
+        attn0 = attn if i == 0 else attn0
+    return {"attn0": attn0, "logits": lm_head(w, x)}
+
+
+def layers_part(spec: ModelSpec, w: Weights, pi: PointInputs, k: Kernels) -> dict:
+    """The per-layer estimate's block: the built layers in a row, from a fixed hidden state."""
+    x = pi.hidden
+    attn0 = None
+    for i, layer in enumerate(w.layers):
+        x, attn = layer_forward(spec, layer, pi.caches[i], pi, k, x)
+        attn0 = attn if i == 0 else attn0
+    return {"attn0": attn0, "hidden": x}
+
+
+def ends_part(spec: ModelSpec, w: Weights, pi: PointInputs, k: Kernels) -> dict:
+    """The per-layer estimate's rest: the embedding lookup, the final norm and the LM head."""
+    return {"logits": lm_head(w, embed(w, pi))}
+
+
+def block_layers(spec: ModelSpec, per_layer_bytes: int, target_bytes: int = 512 << 20) -> int:
+    """Layers in the per-layer estimate's block: at least 2, enough that one pass reads `target_bytes` (many
+    times the L2), so no layer of the block finds the previous one's weights or caches in the L2."""
+    return max(2, min(spec.layers, math.ceil(target_bytes / max(per_layer_bytes, 1))))

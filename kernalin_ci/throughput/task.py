@@ -1,0 +1,214 @@
+"""Worker task "model-bench": build the decode step per serving point and time it, base against head.
+
+Runs in the worker child (kernalin_ci/worker.py); the parent is kernalin_ci.throughput.bench. The
+timing is the kernel benchmark's (kernalin_ci.bench.harness): the same clocks (CUDA graphs replayed
+between CUDA events after an L2 flush), one discarded warm-up sample per instance, `reps` samples, the
+instances in a random order in every round, and the same adaptive stopping. A sample of an instance
+is one step: the whole model captured in one CUDA graph, or, when the whole model with the caches of
+every serving point does not fit in the GPU's free memory, the per-layer estimate (layers / k) x a
+block of k layers + the embedding and LM head (two graphs, each timed after its own L2 flush).
+
+Before every round's timing each instance runs the step once on fresh tokens (and a fresh hidden
+state), through its captured graph: layer 0's attention output must agree with the base's within
+twice the dtype's tolerance and the logits must be finite, so an instance that skips work when
+captured cannot look fast. On the CPU nothing is timed: a small model of the same head dim and head
+ratio runs once per instance under the Triton interpreter and the outputs are compared.
+"""
+from __future__ import annotations
+
+import functools
+import random
+import time
+
+import numpy as np
+import torch
+
+from kernalin_ci.bench import stats
+from kernalin_ci.bench.harness import BenchAbort, CpuClock, CudaClock, Runner
+from kernalin_ci.bench.trace import geometric_mean_over_shapes
+from kernalin_ci.entry import load_entry
+from kernalin_ci.ops.base import TOLERANCE
+from kernalin_ci.throughput import step as st
+from kernalin_ci.throughput.spec import ModelSpec, ServingPoint, tiny
+from kernalin_ci.verify.compare import row_errors
+from kernalin_ci.verify.dynamic import CUDA_ERROR
+
+HEADROOM_BYTES = 4 << 30  # activations, graph pools, cuBLAS workspaces, the L2 flush buffer
+FREE_FRACTION = 0.9
+
+
+def load_kernels(roles: dict, job: dict) -> st.Kernels:
+    fns = {role: load_entry(r["entry"], r.get("root")) for role, r in roles.items()}
+    return st.Kernels(attention=fns.get("attention"), rope=fns.get("rope"), kv_append=fns.get("kv_append"),
+                      attention_op=job.get("attention_op"), block_size=int(job.get("block_size") or 16),
+                      layout=job.get("layout") or "nhd")
+
+
+def run_job(job: dict, emit) -> None:
+    device = job["device"]
+    instances = [(i["name"], load_kernels(i["roles"], job)) for i in job["instances"]]
+    spec = ModelSpec.from_json(job["spec"])
+    try:
+        if device == "cpu":
+            _cpu_check(spec, instances, job, emit)
+        else:
+            _run(spec, instances, job, emit)
+    except BenchAbort as e:
+        emit({"event": "bench-error", "kind": e.kind, "message": str(e)})
+    except torch.cuda.OutOfMemoryError as e:
+        emit({"event": "bench-error", "kind": "out-of-memory", "message": " ".join(str(e).split())[:300]})
+    except RuntimeError as e:
+        msg = " ".join(str(e).split())[:300]
+        if device != "cuda" or not CUDA_ERROR.search(f"{type(e).__name__} {msg}"):
+            raise
+        emit({"event": "bench-error", "kind": "cuda-error", "message": f"{type(e).__name__}: {msg}"})
+
+
+def _call(name: str, fn):
+    try:
+        return fn()
+    except Exception as e:  # the user's kernel
+        raise BenchAbort("entry-error", f"{name}: an entry raised {type(e).__name__}: "
+                                        f"{' '.join(str(e).split())[:300]}") from None
+
+
+def agreement(spec: ModelSpec, label: str, outs: list[tuple[str, dict]]) -> None:
+    """Layer 0's attention output of every instance against the base's; every output finite."""
+    tol = 2 * TOLERANCE[spec.dtype]
+    base_name, base = outs[0]
+    for name, o in outs:
+        for key, t in o.items():
+            if not bool(torch.isfinite(t).all()):
+                raise BenchAbort("mismatch", f"{label}: {name}'s {key} holds non-finite values")
+        if name == base_name or "attn0" not in o:
+            continue
+        rows = (-1, spec.head_dim)  # one row per (sequence, head), as the ops compare
+        err = row_errors(o["attn0"].double().cpu().reshape(rows), base["attn0"].double().cpu().reshape(rows))
+        if not bool((err <= tol).all()):
+            raise BenchAbort("mismatch", f"{name} and {base_name} disagree on {label}: layer 0's attention output "
+                                         f"differs by up to {float(err.max()):.3g} (relative, per head; "
+                                         f"tolerance {tol:g})")
+
+
+def _cpu_check(spec: ModelSpec, instances, job, emit) -> None:
+    small = tiny(spec)
+    point = small.serving[0]
+    t0 = time.perf_counter()
+    k0 = instances[0][1]
+    w = st.build_weights(small, small.layers, "cpu", int(job.get("seed", 0)))
+    pi = st.build_point(small, point, k0, small.layers, "cpu", int(job.get("seed", 0)))
+    outs = []
+    for name, k in instances:
+        outs.append((name, _call(name, functools.partial(st.full_step, small, w, pi, k))))
+    agreement(small, point.label, outs)
+    emit({"event": "cpu-check", "shape": small.shape(), "point": {"batch": point.batch, "context": point.context},
+          "instances": [n for n, _ in instances], "seconds": time.perf_counter() - t0})
+
+
+class Part:
+    """One timed graph of a step, per instance, and its multiplier in the step time."""
+
+    def __init__(self, name: str, multiplier: float, runners: list[Runner]):
+        self.name, self.multiplier, self.runners = name, multiplier, runners
+
+
+def choose_mode(spec: ModelSpec, points: list[ServingPoint], k0: st.Kernels, requested: str,
+                free: int) -> tuple[str, int, str]:
+    """-> (mode, layers built, why); `free`: the device's free memory in bytes."""
+    lb, eb = st.layer_bytes(spec), st.ends_bytes(spec)
+    kv = sum(st.kv_bytes(spec, p, k0) for p in points)
+    need = spec.layers * (lb + kv) + eb + HEADROOM_BYTES
+    fits = need <= FREE_FRACTION * free
+    mode = requested if requested != "auto" else ("full" if fits else "per-layer")
+    gib = 1 << 30
+    why = (f"the whole model with the caches of every serving point needs {need / gib:.1f} GiB, "
+           f"{free / gib:.1f} GiB free")
+    built = spec.layers if mode == "full" else st.block_layers(spec, lb + kv)
+    return mode, built, why
+
+
+def _run(spec: ModelSpec, instances, job, emit) -> None:
+    """The timed benchmark (run_job calls it on a GPU only; the loop itself is device-generic)."""
+    device = job["device"]
+    seed = int(job.get("seed", 0))
+    points = spec.serving
+    clock = CudaClock(job.get("l2_flush", True)) if device == "cuda" else CpuClock()
+    k0 = instances[0][1]
+    free = torch.cuda.mem_get_info()[0] if device == "cuda" else int(job.get("free_bytes", 1 << 40))
+    mode, built, why = choose_mode(spec, points, k0, job.get("mode", "auto"), free)
+    t_setup = time.perf_counter()
+    w = st.build_weights(spec, built, device, seed)
+    emit({"event": "mode", "mode": mode, "layers_built": built, "why": why})
+    shapes = []
+    for pi_index, p in enumerate(points):
+        pi = st.build_point(spec, p, k0, built, device, seed * 1009 + pi_index)
+        if mode == "full":
+            spec_parts = [("step", 1.0, st.full_step)]
+        else:
+            spec_parts = [("layers", spec.layers / built, st.layers_part), ("ends", 1.0, st.ends_part)]
+        parts = []
+        for pname, mult, fn in spec_parts:
+            runners = [Runner(name, functools.partial(fn, spec, w, pi, k), {}, device) for name, k in instances]
+            inner, timing = clock.prepare(runners, emit, f"{p.label} {pname}")
+            parts.append(Part(pname, mult, runners))
+            emit({"event": "setup", "shape": pi_index, "label": p.label, "part": pname, "inner": inner,
+                  "timing": timing, "multiplier": mult})
+        shapes.append((p, pi, parts))
+    emit({"event": "setup-done", "seconds": time.perf_counter() - t_setup, "clock": clock.label})
+
+    names = [n for n, _ in instances]
+    reps, budget = int(job["reps"]), float(job["budget_s"])
+    max_rounds = job.get("max_rounds") or 1 << 30
+    order_rng = random.Random(seed)
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed + 7)
+    times: dict[str, list] = {n: [] for n in names}
+    elapsed, rnd = 0.0, 0
+    while True:
+        t0 = time.perf_counter()
+        per: dict[str, list] = {n: [] for n in names}
+        for p, pi, parts in shapes:
+            pi.tokens.random_(0, spec.vocab_size, generator=gen)
+            pi.hidden.normal_(generator=gen)
+            outs = [(n, {}) for n in names]
+            for part in parts:
+                for i, r in enumerate(part.runners):
+                    outs[i][1].update({k: v.detach().clone() for k, v in r.check().items()})
+            agreement(spec, f"{p.label} (round {rnd + 1}, fresh tokens)", outs)
+            got = {}
+            for i in order_rng.sample(range(len(names)), len(names)):
+                samples = []
+                for rep in range(reps + int(clock.warm_sample)):  # CUDA: the first is a discarded warm-up
+                    ms = sum(part.multiplier * clock.sample(part.runners[i]) for part in parts)
+                    if rep or not clock.warm_sample:
+                        samples.append(ms)
+                got[names[i]] = samples
+            for n in names:
+                per[n].append(got[n])
+        for n in names:
+            times[n].append(per[n])
+        rnd += 1
+        elapsed += time.perf_counter() - t0
+        verdict = _verdict(times, names, job)
+        emit({"event": "round", "round": rnd, "times": per, "elapsed": elapsed,
+              "verdict": verdict.to_json() if verdict else None})
+        reason = None
+        if job.get("adaptive", True) and verdict is not None and stats.is_look(rnd) and \
+                stats.should_stop(verdict.verdict, verdict.rope_source):
+            reason = "verdict"
+        elif elapsed >= budget:
+            reason = "budget"
+        elif rnd >= max_rounds:
+            reason = "max-rounds"
+        if reason:
+            emit({"event": "stopped", "reason": reason, "rounds": rnd, "elapsed": elapsed})
+            return
+
+
+def _verdict(times: dict, names: list[str], job: dict):
+    if len(names) < 2:
+        return None
+    arr = {n: geometric_mean_over_shapes(np.asarray(times[n], dtype=np.float64)) for n in names}
+    base2 = arr[names[2]] if len(names) > 2 else None
+    return stats.compare_trace(arr[names[0]], arr[names[1]], base2, rope=job.get("rope"),
+                               rope_min=job.get("rope_min", stats.ROPE_MIN))

@@ -1,0 +1,300 @@
+"""tune(): verify every candidate, race the survivors, return a TuneResult (parent side).
+
+1. verification first: the current config and each candidate run `verify()` (dynamic and
+   structural, on the kernel's domain) in worker children; a candidate with a finding is dropped
+   and listed with it, and is never timed;
+2. screening: all survivors are timed in a few interleaved rounds against the current config
+   (bench_pair with the candidates as extra instances); successive halving keeps the better half
+   per rung (rounds double per rung) until `finalists` remain;
+3. final: the finalists and the current config race in chunks of rounds (the interleaved Bayesian
+   benchmark); after each chunk `race.judge` decides per shape, and the race stops when
+   `race.settled` or the budget is spent (one final chunk always runs, so a small budget may be
+   overrun by one chunk; screening stops at half the budget).
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from kernalin_ci.bench import stats
+from kernalin_ci.errors import UsageError
+from kernalin_ci.tune import race
+from kernalin_ci.tune.space import Candidate, Space, TuneSpec, build_space, candidate_source
+
+DEFAULT_BUDGET_S = {"cuda": 120.0, "cpu": 60.0}
+FINALISTS = 3
+SCREEN_ROUNDS = 2
+FINAL_CHUNKS = (10, 20, 40, 80, 160)  # rounds per final chunk: the race looks after each
+VERIFY_JOBS = {"cuda": 4, "cpu": 1}
+DEFAULT_REPS = {"cuda": 5, "cpu": 1}
+
+
+@dataclass
+class Target:
+    """The kernel to tune: an op, an entry, its params, domain and bench params."""
+
+    op: str
+    entry: str
+    root: str
+    params: dict = field(default_factory=dict)
+    domain: dict = field(default_factory=dict)
+    dtype: str | None = None
+    bench: dict = field(default_factory=dict)
+    name: str = ""
+
+
+@dataclass
+class Checked:
+    candidate: Candidate
+    passed: bool | None  # None: not checked (why in `note`)
+    findings: list = field(default_factory=list)  # Finding
+    structural: str = ""
+    seconds: float = 0.0
+    note: str = ""
+
+    def finding_lines(self) -> list[str]:
+        """One line per finding, those with a source location first."""
+        return [finding_line(f) for f in sorted(self.findings, key=lambda f: f.location is None)]
+
+    def to_json(self) -> dict:
+        return {**self.candidate.to_json(), "passed": self.passed, "note": self.note,
+                "findings": [f.to_json() for f in self.findings], "finding_lines": self.finding_lines(),
+                "structural": self.structural, "seconds": self.seconds}
+
+
+def finding_line(f) -> str:
+    where = f" at {f.location.path}:{f.location.line}" if f.location else ""
+    msg = " ".join(f.message.split()).split(" (also in ")[0]
+    return f"{f.bug_class}{where} ({f.check}): {msg[:200]}"
+
+
+@dataclass
+class TuneResult:
+    target: Target
+    device: str
+    space: Space
+    checked: list[Checked] = field(default_factory=list)
+    reference: str | None = None  # the instance the race is judged against ("current" when it verified)
+    shapes: list = field(default_factory=list)  # [{"shape", "dims", "dtype"}]
+    judgements: list = field(default_factory=list)  # race.ShapeJudgement per shape
+    rungs: list = field(default_factory=list)  # [{"field", "rounds", "kept", "seconds"}]
+    final_rounds: int = 0
+    chosen: str | None = None  # one config for every shape (race.overall)
+    stopped: str = ""  # "settled" | "budget" | "single" (one survivor, nothing to race) | "none"
+    verify_seconds: float = 0.0
+    race_seconds: float = 0.0  # timing rounds and bench setup (GPU time on a GPU)
+    seconds: float = 0.0
+    budget_s: float = 0.0
+    clock: str = ""
+    notes: list = field(default_factory=list)
+    timed: list = field(default_factory=list)  # every config that ran in a timing round
+
+    def label(self, name: str | None) -> str:
+        if name is None:
+            return "-"
+        if name == "current":
+            if self.space.current.params:
+                return f"current ({self.space.current.label})"
+            at = self.space.autotuned
+            return f"current (the autotuner over {len(at['configs'])} configs)" if at else "current"
+        c = next((c for c in self.space.candidates if c.name == name), None)
+        return c.label if c else name
+
+    @property
+    def dropped(self) -> list[Checked]:
+        return [c for c in self.checked if c.passed is False and c.candidate.name != "current"]
+
+
+def tune(target: Target, spec: TuneSpec, device: str, *, budget_s: float | None = None,
+         rope_min: float = stats.ROPE_MIN, rope: float | None = None, finalists: int = FINALISTS,
+         reps: int | None = None, seed: int = 0, timeout_s: float | None = None, jobs: int | None = None,
+         progress: bool = True, discovered: list | None = None) -> TuneResult:
+    t0 = time.perf_counter()
+    say = _say if progress else (lambda *_: None)
+    budget_s = budget_s if budget_s is not None else DEFAULT_BUDGET_S[device]
+    if budget_s <= 0:
+        raise UsageError("--budget-s must be positive")
+    if finalists < 1:
+        raise UsageError("--finalists must be at least 1")
+    root = str(Path(target.root).resolve())
+    space = build_space(spec, target.entry, root, device, timeout_s or 120.0, discovered)
+    result = TuneResult(target, device, space, budget_s=budget_s)
+    say(f"tune {target.name or target.entry}: {len(space.candidates)} candidates "
+        f"({_space_text(space)}) on {device}")
+    with tempfile.TemporaryDirectory(prefix="kernalin-tune-") as tmp:
+        os.chmod(tmp, 0o755)  # read by the kernel workers' sandbox user (uid 65534 under root)
+        entries = {"current": target.entry}
+        for c in space.candidates:
+            path = Path(tmp, f"candidate_{c.name}.py")
+            path.write_text(candidate_source(target.entry, root, c))
+            entries[c.name] = f"{path}:entry"
+        t_verify = time.perf_counter()
+        result.checked = _verify_all(target, space, entries, root, device, timeout_s,
+                                     jobs or VERIFY_JOBS[device], say)
+        result.verify_seconds = time.perf_counter() - t_verify
+        survivors = [c.candidate.name for c in result.checked if c.passed and c.candidate.name != "current"]
+        current_ok = any(c.passed for c in result.checked if c.candidate.name == "current")
+        dropped = len(result.dropped)
+        say(f"verified: {len(survivors)} of {len(space.candidates)} candidates pass, {dropped} dropped "
+            f"({result.verify_seconds:.1f} s)")
+        for c in result.dropped:
+            say(f"  dropped {c.candidate.label}: {c.finding_lines()[0] if c.findings else c.note}")
+        if not current_ok:
+            cur = next(c for c in result.checked if c.candidate.name == "current")
+            result.notes.append("the current config is not a baseline: " + (
+                cur.note if cur.passed is None else f"it fails verification ({cur.finding_lines()[0]})"))
+        field_ = (["current"] if current_ok else []) + survivors
+        if not survivors:
+            result.stopped = "none"
+            result.notes.append("no candidate passed verification: nothing to race")
+        elif len(field_) == 1:
+            result.stopped = "single"
+            result.reference = result.chosen = field_[0]
+            result.notes.append("one verified config and no verified current config: chosen without timing")
+        else:
+            _race(result, target, entries, root, field_, device, budget_s, rope, rope_min, finalists,
+                  reps or DEFAULT_REPS[device], seed, timeout_s, say)
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _space_text(space: Space) -> str:
+    parts = [f"{k} in {v}" for k, v in _param_values(space).items()]
+    if space.autotuned:
+        parts.append(f"{len(space.autotuned['configs'])} autotune configs of {space.autotuned['kernel']}")
+    return "; ".join(parts)
+
+
+def _param_values(space: Space) -> dict:
+    out: dict = {}
+    for c in space.candidates:
+        for k, v in c.params.items():
+            out.setdefault(k, [])
+            if v not in out[k]:
+                out[k].append(v)
+    return out
+
+
+def _verify_all(target: Target, space: Space, entries: dict, root: str, device: str, timeout_s, jobs: int,
+                say) -> list[Checked]:
+    from kernalin_ci.verify import verify
+
+    todo = [space.current] + space.candidates
+
+    def one(c: Candidate) -> Checked:
+        if c.name == "current" and space.autotuned is not None and device == "cpu":
+            return Checked(c, None, note="the full autotuner cannot time configs under the Triton interpreter "
+                                         "(CPU): not checked, not raced")
+        t = time.perf_counter()
+        r = verify(target.op, entries[c.name], target.params, device, dtype=target.dtype, root=root,
+                   timeout_s=timeout_s, progress=False, raw_domain=target.domain or None)
+        ck = Checked(c, not r.findings, list(r.findings), r.structural.summary(), time.perf_counter() - t)
+        status = "ok" if ck.passed else f"FAIL: {ck.finding_lines()[0]}"
+        say(f"  verify {c.name} ({c.label}): {status} ({ck.seconds:.1f} s)")
+        return ck
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        return list(pool.map(one, todo))
+
+
+_MISMATCH = re.compile(r"^(\S+) and (\S+) disagree")
+
+
+def _race(result: TuneResult, target: Target, entries: dict, root: str, field_: list[str], device: str,
+          budget_s: float, rope, rope_min, finalists: int, reps: int, seed: int, timeout_s, say) -> None:
+    from kernalin_ci.bench.pair import bench_pair
+
+    reference = field_[0]
+    result.reference = reference
+    alive = field_[1:]
+    spent = 0.0
+    bench_params = {**target.params, **target.bench}
+
+    def timed(names: list[str], rounds: int, label: str) -> dict | None:
+        """One interleaved benchmark of reference + names for `rounds` rounds -> {name: [R, S, reps]}."""
+        nonlocal spent, alive
+        while True:
+            extra = [(n, entries[n], root) for n in names[1:]]
+            result.timed += [n for n in (reference, *names) if n not in result.timed]
+            r = bench_pair(target.op, entries[reference], entries[names[0]], root, root, bench_params, device,
+                           budget_s=max(budget_s - spent, 1e-3), rope_min=rope_min, rope=rope, reps=reps,
+                           max_rounds=rounds, adaptive=False, seed=seed + len(result.rungs) + result.final_rounds,
+                           timeout_s=timeout_s, progress=None, extra=extra)
+            spent += r.bench_seconds + r.setup_seconds
+            result.clock = r.clock or result.clock
+            if not result.shapes:
+                result.shapes = [{"shape": s["shape"], "dims": s["dims"], "dtype": s["dtype"]} for s in r.shapes]
+            if not r.failed:
+                inst = dict(r.instances)
+                inst[names[0]] = inst.pop("head")
+                inst[reference] = inst.pop("base")
+                say(f"  {label}: {r.rounds} rounds, {r.bench_seconds + r.setup_seconds:.1f} s "
+                    f"({spent:.1f} of {budget_s:g} s budget)")
+                return inst
+            m = _MISMATCH.match(r.error or "")
+            bad = {"head": names[0]}.get(m.group(1), m.group(1)) if m else None
+            if r.error_kind == "mismatch" and bad in names:
+                ck = next(c for c in result.checked if c.candidate.name == bad)
+                ck.passed = False
+                ck.note = f"outputs disagree with {reference} in the benchmark: {r.error}"
+                say(f"  dropped {ck.candidate.label}: {ck.note}")
+                names = [n for n in names if n != bad]
+                alive = [n for n in alive if n != bad]
+                if not names:
+                    return None
+                continue
+            result.notes.append(f"the race stopped: the benchmark failed ({r.error_kind}): {r.error}")
+            return None
+
+    rounds = SCREEN_ROUNDS
+    while len(alive) > finalists and spent < budget_s / 2:  # half the budget at most for screening
+        before = list(alive)
+        times = timed(alive, rounds, f"screening {len(alive)} configs")
+        if times is None:
+            break
+        kept = race.screen(times, [n for n in before if n in times], race.halve(len(before), finalists))
+        result.rungs.append({"field": before, "rounds": rounds, "kept": kept})
+        alive = kept
+        rounds *= 2
+    acc: dict | None = None
+    held = None
+    result.stopped = "budget"
+    for chunk in FINAL_CHUNKS:
+        if not alive or (spent >= budget_s and acc is not None):  # one final chunk always runs
+            break
+        times = timed(alive, chunk, f"final race of {len(alive)} configs and {reference}")
+        if times is None:
+            break
+        names = [reference, "base2", *alive]
+        if acc is None or set(acc) != set(names):
+            acc = {n: times[n] for n in names}  # the field changed (a drop): start the record again
+        else:
+            acc = {n: np.concatenate([acc[n], times[n]]) for n in names}
+        result.final_rounds = int(acc[reference].shape[0])
+        result.judgements = race.judge(acc, reference, "base2", [reference, *alive], rope=rope, rope_min=rope_min)
+        if reference == "current":
+            result.chosen, held = race.recommend(result.judgements, reference)
+        else:  # the current config failed verification: any verified config beats it
+            result.chosen, held = race.overall(result.judgements, reference), None
+        if result.final_rounds >= stats.MIN_ROUNDS and race.settled(result.judgements):
+            result.stopped = "settled"
+            break
+    result.race_seconds = spent
+    if held is not None:
+        verdicts = ", ".join(j.vs_reference[held].verdict for j in result.judgements)
+        result.notes.append(f"{result.label(held)} leads on median time but is not shown faster than the current "
+                            f"config on every shape ({verdicts}): the current config stays")
+    if not result.judgements and alive:
+        result.notes.append("the race produced no judgement (budget spent in screening, or the benchmark failed)")

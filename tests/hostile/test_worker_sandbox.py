@@ -1,0 +1,144 @@
+"""Issue 13, attacks 2, 7 and 8 under `kernalin-ci verify` (and so the Action and `bench`): the kernel
+worker runs in a bubblewrap sandbox (kernalin_ci/sandbox.py:worker_plan).
+
+A kernel entry tries, from inside the worker: to read a credential file of the user running the gate,
+to see the gate's processes, to reach a TCP listener on the host, and to leave a process behind. It
+raises with what it got, so verify prints it. With KERNALIN_SANDBOX=off (the code before the fix) every
+attempt succeeds; with the sandbox none does."""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+
+ENTRY = '''import json, os, socket, subprocess
+
+
+def entry(q, k, positions):
+    got = {}
+    try:
+        got["secret"] = open(SECRET).read()
+    except OSError as e:
+        got["secret"] = type(e).__name__
+    got["processes"] = len([d for d in os.listdir("/proc") if d.isdigit()])
+    try:
+        socket.create_connection(("127.0.0.1", PORT), timeout=3).close()
+        got["network"] = "connected"
+    except OSError as e:
+        got["network"] = type(e).__name__
+    subprocess.Popen(["sleep", LINGER], start_new_session=True, stdin=subprocess.DEVNULL,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    raise RuntimeError("ATTACK" + json.dumps(got) + "ATTACK")
+'''
+
+
+def _lingering(tag: str) -> list[int]:
+    pids = []
+    for d in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                if f.read().split(b"\0")[:2] == [b"sleep", tag.encode()]:
+                    pids.append(int(d))
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
+@pytest.fixture
+def listener():
+    srv = socket.create_server(("127.0.0.1", 0))
+    accepted = []
+
+    def serve():
+        while True:
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                return
+            accepted.append(1)
+            c.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield srv.getsockname()[1], accepted
+    srv.close()
+
+
+@pytest.fixture
+def open_dir():
+    """A folder the sandbox's uid 65534 can read (pytest's tmp_path lies under a root-only folder)."""
+    d = Path(tempfile.mkdtemp(prefix="kernalin-hostile-"))
+    d.chmod(0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.parametrize("mode", ["on", "off"])
+def test_a_kernel_reads_no_credential_sees_no_process_reaches_no_host_and_leaves_nothing(open_dir, listener, mode):
+    tmp_path = open_dir
+    port, accepted = listener
+    home = tmp_path.parent / f"{tmp_path.name}-home"  # beside the checkout, as a user's HOME is
+    (home / ".aws").mkdir(parents=True)
+    secret = home / ".aws" / "credentials"
+    secret.write_text("aws_secret_access_key = KERNALIN-TEST-SECRET\n")
+    os.chmod(home, 0o755), os.chmod(home / ".aws", 0o755), os.chmod(secret, 0o644)  # readable by any uid
+    tag = f"{3000 + os.getpid() % 1000 + (mode == 'off')}"
+    kernel = tmp_path / "evil.py"
+    kernel.write_text(ENTRY.replace("SECRET", repr(str(secret))).replace("PORT", str(port))
+                      .replace("LINGER", repr(tag)))
+    case = json.dumps({"name": "p", "dims": {"D": 64, "Hq": 2, "Hkv": 1, "T": 3, "positions": [0, 1, 2]},
+                       "dtype": "float32", "seed": 1})
+    env = dict(os.environ, HOME=str(home), KERNALIN_SANDBOX=mode)
+    p = subprocess.run([sys.executable, "-m", "kernalin_ci", "verify", "--op", "rope", "--entry", f"{kernel}:entry",
+                        "--only", "dynamic", "--case", case], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=300)
+    time.sleep(0.5)
+    left = _lingering(tag)
+    for pid in left:
+        os.kill(pid, 9)
+    shutil.rmtree(home, ignore_errors=True)
+    out = p.stdout + p.stderr
+    assert "ATTACK" in out, out[-3000:]
+    got = json.loads(out.split("ATTACK")[1].replace("\\'", "'"))
+    if mode == "off":  # the attacks are real: without the sandbox each one works
+        assert got["secret"].startswith("aws_secret") and got["network"] == "connected" and left
+        return
+    assert got["secret"] == "FileNotFoundError"
+    assert got["processes"] <= 3, got  # its own PID namespace: the worker and what it started
+    assert got["network"] != "connected" and not accepted
+    assert left == [], "a process the kernel started outlived its worker"
+    assert p.returncode == 1
+
+
+def test_workers_started_at_once_get_a_cgroup_each(open_dir, monkeypatch):
+    """Dynamic shards and the structural worker start from several threads at once; each must get its own
+    cgroup, since the end of a worker kills everything in its cgroup (two sharing one: SIGKILL)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kernalin_ci import sandbox
+
+    monkeypatch.setenv(sandbox.ENV_WORKER_SANDBOX, "on")
+    tmp_path = open_dir
+    work = [tmp_path / f"w{i}" for i in range(16)]
+    for w in work:
+        w.mkdir()
+    with ThreadPoolExecutor(16) as pool:
+        plans = list(pool.map(lambda w: sandbox.worker_plan({}, "cpu", str(w), str(tmp_path))[0], work))
+    try:
+        groups = [tuple(p.limits["cgroup"]) for p in plans]
+        if not any(groups):
+            pytest.skip("no cgroup can be made here")
+        assert len(set(groups)) == len(groups)
+    finally:
+        for p in plans:
+            sandbox.end_worker(p)

@@ -1,0 +1,104 @@
+"""The decode_step catalogue (checks/decode_step): fused decode-step kernels, correct and with step-level bugs.
+
+What each file claims about itself, checked here:
+- the header and the CATALOGUE literal follow checks/ format (a class from the fixed vocabulary, params the
+  op accepts, the entry's keyword arguments, a modelled_on URL for every bug, named in the header);
+- each bug file is a small diff from the correct file it names as its parent;
+- the `pos0` label is the truth: the pos-0 probe (one step, one sequence, position 0), run for real under
+  the Triton interpreter, finds a bug exactly in the files labelled "caught", with the file's class.
+
+The dynamic (64-step decode loop) and structural cells of these files run with the whole catch matrix
+(tests/test_catalogue_matrix.py, which also asserts each decode_step bug's class in both cells); on a GPU,
+`pytest -m gpu tests/test_catalogue_decode_step.py` judges every file on cuda.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import CHECKS, REPO, cli
+from test_catalogue_rope_kv import PROBE_SCRIPT, changed_lines, code_lines, read_catalogue
+
+from kernalin_ci.findings import BUG_CLASSES
+from kernalin_ci.ops import get_op
+from kernalin_ci.ops.base import resolve_params
+
+OP = "decode_step"
+SIGNATURE = ["q", "k", "v", "positions", "k_cache", "v_cache", "slot_mapping", "block_tables", "kv_lens", "scale"]
+FILES = sorted((CHECKS / "decode_step").glob("*.py"))
+MAX_DIFF_LINES = 10
+
+
+def test_the_catalogue_has_both_fused_shapes_and_every_step_level_bug():
+    names = {p.stem for p in FILES}
+    assert {"correct_fused", "correct_two_launches"} <= names
+    classes = {read_catalogue(p)[1]["bug_class"] for p in FILES}
+    assert {"step-order", "kv-unrotated", "stray-write", "new-token-twice", "rope-value"} <= classes
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
+def test_header_and_catalogue(path):
+    import re
+
+    doc, cat, entry = read_catalogue(path)
+    assert doc and doc.splitlines()[0].strip()
+    assert cat["op"] == OP
+    resolve_params(OP, get_op(OP).params, cat["params"])
+    assert [a.arg for a in entry.args.kwonlyargs + entry.args.args] == SIGNATURE
+    if path.name.startswith("correct_"):
+        assert cat["bug_class"] is None and cat["pos0"] is None and cat["modelled_on"] is None
+        return
+    assert cat["bug_class"] in BUG_CLASSES and cat["pos0"] in ("caught", "missed")
+    assert re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+/(issues|pull)/\d+", cat["modelled_on"])
+    for needle in ("Injected bug", "Bug class: " + cat["bug_class"], "pos-0 probe: " + cat["pos0"]):
+        assert needle in doc, f"header lacks {needle!r}"
+    owner_repo = "/".join(cat["modelled_on"].split("github.com/")[1].split("/")[:2])
+    assert owner_repo in doc, "the header names the issue's repository"
+    parent = re.search(r"Parent: (correct_\w+\.py)", doc)
+    assert parent, "the header names its parent correct kernel"
+    n = changed_lines(code_lines(path.parent / parent.group(1)), code_lines(path))
+    assert 0 < n <= MAX_DIFF_LINES, f"{path.name} differs from its parent in {n} code lines"
+
+
+def test_pos0_labels_are_what_the_probe_finds():
+    job = [(OP, str(p.relative_to(REPO)), read_catalogue(p)[1]["params"]) for p in FILES]
+    env = dict(os.environ, TRITON_INTERPRET="1", TRITON_DEFAULT_FP_FUSION="1")
+    r = subprocess.run([sys.executable, "-c", PROBE_SCRIPT, json.dumps(job)], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    found = json.loads(r.stdout.strip().splitlines()[-1])
+    wrong = []
+    for p in FILES:
+        cat = read_catalogue(p)[1]
+        classes = found[str(p.relative_to(REPO))]
+        want = [cat["bug_class"]] if cat["pos0"] == "caught" else []
+        if classes != want:
+            wrong.append(f"{p.name}: labelled {cat['pos0']} ({cat['bug_class']}), probe found {classes or 'nothing'}")
+    assert not wrong, "\n".join(wrong)
+
+
+def _verify(path, params, device, *extra):
+    args = ["verify", "--op", OP, "--entry", f"{path.relative_to(REPO)}:entry", "--device", device,
+            "--json", "-", "--quiet", *extra]
+    for k, v in params.items():
+        args += ["--param", f"{k}={v}"]
+    return cli(*args)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
+def test_catalogue_on_the_gpu(path):
+    """On a GPU: every correct kernel passes (dynamic loops and structural), every bug is found by both with
+    its class, the pos-0 label holds."""
+    _, cat, _ = read_catalogue(path)
+    full = _verify(path, cat["params"], "cuda")
+    res = json.loads(full.stdout)
+    assert full.returncode == (0 if cat["bug_class"] is None else 1), full.stdout[-3000:] + full.stderr[-2000:]
+    assert res["structural"]["status"] == "analysed", res["structural"]
+    if cat["bug_class"]:
+        for kind in ("dynamic", "structural"):
+            got = {f["bug_class"] for f in res["findings"] if f["kind"] == kind}
+            assert cat["bug_class"] in got, (kind, got)
+    probe = _verify(path, cat["params"], "cuda", "--probe", "pos0")
+    assert probe.returncode == (1 if cat["pos0"] == "caught" else 0), probe.stdout[-3000:] + probe.stderr[-2000:]

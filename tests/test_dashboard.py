@@ -1,0 +1,162 @@
+"""The dashboard in a real browser (Chromium driven by Selenium); the PostgreSQL history (a real server,
+started from the system packages) with concurrent writers; the daemon recording merged pull requests
+into its history (SQLite and PostgreSQL) and serving /dashboard, looked at in the browser too."""
+import json
+import shutil
+import urllib.error
+import urllib.request
+
+import pytest
+
+from kernalin_ci.cli import main
+from kernalin_ci.daemon.app import wait_for
+from kernalin_ci.history.model import run_from_report
+from kernalin_ci.history.store import PostgresHistory, SQLiteHistory, open_store
+from history_support import PG_BIN, Postgres, bench, kernel, report
+from test_daemon import BASE_FILES, REPO, make_daemon, pr_head, send, get, world  # noqa: F401  (fixtures)
+from kernalin_ci.daemon.harness import wait_job
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+DRIVER = shutil.which("chromedriver")
+
+
+def sha(i: int) -> str:
+    return f"{i:040x}"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    webdriver = pytest.importorskip("selenium.webdriver")
+    if not CHROMIUM or not DRIVER:
+        pytest.skip("Chromium or chromedriver is not installed (apt-get install chromium chromium-driver)")
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,1000"):
+        opts.add_argument(a)
+    drv = webdriver.Chrome(service=Service(DRIVER), options=opts)
+    yield drv
+    drv.quit()
+
+
+def recorded(tmp_path):
+    """24 commits: rope (two shapes; +3% on `decode` from commit 12), attention (commit 7 merged failing: a
+    finding and slower), kv_append (verification only)."""
+    store = SQLiteHistory(tmp_path / "h.sqlite3")
+    times = {}
+    for i in range(24):
+        t_decode = (1.0 + 0.0005 * ((i * 7) % 5)) * (1.03 if i >= 12 else 1.0)
+        t_prefill = 2.0 + 0.001 * ((i * 3) % 4)
+        t_attn = 0.5 + 0.0002 * ((i * 5) % 3)
+        times[i] = (t_decode, t_prefill, t_attn)
+        rope = kernel("rope", bench(1.0, t_decode, "decode"))
+        rope["benchmark"]["shapes"] += bench(1.0, t_prefill, "prefill")["shapes"]
+        bad = i == 7
+        attn = kernel("attention", bench(1.05 if bad else 1.0, t_attn, "b32"),
+                      findings=[{"check": "bounds", "bug_class": "out-of-bounds", "message": "reads past kv_len",
+                                 "location": {"path": "k.py", "line": 9}}] if bad else None)
+        kernels = [rope, attn] + ([kernel("kv_append")] if i % 2 else [])
+        store.add(run_from_report(report(kernels, "failure" if bad else "success"), repo="acme/k", commit=sha(i),
+                                  branch="main", pr=100 + i, report_url=f"https://ci.example/runs/{i}",
+                                  recorded_at=1e9 + i))
+    return store, times
+
+
+def test_the_static_dashboard_draws_every_series_with_change_points_and_failing_prs(tmp_path, browser):
+    store, times = recorded(tmp_path)
+    out = tmp_path / "site"
+    assert main(["dashboard", "--store", str(tmp_path / "h.sqlite3"), "--out", str(out)]) == 0
+    assert (out / "assets" / "chart.umd.min.js").is_file() and (out / "index-badge.svg").is_file()
+    browser.get((out / "index.html").as_uri())
+    assert wait_for(lambda: browser.execute_script("return document.body.dataset.rendered") == "true", 30)
+    charts = browser.execute_script("""
+        return [...document.querySelectorAll('canvas')].map(c => {
+          const ch = Chart.getChart(c), px = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+          let ink = 0; for (let i = 3; i < px.length; i += 4) if (px[i]) ink++;
+          return {kernel: c.dataset.kernel, shape: c.dataset.shape, labels: ch.data.labels,
+                  head: ch.data.datasets[2].data, colors: ch.data.datasets[2].pointBackgroundColor,
+                  changes: ch.data.datasets[3].data.map((v, i) => v === null ? -1 : i).filter(i => i >= 0),
+                  ink: ink};
+        });""")
+    by = {(c["kernel"], c["shape"]): c for c in charts}
+    assert set(by) == {("rope", "decode"), ("rope", "prefill"), ("attention", "b32")}  # kv_append: no timings
+    for (k, shape), col in {("rope", "decode"): 0, ("rope", "prefill"): 1, ("attention", "b32"): 2}.items():
+        c = by[(k, shape)]
+        assert c["head"] == pytest.approx([times[i][col] for i in range(24)]), (k, shape)
+        assert c["labels"] == [sha(i)[:7] for i in range(24)] and c["ink"] > 1000
+    assert by[("rope", "decode")]["changes"] == [12]
+    assert by[("rope", "prefill")]["changes"] == [] and by[("attention", "b32")]["changes"] == []
+    colors = by[("attention", "b32")]["colors"]
+    assert [i for i, c in enumerate(colors) if c != colors[0]] == [7]  # the failing PR's point, in red
+    change = browser.find_element("css selector", "#k-rope ul.changes li")
+    assert change.get_attribute("data-first") == sha(12) and f"{sha(11)[:7]}..{sha(12)[:7]}" in change.text
+    row = browser.find_element("css selector", f'#k-attention table.timeline tr[data-commit="{sha(7)}"]')
+    assert "failure" in row.get_attribute("class") and "reads past kv_len (k.py:9)" in row.text
+    assert row.find_element("css selector", "a").get_attribute("href") == "https://ci.example/runs/7"
+    assert len(browser.find_elements("css selector", "#k-kv_append table.timeline tbody tr")) == 12
+    overview = browser.find_elements("css selector", "table.overview tbody tr")
+    assert len(overview) == 4
+
+
+@pytest.fixture(scope="module")
+def postgres():
+    if PG_BIN is None:
+        pytest.skip("PostgreSQL server binaries are not installed (apt-get install postgresql)")
+    pg = Postgres().start()
+    yield pg
+    pg.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def history_url(request):
+    yield None if request.param == "sqlite" else request.getfixturevalue("postgres").url
+
+
+def test_postgres_history_concurrent_writers_lose_nothing(postgres):
+    from test_history import check_all_there, concurrent_adds
+
+    concurrent_adds(lambda: PostgresHistory(postgres.url))
+    check_all_there(open_store(postgres.url))
+
+
+def test_the_daemon_records_a_merged_pull_request_and_serves_the_dashboard(world, make_daemon, history_url, browser,
+                                                                           monkeypatch, tmp_path):
+    d = make_daemon(**({"history": {"url": history_url}} if history_url else {}))
+    head, payload = pr_head(world, 5, {"benchmark.json": json.dumps(bench(1.02, 0.75, "b32"))})
+    status, answer = send(d, "pull_request", payload)
+    job = wait_job(get(d), answer["jobs"][0])
+    assert job["state"] == "done"
+    merge_sha = "ab" * 20
+    closed = world.pull_request(REPO, 5, head, world.repos[REPO].main, action="closed")
+    closed["pull_request"].update(merged=True, merge_commit_sha=merge_sha)
+    status, answer = send(d, "pull_request", closed)
+    assert status == 202 and "history" in answer["note"]
+    store = open_store(history_url or f"sqlite://{d.settings.db_path}")
+    assert wait_for(lambda: store.runs(REPO), 30)
+    (run,) = store.runs(REPO)
+    assert (run.commit, run.pr, run.report_url) == (merge_sha, 5, f"/jobs/{job['id']}")
+    (p,) = run.points
+    assert (p.kernel, p.shape, p.verdict, p.head_ms, p.verification) == ("kv_append", "b32", "slower", 0.75, "pass")
+    page = urllib.request.urlopen(d.url + f"/dashboard/{REPO}").read().decode()
+    assert merge_sha in page and f'src="/badge/{REPO}.svg"' in page
+    browser.get(d.url + f"/dashboard/{REPO}")
+    assert wait_for(lambda: browser.execute_script("return document.body.dataset.rendered") == "true", 30)
+    assert browser.execute_script("return Chart.getChart(document.querySelector('canvas')).data.datasets[2].data") \
+        == [0.75]
+    assert REPO in urllib.request.urlopen(d.url + "/dashboard").read().decode()
+    if history_url is None:  # without Chart.js installed: 503 with what to run, and the page says so
+        from kernalin_ci.dashboard import assets
+
+        monkeypatch.setattr(assets, "VENDOR", tmp_path / "no-vendor")
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(d.url + "/dashboard/assets/chart.umd.min.js")
+        assert e.value.code == 503 and "--fetch-assets" in e.value.read().decode()
+        browser.execute_cdp_cmd("Network.clearBrowserCache", {})  # it was served with max-age=3600
+        browser.get(d.url + f"/dashboard/{REPO}")
+        assert wait_for(lambda: browser.execute_script("return document.body.dataset.rendered") == "true", 30)
+        assert "Chart.js did not load" in browser.find_element("css selector", "#app").text
+    # a pull request closed without merging records nothing
+    head6, p6 = pr_head(world, 6, {"x.txt": "1"})
+    closed6 = world.pull_request(REPO, 6, head6, world.repos[REPO].main, action="closed")
+    assert "history" not in send(d, "pull_request", closed6)[1].get("note", "")

@@ -1,0 +1,222 @@
+"""History: the stores (SQLite, a real PostgreSQL server, a data branch of a real git repository) with
+concurrent writers, change points, the CLI, and the daemon recording merged pull requests."""
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from kernalin_ci.cli import main
+from kernalin_ci.history import changepoints
+from kernalin_ci.history.model import run_from_report
+from kernalin_ci.history.series import build
+from kernalin_ci.history.gitbranch import GitBranchHistory
+from kernalin_ci.history.store import SQLiteHistory, open_store
+from history_support import bench, kernel, report
+
+CLI = [sys.executable, "-m", "kernalin_ci"]
+
+
+def sha(i: int, w: int = 0) -> str:
+    return f"{w:02x}{i:038x}"
+
+
+def a_run(i: int, w: int = 0, repo: str = "acme/k"):
+    return run_from_report(report([kernel("rope", bench(1.0, 1.0 + i / 1000))]), repo=repo, commit=sha(i, w),
+                           branch="main", pr=i)
+
+
+def concurrent_adds(make_store, writers: int = 4, each: int = 10) -> None:
+    errors = []
+
+    def write(w):
+        try:
+            store = make_store()
+            for i in range(each):
+                assert store.add(a_run(i, w))
+                assert not store.add(a_run(i, w))  # a commit is recorded once
+            store.close()
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=write, args=(w,)) for w in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
+def check_all_there(store, writers: int = 4, each: int = 10) -> None:
+    runs = store.runs("acme/k")
+    assert sorted(r.commit for r in runs) == sorted(sha(i, w) for w in range(writers) for i in range(each))
+    p = runs[0].points[0]
+    assert (p.kernel, p.shape, p.verdict, p.verification) == ("rope", "decode", "equivalent", "pass")
+    assert runs[0].environment["gpu"] == "NVIDIA H200" and store.repos() == ["acme/k"]
+
+
+def test_sqlite_history_concurrent_writers_lose_nothing(tmp_path):
+    path = tmp_path / "h.sqlite3"
+    concurrent_adds(lambda: SQLiteHistory(path))
+    check_all_there(open_store(f"sqlite://{path}"))
+
+
+def git(cwd, *args):
+    return subprocess.run(["git", "-C", str(cwd), *args], check=True, capture_output=True, text=True).stdout
+
+
+WRITERS, EACH = 3, 4
+
+
+def test_data_branch_concurrent_writers_lose_nothing(tmp_path):
+    """Three CI jobs (three clones) record at once; refused pushes are retried; nothing is lost, and the
+    checked-out branch and work tree are untouched. The CLI records through the same path."""
+    remote = tmp_path / "remote.git"
+    subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(remote)], check=True)
+    seed = tmp_path / "seed"
+    subprocess.run(["git", "clone", "-q", str(remote), str(seed)], check=True, capture_output=True)
+    (seed / "README").write_text("x\n")
+    git(seed, "add", "README")
+    git(seed, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "init")
+    git(seed, "push", "-q", "origin", "main")
+    rep = tmp_path / "report.json"
+    rep.write_text(json.dumps(report([kernel("rope", bench(1.0, 1.0))])))
+    clones = []
+    for w in range(WRITERS):
+        c = tmp_path / f"clone{w}"
+        subprocess.run(["git", "clone", "-q", str(remote), str(c)], check=True, capture_output=True)
+        clones.append(c)
+    errors = []
+
+    def write(w, clone):  # each writer is a CI job with its own clone
+        try:
+            store = GitBranchHistory(clone, "kernalin-history")
+            for i in range(EACH):
+                assert store.add(run_from_report(json.loads(rep.read_text()), repo="acme/k", commit=sha(i, w),
+                                                 branch="main"))
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=write, args=(w, c)) for w, c in enumerate(clones)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    store = open_store(f"git:kernalin-history@{clones[0]}")
+    assert sorted(r.commit for r in store.runs("acme/k")) == sorted(sha(i, w) for w in range(WRITERS)
+                                                                    for i in range(EACH))
+    log = git(remote, "log", "--format=%s", "kernalin-history").splitlines()
+    assert len(log) == WRITERS * EACH  # one commit per run: no write replaced another
+    assert git(clones[0], "rev-parse", "--abbrev-ref", "HEAD").strip() == "main"
+    assert git(clones[0], "status", "--porcelain") == ""
+    # a writer whose push is overtaken (another job pushes between its fetch and its push) retries
+    other = GitBranchHistory(clones[1], "kernalin-history")
+
+    class Overtaken(GitBranchHistory):
+        def _push(self, commit):
+            if self.attempts_used == 1:
+                assert other.add(run_from_report(json.loads(rep.read_text()), repo="acme/k", commit=sha(90),
+                                                 branch="main"))
+            return super()._push(commit)
+
+    late = Overtaken(clones[0], "kernalin-history")
+    assert late.add(run_from_report(json.loads(rep.read_text()), repo="acme/k", commit=sha(91), branch="main"))
+    assert late.attempts_used == 2
+    assert {sha(90), sha(91)} <= {r.commit for r in late.runs("acme/k")}
+    # the same commit again: not recorded twice
+    p = subprocess.run(CLI + ["history", "--store", "git:kernalin-history", "--record", str(rep),
+                              "--repo", "acme/k", "--commit", sha(0, 0)], cwd=clones[1], capture_output=True, text=True)
+    assert p.returncode == 0 and "already recorded" in p.stderr
+
+
+def series_with_step(n=40, at=24, step=0.02, seed=3):
+    rng = np.random.default_rng(seed)
+    x = 1.0 + rng.normal(0, 0.001, n)
+    x[at:] *= 1 + step
+    return x
+
+
+def test_change_points_find_a_step_and_not_noise():
+    (cp,) = changepoints.detect(series_with_step())
+    assert cp.index == 24 and 1.015 < cp.ratio < 1.025
+    assert changepoints.detect(series_with_step(step=0.0)) == []
+    assert changepoints.detect([1.0, 1.1, 1.0]) is None  # too short to analyse
+
+
+def test_series_report_the_commit_range_of_a_change():
+    times = series_with_step(n=20, at=12)
+    runs = [run_from_report(report([kernel("rope", bench(1.0, float(t)))]), repo="acme/k", commit=sha(i),
+                            branch="main", recorded_at=1000.0 + i) for i, t in enumerate(times)]
+    (s,) = build(runs)
+    (c,) = s.changes
+    assert (c.last_good, c.first_commit, c.index) == (sha(11), sha(12), 12)
+    assert s.points[0].band == pytest.approx([0.998 * s.points[0].base_ms, 1.002 * s.points[0].base_ms])
+
+
+def test_history_cli_list_show_csv_and_bad_input(tmp_path, monkeypatch, capsys):
+    db = tmp_path / "h.sqlite3"
+    store = SQLiteHistory(db)
+    for i, t in enumerate(series_with_step(n=20, at=12)):
+        store.add(run_from_report(report([kernel("rope", bench(1.0, float(t)))]), repo="acme/k", commit=sha(i),
+                                  branch="main", pr=100 + i))
+    env = {**os.environ, "KERNALIN_HISTORY": str(db)}
+    out = subprocess.run(CLI + ["history"], env=env, capture_output=True, text=True, check=True).stdout
+    assert "rope" in out and "decode" in out and f"{sha(11)[:7]}..{sha(12)[:7]} (+2." in out, out
+    monkeypatch.setenv("KERNALIN_HISTORY", str(db))
+    assert main(["history", "--kernel", "rope", "--csv"]) == 0
+    out = capsys.readouterr().out
+    rows = list(__import__("csv").DictReader(out.splitlines()))
+    assert len(rows) == 20 and rows[12]["commit"] == sha(12) and rows[12]["change"].startswith("+2.")
+    assert rows[0]["pr"] == "100" and rows[0]["verification"] == "pass"
+    for bad in (["history", "--kernel", "nope"], ["history", "--repo", "x/y"], ["history", "--record", "r.json"],
+                ["history", "--record", str(tmp_path / "missing.json"), "--repo", "a/b", "--commit", "c"]):
+        assert main(bad) == 2, bad
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "error:" in err, (bad, err)
+
+
+def test_report_environment_is_what_is_installed_and_fits_the_schema():
+    from importlib import metadata
+
+    import jsonschema
+
+    from kernalin_ci.history.model import environment
+    from kernalin_ci.report.schema import REPORT_SCHEMA
+
+    env = environment("cpu")
+    assert env["torch"] == metadata.version("torch") and env["triton"] == metadata.version("triton")
+    assert env["gpu"] == "none (CPU interpreter)"
+    jsonschema.validate(report([kernel("rope")]) | {"environment": env}, REPORT_SCHEMA)
+
+
+def test_daemon_history_settings():
+    from kernalin_ci.daemon.settings import parse
+    from kernalin_ci.errors import UsageError
+
+    s = parse({"state_dir": "/srv/k"}, "d.yml", {})
+    assert s.history and s.history_location == "/srv/k/jobs.sqlite3"  # in the job database
+    s = parse({"history": {"url": "postgresql://a@h/db"}}, "d.yml", {"KERNALIN_HISTORY_URL": "postgresql://b@h/db"})
+    assert s.history_location == "postgresql://b@h/db"  # the environment wins (a password belongs there)
+    assert not parse({"history": {"enabled": False}}, "d.yml", {}).history
+    with pytest.raises(UsageError, match="history.url"):
+        parse({"history": {"url": "mysql://h/db"}}, "d.yml", {})
+    with pytest.raises(UsageError, match="secrets are never passed"):
+        parse({"runner": {"env": {"KERNALIN_HISTORY_URL": "x"}}}, "d.yml", {})
+
+
+def test_a_series_follows_the_gpu_the_timings_were_taken_on():
+    """The GPU of explain.provenance (where the kernel was timed) wins over the report's environment; times
+    of another GPU are not one series with these."""
+    runs = []
+    for i, t in enumerate(series_with_step(n=20, at=12)):
+        k = kernel("rope", bench(1.0, float(t) * (2.0 if i < 4 else 1.0)))  # the first 4 on a slower GPU
+        k["explain"] = {"provenance": {"start": {"gpu_name": "NVIDIA A10" if i < 4 else "NVIDIA H200",
+                                                 "driver": "580.1", "clocks": {"sm": 1980}}}}
+        runs.append(run_from_report(report([k]), repo="acme/k", commit=sha(i), branch="main"))
+    assert runs[0].points[0].provenance == {"gpu_name": "NVIDIA A10", "driver": "580.1"}
+    (s,) = build(runs)
+    assert [c.first_commit for c in s.changes] == [sha(12)]  # not the GPU switch at commit 4

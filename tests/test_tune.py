@@ -1,0 +1,190 @@
+"""kernalin-ci tune on the CPU: search space, verification before timing, the race's decision code and
+the patch writer. Timing here is wall clock under the Triton interpreter: no assertion reads a time."""
+import ast
+import json
+import shutil
+
+import numpy as np
+import pytest
+from conftest import REPO, cli
+
+from kernalin_ci.errors import UsageError
+from kernalin_ci.tune import patch, race
+from kernalin_ci.tune.space import TuneSpec, build_space
+
+FIXTURES = REPO / "tests" / "tune_kernels"
+CONFIG = """\
+version: 1
+kernels:
+  - name: paged
+    op: attention.decode_paged
+    entry: kernels/{file}:entry
+    params: {{block_size: 16}}
+    dtype: float32
+    domain: {{head_dim: 32, num_q_heads: 2, num_kv_heads: 1}}
+{tune}"""
+
+
+def repo(tmp_path, file, tune=""):
+    (tmp_path / "kernels").mkdir()
+    shutil.copy(FIXTURES / file, tmp_path / "kernels" / file)
+    (tmp_path / ".kernalin.yml").write_text(CONFIG.format(file=file, tune=tune))
+    return tmp_path
+
+
+# ---------------------------------------------------------------- search space
+
+def test_space_from_tune_params_reads_the_entry_defaults(tmp_path):
+    root = repo(tmp_path, "paged_tiles.py")
+    spec = TuneSpec({"BLOCK_N": [16, 32], "num_warps": [4, 8]}, use_autotune=False)
+    space = build_space(spec, "kernels/paged_tiles.py:entry", str(root), "cpu")
+    assert space.current.params == {"BLOCK_N": 16, "num_warps": 4}
+    assert [c.params for c in space.candidates] == [{"BLOCK_N": 16, "num_warps": 8}, {"BLOCK_N": 32, "num_warps": 4},
+                                                    {"BLOCK_N": 32, "num_warps": 8}]
+    assert space.entry_file == "kernels/paged_tiles.py"
+    with pytest.raises(UsageError, match="no keyword parameter 'BLOCK_M'"):
+        build_space(TuneSpec({"BLOCK_M": [16]}, use_autotune=False), "kernels/paged_tiles.py:entry", str(root), "cpu")
+
+
+def test_config_tune_section_is_validated(tmp_path):
+    root = repo(tmp_path, "paged_tiles.py", "    tune: {params: {BLOCK_N: 16}}\n")
+    r = cli("tune", "paged", "--device", "cpu", cwd=root)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "tune.params.BLOCK_N: expected a non-empty list" in r.stderr
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path):
+    root = repo(tmp_path, "paged_tiles.py", "    tune: {params: {BLOCK_N: [16, 32]}}\n")
+    for args in (["nope"], [], ["paged", "--space", "BLOCK_N"], ["paged", "--space", "TILE=8,16", "--no-autotune"],
+                 ["paged", "--budget-s", "0"]):
+        r = cli("tune", *args, "--device", "cpu", cwd=root)
+        assert r.returncode == 2, (args, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
+
+
+# ---------------------------------------------------------------- verification before timing (real kernels)
+
+def test_a_tile_larger_than_the_page_is_dropped_with_its_finding_and_never_timed(tmp_path):
+    root = repo(tmp_path, "paged_tiles.py", "    tune: {params: {BLOCK_N: [16, 32], num_warps: [2]}}\n")
+    r = cli("tune", "paged", "--device", "cpu", "--budget-s", "1", "--out", "out", "--quiet", cwd=root)
+    assert r.returncode == 0, r.stderr
+    out = json.loads((root / "out" / "tune.json").read_text())
+    checked = {c["label"]: c for c in out["verification"]}
+    assert checked["BLOCK_N=32 num_warps=2"]["passed"] is False
+    assert checked["BLOCK_N=32 num_warps=2"]["findings"], "dropped without a finding"
+    assert checked["BLOCK_N=16 num_warps=2"]["passed"] is True
+    assert next(c for c in out["verification"] if c["name"] == "current")["passed"] is True
+    bad = next(c["name"] for c in out["verification"] if c["label"] == "BLOCK_N=32 num_warps=2")
+    good = next(c["name"] for c in out["verification"] if c["label"] == "BLOCK_N=16 num_warps=2")
+    assert bad not in out["timed"] and {"current", good} <= set(out["timed"])
+    assert [d["label"] for d in out["dropped"]] == ["BLOCK_N=32 num_warps=2"]
+    assert out["reference"] == "current" and out["chosen"] in ("current", good)
+    assert len(out["per_shape"]) == len(out["shapes"]) >= 1
+    assert "dropped  BLOCK_N=32 num_warps=2:" in r.stdout
+    assert "BLOCK_N=32 num_warps=2" in (root / "out" / "tune.md").read_text()
+
+
+def test_autotune_space_drops_the_wrong_config_and_writes_the_verified_list(tmp_path):
+    root = repo(tmp_path, "paged_autotuned.py")
+    r = cli("tune", "paged", "--device", "cpu", "--budget-s", "1", "--out", "out", "--write", cwd=root)
+    assert r.returncode == 0, r.stderr
+    out = json.loads((root / "out" / "tune.json").read_text())
+    k = out["space"]["autotune"]  # discovered in a worker: the gate process never imports the kernel
+    assert (k["kernel"], k["file"], k["key"]) == ("_paged_tiles", "kernels/paged_autotuned.py", ["D"])
+    assert [c["kwargs"] for c in k["configs"]] == [{"BLOCK_N": 16}, {"BLOCK_N": 32}]
+    assert [c["label"] for c in out["verification"]] == ["(entry as it is)", "BLOCK_N=16 num_warps=4 num_stages=3 "
+                                                         "num_ctas=1", "BLOCK_N=32 num_warps=4 num_stages=3 num_ctas=1"]
+    assert out["verification"][0]["passed"] is None  # the full autotuner cannot run under the interpreter
+    assert [d["label"] for d in out["dropped"]] == ["BLOCK_N=32 num_warps=4 num_stages=3 num_ctas=1"]
+    assert out["dropped"][0]["findings"]
+    assert out["timed"] == [] and out["stopped"] == "single"
+    src = (root / "kernels" / "paged_autotuned.py").read_text()
+    tree = ast.parse(src)
+    deco = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "_paged_tiles")
+    assert "configs=CONFIGS" in ast.unparse(deco.decorator_list[0])
+    configs = next(n for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == "CONFIGS").value
+    assert [ast.unparse(e) for e in configs.elts] == ["triton.Config({'BLOCK_N': 16}, num_warps=4, num_stages=3, "
+                                                      "num_ctas=1)"]
+    assert (root / "out" / "tune.patch").read_text().startswith("--- a/kernels/paged_autotuned.py")
+
+
+# ---------------------------------------------------------------- the race's decision code
+
+def synthetic(ms_per_shape: dict, rounds=12, reps=3, noise=0.002, seed=0):
+    """{name: [ms of shape 0, ms of shape 1, ...]} -> {name: [rounds, shapes, reps]} with lognormal noise."""
+    rng = np.random.default_rng(seed)
+    return {n: np.asarray(ms)[None, :, None] * np.exp(rng.normal(0, noise, (rounds, len(ms), reps)))
+            for n, ms in ms_per_shape.items()}
+
+
+def test_screening_keeps_each_shapes_winner_first():
+    t = synthetic({"a": [1.0, 2.0], "b": [1.5, 1.0], "c": [1.1, 2.1], "d": [2.0, 3.0]})
+    assert race.screen(t, ["a", "b", "c", "d"], 2) == ["a", "b"]
+    assert race.screen(t, ["a", "b", "c", "d"], 3) == ["a", "b", "c"]
+    assert race.halve(7, 3) == 4 and race.halve(4, 3) == 3
+
+
+def test_judge_gives_best_posterior_and_equivalents_per_shape():
+    t = synthetic({"current": [1.0, 1.0], "base2": [1.0, 1.0], "fast": [0.80, 1.0], "fast2": [0.801, 1.3],
+                   "slow": [1.2, 1.0005]})
+    js = race.judge(t, "current", "base2", ["current", "fast", "fast2", "slow"], rope_min=0.01)
+    assert js[0].best in ("fast", "fast2") and set([js[0].best, *js[0].equivalent]) == {"fast", "fast2"}
+    assert js[0].vs_reference["fast"].verdict == "faster" and js[0].vs_reference["slow"].verdict == "slower"
+    assert js[1].best in ("current", "fast", "slow") and "fast2" not in js[1].equivalent
+    assert race.settled(js)
+    assert race.overall(js, "current") == "fast"
+
+
+def test_an_open_race_is_not_settled():
+    t = synthetic({"current": [1.0], "base2": [1.0], "x": [0.99]}, rounds=3, noise=0.05)
+    js = race.judge(t, "current", "base2", ["current", "x"], rope_min=0.001)
+    assert not race.settled(js)
+
+
+# ---------------------------------------------------------------- the patch writer
+
+def test_patch_writer_sets_entry_defaults_and_autotune_lists():
+    src = (FIXTURES / "paged_tiles.py").read_text()
+    new = patch.write_params(src, "entry", {"BLOCK_N": 8, "num_warps": 2})
+    assert "def entry(q, k_cache, v_cache, block_tables, kv_lens, scale, BLOCK_N=8, num_warps=2):" in new
+    assert new.replace("BLOCK_N=8, num_warps=2):", "BLOCK_N=16, num_warps=4):") == src
+    with pytest.raises(patch.NotWritable):
+        patch.write_params(src, "entry", {"scale": 1})
+    inline = ("import triton\n\n@triton.autotune(configs=[triton.Config({'B': 1}), triton.Config({'B': 2})], key=[])\n"
+              "@triton.jit\ndef k(B: tl.constexpr):\n    pass\n")
+    out = patch.write_autotune(inline, "k", [{"kwargs": {"B": 2}, "num_warps": 8}])
+    assert "triton.Config({'B': 2}, num_warps=8)," in out and "{'B': 1}" not in out
+    ast.parse(out)
+    p = patch.Patch("k.py", inline, out)
+    assert p.diff.startswith("--- a/k.py\n+++ b/k.py\n")
+
+
+def test_recommend_keeps_the_current_config_unless_shown_faster():
+    t = synthetic({"current": [1.0, 1.0], "base2": [1.0, 1.0], "x": [0.8, 1.0], "y": [0.8, 1.3]})
+    js = race.judge(t, "current", "base2", ["current", "x", "y"], rope_min=0.01)
+    assert race.recommend(js, "current") == ("x", None)
+    t = synthetic({"current": [1.0, 1.0], "base2": [1.0, 1.0], "y": [0.8, 1.3]})
+    js = race.judge(t, "current", "base2", ["current", "y"], rope_min=0.01)
+    assert race.recommend(js, "current") in (("current", "y"), ("current", None))
+
+
+def test_make_patch_writes_the_chosen_defaults(tmp_path):
+    from kernalin_ci.tune.run import Target, TuneResult
+
+    root = repo(tmp_path, "paged_tiles.py")
+    spec = TuneSpec({"BLOCK_N": [8, 16]}, use_autotune=False)
+    space = build_space(spec, "kernels/paged_tiles.py:entry", str(root), "cpu")
+    result = TuneResult(Target("attention.decode_paged", "kernels/paged_tiles.py:entry", str(root)), "cpu", space)
+    result.reference = "current"
+    result.judgements = race.judge(synthetic({"current": [1.0], "base2": [1.0], "c0": [0.7]}), "current", "base2",
+                                   ["current", "c0"])
+    result.chosen, held = race.recommend(result.judgements, "current")
+    assert (result.chosen, held) == ("c0", None)
+    p, why = patch.make_patch(result)
+    assert why == "" and p.path == "kernels/paged_tiles.py"
+    assert "-def entry(q, k_cache, v_cache, block_tables, kv_lens, scale, BLOCK_N=16, num_warps=4):" in p.diff
+    assert "+def entry(q, k_cache, v_cache, block_tables, kv_lens, scale, BLOCK_N=8, num_warps=4):" in p.diff
+    patch.apply(p, str(root))
+    assert "BLOCK_N=8, num_warps=4):" in (root / "kernels" / "paged_tiles.py").read_text()
+    result.chosen = "current"
+    assert patch.make_patch(result)[0] is None
