@@ -103,3 +103,13 @@ def test_claims_the_parent_cannot_accept_are_bad_results(tmp_path):
         read(dm.Domain(), "cpu", {"status": "ok", "file": "case-0.pt", "ran": moved,
                                   "not_checked": {"shape": shape, "reason": "unsupported", "error": "x",
                                                   "instead": "D=72"}})
+
+
+def test_a_forged_decode_step_loop_fails():
+    """decode_step's loop is judged in the parent too: a step forged in the exact part format is compared
+    (its caches were not written), and a loop case that ends with no step handed back is a bad result."""
+    r = cli("verify", "--op", "decode_step", "--entry", f"{FORGE}:forge_decode_step_loop", "--device", "cpu",
+            "--only", "dynamic", "--param", "steps=4", "--quiet", "--json", "-", timeout=600)
+    assert r.returncode == 1, f"rc {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}"
+    res = json.loads(r.stdout)
+    assert "kv-coverage" in classes(res), res["findings"]
