@@ -412,7 +412,8 @@ def drive_pipeline(fns: dict, params: dict, dtype: str, device: str, seed: int, 
         fns["kv_append"](key=k_in, value=st.v.to(device), k_cache=s["k_cache"], v_cache=s["v_cache"],
                          slot_mapping=torch.tensor(st.slots, dtype=torch.int64, device=device))
         _sync(device)
-        raw["k_cache_append"], raw["v_cache_append"] = plain(s["k_cache"]), plain(s["v_cache"])
+        # copies: on the CPU plain() keeps the live cache, which attention could still change
+        raw["k_cache_append"], raw["v_cache_append"] = plain(s["k_cache"].clone()), plain(s["v_cache"].clone())
         out = fns["attention.decode_paged"](
             q=q_in[:B], k_cache=s["k_cache"], v_cache=s["v_cache"], block_tables=s["tables"],
             kv_lens=torch.tensor(st.kv_lens, dtype=torch.int32, device=device), scale=s["scale"])
