@@ -65,7 +65,7 @@ def forge_wellformed_results(q, k_cache, v_cache, kv_lens, scale):
     and this kernel's (wrong) output, in the format the parent reads; 'pass' events; exit. The parent
     compares the tensors itself: the wrong head mapping is found."""
     from kernalin_ci.ops import get_op
-    from kernalin_ci.verify.poison import canary_tensor
+    from kernalin_ci.verify.poison import fill_canary
 
     job, fd = _worker()
     op, results = get_op(job["op"]), _results_dir(job)
@@ -75,7 +75,7 @@ def forge_wellformed_results(q, k_cache, v_cache, kv_lens, scale):
         kw = op.inputs(case, job["params"], "cpu", True)
         tensors = {k: v for k, v in kw.items() if isinstance(v, torch.Tensor)}
         raw = {"inputs": tensors, "sparse": {},
-               "guards": {k: [canary_tensor((GUARD,), v.dtype, "cpu")] * 2 for k, v in tensors.items()},
+               "guards": {k: [fill_canary(torch.empty(GUARD, dtype=v.dtype))] * 2 for k, v in tensors.items()},
                "outputs": {"out": _buggy(**kw)}, "output_aliases": {}, "output_types": {}}
         torch.save(raw, os.path.join(results, f"case-{i}.pt"))
         _send(fd, {"event": "case-start", "index": i}, _pass_event(i, f"case-{i}.pt"))
