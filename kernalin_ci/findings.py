@@ -21,6 +21,7 @@ BUG_CLASSES: dict[str, str] = {
     "timeout": "the kernel did not finish within the time limit",
     "crashed": "the process running the kernel died (segfault, abort)",
     "cuda-error": "a CUDA error (illegal memory access, launch failure) during the launch",
+    "bad-result": "the worker handed back no result, or one the parent did not ask for (a forged or broken report)",
     # attention
     "softmax-no-max": "exp of scores without subtracting their maximum (overflows for large scores)",
     "softmax-no-normalize": "output not divided by the sum of the exponentials (missing 1/l)",

@@ -21,7 +21,7 @@ from kernalin_ci.launch import make_undumpable, module_argv
 
 @dataclass
 class Outcome:
-    status: str  # "ok" | "timeout" | "crashed" | "usage-error" | "internal-error" | "restart"
+    status: str  # "ok" | "timeout" | "crashed" | "usage-error" | "internal-error" | "restart" | "refused"
     events: list = field(default_factory=list)
     detail: str = ""
     output_tail: str = ""
@@ -88,10 +88,12 @@ def child_env(device: str, extra: dict | None = None) -> dict:
 
 
 def run_task(job: dict, device: str, timeout_s: float, on_event=None, env: dict | None = None,
-             cwd: str | None = None) -> Outcome:
+             cwd: str | None = None, writable: tuple[str, ...] = ()) -> Outcome:
     """Run job (a dict with 'task') in `python -m kernalin_ci.worker` (isolated: launch.module_argv), in
-    the worker sandbox where bubblewrap can make one (sandbox.worker_plan); call on_event per event. This
-    process is made non-dumpable first (the child must not read our /proc/PID/environ)."""
+    the worker sandbox where bubblewrap can make one (sandbox.worker_plan); call on_event per event (when
+    it returns False, the child is killed: status "refused"). `writable`: folders the parent made for the
+    worker's results, which it may write besides its own work folder. This process is made non-dumpable
+    first (the child must not read our /proc/PID/environ)."""
     make_undumpable()
     with tempfile.TemporaryDirectory(prefix="kernalin-job-") as tmp:
         work = os.path.join(tmp, "work")  # the only folder the sandboxed worker may write
@@ -100,7 +102,7 @@ def run_task(job: dict, device: str, timeout_s: float, on_event=None, env: dict 
         log_path = os.path.join(tmp, "output.log")
         with open(job_path, "w") as f:
             json.dump(job, f)
-        plan, sandbox_env = sandbox.worker_plan(job, device, work, cwd)
+        plan, sandbox_env = sandbox.worker_plan(job, device, work, cwd, writable)
         argv = [*module_argv("kernalin_ci.worker", cwd=cwd), job_path]
         r, w = os.pipe()
         with open(log_path, "wb") as log:
@@ -116,9 +118,11 @@ def run_task(job: dict, device: str, timeout_s: float, on_event=None, env: dict 
             with os.fdopen(r) as f:
                 for line in f:
                     try:
-                        events.put(json.loads(line))
-                    except json.JSONDecodeError:
-                        pass
+                        ev = json.loads(line)
+                    except ValueError:
+                        ev = None
+                    # a line that is no JSON object reaches on_event as "malformed" (never a crash here)
+                    events.put(ev if isinstance(ev, dict) else {"event": "malformed", "line": line[:200]})
             events.put(None)
 
         threading.Thread(target=reader, daemon=True).start()
@@ -138,8 +142,10 @@ def run_task(job: dict, device: str, timeout_s: float, on_event=None, env: dict 
             if kind in ("done", "usage-error", "internal-error", "restart"):
                 outcome.status = "ok" if kind == "done" else kind
                 outcome.detail = ev.get("message", ev.get("reason", ""))
-            if on_event:
-                on_event(ev)
+            if on_event and on_event(ev) is False:  # the parent refuses the child's reports: stop it
+                _kill(proc)
+                outcome.status = "refused"
+                break
         try:
             rc = proc.wait(timeout=30)
         except subprocess.TimeoutExpired:

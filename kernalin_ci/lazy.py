@@ -4,7 +4,7 @@ The parent process resolves params and builds cases (plain data) and never
 launches anything; importing torch there would cost about 3 s on a CUDA machine
 before the first worker even starts. Modules that the parent and the workers
 share write `from kernalin_ci.lazy import torch`; the real import happens on the
-first attribute access, i.e. in the worker.
+first attribute access: in the worker, and in the parent once it judges a result.
 """
 from __future__ import annotations
 

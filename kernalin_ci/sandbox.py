@@ -390,11 +390,13 @@ def _bwrap_works(settings: SandboxSettings) -> str | None:
     return _probe["why"]
 
 
-def worker_plan(job: dict, device: str, workdir: str, cwd: str | None) -> tuple[Plan | None, dict]:
+def worker_plan(job: dict, device: str, workdir: str, cwd: str | None,
+                writable: tuple[str, ...] = ()) -> tuple[Plan | None, dict]:
     """How to start a kernel worker: in a sandbox (a Plan, plus the environment it needs), or not (None).
 
     The worker sees the system and the Python installation read-only, the folders its job names (the
-    checkout, entry files) read-only, WORKDIR (its job file and result files) read-write, and fresh
+    checkout, entry files) read-only, WORKDIR (its job file) and WRITABLE (the folder the parent reads its
+    raw results from) read-write, and fresh
     tmpfs for HOME (so its own Triton cache) and /tmp; no network; its own PID namespace; the gate's
     process and every other file of the user (SSH keys, a runner's credentials) do not exist inside.
     KERNALIN_SANDBOX=off runs it unsandboxed; auto (the default) warns once on stderr where bubblewrap
@@ -416,8 +418,9 @@ def worker_plan(job: dict, device: str, workdir: str, cwd: str | None) -> tuple[
 
     worker_id = f"worker-{os.getpid()}-{next(_worker_ids)}"  # its own cgroup: end_worker kills all of it
     here = os.path.realpath(cwd or os.getcwd())  # relative entries resolve against it, as outside
+    rw = {os.path.realpath(p) for p in writable}  # named in the job too, but bound read-write (below)
     readonly = sorted({os.path.realpath(p) for p in child_path(cwd) if os.path.isdir(p)}
-                      | _named_paths(job) | {here})
+                      | (_named_paths(job) - rw) | {here})
     if os.geteuid() == 0:  # the job drops to an unprivileged uid: it must be able to read what it needs
         closed = [p for p in readonly if not _others_can_read(p)]
         if closed:
@@ -430,7 +433,7 @@ def worker_plan(job: dict, device: str, workdir: str, cwd: str | None) -> tuple[
                 print(f"kernalin-ci: kernel workers run without a sandbox: {why}", file=sys.stderr)
             return None, {}
     settings.extra_ro = readonly
-    plan = prepare(settings, worker_id, [Path(workdir)],
+    plan = prepare(settings, worker_id, [Path(workdir), *map(Path, sorted(rw))],
                    gpu_device_nodes(None) if device == "cuda" else [])
     plan.argv_prefix[1:1] = ["--chdir", here]
     env = {"HOME": plan.home, "TMPDIR": plan.tmp, "XDG_CACHE_HOME": f"{plan.home}/.cache",

@@ -96,13 +96,25 @@ PROBE_SCRIPT = textwrap.dedent("""
     from kernalin_ci.ops import get_op
     from kernalin_ci.ops.base import resolve_params
     from kernalin_ci.verify.dynamic import run_case
+    from kernalin_ci.verify.judge import judge
     out = {}
     for op_name, path, raw in json.loads(sys.argv[1]):
         op = get_op(op_name)
         params = resolve_params(op_name, op.params, raw)
         os.environ["KERNALIN_PARAMS"] = json.dumps(params)
         fn = load_entry(path + ":entry")
-        found = run_case(op, fn, op.probe(params, None), params, "cpu", {}, poison=False)
+        case = op.probe(params, None)
+        loop = op.loop_judge(case, params, False)
+        if loop is not None:  # a loop of calls (decode_step): each step judged as the parent does
+            found = []
+            def hand_back(step, raw, seconds):
+                if not found:
+                    found.extend(loop.step(step, {k: (v.clone() if hasattr(v, "clone") else v)
+                                                  for k, v in raw.items()}))
+            run_case(op, fn, case, params, "cpu", poison=False, hand_back=hand_back)
+        else:
+            found, _ = judge(op, case, params, "cpu", run_case(op, fn, case, params, "cpu", poison=False), {},
+                             poison=False)
         out[path] = sorted({f.bug_class for f in found})
     print(json.dumps(out))
 """)

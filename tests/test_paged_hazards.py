@@ -146,3 +146,13 @@ def test_pipeline_runs_on_an_hnd_cache():
     r = cli("pipeline", "--kv-append", f"{TOKEN}:nhd_kv_append_given_hnd", "--attention", f"{TOKEN}:hnd_attention",
             "--param", "layout=hnd", "--steps", "3", "--device", "cpu", "--quiet")
     assert r.returncode == 1, r.stdout + r.stderr
+
+
+def test_pipeline_names_an_attention_entry_that_writes_the_cache():
+    """The caches after kv_append and after attention are handed back as two tensors (on the CPU too,
+    where the worker's cache is the tensor it saves), so the parent names the attention entry."""
+    r = cli("pipeline", "--kv-append", f"{KV}:entry", "--attention", f"{TOKEN}:attention_writes_cache",
+            "--steps", "2", "--device", "cpu", "--quiet", "--json", "-")
+    assert r.returncode == 1, r.stdout + r.stderr
+    found = json.loads(r.stdout)["findings"]
+    assert [(f["check"], f["bug_class"]) for f in found] == [("pipeline-attention", "input-modified")], found

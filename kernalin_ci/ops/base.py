@@ -142,6 +142,9 @@ class Op(ABC):
     written: tuple[str, ...] = ()  # inputs the entry may write; every other input must stay unchanged
     # True: outputs are judged bit for bit by `check` (whole buffers), not against `reference`
     exact: bool = False
+    # True: `inputs` and `reference` call the user's own code (the custom op): they run in the worker
+    # beside the entry, which hands their tensors back; the parent, which never imports user code, judges
+    user_code: bool = False
     # the module of kernalin_ci.verify.structural that analyses this op's compiled IR; None: no analysis
     structural: str | None = None
     # True: a benchmark round may redraw the floating-point inputs in place (standard normal); False: it
@@ -200,10 +203,17 @@ class Op(ABC):
     def outputs(self, ret: Any, kw: Tensors) -> Tensors:
         """The entry's outputs by name, from its return value (or its written inputs)."""
 
-    def drive(self, fn: Callable[..., Any], case: Case, params: Params, device: str,
-              poison: bool) -> list[Finding] | None:
-        """A stateful op's own dynamic run of `case`: many calls of `fn`, each judged before the next (the
-        decode_step loop). None: the case is the one call verify.dynamic makes and judges."""
+    def drive(self, fn: Callable[..., Any], case: Case, params: Params, device: str, poison: bool,
+              hand_back: Callable[[int, dict[str, Any], float], None]) -> int | None:
+        """In the worker: a stateful op's own dynamic run of `case`, many calls of `fn` (the decode_step
+        loop), each call's raw result handed back as one part (`hand_back(step, raw, seconds)`); returns
+        the number of parts. None: the case is the one call verify.dynamic makes. Nothing is judged here:
+        the parent judges the parts with `loop_judge`."""
+        return None
+
+    def loop_judge(self, case: Case, params: Params, poison: bool) -> Any:
+        """In the parent: the judge of a case that `drive` runs (verify.pipeline.LoopJudge), None for an
+        op whose cases are one call."""
         return None
 
     def written_names(self, params: Params) -> tuple[str, ...]:

@@ -41,6 +41,7 @@ class Custom(Op):
     params = PARAMS
     written = ()
     redraw_inputs = False  # the user's builder knows the structure of its inputs
+    user_code = True  # inputs() and reference() are the user's: the worker runs them (verify/judge.py)
 
     def _fn(self, params: Params, key: str) -> Any:
         if not params.get(key):

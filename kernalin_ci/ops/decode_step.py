@@ -4,16 +4,16 @@ Rotate q and k at `positions`, write the rotated k and v into the paged caches a
 `slot_mapping`, then paged decode attention over `kv_lens`, which include the new
 token. One launch or several, fused or not: the contract is the step.
 
-Every case is a decode loop (`drive`): many steps on ragged sequences, the output
-of each step against float64 attention over the reference's own history, and both
-whole caches diffed after each step (kernalin_ci.verify.pipeline, shared with the
-composed rope -> kv_append -> attention pipeline check).
+Every case is a decode loop (`drive` in the worker hands back each step's raw
+tensors; `loop_judge` in the parent judges them): many steps on ragged sequences,
+the output of each step against float64 attention over the reference's own
+history, and both whole caches diffed after each step (kernalin_ci.verify.pipeline,
+shared with the composed rope -> kv_append -> attention pipeline check).
 """
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from kernalin_ci.findings import Finding
 from kernalin_ci.lazy import torch
 from kernalin_ci.ops import attention_common as ac
 from kernalin_ci.ops import paged
@@ -94,25 +94,31 @@ class DecodeStep(Op):
                          paged.layout_of(params), int(d.get("free_blocks", 5)), bool(d.get("stale", False)),
                          bool(d.get("poison", True)))
 
-    def drive(self, fn: Callable[..., Any], case: Case, params: Params, device: str,
-              poison: bool) -> list[Finding] | None:
-        from kernalin_ci.verify.pipeline import run_decode_step
+    def drive(self, fn: Callable[..., Any], case: Case, params: Params, device: str, poison: bool,
+              hand_back: Callable[[int, dict[str, Any], float], None]) -> int | None:
+        from kernalin_ci.verify.pipeline import drive_decode_step
 
+        steps: int = drive_decode_step(fn, self._loop_shape(case, params, poison), case.dtype, device, case.seed,
+                                       int(case.dims["steps"]), hand_back)
+        return steps
+
+    def loop_judge(self, case: Case, params: Params, poison: bool) -> Any:
+        from kernalin_ci.verify.pipeline import decode_step_judge
+
+        return decode_step_judge(self._loop_shape(case, params, poison), params, case.dtype, case.seed,
+                                 int(case.dims["steps"]))
+
+    def _loop_shape(self, case: Case, params: Params, poison: bool) -> Any:
         shape = self._shape(case, params)
         if not poison:
             shape.poison, shape.stale = False, False
-        found: list[Finding] = run_decode_step(fn, shape, params, case.dtype, device, case.seed,
-                                               int(case.dims["steps"]), lambda ev: None)
-        return found
+        return shape
 
     def inputs(self, case: Case, params: Params, device: str, poison: bool = True) -> Tensors:
         """The first step of the case's loop (what the structural capture and a single call see)."""
         from kernalin_ci.verify.pipeline import init_state, next_step
 
-        shape = self._shape(case, params)
-        if not poison:
-            shape.poison, shape.stale = False, False
-        s = init_state(shape, case.dtype, device, case.seed, int(case.dims["steps"]))
+        s = init_state(self._loop_shape(case, params, poison), case.dtype, device, case.seed, int(case.dims["steps"]))
         st = next_step(s, 0, case.dtype)
         return {"q": st.q.to(device), "k": st.k.to(device), "v": st.v.to(device),
                 "positions": torch.tensor(st.positions, dtype=torch.int64, device=device),

@@ -16,7 +16,7 @@ from kernalin_ci.ops.base import (DTYPE_BYTES, Case, Expected, Op, Param, Params
                                   capture_head_dims, generator, positive, randn, valid_dims)
 from kernalin_ci.ops.bench_shapes import BenchRequest
 from kernalin_ci.verify.interp import lazy_zeros
-from kernalin_ci.verify.poison import bits, fill_canary
+from kernalin_ci.verify.poison import bits, fill_canary, words
 
 PARAMS = (
     Param("block_size", 16, int, "slots per cache block", check=positive),
@@ -157,7 +157,7 @@ class KvAppend(Op):
                 changed = None
                 for start in range(0, cache.shape[0], CHUNK_BLOCKS):
                     part = cache[start:start + CHUNK_BLOCKS]
-                    if bool((bits(part) != 0).any()):
+                    if bool((words(part) != 0).any()):
                         changed = torch.zeros(cache.shape[:1], dtype=torch.bool, device=dev)
                         findings.append(Finding(
                             "kv-whole-cache", "stray-write",

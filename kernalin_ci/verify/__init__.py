@@ -1,15 +1,20 @@
 """verify(): run an entry's checks and return a VerifyResult.
 
 The parent never imports the user's code: dynamic checks run in worker child
-processes (kernalin_ci.isolate). A timeout or crash becomes a finding for the
-case in flight, and the remaining cases go on in a fresh child.
+processes (kernalin_ci.isolate), which hand back raw tensors only; the parent
+judges them (verify/judge.py), so the child cannot choose the verdict. A timeout
+or crash becomes a finding for the case in flight, and the remaining cases go on
+in a fresh child.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
+import shutil
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -102,86 +107,170 @@ class CasesRun:
     """What the workers did with a list of cases."""
 
     findings: list[Finding] = field(default_factory=list)
+    notices: list[Notice] = field(default_factory=list)
     done: int = 0  # cases finished (run, moved to another shape, or not checked)
     ran: list[Case] = field(default_factory=list)  # the cases as they ran (at the shape they ran at)
     not_checked: list[tuple[str, dict]] = field(default_factory=list)  # (case name, the worker's note)
 
 
+def bad_result(message: str, case: Case | None = None, repro=None) -> Finding:
+    """The worker's report for a case cannot be accepted (the case is attached by `record`)."""
+    return Finding("worker-result", "bad-result", message, case=case.to_json() if case else None,
+                   reproduce=repro(case) if case and repro else None)
+
+
 def run_cases(task: str, job: dict, cases: list[Case], device: str, timeout_s: float, progress: Progress,
-              repro, on_other_event=None, env: dict | None = None) -> CasesRun:
-    """Drive worker children over all cases, restarting after a hang or crash."""
+              repro, read_case, on_other_event=None, env: dict | None = None) -> CasesRun:
+    """Drive worker children over all cases, restarting after a hang or crash.
+
+    The parent knows which cases it asked for, in which order: each case-start and case-done event
+    must name the case due next. `read_case(index, case, event, results_dir)` turns a case-done event
+    into a CaseResult (verify/judge.py; results_dir is the private directory the worker writes its
+    result files into); `read_case.part(...)`, where it exists, reads a case handed back in parts, and
+    `read_case.partial(index)` gives the findings of the parts judged before the worker died. A
+    result the parent cannot accept is a `bad-result` finding for that case; an event out of turn or a
+    malformed one is one too and stops that worker; so is a case that ends with no result, and a file
+    no event named.
+    """
+    from kernalin_ci.verify import exchange
+    from kernalin_ci.verify.exchange import BadResult
+
     run = CasesRun()
-    findings = run.findings
-    done = 0
+    results = tempfile.mkdtemp(prefix="kernalin-results-")
+    got: set[int] = set()
     start = 0
     restarts = 0
-    while start < len(cases):
-        in_flight = {"index": None}
+    explained = False  # the run ended with a finding that says why the remaining cases did not run
 
-        def on_event(ev):
-            nonlocal done
-            if ev["event"] == "case-start":
-                in_flight["index"] = ev["index"]
-            elif ev["event"] == "case-done":
-                i = ev["index"]
-                in_flight["index"] = None
-                ran = Case.from_json(ev["ran"]) if ev.get("ran") else cases[i]
-                fs = [Finding.from_json(f) for f in ev["findings"]]
-                for f in fs:
-                    f.case = ran.to_json()
-                    f.reproduce = repro(ran)
-                findings.extend(fs)
-                done += 1
-                nc = ev.get("not_checked")
+    def record(i: int, ran: Case | None, found: list[Finding], note: str = "", seconds: float = 0.0) -> None:
+        """Case i is finished: its findings carry the case as it ran and the command that reruns it."""
+        got.add(i)
+        for f in found:
+            f.case = (ran or cases[i]).to_json()
+            f.reproduce = repro(ran or cases[i])
+        run.findings.extend(found)
+        run.done += 1
+        progress.case_done(i, cases[i].name, seconds, len(found), note)
+
+    try:
+        while start < len(cases):
+            state = {"in_flight": None, "due": start, "refused": None}
+
+            def refuse(why: str) -> bool:
+                i = state["due"]
+                if i < len(cases) and i not in got:
+                    record(i, None, [bad_result(why)])
+                else:
+                    run.findings.append(bad_result(why))
+                state["refused"] = why
+                return False
+
+            def on_event(ev):
+                kind = ev.get("event")
+                if kind not in ("case-start", "case-part", "case-done", "malformed"):
+                    if on_other_event and kind not in ("done", "restart", "usage-error", "internal-error"):
+                        on_other_event(ev)
+                    return True
+                if kind == "malformed":
+                    return refuse(f"a malformed event from the worker: {str(ev.get('line'))[:80]!r}")
+                i = ev.get("index")
+                if type(i) is not int or i >= len(cases):
+                    return refuse(f"an event {kind!r} for a case not asked for ({str(i)[:20]!r})")
+                if i != state["due"] or (kind != "case-start" and state["in_flight"] != i):
+                    return refuse(f"an event {kind!r} out of turn (case {i}; case {state['due']} was due)")
+                if kind == "case-start":
+                    state["in_flight"] = i
+                    return True
+                if kind == "case-part":  # a case handed back in parts (the pipeline's steps)
+                    try:
+                        if not hasattr(read_case, "part"):
+                            raise BadResult("a case-part event: this task hands back whole cases")
+                        read_case.part(i, cases[i], ev, results)
+                        return True
+                    except BadResult as e:
+                        state["in_flight"], state["due"] = None, i + 1
+                        record(i, None, [bad_result(str(e))])
+                        state["refused"] = str(e)
+                        return False
+                state["in_flight"] = None
+                state["due"] = i + 1
+                case = cases[i]
+                try:
+                    r = read_case(i, case, ev, results)
+                except BadResult as e:  # this case's result: a finding; the next case may still be reported
+                    record(i, None, [bad_result(str(e))])
+                    return True
+                run.notices.extend(r.notices)
+                nc = r.not_checked
                 if nc:
-                    run.not_checked.append((cases[i].name, nc))
-                if not nc or nc.get("instead"):
-                    run.ran.append(ran)
+                    run.not_checked.append((case.name, nc))
+                if r.ran is not None:
+                    run.ran.append(r.ran)
                 note = ""
                 if nc:
                     note = (f"{nc.get('shape') or 'this case'}: {nc['reason']}, "
                             + (f"ran at {nc['instead']} instead" if nc.get("instead") else "not checked"))
-                progress.case_done(i, cases[i].name, ev.get("seconds", 0.0), len(fs), note)
-            elif on_other_event:
-                on_other_event(ev)
+                secs = ev.get("seconds")
+                record(i, r.ran, r.findings, note, float(secs) if isinstance(secs, (int, float)) else 0.0)
+                return True
 
-        outcome = run_task({**job, "task": task, "cases": [c.to_json() for c in cases], "start": start},
-                           device, timeout_s, on_event, env=env)
-        outcome.raise_for_error(task)
-        if outcome.status == "ok":
-            break
-        last = max((e["index"] for e in outcome.events if e.get("event") == "case-done"), default=start - 1)
-        i = in_flight["index"]
-        if outcome.status in ("timeout", "crashed"):
-            if i is None and not any(e.get("event") == "case-start" for e in outcome.events):
-                # died before any case started: loading the entry itself hangs or crashes
-                findings.append(Finding("isolation", outcome.status, f"loading the entry: {outcome.ended()}"))
-                progress.note(f"loading the entry {outcome.status}: {outcome.detail}")
+            outcome = run_task({**job, "task": task, "cases": [c.to_json() for c in cases], "start": start,
+                                "results": results}, device, timeout_s, on_event, env=env, writable=(results,))
+            i = state["in_flight"]
+            if i is not None:  # what the dead child may have begun to write for the case in flight is not read
+                for name in os.listdir(results):
+                    if name.startswith((f"case-{i}.", f"case-{i}-")):
+                        with contextlib.suppress(OSError):
+                            os.unlink(os.path.join(results, name))
+            left = exchange.leftovers(results)
+            if left:
+                run.findings.append(bad_result(f"the worker wrote files no result named: {', '.join(left[:5])}"
+                                               + (" ..." if len(left) > 5 else "")))
+            if outcome.status == "refused":
+                progress.note(f"worker stopped: {state['refused']}")
                 break
-            if i is None:
-                i = last + 1
-            kind = outcome.status if outcome.status == "timeout" else "crashed"
-            msg = f"case {cases[i].name!r}: {outcome.ended()}"
-            findings.append(Finding("isolation", kind, msg, case=cases[i].to_json(), reproduce=repro(cases[i])))
-            done += 1
-            progress.case_done(i, cases[i].name, 0.0, 1)
-            start = i + 1
-        else:  # "restart": the CUDA context was lost after case `last`
-            start = last + 1
-        restarts += 1
-        if restarts > MAX_RESTARTS:
-            progress.note(f"gave up after {restarts} restarts; {len(cases) - start} cases not run")
-            break
-    run.done = done
+            outcome.raise_for_error(task)
+            if outcome.status == "ok":
+                break
+            if outcome.status in ("timeout", "crashed"):
+                if i is None and not any(e.get("event") == "case-start" for e in outcome.events):
+                    # died before any case started: loading the entry itself hangs or crashes
+                    run.findings.append(Finding("isolation", outcome.status, f"loading the entry: {outcome.ended()}"))
+                    progress.note(f"loading the entry {outcome.status}: {outcome.detail}")
+                    explained = True
+                    break
+                if i is None:
+                    i = state["due"]
+                if i >= len(cases):
+                    break
+                kind = outcome.status if outcome.status == "timeout" else "crashed"
+                # the steps of a loop case already judged keep their findings (a stray write, then the crash)
+                partial = read_case.partial(i) if hasattr(read_case, "partial") else []
+                record(i, None, [*partial, Finding("isolation", kind, f"case {cases[i].name!r}: {outcome.ended()}")])
+                start = i + 1
+            else:  # "restart": the CUDA context was lost after the last case reported
+                start = state["due"]
+            restarts += 1
+            if restarts > MAX_RESTARTS:
+                progress.note(f"gave up after {restarts} restarts; {len(cases) - start} cases not run")
+                break
+    finally:
+        shutil.rmtree(results, ignore_errors=True)
+    if not explained:
+        for i, c in enumerate(cases):
+            if i not in got:
+                run.findings.append(bad_result("the worker handed back no result", c, repro))
     return run
 
 
 def dedupe(findings: list[Finding]) -> list[Finding]:
-    """One finding per (check, bug class, location), the first case kept, the others counted."""
+    """One finding per (check, bug class, location; a bad-result per message), the first case kept, the
+    others counted."""
     seen: dict[tuple, Finding] = {}
     extra: dict[tuple, list[str]] = {}
     for f in findings:
-        key = (f.kind, f.check, f.bug_class, (f.location.path, f.location.line) if f.location else None)
+        key = (f.kind, f.check, f.bug_class, (f.location.path, f.location.line) if f.location else None,
+               f.message if f.bug_class == "bad-result" else None)  # each way a report was refused
         if key in seen:
             extra[key].append((f.case or {}).get("name", "?"))
         else:
@@ -238,19 +327,20 @@ def verify(op_name: str, entry: str, raw_params: dict, device: str, *, dtype: st
 
             groups = shard(cases, DYNAMIC_WORKERS[device])
             env = threads_each(len(groups) + (pending is not None))
-            dyn_notices: list[Notice] = []
+            _warm_torch()  # the parent judges every case (verify/judge.py): import torch while the workers start
 
-            def on_notice(ev):  # the same notice from several cases or shards is kept once
-                if ev.get("event") == "notice":
-                    n = Notice.from_json(ev["notice"])
-                    if all(n.message != m.message for m in dyn_notices):
-                        dyn_notices.append(n)
+            def reader():  # one per worker group: its memo (stale-result) and the shapes its cases ran at
+                from kernalin_ci.verify.judge import CaseReader
+
+                return CaseReader(op, params, dom, main_dtype, device, poison=not probe, root=root)
 
             with ThreadPoolExecutor(max_workers=len(groups)) as shards:
                 runs = [shards.submit(run_cases, "verify-dynamic", job, [cases[i] for i in g], device, timeout_s,
-                                      prog.subset(g), repro, on_notice, env=env) for g in groups]
+                                      prog.subset(g), repro, reader(), env=env) for g in groups]
                 parts = [r.result() for r in runs]
-            result.notices += dyn_notices
+            for n in (n for p in parts for n in p.notices):  # the same notice from several cases is kept once
+                if all(n.message != m.message for m in result.notices):
+                    result.notices.append(n)
             order = {c.name: i for i, c in enumerate(cases)}
             found = sorted((f for p in parts for f in p.findings),
                            key=lambda f: order.get((f.case or {}).get("name"), -1))
@@ -274,6 +364,13 @@ def verify(op_name: str, entry: str, raw_params: dict, device: str, *, dtype: st
     result.findings = dedupe(result.findings)
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def _warm_torch() -> None:
+    """Import torch in a thread (a few seconds on a CUDA machine), overlapping the workers' start."""
+    import threading
+
+    threading.Thread(target=lambda: __import__("torch"), daemon=True).start()
 
 
 def _not_checked(op, params: dict, cases: list[Case], refused: list[tuple[str, dict]]) -> list[NotChecked]:
@@ -327,9 +424,9 @@ def verify_pipeline(entries: dict, raw_params: dict, device: str, *, dtype: str 
     result = VerifyResult(op="decode-pipeline", entry=label, device=device)
     prog = Progress(progress, 1, "decode-pipeline")
 
-    def on_event(ev):
-        if ev.get("event") == "step" and (ev["step"] + 1) % 8 == 0:
-            prog.note(f"step {ev['step'] + 1}/{steps}")
+    def on_step(step: int) -> None:
+        if (step + 1) % 8 == 0:
+            prog.note(f"step {step + 1}/{steps}")
 
     def repro(_case):
         parts = ["kernalin-ci", "pipeline"]
@@ -345,8 +442,12 @@ def verify_pipeline(entries: dict, raw_params: dict, device: str, *, dtype: str 
     case = Case("decode-loop", {"steps": steps, "start_lengths": list(_start_lengths())}, dtype, seed)
     job = {"entries": {k: v for k, v in entries.items() if v}, "root": root, "params": params,
            "device": device, "dtype": dtype, "seed": seed, "steps": steps}
+    from kernalin_ci.verify.pipeline import PipelineReader
+
+    _warm_torch()
+    reader = PipelineReader(params, dtype, seed, steps, device, bool(entries.get("rope")), on_step)
     run = run_cases("verify-pipeline", job, [case], device, timeout_s or DEFAULT_TIMEOUT[device],
-                    prog, repro, on_event)
+                    prog, repro, reader)
     result.findings = dedupe(run.findings)
     result.cases_run = run.done
     result.seconds = time.perf_counter() - t0

@@ -5,8 +5,15 @@ from __future__ import annotations
 from kernalin_ci.lazy import torch
 
 from kernalin_ci.findings import Finding
-from kernalin_ci.ops.base import TOLERANCE, Op
+from kernalin_ci.ops.base import TOLERANCE, Expected, Op
 from kernalin_ci.verify.poison import is_canary
+
+
+class NotATensor:
+    """An output the entry returned that is not a tensor (its type's name, as the worker saw it)."""
+
+    def __init__(self, type_name: str):
+        self.type_name = type_name
 
 
 def rows(t: torch.Tensor) -> torch.Tensor:
@@ -20,10 +27,10 @@ def row_errors(actual: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
 
 
 def check_reference(op: Op, case, before: dict, outs: dict, params: dict, memo: dict,
-                    tolerance: float | None = None) -> list[Finding]:
-    """Every output against op.reference(before); explain failures with fingerprints. `tolerance`
-    replaces the dtype's (float32 computed on TF32)."""
-    expected = op.reference(before, params)
+                    tolerance: float | None = None, expected: Expected | None = None) -> list[Finding]:
+    """Every output against op.reference(before) (or `expected`, already computed); explain failures
+    with fingerprints. `tolerance` replaces the dtype's (float32 computed on TF32)."""
+    expected = expected if expected is not None else op.reference(before, params)
     tol = tolerance or expected.tolerance or TOLERANCE.get(case.dtype, TOLERANCE["float32"])
     memo[case.name] = expected
     findings: list[Finding] = []
@@ -32,7 +39,8 @@ def check_reference(op: Op, case, before: dict, outs: dict, params: dict, memo: 
         act = outs.get(name)
         if not isinstance(act, torch.Tensor):
             findings.append(Finding("output-shape", "wrong-output",
-                                    f"output {name!r}: expected a tensor, got {type(act).__name__}"))
+                                    f"output {name!r}: expected a tensor, got "
+                                    f"{getattr(act, 'type_name', type(act).__name__)}"))
             continue
         if tuple(act.shape) != tuple(exp.shape):
             findings.append(Finding("output-shape", "wrong-output",

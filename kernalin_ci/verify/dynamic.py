@@ -1,29 +1,27 @@
-"""Dynamic checks: launch the entry on each case, inside the worker child process.
+"""Dynamic checks, the worker's half: launch the entry on each case and hand back what it produced.
 
-Per case: fresh inputs (own seed), tensors moved into canary-guarded buffers,
-a snapshot of every input, the call (with poisoned allocations), then the
-checks: out-of-bounds writes into the guards, inputs the contract does not let
-the entry write, and the op's own output check (float64 reference, properties,
-or the whole-cache diff of kv_append). The reference is computed after the call.
+Per case: fresh inputs (own seed), tensors moved into canary-guarded buffers, the call (with poisoned
+allocations), then the raw result (verify/exchange.py): the outputs, every input as the call left
+it, the guards, all moved to the CPU and written to a file the parent named. Nothing is judged here:
+the parent, which never imports the PR's code, builds the inputs again from the same seeds and
+computes every finding (verify/judge.py). The child cannot say "pass"; it can only hand back tensors.
 """
 from __future__ import annotations
 
-import os
 import re
 import time
 from contextlib import nullcontext
 
 import torch
 
-from kernalin_ci.findings import Finding, Notice
-from kernalin_ci.ops.base import Case, Op
-from kernalin_ci.verify.compare import check_reference
+from kernalin_ci.ops.base import Case, Expected, Op
+from kernalin_ci.verify import exchange
+from kernalin_ci.verify.exchange import GUARD, plain, snapshot, sparse_rows
 from kernalin_ci.verify.interp import skip_self_copy
 from kernalin_ci.verify.interp_bf16 import faithful_bf16, take_unfaithful
-from kernalin_ci.verify.poison import bits, fill_canary, is_canary, poisoned_allocations, prime_cuda_allocator
-from kernalin_ci.verify.precision import TF32_TOLERANCE, recorded_launches, tf32_locations, where
+from kernalin_ci.verify.poison import fill_canary, poisoned_allocations, prime_cuda_allocator
+from kernalin_ci.verify.precision import launched_ttir, recorded_launches
 
-GUARD = 16384  # canary elements before and after every input tensor
 CUDA_ERROR = re.compile(r"CUDA error|illegal memory access|unspecified launch failure|misaligned address|"
                         r"device-side assert|AcceleratorError|cudaErrorIllegalAddress", re.I)
 
@@ -34,7 +32,7 @@ class CudaContextLost(Exception):
 
 class EntryRaised(Exception):
     """The entry raised: an `entry-error` finding, or a shape outside the kernel's domain
-    (kernalin_ci.verify.support decides which)."""
+    (kernalin_ci.verify.support decides which to report; the parent checks that claim)."""
 
 
 def guard_inputs(kw: dict, skip: set) -> tuple[dict, dict]:
@@ -52,48 +50,35 @@ def guard_inputs(kw: dict, skip: set) -> tuple[dict, dict]:
     return out, guards
 
 
-def _guard_findings(op: Op, guards: dict, before: dict) -> list[Finding]:
-    found = []
-    for name, flat in guards.items():
-        for side, part in (("before", flat[:GUARD]), ("after", flat[-GUARD:])):
-            hit = ~is_canary(part) if part.dtype.is_floating_point else part != fill_canary(part.clone())
-            if bool(hit.any()):
-                n = int(hit.sum())
-                cls = "stray-write"
-                cls = op.guard_class(name, side, before) or cls
-                found.append(Finding("out-of-bounds-write", cls,
-                                     f"{n} elements written just {side} {name!r} (outside the tensor)"))
-    return found
-
-
-def snapshot(kw: dict, skip: set) -> dict:
-    return {k: (v.clone() if isinstance(v, torch.Tensor) and k not in skip else v)
-            for k, v in kw.items()} | {k: None for k in skip}
-
-
 def sync(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
 
 
-def run_case(op: Op, fn, case: Case, params: dict, device: str, memo: dict, poison: bool = True,
-             notices: list | None = None) -> list[Finding]:
+def run_case(op: Op, fn, case: Case, params: dict, device: str, poison: bool = True, hand_back=None) -> dict | int:
+    """One call of the entry on `case`; its raw result (verify/exchange.py), judged by the parent. For an
+    op that drives its own loop of calls (Op.drive: decode_step), each call's raw result goes to
+    `hand_back` as a part, and the number of parts is returned."""
     try:
-        own = op.drive(fn, case, params, device, poison)
-    except Exception as e:  # the user's kernel: any exception is a finding
+        parts = op.drive(fn, case, params, device, poison, hand_back)
+    except Exception as e:  # the user's kernel: any exception is its error
         msg = " ".join(str(e).split())[:400]
         if device == "cuda" and CUDA_ERROR.search(f"{type(e).__name__} {msg}"):
             raise CudaContextLost(f"{type(e).__name__}: {msg}") from None
         raise EntryRaised(f"{type(e).__name__}: {msg}") from None
-    if own is not None:
-        return own
+    if parts is not None:
+        return parts
     kw = op.inputs(case, params, device, poison)
     writable = set(op.written_names(params))
     lazy = writable if "huge" in case.tags else set()
     guards = {}
     if poison:
         kw, guards = guard_inputs(kw, skip=lazy)
-    before = snapshot(kw, skip=lazy)
+    raw: dict = {}
+    if op.user_code:  # the user's inputs and reference: the parent cannot run them (verify/judge.py)
+        before = snapshot(kw, skip=lazy)
+        raw["before"] = {k: (plain(v) if isinstance(v, torch.Tensor) else v) for k, v in before.items()
+                         if isinstance(v, (torch.Tensor, int, float, bool, str)) or v is None}
     if poison and device == "cuda":
         prime_cuda_allocator()
     launched = None
@@ -102,40 +87,44 @@ def run_case(op: Op, fn, case: Case, params: dict, device: str, memo: dict, pois
                 recorded_launches() if device == "cuda" else nullcontext() as launched:
             ret = fn(**kw)
         sync(device)
-    except Exception as e:  # the user's kernel: any exception is a finding
+    except Exception as e:  # the user's kernel: any exception is its error
         msg = " ".join(str(e).split())[:400]
         if device == "cuda" and CUDA_ERROR.search(f"{type(e).__name__} {msg}"):
             raise CudaContextLost(f"{type(e).__name__}: {msg}") from None
         raise EntryRaised(f"{type(e).__name__}: {msg}") from None
-
-    findings = _guard_findings(op, guards, before)
-    for name, old in before.items():
-        if name in writable or not isinstance(old, torch.Tensor):
-            continue
-        changed = bits(kw[name]) != bits(old)
-        if bool(changed.any()):
-            findings.append(Finding("inputs-unchanged", "input-modified",
-                                    f"{name}: {int(changed.sum())} of {old.numel()} elements changed by the call "
-                                    f"(the contract does not let the entry write it)"))
+    raw["inputs"] = {k: plain(v) for k, v in kw.items() if isinstance(v, torch.Tensor) and k not in lazy}
+    raw["sparse"] = {k: sparse_rows(v) for k, v in kw.items() if isinstance(v, torch.Tensor) and k in lazy}
+    raw["guards"] = {k: [plain(flat[:GUARD]), plain(flat[-GUARD:])] for k, flat in guards.items()}
+    if launched:
+        raw["ttir"] = launched_ttir(launched)
     try:
         outs = op.outputs(ret, kw)
     except TypeError as e:
-        return findings + [Finding("output-shape", "wrong-output", str(e))]
-    cpu_before = {k: (v.cpu() if isinstance(v, torch.Tensor) and v.numel() < (1 << 28) else v)
-                  for k, v in before.items()}
-    if op.exact:
-        findings += op.check(case, before, kw, outs, params)
-    else:
-        tolerance = None
-        tf32 = tf32_locations(launched) if case.dtype == "float32" else []
-        if tf32:
-            tolerance = TF32_TOLERANCE
-            if notices is not None:
-                notices.append(Notice("tf32", f"float32 judged at TF32 tolerance ({TF32_TOLERANCE:g}): tl.dot input "
-                                              f"precision tf32 at {where(tf32[0])}", tf32[0], kind="dynamic"))
-        findings += check_reference(op, case, cpu_before, outs, params, memo, tolerance)
-        findings += op.properties(case, cpu_before, outs, params)
-    return findings
+        raw["outputs_error"] = str(e)
+        return raw
+    raw["outputs"], raw["output_aliases"], raw["output_types"] = {}, {}, {}
+    for name, t in outs.items():
+        if not isinstance(t, torch.Tensor):
+            raw["output_types"][name] = type(t).__name__
+            continue
+        src = next((k for k, v in kw.items() if isinstance(v, torch.Tensor) and _same(v, t)), None)
+        if src is not None:
+            raw["output_aliases"][name] = src
+        else:
+            raw["outputs"][name] = plain(t)
+    if op.user_code:
+        cpu_before = {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in before.items()}
+        expected: Expected = op.reference(cpu_before, params)
+        raw["expected"] = {k: plain(v) for k, v in expected.tensors.items()}
+        raw["row_slack"] = {k: plain(v) for k, v in expected.row_slack.items()}
+        raw["tolerance"] = expected.tolerance
+    return raw
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """b is a (view equal to) input a: the output is that input, written in place."""
+    return a is b or (a.device == b.device and a.data_ptr() == b.data_ptr() and a.dtype == b.dtype
+                      and a.shape == b.shape and a.stride() == b.stride())
 
 
 def launch(op, fn, case: Case, params: dict, device: str) -> None:
@@ -154,7 +143,7 @@ def launch(op, fn, case: Case, params: dict, device: str) -> None:
 class Interpreter:
     """On the CPU: makes the Triton interpreter compute bfloat16 on values, and says which cases it
     still cannot run faithfully. Those are not checked (never a finding): their case-done event
-    carries `not_checked` {"reason": "interpreter", "error": why} and `skipped` "interpreter: why"."""
+    carries `not_checked` {"reason": "interpreter", "error": why} (the parent accepts it on the CPU only)."""
 
     def __init__(self, cpu: bool):
         self.cpu = cpu
@@ -173,22 +162,22 @@ class Interpreter:
     def _fields(why: str | None) -> dict:
         if not why:
             return {}
-        return {"skipped": f"interpreter: {why}", "not_checked": {"reason": "interpreter", "error": why}}
+        return {"not_checked": {"reason": "interpreter", "error": why}}
 
 
 def run_job(job: dict, emit) -> None:
-    """Worker task 'verify-dynamic': run cases[start:] and emit one event per case."""
+    """Worker task 'verify-dynamic': run cases[start:]; per case a raw result file and one event."""
     from kernalin_ci.domain import Domain
     from kernalin_ci.entry import load_entry
     from kernalin_ci.ops import get_op
+    from kernalin_ci.verify.pipeline import hand_back_parts
     from kernalin_ci.verify.support import Support
 
     op = get_op(job["op"], root=job.get("root"))
     fn = load_entry(job["entry"], job.get("root"))
     cases = [Case.from_json(c) for c in job["cases"]]
-    memo: dict = {}
     lazy_ok = job["device"] != "cpu" or skip_self_copy()
-    device, params = job["device"], job["params"]
+    device, params, results = job["device"], job["params"], job["results"]
     main_dtype = job.get("main_dtype") or (cases[0].dtype if cases else "float32")
     support = Support(op, params, Domain.from_json(job.get("domain")), main_dtype,
                       lambda c, p: launch(op, fn, c, p, device),
@@ -199,31 +188,33 @@ def run_job(job: dict, emit) -> None:
         emit({"event": "case-start", "index": i})
         t0 = time.perf_counter()
         if "huge" in case.tags and not lazy_ok:
-            emit({"event": "case-done", "index": i, "seconds": 0.0, "findings": [],
+            emit({"event": "case-done", "index": i, "seconds": 0.0, "status": "not-run",
                   "not_checked": {"reason": "interpreter", "error": "this Triton interpreter would make the "
                                                                     "2^31-element buffers resident"}})
             continue
         unfaithful = interp.cannot_run(case.dtype)
         if unfaithful:
-            emit({"event": "case-done", "index": i, "seconds": 0.0, "findings": [], **unfaithful})
+            emit({"event": "case-done", "index": i, "seconds": 0.0, "status": "not-run", **unfaithful})
             continue
-        notices: list = []
         try:
-            outcome = support.run(case, lambda c, p: run_case(op, fn, c, p, device, memo,
-                                                              poison=job.get("poison", True), notices=notices))
+            outcome = support.run(case, lambda c, p: run_case(op, fn, c, p, device, poison=job.get("poison", True),
+                                                               hand_back=hand_back_parts(emit, results, i)))
         except CudaContextLost as e:
-            emit({"event": "case-done", "index": i, "seconds": time.perf_counter() - t0,
-                  "findings": [Finding("call", "cuda-error", str(e)).to_json()]})
+            emit({"event": "case-done", "index": i, "seconds": time.perf_counter() - t0, "status": "cuda-error",
+                  "error": str(e)})
             emit({"event": "restart", "reason": "CUDA context lost"})
             return
-        base = os.path.realpath(job.get("root") or os.getcwd()) + os.sep
-        for n in notices:
-            if n.location and os.path.realpath(n.location.path).startswith(base):
-                rel = os.path.realpath(n.location.path)[len(base):]
-                n.message = n.message.replace(n.location.path, rel)
-                n.location.path = rel
-            emit({"event": "notice", "index": i, "notice": n.to_json()})
         unfaithful = interp.after_case()  # then the case is not checked, whatever it showed
-        found = [] if unfaithful else [f.to_json() for f in outcome.findings]
-        emit({"event": "case-done", "index": i, "seconds": time.perf_counter() - t0, "findings": found,
-              **(unfaithful or outcome.event_fields())})
+        ev = {"event": "case-done", "index": i, "seconds": time.perf_counter() - t0}
+        if unfaithful:
+            ev.update(status="not-run", **unfaithful)
+        elif outcome.error is not None:
+            ev.update(status="raised", error=outcome.error, **outcome.event_fields())
+        elif isinstance(outcome.result, int):  # handed back in parts (Op.drive)
+            ev.update(status="ok", **outcome.event_fields())
+        elif outcome.result is not None:
+            ev.update(status="ok", file=exchange.save(results, exchange.file_name(i), outcome.result),
+                      **outcome.event_fields())
+        else:
+            ev.update(status="not-run", **outcome.event_fields())
+        emit(ev)

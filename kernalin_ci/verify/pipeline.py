@@ -2,9 +2,14 @@
 outputs and the whole caches compared with an independent float64 reference after every step.
 
 One loop serves two ways of doing a step:
-- the decode pipeline check: rope -> kv_append -> attention.decode_paged, three entries
-  (`run_pipeline`), where each member's own output is also checked inside the step;
-- the `decode_step` op: one entry that does the whole step, fused or not (`run_decode_step`).
+- the decode pipeline check: rope -> kv_append -> attention.decode_paged, three entries, where each
+  member's own output is also checked inside the step;
+- the `decode_step` op: one entry that does the whole step, fused or not.
+
+The loop is split across the two processes. In the worker (`drive_loop`, which runs the PR's code)
+each step's entries run and what they produced (outputs, both whole caches) is handed back raw, one
+part file per step (verify/exchange.py); nothing is judged there. In the parent (`LoopJudge`, read
+through `LoopReader`) the same steps are drawn again from the seed and every finding is computed.
 
 This is where a stray KV write that heals itself a step later, or surfaces in
 another sequence's block many steps on, is caught: nothing in either cache may
@@ -18,14 +23,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import torch
+from kernalin_ci.lazy import torch
 
 from kernalin_ci.findings import Finding
 from kernalin_ci.ops import attention_common as ac
 from kernalin_ci.ops import paged
 from kernalin_ci.ops.base import TOLERANCE, generator, randn, torch_dtype
 from kernalin_ci.ops.rope import rotate
+from kernalin_ci.verify import exchange
 from kernalin_ci.verify.compare import row_errors
+from kernalin_ci.verify.exchange import BadResult, plain
 from kernalin_ci.verify.poison import bits, fill_canary, is_canary
 
 ROLES = ("kv_append", "attention.decode_paged", "rope")
@@ -184,62 +191,116 @@ def _holds(got: torch.Tensor, want: torch.Tensor, exact: bool, tol: float) -> bo
     return bool((err <= tol).all())
 
 
-def decode_loop(s: dict[str, Any], do_step: Callable[[Step], StepResult], dtype: str, steps: int,
-                emit: Callable[[dict[str, Any]], None], rope: dict[str, Any] | None, padding: int = 0,
-                fingerprints: bool = False, check: str = "pipeline") -> list[Finding]:
-    """Run `steps` steps; the first divergence is the finding, with its step. `rope`: the rope params
-    (style, base, rotary_dim) when q and k are rotated in the step; None: they are not. `check`: the
-    prefix of the findings' check names."""
-    sh: LoopShape = s["shape"]
-    Hq, Hkv = sh.Hq, sh.Hkv
-    tol = 2 * TOLERANCE[dtype]  # rounded rotated keys enter the cache: errors compound once
+# --------------------------------------------------------------------------- the worker's half
+
+def drive_loop(s: dict[str, Any], run_step: Callable[[Step], dict[str, Any]], dtype: str, steps: int,
+               hand_back: Callable[[int, dict[str, Any], float], None], padding: int = 0) -> int:
+    """In the worker: run `steps` steps; `run_step` calls the entries and returns what they produced (CPU
+    tensors, the caches after the step as `k_cache`, `v_cache`), which `hand_back(step, raw, seconds)`
+    writes out. Nothing is judged here. An entry that raises ends the loop (the exception goes up).
+    Returns the number of steps handed back."""
     for index in range(steps):
         t0 = time.perf_counter()
         st = next_step(s, index, dtype, padding)
+        raw = run_step(st)
+        s["lens"] = list(st.kv_lens)
+        hand_back(index, raw, time.perf_counter() - t0)
+    return steps
+
+
+def raw_out(out: Any) -> Any:
+    """The step's output as handed back: a CPU tensor, or the name of what came back instead."""
+    return plain(out) if isinstance(out, torch.Tensor) else type(out).__name__
+
+
+def hand_back_parts(emit: Callable[[dict[str, Any]], None], results: str, index: int) \
+        -> Callable[[int, dict[str, Any], float], None]:
+    """A step's raw result as part file `case-<index>-<step>.pt` and a `case-part` event naming it."""
+    def hand_back(step: int, raw: dict[str, Any], seconds: float) -> None:
+        emit({"event": "case-part", "index": index, "part": step, "seconds": seconds,
+              "file": exchange.save(results, exchange.part_name(index, step), raw)})
+    return hand_back
+
+
+# --------------------------------------------------------------------------- the parent's half
+
+StepCheck = Callable[[Step, dict[str, Any], dict[str, Any]], StepResult]
+
+
+class LoopJudge:
+    """In the parent: draws each step's inputs again from the seed (on the CPU), keeps the float64
+    history and the caches as the worker's last step left them, and judges one step's raw result.
+    `step_check(step, raw, state)`: the way of doing a step's own checks (findings that end the loop
+    early) and what its caches must hold. `keys`: the tensors a step hands back. `rope`: the rope params
+    when q and k are rotated in the step. `check`: the prefix of the findings' check names."""
+
+    def __init__(self, shape: LoopShape, dtype: str, seed: int, steps: int, step_check: StepCheck,
+                 keys: set[str], rope: dict[str, Any] | None, padding: int = 0, fingerprints: bool = False,
+                 check: str = "pipeline"):
+        self.shape, self.dtype, self.seed, self.steps = shape, dtype, seed, steps
+        self.step_check, self.rope, self.padding = step_check, rope, padding
+        self.keys = keys | {"k_cache", "v_cache", "out"}
+        self.fingerprints, self.check = fingerprints, check
+        self.s: dict[str, Any] = {}  # init_state on the CPU, made at the first step (torch is imported by then)
+
+    def step(self, index: int, raw: dict[str, Any]) -> list[Finding]:
+        """The findings of step `index` (which must be the next one); BadResult for a result not of it."""
+        if not self.s:
+            self.s = init_state(self.shape, self.dtype, "cpu", self.seed, self.steps)
+        s, sh = self.s, self.shape
+        if set(raw) != self.keys or not all(isinstance(t, torch.Tensor) for k, t in raw.items() if k != "out") \
+                or not isinstance(raw["out"], (torch.Tensor, str)):
+            raise BadResult(f"step {index}: handed back {sorted(map(str, raw))}, expected {sorted(self.keys)}")
+        for name in ("k_cache", "v_cache"):
+            exchange.like(f"step {index} {name}", raw[name], s[name])
+        tol = 2 * TOLERANCE[self.dtype]  # rounded rotated keys enter the cache: errors compound once
+        st = next_step(s, index, self.dtype, self.padding)
         B = len(s["lens"])
+        rope = self.rope
         q_ref, k_ref = st.q[:B].to(torch.float64), st.k[:B].to(torch.float64)
         if rope is not None:
             pos = torch.tensor(st.positions[:B], dtype=torch.int64)
             r = rope.get("rotary_dim") or sh.D
             q_ref = rotate(st.q[:B], pos, rope["style"], rope["base"], r)
             k_ref = rotate(st.k[:B], pos, rope["style"], rope["base"], r)
-        kb, vb = s["k_cache"].clone(), s["v_cache"].clone()
-        res = do_step(st)
+        kb, vb = s["k_cache"], s["v_cache"]
+        res = self.step_check(st, raw, s)
         if res.findings:
             return res.findings
-        _sync(s["k_cache"].device.type)
         found = []
-        for name, before, after, want in (("k_cache", kb, s["k_cache"], res.k_rows),
-                                          ("v_cache", vb, s["v_cache"], res.v_rows)):
+        for name, before, after, want in (("k_cache", kb, raw["k_cache"], res.k_rows),
+                                          ("v_cache", vb, raw["v_cache"], res.v_rows)):
             assert want is not None
             found += _cache_diff(name, paged.nhd(before, sh.layout), paged.nhd(after, sh.layout), st.slots, want,
-                                 index, s, tol, f"{check}-cache")
+                                 index, s, tol, f"{self.check}-cache")
         if found:
             return found
+        s["k_cache"], s["v_cache"] = raw["k_cache"], raw["v_cache"]  # the next step starts from them
         old_k, old_v = [x.clone() for x in s["ref_k"]], [x.clone() for x in s["ref_v"]]
         for b in range(B):
             s["ref_k"][b] = torch.cat([s["ref_k"][b], k_ref[b][:, None, :]], dim=1)
             s["ref_v"][b] = torch.cat([s["ref_v"][b], st.v[b].to(torch.float64)[:, None, :]], dim=1)
         s["lens"] = list(st.kv_lens)
-        hmap = ac.head_map(Hq, Hkv)
+        hmap = ac.head_map(sh.Hq, sh.Hkv)
         want_out = ac.attend(q_ref, s["ref_k"], s["ref_v"], s["scale"], hmap)
         out = res.out
+        check = self.check
         if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(want_out.shape):
-            got_shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            got_shape = tuple(out.shape) if isinstance(out, torch.Tensor) else str(out)[:40]
             return [Finding(f"{check}-attention", "wrong-output",
                             f"step {index}: the output is {got_shape}, expected {tuple(want_out.shape)}")]
         if bool(is_canary(out).any()):
             return [Finding(f"{check}-attention", "unwritten-output", f"step {index}: attention output not written")]
-        got = out.detach().to("cpu", torch.float64)
+        got = out.to(torch.float64)
         err = row_errors(got, want_out)
         if not bool((err <= tol).all()):
             row = int(err.nan_to_num(float("inf")).argmax())
-            b, h = divmod(row, Hq)
+            b, h = divmod(row, sh.Hq)
             cls, why = "wrong-output", ""
             finite_ref = bool(torch.isfinite(want_out).all())
             if finite_ref and not bool(torch.isfinite(got).all()):
                 cls = "non-finite"
-            if fingerprints:
+            if self.fingerprints:
                 bad = ~(err <= tol)
                 for fp_cls, alt in _output_fingerprints(s, st, q_ref, k_ref, old_k, old_v, kb, vb, hmap, rope):
                     if bool((row_errors(got, alt)[bad] <= tol).all()):
@@ -248,8 +309,47 @@ def decode_loop(s: dict[str, Any], do_step: Callable[[Step], StepResult], dtype:
             return [Finding(f"{check}-attention", cls,
                             f"step {index}: attention output off the reference at b={b} h={h} (kv_len="
                             f"{s['lens'][b]}): relative error {float(err[row]):.3g}, tolerance {tol:g}{why}")]
-        emit({"event": "step", "step": index, "seconds": time.perf_counter() - t0})
-    return []
+        return []
+
+
+class LoopReader:
+    """In the parent: reads a loop case handed back in parts (one per step, in order) and judges each as
+    it arrives with its LoopJudge; the first failing step is the finding (later parts are read, not
+    judged). `finish` accepts the end of the case only when every step was handed back."""
+
+    def __init__(self, judge: LoopJudge, on_step: Callable[[int], None] | None = None):
+        self.judge, self.on_step = judge, on_step
+        self.step = 0
+        self.found: list[Finding] = []
+
+    def part(self, index: int, ev: dict[str, Any], results: str) -> None:
+        step = self.step
+        if ev.get("part") != step:
+            raise BadResult(f"step {str(ev.get('part'))[:20]} handed back where step {step} was due")
+        if step >= self.judge.steps:
+            raise BadResult(f"step {step} handed back; the loop has {self.judge.steps} steps")
+        raw = exchange.load(results, exchange.part_name(index, step), ev.get("file"))
+        if not isinstance(raw, dict):
+            raise BadResult(f"step {step}: not a raw result")
+        self.step += 1
+        if not self.found:
+            try:
+                self.found = self.judge.step(step, raw)
+            except BadResult:
+                raise
+            except Exception as e:  # a result the comparison cannot use: never a pass
+                raise BadResult(f"step {step}: the result cannot be compared ({type(e).__name__}: "
+                                f"{' '.join(str(e).split())[:200]})") from None
+        if self.on_step:
+            self.on_step(step)
+
+    def finish(self) -> list[Finding]:
+        """The case's findings once the worker says the loop ended cleanly."""
+        if self.found:
+            return self.found
+        if self.step != self.judge.steps:
+            raise BadResult(f"the loop ended after {self.step} of {self.judge.steps} steps")
+        return []
 
 
 def _output_fingerprints(s: dict[str, Any], st: Step, q_ref: torch.Tensor, k_ref: torch.Tensor,
@@ -284,69 +384,150 @@ def _output_fingerprints(s: dict[str, Any], st: Step, q_ref: torch.Tensor, k_ref
 
 # --------------------------------------------------------------------------- the decode pipeline check
 
-def run_pipeline(fns: dict, params: dict, dtype: str, device: str, seed: int, steps: int, emit) -> list[Finding]:
-    shape = LoopShape(params.get("num_q_heads") or 4, params.get("num_kv_heads") or 2, params.get("head_dim") or 64,
-                      list(START_LENGTHS), params["block_size"], paged.layout_of(params))
-    s = init_state(shape, dtype, device, seed, steps)
-    tol = 2 * TOLERANCE[dtype]
-    rope_fn = fns.get("rope")
-    rope = {k: params.get(k) for k in ("style", "base", "rotary_dim")} if rope_fn is not None else None
+def _pipeline_shape(params: dict[str, Any]) -> LoopShape:
+    return LoopShape(params.get("num_q_heads") or 4, params.get("num_kv_heads") or 2, params.get("head_dim") or 64,
+                     list(START_LENGTHS), params["block_size"], paged.layout_of(params))
 
-    def do_step(st: Step) -> StepResult:
-        # B decode tokens plus one padding token (slot -1) that must change nothing
+
+def _rope_params(params: dict[str, Any]) -> dict[str, Any]:
+    return {k: params.get(k) for k in ("style", "base", "rotary_dim")}
+
+
+def drive_pipeline(fns: dict, params: dict, dtype: str, device: str, seed: int, steps: int, hand_back) -> int:
+    """In the worker: each step, B decode tokens plus one padding token (slot -1) that must change
+    nothing, through rope (when given), kv_append and attention; handed back: the rope outputs, both
+    caches after kv_append and after attention, the attention output."""
+    s = init_state(_pipeline_shape(params), dtype, device, seed, steps)
+    rope_fn = fns.get("rope")
+
+    def run_step(st: Step) -> dict[str, Any]:
         B = len(st.kv_lens)
+        raw: dict[str, Any] = {}
         q_in, k_in = st.q.to(device), st.k.to(device)
         if rope_fn is not None:
             pos = torch.tensor(st.positions, dtype=torch.int64)
             q_in, k_in = rope_fn(q=q_in, k=k_in, positions=pos.to(device))
             _sync(device)
-            r = params.get("rotary_dim") or shape.D
-            for name, got, src in (("q", q_in, st.q), ("k", k_in, st.k)):
-                err = row_errors(got.detach().to("cpu", torch.float64),
-                                 rotate(src, pos, params["style"], params["base"], r))
+            raw["q"], raw["k"] = plain(q_in), plain(k_in)
+        fns["kv_append"](key=k_in, value=st.v.to(device), k_cache=s["k_cache"], v_cache=s["v_cache"],
+                         slot_mapping=torch.tensor(st.slots, dtype=torch.int64, device=device))
+        _sync(device)
+        # copies: on the CPU plain() keeps the live cache, which attention could still change
+        raw["k_cache_append"], raw["v_cache_append"] = plain(s["k_cache"].clone()), plain(s["v_cache"].clone())
+        out = fns["attention.decode_paged"](
+            q=q_in[:B], k_cache=s["k_cache"], v_cache=s["v_cache"], block_tables=s["tables"],
+            kv_lens=torch.tensor(st.kv_lens, dtype=torch.int32, device=device), scale=s["scale"])
+        _sync(device)
+        raw["k_cache"], raw["v_cache"], raw["out"] = plain(s["k_cache"]), plain(s["v_cache"]), raw_out(out)
+        return raw
+
+    return drive_loop(s, run_step, dtype, steps, hand_back, padding=1)
+
+
+def pipeline_judge(params: dict, dtype: str, seed: int, steps: int, rope: bool) -> LoopJudge:
+    """In the parent: the pipeline's steps judged (each member's own output inside the step)."""
+    tol = 2 * TOLERANCE[dtype]
+    shape = _pipeline_shape(params)
+    rp = _rope_params(params) if rope else None
+
+    def step_check(st: Step, raw: dict[str, Any], s: dict[str, Any]) -> StepResult:
+        k_in = st.k
+        if rp is not None:
+            pos = torch.tensor(st.positions, dtype=torch.int64)
+            r = rp.get("rotary_dim") or shape.D
+            for name, src in (("q", st.q), ("k", st.k)):
+                if tuple(raw[name].shape) != tuple(src.shape):
+                    raise BadResult(f"step {st.index}: rope {name} of shape {tuple(raw[name].shape)}, "
+                                    f"expected {tuple(src.shape)}")
+                err = row_errors(raw[name].to(torch.float64), rotate(src, pos, rp["style"], rp["base"], r))
                 if not bool((err <= tol).all()):
                     return StepResult([Finding("pipeline-rope", "wrong-output",
                                                f"step {st.index}: rope {name} off the reference (worst relative "
                                                f"error {float(err.nan_to_num(float('inf')).max()):.3g}, tolerance "
                                                f"{tol:g})")])
-        fns["kv_append"](key=k_in, value=st.v.to(device), k_cache=s["k_cache"], v_cache=s["v_cache"],
-                         slot_mapping=torch.tensor(st.slots, dtype=torch.int64, device=device))
-        _sync(device)
-        kb, vb = s["k_cache"].clone(), s["v_cache"].clone()
-        out = fns["attention.decode_paged"](
-            q=q_in[:B], k_cache=s["k_cache"], v_cache=s["v_cache"], block_tables=s["tables"],
-            kv_lens=torch.tensor(st.kv_lens, dtype=torch.int32, device=device), scale=s["scale"])
-        _sync(device)
-        for name, before, after in (("k_cache", kb, s["k_cache"]), ("v_cache", vb, s["v_cache"])):
-            if bool((bits(after) != bits(before)).any()):
+            k_in = raw["k"]
+        for name in ("k_cache", "v_cache"):
+            exchange.like(f"step {st.index} {name}_append", raw[f"{name}_append"], s[name])
+            if bool((bits(raw[name]) != bits(raw[f"{name}_append"])).any()):
                 return StepResult([Finding("pipeline-attention", "input-modified",
                                            f"step {st.index}: the attention entry changed {name}")])
-        return StepResult([], out, Written(k_in.detach(), exact=True), Written(st.v, exact=True))
+        # the cache diff (LoopJudge) is of the caches after the whole step: attention changed neither
+        return StepResult([], raw["out"], Written(k_in, exact=True), Written(st.v, exact=True))
 
-    return decode_loop(s, do_step, dtype, steps, emit, rope, padding=1)
+    keys = {"k_cache_append", "v_cache_append"} | ({"q", "k"} if rope else set())
+    return LoopJudge(shape, dtype, seed, steps, step_check, keys, rp, padding=1)
+
+
+class PipelineReader:
+    """The pipeline's reader for run_cases: its one case, handed back in parts (LoopReader)."""
+
+    def __init__(self, params: dict, dtype: str, seed: int, steps: int, device: str, rope: bool, on_step=None):
+        self.device = device
+        self.loop = LoopReader(pipeline_judge(params, dtype, seed, steps, rope), on_step)
+
+    def part(self, index: int, case, ev: dict, results: str) -> None:
+        self.loop.part(index, ev, results)
+
+    def partial(self, index: int) -> list[Finding]:
+        return list(self.loop.found)
+
+    def __call__(self, index: int, case, ev: dict, results: str):
+        from kernalin_ci.verify.judge import CaseResult, _text
+
+        status = ev.get("status")
+        if status == "not-run" and isinstance(ev.get("not_checked"), dict) and self.loop.step == 0:
+            nc = ev["not_checked"]
+            if nc.get("reason") != "interpreter" or self.device != "cpu":
+                raise BadResult(f"'not checked ({_text(nc.get('reason'))[:20]})' claimed on {self.device}")
+            return CaseResult(None, [], [], {"reason": "interpreter", "error": _text(nc.get("error"))})
+        if self.loop.found:
+            return CaseResult(case, self.loop.found)
+        if status == "raised":
+            return CaseResult(case, [Finding("pipeline", "entry-error", f"an entry raised {_text(ev.get('error'))}")])
+        if status == "ok":
+            return CaseResult(case, self.loop.finish())
+        raise BadResult(f"the pipeline ended after {self.loop.step} of {self.loop.judge.steps} steps "
+                        f"(status {_text(status)[:40]!r})")
 
 
 # --------------------------------------------------------------------------- the decode_step op
 
-def run_decode_step(fn: Callable[..., Any], shape: LoopShape, params: dict[str, Any], dtype: str, device: str,
-                    seed: int, steps: int, emit: Callable[[dict[str, Any]], None]) -> list[Finding]:
-    """The `decode_step` op's dynamic check: one entry does the whole step; q, k, v must stay unchanged."""
-    s = init_state(shape, dtype, device, seed, steps)
-    rope = {k: params.get(k) for k in ("style", "base", "rotary_dim")}
-    r = params.get("rotary_dim") or shape.D
+DECODE_STEP_INPUTS = ("q", "k", "v", "positions", "slot_mapping", "block_tables", "kv_lens")
 
-    def do_step(st: Step) -> StepResult:
+
+def drive_decode_step(fn: Callable[..., Any], shape: LoopShape, dtype: str, device: str, seed: int, steps: int,
+                      hand_back: Callable[[int, dict[str, Any], float], None]) -> int:
+    """In the worker: the `decode_step` op's loop, one entry doing the whole step; handed back: its
+    inputs as the call left them, both caches, the output."""
+    s = init_state(shape, dtype, device, seed, steps)
+
+    def run_step(st: Step) -> dict[str, Any]:
         pos = torch.tensor(st.positions, dtype=torch.int64)
         kw = {"q": st.q.to(device), "k": st.k.to(device), "v": st.v.to(device), "positions": pos.to(device),
               "k_cache": s["k_cache"], "v_cache": s["v_cache"],
               "slot_mapping": torch.tensor(st.slots, dtype=torch.int64, device=device),
               "block_tables": s["tables"], "kv_lens": torch.tensor(st.kv_lens, dtype=torch.int32, device=device),
               "scale": s["scale"]}
-        keep = {n: kw[n].clone() for n in ("q", "k", "v", "positions", "slot_mapping", "block_tables", "kv_lens")}
         out = fn(**kw)
         _sync(device)
-        for n, old in keep.items():
-            if bool((bits(kw[n]) != bits(old)).any()):
+        return {**{n: plain(kw[n]) for n in (*DECODE_STEP_INPUTS, "k_cache", "v_cache")}, "out": raw_out(out)}
+
+    return drive_loop(s, run_step, dtype, steps, hand_back)
+
+
+def decode_step_judge(shape: LoopShape, params: dict[str, Any], dtype: str, seed: int, steps: int) -> LoopJudge:
+    """In the parent: the `decode_step` op's steps judged; q, k, v and the index tensors must stay unchanged."""
+    rope = _rope_params(params)
+    r = params.get("rotary_dim") or shape.D
+
+    def step_check(st: Step, raw: dict[str, Any], s: dict[str, Any]) -> StepResult:
+        pos = torch.tensor(st.positions, dtype=torch.int64)
+        given = {"q": st.q, "k": st.k, "v": st.v, "positions": pos,
+                 "slot_mapping": torch.tensor(st.slots, dtype=torch.int64), "block_tables": s["tables_cpu"],
+                 "kv_lens": torch.tensor(st.kv_lens, dtype=torch.int32)}
+        for n, old in given.items():
+            exchange.like(f"step {st.index} {n}", raw[n], old)
+            if bool((bits(raw[n]) != bits(old)).any()):
                 return StepResult([Finding("decode-step-inputs", "input-modified",
                                            f"step {st.index}: the entry changed {n} (the contract does not let it "
                                            f"write it)")])
@@ -354,9 +535,10 @@ def run_decode_step(fn: Callable[..., Any], shape: LoopShape, params: dict[str, 
         v_rot = rotate(st.v, pos, rope["style"], rope["base"], r)
         k_rows = Written(k_rot, exact=False, alternatives=[("kv-unrotated", st.k, True)])
         v_rows = Written(st.v, exact=True, alternatives=[("rope-value", v_rot, False), ("kv-source", k_rot, False)])
-        return StepResult([], out, k_rows, v_rows)
+        return StepResult([], raw["out"], k_rows, v_rows)
 
-    return decode_loop(s, do_step, dtype, steps, emit, rope, fingerprints=True, check="decode-step")
+    return LoopJudge(shape, dtype, seed, steps, step_check, set(DECODE_STEP_INPUTS), rope, fingerprints=True,
+                     check="decode-step")
 
 
 def _sync(device):
@@ -365,7 +547,7 @@ def _sync(device):
 
 
 def run_job(job: dict, emit) -> None:
-    """Worker task 'verify-pipeline'."""
+    """Worker task 'verify-pipeline': one case, handed back one step at a time (case-part events)."""
     from kernalin_ci.entry import load_entry
     from kernalin_ci.verify.dynamic import Interpreter
 
@@ -375,13 +557,14 @@ def run_job(job: dict, emit) -> None:
     t0 = time.perf_counter()
     unfaithful = interp.cannot_run(job["dtype"])
     if unfaithful:
-        emit({"event": "case-done", "index": 0, "seconds": 0.0, "findings": [], **unfaithful})
+        emit({"event": "case-done", "index": 0, "seconds": 0.0, "status": "not-run", **unfaithful})
         return
+    ev: dict = {"status": "ok"}
     try:
-        found = run_pipeline(fns, job["params"], job["dtype"], job["device"], job["seed"], job["steps"], emit)
+        drive_pipeline(fns, job["params"], job["dtype"], job["device"], job["seed"], job["steps"],
+                       hand_back_parts(emit, job["results"], 0))
     except Exception as e:
-        msg = " ".join(str(e).split())[:400]
-        found = [Finding("pipeline", "entry-error", f"an entry raised {type(e).__name__}: {msg}")]
+        ev = {"status": "raised", "error": f"{type(e).__name__}: {' '.join(str(e).split())[:400]}"}
     unfaithful = interp.after_case()
     emit({"event": "case-done", "index": 0, "seconds": time.perf_counter() - t0,
-          "findings": [] if unfaithful else [f.to_json() for f in found], **unfaithful})
+          **({"status": "not-run", **unfaithful} if unfaithful else ev)})

@@ -32,6 +32,16 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(c[1]) if c else t
 
 
+def words(t: torch.Tensor) -> torch.Tensor:
+    """t's rows (first dimension) as 64-bit words where their bytes allow (else as `bits`): a row is all
+    zero bits iff its words are; ten times faster to scan than 16-bit elements (the 2^31-element caches)."""
+    rows = t.reshape(t.shape[0] if t.dim() else 1, -1)
+    if rows.shape[1] * rows.element_size() % 8 == 0 and rows.is_contiguous() \
+            and rows.storage_offset() * rows.element_size() % 8 == 0:
+        return rows.view(torch.int64)
+    return bits(rows)
+
+
 def fill_canary(t: torch.Tensor) -> torch.Tensor:
     c = _canaries().get(t.dtype)
     if c:

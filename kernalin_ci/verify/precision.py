@@ -70,13 +70,20 @@ def recorded_launches():
         CompiledKernel.launch_metadata = original
 
 
-def tf32_locations(kernels) -> list[Location | None]:
-    """The TF32 dots of the launched kernels (their TTIR), in launch order."""
-    out: list = []
+def launched_ttir(kernels) -> list[str]:
+    """The TTIR text of each recorded kernel (in the worker; the parent reads it: tf32_locations)."""
+    out = []
     for k in kernels or ():
         ttir = getattr(k, "asm", {}).get("ttir") if hasattr(k, "asm") else None
-        if not ttir:
-            continue
+        if ttir and isinstance(ttir, str):
+            out.append(ttir)
+    return out
+
+
+def tf32_locations(ttirs: list[str]) -> list[Location | None]:
+    """The TF32 dots of the launched kernels (their TTIR texts), in launch order."""
+    out: list = []
+    for ttir in ttirs:
         for loc in tf32_dots(ttir):
             if loc not in out:
                 out.append(loc)

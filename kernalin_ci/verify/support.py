@@ -9,16 +9,17 @@ The rule that tells "unsupported" from "a bug": when the entry raises on a case,
 - otherwise the shape is outside the kernel's domain: the case is "unsupported, not checked", with
   the kernel's own error, and runs at the nearest shape the kernel takes instead (one axis moved,
   then two), so its lengths and positions are still checked.
+The worker only reports these outcomes (an `Outcome` per case); the parent turns them into findings and
+checks each claim it can (verify/judge.py, CaseReader).
 """
 from __future__ import annotations
 
 import json
 import os
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from kernalin_ci.domain import Domain, alternatives, case_params, key, shape_of, shape_text, with_shape
-from kernalin_ci.findings import Finding
 from kernalin_ci.ops.base import Case
 from kernalin_ci.verify.dynamic import EntryRaised
 
@@ -28,10 +29,13 @@ TOTAL_PROBES = 48  # and per worker: an entry that refuses everything costs a bo
 
 @dataclass
 class Outcome:
-    findings: list[Finding]
-    ran: Case | None  # the case as it ran (moved to another shape, or as planned); None: not run
+    """What happened to one planned case, in the worker's words (the parent judges it)."""
+
+    result: Any = None  # the raw result of the call (verify/exchange.py), when it returned
+    ran: Case | None = None  # the case as it ran (moved to another shape, or as planned); None: not run
     not_checked: dict | None = None  # {"shape", "reason", "error", "instead"}
     moved: bool = False
+    error: str | None = None  # the entry raised this where that is its error (an `entry-error` finding)
 
     def event_fields(self) -> dict:
         out: dict = {}
@@ -40,10 +44,6 @@ class Outcome:
         if self.not_checked:
             out["not_checked"] = self.not_checked
         return out
-
-
-def entry_error(err: str) -> Finding:
-    return Finding("call", "entry-error", f"the entry raised {err}")
 
 
 class Support:
@@ -61,12 +61,12 @@ class Support:
     def declared(self, shape: dict) -> bool:
         return self.domain.declares(tuple(self.op.domain_axes), shape)
 
-    def run(self, case: Case, run_case: Callable[[Case, dict], list[Finding]]) -> Outcome:
+    def run(self, case: Case, run_case: Callable[[Case, dict], Any]) -> Outcome:
         shape = shape_of(self.op, case, self.params)
         k = key(shape)
         if k in self.interpreter:
-            return Outcome([], None, {"shape": shape_text(shape), "reason": "interpreter",
-                                      "error": self.interpreter[k]})
+            return Outcome(None, None, {"shape": shape_text(shape), "reason": "interpreter",
+                                        "error": self.interpreter[k]})
         if not self.declared(shape) and self.known.get(k) is not None:
             return self._elsewhere(case, shape, self.known[k], run_case)
         try:
@@ -75,12 +75,12 @@ class Support:
             why = self.unfaithful()
             if why:
                 self.interpreter[k] = why
-                return Outcome([], None, {"shape": shape_text(shape), "reason": "interpreter", "error": why})
+                return Outcome(None, None, {"shape": shape_text(shape), "reason": "interpreter", "error": why})
             if self.declared(shape) or (k in self.known and self.known[k] is None):
-                return Outcome([entry_error(str(e))], case)
+                return Outcome(None, case, error=str(e))
             refused = self.probe(shape)
             if refused is None:  # it takes the shape: the error is this case's
-                return Outcome([entry_error(str(e))], case)
+                return Outcome(None, case, error=str(e))
             return self._elsewhere(case, shape, refused, run_case)
         self.known[k] = None
         return Outcome(found, case)
@@ -114,11 +114,10 @@ class Support:
             moved = with_shape(case, alt, self.params)
             note["instead"] = shape_text(target)
             try:
-                found = self._call(run_case, moved)
+                return Outcome(self._call(run_case, moved), moved, note, moved=True)
             except EntryRaised as e:  # it ran at this shape before: the error is this case's
-                found = [entry_error(str(e))]
-            return Outcome(found, moved, note, moved=True)
-        return Outcome([], None, note)
+                return Outcome(None, moved, note, moved=True, error=str(e))
+        return Outcome(None, None, note)
 
     def _call(self, fn, case: Case):
         p = case_params(self.params, case)

@@ -91,3 +91,11 @@ def nhd_kv_append_given_hnd(key, value, k_cache, v_cache, slot_mapping):
     """A kernel that assumes nhd, handed an hnd cache: writes the wrong elements."""
     mod = _load("kv_append/correct_per_token.py")
     mod.entry(key, value, k_cache, v_cache, slot_mapping)
+
+
+def attention_writes_cache(q, k_cache, v_cache, block_tables, kv_lens, scale):
+    """A correct paged attention that then adds 1 to the first slot of sequence 0's first block."""
+    out = _load("attention_decode_paged/correct_online_paged.py").entry(q, k_cache, v_cache, block_tables, kv_lens,
+                                                                         scale)
+    k_cache[int(block_tables[0, 0]), 0] += 1.0
+    return out
