@@ -10,6 +10,7 @@ has N commits; changes are injected as a step at commit N/2 (+0.5%, +1%, +2%), a
 drift's span widened by TOL); every other change point is a false one. Prints a Markdown table.
 Evaluation only: nothing in CI reads the traces.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,21 +37,27 @@ def commit_times(t: np.ndarray, rng, n: int, variants=(0, 1)) -> np.ndarray:
     for i in range(n):
         v = variants[rng.integers(len(variants))]
         start = rng.integers(0, t.shape[0] - ROUNDS + 1)  # consecutive rounds: the trace's slow drift counts
-        out[i] = np.median(t[start:start + ROUNDS, v, :])
+        out[i] = np.median(t[start : start + ROUNDS, v, :])
     return out * (1 + rng.normal(0, SESSION[0], n)) if SESSION[0] else out
 
 
 def scenarios(t: np.ndarray, name: str):
     yield "none", None, lambda rng: commit_times(t, rng, N)
     for s in (0.005, 0.01, 0.02):
-        yield f"step +{s:.1%}", ("step", N // 2), lambda rng, s=s: commit_times(t, rng, N) * np.r_[
-            np.ones(N // 2), np.full(N - N // 2, 1 + s)]
+        yield (
+            f"step +{s:.1%}",
+            ("step", N // 2),
+            lambda rng, s=s: commit_times(t, rng, N) * np.r_[np.ones(N // 2), np.full(N - N // 2, 1 + s)],
+        )
     for d in (0.01, 0.02):
         ramp = np.clip((np.arange(N) - DRIFT[0]) / (DRIFT[1] - DRIFT[0]), 0, 1) * d
         yield f"drift +{d:.0%} over 30", ("drift", DRIFT), lambda rng, r=ramp: commit_times(t, rng, N) * (1 + r)
     if name == "attn":  # a real step: the trace's kv_len 4116 variant (measured ratio 1.0111)
-        yield "trace step (attn 4096->4116, +1.1%)", ("step", N // 2), lambda rng: np.r_[
-            commit_times(t, rng, N // 2), commit_times(t, rng, N - N // 2, variants=(2,))]
+        yield (
+            "trace step (attn 4096->4116, +1.1%)",
+            ("step", N // 2),
+            lambda rng: np.r_[commit_times(t, rng, N // 2), commit_times(t, rng, N - N // 2, variants=(2,))],
+        )
 
 
 def score(cps: list[int], truth) -> tuple[bool, int]:
@@ -66,6 +73,7 @@ def pelt(penalty):
     def f(x):
         found = changepoints.detect(x, penalty=penalty)
         return [c.index for c in found or []]
+
     return f
 
 
@@ -81,16 +89,22 @@ def main() -> int:
     ap.add_argument("--series", type=int, default=40)
     ap.add_argument("--penalties", default="2,3,5")
     ap.add_argument("--edivisive", action="store_true", help="also E-divisive (signal-processing-algorithms)")
-    ap.add_argument("--session-noise", type=float, default=0.0,
-                    help="relative sd of a per-commit offset the traces do not hold (between GPU sessions)")
+    ap.add_argument(
+        "--session-noise",
+        type=float,
+        default=0.0,
+        help="relative sd of a per-commit offset the traces do not hold (between GPU sessions)",
+    )
     a = ap.parse_args()
     SESSION[0] = a.session_noise
     methods = {f"PELT pen={p}*log n": pelt(float(p)) for p in a.penalties.split(",")}
     if a.edivisive:
         methods["E-divisive p<0.05"] = edivisive
-    print(f"{a.series} series of {N} commits per row; a commit = median of {ROUNDS} consecutive rounds; "
-          f"detection within +-{TOL} commits; per-commit session noise "
-          f"{a.session_noise:.2%}\n")
+    print(
+        f"{a.series} series of {N} commits per row; a commit = median of {ROUNDS} consecutive rounds; "
+        f"detection within +-{TOL} commits; per-commit session noise "
+        f"{a.session_noise:.2%}\n"
+    )
     print("| trace | change | method | detected | false change points / 100 commits | ms per series |")
     print("|---|---|---|---|---|---|")
     for name in ("attn", "rope", "copy"):
@@ -112,8 +126,11 @@ def main() -> int:
                     det += hit
                     false += nf
                 rate = "-" if truth is None else f"{det / a.series:.0%}"
-                print(f"| {name} | {label} | {mname} | {rate} | {100 * false / (a.series * N):.2f} | "
-                      f"{1000 * secs / a.series:.1f} |", flush=True)
+                print(
+                    f"| {name} | {label} | {mname} | {rate} | {100 * false / (a.series * N):.2f} | "
+                    f"{1000 * secs / a.series:.1f} |",
+                    flush=True,
+                )
     return 0
 
 

@@ -22,6 +22,7 @@ PyJWT[crypto], PyYAML, jsonschema, openapi-schema-validator, plus GitHub's OpenA
 (shared/github-openapi/api.github.com.json.gz beside or inside the repository, or
 KERNALIN_GITHUB_OPENAPI=PATH).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -104,24 +105,40 @@ def run_phase(serve, world, repo, heads, prs: list[tuple[int, str]], timeout: fl
         comments = world.standin.comments(REPO, number)
         report_path = Path(serve.cfg["state_dir"]) / "jobs" / job_id / "out" / "report.json"
         report = json.loads(report_path.read_text()) if report_path.exists() else {}
-        rows.append({"pr": number, "name": name, "job": job_id, "slot": job["slot"], "ack_ms": 1000 * ack,
-                     "queue_wait_s": job["queue_wait_s"], "duration_s": job["duration_s"],
-                     "total_s": (job["posted_at"] or job["finished_at"]) - job["created_at"],
-                     "state": job["state"], "conclusion": job["conclusion"],
-                     "posted": runs[0]["conclusion"] if len(runs) == 1 else f"{len(runs)} check runs",
-                     "annotations": len(runs[0]["annotations"]) if runs else 0, "comments": len(comments),
-                     "error": job["error"], "report": report})
+        rows.append(
+            {
+                "pr": number,
+                "name": name,
+                "job": job_id,
+                "slot": job["slot"],
+                "ack_ms": 1000 * ack,
+                "queue_wait_s": job["queue_wait_s"],
+                "duration_s": job["duration_s"],
+                "total_s": (job["posted_at"] or job["finished_at"]) - job["created_at"],
+                "state": job["state"],
+                "conclusion": job["conclusion"],
+                "posted": runs[0]["conclusion"] if len(runs) == 1 else f"{len(runs)} check runs",
+                "annotations": len(runs[0]["annotations"]) if runs else 0,
+                "comments": len(comments),
+                "error": job["error"],
+                "report": report,
+            }
+        )
     return rows
 
 
 def print_rows(title: str, rows: list[dict]) -> None:
     print(f"\n== {title}")
-    print(f"{'PR':<22} {'slot':<7} {'ack ms':>7} {'queue s':>8} {'job s':>7} {'total s':>8}  {'job':<9} "
-          f"{'check run':<10} {'annot':>5} {'comments':>8}")
+    print(
+        f"{'PR':<22} {'slot':<7} {'ack ms':>7} {'queue s':>8} {'job s':>7} {'total s':>8}  {'job':<9} "
+        f"{'check run':<10} {'annot':>5} {'comments':>8}"
+    )
     for r in rows:
-        print(f"#{r['pr']} {r['name']:<19} {r['slot'] or '-':<7} {r['ack_ms']:>7.1f} {r['queue_wait_s'] or 0:>8.1f} "
-              f"{r['duration_s'] or 0:>7.1f} {r['total_s']:>8.1f}  {r['conclusion'] or r['state']:<9} "
-              f"{r['posted']:<10} {r['annotations']:>5} {r['comments']:>8}")
+        print(
+            f"#{r['pr']} {r['name']:<19} {r['slot'] or '-':<7} {r['ack_ms']:>7.1f} {r['queue_wait_s'] or 0:>8.1f} "
+            f"{r['duration_s'] or 0:>7.1f} {r['total_s']:>8.1f}  {r['conclusion'] or r['state']:<9} "
+            f"{r['posted']:<10} {r['annotations']:>5} {r['comments']:>8}"
+        )
         if r["error"]:
             print(f"    error: {r['error']}")
         for k in r["report"].get("kernels", []):
@@ -129,25 +146,40 @@ def print_rows(title: str, rows: list[dict]) -> None:
                 continue
             b = k.get("benchmark") or {}
             floor = b.get("floor")
-            print(f"    {k['name']:<18} verify {((k.get('verification') or {}).get('verdict') or '-'):<5} "
-                  f"bench {b.get('verdict') or k.get('benchmark_note') or '-'}"
-                  + (f" ratio {b['ratio']:.4f} rope ±{(b['rope'][1] - 1) * 100:.2f}% A/A floor "
-                     f"{floor * 100:.3f}% rounds {b.get('rounds')}" if b.get("ratio") and floor is not None else ""))
+            print(
+                f"    {k['name']:<18} verify {((k.get('verification') or {}).get('verdict') or '-'):<5} "
+                f"bench {b.get('verdict') or k.get('benchmark_note') or '-'}"
+                + (
+                    f" ratio {b['ratio']:.4f} rope ±{(b['rope'][1] - 1) * 100:.2f}% A/A floor "
+                    f"{floor * 100:.3f}% rounds {b.get('rounds')}"
+                    if b.get("ratio") and floor is not None
+                    else ""
+                )
+            )
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gpus", type=int, default=1, help="GPUs the daemon schedules on (default 1)")
-    ap.add_argument("--prs", help="patches of examples/decode-kernels/prs (default fused-exp2,wider-tiles; "
-                                  "with --noise: wider-tiles,exp2-softmax-step, the first is the one measured)")
+    ap.add_argument(
+        "--prs",
+        help="patches of examples/decode-kernels/prs (default fused-exp2,wider-tiles; "
+        "with --noise: wider-tiles,exp2-softmax-step, the first is the one measured)",
+    )
     ap.add_argument("--noise", action="store_true", help="issue 7: noise floor alone vs beside a job (2 GPUs)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds to wait for each job")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
-    ap.add_argument("--bwrap", default="bwrap", help="the bubblewrap binary the local runner's sandbox uses "
-                                                      "(default: bwrap on PATH)")
+    ap.add_argument(
+        "--bwrap",
+        default="bwrap",
+        help="the bubblewrap binary the local runner's sandbox uses (default: bwrap on PATH)",
+    )
     ap.add_argument("--check", action="store_true", help="only check the prerequisites")
-    ap.add_argument("--cpu", action="store_true", help="try the script without a GPU: CPU slots, the interpreter "
-                                                       "(slow; benchmarks never gate)")
+    ap.add_argument(
+        "--cpu",
+        action="store_true",
+        help="try the script without a GPU: CPU slots, the interpreter (slow; benchmarks never gate)",
+    )
     args = ap.parse_args(argv)
     default = "wider-tiles,exp2-softmax-step" if args.noise else "fused-exp2,wider-tiles"
     prs = [p.strip() for p in (args.prs or default).split(",") if p.strip()]
@@ -171,13 +203,19 @@ def main(argv=None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="kernalin-daemon-gpu-"))
     world = World(tmp / "world").start()
     repo, heads = make_repo(world, prs)
-    cfg = world.daemon_config(tmp / "state", gpus="cpu" if args.cpu else args.gpus, cpu_slots=args.gpus,
-                              runner={"timeout_s": args.timeout, "sandbox": {"bwrap": args.bwrap}})
+    cfg = world.daemon_config(
+        tmp / "state",
+        gpus="cpu" if args.cpu else args.gpus,
+        cpu_slots=args.gpus,
+        runner={"timeout_s": args.timeout, "sandbox": {"bwrap": args.bwrap}},
+    )
     t_start = time.time()
     serve = ServeProcess(world, cfg, python=sys.executable).start(timeout=120)
     device = "CPU (interpreter)" if args.cpu else torch.cuda.get_device_name(0)
-    print(f"daemon_gpu: torch {torch.__version__}, {device} x{args.gpus}; "
-          f"kernalin-ci serve on {serve.url} (log {serve.log}); started in {time.time() - t_start:.1f} s")
+    print(
+        f"daemon_gpu: torch {torch.__version__}, {device} x{args.gpus}; "
+        f"kernalin-ci serve on {serve.url} (log {serve.log}); started in {time.time() - t_start:.1f} s"
+    )
     _, health = serve.get("/healthz")
     print(f"daemon_gpu: slots {health['slots']}")
     try:
@@ -195,8 +233,13 @@ def main(argv=None) -> int:
         _, metrics = serve.get("/metrics")
         print(f"\nwall time {wall:.1f} s; stand-in problems: {len(world.standin.problems)}")
         for line in metrics.splitlines():
-            if line.startswith(("kernalin_ci_jobs{", "kernalin_ci_job_duration_seconds_sum",
-                                "kernalin_ci_process_resident_memory_bytes")):
+            if line.startswith(
+                (
+                    "kernalin_ci_jobs{",
+                    "kernalin_ci_job_duration_seconds_sum",
+                    "kernalin_ci_process_resident_memory_bytes",
+                )
+            ):
                 print(f"  {line}")
         ok = all(r["state"] == "done" and r["posted"] == r["conclusion"] and r["comments"] == 1 for r in rows)
         ok = ok and not world.standin.problems

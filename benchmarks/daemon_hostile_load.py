@@ -11,6 +11,7 @@ how the bodies were answered, and how long a /healthz took in the middle of each
 
     python benchmarks/daemon_hostile_load.py [--slow 300] [--bodies 40] [--seconds 15]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -101,8 +102,10 @@ def slow_clients(daemon, n: int, seconds: float) -> dict:
 def large_bodies(daemon, n: int, size: int) -> dict:
     host, port = daemon.url.split("//")[1].split(":")
     body = b"z" * size
-    head = (f"POST /webhook HTTP/1.1\r\nHost: x\r\nX-GitHub-Event: ping\r\nX-GitHub-Delivery: d\r\n"
-            f"X-Hub-Signature-256: sha256={'0' * 64}\r\nContent-Length: {size}\r\n\r\n").encode()
+    head = (
+        f"POST /webhook HTTP/1.1\r\nHost: x\r\nX-GitHub-Event: ping\r\nX-GitHub-Delivery: d\r\n"
+        f"X-Hub-Signature-256: sha256={'0' * 64}\r\nContent-Length: {size}\r\n\r\n"
+    ).encode()
     peak = Peak(daemon.pid)
 
     def one(_):
@@ -138,12 +141,16 @@ def main() -> int:
             time.sleep(1)
             print(f"idle: {threads(daemon.pid)} threads, RSS {rss_mib(daemon.pid):.1f} MiB")
             s = slow_clients(daemon, args.slow, args.seconds)
-            print(f"{args.slow} slow clients for {args.seconds:g} s: peak {s['peak_threads']} threads, RSS "
-                  f"{s['peak_rss']:.1f} MiB; {s['cut']} cut off; /healthz in {s['healthz_s']:.2f} s")
+            print(
+                f"{args.slow} slow clients for {args.seconds:g} s: peak {s['peak_threads']} threads, RSS "
+                f"{s['peak_rss']:.1f} MiB; {s['cut']} cut off; /healthz in {s['healthz_s']:.2f} s"
+            )
             time.sleep(1)
             b = large_bodies(daemon, args.bodies, args.body_mib * 1024 * 1024)
-            print(f"{args.bodies} x {args.body_mib} MiB bodies: peak {b['peak_threads']} threads, RSS "
-                  f"{b['peak_rss']:.1f} MiB; answers {b['answers']}; /healthz in {b['healthz_s']:.2f} s")
+            print(
+                f"{args.bodies} x {args.body_mib} MiB bodies: peak {b['peak_threads']} threads, RSS "
+                f"{b['peak_rss']:.1f} MiB; answers {b['answers']}; /healthz in {b['healthz_s']:.2f} s"
+            )
             print(f"after: {threads(daemon.pid)} threads, RSS {rss_mib(daemon.pid):.1f} MiB")
         finally:
             daemon.stop()

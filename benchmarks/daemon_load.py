@@ -11,6 +11,7 @@ Each round sends DELIVERIES new pull_request deliveries at once (one thread and 
 released together) plus REPLAYS re-sent delivery ids, waits until every job is done and posted, then
 reads the daemon's RSS. Prints one table; docs/daemon.md has the figures of a run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -129,38 +130,71 @@ def main(argv=None) -> int:
             failed = [r for r in results if r[1] not in (200, 202)]
             db = sqlite3.connect(db_path)
             jobs = db.execute("SELECT COUNT(*) FROM jobs WHERE pr >= ? AND pr < ?", (numbers[0], next_pr)).fetchone()[0]
-            posted = db.execute("SELECT COUNT(*) FROM jobs WHERE pr >= ? AND pr < ? AND state='done' AND "
-                                "post_state='posted'", (numbers[0], next_pr)).fetchone()[0]
+            posted = db.execute(
+                "SELECT COUNT(*) FROM jobs WHERE pr >= ? AND pr < ? AND state='done' AND post_state='posted'",
+                (numbers[0], next_pr),
+            ).fetchone()[0]
             db.close()
             runs = sum(1 for r in world.standin.check_runs(REPO) if r["status"] == "completed")
-            rows.append({"round": rnd, "sent": len(results), "accepted": len(accepted), "duplicates": len(dup),
-                         "errors": len(failed), "jobs": jobs, "posted": posted,
-                         "lost": args.deliveries - posted, "check_runs_total": runs,
-                         "p50_ms": 1000 * statistics.median(acks), "p99_ms": 1000 * acks[int(0.99 * (len(acks) - 1))],
-                         "max_ms": 1000 * acks[-1], "burst_s": ack_wall, "drain_s": drain,
-                         "rss_mb": rss_bytes(serve.pid) / 2 ** 20})
+            rows.append(
+                {
+                    "round": rnd,
+                    "sent": len(results),
+                    "accepted": len(accepted),
+                    "duplicates": len(dup),
+                    "errors": len(failed),
+                    "jobs": jobs,
+                    "posted": posted,
+                    "lost": args.deliveries - posted,
+                    "check_runs_total": runs,
+                    "p50_ms": 1000 * statistics.median(acks),
+                    "p99_ms": 1000 * acks[int(0.99 * (len(acks) - 1))],
+                    "max_ms": 1000 * acks[-1],
+                    "burst_s": ack_wall,
+                    "drain_s": drain,
+                    "rss_mb": rss_bytes(serve.pid) / 2**20,
+                }
+            )
             print(f"round {rnd}: {rows[-1]}", flush=True)
         problems = list(world.standin.problems)
     finally:
         serve.stop()
         world.stop()
 
-    print(f"\none delivery at a time: p50 {1000 * statistics.median(seq):.1f} ms, max {1000 * seq[-1]:.1f} ms "
-          f"(50 deliveries); load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
-    print(f"{'round':>5} {'sent':>5} {'202':>5} {'dup':>4} {'err':>4} {'jobs':>5} {'posted':>6} {'lost':>4} "
-          f"{'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} {'drain s':>8} {'RSS MiB':>8}")
-    print(f"{'warm':>5} {args.deliveries:>5} {'':>5} {'':>4} {'':>4} {args.deliveries:>5} {args.deliveries:>6} "
-          f"{'':>4} {'':>7} {'':>7} {'':>7} {'':>8} {rss0 / 2 ** 20:>8.1f}")
+    print(
+        f"\none delivery at a time: p50 {1000 * statistics.median(seq):.1f} ms, max {1000 * seq[-1]:.1f} ms "
+        f"(50 deliveries); load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+    )
+    print(
+        f"{'round':>5} {'sent':>5} {'202':>5} {'dup':>4} {'err':>4} {'jobs':>5} {'posted':>6} {'lost':>4} "
+        f"{'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} {'drain s':>8} {'RSS MiB':>8}"
+    )
+    print(
+        f"{'warm':>5} {args.deliveries:>5} {'':>5} {'':>4} {'':>4} {args.deliveries:>5} {args.deliveries:>6} "
+        f"{'':>4} {'':>7} {'':>7} {'':>7} {'':>8} {rss0 / 2**20:>8.1f}"
+    )
     for r in rows:
-        print(f"{r['round']:>5} {r['sent']:>5} {r['accepted']:>5} {r['duplicates']:>4} {r['errors']:>4} {r['jobs']:>5} "
-              f"{r['posted']:>6} {r['lost']:>4} {r['p50_ms']:>7.1f} {r['p99_ms']:>7.1f} {r['max_ms']:>7.1f} "
-              f"{r['drain_s']:>8.1f} {r['rss_mb']:>8.1f}")
-    growth = (rows[-1]["rss_mb"] - rss0 / 2 ** 20) * 2 ** 10 / (args.deliveries * len(rows))
-    print(f"\nRSS after the warm-up burst {rss0 / 2 ** 20:.1f} MiB, after {len(rows)} more bursts "
-          f"({args.deliveries * len(rows)} jobs) {rows[-1]['rss_mb']:.1f} MiB: {growth:+.2f} KiB per job")
+        print(
+            f"{r['round']:>5} {r['sent']:>5} {r['accepted']:>5} {r['duplicates']:>4} {r['errors']:>4} {r['jobs']:>5} "
+            f"{r['posted']:>6} {r['lost']:>4} {r['p50_ms']:>7.1f} {r['p99_ms']:>7.1f} {r['max_ms']:>7.1f} "
+            f"{r['drain_s']:>8.1f} {r['rss_mb']:>8.1f}"
+        )
+    growth = (rows[-1]["rss_mb"] - rss0 / 2**20) * 2**10 / (args.deliveries * len(rows))
+    print(
+        f"\nRSS after the warm-up burst {rss0 / 2**20:.1f} MiB, after {len(rows)} more bursts "
+        f"({args.deliveries * len(rows)} jobs) {rows[-1]['rss_mb']:.1f} MiB: {growth:+.2f} KiB per job"
+    )
     print(f"GitHub stand-in problems: {len(problems)}")
-    ok = all(r["lost"] == 0 and r["errors"] == 0 and r["accepted"] == r["jobs"] == args.deliveries
-             and r["duplicates"] == args.replays for r in rows) and not problems
+    ok = (
+        all(
+            r["lost"] == 0
+            and r["errors"] == 0
+            and r["accepted"] == r["jobs"] == args.deliveries
+            and r["duplicates"] == args.replays
+            for r in rows
+        )
+        and not problems
+    )
     print("OK: every delivery became exactly one job, run and posted" if ok else "FAILED")
     return 0 if ok else 1
 

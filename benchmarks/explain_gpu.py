@@ -13,6 +13,7 @@
    change and the correctness re-check after timing.
 Everything printed is also written to DIR/explain_gpu.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,8 +61,12 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="explain-gpu-out")
     ap.add_argument("--budget-s", type=float, default=8.0)
-    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
-                    help="cpu: a dry run of the same steps at tiny shapes (no GPU figures)")
+    ap.add_argument(
+        "--device",
+        default="cuda",
+        choices=("cuda", "cpu"),
+        help="cpu: a dry run of the same steps at tiny shapes (no GPU figures)",
+    )
     a = ap.parse_args()
     global LONG, PLANTED
     dev = a.device
@@ -81,8 +86,9 @@ def main() -> int:
     # 2. % of peak of the catalogue's split-KV kernel, long context + the planted L2-resident shape
     entry, where = "correct_split_kv.py:entry", str(ROOT / "checks" / "attention_decode")
     shapes = LONG + PLANTED
-    res = bench_pair(OP, entry, entry, where, where, {"shapes": json.dumps(shapes)}, dev,
-                     budget_s=a.budget_s, progress=False)
+    res = bench_pair(
+        OP, entry, entry, where, where, {"shapes": json.dumps(shapes)}, dev, budget_s=a.budget_s, progress=False
+    )
     op = get_op(OP)
     from kernalin_ci.bench.shapes import bench_cases
     from kernalin_ci.ops.base import resolve_params
@@ -110,8 +116,18 @@ def main() -> int:
                 say(f"3. {name}: {plan.ident.verdict}: NOT timed ({plan.ident.seconds:.1f} s of compiling)")
                 result[name] = {"identity": plan.ident.to_json(), "timed": False}
                 continue
-            r = bench_pair(OP, k.entry, k.entry, base, head, bench_params, dev, budget_s=a.budget_s,
-                           progress=False, shapes=plan.to_time)
+            r = bench_pair(
+                OP,
+                k.entry,
+                k.entry,
+                base,
+                head,
+                bench_params,
+                dev,
+                budget_s=a.budget_s,
+                progress=False,
+                shapes=plan.to_time,
+            )
             kr.benchmark = r.to_json()
             ex = after_bench(plan, kr, k, OP, {}, dev, head, profile=True)  # ncu where on PATH
             say(f"4. {name}: verdict {kr.benchmark.get('verdict')} ratio {kr.benchmark.get('ratio')}")

@@ -29,6 +29,7 @@ with a memory-bound copy (another process's context: the GPU time-slices between
 Prints the tables of docs/statistics.md ("Live evaluation") and writes every figure to `--out`.
 Stops cleanly at `--budget-s`: what was measured is evaluated, what was skipped is listed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,17 +50,37 @@ T0 = time.perf_counter()
 
 # op -> (kernel file, entry function, shape params, [(variant name, constant, value)])
 OPS = {
-    "kv_append": ("benchmarks/kernels/kv_append.py", "append", {"tokens": [1, 64, 256]},
-                  [("num_warps=1", "NUM_WARPS", 1), ("num_warps=8", "NUM_WARPS", 8)]),
-    "rope": ("benchmarks/kernels/rope.py", "rope", {"tokens": [1, 64, 256]},
-             [("num_warps=1", "NUM_WARPS", 1), ("num_warps=8", "NUM_WARPS", 8)]),
-    "attention.decode": ("benchmarks/kernels/decode_attention.py", "split_kv", {},
-                         [("SPLITS=8", "SPLITS", 8), ("BLOCK_N=32", "BLOCK_N", 32), ("num_warps=8", "NUM_WARPS", 8)]),
-    "attention.decode_paged": ("benchmarks/kernels/paged_attention.py", "decode_paged", {},
-                               [("num_warps=2", "NUM_WARPS", 2), ("num_warps=8", "NUM_WARPS", 8)]),
+    "kv_append": (
+        "benchmarks/kernels/kv_append.py",
+        "append",
+        {"tokens": [1, 64, 256]},
+        [("num_warps=1", "NUM_WARPS", 1), ("num_warps=8", "NUM_WARPS", 8)],
+    ),
+    "rope": (
+        "benchmarks/kernels/rope.py",
+        "rope",
+        {"tokens": [1, 64, 256]},
+        [("num_warps=1", "NUM_WARPS", 1), ("num_warps=8", "NUM_WARPS", 8)],
+    ),
+    "attention.decode": (
+        "benchmarks/kernels/decode_attention.py",
+        "split_kv",
+        {},
+        [("SPLITS=8", "SPLITS", 8), ("BLOCK_N=32", "BLOCK_N", 32), ("num_warps=8", "NUM_WARPS", 8)],
+    ),
+    "attention.decode_paged": (
+        "benchmarks/kernels/paged_attention.py",
+        "decode_paged",
+        {},
+        [("num_warps=2", "NUM_WARPS", 2), ("num_warps=8", "NUM_WARPS", 8)],
+    ),
 }
-CPU_SHAPES = {"kv_append": {"tokens": [1, 4]}, "rope": {"tokens": [1, 4]},  # the interpreter is slow
-              "attention.decode": {"batch": 1, "kv_len": 8}, "attention.decode_paged": {"batch": 1, "kv_len": 8}}
+CPU_SHAPES = {
+    "kv_append": {"tokens": [1, 4]},
+    "rope": {"tokens": [1, 4]},  # the interpreter is slow
+    "attention.decode": {"batch": 1, "kv_len": 8},
+    "attention.decode_paged": {"batch": 1, "kv_len": 8},
+}
 WINDOWS = (5, 10)
 EFFECT_MIN = 0.02  # the issue's goal: every reference effect of 2% or more gets its direction
 
@@ -69,6 +90,7 @@ def say(*a) -> None:
 
 
 # ------------------------------------------------------------------ kernels: copies and variants
+
 
 def write_copy(src: str, dest_dir: str, constant: str | None = None, value=None) -> str:
     """The kernel file copied into its own directory (one module per copy), one constant rewritten."""
@@ -86,8 +108,10 @@ def write_copy(src: str, dest_dir: str, constant: str | None = None, value=None)
 
 # ------------------------------------------------------------------ the kernel-only reference
 
-def reference(op_name: str, entries: list[tuple[str, str]], params: dict, device: str, regime: str,
-              iters: int) -> list[list[float]]:
+
+def reference(
+    op_name: str, entries: list[tuple[str, str]], params: dict, device: str, regime: str, iters: int
+) -> list[list[float]]:
     """Per entry and shape: the median kernel-only device time (us) of one launch; CPU: wall clock (ms)."""
     import torch
 
@@ -132,9 +156,9 @@ def reference(op_name: str, entries: list[tuple[str, str]], params: dict, device
         k = len(segs) // len(fns)  # the loop ends with the last entry: align the launches from the end
         if k < iters // 2:
             raise RuntimeError(f"profiler: {len(segs)} launches found, expected {iters * len(fns)}")
-        segs = segs[len(segs) - k * len(fns):]
+        segs = segs[len(segs) - k * len(fns) :]
         for i in range(len(fns)):
-            out[i].append(float(np.median(segs[i::len(fns)][2:])))
+            out[i].append(float(np.median(segs[i :: len(fns)][2:])))
         del kw
     return out
 
@@ -168,6 +192,7 @@ def _segments(prof, marker_names: set) -> list[float]:
 
 
 # ------------------------------------------------------------------ the noisy neighbour
+
 
 class Noise:
     """A thread keeping a second CUDA stream busy with a memory-bound copy (bursts of about 0.1-1 ms)."""
@@ -203,8 +228,8 @@ class Noise:
 
 # ------------------------------------------------------------------ one benchmark call
 
-def bench_call(op_name: str, tmp: str, call: int, regime: str, args, device: str, noisy: bool,
-               budget_s: float) -> dict:
+
+def bench_call(op_name: str, tmp: str, call: int, regime: str, args, device: str, noisy: bool, budget_s: float) -> dict:
     from kernalin_ci.bench.pair import bench_pair
 
     src, fn, shape_params, variants = OPS[op_name]
@@ -223,29 +248,50 @@ def bench_call(op_name: str, tmp: str, call: int, regime: str, args, device: str
     if ctx:
         ctx.__enter__()
     try:
-        res = bench_pair(op_name, f"{copies['base']}:{fn}", f"{copies['head']}:{fn}",
-                         os.path.dirname(copies["base"]), os.path.dirname(copies["head"]), shape_params, device,
-                         budget_s=budget_s, reps=args.reps, max_rounds=args.rounds, adaptive=False, seed=call,
-                         regime=regime, extra=extra, timeout_s=300.0)
+        res = bench_pair(
+            op_name,
+            f"{copies['base']}:{fn}",
+            f"{copies['head']}:{fn}",
+            os.path.dirname(copies["base"]),
+            os.path.dirname(copies["head"]),
+            shape_params,
+            device,
+            budget_s=budget_s,
+            reps=args.reps,
+            max_rounds=args.rounds,
+            adaptive=False,
+            seed=call,
+            regime=regime,
+            extra=extra,
+            timeout_s=300.0,
+        )
     finally:
         if ctx:
             ctx.__exit__(None, None, None)
     if res.failed:
         raise SystemExit(f"live_eval: {op_name} {regime} call {call}: {res.error_kind}: {res.error}")
-    return {"instances": {k: v.tolist() for k, v in res.instances.items()},
-            "shapes": [s["shape"] for s in res.shapes], "inner": [s["inner"] for s in res.shapes],
-            "copies": [s["copies"] for s in res.shapes], "timing": [s["timing"] for s in res.shapes],
-            "same_output_addresses": res.trace.meta.get("same_output_addresses"),
-            "seconds": res.seconds, "bench_seconds": res.bench_seconds, "setup_seconds": res.setup_seconds,
-            "variants": [v[0] for v in variants], "entries": {"base": f"{copies['base']}:{fn}"} |
-            {n: e for n, e, _ in extra}}
+    return {
+        "instances": {k: v.tolist() for k, v in res.instances.items()},
+        "shapes": [s["shape"] for s in res.shapes],
+        "inner": [s["inner"] for s in res.shapes],
+        "copies": [s["copies"] for s in res.shapes],
+        "timing": [s["timing"] for s in res.shapes],
+        "same_output_addresses": res.trace.meta.get("same_output_addresses"),
+        "seconds": res.seconds,
+        "bench_seconds": res.bench_seconds,
+        "setup_seconds": res.setup_seconds,
+        "variants": [v[0] for v in variants],
+        "entries": {"base": f"{copies['base']}:{fn}"} | {n: e for n, e, _ in extra},
+    }
 
 
 # ------------------------------------------------------------------ evaluation
 
+
 def triples(call: dict) -> list[tuple[str, str, str]]:
-    names = ["base", "head", "base2"] + sorted((n for n in call["instances"] if n.startswith("aa")),
-                                               key=lambda n: int(n[2:]))
+    names = ["base", "head", "base2"] + sorted(
+        (n for n in call["instances"] if n.startswith("aa")), key=lambda n: int(n[2:])
+    )
     return [(names[i], names[i + 1], names[i + 2]) for i in range(0, len(names) - 2, 3)]
 
 
@@ -271,14 +317,34 @@ def aa_trials(call: dict) -> list[dict]:
         b, h, f = arr[bn], arr[hn], arr[fn]
         budgets = [(n, s, n) for n in WINDOWS if n < R for s in range(0, R - n + 1, n)] + [("all", 0, R)]
         for label, s, n in budgets:
-            v, per = stats.compare_run(b[s:s + n], h[s:s + n], f[s:s + n])
-            out.append({"budget": label, "rounds": n, "start": s, "triple": [bn, hn, fn], "verdict": v.verdict,
-                        "ratio": v.ratio,
-                        "floor": v.floor, "shapes": [p.verdict for p in per], "shape_ratios": [p.ratio for p in per]})
+            v, per = stats.compare_run(b[s : s + n], h[s : s + n], f[s : s + n])
+            out.append(
+                {
+                    "budget": label,
+                    "rounds": n,
+                    "start": s,
+                    "triple": [bn, hn, fn],
+                    "verdict": v.verdict,
+                    "ratio": v.ratio,
+                    "floor": v.floor,
+                    "shapes": [p.verdict for p in per],
+                    "shape_ratios": [p.ratio for p in per],
+                }
+            )
         v, per = adaptive_verdict(b, h, f)
-        out.append({"budget": "adaptive", "start": 0, "triple": [bn, hn, fn], "verdict": v.verdict, "ratio": v.ratio,
-                    "rounds": v.rounds, "floor": v.floor, "shapes": [p.verdict for p in per],
-                    "shape_ratios": [p.ratio for p in per]})
+        out.append(
+            {
+                "budget": "adaptive",
+                "start": 0,
+                "triple": [bn, hn, fn],
+                "verdict": v.verdict,
+                "ratio": v.ratio,
+                "rounds": v.rounds,
+                "floor": v.floor,
+                "shapes": [p.verdict for p in per],
+                "shape_ratios": [p.ratio for p in per],
+            }
+        )
     return out
 
 
@@ -295,11 +361,24 @@ def effect_trials(call: dict, ref: dict) -> list[dict]:
             v, per = stats.compare_run(arr["base"][:n], arr[vname][:n], arr["base2"][:n])
             lo, hi = v.hdi[0] - v.floor, v.hdi[1] + v.floor
             want = "faster" if r <= 1 - EFFECT_MIN else "slower" if r >= 1 + EFFECT_MIN else None
-            out.append({"variant": vname, "budget": label, "rounds": n, "reference": r, "reference_shapes": r_shapes,
-                        "verdict": v.verdict, "ratio": v.ratio, "hdi": list(v.hdi), "floor": v.floor,
-                        "inside": bool(lo <= r <= hi), "expected": want,
-                        "shapes": [p.verdict for p in per], "shape_ratios": [p.ratio for p in per],
-                        "shape_hdis": [list(p.hdi) for p in per]})
+            out.append(
+                {
+                    "variant": vname,
+                    "budget": label,
+                    "rounds": n,
+                    "reference": r,
+                    "reference_shapes": r_shapes,
+                    "verdict": v.verdict,
+                    "ratio": v.ratio,
+                    "hdi": list(v.hdi),
+                    "floor": v.floor,
+                    "inside": bool(lo <= r <= hi),
+                    "expected": want,
+                    "shapes": [p.verdict for p in per],
+                    "shape_ratios": [p.ratio for p in per],
+                    "shape_hdis": [list(p.hdi) for p in per],
+                }
+            )
     return out
 
 
@@ -313,11 +392,14 @@ def false_count(trials: list[dict], budget) -> tuple[int, int, int, int]:
 
 # ------------------------------------------------------------------ printing
 
+
 def print_tables(results: dict) -> None:
     print("\n## A/A false verdicts (faster/slower on identical copies): overall and per shape")
-    print("| pass | regime | op | trials (calls x triples) | n=5 overall | n=5 per shape | n=10 overall | "
-          "n=10 per shape | all rounds overall | all rounds per shape | adaptive overall | adaptive per shape | "
-          "median floor | A/A ratio range | false by shape (every budget) |")
+    print(
+        "| pass | regime | op | trials (calls x triples) | n=5 overall | n=5 per shape | n=10 overall | "
+        "n=10 per shape | all rounds overall | all rounds per shape | adaptive overall | adaptive per shape | "
+        "median floor | A/A ratio range | false by shape (every budget) |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results["runs"].values():
         tr = r["aa"]
@@ -330,14 +412,19 @@ def print_tables(results: dict) -> None:
         full = [t for t in tr if t["budget"] == "all"]
         floors = [t["floor"] for t in full]
         ratios = [x for t in full for x in t["shape_ratios"]]
-        by_shape = ", ".join(f"{sum(t['shapes'][i] in ('faster', 'slower') for t in tr)}/{len(tr)}"
-                             for i in range(len(tr[0]["shapes"])))
-        print(f"| {r['pass']} | {r['regime']} | {r['op']} | {len(r['calls'])} x {len(full) // max(1, len(r['calls']))}"
-              f" | {' | '.join(cells)} | {100 * np.median(floors):.2f}% | "
-              f"{min(ratios):.4f}..{max(ratios):.4f} | {by_shape} |")
+        by_shape = ", ".join(
+            f"{sum(t['shapes'][i] in ('faster', 'slower') for t in tr)}/{len(tr)}" for i in range(len(tr[0]["shapes"]))
+        )
+        print(
+            f"| {r['pass']} | {r['regime']} | {r['op']} | {len(r['calls'])} x {len(full) // max(1, len(r['calls']))}"
+            f" | {' | '.join(cells)} | {100 * np.median(floors):.2f}% | "
+            f"{min(ratios):.4f}..{max(ratios):.4f} | {by_shape} |"
+        )
     print("\n## Known-effect pairs (all rounds): reference = torch.profiler kernel-only device time")
-    print("| pass | regime | op | variant | call | reference | verdict | head/base | 95% HDI | floor | "
-          "reference in HDI +- floor | direction right (reference off by >= 2%) | per shape: ref -> verdict |")
+    print(
+        "| pass | regime | op | variant | call | reference | verdict | head/base | 95% HDI | floor | "
+        "reference in HDI +- floor | direction right (reference off by >= 2%) | per shape: ref -> verdict |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results["runs"].values():
         for c, eff in enumerate(r["effects"]):
@@ -346,12 +433,15 @@ def print_tables(results: dict) -> None:
                     continue
                 right = "-" if e["expected"] is None else ("yes" if e["verdict"] == e["expected"] else "**no**")
                 shapes = ", ".join(f"{x:.3f}->{v}" for x, v in zip(e["reference_shapes"], e["shapes"]))
-                print(f"| {r['pass']} | {r['regime']} | {r['op']} | {e['variant']} | {c} | {e['reference']:.4f} | "
-                      f"{e['verdict']} | {e['ratio']:.4f} | [{e['hdi'][0]:.4f}, {e['hdi'][1]:.4f}] | "
-                      f"{100 * e['floor']:.2f}% | {'yes' if e['inside'] else '**no**'} | {right} | {shapes} |")
+                print(
+                    f"| {r['pass']} | {r['regime']} | {r['op']} | {e['variant']} | {c} | {e['reference']:.4f} | "
+                    f"{e['verdict']} | {e['ratio']:.4f} | [{e['hdi'][0]:.4f}, {e['hdi'][1]:.4f}] | "
+                    f"{100 * e['floor']:.2f}% | {'yes' if e['inside'] else '**no**'} | {right} | {shapes} |"
+                )
     print("\n## Power and false alarms by budget (effects whose reference is off by >= 2%; A/A trials)")
-    print("| pass | regime | power n=5 | power n=10 | power all rounds | FA n=5 | FA n=10 | FA all rounds | "
-          "FA adaptive |")
+    print(
+        "| pass | regime | power n=5 | power n=10 | power all rounds | FA n=5 | FA n=10 | FA all rounds | FA adaptive |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for pas in ("quiet", "noisy"):
         for regime in results["regimes"]:
@@ -372,8 +462,10 @@ def print_tables(results: dict) -> None:
                 fa.append(f"{o}/{n}" if n else "-")
             print(f"| {pas} | {regime} | {' | '.join(pw)} | {' | '.join(fa)} |")
     print("\n## Regime summary (quiet pass; the default regime is chosen from this and the table below)")
-    print("| regime | A/A false verdicts, overall (every budget) | A/A false, per shape | reference in HDI +- floor | "
-          "direction right (reference off by >= 2%) | median A/A floor |")
+    print(
+        "| regime | A/A false verdicts, overall (every budget) | A/A false, per shape | reference in HDI +- floor | "
+        "direction right (reference off by >= 2%) | median A/A floor |"
+    )
     print("|---|---|---|---|---|---|")
     for regime in results["regimes"]:
         rs = [r for r in results["runs"].values() if r["pass"] == "quiet" and r["regime"] == regime]
@@ -385,13 +477,17 @@ def print_tables(results: dict) -> None:
         fs = sum(v in ("faster", "slower") for t in aa for v in t["shapes"])
         ns = sum(len(t["shapes"]) for t in aa)
         want = [e for e in effs if e["expected"]]
-        print(f"| {regime} | {fo}/{len(aa)} | {fs}/{ns} | {sum(e['inside'] for e in effs)}/{len(effs)} | "
-              f"{sum(e['verdict'] == e['expected'] for e in want)}/{len(want)} | "
-              f"{100 * np.median([t['floor'] for t in aa]):.2f}% |")
+        print(
+            f"| {regime} | {fo}/{len(aa)} | {fs}/{ns} | {sum(e['inside'] for e in effs)}/{len(effs)} | "
+            f"{sum(e['verdict'] == e['expected'] for e in want)}/{len(want)} | "
+            f"{100 * np.median([t['floor'] for t in aa]):.2f}% |"
+        )
     unit = next((r["reference"]["unit"] for r in results["runs"].values() if r.get("reference")), "us")
     print(f"\n## Regimes: per-launch time of the base (bench median, ms) and the reference ({unit})")
-    print("| op | shape | warm bench | cold bench | cold/warm | warm ref | cold ref | copies (cold) | "
-          "same output addresses |")
+    print(
+        "| op | shape | warm bench | cold bench | cold/warm | warm ref | cold ref | copies (cold) | "
+        "same output addresses |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     by = {}
     for r in results["runs"].values():
@@ -403,17 +499,22 @@ def print_tables(results: dict) -> None:
         if not some:
             continue
         for i, shape in enumerate(some["calls"][0]["shapes"]):
+
             def med(r, i=i):
                 return float(np.median(np.asarray(r["calls"][0]["instances"]["base"])[:, i])) if r else float("nan")
 
             def refv(r, i=i):
                 return r["reference"]["base"][i] if r and r.get("reference") else float("nan")
+
             same = {str(cl.get("same_output_addresses")) for rr in (w, c) if rr for cl in rr["calls"]}
-            print(f"| {op} | {shape} | {med(w):.5f} | {med(c):.5f} | {med(c) / med(w):.3f} | {refv(w):.2f} | "
-                  f"{refv(c):.2f} | {c['calls'][0]['copies'][i] if c else '-'} | {', '.join(sorted(same))} |")
+            print(
+                f"| {op} | {shape} | {med(w):.5f} | {med(c):.5f} | {med(c) / med(w):.3f} | {refv(w):.2f} | "
+                f"{refv(c):.2f} | {c['calls'][0]['copies'][i] if c else '-'} | {', '.join(sorted(same))} |"
+            )
 
 
 # ------------------------------------------------------------------ main
+
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -443,34 +544,43 @@ def main(argv=None) -> int:
     regimes = [r for r in args.regimes.split(",") if r]
     bad = [o for o in ops if o not in OPS] + [r for r in regimes if r not in ("warm", "cold")]
     if bad or args.calls < 1 or args.rounds < 5 or args.aa_triples < 1:
-        print(f"live_eval: bad arguments {bad or ''} (ops: {', '.join(OPS)}; regimes: warm, cold; calls >= 1, "
-              f"rounds >= 5, aa-triples >= 1)", file=sys.stderr)
+        print(
+            f"live_eval: bad arguments {bad or ''} (ops: {', '.join(OPS)}; regimes: warm, cold; calls >= 1, "
+            f"rounds >= 5, aa-triples >= 1)",
+            file=sys.stderr,
+        )
         return 2
     import torch
 
     if args.device == "cuda":
         if not torch.cuda.is_available():
-            print("live_eval: --device cuda needs a CUDA GPU (use --device cpu --quick for the code path)",
-                  file=sys.stderr)
+            print(
+                "live_eval: --device cuda needs a CUDA GPU (use --device cpu --quick for the code path)",
+                file=sys.stderr,
+            )
             return 2
         p = torch.cuda.get_device_properties(0)
         import triton
 
-        say(f"GPU {p.name}, L2 {getattr(p, 'L2_cache_size', 0) / 2**20:.0f} MiB, torch {torch.__version__}, "
-            f"triton {triton.__version__}")
+        say(
+            f"GPU {p.name}, L2 {getattr(p, 'L2_cache_size', 0) / 2**20:.0f} MiB, torch {torch.__version__}, "
+            f"triton {triton.__version__}"
+        )
     else:
         say("CPU (Triton interpreter): the code path only; the figures mean nothing")
     results = {"device": args.device, "args": vars(args), "ops": ops, "regimes": regimes, "runs": {}, "skipped": []}
-    passes = ([] if args.noise_only else [("quiet", args.calls)]) + \
-        ([("noisy", args.noise_calls)] if args.noise or args.noise_only else [])
+    passes = ([] if args.noise_only else [("quiet", args.calls)]) + (
+        [("noisy", args.noise_calls)] if args.noise or args.noise_only else []
+    )
     plan = [(pas, regime, op, c) for pas, n in passes for regime in regimes for op in ops for c in range(n)]
     per_call = []
     refs: dict = {}
     with tempfile.TemporaryDirectory(prefix="kernalin-live-") as tmp:
         for pas, regime, op, c in plan:
             key = f"{pas}/{regime}/{op}"
-            r = results["runs"].setdefault(key, {"pass": pas, "regime": regime, "op": op, "calls": [], "aa": [],
-                                                 "effects": [], "reference": None})
+            r = results["runs"].setdefault(
+                key, {"pass": pas, "regime": regime, "op": op, "calls": [], "aa": [], "effects": [], "reference": None}
+            )
             guess = float(np.median(per_call)) if per_call else 0.0
             if time.perf_counter() - T0 + guess > args.budget_s:
                 results["skipped"].append(f"{key} call {c}")
@@ -486,8 +596,10 @@ def main(argv=None) -> int:
             r["aa"] += aa_trials(call)
             r["effects"].append(effect_trials(call, r["reference"]))
             o, n, s, ns = false_count(r["aa"], "adaptive")
-            say(f"{key} call {c + 1}: {call['bench_seconds']:.1f} s timing, {call['setup_seconds']:.1f} s setup; "
-                f"A/A adaptive false so far {o}/{n} overall, {s}/{ns} per shape")
+            say(
+                f"{key} call {c + 1}: {call['bench_seconds']:.1f} s timing, {call['setup_seconds']:.1f} s setup; "
+                f"A/A adaptive false so far {o}/{n} overall, {s}/{ns} per shape"
+            )
         results["runs"] = {k: v for k, v in results["runs"].items() if v["calls"]}
         print_tables(results)
     if results["skipped"]:
@@ -511,9 +623,11 @@ def measure_reference(op: str, regime: str, args, tmp: str) -> dict:
         entries.append((f"{write_copy(src, vd, const, value)}:{fn}", vd))
     t = reference(op, entries, shape_params, args.device, regime, args.ref_iters)
     ratios = {v[0]: [h / b for h, b in zip(t[i + 1], t[0])] for i, v in enumerate(variants)}
-    say(f"reference {op} {regime}: base {', '.join(f'{x:.2f}' for x in t[0])} "
+    say(
+        f"reference {op} {regime}: base {', '.join(f'{x:.2f}' for x in t[0])} "
         f"{'us (kernel-only)' if args.device == 'cuda' else 'ms (CPU wall clock)'}; "
-        + "; ".join(f"{k} {float(np.exp(np.mean(np.log(v)))):.4f}" for k, v in ratios.items()))
+        + "; ".join(f"{k} {float(np.exp(np.mean(np.log(v)))):.4f}" for k, v in ratios.items())
+    )
     shutil.rmtree(d, ignore_errors=True)
     return {"base": t[0], "times": t, "ratios": ratios, "unit": "us" if args.device == "cuda" else "ms"}
 

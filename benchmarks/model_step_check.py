@@ -17,6 +17,7 @@
 Expected on one H200: about 90 s in all. `--smoke` runs step 1 on the CPU (Triton interpreter, a tiny
 model, two rounds) and step 2 with `--device cpu` (which times nothing) to check the plumbing.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -54,10 +55,14 @@ GOAL = 0.03
 
 
 def example_kernels() -> st.Kernels:
-    return st.Kernels(attention=load_entry("kernels/paged_attention.py:decode_paged", EXAMPLE),
-                      rope=load_entry("kernels/rope.py:rope", EXAMPLE),
-                      kv_append=load_entry("kernels/kv_cache.py:append", EXAMPLE),
-                      attention_op="attention.decode_paged", block_size=16, layout="nhd")
+    return st.Kernels(
+        attention=load_entry("kernels/paged_attention.py:decode_paged", EXAMPLE),
+        rope=load_entry("kernels/rope.py:rope", EXAMPLE),
+        kv_append=load_entry("kernels/kv_cache.py:append", EXAMPLE),
+        attention_op="attention.decode_paged",
+        block_size=16,
+        layout="nhd",
+    )
 
 
 def check_estimate() -> list[str]:
@@ -74,8 +79,10 @@ def check_estimate() -> list[str]:
     wk = st.Weights(embed=w.embed, final_norm=w.final_norm, layers=w.layers[:k])
     clock = CudaClock(True) if device == "cuda" else CpuClock()
     rng = random.Random(0)
-    lines = [f"model {spec.name}: {spec.layers} layers; per-layer estimate from a block of {k} layers x "
-             f"{spec.layers / k:g} + embedding and LM head; {ROUNDS} rounds x {REPS} samples"]
+    lines = [
+        f"model {spec.name}: {spec.layers} layers; per-layer estimate from a block of {k} layers x "
+        f"{spec.layers / k:g} + embedding and LM head; {ROUNDS} rounds x {REPS} samples"
+    ]
     print(lines[0], flush=True)
     for i, p in enumerate(points):
         pi = st.build_point(spec, p, kern, spec.layers, device, 100 + i)
@@ -85,9 +92,10 @@ def check_estimate() -> list[str]:
         ends = Runner("ends", functools.partial(st.ends_part, spec, wk, pik, kern), {}, device)
         for r in (full, block, ends):
             clock.prepare([r], lambda ev: None, p.label)
-        variants = {"whole": lambda full=full: clock.sample(full),
-                    "estimate": lambda block=block, ends=ends: spec.layers / k * clock.sample(block)
-                    + clock.sample(ends)}
+        variants = {
+            "whole": lambda full=full: clock.sample(full),
+            "estimate": lambda block=block, ends=ends: spec.layers / k * clock.sample(block) + clock.sample(ends),
+        }
         times = {n: [] for n in variants}
         parts = {"layers": [], "ends": []}
         for _ in range(ROUNDS):
@@ -99,10 +107,12 @@ def check_estimate() -> list[str]:
         whole, est = np.asarray(times["whole"]), np.asarray(times["estimate"])
         v = stats.compare_trace(whole, est, rope=GOAL)
         ok = v.hdi[0] >= 1 - GOAL and v.hdi[1] <= 1 + GOAL
-        line = (f"{p.label}: whole step {np.median(whole):.4f} ms, estimate {np.median(est):.4f} ms "
-                f"(one layer {np.median(parts['layers']):.4f} ms x {spec.layers} + ends "
-                f"{np.median(parts['ends']):.4f} ms); estimate/whole {v.ratio:.4f}, 95% HDI "
-                f"[{v.hdi[0]:.4f}, {v.hdi[1]:.4f}]: {'within' if ok else 'NOT within'} {100 * GOAL:g}%")
+        line = (
+            f"{p.label}: whole step {np.median(whole):.4f} ms, estimate {np.median(est):.4f} ms "
+            f"(one layer {np.median(parts['layers']):.4f} ms x {spec.layers} + ends "
+            f"{np.median(parts['ends']):.4f} ms); estimate/whole {v.ratio:.4f}, 95% HDI "
+            f"[{v.hdi[0]:.4f}, {v.hdi[1]:.4f}]: {'within' if ok else 'NOT within'} {100 * GOAL:g}%"
+        )
         print(line, flush=True)
         lines.append(line)
         del pi, pik, full, block, ends
@@ -148,10 +158,30 @@ def bench_model_demo(out: str) -> int:
         head = os.path.join(tmp, "head")
         shutil.copytree(EXAMPLE, head, ignore=shutil.ignore_patterns("prs"))
         apply_patch(os.path.join(EXAMPLE, "prs", "exp2-softmax-step.patch"), head)
-        cmd = [sys.executable, "-m", "kernalin_ci", "bench", "--model", "llama-3.1-8b", "--op",
-               "attention.decode_paged", "--base", "kernels/paged_attention.py:decode_paged", "--base-root", EXAMPLE,
-               "--head", "kernels/paged_attention.py:decode_paged", "--head-root", head,
-               "--device", "cpu" if SMOKE else "cuda", "--budget-s", "20", "--json", os.path.join(out, "model_bench.json")]
+        cmd = [
+            sys.executable,
+            "-m",
+            "kernalin_ci",
+            "bench",
+            "--model",
+            "llama-3.1-8b",
+            "--op",
+            "attention.decode_paged",
+            "--base",
+            "kernels/paged_attention.py:decode_paged",
+            "--base-root",
+            EXAMPLE,
+            "--head",
+            "kernels/paged_attention.py:decode_paged",
+            "--head-root",
+            head,
+            "--device",
+            "cpu" if SMOKE else "cuda",
+            "--budget-s",
+            "20",
+            "--json",
+            os.path.join(out, "model_bench.json"),
+        ]
         print("$ " + " ".join(cmd[1:]), flush=True)
         return subprocess.run(cmd).returncode
 

@@ -27,6 +27,7 @@ those tools do):
 A false alarm is a faster/slower verdict on an A/A pair; power is the rate of the
 correct direction on an effect.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,6 +55,7 @@ METHODS = ("kernalin-ci", "criterion.rs", "gbench U", "asv", "pytest-benchmark")
 
 
 # ------------------------------------------------------------------ sources and trials
+
 
 @dataclass
 class Source:
@@ -114,8 +116,17 @@ def trials_for(src: Source) -> list[Trial]:
                 base2, design = t[:, b][:, other], "split"
             else:
                 base2, design = t[:, b2][:, half], "build"
-            out.append(Trial(src.name, kind, long_run_ratio(t, b, h), t[:, b][:, half], t[:, h][:, half],
-                             base2[:, : len(half)] if base2.shape[1] >= len(half) else base2, design))
+            out.append(
+                Trial(
+                    src.name,
+                    kind,
+                    long_run_ratio(t, b, h),
+                    t[:, b][:, half],
+                    t[:, h][:, half],
+                    base2[:, : len(half)] if base2.shape[1] >= len(half) else base2,
+                    design,
+                )
+            )
 
     for vs in by_group.values():  # A/A: two builds of one group
         if len(vs) >= 3:
@@ -151,6 +162,7 @@ def windows(x: np.ndarray, n: int, starts: np.ndarray) -> np.ndarray:
 
 # ------------------------------------------------------------------ methods (vectorised over windows)
 
+
 def kernalin(b, h, b2, rope_min=ks.ROPE_MIN, floor_multiple=ks.FLOOR_MULTIPLE, rope=None):
     d = ks.log_ratios(b, h)
     a = ks.log_ratios(b, b2)
@@ -182,7 +194,7 @@ def criterion(b, h, threshold=0.01, alpha=0.05):
 
     def moments(c, data, n):
         m = data @ c.T / n
-        v = (data ** 2 @ c.T - n * m ** 2) / (n - 1)
+        v = (data**2 @ c.T - n * m**2) / (n - 1)
         return m, np.maximum(v, 1e-300)
 
     mx, vx = moments(cx, z, nx)
@@ -232,11 +244,17 @@ def pytest_benchmark(b, h, pct=0.05):
 
 
 def run_methods(b, h, b2) -> dict:
-    return {"kernalin-ci": kernalin(b, h, b2)["verdict"], "criterion.rs": criterion(b, h),
-            "gbench U": gbench(b, h), "asv": asv(b, h), "pytest-benchmark": pytest_benchmark(b, h)}
+    return {
+        "kernalin-ci": kernalin(b, h, b2)["verdict"],
+        "criterion.rs": criterion(b, h),
+        "gbench U": gbench(b, h),
+        "asv": asv(b, h),
+        "pytest-benchmark": pytest_benchmark(b, h),
+    }
 
 
 # ------------------------------------------------------------------ sections
+
 
 def collect(sources, ns, methods=True):
     """-> list of dict(trial, n, verdicts{method: [W]})."""
@@ -269,8 +287,13 @@ def section_table(sources):
     print("\n## False alarms (A/A) and power (effects) per window of n rounds\n")
     aa_trials = sum(1 for r in rows if r["trial"].kind == "aa" and r["n"] == WINDOWS[0])
     print(f"A/A trial sets: {aa_trials}; windows per set up to {MAX_WINDOWS}.\n")
-    print("| method | " + " | ".join(f"FA n={n}" for n in WINDOWS) + " | "
-          + " | ".join(f"power>=1% n={n}" for n in WINDOWS) + " |")
+    print(
+        "| method | "
+        + " | ".join(f"FA n={n}" for n in WINDOWS)
+        + " | "
+        + " | ".join(f"power>=1% n={n}" for n in WINDOWS)
+        + " |"
+    )
     print("|---|" + "---|" * (2 * len(WINDOWS)))
     for m in METHODS:
         fa, pw = [], []
@@ -278,21 +301,32 @@ def section_table(sources):
             aa = np.concatenate([r["v"][m] for r in rows if r["n"] == n and r["trial"].kind == "aa"])
             alarm = np.isin(aa, ("faster", "slower"))
             fa.append(f"{alarm.mean():.3f} ({alarm.sum()}/{len(aa)})")
-            eff = [(r["v"][m] == expected(r["trial"])) for r in rows if r["n"] == n and r["trial"].kind == "effect"
-                   and abs(np.log(r["trial"].true_ratio)) >= np.log(1.0095)]
+            eff = [
+                (r["v"][m] == expected(r["trial"]))
+                for r in rows
+                if r["n"] == n and r["trial"].kind == "effect" and abs(np.log(r["trial"].true_ratio)) >= np.log(1.0095)
+            ]
             pw.append(f"{np.concatenate(eff).mean():.3f}" if eff else "-")
         print(f"| {m} | " + " | ".join(fa) + " | " + " | ".join(pw) + " |")
     print("\n## Power per effect (correct direction), n rounds\n")
-    effects = sorted({(r["trial"].source, effect_label(r["trial"])) for r in rows if r["trial"].kind == "effect"},
-                     key=lambda e: (e[0], float(e[1][:-1])))
+    effects = sorted(
+        {(r["trial"].source, effect_label(r["trial"])) for r in rows if r["trial"].kind == "effect"},
+        key=lambda e: (e[0], float(e[1][:-1])),
+    )
     print("| effect | method | " + " | ".join(f"n={n}" for n in WINDOWS) + " |")
     print("|---|---|" + "---|" * len(WINDOWS))
     for srcname, lab in effects:
         for m in METHODS:
             cells = []
             for n in WINDOWS:
-                hits = [r["v"][m] == expected(r["trial"]) for r in rows if r["n"] == n and r["trial"].kind == "effect"
-                        and r["trial"].source == srcname and effect_label(r["trial"]) == lab]
+                hits = [
+                    r["v"][m] == expected(r["trial"])
+                    for r in rows
+                    if r["n"] == n
+                    and r["trial"].kind == "effect"
+                    and r["trial"].source == srcname
+                    and effect_label(r["trial"]) == lab
+                ]
                 cells.append(f"{np.concatenate(hits).mean():.3f}" if hits else "-")
             print(f"| {srcname} {lab} | {m} | " + " | ".join(cells) + " |")
     print("\n## kernalin-ci verdicts on A/A pairs (share of windows)\n")
@@ -300,15 +334,19 @@ def section_table(sources):
     print("|---|---|---|---|")
     for n in WINDOWS:
         aa = np.concatenate([r["v"]["kernalin-ci"] for r in rows if r["n"] == n and r["trial"].kind == "aa"])
-        print(f"| {n} | {(aa == 'equivalent').mean():.3f} | {(aa == 'inconclusive').mean():.3f} | "
-              f"{np.isin(aa, ('faster', 'slower')).mean():.3f} |")
+        print(
+            f"| {n} | {(aa == 'equivalent').mean():.3f} | {(aa == 'inconclusive').mean():.3f} | "
+            f"{np.isin(aa, ('faster', 'slower')).mean():.3f} |"
+        )
 
 
 def section_rounds(sources):
     rows = collect(sources, POWER_GRID)
     print("\n## Rounds needed for 95% power (smallest n of", POWER_GRID, "; '>50' = never reached)\n")
-    effects = sorted({(r["trial"].source, effect_label(r["trial"])) for r in rows if r["trial"].kind == "effect"},
-                     key=lambda e: (e[0], float(e[1][:-1])))
+    effects = sorted(
+        {(r["trial"].source, effect_label(r["trial"])) for r in rows if r["trial"].kind == "effect"},
+        key=lambda e: (e[0], float(e[1][:-1])),
+    )
     print("| effect | " + " | ".join(METHODS) + " |")
     print("|---|" + "---|" * len(METHODS))
     for srcname, lab in effects:
@@ -316,8 +354,14 @@ def section_rounds(sources):
         for m in METHODS:
             need = ">50"
             for n in POWER_GRID:
-                hits = [r["v"][m] == expected(r["trial"]) for r in rows if r["n"] == n and r["trial"].kind == "effect"
-                        and r["trial"].source == srcname and effect_label(r["trial"]) == lab]
+                hits = [
+                    r["v"][m] == expected(r["trial"])
+                    for r in rows
+                    if r["n"] == n
+                    and r["trial"].kind == "effect"
+                    and r["trial"].source == srcname
+                    and effect_label(r["trial"]) == lab
+                ]
                 if hits and np.concatenate(hits).mean() >= 0.95:
                     need = str(n)
                     break
@@ -327,8 +371,9 @@ def section_rounds(sources):
 
 def section_floor(sources, n=20):
     """Smallest effect detected with >= 95% power at n rounds: A/A pairs with the head scaled by (1 + e)."""
-    print(f"\n## Smallest effect kernalin-ci detects with 95% power at n={n} (A/A head scaled by 1+e, "
-          f"both directions)\n")
+    print(
+        f"\n## Smallest effect kernalin-ci detects with 95% power at n={n} (A/A head scaled by 1+e, both directions)\n"
+    )
     print("| trace | A/A floor (median) | per-round A/A sd | rope_min | smallest e | e / floor | e / sd |")
     print("|---|---|---|---|---|---|---|")
     grid = np.round(np.arange(0.0005, 0.0200, 0.0005), 4)
@@ -352,8 +397,9 @@ def section_floor(sources, n=20):
                 if np.concatenate(hits).mean() >= 0.95:
                     smallest = e
                     break
-            cells = (f"{100 * smallest:.2f}% | {smallest / fl:.1f}x | {smallest / sd:.1f}x" if smallest
-                     else ">2% | - | -")
+            cells = (
+                f"{100 * smallest:.2f}% | {smallest / fl:.1f}x | {smallest / sd:.1f}x" if smallest else ">2% | - | -"
+            )
             print(f"| {src.name} | {100 * fl:.3f}% | {100 * sd:.3f}% | {100 * rope_min:.1f}% | {cells} |")
 
 
@@ -361,8 +407,12 @@ def section_location(sources):
     """Which per-round location: the round-to-round spread of the A/A log ratio (v0 vs v1) per estimator."""
     from scipy import stats as st
 
-    est = {"mean": lambda x: x.mean(-1), "median": lambda x: np.median(x, -1), "min": lambda x: x.min(-1),
-           "25% trimmed mean": lambda x: st.trim_mean(x, 0.25, axis=-1)}
+    est = {
+        "mean": lambda x: x.mean(-1),
+        "median": lambda x: np.median(x, -1),
+        "min": lambda x: x.min(-1),
+        "25% trimmed mean": lambda x: st.trim_mean(x, 0.25, axis=-1),
+    }
     print("\n## Per-round location: sd of the per-round A/A log ratio (smaller is better)\n")
     print("| trace | " + " | ".join(est) + " |")
     print("|---|" + "---|" * len(est))
@@ -383,11 +433,18 @@ def scaled(src: Source, s: float) -> Source:
 
 
 def section_sensitivity(sources):
-    print("\n## Choosing the floor multiple k: A/A false alarms / power on >=1% effects / effects called "
-          "equivalent, windows of n rounds, noise scaled x1..x8\n")
+    print(
+        "\n## Choosing the floor multiple k: A/A false alarms / power on >=1% effects / effects called "
+        "equivalent, windows of n rounds, noise scaled x1..x8\n"
+    )
     ks_ = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0)
-    print("| noise x | rope_min | k | " + " | ".join(f"FA n={n}" for n in WINDOWS) + " | "
-          + " | ".join(f"power n={n}" for n in WINDOWS) + " | wrong 'equivalent' n=5 |")
+    print(
+        "| noise x | rope_min | k | "
+        + " | ".join(f"FA n={n}" for n in WINDOWS)
+        + " | "
+        + " | ".join(f"power n={n}" for n in WINDOWS)
+        + " | wrong 'equivalent' n=5 |"
+    )
     print("|---|---|---|" + "---|" * (2 * len(WINDOWS) + 1))
     for s in (1, 2, 4, 8):
         cache = []  # (trial, n, posterior summary)
@@ -417,8 +474,13 @@ def section_sensitivity(sources):
                     fa.append(f"{np.concatenate(a_v).mean():.3f}")
                     pw.append(f"{np.concatenate(e_v).mean():.3f}")
                     weq.append(np.concatenate(q_v).mean())
-                print(f"| {s} | {100 * rope_min:.1f}% | {k:g} | " + " | ".join(fa) + " | " + " | ".join(pw)
-                      + f" | {weq[0]:.3f} |")
+                print(
+                    f"| {s} | {100 * rope_min:.1f}% | {k:g} | "
+                    + " | ".join(fa)
+                    + " | "
+                    + " | ".join(pw)
+                    + f" | {weq[0]:.3f} |"
+                )
 
 
 def sequential(b, h, b2, n_max, rope_min=ks.ROPE_MIN, floor_multiple=ks.FLOOR_MULTIPLE):
@@ -451,8 +513,10 @@ def sequential(b, h, b2, n_max, rope_min=ks.ROPE_MIN, floor_multiple=ks.FLOOR_MU
 
 def section_adaptive(sources, multiples=(ks.FLOOR_MULTIPLE,)):
     print("\n## Adaptive stopping: looks at", list(ks.looks(50)), "until a verdict or n_max rounds\n")
-    print("| k | noise x | n_max | A/A trials | FA fixed n_max | FA adaptive | FA any look | median rounds A/A | "
-          "power fixed n_max | power adaptive | effects called equivalent (adaptive) | median rounds effects |")
+    print(
+        "| k | noise x | n_max | A/A trials | FA fixed n_max | FA adaptive | FA any look | median rounds A/A | "
+        "power fixed n_max | power adaptive | effects called equivalent (adaptive) | median rounds effects |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     cat = np.concatenate
     for k, s, n_max in ((k, s, n) for k in multiples for s in (1, 2, 4, 8) for n in (20, 50)):
@@ -475,10 +539,12 @@ def section_adaptive(sources, multiples=(ks.FLOOR_MULTIPLE,)):
                     pw.append(v == expected(tr))
                     weq.append(v == "equivalent")
                     r_eff.append(used)
-        print(f"| {k:g} | {s} | {n_max} | {len(cat(fa_fix))} | {cat(fa_fix).mean():.4f} | "
-              f"{cat(fa_ad).mean():.4f} | "
-              f"{cat(any_look).mean():.4f} | {np.median(cat(r_aa)):.0f} | {cat(pw_fix).mean():.3f} | "
-              f"{cat(pw).mean():.3f} | {cat(weq).mean():.3f} | {np.median(cat(r_eff)):.0f} |")
+        print(
+            f"| {k:g} | {s} | {n_max} | {len(cat(fa_fix))} | {cat(fa_fix).mean():.4f} | "
+            f"{cat(fa_ad).mean():.4f} | "
+            f"{cat(any_look).mean():.4f} | {np.median(cat(r_aa)):.0f} | {cat(pw_fix).mean():.3f} | "
+            f"{cat(pw).mean():.3f} | {cat(weq).mean():.3f} | {np.median(cat(r_eff)):.0f} |"
+        )
 
 
 def section_throughput(count=2000):
@@ -512,27 +578,35 @@ def section_throughput(count=2000):
         ks.compare_many([(tr.base, tr.head, tr.base2) for tr in traces])
         t_stats = time.perf_counter() - t0
     print(f"- one trace (process start-up included): {startup:.2f} s")
-    print(f"- {count} traces in one process: {total:.2f} s ({1000 * (total - startup) / count:.2f} ms per trace "
-          f"beyond start-up)")
+    print(
+        f"- {count} traces in one process: {total:.2f} s ({1000 * (total - startup) / count:.2f} ms per trace "
+        f"beyond start-up)"
+    )
     print(f"- in-process: loading {t_load:.2f} s, statistics {t_stats:.2f} s ({ks.DRAWS} posterior draws each)")
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", choices=("location", "table", "rounds", "floor", "sensitivity", "adaptive",
-                                       "throughput"))
+    ap.add_argument("--only", choices=("location", "table", "rounds", "floor", "sensitivity", "adaptive", "throughput"))
     ap.add_argument("--data", action="append", default=[], help="another directory of variants traces")
     ap.add_argument("--multiples", default=None, help="floor multiples for the adaptive section, e.g. 0.5,1")
     args = ap.parse_args(argv)
     sources = load_sources(args.data)
     print("# kernalin-ci statistics evaluation")
-    print("\nSources: " + "; ".join(f"{s.name} {s.t.shape[0]} rounds x {s.t.shape[1]} variants x {s.t.shape[2]} reps"
-                                    for s in sources))
+    print(
+        "\nSources: "
+        + "; ".join(f"{s.name} {s.t.shape[0]} rounds x {s.t.shape[1]} variants x {s.t.shape[2]} reps" for s in sources)
+    )
     t0 = time.perf_counter()
-    for name, fn in (("location", section_location), ("table", section_table), ("rounds", section_rounds),
-                     ("floor", section_floor),
-                     ("sensitivity", section_sensitivity), ("adaptive", section_adaptive),
-                     ("throughput", section_throughput)):
+    for name, fn in (
+        ("location", section_location),
+        ("table", section_table),
+        ("rounds", section_rounds),
+        ("floor", section_floor),
+        ("sensitivity", section_sensitivity),
+        ("adaptive", section_adaptive),
+        ("throughput", section_throughput),
+    ):
         if args.only in (None, name):
             if name == "throughput":
                 fn()

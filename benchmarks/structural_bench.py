@@ -17,11 +17,12 @@ the same analysis in a worker child. --end-to-end N also times N full
 `kernalin-ci verify --only structural` commands (process start and imports
 included).
 """
+
 from __future__ import annotations
 
 import os
 
-os.environ["TRITON_INTERPRET"] = "0"   # compile, never interpret (before anything imports triton)
+os.environ["TRITON_INTERPRET"] = "0"  # compile, never interpret (before anything imports triton)
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 
 import argparse  # noqa: E402
@@ -60,7 +61,7 @@ def run_one(path: str) -> dict:
     fn = load_entry(f"{path}:entry", str(ROOT))
     res = analyze_entry(op, fn, params)
     res["seconds"]["total"] = time.perf_counter() - t0
-    res["seconds"]["cpu"] = time.process_time() - c0   # robust to other load on a shared machine
+    res["seconds"]["cpu"] = time.process_time() - c0  # robust to other load on a shared machine
     want = cat.get("bug_class")
     classes = [f["bug_class"] for f in res["findings"]]
     if want is None:
@@ -69,16 +70,35 @@ def run_one(path: str) -> dict:
         verdict = "caught"
     else:
         verdict = "other" if classes else "missed"
-    return {"file": os.path.relpath(path, ROOT), "op": op, "expected": want, "verdict": verdict,
-            "findings": [(f["bug_class"], (f.get("location") or {}).get("line")) for f in res["findings"]],
-            "notices": [n["message"] for n in res["notices"]], "kernels": len(res["kernels"]),
-            "seconds": res["seconds"]}
+    return {
+        "file": os.path.relpath(path, ROOT),
+        "op": op,
+        "expected": want,
+        "verdict": verdict,
+        "findings": [(f["bug_class"], (f.get("location") or {}).get("line")) for f in res["findings"]],
+        "notices": [n["message"] for n in res["notices"]],
+        "kernels": len(res["kernels"]),
+        "seconds": res["seconds"],
+    }
 
 
 def end_to_end(path: str, n: int) -> list[float]:
     cat = catalogue_entry(path)
-    cmd = [sys.executable, "-m", "kernalin_ci", "verify", "--op", cat["op"], "--entry", f"{path}:entry",
-           "--only", "structural", "--device", "cpu", "--quiet"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "kernalin_ci",
+        "verify",
+        "--op",
+        cat["op"],
+        "--entry",
+        f"{path}:entry",
+        "--only",
+        "structural",
+        "--device",
+        "cpu",
+        "--quiet",
+    ]
     for k, v in (cat.get("params") or {}).items():
         cmd += ["--param", f"{k}={v}"]
     out = []
@@ -94,8 +114,13 @@ def main(argv=None) -> int:
     ap.add_argument("files", nargs="*", help="catalogue modules (default: checks/*/*.py)")
     ap.add_argument("--fixtures", action="store_true", help="also run tests/structural_fixtures/*.py")
     ap.add_argument("--json", metavar="PATH", help="write the rows as JSON")
-    ap.add_argument("--end-to-end", type=int, default=0, metavar="N",
-                    help="also time N full `kernalin-ci verify --only structural` runs of the first file")
+    ap.add_argument(
+        "--end-to-end",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also time N full `kernalin-ci verify --only structural` runs of the first file",
+    )
     args = ap.parse_args(argv)
     files = args.files or sorted(glob.glob(str(ROOT / "checks" / "*" / "*.py")))
     if args.fixtures:
@@ -105,25 +130,37 @@ def main(argv=None) -> int:
     import torch
     import triton
 
-    print(f"# structural catch matrix: triton {triton.__version__}, torch {torch.__version__}, "
-          f"python {sys.version.split()[0]}, {len(files)} files")
+    print(
+        f"# structural catch matrix: triton {triton.__version__}, torch {torch.__version__}, "
+        f"python {sys.version.split()[0]}, {len(files)} files"
+    )
     t_imports = time.perf_counter()
     rows = []
     for path in files:
         try:
             row = run_one(path)
         except Exception as e:  # a broken catalogue file must not stop the matrix
-            row = {"file": os.path.relpath(path, ROOT), "op": "?", "expected": "?", "verdict": "ERROR",
-                   "findings": [], "notices": [f"{type(e).__name__}: {e}"], "kernels": 0,
-                   "seconds": {"total": 0.0}}
+            row = {
+                "file": os.path.relpath(path, ROOT),
+                "op": "?",
+                "expected": "?",
+                "verdict": "ERROR",
+                "findings": [],
+                "notices": [f"{type(e).__name__}: {e}"],
+                "kernels": 0,
+                "seconds": {"total": 0.0},
+            }
         rows.append(row)
         s = row["seconds"]
         found = ", ".join(f"{c}@{ln}" for c, ln in row["findings"]) or "-"
-        print(f"{row['verdict']:7s} {row['file']:58s} expected={str(row['expected']):22s} "
-              f"found=[{found}] notices={len(row['notices'])} "
-              f"t={s.get('total', 0):.2f}s cpu={s.get('cpu', 0):.2f}s (capture {s.get('capture', 0):.2f}, "
-              f"compile {s.get('compile', 0):.2f}, "
-              f"interpret {s.get('interpret', 0):.2f}, analyse {s.get('analyse', 0):.2f})", flush=True)
+        print(
+            f"{row['verdict']:7s} {row['file']:58s} expected={str(row['expected']):22s} "
+            f"found=[{found}] notices={len(row['notices'])} "
+            f"t={s.get('total', 0):.2f}s cpu={s.get('cpu', 0):.2f}s (capture {s.get('capture', 0):.2f}, "
+            f"compile {s.get('compile', 0):.2f}, "
+            f"interpret {s.get('interpret', 0):.2f}, analyse {s.get('analyse', 0):.2f})",
+            flush=True,
+        )
         for n in row["notices"]:
             print(f"        note: {n[:200]}")
     del t_imports
@@ -134,22 +171,28 @@ def main(argv=None) -> int:
     times = [r["seconds"]["total"] for r in rows if r["verdict"] != "ERROR"]
     cpu = [r["seconds"]["cpu"] for r in rows if r["verdict"] != "ERROR"]
     per_kernel = [r["seconds"]["total"] / max(r["kernels"], 1) for r in rows if r["verdict"] != "ERROR"]
-    print(f"\n# bug kernels caught with their class: {caught}/{len(bugs)}; "
-          f"correct kernels with a false finding: {false}/{len(good)}; errors: "
-          f"{sum(r['verdict'] == 'ERROR' for r in rows)}")
+    print(
+        f"\n# bug kernels caught with their class: {caught}/{len(bugs)}; "
+        f"correct kernels with a false finding: {false}/{len(good)}; errors: "
+        f"{sum(r['verdict'] == 'ERROR' for r in rows)}"
+    )
     classes: dict = {}
     for r in bugs:
         classes.setdefault(r["expected"], []).append(r["verdict"] == "caught")
     print("# per class: " + ", ".join(f"{c} {sum(v)}/{len(v)}" for c, v in sorted(classes.items())))
     if times:
-        print(f"# seconds per entry: median {statistics.median(times):.2f}, max {max(times):.2f} "
-              f"(CPU: median {statistics.median(cpu):.2f}, max {max(cpu):.2f}); per kernel: "
-              f"median {statistics.median(per_kernel):.2f}, max {max(per_kernel):.2f} "
-              f"(first entry includes one-time warm-up)")
+        print(
+            f"# seconds per entry: median {statistics.median(times):.2f}, max {max(times):.2f} "
+            f"(CPU: median {statistics.median(cpu):.2f}, max {max(cpu):.2f}); per kernel: "
+            f"median {statistics.median(per_kernel):.2f}, max {max(per_kernel):.2f} "
+            f"(first entry includes one-time warm-up)"
+        )
     if args.end_to_end and files:
         e2e = end_to_end(files[0], args.end_to_end)
-        print(f"# end-to-end `kernalin-ci verify --only structural` ({rows[0]['file']}): "
-              f"{', '.join(f'{x:.2f}' for x in e2e)} s")
+        print(
+            f"# end-to-end `kernalin-ci verify --only structural` ({rows[0]['file']}): "
+            f"{', '.join(f'{x:.2f}' for x in e2e)} s"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps({"triton": triton.__version__, "rows": rows}, indent=1))
     return 0

@@ -19,6 +19,7 @@ decode attention with NUM_SPLITS as an entry keyword (`tune.params`). Per kernel
 
 A cap (`--max-s`, default 170 s) starts no kernel later than 50 s before it, and says which it skipped.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,12 +37,23 @@ from kernalin_ci.tune.space import TuneSpec  # noqa: E402
 
 DOMAIN = {"head_dim": 128, "num_q_heads": 32, "num_kv_heads": 8, "dtype": "bfloat16"}
 KERNELS = {  # in order of importance: the cap skips the last ones first
-    "paged": dict(op="attention.decode_paged", entry="kernels/tune/paged_autotuned.py:entry",
-                  params={"block_size": 16}, domain={**DOMAIN, "block_size": 16}, spec=TuneSpec()),
-    "split_kv": dict(op="attention.decode", entry="kernels/tune/split_kv.py:entry", params={}, domain=DOMAIN,
-                     spec=TuneSpec({"NUM_SPLITS": [1, 2, 4, 8, 16]}, use_autotune=False)),
-    "rope": dict(op="rope", entry="kernels/tune/rope_autotuned.py:rope", params={"style": "neox"},
-                 domain=DOMAIN, spec=TuneSpec()),
+    "paged": dict(
+        op="attention.decode_paged",
+        entry="kernels/tune/paged_autotuned.py:entry",
+        params={"block_size": 16},
+        domain={**DOMAIN, "block_size": 16},
+        spec=TuneSpec(),
+    ),
+    "split_kv": dict(
+        op="attention.decode",
+        entry="kernels/tune/split_kv.py:entry",
+        params={},
+        domain=DOMAIN,
+        spec=TuneSpec({"NUM_SPLITS": [1, 2, 4, 8, 16]}, use_autotune=False),
+    ),
+    "rope": dict(
+        op="rope", entry="kernels/tune/rope_autotuned.py:rope", params={"style": "neox"}, domain=DOMAIN, spec=TuneSpec()
+    ),
 }
 RESERVE_S = 50  # a kernel takes about this long: none starts past --max-s minus this
 
@@ -116,13 +128,19 @@ def measure(k: dict, result, picks: list[dict], cases, op, params: dict) -> list
             us[role] = kernel_us(fn, kw)
         ck = checked.get(pick["pick"])
         v = j.vs_reference.get(tune_pick) if j else None
-        rows.append({
-            "shape": case.name, "autotune_pick": result.label(pick["pick"]),
-            "autotune_pick_verified": None if ck is None else ck.passed,
-            "autotune_pick_findings": ck.finding_lines()[:1] if ck else [],
-            "tune_pick": result.label(tune_pick), "tune_vs_current": v.to_json() | {"posterior_hist": None} if v else None,
-            "tune_equivalent": [result.label(n) for n in (j.equivalent if j else [])],
-            "us": us, "autotune_seconds": pick["seconds"]})
+        rows.append(
+            {
+                "shape": case.name,
+                "autotune_pick": result.label(pick["pick"]),
+                "autotune_pick_verified": None if ck is None else ck.passed,
+                "autotune_pick_findings": ck.finding_lines()[:1] if ck else [],
+                "tune_pick": result.label(tune_pick),
+                "tune_vs_current": v.to_json() | {"posterior_hist": None} if v else None,
+                "tune_equivalent": [result.label(n) for n in (j.equivalent if j else [])],
+                "us": us,
+                "autotune_seconds": pick["seconds"],
+            }
+        )
     return rows
 
 
@@ -165,10 +183,15 @@ def main(argv=None) -> int:
         picks = autotune_picks(k, result, cases, op, params)
         rows = measure(k, result, picks, cases, op, params)
         report["kernels"][name] = {
-            "candidates": len(result.space.candidates), "dropped": [c.candidate.label for c in result.dropped],
+            "candidates": len(result.space.candidates),
+            "dropped": [c.candidate.label for c in result.dropped],
             "tune_seconds": {"verify": result.verify_seconds, "race": result.race_seconds, "all": result.seconds},
-            "autotune_seconds": sum(p["seconds"] for p in picks), "chosen": result.label(result.chosen),
-            "stopped": result.stopped, "rows": rows, "notes": result.notes}
+            "autotune_seconds": sum(p["seconds"] for p in picks),
+            "chosen": result.label(result.chosen),
+            "stopped": result.stopped,
+            "rows": rows,
+            "notes": result.notes,
+        }
     report["seconds"] = time.perf_counter() - t_start
     (out_dir / "tune_vs_autotune.json").write_text(json.dumps(report, indent=2) + "\n")
     print(table(report))
@@ -176,19 +199,26 @@ def main(argv=None) -> int:
 
 
 def table(report: dict) -> str:
-    lines = [f"tune vs triton.autotune on {report['device']} (torch {report['torch']}), {report['seconds']:.0f} s",
-             "", "| kernel | shape | autotune pick (verified?) | tune pick | tune vs current | µs current / autotune / "
-             "tune | GPU s autotune / tune (verify+race) |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"tune vs triton.autotune on {report['device']} (torch {report['torch']}), {report['seconds']:.0f} s",
+        "",
+        "| kernel | shape | autotune pick (verified?) | tune pick | tune vs current | µs current / autotune / "
+        "tune | GPU s autotune / tune (verify+race) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name, k in report["kernels"].items():
         ts = k["tune_seconds"]
         for r in k["rows"]:
             ok = {True: "yes", False: "NO: " + "; ".join(r["autotune_pick_findings"])[:80], None: "n/a"}[
-                r["autotune_pick_verified"]]
+                r["autotune_pick_verified"]
+            ]
             v = r["tune_vs_current"]
             vs = f"{v['verdict']} {v['ratio']:.3f}" if v else "-"
             us = " / ".join(f"{r['us'].get(x, float('nan')):.1f}" for x in ("current", "autotune", "tune"))
-            lines.append(f"| {name} | {r['shape']} | {r['autotune_pick']} ({ok}) | {r['tune_pick']} | {vs} | {us} | "
-                         f"{r['autotune_seconds']:.1f} / {ts['verify']:.0f}+{ts['race']:.0f} |")
+            lines.append(
+                f"| {name} | {r['shape']} | {r['autotune_pick']} ({ok}) | {r['tune_pick']} | {vs} | {us} | "
+                f"{r['autotune_seconds']:.1f} / {ts['verify']:.0f}+{ts['race']:.0f} |"
+            )
         lines.append(f"| {name} | dropped by verification: {', '.join(k['dropped']) or 'none'} | | | | | |")
     for n in report["skipped"]:
         lines.append(f"| {n} | skipped: past --max-s | | | | | |")

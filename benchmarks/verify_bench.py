@@ -8,6 +8,7 @@ largest of that tree's processes (the CLI and its worker children), read from
 getrusage(RUSAGE_CHILDREN) in a wrapper process. Prints one row per kernel and a
 summary (median, max). Figures: docs/verification.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,21 @@ print(json.dumps({"rc": r.returncode, "seconds": time.perf_counter() - t,
 
 
 def measure(kernel, device: str, kind: str) -> dict:
-    cmd = [sys.executable, "-m", "kernalin_ci", "verify", "--op", kernel.op, "--entry", f"{kernel.path}:entry",
-           "--device", device, "--quiet", "--json", "-"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "kernalin_ci",
+        "verify",
+        "--op",
+        kernel.op,
+        "--entry",
+        f"{kernel.path}:entry",
+        "--device",
+        device,
+        "--quiet",
+        "--json",
+        "-",
+    ]
     for k, v in kernel.params.items():
         cmd += ["--param", f"{k}={v}"]
     if kind != "all":
@@ -43,9 +57,17 @@ def measure(kernel, device: str, kind: str) -> dict:
         res = json.loads(m["stdout"])
     except json.JSONDecodeError:
         res = {"verdict": "error", "cases_run": 0, "findings": []}
-    return {"kernel": kernel.name, "op": kernel.op, "bug": kernel.bug_class, "rc": m["rc"],
-            "verdict": res.get("verdict"), "cases": res.get("cases_run"), "seconds": round(m["seconds"], 2),
-            "peak_rss_mb": round(m["peak_rss_mb"]), "error": None if m["rc"] in (0, 1) else m["stderr"][-300:]}
+    return {
+        "kernel": kernel.name,
+        "op": kernel.op,
+        "bug": kernel.bug_class,
+        "rc": m["rc"],
+        "verdict": res.get("verdict"),
+        "cases": res.get("cases_run"),
+        "seconds": round(m["seconds"], 2),
+        "peak_rss_mb": round(m["peak_rss_mb"]),
+        "error": None if m["rc"] in (0, 1) else m["stderr"][-300:],
+    }
 
 
 def main() -> int:
@@ -58,19 +80,23 @@ def main() -> int:
     ap.add_argument("--only", default="correct", choices=("correct", "bug", "all"))
     ap.add_argument("--json")
     args = ap.parse_args()
-    kernels = [k for k in discover(default_dir(), args.op)
-               if args.only == "all" or (args.only == "bug") == k.is_bug]
+    kernels = [k for k in discover(default_dir(), args.op) if args.only == "all" or (args.only == "bug") == k.is_bug]
     rows = []
     print(f"{'kernel':48} {'verdict':8} {'cases':>5} {'seconds':>8} {'peak MB':>8}")
     for k in kernels:
         r = measure(k, args.device, args.kind)
         rows.append(r)
-        print(f"{r['kernel']:48} {str(r['verdict']):8} {str(r['cases']):>5} {r['seconds']:8.1f} "
-              f"{r['peak_rss_mb']:8d}" + (f"  ERROR {r['error']}" if r["error"] else ""), flush=True)
+        print(
+            f"{r['kernel']:48} {str(r['verdict']):8} {str(r['cases']):>5} {r['seconds']:8.1f} "
+            f"{r['peak_rss_mb']:8d}" + (f"  ERROR {r['error']}" if r["error"] else ""),
+            flush=True,
+        )
     secs = [r["seconds"] for r in rows]
     mem = [r["peak_rss_mb"] for r in rows]
-    print(f"\n{len(rows)} kernels on {args.device} ({args.kind}): seconds median {statistics.median(secs):.1f}, "
-          f"max {max(secs):.1f}; peak RSS median {statistics.median(mem):.0f} MB, max {max(mem):.0f} MB")
+    print(
+        f"\n{len(rows)} kernels on {args.device} ({args.kind}): seconds median {statistics.median(secs):.1f}, "
+        f"max {max(secs):.1f}; peak RSS median {statistics.median(mem):.0f} MB, max {max(mem):.0f} MB"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     return 0

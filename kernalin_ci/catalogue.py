@@ -5,6 +5,7 @@ params, modelled_on, style) and an `entry` function. The matrix runs every
 kernel through the pos-0 probe, the dynamic checks and the structural checks,
 and compares what was caught with what the file says.
 """
+
 from __future__ import annotations
 
 import ast
@@ -73,8 +74,9 @@ class Row:
             elif kind == "structural" and not self.kernel.is_bug and cell.caught:
                 out.append("structural: a false finding on a correct kernel")
             elif want is not None and cell.caught != want:
-                out.append(f"{kind}: {'caught' if cell.caught else 'missed'}, catalogue says "
-                           f"{'caught' if want else 'missed'}")
+                out.append(
+                    f"{kind}: {'caught' if cell.caught else 'missed'}, catalogue says {'caught' if want else 'missed'}"
+                )
         return out
 
 
@@ -118,8 +120,9 @@ def read_meta(path: Path) -> Kernel:
         raise UsageError(f"{path}: CATALOGUE bug_class {bug!r} is not in the vocabulary")
     if bug is not None and d.get("pos0") not in ("caught", "missed"):
         raise UsageError(f"{path}: CATALOGUE pos0 must be 'caught' or 'missed' for a bug kernel")
-    return Kernel(str(path), d["op"], bug, d.get("pos0"), dict(d.get("params") or {}), d.get("modelled_on"),
-                  d.get("style"))
+    return Kernel(
+        str(path), d["op"], bug, d.get("pos0"), dict(d.get("params") or {}), d.get("modelled_on"), d.get("style")
+    )
 
 
 def run_one(kernel: Kernel, kind: str, device: str) -> Cell:
@@ -148,5 +151,9 @@ def matrix(kernels: list[Kernel], kinds: tuple[str, ...], device: str, jobs: int
 
 
 def row_json(row: Row) -> dict:
-    return {"kernel": row.kernel.name, **asdict(row.kernel),
-            "results": {k: asdict(c) for k, c in row.cells.items()}, "mismatches": row.mismatches()}
+    return {
+        "kernel": row.kernel.name,
+        **asdict(row.kernel),
+        "results": {k: asdict(c) for k, c in row.cells.items()},
+        "mismatches": row.mismatches(),
+    }

@@ -5,6 +5,7 @@ add_arguments(parser) and run(args) -> int. Exit codes (docs/cli.md):
 0 passed or nothing to check, 1 a finding or a failed gate, 2 usage/config/load error,
 3 internal error (kernalin_ci.errors).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,8 +27,11 @@ class _Parser(argparse.ArgumentParser):
 def _commands():
     import kernalin_ci.commands as pkg
 
-    mods = [importlib.import_module(f"kernalin_ci.commands.{m.name}")
-            for m in pkgutil.iter_modules(pkg.__path__) if not m.name.startswith("_")]
+    mods = [
+        importlib.import_module(f"kernalin_ci.commands.{m.name}")
+        for m in pkgutil.iter_modules(pkg.__path__)
+        if not m.name.startswith("_")
+    ]
     return sorted(mods, key=lambda m: getattr(m, "ORDER", 50))
 
 
@@ -77,5 +81,5 @@ def as_flag(e: UsageError, args: argparse.Namespace) -> str:
     configuration file, where no flag was given."""
     text = str(e)
     if e.setting and text.startswith(e.setting) and getattr(args, e.setting, None) not in (None, False):
-        return "--" + e.setting.replace("_", "-") + text[len(e.setting):]
+        return "--" + e.setting.replace("_", "-") + text[len(e.setting) :]
     return text

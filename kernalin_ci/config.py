@@ -2,6 +2,7 @@
 
 The schema is in docs/config.md; `kernalin-ci init` writes a commented starter.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -98,8 +99,7 @@ def _mapping(w: _Where, node, key: str) -> dict:
 def _known(w: _Where, m: dict, key: str, allowed: tuple[str, ...]) -> None:
     for name, (knode, _) in m.items():
         if name not in allowed:
-            raise w.err(knode, f"{key}.{name}" if key else name,
-                        f"unknown key (allowed: {', '.join(allowed)})")
+            raise w.err(knode, f"{key}.{name}" if key else name, f"unknown key (allowed: {', '.join(allowed)})")
 
 
 def _scalar(w: _Where, m: dict, key: str, name: str, kind, default=None, required=False):
@@ -220,8 +220,9 @@ def _kernel(w: _Where, node, key: str, taken: set) -> Kernel:
         from kernalin_ci.bench.regime import REGIMES
 
         if bench["regime"] not in REGIMES:
-            raise w.err(m["bench"][1], f"{key}.bench.regime",
-                        f"must be one of {', '.join(REGIMES)}, got {bench['regime']!r}")
+            raise w.err(
+                m["bench"][1], f"{key}.bench.regime", f"must be one of {', '.join(REGIMES)}, got {bench['regime']!r}"
+            )
     timeout = _scalar(w, m, key, "timeout", float)
     if timeout is not None and timeout <= 0:
         raise w.err(m["timeout"][1], f"{key}.timeout", "must be positive")
@@ -271,8 +272,9 @@ def _domain(w: _Where, m: dict, key: str, op: str, params: dict) -> dict:
     except UsageError as e:
         bad = next((k for k in items if str(e).startswith(f" {k}:")), None)
         at = items[bad][1] if bad else node
-        raise w.err(at, f"{key}.domain" + (f".{bad}" if bad else ""),
-                    str(e).split(":", 1)[1].strip() if bad else str(e).strip()) from None
+        raise w.err(
+            at, f"{key}.domain" + (f".{bad}" if bad else ""), str(e).split(":", 1)[1].strip() if bad else str(e).strip()
+        ) from None
     return raw
 
 

@@ -10,6 +10,7 @@ shape) is reported as "unsupported, not checked" with the kernel's own error, ne
 
 Plain data: a `Domain` is JSON-serialisable and travels to the worker in the job.
 """
+
 from __future__ import annotations
 
 import math
@@ -23,8 +24,13 @@ from kernalin_ci.ops.base import DTYPES, Case
 AXES = ("head_dim", "num_q_heads", "num_kv_heads", "dtype", "block_size")
 DIM_OF = {"head_dim": "D", "num_q_heads": "Hq", "num_kv_heads": "Hkv", "block_size": "block_size"}
 # the values tried when an axis is undeclared: small cases at the head dims, substitutes for the rest
-USUAL = {"head_dim": (64, 80, 96, 128, 256), "num_q_heads": (8, 4, 16, 32), "num_kv_heads": (2, 1, 4, 8),
-         "dtype": DTYPES, "block_size": (16, 32, 64, 128, 8)}
+USUAL = {
+    "head_dim": (64, 80, 96, 128, 256),
+    "num_q_heads": (8, 4, 16, 32),
+    "num_kv_heads": (2, 1, 4, 8),
+    "dtype": DTYPES,
+    "block_size": (16, 32, 64, 128, 8),
+}
 SHAPE_TAG = "shape:"  # a small case that checks one value of one axis: never moved off that value
 
 
@@ -55,11 +61,14 @@ class Domain:
         return all(self.values(a) and shape.get(a) in self.values(a) for a in axes)
 
     def to_json(self) -> dict:
-        return {f.name: (list(v) if isinstance(v, tuple) else v) for f in fields(self)
-                if (v := getattr(self, f.name)) not in ((), None)}
+        return {
+            f.name: (list(v) if isinstance(v, tuple) else v)
+            for f in fields(self)
+            if (v := getattr(self, f.name)) not in ((), None)
+        }
 
     @classmethod
-    def from_json(cls, d: dict | None) -> "Domain":
+    def from_json(cls, d: dict | None) -> Domain:
         d = d or {}
         return cls(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in d.items()})
 
@@ -114,8 +123,9 @@ def _positive_int(key: str, v) -> int:
 def _check_heads(dom: Domain) -> None:
     for hq in dom.num_q_heads:
         if dom.num_kv_heads and not any(hq % k == 0 for k in dom.num_kv_heads):
-            raise DomainError("num_q_heads", f"{hq} is not a multiple of any num_kv_heads "
-                                             f"({', '.join(map(str, dom.num_kv_heads))})")
+            raise DomainError(
+                "num_q_heads", f"{hq} is not a multiple of any num_kv_heads ({', '.join(map(str, dom.num_kv_heads))})"
+            )
 
 
 def parse_cli(items: list[str] | None) -> dict:
@@ -150,8 +160,9 @@ def resolve(op, raw_params: dict, raw_domain: dict | None, where: str = "domain"
         have = dom.values(axis) if axis != "max_position" else dom.max_position
         if have and (pin not in have if isinstance(have, tuple) else pin != have):
             shown = ", ".join(map(str, have)) if isinstance(have, tuple) else have
-            raise UsageError(f"{where} {axis}: param {axis}={pin} is outside the declared domain ({shown})",
-                             setting=where or None)
+            raise UsageError(
+                f"{where} {axis}: param {axis}={pin} is outside the declared domain ({shown})", setting=where or None
+            )
         if not have:
             declared[axis] = (pin,) if axis != "max_position" else pin
     dom = replace(dom, **declared)
@@ -290,8 +301,9 @@ def shape_cases(op, params: dict, dom: Domain, planned: list[Case], main_dtype: 
                 continue
             shape = {axis: v}
             if axis == "num_q_heads" and base.dims.get("Hkv") and v % base.dims["Hkv"]:
-                shape["num_kv_heads"] = max(k for k in range(1, v + 1) if v % k == 0 and
-                                            (not dom.num_kv_heads or k in dom.num_kv_heads))
+                shape["num_kv_heads"] = max(
+                    k for k in range(1, v + 1) if v % k == 0 and (not dom.num_kv_heads or k in dom.num_kv_heads)
+                )
             if axis == "num_kv_heads" and base.dims.get("Hq") and base.dims["Hq"] % v:
                 shape["num_q_heads"] = v * max(1, base.dims["Hq"] // base.dims.get("Hkv", 1))
             if axis != "dtype" and not dom.dtype:
@@ -314,7 +326,7 @@ def alternatives(op, case: Case, params: dict, dom: Domain, main_dtype: str) -> 
     """Shapes to run a case at when the kernel refuses its own, nearest first: one axis changed, then
     two. A shape case keeps its axis (its dtype is only the plan's turn); a dtype-sweep case keeps its dtype."""
     shape = shape_of(op, case, params)
-    fixed = {t[len(SHAPE_TAG):] for t in case.tags if t.startswith(SHAPE_TAG)}
+    fixed = {t[len(SHAPE_TAG) :] for t in case.tags if t.startswith(SHAPE_TAG)}
     small = bool(fixed)  # a shape case: one other axis at a time, never the heads
     if case.dtype != main_dtype and not small:  # a sweep case is there for its dtype
         fixed.add("dtype")
@@ -334,7 +346,7 @@ def alternatives(op, case: Case, params: dict, dom: Domain, main_dtype: str) -> 
     doubles = []
     axes = list(options)
     for i, a in enumerate(axes):
-        for b in axes[i + 1:]:
+        for b in axes[i + 1 :]:
             doubles += [{a: v, b: w} for v in options[a] for w in options[b]]
         doubles += [{a: v, **h} for v in options[a] for h in heads]
     return singles + doubles
@@ -372,5 +384,11 @@ def coverage(op, cases: list[Case], params: dict):
             blocks.add(shape["block_size"])
         lens += [int(x) for x in c.dims.get("kv_lens", [])]
         pos += [int(x) for x in c.dims.get("positions", [])]
-    return Coverage(sorted(dims), list(heads), [d for d in DTYPES if d in dtypes], sorted(blocks),
-                    [min(lens), max(lens)] if lens else [], [min(pos), max(pos)] if pos else [])
+    return Coverage(
+        sorted(dims),
+        list(heads),
+        [d for d in DTYPES if d in dtypes],
+        sorted(blocks),
+        [min(lens), max(lens)] if lens else [],
+        [min(pos), max(pos)] if pos else [],
+    )

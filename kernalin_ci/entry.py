@@ -5,6 +5,7 @@ taken out of `sys.modules` again once it is loaded, so the same file (and its
 sibling modules) from two checkouts, base and head, can be loaded side by side
 in one process without one shadowing the other.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -12,9 +13,9 @@ import importlib
 import importlib.util
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from kernalin_ci.errors import UsageError
 

@@ -9,6 +9,7 @@
 
 A kernel that crashes, hangs or raises is neither: it is a finding (kernalin_ci.findings).
 """
+
 from __future__ import annotations
 
 import os

@@ -4,6 +4,7 @@ A finding is evidence that a kernel is wrong; a notice says a check could not
 decide (it never fails the gate). Both are plain data, serialised as docs/cli.md
 describes.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -79,7 +80,7 @@ class Finding:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, d: dict) -> "Finding":
+    def from_json(cls, d: dict) -> Finding:
         loc = d.get("location")
         return cls(**{**d, "location": Location(**loc) if loc else None})
 
@@ -97,7 +98,7 @@ class Notice:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, d: dict) -> "Notice":
+    def from_json(cls, d: dict) -> Notice:
         loc = d.get("location")
         return cls(**{**d, "location": Location(**loc) if loc else None})
 
@@ -117,7 +118,7 @@ class Coverage:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, d: dict) -> "Coverage":
+    def from_json(cls, d: dict) -> Coverage:
         return cls(**{k: list(d.get(k) or []) for k in cls.__dataclass_fields__})
 
     def summary(self) -> str:
@@ -153,7 +154,7 @@ class NotChecked:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, d: dict) -> "NotChecked":
+    def from_json(cls, d: dict) -> NotChecked:
         return cls(**d)
 
     def summary(self) -> str:
@@ -182,7 +183,7 @@ class StructuralStatus:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, d: dict) -> "StructuralStatus":
+    def from_json(cls, d: dict) -> StructuralStatus:
         return cls(**d)
 
     def summary(self) -> str:
@@ -226,9 +227,12 @@ class VerifyResult:
         }
 
     @classmethod
-    def from_json(cls, d: dict) -> "VerifyResult":
+    def from_json(cls, d: dict) -> VerifyResult:
         return cls(
-            op=d["op"], entry=d["entry"], cases_run=d["cases_run"], seconds=d["seconds"],
+            op=d["op"],
+            entry=d["entry"],
+            cases_run=d["cases_run"],
+            seconds=d["seconds"],
             findings=[Finding.from_json(f) for f in d["findings"]],
             notices=[Notice.from_json(n) for n in d.get("notices", [])],
             device=d.get("device", "cpu"),

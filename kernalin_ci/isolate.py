@@ -4,6 +4,7 @@ A kernel under test can hang, segfault, or poison the CUDA context; none of
 that may take the gate down. The parent streams the child's events; each event
 restarts the step clock; silence past `timeout_s` kills the whole process group.
 """
+
 from __future__ import annotations
 
 import json
@@ -54,16 +55,42 @@ class Outcome:
 # The kernel worker's environment is an allowlist: what Python, torch, Triton and CUDA need, and the
 # daemon's job marker. Everything else the gate process holds (cloud keys, GITHUB_TOKEN, HF_TOKEN,
 # OPENAI_API_KEY, the App key, ...) stays out of reach of the kernel code under test.
-PASS_NAMES = frozenset({
-    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM", "LD_LIBRARY_PATH",
-    "CC", "CXX", "XDG_CACHE_HOME", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-    "KERNALIN_DAEMON_JOB", "KERNALIN_CHECKS"})
+PASS_NAMES = frozenset(
+    {
+        "PATH",
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "LANG",
+        "LANGUAGE",
+        "TZ",
+        "TMPDIR",
+        "TERM",
+        "LD_LIBRARY_PATH",
+        "CC",
+        "CXX",
+        "XDG_CACHE_HOME",
+        "OMP_NUM_THREADS",
+        "MKL_NUM_THREADS",
+        "OPENBLAS_NUM_THREADS",
+        "KERNALIN_DAEMON_JOB",
+        "KERNALIN_CHECKS",
+    }
+)
 PASS_PREFIXES = ("LC_", "TRITON_", "CUDA_", "NVIDIA_", "PYTORCH_", "TORCH_")
 
 # Credentials named here are refused even where a prefix above would let them through.
 _SECRET_PREFIXES = ("KERNALIN_GITHUB_APP_", "ACTIONS_RUNTIME_TOKEN", "ACTIONS_ID_TOKEN_REQUEST_")
-_SECRET_NAMES = {"GITHUB_TOKEN", "GH_TOKEN", "INPUT_GITHUB-TOKEN", "INPUT_GITHUB_TOKEN",
-                 "KERNALIN_WEBHOOK_SECRET", "KERNALIN_WEBHOOK_SECRET_FILE", "ACTIONS_CACHE_URL", "ACTIONS_RESULTS_URL"}
+_SECRET_NAMES = {
+    "GITHUB_TOKEN",
+    "GH_TOKEN",
+    "INPUT_GITHUB-TOKEN",
+    "INPUT_GITHUB_TOKEN",
+    "KERNALIN_WEBHOOK_SECRET",
+    "KERNALIN_WEBHOOK_SECRET_FILE",
+    "ACTIONS_CACHE_URL",
+    "ACTIONS_RESULTS_URL",
+}
 
 
 def is_secret(name: str) -> bool:
@@ -87,8 +114,15 @@ def child_env(device: str, extra: dict | None = None) -> dict:
     return env
 
 
-def run_task(job: dict, device: str, timeout_s: float, on_event=None, env: dict | None = None,
-             cwd: str | None = None, writable: tuple[str, ...] = ()) -> Outcome:
+def run_task(
+    job: dict,
+    device: str,
+    timeout_s: float,
+    on_event=None,
+    env: dict | None = None,
+    cwd: str | None = None,
+    writable: tuple[str, ...] = (),
+) -> Outcome:
     """Run job (a dict with 'task') in `python -m kernalin_ci.worker` (isolated: launch.module_argv), in
     the worker sandbox where bubblewrap can make one (sandbox.worker_plan); call on_event per event (when
     it returns False, the child is killed: status "refused"). `writable`: folders the parent made for the
@@ -108,9 +142,15 @@ def run_task(job: dict, device: str, timeout_s: float, on_event=None, env: dict 
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
                 [*(plan.argv_prefix if plan else []), *argv, str(w)],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, pass_fds=(w,),
-                env=child_env(device, {**(env or {}), **sandbox_env}), cwd=cwd, start_new_session=True,
-                preexec_fn=plan.preexec if plan else None)
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                pass_fds=(w,),
+                env=child_env(device, {**(env or {}), **sandbox_env}),
+                cwd=cwd,
+                start_new_session=True,
+                preexec_fn=plan.preexec if plan else None,
+            )
         os.close(w)
         events: queue.Queue = queue.Queue()
 

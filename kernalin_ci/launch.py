@@ -9,6 +9,7 @@ working directory. A checkout that carries its own `kernalin_ci/` package (the g
 workers run inside checkouts) therefore cannot stand in for the tool, and this works the same from
 an installed wheel, an editable install or a plain source tree.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -22,8 +23,10 @@ import kernalin_ci
 # the directory that holds the kernalin_ci package this process runs (site-packages or a source tree)
 PACKAGE_ROOT = str(Path(kernalin_ci.__file__).resolve().parent.parent)
 # argv: -c BOOT PATHS MODULE ARGS...: PATHS (JSON) go first on sys.path, MODULE runs as __main__ with ARGS
-_BOOT = ("import json, runpy, sys; sys.path[:0] = json.loads(sys.argv.pop(1)); m = sys.argv.pop(1); "
-         "runpy.run_module(m, run_name='__main__', alter_sys=True)")
+_BOOT = (
+    "import json, runpy, sys; sys.path[:0] = json.loads(sys.argv.pop(1)); m = sys.argv.pop(1); "
+    "runpy.run_module(m, run_name='__main__', alter_sys=True)"
+)
 
 
 def child_path(cwd: str | os.PathLike | None = None) -> list[str]:
@@ -49,8 +52,10 @@ def module_argv(module: str, *, cwd: str | os.PathLike | None = None, python: st
 # For an image where kernalin-ci is installed (the docker runner): no -I, so the interpreter keeps every
 # site it has (a user site too); the working directory ('' with -c) leaves sys.path before anything is
 # imported, so a module in the checkout cannot stand in for runpy or kernalin_ci.
-_IMAGE_BOOT = ("import sys; sys.path[:] = [p for p in sys.path if p]; import runpy; m = sys.argv.pop(1); "
-               "runpy.run_module(m, run_name='__main__', alter_sys=True)")
+_IMAGE_BOOT = (
+    "import sys; sys.path[:] = [p for p in sys.path if p]; import runpy; m = sys.argv.pop(1); "
+    "runpy.run_module(m, run_name='__main__', alter_sys=True)"
+)
 
 
 def image_module_argv(module: str, python: str = "python3") -> list[str]:

@@ -6,6 +6,7 @@ before the first worker even starts. Modules that the parent and the workers
 share write `from kernalin_ci.lazy import torch`; the real import happens on the
 first attribute access: in the worker, and in the parent once it judges a result.
 """
+
 from __future__ import annotations
 
 import importlib

@@ -18,6 +18,7 @@ A job runs under bubblewrap (`bwrap`) with
 `prepare()` returns how to start the job (argv prefix, a pre-exec hook that joins the cgroup and drops
 the uid) and the limits actually in force; what could not be enforced is stated, never skipped silently.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -69,6 +70,7 @@ class SandboxSettings:
 
 
 # ------------------------------------------------------------------ cgroups
+
 
 def _cgroup_v2() -> bool:
     return (CGROUP_ROOT / "cgroup.controllers").exists()
@@ -175,6 +177,7 @@ def oom_killed(job_id: str) -> bool:
 
 # ------------------------------------------------------------------ the bwrap command
 
+
 def _user(text: str) -> tuple[int, int]:
     uid, _, gid = str(text).partition(":")
     try:
@@ -202,15 +205,18 @@ class Plan:
     tmp: str = "/tmp"
 
 
-def prepare(settings: SandboxSettings, job_id: str, writable: list[Path], gpu_devices: list[str],
-            hide: list[str] = ()) -> Plan:
+def prepare(
+    settings: SandboxSettings, job_id: str, writable: list[Path], gpu_devices: list[str], hide: list[str] = ()
+) -> Plan:
     """How to start job JOB_ID inside the sandbox. WRITABLE are bound read-write at the same paths;
     HIDE (the daemon's state folder, its secret files) are masked wherever a bound folder holds them."""
     bwrap = shutil.which(settings.bwrap) if os.sep not in settings.bwrap else settings.bwrap
     if not bwrap or not os.access(bwrap, os.X_OK):
-        raise SandboxError(f"bubblewrap ({settings.bwrap!r}) is not installed: install it (Debian/Ubuntu: "
-                           f"apt-get install bubblewrap) or set runner.sandbox.enabled: false (unsafe for "
-                           f"untrusted pull requests)")
+        raise SandboxError(
+            f"bubblewrap ({settings.bwrap!r}) is not installed: install it (Debian/Ubuntu: "
+            f"apt-get install bubblewrap) or set runner.sandbox.enabled: false (unsafe for "
+            f"untrusted pull requests)"
+        )
     memory, tmpfs = parse_size(settings.memory), parse_size(settings.tmpfs_size)
     not_enforced: list[str] = []
     ro = [p for p in _python_paths() + list(settings.extra_ro) if os.path.exists(p)]
@@ -231,8 +237,9 @@ def prepare(settings: SandboxSettings, job_id: str, writable: list[Path], gpu_de
                         except OSError:
                             pass
         else:
-            not_enforced.append("an unprivileged uid: setpriv (util-linux) is not installed, the job keeps "
-                                "uid 0 without capabilities")
+            not_enforced.append(
+                "an unprivileged uid: setpriv (util-linux) is not installed, the job keeps uid 0 without capabilities"
+            )
             uid, gid = 0, 0
     else:  # an unprivileged daemon: a user namespace, the job's uid is the daemon's outside it
         uid, gid = os.geteuid(), os.getegid()
@@ -251,9 +258,24 @@ def prepare(settings: SandboxSettings, job_id: str, writable: list[Path], gpu_de
         if os.path.exists(dev):
             argv += ["--dev-bind", dev, dev]
     # the job's own scratch space, writable by its uid (every process in the sandbox is the job's)
-    argv += ["--perms", "1777", "--size", str(tmpfs), "--tmpfs", "/tmp",
-             "--perms", "0755", "--size", str(tmpfs), "--tmpfs", "/sandbox",
-             "--perms", "0777", "--dir", "/sandbox/home"]
+    argv += [
+        "--perms",
+        "1777",
+        "--size",
+        str(tmpfs),
+        "--tmpfs",
+        "/tmp",
+        "--perms",
+        "0755",
+        "--size",
+        str(tmpfs),
+        "--tmpfs",
+        "/sandbox",
+        "--perms",
+        "0777",
+        "--dir",
+        "/sandbox/home",
+    ]
     made: set[str] = set()
 
     def parents(p, bound) -> list[str]:
@@ -277,8 +299,10 @@ def prepare(settings: SandboxSettings, job_id: str, writable: list[Path], gpu_de
     for p in writable:
         argv += [*parents(p, bound), "--bind", str(p), str(p)]
     if root:
-        argv += ["--", *([setpriv, "--reuid", str(uid), "--regid", str(gid), "--clear-groups", "--"]
-                         if setpriv else [])]
+        argv += [
+            "--",
+            *([setpriv, "--reuid", str(uid), "--regid", str(gid), "--clear-groups", "--"] if setpriv else []),
+        ]
     else:
         argv += ["--uid", str(uid), "--gid", str(gid), "--"]
     procs = [d / "cgroup.procs" for d in cg_dirs]
@@ -291,9 +315,14 @@ def prepare(settings: SandboxSettings, job_id: str, writable: list[Path], gpu_de
             finally:
                 os.close(fd)
 
-    limits = {"memory": memory if cg_dirs else None, "pids": settings.pids if cg_dirs else None,
-              "tmpfs": tmpfs, "uid": uid, "network": "none",
-              "cgroup": [str(d) for d in cg_dirs]}
+    limits = {
+        "memory": memory if cg_dirs else None,
+        "pids": settings.pids if cg_dirs else None,
+        "tmpfs": tmpfs,
+        "uid": uid,
+        "network": "none",
+        "cgroup": [str(d) for d in cg_dirs],
+    }
     return Plan(argv, preexec, limits, not_enforced)
 
 
@@ -324,8 +353,10 @@ def cleanup(job_id: str) -> int:
 def describe(plan: Plan) -> str:
     """One line for the job log: what is in force, and what is not."""
     lim = plan.limits
-    parts = [f"bubblewrap, uid {lim['uid']}, no network, PID namespace",
-             f"tmpfs {lim['tmpfs'] >> 20} MiB for HOME and /tmp"]
+    parts = [
+        f"bubblewrap, uid {lim['uid']}, no network, PID namespace",
+        f"tmpfs {lim['tmpfs'] >> 20} MiB for HOME and /tmp",
+    ]
     if lim["memory"] is not None:
         parts.append(f"memory {lim['memory'] >> 20} MiB, {lim['pids']} processes")
     parts += [f"NOT ENFORCED: {w}" for w in plan.not_enforced]
@@ -381,17 +412,25 @@ def _bwrap_works(settings: SandboxSettings) -> str | None:
 
             flags = ["--unshare-pid", "--unshare-net"] if os.geteuid() == 0 else ["--unshare-all"]
             try:
-                p = subprocess.run([bwrap, *flags, "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "true"],
-                                   capture_output=True, text=True, timeout=30)
-                _probe["why"] = None if p.returncode == 0 else \
-                    f"bubblewrap cannot make a sandbox here ({' '.join(p.stderr.split())[:200]})"
+                p = subprocess.run(
+                    [bwrap, *flags, "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "true"],
+                    capture_output=True,
+                    text=True,
+                    timeout=30,
+                )
+                _probe["why"] = (
+                    None
+                    if p.returncode == 0
+                    else f"bubblewrap cannot make a sandbox here ({' '.join(p.stderr.split())[:200]})"
+                )
             except (OSError, subprocess.TimeoutExpired) as e:
                 _probe["why"] = f"bubblewrap cannot run ({e})"
     return _probe["why"]
 
 
-def worker_plan(job: dict, device: str, workdir: str, cwd: str | None,
-                writable: tuple[str, ...] = ()) -> tuple[Plan | None, dict]:
+def worker_plan(
+    job: dict, device: str, workdir: str, cwd: str | None, writable: tuple[str, ...] = ()
+) -> tuple[Plan | None, dict]:
     """How to start a kernel worker: in a sandbox (a Plan, plus the environment it needs), or not (None).
 
     The worker sees the system and the Python installation read-only, the folders its job names (the
@@ -411,21 +450,27 @@ def worker_plan(job: dict, device: str, workdir: str, cwd: str | None,
             raise SandboxError(f"{ENV_WORKER_SANDBOX}=on: {why}")
         if why not in _warned:
             _warned.append(why)
-            print(f"kernalin-ci: kernel workers run without a sandbox: {why} (set {ENV_WORKER_SANDBOX}=off "
-                  f"to silence, or install bubblewrap)", file=sys.stderr)
+            print(
+                f"kernalin-ci: kernel workers run without a sandbox: {why} (set {ENV_WORKER_SANDBOX}=off "
+                f"to silence, or install bubblewrap)",
+                file=sys.stderr,
+            )
         return None, {}
     from kernalin_ci.launch import child_path
 
     worker_id = f"worker-{os.getpid()}-{next(_worker_ids)}"  # its own cgroup: end_worker kills all of it
     here = os.path.realpath(cwd or os.getcwd())  # relative entries resolve against it, as outside
     rw = {os.path.realpath(p) for p in writable}  # named in the job too, but bound read-write (below)
-    readonly = sorted({os.path.realpath(p) for p in child_path(cwd) if os.path.isdir(p)}
-                      | (_named_paths(job) - rw) | {here})
+    readonly = sorted(
+        {os.path.realpath(p) for p in child_path(cwd) if os.path.isdir(p)} | (_named_paths(job) - rw) | {here}
+    )
     if os.geteuid() == 0:  # the job drops to an unprivileged uid: it must be able to read what it needs
         closed = [p for p in readonly if not _others_can_read(p)]
         if closed:
-            why = (f"{closed[0]} is not readable by uid {settings.user.split(':')[0]}, the sandbox's user when "
-                   f"kernalin-ci runs as root")
+            why = (
+                f"{closed[0]} is not readable by uid {settings.user.split(':')[0]}, the sandbox's user when "
+                f"kernalin-ci runs as root"
+            )
             if mode == "on":
                 raise SandboxError(f"{ENV_WORKER_SANDBOX}=on: {why}")
             if why not in _warned:
@@ -433,11 +478,16 @@ def worker_plan(job: dict, device: str, workdir: str, cwd: str | None,
                 print(f"kernalin-ci: kernel workers run without a sandbox: {why}", file=sys.stderr)
             return None, {}
     settings.extra_ro = readonly
-    plan = prepare(settings, worker_id, [Path(workdir), *map(Path, sorted(rw))],
-                   gpu_device_nodes(None) if device == "cuda" else [])
+    plan = prepare(
+        settings, worker_id, [Path(workdir), *map(Path, sorted(rw))], gpu_device_nodes(None) if device == "cuda" else []
+    )
     plan.argv_prefix[1:1] = ["--chdir", here]
-    env = {"HOME": plan.home, "TMPDIR": plan.tmp, "XDG_CACHE_HOME": f"{plan.home}/.cache",
-           "TRITON_CACHE_DIR": f"{plan.home}/.triton"}
+    env = {
+        "HOME": plan.home,
+        "TMPDIR": plan.tmp,
+        "XDG_CACHE_HOME": f"{plan.home}/.cache",
+        "TRITON_CACHE_DIR": f"{plan.home}/.triton",
+    }
     return plan, env
 
 

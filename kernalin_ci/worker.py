@@ -5,6 +5,7 @@ descriptor FD. The kernel's own prints go to stdout/stderr, which the parent
 keeps apart from the events. The device is fixed by the parent through the
 environment (TRITON_INTERPRET=1 for the CPU) before anything imports Triton.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -53,8 +54,7 @@ def main(argv: list[str]) -> int:
         emit({"event": "usage-error", "message": str(e), "setting": e.setting})
         return 2
     except Exception as e:
-        emit({"event": "internal-error", "message": f"{type(e).__name__}: {e}",
-              "traceback": traceback.format_exc()})
+        emit({"event": "internal-error", "message": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()})
         return 3
     emit({"event": "done"})
     return 0
@@ -67,8 +67,10 @@ def require_cuda() -> None:
     from kernalin_ci.errors import UsageError
 
     if not torch.cuda.is_available():
-        raise UsageError(f"device cuda: torch {torch.__version__} here cannot use the GPU "
-                         f"(a CPU-only build?); use the cpu device", setting="device")
+        raise UsageError(
+            f"device cuda: torch {torch.__version__} here cannot use the GPU (a CPU-only build?); use the cpu device",
+            setting="device",
+        )
 
 
 if __name__ == "__main__":

@@ -32,8 +32,14 @@ def cli(*args, cwd=None, timeout=900, env=None):
     """Run the real `kernalin-ci` command in a subprocess; returns CompletedProcess."""
     e = dict(os.environ)
     e.update(env or {})
-    return subprocess.run([sys.executable, "-m", "kernalin_ci", *args], cwd=cwd or REPO, capture_output=True,
-                          text=True, timeout=timeout, env=e)
+    return subprocess.run(
+        [sys.executable, "-m", "kernalin_ci", *args],
+        cwd=cwd or REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=e,
+    )
 
 
 from kernalin_ci.testing.pytest_fixtures import github_standin, make_github_standin  # noqa: E402,F401

@@ -31,6 +31,7 @@ Environment:
     KERNALIN_TEST_BASE_IMAGE  use this image as BASE_IMAGE instead of making one (python, pip, torch, triton)
     KERNALIN_DOCKER_CACHE     wheels, build logs and the build lock (default: .cache/docker in the repository)
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -48,12 +49,12 @@ import subprocess
 import sys
 import threading
 import time
-import tomllib
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import tomllib
 
 REPO = Path(__file__).resolve().parent.parent
 DOCKER_DIR = REPO / "docker"
@@ -65,6 +66,7 @@ EXTRAS = ("github", "daemon")  # what ./Dockerfile installs: /opt/kernalin[githu
 
 
 # ---------------------------------------------------------------- the engine
+
 
 def engine(timeout_s: float = 10):
     """A docker.DockerClient when an engine answers, else None."""
@@ -97,6 +99,7 @@ def kernalin_image(docker_client) -> str:
 
 # ---------------------------------------------------------------- running a container
 
+
 @dataclass
 class ContainerResult:
     exit_code: int | None  # None: killed at the timeout
@@ -109,8 +112,9 @@ class ContainerResult:
         return f"exit {self.exit_code} after {self.seconds:.0f} s\n--- stdout\n{self.stdout}\n--- stderr\n{self.stderr}"
 
 
-def run_container(client, image: str, command: list[str], *, timeout: float = 600, network: str = "none",
-                  **create_kwargs) -> ContainerResult:
+def run_container(
+    client, image: str, command: list[str], *, timeout: float = 600, network: str = "none", **create_kwargs
+) -> ContainerResult:
     """Run IMAGE with COMMAND (the entrypoint's arguments), wait at most TIMEOUT seconds, always remove
     the container. create_kwargs go to client.containers.create (volumes, environment, user, entrypoint...)."""
     import requests
@@ -132,6 +136,7 @@ def run_container(client, image: str, command: list[str], *, timeout: float = 60
 
 
 # ---------------------------------------------------------------- building
+
 
 class MissingTool(RuntimeError):
     """A tool needed to make the base image is not installed (the tests skip)."""
@@ -221,9 +226,23 @@ def marker_environment(client, image: str) -> dict:
 
 
 def _pip_download(dest: Path, requirements: list[str], *more: str) -> None:
-    r = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
-                        "--only-binary=:all:", "--dest", str(dest), *more, *requirements],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--only-binary=:all:",
+            "--dest",
+            str(dest),
+            *more,
+            *requirements,
+        ],
+        capture_output=True,
+        text=True,
+    )
     if r.returncode != 0:
         raise BuildFailed(f"pip download failed:\n{r.stderr[-3000:]}")
 
@@ -269,8 +288,10 @@ def wheelhouse(requirements: list[str], target: dict) -> Path:
             if dep.marker is None or any(dep.marker.evaluate({**target, "extra": e}) for e in extras):
                 todo.append(dep)
     stamp.touch()
-    log_line(f"wheelhouse for Python {target['python_full_version']}: {len(_wheels(d))} wheels "
-             f"in {time.perf_counter() - t0:.0f} s")
+    log_line(
+        f"wheelhouse for Python {target['python_full_version']}: {len(_wheels(d))} wheels "
+        f"in {time.perf_counter() - t0:.0f} s"
+    )
     return d
 
 
@@ -312,8 +333,16 @@ def build(client, context: Path, tag: str, *, dockerfile: str = "Dockerfile", bu
     with open(cache_dir() / "build.log", "a") as log:
         log.write(f"\n=== build {tag} from {context}/{dockerfile}\n")
         try:
-            stream = client.api.build(path=str(context), dockerfile=dockerfile, tag=tag, buildargs=buildargs or {},
-                                      network_mode="host", rm=True, forcerm=True, decode=True)
+            stream = client.api.build(
+                path=str(context),
+                dockerfile=dockerfile,
+                tag=tag,
+                buildargs=buildargs or {},
+                network_mode="host",
+                rm=True,
+                forcerm=True,
+                decode=True,
+            )
             for chunk in stream:
                 text = chunk.get("stream") or chunk.get("status") or ""
                 if text:
@@ -339,8 +368,10 @@ def rootfs_image(client) -> str:
     if image_exists(client, tag):
         return tag
     if shutil.which("mmdebstrap") is None:
-        raise MissingTool("mmdebstrap is not installed: no base image can be made without a registry "
-                          "(apt-get install mmdebstrap, or set KERNALIN_TEST_BASE_IMAGE)")
+        raise MissingTool(
+            "mmdebstrap is not installed: no base image can be made without a registry "
+            "(apt-get install mmdebstrap, or set KERNALIN_TEST_BASE_IMAGE)"
+        )
     t0 = time.perf_counter()
     r = subprocess.run([str(script), tag], capture_output=True, text=True)
     with open(cache_dir() / "build.log", "a") as log:
@@ -363,8 +394,13 @@ def stand_in_base_image(client) -> str:
     if image_exists(client, tag):
         return tag
     with serve_directory(wheelhouse(packages, marker_environment(client, rootfs))) as url:
-        return build(client, DOCKER_DIR, tag, dockerfile="test-base.Dockerfile",
-                     buildargs={"ROOTFS": rootfs, "PACKAGES": " ".join(packages), **pip_offline_args(url)})
+        return build(
+            client,
+            DOCKER_DIR,
+            tag,
+            dockerfile="test-base.Dockerfile",
+            buildargs={"ROOTFS": rootfs, "PACKAGES": " ".join(packages), **pip_offline_args(url)},
+        )
 
 
 def build_kernalin_image(client, *, base_image: str | None = None, tag: str = IMAGE_TAG) -> str:

@@ -10,6 +10,7 @@ leaves it for a pull_request event; the event payload is real-shaped; GITHUB_API
 the GitHub stand-in (a real HTTP server that validates every request against GitHub's
 OpenAPI description).
 """
+
 from __future__ import annotations
 
 import json
@@ -41,6 +42,7 @@ CONTEXTS = ("inputs", "github", "runner", "steps", "env")
 
 # ---------------------------------------------------------------- the runner, played by the test
 
+
 @dataclass
 class StepRun:
     id: str
@@ -67,8 +69,9 @@ class ActionRun:
 
     @property
     def log(self) -> str:
-        return "\n".join(f"--- step {s.id} (exit {s.returncode}, {s.seconds:.1f} s)\n{s.stdout}\n{s.stderr}"
-                         for s in self.steps)
+        return "\n".join(
+            f"--- step {s.id} (exit {s.returncode}, {s.seconds:.1f} s)\n{s.stdout}\n{s.stderr}" for s in self.steps
+        )
 
 
 def load_action() -> dict:
@@ -78,6 +81,7 @@ def load_action() -> dict:
 def evaluate(text: str, ctx: dict) -> str:
     """Substitute `${{ context.path }}` expressions; a missing property is '' (as on GitHub). Anything
     but a plain property path fails the test: the action must stay within what is evaluated here."""
+
     def one(m: re.Match) -> str:
         expr = m.group(1)
         assert PATH_EXPR.fullmatch(expr), f"expression not evaluated by this test: {expr!r}"
@@ -103,7 +107,7 @@ def parse_output_file(path: Path) -> dict[str, str]:
         if "<<" in line and ("=" not in line or line.index("<<") < line.index("=")):
             name, delim = line.split("<<", 1)
             end = lines.index(delim, i + 1)
-            out[name] = "\n".join(lines[i + 1:end])
+            out[name] = "\n".join(lines[i + 1 : end])
             i = end + 1
         elif line:
             name, value = line.split("=", 1)
@@ -114,8 +118,15 @@ def parse_output_file(path: Path) -> dict[str, str]:
     return out
 
 
-def run_action(action_path: Path, workspace: Path, with_: dict, env: dict, *,
-               given: dict[str, dict] | None = None, timeout: float = 900) -> ActionRun:
+def run_action(
+    action_path: Path,
+    workspace: Path,
+    with_: dict,
+    env: dict,
+    *,
+    given: dict[str, dict] | None = None,
+    timeout: float = 900,
+) -> ActionRun:
     """Run action.yml's steps like the runner. `given`: steps not run, with the outputs they would have
     set (to test one step on its own)."""
     action = load_action()
@@ -126,8 +137,7 @@ def run_action(action_path: Path, workspace: Path, with_: dict, env: dict, *,
         inputs[name] = evaluate(str(value), {"github": env["_github"]})
     unknown = set(with_) - set(inputs)
     assert not unknown, f"inputs the action does not declare: {unknown}"
-    ctx = {"inputs": inputs, "github": env["_github"], "runner": {"temp": env["RUNNER_TEMP"]},
-           "steps": {}, "env": {}}
+    ctx = {"inputs": inputs, "github": env["_github"], "runner": {"temp": env["RUNNER_TEMP"]}, "steps": {}, "env": {}}
     base_env = {k: v for k, v in env.items() if not k.startswith("_")}
     run = ActionRun()
     files = Path(env["RUNNER_TEMP"]) / "_runner_file_commands"
@@ -140,14 +150,24 @@ def run_action(action_path: Path, workspace: Path, with_: dict, env: dict, *,
         assert step.get("shell") == "bash", f"step {sid}: composite run steps need shell: bash"
         assert "uses" not in step, "the test runner plays run: steps only"
         out_file, summary_file = files / f"set_output_{n}", files / f"step_summary_{n}"
-        step_env = {**base_env, **{k: evaluate(str(v), ctx) for k, v in (step.get("env") or {}).items()},
-                    "GITHUB_OUTPUT": str(out_file), "GITHUB_STEP_SUMMARY": str(summary_file),
-                    "GITHUB_ACTION_PATH": str(action_path)}
+        step_env = {
+            **base_env,
+            **{k: evaluate(str(v), ctx) for k, v in (step.get("env") or {}).items()},
+            "GITHUB_OUTPUT": str(out_file),
+            "GITHUB_STEP_SUMMARY": str(summary_file),
+            "GITHUB_ACTION_PATH": str(action_path),
+        }
         script = files / f"step_{n}.sh"
         script.write_text(evaluate(step["run"], ctx))
         t0 = time.perf_counter()
-        r = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", str(script)], cwd=workspace,
-                           env=step_env, capture_output=True, text=True, timeout=timeout)
+        r = subprocess.run(
+            ["bash", "--noprofile", "--norc", "-eo", "pipefail", str(script)],
+            cwd=workspace,
+            env=step_env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         seconds = time.perf_counter() - t0
         outputs = parse_output_file(out_file)
         summary = summary_file.read_text() if summary_file.exists() else ""
@@ -176,15 +196,22 @@ gate:
 """
 
 # A correct rewrite: exp(-x * ln(base)) as exp2(-x * log2(base)).
-CORRECT_CHANGE = ("inv_freq = tl.exp(-(2.0 * i.to(tl.float32) / (2 * HALF)) * log_base)",
-                  "inv_freq = tl.exp2(-(2.0 * i.to(tl.float32) / (2 * HALF)) * (log_base * 1.4426950408889634))")
+CORRECT_CHANGE = (
+    "inv_freq = tl.exp(-(2.0 * i.to(tl.float32) / (2 * HALF)) * log_base)",
+    "inv_freq = tl.exp2(-(2.0 * i.to(tl.float32) / (2 * HALF)) * (log_base * 1.4426950408889634))",
+)
 # The inverse rotation on the first half: invisible at position 0 (sin = 0), a rope-sign finding elsewhere.
 BUG_CHANGE = ("(x1 * cos - x2 * sin).to(", "(x1 * cos + x2 * sin).to(")
 
 
 def git(cwd: Path, *args: str) -> str:
-    r = subprocess.run(["git", "-c", "user.name=dev", "-c", "user.email=dev@example.invalid", *args], cwd=cwd,
-                       capture_output=True, text=True, check=True)
+    r = subprocess.run(
+        ["git", "-c", "user.name=dev", "-c", "user.email=dev@example.invalid", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return r.stdout.strip()
 
 
@@ -231,26 +258,50 @@ def action_checkout(root: Path) -> Path:
     return dest
 
 
-def runner_env(root: Path, pr: PullRequest, api_url: str, *, token: str, action_path: Path,
-               fork: str | None = None) -> dict:
+def runner_env(
+    root: Path, pr: PullRequest, api_url: str, *, token: str, action_path: Path, fork: str | None = None
+) -> dict:
     """The environment the runner gives every step of a pull_request job."""
     event = root / "event.json"
-    event.write_text(json.dumps(pull_request_event(repo=GH_REPO, number=PR_NUMBER, head_sha=pr.head,
-                                                   base_sha=pr.base, head_repo=fork)))
+    event.write_text(
+        json.dumps(
+            pull_request_event(repo=GH_REPO, number=PR_NUMBER, head_sha=pr.head, base_sha=pr.base, head_repo=fork)
+        )
+    )
     temp = root / "runner-temp"
     temp.mkdir(exist_ok=True)
     venv_bin = str(Path(sys.prefix) / "bin")
     path = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep) if p != venv_bin)
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("GITHUB_", "INPUT_", "KERNALIN_GITHUB_", "RUNNER_")) and k != "VIRTUAL_ENV"}
-    env.update({
-        "PATH": path, "CI": "true", "GITHUB_ACTIONS": "true", "GITHUB_EVENT_NAME": "pull_request",
-        "GITHUB_EVENT_PATH": str(event), "GITHUB_REPOSITORY": GH_REPO, "GITHUB_SHA": pr.merge,
-        "GITHUB_REF": f"refs/pull/{PR_NUMBER}/merge", "GITHUB_RUN_ID": "9001", "GITHUB_WORKSPACE": str(pr.workspace),
-        "GITHUB_SERVER_URL": "https://github.com", "GITHUB_API_URL": api_url, "RUNNER_TEMP": str(temp),
-        "_github": {"token": token, "action_path": str(action_path), "workspace": str(pr.workspace),
-                    "event_name": "pull_request", "repository": GH_REPO, "sha": pr.merge},
-    })
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("GITHUB_", "INPUT_", "KERNALIN_GITHUB_", "RUNNER_")) and k != "VIRTUAL_ENV"
+    }
+    env.update(
+        {
+            "PATH": path,
+            "CI": "true",
+            "GITHUB_ACTIONS": "true",
+            "GITHUB_EVENT_NAME": "pull_request",
+            "GITHUB_EVENT_PATH": str(event),
+            "GITHUB_REPOSITORY": GH_REPO,
+            "GITHUB_SHA": pr.merge,
+            "GITHUB_REF": f"refs/pull/{PR_NUMBER}/merge",
+            "GITHUB_RUN_ID": "9001",
+            "GITHUB_WORKSPACE": str(pr.workspace),
+            "GITHUB_SERVER_URL": "https://github.com",
+            "GITHUB_API_URL": api_url,
+            "RUNNER_TEMP": str(temp),
+            "_github": {
+                "token": token,
+                "action_path": str(action_path),
+                "workspace": str(pr.workspace),
+                "event_name": "pull_request",
+                "repository": GH_REPO,
+                "sha": pr.merge,
+            },
+        }
+    )
     return env
 
 
@@ -260,6 +311,7 @@ def with_inputs(**kw) -> dict:
 
 
 # ---------------------------------------------------------------- tests
+
 
 def test_action_metadata_declares_the_contract():
     action = load_action()
@@ -288,12 +340,15 @@ def gate_only(tmp_path, github_standin):
     return run
 
 
-@pytest.mark.parametrize("inputs, message", [
-    ({"fail_on": "finding,faster"}, "--fail-on 'finding,faster': expected a comma-separated list"),
-    ({"budget": "0"}, "--budget-s 0: must be positive"),
-    ({"budget": "soon"}, "argument --budget-s: invalid float value: 'soon'"),
-    ({"config": "missing.yml"}, "missing.yml: configuration file not found"),
-])
+@pytest.mark.parametrize(
+    "inputs, message",
+    [
+        ({"fail_on": "finding,faster"}, "--fail-on 'finding,faster': expected a comma-separated list"),
+        ({"budget": "0"}, "--budget-s 0: must be positive"),
+        ({"budget": "soon"}, "argument --budget-s: invalid float value: 'soon'"),
+        ({"config": "missing.yml"}, "missing.yml: configuration file not found"),
+    ],
+)
 def test_bad_inputs_fail_the_step_with_one_line(gate_only, inputs, message):
     run = gate_only(**inputs)
     step = run.steps[-1]

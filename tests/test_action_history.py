@@ -1,6 +1,7 @@
 """The Action's history step (action.yml, step `history`), played by tests/test_action.py's runner on a
 real git repository: a push to the default branch appends its run to the data branch on the remote and
 builds the dashboard; a pull request records nothing."""
+
 import json
 import os
 import subprocess
@@ -35,14 +36,29 @@ def run_history_step(tmp_path, ws, sha, event_name: str, ref: str):
     temp = tmp_path / "runner-temp"
     temp.mkdir(exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "INPUT_", "RUNNER_", "KERNALIN_"))}
-    env.update({"GITHUB_ACTIONS": "true", "GITHUB_REPOSITORY": "acme/kernels", "GITHUB_SHA": sha,
-                "GITHUB_REF_NAME": ref.rpartition("/")[2], "RUNNER_TEMP": str(temp),
-                "_github": {"event_name": event_name, "ref": ref, "repository": "acme/kernels", "sha": sha,
-                            "server_url": "https://github.com", "run_id": "77", "workspace": str(ws),
-                            "event": {"repository": {"default_branch": "main"}}}})
+    env.update(
+        {
+            "GITHUB_ACTIONS": "true",
+            "GITHUB_REPOSITORY": "acme/kernels",
+            "GITHUB_SHA": sha,
+            "GITHUB_REF_NAME": ref.rpartition("/")[2],
+            "RUNNER_TEMP": str(temp),
+            "_github": {
+                "event_name": event_name,
+                "ref": ref,
+                "repository": "acme/kernels",
+                "sha": sha,
+                "server_url": "https://github.com",
+                "run_id": "77",
+                "workspace": str(ws),
+                "event": {"repository": {"default_branch": "main"}},
+            },
+        }
+    )
     given = {"install": {"bin": str(Path(sys.executable).parent)}, "gate": {"report": str(rep)}}
-    run = run_action(REPO, ws, with_inputs(history_branch="kernalin-history", dashboard=SITE), env, given=given,
-                     timeout=300)
+    run = run_action(
+        REPO, ws, with_inputs(history_branch="kernalin-history", dashboard=SITE), env, given=given, timeout=300
+    )
     assert [s.id for s in run.steps] == ["history"] and run.returncode == 0, run.log
     return run
 
@@ -63,8 +79,12 @@ def test_a_push_to_the_default_branch_is_recorded_on_the_data_branch_with_a_dash
 def test_a_pull_request_records_nothing(tmp_path):
     remote, ws, sha = checkout(tmp_path)
     run_history_step(tmp_path, ws, sha, "pull_request", "refs/pull/3/merge")
-    assert subprocess.run(["git", "-C", str(remote), "rev-parse", "--verify", "-q", "kernalin-history"],
-                          capture_output=True).returncode != 0
+    assert (
+        subprocess.run(
+            ["git", "-C", str(remote), "rev-parse", "--verify", "-q", "kernalin-history"], capture_output=True
+        ).returncode
+        != 0
+    )
     assert not (ws / SITE).exists()
 
 
@@ -76,7 +96,10 @@ def test_a_push_to_the_default_branch_gates_the_pushed_range(tmp_path):
         path.write_text(json.dumps({"repository": {"full_name": "acme/k", "default_branch": "main"}, **ev}))
         return event_refs(str(path))
 
-    assert refs(ref="refs/heads/main", before="a" * 40, after="b" * 40) == \
-        {"base": "a" * 40, "head": "b" * 40, "repo": "acme/k"}
+    assert refs(ref="refs/heads/main", before="a" * 40, after="b" * 40) == {
+        "base": "a" * 40,
+        "head": "b" * 40,
+        "repo": "acme/k",
+    }
     assert refs(ref="refs/heads/feature", before="a" * 40, after="b" * 40) == {}  # merge base, as before
     assert refs(ref="refs/heads/main", before="0" * 40, after="b" * 40) == {}  # a new branch: no range

@@ -1,12 +1,13 @@
 """Issue 12: every instance is timed on the same input buffers (restored where one writes them), the cold
 regime's copies, and one rule (one function, one floor) for the overall and the per-shape verdicts."""
+
 import json
 
 import numpy as np
 import pytest
 import torch
-
 from conftest import cli
+
 from kernalin_ci.bench import stats
 from kernalin_ci.bench.harness import COLD_L2_MULTIPLE, SharedInputs, cold_copies
 from kernalin_ci.bench.pair import bench_pair
@@ -14,7 +15,7 @@ from kernalin_ci.errors import UsageError
 
 # A torch rope stand-in (the benchmark compares instances with each other, not with the reference): it logs
 # which file it was loaded from and the addresses of q and k at every call, and doubles q in place.
-LOGGING = '''
+LOGGING = """
 import json
 LOG = {log!r}
 
@@ -24,7 +25,7 @@ def entry(q, k, positions):
         f.write(json.dumps([__file__, q.data_ptr(), k.data_ptr()]) + "\\n")
     q.mul_(2.0)
     return q, k.clone()
-'''
+"""
 
 
 def write_entry(tmp_path, name, log):
@@ -38,8 +39,19 @@ def test_every_instance_reads_the_same_buffers_restored_from_the_master(tmp_path
     log = tmp_path / "calls.jsonl"
     base, base_root = write_entry(tmp_path, "base", log)
     head, head_root = write_entry(tmp_path, "head", log)
-    res = bench_pair("rope", base, head, base_root, head_root, {"tokens": [3, 5]}, "cpu", reps=2, max_rounds=3,
-                     adaptive=False, regime="warm")
+    res = bench_pair(
+        "rope",
+        base,
+        head,
+        base_root,
+        head_root,
+        {"tokens": [3, 5]},
+        "cpu",
+        reps=2,
+        max_rounds=3,
+        adaptive=False,
+        regime="warm",
+    )
     # in-place doubling agrees only if every instance starts from the master: the restore works
     assert not res.failed, res.error
     assert res.regime == "warm" and res.to_json()["regime"] == "warm" and res.trace.meta["regime"] == "warm"

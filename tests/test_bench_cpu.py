@@ -1,10 +1,11 @@
 """The live benchmark on the CPU: real Triton rope kernels under the interpreter, a wall clock, worker children."""
+
 import json
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, cli, has_cuda
+
 from kernalin_ci.bench.pair import aa_copy, bench_pair
 from kernalin_ci.errors import UsageError
 
@@ -24,8 +25,24 @@ def variant(tmp_path, name, body):
 def test_slower_head_exits_1_and_its_trace_gives_the_same_verdict(tmp_path):
     head, root = variant(tmp_path, "slow", "    import time\n    time.sleep(0.25)\n    return rope(q, k, positions)")
     out, trace = tmp_path / "v.json", tmp_path / "trace.npz"
-    r = cli("bench", "--op", "rope", "--base", ROPE, "--head", head, "--head-root", root, *FAST,
-            "--max-rounds", "12", "--json", str(out), "--trace", str(trace))
+    r = cli(
+        "bench",
+        "--op",
+        "rope",
+        "--base",
+        ROPE,
+        "--head",
+        head,
+        "--head-root",
+        root,
+        *FAST,
+        "--max-rounds",
+        "12",
+        "--json",
+        str(out),
+        "--trace",
+        str(trace),
+    )
     assert r.returncode == 1, r.stdout + r.stderr
     v = json.loads(out.read_text())
     assert v["verdict"] == "slower" and v["p_slower"] >= 0.95 and v["ratio"] > 1.5
@@ -46,8 +63,9 @@ def test_slower_head_exits_1_and_its_trace_gives_the_same_verdict(tmp_path):
 def test_faster_head_and_the_raw_rounds(tmp_path):
     base, root = variant(tmp_path, "slow", "    import time\n    time.sleep(0.25)\n    return rope(q, k, positions)")
     events = []
-    res = bench_pair("rope", base, ROPE, root, str(REPO), {"tokens": [3, 5]}, "cpu", reps=2, max_rounds=10,
-                     progress=events.append)
+    res = bench_pair(
+        "rope", base, ROPE, root, str(REPO), {"tokens": [3, 5]}, "cpu", reps=2, max_rounds=10, progress=events.append
+    )
     assert not res.failed, res.error
     assert res.verdict.verdict == "faster" and res.stopped == "verdict"
     assert res.to_json()["verdict"] == "faster"
@@ -62,12 +80,28 @@ def test_faster_head_and_the_raw_rounds(tmp_path):
 
 
 def test_cached_results_are_caught(tmp_path):
-    body = ("    key = (q.data_ptr(), k.data_ptr())\n"
-            "    if key not in _CACHE:\n        _CACHE[key] = rope(q, k, positions)\n    return _CACHE[key]")
+    body = (
+        "    key = (q.data_ptr(), k.data_ptr())\n"
+        "    if key not in _CACHE:\n        _CACHE[key] = rope(q, k, positions)\n    return _CACHE[key]"
+    )
     head, root = variant(tmp_path, "cached", body)
     Path(root, "k.py").write_text(Path(root, "k.py").read_text() + "\n_CACHE = {}\n")
-    r = cli("bench", "--op", "rope", "--base", ROPE, "--head", head, "--head-root", root, *FAST,
-            "--max-rounds", "3", "--json", "-")
+    r = cli(
+        "bench",
+        "--op",
+        "rope",
+        "--base",
+        ROPE,
+        "--head",
+        head,
+        "--head-root",
+        root,
+        *FAST,
+        "--max-rounds",
+        "3",
+        "--json",
+        "-",
+    )
     assert r.returncode == 1
     v = json.loads(r.stdout)
     assert v["error_kind"] == "mismatch" and v["verdict"] is None
@@ -89,9 +123,19 @@ def test_in_place_head_agrees_with_out_of_place_base_and_extra_instances_are_tim
     An extra instance (what benchmarks/gpu_bench.py uses to record more variants) is checked
     and timed in the same rounds, never judged.
     """
-    res = bench_pair("rope", ROPE, "benchmarks/kernels/rope.py:rope_inplace", str(REPO), str(REPO),
-                     {"tokens": 4}, "cpu", reps=2, max_rounds=3, adaptive=False,
-                     extra=[("x3", "benchmarks/kernels/rope.py:rope_x3", str(REPO))])
+    res = bench_pair(
+        "rope",
+        ROPE,
+        "benchmarks/kernels/rope.py:rope_inplace",
+        str(REPO),
+        str(REPO),
+        {"tokens": 4},
+        "cpu",
+        reps=2,
+        max_rounds=3,
+        adaptive=False,
+        extra=[("x3", "benchmarks/kernels/rope.py:rope_x3", str(REPO))],
+    )
     assert not res.failed, res.error
     assert res.rounds == 3 and res.stopped == "max-rounds"
     assert set(res.instances) == {"base", "head", "base2", "x3"} and res.instances["x3"].shape == (3, 1, 2)
@@ -108,17 +152,19 @@ def test_a_crashing_head_is_contained(tmp_path):
 
 def test_a_hanging_head_is_killed(tmp_path):
     head, root = variant(tmp_path, "hang", "    import time\n    time.sleep(600)")
-    res = bench_pair("rope", ROPE, head, str(REPO), root, {"tokens": 4}, "cpu", reps=2, max_rounds=3,
-                     timeout_s=8)
+    res = bench_pair("rope", ROPE, head, str(REPO), root, {"tokens": 4}, "cpu", reps=2, max_rounds=3, timeout_s=8)
     assert res.failed and res.error_kind == "timeout" and "no progress for 8 s" in res.error
 
 
-@pytest.mark.parametrize("params,budget,needle", [
-    ({"style": "diagonal"}, 30, "style"),  # an op param with a bad value
-    ({"tokens": "zero"}, 30, "tokens"),  # a bench shape param with a bad value
-    ({"nonsense": 1}, 30, "nonsense"),  # unknown
-    ({}, 0, "budget"),
-])
+@pytest.mark.parametrize(
+    "params,budget,needle",
+    [
+        ({"style": "diagonal"}, 30, "style"),  # an op param with a bad value
+        ({"tokens": "zero"}, 30, "tokens"),  # a bench shape param with a bad value
+        ({"nonsense": 1}, 30, "nonsense"),  # unknown
+        ({}, 0, "budget"),
+    ],
+)
 def test_usage_errors_are_raised_before_anything_runs(params, budget, needle):
     with pytest.raises(UsageError, match=needle):
         bench_pair("rope", ROPE, ROPE, str(REPO), str(REPO), params, "cpu", budget_s=budget)
@@ -127,8 +173,9 @@ def test_usage_errors_are_raised_before_anything_runs(params, budget, needle):
 def test_usage_errors_exit_2_on_the_command_line():
     r = cli("bench", "--op", "rope", "--base", ROPE, "--head", ROPE, "--device", "cpu", "--rope", "1.5")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
-    r = cli("bench", "--op", "rope", "--base", ROPE, "--head", "nope/missing.py:fn", "--device", "cpu",
-            "--max-rounds", "1")  # found by the child, reported by the parent
+    r = cli(
+        "bench", "--op", "rope", "--base", ROPE, "--head", "nope/missing.py:fn", "--device", "cpu", "--max-rounds", "1"
+    )  # found by the child, reported by the parent
     assert r.returncode == 2 and "file not found" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert r.stderr.count("\n") == 1
     if not has_cuda():
@@ -148,13 +195,33 @@ def test_kv_append_outputs_are_compared_bit_for_bit(tmp_path):
         "    bs = k_cache.shape[1]\n"
         "    s = (s + 1) % (k_cache.shape[0] * bs)\n"
         "    k_cache[s // bs, s % bs] = key[slot_mapping >= 0]\n"
-        "    v_cache[s // bs, s % bs] = value[slot_mapping >= 0]\n")
+        "    v_cache[s // bs, s % bs] = value[slot_mapping >= 0]\n"
+    )
     (tmp_path / "kv.py").write_text(src)
-    ok = bench_pair("kv_append", "kv.py:good", "kv.py:good", str(tmp_path), str(tmp_path), {"tokens": 6}, "cpu",
-                    reps=2, max_rounds=2, adaptive=False)
+    ok = bench_pair(
+        "kv_append",
+        "kv.py:good",
+        "kv.py:good",
+        str(tmp_path),
+        str(tmp_path),
+        {"tokens": 6},
+        "cpu",
+        reps=2,
+        max_rounds=2,
+        adaptive=False,
+    )
     assert not ok.failed, ok.error
-    bad = bench_pair("kv_append", "kv.py:good", "kv.py:off_by_one", str(tmp_path), str(tmp_path),
-                     {"tokens": 6}, "cpu", reps=2, max_rounds=2)
+    bad = bench_pair(
+        "kv_append",
+        "kv.py:good",
+        "kv.py:off_by_one",
+        str(tmp_path),
+        str(tmp_path),
+        {"tokens": 6},
+        "cpu",
+        reps=2,
+        max_rounds=2,
+    )
     assert bad.failed and bad.error_kind == "mismatch" and "bit for bit" in bad.error
 
 

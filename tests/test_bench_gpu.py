@@ -4,6 +4,7 @@ Skipped without a GPU. Needs nothing from tests/conftest.py (whose GitHub stand-
 which the GPU image lacks), so on the H200, from the repository root:
 `python -m pytest -q --noconftest -p no:cacheprovider tests/test_bench_gpu.py`.
 """
+
 from pathlib import Path
 
 import pytest
@@ -21,8 +22,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 def test_split_kv_is_faster_than_single_pass_at_long_kv():
-    res = bench_pair("attention.decode", f"{K}:single_pass", f"{K}:split_kv", str(REPO), str(REPO), LONG, "cuda",
-                     budget_s=20)
+    res = bench_pair(
+        "attention.decode", f"{K}:single_pass", f"{K}:split_kv", str(REPO), str(REPO), LONG, "cuda", budget_s=20
+    )
     assert not res.failed, res.error
     assert res.verdict.verdict == "faster" and res.verdict.ratio < 0.8
     assert res.clock == "cuda-events" and res.stopped == "verdict"
@@ -33,8 +35,9 @@ def test_split_kv_is_faster_than_single_pass_at_long_kv():
 
 
 def test_a_kernel_against_itself_is_not_called_different():
-    res = bench_pair("attention.decode", f"{K}:split_kv", f"{K}:split_kv", str(REPO), str(REPO), LONG, "cuda",
-                     budget_s=15)
+    res = bench_pair(
+        "attention.decode", f"{K}:split_kv", f"{K}:split_kv", str(REPO), str(REPO), LONG, "cuda", budget_s=15
+    )
     assert not res.failed, res.error
     assert res.verdict.verdict in ("equivalent", "inconclusive")
     assert res.verdict.floor is not None and res.verdict.floor < 0.01
@@ -42,30 +45,54 @@ def test_a_kernel_against_itself_is_not_called_different():
 
 @pytest.mark.parametrize("flush", [True, False])
 def test_l2_flush_on_and_off(flush):
-    res = bench_pair("attention.decode", f"{K}:split_kv", f"{K}:split_kv_slow2", str(REPO), str(REPO),
-                     {"batch": 1, "kv_len": 4096}, "cuda", l2_flush=flush, max_rounds=6, adaptive=False)
+    res = bench_pair(
+        "attention.decode",
+        f"{K}:split_kv",
+        f"{K}:split_kv_slow2",
+        str(REPO),
+        str(REPO),
+        {"batch": 1, "kv_len": 4096},
+        "cuda",
+        l2_flush=flush,
+        max_rounds=6,
+        adaptive=False,
+    )
     assert not res.failed, res.error
     assert res.l2_flush is flush and res.rounds == 6 and res.to_json()["l2_flush"] is flush
 
 
 def test_entry_with_a_host_sync_is_timed_eagerly(tmp_path):
-    (tmp_path / "k.py").write_text(SRC + "\n\ndef synced(q, k_cache, v_cache, kv_lens, scale):\n"
-                                         "    assert int(kv_lens.max().item()) >= 1  # a host sync\n"
-                                         "    return split_kv(q, k_cache, v_cache, kv_lens, scale)\n")
-    res = bench_pair("attention.decode", f"{K}:split_kv", "k.py:synced", str(REPO), str(tmp_path), LONG, "cuda",
-                     max_rounds=6, adaptive=False)
+    (tmp_path / "k.py").write_text(
+        SRC + "\n\ndef synced(q, k_cache, v_cache, kv_lens, scale):\n"
+        "    assert int(kv_lens.max().item()) >= 1  # a host sync\n"
+        "    return split_kv(q, k_cache, v_cache, kv_lens, scale)\n"
+    )
+    res = bench_pair(
+        "attention.decode",
+        f"{K}:split_kv",
+        "k.py:synced",
+        str(REPO),
+        str(tmp_path),
+        LONG,
+        "cuda",
+        max_rounds=6,
+        adaptive=False,
+    )
     assert not res.failed, res.error
     assert res.shapes[0]["timing"] == "eager"
     assert any("graph capture failed" in n for n in res.notes)
 
 
 def test_work_on_another_stream_is_not_rewarded(tmp_path):
-    (tmp_path / "k.py").write_text(SRC + "\n\nSIDE = torch.cuda.Stream()\n\n"
-                                         "def sneaky(q, k_cache, v_cache, kv_lens, scale):\n"
-                                         "    with torch.cuda.stream(SIDE):\n"
-                                         "        return split_kv(q, k_cache, v_cache, kv_lens, scale)\n")
-    res = bench_pair("attention.decode", f"{K}:split_kv", "k.py:sneaky", str(REPO), str(tmp_path), LONG, "cuda",
-                     budget_s=10)
+    (tmp_path / "k.py").write_text(
+        SRC + "\n\nSIDE = torch.cuda.Stream()\n\n"
+        "def sneaky(q, k_cache, v_cache, kv_lens, scale):\n"
+        "    with torch.cuda.stream(SIDE):\n"
+        "        return split_kv(q, k_cache, v_cache, kv_lens, scale)\n"
+    )
+    res = bench_pair(
+        "attention.decode", f"{K}:split_kv", "k.py:sneaky", str(REPO), str(tmp_path), LONG, "cuda", budget_s=10
+    )
     if res.failed:
         assert res.error_kind == "mismatch", res.error  # captured without its work: stale outputs
     else:  # not capturable: timed eagerly, with the other stream's work inside the interval
@@ -74,13 +101,16 @@ def test_work_on_another_stream_is_not_rewarded(tmp_path):
 
 
 def test_cached_results_are_caught_on_the_gpu(tmp_path):
-    (tmp_path / "k.py").write_text(SRC + "\n\n_C = {}\n\ndef cached(q, k_cache, v_cache, kv_lens, scale):\n"
-                                         "    key = q.data_ptr()\n"
-                                         "    if key not in _C:\n"
-                                         "        _C[key] = split_kv(q, k_cache, v_cache, kv_lens, scale)\n"
-                                         "    return _C[key]\n")
-    res = bench_pair("attention.decode", f"{K}:split_kv", "k.py:cached", str(REPO), str(tmp_path), LONG, "cuda",
-                     max_rounds=3)
+    (tmp_path / "k.py").write_text(
+        SRC + "\n\n_C = {}\n\ndef cached(q, k_cache, v_cache, kv_lens, scale):\n"
+        "    key = q.data_ptr()\n"
+        "    if key not in _C:\n"
+        "        _C[key] = split_kv(q, k_cache, v_cache, kv_lens, scale)\n"
+        "    return _C[key]\n"
+    )
+    res = bench_pair(
+        "attention.decode", f"{K}:split_kv", "k.py:cached", str(REPO), str(tmp_path), LONG, "cuda", max_rounds=3
+    )
     assert res.failed and res.error_kind == "mismatch" and "round 1" in res.error
 
 
@@ -88,8 +118,18 @@ def test_cached_results_are_caught_on_the_gpu(tmp_path):
 def test_identical_copies_share_their_buffers_in_both_regimes(regime):
     """Issue 12: base and its A/A copy get the same output addresses (one graph pool per shape); cold copies."""
     rope = "benchmarks/kernels/rope.py:rope"
-    res = bench_pair("rope", rope, rope, str(REPO), str(REPO), {"tokens": [1, 256]}, "cuda", regime=regime,
-                     max_rounds=6, adaptive=False)
+    res = bench_pair(
+        "rope",
+        rope,
+        rope,
+        str(REPO),
+        str(REPO),
+        {"tokens": [1, 256]},
+        "cuda",
+        regime=regime,
+        max_rounds=6,
+        adaptive=False,
+    )
     assert not res.failed, res.error
     assert res.regime == regime and res.trace.meta["regime"] == regime
     assert res.trace.meta["same_output_addresses"] == [True, True]

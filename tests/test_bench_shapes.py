@@ -1,4 +1,5 @@
 """Benchmark shapes: realistic decode defaults per op, overrides from --param / .kernalin.yml."""
+
 import pytest
 
 from kernalin_ci.bench.shapes import bench_cases, split_params
@@ -19,7 +20,7 @@ def test_attention_defaults_on_a_gpu_are_llama_like_decode_shapes():
     assert [max(c.dims["kv_lens"]) for c in cs] == [32768, 4096, 512]
     for c in cs:
         assert (c.dims["Hq"], c.dims["Hkv"], c.dims["D"], c.dtype) == (32, 8, 128, "bfloat16")
-        assert c.dims["scale"] == pytest.approx(128 ** -0.5)
+        assert c.dims["scale"] == pytest.approx(128**-0.5)
     assert min(cs[1].dims["kv_lens"]) == 2048  # batched sequences are ragged: kv_len/2 .. kv_len
 
 
@@ -30,8 +31,9 @@ def test_cpu_defaults_are_tiny_float32():
 
 
 def test_batch_and_kv_len_overrides_make_a_grid_of_exact_lengths():
-    cs = cases("attention.decode_paged", {"batch": "[1, 64]", "kv_len": "8192", "num_q_heads": "16",
-                                          "block_size": "32"})
+    cs = cases(
+        "attention.decode_paged", {"batch": "[1, 64]", "kv_len": "8192", "num_q_heads": "16", "block_size": "32"}
+    )
     assert [c.dims["kv_lens"] for c in cs] == [[8192], [8192] * 64]
     assert all(c.dims["Hq"] == 16 and c.dims["Hkv"] == 8 for c in cs)
     one = cases("attention.decode", {"batch": 64})  # batch alone: every default length
@@ -39,8 +41,9 @@ def test_batch_and_kv_len_overrides_make_a_grid_of_exact_lengths():
 
 
 def test_explicit_shape_list_and_dtype():
-    cs = cases("attention.decode", {"shapes": '[{"batch": 2, "kv_len": 100}, {"batch": 1, "kv_len": 7}]',
-                                    "dtype": "float16"})
+    cs = cases(
+        "attention.decode", {"shapes": '[{"batch": 2, "kv_len": 100}, {"batch": 1, "kv_len": 7}]', "dtype": "float16"}
+    )
     assert [c.dims["kv_lens"] for c in cs] == [[100, 100], [7]]
     assert {c.dtype for c in cs} == {"float16"}
 
@@ -59,9 +62,17 @@ def test_ragged_lengths():
     assert ragged_lens(3, 100, False) == [100, 100, 100]
 
 
-@pytest.mark.parametrize("raw", [{"batch": "0"}, {"kv_len": "[1, -2]"}, {"dtype": "int8"},
-                                 {"shapes": '[{"batch": 1, "heads": 3}]'}, {"shapes": "[]"},
-                                 {"num_q_heads": "12", "num_kv_heads": "8"}])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"batch": "0"},
+        {"kv_len": "[1, -2]"},
+        {"dtype": "int8"},
+        {"shapes": '[{"batch": 1, "heads": 3}]'},
+        {"shapes": "[]"},
+        {"num_q_heads": "12", "num_kv_heads": "8"},
+    ],
+)
 def test_bad_shape_params_are_usage_errors(raw):
     with pytest.raises(UsageError):
         cases("attention.decode", raw)

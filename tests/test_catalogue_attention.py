@@ -3,13 +3,14 @@ and the truth of every `pos0` label (the single probe is run for real under the 
 
 The whole-matrix run (every file through the full case set) lives in the catalogue test; this file
 checks what is specific to the attention entries."""
+
 import ast
 import difflib
 import re
 
 import pytest
-
 from conftest import CHECKS, cli
+
 from kernalin_ci.findings import BUG_CLASSES
 
 DIRS = {"attention_decode": "attention.decode", "attention_decode_paged": "attention.decode_paged"}
@@ -19,8 +20,18 @@ SIGNATURE = {
 }
 ALLOWED_IMPORTS = {"torch", "triton", "triton.language", "math", "kernalin_ci"}
 # every class the attention catalogue must show at least once, across both ops
-REQUIRED = {"softmax-no-max", "softmax-no-normalize", "online-rescale", "split-combine", "kv-mask",
-            "unmasked-load", "gqa-mapping", "stride", "scale", "paged-index"}
+REQUIRED = {
+    "softmax-no-max",
+    "softmax-no-normalize",
+    "online-rescale",
+    "split-combine",
+    "kv-mask",
+    "unmasked-load",
+    "gqa-mapping",
+    "stride",
+    "scale",
+    "paged-index",
+}
 FILES = sorted(p for d in DIRS for p in (CHECKS / d).glob("*.py"))
 
 
@@ -32,13 +43,16 @@ def parse(path):
 
 
 def catalogue_node(tree):
-    return next(n for n in tree.body if isinstance(n, ast.Assign)
-                and any(isinstance(t, ast.Name) and t.id == "CATALOGUE" for t in n.targets))
+    return next(
+        n
+        for n in tree.body
+        if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "CATALOGUE" for t in n.targets)
+    )
 
 
 def code_body(src):
     """The kernel and entry: everything after the header and the CATALOGUE dict."""
-    return src.splitlines()[catalogue_node(ast.parse(src)).end_lineno:]
+    return src.splitlines()[catalogue_node(ast.parse(src)).end_lineno :]
 
 
 def label(path):
@@ -94,8 +108,11 @@ def test_each_bug_is_a_small_diff_from_a_correct_kernel(path):
     body = code_body(path.read_text())
     best = None
     for ref in path.parent.glob("correct_*.py"):
-        diff = [ln for ln in difflib.unified_diff(code_body(ref.read_text()), body, lineterm="", n=0)
-                if ln[:1] in "+-" and not ln.startswith(("+++", "---"))]
+        diff = [
+            ln
+            for ln in difflib.unified_diff(code_body(ref.read_text()), body, lineterm="", n=0)
+            if ln[:1] in "+-" and not ln.startswith(("+++", "---"))
+        ]
         changed = max(sum(ln.startswith("-") for ln in diff), sum(ln.startswith("+") for ln in diff))
         best = changed if best is None else min(best, changed)
     assert best is not None and 1 <= best <= 4, f"{best} changed lines from the nearest correct kernel"
@@ -107,7 +124,19 @@ def test_pos0_label_is_the_truth(path):
     """`verify --probe pos0` fails exactly the kernels labelled caught (and never a correct one)."""
     cat = parse(path)[3]
     params = [a for k, v in cat["params"].items() for a in ("--param", f"{k}={v}")]
-    r = cli("verify", "--op", cat["op"], "--entry", f"{path.relative_to(CHECKS.parent)}:entry",
-            "--device", "cpu", "--probe", "pos0", "--quiet", *params, timeout=300)
+    r = cli(
+        "verify",
+        "--op",
+        cat["op"],
+        "--entry",
+        f"{path.relative_to(CHECKS.parent)}:entry",
+        "--device",
+        "cpu",
+        "--probe",
+        "pos0",
+        "--quiet",
+        *params,
+        timeout=300,
+    )
     want = 1 if cat["pos0"] == "caught" else 0
     assert r.returncode == want, r.stdout + r.stderr

@@ -11,6 +11,7 @@ The dynamic (64-step decode loop) and structural cells of these files run with t
 (tests/test_catalogue_matrix.py, which also asserts each decode_step bug's class in both cells); on a GPU,
 `pytest -m gpu tests/test_catalogue_decode_step.py` judges every file on cuda.
 """
+
 import json
 import os
 import subprocess
@@ -64,8 +65,14 @@ def test_header_and_catalogue(path):
 def test_pos0_labels_are_what_the_probe_finds():
     job = [(OP, str(p.relative_to(REPO)), read_catalogue(p)[1]["params"]) for p in FILES]
     env = dict(os.environ, TRITON_INTERPRET="1", TRITON_DEFAULT_FP_FUSION="1")
-    r = subprocess.run([sys.executable, "-c", PROBE_SCRIPT, json.dumps(job)], cwd=REPO, env=env,
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-c", PROBE_SCRIPT, json.dumps(job)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     found = json.loads(r.stdout.strip().splitlines()[-1])
     wrong = []
@@ -79,8 +86,19 @@ def test_pos0_labels_are_what_the_probe_finds():
 
 
 def _verify(path, params, device, *extra):
-    args = ["verify", "--op", OP, "--entry", f"{path.relative_to(REPO)}:entry", "--device", device,
-            "--json", "-", "--quiet", *extra]
+    args = [
+        "verify",
+        "--op",
+        OP,
+        "--entry",
+        f"{path.relative_to(REPO)}:entry",
+        "--device",
+        device,
+        "--json",
+        "-",
+        "--quiet",
+        *extra,
+    ]
     for k, v in params.items():
         args += ["--param", f"{k}={v}"]
     return cli(*args)

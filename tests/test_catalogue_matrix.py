@@ -1,6 +1,7 @@
 """The whole catch matrix of the bug catalogue (checks/), on the CPU under the Triton interpreter:
 every correct kernel passes every kind of check; every bug kernel is caught by the dynamic checks and
 by the structural checks; the pos-0 probe misses exactly the kernels labelled "missed"."""
+
 import os
 
 import pytest
@@ -47,7 +48,10 @@ def test_jobs_below_one_is_a_usage_error():
     import subprocess
     import sys
 
-    r = subprocess.run([sys.executable, "-m", "kernalin_ci", "catalogue", "--jobs", "0", "--device", "cpu"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "kernalin_ci", "catalogue", "--jobs", "0", "--device", "cpu"],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == ["kernalin-ci catalogue: error: --jobs must be at least 1, not 0"], r.stderr

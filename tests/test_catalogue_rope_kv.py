@@ -9,6 +9,7 @@ catalogue command's test; this file checks what each entry claims about itself:
   interpreter, finds a bug exactly in the files labelled "caught", and passes
   every correct kernel.
 """
+
 import ast
 import difflib
 import json
@@ -26,8 +27,7 @@ from kernalin_ci.ops import get_op
 from kernalin_ci.ops.base import resolve_params
 
 DIRS = {"rope": "rope", "kv_append": "kv_append"}
-SIGNATURES = {"rope": ["q", "k", "positions"],
-              "kv_append": ["key", "value", "k_cache", "v_cache", "slot_mapping"]}
+SIGNATURES = {"rope": ["q", "k", "positions"], "kv_append": ["key", "value", "k_cache", "v_cache", "slot_mapping"]}
 MAX_DIFF_LINES = 10  # removed + added code lines (outside header and CATALOGUE) between a bug and its parent
 
 
@@ -38,8 +38,11 @@ def catalogue_files():
 def read_catalogue(path):
     tree = ast.parse(path.read_text())
     doc = ast.get_docstring(tree)
-    cat = next(ast.literal_eval(n.value) for n in tree.body
-               if isinstance(n, ast.Assign) and any(getattr(t, "id", None) == "CATALOGUE" for t in n.targets))
+    cat = next(
+        ast.literal_eval(n.value)
+        for n in tree.body
+        if isinstance(n, ast.Assign) and any(getattr(t, "id", None) == "CATALOGUE" for t in n.targets)
+    )
     entry = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "entry")
     return doc, cat, entry
 
@@ -79,8 +82,9 @@ def test_header_and_catalogue(op, path):
         assert cat["modelled_on"].split("github.com/")[1].split("/")[0] in doc, "header must name the issue"
 
 
-@pytest.mark.parametrize("op,path", [(o, p) for o, p in catalogue_files() if p.name.startswith("bug_")],
-                         ids=lambda x: getattr(x, "name", x))
+@pytest.mark.parametrize(
+    "op,path", [(o, p) for o, p in catalogue_files() if p.name.startswith("bug_")], ids=lambda x: getattr(x, "name", x)
+)
 def test_bug_is_a_small_diff_from_a_correct_kernel(op, path):
     doc, _, _ = read_catalogue(path)
     parent = re.search(r"Parent: (correct_\w+\.py)", doc)
@@ -124,8 +128,14 @@ def test_pos0_labels_are_what_the_probe_finds():
     files = catalogue_files()
     job = [(op, str(p.relative_to(REPO)), read_catalogue(p)[1]["params"]) for op, p in files]
     env = dict(os.environ, TRITON_INTERPRET="1", TRITON_DEFAULT_FP_FUSION="1")
-    r = subprocess.run([sys.executable, "-c", PROBE_SCRIPT, json.dumps(job)], cwd=REPO, env=env,
-                       capture_output=True, text=True, timeout=900)
+    r = subprocess.run(
+        [sys.executable, "-c", PROBE_SCRIPT, json.dumps(job)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     found = json.loads(r.stdout.strip().splitlines()[-1])
     wrong = []
@@ -137,10 +147,22 @@ def test_pos0_labels_are_what_the_probe_finds():
     assert not wrong, "\n".join(wrong)
 
 
-
 def _verify(op, path, params, device, *extra):
-    args = ["verify", "--op", op, "--entry", f"{path.relative_to(REPO)}:entry", "--device", device,
-            "--only", "dynamic", "--json", "-", "--quiet", *extra]
+    args = [
+        "verify",
+        "--op",
+        op,
+        "--entry",
+        f"{path.relative_to(REPO)}:entry",
+        "--device",
+        device,
+        "--only",
+        "dynamic",
+        "--json",
+        "-",
+        "--quiet",
+        *extra,
+    ]
     for k, v in params.items():
         args += ["--param", f"{k}={v}"]
     return cli(*args)

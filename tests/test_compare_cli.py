@@ -1,12 +1,13 @@
 """`kernalin-ci compare` through the real command line (SPEC-cli.md)."""
+
 import json
 import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import cli
+
 from kernalin_ci.bench import stats
 from kernalin_ci.bench.trace import Trace, from_shapes, load_trace, save_trace
 
@@ -40,9 +41,11 @@ def test_one_trace_gives_the_spec_json(tmp_path, attn):
 
 
 def test_many_traces_one_line_each_in_order(tmp_path, attn):
-    paths = [write(tmp_path / "faster.npz", base=attn[:, 5], head=attn[:, 0]),
-             write(tmp_path / "aa.npz", base=attn[:, 0], head=attn[:, 1]),
-             write(tmp_path / "slower.npz", base=attn[:, 0], head=attn[:, 4], base2=attn[:, 1])]
+    paths = [
+        write(tmp_path / "faster.npz", base=attn[:, 5], head=attn[:, 0]),
+        write(tmp_path / "aa.npz", base=attn[:, 0], head=attn[:, 1]),
+        write(tmp_path / "slower.npz", base=attn[:, 0], head=attn[:, 4], base2=attn[:, 1]),
+    ]
     out = tmp_path / "out.jsonl"
     r = cli("compare", *paths, "--json", str(out))
     assert r.returncode == 0, r.stderr
@@ -105,8 +108,7 @@ def bad_cases(tmp_path, attn):
         "missing": (str(tmp_path / "nope.npz"), "no such file"),
         "no head": (write(tmp_path / "nohead.npz", base=attn[:, 0]), "no array 'head'"),
         "rounds": (write(tmp_path / "rounds.npz", base=attn[:10, 0], head=attn[:12, 1]), "rounds"),
-        "base2 rounds": (write(tmp_path / "b2.npz", base=attn[:10, 0], head=attn[:10, 1], base2=attn[:9, 1]),
-                         "rounds"),
+        "base2 rounds": (write(tmp_path / "b2.npz", base=attn[:10, 0], head=attn[:10, 1], base2=attn[:9, 1]), "rounds"),
         "1-D": (write(tmp_path / "flat.npz", base=attn[:10, 0, 0], head=attn[:10, 1, 0]), "2-D"),
         "NaN": (write(tmp_path / "nan.npz", base=attn[:10, 0], head=nan_head), "NaN"),
         "negative": (write(tmp_path / "neg.npz", base=attn[:10, 0], head=neg), "<= 0"),

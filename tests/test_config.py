@@ -1,9 +1,10 @@
 """.kernalin.yml parsing: the starter parses; every error names file, line and key (exit 2)."""
+
 import subprocess
 
 import pytest
-
 from conftest import cli
+
 from kernalin_ci.config import STARTER, load, parse
 from kernalin_ci.errors import UsageError
 
@@ -45,23 +46,41 @@ def test_full_config():
     assert cfg.pipelines[0].kv_append == "kv" and cfg.pipelines[0].steps == 16
 
 
-@pytest.mark.parametrize("text, where", [
-    ("kernels: [\n  {name: a, op: attention.decode, entry: a.py:entry\n", "k.yml:3: not valid YAML"),
-    ("kernels:\n  - name: a\n    op: attention.decoder\n    entry: a.py:entry\n", "k.yml:3: kernels[0].op: unknown op"),
-    ("kernels:\n  - name: a\n    op: rope\n    entry: a.py\n", "k.yml:4: kernels[0].entry"),
-    ("kernels:\n  - name: a\n    op: rope\n    entry: a.py:f\n    params: {style: llama}\n",
-     "k.yml:5: kernels[0].params: op rope: param style='llama' must be one of neox, gptj"),
-    ("kernels:\n  - name: a\n    op: rope\n    entry: a.py:f\n    colour: red\n",
-     "k.yml:5: kernels[0].colour: unknown key"),
-    ("kernels:\n  - name: a\n    op: rope\n    entry: a.py:f\n  - name: a\n    op: rope\n    entry: b.py:f\n",
-     "k.yml:5: kernels[1].name: duplicate kernel name"),
-    ("kernels:\n  - name: a\n    op: rope\n    entry: a.py:f\ngate:\n  fail_on: [faster]\n", "k.yml:6: gate.fail_on"),
-    ("kernels:\n  - name: a\n    op: rope\n    entry: a.py:f\ngate:\n  rope: 2\n", "k.yml:6: gate.rope"),
-    ("kernels:\n  - name: a\n    op: rope\n    entry: a.py:f\npipelines:\n  - name: p\n    kv_append: a\n"
-     "    attention: a\n", "k.yml:7: pipelines[0].kv_append: kernel 'a' is rope, expected kv_append"),
-    ("kernels: []\n", "k.yml:1: kernels: expected a non-empty list"),
-    ("", "k.yml:1: empty configuration"),
-])
+@pytest.mark.parametrize(
+    "text, where",
+    [
+        ("kernels: [\n  {name: a, op: attention.decode, entry: a.py:entry\n", "k.yml:3: not valid YAML"),
+        (
+            "kernels:\n  - name: a\n    op: attention.decoder\n    entry: a.py:entry\n",
+            "k.yml:3: kernels[0].op: unknown op",
+        ),
+        ("kernels:\n  - name: a\n    op: rope\n    entry: a.py\n", "k.yml:4: kernels[0].entry"),
+        (
+            "kernels:\n  - name: a\n    op: rope\n    entry: a.py:f\n    params: {style: llama}\n",
+            "k.yml:5: kernels[0].params: op rope: param style='llama' must be one of neox, gptj",
+        ),
+        (
+            "kernels:\n  - name: a\n    op: rope\n    entry: a.py:f\n    colour: red\n",
+            "k.yml:5: kernels[0].colour: unknown key",
+        ),
+        (
+            "kernels:\n  - name: a\n    op: rope\n    entry: a.py:f\n  - name: a\n    op: rope\n    entry: b.py:f\n",
+            "k.yml:5: kernels[1].name: duplicate kernel name",
+        ),
+        (
+            "kernels:\n  - name: a\n    op: rope\n    entry: a.py:f\ngate:\n  fail_on: [faster]\n",
+            "k.yml:6: gate.fail_on",
+        ),
+        ("kernels:\n  - name: a\n    op: rope\n    entry: a.py:f\ngate:\n  rope: 2\n", "k.yml:6: gate.rope"),
+        (
+            "kernels:\n  - name: a\n    op: rope\n    entry: a.py:f\npipelines:\n  - name: p\n    kv_append: a\n"
+            "    attention: a\n",
+            "k.yml:7: pipelines[0].kv_append: kernel 'a' is rope, expected kv_append",
+        ),
+        ("kernels: []\n", "k.yml:1: kernels: expected a non-empty list"),
+        ("", "k.yml:1: empty configuration"),
+    ],
+)
 def test_errors_name_file_line_and_key(text, where):
     with pytest.raises(UsageError) as e:
         parse(text, "k.yml")

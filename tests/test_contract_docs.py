@@ -6,6 +6,7 @@ Shipped means every file of the repository (tracked, or untracked and not ignore
 user installs, reads or copies (the package, docs, README, checks/, examples/, benchmarks/, action.yml,
 Dockerfile, runners/) may not.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,17 +36,21 @@ OUTSIDE_SPEC = re.compile(r"\.\.[/\\]shared\b|[\"']\.\.[\"']\s*,\s*[\"']shared[\
 
 # --- no shipped file refers to ../shared or the SPEC files -------------------------------------------
 
+
 def shipped_files() -> list[str]:
     """Repository-relative paths of the shipped files (see the module docstring)."""
     try:
-        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                             cwd=ROOT, capture_output=True, check=True).stdout.decode()
+        out = subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=ROOT,
+            capture_output=True,
+            check=True,
+        ).stdout.decode()
         paths = [p for p in out.split("\0") if p]
     except (OSError, subprocess.CalledProcessError):  # not a git checkout (an unpacked sdist)
         paths = []
         for d, dirs, files in os.walk(ROOT):
-            dirs[:] = [x for x in dirs if not x.startswith(".") and x != "__pycache__"
-                       and not x.endswith(".egg-info")]
+            dirs[:] = [x for x in dirs if not x.startswith(".") and x != "__pycache__" and not x.endswith(".egg-info")]
             paths += [os.path.relpath(os.path.join(d, f), ROOT) for f in files]
     return sorted(p for p in paths if not p.startswith(NOT_SHIPPED) and (ROOT / p).is_file())
 
@@ -65,8 +70,15 @@ def test_the_detector_sees_every_spelling_and_nothing_else():
 
 def test_shipped_means_everything_but_the_tests_and_the_ci_script():
     files = shipped_files()
-    for must in ("README.md", "CONTRIBUTING.md", "docs/ops.md", "docs/cli.md", "kernalin_ci/cli.py",
-                 "action.yml", "Dockerfile"):
+    for must in (
+        "README.md",
+        "CONTRIBUTING.md",
+        "docs/ops.md",
+        "docs/cli.md",
+        "kernalin_ci/cli.py",
+        "action.yml",
+        "Dockerfile",
+    ):
         assert must in files
     assert not [p for p in files if p.startswith(NOT_SHIPPED)]
 
@@ -85,6 +97,7 @@ def test_no_shipped_file_refers_to_a_specification_outside_the_repository():
 
 
 # --- markdown helpers -----------------------------------------------------------------------------------
+
 
 def sections(path: str) -> dict[str, str]:
     """'## heading' -> the text up to the next '## ' heading."""
@@ -112,7 +125,7 @@ def table(body: str, first_header: str) -> dict[str, list[str]]:
     start = next((i for i, ln in enumerate(lines) if ln.startswith(f"| {first_header} |")), None)
     assert start is not None, f"no table with header '{first_header}'"
     rows = {}
-    for ln in lines[start + 2:]:
+    for ln in lines[start + 2 :]:
         if not ln.startswith("|"):
             break
         cells = [c.strip() for c in re.split(r"(?<!\\)\|", ln.strip())[1:-1]]
@@ -122,6 +135,7 @@ def table(body: str, first_header: str) -> dict[str, list[str]]:
 
 
 # --- docs/ops.md ----------------------------------------------------------------------------------------
+
 
 def render_default(v) -> str:
     if v is None:
@@ -159,6 +173,7 @@ def test_tolerances_are_the_codes():
 
 # --- docs/cli.md ----------------------------------------------------------------------------------------
 
+
 def subcommands() -> dict:
     parser = build_parser()
     sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
@@ -177,8 +192,9 @@ def test_every_command_and_option_is_documented(command):
         if action.option_strings:
             options |= {s for s in action.option_strings if s.startswith("--") and s not in ("--help", "--debug")}
             for choice in action.choices or ():
-                assert re.search(rf"\b{re.escape(str(choice))}\b", body), \
+                assert re.search(rf"\b{re.escape(str(choice))}\b", body), (
                     f"docs/cli.md, {command}: choice {choice!r} of {action.option_strings[-1]} missing"
+                )
         else:
             positionals.append(action.metavar or action.dest)
     assert _documented_options(body) == options, f"docs/cli.md, {command}: options differ from the parser's"
@@ -198,9 +214,12 @@ def _json_keys(body: str) -> set[str]:
 
 def test_verify_json_fields_are_documented():
     case = Case("c", {"D": 64})
-    result = VerifyResult("rope", "k.py:f", findings=[
-        Finding("check", "wrong-output", "m", Location("k.py", 1), case.to_json(), "kernalin-ci verify ...")],
-        notices=[Notice("check", "m")]).to_json()
+    result = VerifyResult(
+        "rope",
+        "k.py:f",
+        findings=[Finding("check", "wrong-output", "m", Location("k.py", 1), case.to_json(), "kernalin-ci verify ...")],
+        notices=[Notice("check", "m")],
+    ).to_json()
     keys = set(result) | set(result["findings"][0]) | set(result["notices"][0]) | set(case.to_json())
     keys |= set(result["findings"][0]["location"])
     missing = keys - _json_keys(section_for("docs/cli.md", "kernalin-ci verify"))
@@ -257,8 +276,10 @@ def test_every_configuration_key_is_documented():
 KERNELS = ROOT / "tests" / "adapter_kernels"  # test kernels shaped like the production kernels the examples name
 # one small case per op (the full case set is the catalogue's business; this checks the adapter)
 EXAMPLE_CASES = {
-    "attention.decode_paged": {"name": "adapter", "dims": {"Hq": 4, "Hkv": 2, "D": 64, "kv_lens": [1, 17, 40],
-                                                           "scale": 0.125}},
+    "attention.decode_paged": {
+        "name": "adapter",
+        "dims": {"Hq": 4, "Hkv": 2, "D": 64, "kv_lens": [1, 17, 40], "scale": 0.125},
+    },
     "rope": {"name": "adapter", "dims": {"T": 5, "Hq": 2, "Hkv": 1, "D": 128, "positions": [0, 1, 7, 100, 8191]}},
 }
 
@@ -284,8 +305,23 @@ def test_worked_adapter_example_verifies_on_a_real_kernel(index, tmp_path):
     for module in re.findall(r"^from (\w+) import", code, re.M):
         if (KERNELS / f"{module}.py").is_file():
             (tmp_path / entry_file).with_name(f"{module}.py").write_text((KERNELS / f"{module}.py").read_text())
-    cmd = [sys.executable, "-m", "kernalin_ci", "verify", "--op", kernel.op, "--entry", kernel.entry,
-           "--device", "cpu", "--quiet", "--json", "-", "--case", json.dumps(EXAMPLE_CASES[kernel.op])]
+    cmd = [
+        sys.executable,
+        "-m",
+        "kernalin_ci",
+        "verify",
+        "--op",
+        kernel.op,
+        "--entry",
+        kernel.entry,
+        "--device",
+        "cpu",
+        "--quiet",
+        "--json",
+        "-",
+        "--case",
+        json.dumps(EXAMPLE_CASES[kernel.op]),
+    ]
     for k, v in kernel.params.items():
         cmd += ["--param", f"{k}={v}"]
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)

@@ -5,6 +5,7 @@ checked against GitHub's OpenAPI description; a bad one fails the test at teardo
 Jobs here run a stand-in gate command (kernalin_ci.daemon.harness.FAKE_GATE) that writes a real
 report.json; tests/test_daemon_gate.py runs the real gate end to end.
 """
+
 import json
 import os
 import time
@@ -15,12 +16,19 @@ import pytest
 from kernalin_ci.daemon import webhook
 from kernalin_ci.daemon.app import Daemon, wait_for
 from kernalin_ci.daemon.deliver import deliver, get_json
-from kernalin_ci.daemon.harness import (APP_ID, INSTALLATION_ID, WEBHOOK_SECRET, World, fake_gate_command,
-                                        settings_for, wait_job)
+from kernalin_ci.daemon.harness import (
+    APP_ID,
+    INSTALLATION_ID,
+    WEBHOOK_SECRET,
+    World,
+    fake_gate_command,
+    settings_for,
+    wait_job,
+)
 from kernalin_ci.daemon.metrics import rss_bytes
 from kernalin_ci.daemon.runners.local import marked_pids
-from kernalin_ci.report.badge import badge_endpoint, badge_svg
 from kernalin_ci.github.client import sticky_marker
+from kernalin_ci.report.badge import badge_endpoint, badge_svg
 from kernalin_ci.report.markdown import render_markdown
 from kernalin_ci.report.model import Report
 from kernalin_ci.testing.openapi import OpenAPI
@@ -72,8 +80,9 @@ def get(d: Daemon):
     return lambda path: get_json(d.url + path)
 
 
-def pr_head(world, number: int, files: dict, *, fork: str | None = None, label: str | None = None,
-            action: str = "opened") -> tuple[str, dict]:
+def pr_head(
+    world, number: int, files: dict, *, fork: str | None = None, label: str | None = None, action: str = "opened"
+) -> tuple[str, dict]:
     repo = world.repos[REPO]
     head = repo.commit(files, f"pr {number}", branch=f"pr-{number}")
     return head, world.pull_request(REPO, number, head, repo.main, action=action, fork=fork, label=label)
@@ -88,6 +97,7 @@ def runs_of(world, job_id: str) -> list[dict]:
 
 
 # -- deliveries ------------------------------------------------------------------------------------
+
 
 def test_signed_delivery_queues_a_job_runs_the_pr_head_and_posts_the_result(world, make_daemon):
     d = make_daemon()
@@ -123,8 +133,9 @@ def test_bad_and_missing_signatures_are_refused_before_parsing(world, make_daemo
         dict(secret=WEBHOOK_SECRET, signature_value="sha256=\u00e9" * 3),
     ]
     for c in cases:
-        status, answer = deliver(d.url + "/webhook", "pull_request", body, c["secret"],
-                                 signature_value=c.get("signature_value"))
+        status, answer = deliver(
+            d.url + "/webhook", "pull_request", body, c["secret"], signature_value=c.get("signature_value")
+        )
         assert status == 401, (c, answer)
     # a signed body that is not JSON is refused with 401 too when the signature is wrong: the body is never parsed
     status, _ = deliver(d.url + "/webhook", "pull_request", b"{not json", "wrong-secret")
@@ -137,8 +148,10 @@ def test_replayed_delivery_id_is_acknowledged_once(world, make_daemon):
     _, payload = pr_head(world, 9, {"verdict.txt": "success\n"})
     first = send(d, "pull_request", payload, delivery_id="72d3162e-cc78-11e3-81ab-4c9367dc0958")
     again = send(d, "pull_request", payload, delivery_id="72d3162e-cc78-11e3-81ab-4c9367dc0958")
-    assert first[0] == 202 and again == (200, {"status": "duplicate",
-                                               "delivery": "72d3162e-cc78-11e3-81ab-4c9367dc0958"})
+    assert first[0] == 202 and again == (
+        200,
+        {"status": "duplicate", "delivery": "72d3162e-cc78-11e3-81ab-4c9367dc0958"},
+    )
     wait_job(get(d), first[1]["jobs"][0])
     assert len(d.store.jobs()) == 1 and len(world.standin.check_runs(REPO)) == 1
 
@@ -146,7 +159,7 @@ def test_replayed_delivery_id_is_acknowledged_once(world, make_daemon):
 def test_malformed_json_and_bodies_of_the_wrong_shape_are_400(world, make_daemon):
     d = make_daemon()
     _, payload = pr_head(world, 10, {"verdict.txt": "success\n"})
-    assert send(d, "pull_request", b"{\"action\": \"opened\", ")[0] == 400
+    assert send(d, "pull_request", b'{"action": "opened", ')[0] == 400
     assert send(d, "pull_request", b"\xff\xfe not utf-8")[0] == 400
     assert send(d, "pull_request", b"[1, 2, 3]")[0] == 400
     del payload["pull_request"]["head"]["sha"]
@@ -171,9 +184,11 @@ def test_oversized_bodies_are_413_without_a_job(world, make_daemon):
 
 def test_unknown_events_and_actions_are_acknowledged_and_ignored(world, make_daemon):
     d = make_daemon()
-    for event, payload in [("issues", {"action": "opened", "issue": {"number": 1}}),
-                           ("ping", {"zen": "Keep it logically awesome.", "hook_id": 1}),
-                           ("push", {"ref": "refs/heads/main"})]:
+    for event, payload in [
+        ("issues", {"action": "opened", "issue": {"number": 1}}),
+        ("ping", {"zen": "Keep it logically awesome.", "hook_id": 1}),
+        ("push", {"ref": "refs/heads/main"}),
+    ]:
         status, answer = send(d, event, payload)
         assert status == 202 and answer["status"] == "ignored", answer
     _, payload = pr_head(world, 12, {"verdict.txt": "success\n"}, action="edited")
@@ -193,6 +208,7 @@ def test_answers_come_before_the_work(world, make_daemon):
 
 
 # -- the job's life -------------------------------------------------------------------------------
+
 
 def test_a_new_push_cancels_the_superseded_job_and_marks_its_check_run(world, make_daemon):
     d = make_daemon()
@@ -255,8 +271,9 @@ def test_a_gate_that_cannot_run_fails_once_without_retries(world, make_daemon):
 
 
 def test_infrastructure_failures_are_retried_with_backoff_then_reported(world, make_daemon):
-    d = make_daemon(github={**world.daemon_config(world.root)["github"],
-                            "clone_url": f"file://{world.root}/nowhere/{{repo}}.git"})
+    d = make_daemon(
+        github={**world.daemon_config(world.root)["github"], "clone_url": f"file://{world.root}/nowhere/{{repo}}.git"}
+    )
     _, payload = pr_head(world, 19, {"verdict.txt": "success\n"})
     t0 = time.time()
     job = wait_job(get(d), send(d, "pull_request", payload)[1]["jobs"][0], timeout=60)
@@ -281,51 +298,117 @@ def test_github_5xx_while_posting_is_retried_and_posted_once(world, make_daemon)
 def check_run_event(world, job_id: str, head: str) -> dict:
     """A check_run.rerequested delivery for the run with external id JOB_ID (GitHub's webhook shape)."""
     pr = world.pull_request(REPO, 21, head, world.repos[REPO].main)
-    app = {"id": APP_ID, "slug": "kernalin-ci", "node_id": "MDM6QXBwNDI0MjQy", "owner": pr["sender"],
-           "name": "kernalin-ci", "description": None, "external_url": "https://ci.example.invalid",
-           "html_url": "https://github.com/apps/kernalin-ci", "created_at": "2026-01-01T00:00:00Z",
-           "updated_at": "2026-01-01T00:00:00Z", "permissions": {"checks": "write"}, "events": ["pull_request"]}
-    suite = {"id": 5100001, "node_id": "CS_kwDO", "head_branch": "pr-21", "head_sha": head, "status": "completed",
-             "conclusion": "success", "url": f"https://api.github.com/repos/{REPO}/check-suites/5100001",
-             "before": None, "after": head, "pull_requests": [], "app": app,
-             "created_at": "2026-05-20T08:01:19Z", "updated_at": "2026-05-20T08:02:19Z"}
-    run = {"id": 4100001, "head_sha": head, "node_id": "CR_kwDO", "external_id": job_id,
-           "url": f"https://api.github.com/repos/{REPO}/check-runs/4100001",
-           "html_url": f"https://github.com/{REPO}/runs/4100001", "details_url": "https://ci.example.invalid/jobs/x",
-           "status": "completed",
-           "conclusion": "success", "started_at": "2026-05-20T08:01:19Z", "completed_at": "2026-05-20T08:02:19Z",
-           "output": {"title": "t", "summary": "s", "text": None, "annotations_count": 0,
-                      "annotations_url": f"https://api.github.com/repos/{REPO}/check-runs/4100001/annotations"},
-           "name": "kernalin-ci", "check_suite": suite, "app": app, "pull_requests": []}
-    return {"action": "rerequested", "check_run": run, "repository": pr["repository"], "sender": pr["sender"],
-            "installation": {"id": INSTALLATION_ID, "node_id": "MDIzOkludGVncmF0aW9uOTA5MA=="}}
+    app = {
+        "id": APP_ID,
+        "slug": "kernalin-ci",
+        "node_id": "MDM6QXBwNDI0MjQy",
+        "owner": pr["sender"],
+        "name": "kernalin-ci",
+        "description": None,
+        "external_url": "https://ci.example.invalid",
+        "html_url": "https://github.com/apps/kernalin-ci",
+        "created_at": "2026-01-01T00:00:00Z",
+        "updated_at": "2026-01-01T00:00:00Z",
+        "permissions": {"checks": "write"},
+        "events": ["pull_request"],
+    }
+    suite = {
+        "id": 5100001,
+        "node_id": "CS_kwDO",
+        "head_branch": "pr-21",
+        "head_sha": head,
+        "status": "completed",
+        "conclusion": "success",
+        "url": f"https://api.github.com/repos/{REPO}/check-suites/5100001",
+        "before": None,
+        "after": head,
+        "pull_requests": [],
+        "app": app,
+        "created_at": "2026-05-20T08:01:19Z",
+        "updated_at": "2026-05-20T08:02:19Z",
+    }
+    run = {
+        "id": 4100001,
+        "head_sha": head,
+        "node_id": "CR_kwDO",
+        "external_id": job_id,
+        "url": f"https://api.github.com/repos/{REPO}/check-runs/4100001",
+        "html_url": f"https://github.com/{REPO}/runs/4100001",
+        "details_url": "https://ci.example.invalid/jobs/x",
+        "status": "completed",
+        "conclusion": "success",
+        "started_at": "2026-05-20T08:01:19Z",
+        "completed_at": "2026-05-20T08:02:19Z",
+        "output": {
+            "title": "t",
+            "summary": "s",
+            "text": None,
+            "annotations_count": 0,
+            "annotations_url": f"https://api.github.com/repos/{REPO}/check-runs/4100001/annotations",
+        },
+        "name": "kernalin-ci",
+        "check_suite": suite,
+        "app": app,
+        "pull_requests": [],
+    }
+    return {
+        "action": "rerequested",
+        "check_run": run,
+        "repository": pr["repository"],
+        "sender": pr["sender"],
+        "installation": {"id": INSTALLATION_ID, "node_id": "MDIzOkludGVncmF0aW9uOTA5MA=="},
+    }
 
 
 def installation_event(action: str) -> dict:
-    owner = {"login": "acme", "id": 91000001, "node_id": "O_kgDO", "avatar_url": "https://avatars.example/u/1",
-             "gravatar_id": "", "url": "https://api.github.com/users/acme", "html_url": "https://github.com/acme",
-             "followers_url": "https://api.github.com/users/acme/followers",
-             "following_url": "https://api.github.com/users/acme/following{/other_user}",
-             "gists_url": "https://api.github.com/users/acme/gists{/gist_id}",
-             "starred_url": "https://api.github.com/users/acme/starred{/owner}{/repo}",
-             "subscriptions_url": "https://api.github.com/users/acme/subscriptions",
-             "organizations_url": "https://api.github.com/users/acme/orgs",
-             "repos_url": "https://api.github.com/users/acme/repos",
-             "events_url": "https://api.github.com/users/acme/events{/privacy}",
-             "received_events_url": "https://api.github.com/users/acme/received_events", "type": "Organization",
-             "site_admin": False}
-    inst = {"id": INSTALLATION_ID, "account": owner, "repository_selection": "selected",
-            "access_tokens_url": f"https://api.github.com/app/installations/{INSTALLATION_ID}/access_tokens",
-            "repositories_url": "https://api.github.com/installation/repositories",
-            "html_url": f"https://github.com/organizations/acme/settings/installations/{INSTALLATION_ID}",
-            "app_id": APP_ID, "target_id": 91000001, "target_type": "Organization",
-            "permissions": {"checks": "write", "contents": "read", "pull_requests": "write"},
-            "events": ["pull_request", "check_run"], "created_at": "2026-01-01T00:00:00Z",
-            "updated_at": "2026-01-01T00:00:00Z",
-            "single_file_name": None, "app_slug": "kernalin-ci", "suspended_at": None, "suspended_by": None}
-    return {"action": action, "installation": inst, "repositories": [
-        {"id": 812000001, "node_id": "R_kgDO", "name": "kernels", "full_name": REPO, "private": False}],
-        "requester": None, "sender": owner}
+    owner = {
+        "login": "acme",
+        "id": 91000001,
+        "node_id": "O_kgDO",
+        "avatar_url": "https://avatars.example/u/1",
+        "gravatar_id": "",
+        "url": "https://api.github.com/users/acme",
+        "html_url": "https://github.com/acme",
+        "followers_url": "https://api.github.com/users/acme/followers",
+        "following_url": "https://api.github.com/users/acme/following{/other_user}",
+        "gists_url": "https://api.github.com/users/acme/gists{/gist_id}",
+        "starred_url": "https://api.github.com/users/acme/starred{/owner}{/repo}",
+        "subscriptions_url": "https://api.github.com/users/acme/subscriptions",
+        "organizations_url": "https://api.github.com/users/acme/orgs",
+        "repos_url": "https://api.github.com/users/acme/repos",
+        "events_url": "https://api.github.com/users/acme/events{/privacy}",
+        "received_events_url": "https://api.github.com/users/acme/received_events",
+        "type": "Organization",
+        "site_admin": False,
+    }
+    inst = {
+        "id": INSTALLATION_ID,
+        "account": owner,
+        "repository_selection": "selected",
+        "access_tokens_url": f"https://api.github.com/app/installations/{INSTALLATION_ID}/access_tokens",
+        "repositories_url": "https://api.github.com/installation/repositories",
+        "html_url": f"https://github.com/organizations/acme/settings/installations/{INSTALLATION_ID}",
+        "app_id": APP_ID,
+        "target_id": 91000001,
+        "target_type": "Organization",
+        "permissions": {"checks": "write", "contents": "read", "pull_requests": "write"},
+        "events": ["pull_request", "check_run"],
+        "created_at": "2026-01-01T00:00:00Z",
+        "updated_at": "2026-01-01T00:00:00Z",
+        "single_file_name": None,
+        "app_slug": "kernalin-ci",
+        "suspended_at": None,
+        "suspended_by": None,
+    }
+    return {
+        "action": action,
+        "installation": inst,
+        "repositories": [
+            {"id": 812000001, "node_id": "R_kgDO", "name": "kernels", "full_name": REPO, "private": False}
+        ],
+        "requester": None,
+        "sender": owner,
+    }
 
 
 def test_event_builders_match_githubs_webhook_schemas(world):
@@ -334,8 +417,9 @@ def test_event_builders_match_githubs_webhook_schemas(world):
     assert spec.validate_component("webhook-check-run-rerequested", check_run_event(world, "kci-1", head)) == []
     for action in ("created", "deleted", "suspend"):
         assert spec.validate_component(f"webhook-installation-{action}", installation_event(action)) == []
-    fork_labeled = world.pull_request(REPO, 22, head, world.repos[REPO].main, action="labeled",
-                                      fork="octo-dev/kernels", label="safe-to-test")
+    fork_labeled = world.pull_request(
+        REPO, 22, head, world.repos[REPO].main, action="labeled", fork="octo-dev/kernels", label="safe-to-test"
+    )
     assert spec.validate_component("webhook-pull-request-labeled", fork_labeled) == []
 
 
@@ -366,6 +450,7 @@ def test_installation_events_are_recorded_and_a_removed_installation_cancels_its
 
 # -- policy -----------------------------------------------------------------------------------------
 
+
 def test_a_forks_pull_request_waits_for_the_maintainers_label(world, make_daemon):
     d = make_daemon()
     fork = "octo-dev/kernels"
@@ -376,18 +461,25 @@ def test_a_forks_pull_request_waits_for_the_maintainers_label(world, make_daemon
     (run,) = runs_of(world, waiting["id"])
     assert run["conclusion"] == "neutral" and "safe-to-test" in run["output"]["title"]
     # another label: nothing happens
-    other = send(d, "pull_request", world.pull_request(REPO, 24, head, world.repos[REPO].main, action="labeled",
-                                                        fork=fork, label="documentation"))[1]["jobs"][0]
+    other = send(
+        d,
+        "pull_request",
+        world.pull_request(REPO, 24, head, world.repos[REPO].main, action="labeled", fork=fork, label="documentation"),
+    )[1]["jobs"][0]
     assert wait_job(get(d), other)["outcome"] == "skipped" and runs_of(world, other) == []
     # the maintainer's label: now it runs
-    approved = send(d, "pull_request", world.pull_request(REPO, 24, head, world.repos[REPO].main, action="labeled",
-                                                           fork=fork, label="safe-to-test"))[1]["jobs"][0]
+    approved = send(
+        d,
+        "pull_request",
+        world.pull_request(REPO, 24, head, world.repos[REPO].main, action="labeled", fork=fork, label="safe-to-test"),
+    )[1]["jobs"][0]
     job = wait_job(get(d), approved)
     assert job["conclusion"] == "failure" and (job_out(d, approved) / "started").exists()
     # a new push from the fork waits again
     head2 = world.repos[REPO].commit({"verdict.txt": "success\n"}, "more", branch="pr-24")
-    again = send(d, "pull_request", world.pull_request(REPO, 24, head2, world.repos[REPO].main,
-                                                        action="synchronize", fork=fork))[1]["jobs"][0]
+    again = send(
+        d, "pull_request", world.pull_request(REPO, 24, head2, world.repos[REPO].main, action="synchronize", fork=fork)
+    )[1]["jobs"][0]
     assert wait_job(get(d), again)["conclusion"] == "neutral"
 
 
@@ -397,8 +489,11 @@ def test_the_configuration_comes_from_the_base_branch(world, make_daemon):
     repo = world.repos[REPO]
     repo.commit({".kernalin.yml": BASE_CONFIG + "\ndaemon:\n  fork_label: ok-to-test\n"}, "label on main")
     fork = "octo-dev/kernels"
-    head = repo.commit({".kernalin.yml": BASE_CONFIG + "daemon: {fork_label: documentation}\n",
-                        "verdict.txt": "success\n"}, "try to pick my own label", branch="pr-25")
+    head = repo.commit(
+        {".kernalin.yml": BASE_CONFIG + "daemon: {fork_label: documentation}\n", "verdict.txt": "success\n"},
+        "try to pick my own label",
+        branch="pr-25",
+    )
     ev = world.pull_request(REPO, 25, head, repo.main, action="labeled", fork=fork, label="documentation")
     assert wait_job(get(d), send(d, "pull_request", ev)[1]["jobs"][0])["outcome"] == "skipped"
     ev = world.pull_request(REPO, 25, head, repo.main, action="labeled", fork=fork, label="ok-to-test")
@@ -406,7 +501,7 @@ def test_the_configuration_comes_from_the_base_branch(world, make_daemon):
     assert job["outcome"] == "report"
     # the job saw the base's configuration with the daemon section blanked, line numbers kept
     seen = (d.settings.jobs_dir / job["id"] / "kernalin.yml").read_text()
-    assert seen.splitlines()[:len(BASE_CONFIG.splitlines())] == BASE_CONFIG.splitlines()
+    assert seen.splitlines()[: len(BASE_CONFIG.splitlines())] == BASE_CONFIG.splitlines()
     assert "daemon" not in seen and "fork_label" not in seen
     assert len(seen.splitlines()) == len((BASE_CONFIG + "\ndaemon:\n  fork_label: ok-to-test\n").splitlines())
 
@@ -438,8 +533,10 @@ def test_jobs_never_see_a_secret(world, make_daemon, monkeypatch):
 
 # -- health, metrics, badges ------------------------------------------------------------------------
 
-_SAMPLE = r'[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-zA-Z_][a-zA-Z0-9_]*="([^"\\\n]|\\[\\"n])*",?)*\})? ' \
-          r'(-?[0-9.]+(e[+-]?[0-9]+)?|\+Inf|-Inf|NaN)'
+_SAMPLE = (
+    r'[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-zA-Z_][a-zA-Z0-9_]*="([^"\\\n]|\\[\\"n])*",?)*\})? '
+    r"(-?[0-9.]+(e[+-]?[0-9]+)?|\+Inf|-Inf|NaN)"
+)
 
 
 def parse_metrics(text: str) -> dict[str, float]:
@@ -494,8 +591,12 @@ def test_badges_show_the_newest_result_into_the_default_branch(world, make_daemo
     report = Report.from_json(json.loads((job_out(d, job["id"]) / "report.json").read_text()))
     assert get_json(d.url + "/badge/acme/kernels.svg") == (200, badge_svg(report))
     assert get_json(d.url + "/badge/acme/kernels.json") == (200, badge_endpoint(report))
-    assert get_json(d.url + "/badge/acme/kernels.json")[1] == {"schemaVersion": 1, "label": "kernalin-ci",
-                                                               "message": "passed (1 kernel)", "color": "brightgreen"}
+    assert get_json(d.url + "/badge/acme/kernels.json")[1] == {
+        "schemaVersion": 1,
+        "label": "kernalin-ci",
+        "message": "passed (1 kernel)",
+        "color": "brightgreen",
+    }
     assert get_json(d.url + "/badge/acme/kernels.json?branch=release")[0] == 404
     assert get_json(d.url + "/badge/acme/other.svg")[0] == 404
 
@@ -515,16 +616,19 @@ def test_private_repositories_have_no_public_badge_or_job_page(world, make_daemo
 
 # -- configuration ----------------------------------------------------------------------------------
 
+
 def test_configuration_errors_name_the_key_and_exit_2(tmp_path):
     from conftest import cli
 
     cfg = tmp_path / "daemon.yml"
-    for text, expected in [("runner: {backend: podman}\n", "runner.backend: must be one of local, docker"),
-                           ("gpus: many\n", "gpus: expected auto, cpu"),
-                           ("listen: 8080\n", "listen: expected HOST:PORT"),
-                           ("runner: {env: {GITHUB_TOKEN: x}}\n", "runner.env.GITHUB_TOKEN: secrets are never"),
-                           ("queue: {backend: sqlite, extra: 1}\n", "queue.extra: unknown key"),
-                           ("listen: [\n", "not valid YAML")]:
+    for text, expected in [
+        ("runner: {backend: podman}\n", "runner.backend: must be one of local, docker"),
+        ("gpus: many\n", "gpus: expected auto, cpu"),
+        ("listen: 8080\n", "listen: expected HOST:PORT"),
+        ("runner: {env: {GITHUB_TOKEN: x}}\n", "runner.env.GITHUB_TOKEN: secrets are never"),
+        ("queue: {backend: sqlite, extra: 1}\n", "queue.extra: unknown key"),
+        ("listen: [\n", "not valid YAML"),
+    ]:
         cfg.write_text(text)
         r = cli("serve", "--config", str(cfg), env={"KERNALIN_WEBHOOK_SECRET": "s"})
         assert r.returncode == 2 and expected in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
@@ -555,6 +659,7 @@ def test_a_second_daemon_on_the_same_state_directory_is_refused(world, make_daem
 
 
 # -- GPU slots --------------------------------------------------------------------------------------
+
 
 def test_gpu_slots_from_what_nvidia_smi_lists(monkeypatch):
     from kernalin_ci.daemon.gpus import Slot, slots

@@ -1,14 +1,15 @@
 """`kill -9` of a real `kernalin-ci serve` process, mid-job and mid-post, then a restart: no job is lost,
 and each result is posted exactly once (one check run per job, found again by its external_id; one
 sticky comment per pull request, edited rather than duplicated)."""
+
 import sqlite3
 import time
 
 import pytest
 
 from kernalin_ci.daemon.app import wait_for
-from kernalin_ci.daemon.runners.local import marked_pids
 from kernalin_ci.daemon.harness import ServeProcess, World, fake_gate_command, wait_job
+from kernalin_ci.daemon.runners.local import marked_pids
 
 REPO = "acme/kernels"
 FILES = {".kernalin.yml": "version: 1\nkernels: []\n", "verdict.txt": "success\n"}
@@ -40,9 +41,14 @@ def open_prs(world, n: int, first_sleep: float) -> list[tuple[int, dict]]:
     repo = world.repos[REPO]
     out = []
     for number in range(1, n + 1):
-        head = repo.commit({"sleep.txt": str(first_sleep if number == 1 else 0),
-                            "verdict.txt": "failure\n" if number == 2 else "success\n"}, f"pr {number}",
-                           branch=f"pr-{number}")
+        head = repo.commit(
+            {
+                "sleep.txt": str(first_sleep if number == 1 else 0),
+                "verdict.txt": "failure\n" if number == 2 else "success\n",
+            },
+            f"pr {number}",
+            branch=f"pr-{number}",
+        )
         out.append((number, world.pull_request(REPO, number, head, repo.main)))
     return out
 
@@ -67,8 +73,12 @@ def test_kill_9_mid_job_then_restart(tmp_path, world, serve):
         jobs[number] = answer["jobs"][0]
     started = tmp_path / "state" / "jobs" / jobs[1] / "out" / "started"
     assert wait_for(lambda: started.exists(), 30)
-    assert wait_for(lambda: any(r["external_id"] == jobs[1] and r["status"] == "in_progress"
-                                for r in world.standin.check_runs(REPO)), 30)
+    assert wait_for(
+        lambda: any(
+            r["external_id"] == jobs[1] and r["status"] == "in_progress" for r in world.standin.check_runs(REPO)
+        ),
+        30,
+    )
     run_before = next(r["id"] for r in world.standin.check_runs(REPO) if r["external_id"] == jobs[1])
     assert marked_pids(jobs[1])  # the job's processes, seen from the host (their own PIDs are namespaced)
 
@@ -80,7 +90,10 @@ def test_kill_9_mid_job_then_restart(tmp_path, world, serve):
         wait_job(d.get, job_id, timeout=120)
     states = {n: d.get(f"/jobs/{j}")[1] for n, j in jobs.items()}
     assert {n: (s["state"], s["conclusion"]) for n, s in states.items()} == {
-        1: ("done", "success"), 2: ("done", "failure"), 3: ("done", "success")}
+        1: ("done", "success"),
+        2: ("done", "failure"),
+        3: ("done", "success"),
+    }
     assert_posted_once(world, jobs)
     # the recovered job finished on the check run it had started before the crash
     assert next(r["id"] for r in world.standin.check_runs(REPO) if r["external_id"] == jobs[1]) == run_before
@@ -90,8 +103,11 @@ def test_kill_9_mid_job_then_restart(tmp_path, world, serve):
 
 
 def test_kill_9_while_posting_then_restart(tmp_path, world, serve):
-    cfg = world.daemon_config(tmp_path / "state", runner={"command": fake_gate_command()},
-                              posting={"attempts": 50, "base_delay_s": 0.2, "max_delay_s": 0.5})
+    cfg = world.daemon_config(
+        tmp_path / "state",
+        runner={"command": fake_gate_command()},
+        posting={"attempts": 50, "base_delay_s": 0.2, "max_delay_s": 0.5},
+    )
     outage = world.standin.inject("PATCH", "/repos/{owner}/{repo}/check-runs/{check_run_id}", 503, times=None)
     d = serve(cfg)
     jobs = {}
@@ -102,8 +118,10 @@ def test_kill_9_while_posting_then_restart(tmp_path, world, serve):
     def post_attempts():
         db = sqlite3.connect(db_path)
         try:
-            return [db.execute("SELECT state, post_state, post_attempts FROM jobs WHERE id=?", (j,)).fetchone()
-                    for j in jobs.values()]
+            return [
+                db.execute("SELECT state, post_state, post_attempts FROM jobs WHERE id=?", (j,)).fetchone()
+                for j in jobs.values()
+            ]
         finally:
             db.close()
 

@@ -1,5 +1,6 @@
 """The docker runner on a real engine (started by .ci/run) with the locally built kernalin image
 (tests/docker_support.py: fixtures docker_client and kernalin_image; skipped without an engine)."""
+
 import importlib.util
 import json
 import time
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.docker
 FAKE_GATE = Path(importlib.util.find_spec("kernalin_ci.testing.fake_gate").origin).read_text()
 REPO = "acme/kernels"
 # runs inside the container: looks at its own sandbox, then behaves like the fake gate
-PROBE = r'''
+PROBE = r"""
 import json, os, socket, sys, time
 out = sys.argv[1]
 res = {"uid": os.getuid(), "cwd": os.getcwd(), "env": dict(os.environ)}
@@ -39,7 +40,7 @@ except OSError as e:
 res["config"] = open(".kernalin.yml").read()
 json.dump(res, open(os.path.join(out, "probe.json"), "w"))
 time.sleep(float(os.environ.get("PROBE_SLEEP", "0")))
-'''
+"""
 
 
 def image_tag(image) -> str:
@@ -51,8 +52,15 @@ def image_tag(image) -> str:
 @pytest.fixture
 def world(tmp_path, github_standin):
     w = World(tmp_path / "world", github_standin).start()
-    w.add_repo(REPO, {".kernalin.yml": "version: 1\nkernels: []\n", "verdict.txt": "success\n",
-                      "probe.py": PROBE, "fake_gate.py": FAKE_GATE})
+    w.add_repo(
+        REPO,
+        {
+            ".kernalin.yml": "version: 1\nkernels: []\n",
+            "verdict.txt": "success\n",
+            "probe.py": PROBE,
+            "fake_gate.py": FAKE_GATE,
+        },
+    )
     yield w
     w.stop()
 
@@ -62,11 +70,27 @@ def make_daemon(tmp_path, world, docker_client, kernalin_image):
     made = []
 
     def make(docker: dict | None = None, **runner) -> Daemon:
-        runner_cfg = {"backend": "docker", "timeout_s": 120,
-                      "command": ["sh", "-c", 'python3 probe.py "$1" && exec python3 fake_gate.py "$@"', "job",
-                                  "{out}", "{base}", "{head}", "{device}"],
-                      "docker": {"image": image_tag(kernalin_image), "memory": "1g", "pids": 256,
-                                 "tmpfs_size": "1g", **(docker or {})}}
+        runner_cfg = {
+            "backend": "docker",
+            "timeout_s": 120,
+            "command": [
+                "sh",
+                "-c",
+                'python3 probe.py "$1" && exec python3 fake_gate.py "$@"',
+                "job",
+                "{out}",
+                "{base}",
+                "{head}",
+                "{device}",
+            ],
+            "docker": {
+                "image": image_tag(kernalin_image),
+                "memory": "1g",
+                "pids": 256,
+                "tmpfs_size": "1g",
+                **(docker or {}),
+            },
+        }
         runner_cfg.update(runner)
         cfg = world.daemon_config(tmp_path / f"state{len(made)}", runner=runner_cfg)
         settings = settings_for(world, cfg)
@@ -82,8 +106,9 @@ def make_daemon(tmp_path, world, docker_client, kernalin_image):
 def open_pr(world, d: Daemon, number: int, files: dict) -> str:
     repo = world.repos[REPO]
     head = repo.commit(files, f"pr {number}", branch=f"pr-{number}")
-    status, answer = deliver(d.url + "/webhook", "pull_request", world.pull_request(REPO, number, head, repo.main),
-                             WEBHOOK_SECRET)
+    status, answer = deliver(
+        d.url + "/webhook", "pull_request", world.pull_request(REPO, number, head, repo.main), WEBHOOK_SECRET
+    )
     assert status == 202
     return answer["jobs"][0]
 
@@ -99,7 +124,7 @@ def test_the_job_runs_sandboxed_and_the_container_is_removed(world, make_daemon,
     (c,) = containers_of(docker_client, job_id)
     host = c.attrs["HostConfig"]
     assert host["NetworkMode"] == "none" and host["ReadonlyRootfs"] is True
-    assert host["Memory"] == 1024 ** 3 and host["MemorySwap"] == 1024 ** 3 and host["PidsLimit"] == 256
+    assert host["Memory"] == 1024**3 and host["MemorySwap"] == 1024**3 and host["PidsLimit"] == 256
     assert host["CapDrop"] == ["ALL"] and "no-new-privileges" in host["SecurityOpt"]
     mounts = {m["Destination"]: m["RW"] for m in c.attrs["Mounts"]}
     assert mounts == {"/repo": False, "/out": True, "/job/kernalin.yml": False}
@@ -145,22 +170,30 @@ def test_engine_errors_are_retried_then_reported(world, make_daemon):
 @pytest.mark.slow
 def test_the_real_gate_in_the_kernalin_image(world, make_daemon):
     """kernalin-ci run inside the container, on a tiny kv_append repository (CPU interpreter, no benchmark)."""
-    kernel = (Path(__file__).resolve().parent.parent / "examples" / "decode-kernels" / "kernels" / "kv_cache.py"
-              ).read_text()
-    config = ("version: 1\nkernels:\n  - name: kv_append\n    op: kv_append\n    entry: kernels/kv_cache.py:append\n"
-              "    params: {block_size: 16}\ngate:\n  bench: false\n")
+    kernel = (
+        Path(__file__).resolve().parent.parent / "examples" / "decode-kernels" / "kernels" / "kv_cache.py"
+    ).read_text()
+    config = (
+        "version: 1\nkernels:\n  - name: kv_append\n    op: kv_append\n    entry: kernels/kv_cache.py:append\n"
+        "    params: {block_size: 16}\ngate:\n  bench: false\n"
+    )
     repo = world.add_repo("acme/gate", {".kernalin.yml": config, "kernels/kv_cache.py": kernel})
-    head = repo.commit({"kernels/kv_cache.py": kernel.replace("one program per token", "one program per new token")},
-                       "docs", branch="pr-1")
+    head = repo.commit(
+        {"kernels/kv_cache.py": kernel.replace("one program per token", "one program per new token")},
+        "docs",
+        branch="pr-1",
+    )
     d = make_daemon(command=None, timeout_s=900, docker={"memory": "4g", "pids": 1024})
-    status, answer = deliver(d.url + "/webhook", "pull_request", world.pull_request("acme/gate", 1, head, repo.main),
-                             WEBHOOK_SECRET)
+    status, answer = deliver(
+        d.url + "/webhook", "pull_request", world.pull_request("acme/gate", 1, head, repo.main), WEBHOOK_SECRET
+    )
     assert status == 202
     job = wait_job(lambda p: get_json(d.url + p), answer["jobs"][0], timeout=900)
     assert job["state"] == "done" and job["conclusion"] == "success", job
     report = json.loads((d.settings.jobs_dir / job["id"] / "out" / "report.json").read_text())
     assert [(k["name"], k["status"], k["verification"]["verdict"]) for k in report["kernels"]] == [
-        ("kv_append", "changed", "pass")]
+        ("kv_append", "changed", "pass")
+    ]
     assert report["device"] == "cpu" and report["head"]["sha"] == head
     (run,) = [r for r in world.standin.check_runs("acme/gate") if r["external_id"] == job["id"]]
     assert run["conclusion"] == "success"
@@ -177,4 +210,3 @@ def test_a_link_the_job_puts_in_out_is_never_followed(world, make_daemon, tmp_pa
     assert job["state"] == "failed", job
     (run,) = [r for r in world.standin.check_runs(REPO) if r["external_id"] == job_id]
     assert "host-secret-5e1d" not in json.dumps(run["output"]) and "symbolic link" in json.dumps(run["output"])
-

@@ -1,20 +1,21 @@
 """The dashboard in a real browser (Chromium driven by Selenium); the PostgreSQL history (a real server,
 started from the system packages) with concurrent writers; the daemon recording merged pull requests
 into its history (SQLite and PostgreSQL) and serving /dashboard, looked at in the browser too."""
+
 import json
 import shutil
 import urllib.error
 import urllib.request
 
 import pytest
+from history_support import PG_BIN, Postgres, bench, kernel, report
+from test_daemon import BASE_FILES, REPO, get, make_daemon, pr_head, send, world  # noqa: F401  (fixtures)
 
 from kernalin_ci.cli import main
 from kernalin_ci.daemon.app import wait_for
+from kernalin_ci.daemon.harness import wait_job
 from kernalin_ci.history.model import run_from_report
 from kernalin_ci.history.store import PostgresHistory, SQLiteHistory, open_store
-from history_support import PG_BIN, Postgres, bench, kernel, report
-from test_daemon import BASE_FILES, REPO, make_daemon, pr_head, send, get, world  # noqa: F401  (fixtures)
-from kernalin_ci.daemon.harness import wait_job
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")
@@ -53,13 +54,32 @@ def recorded(tmp_path):
         rope = kernel("rope", bench(1.0, t_decode, "decode"))
         rope["benchmark"]["shapes"] += bench(1.0, t_prefill, "prefill")["shapes"]
         bad = i == 7
-        attn = kernel("attention", bench(1.05 if bad else 1.0, t_attn, "b32"),
-                      findings=[{"check": "bounds", "bug_class": "out-of-bounds", "message": "reads past kv_len",
-                                 "location": {"path": "k.py", "line": 9}}] if bad else None)
+        attn = kernel(
+            "attention",
+            bench(1.05 if bad else 1.0, t_attn, "b32"),
+            findings=[
+                {
+                    "check": "bounds",
+                    "bug_class": "out-of-bounds",
+                    "message": "reads past kv_len",
+                    "location": {"path": "k.py", "line": 9},
+                }
+            ]
+            if bad
+            else None,
+        )
         kernels = [rope, attn] + ([kernel("kv_append")] if i % 2 else [])
-        store.add(run_from_report(report(kernels, "failure" if bad else "success"), repo="acme/k", commit=sha(i),
-                                  branch="main", pr=100 + i, report_url=f"https://ci.example/runs/{i}",
-                                  recorded_at=1e9 + i))
+        store.add(
+            run_from_report(
+                report(kernels, "failure" if bad else "success"),
+                repo="acme/k",
+                commit=sha(i),
+                branch="main",
+                pr=100 + i,
+                report_url=f"https://ci.example/runs/{i}",
+                recorded_at=1e9 + i,
+            )
+        )
     return store, times
 
 
@@ -120,8 +140,9 @@ def test_postgres_history_concurrent_writers_lose_nothing(postgres):
     check_all_there(open_store(postgres.url))
 
 
-def test_the_daemon_records_a_merged_pull_request_and_serves_the_dashboard(world, make_daemon, history_url, browser,
-                                                                           monkeypatch, tmp_path):
+def test_the_daemon_records_a_merged_pull_request_and_serves_the_dashboard(
+    world, make_daemon, history_url, browser, monkeypatch, tmp_path
+):
     d = make_daemon(**({"history": {"url": history_url}} if history_url else {}))
     head, payload = pr_head(world, 5, {"benchmark.json": json.dumps(bench(1.02, 0.75, "b32"))})
     status, answer = send(d, "pull_request", payload)
@@ -142,8 +163,9 @@ def test_the_daemon_records_a_merged_pull_request_and_serves_the_dashboard(world
     assert merge_sha in page and f'src="/badge/{REPO}.svg"' in page
     browser.get(d.url + f"/dashboard/{REPO}")
     assert wait_for(lambda: browser.execute_script("return document.body.dataset.rendered") == "true", 30)
-    assert browser.execute_script("return Chart.getChart(document.querySelector('canvas')).data.datasets[2].data") \
-        == [0.75]
+    assert browser.execute_script("return Chart.getChart(document.querySelector('canvas')).data.datasets[2].data") == [
+        0.75
+    ]
     assert REPO in urllib.request.urlopen(d.url + "/dashboard").read().decode()
     if history_url is None:  # without Chart.js installed: 503 with what to run, and the page says so
         from kernalin_ci.dashboard import assets

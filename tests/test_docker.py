@@ -3,6 +3,7 @@
 No registry is reachable: BASE_IMAGE is a Debian + Python + torch image made locally
 (tests/docker_support.py, docker/). Skipped when no Docker engine answers.
 """
+
 from __future__ import annotations
 
 import json
@@ -12,7 +13,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from docker_support import EXTRAS, docker_client, kernalin_image, run_container  # noqa: F401 (fixtures)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -38,8 +38,13 @@ def test_image_runs_kernalin_ci_as_an_unprivileged_user(docker_client, kernalin_
     assert config["WorkingDir"] == "/workspace"
     r = run_container(docker_client, kernalin_image, ["--version"], timeout=120)
     assert r.exit_code == 0 and r.stdout.startswith("kernalin-ci "), r.output
-    r = run_container(docker_client, kernalin_image, ["-c", "import github, jwt, docker, rq, redis"],
-                      entrypoint=["python3"], timeout=120)  # the extras: posting, the daemon
+    r = run_container(
+        docker_client,
+        kernalin_image,
+        ["-c", "import github, jwt, docker, rq, redis"],
+        entrypoint=["python3"],
+        timeout=120,
+    )  # the extras: posting, the daemon
     assert r.exit_code == 0, r.output
     r = run_container(docker_client, kernalin_image, ["-u"], entrypoint=["id"], timeout=120)
     assert r.exit_code == 0 and int(r.stdout) != 0, r.output
@@ -49,9 +54,12 @@ def test_image_runs_kernalin_ci_as_an_unprivileged_user(docker_client, kernalin_
 @pytest.mark.parametrize("kernel, code", [("correct_neox", 0), ("bug_sign_inverse", 1)])
 def test_verify_a_catalogue_kernel_in_the_image(docker_client, kernalin_image, kernel, code):
     entry = f"{CHECKS_IN_IMAGE}/rope/{kernel}.py:entry"
-    r = run_container(docker_client, kernalin_image,
-                      ["verify", "--op", "rope", "--entry", entry, "--device", "cpu", "--dtype", "float32",
-                       "--json", "-"], timeout=600)
+    r = run_container(
+        docker_client,
+        kernalin_image,
+        ["verify", "--op", "rope", "--entry", entry, "--device", "cpu", "--dtype", "float32", "--json", "-"],
+        timeout=600,
+    )
     assert r.exit_code == code, r.output
     result = json.loads(r.stdout)
     assert result["op"] == "rope" and result["entry"] == entry and result["cases_run"] > 0
@@ -67,9 +75,12 @@ def test_verify_a_catalogue_kernel_in_the_image(docker_client, kernalin_image, k
 
 @pytest.mark.docker
 def test_catalogue_ships_in_the_image(docker_client, kernalin_image):
-    r = run_container(docker_client, kernalin_image,
-                      ["catalogue", "--op", "kv_append", "--kinds", "structural", "--device", "cpu", "--json", "-"],
-                      timeout=600)
+    r = run_container(
+        docker_client,
+        kernalin_image,
+        ["catalogue", "--op", "kv_append", "--kinds", "structural", "--device", "cpu", "--json", "-"],
+        timeout=600,
+    )
     assert r.exit_code in (0, 1), r.output  # 1: a catch-matrix mismatch; the catalogue was found and run
     rows = json.loads(r.stdout)["rows"]
     shipped = {f"{CHECKS_IN_IMAGE}/kv_append/{p.name}" for p in (REPO / "checks" / "kv_append").glob("*.py")}
@@ -78,8 +89,13 @@ def test_catalogue_ships_in_the_image(docker_client, kernalin_image):
 
 
 def git(cwd: Path, *args: str) -> str:
-    return subprocess.run(["git", "-c", "user.name=dev", "-c", "user.email=dev@example.invalid", *args], cwd=cwd,
-                          capture_output=True, text=True, check=True).stdout.strip()
+    return subprocess.run(
+        ["git", "-c", "user.name=dev", "-c", "user.email=dev@example.invalid", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
 
 
 @pytest.mark.docker
@@ -87,11 +103,13 @@ def test_gate_in_the_image_on_a_mounted_workspace(docker_client, kernalin_image,
     """`docker run -v $PWD:/workspace IMAGE run`: a checkout owned by another user (git's safe.directory),
     worktrees made by the image's unprivileged user, the report written back to the mount."""
     ws = tmp_path / "ws"
-    shutil.copytree(REPO / "examples" / "decode-kernels" / "kernels", ws / "kernels",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        REPO / "examples" / "decode-kernels" / "kernels", ws / "kernels", ignore=shutil.ignore_patterns("__pycache__")
+    )
     (ws / ".kernalin.yml").write_text(
         "kernels:\n  - {name: rope, op: rope, entry: kernels/rope.py:rope, params: {style: neox}, dtype: float32}\n"
-        "gate: {bench: false}\n")
+        "gate: {bench: false}\n"
+    )
     git(ws, "init", "-q", "-b", "main")
     git(ws, "add", "-A")
     git(ws, "commit", "-qm", "base")
@@ -101,9 +119,13 @@ def test_gate_in_the_image_on_a_mounted_workspace(docker_client, kernalin_image,
     git(ws, "commit", "-qam", "rope: an equivalent change")
     subprocess.run(["chmod", "-R", "a+rwX", str(ws)], check=True)  # owned by us, writable by the image's user
 
-    r = run_container(docker_client, kernalin_image,
-                      ["run", "--base", "main", "--head", "feature", "--device", "cpu", "--out", "/workspace/out"],
-                      volumes={str(ws): {"bind": "/workspace", "mode": "rw"}}, timeout=600)
+    r = run_container(
+        docker_client,
+        kernalin_image,
+        ["run", "--base", "main", "--head", "feature", "--device", "cpu", "--out", "/workspace/out"],
+        volumes={str(ws): {"bind": "/workspace", "mode": "rw"}},
+        timeout=600,
+    )
 
     assert r.exit_code == 0, r.output
     report = json.loads((ws / "out" / "report.json").read_text())

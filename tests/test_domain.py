@@ -1,13 +1,14 @@
 """The shape domain (docs/verification.md, "Shape domain"): declared or discovered shapes, "unsupported,
 not checked" with the kernel's own error, coverage, and the structural status. Real Triton kernels under
 the interpreter in real worker processes; small cases so each test takes seconds."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
-
 from conftest import KERNELS, cli
+
 from kernalin_ci import config as config_mod
 from kernalin_ci import domain as dm
 from kernalin_ci.errors import UsageError
@@ -20,7 +21,7 @@ OP = "attention.decode"
 
 
 def small(name, D, lens, dtype="float32", hq=8, hkv=2, seed=1, **extra):
-    return Case(name, {"Hq": hq, "Hkv": hkv, "D": D, "kv_lens": lens, "scale": D ** -0.5, **extra}, dtype, seed)
+    return Case(name, {"Hq": hq, "Hkv": hkv, "D": D, "kv_lens": lens, "scale": D**-0.5, **extra}, dtype, seed)
 
 
 def run(entry, cases, domain=None, main_dtype="float32"):
@@ -31,11 +32,18 @@ def run(entry, cases, domain=None, main_dtype="float32"):
     op = get_op(OP)
     params = resolve_params(OP, op.params, {})
     dom = domain or dm.Domain()
-    job = {"op": OP, "entry": entry, "root": None, "params": params, "device": "cpu", "poison": True,
-           "domain": dom.to_json(), "main_dtype": main_dtype}
+    job = {
+        "op": OP,
+        "entry": entry,
+        "root": None,
+        "params": params,
+        "device": "cpu",
+        "poison": True,
+        "domain": dom.to_json(),
+        "main_dtype": main_dtype,
+    }
     reader = CaseReader(op, params, dom, main_dtype, "cpu", poison=True, root=None)
-    res = run_cases("verify-dynamic", job, cases, "cpu", 300.0, Progress(False, len(cases), OP), lambda c: "",
-                    reader)
+    res = run_cases("verify-dynamic", job, cases, "cpu", 300.0, Progress(False, len(cases), OP), lambda c: "", reader)
     return res.findings, res.ran, _not_checked(op, params, cases, res.not_checked)
 
 
@@ -52,10 +60,14 @@ def test_power_of_two_kernel_at_D80_is_unsupported_not_a_finding():
     for n in refused:
         assert n.reason == "unsupported" and "arange's range must be a power of 2" in n.error
     # the planned case at D=80 still ran, at the nearest head dim the kernel takes; a shape case keeps its D
-    assert (by_shape["D=80 Hq=8 Hkv=2 float32"].cases, by_shape["D=80 Hq=8 Hkv=2 float32"].instead) == \
-        (["odd"], "D=64 Hq=8 Hkv=2 float32")
-    assert (by_shape["D=96 Hq=8 Hkv=2 float32"].cases, by_shape["D=96 Hq=8 Hkv=2 float32"].instead) == \
-        (["shape-D96"], None)
+    assert (by_shape["D=80 Hq=8 Hkv=2 float32"].cases, by_shape["D=80 Hq=8 Hkv=2 float32"].instead) == (
+        ["odd"],
+        "D=64 Hq=8 Hkv=2 float32",
+    )
+    assert (by_shape["D=96 Hq=8 Hkv=2 float32"].cases, by_shape["D=96 Hq=8 Hkv=2 float32"].instead) == (
+        ["shape-D96"],
+        None,
+    )
     cov = dm.coverage(op, ran, params)
     assert cov.head_dims == [64, 128, 256] and cov.dtypes == ["float32"] and cov.kv_lens == [1, 40]
 
@@ -82,12 +94,14 @@ def test_an_error_at_a_declared_shape_is_a_finding():
 
 def test_an_error_at_a_shape_the_kernel_takes_is_a_finding(tmp_path):
     src = tmp_path / "long_fails.py"
-    src.write_text(f"import sys\nsys.path.insert(0, {str(KERNELS)!r})\n"
-                   "from triton_pow2_attention import entry as good\n\n\n"
-                   "def entry(q, k_cache, v_cache, kv_lens, scale):\n"
-                   "    if int(kv_lens.max()) > 100:\n"
-                   "        raise RuntimeError('sequence too long for the scratch buffer')\n"
-                   "    return good(q, k_cache, v_cache, kv_lens, scale)\n")
+    src.write_text(
+        f"import sys\nsys.path.insert(0, {str(KERNELS)!r})\n"
+        "from triton_pow2_attention import entry as good\n\n\n"
+        "def entry(q, k_cache, v_cache, kv_lens, scale):\n"
+        "    if int(kv_lens.max()) > 100:\n"
+        "        raise RuntimeError('sequence too long for the scratch buffer')\n"
+        "    return good(q, k_cache, v_cache, kv_lens, scale)\n"
+    )
     findings, ran, refused = run(f"{src}:entry", [small("long", 64, [5, 300])])
     assert refused == []  # the probe at this shape ran: the kernel takes D=64, the error is this case's
     assert [f.bug_class for f in findings] == ["entry-error"]
@@ -130,28 +144,36 @@ def test_a_declared_head_dim_runs_only_at_that_head_dim():
     assert dm.coverage(op, ran, params).head_dims == [128]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--domain", "head_dim=0"], "--domain head_dim: 0 is not a positive integer"),
-    (["--domain", "colour=red"], "--domain colour: unknown key for op attention.decode"),
-    (["--domain", "dtype=float64"], "--domain dtype: 'float64' is not one of float32, float16, bfloat16"),
-    (["--domain", "head_dim"], "--domain 'head_dim': expected KEY=VALUE"),
-    (["--domain", "num_q_heads=12", "--domain", "num_kv_heads=8"], "12 is not a multiple of any num_kv_heads"),
-    (["--domain", "head_dim=128", "--param", "head_dim=64"], "param head_dim=64 is outside the declared domain"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--domain", "head_dim=0"], "--domain head_dim: 0 is not a positive integer"),
+        (["--domain", "colour=red"], "--domain colour: unknown key for op attention.decode"),
+        (["--domain", "dtype=float64"], "--domain dtype: 'float64' is not one of float32, float16, bfloat16"),
+        (["--domain", "head_dim"], "--domain 'head_dim': expected KEY=VALUE"),
+        (["--domain", "num_q_heads=12", "--domain", "num_kv_heads=8"], "12 is not a multiple of any num_kv_heads"),
+        (["--domain", "head_dim=128", "--param", "head_dim=64"], "param head_dim=64 is outside the declared domain"),
+    ],
+)
 def test_bad_domain_on_the_command_line_is_exit_2(args, message):
     r = cli("verify", "--op", OP, "--entry", f"{POW2}:entry", "--device", "cpu", "--only", "dynamic", *args)
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
     assert message in r.stderr and "Traceback" not in r.stderr
 
 
-@pytest.mark.parametrize("domain, where", [
-    ("    domain:\n      head_dim: [64, 0]\n", "k.yml:6: kernels[0].domain.head_dim: 0 is not a positive integer"),
-    ("    domain:\n      dtype: fp8\n", "k.yml:6: kernels[0].domain.dtype: 'fp8' is not one of"),
-    ("    domain:\n      rotary: 64\n", "k.yml:6: kernels[0].domain.rotary: unknown key for op attention.decode"),
-    ("    domain: [64]\n", "k.yml:5: kernels[0].domain: expected a mapping"),
-    ("    params: {head_dim: 64}\n    domain:\n      head_dim: 128\n",
-     "k.yml:7: kernels[0].domain.head_dim: param head_dim=64 is outside the declared domain (128)"),
-])
+@pytest.mark.parametrize(
+    "domain, where",
+    [
+        ("    domain:\n      head_dim: [64, 0]\n", "k.yml:6: kernels[0].domain.head_dim: 0 is not a positive integer"),
+        ("    domain:\n      dtype: fp8\n", "k.yml:6: kernels[0].domain.dtype: 'fp8' is not one of"),
+        ("    domain:\n      rotary: 64\n", "k.yml:6: kernels[0].domain.rotary: unknown key for op attention.decode"),
+        ("    domain: [64]\n", "k.yml:5: kernels[0].domain: expected a mapping"),
+        (
+            "    params: {head_dim: 64}\n    domain:\n      head_dim: 128\n",
+            "k.yml:7: kernels[0].domain.head_dim: param head_dim=64 is outside the declared domain (128)",
+        ),
+    ],
+)
 def test_bad_domain_in_the_config_names_file_line_and_key(domain, where):
     text = f"kernels:\n  - name: a\n    op: {OP}\n    entry: a.py:entry\n" + domain
     with pytest.raises(UsageError) as e:
@@ -160,9 +182,12 @@ def test_bad_domain_in_the_config_names_file_line_and_key(domain, where):
 
 
 def test_config_domain_and_fail_on_not_analysed():
-    cfg = config_mod.parse(f"kernels:\n  - name: a\n    op: {OP}\n    entry: a.py:entry\n"
-                           "    domain: {head_dim: [64, 128], dtype: float16}\n"
-                           "gate:\n  fail_on: [finding, not-analysed]\n", "k.yml")
+    cfg = config_mod.parse(
+        f"kernels:\n  - name: a\n    op: {OP}\n    entry: a.py:entry\n"
+        "    domain: {head_dim: [64, 128], dtype: float16}\n"
+        "gate:\n  fail_on: [finding, not-analysed]\n",
+        "k.yml",
+    )
     assert cfg.kernels[0].domain == {"head_dim": [64, 128], "dtype": "float16"}
     assert cfg.gate.fail_on == ("finding", "not-analysed")
 
@@ -176,8 +201,18 @@ def verify_json(*args):
 def test_structural_capture_moves_to_a_head_dim_that_compiles():
     r, out = verify_json("--op", OP, "--entry", f"{POW2}:entry", "--only", "structural")
     assert out["structural"] == {"status": "analysed", "cause": None, "shape": "D=64 float16 Hq=6 Hkv=2"}
-    r, out = verify_json("--op", OP, "--entry", f"{POW2}:entry", "--only", "structural", "--domain", "head_dim=128",
-                         "--domain", "dtype=float32")
+    r, out = verify_json(
+        "--op",
+        OP,
+        "--entry",
+        f"{POW2}:entry",
+        "--only",
+        "structural",
+        "--domain",
+        "head_dim=128",
+        "--domain",
+        "dtype=float32",
+    )
     assert out["structural"]["shape"] == "D=128 float32 Hq=6 Hkv=2"
     assert "structural: analysed at D=128 float32" in r.stderr
 

@@ -1,4 +1,5 @@
 """Entry loading: file and module entries, clear load errors, base and head side by side."""
+
 import textwrap
 
 import pytest
@@ -46,16 +47,19 @@ def test_base_and_head_copies_load_side_by_side(tmp_path):
     assert (base_m(), head_m()) == (10, 20)
 
 
-@pytest.mark.parametrize("spec, text, needle", [
-    ("missing.py:entry", None, "file not found"),
-    ("k.py:nope", "def entry():\n    pass\n", "no function 'nope'"),
-    ("k.py:entry", "import not_a_module_anywhere\n", "ModuleNotFoundError"),
-    ("k.py:entry", "raise RuntimeError('boom\\nsecond line')\n", "RuntimeError: boom"),
-    ("k.py:entry", "def entry(:\n", "SyntaxError"),
-    ("k.py:entry", "entry = 3\n", "not callable"),
-    ("nosuch.module:fn", None, "not found"),
-    ("no-colon", None, "expected"),
-])
+@pytest.mark.parametrize(
+    "spec, text, needle",
+    [
+        ("missing.py:entry", None, "file not found"),
+        ("k.py:nope", "def entry():\n    pass\n", "no function 'nope'"),
+        ("k.py:entry", "import not_a_module_anywhere\n", "ModuleNotFoundError"),
+        ("k.py:entry", "raise RuntimeError('boom\\nsecond line')\n", "RuntimeError: boom"),
+        ("k.py:entry", "def entry(:\n", "SyntaxError"),
+        ("k.py:entry", "entry = 3\n", "not callable"),
+        ("nosuch.module:fn", None, "not found"),
+        ("no-colon", None, "expected"),
+    ],
+)
 def test_load_errors_are_one_line(tmp_path, spec, text, needle):
     if text is not None:
         write(tmp_path / "k.py", text)

@@ -1,6 +1,7 @@
 """Errors and exit codes through the real CLI (docs/cli.md): a usage or configuration error is one
 line and exit 2, naming the flag only when the user passed one; an internal error (a bug of ours,
 here provoked by an entry that breaks the worker it runs in) is exit 3 with its traceback in a log."""
+
 from __future__ import annotations
 
 import re
@@ -29,13 +30,28 @@ def broken_entry(tmp_path) -> str:
 
 
 def test_an_internal_error_exits_3_with_a_pointer_to_its_log(tmp_path):
-    r = cli("verify", "--op", "rope", "--entry", broken_entry(tmp_path), "--device", "cpu", "--only", "dynamic",
-            "--probe", "pos0", "--quiet")
+    r = cli(
+        "verify",
+        "--op",
+        "rope",
+        "--entry",
+        broken_entry(tmp_path),
+        "--device",
+        "cpu",
+        "--only",
+        "dynamic",
+        "--probe",
+        "pos0",
+        "--quiet",
+    )
     assert r.returncode == 3, r.stderr
     line = r.stderr.strip()
     assert line.count("\n") == 0, line  # one line
-    m = re.fullmatch(r"kernalin-ci verify: internal error: the verify-dynamic worker failed: TypeError: .* "
-                     r"\(traceback in (\S+\.log); --debug prints it\)", line)
+    m = re.fullmatch(
+        r"kernalin-ci verify: internal error: the verify-dynamic worker failed: TypeError: .* "
+        r"\(traceback in (\S+\.log); --debug prints it\)",
+        line,
+    )
     assert m, line
     log = Path(m.group(1)).read_text()
     Path(m.group(1)).unlink()
@@ -45,16 +61,30 @@ def test_an_internal_error_exits_3_with_a_pointer_to_its_log(tmp_path):
 
 
 def test_debug_prints_the_internal_error_traceback_and_still_exits_3(tmp_path):
-    r = cli("verify", "--op", "rope", "--entry", broken_entry(tmp_path), "--device", "cpu", "--only", "dynamic",
-            "--probe", "pos0", "--quiet", "--debug")
+    r = cli(
+        "verify",
+        "--op",
+        "rope",
+        "--entry",
+        broken_entry(tmp_path),
+        "--device",
+        "cpu",
+        "--only",
+        "dynamic",
+        "--probe",
+        "pos0",
+        "--quiet",
+        "--debug",
+    )
     assert r.returncode == 3, r.stderr
     assert "Traceback (most recent call last)" in r.stderr and "in the worker child:" in r.stderr
     assert r.stderr.rstrip().endswith("(traceback above)")
 
 
 def test_a_configuration_error_exits_2_on_one_line(tmp_path):
-    (tmp_path / ".kernalin.yml").write_text("version: 1\nkernels:\n  - name: x\n    op: no.such.op\n"
-                                            "    entry: k.py:f\n")
+    (tmp_path / ".kernalin.yml").write_text(
+        "version: 1\nkernels:\n  - name: x\n    op: no.such.op\n    entry: k.py:f\n"
+    )
     subprocess.run(["git", "init", "-q", "-b", "main"], cwd=tmp_path, check=True)
     r = cli("run", "--config", str(tmp_path / ".kernalin.yml"), "--device", "cpu", cwd=tmp_path)
     assert r.returncode == 2, r.stderr
@@ -68,10 +98,22 @@ def test_a_bad_entry_exits_2_on_one_line(tmp_path):
 
 def test_the_flag_is_named_only_when_the_user_passed_it(tmp_path):
     """Library code names the setting (`dtype`); the CLI writes the flag the user typed (`--dtype`)."""
-    r = cli("verify", "--op", "rope", "--entry", broken_entry(tmp_path), "--device", "cpu", "--dtype", "float16",
-            "--domain", "dtype=float32")
+    r = cli(
+        "verify",
+        "--op",
+        "rope",
+        "--entry",
+        broken_entry(tmp_path),
+        "--device",
+        "cpu",
+        "--dtype",
+        "float16",
+        "--domain",
+        "dtype=float32",
+    )
     assert r.returncode == 2
-    assert r.stderr.strip() == ("kernalin-ci verify: error: --dtype float16: outside the declared domain "
-                                "(dtype float32)")
+    assert r.stderr.strip() == (
+        "kernalin-ci verify: error: --dtype float16: outside the declared domain (dtype float32)"
+    )
     e = UsageError("dtype float16: outside the declared domain (dtype float32)", setting="dtype")
     assert str(e).startswith("dtype float16")  # as a gate or daemon reports it: no flag was given there

@@ -1,6 +1,7 @@
 """Every verdict explained (kernalin_ci.explain): compiled-code identity on the CPU (real Triton
 compiles for sm_90 in worker children), the bytes/FLOPs models, % of peak and its >100% flag,
 provenance on the CPU, and the report rendering."""
+
 from __future__ import annotations
 
 import json
@@ -45,8 +46,10 @@ def compiled(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("explain")
     params = resolve_params(OP, get_op(OP).params, {})
     cases = bench_cases(OP, params, "cpu", {})
-    trees = {name: _tree(tmp, name, patch)
-             for name, patch in (("base", None), ("comment", "comment-only.patch"), ("warps", "more-warps.patch"))}
+    trees = {
+        name: _tree(tmp, name, patch)
+        for name, patch in (("base", None), ("comment", "comment-only.patch"), ("warps", "more-warps.patch"))
+    }
     k = Kernel(name="decode_attention", op=OP, entry="kernels/attention.py:decode")
     kr = KernelReport(k.name, OP, k.entry, "changed")
     with ThreadPoolExecutor(2) as pool:
@@ -104,8 +107,10 @@ def test_toolchain_change_times_everything(compiled):
 
 
 def test_code_normalisation_and_occupancy():
-    ptx = ".version 8.0\n.file 1 \"a.py\"\n.loc 1 10 3\n$L__tmp1:\nld.global.f32 %f1, [%rd1];\n" \
-          ".section .debug_info\n{\n.b8 1\n}\n"
+    ptx = (
+        '.version 8.0\n.file 1 "a.py"\n.loc 1 10 3\n$L__tmp1:\nld.global.f32 %f1, [%rd1];\n'
+        ".section .debug_info\n{\n.b8 1\n}\n"
+    )
     assert code.normalize_ptx(ptx) == ".version 8.0\nld.global.f32 %f1, [%rd1];"
     ttgir = '#loc = loc("a.py":1:0)\n%0 = tt.load %arg0 : !tt.ptr<f32> loc(#loc3)\n'
     assert code.normalize_ttgir(ttgir) == "%0 = tt.load %arg0 : !tt.ptr<f32>"
@@ -113,8 +118,9 @@ def test_code_normalisation_and_occupancy():
     occ = code.occupancy(90, 4, 128, 0)
     assert occ == {"blocks_per_sm": 4, "warps_per_sm": 16, "fraction": 0.25, "limited_by": "registers"}
     assert code.occupancy(90, 4, 32, 0)["fraction"] == 1.0
-    mix = code.instruction_mix(["@P0 LDG.E.128 R4, desc[UR4][R2.64]", "HGMMA.64x64x16.F32 R0, gdesc[UR4]",
-                                "FFMA R1, R2, R3, R4", "EXIT"])
+    mix = code.instruction_mix(
+        ["@P0 LDG.E.128 R4, desc[UR4][R2.64]", "HGMMA.64x64x16.F32 R0, gdesc[UR4]", "FFMA R1, R2, R3, R4", "EXIT"]
+    )
     assert mix["classes"] == {"global-load": 1, "tensor-core": 1, "fp32": 1, "branch": 1}
     assert mix["widest_global_bits"] == 128
 
@@ -124,17 +130,22 @@ def _case(op: str, dims: dict, dtype: str = "bfloat16") -> Case:
 
 
 def test_bytes_and_flops_models():
-    att = get_op("attention.decode").traffic(_case("attention.decode", {"Hq": 32, "Hkv": 8, "D": 128,
-                                                                          "kv_lens": [1000, 3000], "scale": 1.0}), {})
+    att = get_op("attention.decode").traffic(
+        _case("attention.decode", {"Hq": 32, "Hkv": 8, "D": 128, "kv_lens": [1000, 3000], "scale": 1.0}), {}
+    )
     # q + K and V once per KV head + lens; out; 4·Hq·D per key
     assert att.bytes_read == 2 * 32 * 128 * 2 + 2 * 4000 * 8 * 128 * 2 + 8
     assert att.bytes_written == 2 * 32 * 128 * 2 and att.flops == 4 * 32 * 128 * 4000
     paged = get_op("attention.decode_paged").traffic(
-        _case("", {"Hq": 32, "Hkv": 8, "D": 128, "kv_lens": [1000, 3000], "scale": 1.0}), {"block_size": 16})
+        _case("", {"Hq": 32, "Hkv": 8, "D": 128, "kv_lens": [1000, 3000], "scale": 1.0}), {"block_size": 16}
+    )
     assert paged.bytes_read == att.bytes_read + 4 * (63 + 188)
     rope = get_op("rope").traffic(_case("", {"T": 64, "Hq": 32, "Hkv": 8, "D": 128}), {"rotary_dim": 64})
-    assert (rope.bytes_read, rope.bytes_written, rope.flops) == (64 * 40 * 128 * 2 + 64 * 8, 64 * 40 * 128 * 2,
-                                                                 3 * 64 * 40 * 64)
+    assert (rope.bytes_read, rope.bytes_written, rope.flops) == (
+        64 * 40 * 128 * 2 + 64 * 8,
+        64 * 40 * 128 * 2,
+        3 * 64 * 40 * 64,
+    )
     kv = get_op("kv_append").traffic(_case("", {"T": 10, "Hkv": 8, "D": 128, "num_blocks": 4, "padding": 2}), {})
     assert (kv.bytes_read, kv.bytes_written, kv.flops) == (2 * 10 * 2048 + 80, 2 * 8 * 2048, 0)
     assert get_op("custom").traffic(_case("", {}), {}) is None
@@ -146,14 +157,16 @@ def test_percent_of_peak_and_above_peak_is_a_measurement_problem():
     assert peak.gpu_peaks("NVIDIA H100 80GB HBM3")["model"] == "H100 SXM"
     assert peak.gpu_peaks("NVIDIA A100-SXM4-40GB")["hbm_gbs"] == 1555
     assert peak.gpu_peaks("Some Future GPU") is None
-    t = get_op("attention.decode").traffic(_case("", {"Hq": 32, "Hkv": 8, "D": 128, "kv_lens": [32768],
-                                                      "scale": 1.0}), {})
+    t = get_op("attention.decode").traffic(
+        _case("", {"Hq": 32, "Hkv": 8, "D": 128, "kv_lens": [32768], "scale": 1.0}), {}
+    )
     ms = t.bytes / 4000e9 * 1e3  # 4 TB/s
     p = peak.shape_peak(t, ms, "bfloat16", h200, 4200.0, tensor=False)
     assert p["bound"] == "memory-bound" and abs(p["pct_peak_bw"] - 4000 / 4800) < 1e-9
     assert not p["above_peak"] and "83% of HBM peak" in peak.peak_text(p)
-    small = get_op("attention.decode").traffic(_case("", {"Hq": 32, "Hkv": 8, "D": 128, "kv_lens": [256],
-                                                          "scale": 1.0}), {})
+    small = get_op("attention.decode").traffic(
+        _case("", {"Hq": 32, "Hkv": 8, "D": 128, "kv_lens": [256], "scale": 1.0}), {}
+    )
     fast = peak.shape_peak(small, small.bytes / 9000e9 * 1e3, "bfloat16", h200, 4200.0, tensor=False)
     assert fast["above_peak"] and "measurement problem" in fast["problem"] and "L2" in fast["problem"]
     assert "⚠" in peak.peak_text(fast)
@@ -165,7 +178,7 @@ def test_provenance_on_the_cpu_says_what_is_unavailable():
     assert env["torch"] and env["triton"]
     assert "not available" in provenance.provenance_text(env)
     other = dict(env, gpu_uuid="GPU-other")
-    assert provenance.changed(env, other) == [f"gpu_uuid None -> GPU-other"]
+    assert provenance.changed(env, other) == ["gpu_uuid None -> GPU-other"]
 
 
 def test_report_renders_and_validates():
@@ -173,21 +186,43 @@ def test_report_renders_and_validates():
     from kernalin_ci.report.markdown import render_markdown
     from kernalin_ci.report.writer import report_json
 
-    t = get_op("attention.decode").traffic(_case("", {"Hq": 32, "Hkv": 8, "D": 128, "kv_lens": [256],
-                                                      "scale": 1.0}), {})
+    t = get_op("attention.decode").traffic(
+        _case("", {"Hq": 32, "Hkv": 8, "D": 128, "kv_lens": [256], "scale": 1.0}), {}
+    )
     h200 = peak.gpu_peaks("NVIDIA H200")
-    ex = {"identity": {"status": "compared", "cause": None, "toolchain_changed": [], "toolchain": {}, "seconds": 1.0,
-                       "shapes": [{"shape": "B=1", "identical": False, "differences": ["launch 1 (k): num_warps 4 -> 8"]}],
-                       "verdict": None},
-          "verdict": None, "why": [], "above_peak": True,
-          "peak": [{"shape": "B=1", "model": None,
-                    "base": peak.shape_peak(t, t.bytes / 9000e9 * 1e3, "bfloat16", h200, None, False),
-                    "head": peak.shape_peak(t, t.bytes / 9000e9 * 1e3, "bfloat16", h200, None, False)}],
-          "provenance": {"start": {"gpu_name": "NVIDIA H200", "gpu_uuid": "GPU-1", "torch": "2", "triton": "3"},
-                         "end": None, "changed": [], "regime": {"clock": "cuda-events"}},
-          "recheck": {"case": "B=1", "verdict": "pass", "findings": [], "error": None}, "profile": None}
-    kr = KernelReport("k", "attention.decode", "a.py:f", "changed", explain=ex,
-                      verification={"verdict": "pass", "findings": []})
+    ex = {
+        "identity": {
+            "status": "compared",
+            "cause": None,
+            "toolchain_changed": [],
+            "toolchain": {},
+            "seconds": 1.0,
+            "shapes": [{"shape": "B=1", "identical": False, "differences": ["launch 1 (k): num_warps 4 -> 8"]}],
+            "verdict": None,
+        },
+        "verdict": None,
+        "why": [],
+        "above_peak": True,
+        "peak": [
+            {
+                "shape": "B=1",
+                "model": None,
+                "base": peak.shape_peak(t, t.bytes / 9000e9 * 1e3, "bfloat16", h200, None, False),
+                "head": peak.shape_peak(t, t.bytes / 9000e9 * 1e3, "bfloat16", h200, None, False),
+            }
+        ],
+        "provenance": {
+            "start": {"gpu_name": "NVIDIA H200", "gpu_uuid": "GPU-1", "torch": "2", "triton": "3"},
+            "end": None,
+            "changed": [],
+            "regime": {"clock": "cuda-events"},
+        },
+        "recheck": {"case": "B=1", "verdict": "pass", "findings": [], "error": None},
+        "profile": None,
+    }
+    kr = KernelReport(
+        "k", "attention.decode", "a.py:f", "changed", explain=ex, verification={"verdict": "pass", "findings": []}
+    )
     r = Report("success", "ok", {"ref": "a", "sha": "1"}, {"ref": "b", "sha": "2"}, "cuda", {}, kernels=[kr])
     jsonschema.validate(json.loads(report_json(r)), REPORT_SCHEMA)
     md = render_markdown(r)
@@ -195,8 +230,13 @@ def test_report_renders_and_validates():
     assert "measurement problem" in md and "correctness after timing: pass" in md
     assert "why: compiled code: identical at 0 of 1" in render_junit(r)
     assert explain_block(None) is None
-    same = {"identity": {"status": "compared", "shapes": [{"shape": "B=1", "identical": True, "differences": []}],
-                         "verdict": EQUIVALENT}}
+    same = {
+        "identity": {
+            "status": "compared",
+            "shapes": [{"shape": "B=1", "identical": True, "differences": []}],
+            "verdict": EQUIVALENT,
+        }
+    }
     assert "timing skipped" in explain_block(same)
 
 
@@ -207,11 +247,16 @@ def test_profile_says_when_nsight_is_missing_and_parses_ncu_csv(monkeypatch, tmp
     assert nsight(True) == {"status": "not available", "cause": "ncu (Nsight Compute) is not on PATH"}
     assert nsight(False) is None
     header = '"ID","Process ID","Kernel Name","Metric Name","Metric Unit","Metric Value"'
-    text = "==PROF== Connected\n" + header + "\n" + \
-        '"0","1","_decode_kernel","dram__throughput.avg.pct_of_peak_sustained_elapsed","%","81.52"\n' + \
-        '"0","1","_decode_kernel","sm__warps_active.avg.pct_of_peak_sustained_active","%","45.0"\n'
+    text = (
+        "==PROF== Connected\n"
+        + header
+        + "\n"
+        + '"0","1","_decode_kernel","dram__throughput.avg.pct_of_peak_sustained_elapsed","%","81.52"\n'
+        + '"0","1","_decode_kernel","sm__warps_active.avg.pct_of_peak_sustained_active","%","45.0"\n'
+    )
     rows = parse(text)
     assert rows == [{"kernel": "_decode_kernel", "dram_throughput_pct": 81.52, "achieved_occupancy_pct": 45.0}]
-    lines = profile_lines({"status": "profiled", "cause": "shape s", "base": {"kernels": rows},
-                           "head": {"error": "ncu exited 1"}})
+    lines = profile_lines(
+        {"status": "profiled", "cause": "shape s", "base": {"kernels": rows}, "head": {"error": "ncu exited 1"}}
+    )
     assert "dram_throughput_pct 81.5" in lines[1] and lines[2] == "  head: ncu exited 1"

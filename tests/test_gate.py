@@ -1,12 +1,13 @@
 """The PR gate on real git repositories made in temp dirs (base and head commits of the example kernels)."""
+
 import json
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, cli
+
 from kernalin_ci import config as config_mod
 from kernalin_ci.gate.diff import affected_kernels, changed_files, resolve_refs, worktrees
 
@@ -14,8 +15,13 @@ EXAMPLE = REPO / "examples" / "decode-kernels"
 
 
 def git(repo, *args):
-    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", *args], cwd=repo,
-                          check=True, capture_output=True, text=True).stdout.strip()
+    return subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", *args],
+        cwd=repo,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
 
 
 def commit_all(repo, msg):
@@ -63,14 +69,22 @@ def test_no_kernel_changed_passes_quickly(repo):
     assert r.returncode == 0, r.stderr
     assert report["conclusion"] == "success" and report["reason"] == "no kernel changed"
     assert all(k["status"] == "unchanged" and k["verification"] is None for k in report["kernels"])
-    assert {p.name for p in (repo / "out").iterdir()} >= {"report.json", "report.md", "junit.xml", "badge.svg",
-                                                           "badge.json"}
+    assert {p.name for p in (repo / "out").iterdir()} >= {
+        "report.json",
+        "report.md",
+        "junit.xml",
+        "badge.svg",
+        "badge.json",
+    }
 
 
 def test_shared_module_change_affects_every_importer(repo):
     git(repo, "checkout", "-qb", "pr")
-    edit(repo / "kernels/common.py", "return triton.next_power_of_2(head_dim)",
-         "return max(16, triton.next_power_of_2(head_dim))")
+    edit(
+        repo / "kernels/common.py",
+        "return triton.next_power_of_2(head_dim)",
+        "return max(16, triton.next_power_of_2(head_dim))",
+    )
     commit_all(repo, "common")
     p = plan(repo)
     assert {n for n, a in p.items() if a.status == "changed"} == {"decode_attention", "paged_attention", "rope"}
@@ -84,8 +98,10 @@ def test_sources_globs_new_and_removed_kernels(repo):
     (repo / "kernels/kv_v2.py").write_text((repo / "kernels/kv_cache.py").read_text())
     cfg = (repo / ".kernalin.yml").read_text()
     cfg = cfg.replace("    params: {style: neox}\n", "    params: {style: neox}\n    sources: ['kernels/*.dat']\n")
-    cfg = cfg.replace("  - name: kv_append\n    op: kv_append\n    entry: kernels/kv_cache.py:append",
-                      "  - name: kv_append_v2\n    op: kv_append\n    entry: kernels/kv_v2.py:append")
+    cfg = cfg.replace(
+        "  - name: kv_append\n    op: kv_append\n    entry: kernels/kv_cache.py:append",
+        "  - name: kv_append_v2\n    op: kv_append\n    entry: kernels/kv_v2.py:append",
+    )
     cfg = cfg.replace("    kv_append: kv_append\n", "    kv_append: kv_append_v2\n")
     (repo / ".kernalin.yml").write_text(cfg)
     commit_all(repo, "v2")
@@ -96,8 +112,9 @@ def test_sources_globs_new_and_removed_kernels(repo):
 
     refs = resolve_refs(repo, "main", "HEAD")
     with worktrees(repo, refs.base, refs.head) as (b, _h):
-        assert removed_kernels(config_mod.load(repo / ".kernalin.yml"), b, repo / ".kernalin.yml", repo) == \
-            ["kv_append"]
+        assert removed_kernels(config_mod.load(repo / ".kernalin.yml"), b, repo / ".kernalin.yml", repo) == [
+            "kv_append"
+        ]
 
 
 def test_a_kv_bug_fails_the_gate_and_only_that_kernel_is_checked(repo):
@@ -117,16 +134,30 @@ def test_a_kv_bug_fails_the_gate_and_only_that_kernel_is_checked(repo):
 
 
 # every optional dependency (pyproject's extras, less the core ones) and the module it installs
-OPTIONAL_MODULES = {"PyGithub": "github", "PyJWT": "jwt", "docker": "docker", "rq": "rq", "redis": "redis",
-                    "pytest": "pytest", "jsonschema": "jsonschema", "cmarkgfm": "cmarkgfm",
-                    "openapi-schema-validator": "openapi_schema_validator", "mypy": "mypy", "nvidia-ml-py": "pynvml",
-                    "ruptures": "ruptures", "psycopg": "psycopg", "selenium": "selenium", "ruff": "ruff"}
+OPTIONAL_MODULES = {
+    "PyGithub": "github",
+    "PyJWT": "jwt",
+    "docker": "docker",
+    "rq": "rq",
+    "redis": "redis",
+    "pytest": "pytest",
+    "jsonschema": "jsonschema",
+    "cmarkgfm": "cmarkgfm",
+    "openapi-schema-validator": "openapi_schema_validator",
+    "mypy": "mypy",
+    "nvidia-ml-py": "pynvml",
+    "ruptures": "ruptures",
+    "psycopg": "psycopg",
+    "selenium": "selenium",
+    "ruff": "ruff",
+}
 
 
 def test_the_local_gate_needs_no_optional_dependency(repo, tmp_path):
     """README command 1 installs only the core dependencies: a local `kernalin-ci run` (parent and
     workers) must import nothing from an extra. Each optional module is shadowed by one that fails."""
     import re
+
     import tomllib
 
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
@@ -141,18 +172,40 @@ def test_the_local_gate_needs_no_optional_dependency(repo, tmp_path):
     git(repo, "checkout", "-qb", "pr")
     edit(repo / "kernels/kv_cache.py", "    if slot >= 0:\n", "    if slot >= -1:\n")
     commit_all(repo, "kv: also handle slot -1")
-    r = cli("run", "--device", "cpu", "--quiet", "--base", "main", "--out", str(repo / "out"), cwd=repo,
-            env={"PYTHONPATH": str(block)})
+    r = cli(
+        "run",
+        "--device",
+        "cpu",
+        "--quiet",
+        "--base",
+        "main",
+        "--out",
+        str(repo / "out"),
+        cwd=repo,
+        env={"PYTHONPATH": str(block)},
+    )
     assert r.returncode == 1, r.stderr
     report = json.loads((repo / "out" / "report.json").read_text())
     kv = next(k for k in report["kernels"] if k["name"] == "kv_append")
     assert "kv-padding" in {f["bug_class"] for f in kv["verification"]["findings"]}
     # posting to GitHub does need the extra: one line that says which, exit 2
-    r = cli("run", "--device", "cpu", "--quiet", "--base", "main", "--github", "--out", str(repo / "out2"),
-            cwd=repo, env={"PYTHONPATH": str(block), "GITHUB_TOKEN": "t", "GITHUB_REPOSITORY": "acme/kernels"})
+    r = cli(
+        "run",
+        "--device",
+        "cpu",
+        "--quiet",
+        "--base",
+        "main",
+        "--github",
+        "--out",
+        str(repo / "out2"),
+        cwd=repo,
+        env={"PYTHONPATH": str(block), "GITHUB_TOKEN": "t", "GITHUB_REPOSITORY": "acme/kernels"},
+    )
     assert r.returncode == 2
-    assert r.stderr.splitlines() == ["kernalin-ci run: error: GitHub support needs PyGithub (github is missing): "
-                                     "pip install 'kernalin-ci[github]'"], r.stderr
+    assert r.stderr.splitlines() == [
+        "kernalin-ci run: error: GitHub support needs PyGithub (github is missing): pip install 'kernalin-ci[github]'"
+    ], r.stderr
 
 
 def test_entry_that_cannot_load_at_head_fails_and_cleans_up(repo):
@@ -187,14 +240,16 @@ def test_unknown_revision_is_a_usage_error(repo):
 
 # An entry that breaks the checker it runs in: the worker's own code then raises, as a bug of
 # kernalin-ci would (a real internal error in the real worker process, not a simulated one).
-BREAKS_THE_WORKER = ("import kernalin_ci.verify.support as _support\n"
-                     "_support.Support.run = None  # the worker's next case raises TypeError\n")
+BREAKS_THE_WORKER = (
+    "import kernalin_ci.verify.support as _support\n"
+    "_support.Support.run = None  # the worker's next case raises TypeError\n"
+)
 
 
 def test_an_internal_error_in_one_kernel_is_recorded_and_the_gate_goes_on(repo):
     git(repo, "checkout", "-qb", "pr")
     cfg = (repo / ".kernalin.yml").read_text()
-    (repo / ".kernalin.yml").write_text(cfg[:cfg.index("pipelines:")])  # no pipeline: faster
+    (repo / ".kernalin.yml").write_text(cfg[: cfg.index("pipelines:")])  # no pipeline: faster
     edit(repo / "kernels/kv_cache.py", "import triton\n", "import triton\n" + BREAKS_THE_WORKER)
     edit(repo / "kernels/rope.py", "import torch\n", "import torch  # touched: checked as well\n")
     commit_all(repo, "kv: breaks the worker; rope: a comment")
@@ -202,8 +257,9 @@ def test_an_internal_error_in_one_kernel_is_recorded_and_the_gate_goes_on(repo):
     assert r.returncode == 1, r.stderr  # the gate ran to its end and failed that kernel
     by = {k["name"]: k for k in report["kernels"]}
     kv, rope = by["kv_append"], by["rope"]
-    assert kv["failed_by"] == ["error"] and kv["error"].startswith("internal error: the verify-dynamic worker "
-                                                                   "failed: TypeError"), kv["error"]
+    assert kv["failed_by"] == ["error"] and kv["error"].startswith(
+        "internal error: the verify-dynamic worker failed: TypeError"
+    ), kv["error"]
     assert rope["status"] == "changed" and rope["failed_by"] == [] and rope["verification"]["findings"] == []
     assert report["conclusion"] == "failure" and "kv_append (error)" in report["reason"]
     log = r.stderr.split("traceback in ")[1].split(")")[0]  # the traceback is in the named log file

@@ -1,4 +1,5 @@
 """The Actions environment: a real-shaped pull_request event, INPUT_*, GITHUB_OUTPUT, GITHUB_STEP_SUMMARY."""
+
 import json
 
 import pytest
@@ -33,15 +34,26 @@ def test_schema_check_is_not_vacuous():
 def actions_env(tmp_path, payload, event_name="pull_request"):
     path = tmp_path / "event.json"
     path.write_text(json.dumps(payload))
-    return {"GITHUB_ACTIONS": "true", "GITHUB_EVENT_NAME": event_name, "GITHUB_EVENT_PATH": str(path),
-            "GITHUB_REPOSITORY": "acme/kernels", "GITHUB_SHA": MERGE_SHA, "GITHUB_RUN_ID": "9001",
-            "GITHUB_SERVER_URL": "https://github.com", "GITHUB_API_URL": "https://api.github.com",
-            "GITHUB_OUTPUT": str(tmp_path / "output"), "GITHUB_STEP_SUMMARY": str(tmp_path / "summary.md")}
+    return {
+        "GITHUB_ACTIONS": "true",
+        "GITHUB_EVENT_NAME": event_name,
+        "GITHUB_EVENT_PATH": str(path),
+        "GITHUB_REPOSITORY": "acme/kernels",
+        "GITHUB_SHA": MERGE_SHA,
+        "GITHUB_RUN_ID": "9001",
+        "GITHUB_SERVER_URL": "https://github.com",
+        "GITHUB_API_URL": "https://api.github.com",
+        "GITHUB_OUTPUT": str(tmp_path / "output"),
+        "GITHUB_STEP_SUMMARY": str(tmp_path / "summary.md"),
+    }
 
 
 def test_pull_request_from_a_branch(tmp_path):
-    ev = pull_request_event(number=42, head_sha="8d3f0c1e2b4a5968778695a4b3c2d1e0f9a8b7c6",
-                            base_sha="1a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d")
+    ev = pull_request_event(
+        number=42,
+        head_sha="8d3f0c1e2b4a5968778695a4b3c2d1e0f9a8b7c6",
+        base_sha="1a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d",
+    )
     ctx = actions.context(actions_env(tmp_path, ev))
     pr = ctx.pull_request
     assert (pr.repo, pr.number, pr.action) == ("acme/kernels", 42, "synchronize")
@@ -80,8 +92,14 @@ def test_non_pull_request_events_and_bad_payloads(tmp_path):
 
 
 def test_inputs():
-    env = {"INPUT_GITHUB-TOKEN": "  ghs_x  ", "INPUT_BASE_REF": "main", "INPUT_POST-COMMENT": "false",
-           "INPUT_STRICT": "TRUE", "INPUT_EMPTY": "   ", "INPUT_BAD": "yes"}
+    env = {
+        "INPUT_GITHUB-TOKEN": "  ghs_x  ",
+        "INPUT_BASE_REF": "main",
+        "INPUT_POST-COMMENT": "false",
+        "INPUT_STRICT": "TRUE",
+        "INPUT_EMPTY": "   ",
+        "INPUT_BAD": "yes",
+    }
     assert actions.input_variable("github-token") == "INPUT_GITHUB-TOKEN"
     assert actions.get_input("github-token", env=env) == "ghs_x"
     assert actions.get_input("base ref", env=env) == "main"  # spaces become underscores
@@ -106,7 +124,7 @@ def parse_output_file(text):
         if "<<" in line and ("=" not in line or line.index("<<") < line.index("=")):
             name, delim = line.split("<<", 1)
             j = lines.index(delim, i + 1)
-            out[name] = "\n".join(lines[i + 1:j])
+            out[name] = "\n".join(lines[i + 1 : j])
             i = j + 1
         else:
             name, value = line.split("=", 1)
@@ -124,8 +142,12 @@ def test_outputs_use_the_multiline_safe_delimiter_form(tmp_path):
     assert actions.set_output("counts", {"kernels": 2, "failed": 1}, env=env)
     text = (tmp_path / "output").read_text()
     assert "report<<ghadelimiter_" in text
-    assert parse_output_file(text) == {"earlier": "step", "conclusion": "failure", "report": tricky,
-                                       "counts": '{"kernels": 2, "failed": 1}'}
+    assert parse_output_file(text) == {
+        "earlier": "step",
+        "conclusion": "failure",
+        "report": tricky,
+        "counts": '{"kernels": 2, "failed": 1}',
+    }
     assert actions.set_output("x", "y", env={}) is False
     with pytest.raises(ValueError):
         actions.set_output("bad\nname", "v", env=env)

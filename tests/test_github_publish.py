@@ -3,12 +3,22 @@
 Every request is validated by the stand-in against GitHub's OpenAPI description; the
 fixture fails a test at teardown if one was not valid.
 """
+
 import logging
 
 import pytest
 
-from kernalin_ci.github import (Annotation, GitHubAuthError, GitHubError, GitHubUnavailable, Publication,
-                                RetryPolicy, begin, publish, sticky_marker)
+from kernalin_ci.github import (
+    Annotation,
+    GitHubAuthError,
+    GitHubError,
+    GitHubUnavailable,
+    Publication,
+    RetryPolicy,
+    begin,
+    publish,
+    sticky_marker,
+)
 from kernalin_ci.github.auth import enterprise_api_url, token_client
 from kernalin_ci.testing.github_standin import NOT_ACCESSIBLE, READ_ONLY_PERMISSIONS, WRITE_PERMISSIONS
 from kernalin_ci.testing.pytest_fixtures import github_standin, make_github_standin  # noqa: F401
@@ -39,18 +49,32 @@ def client(gh, token=TOKEN, retry=FAST):
 
 
 def pub(**kw):
-    d = dict(repo=REPO, head_sha=HEAD, pr_number=PR, conclusion="failure", title="2 kernels checked, 1 failed",
-             summary="### decode_attention: **fail**\n\n| check | result |\n|---|---|\n| kv-mask | fail |",
-             text="details", comment_markdown="## kernalin-ci\n\ndecode_attention failed: kv-mask",
-             details_url="https://ci.example/runs/5")
+    d = dict(
+        repo=REPO,
+        head_sha=HEAD,
+        pr_number=PR,
+        conclusion="failure",
+        title="2 kernels checked, 1 failed",
+        summary="### decode_attention: **fail**\n\n| check | result |\n|---|---|\n| kv-mask | fail |",
+        text="details",
+        comment_markdown="## kernalin-ci\n\ndecode_attention failed: kv-mask",
+        details_url="https://ci.example/runs/5",
+    )
     d.update(kw)
     return Publication(**d)
 
 
 def annotations(n):
-    return [Annotation(path=f"kernels/attn_{i % 3}.py", start_line=10 + i, end_line=10 + i,
-                       message=f"finding {i}: positions >= kv_len take part in the softmax", title=f"kv-mask #{i}")
-            for i in range(n)]
+    return [
+        Annotation(
+            path=f"kernels/attn_{i % 3}.py",
+            start_line=10 + i,
+            end_line=10 + i,
+            message=f"finding {i}: positions >= kv_len take part in the softmax",
+            title=f"kv-mask #{i}",
+        )
+        for i in range(n)
+    ]
 
 
 def test_check_run_lifecycle_in_progress_then_completed(github_standin):
@@ -59,8 +83,12 @@ def test_check_run_lifecycle_in_progress_then_completed(github_standin):
     started = begin(c, REPO, HEAD, details_url="https://ci.example/runs/5")
     assert started.warnings == [] and started.check_run_id is not None
     (run,) = gh.check_runs(REPO)
-    assert (run["id"], run["status"], run["head_sha"], run["name"]) == (started.check_run_id, "in_progress", HEAD,
-                                                                        "kernalin-ci")
+    assert (run["id"], run["status"], run["head_sha"], run["name"]) == (
+        started.check_run_id,
+        "in_progress",
+        HEAD,
+        "kernalin-ci",
+    )
     assert run["conclusion"] is None and run["started_at"] and run["output"]["title"]
 
     result = publish(c, pub(), check_run_id=started.check_run_id)
@@ -69,7 +97,7 @@ def test_check_run_lifecycle_in_progress_then_completed(github_standin):
     assert run["output"] == {"title": "2 kernels checked, 1 failed", "summary": pub().summary, "text": "details"}
     assert result.check_run.id == run["id"] and result.check_run.html_url.endswith(f"/runs/{run['id']}")
     assert result.commit_status is None and result.on_pull_request and result.warnings == []
-    create, = gh.requests_to("POST", CREATE)
+    (create,) = gh.requests_to("POST", CREATE)
     assert create.body["status"] == "in_progress" and create.body["head_sha"] == HEAD
     final = gh.requests_to("PATCH", UPDATE)[-1]
     assert final.body["conclusion"] == "failure" and final.body["status"] == "completed"
@@ -94,9 +122,14 @@ def test_120_annotations_go_in_three_requests_of_at_most_50(github_standin):
     assert ["conclusion" in r.body for r in patches] == [False, False, True]  # completed with the last batch
     (run,) = gh.check_runs(REPO)
     assert run["annotations"] == [a.to_api() for a in findings]
-    assert run["annotations"][0] == {"path": "kernels/attn_0.py", "start_line": 10, "end_line": 10,
-                                     "annotation_level": "failure", "title": "kv-mask #0",
-                                     "message": "finding 0: positions >= kv_len take part in the softmax"}
+    assert run["annotations"][0] == {
+        "path": "kernels/attn_0.py",
+        "start_line": 10,
+        "end_line": 10,
+        "annotation_level": "failure",
+        "title": "kv-mask #0",
+        "message": "finding 0: positions >= kv_len take part in the softmax",
+    }
     assert result.annotations_posted == 120 and result.annotations_omitted == 0
     # GitHub's own view of them, read back through PyGithub (paginated)
     listed = list(c.gh.get_repo(REPO).get_check_run(run["id"]).get_annotations())
@@ -153,8 +186,7 @@ def test_comment_marker_is_per_check_name(github_standin):
     assert sorted(x["body"].split("\n", 1)[1] for x in gh.comments(REPO, PR)) == ["A", "B"]
 
 
-@pytest.mark.parametrize("conclusion,state", [("failure", "failure"), ("success", "success"),
-                                              ("neutral", "success")])
+@pytest.mark.parametrize("conclusion,state", [("failure", "failure"), ("success", "success"), ("neutral", "success")])
 def test_checks_forbidden_falls_back_to_a_commit_status(github_standin, conclusion, state):
     # a token that may write statuses and comments but not check runs
     gh = world(github_standin, permissions={**WRITE_PERMISSIONS, "checks": "read"})
@@ -245,8 +277,13 @@ def test_retry_budget_bounds_total_time(github_standin):
 
 def test_secondary_rate_limit_waits_as_asked(github_standin, caplog):
     gh = world(github_standin)
-    gh.inject("POST", CREATE, 403, message="You have exceeded a secondary rate limit. Please wait a few minutes "
-                                           "before you try again.", headers={"Retry-After": "1"})
+    gh.inject(
+        "POST",
+        CREATE,
+        403,
+        message="You have exceeded a secondary rate limit. Please wait a few minutes before you try again.",
+        headers={"Retry-After": "1"},
+    )
     caplog.set_level(logging.WARNING, "kernalin_ci.github")
     publish(client(gh), pub())
     assert len(gh.check_runs(REPO)) == 1 and gh.statuses(REPO) == []  # retried, not a permission fallback
@@ -256,8 +293,15 @@ def test_secondary_rate_limit_waits_as_asked(github_standin, caplog):
 def test_primary_rate_limit_past_the_budget_gives_up_at_once(github_standin):
     gh = world(github_standin)
     import time
-    gh.inject("POST", STATUSES, 403, message="API rate limit exceeded for installation ID 1.", times=None,
-              headers={"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": str(int(time.time()) + 3600)})
+
+    gh.inject(
+        "POST",
+        STATUSES,
+        403,
+        message="API rate limit exceeded for installation ID 1.",
+        times=None,
+        headers={"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": str(int(time.time()) + 3600)},
+    )
     with pytest.raises(GitHubUnavailable, match="gave up after 1 tries"):
         client(gh).set_commit_status(REPO, HEAD, "success", "ok")
 

@@ -4,6 +4,7 @@ These tests drive it with plain HTTP (requests) and with PyGithub. Those that se
 invalid requests on purpose use a GitHubStandIn of their own (not the fixture, which
 fails a test that sent one).
 """
+
 import json
 
 import jwt
@@ -36,16 +37,20 @@ def test_the_description_is_githubs():
     api = OpenAPI.load()
     assert api.spec["openapi"].startswith("3.0") and len(api.spec["paths"]) > 800
     match, _ = api.find("PATCH", "/repos/a/b/check-runs/12")
-    assert match.operation.operation_id == "checks/update" and match.path_params == {"owner": "a", "repo": "b",
-                                                                                    "check_run_id": "12"}
+    assert match.operation.operation_id == "checks/update" and match.path_params == {
+        "owner": "a",
+        "repo": "b",
+        "check_run_id": "12",
+    }
     # literal segments win: /issues/comments/{id}, not /issues/{issue_number}/...
     match, _ = api.find("GET", "/repos/a/b/issues/comments/5")
     assert match.operation.template == "/repos/{owner}/{repo}/issues/comments/{comment_id}"
 
 
 def test_invalid_body_is_answered_422_and_recorded(bare):
-    r = requests.post(f"{bare.base_url}/repos/{REPO}/check-runs", headers=HDRS,
-                      json={"name": "x", "status": "in_progress"})  # head_sha missing
+    r = requests.post(
+        f"{bare.base_url}/repos/{REPO}/check-runs", headers=HDRS, json={"name": "x", "status": "in_progress"}
+    )  # head_sha missing
     assert r.status_code == 422 and "head_sha" in r.json()["message"]
     assert len(bare.problems) == 1 and "'head_sha' is a required property" in bare.problems[0]
     assert bare.check_runs(REPO) == []
@@ -53,14 +58,29 @@ def test_invalid_body_is_answered_422_and_recorded(bare):
         bare.assert_no_problems()
 
 
-@pytest.mark.parametrize("body,needle", [
-    ({"name": "x", "head_sha": HEAD, "output": {"title": "t"}}, "'summary' is a required property"),
-    ({"name": "x", "head_sha": HEAD, "conclusion": "passed"}, "'passed' is not one of"),
-    ({"name": "x", "head_sha": HEAD, "started_at": "yesterday"}, "is not a 'date-time'"),
-    ({"name": "x", "head_sha": HEAD, "output": {"title": "t", "summary": "s", "annotations": [
-        {"path": "a.py", "start_line": 1, "end_line": 1, "annotation_level": "failure", "message": "m"}] * 51}},
-     "breaks 'maxItems': 50"),
-])
+@pytest.mark.parametrize(
+    "body,needle",
+    [
+        ({"name": "x", "head_sha": HEAD, "output": {"title": "t"}}, "'summary' is a required property"),
+        ({"name": "x", "head_sha": HEAD, "conclusion": "passed"}, "'passed' is not one of"),
+        ({"name": "x", "head_sha": HEAD, "started_at": "yesterday"}, "is not a 'date-time'"),
+        (
+            {
+                "name": "x",
+                "head_sha": HEAD,
+                "output": {
+                    "title": "t",
+                    "summary": "s",
+                    "annotations": [
+                        {"path": "a.py", "start_line": 1, "end_line": 1, "annotation_level": "failure", "message": "m"}
+                    ]
+                    * 51,
+                },
+            },
+            "breaks 'maxItems': 50",
+        ),
+    ],
+)
 def test_body_schema_rules_are_enforced(bare, body, needle):
     r = requests.post(f"{bare.base_url}/repos/{REPO}/check-runs", headers=HDRS, json=body)
     assert r.status_code == 422 and any(needle in p for p in bare.problems), bare.problems
@@ -120,8 +140,15 @@ def test_pagination_follows_githubs_link_headers(github_standin):
         gh.add_comment(REPO, 7, f"c{i}")
     r = requests.get(f"{gh.base_url}/repos/{REPO}/issues/7/comments?per_page=100", headers=HDRS)
     assert len(r.json()) == 100 and 'rel="next"' in r.headers["Link"] and "page=3" in r.headers["Link"]
-    g = Github(auth=Auth.Token("t0ken"), base_url=gh.base_url, per_page=100, retry=None, lazy=True,
-               seconds_between_requests=None, seconds_between_writes=None)
+    g = Github(
+        auth=Auth.Token("t0ken"),
+        base_url=gh.base_url,
+        per_page=100,
+        retry=None,
+        lazy=True,
+        seconds_between_requests=None,
+        seconds_between_writes=None,
+    )
     bodies = [c.body for c in g.get_repo(REPO).get_issue(7).get_comments()]
     assert bodies == [f"c{i}" for i in range(250)]
     assert len(gh.requests_to("GET", "/repos/{owner}/{repo}/issues/{issue_number}/comments")) == 1 + 3
@@ -139,8 +166,11 @@ def test_faults_count_down_and_match_templates_or_globs(bare):
 
 
 def test_a_completed_check_run_cannot_be_reopened(bare):
-    r = requests.post(f"{bare.base_url}/repos/{REPO}/check-runs", headers=HDRS,
-                      json={"name": "x", "head_sha": HEAD, "conclusion": "success"})
+    r = requests.post(
+        f"{bare.base_url}/repos/{REPO}/check-runs",
+        headers=HDRS,
+        json={"name": "x", "head_sha": HEAD, "conclusion": "success"},
+    )
     assert r.status_code == 201 and r.json()["status"] == "completed"
     r = requests.patch(r.json()["url"], headers=HDRS, json={"status": "in_progress"})
     assert r.status_code == 422
@@ -148,10 +178,14 @@ def test_a_completed_check_run_cannot_be_reopened(bare):
 
 def _keypair():
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption()).decode()
-    public = key.public_key().public_bytes(serialization.Encoding.PEM,
-                                           serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+    private = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
+    public = (
+        key.public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        .decode()
+    )
     return private, public
 
 
@@ -162,19 +196,25 @@ def test_jwts_are_verified_with_the_apps_public_key(bare):
     bare.add_installation(77, 4242, [REPO])
     url = f"{bare.base_url}/app/installations/77/access_tokens"
     import time
+
     now = int(time.time())
     good = jwt.encode({"iat": now - 60, "exp": now + 300, "iss": "4242"}, private, algorithm="RS256")
     forged = jwt.encode({"iat": now - 60, "exp": now + 300, "iss": "4242"}, other, algorithm="RS256")
     expired = jwt.encode({"iat": now - 900, "exp": now - 300, "iss": "4242"}, private, algorithm="RS256")
     too_long = jwt.encode({"iat": now, "exp": now + 3600, "iss": "4242"}, private, algorithm="RS256")
-    answers = {name: requests.post(url, headers={**HDRS, "Authorization": f"Bearer {t}"}, json={})
-               for name, t in [("good", good), ("forged", forged), ("expired", expired), ("too_long", too_long)]}
+    answers = {
+        name: requests.post(url, headers={**HDRS, "Authorization": f"Bearer {t}"}, json={})
+        for name, t in [("good", good), ("forged", forged), ("expired", expired), ("too_long", too_long)]
+    }
     assert answers["good"].status_code == 201 and answers["good"].json()["token"].startswith("ghs_")
     assert [answers[k].status_code for k in ("forged", "expired", "too_long")] == [401, 401, 401]
     # the token it issued works on the repository, within the installation's permissions
     token = answers["good"].json()["token"]
-    r = requests.post(f"{bare.base_url}/repos/{REPO}/statuses/{HEAD}",
-                      headers={**HDRS, "Authorization": f"token {token}"}, json={"state": "pending"})
+    r = requests.post(
+        f"{bare.base_url}/repos/{REPO}/statuses/{HEAD}",
+        headers={**HDRS, "Authorization": f"token {token}"},
+        json={"state": "pending"},
+    )
     assert r.status_code == 201 and r.json()["creator"]["login"] == "kernalin-ci[bot]"
     assert json.loads(json.dumps(bare.tokens_issued()[0].permissions))["checks"] == "write"
 
@@ -182,14 +222,21 @@ def test_jwts_are_verified_with_the_apps_public_key(bare):
 def test_the_fixture_fails_a_test_that_sent_an_invalid_request(tmp_path):
     import subprocess
     import sys
+
     (tmp_path / "test_sends_invalid.py").write_text(
         "import requests\n"
         "from kernalin_ci.testing.pytest_fixtures import github_standin  # noqa: F401\n"
         "def test_it(github_standin):\n"
         "    github_standin.add_repo('a/b')\n"
         "    requests.post(github_standin.base_url + '/repos/a/b/check-runs', json={'name': 1},\n"
-        "                  headers={'User-Agent': 't'})\n")
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        "                  headers={'User-Agent': 't'})\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 1, r.stdout + r.stderr
     assert "the GitHub stand-in saw problems" in r.stdout and "1 passed, 1 error" in r.stdout

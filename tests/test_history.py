@@ -1,5 +1,6 @@
 """History: the stores (SQLite, a real PostgreSQL server, a data branch of a real git repository) with
 concurrent writers, change points, the CLI, and the daemon recording merged pull requests."""
+
 import json
 import os
 import subprocess
@@ -8,14 +9,14 @@ import threading
 
 import numpy as np
 import pytest
+from history_support import bench, kernel, report
 
 from kernalin_ci.cli import main
 from kernalin_ci.history import changepoints
+from kernalin_ci.history.gitbranch import GitBranchHistory
 from kernalin_ci.history.model import run_from_report
 from kernalin_ci.history.series import build
-from kernalin_ci.history.gitbranch import GitBranchHistory
 from kernalin_ci.history.store import SQLiteHistory, open_store
-from history_support import bench, kernel, report
 
 CLI = [sys.executable, "-m", "kernalin_ci"]
 
@@ -25,8 +26,9 @@ def sha(i: int, w: int = 0) -> str:
 
 
 def a_run(i: int, w: int = 0, repo: str = "acme/k"):
-    return run_from_report(report([kernel("rope", bench(1.0, 1.0 + i / 1000))]), repo=repo, commit=sha(i, w),
-                           branch="main", pr=i)
+    return run_from_report(
+        report([kernel("rope", bench(1.0, 1.0 + i / 1000))]), repo=repo, commit=sha(i, w), branch="main", pr=i
+    )
 
 
 def concurrent_adds(make_store, writers: int = 4, each: int = 10) -> None:
@@ -95,8 +97,9 @@ def test_data_branch_concurrent_writers_lose_nothing(tmp_path):
         try:
             store = GitBranchHistory(clone, "kernalin-history")
             for i in range(EACH):
-                assert store.add(run_from_report(json.loads(rep.read_text()), repo="acme/k", commit=sha(i, w),
-                                                 branch="main"))
+                assert store.add(
+                    run_from_report(json.loads(rep.read_text()), repo="acme/k", commit=sha(i, w), branch="main")
+                )
         except BaseException as e:
             errors.append(e)
 
@@ -107,8 +110,9 @@ def test_data_branch_concurrent_writers_lose_nothing(tmp_path):
         t.join()
     assert not errors, errors
     store = open_store(f"git:kernalin-history@{clones[0]}")
-    assert sorted(r.commit for r in store.runs("acme/k")) == sorted(sha(i, w) for w in range(WRITERS)
-                                                                    for i in range(EACH))
+    assert sorted(r.commit for r in store.runs("acme/k")) == sorted(
+        sha(i, w) for w in range(WRITERS) for i in range(EACH)
+    )
     log = git(remote, "log", "--format=%s", "kernalin-history").splitlines()
     assert len(log) == WRITERS * EACH  # one commit per run: no write replaced another
     assert git(clones[0], "rev-parse", "--abbrev-ref", "HEAD").strip() == "main"
@@ -119,8 +123,9 @@ def test_data_branch_concurrent_writers_lose_nothing(tmp_path):
     class Overtaken(GitBranchHistory):
         def _push(self, commit):
             if self.attempts_used == 1:
-                assert other.add(run_from_report(json.loads(rep.read_text()), repo="acme/k", commit=sha(90),
-                                                 branch="main"))
+                assert other.add(
+                    run_from_report(json.loads(rep.read_text()), repo="acme/k", commit=sha(90), branch="main")
+                )
             return super()._push(commit)
 
     late = Overtaken(clones[0], "kernalin-history")
@@ -128,8 +133,23 @@ def test_data_branch_concurrent_writers_lose_nothing(tmp_path):
     assert late.attempts_used == 2
     assert {sha(90), sha(91)} <= {r.commit for r in late.runs("acme/k")}
     # the same commit again: not recorded twice
-    p = subprocess.run(CLI + ["history", "--store", "git:kernalin-history", "--record", str(rep),
-                              "--repo", "acme/k", "--commit", sha(0, 0)], cwd=clones[1], capture_output=True, text=True)
+    p = subprocess.run(
+        CLI
+        + [
+            "history",
+            "--store",
+            "git:kernalin-history",
+            "--record",
+            str(rep),
+            "--repo",
+            "acme/k",
+            "--commit",
+            sha(0, 0),
+        ],
+        cwd=clones[1],
+        capture_output=True,
+        text=True,
+    )
     assert p.returncode == 0 and "already recorded" in p.stderr
 
 
@@ -149,8 +169,16 @@ def test_change_points_find_a_step_and_not_noise():
 
 def test_series_report_the_commit_range_of_a_change():
     times = series_with_step(n=20, at=12)
-    runs = [run_from_report(report([kernel("rope", bench(1.0, float(t)))]), repo="acme/k", commit=sha(i),
-                            branch="main", recorded_at=1000.0 + i) for i, t in enumerate(times)]
+    runs = [
+        run_from_report(
+            report([kernel("rope", bench(1.0, float(t)))]),
+            repo="acme/k",
+            commit=sha(i),
+            branch="main",
+            recorded_at=1000.0 + i,
+        )
+        for i, t in enumerate(times)
+    ]
     (s,) = build(runs)
     (c,) = s.changes
     assert (c.last_good, c.first_commit, c.index) == (sha(11), sha(12), 12)
@@ -161,8 +189,11 @@ def test_history_cli_list_show_csv_and_bad_input(tmp_path, monkeypatch, capsys):
     db = tmp_path / "h.sqlite3"
     store = SQLiteHistory(db)
     for i, t in enumerate(series_with_step(n=20, at=12)):
-        store.add(run_from_report(report([kernel("rope", bench(1.0, float(t)))]), repo="acme/k", commit=sha(i),
-                                  branch="main", pr=100 + i))
+        store.add(
+            run_from_report(
+                report([kernel("rope", bench(1.0, float(t)))]), repo="acme/k", commit=sha(i), branch="main", pr=100 + i
+            )
+        )
     env = {**os.environ, "KERNALIN_HISTORY": str(db)}
     out = subprocess.run(CLI + ["history"], env=env, capture_output=True, text=True, check=True).stdout
     assert "rope" in out and "decode" in out and f"{sha(11)[:7]}..{sha(12)[:7]} (+2." in out, out
@@ -172,8 +203,12 @@ def test_history_cli_list_show_csv_and_bad_input(tmp_path, monkeypatch, capsys):
     rows = list(__import__("csv").DictReader(out.splitlines()))
     assert len(rows) == 20 and rows[12]["commit"] == sha(12) and rows[12]["change"].startswith("+2.")
     assert rows[0]["pr"] == "100" and rows[0]["verification"] == "pass"
-    for bad in (["history", "--kernel", "nope"], ["history", "--repo", "x/y"], ["history", "--record", "r.json"],
-                ["history", "--record", str(tmp_path / "missing.json"), "--repo", "a/b", "--commit", "c"]):
+    for bad in (
+        ["history", "--kernel", "nope"],
+        ["history", "--repo", "x/y"],
+        ["history", "--record", "r.json"],
+        ["history", "--record", str(tmp_path / "missing.json"), "--repo", "a/b", "--commit", "c"],
+    ):
         assert main(bad) == 2, bad
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "error:" in err, (bad, err)
@@ -214,8 +249,15 @@ def test_a_series_follows_the_gpu_the_timings_were_taken_on():
     runs = []
     for i, t in enumerate(series_with_step(n=20, at=12)):
         k = kernel("rope", bench(1.0, float(t) * (2.0 if i < 4 else 1.0)))  # the first 4 on a slower GPU
-        k["explain"] = {"provenance": {"start": {"gpu_name": "NVIDIA A10" if i < 4 else "NVIDIA H200",
-                                                 "driver": "580.1", "clocks": {"sm": 1980}}}}
+        k["explain"] = {
+            "provenance": {
+                "start": {
+                    "gpu_name": "NVIDIA A10" if i < 4 else "NVIDIA H200",
+                    "driver": "580.1",
+                    "clocks": {"sm": 1980},
+                }
+            }
+        }
         runs.append(run_from_report(report([k]), repo="acme/k", commit=sha(i), branch="main"))
     assert runs[0].points[0].provenance == {"gpu_name": "NVIDIA A10", "driver": "580.1"}
     (s,) = build(runs)

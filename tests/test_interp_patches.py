@@ -1,5 +1,6 @@
 """The Triton interpreter's int32-typed comparison results (kernalin_ci/verify/interp.py:int1_comparisons):
 a scalar test and-ed with a block mask fails unpatched and computes what the GPU computes patched."""
+
 import json
 import os
 import subprocess
@@ -10,8 +11,14 @@ from conftest import KERNELS, REPO
 
 def _run(mode: str) -> dict:
     env = dict(os.environ, TRITON_INTERPRET="1")
-    p = subprocess.run([sys.executable, str(KERNELS / "interp_scalar_mask.py"), mode], cwd=REPO, env=env,
-                       capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, str(KERNELS / "interp_scalar_mask.py"), mode],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
 

@@ -1,6 +1,7 @@
 """benchmarks/live_eval.py's code path on the CPU (Triton interpreter): real benchmark calls, real copies and
 variants, the reference, the tables and the JSON. Its figures mean nothing on the CPU; the GPU run is the
 coordinator's (docs/statistics.md, "Live evaluation")."""
+
 import json
 import subprocess
 import sys
@@ -10,8 +11,25 @@ from conftest import REPO
 
 def test_live_eval_runs_on_the_cpu_and_writes_every_table(tmp_path):
     out = tmp_path / "live.json"
-    r = subprocess.run([sys.executable, "benchmarks/live_eval.py", "--device", "cpu", "--quick", "--ops", "kv_append",
-                        "--regimes", "cold", "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/live_eval.py",
+            "--device",
+            "cpu",
+            "--quick",
+            "--ops",
+            "kv_append",
+            "--regimes",
+            "cold",
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     for title in ("A/A false verdicts", "Known-effect pairs", "Power and false alarms", "Regime summary", "Regimes:"):
         assert f"## {title}" in r.stdout
@@ -27,6 +45,11 @@ def test_live_eval_runs_on_the_cpu_and_writes_every_table(tmp_path):
 
 
 def test_bad_arguments_exit_2():
-    r = subprocess.run([sys.executable, "benchmarks/live_eval.py", "--device", "cpu", "--ops", "softmax"], cwd=REPO,
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "benchmarks/live_eval.py", "--device", "cpu", "--ops", "softmax"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2 and "bad arguments" in r.stderr

@@ -3,11 +3,12 @@
 --case validation through the real CLI, the custom op's root per instance (real files), the
 structural analysis an op names, the capture calls in preference order, and the benchmark's row
 labels from the shape's inputs."""
+
 import json
 
 import pytest
-
 from conftest import KERNELS, cli
+
 from kernalin_ci.ops import NAMES, get_op
 from kernalin_ci.ops.base import Op, resolve_params
 
@@ -26,17 +27,32 @@ def test_every_op_is_an_op_and_each_call_gives_a_new_instance():
         assert get_op(name) is not op
 
 
-@pytest.mark.parametrize("op, dims, message", [
-    ("attention.decode", {"Hq": 3, "Hkv": 2, "D": 8, "kv_lens": [1], "scale": 0.3},
-     "--case: Hq must be a positive multiple of Hkv"),
-    ("attention.decode", {"Hq": 4, "Hkv": 2, "D": 8, "kv_lens": [4, 0], "scale": 0.3},
-     "--case: kv_lens must be a non-empty list of lengths >= 1"),
-    ("attention.decode_paged", {"Hq": 4, "Hkv": 2, "kv_lens": [4], "scale": 0.3},
-     "--case: D must be a positive integer"),
-    ("rope", {"T": 3, "Hq": 4, "D": 64}, "--case: Hkv must be a positive integer"),
-    ("kv_append", {"T": 3, "Hkv": 2, "D": 64, "num_blocks": 4, "padding": 5},
-     "--case: padding must be an integer from 0 to T (or give slots)"),
-])
+@pytest.mark.parametrize(
+    "op, dims, message",
+    [
+        (
+            "attention.decode",
+            {"Hq": 3, "Hkv": 2, "D": 8, "kv_lens": [1], "scale": 0.3},
+            "--case: Hq must be a positive multiple of Hkv",
+        ),
+        (
+            "attention.decode",
+            {"Hq": 4, "Hkv": 2, "D": 8, "kv_lens": [4, 0], "scale": 0.3},
+            "--case: kv_lens must be a non-empty list of lengths >= 1",
+        ),
+        (
+            "attention.decode_paged",
+            {"Hq": 4, "Hkv": 2, "kv_lens": [4], "scale": 0.3},
+            "--case: D must be a positive integer",
+        ),
+        ("rope", {"T": 3, "Hq": 4, "D": 64}, "--case: Hkv must be a positive integer"),
+        (
+            "kv_append",
+            {"T": 3, "Hkv": 2, "D": 64, "num_blocks": 4, "padding": 5},
+            "--case: padding must be an integer from 0 to T (or give slots)",
+        ),
+    ],
+)
 def test_a_case_outside_the_ops_shape_rules_is_a_usage_error(op, dims, message):
     case = json.dumps({"name": "by-hand", "dims": dims})
     r = cli("verify", "--op", op, "--entry", f"{ATT}:entry", "--device", "cpu", "--quiet", "--case", case)
@@ -61,7 +77,8 @@ def test_the_custom_op_resolves_its_callables_against_its_own_root(tmp_path):
         (tmp_path / sub).mkdir()
         (tmp_path / sub / "spec.py").write_text(
             f"def reference(x):\n    return {sign} * x\n\n"
-            "def inputs(seed, case):\n    import torch\n    return {'x': torch.full((2, 3), float(seed))}\n")
+            "def inputs(seed, case):\n    import torch\n    return {'x': torch.full((2, 3), float(seed))}\n"
+        )
     p = resolved("custom", {"reference": "spec.py:reference", "inputs": "spec.py:inputs"})
     a, b = get_op("custom", root=str(tmp_path / "a")), get_op("custom", root=str(tmp_path / "b"))
     case = a.cases(p, "cpu", None)[1]

@@ -1,12 +1,13 @@
 """Paged caches: free, poisoned low blocks and slots (a padded lane sent to block 0 or slot 0),
 the `layout` param (nhd, hnd) and the token-level pool (block_size 1), with real Triton kernels
 through the real CLI and worker processes."""
+
 import json
 
 import pytest
 import torch
-
 from conftest import CHECKS, KERNELS, cli
+
 from kernalin_ci.ops import get_op
 from kernalin_ci.ops.base import resolve_params
 from kernalin_ci.ops.paged import nhd
@@ -23,8 +24,9 @@ def case_json(op_name, name, **params):
 
 
 def verify(op, entry, *extra):
-    r = cli("verify", "--op", op, "--entry", entry, "--device", "cpu", "--quiet", "--only", "dynamic",
-            "--json", "-", *extra)
+    r = cli(
+        "verify", "--op", op, "--entry", entry, "--device", "cpu", "--quiet", "--only", "dynamic", "--json", "-", *extra
+    )
     assert r.returncode in (0, 1), r.stderr
     return r.returncode, json.loads(r.stdout)
 
@@ -34,6 +36,7 @@ def found(res):
 
 
 # --------------------------------------------------------------------------- free low blocks and slots
+
 
 def test_free_low_blocks_case_frees_block_0_and_pads_tables_with_0():
     op = get_op(PAGED)
@@ -59,8 +62,9 @@ def test_padded_lanes_sent_to_block_0_are_caught_where_block_0_is_free():
 
 def test_correct_paged_kernels_stay_clean_with_block_0_free():
     for name in ("correct_online_paged", "correct_split_paged"):
-        rc, res = verify(PAGED, f"{CHECKS}/attention_decode_paged/{name}.py:entry",
-                         "--case", case_json(PAGED, "free-low-blocks"))
+        rc, res = verify(
+            PAGED, f"{CHECKS}/attention_decode_paged/{name}.py:entry", "--case", case_json(PAGED, "free-low-blocks")
+        )
         assert rc == 0 and res["cases_run"] == 1, res["findings"]
 
 
@@ -78,6 +82,7 @@ def test_padding_token_written_to_slot_0_is_named_where_slot_0_is_free():
 
 
 # --------------------------------------------------------------------------- layouts
+
 
 @pytest.mark.parametrize("op_name", [PAGED, "kv_append"])
 @pytest.mark.parametrize("block_size", [1, 16])
@@ -102,15 +107,15 @@ def test_every_case_builds_in_both_layouts_as_one_cache(op_name, block_size):
 
 
 def test_unknown_layout_is_a_usage_error():
-    r = cli("verify", "--op", PAGED, "--entry", f"{TOKEN}:hnd_attention", "--device", "cpu", "--param",
-            "layout=dhn")
+    r = cli("verify", "--op", PAGED, "--entry", f"{TOKEN}:hnd_attention", "--device", "cpu", "--param", "layout=dhn")
     assert r.returncode == 2 and "layout" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
 def test_hnd_attention_with_a_real_kernel():
     for name in ("gqa-8", "free-low-blocks"):
-        rc, res = verify(PAGED, f"{TOKEN}:hnd_attention", "--param", "layout=hnd",
-                         "--case", case_json(PAGED, name, layout="hnd"))
+        rc, res = verify(
+            PAGED, f"{TOKEN}:hnd_attention", "--param", "layout=hnd", "--case", case_json(PAGED, name, layout="hnd")
+        )
         assert rc == 0 and res["cases_run"] == 1, res["findings"]
 
 
@@ -124,35 +129,89 @@ def test_hnd_kv_append_with_a_real_kernel_and_one_that_assumes_nhd():
 
 def test_token_pool_adapter_views_the_cache_with_block_size_1():
     for name in ("gqa-6", "free-low-blocks"):
-        rc, res = verify(PAGED, f"{TOKEN}:token_pool", "--param", "block_size=1",
-                         "--case", case_json(PAGED, name, block_size=1))
+        rc, res = verify(
+            PAGED, f"{TOKEN}:token_pool", "--param", "block_size=1", "--case", case_json(PAGED, name, block_size=1)
+        )
         assert rc == 0 and res["cases_run"] == 1, res["findings"]
 
 
 def test_structural_analyses_read_an_hnd_cache_in_its_own_order():
-    for op, entry, want in ((PAGED, "hnd_attention", 0), ("kv_append", "hnd_kv_append", 0),
-                            ("kv_append", "nhd_kv_append_given_hnd", 1)):
-        r = cli("verify", "--op", op, "--entry", f"{TOKEN}:{entry}", "--param", "layout=hnd", "--device", "cpu",
-                "--only", "structural", "--quiet", "--json", "-")
+    for op, entry, want in (
+        (PAGED, "hnd_attention", 0),
+        ("kv_append", "hnd_kv_append", 0),
+        ("kv_append", "nhd_kv_append_given_hnd", 1),
+    ):
+        r = cli(
+            "verify",
+            "--op",
+            op,
+            "--entry",
+            f"{TOKEN}:{entry}",
+            "--param",
+            "layout=hnd",
+            "--device",
+            "cpu",
+            "--only",
+            "structural",
+            "--quiet",
+            "--json",
+            "-",
+        )
         assert r.returncode == want, r.stdout + r.stderr
         res = json.loads(r.stdout)
         assert not [n for n in res["notices"] if "not analysed" in n["message"] or "could not" in n["message"]]
 
 
 def test_pipeline_runs_on_an_hnd_cache():
-    r = cli("pipeline", "--kv-append", f"{TOKEN}:hnd_kv_append", "--attention", f"{TOKEN}:hnd_attention",
-            "--param", "layout=hnd", "--steps", "3", "--device", "cpu", "--quiet")
+    r = cli(
+        "pipeline",
+        "--kv-append",
+        f"{TOKEN}:hnd_kv_append",
+        "--attention",
+        f"{TOKEN}:hnd_attention",
+        "--param",
+        "layout=hnd",
+        "--steps",
+        "3",
+        "--device",
+        "cpu",
+        "--quiet",
+    )
     assert r.returncode == 0, r.stdout + r.stderr
-    r = cli("pipeline", "--kv-append", f"{TOKEN}:nhd_kv_append_given_hnd", "--attention", f"{TOKEN}:hnd_attention",
-            "--param", "layout=hnd", "--steps", "3", "--device", "cpu", "--quiet")
+    r = cli(
+        "pipeline",
+        "--kv-append",
+        f"{TOKEN}:nhd_kv_append_given_hnd",
+        "--attention",
+        f"{TOKEN}:hnd_attention",
+        "--param",
+        "layout=hnd",
+        "--steps",
+        "3",
+        "--device",
+        "cpu",
+        "--quiet",
+    )
     assert r.returncode == 1, r.stdout + r.stderr
 
 
 def test_pipeline_names_an_attention_entry_that_writes_the_cache():
     """The caches after kv_append and after attention are handed back as two tensors (on the CPU too,
     where the worker's cache is the tensor it saves), so the parent names the attention entry."""
-    r = cli("pipeline", "--kv-append", f"{KV}:entry", "--attention", f"{TOKEN}:attention_writes_cache",
-            "--steps", "2", "--device", "cpu", "--quiet", "--json", "-")
+    r = cli(
+        "pipeline",
+        "--kv-append",
+        f"{KV}:entry",
+        "--attention",
+        f"{TOKEN}:attention_writes_cache",
+        "--steps",
+        "2",
+        "--device",
+        "cpu",
+        "--quiet",
+        "--json",
+        "-",
+    )
     assert r.returncode == 1, r.stdout + r.stderr
     found = json.loads(r.stdout)["findings"]
     assert [(f["check"], f["bug_class"]) for f in found] == [("pipeline-attention", "input-modified")], found

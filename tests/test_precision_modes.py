@@ -1,12 +1,13 @@
 """Precision the checks hold kernels to: float32 tl.dot on TF32 (recognised from the compiled IR),
 and float32 rope held to float32 accuracy with a per-frequency angle allowance."""
+
 import json
 from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import CHECKS, KERNELS, cli
+
 from kernalin_ci.ops import get_op
 from kernalin_ci.ops.base import resolve_params
 from kernalin_ci.ops.rope import FLOAT32_TOLERANCE, angle_error, row_slack
@@ -61,6 +62,7 @@ def test_ieee_dots_are_not_tf32_and_upcast_half_inputs_are():
 
 # --------------------------------------------------------------------------- rope
 
+
 def test_angle_allowance_is_per_frequency_and_grows_with_the_position():
     pos = torch.tensor([0, 1, 1000, 65535])
     err = angle_error(pos, 10000.0, 64)
@@ -81,15 +83,29 @@ def _case(name):
 
 
 def _verify(entry, *extra):
-    r = cli("verify", "--op", "rope", "--entry", entry, "--device", "cpu", "--quiet", "--only", "dynamic",
-            "--json", "-", *extra)
+    r = cli(
+        "verify",
+        "--op",
+        "rope",
+        "--entry",
+        entry,
+        "--device",
+        "cpu",
+        "--quiet",
+        "--only",
+        "dynamic",
+        "--json",
+        "-",
+        *extra,
+    )
     assert r.returncode in (0, 1), r.stderr
     return r.returncode, json.loads(r.stdout)
 
 
 def test_float16_cos_sin_table_on_float32_activations_is_a_precision_finding():
-    rc, res = _verify(f"{CHECKS}/rope/bug_precision_fp16_table.py:entry", "--param", "style=gptj",
-                      "--case", _case("positions"))
+    rc, res = _verify(
+        f"{CHECKS}/rope/bug_precision_fp16_table.py:entry", "--param", "style=gptj", "--case", _case("positions")
+    )
     assert rc == 1 and {f["bug_class"] for f in res["findings"]} == {"precision"}, res["findings"]
 
 
@@ -101,18 +117,47 @@ def test_correct_float32_rope_stays_clean_at_float32_accuracy(name, style):
 
 # --------------------------------------------------------------------------- on a GPU
 
+
 @pytest.mark.gpu
 def test_tf32_entry_is_judged_at_tf32_tolerance_with_a_notice_on_the_gpu():
     """kernalin-ci verify on cuda: the default-precision kernel passes with the TF32 notice naming its dot's line;
     the ieee kernel passes without one."""
     line = _lines(TF32_KERNEL, "tl.dot(q, tl.trans(k)) * scale")[0]
-    r = cli("verify", "--op", "attention.decode", "--entry", f"{TF32_KERNEL}:entry", "--device", "cuda",
-            "--only", "dynamic", "--dtype", "float32", "--quiet", "--json", "-")
+    r = cli(
+        "verify",
+        "--op",
+        "attention.decode",
+        "--entry",
+        f"{TF32_KERNEL}:entry",
+        "--device",
+        "cuda",
+        "--only",
+        "dynamic",
+        "--dtype",
+        "float32",
+        "--quiet",
+        "--json",
+        "-",
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     res = json.loads(r.stdout)
     notes = [n["message"] for n in res["notices"] if n["check"] == "tf32"]
     assert notes and "float32 judged at TF32 tolerance" in notes[0] and f"tf32_attention.py:{line}" in notes[0]
-    r = cli("verify", "--op", "attention.decode", "--entry", f"{TF32_KERNEL}:entry_ieee", "--device", "cuda",
-            "--only", "dynamic", "--dtype", "float32", "--quiet", "--json", "-")
+    r = cli(
+        "verify",
+        "--op",
+        "attention.decode",
+        "--entry",
+        f"{TF32_KERNEL}:entry_ieee",
+        "--device",
+        "cuda",
+        "--only",
+        "dynamic",
+        "--dtype",
+        "float32",
+        "--quiet",
+        "--json",
+        "-",
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert not [n for n in json.loads(r.stdout)["notices"] if n["check"] == "tf32"]

@@ -9,6 +9,7 @@ the day the cause is fixed the test goes red and the entry must go. Any other fi
 The verifies run two at a time (KERNALIN_REALWORLD_JOBS) and the matrix of the run is printed at the end
 (pytest -s) and written to .cache/realworld/matrix.md.
 """
+
 from __future__ import annotations
 
 import os
@@ -34,18 +35,32 @@ class KnownFalse(Exception):
 def outcomes(request):
     """Start every selected verify at once (JOBS at a time); tests wait for their own."""
     corpus.fetch(KERNELS)
-    wanted = [(item.callspec.params["k"], item.callspec.params["variant"]) for item in request.session.items
-              if item.module.__name__ == __name__ and hasattr(item, "callspec")]
+    wanted = [
+        (item.callspec.params["k"], item.callspec.params["variant"])
+        for item in request.session.items
+        if item.module.__name__ == __name__ and hasattr(item, "callspec")
+    ]
     pool = ThreadPoolExecutor(JOBS)
     futures = {(k.id, v): pool.submit(corpus.verify, k, v) for k, v in wanted}
     yield futures
     pool.shutdown(cancel_futures=True)
     done = {key: f.result() for key, f in futures.items() if f.done() and not f.exception()}
-    lines = [matrix.row(k, done[k.id, "original"], done[k.id, "mutant"]) for k in KERNELS
-             if (k.id, "original") in done and (k.id, "mutant") in done]
+    lines = [
+        matrix.row(k, done[k.id, "original"], done[k.id, "mutant"])
+        for k in KERNELS
+        if (k.id, "original") in done and (k.id, "mutant") in done
+    ]
     if lines:
-        text = "\n".join(["| kernel | op | original | structural | mutant | mutant found | seconds |",
-                          "|---|---|---|---|---|---|---|", *lines]) + "\n"
+        text = (
+            "\n".join(
+                [
+                    "| kernel | op | original | structural | mutant | mutant found | seconds |",
+                    "|---|---|---|---|---|---|---|",
+                    *lines,
+                ]
+            )
+            + "\n"
+        )
         (corpus.CACHE / "matrix.md").write_text(text)
         print("\n" + text)
 
@@ -53,8 +68,11 @@ def outcomes(request):
 def _params(variant: str):
     for k in KERNELS:
         expected = bool(k.needs_triton_below) or (variant == "original" and bool(k.known_false))
-        marks = [pytest.mark.xfail(strict=True, raises=KnownFalse, reason="known cause, see the manifest")] \
-            if expected else []
+        marks = (
+            [pytest.mark.xfail(strict=True, raises=KnownFalse, reason="known cause, see the manifest")]
+            if expected
+            else []
+        )
         yield pytest.param(k, variant, id=k.id, marks=marks)
 
 
@@ -97,8 +115,12 @@ def test_judgement_flags_unexplained_findings():
     that no longer shows is a problem (its rule must go); a missing structural analysis is a problem."""
     k = next(k for k in KERNELS if k.known_false and not k.true_findings)
     rule = k.known_false[0]
-    known = {"bug_class": rule.get("bug_class", "wrong-output"), "kind": rule.get("kind", "dynamic"), "message": "",
-             "case": {"name": rule.get("case", "x"), "dtype": rule.get("dtype", "float32")}}
+    known = {
+        "bug_class": rule.get("bug_class", "wrong-output"),
+        "kind": rule.get("kind", "dynamic"),
+        "message": "",
+        "case": {"name": rule.get("case", "x"), "dtype": rule.get("dtype", "float32")},
+    }
     other = {"bug_class": "gqa-mapping", "kind": "dynamic", "message": "", "case": {"name": "x", "dtype": "float32"}}
     j = corpus.judge(k, corpus.Outcome(k.id, "original", 1, [known["bug_class"]], [known], "ran"))
     assert not j.problems and j.known == [rule["cause"]]
@@ -106,6 +128,7 @@ def test_judgement_flags_unexplained_findings():
     assert j.problems and j.word == "FALSE FINDING"
     j = corpus.judge(k, corpus.Outcome(k.id, "original", 0, [], [], "ran"))
     assert j.problems and j.word == "MANIFEST OUT OF DATE"
-    j = corpus.judge(k, corpus.Outcome(k.id, "original", 1, [known["bug_class"]], [known],
-                                       "not analysed: capture failed"))
+    j = corpus.judge(
+        k, corpus.Outcome(k.id, "original", 1, [known["bug_class"]], [known], "not analysed: capture failed")
+    )
     assert j.problems and j.word == "STRUCTURAL NOT RUN"

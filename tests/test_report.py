@@ -5,6 +5,7 @@ The benchmark verdict in these reports is real: `compare_trace` on an H200 timin
 (tests/data/gpu-traces, from ../shared/gpu-traces) wrapped in the BenchResult JSON the gate stores,
 its posterior_hist included.
 """
+
 from __future__ import annotations
 
 import copy
@@ -53,8 +54,17 @@ def _faster() -> dict:
     t = np.load(TRACE)["t"]
     v = compare_trace(t[:, 4], t[:, 0])
     dims = {"B": 32, "Hq": 32, "Hkv": 8, "D": 128, "kv_len": 4096}
-    res = BenchResult("rope", "kernels/rope.py:entry", "kernels/rope.py:entry", "cuda", verdict=v, rounds=v.rounds,
-                      seconds=18.2, clock="cuda-events", shapes=[{"shape": "B32 kv4096", "dims": dims, **v.to_json()}])
+    res = BenchResult(
+        "rope",
+        "kernels/rope.py:entry",
+        "kernels/rope.py:entry",
+        "cuda",
+        verdict=v,
+        rounds=v.rounds,
+        seconds=18.2,
+        clock="cuda-events",
+        shapes=[{"shape": "B32 kv4096", "dims": dims, **v.to_json()}],
+    )
     out = res.to_json()  # what the gate stores as KernelReport.benchmark
     assert out["posterior_hist"]["edges"] and out["verdict"] == "faster"
     return out
@@ -70,43 +80,120 @@ def case_gqa() -> Case:
 
 def failing_verification(name_in_message: str = "out") -> dict:
     gqa = case_gqa()
-    big = Case("large-scores", {"Hq": 8, "Hkv": 2, "D": 64, "kv_lens": [2, 16, 100, 257], "scale": 0.125,
-                                "qk_std": 6.5}, "float32", 5, ("large-scores",))
-    return VerifyResult("attention.decode", ATTN, cases_run=48, seconds=12.3, device="cuda", findings=[
-        Finding("exp-max", "softmax-no-max", "tl.exp of the scores without subtracting their running maximum",
-                Location("kernels/attn.py", 57), kind="structural"),
-        Finding("reference", "kv-mask", f"{name_in_message}: 12 of 64 rows off the float64 reference (worst relative "
+    big = Case(
+        "large-scores",
+        {"Hq": 8, "Hkv": 2, "D": 64, "kv_lens": [2, 16, 100, 257], "scale": 0.125, "qk_std": 6.5},
+        "float32",
+        5,
+        ("large-scores",),
+    )
+    return VerifyResult(
+        "attention.decode",
+        ATTN,
+        cases_run=48,
+        seconds=12.3,
+        device="cuda",
+        findings=[
+            Finding(
+                "exp-max",
+                "softmax-no-max",
+                "tl.exp of the scores without subtracting their running maximum",
+                Location("kernels/attn.py", 57),
+                kind="structural",
+            ),
+            Finding(
+                "reference",
+                "kv-mask",
+                f"{name_in_message}: 12 of 64 rows off the float64 reference (worst relative "
                 "error 0.41 at b=1 h=3 (kv_len=17); tolerance 0.006); it matches what a kv-mask bug produces",
-                Location("kernels/attn.py", 88), case=gqa.to_json(),
-                reproduce=reproduce_command("attention.decode", ATTN, {}, "cuda", gqa)),
-        Finding("finite", "non-finite", f"{name_in_message}: NaN/Inf in 8 of 32 rows where the reference is finite",
-                case=big.to_json(), reproduce=reproduce_command("attention.decode", ATTN, {}, "cuda", big)),
-    ]).to_json()
+                Location("kernels/attn.py", 88),
+                case=gqa.to_json(),
+                reproduce=reproduce_command("attention.decode", ATTN, {}, "cuda", gqa),
+            ),
+            Finding(
+                "finite",
+                "non-finite",
+                f"{name_in_message}: NaN/Inf in 8 of 32 rows where the reference is finite",
+                case=big.to_json(),
+                reproduce=reproduce_command("attention.decode", ATTN, {}, "cuda", big),
+            ),
+        ],
+    ).to_json()
 
 
 def gate_report() -> Report:
     """A failing kernel (structural + dynamic findings), a faster kernel, a new kernel, an unchanged one,
     a passing pipeline and a removed kernel; conclusion and reason from the gate's own conclude()."""
-    r = Report(conclusion="", reason="", base={"ref": "main", "sha": "a" * 40},
-               head={"ref": "feature/fast-attn", "sha": "b" * 40}, device="cuda",
-               policy={"fail_on": ["finding", "slower"], "rope": 0.005, "budget_s": 30.0, "bench": True},
-               repo="acme/llm-kernels", pr=42,
-               reproduce=f"kernalin-ci run --base {'a' * 40} --head {'b' * 40} --device cuda")
-    r.kernels.append(KernelReport("decode_attention", "attention.decode", ATTN, "changed", ["kernels/attn.py changed"],
-                                  failing_verification(), None, "not benchmarked: verification failed",
-                                  failed_by=["finding"], seconds=14.0))
-    r.kernels.append(KernelReport("rope_neox", "rope", "kernels/rope.py:entry", "changed", ["kernels/rope.py changed"],
-                                  VerifyResult("rope", "kernels/rope.py:entry", 40, 3.2, device="cuda").to_json(),
-                                  faster_benchmark(), seconds=25.0))
-    kv = VerifyResult("kv_append", "kernels/kv.py:entry", 30, 2.0, device="cuda", notices=[
-        Notice("offset-width", "could not decide whether the slot offset is 64-bit", Location("kernels/kv.py", 12))])
-    r.kernels.append(KernelReport("kv_append_v2", "kv_append", "kernels/kv.py:entry", "new", ["new kernel"],
-                                  kv.to_json(), None, "new kernel: nothing to compare against", seconds=3.0))
+    r = Report(
+        conclusion="",
+        reason="",
+        base={"ref": "main", "sha": "a" * 40},
+        head={"ref": "feature/fast-attn", "sha": "b" * 40},
+        device="cuda",
+        policy={"fail_on": ["finding", "slower"], "rope": 0.005, "budget_s": 30.0, "bench": True},
+        repo="acme/llm-kernels",
+        pr=42,
+        reproduce=f"kernalin-ci run --base {'a' * 40} --head {'b' * 40} --device cuda",
+    )
+    r.kernels.append(
+        KernelReport(
+            "decode_attention",
+            "attention.decode",
+            ATTN,
+            "changed",
+            ["kernels/attn.py changed"],
+            failing_verification(),
+            None,
+            "not benchmarked: verification failed",
+            failed_by=["finding"],
+            seconds=14.0,
+        )
+    )
+    r.kernels.append(
+        KernelReport(
+            "rope_neox",
+            "rope",
+            "kernels/rope.py:entry",
+            "changed",
+            ["kernels/rope.py changed"],
+            VerifyResult("rope", "kernels/rope.py:entry", 40, 3.2, device="cuda").to_json(),
+            faster_benchmark(),
+            seconds=25.0,
+        )
+    )
+    kv = VerifyResult(
+        "kv_append",
+        "kernels/kv.py:entry",
+        30,
+        2.0,
+        device="cuda",
+        notices=[
+            Notice("offset-width", "could not decide whether the slot offset is 64-bit", Location("kernels/kv.py", 12))
+        ],
+    )
+    r.kernels.append(
+        KernelReport(
+            "kv_append_v2",
+            "kv_append",
+            "kernels/kv.py:entry",
+            "new",
+            ["new kernel"],
+            kv.to_json(),
+            None,
+            "new kernel: nothing to compare against",
+            seconds=3.0,
+        )
+    )
     r.kernels.append(KernelReport("rope_gptj", "rope", "kernels/rope_gptj.py:entry", "unchanged"))
     pv = VerifyResult("decode-pipeline", "kv_append+attention.decode_paged", 1, 9.0, device="cuda")
-    r.pipelines.append(PipelineReport("decode_loop", {"kv_append": "kv_append_v2",
-                                                      "attention.decode_paged": "paged_attention"}, pv.to_json(),
-                                      seconds=9.0))
+    r.pipelines.append(
+        PipelineReport(
+            "decode_loop",
+            {"kv_append": "kv_append_v2", "attention.decode_paged": "paged_attention"},
+            pv.to_json(),
+            seconds=9.0,
+        )
+    )
     r.removed = ["old_attention"]
     r.conclusion, r.reason = conclude(r)
     r.seconds = 61.0
@@ -126,8 +213,9 @@ def passing_report() -> Report:
 def gfm(markdown: str) -> str:
     """HTML as GitHub's cmark-gfm renders it, raw HTML allowed and *without* the tag filter, so a raw
     tag that escaped our escaping would show up as a tag."""
-    return cmarkgfm.markdown_to_html_with_extensions(markdown, options=Options.CMARK_OPT_UNSAFE,
-                                                     extensions=["table", "autolink", "strikethrough"])
+    return cmarkgfm.markdown_to_html_with_extensions(
+        markdown, options=Options.CMARK_OPT_UNSAFE, extensions=["table", "autolink", "strikethrough"]
+    )
 
 
 class _Tables(HTMLParser):
@@ -175,11 +263,13 @@ def row_of(rows: list[list[str]], name: str) -> list[str]:
 
 def test_headline_failure_names_kernel_and_bug_classes():
     r = gate_report()
-    assert headline(r) == ("❌ kernalin-ci: failed — decode_attention: 3 findings "
-                           "(softmax-no-max, kv-mask, non-finite)")
+    assert headline(r) == (
+        "❌ kernalin-ci: failed — decode_attention: 3 findings (softmax-no-max, kv-mask, non-finite)"
+    )
     md = render_markdown(r)
-    assert md.splitlines()[0] == ("### ❌ kernalin-ci: failed — `decode_attention`: 3 findings "
-                                  "(`softmax-no-max`, `kv-mask`, `non-finite`)")
+    assert md.splitlines()[0] == (
+        "### ❌ kernalin-ci: failed — `decode_attention`: 3 findings (`softmax-no-max`, `kv-mask`, `non-finite`)"
+    )
 
 
 def test_headline_success_names_faster_kernel_and_never_cpu_timings():
@@ -197,16 +287,34 @@ def test_table_shows_verification_and_benchmark_per_kernel():
     r = gate_report()
     b = r.kernels[1].benchmark
     rows = table_rows(render_markdown(r))
-    assert rows[0] == ["", "kernel", "op", "change", "verification", "benchmark", "head/base", "95% HDI",
-                       "P(faster)", "ROPE"]
+    assert rows[0] == [
+        "",
+        "kernel",
+        "op",
+        "change",
+        "verification",
+        "benchmark",
+        "head/base",
+        "95% HDI",
+        "P(faster)",
+        "ROPE",
+    ]
     assert [row[1] for row in rows[1:]] == ["decode_attention", "rope_neox", "kv_append_v2", "decode_loop"]
     assert row_of(rows, "decode_attention")[4] == "3 findings: softmax-no-max, kv-mask, non-finite"
     assert row_of(rows, "decode_attention")[5] == "not benchmarked: verification failed"
     assert row_of(rows, "rope_neox") == [
-        "✅", "rope_neox", "rope", "changed", "pass · 40 cases", "2.6% faster", f"{b['ratio']:.4f}",
-        f"{b['hdi'][0]:.4f}–{b['hdi'][1]:.4f}", ">99.9%", "±0.5%"]
-    assert row_of(rows, "kv_append_v2")[4:6] == ["pass · 30 cases · 1 notice",
-                                                 "new kernel: nothing to compare against"]
+        "✅",
+        "rope_neox",
+        "rope",
+        "changed",
+        "pass · 40 cases",
+        "2.6% faster",
+        f"{b['ratio']:.4f}",
+        f"{b['hdi'][0]:.4f}–{b['hdi'][1]:.4f}",
+        ">99.9%",
+        "±0.5%",
+    ]
+    assert row_of(rows, "kv_append_v2")[4:6] == ["pass · 30 cases · 1 notice", "new kernel: nothing to compare against"]
     assert row_of(rows, "decode_loop")[2:5] == ["pipeline", "kv_append_v2 → paged_attention", "pass · 1 case"]
     md = render_markdown(r)
     assert "1 unchanged kernel (not checked)" in md and "`rope_gptj`" in md  # not a table row
@@ -215,21 +323,48 @@ def test_table_shows_verification_and_benchmark_per_kernel():
 
 
 def test_verdict_phrases_for_humans():
-    b = {"verdict": "faster", "ratio": 0.969, "hdi": [0.965, 0.973], "p_faster": 0.994, "p_slower": 0.0,
-         "p_equivalent": 0.006, "rope": [0.995, 1.005]}
+    b = {
+        "verdict": "faster",
+        "ratio": 0.969,
+        "hdi": [0.965, 0.973],
+        "p_faster": 0.994,
+        "p_slower": 0.0,
+        "p_equivalent": 0.006,
+        "rope": [0.995, 1.005],
+    }
     assert verdict_phrase(b) == "faster: 3.1% (95% HDI 2.7%..3.5%), P(faster) 99.4%, ROPE ±0.5%"
     assert mass_sentence(b) == "99.4% of the posterior mass sits below the ROPE (head faster)."
-    slow = b | {"verdict": "slower", "ratio": 1.0042, "hdi": [1.0031, 1.0055], "p_faster": 0.0, "p_slower": 0.97,
-                "p_equivalent": 0.03, "rope": [0.9975, 1.0025]}
+    slow = b | {
+        "verdict": "slower",
+        "ratio": 1.0042,
+        "hdi": [1.0031, 1.0055],
+        "p_faster": 0.0,
+        "p_slower": 0.97,
+        "p_equivalent": 0.03,
+        "rope": [0.9975, 1.0025],
+    }
     assert verdict_phrase(slow) == "slower: 0.42% (95% HDI 0.31%..0.55%), P(slower) 97.0%, ROPE ±0.25%"
-    eq = b | {"verdict": "equivalent", "ratio": 0.9998, "hdi": [0.9991, 1.0004], "p_faster": 0.0, "p_slower": 0.0,
-              "p_equivalent": 1.0}
+    eq = b | {
+        "verdict": "equivalent",
+        "ratio": 0.9998,
+        "hdi": [0.9991, 1.0004],
+        "p_faster": 0.0,
+        "p_slower": 0.0,
+        "p_equivalent": 1.0,
+    }
     assert verdict_phrase(eq) == "equivalent: -0.02% (95% HDI -0.09%..+0.04%), P(equivalent) >99.9%, ROPE ±0.5%"
     assert mass_sentence(eq) == ">99.9% of the posterior mass sits inside the ROPE."
-    inc = b | {"verdict": "inconclusive", "ratio": 0.996, "hdi": [0.990, 1.002], "p_faster": 0.4, "p_slower": 0.0,
-               "p_equivalent": 0.6}
-    assert verdict_phrase(inc) == ("inconclusive: -0.4% (95% HDI -1.0%..+0.2%), P(faster) 40.0%, "
-                                  "P(equivalent) 60.0%, P(slower) <0.1%, ROPE ±0.5%")
+    inc = b | {
+        "verdict": "inconclusive",
+        "ratio": 0.996,
+        "hdi": [0.990, 1.002],
+        "p_faster": 0.4,
+        "p_slower": 0.0,
+        "p_equivalent": 0.6,
+    }
+    assert verdict_phrase(inc) == (
+        "inconclusive: -0.4% (95% HDI -1.0%..+0.2%), P(faster) 40.0%, P(equivalent) 60.0%, P(slower) <0.1%, ROPE ±0.5%"
+    )
     # the comment phrases the real verdict the same way, next to its chart
     r = gate_report()
     real = r.kernels[1].benchmark
@@ -252,7 +387,7 @@ def test_chart_present_only_with_posterior_hist():
     r = gate_report()
     md = render_markdown(r)
     assert md.count("```mermaid") == 1
-    section = md[md.index("#### ✅ `rope_neox`"):md.index("#### ✅ `kv_append_v2`")]
+    section = md[md.index("#### ✅ `rope_neox`") : md.index("#### ✅ `kv_append_v2`")]
     assert "```mermaid\n" in section and "xychart-beta" in section
     del r.kernels[1].benchmark["posterior_hist"]
     md = render_markdown(r)
@@ -334,9 +469,16 @@ def _huge_report(n: int = 3000) -> Report:
     many = []
     for i in range(n):
         c = Case(f"sweep-{i}", {**gqa.dims, "kv_lens": [i + 1, 2 * i + 3]}, "float16", i)
-        many.append(Finding("reference", "kv-mask", f"out: row {i} off the float64 reference " + "x" * 80,
-                            Location("kernels/attn.py", 88), case=c.to_json(),
-                            reproduce=reproduce_command("attention.decode", ATTN, {}, "cuda", c)).to_json())
+        many.append(
+            Finding(
+                "reference",
+                "kv-mask",
+                f"out: row {i} off the float64 reference " + "x" * 80,
+                Location("kernels/attn.py", 88),
+                case=c.to_json(),
+                reproduce=reproduce_command("attention.decode", ATTN, {}, "cuda", c),
+            ).to_json()
+        )
     r.kernels[0].verification["findings"] = many
     return r
 
@@ -385,9 +527,14 @@ def test_junit_has_a_testcase_per_kernel_and_pipeline():
     counts = (suite.get("tests"), suite.get("failures"), suite.get("errors"), suite.get("skipped"))
     assert counts == ("6", "1", "0", "2")
     cases = {(tc.get("classname"), tc.get("name")): tc for tc in suite.findall("testcase")}
-    assert set(cases) == {("attention.decode", "decode_attention"), ("rope", "rope_neox"),
-                          ("kv_append", "kv_append_v2"), ("rope", "rope_gptj"), ("removed", "old_attention"),
-                          ("pipeline", "decode_loop")}
+    assert set(cases) == {
+        ("attention.decode", "decode_attention"),
+        ("rope", "rope_neox"),
+        ("kv_append", "kv_append_v2"),
+        ("rope", "rope_gptj"),
+        ("removed", "old_attention"),
+        ("pipeline", "decode_loop"),
+    }
     failure = cases["attention.decode", "decode_attention"].find("failure")
     assert failure.get("type") == "finding"
     assert failure.get("message") == "3 findings: softmax-no-max, kv-mask, non-finite"
@@ -405,19 +552,40 @@ def test_junit_has_a_testcase_per_kernel_and_pipeline():
 def test_junit_errors_slower_kernels_failing_pipelines_and_control_characters():
     r = passing_report()
     slow = r.kernels[0]
-    slow.benchmark |= {"verdict": "slower", "ratio": 1.021, "hdi": [1.018, 1.024], "p_faster": 0.0,
-                       "p_slower": 0.999, "p_equivalent": 0.001}
+    slow.benchmark |= {
+        "verdict": "slower",
+        "ratio": 1.021,
+        "hdi": [1.018, 1.024],
+        "p_faster": 0.0,
+        "p_slower": 0.999,
+        "p_equivalent": 0.001,
+    }
     slow.failed_by = ["slower"]
-    r.kernels.append(KernelReport("broken", "rope", "kernels/broken.py:nope", "changed", ["kernels/broken.py changed"],
-                                  None, error="cannot load kernels/broken.py:nope: \x1b[31mno function\x1b[0m \x00",
-                                  failed_by=["error"]))
+    r.kernels.append(
+        KernelReport(
+            "broken",
+            "rope",
+            "kernels/broken.py:nope",
+            "changed",
+            ["kernels/broken.py changed"],
+            None,
+            error="cannot load kernels/broken.py:nope: \x1b[31mno function\x1b[0m \x00",
+            failed_by=["error"],
+        )
+    )
     pipe = r.pipelines[0]
-    pipe.verification = VerifyResult("decode-pipeline", "kv_append+attention.decode_paged", 1, 9.0, findings=[
-        Finding("pipeline-cache", "kv-slot", "step 17: k_cache slot 33 does not hold the token")]).to_json()
+    pipe.verification = VerifyResult(
+        "decode-pipeline",
+        "kv_append+attention.decode_paged",
+        1,
+        9.0,
+        findings=[Finding("pipeline-cache", "kv-slot", "step 17: k_cache slot 33 does not hold the token")],
+    ).to_json()
     pipe.failed_by = ["finding"]
     r.conclusion, r.reason = conclude(r)
-    assert headline(r) == ("❌ kernalin-ci: failed — rope_neox: 2.1% slower; broken: error; "
-                           "decode_loop: 1 finding (kv-slot)")
+    assert headline(r) == (
+        "❌ kernalin-ci: failed — rope_neox: 2.1% slower; broken: error; decode_loop: 1 finding (kv-slot)"
+    )
     suite = ET.fromstring(render_junit(r)).find("testsuite")
     assert (suite.get("failures"), suite.get("errors")) == ("2", "1")
     tcs = {tc.get("name"): tc for tc in suite.findall("testcase")}
@@ -434,8 +602,9 @@ def test_junit_errors_slower_kernels_failing_pipelines_and_control_characters():
 def test_a_benchmark_without_verdict_shows_its_error():
     r = passing_report()
     k = r.kernels[0]
-    k.benchmark = BenchResult("rope", k.entry, k.entry, "cuda", error="head: the process died during round 3",
-                              error_kind="crashed").to_json()
+    k.benchmark = BenchResult(
+        "rope", k.entry, k.entry, "cuda", error="head: the process died during round 3", error_kind="crashed"
+    ).to_json()
     jsonschema.validate(json.loads(report_json(r)), REPORT_SCHEMA)
     md = render_markdown(r)
     assert row_of(table_rows(md), "rope_neox")[5:] == ["benchmark failed (below)", "—", "—", "—", "—"]
@@ -472,14 +641,22 @@ def test_badge_svg_is_a_self_contained_flat_badge():
 
 
 def test_badge_endpoint_json_for_each_conclusion():
-    assert badge_endpoint(gate_report()) == {"schemaVersion": 1, "label": "kernalin-ci",
-                                             "message": "failed (1 of 3 kernels)", "color": "red"}
+    assert badge_endpoint(gate_report()) == {
+        "schemaVersion": 1,
+        "label": "kernalin-ci",
+        "message": "failed (1 of 3 kernels)",
+        "color": "red",
+    }
     r = passing_report()
     assert badge_endpoint(r)["message"] == "passed (2 kernels)" and badge_endpoint(r)["color"] == "brightgreen"
     r.kernels, r.pipelines = [], []
     r.conclusion, r.reason = conclude(r)
-    assert badge_endpoint(r) | {} == {"schemaVersion": 1, "label": "kernalin-ci", "message": "no kernels changed",
-                                      "color": "blue"}
+    assert badge_endpoint(r) | {} == {
+        "schemaVersion": 1,
+        "label": "kernalin-ci",
+        "message": "no kernels changed",
+        "color": "blue",
+    }
     r.conclusion = "neutral"
     assert badge_endpoint(r)["color"] == "lightgrey" and badge_endpoint(r)["message"] == "neutral"
 
@@ -490,6 +667,7 @@ def test_badge_endpoint_json_for_each_conclusion():
 def _strict_json(text: str):
     def no_constant(name):
         raise ValueError(f"not JSON: {name}")
+
     return json.loads(text, parse_constant=no_constant)
 
 
@@ -536,23 +714,37 @@ def test_schema_rejects_what_the_docs_forbid():
 def test_coverage_not_checked_and_structural_status_in_every_output():
     """The shape domain's facts (docs/verification.md) in the comment, the step summary, JUnit and report.json."""
     from kernalin_ci.findings import Coverage, NotChecked, StructuralStatus
+
     r = passing_report()
     kv = next(k for k in r.kernels if k.name == "kv_append_v2")
     kv.verification = VerifyResult(
-        "kv_append", "kernels/kv.py:entry", 31, 2.0, device="cuda",
+        "kv_append",
+        "kernels/kv.py:entry",
+        31,
+        2.0,
+        device="cuda",
         coverage=Coverage([64, 128], ["2", "8"], ["float32", "float16"], [16], [], []),
-        not_checked=[NotChecked("D=80 Hkv=6 float32 block_size=16", "unsupported",
-                                "CompilationError: arange's range must be a power of 2 <script>", ["odd-heads"],
-                                "D=64 Hkv=6 float32 block_size=16")],
+        not_checked=[
+            NotChecked(
+                "D=80 Hkv=6 float32 block_size=16",
+                "unsupported",
+                "CompilationError: arange's range must be a power of 2 <script>",
+                ["odd-heads"],
+                "D=64 Hkv=6 float32 block_size=16",
+            )
+        ],
         structural=StructuralStatus("not-analysed", "kernel _append_gather could not be followed: tt.gather"),
     ).to_json()
     for text in (render_markdown(r), step_summary(r)):
-        assert ("- **Structural:** **not analysed (kernel \\_append\\_gather could not be followed: tt.gather)**."
-                in text)
+        assert (
+            "- **Structural:** **not analysed (kernel \\_append\\_gather could not be followed: tt.gather)**." in text
+        )
         assert "- **Coverage:** D 64, 128 · float32, float16 · heads 2, 8 · block size 16." in text
-        assert ("D=80 Hkv=6 float32 block\\_size=16: unsupported, checked at D=64 Hkv=6 float32 "
-                "block\\_size=16 instead: CompilationError: arange's range must be a power of 2 &lt;script&gt; "
-                "(cases: odd-heads)") in text
+        assert (
+            "D=80 Hkv=6 float32 block\\_size=16: unsupported, checked at D=64 Hkv=6 float32 "
+            "block\\_size=16 instead: CompilationError: arange's range must be a power of 2 &lt;script&gt; "
+            "(cases: odd-heads)"
+        ) in text
     row = row_of(table_rows(render_markdown(r)), "kv_append_v2")[4]
     assert row == "pass · 31 cases · 1 shape not checked · structure not analysed"
     tc = [t for t in ET.fromstring(render_junit(r)).iter("testcase") if t.get("name") == "kv_append_v2"][0]

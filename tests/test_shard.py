@@ -1,5 +1,6 @@
 """Splitting an entry's cases over parallel dynamic workers (kernalin_ci.verify.shard): one dtype per
 worker, a repeated case with its original, every case exactly once, in order."""
+
 from kernalin_ci.ops import NAMES, get_op
 from kernalin_ci.ops.base import Case, resolve_params
 from kernalin_ci.verify import shard

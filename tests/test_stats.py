@@ -1,4 +1,5 @@
 """kernalin_ci.bench.stats on real H200 traces (tests/data/gpu-traces, copied from ../shared/gpu-traces)."""
+
 from pathlib import Path
 
 import numpy as np

@@ -1,4 +1,5 @@
 """Capture: launches recorded with their exact specialization, pointers mapped back to op arguments."""
+
 from __future__ import annotations
 
 import json
@@ -36,12 +37,21 @@ def test_single_kernel_specialization(cap_of):
     assert B > 1 and Hq % Hkv == 0 and Hq // Hkv not in (1, Hkv) and D & (D - 1) != 0
     assert la.kernel == "_attn" and la.grid == (B, Hq, 1)
     assert la.path.endswith("attn_correct_online.py") and la.line == 11
-    assert {k: la.arg(k).value for k in ("GROUP", "D", "BLOCK_N", "BLOCK_D")} == \
-        {"GROUP": Hq // Hkv, "D": D, "BLOCK_N": 32, "BLOCK_D": 64}
+    assert {k: la.arg(k).value for k in ("GROUP", "D", "BLOCK_N", "BLOCK_D")} == {
+        "GROUP": Hq // Hkv,
+        "D": D,
+        "BLOCK_N": 32,
+        "BLOCK_D": 64,
+    }
     assert la.signature["Q"] == "*fp16" and la.signature["Lens"] == "*i32" and la.signature["scale"] == "fp32"
     # pointers map back to the op's arguments; the allocated output is the returned tensor
-    assert {a.name: a.tensor for a in la.args if a.kind == "pointer"} == \
-        {"Q": "q", "K": "k_cache", "V": "v_cache", "O": "out", "Lens": "kv_lens"}
+    assert {a.name: a.tensor for a in la.args if a.kind == "pointer"} == {
+        "Q": "q",
+        "K": "k_cache",
+        "V": "v_cache",
+        "O": "out",
+        "Lens": "kv_lens",
+    }
     assert cap.outputs == {"out": "out"}
     assert cap.tensors["out"].role == "output" and cap.tensors["out"].init == "uninitialized"
     assert cap.tensors["k_cache"].role == "input"
@@ -63,7 +73,7 @@ def test_scratch_and_two_kernels(cap_of):
 
 def test_pointer_into_a_tensor_and_copies(cap_of, tmp_path):
     src = tmp_path / "views.py"
-    src.write_text('''import torch
+    src.write_text("""import torch
 import triton
 import triton.language as tl
 
@@ -80,7 +90,7 @@ def entry(q, k, positions):
     out_k = torch.zeros_like(k)
     _k[(1,)](q[1, 2:], out_q, out_k, 4)
     return out_q, out_k
-''')
+""")
     cap = cap_of(f"{src}:entry", "rope")
     la = cap.launches[0]
     q = cap.kwargs["q"]
@@ -94,7 +104,7 @@ def entry(q, k, positions):
 
 def test_entry_that_needs_a_power_of_two_head_dim(cap_of):
     cap = cap_of(f"{FIX / 'rope_correct_gptj_join.py'}:entry", "rope", {"style": "gptj"})
-    assert cap.kwargs["q"].shape[-1] == 64   # the first case (D = 48) was refused, the second taken
+    assert cap.kwargs["q"].shape[-1] == 64  # the first case (D = 48) was refused, the second taken
 
 
 def test_entry_that_raises(cap_of, tmp_path):

@@ -5,6 +5,7 @@ Every bug fixture under tests/structural_fixtures/ is a one- or two-line change 
 the documented site below), and must find nothing on any correct fixture. The same holds for the catalogue
 under checks/ (its expected classes come from each module's CATALOGUE).
 """
+
 from __future__ import annotations
 
 import ast
@@ -85,8 +86,9 @@ def test_fixture(analyze, path):
     assert hits, f"expected {cat['bug_class']}, found {classes}"
     want = SITE[path.name][0] if path.name in SITE else changed_lines(path)
     rel = str(path.relative_to(ROOT))
-    assert any(f["location"] == {"path": rel, "line": ln} for f in hits for ln in want), \
+    assert any(f["location"] == {"path": rel, "line": ln} for f in hits for ln in want), (
         f"expected a {cat['bug_class']} finding at {rel}:{sorted(want)}, got {[f['location'] for f in hits]}"
+    )
 
 
 def test_unfollowed_kernel_gets_a_notice_and_is_not_analysed(analyze):
@@ -102,21 +104,26 @@ def test_unfollowed_kernel_gets_a_notice_and_is_not_analysed(analyze):
 
 def test_entry_that_raises_is_not_analysed(analyze, tmp_path, monkeypatch):
     src = tmp_path / "raises.py"
-    src.write_text('CATALOGUE = {"op": "rope", "bug_class": None, "params": {}}\n\n'
-                   'def entry(q, k, positions):\n    raise ValueError("unsupported head dim")\n')
+    src.write_text(
+        'CATALOGUE = {"op": "rope", "bug_class": None, "params": {}}\n\n'
+        'def entry(q, k, positions):\n    raise ValueError("unsupported head dim")\n'
+    )
     cat, res = analyze(src)
     assert res["findings"] == [] and res["notices"] == []
     assert res["status"]["status"] == "not-analysed"
     cause = res["status"]["cause"]
-    assert cause.startswith("at D=48 float32 Hq=6 Hkv=2: the entry raised ValueError during the capture call: "
-                            "unsupported head dim"), cause
+    assert cause.startswith(
+        "at D=48 float32 Hq=6 Hkv=2: the entry raised ValueError during the capture call: unsupported head dim"
+    ), cause
     assert cause.endswith("(10 shapes tried)")  # every candidate shape was tried before giving up
 
 
 def test_entry_without_kernels_is_not_analysed(analyze, tmp_path):
     src = tmp_path / "torch_only.py"
-    src.write_text('CATALOGUE = {"op": "rope", "bug_class": None, "params": {}}\n\n'
-                   'def entry(q, k, positions):\n    return q.clone(), k.clone()\n')
+    src.write_text(
+        'CATALOGUE = {"op": "rope", "bug_class": None, "params": {}}\n\n'
+        "def entry(q, k, positions):\n    return q.clone(), k.clone()\n"
+    )
     cat, res = analyze(src)
     assert res["findings"] == [] and res["notices"] == []
     assert res["status"]["status"] == "not-analysed"

@@ -1,10 +1,10 @@
 """`kernalin-ci verify --only structural` and the default verify (both kinds), as real subprocesses."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
-
 from conftest import cli
 
 FIX = "tests/structural_fixtures"
@@ -23,12 +23,13 @@ def test_only_structural_finds_the_bug_and_its_line():
     hit = [f for f in out["findings"] if f["bug_class"] == "kv-padding"]
     assert hit and hit[0]["location"] == {"path": f"{FIX}/kv_bug_padding.py", "line": 16}
     assert hit[0]["check"] == "structural:kv-padding" and "slot -1" in hit[0]["message"]
-    assert f"{FIX}/kv_bug_padding.py:16" in r.stderr   # the human summary names file:line
+    assert f"{FIX}/kv_bug_padding.py:16" in r.stderr  # the human summary names file:line
 
 
 def test_only_structural_passes_a_correct_kernel():
-    r, out = verify("--op", "rope", "--entry", f"{FIX}/rope_correct_neox.py:entry", "--only", "structural",
-                    "--param", "style=neox")
+    r, out = verify(
+        "--op", "rope", "--entry", f"{FIX}/rope_correct_neox.py:entry", "--only", "structural", "--param", "style=neox"
+    )
     assert r.returncode == 0, r.stderr
     assert out["verdict"] == "pass" and out["findings"] == [] and out["notices"] == []
 
@@ -44,8 +45,9 @@ def test_a_kernel_it_cannot_follow_is_a_notice_not_a_pass_or_a_failure():
 
 
 def test_an_entry_that_crashes_during_capture_is_not_analysed(tmp_path):
-    (tmp_path / "crash.py").write_text("import os, signal\n\n\ndef entry(q, k, positions):\n"
-                                       "    os.kill(os.getpid(), signal.SIGSEGV)\n")
+    (tmp_path / "crash.py").write_text(
+        "import os, signal\n\n\ndef entry(q, k, positions):\n    os.kill(os.getpid(), signal.SIGSEGV)\n"
+    )
     r, out = verify("--op", "rope", "--entry", str(tmp_path / "crash.py") + ":entry", "--only", "structural")
     assert r.returncode == 0, r.stderr
     assert out["findings"] == [] and out["notices"] == []

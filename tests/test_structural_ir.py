@@ -1,4 +1,5 @@
 """The TTIR parser and the dataflow layer, on IR compiled for sm_90 from real kernels and on hand-written text."""
+
 from __future__ import annotations
 
 import math
@@ -41,11 +42,11 @@ def test_parse_compiled_online_softmax(compiled):
     assert [a.name for a in cap.launches[0].runtime_args] == [v.name.lstrip("%") for v in k.args]
     ops = list(m.walk())
     loops = [op for op in ops if op.name == "scf.for"]
-    assert len(loops) == 1 and len(loops[0].results) == 3          # m_i, l_i, acc carried
+    assert len(loops) == 1 and len(loops[0].results) == 3  # m_i, l_i, acc carried
     from kernalin_ci.verify.structural.dataflow import carried, loop_arg, loop_yield, reduce_kind
 
     assert {reduce_kind(op) for op in ops if op.name == "tt.reduce"} == {"addf", "maxnumf"}
-    assert sum(op.name == "math.exp" for op in ops) == 2             # alpha and p
+    assert sum(op.name == "math.exp" for op in ops) == 2  # alpha and p
     body_args = [loop_arg(loops[0], j) for j in range(3)]
     assert all(carried(a) == (loops[0], j) for j, a in enumerate(body_args))
     assert all(loop_yield(loops[0], j) is not None for j in range(3))
@@ -64,7 +65,7 @@ def test_parse_compiled_online_softmax(compiled):
 
 
 def test_parse_text_forms():
-    text = '''#loc = loc("/src/kern.py":3:0)
+    text = """#loc = loc("/src/kern.py":3:0)
 #loc2 = loc("/site/triton/language/standard.py":290:11)
 #loc3 = loc("/src/kern.py":9:14)
 #loc4 = loc("total"(#loc3))
@@ -96,7 +97,7 @@ module {
     tt.return loc(#loc)
   } loc(#loc)
 } loc(#loc)
-'''
+"""
     m = parse_module(text)
     k = m.kernel
     assert [b.label for b in k.blocks] == ["", "bb1", "bb2"]
@@ -112,17 +113,22 @@ module {
     loop = ops["scf.for"]
     assert [r.name for r in loop.results] == ["%w#0", "%w#1"]
     assert ops["tt.store"].operands[1] is loop.results[1]
-    assert math.isinf(parse_constant(next(o for o in m.walk() if o.name == "arith.constant"))) and \
-        parse_constant(next(o for o in m.walk() if o.name == "arith.constant")) < 0
+    assert (
+        math.isinf(parse_constant(next(o for o in m.walk() if o.name == "arith.constant")))
+        and parse_constant(next(o for o in m.walk() if o.name == "arith.constant")) < 0
+    )
 
 
-@pytest.mark.parametrize("text,shape,elem,pointee", [
-    ("tensor<16x32xf32>", (16, 32), "f32", ""),
-    ("tensor<16x!tt.ptr<f16>>", (16,), "ptr", "f16"),
-    ("!tt.ptr<i64>", (), "ptr", "i64"),
-    ("i1", (), "i1", ""),
-    ("tensor<4x8xbf16, #blocked>", (4, 8), "bf16", ""),
-])
+@pytest.mark.parametrize(
+    "text,shape,elem,pointee",
+    [
+        ("tensor<16x32xf32>", (16, 32), "f32", ""),
+        ("tensor<16x!tt.ptr<f16>>", (16,), "ptr", "f16"),
+        ("!tt.ptr<i64>", (), "ptr", "i64"),
+        ("i1", (), "i1", ""),
+        ("tensor<4x8xbf16, #blocked>", (4, 8), "bf16", ""),
+    ],
+)
 def test_types(text, shape, elem, pointee):
     t = parse_type(text)
     assert (t.shape, t.elem, t.pointee) == (shape, elem, pointee)

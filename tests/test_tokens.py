@@ -3,6 +3,7 @@ posterior, the decode step's shapes (torch and the example kernels under the int
 worker), and the report. The timing itself is GPU-only (benchmarks/model_step_check.py); on the CPU
 every report says "not measured (no GPU)".
 """
+
 from __future__ import annotations
 
 import json
@@ -33,17 +34,30 @@ from kernalin_ci.throughput.spec import PRESETS, ModelSpec, ServingPoint, from_c
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "decode-kernels"
 TRACE = Path(__file__).resolve().parent / "data" / "gpu-traces" / "timings_attn.npz"
-KERNELS = "kernels:\n  - {name: paged, op: attention.decode_paged, entry: k.py:f}\n  - {name: r, op: rope, entry: r.py:f}\n"
+KERNELS = (
+    "kernels:\n  - {name: paged, op: attention.decode_paged, entry: k.py:f}\n  - {name: r, op: rope, entry: r.py:f}\n"
+)
 
 
 # ---------------------------------------------------------------------------------------- configuration
 
+
 def test_presets_are_the_published_shapes_and_the_section_overrides_them():
-    cfg = config.parse(KERNELS + "model:\n  preset: llama-3.1-70b\n  serving: [{batch: 8, context: 1024}]\n"
-                       "  gpu_price_per_hour: 2.25\n")
+    cfg = config.parse(
+        KERNELS + "model:\n  preset: llama-3.1-70b\n  serving: [{batch: 8, context: 1024}]\n"
+        "  gpu_price_per_hour: 2.25\n"
+    )
     m = cfg.model
-    assert (m.layers, m.hidden_size, m.num_heads, m.num_kv_heads, m.head_dim, m.intermediate_size,
-            m.vocab_size, m.dtype) == (80, 8192, 64, 8, 128, 28672, 128256, "bfloat16")
+    assert (
+        m.layers,
+        m.hidden_size,
+        m.num_heads,
+        m.num_kv_heads,
+        m.head_dim,
+        m.intermediate_size,
+        m.vocab_size,
+        m.dtype,
+    ) == (80, 8192, 64, 8, 128, 28672, 128256, "bfloat16")
     assert m.serving == [ServingPoint(8, 1024)] and m.price_per_hour == 2.25
     assert m.kernels == {"attention": "paged", "rope": "r"}  # the only kernel of each op; no kv_append: torch
     assert PRESETS["qwen2.5-7b"]["hidden_size"] == 28 * 128 and PRESETS["mistral-7b"]["vocab_size"] == 32768
@@ -53,19 +67,22 @@ def test_presets_are_the_published_shapes_and_the_section_overrides_them():
     assert config.parse(KERNELS).model is None
 
 
-@pytest.mark.parametrize("text, where, message", [
-    ("model: {preset: gpt-9}", "model.preset", "unknown preset 'gpt-9'"),
-    ("model: {layers: 2, hidden_size: 64}", "model", "missing num_heads"),
-    ("model: {preset: mistral-7b, num_kv_heads: 5}", "model.num_kv_heads", "not a multiple"),
-    ("model: {preset: mistral-7b, layers: 0}", "model.layers", "positive integer"),
-    ("model: {preset: mistral-7b, dtype: int8}", "model.dtype", "must be one of"),
-    ("model: {preset: mistral-7b, serving: []}", "model.serving", "non-empty list"),
-    ("model: {preset: mistral-7b, serving: [{batch: 4}]}", "model.serving[0]", "{batch: N, context: N}"),
-    ("model: {preset: mistral-7b, gpu_price_per_hour: 0}", "model.gpu_price_per_hour", "positive number"),
-    ("model: {preset: mistral-7b, kernels: {attention: r}}", "model.kernels.attention", "is rope"),
-    ("model: {preset: mistral-7b, kernels: {attention: nope}}", "model.kernels.attention", "no kernel named"),
-    ("model: {preset: mistral-7b, tokens: 3}", "model.tokens", "unknown key"),
-])
+@pytest.mark.parametrize(
+    "text, where, message",
+    [
+        ("model: {preset: gpt-9}", "model.preset", "unknown preset 'gpt-9'"),
+        ("model: {layers: 2, hidden_size: 64}", "model", "missing num_heads"),
+        ("model: {preset: mistral-7b, num_kv_heads: 5}", "model.num_kv_heads", "not a multiple"),
+        ("model: {preset: mistral-7b, layers: 0}", "model.layers", "positive integer"),
+        ("model: {preset: mistral-7b, dtype: int8}", "model.dtype", "must be one of"),
+        ("model: {preset: mistral-7b, serving: []}", "model.serving", "non-empty list"),
+        ("model: {preset: mistral-7b, serving: [{batch: 4}]}", "model.serving[0]", "{batch: N, context: N}"),
+        ("model: {preset: mistral-7b, gpu_price_per_hour: 0}", "model.gpu_price_per_hour", "positive number"),
+        ("model: {preset: mistral-7b, kernels: {attention: r}}", "model.kernels.attention", "is rope"),
+        ("model: {preset: mistral-7b, kernels: {attention: nope}}", "model.kernels.attention", "no kernel named"),
+        ("model: {preset: mistral-7b, tokens: 3}", "model.tokens", "unknown key"),
+    ],
+)
 def test_a_bad_model_section_is_one_line_naming_file_line_and_key(text, where, message):
     with pytest.raises(UsageError) as e:
         config.parse(KERNELS + text + "\n", "cfg.yml")
@@ -76,27 +93,51 @@ def test_several_kernels_of_one_op_need_a_name():
     two = KERNELS + "  - {name: paged2, op: attention.decode_paged, entry: k.py:g}\n"
     with pytest.raises(UsageError, match="several attention.decode_paged kernels"):
         config.parse(two + "model: {preset: mistral-7b}\n")
-    assert config.parse(two + "model: {preset: mistral-7b, kernels: {attention: paged2}}\n").model.kernels == \
-        {"attention": "paged2", "rope": "r"}
+    assert config.parse(two + "model: {preset: mistral-7b, kernels: {attention: paged2}}\n").model.kernels == {
+        "attention": "paged2",
+        "rope": "r",
+    }
 
 
 def test_model_file_and_bad_cli_values_exit_2_with_one_line(tmp_path):
     f = tmp_path / "m.yml"
-    f.write_text("layers: 2\nhidden_size: 64\nnum_heads: 4\nnum_kv_heads: 2\nhead_dim: 16\n"
-                 "intermediate_size: 128\nvocab_size: 256\ndtype: float32\nserving: [{batch: 2, context: 9}]\n")
+    f.write_text(
+        "layers: 2\nhidden_size: 64\nnum_heads: 4\nnum_kv_heads: 2\nhead_dim: 16\n"
+        "intermediate_size: 128\nvocab_size: 256\ndtype: float32\nserving: [{batch: 2, context: 9}]\n"
+    )
     spec = from_cli(str(f))
     assert (spec.name, spec.layers, spec.serving) == ("custom", 2, [ServingPoint(2, 9)])
     f.write_text("preset: llama-3.1-8b\nkernels: {attention: a}\n")
     with pytest.raises(UsageError, match="only in .kernalin.yml"):
         from_cli(str(f))
     for value, msg in (("gpt-9", "neither a preset"), (str(f), "kernels: only in .kernalin.yml")):
-        proc = subprocess.run([sys.executable, "-m", "kernalin_ci", "bench", "--model", value, "--op", "rope",
-                               "--base", "a.py:f", "--head", "a.py:f", "--device", "cpu"],
-                              capture_output=True, text=True, cwd=tmp_path, timeout=60)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "kernalin_ci",
+                "bench",
+                "--model",
+                value,
+                "--op",
+                "rope",
+                "--base",
+                "a.py:f",
+                "--head",
+                "a.py:f",
+                "--device",
+                "cpu",
+            ],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            timeout=60,
+        )
         assert proc.returncode == 2 and msg in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
 # ---------------------------------------------------------------------------------------- arithmetic
+
 
 def test_tokens_and_cost_from_step_times():
     assert cost.tokens_per_s(10.0, 64) == pytest.approx(6400.0)
@@ -125,8 +166,18 @@ def test_point_summary_on_an_h200_trace():
 
 # ---------------------------------------------------------------------------------------- the step
 
-TINY = ModelSpec("tiny", layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=96,
-                 vocab_size=50, dtype="float32", serving=[ServingPoint(3, 21)])
+TINY = ModelSpec(
+    "tiny",
+    layers=2,
+    hidden_size=64,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    intermediate_size=96,
+    vocab_size=50,
+    dtype="float32",
+    serving=[ServingPoint(3, 21)],
+)
 
 
 def _paged_attention(q, k_cache, v_cache, block_tables, kv_lens, scale):
@@ -152,10 +203,13 @@ def _kv_append(key, value, k_cache, v_cache, slot_mapping):
 @pytest.mark.parametrize("places", ["paged attention kernel", "kv_append kernel, torch attention", "torch"])
 def test_the_torch_step_has_the_model_shapes_and_attends_over_context_plus_one(places):
     paged = places != "torch"
-    k = {"paged attention kernel": st.Kernels(attention=_paged_attention, attention_op="attention.decode_paged",
-                                              block_size=8),
-         "kv_append kernel, torch attention": st.Kernels(kv_append=_kv_append, block_size=8),
-         "torch": st.Kernels()}[places]
+    k = {
+        "paged attention kernel": st.Kernels(
+            attention=_paged_attention, attention_op="attention.decode_paged", block_size=8
+        ),
+        "kv_append kernel, torch attention": st.Kernels(kv_append=_kv_append, block_size=8),
+        "torch": st.Kernels(),
+    }[places]
     assert k.paged == paged
     w = st.build_weights(TINY, TINY.layers, "cpu", 0)
     pi = st.build_point(TINY, TINY.serving[0], k, TINY.layers, "cpu", 1)
@@ -189,24 +243,33 @@ def test_the_torch_step_has_the_model_shapes_and_attends_over_context_plus_one(p
         assert torch.allclose(keys[L], kk[b], atol=1e-5)  # the new token's rotated key is in its slot
         for h in range(Hq):
             g = h // (Hq // Hkv)
-            p = torch.softmax(keys[:, g] @ q[b, h] * D ** -0.5, 0)
-            assert torch.allclose(out["attn0"][b, h * D:(h + 1) * D].double(), p @ vals[:, g], atol=1e-4)
+            p = torch.softmax(keys[:, g] @ q[b, h] * D**-0.5, 0)
+            assert torch.allclose(out["attn0"][b, h * D : (h + 1) * D].double(), p @ vals[:, g], atol=1e-4)
 
 
 def test_block_layers_reads_far_more_than_the_l2():
     spec = from_cli("llama-3.1-70b")
     assert st.block_layers(spec, st.layer_bytes(spec)) == 2
     assert st.block_layers(TINY, st.layer_bytes(TINY)) == 2  # capped by the model's layers
-    assert st.layer_bytes(from_cli("llama-3.1-8b")) == 2 * (4096 * 4096 * 2 + 4096 * 1024 * 2 + 4096 * 14336 * 3
-                                                            + 2 * 4096)
+    assert st.layer_bytes(from_cli("llama-3.1-8b")) == 2 * (
+        4096 * 4096 * 2 + 4096 * 1024 * 2 + 4096 * 14336 * 3 + 2 * 4096
+    )
 
 
 def _example_roles(head_root: Path | None = None):
     att = "kernels/paged_attention.py:decode_paged"
-    return [Role("attention", "attention.decode_paged", "paged_attention", att, att, {"block_size": 16}),
-            Role("rope", "rope", "rope", "kernels/rope.py:rope", "kernels/rope.py:rope", {"style": "neox"}),
-            Role("kv_append", "kv_append", "kv_append", "kernels/kv_cache.py:append", "kernels/kv_cache.py:append",
-                 {"block_size": 16})]
+    return [
+        Role("attention", "attention.decode_paged", "paged_attention", att, att, {"block_size": 16}),
+        Role("rope", "rope", "rope", "kernels/rope.py:rope", "kernels/rope.py:rope", {"style": "neox"}),
+        Role(
+            "kv_append",
+            "kv_append",
+            "kv_append",
+            "kernels/kv_cache.py:append",
+            "kernels/kv_cache.py:append",
+            {"block_size": 16},
+        ),
+    ]
 
 
 def test_the_step_runs_the_example_kernels_in_the_worker_on_the_cpu():
@@ -235,17 +298,21 @@ def test_kernel_pins_that_cannot_serve_the_model_are_usage_errors():
     roles = [Role("attention", "attention.decode_paged", "p", "k.py:f", "k.py:f", {"head_dim": 64})]
     with pytest.raises(UsageError, match="pins head_dim=64, the model has 128"):
         bench_model(from_cli("mistral-7b"), roles, ".", ".", "cpu")
-    roles = [Role("attention", "attention.decode_paged", "p", "k.py:f", "k.py:f", {"block_size": 16}),
-             Role("kv_append", "kv_append", "a", "k.py:g", "k.py:g", {"block_size": 32})]
+    roles = [
+        Role("attention", "attention.decode_paged", "p", "k.py:f", "k.py:f", {"block_size": 16}),
+        Role("kv_append", "kv_append", "a", "k.py:g", "k.py:g", {"block_size": 32}),
+    ]
     with pytest.raises(UsageError, match="must share the cache"):
         bench_model(from_cli("mistral-7b"), roles, ".", ".", "cpu")
 
 
 # ---------------------------------------------------------------------------------------- gate and report
 
+
 def _gate_cfg():
-    return config.parse((EXAMPLE / ".kernalin.yml").read_text().split("\nmodel:")[0]
-                        + "\nmodel: {preset: llama-3.1-8b}\n")
+    return config.parse(
+        (EXAMPLE / ".kernalin.yml").read_text().split("\nmodel:")[0] + "\nmodel: {preset: llama-3.1-8b}\n"
+    )
 
 
 def test_the_gate_reports_not_measured_on_the_cpu_and_nothing_when_the_step_is_unchanged(tmp_path):
@@ -264,18 +331,38 @@ def test_the_gate_reports_not_measured_on_the_cpu_and_nothing_when_the_step_is_u
 def _measured() -> dict:
     t = np.load(TRACE)["t"]
     spec = from_cli("llama-3.1-8b")
-    r = ModelResult(spec, "cuda", roles={"attention": "paged_attention", "rope": "rope", "kv_append": "kv_append"},
-                    measured=True, mode="full", layers_built=32, rounds=200, stopped="budget")
+    r = ModelResult(
+        spec,
+        "cuda",
+        roles={"attention": "paged_attention", "rope": "rope", "kv_append": "kv_append"},
+        measured=True,
+        mode="full",
+        layers_built=32,
+        rounds=200,
+        stopped="budget",
+    )
     for i, p in enumerate(spec.serving):
-        r.points.append({"batch": p.batch, "context": p.context,
-                         **cost.point_summary(t[:, 4 - i], t[:, 0], None, p.batch, spec.price_per_hour)})
+        r.points.append(
+            {
+                "batch": p.batch,
+                "context": p.context,
+                **cost.point_summary(t[:, 4 - i], t[:, 0], None, p.batch, spec.price_per_hour),
+            }
+        )
     return r.to_json()
 
 
 def _report(model: dict) -> Report:
-    return Report("success", "1 kernel verified", {"ref": "main", "sha": "a" * 40}, {"ref": "pr", "sha": "b" * 40},
-                  "cuda", {"fail_on": ["finding"]},
-                  kernels=[KernelReport("rope", "rope", "kernels/rope.py:rope", "changed")], model=model)
+    return Report(
+        "success",
+        "1 kernel verified",
+        {"ref": "main", "sha": "a" * 40},
+        {"ref": "pr", "sha": "b" * 40},
+        "cuda",
+        {"fail_on": ["finding"]},
+        kernels=[KernelReport("rope", "rope", "kernels/rope.py:rope", "changed")],
+        model=model,
+    )
 
 
 def test_the_comment_and_report_json_show_tokens_and_cost_per_serving_point():
@@ -283,7 +370,7 @@ def test_the_comment_and_report_json_show_tokens_and_cost_per_serving_point():
     r = _report(m)
     jsonschema.validate(json.loads(report_json(r)), REPORT_SCHEMA)
     md = render_markdown(r)
-    section = md[md.index("#### Decode throughput"):md.index("#### ✅ `rope`")]
+    section = md[md.index("#### Decode throughput") : md.index("#### ✅ `rope`")]
     html = cmarkgfm.github_flavored_markdown_to_html(section)
     assert html.count("<tr>") == 1 + len(m["points"])  # a real table: the header and a row per serving point
     for p in m["points"]:
@@ -304,7 +391,7 @@ def test_not_measured_says_so_and_prints_no_figure():
     r = _report(m)
     jsonschema.validate(json.loads(report_json(r)), REPORT_SCHEMA)
     md = render_markdown(r)
-    section = md[md.index("Decode throughput"):]
+    section = md[md.index("Decode throughput") :]
     assert "**Tokens/s:** not measured (no GPU)." in section and "$/Mtok" not in section
     assert "tokens/s: not measured (no GPU)" in "\n".join(text_lines(m))
     assert "Decode throughput" not in render_markdown(_report(None))
@@ -317,8 +404,11 @@ def test_the_parent_turns_timed_rounds_into_serving_points():
     t = np.load(TRACE)["t"]
     spec = from_cli("llama-3.1-8b")
     r = ModelResult(spec, "cuda", rounds=200)
-    r.instances = {"base": np.stack([t[:, 4], t[:, 3]], axis=1), "head": np.stack([t[:, 0], t[:, 0]], axis=1),
-                   "base2": np.stack([t[:, 4], t[:, 3]], axis=1)[::-1].copy()}
+    r.instances = {
+        "base": np.stack([t[:, 4], t[:, 3]], axis=1),
+        "head": np.stack([t[:, 0], t[:, 0]], axis=1),
+        "base2": np.stack([t[:, 4], t[:, 3]], axis=1)[::-1].copy(),
+    }
     _finish(r, None, 0.005)
     assert r.measured and r.reason is None and r.verdict.verdict == "faster"
     assert [(p["batch"], p["context"]) for p in r.points] == [(1, 4096), (64, 4096)]
@@ -328,9 +418,18 @@ def test_the_parent_turns_timed_rounds_into_serving_points():
 
 # ---------------------------------------------------------------------------------------- GPU
 
-SMALL = ModelSpec("small", layers=64, hidden_size=1024, num_heads=8, num_kv_heads=2, head_dim=128,
-                  intermediate_size=2048, vocab_size=4096, dtype="bfloat16",
-                  serving=[ServingPoint(1, 512), ServingPoint(16, 256)])
+SMALL = ModelSpec(
+    "small",
+    layers=64,
+    hidden_size=1024,
+    num_heads=8,
+    num_kv_heads=2,
+    head_dim=128,
+    intermediate_size=2048,
+    vocab_size=4096,
+    dtype="bfloat16",
+    serving=[ServingPoint(1, 512), ServingPoint(16, 256)],
+)
 
 
 @pytest.mark.gpu
@@ -345,7 +444,10 @@ def test_on_a_gpu_tokens_per_second_is_measured_per_serving_point(mode):
             s = p[side]
             assert s["tokens_per_s"] > 0 and s["tokens_per_s_hdi"][0] <= s["tokens_per_s"] <= s["tokens_per_s_hdi"][1]
         assert p["verdict"] in ("equivalent", "inconclusive", "faster", "slower")
-    block = st.block_layers(SMALL, st.layer_bytes(SMALL) + sum(st.kv_bytes(SMALL, p, st.Kernels(
-        attention_op="attention.decode_paged")) for p in SMALL.serving))
+    block = st.block_layers(
+        SMALL,
+        st.layer_bytes(SMALL)
+        + sum(st.kv_bytes(SMALL, p, st.Kernels(attention_op="attention.decode_paged")) for p in SMALL.serving),
+    )
     assert 2 <= block < 64 and r.layers_built == (64 if mode == "full" else block)
     print("\n".join(text_lines(r.to_json())))

@@ -1,5 +1,6 @@
 """The reference comparison's tolerance: rope allows the float32 rounding of the angle p * inv_freq,
 which grows with the position, and nothing like the error of a real rope bug."""
+
 import torch
 
 from kernalin_ci.ops import get_op
@@ -14,8 +15,11 @@ T, H, D = 4, 2, 64
 
 def inputs(position):
     g = torch.Generator().manual_seed(0)
-    return {"q": torch.randn(T, H, D, generator=g), "k": torch.randn(T, H, D, generator=g),
-            "positions": torch.full((T,), position, dtype=torch.int64)}
+    return {
+        "q": torch.randn(T, H, D, generator=g),
+        "k": torch.randn(T, H, D, generator=g),
+        "positions": torch.full((T,), position, dtype=torch.int64),
+    }
 
 
 def rotated_by(kw, angle_offset):
@@ -26,7 +30,7 @@ def rotated_by(kw, angle_offset):
     out = {}
     for n in ("q", "k"):
         x = kw[n].double()
-        x1, x2 = x[..., : D // 2], x[..., D // 2:]
+        x1, x2 = x[..., : D // 2], x[..., D // 2 :]
         out[n] = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).float()
     return out
 
@@ -38,13 +42,13 @@ def findings(kw, outs):
 
 def test_float32_angle_rounding_at_a_high_position_passes():
     kw = inputs(60000)
-    delta = 60000 * 2.0 ** -24  # half an ulp of the angle at the highest frequency: 3.6e-3 rad, over 2e-3
+    delta = 60000 * 2.0**-24  # half an ulp of the angle at the highest frequency: 3.6e-3 rad, over 2e-3
     assert findings(kw, rotated_by(kw, delta)) == []
 
 
 def test_the_same_error_at_a_low_position_fails():
     kw = inputs(100)
-    f = findings(kw, rotated_by(kw, 60000 * 2.0 ** -24))
+    f = findings(kw, rotated_by(kw, 60000 * 2.0**-24))
     assert f and f[0].bug_class == "wrong-output"
 
 

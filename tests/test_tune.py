@@ -1,5 +1,6 @@
 """kernalin-ci tune on the CPU: search space, verification before timing, the race's decision code and
 the patch writer. Timing here is wall clock under the Triton interpreter: no assertion reads a time."""
+
 import ast
 import json
 import shutil
@@ -34,13 +35,17 @@ def repo(tmp_path, file, tune=""):
 
 # ---------------------------------------------------------------- search space
 
+
 def test_space_from_tune_params_reads_the_entry_defaults(tmp_path):
     root = repo(tmp_path, "paged_tiles.py")
     spec = TuneSpec({"BLOCK_N": [16, 32], "num_warps": [4, 8]}, use_autotune=False)
     space = build_space(spec, "kernels/paged_tiles.py:entry", str(root), "cpu")
     assert space.current.params == {"BLOCK_N": 16, "num_warps": 4}
-    assert [c.params for c in space.candidates] == [{"BLOCK_N": 16, "num_warps": 8}, {"BLOCK_N": 32, "num_warps": 4},
-                                                    {"BLOCK_N": 32, "num_warps": 8}]
+    assert [c.params for c in space.candidates] == [
+        {"BLOCK_N": 16, "num_warps": 8},
+        {"BLOCK_N": 32, "num_warps": 4},
+        {"BLOCK_N": 32, "num_warps": 8},
+    ]
     assert space.entry_file == "kernels/paged_tiles.py"
     with pytest.raises(UsageError, match="no keyword parameter 'BLOCK_M'"):
         build_space(TuneSpec({"BLOCK_M": [16]}, use_autotune=False), "kernels/paged_tiles.py:entry", str(root), "cpu")
@@ -55,14 +60,20 @@ def test_config_tune_section_is_validated(tmp_path):
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path):
     root = repo(tmp_path, "paged_tiles.py", "    tune: {params: {BLOCK_N: [16, 32]}}\n")
-    for args in (["nope"], [], ["paged", "--space", "BLOCK_N"], ["paged", "--space", "TILE=8,16", "--no-autotune"],
-                 ["paged", "--budget-s", "0"]):
+    for args in (
+        ["nope"],
+        [],
+        ["paged", "--space", "BLOCK_N"],
+        ["paged", "--space", "TILE=8,16", "--no-autotune"],
+        ["paged", "--budget-s", "0"],
+    ):
         r = cli("tune", *args, "--device", "cpu", cwd=root)
         assert r.returncode == 2, (args, r.stderr)
         assert len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
 
 
 # ---------------------------------------------------------------- verification before timing (real kernels)
+
 
 def test_a_tile_larger_than_the_page_is_dropped_with_its_finding_and_never_timed(tmp_path):
     root = repo(tmp_path, "paged_tiles.py", "    tune: {params: {BLOCK_N: [16, 32], num_warps: [2]}}\n")
@@ -92,8 +103,11 @@ def test_autotune_space_drops_the_wrong_config_and_writes_the_verified_list(tmp_
     k = out["space"]["autotune"]  # discovered in a worker: the gate process never imports the kernel
     assert (k["kernel"], k["file"], k["key"]) == ("_paged_tiles", "kernels/paged_autotuned.py", ["D"])
     assert [c["kwargs"] for c in k["configs"]] == [{"BLOCK_N": 16}, {"BLOCK_N": 32}]
-    assert [c["label"] for c in out["verification"]] == ["(entry as it is)", "BLOCK_N=16 num_warps=4 num_stages=3 "
-                                                         "num_ctas=1", "BLOCK_N=32 num_warps=4 num_stages=3 num_ctas=1"]
+    assert [c["label"] for c in out["verification"]] == [
+        "(entry as it is)",
+        "BLOCK_N=16 num_warps=4 num_stages=3 num_ctas=1",
+        "BLOCK_N=32 num_warps=4 num_stages=3 num_ctas=1",
+    ]
     assert out["verification"][0]["passed"] is None  # the full autotuner cannot run under the interpreter
     assert [d["label"] for d in out["dropped"]] == ["BLOCK_N=32 num_warps=4 num_stages=3 num_ctas=1"]
     assert out["dropped"][0]["findings"]
@@ -103,18 +117,22 @@ def test_autotune_space_drops_the_wrong_config_and_writes_the_verified_list(tmp_
     deco = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "_paged_tiles")
     assert "configs=CONFIGS" in ast.unparse(deco.decorator_list[0])
     configs = next(n for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == "CONFIGS").value
-    assert [ast.unparse(e) for e in configs.elts] == ["triton.Config({'BLOCK_N': 16}, num_warps=4, num_stages=3, "
-                                                      "num_ctas=1)"]
+    assert [ast.unparse(e) for e in configs.elts] == [
+        "triton.Config({'BLOCK_N': 16}, num_warps=4, num_stages=3, num_ctas=1)"
+    ]
     assert (root / "out" / "tune.patch").read_text().startswith("--- a/kernels/paged_autotuned.py")
 
 
 # ---------------------------------------------------------------- the race's decision code
 
+
 def synthetic(ms_per_shape: dict, rounds=12, reps=3, noise=0.002, seed=0):
     """{name: [ms of shape 0, ms of shape 1, ...]} -> {name: [rounds, shapes, reps]} with lognormal noise."""
     rng = np.random.default_rng(seed)
-    return {n: np.asarray(ms)[None, :, None] * np.exp(rng.normal(0, noise, (rounds, len(ms), reps)))
-            for n, ms in ms_per_shape.items()}
+    return {
+        n: np.asarray(ms)[None, :, None] * np.exp(rng.normal(0, noise, (rounds, len(ms), reps)))
+        for n, ms in ms_per_shape.items()
+    }
 
 
 def test_screening_keeps_each_shapes_winner_first():
@@ -125,8 +143,9 @@ def test_screening_keeps_each_shapes_winner_first():
 
 
 def test_judge_gives_best_posterior_and_equivalents_per_shape():
-    t = synthetic({"current": [1.0, 1.0], "base2": [1.0, 1.0], "fast": [0.80, 1.0], "fast2": [0.801, 1.3],
-                   "slow": [1.2, 1.0005]})
+    t = synthetic(
+        {"current": [1.0, 1.0], "base2": [1.0, 1.0], "fast": [0.80, 1.0], "fast2": [0.801, 1.3], "slow": [1.2, 1.0005]}
+    )
     js = race.judge(t, "current", "base2", ["current", "fast", "fast2", "slow"], rope_min=0.01)
     assert js[0].best in ("fast", "fast2") and set([js[0].best, *js[0].equivalent]) == {"fast", "fast2"}
     assert js[0].vs_reference["fast"].verdict == "faster" and js[0].vs_reference["slow"].verdict == "slower"
@@ -143,6 +162,7 @@ def test_an_open_race_is_not_settled():
 
 # ---------------------------------------------------------------- the patch writer
 
+
 def test_patch_writer_sets_entry_defaults_and_autotune_lists():
     src = (FIXTURES / "paged_tiles.py").read_text()
     new = patch.write_params(src, "entry", {"BLOCK_N": 8, "num_warps": 2})
@@ -150,8 +170,10 @@ def test_patch_writer_sets_entry_defaults_and_autotune_lists():
     assert new.replace("BLOCK_N=8, num_warps=2):", "BLOCK_N=16, num_warps=4):") == src
     with pytest.raises(patch.NotWritable):
         patch.write_params(src, "entry", {"scale": 1})
-    inline = ("import triton\n\n@triton.autotune(configs=[triton.Config({'B': 1}), triton.Config({'B': 2})], key=[])\n"
-              "@triton.jit\ndef k(B: tl.constexpr):\n    pass\n")
+    inline = (
+        "import triton\n\n@triton.autotune(configs=[triton.Config({'B': 1}), triton.Config({'B': 2})], key=[])\n"
+        "@triton.jit\ndef k(B: tl.constexpr):\n    pass\n"
+    )
     out = patch.write_autotune(inline, "k", [{"kwargs": {"B": 2}, "num_warps": 8}])
     assert "triton.Config({'B': 2}, num_warps=8)," in out and "{'B': 1}" not in out
     ast.parse(out)
@@ -176,8 +198,9 @@ def test_make_patch_writes_the_chosen_defaults(tmp_path):
     space = build_space(spec, "kernels/paged_tiles.py:entry", str(root), "cpu")
     result = TuneResult(Target("attention.decode_paged", "kernels/paged_tiles.py:entry", str(root)), "cpu", space)
     result.reference = "current"
-    result.judgements = race.judge(synthetic({"current": [1.0], "base2": [1.0], "c0": [0.7]}), "current", "base2",
-                                   ["current", "c0"])
+    result.judgements = race.judge(
+        synthetic({"current": [1.0], "base2": [1.0], "c0": [0.7]}), "current", "base2", ["current", "c0"]
+    )
     result.chosen, held = race.recommend(result.judgements, "current")
     assert (result.chosen, held) == ("c0", None)
     p, why = patch.make_patch(result)

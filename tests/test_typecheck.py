@@ -1,4 +1,5 @@
 """The type checker, as CI runs it: mypy, strict on kernalin_ci/ops (configured in pyproject.toml)."""
+
 from __future__ import annotations
 
 import subprocess
@@ -9,6 +10,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_ops_pass_the_strict_type_check():
-    r = subprocess.run([sys.executable, "-m", "mypy", "--no-incremental"], cwd=ROOT, capture_output=True,
-                       text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "mypy", "--no-incremental"], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 0 and "Success" in r.stdout, r.stdout + r.stderr

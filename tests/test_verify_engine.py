@@ -1,10 +1,10 @@
 """The dynamic engine's mechanics, end to end through the real CLI and worker processes:
 isolation (hang, segfault), poison (unwritten output, out-of-bounds writes), input
 immutability, fresh inputs (result caching), fingerprints, exit codes and JSON."""
+
 import json
 
 import pytest
-
 from conftest import KERNELS, cli
 
 ATT = str(KERNELS / "torch_attention.py")
@@ -37,29 +37,34 @@ def test_parent_never_imports_torch():
     import subprocess
     import sys
 
-    code = ("import sys\n"
-            "from kernalin_ci import cli, catalogue, verify\n"
-            "from kernalin_ci.ops import NAMES, get_op\n"
-            "from kernalin_ci.ops.base import resolve_params\n"
-            "for name in NAMES:\n"
-            "    if name != 'custom':\n"
-            "        op = get_op(name)\n"
-            "        p = resolve_params(name, op.params, {})\n"
-            "        for device in ('cpu', 'cuda'):\n"
-            "            [c.to_json() for c in op.cases(p, device, None) + [op.probe(p, None)]]\n"
-            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n")
+    code = (
+        "import sys\n"
+        "from kernalin_ci import cli, catalogue, verify\n"
+        "from kernalin_ci.ops import NAMES, get_op\n"
+        "from kernalin_ci.ops.base import resolve_params\n"
+        "for name in NAMES:\n"
+        "    if name != 'custom':\n"
+        "        op = get_op(name)\n"
+        "        p = resolve_params(name, op.params, {})\n"
+        "        for device in ('cpu', 'cuda'):\n"
+        "            [c.to_json() for c in op.cases(p, device, None) + [op.probe(p, None)]]\n"
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
 
 
-@pytest.mark.parametrize("fn, expected", [
-    ("gqa_modulo", "gqa-mapping"),
-    ("zeroes_input", "input-modified"),
-    ("half_written", "unwritten-output"),
-    ("caches_by_shape", "stale-result"),
-    ("raises", "entry-error"),
-])
+@pytest.mark.parametrize(
+    "fn, expected",
+    [
+        ("gqa_modulo", "gqa-mapping"),
+        ("zeroes_input", "input-modified"),
+        ("half_written", "unwritten-output"),
+        ("caches_by_shape", "stale-result"),
+        ("raises", "entry-error"),
+    ],
+)
 def test_defects_are_named(fn, expected):
     rc, res = verify("attention.decode", f"{ATT}:{fn}")
     assert rc == 1 and expected in classes(res), res["findings"]
@@ -113,10 +118,25 @@ def test_triton_kv_append_correct_and_padding_written():
 
 
 def test_kernel_code_does_not_see_the_gates_credentials():
-    secrets = {"GITHUB_TOKEN": "ghs_x", "GH_TOKEN": "gho_x", "KERNALIN_GITHUB_APP_PRIVATE_KEY": "k",
-               "ACTIONS_RUNTIME_TOKEN": "t"}
-    r = cli("verify", "--op", "attention.decode", "--entry", f"{ATT}:reads_credentials", "--device", "cpu",
-            "--quiet", "--json", "-", env=secrets)
+    secrets = {
+        "GITHUB_TOKEN": "ghs_x",
+        "GH_TOKEN": "gho_x",
+        "KERNALIN_GITHUB_APP_PRIVATE_KEY": "k",
+        "ACTIONS_RUNTIME_TOKEN": "t",
+    }
+    r = cli(
+        "verify",
+        "--op",
+        "attention.decode",
+        "--entry",
+        f"{ATT}:reads_credentials",
+        "--device",
+        "cpu",
+        "--quiet",
+        "--json",
+        "-",
+        env=secrets,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
 
 

@@ -12,6 +12,7 @@ Entries (docs/ops.md attention.decode, contiguous KV cache):
 Online softmax in float32 with the max subtracted; positions >= kv_len are masked
 before they can touch the result (their scores are -inf, their values read as 0).
 """
+
 import torch
 import triton
 import triton.language as tl
@@ -22,9 +23,30 @@ NUM_WARPS = 4  # Triton's default; benchmarks/live_eval.py varies it, SPLITS and
 
 
 @triton.jit
-def _split_kernel(q, k, v, lens, mid_o, mid_m, mid_l, scale, zero, extra_per_mille,
-                  sqb, sqh, skb, skh, sks, svb, svh, svs,
-                  GROUP: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
+def _split_kernel(
+    q,
+    k,
+    v,
+    lens,
+    mid_o,
+    mid_m,
+    mid_l,
+    scale,
+    zero,
+    extra_per_mille,
+    sqb,
+    sqh,
+    skb,
+    skh,
+    sks,
+    svb,
+    svh,
+    svs,
+    GROUP: tl.constexpr,
+    D: tl.constexpr,
+    SPLITS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     b = tl.program_id(0)
     h = tl.program_id(1)
     sp = tl.program_id(2)
@@ -57,8 +79,9 @@ def _split_kernel(q, k, v, lens, mid_o, mid_m, mid_l, scale, zero, extra_per_mil
     for start in range(lo, lo + extra, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
         mask = n < lo + extra
-        kt = tl.load(k + b * skb + g * skh + n[:, None] * sks + d[None, :], mask=mask[:, None], other=0.0,
-                     volatile=True)
+        kt = tl.load(
+            k + b * skb + g * skh + n[:, None] * sks + d[None, :], mask=mask[:, None], other=0.0, volatile=True
+        )
         junk += tl.sum(kt.to(tl.float32), axis=0)
     acc = acc + junk * zero
     row = (b * tl.num_programs(1) + h) * SPLITS + sp
@@ -84,9 +107,27 @@ def _combine_kernel(mid_o, mid_m, mid_l, out, sob, soh, D: tl.constexpr, SPLITS:
 
 
 @triton.jit
-def _single_kernel(q, k, v, lens, out, scale,
-                   sqb, sqh, skb, skh, sks, svb, svh, svs, sob, soh,
-                   GROUP: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr):
+def _single_kernel(
+    q,
+    k,
+    v,
+    lens,
+    out,
+    scale,
+    sqb,
+    sqh,
+    skb,
+    skh,
+    sks,
+    svb,
+    svh,
+    svs,
+    sob,
+    soh,
+    GROUP: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     b = tl.program_id(0)
     h = tl.program_id(1)
     g = h // GROUP
@@ -120,10 +161,30 @@ def _split(q, k_cache, v_cache, kv_lens, scale, extra_per_mille):
     mid_l = torch.empty((B, Hq, SPLITS), dtype=torch.float32, device=q.device)
     out = torch.empty_like(q)
     _split_kernel[(B, Hq, SPLITS)](
-        q, k_cache, v_cache, kv_lens, mid_o, mid_m, mid_l, scale, 0.0, extra_per_mille,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        GROUP=Hq // Hkv, D=D, SPLITS=SPLITS, BLOCK_N=BLOCK_N, num_warps=NUM_WARPS)
+        q,
+        k_cache,
+        v_cache,
+        kv_lens,
+        mid_o,
+        mid_m,
+        mid_l,
+        scale,
+        0.0,
+        extra_per_mille,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        GROUP=Hq // Hkv,
+        D=D,
+        SPLITS=SPLITS,
+        BLOCK_N=BLOCK_N,
+        num_warps=NUM_WARPS,
+    )
     _combine_kernel[(B, Hq)](mid_o, mid_m, mid_l, out, out.stride(0), out.stride(1), D=D, SPLITS=SPLITS)
     return out
 
@@ -145,8 +206,24 @@ def single_pass(q, k_cache, v_cache, kv_lens, scale):
     Hkv = k_cache.shape[1]
     out = torch.empty_like(q)
     _single_kernel[(B, Hq)](
-        q, k_cache, v_cache, kv_lens, out, scale,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
-        GROUP=Hq // Hkv, D=D, BLOCK_N=BLOCK_N)
+        q,
+        k_cache,
+        v_cache,
+        kv_lens,
+        out,
+        scale,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        out.stride(0),
+        out.stride(1),
+        GROUP=Hq // Hkv,
+        D=D,
+        BLOCK_N=BLOCK_N,
+    )
     return out

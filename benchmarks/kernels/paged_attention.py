@@ -1,5 +1,6 @@
 """A small correct paged decode-attention kernel (one program per sequence and query head, one cache block per
 step) for benchmarks/live_eval.py. `NUM_WARPS` is the launch config the live evaluation varies."""
+
 import torch
 import triton
 import triton.language as tl
@@ -8,9 +9,27 @@ NUM_WARPS = 4
 
 
 @triton.jit
-def _paged_kernel(q_ptr, k_ptr, v_ptr, o_ptr, tables_ptr, lens_ptr, scale,
-                  sq_b, sq_h, sk_blk, sk_slot, sk_h, st_b, so_b, so_h,
-                  GROUP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+def _paged_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    o_ptr,
+    tables_ptr,
+    lens_ptr,
+    scale,
+    sq_b,
+    sq_h,
+    sk_blk,
+    sk_slot,
+    sk_h,
+    st_b,
+    so_b,
+    so_h,
+    GROUP: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+):
     b = tl.program_id(0)
     h = tl.program_id(1)
     g = h // GROUP
@@ -45,8 +64,25 @@ def decode_paged(q, k_cache, v_cache, block_tables, kv_lens, scale):
     Hkv = k_cache.shape[2]
     out = torch.empty_like(q)
     _paged_kernel[(B, Hq)](
-        q, k_cache, v_cache, out, block_tables, kv_lens, scale,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        block_tables.stride(0), out.stride(0), out.stride(1),
-        GROUP=Hq // Hkv, D=D, BLOCK_D=triton.next_power_of_2(D), BLOCK_SIZE=k_cache.shape[1], num_warps=NUM_WARPS)
+        q,
+        k_cache,
+        v_cache,
+        out,
+        block_tables,
+        kv_lens,
+        scale,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        block_tables.stride(0),
+        out.stride(0),
+        out.stride(1),
+        GROUP=Hq // Hkv,
+        D=D,
+        BLOCK_D=triton.next_power_of_2(D),
+        BLOCK_SIZE=k_cache.shape[1],
+        num_warps=NUM_WARPS,
+    )
     return out

@@ -4,6 +4,7 @@
 - `rope_inplace`: the same rotation written back into q and k (returns them).
 - `rope_x3`: `rope` computed three times over (a copy made about 3x slower on purpose).
 """
+
 import torch
 import triton
 import triton.language as tl
@@ -14,8 +15,20 @@ NUM_WARPS = 4  # the launch config benchmarks/live_eval.py varies (Triton's defa
 
 
 @triton.jit
-def _rope_kernel(x, out, pos, log2_base, stride_t, stride_h, ostride_t, ostride_h,
-                 H, BLOCK_H: tl.constexpr, HALF: tl.constexpr, REPEAT: tl.constexpr):
+def _rope_kernel(
+    x,
+    out,
+    pos,
+    log2_base,
+    stride_t,
+    stride_h,
+    ostride_t,
+    ostride_h,
+    H,
+    BLOCK_H: tl.constexpr,
+    HALF: tl.constexpr,
+    REPEAT: tl.constexpr,
+):
     t = tl.program_id(0)
     p = tl.load(pos + t).to(tl.float32)
     i = tl.arange(0, HALF)
@@ -41,9 +54,21 @@ def _rotate(x, out, positions, repeat):
 
     T, H, D = x.shape
     base = float(current_params().get("base", 10000.0))
-    _rope_kernel[(T,)](x, out, positions, math.log2(base), x.stride(0), x.stride(1), out.stride(0), out.stride(1),
-                       H=H, BLOCK_H=triton.next_power_of_2(H), HALF=D // 2, REPEAT=repeat,
-                       num_warps=NUM_WARPS)
+    _rope_kernel[(T,)](
+        x,
+        out,
+        positions,
+        math.log2(base),
+        x.stride(0),
+        x.stride(1),
+        out.stride(0),
+        out.stride(1),
+        H=H,
+        BLOCK_H=triton.next_power_of_2(H),
+        HALF=D // 2,
+        REPEAT=repeat,
+        num_warps=NUM_WARPS,
+    )
     return out
 
 

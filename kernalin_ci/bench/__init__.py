@@ -8,6 +8,7 @@
 - `pair.py`     `bench_pair()`: the parent side, what the CLI and the gate call
 - `render.py`   text for verdicts and progress
 """
+
 from kernalin_ci.bench.stats import Verdict, compare_many, compare_trace
 
 __all__ = ["Verdict", "compare_trace", "compare_many"]  # bench_pair: kernalin_ci.bench.pair

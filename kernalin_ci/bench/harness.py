@@ -45,6 +45,7 @@ eagerly instead, with a device synchronize before the start event and another
 before the end event, so work on other streams lies wholly inside the interval. On the CPU the same loop runs with a
 wall clock (the Triton interpreter): those figures are not GPU figures.
 """
+
 from __future__ import annotations
 
 import math
@@ -80,6 +81,7 @@ class BenchAbort(Exception):
 
 # ------------------------------------------------------------------ inputs
 
+
 def clone_inputs(kw: dict) -> dict:
     return {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
 
@@ -88,8 +90,10 @@ def copy_into(dst: dict, src: dict) -> None:
     for k, v in src.items():
         if isinstance(v, torch.Tensor):
             if dst[k].shape != v.shape or dst[k].dtype != v.dtype:
-                raise BenchAbort("input-shape", f"input {k!r} changed shape between rounds "
-                                                f"({tuple(dst[k].shape)} -> {tuple(v.shape)})")
+                raise BenchAbort(
+                    "input-shape",
+                    f"input {k!r} changed shape between rounds ({tuple(dst[k].shape)} -> {tuple(v.shape)})",
+                )
             dst[k].copy_(v)
 
 
@@ -167,8 +171,9 @@ class SharedInputs:
 
 def _copy(dst, src, name: str) -> None:
     if dst.shape != src.shape or dst.dtype != src.dtype:
-        raise BenchAbort("input-shape", f"input {name!r} changed shape between rounds "
-                                        f"({tuple(dst.shape)} -> {tuple(src.shape)})")
+        raise BenchAbort(
+            "input-shape", f"input {name!r} changed shape between rounds ({tuple(dst.shape)} -> {tuple(src.shape)})"
+        )
     dst.copy_(src)
 
 
@@ -178,8 +183,10 @@ def disagreement(op: Op, case: Case, inputs: dict, ref: dict, got: dict, exact: 
     for name, r in ref.items():
         g = got.get(name)
         if not isinstance(g, torch.Tensor) or g.shape != r.shape:
-            return f"output {name!r}: shape {tuple(g.shape) if isinstance(g, torch.Tensor) else type(g).__name__}" \
-                   f" vs the base's {tuple(r.shape)}"
+            return (
+                f"output {name!r}: shape {tuple(g.shape) if isinstance(g, torch.Tensor) else type(g).__name__}"
+                f" vs the base's {tuple(r.shape)}"
+            )
         if exact:
             diff = bits(g) != bits(r)
             if bool(diff.any()):
@@ -193,12 +200,15 @@ def disagreement(op: Op, case: Case, inputs: dict, ref: dict, got: dict, exact: 
         if bool(bad.any()):
             worst = int(torch.where(bad, err, torch.zeros_like(err)).argmax())
             where = op.row_label(case, inputs, name, worst)
-            return (f"output {name!r}: {int(bad.sum())} of {bad.numel()} rows differ by more than {tol:g} "
-                    f"(relative; worst {float(err[worst]):.3g} at {where})")
+            return (
+                f"output {name!r}: {int(bad.sum())} of {bad.numel()} rows differ by more than {tol:g} "
+                f"(relative; worst {float(err[worst]):.3g} at {where})"
+            )
     return None
 
 
 # ------------------------------------------------------------------ one instance on one shape
+
 
 class Runner:
     """An instance's entry bound to its shape's shared inputs; `check()` runs it once, `sample()` times it."""
@@ -218,8 +228,9 @@ class Runner:
         try:
             return self.fn(**(self.kw if kw is None else kw))
         except Exception as e:  # the user's kernel
-            raise BenchAbort("entry-error", f"{self.name}: the entry raised {type(e).__name__}: "
-                                            f"{' '.join(str(e).split())[:300]}") from None
+            raise BenchAbort(
+                "entry-error", f"{self.name}: the entry raised {type(e).__name__}: {' '.join(str(e).split())[:300]}"
+            ) from None
 
     def launches(self, raw: bool = False):
         """The `inner` launches of one sample, each on its ring entry; returns the last return value.
@@ -277,8 +288,9 @@ class CudaClock:
         self.start = torch.cuda.Event(enable_timing=True)
         self.end = torch.cuda.Event(enable_timing=True)
 
-    def prepare(self, runners: list[Runner], inputs: SharedInputs, regime: str, emit,
-                label: str) -> tuple[int, str, dict]:
+    def prepare(
+        self, runners: list[Runner], inputs: SharedInputs, regime: str, emit, label: str
+    ) -> tuple[int, str, dict]:
         """Warm up, capture graphs (or fall back to eager for all), choose inner, build the cold copies.
         -> (inner, timing, copies per input)."""
         for r in runners:
@@ -290,8 +302,13 @@ class CudaClock:
         except Exception as e:
             timing = "eager"
             note = " ".join(str(e).split())[:200]
-            emit({"event": "note", "message": f"{label}: CUDA graph capture failed ({type(e).__name__}: {note}); "
-                                              f"every instance is timed eagerly"})
+            emit(
+                {
+                    "event": "note",
+                    "message": f"{label}: CUDA graph capture failed ({type(e).__name__}: {note}); "
+                    f"every instance is timed eagerly",
+                }
+            )
             for r in runners:
                 r.graph_check = r.check_ret = None
             torch.cuda.synchronize()
@@ -348,8 +365,9 @@ class CpuClock:
     def __init__(self, l2_flush: bool = False):
         pass
 
-    def prepare(self, runners: list[Runner], inputs: SharedInputs, regime: str, emit,
-                label: str) -> tuple[int, str, dict]:
+    def prepare(
+        self, runners: list[Runner], inputs: SharedInputs, regime: str, emit, label: str
+    ) -> tuple[int, str, dict]:
         for r in runners:
             r.warm_up()
             emit({"event": "setup-step", "message": f"{label}: {r.name} ready"})
@@ -369,6 +387,7 @@ class CpuClock:
 
 
 # ------------------------------------------------------------------ the job
+
 
 class Shape:
     def __init__(self, case: Case, inputs: SharedInputs, runners: list[Runner], gen: torch.Generator):
@@ -419,8 +438,17 @@ def _run(job, emit, op, params, device, fns, cases) -> None:
         shapes.append(sh)
         # the A/A pair (base, base2): identical code in one shared pool gets identical output addresses
         same = runners[0].out_ptrs == runners[2].out_ptrs if len(runners) > 2 and runners[0].out_ptrs else None
-        emit({"event": "setup", "shape": si, "label": case.name, "inner": sh.inner, "timing": sh.timing,
-              "copies": max(sh.copies.values(), default=1), "same_output_addresses": same})
+        emit(
+            {
+                "event": "setup",
+                "shape": si,
+                "label": case.name,
+                "inner": sh.inner,
+                "timing": sh.timing,
+                "copies": max(sh.copies.values(), default=1),
+                "same_output_addresses": same,
+            }
+        )
     emit({"event": "setup-done", "seconds": time.perf_counter() - t_setup, "clock": clock.label})
 
     names = [n for n, _ in fns]
@@ -456,11 +484,23 @@ def _run(job, emit, op, params, device, fns, cases) -> None:
         rnd += 1
         elapsed += time.perf_counter() - t0
         verdict = _verdict(times, names, job)
-        emit({"event": "round", "round": rnd, "times": per, "order": orders, "elapsed": elapsed,
-              "verdict": verdict.to_json() if verdict else None})
+        emit(
+            {
+                "event": "round",
+                "round": rnd,
+                "times": per,
+                "order": orders,
+                "elapsed": elapsed,
+                "verdict": verdict.to_json() if verdict else None,
+            }
+        )
         reason = None
-        if adaptive and verdict is not None and stats.is_look(rnd) and \
-                stats.should_stop(verdict.verdict, verdict.rope_source):
+        if (
+            adaptive
+            and verdict is not None
+            and stats.is_look(rnd)
+            and stats.should_stop(verdict.verdict, verdict.rope_source)
+        ):
             reason = "verdict"
         elif elapsed >= budget:
             reason = "budget"
@@ -476,8 +516,9 @@ def _fresh_inputs(op, params, device, sh: Shape, rnd: int, seed: int) -> None:
         refresh(sh.master, sh.gen)
     else:
         c = sh.case
-        new = op.inputs(Case(c.name, c.dims, c.dtype, c.seed * 7919 + rnd + 1 + seed, c.tags), params, device,
-                        poison=False)
+        new = op.inputs(
+            Case(c.name, c.dims, c.dtype, c.seed * 7919 + rnd + 1 + seed, c.tags), params, device, poison=False
+        )
         copy_into(sh.master, new)
 
 
@@ -496,8 +537,10 @@ def _check_agreement(op, sh: Shape, exact: bool, rnd: int) -> None:
     for r, o in zip(sh.runners[1:], outs[1:]):
         why = disagreement(op, sh.case, sh.master, outs[0], o, exact)
         if why:
-            raise BenchAbort("mismatch", f"{r.name} and {base} disagree on shape {sh.case.name} "
-                                         f"(round {rnd + 1}, fresh inputs): {why}")
+            raise BenchAbort(
+                "mismatch",
+                f"{r.name} and {base} disagree on shape {sh.case.name} (round {rnd + 1}, fresh inputs): {why}",
+            )
 
 
 def _verdict(times: dict, names: list[str], job: dict):
@@ -508,6 +551,7 @@ def _verdict(times: dict, names: list[str], job: dict):
 
     arr = {n: np.asarray(times[n], dtype=np.float64) for n in names}
     base2 = arr[names[2]] if len(names) > 2 else None
-    overall, _ = stats.compare_run(arr[names[0]], arr[names[1]], base2, rope=job.get("rope"),
-                                   rope_min=job.get("rope_min", stats.ROPE_MIN))
+    overall, _ = stats.compare_run(
+        arr[names[0]], arr[names[1]], base2, rope=job.get("rope"), rope_min=job.get("rope_min", stats.ROPE_MIN)
+    )
     return overall

@@ -6,6 +6,7 @@ hang or crash ends the benchmark with an error instead of taking the caller
 down. The A/A instance is the base entry loaded from a temporary copy of the
 base tree, so it is a separately imported and compiled instance of the same code.
 """
+
 from __future__ import annotations
 
 import os
@@ -35,8 +36,10 @@ DEFAULT_TIMEOUT_S = {"cuda": 180.0, "cpu": 600.0}
 L2_FLUSH_DEFAULT = True  # docs/benchmarking.md: decided from the H200 measurement of benchmarks/gpu_bench.py
 COPY_LIMIT_BYTES = 256 << 20
 SKIP_DIRS = {"__pycache__", "venv", "env", "node_modules", "build", "dist"}  # and every hidden folder (.git, .venv)
-CLOCK_NOTE = {"cpu-wall-clock": "CPU wall-clock times under the Triton interpreter: not GPU figures",
-              "cuda-events": "CUDA events around CUDA-graph replays, per launch"}
+CLOCK_NOTE = {
+    "cpu-wall-clock": "CPU wall-clock times under the Triton interpreter: not GPU figures",
+    "cuda-events": "CUDA events around CUDA-graph replays, per launch",
+}
 
 
 @dataclass
@@ -69,24 +72,66 @@ class BenchResult:
         return self.error is not None
 
     def to_json(self) -> dict:
-        v = self.verdict.to_json() if self.verdict else {
-            "verdict": None, "ratio": None, "hdi": None, "p_faster": None, "p_slower": None,
-            "p_equivalent": None, "rope": None}
-        return {**v, "op": self.op, "base": self.base, "head": self.head, "device": self.device,
-                "clock": self.clock, "clock_note": CLOCK_NOTE.get(self.clock, ""), "shapes": self.shapes,
-                "rounds": self.rounds, "seconds": self.seconds, "bench_seconds": self.bench_seconds,
-                "setup_seconds": self.setup_seconds, "stopped": self.stopped, "budget_s": self.budget_s,
-                "l2_flush": self.l2_flush, "regime": self.regime, "reps": self.reps, "error": self.error,
-                "error_kind": self.error_kind, "notes": self.notes}
+        v = (
+            self.verdict.to_json()
+            if self.verdict
+            else {
+                "verdict": None,
+                "ratio": None,
+                "hdi": None,
+                "p_faster": None,
+                "p_slower": None,
+                "p_equivalent": None,
+                "rope": None,
+            }
+        )
+        return {
+            **v,
+            "op": self.op,
+            "base": self.base,
+            "head": self.head,
+            "device": self.device,
+            "clock": self.clock,
+            "clock_note": CLOCK_NOTE.get(self.clock, ""),
+            "shapes": self.shapes,
+            "rounds": self.rounds,
+            "seconds": self.seconds,
+            "bench_seconds": self.bench_seconds,
+            "setup_seconds": self.setup_seconds,
+            "stopped": self.stopped,
+            "budget_s": self.budget_s,
+            "l2_flush": self.l2_flush,
+            "regime": self.regime,
+            "reps": self.reps,
+            "error": self.error,
+            "error_kind": self.error_kind,
+            "notes": self.notes,
+        }
 
 
-def bench_pair(op: str, base_entry: str, head_entry: str, base_root: str | None = None,
-               head_root: str | None = None, params: dict | None = None, device: str = "cuda", *,
-               budget_s: float = DEFAULT_BUDGET_S, rope_min: float = stats.ROPE_MIN, rope: float | None = None,
-               reps: int | None = None, l2_flush: bool | None = None, max_rounds: int | None = None,
-               adaptive: bool = True, seed: int = 0, timeout_s: float | None = None, progress=None,
-               extra: list[tuple[str, str, str | None]] = (), shapes: list[str] | None = None,
-               regime: str | None = None) -> BenchResult:
+def bench_pair(
+    op: str,
+    base_entry: str,
+    head_entry: str,
+    base_root: str | None = None,
+    head_root: str | None = None,
+    params: dict | None = None,
+    device: str = "cuda",
+    *,
+    budget_s: float = DEFAULT_BUDGET_S,
+    rope_min: float = stats.ROPE_MIN,
+    rope: float | None = None,
+    reps: int | None = None,
+    l2_flush: bool | None = None,
+    max_rounds: int | None = None,
+    adaptive: bool = True,
+    seed: int = 0,
+    timeout_s: float | None = None,
+    progress=None,
+    extra: list[tuple[str, str, str | None]] = (),
+    shapes: list[str] | None = None,
+    regime: str | None = None,
+) -> BenchResult:
     """Benchmark head against base; the gate and `kernalin-ci bench` call this.
 
     params: op params and bench params together (see kernalin_ci/bench/shapes.py).
@@ -117,21 +162,44 @@ def bench_pair(op: str, base_entry: str, head_entry: str, base_root: str | None 
     base_root = str(Path(base_root or os.getcwd()).resolve())
     head_root = str(Path(head_root or os.getcwd()).resolve())
     parse_entry(base_entry), parse_entry(head_entry)
-    result = BenchResult(op=op, base=base_entry, head=head_entry, device=device, budget_s=budget_s, reps=reps,
-                         l2_flush=l2_flush if device == "cuda" else None, regime=regime)
+    result = BenchResult(
+        op=op,
+        base=base_entry,
+        head=head_entry,
+        device=device,
+        budget_s=budget_s,
+        reps=reps,
+        l2_flush=l2_flush if device == "cuda" else None,
+        regime=regime,
+    )
     with tempfile.TemporaryDirectory(prefix="kernalin-aa-") as tmp:
         os.chmod(tmp, 0o755)  # read by the kernel workers' sandbox user (uid 65534 under root)
         base2_entry, base2_root, note = aa_copy(base_entry, base_root, tmp)
         if note:
             result.notes.append(note)
-        instances = [{"name": "base", "entry": base_entry, "root": base_root},
-                     {"name": "head", "entry": head_entry, "root": head_root},
-                     {"name": "base2", "entry": base2_entry, "root": base2_root}]
+        instances = [
+            {"name": "base", "entry": base_entry, "root": base_root},
+            {"name": "head", "entry": head_entry, "root": head_root},
+            {"name": "base2", "entry": base2_entry, "root": base2_root},
+        ]
         instances += [{"name": n, "entry": e, "root": str(Path(r or os.getcwd()).resolve())} for n, e, r in extra]
-        job = {"task": "bench", "op": op, "params": resolved, "device": device,
-               "cases": [c.to_json() for c in cases], "instances": instances, "reps": reps,
-               "budget_s": budget_s, "max_rounds": max_rounds, "adaptive": adaptive, "seed": seed,
-               "l2_flush": l2_flush, "regime": regime, "rope": rope, "rope_min": rope_min}
+        job = {
+            "task": "bench",
+            "op": op,
+            "params": resolved,
+            "device": device,
+            "cases": [c.to_json() for c in cases],
+            "instances": instances,
+            "reps": reps,
+            "budget_s": budget_s,
+            "max_rounds": max_rounds,
+            "adaptive": adaptive,
+            "seed": seed,
+            "l2_flush": l2_flush,
+            "regime": regime,
+            "rope": rope,
+            "rope_min": rope_min,
+        }
         info = _run(job, result, cases, device, timeout_s or DEFAULT_TIMEOUT_S[device], progress)
     _finish(result, cases, info, rope, rope_min)
     result.seconds = time.perf_counter() - t_start
@@ -150,8 +218,14 @@ def aa_copy(entry: str, root: str, tmp: str) -> tuple[str, str, str | None]:
             src_root, rel = path.parent, Path(path.name)
         dest = Path(tmp) / "base2"
         if not _copy_tree(src_root, dest):
-            return entry, root, ("the base tree is larger than 256 MB: the A/A instance is loaded from the same "
-                                 "files (still a separate module and a separate Triton JIT instance)")
+            return (
+                entry,
+                root,
+                (
+                    "the base tree is larger than 256 MB: the A/A instance is loaded from the same "
+                    "files (still a separate module and a separate Triton JIT instance)"
+                ),
+            )
         return f"{dest / rel}:{es.function}", str(dest), None
     dest = Path(tmp) / "base2"
     if not _copy_tree(src_root, dest):
@@ -162,8 +236,9 @@ def aa_copy(entry: str, root: str, tmp: str) -> tuple[str, str, str | None]:
 def _copy_tree(src: Path, dest: Path) -> bool:
     total = 0
     for dirpath, dirnames, filenames in os.walk(src):
-        dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS and not d.startswith(".")
-                       and not d.endswith(".egg-info")]
+        dirnames[:] = [
+            d for d in dirnames if d not in SKIP_DIRS and not d.startswith(".") and not d.endswith(".egg-info")
+        ]
         rel = Path(dirpath).relative_to(src)
         (dest / rel).mkdir(parents=True, exist_ok=True)
         for f in filenames:
@@ -211,8 +286,9 @@ def _run(job: dict, result: BenchResult, cases, device: str, timeout_s: float, p
                 v = stats.Verdict.from_json(ev["verdict"]) if ev.get("verdict") else None
                 if tty or stats.is_look(ev["round"]) or ev["round"] % 50 == 0:
                     line = progress_line(ev["round"], ev["elapsed"], v, result.clock or "")
-                    print(("\r" + line + "\033[K") if tty else line, end="" if tty else "\n", file=sys.stderr,
-                          flush=True)
+                    print(
+                        ("\r" + line + "\033[K") if tty else line, end="" if tty else "\n", file=sys.stderr, flush=True
+                    )
         elif kind == "stopped":
             result.stopped = ev["reason"]
         elif kind == "bench-error":
@@ -226,19 +302,30 @@ def _run(job: dict, result: BenchResult, cases, device: str, timeout_s: float, p
     outcome.raise_for_error("bench")
     if outcome.status in ("timeout", "crashed") and result.error is None:
         result.error_kind = outcome.status
-        result.error = f"the benchmark child {outcome.detail} while {state['where']}" \
-            + outcome.last_output()
+        result.error = f"the benchmark child {outcome.detail} while {state['where']}" + outcome.last_output()
     if result.rounds:
         result.instances = {n: np.asarray(times[n], dtype=np.float64) for n in names}
         result.orders = np.asarray(orders, dtype=np.int8)
-        meta = {"op": job["op"], "base": result.base, "head": result.head, "device": device, "unit": "ms",
-                "clock": result.clock, "shapes": labels, "inner": [info["inner"].get(i) for i in range(len(labels))],
-                "timing": [info["timing"].get(i) for i in range(len(labels))], "reps": job["reps"],
-                "l2_flush": result.l2_flush, "regime": result.regime, "seed": job["seed"],
-                "copies": [info["copies"].get(i) for i in range(len(labels))],
-                "same_output_addresses": [info["same_addresses"].get(i) for i in range(len(labels))]}
-        result.trace = from_shapes(result.instances["base"], result.instances["head"],
-                                   result.instances.get("base2"), meta)
+        meta = {
+            "op": job["op"],
+            "base": result.base,
+            "head": result.head,
+            "device": device,
+            "unit": "ms",
+            "clock": result.clock,
+            "shapes": labels,
+            "inner": [info["inner"].get(i) for i in range(len(labels))],
+            "timing": [info["timing"].get(i) for i in range(len(labels))],
+            "reps": job["reps"],
+            "l2_flush": result.l2_flush,
+            "regime": result.regime,
+            "seed": job["seed"],
+            "copies": [info["copies"].get(i) for i in range(len(labels))],
+            "same_output_addresses": [info["same_addresses"].get(i) for i in range(len(labels))],
+        }
+        result.trace = from_shapes(
+            result.instances["base"], result.instances["head"], result.instances.get("base2"), meta
+        )
     return info
 
 
@@ -247,11 +334,18 @@ def _finish(result: BenchResult, cases, info: dict, rope, rope_min) -> None:
     per_shape = None
     if tr is not None and not result.failed:
         ps = tr.per_shape
-        result.verdict, per_shape = stats.compare_run(ps["base"], ps["head"], ps.get("base2"), rope=rope,
-                                                      rope_min=rope_min)
+        result.verdict, per_shape = stats.compare_run(
+            ps["base"], ps["head"], ps.get("base2"), rope=rope, rope_min=rope_min
+        )
     for i, c in enumerate(cases):
-        entry = {"shape": c.name, "dims": _compact(c.dims), "dtype": c.dtype, "inner": info["inner"].get(i),
-                 "timing": info["timing"].get(i), "copies": info["copies"].get(i)}
+        entry = {
+            "shape": c.name,
+            "dims": _compact(c.dims),
+            "dtype": c.dtype,
+            "inner": info["inner"].get(i),
+            "timing": info["timing"].get(i),
+            "copies": info["copies"].get(i),
+        }
         if per_shape is not None:
             st = tr.shape_trace(i)
             entry.update(per_shape[i].to_json())

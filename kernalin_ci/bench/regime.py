@@ -6,6 +6,7 @@
   span twice the L2, so every launch reads memory that is not in L2 (a kernel run once per
   layer between other kernels, as in a decode step).
 """
+
 REGIMES = ("warm", "cold")
 DEFAULT_REGIME = "cold"  # H200 live evaluation: warm gave 25/360 false per-shape A/A verdicts, cold 0/210
 # (docs/statistics.md, "Live evaluation")

@@ -1,5 +1,6 @@
 """Text lines of the `bench` and `compare` commands: a verdict per line and the progress lines
 (never recomputes a statistic; the verdict's wording is kernalin_ci.report.text's)."""
+
 from __future__ import annotations
 
 from kernalin_ci.bench.stats import Verdict
@@ -21,6 +22,8 @@ def verdict_line(v: Verdict, label: str = "") -> str:
 def progress_line(rounds: int, seconds: float, v: Verdict | None, clock: str) -> str:
     if v is None:
         return f"  bench round {rounds} ({seconds:.1f} s {clock})"
-    return (f"  bench round {rounds} ({seconds:.1f} s {clock}): head/base {v.ratio:.4f} "
-            f"[{v.hdi[0]:.4f}, {v.hdi[1]:.4f}]  P(faster) {v.p_faster:.2f}  P(eq) {v.p_equivalent:.2f}  "
-            f"P(slower) {v.p_slower:.2f}  -> {v.verdict}")
+    return (
+        f"  bench round {rounds} ({seconds:.1f} s {clock}): head/base {v.ratio:.4f} "
+        f"[{v.hdi[0]:.4f}, {v.hdi[1]:.4f}]  P(faster) {v.p_faster:.2f}  P(eq) {v.p_equivalent:.2f}  "
+        f"P(slower) {v.p_slower:.2f}  -> {v.verdict}"
+    )

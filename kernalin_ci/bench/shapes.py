@@ -17,6 +17,7 @@ Bench params come from `--param` (and .kernalin.yml) next to the op's own params
 Head counts and the head dim come from the op params `num_q_heads`,
 `num_kv_heads`, `head_dim` where the op has them.
 """
+
 from __future__ import annotations
 
 from kernalin_ci.errors import UsageError

@@ -22,6 +22,7 @@ constants from the H200 traces.
 
 This module computes plain estimates; rendering lives elsewhere.
 """
+
 from __future__ import annotations
 
 import math
@@ -38,7 +39,6 @@ DRAWS = 4000  # posterior draws; Monte Carlo error of a probability near 0.95 is
 SEED = 20261202  # fixed: the same trace always gives the same verdict
 HIST_BINS = 40  # bins of the posterior histogram in the verdict JSON (the report draws it)
 LOOK_GROWTH = 1.25  # adaptive stopping looks at rounds 5, 6, 8, 10, 12, 15, 19, 24, ...
-
 
 
 @dataclass
@@ -66,21 +66,38 @@ class Verdict:
     def to_json(self) -> dict:
         """The docs/cli.md verdict object (plus a few extra fields)."""
         return {
-            "verdict": self.verdict, "ratio": self.ratio, "hdi": list(self.hdi),
-            "p_faster": self.p_faster, "p_slower": self.p_slower, "p_equivalent": self.p_equivalent,
-            "rope": list(self.rope), "rounds": self.rounds, "rope_source": self.rope_source,
-            "floor": self.floor, "aa_ratio": self.aa_ratio,
+            "verdict": self.verdict,
+            "ratio": self.ratio,
+            "hdi": list(self.hdi),
+            "p_faster": self.p_faster,
+            "p_slower": self.p_slower,
+            "p_equivalent": self.p_equivalent,
+            "rope": list(self.rope),
+            "rounds": self.rounds,
+            "rope_source": self.rope_source,
+            "floor": self.floor,
+            "aa_ratio": self.aa_ratio,
             "aa_hdi": list(self.aa_hdi) if self.aa_hdi is not None else None,
             "posterior_hist": self.posterior_hist,
         }
 
     @classmethod
-    def from_json(cls, d: dict) -> "Verdict":
-        return cls(verdict=d["verdict"], ratio=d["ratio"], hdi=tuple(d["hdi"]), p_faster=d["p_faster"],
-                   p_slower=d["p_slower"], p_equivalent=d["p_equivalent"], rope=tuple(d["rope"]),
-                   rounds=d["rounds"], rope_source=d["rope_source"], floor=d.get("floor"),
-                   aa_ratio=d.get("aa_ratio"), aa_hdi=tuple(d["aa_hdi"]) if d.get("aa_hdi") else None,
-                   posterior_hist=d.get("posterior_hist"))
+    def from_json(cls, d: dict) -> Verdict:
+        return cls(
+            verdict=d["verdict"],
+            ratio=d["ratio"],
+            hdi=tuple(d["hdi"]),
+            p_faster=d["p_faster"],
+            p_slower=d["p_slower"],
+            p_equivalent=d["p_equivalent"],
+            rope=tuple(d["rope"]),
+            rounds=d["rounds"],
+            rope_source=d["rope_source"],
+            floor=d.get("floor"),
+            aa_ratio=d.get("aa_ratio"),
+            aa_hdi=tuple(d["aa_hdi"]) if d.get("aa_hdi") else None,
+            posterior_hist=d.get("posterior_hist"),
+        )
 
 
 @lru_cache(maxsize=256)
@@ -112,7 +129,7 @@ def hdi(sorted_draws: np.ndarray, mass: float = CONFIDENCE) -> tuple[np.ndarray,
     """Narrowest interval holding `mass` of the (sorted, last axis) draws."""
     n = sorted_draws.shape[-1]
     k = max(1, min(n, int(math.ceil(mass * n))))
-    widths = sorted_draws[..., k - 1:] - sorted_draws[..., : n - k + 1]
+    widths = sorted_draws[..., k - 1 :] - sorted_draws[..., : n - k + 1]
     i = widths.argmin(axis=-1)[..., None]
     lo = np.take_along_axis(sorted_draws, i, axis=-1)[..., 0]
     hi = np.take_along_axis(sorted_draws, i + k - 1, axis=-1)[..., 0]
@@ -154,8 +171,9 @@ def posterior_summary(d: np.ndarray, a: np.ndarray | None = None) -> dict:
     return out
 
 
-def decide(summary: dict, rope: float | None = None, rope_min: float = ROPE_MIN,
-           floor_multiple: float = FLOOR_MULTIPLE) -> dict:
+def decide(
+    summary: dict, rope: float | None = None, rope_min: float = ROPE_MIN, floor_multiple: float = FLOOR_MULTIPLE
+) -> dict:
     """The ROPE, the three probabilities and the verdict, added to a copy of `summary`."""
     out = dict(summary)
     post, n = out["post"], out["n"]
@@ -184,8 +202,13 @@ def decide(summary: dict, rope: float | None = None, rope_min: float = ROPE_MIN,
     return out
 
 
-def judge_arrays(d: np.ndarray, a: np.ndarray | None = None, rope: float | None = None,
-                 rope_min: float = ROPE_MIN, floor_multiple: float = FLOOR_MULTIPLE) -> dict:
+def judge_arrays(
+    d: np.ndarray,
+    a: np.ndarray | None = None,
+    rope: float | None = None,
+    rope_min: float = ROPE_MIN,
+    floor_multiple: float = FLOOR_MULTIPLE,
+) -> dict:
     """Vectorised core: per-round log ratios d [T, n] (and A/A a [T, n]) -> dict of [T] arrays.
 
     Used by compare_many (thousands of traces) and by the evaluation (thousands
@@ -200,16 +223,23 @@ def verdicts_from(res: dict) -> list[Verdict]:
     hists = histograms(res["post"])
     for i in range(len(res["verdict"])):
         rho = float(res["rho"][i])
-        out.append(Verdict(
-            verdict=str(res["verdict"][i]), ratio=float(res["ratio"][i]),
-            hdi=(float(res["hdi_lo"][i]), float(res["hdi_hi"][i])),
-            p_faster=float(res["p_faster"][i]), p_slower=float(res["p_slower"][i]),
-            p_equivalent=float(res["p_equivalent"][i]), rope=(1.0 - rho, 1.0 + rho), rounds=int(res["n"]),
-            rope_source=str(res["rope_source"][i]),
-            floor=float(res["floor"][i]) if has_aa else None,
-            aa_ratio=float(res["aa_ratio"][i]) if has_aa else None,
-            aa_hdi=(float(res["aa_lo"][i]), float(res["aa_hi"][i])) if has_aa else None,
-            posterior_hist=hists[i]))
+        out.append(
+            Verdict(
+                verdict=str(res["verdict"][i]),
+                ratio=float(res["ratio"][i]),
+                hdi=(float(res["hdi_lo"][i]), float(res["hdi_hi"][i])),
+                p_faster=float(res["p_faster"][i]),
+                p_slower=float(res["p_slower"][i]),
+                p_equivalent=float(res["p_equivalent"][i]),
+                rope=(1.0 - rho, 1.0 + rho),
+                rounds=int(res["n"]),
+                rope_source=str(res["rope_source"][i]),
+                floor=float(res["floor"][i]) if has_aa else None,
+                aa_ratio=float(res["aa_ratio"][i]) if has_aa else None,
+                aa_hdi=(float(res["aa_lo"][i]), float(res["aa_hi"][i])) if has_aa else None,
+                posterior_hist=hists[i],
+            )
+        )
     return out
 
 
@@ -247,8 +277,9 @@ def common_floor(summary: dict) -> dict:
     return out
 
 
-def compare_run(base, head, base2=None, rope: float | None = None,
-                rope_min: float = ROPE_MIN) -> tuple[Verdict, list[Verdict]]:
+def compare_run(
+    base, head, base2=None, rope: float | None = None, rope_min: float = ROPE_MIN
+) -> tuple[Verdict, list[Verdict]]:
     """One benchmark run, [rounds, shapes, reps] per instance -> (overall verdict, one verdict per shape).
 
     The one function that decides both. The overall row judges the per-repetition geometric mean over
@@ -259,8 +290,10 @@ def compare_run(base, head, base2=None, rope: float | None = None,
     base, head = np.asarray(base, dtype=np.float64), np.asarray(head, dtype=np.float64)
     b2 = np.asarray(base2, dtype=np.float64) if base2 is not None else None
     if base.ndim != 3 or head.shape != base.shape or (b2 is not None and b2.shape[:2] != base.shape[:2]):
-        raise ValueError(f"base, head (and base2) must be [rounds, shapes, reps] with the same rounds and shapes, "
-                         f"got {base.shape}, {head.shape}" + (f", {b2.shape}" if b2 is not None else ""))
+        raise ValueError(
+            f"base, head (and base2) must be [rounds, shapes, reps] with the same rounds and shapes, "
+            f"got {base.shape}, {head.shape}" + (f", {b2.shape}" if b2 is not None else "")
+        )
 
     def rows(x: np.ndarray) -> np.ndarray:  # [1 + shapes, rounds] of log per-round locations
         overall = np.log(round_location(np.exp(np.log(x).mean(axis=1))))
@@ -300,13 +333,15 @@ def compare_many(traces, rope: float | None = None, rope_min: float = ROPE_MIN) 
 
 def _check(base, head, base2) -> None:
     if base.ndim != 2 or head.ndim != 2 or base.shape[0] != head.shape[0] or base.shape[0] < 1:
-        raise ValueError(f"base and head must be [rounds, reps] with the same rounds, got "
-                         f"{base.shape} and {head.shape}")
+        raise ValueError(
+            f"base and head must be [rounds, reps] with the same rounds, got {base.shape} and {head.shape}"
+        )
     if base2 is not None and (np.ndim(base2) != 2 or np.shape(base2)[0] != base.shape[0]):
         raise ValueError(f"base2 must be [rounds, reps] with {base.shape[0]} rounds, got {np.shape(base2)}")
 
 
 # ---------------------------------------------------------------- adaptive stopping
+
 
 def looks(limit: int = 1 << 20):
     """The rounds after which the verdict is examined: 5, 6, 8, 10, 12, 15, 19, 24, 30, 38, ...

@@ -9,6 +9,7 @@ round. A benchmark over several shapes also stores the per-shape arrays
 (every shape weighs the same), so `compare` on the file gives the benchmark's
 overall verdict. `meta` (a JSON string) says what was measured and how.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,18 +36,30 @@ class Trace:
     def rounds(self) -> int:
         return int(self.base.shape[0])
 
-    def shape_trace(self, i: int) -> "Trace":
+    def shape_trace(self, i: int) -> Trace:
         """The trace of shape i alone (needs per-shape arrays)."""
         ps = self.per_shape
-        return Trace(ps["base"][:, i], ps["head"][:, i], ps["base2"][:, i] if ps.get("base2") is not None else None,
-                     dict(self.meta))
+        return Trace(
+            ps["base"][:, i],
+            ps["head"][:, i],
+            ps["base2"][:, i] if ps.get("base2") is not None else None,
+            dict(self.meta),
+        )
 
-    def first(self, rounds: int) -> "Trace":
+    def first(self, rounds: int) -> Trace:
         """The first `rounds` rounds (what an adaptive run had seen at that point)."""
-        ps = None if self.per_shape is None else {k: (v[:rounds] if v is not None else None)
-                                                   for k, v in self.per_shape.items()}
-        return Trace(self.base[:rounds], self.head[:rounds],
-                     self.base2[:rounds] if self.base2 is not None else None, dict(self.meta), ps)
+        ps = (
+            None
+            if self.per_shape is None
+            else {k: (v[:rounds] if v is not None else None) for k, v in self.per_shape.items()}
+        )
+        return Trace(
+            self.base[:rounds],
+            self.head[:rounds],
+            self.base2[:rounds] if self.base2 is not None else None,
+            dict(self.meta),
+            ps,
+        )
 
 
 def geometric_mean_over_shapes(t: np.ndarray) -> np.ndarray:
@@ -56,9 +69,13 @@ def geometric_mean_over_shapes(t: np.ndarray) -> np.ndarray:
 
 def from_shapes(base: np.ndarray, head: np.ndarray, base2: np.ndarray | None, meta: dict) -> Trace:
     """A trace from per-shape arrays [rounds, shapes, reps]."""
-    return Trace(geometric_mean_over_shapes(base), geometric_mean_over_shapes(head),
-                 geometric_mean_over_shapes(base2) if base2 is not None else None, meta,
-                 {"base": base, "head": head, "base2": base2})
+    return Trace(
+        geometric_mean_over_shapes(base),
+        geometric_mean_over_shapes(head),
+        geometric_mean_over_shapes(base2) if base2 is not None else None,
+        meta,
+        {"base": base, "head": head, "base2": base2},
+    )
 
 
 def save_trace(trace: Trace, path: str) -> None:
@@ -105,12 +122,17 @@ def load_trace(path: str) -> Trace:
     rounds = got["base"].shape[0]
     for k, a in got.items():
         if a.shape[0] != rounds:
-            raise UsageError(f"{path}: {k} has {a.shape[0]} rounds but base has {rounds} (shapes "
-                             f"{tuple(got['base'].shape)} and {tuple(a.shape)})")
+            raise UsageError(
+                f"{path}: {k} has {a.shape[0]} rounds but base has {rounds} (shapes "
+                f"{tuple(got['base'].shape)} and {tuple(a.shape)})"
+            )
     per_shape = None
     if "base_shapes" in arrays and "head_shapes" in arrays:
-        per_shape = {k: _array(path, f"{k}_shapes", arrays[f"{k}_shapes"], 3)
-                     for k in ARRAYS if arrays.get(f"{k}_shapes") is not None}
+        per_shape = {
+            k: _array(path, f"{k}_shapes", arrays[f"{k}_shapes"], 3)
+            for k in ARRAYS
+            if arrays.get(f"{k}_shapes") is not None
+        }
         shapes = {v.shape[:2] for v in per_shape.values()}
         if len(shapes) != 1 or next(iter(shapes))[0] != rounds:
             raise UsageError(f"{path}: per-shape arrays disagree with each other or with base's {rounds} rounds")

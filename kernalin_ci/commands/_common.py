@@ -1,4 +1,5 @@
 """Argument helpers shared by subcommands."""
+
 from __future__ import annotations
 
 import ctypes

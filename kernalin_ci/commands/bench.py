@@ -1,4 +1,5 @@
 """kernalin-ci bench: time head against base, interleaved, and give the verdict (docs/cli.md)."""
+
 from __future__ import annotations
 
 import sys
@@ -20,27 +21,49 @@ def add_arguments(p):
     p.add_argument("--head", required=True, metavar="ENTRY", help="the entry under test")
     p.add_argument("--base-root", metavar="DIR", help="directory the base entry resolves against (default: .)")
     p.add_argument("--head-root", metavar="DIR", help="directory the head entry resolves against (default: .)")
-    p.add_argument("--param", action="append", metavar="K=V", help="op or bench-shape parameter, e.g. batch=64 "
-                                                                   "kv_len=8192 (repeatable)")
+    p.add_argument(
+        "--param",
+        action="append",
+        metavar="K=V",
+        help="op or bench-shape parameter, e.g. batch=64 kv_len=8192 (repeatable)",
+    )
     p.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when a GPU is visible, else cpu")
-    p.add_argument("--budget-s", type=float, default=None, metavar="SECONDS",
-                   help="timing budget; rounds stop earlier once a verdict is reached (default 30)")
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="timing budget; rounds stop earlier once a verdict is reached (default 30)",
+    )
     p.add_argument("--max-rounds", type=int, metavar="N", help="stop after N rounds at the latest")
     p.add_argument("--rope", metavar="FRACTION", help="fix the ROPE half-width (0.01 = +-1%%)")
     p.add_argument("--rope-min", metavar="FRACTION", help="smallest ROPE half-width (default 0.005)")
     p.add_argument("--reps", type=int, metavar="N", help="samples per instance per round (default 5; 3 on cpu)")
-    p.add_argument("--l2-flush", dest="l2_flush", action="store_true", default=None,
-                   help="flush the L2 cache before every sample (default on)")
+    p.add_argument(
+        "--l2-flush",
+        dest="l2_flush",
+        action="store_true",
+        default=None,
+        help="flush the L2 cache before every sample (default on)",
+    )
     p.add_argument("--no-l2-flush", dest="l2_flush", action="store_false")
-    p.add_argument("--regime", choices=REGIMES, default=None,
-                   help="warm: back-to-back launches on the same inputs; cold: every launch on inputs not in L2 "
-                        f"(default: {DEFAULT_REGIME})")
+    p.add_argument(
+        "--regime",
+        choices=REGIMES,
+        default=None,
+        help="warm: back-to-back launches on the same inputs; cold: every launch on inputs not in L2 "
+        f"(default: {DEFAULT_REGIME})",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the inputs and of the timing order")
     p.add_argument("--timeout", type=float, metavar="S", help="seconds without progress before the run is killed")
     p.add_argument("--json", metavar="PATH|-", help="write the verdict JSON")
     p.add_argument("--trace", metavar="PATH", help="save the raw trace (.npz or .json, the compare format)")
-    p.add_argument("--model", metavar="PRESET|FILE", help="time a decode step of this model with the kernel in its "
-                   "place instead of the op's shapes; report tokens/s and $/Mtok (docs/tokens.md)")
+    p.add_argument(
+        "--model",
+        metavar="PRESET|FILE",
+        help="time a decode step of this model with the kernel in its "
+        "place instead of the op's shapes; report tokens/s and $/Mtok (docs/tokens.md)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
@@ -55,12 +78,24 @@ def run(args) -> int:
     if args.model is not None:
         return run_model(args, device)
     result = bench_pair(
-        args.op, args.base, args.head, args.base_root, args.head_root, parse_params(args.param), device,
+        args.op,
+        args.base,
+        args.head,
+        args.base_root,
+        args.head_root,
+        parse_params(args.param),
+        device,
         budget_s=args.budget_s if args.budget_s is not None else DEFAULT_BUDGET_S,
         rope_min=fraction(args.rope_min) if args.rope_min is not None else stats.ROPE_MIN,
-        rope=fraction(args.rope) if args.rope is not None else None, reps=args.reps, l2_flush=args.l2_flush,
-        max_rounds=args.max_rounds, seed=args.seed, regime=args.regime, timeout_s=args.timeout,
-        progress=not args.quiet)
+        rope=fraction(args.rope) if args.rope is not None else None,
+        reps=args.reps,
+        l2_flush=args.l2_flush,
+        max_rounds=args.max_rounds,
+        seed=args.seed,
+        regime=args.regime,
+        timeout_s=args.timeout,
+        progress=not args.quiet,
+    )
     if args.trace and result.trace is not None:
         save_trace(result.trace, args.trace)
     write_json(result.to_json(), args.json)
@@ -75,21 +110,28 @@ def print_result(result, out) -> None:
     from kernalin_ci.report.text import mass_sentence
 
     if result.failed:
-        print(f"BENCH FAILED ({result.error_kind}) {result.op} {result.head} vs {result.base}: {result.error}",
-              file=out)
+        print(
+            f"BENCH FAILED ({result.error_kind}) {result.op} {result.head} vs {result.base}: {result.error}", file=out
+        )
         return
     v = result.verdict
     print(verdict_line(v, f"{result.op} {result.head} vs {result.base}"), file=out)
     print(f"  {mass_sentence(v.to_json())}", file=out)
     clock = "GPU seconds" if result.clock == "cuda-events" else "CPU wall-clock seconds"
-    print(f"  {result.rounds} rounds, {result.bench_seconds:.1f} {clock} timing, {result.regime} regime "
-          f"(stopped: {result.stopped}), "
-          f"{result.setup_seconds:.1f} s setup, {result.seconds:.1f} s in all", file=out)
+    print(
+        f"  {result.rounds} rounds, {result.bench_seconds:.1f} {clock} timing, {result.regime} regime "
+        f"(stopped: {result.stopped}), "
+        f"{result.setup_seconds:.1f} s setup, {result.seconds:.1f} s in all",
+        file=out,
+    )
     for s in result.shapes:
         if s.get("verdict"):
-            print(f"  {s['shape']}: base {s['base_ms']:.4g} ms, head {s['head_ms']:.4g} ms, "
-                  f"head/base {s['ratio']:.4f} [{s['hdi'][0]:.4f}, {s['hdi'][1]:.4f}] -> {s['verdict']} "
-                  f"(inner {s['inner']}, {s['timing']})", file=out)
+            print(
+                f"  {s['shape']}: base {s['base_ms']:.4g} ms, head {s['head_ms']:.4g} ms, "
+                f"head/base {s['ratio']:.4f} [{s['hdi'][0]:.4f}, {s['hdi'][1]:.4f}] -> {s['verdict']} "
+                f"(inner {s['inner']}, {s['timing']})",
+                file=out,
+            )
     for n in result.notes:
         print(f"  note: {n}", file=out)
 
@@ -107,22 +149,34 @@ def run_model(args, device: str) -> int:
     spec = from_cli(args.model)
     role = next((r for r, ops in ROLE_OPS.items() if args.op in ops), None)
     if role is None:
-        raise UsageError(f"--model: op {args.op} has no place in the decode step (ops: "
-                         f"{', '.join(op for ops in ROLE_OPS.values() for op in ops)})")
+        raise UsageError(
+            f"--model: op {args.op} has no place in the decode step (ops: "
+            f"{', '.join(op for ops in ROLE_OPS.values() for op in ops)})"
+        )
     op_params, shape_params = split_params(parse_params(args.param))
     if shape_params:
-        raise UsageError(f"--model: --param {', '.join(sorted(shape_params))}: the serving points of the model "
-                         f"give the shapes")
+        raise UsageError(
+            f"--model: --param {', '.join(sorted(shape_params))}: the serving points of the model give the shapes"
+        )
     params = resolve_params(args.op, get_op(args.op).params, op_params)
     if args.trace:
         raise UsageError("--trace: not with --model (the step times are in --json)")
     result = bench_model(
-        spec, [Role(role, args.op, args.head, args.base, args.head, params)], args.base_root, args.head_root, device,
+        spec,
+        [Role(role, args.op, args.head, args.base, args.head, params)],
+        args.base_root,
+        args.head_root,
+        device,
         budget_s=args.budget_s if args.budget_s is not None else (spec.budget_s or 30.0),
         rope_min=fraction(args.rope_min) if args.rope_min is not None else stats.ROPE_MIN,
-        rope=fraction(args.rope) if args.rope is not None else None, reps=args.reps,
-        l2_flush=args.l2_flush if args.l2_flush is not None else True, max_rounds=args.max_rounds, seed=args.seed,
-        timeout_s=args.timeout, progress=not args.quiet)
+        rope=fraction(args.rope) if args.rope is not None else None,
+        reps=args.reps,
+        l2_flush=args.l2_flush if args.l2_flush is not None else True,
+        max_rounds=args.max_rounds,
+        seed=args.seed,
+        timeout_s=args.timeout,
+        progress=not args.quiet,
+    )
     out = result.to_json()
     write_json(out, args.json)
     print("\n".join(text_lines(out)), file=sys.stderr if args.json == "-" else sys.stdout)

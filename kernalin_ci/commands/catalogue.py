@@ -1,4 +1,5 @@
 """kernalin-ci catalogue: run every catalogue kernel and print the catch matrix."""
+
 from __future__ import annotations
 
 import os
@@ -16,8 +17,9 @@ ORDER = 20
 def add_arguments(p):
     p.add_argument("--dir", metavar="DIR", help="catalogue directory (default: the checks/ beside the package)")
     p.add_argument("--op", action="append", metavar="OP", help="only this op (repeatable)")
-    p.add_argument("--kinds", default=None, help="comma-separated subset of probe,dynamic,structural "
-                                                 "(default: all available)")
+    p.add_argument(
+        "--kinds", default=None, help="comma-separated subset of probe,dynamic,structural (default: all available)"
+    )
     p.add_argument("--device", choices=("cpu", "cuda"))
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="kernels verified at once")
     p.add_argument("--json", metavar="PATH|-")

@@ -1,4 +1,5 @@
 """kernalin-ci compare: offline verdicts on timing traces (docs/cli.md)."""
+
 from __future__ import annotations
 
 import json
@@ -22,10 +23,18 @@ def fraction(text: str) -> float:
 
 
 def add_arguments(p):
-    p.add_argument("traces", nargs="+", metavar="TRACE", help=".npz or .json with arrays base, head "
-                                                               "[rounds, reps] (optional base2)")
-    p.add_argument("--rope", metavar="FRACTION", help="fix the ROPE half-width (0.01 = +-1%%); default: the "
-                                                      "larger of --rope-min and a multiple of the A/A floor")
+    p.add_argument(
+        "traces",
+        nargs="+",
+        metavar="TRACE",
+        help=".npz or .json with arrays base, head [rounds, reps] (optional base2)",
+    )
+    p.add_argument(
+        "--rope",
+        metavar="FRACTION",
+        help="fix the ROPE half-width (0.01 = +-1%%); default: the "
+        "larger of --rope-min and a multiple of the A/A floor",
+    )
     p.add_argument("--rope-min", metavar="FRACTION", default=None, help="smallest ROPE half-width (default 0.005)")
     p.add_argument("--shapes", action="store_true", help="also judge every shape of a multi-shape trace")
     p.add_argument("--json", metavar="PATH|-", help="one JSON verdict object per line, in the order given")
@@ -42,12 +51,24 @@ def run(args) -> int:
     traces = [load_trace(p) for p in args.traces]
     # a multi-shape trace is judged as the benchmark judged it: overall and per shape by one function, one floor
     multi = [i for i, t in enumerate(traces) if t.per_shape is not None and t.per_shape["base"].shape[1] > 1]
-    runs = {i: stats.compare_run(traces[i].per_shape["base"], traces[i].per_shape["head"],
-                                 traces[i].per_shape.get("base2"), rope=rope, rope_min=rope_min) for i in multi}
+    runs = {
+        i: stats.compare_run(
+            traces[i].per_shape["base"],
+            traces[i].per_shape["head"],
+            traces[i].per_shape.get("base2"),
+            rope=rope,
+            rope_min=rope_min,
+        )
+        for i in multi
+    }
     plain = [i for i in range(len(traces)) if i not in runs]
     verdicts: list = [None] * len(traces)
-    for i, v in zip(plain, stats.compare_many([(traces[i].base, traces[i].head, traces[i].base2) for i in plain],
-                                              rope=rope, rope_min=rope_min)):
+    for i, v in zip(
+        plain,
+        stats.compare_many(
+            [(traces[i].base, traces[i].head, traces[i].base2) for i in plain], rope=rope, rope_min=rope_min
+        ),
+    ):
         verdicts[i] = v
     for i, (overall, _) in runs.items():
         verdicts[i] = overall

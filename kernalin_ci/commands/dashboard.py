@@ -1,4 +1,5 @@
 """kernalin-ci dashboard: the history as a static site (GitHub Pages; docs/history.md)."""
+
 from __future__ import annotations
 
 import sys
@@ -14,8 +15,11 @@ def add_arguments(p):
     p.add_argument("--out", metavar="DIR", help="where the site is written (index.html and assets/)")
     add_store(p)
     p.add_argument("--repo", metavar="OWNER/NAME", action="append", help="only these repositories (repeatable)")
-    p.add_argument("--fetch-assets", action="store_true",
-                   help="first fetch Chart.js with `npm pack` (pinned and checked) if it is not installed")
+    p.add_argument(
+        "--fetch-assets",
+        action="store_true",
+        help="first fetch Chart.js with `npm pack` (pinned and checked) if it is not installed",
+    )
 
 
 def run(args) -> int:

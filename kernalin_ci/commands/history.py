@@ -1,4 +1,5 @@
 """kernalin-ci history: what the gate recorded for the default branch, per kernel and shape (docs/history.md)."""
+
 from __future__ import annotations
 
 import csv
@@ -12,20 +13,39 @@ NAME = "history"
 HELP = "the recorded history of the default branch: list the series, show one (table or CSV), record a run"
 ORDER = 35
 ENV_STORE = "KERNALIN_HISTORY"
-COLUMNS = ("commit", "pr", "gate", "verification", "findings", "verdict", "ratio", "hdi_lo", "hdi_hi", "base_ms",
-           "head_ms", "change")
+COLUMNS = (
+    "commit",
+    "pr",
+    "gate",
+    "verification",
+    "findings",
+    "verdict",
+    "ratio",
+    "hdi_lo",
+    "hdi_hi",
+    "base_ms",
+    "head_ms",
+    "change",
+)
 
 
 def add_store(p) -> None:
-    p.add_argument("--store", metavar="URL", help=f"where the history is: PATH or sqlite:///PATH, postgresql://..., "
-                                                  f"or git:BRANCH (a data branch of this repository; default "
-                                                  f"${ENV_STORE})")
+    p.add_argument(
+        "--store",
+        metavar="URL",
+        help=f"where the history is: PATH or sqlite:///PATH, postgresql://..., "
+        f"or git:BRANCH (a data branch of this repository; default "
+        f"${ENV_STORE})",
+    )
 
 
 def add_arguments(p):
     add_store(p)
-    p.add_argument("--repo", metavar="OWNER/NAME", help="one repository (needed with --kernel when the history "
-                                                        "holds several; the repository with --record)")
+    p.add_argument(
+        "--repo",
+        metavar="OWNER/NAME",
+        help="one repository (needed with --kernel when the history holds several; the repository with --record)",
+    )
     p.add_argument("--kernel", metavar="NAME", help="show this kernel's series, a line per recorded commit")
     p.add_argument("--shape", help="with --kernel: one shape (default: all of the kernel's)")
     p.add_argument("--csv", action="store_true", help="with --kernel: CSV on stdout instead of a table")
@@ -77,11 +97,15 @@ def _record(store, args) -> int:
         raise UsageError(f"--record {args.record}: cannot read it: {e}") from None
     if not isinstance(report, dict) or "kernels" not in report:
         raise UsageError(f"--record {args.record}: not a kernalin-ci report.json")
-    r = run_from_report(report, repo=args.repo, commit=args.commit, branch=args.branch, pr=args.pr,
-                        report_url=args.report_url)
+    r = run_from_report(
+        report, repo=args.repo, commit=args.commit, branch=args.branch, pr=args.pr, report_url=args.report_url
+    )
     added = store.add(r)
-    print(f"kernalin-ci history: {args.repo}@{args.commit[:12]}: "
-          + (f"recorded ({len(r.points)} points)" if added else "already recorded"), file=sys.stderr)
+    print(
+        f"kernalin-ci history: {args.repo}@{args.commit[:12]}: "
+        + (f"recorded ({len(r.points)} points)" if added else "already recorded"),
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -93,10 +117,18 @@ def _list(store, args) -> int:
     for repo in repos:
         for s in build(store.runs(repo)):
             last = s.points[-1]
-            rows.append((repo, s.kernel, s.shape or "-", str(len(s.points)),
-                         f"{last.head_ms:.4g}" if last.head_ms else "-", last.verdict or "-",
-                         ", ".join(f"{c.last_good[:7]}..{c.first_commit[:7]} ({c.ratio - 1:+.2%})" for c in s.changes)
-                         or (s.analysed or "none")))
+            rows.append(
+                (
+                    repo,
+                    s.kernel,
+                    s.shape or "-",
+                    str(len(s.points)),
+                    f"{last.head_ms:.4g}" if last.head_ms else "-",
+                    last.verdict or "-",
+                    ", ".join(f"{c.last_good[:7]}..{c.first_commit[:7]} ({c.ratio - 1:+.2%})" for c in s.changes)
+                    or (s.analysed or "none"),
+                )
+            )
     _table(rows)
     return 0
 
@@ -105,25 +137,40 @@ def _show(store, args) -> int:
     from kernalin_ci.history.series import build
 
     repo = pick_repo(store, args.repo)
-    series = [s for s in build(store.runs(repo)) if s.kernel == args.kernel
-              and (args.shape is None or s.shape == args.shape)]
+    series = [
+        s for s in build(store.runs(repo)) if s.kernel == args.kernel and (args.shape is None or s.shape == args.shape)
+    ]
     if not series:
-        raise UsageError(f"no series of kernel {args.kernel!r}" + (f" shape {args.shape!r}" if args.shape else "")
-                         + f" in {repo}")
+        raise UsageError(
+            f"no series of kernel {args.kernel!r}" + (f" shape {args.shape!r}" if args.shape else "") + f" in {repo}"
+        )
     rows = [(("shape",) if len(series) > 1 else ()) + COLUMNS]
     for s in series:
         starts = {c.index: f"{c.ratio - 1:+.2%} from {c.last_good[:7]}" for c in s.changes}
         for i, p in enumerate(s.points):
             f = lambda x, spec: "" if x is None else format(x, spec)  # noqa: E731
-            row = (p.commit, str(p.pr or ""), p.conclusion, p.verification or "", str(len(p.findings)),
-                   p.verdict or "", f(p.ratio, ".4f"), f(p.hdi[0] if p.hdi else None, ".4f"),
-                   f(p.hdi[1] if p.hdi else None, ".4f"), f(p.base_ms, ".5g"), f(p.head_ms, ".5g"), starts.get(i, ""))
+            row = (
+                p.commit,
+                str(p.pr or ""),
+                p.conclusion,
+                p.verification or "",
+                str(len(p.findings)),
+                p.verdict or "",
+                f(p.ratio, ".4f"),
+                f(p.hdi[0] if p.hdi else None, ".4f"),
+                f(p.hdi[1] if p.hdi else None, ".4f"),
+                f(p.base_ms, ".5g"),
+                f(p.head_ms, ".5g"),
+                starts.get(i, ""),
+            )
             rows.append(((s.shape,) if len(series) > 1 else ()) + row)
     if args.csv:
         csv.writer(sys.stdout, lineterminator="\n").writerows(rows)
     else:
-        rows = [tuple(c[:12] if j == (1 if len(series) > 1 else 0) and i else c for j, c in enumerate(r))
-                for i, r in enumerate(rows)]
+        rows = [
+            tuple(c[:12] if j == (1 if len(series) > 1 else 0) and i else c for j, c in enumerate(r))
+            for i, r in enumerate(rows)
+        ]
         _table(rows)
     return 0
 

@@ -1,4 +1,5 @@
 """kernalin-ci init: write a commented starter .kernalin.yml."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,4 +1,5 @@
 """kernalin-ci pipeline: the decode-loop check over kv_append + attention.decode_paged (+ rope)."""
+
 from __future__ import annotations
 
 import sys
@@ -31,8 +32,16 @@ def run(args) -> int:
     from kernalin_ci.verify import verify_pipeline
 
     entries = {"kv_append": args.kv_append, "attention.decode_paged": args.attention, "rope": args.rope}
-    result = verify_pipeline(entries, parse_params(args.param), device, dtype=args.dtype, steps=args.steps,
-                             seed=args.seed, timeout_s=args.timeout, progress=not args.quiet)
+    result = verify_pipeline(
+        entries,
+        parse_params(args.param),
+        device,
+        dtype=args.dtype,
+        steps=args.steps,
+        seed=args.seed,
+        timeout_s=args.timeout,
+        progress=not args.quiet,
+    )
     write_json(result.to_json(), args.json)
     print_result(result, sys.stderr if args.json == "-" else sys.stdout)
     return 1 if result.findings else 0

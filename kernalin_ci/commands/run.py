@@ -1,4 +1,5 @@
 """kernalin-ci run: the PR gate, locally or in CI (docs/cli.md)."""
+
 from __future__ import annotations
 
 import os
@@ -15,19 +16,30 @@ ORDER = 1
 
 def add_arguments(p):
     p.add_argument("--config", metavar="PATH", help="configuration (default: .kernalin.yml at the repository root)")
-    p.add_argument("--base", metavar="REF", help="base revision (default: the PR base in Actions, else the "
-                                                 "merge base with the default branch)")
+    p.add_argument(
+        "--base",
+        metavar="REF",
+        help="base revision (default: the PR base in Actions, else the merge base with the default branch)",
+    )
     p.add_argument("--head", metavar="REF", help="head revision (default: the PR head in Actions, else HEAD)")
     p.add_argument("--out", metavar="DIR", default="kernalin-out", help="report directory (default kernalin-out)")
     p.add_argument("--device", choices=("cpu", "cuda"))
     p.add_argument("--github", action="store_true", help="also post the check run, annotations and PR comment")
-    p.add_argument("--fail-on", metavar="LIST", help="what fails the gate, overriding gate.fail_on: a comma-separated "
-                                                     "list of finding, slower, inconclusive, or 'none'")
-    p.add_argument("--budget-s", type=float, metavar="SECONDS",
-                   help="benchmark budget per kernel pair, overriding gate.budget_s")
+    p.add_argument(
+        "--fail-on",
+        metavar="LIST",
+        help="what fails the gate, overriding gate.fail_on: a comma-separated "
+        "list of finding, slower, inconclusive, or 'none'",
+    )
+    p.add_argument(
+        "--budget-s", type=float, metavar="SECONDS", help="benchmark budget per kernel pair, overriding gate.budget_s"
+    )
     p.add_argument("--quiet", action="store_true", help="no per-case progress lines")
-    p.add_argument("--profile", action="store_true", help="Nsight Compute metrics for the changed kernels "
-                                                          "(where ncu is on PATH; the report says otherwise)")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="Nsight Compute metrics for the changed kernels (where ncu is on PATH; the report says otherwise)",
+    )
 
 
 def run(args) -> int:
@@ -45,9 +57,18 @@ def run(args) -> int:
     event_path = os.environ.get("GITHUB_EVENT_PATH") if in_actions else None
     poster = _Poster(ctx) if args.github else None
 
-    report = run_gate(repo, args.config, args.base, args.head, device, event_path=event_path,
-                      progress=not args.quiet, on_start=poster.begin if poster else None,
-                      gate_overrides=overrides, profile=args.profile)
+    report = run_gate(
+        repo,
+        args.config,
+        args.base,
+        args.head,
+        device,
+        event_path=event_path,
+        progress=not args.quiet,
+        on_start=poster.begin if poster else None,
+        gate_overrides=overrides,
+        profile=args.profile,
+    )
     paths = write_all(report, args.out)
     if os.environ.get("GITHUB_STEP_SUMMARY"):
         actions.append_step_summary(step_summary(report))
@@ -73,8 +94,9 @@ def gate_overrides(args) -> dict:
         if items == ["none"]:
             items = []
         elif not items or any(x not in FAIL_ON for x in items):
-            raise UsageError(f"--fail-on {args.fail_on!r}: expected a comma-separated list of "
-                             f"{', '.join(FAIL_ON)}, or 'none'")
+            raise UsageError(
+                f"--fail-on {args.fail_on!r}: expected a comma-separated list of {', '.join(FAIL_ON)}, or 'none'"
+            )
         out["fail_on"] = tuple(items)
     if args.budget_s is not None:
         if not args.budget_s > 0:
@@ -100,15 +122,18 @@ class _Poster:
         from kernalin_ci.github.publish import begin
 
         pr = self.ctx.pull_request if self.ctx else None
-        self.repo = (pr.repo if pr else None) or refs.repo or (self.ctx.repository if self.ctx else None) \
+        self.repo = (
+            (pr.repo if pr else None)
+            or refs.repo
+            or (self.ctx.repository if self.ctx else None)
             or os.environ.get("GITHUB_REPOSITORY")
+        )
         if not self.repo:
             raise UsageError("--github: no repository (set GITHUB_REPOSITORY=owner/name)")
         self.sha = pr.head_sha if pr else refs.head
         self.pr = pr.number if pr else refs.pr
         self.client = client_from_env(self.repo)
-        self.started = begin(self.client, self.repo, self.sha,
-                             details_url=self.ctx.run_url if self.ctx else None)
+        self.started = begin(self.client, self.repo, self.sha, details_url=self.ctx.run_url if self.ctx else None)
         for w in self.started.warnings:
             print(f"kernalin-ci run: warning: {w}", file=sys.stderr)
 
@@ -119,13 +144,14 @@ class _Poster:
 
         if self.client is None:
             return
-        pub = publication(report, self.repo, self.sha, self.pr,
-                          details_url=self.ctx.run_url if self.ctx else None)
+        pub = publication(report, self.repo, self.sha, self.pr, details_url=self.ctx.run_url if self.ctx else None)
         try:
             res = publish(self.client, pub, check_run_id=self.started.check_run_id if self.started else None)
         except GitHubError as e:
-            print(f"kernalin-ci run: warning: posting to GitHub failed: {e} (the report is in the output "
-                  f"directory)", file=sys.stderr)
+            print(
+                f"kernalin-ci run: warning: posting to GitHub failed: {e} (the report is in the output directory)",
+                file=sys.stderr,
+            )
             return
         for w in res.warnings:
             print(f"kernalin-ci run: warning: {w}", file=sys.stderr)

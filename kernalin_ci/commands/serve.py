@@ -1,4 +1,5 @@
 """kernalin-ci serve: the CI gate daemon, a GitHub App webhook server (docs/daemon.md)."""
+
 from __future__ import annotations
 
 NAME = "serve"

@@ -1,4 +1,5 @@
 """kernalin-ci tune: verify every candidate config, race the survivors, report (docs/tune.md)."""
+
 from __future__ import annotations
 
 import os
@@ -20,16 +21,31 @@ def add_arguments(p):
     p.add_argument("--op", choices=NAMES, metavar="OP", help=f"without KERNEL: one of {', '.join(NAMES)}")
     p.add_argument("--entry", help="without KERNEL: path/to/file.py:function or package.module:function")
     p.add_argument("--param", action="append", metavar="K=V", help="op or bench-shape parameter (repeatable)")
-    p.add_argument("--domain", action="append", metavar="K=V[,V]", help="the shapes verification covers "
-                                                                         "(as kernalin-ci verify --domain)")
-    p.add_argument("--space", action="append", metavar="NAME=V1,V2",
-                   help="candidate values of an entry keyword (repeatable; adds to the kernel's tune.params)")
-    p.add_argument("--autotune", metavar="KERNEL", help="the @triton.autotune kernel whose configs to race "
-                                                        "(default: the only one the entry reaches)")
+    p.add_argument(
+        "--domain",
+        action="append",
+        metavar="K=V[,V]",
+        help="the shapes verification covers (as kernalin-ci verify --domain)",
+    )
+    p.add_argument(
+        "--space",
+        action="append",
+        metavar="NAME=V1,V2",
+        help="candidate values of an entry keyword (repeatable; adds to the kernel's tune.params)",
+    )
+    p.add_argument(
+        "--autotune",
+        metavar="KERNEL",
+        help="the @triton.autotune kernel whose configs to race (default: the only one the entry reaches)",
+    )
     p.add_argument("--no-autotune", action="store_true", help="ignore autotune configs; tune only --space/params")
     p.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when a GPU is visible, else cpu")
-    p.add_argument("--budget-s", type=float, metavar="SECONDS",
-                   help="time for the race (screening and final rounds; default 120 on a GPU, 60 on the CPU)")
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        metavar="SECONDS",
+        help="time for the race (screening and final rounds; default 120 on a GPU, 60 on the CPU)",
+    )
     p.add_argument("--finalists", type=int, default=3, metavar="N", help="configs in the final race (default 3)")
     p.add_argument("--rope", metavar="FRACTION", help="fix the ROPE half-width (0.01 = +-1%%)")
     p.add_argument("--rope-min", metavar="FRACTION", help="smallest ROPE half-width (default 0.005)")
@@ -38,8 +54,9 @@ def add_arguments(p):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, metavar="S", help="seconds without progress before a worker is killed")
     p.add_argument("--out", metavar="DIR", default=".", help="where tune.json, tune.md and tune.patch go (default .)")
-    p.add_argument("--write", action="store_true", help="apply the chosen config to the source (tune.patch is "
-                                                        "written either way)")
+    p.add_argument(
+        "--write", action="store_true", help="apply the chosen config to the source (tune.patch is written either way)"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
@@ -58,8 +75,9 @@ def target_from_args(args):
         cfg = config_mod.load(path)
         k = cfg.kernel(args.kernel)
         if k is None:
-            raise UsageError(f"{path}: no kernel named {args.kernel!r} (kernels: "
-                             f"{', '.join(x.name for x in cfg.kernels)})")
+            raise UsageError(
+                f"{path}: no kernel named {args.kernel!r} (kernels: {', '.join(x.name for x in cfg.kernels)})"
+            )
         from kernalin_ci.bench.shapes import split_params
 
         op_raw, bench_raw = split_params(raw_params)
@@ -67,8 +85,7 @@ def target_from_args(args):
         spec.params.update(space)
         domain = dict(k.domain)
         root = str(path.resolve().parent)
-        target = Target(k.op, k.entry, root, {**k.params, **op_raw}, domain, k.dtype, {**k.bench, **bench_raw},
-                        k.name)
+        target = Target(k.op, k.entry, root, {**k.params, **op_raw}, domain, k.dtype, {**k.bench, **bench_raw}, k.name)
     else:
         if not (args.op and args.entry):
             raise UsageError("give a KERNEL name from .kernalin.yml, or both --op and --entry")
@@ -90,8 +107,8 @@ def target_from_args(args):
 
 def run(args) -> int:
     from kernalin_ci.bench import stats
-    from kernalin_ci.commands.compare import fraction
     from kernalin_ci.commands._common import write_json
+    from kernalin_ci.commands.compare import fraction
     from kernalin_ci.tune import patch as patch_mod
     from kernalin_ci.tune import render
     from kernalin_ci.tune.run import tune
@@ -104,10 +121,20 @@ def run(args) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out}: not a directory")
-    result = tune(target, spec, device, budget_s=args.budget_s,
-                  rope_min=fraction(args.rope_min) if args.rope_min is not None else stats.ROPE_MIN,
-                  rope=fraction(args.rope) if args.rope is not None else None, finalists=args.finalists,
-                  reps=args.reps, seed=args.seed, timeout_s=args.timeout, jobs=args.jobs, progress=not args.quiet)
+    result = tune(
+        target,
+        spec,
+        device,
+        budget_s=args.budget_s,
+        rope_min=fraction(args.rope_min) if args.rope_min is not None else stats.ROPE_MIN,
+        rope=fraction(args.rope) if args.rope is not None else None,
+        finalists=args.finalists,
+        reps=args.reps,
+        seed=args.seed,
+        timeout_s=args.timeout,
+        jobs=args.jobs,
+        progress=not args.quiet,
+    )
     patch, why = patch_mod.make_patch(result)
     out.mkdir(parents=True, exist_ok=True)
     write_json(render.to_json(result, patch, why), str(out / "tune.json"))

@@ -1,4 +1,5 @@
 """kernalin-ci verify: check one entry against its op (docs/cli.md)."""
+
 from __future__ import annotations
 
 import sys
@@ -18,18 +19,29 @@ def add_arguments(p):
     p.add_argument("--op", required=True, choices=NAMES, metavar="OP", help=f"one of: {', '.join(NAMES)}")
     p.add_argument("--entry", required=True, help="path/to/file.py:function or package.module:function")
     p.add_argument("--param", action="append", metavar="K=V", help="op parameter (repeatable)")
-    p.add_argument("--domain", action="append", metavar="K=V[,V]",
-                   help="the shapes your model uses, e.g. head_dim=64,128 or dtype=float16 (repeatable; keys: "
-                        "head_dim, num_q_heads, num_kv_heads, dtype, block_size, max_position; default: found)")
+    p.add_argument(
+        "--domain",
+        action="append",
+        metavar="K=V[,V]",
+        help="the shapes your model uses, e.g. head_dim=64,128 or dtype=float16 (repeatable; keys: "
+        "head_dim, num_q_heads, num_kv_heads, dtype, block_size, max_position; default: found)",
+    )
     p.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when a GPU is visible, else cpu")
-    p.add_argument("--dtype", choices=DTYPES, help="run every case in this dtype (default: float32 cases "
-                                                   "plus a float16/bfloat16 sweep)")
+    p.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        help="run every case in this dtype (default: float32 cases plus a float16/bfloat16 sweep)",
+    )
     p.add_argument("--only", choices=("dynamic", "structural"), help="run only one kind of check")
-    p.add_argument("--probe", choices=("pos0",), help="run only the single demo probe most tools use "
-                                                      "(batch 1, kv_len 1 / position 0 / slot 0)")
+    p.add_argument(
+        "--probe",
+        choices=("pos0",),
+        help="run only the single demo probe most tools use (batch 1, kv_len 1 / position 0 / slot 0)",
+    )
     p.add_argument("--case", metavar="JSON", help="run exactly this case (from a finding's reproduce command)")
-    p.add_argument("--timeout", type=float, metavar="S", help="seconds one case may take (default 600 on the "
-                                                              "CPU, 180 on a GPU)")
+    p.add_argument(
+        "--timeout", type=float, metavar="S", help="seconds one case may take (default 600 on the CPU, 180 on a GPU)"
+    )
     p.add_argument("--json", metavar="PATH|-", help="write the result as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
 
@@ -39,19 +51,32 @@ def run(args) -> int:
     from kernalin_ci.domain import parse_cli
     from kernalin_ci.verify import verify
 
-    result = verify(args.op, args.entry, parse_params(args.param), device, dtype=args.dtype, only=args.only,
-                    probe=bool(args.probe), case_json=args.case, timeout_s=args.timeout,
-                    progress=not args.quiet, raw_domain=parse_cli(args.domain))
+    result = verify(
+        args.op,
+        args.entry,
+        parse_params(args.param),
+        device,
+        dtype=args.dtype,
+        only=args.only,
+        probe=bool(args.probe),
+        case_json=args.case,
+        timeout_s=args.timeout,
+        progress=not args.quiet,
+        raw_domain=parse_cli(args.domain),
+    )
     write_json(result.to_json(), args.json)
     print_result(result, sys.stderr if args.json == "-" else sys.stdout)
     return 1 if result.findings else 0
 
 
 def print_result(result, out) -> None:
-    head = "PASS" if not result.findings else f"FAIL  {len(result.findings)} finding" + \
-        "s" * (len(result.findings) != 1)
-    print(f"{head}  {result.op} {result.entry} ({result.cases_run} cases on {result.device}, "
-          f"{result.seconds:.1f} s)", file=out)
+    head = (
+        "PASS" if not result.findings else f"FAIL  {len(result.findings)} finding" + "s" * (len(result.findings) != 1)
+    )
+    print(
+        f"{head}  {result.op} {result.entry} ({result.cases_run} cases on {result.device}, {result.seconds:.1f} s)",
+        file=out,
+    )
     for f in result.findings:
         print(textwrap.indent(finding_text(f.to_json()), "  "), file=out)
     if result.cases_run:

@@ -1,4 +1,5 @@
 """kernalin-ci worker: run gate jobs from a shared Redis (RQ) on this host's GPUs (docs/daemon.md)."""
+
 from __future__ import annotations
 
 NAME = "worker"
@@ -38,8 +39,10 @@ def run(args) -> int:
         work(settings, slots[0], burst=args.burst)
         return 0
     ctx = multiprocessing.get_context("fork")
-    procs = [ctx.Process(target=work, args=(settings, s), kwargs={"burst": args.burst}, name=f"worker-{s.name}")
-             for s in slots]
+    procs = [
+        ctx.Process(target=work, args=(settings, s), kwargs={"burst": args.burst}, name=f"worker-{s.name}")
+        for s in slots
+    ]
     for p in procs:
         p.start()
 

@@ -8,6 +8,7 @@ started and stopped together.
 One daemon per state directory: a lock file (fcntl) refuses a second one, which would otherwise
 re-queue the first one's running jobs as if it had crashed.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -49,8 +50,13 @@ class Daemon:
         self.poster = Poster(self.store, settings, github, self.metrics)
         self.redis_mode = settings.queue.backend == "redis"
         self.slots = [] if self.redis_mode else (slots or gpus.slots(settings.gpus, settings.cpu_slots))
-        self.scheduler = None if self.redis_mode else Scheduler(
-            self.store, settings, self.slots, self.runner, github, self.metrics, on_finished=self.poster.wake.set)
+        self.scheduler = (
+            None
+            if self.redis_mode
+            else Scheduler(
+                self.store, settings, self.slots, self.runner, github, self.metrics, on_finished=self.poster.wake.set
+            )
+        )
         self.dispatcher = None
         self.history = self.recorder = None
         if settings.history:
@@ -74,30 +80,41 @@ class Daemon:
         return f
 
     # -- lifecycle --------------------------------------------------------------------------------
-    def start(self) -> "Daemon":
+    def start(self) -> Daemon:
         for job in self.store.recover(keep_dispatched=self.redis_mode):
             killed = kill_marked(job.id) + self.runner.cleanup(job.id)
-            log.warning("job %s was %s when the daemon stopped: queued again%s", job.id, job.state,
-                        f" ({killed} leftover processes or containers removed)" if killed else "")
+            log.warning(
+                "job %s was %s when the daemon stopped: queued again%s",
+                job.id,
+                job.state,
+                f" ({killed} leftover processes or containers removed)" if killed else "",
+            )
         self.poster.start()
         if self.recorder:
             self.recorder.start()
         if self.redis_mode:
             from kernalin_ci.daemon.rq_backend import Dispatcher
 
-            self.dispatcher = Dispatcher(self.store, self.settings, self.github, self.metrics,
-                                         on_finished=self.poster.wake.set).start()
+            self.dispatcher = Dispatcher(
+                self.store, self.settings, self.github, self.metrics, on_finished=self.poster.wake.set
+            ).start()
         else:
             self.scheduler.start()
         self.server = Server(self.settings.host_port, self)
-        t = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.2}, name="kernalin-http",
-                             daemon=True)
+        t = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.2}, name="kernalin-http", daemon=True
+        )
         t.start()
         h = threading.Thread(target=self._housekeeping, name="kernalin-housekeeping", daemon=True)
         h.start()
         self._threads += [t, h]
-        log.info("kernalin-ci daemon on %s: %s queue, %s runner, slots: %s", self.url, self.settings.queue.backend,
-                 self.runner.name, ", ".join(self.slot_names()) or "(RQ workers)")
+        log.info(
+            "kernalin-ci daemon on %s: %s queue, %s runner, slots: %s",
+            self.url,
+            self.settings.queue.backend,
+            self.runner.name,
+            ", ".join(self.slot_names()) or "(RQ workers)",
+        )
         return self
 
     @property
@@ -157,12 +174,14 @@ class Daemon:
         for job in self.store.jobs("running"):
             if job.slot:
                 busy[job.slot] = 1
-        return self.metrics.render({
-            "queue_depth": [({}, counts["queued"])],
-            "jobs": [({"state": s}, counts[s]) for s in STATES],
-            "gpu_busy": [({"slot": k}, v) for k, v in sorted(busy.items())],
-            "process_resident_memory_bytes": [({}, rss_bytes())],
-        })
+        return self.metrics.render(
+            {
+                "queue_depth": [({}, counts["queued"])],
+                "jobs": [({"state": s}, counts[s]) for s in STATES],
+                "gpu_busy": [({"slot": k}, v) for k, v in sorted(busy.items())],
+                "process_resident_memory_bytes": [({}, rss_bytes())],
+            }
+        )
 
     def _housekeeping(self) -> None:
         while not self._stopped.wait(HOUSEKEEPING_S):
@@ -181,4 +200,3 @@ def wait_for(predicate, timeout: float, interval: float = 0.1) -> bool:
             return True
         time.sleep(interval)
     return bool(predicate())
-

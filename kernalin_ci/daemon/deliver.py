@@ -4,6 +4,7 @@ delivery by hand; a plain http.client request, one connection each.
 
     status, answer = deliver("http://127.0.0.1:8080/webhook", "pull_request", payload, secret)
 """
+
 from __future__ import annotations
 
 import http.client
@@ -14,15 +15,27 @@ from urllib.parse import urlsplit
 from kernalin_ci.daemon.webhook import SIGNATURE_HEADER, signature
 
 
-def deliver(url: str, event: str, payload: dict | bytes, secret: bytes | str | None, *,
-            delivery_id: str | None = None, signature_value: str | None = None, timeout: float = 30,
-            extra_headers: dict | None = None) -> tuple[int, dict]:
+def deliver(
+    url: str,
+    event: str,
+    payload: dict | bytes,
+    secret: bytes | str | None,
+    *,
+    delivery_id: str | None = None,
+    signature_value: str | None = None,
+    timeout: float = 30,
+    extra_headers: dict | None = None,
+) -> tuple[int, dict]:
     """POST one delivery; (HTTP status, the JSON answer). secret None: no signature header at all;
     signature_value: send this header value instead of the right one."""
     body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-    headers = {"Content-Type": "application/json", "User-Agent": "GitHub-Hookshot/kernalin-test",
-               "X-GitHub-Event": event, "X-GitHub-Delivery": delivery_id or str(uuid.uuid4()),
-               "Content-Length": str(len(body))}
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": "GitHub-Hookshot/kernalin-test",
+        "X-GitHub-Event": event,
+        "X-GitHub-Delivery": delivery_id or str(uuid.uuid4()),
+        "Content-Length": str(len(body)),
+    }
     if signature_value is not None:
         headers[SIGNATURE_HEADER] = signature_value
     elif secret is not None:

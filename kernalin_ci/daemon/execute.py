@@ -5,6 +5,7 @@ anything (the daemon's poster does) and never raises for the job's own failures.
 The same function runs in the embedded scheduler (a thread of `serve`) and in an RQ worker
 process on another host (`kernalin-ci worker`).
 """
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,16 @@ from kernalin_ci.daemon.settings import Settings
 log = logging.getLogger("kernalin_ci.daemon")
 
 
-def execute(spec: JobSpec, slot: Slot, settings: Settings, runner: Runner, stop_reason: StopReason, *,
-            fetch_token: str | None = None, on_start=lambda pid: None) -> Outcome:
+def execute(
+    spec: JobSpec,
+    slot: Slot,
+    settings: Settings,
+    runner: Runner,
+    stop_reason: StopReason,
+    *,
+    fetch_token: str | None = None,
+    on_start=lambda pid: None,
+) -> Outcome:
     t0 = time.monotonic()
     job_dir = settings.jobs_dir / spec.id
     outcome = _execute(spec, slot, settings, runner, stop_reason, job_dir, fetch_token, on_start)
@@ -61,10 +70,27 @@ def _execute(spec, slot, settings, runner, stop_reason, job_dir: Path, token, on
         repo_timeout = ws.repo_settings.get("timeout_s")
         if isinstance(repo_timeout, (int, float)) and not isinstance(repo_timeout, bool) and repo_timeout > 0:
             timeout = min(timeout, float(repo_timeout))  # a repository may ask for less, never more
-        req = RunRequest(spec.id, job_dir, ws.repo, ws.out, spec.base_sha, spec.head_sha, slot, timeout,
-                         settings.runner.command, dict(settings.runner.env))
-        log.info("job %s: %s #%d %s on %s (%s runner)", spec.id, spec.repo, spec.pr, spec.head_sha[:12], slot.name,
-                 runner.name)
+        req = RunRequest(
+            spec.id,
+            job_dir,
+            ws.repo,
+            ws.out,
+            spec.base_sha,
+            spec.head_sha,
+            slot,
+            timeout,
+            settings.runner.command,
+            dict(settings.runner.env),
+        )
+        log.info(
+            "job %s: %s #%d %s on %s (%s runner)",
+            spec.id,
+            spec.repo,
+            spec.pr,
+            spec.head_sha[:12],
+            slot.name,
+            runner.name,
+        )
         res = runner.run(req, stop_reason, on_start)
         return _outcome(res, ws, settings.runner.out_max_bytes)
     finally:
@@ -138,8 +164,9 @@ def _outcome(res, ws: workspace.Workspace, out_max_bytes: int) -> Outcome:
     if res.stopped:
         return Outcome("shutdown" if res.stopped == "shutdown" else "cancelled", res.stopped, log_tail=res.log_tail)
     if res.timed_out:
-        return Outcome("timeout", f"the job ran past its time limit ({res.seconds:.0f} s) and was killed",
-                       log_tail=res.log_tail)
+        return Outcome(
+            "timeout", f"the job ran past its time limit ({res.seconds:.0f} s) and was killed", log_tail=res.log_tail
+        )
     too_big = _out_too_big(ws, out_max_bytes)
     if too_big:
         return Outcome("error", too_big, exit_code=res.exit_code, log_tail=res.log_tail)
@@ -148,10 +175,10 @@ def _outcome(res, ws: workspace.Workspace, out_max_bytes: int) -> Outcome:
             report = read_report(ws)
         except BadReport as e:
             return Outcome("error", f"report.json: {e}", exit_code=res.exit_code, log_tail=res.log_tail)
-        return Outcome("report", report.get("reason", ""), report=report, exit_code=res.exit_code,
-                       log_tail=res.log_tail)
+        return Outcome(
+            "report", report.get("reason", ""), report=report, exit_code=res.exit_code, log_tail=res.log_tail
+        )
     why = "it ran out of memory" if res.oom_killed else f"exit code {res.exit_code}"
     last = [ln for ln in res.log_tail.splitlines() if ln.strip()]
     detail = f": {last[-1].strip()[:300]}" if last else ""
-    return Outcome("error", f"the gate could not run ({why}){detail}", exit_code=res.exit_code,
-                   log_tail=res.log_tail)
+    return Outcome("error", f"the gate could not run ({why}){detail}", exit_code=res.exit_code, log_tail=res.log_tail)

@@ -7,6 +7,7 @@ where the gate runs under the Triton interpreter.
     slots([0, "GPU-..."])  exactly these
     slots("cpu", 3)        three CPU slots
 """
+
 from __future__ import annotations
 
 import os
@@ -35,8 +36,9 @@ def discover() -> list[tuple[int, str]]:
     if not smi:
         return []
     try:
-        r = subprocess.run([smi, "--query-gpu=index,uuid", "--format=csv,noheader"], capture_output=True,
-                           text=True, timeout=30)
+        r = subprocess.run(
+            [smi, "--query-gpu=index,uuid", "--format=csv,noheader"], capture_output=True, text=True, timeout=30
+        )
     except (OSError, subprocess.TimeoutExpired):
         return []
     out = []

@@ -11,6 +11,7 @@ benchmarks/daemon_load.py and benchmarks/daemon_gpu.py; needs the test extra (th
     cfg = world.daemon_config(runner={"command": fake_gate_command(tmp_path)})
     proc = ServeProcess(world, cfg).start();  proc.deliver("pull_request", payload)
 """
+
 from __future__ import annotations
 
 import json
@@ -45,10 +46,14 @@ def git(repo: Path, *args: str) -> str:
 def app_key() -> tuple[str, str]:
     """(private PEM, public PEM) of a fresh RSA key for the App."""
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL,
-                                serialization.NoEncryption()).decode()
-    public = key.public_key().public_bytes(serialization.Encoding.PEM,
-                                           serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+    private = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()
+    ).decode()
+    public = (
+        key.public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        .decode()
+    )
     return private, public
 
 
@@ -59,8 +64,9 @@ class GitRepo:
         self.work, self.remote = work, remote
         self.main = ""
 
-    def commit(self, files: dict[str, str | None], message: str = "change", *, branch: str = "main",
-               start: str = "main") -> str:
+    def commit(
+        self, files: dict[str, str | None], message: str = "change", *, branch: str = "main", start: str = "main"
+    ) -> str:
         """Commit FILES (None deletes one) on BRANCH (made from START if new), push it; the new sha."""
         existing = git(self.work, "branch", "--list", branch)
         git(self.work, "checkout", "-q", branch if existing else "-b", *([] if existing else [branch, start]))
@@ -88,7 +94,7 @@ class World:
         self.private_key, self.public_key = app_key()
         self.repos: dict[str, GitRepo] = {}
 
-    def start(self) -> "World":
+    def start(self) -> World:
         if self.standin is None:
             self.standin = GitHubStandIn().start()
         self.standin.add_app(APP_ID, self.public_key)
@@ -127,16 +133,38 @@ class World:
         self.standin.add_installation(INSTALLATION_ID, APP_ID, list(self.repos))
         return repo
 
-    def pull_request(self, repo: str, number: int, head_sha: str, base_sha: str, *, action: str = "opened",
-                     fork: str | None = None, label: str | None = None) -> dict:
+    def pull_request(
+        self,
+        repo: str,
+        number: int,
+        head_sha: str,
+        base_sha: str,
+        *,
+        action: str = "opened",
+        fork: str | None = None,
+        label: str | None = None,
+    ) -> dict:
         """A pull_request payload (GitHub's webhook shape), the PR registered with the stand-in."""
         self.standin.add_pull_request(repo, number, head_sha=head_sha, base_sha=base_sha, head_repo=fork)
-        ev = pull_request_event(action=action, repo=repo, number=number, head_sha=head_sha, base_sha=base_sha,
-                                head_repo=fork, installation_id=INSTALLATION_ID)
+        ev = pull_request_event(
+            action=action,
+            repo=repo,
+            number=number,
+            head_sha=head_sha,
+            base_sha=base_sha,
+            head_repo=fork,
+            installation_id=INSTALLATION_ID,
+        )
         if label is not None:
-            ev["label"] = {"id": 7100001, "node_id": "LA_kwDOlabel", "url": f"https://api.github.com/repos/{repo}/"
-                           f"labels/{label}", "name": label, "color": "0e8a16", "default": False,
-                           "description": "a maintainer read this fork's change"}
+            ev["label"] = {
+                "id": 7100001,
+                "node_id": "LA_kwDOlabel",
+                "url": f"https://api.github.com/repos/{repo}/labels/{label}",
+                "name": label,
+                "color": "0e8a16",
+                "default": False,
+                "description": "a maintainer read this fork's change",
+            }
             ev["pull_request"]["labels"] = [ev["label"]]
         return ev
 
@@ -147,9 +175,14 @@ class World:
             "state_dir": str(state_dir),
             "gpus": "cpu",
             "cpu_slots": 1,
-            "github": {"api_url": self.standin.base_url, "app_id": APP_ID, "clone_url": self.clone_url,
-                       "min_write_interval_s": 0.0, "min_request_interval_s": 0.0,
-                       "retry": {"attempts": 4, "base_delay_s": 0.05, "budget_s": 10}},
+            "github": {
+                "api_url": self.standin.base_url,
+                "app_id": APP_ID,
+                "clone_url": self.clone_url,
+                "min_write_interval_s": 0.0,
+                "min_request_interval_s": 0.0,
+                "retry": {"attempts": 4, "base_delay_s": 0.05, "budget_s": 10},
+            },
             "retries": {"attempts": 3, "base_delay_s": 0.2, "max_delay_s": 1},
             "posting": {"attempts": 5, "base_delay_s": 0.2, "max_delay_s": 1},
         }
@@ -194,14 +227,19 @@ class ServeProcess:
         self.url = ""
         self.log = Path(cfg["state_dir"]).parent / f"{Path(cfg['state_dir']).name}.log"
 
-    def start(self, timeout: float = 60) -> "ServeProcess":
+    def start(self, timeout: float = 60) -> ServeProcess:
         self.path.write_text(yaml.safe_dump(self.cfg))
         env = {k: v for k, v in os.environ.items() if not k.startswith("KERNALIN_")}
         env.update(self.world.secret_env())
         env.update(self.extra_env)
         self._logf = open(self.log, "ab")
-        self.proc = subprocess.Popen([self.python, "-m", "kernalin_ci", "serve", "--config", str(self.path)],
-                                     stdout=subprocess.PIPE, stderr=self._logf, env=env, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [self.python, "-m", "kernalin_ci", "serve", "--config", str(self.path)],
+            stdout=subprocess.PIPE,
+            stderr=self._logf,
+            env=env,
+            start_new_session=True,
+        )
         end = time.monotonic() + timeout
         line = b""
         while time.monotonic() < end:
@@ -245,15 +283,19 @@ class ServeProcess:
         return self.proc.returncode if self.proc else None
 
 
-def wait_job(get, job_id: str, states=("done", "failed", "cancelled"), timeout: float = 120,
-             posted: bool = True) -> dict:
+def wait_job(
+    get, job_id: str, states=("done", "failed", "cancelled"), timeout: float = 120, posted: bool = True
+) -> dict:
     """Poll GET /jobs/JOB_ID until it is in one of STATES (and posted, when POSTED)."""
     end = time.monotonic() + timeout
     last = None
     while time.monotonic() < end:
         status, last = get(f"/jobs/{job_id}")
-        if status == 200 and last["state"] in states and (not posted or last["post_state"] in ("posted", "none",
-                                                                                                  "failed")):
+        if (
+            status == 200
+            and last["state"] in states
+            and (not posted or last["post_state"] in ("posted", "none", "failed"))
+        ):
             return last
         time.sleep(0.1)
     raise TimeoutError(f"job {job_id} did not finish in {timeout} s: {json.dumps(last)}")

@@ -3,6 +3,7 @@
 The poster and the RQ dispatcher are both one; `_loop()` waits on `wake` between passes,
 so `wake.set()` makes a pass happen now and `stop()` ends the loop promptly.
 """
+
 from __future__ import annotations
 
 import threading

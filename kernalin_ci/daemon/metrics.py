@@ -3,6 +3,7 @@
 Counters and histograms live in memory (they restart at zero with the process, as Prometheus
 expects); gauges (queue depth, jobs by state, GPU busy) are read from the store at scrape time.
 """
+
 from __future__ import annotations
 
 import math
@@ -15,12 +16,21 @@ PREFIX = "kernalin_ci_"
 # name -> (type, help, histogram buckets)
 DEFINITIONS = {
     "webhook_deliveries_total": ("counter", "Webhook deliveries by event and result.", None),
-    "webhook_ack_seconds": ("histogram", "Time from a delivery's first byte to its answer.",
-                            (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)),
-    "job_queue_wait_seconds": ("histogram", "Time jobs waited for a slot.",
-                               (0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600, 14400)),
-    "job_duration_seconds": ("histogram", "Time jobs ran, by outcome.",
-                             (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200)),
+    "webhook_ack_seconds": (
+        "histogram",
+        "Time from a delivery's first byte to its answer.",
+        (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+    ),
+    "job_queue_wait_seconds": (
+        "histogram",
+        "Time jobs waited for a slot.",
+        (0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600, 14400),
+    ),
+    "job_duration_seconds": (
+        "histogram",
+        "Time jobs ran, by outcome.",
+        (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200),
+    ),
     "jobs_finished_total": ("counter", "Job runs that ended, by outcome.", None),
     "posts_total": ("counter", "Results posted to GitHub, by result.", None),
     "queue_depth": ("gauge", "Jobs waiting for a slot.", None),
@@ -82,8 +92,9 @@ class Metrics:
             full = PREFIX + name
             samples = []
             if kind == "counter":
-                samples = [f"{full}{_fmt_labels(lb)} {_fmt_value(v)}" for (n, lb), v in sorted(counters.items())
-                           if n == name]
+                samples = [
+                    f"{full}{_fmt_labels(lb)} {_fmt_value(v)}" for (n, lb), v in sorted(counters.items()) if n == name
+                ]
             elif kind == "gauge":
                 samples = [f"{full}{_fmt_labels(_labels(lb))} {_fmt_value(float(v))}" for lb, v in gauges.get(name, [])]
             else:

@@ -1,4 +1,5 @@
 """Plain data passed between the daemon's parts: what a job is, and how it ended."""
+
 from __future__ import annotations
 
 import uuid
@@ -39,7 +40,7 @@ class JobSpec:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, d: dict) -> "JobSpec":
+    def from_json(cls, d: dict) -> JobSpec:
         return cls(**d)
 
 
@@ -70,5 +71,5 @@ class Outcome:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, d: dict) -> "Outcome":
+    def from_json(cls, d: dict) -> Outcome:
         return cls(**d)

@@ -7,6 +7,7 @@ needs a new approval, so remove and add the label again. The label's name comes 
 daemon's configuration, or from the base branch's `.kernalin.yml` (`daemon: {fork_label: ...}`),
 never from the pull request itself.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -22,8 +23,7 @@ class Decision:
 
 
 def decide(spec: JobSpec, fork_label: str) -> Decision:
-    approved_by_label = spec.trigger.endswith("pull_request.labeled") or \
-        spec.trigger.endswith("(pull_request.labeled)")
+    approved_by_label = spec.trigger.endswith("pull_request.labeled") or spec.trigger.endswith("(pull_request.labeled)")
     if spec.trigger == "pull_request.labeled" and spec.label != fork_label:
         return Decision("skip", summary=f"label {spec.label!r} is not the approval label {fork_label!r}")
     if not spec.fork:
@@ -34,7 +34,10 @@ def decide(spec: JobSpec, fork_label: str) -> Decision:
     return Decision(
         "wait",
         title=f"Waiting for a maintainer to add the label '{fork_label}'",
-        summary=(f"This pull request comes from a fork ({source}). kernalin-ci runs a fork's code only "
-                 f"after a maintainer has read the change and added the label **`{fork_label}`** to the pull "
-                 f"request. Each new push needs a new approval: remove the label and add it again.\n\n"
-                 f"Commit `{spec.head_sha[:12]}` has not been checked yet."))
+        summary=(
+            f"This pull request comes from a fork ({source}). kernalin-ci runs a fork's code only "
+            f"after a maintainer has read the change and added the label **`{fork_label}`** to the pull "
+            f"request. Each new push needs a new approval: remove the label and add it again.\n\n"
+            f"Commit `{spec.head_sha[:12]}` has not been checked yet."
+        ),
+    )

@@ -11,6 +11,7 @@ only after publish() returned; a daemon killed in between posts it again on star
 same check run and comment. GitHub 5xx and network failures wait and try again with backoff
 (settings.posting); refusals (401, 403, 422) are recorded and not retried.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -59,31 +60,44 @@ def publication_for(job: Job, settings) -> Publication:
     common = dict(repo=s.repo, head_sha=s.head_sha, pr_number=s.pr, name=name, details_url=url, external_id=job.id)
     if job.state == CANCELLED:
         reason = job.cancel_reason or "cancelled"
-        return Publication(conclusion="cancelled", title=f"Cancelled: {reason}",
-                           summary=f"This run of kernalin-ci on `{s.head_sha[:12]}` was stopped: {reason}.",
-                           **common)
+        return Publication(
+            conclusion="cancelled",
+            title=f"Cancelled: {reason}",
+            summary=f"This run of kernalin-ci on `{s.head_sha[:12]}` was stopped: {reason}.",
+            **common,
+        )
     if o is not None and o.kind == "report":
-        return publication(report_from_json(o.report), s.repo, s.head_sha, s.pr, details_url=url, name=name,
-                           external_id=job.id)
+        return publication(
+            report_from_json(o.report), s.repo, s.head_sha, s.pr, details_url=url, name=name, external_id=job.id
+        )
     if o is not None and o.kind == "waiting":
         return Publication(conclusion="neutral", title=o.message, summary=o.detail, **common)
     message = (o.message if o else job.error) or "the job failed"
     title = {"timeout": "Timed out", "infra": "kernalin-ci could not run the gate"}.get(
-        o.kind if o else "", "kernalin-ci could not run the gate")
+        o.kind if o else "", "kernalin-ci could not run the gate"
+    )
     summary = f"**{message}**"
     if o is not None and o.log_tail.strip():
         summary += "\n\nThe end of the job's output:\n\n" + _fence(o.log_tail[-6000:])
-    return Publication(conclusion=job.conclusion or "failure", title=f"{title}: {message}"[:240], summary=summary,
-                       **common)
+    return Publication(
+        conclusion=job.conclusion or "failure", title=f"{title}: {message}"[:240], summary=summary, **common
+    )
 
 
 def unshowable(job: Job, settings, why: str) -> Publication:
     """A failure check run for a job whose result cannot be shown (what publication_for() raised)."""
     s = job.spec
-    return Publication(conclusion="failure", title=f"kernalin-ci could not show this job's result: {why}"[:240],
-                       summary=f"**The result of this job could not be shown: {why}.** Nothing of it is trusted.",
-                       repo=s.repo, head_sha=s.head_sha, pr_number=s.pr, name=settings.github.check_name,
-                       details_url=details_url(settings, job.id), external_id=job.id)
+    return Publication(
+        conclusion="failure",
+        title=f"kernalin-ci could not show this job's result: {why}"[:240],
+        summary=f"**The result of this job could not be shown: {why}.** Nothing of it is trusted.",
+        repo=s.repo,
+        head_sha=s.head_sha,
+        pr_number=s.pr,
+        name=settings.github.check_name,
+        details_url=details_url(settings, job.id),
+        external_id=job.id,
+    )
 
 
 FAILING_AFTER = 5  # /healthz is 503 after this many posting failures in a row
@@ -145,8 +159,14 @@ class Poster(BackgroundLoop):
     def _begin(self, job: Job) -> None:
         s = job.spec
         try:
-            started = begin(self._client(job), s.repo, s.head_sha, name=self.settings.github.check_name,
-                            external_id=job.id, details_url=details_url(self.settings, job.id))
+            started = begin(
+                self._client(job),
+                s.repo,
+                s.head_sha,
+                name=self.settings.github.check_name,
+                external_id=job.id,
+                details_url=details_url(self.settings, job.id),
+            )
             for w in started.warnings:
                 log.warning("job %s: %s", job.id, w)
             self.store.mark_began(job.id, started.check_run_id)

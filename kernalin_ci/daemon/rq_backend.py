@@ -19,6 +19,7 @@ which a worker signs the Outcome it returns. A worker runs only `run_job` (OwnJo
 other function name found in Redis, and every RQ callback) and only jobs serve signed; serve
 accepts only results signed for the very RQ job it enqueued, and checks report.json's schema.
 """
+
 from __future__ import annotations
 
 import base64
@@ -57,8 +58,9 @@ def _canonical(value) -> bytes:
 
 def mac(key: bytes, kind: str, rq_id: str, value) -> str:
     """HMAC-SHA256 of VALUE for the RQ job RQ_ID; KIND ("job" or "result") keeps the two apart."""
-    return hmac.new(key, b"kernalin-ci\0" + kind.encode() + b"\0" + rq_id.encode() + b"\0" + _canonical(value),
-                    hashlib.sha256).hexdigest()
+    return hmac.new(
+        key, b"kernalin-ci\0" + kind.encode() + b"\0" + rq_id.encode() + b"\0" + _canonical(value), hashlib.sha256
+    ).hexdigest()
 
 
 def mac_ok(key: bytes, kind: str, rq_id: str, value, tag) -> bool:
@@ -84,8 +86,10 @@ def unseal(key: bytes, rq_id: str, sealed: str) -> str:
 def require_key(settings) -> bytes:
     key = settings.secrets.result_key
     if len(key) < 16:
-        raise UsageError("queue.backend redis needs a shared key of at least 16 bytes: set KERNALIN_RESULT_KEY_FILE "
-                         "(or queue.result_key_file) on serve and on every worker")
+        raise UsageError(
+            "queue.backend redis needs a shared key of at least 16 bytes: set KERNALIN_RESULT_KEY_FILE "
+            "(or queue.result_key_file) on serve and on every worker"
+        )
     return key
 
 
@@ -121,7 +125,7 @@ class Dispatcher(BackgroundLoop):
             except Exception as e:  # Redis down: the store keeps every job; try again
                 failures += 1
                 log.warning("dispatcher: %s: %s", type(e).__name__, e)
-            self.wake.wait(min(POLL_S * 2 ** failures, 30.0))
+            self.wake.wait(min(POLL_S * 2**failures, 30.0))
             self.wake.clear()
 
     def step(self) -> None:
@@ -144,14 +148,19 @@ class Dispatcher(BackgroundLoop):
                 return
         rq_id = f"{job.id}-{uuid.uuid4().hex[:8]}"
         if not self.store.mark_dispatched(job.id, rq_id):  # recorded first: a crash now leaves a lost RQ id,
-            return                                          # which _track() turns into a retry
+            return  # which _track() turns into a retry
         sealed = seal(self.key, rq_id, token) if token else None
         spec = job.spec.to_json()
         try:
-            self.queue.enqueue_call(RUN_JOB, args=(spec, sealed, mac(self.key, "job", rq_id, [spec, sealed])),
-                                    job_id=rq_id, timeout=int(self.settings.runner.timeout_s + 900),
-                                    result_ttl=RESULT_TTL_S, failure_ttl=RESULT_TTL_S,
-                                    description=f"{job.spec.repo}#{job.spec.pr} {job.spec.head_sha[:12]}")
+            self.queue.enqueue_call(
+                RUN_JOB,
+                args=(spec, sealed, mac(self.key, "job", rq_id, [spec, sealed])),
+                job_id=rq_id,
+                timeout=int(self.settings.runner.timeout_s + 900),
+                result_ttl=RESULT_TTL_S,
+                failure_ttl=RESULT_TTL_S,
+                description=f"{job.spec.repo}#{job.spec.pr} {job.spec.head_sha[:12]}",
+            )
         except Exception:
             self.store.undispatch(job.id, rq_id)
             raise
@@ -187,8 +196,9 @@ class Dispatcher(BackgroundLoop):
 
         result = rq_job.latest_result()
         value = getattr(result, "return_value", None)
-        if not isinstance(value, dict) or not mac_ok(self.key, "result", rq_job.id, value.get("outcome"),
-                                                     value.get("mac")):
+        if not isinstance(value, dict) or not mac_ok(
+            self.key, "result", rq_job.id, value.get("outcome"), value.get("mac")
+        ):
             log.error("RQ job %s: its result is not signed with the shared key: refused", rq_job.id)
             return Outcome("error", "the worker's result failed its authentication check and was refused")
         try:
@@ -268,7 +278,6 @@ def work(settings, slot, *, burst: bool = False) -> None:
     from rq import Worker
 
     from kernalin_ci.daemon.runners import get_runner
-
     from kernalin_ci.launch import make_undumpable
 
     require_key(settings)
@@ -280,4 +289,5 @@ def work(settings, slot, *, burst: bool = False) -> None:
     queue = Queue(settings.queue.name, connection=redis, serializer=JSONSerializer, job_class=job_class)
     name = f"{socket.gethostname()}.{slot.name}.{os.getpid()}"
     Worker([queue], connection=redis, name=name, serializer=JSONSerializer, job_class=job_class).work(
-        burst=burst, logging_level="WARNING", with_scheduler=False)
+        burst=burst, logging_level="WARNING", with_scheduler=False
+    )

@@ -6,6 +6,7 @@ directory's own sub-directories. Every such path is opened here, one component a
 a directory the daemon owns (`within`), each with O_NOFOLLOW: a link anywhere on the way, a
 `..`, or a path outside `within` is refused with UnsafePath, never followed.
 """
+
 from __future__ import annotations
 
 import os

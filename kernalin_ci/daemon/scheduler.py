@@ -5,6 +5,7 @@ A job's `stop_reason()` reads the store (a newer push sets cancel_requested) at 
 half second, and says "shutdown" when the daemon stops; the runner then kills the job and the
 store puts it back in the queue.
 """
+
 from __future__ import annotations
 
 import logging
@@ -30,7 +31,7 @@ class Scheduler:
         self._stopping = False
         self._threads: list[threading.Thread] = []
 
-    def start(self) -> "Scheduler":
+    def start(self) -> Scheduler:
         for slot in self.slots:
             t = threading.Thread(target=self._loop, args=(slot,), name=f"kernalin-slot-{slot.name}", daemon=True)
             t.start()
@@ -99,5 +100,12 @@ class Scheduler:
                 token = self.app.read_token(job.spec.repo, job.spec.installation_id)
             except Exception as e:
                 return Outcome("infra", f"cannot get a token to fetch {job.spec.repo}: {e}")
-        return execute(job.spec, slot, self.settings, self.runner, stop_reason, fetch_token=token,
-                       on_start=lambda pid: self.store.gate_started(job.id, pid))
+        return execute(
+            job.spec,
+            slot,
+            self.settings,
+            self.runner,
+            stop_reason,
+            fetch_token=token,
+            on_start=lambda pid: self.store.gate_started(job.id, pid),
+        )

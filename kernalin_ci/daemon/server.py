@@ -19,6 +19,7 @@ the socket down after it, however slowly the bytes trickle in); request bodies i
 add up to more than `max_buffered_bytes` (a body that does not fit is answered 503). Anything
 malformed is a 4xx, never a 500: a 500 means the store failed.
 """
+
 from __future__ import annotations
 
 import json
@@ -201,8 +202,14 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
     # -- answers ----------------------------------------------------------------------------------
-    def _send(self, status: int, body: bytes | str | dict, ctype: str = "application/json",
-              headers: dict | None = None, close: bool = False) -> None:
+    def _send(
+        self,
+        status: int,
+        body: bytes | str | dict,
+        ctype: str = "application/json",
+        headers: dict | None = None,
+        close: bool = False,
+    ) -> None:
         if isinstance(body, dict):
             body = json.dumps(body) + "\n"
         data = body.encode() if isinstance(body, str) else body
@@ -258,7 +265,7 @@ class Handler(BaseHTTPRequestHandler):
         view, got = memoryview(body), 0
         try:
             while got < n:
-                k = self.rfile.readinto(view[got:got + 65536])
+                k = self.rfile.readinto(view[got : got + 65536])
                 if not k:
                     break
                 got += k
@@ -295,8 +302,17 @@ class Handler(BaseHTTPRequestHandler):
             return 200, {"status": "duplicate", "delivery": delivery}, event
         self.app.delivered(accepted)
         if accepted.jobs or accepted.cancelled or intents.installation:
-            return 202, {"status": "accepted", "delivery": delivery, "jobs": accepted.jobs,
-                         "cancelled": accepted.cancelled, "note": accepted.note}, event
+            return (
+                202,
+                {
+                    "status": "accepted",
+                    "delivery": delivery,
+                    "jobs": accepted.jobs,
+                    "cancelled": accepted.cancelled,
+                    "note": accepted.note,
+                },
+                event,
+            )
         note = accepted.note or intents.note
         return 202, {"status": "ignored", "delivery": delivery, "jobs": [], "note": note}, event
 
@@ -369,8 +385,13 @@ class Handler(BaseHTTPRequestHandler):
         repo = m.group(1)
         if not self.app.visible(repo):
             return self._send(404, {"error": "unknown repository"})
-        page = site.repo_page(repo, history.runs(repo), assets="/dashboard/assets/", badge_src=f"/badge/{repo}.svg",
-                              index_href="/dashboard")
+        page = site.repo_page(
+            repo,
+            history.runs(repo),
+            assets="/dashboard/assets/",
+            badge_src=f"/badge/{repo}.svg",
+            index_href="/dashboard",
+        )
         return self._send(200, page, html)
 
     def _badge(self, repo: str, kind: str, branch: str | None):

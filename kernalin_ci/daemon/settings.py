@@ -8,18 +8,19 @@ of every repr, log line and job environment.
     settings.listen, settings.queue.backend, settings.runner.backend, ...
     settings.secrets.webhook                      # bytes; only webhook.py reads it
 """
+
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
 
 import yaml
 
-from kernalin_ci.sandbox import SandboxError, SandboxSettings, parse_size
 from kernalin_ci.errors import UsageError
+from kernalin_ci.sandbox import SandboxError, SandboxSettings, parse_size
 
 ENV_CONFIG = "KERNALIN_DAEMON_CONFIG"
 ENV_LISTEN = "KERNALIN_DAEMON_LISTEN"
@@ -35,8 +36,17 @@ ENV_RESULT_KEY = "KERNALIN_RESULT_KEY"  # Redis mode: the key that signs results
 ENV_RESULT_KEY_FILE = "KERNALIN_RESULT_KEY_FILE"
 ENV_HISTORY_URL = "KERNALIN_HISTORY_URL"  # a postgresql:// URL holds a password
 # every environment variable above that holds or points at a secret: never passed to a job
-SECRET_ENV = (ENV_WEBHOOK_SECRET, ENV_WEBHOOK_SECRET_FILE, ENV_APP_KEY, ENV_APP_KEY_PATH, "GITHUB_TOKEN",
-              ENV_REDIS_URL, ENV_RESULT_KEY, ENV_RESULT_KEY_FILE, ENV_HISTORY_URL)
+SECRET_ENV = (
+    ENV_WEBHOOK_SECRET,
+    ENV_WEBHOOK_SECRET_FILE,
+    ENV_APP_KEY,
+    ENV_APP_KEY_PATH,
+    "GITHUB_TOKEN",
+    ENV_REDIS_URL,
+    ENV_RESULT_KEY,
+    ENV_RESULT_KEY_FILE,
+    ENV_HISTORY_URL,
+)
 
 GITHUB_MAX_BODY = 25 * 1024 * 1024  # GitHub caps webhook payloads at 25 MB
 
@@ -49,9 +59,11 @@ class Secrets:
     files: list[str] = field(default_factory=list)  # where they were read from (masked in job sandboxes)
 
     def __repr__(self) -> str:  # never show a secret, not even by accident in a traceback
-        return f"Secrets(webhook={'***' if self.webhook else 'unset'}, " \
-               f"app_private_key={'***' if self.app_private_key else 'unset'}, " \
-               f"result_key={'***' if self.result_key else 'unset'})"
+        return (
+            f"Secrets(webhook={'***' if self.webhook else 'unset'}, "
+            f"app_private_key={'***' if self.app_private_key else 'unset'}, "
+            f"result_key={'***' if self.result_key else 'unset'})"
+        )
 
 
 @dataclass
@@ -166,13 +178,36 @@ class Settings:
 
 
 _KEYS = {
-    "": ("listen", "public_url", "state_dir", "webhook", "github", "queue", "gpus", "cpu_slots", "runner",
-         "retries", "posting", "policy", "badges", "retention_days", "http",
-         "history"),
+    "": (
+        "listen",
+        "public_url",
+        "state_dir",
+        "webhook",
+        "github",
+        "queue",
+        "gpus",
+        "cpu_slots",
+        "runner",
+        "retries",
+        "posting",
+        "policy",
+        "badges",
+        "retention_days",
+        "http",
+        "history",
+    ),
     "http": ("max_connections", "request_deadline_s", "max_buffered_bytes"),
     "webhook": ("path", "max_body_bytes", "secret_file"),
-    "github": ("api_url", "app_id", "private_key_file", "check_name", "clone_url", "retry", "min_write_interval_s",
-               "min_request_interval_s"),
+    "github": (
+        "api_url",
+        "app_id",
+        "private_key_file",
+        "check_name",
+        "clone_url",
+        "retry",
+        "min_write_interval_s",
+        "min_request_interval_s",
+    ),
     "github.retry": ("attempts", "base_delay_s", "budget_s"),
     "queue": ("backend", "redis_url", "name", "result_key_file"),
     "runner": ("backend", "timeout_s", "command", "env", "docker", "sandbox", "log_max_bytes", "out_max_bytes"),
@@ -206,7 +241,7 @@ class _Reader:
     def err(self, key: str, msg: str) -> UsageError:
         return UsageError(f"{self.where}: {key or '(top level)'}: {msg}")
 
-    def sub(self, name: str) -> "_Reader":
+    def sub(self, name: str) -> _Reader:
         return _Reader(self.where, self.data.get(name), self.dot(name))
 
     def get(self, name: str, kind, default):
@@ -233,9 +268,11 @@ class _Reader:
 
 
 def _backoff(r: _Reader, default: Backoff) -> Backoff:
-    return Backoff(r.positive("attempts", int, default.attempts),
-                   r.positive("base_delay_s", float, default.base_delay_s),
-                   r.positive("max_delay_s", float, default.max_delay_s))
+    return Backoff(
+        r.positive("attempts", int, default.attempts),
+        r.positive("base_delay_s", float, default.base_delay_s),
+        r.positive("max_delay_s", float, default.max_delay_s),
+    )
 
 
 def _read_secret_file(path: str, what: str) -> str:
@@ -282,7 +319,8 @@ def parse(data, where: str = "daemon.yml", env: Mapping[str, str] | None = None)
             raise gh.err("github.app_id", f"must be a number, not {app_id!r}") from None
     key_file = env.get(ENV_APP_KEY_PATH) or gh.get("private_key_file", str, None)
     s.secrets.app_private_key = env.get(ENV_APP_KEY) or (
-        _read_secret_file(key_file, "GitHub App private key") if key_file else "")
+        _read_secret_file(key_file, "GitHub App private key") if key_file else ""
+    )
     if key_file:
         s.secrets.files.append(key_file)
     g.check_name = gh.get("check_name", str, g.check_name)
@@ -309,9 +347,11 @@ def parse(data, where: str = "daemon.yml", env: Mapping[str, str] | None = None)
         s.secrets.files.append(key_file)
 
     h = top.sub("http")
-    s.http = HttpSettings(h.positive("max_connections", int, s.http.max_connections),
-                          h.positive("request_deadline_s", float, s.http.request_deadline_s),
-                          h.positive("max_buffered_bytes", int, s.http.max_buffered_bytes))
+    s.http = HttpSettings(
+        h.positive("max_connections", int, s.http.max_connections),
+        h.positive("request_deadline_s", float, s.http.request_deadline_s),
+        h.positive("max_buffered_bytes", int, s.http.max_buffered_bytes),
+    )
 
     r = top.sub("runner")
     s.runner.backend = r.choice("backend", ("local", "docker"), s.runner.backend)
@@ -330,14 +370,24 @@ def parse(data, where: str = "daemon.yml", env: Mapping[str, str] | None = None)
     s.runner.log_max_bytes = r.positive("log_max_bytes", int, s.runner.log_max_bytes)
     s.runner.out_max_bytes = r.positive("out_max_bytes", int, s.runner.out_max_bytes)
     d = r.sub("docker")
-    s.runner.docker = DockerSettings(d.get("image", str, s.runner.docker.image), d.get("memory", str, "16g"),
-                                     d.positive("pids", int, 4096), d.get("tmpfs_size", str, "8g"),
-                                     d.get("url", str, None), d.get("user", str, None))
+    s.runner.docker = DockerSettings(
+        d.get("image", str, s.runner.docker.image),
+        d.get("memory", str, "16g"),
+        d.positive("pids", int, 4096),
+        d.get("tmpfs_size", str, "8g"),
+        d.get("url", str, None),
+        d.get("user", str, None),
+    )
     b, dflt = r.sub("sandbox"), SandboxSettings()
-    s.runner.sandbox = SandboxSettings(b.get("enabled", bool, dflt.enabled), b.get("memory", str, dflt.memory),
-                                       b.positive("pids", int, dflt.pids), b.get("tmpfs_size", str, dflt.tmpfs_size),
-                                       b.get("user", str, dflt.user), b.get("bwrap", str, dflt.bwrap),
-                                       [str(x) for x in b.get("extra_ro", list, [])])
+    s.runner.sandbox = SandboxSettings(
+        b.get("enabled", bool, dflt.enabled),
+        b.get("memory", str, dflt.memory),
+        b.positive("pids", int, dflt.pids),
+        b.get("tmpfs_size", str, dflt.tmpfs_size),
+        b.get("user", str, dflt.user),
+        b.get("bwrap", str, dflt.bwrap),
+        [str(x) for x in b.get("extra_ro", list, [])],
+    )
     for key in ("memory", "tmpfs_size"):
         try:
             parse_size(getattr(s.runner.sandbox, key))
@@ -374,8 +424,11 @@ def parse_gpus(text: str):
 
 
 def _check_gpus(top: _Reader, v) -> None:
-    ok = v in ("auto", "cpu") or (isinstance(v, int) and not isinstance(v, bool) and v > 0) or (
-        isinstance(v, list) and v and all(isinstance(x, (int, str)) and not isinstance(x, bool) for x in v))
+    ok = (
+        v in ("auto", "cpu")
+        or (isinstance(v, int) and not isinstance(v, bool) and v > 0)
+        or (isinstance(v, list) and v and all(isinstance(x, (int, str)) and not isinstance(x, bool) for x in v))
+    )
     if not ok:
         raise top.err("gpus", f"expected auto, cpu, a count or a list of GPU indexes/UUIDs, got {v!r}")
 
@@ -395,16 +448,20 @@ def load(path: str | os.PathLike | None = None, env: Mapping[str, str] | None = 
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
-        raise UsageError(f"{p}:{mark.line + 1 if mark else 1}: not valid YAML: "
-                         f"{getattr(e, 'problem', None) or e}") from None
+        raise UsageError(
+            f"{p}:{mark.line + 1 if mark else 1}: not valid YAML: {getattr(e, 'problem', None) or e}"
+        ) from None
     return parse(data, str(p), env)
 
 
 def require_serving_secrets(s: Settings) -> None:
     """`serve` refuses to start without what it needs to trust deliveries and to post results."""
     if not s.secrets.webhook:
-        raise UsageError(f"no webhook secret: set {ENV_WEBHOOK_SECRET} or {ENV_WEBHOOK_SECRET_FILE} "
-                         "(or webhook.secret_file)")
+        raise UsageError(
+            f"no webhook secret: set {ENV_WEBHOOK_SECRET} or {ENV_WEBHOOK_SECRET_FILE} (or webhook.secret_file)"
+        )
     if s.github.app_id is None or not s.secrets.app_private_key:
-        raise UsageError(f"no GitHub App: set {ENV_APP_ID} and {ENV_APP_KEY} or {ENV_APP_KEY_PATH} "
-                         "(or github.app_id and github.private_key_file)")
+        raise UsageError(
+            f"no GitHub App: set {ENV_APP_ID} and {ENV_APP_KEY} or {ENV_APP_KEY_PATH} "
+            "(or github.app_id and github.private_key_file)"
+        )

@@ -4,6 +4,7 @@ Nothing here talks to GitHub or git: a delivery becomes plain `Intents` (jobs to
 cancel, installation changes) that the store records in one transaction, so the HTTP answer
 goes back in milliseconds and the work happens afterwards.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -17,7 +18,7 @@ SIGNATURE_HEADER = "X-Hub-Signature-256"
 PR_ACTIONS = ("opened", "synchronize", "reopened", "labeled")
 # owner/name; neither part may be "." or ".." (the name goes into API paths and the job directory)
 _REPO = re.compile(r"(?!\.\.?/)[A-Za-z0-9_.-]{1,100}/(?!\.\.?$)[A-Za-z0-9_.-]{1,100}")
-MAX_ID = 2 ** 53 - 1  # ids and numbers GitHub sends are positive and below this (JSON-safe integers)
+MAX_ID = 2**53 - 1  # ids and numbers GitHub sends are positive and below this (JSON-safe integers)
 _SHA = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 _REF = re.compile(r"[^\x00-\x20~^:?*\[\\]{1,255}")
 
@@ -53,8 +54,7 @@ class Intents:
 
     @property
     def empty(self) -> bool:
-        return not (self.jobs or self.cancel_prs or self.rerun_job or self.installation or self.repos
-                    or self.merged)
+        return not (self.jobs or self.cancel_prs or self.rerun_job or self.installation or self.repos or self.merged)
 
 
 def _get(d, *path, kind=None, pattern=None, optional=False):
@@ -113,20 +113,31 @@ def _pull_request(payload: dict) -> Intents:
         out = Intents(cancel_prs=[(repo, number, "the pull request was closed")], repos=[repo_info])
         if _get(pr, "merged", kind=bool, optional=True) and _get(pr, "base", "ref", kind=str) == repo_info[1]:
             # merged into the default branch: its gate result joins the history (kernalin_ci/history)
-            out.merged.append((repo, number, _get(pr, "head", "sha", kind=str, pattern=_SHA),
-                               _get(pr, "merge_commit_sha", kind=str, pattern=_SHA)))
+            out.merged.append(
+                (
+                    repo,
+                    number,
+                    _get(pr, "head", "sha", kind=str, pattern=_SHA),
+                    _get(pr, "merge_commit_sha", kind=str, pattern=_SHA),
+                )
+            )
             out.note = "merged into the default branch: its gate result goes into the history"
         return out
     if action not in PR_ACTIONS:
         return Intents(note=f"pull_request.{action} is not handled", repos=[repo_info])
     head_repo = _get(pr, "head", "repo", "full_name", kind=str, pattern=_REPO, optional=True)
     spec = JobSpec(
-        repo=repo, pr=number,
+        repo=repo,
+        pr=number,
         head_sha=_get(pr, "head", "sha", kind=str, pattern=_SHA),
         base_sha=_get(pr, "base", "sha", kind=str, pattern=_SHA),
         base_ref=_get(pr, "base", "ref", kind=str, pattern=_REF),
-        head_repo=head_repo, installation_id=inst, trigger=f"pull_request.{action}",
-        private=repo_info[2], default_branch=repo_info[1])
+        head_repo=head_repo,
+        installation_id=inst,
+        trigger=f"pull_request.{action}",
+        private=repo_info[2],
+        default_branch=repo_info[1],
+    )
     if action == "labeled":
         spec.label = _get(payload, "label", "name", kind=str)
         if not spec.fork:  # labels only matter as a maintainer's approval of a fork's code
@@ -150,8 +161,13 @@ def _installation(payload: dict) -> Intents:
     action = _get(payload, "action", kind=str)
     inst_id = _get(payload, "installation", "id", kind=int)
     account = _get(payload, "installation", "account", "login", kind=str, optional=True) or ""
-    state = {"created": "active", "unsuspend": "active", "new_permissions_accepted": "active",
-             "deleted": "deleted", "suspend": "suspended"}.get(action)
+    state = {
+        "created": "active",
+        "unsuspend": "active",
+        "new_permissions_accepted": "active",
+        "deleted": "deleted",
+        "suspend": "suspended",
+    }.get(action)
     if state is None:
         return Intents(note=f"installation.{action} is not handled")
     return Intents(installation=(inst_id, account, state))

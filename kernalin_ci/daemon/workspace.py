@@ -10,6 +10,7 @@ configuration taken from the BASE commit (a pull request cannot change the gate 
 git runs with a scrubbed environment; a fetch token (private repositories) goes to git through
 GIT_CONFIG_* variables of that one process, so it is neither on a command line nor in .git/config.
 """
+
 from __future__ import annotations
 
 import base64
@@ -64,20 +65,38 @@ class Workspace:
 
 
 def _git_env(token: str | None) -> dict:
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/nonexistent", "GIT_TERMINAL_PROMPT": "0",
-           "GIT_CONFIG_NOSYSTEM": "1", "LANG": "C"}
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": "/nonexistent",
+        "GIT_TERMINAL_PROMPT": "0",
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "LANG": "C",
+    }
     if token:
         basic = base64.b64encode(f"x-access-token:{token}".encode()).decode()
-        env.update({"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "http.extraHeader",
-                    "GIT_CONFIG_VALUE_0": f"Authorization: Basic {basic}"})
+        env.update(
+            {
+                "GIT_CONFIG_COUNT": "1",
+                "GIT_CONFIG_KEY_0": "http.extraHeader",
+                "GIT_CONFIG_VALUE_0": f"Authorization: Basic {basic}",
+            }
+        )
     return env
 
 
-def _git(repo: Path, *args: str, token: str | None = None, timeout: float = FETCH_TIMEOUT_S,
-         check: bool = True) -> subprocess.CompletedProcess:
+def _git(
+    repo: Path, *args: str, token: str | None = None, timeout: float = FETCH_TIMEOUT_S, check: bool = True
+) -> subprocess.CompletedProcess:
     try:
-        r = subprocess.run(["git", *args], cwd=repo, env=_git_env(token), capture_output=True, text=True,
-                           timeout=timeout, stdin=subprocess.DEVNULL)
+        r = subprocess.run(
+            ["git", *args],
+            cwd=repo,
+            env=_git_env(token),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
     except subprocess.TimeoutExpired:
         raise FetchError(f"git {args[0]} timed out after {timeout:.0f} s") from None
     if check and r.returncode != 0:

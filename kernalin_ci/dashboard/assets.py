@@ -2,6 +2,7 @@
 a pinned SHA-256), kept next to this module in vendor/ (not in git: 210 kB of minified code), and
 copied into every site built. `kernalin-ci dashboard --fetch-assets` (and .ci/run, and the Action's
 install step) fetches it; KERNALIN_CHARTJS names a copy fetched elsewhere (a machine without npm)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -33,8 +34,10 @@ def chartjs() -> Path:
             if not _ok(p):
                 raise UsageError(f"{p}: not Chart.js {CHARTJS_VERSION} (SHA-256 differs)")
             return p
-    raise UsageError(f"Chart.js {CHARTJS_VERSION} is not installed: run `kernalin-ci dashboard --fetch-assets` "
-                     "(needs npm), or set KERNALIN_CHARTJS to a copy of chart.umd.min.js")
+    raise UsageError(
+        f"Chart.js {CHARTJS_VERSION} is not installed: run `kernalin-ci dashboard --fetch-assets` "
+        "(needs npm), or set KERNALIN_CHARTJS to a copy of chart.umd.min.js"
+    )
 
 
 def fetch_chartjs() -> Path:
@@ -45,8 +48,13 @@ def fetch_chartjs() -> Path:
     if not shutil.which("npm"):
         raise UsageError("--fetch-assets needs npm (or set KERNALIN_CHARTJS to a copy of chart.umd.min.js)")
     with tempfile.TemporaryDirectory(prefix="kernalin-chartjs-") as tmp:
-        p = subprocess.run(["npm", "pack", "--silent", f"chart.js@{CHARTJS_VERSION}"], cwd=tmp, capture_output=True,
-                           text=True, timeout=300)
+        p = subprocess.run(
+            ["npm", "pack", "--silent", f"chart.js@{CHARTJS_VERSION}"],
+            cwd=tmp,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         tgz = Path(tmp) / f"chart.js-{CHARTJS_VERSION}.tgz"
         if p.returncode != 0 or not tgz.is_file():
             raise UsageError(f"npm pack chart.js@{CHARTJS_VERSION} failed: {' '.join(p.stderr.split())[:300]}")

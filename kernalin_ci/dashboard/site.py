@@ -4,6 +4,7 @@ static/dashboard.js with Chart.js, so a built site needs no network and no serve
     page = repo_page("o/r", runs, assets="assets/", badge_src="badge.svg", index_href="index.html")
     build_site(store, out_dir)     # `kernalin-ci dashboard --out DIR`: index.html, a page per repository
 """
+
 from __future__ import annotations
 
 import json
@@ -22,10 +23,21 @@ def page_data(repo: str, runs: list[Run]) -> dict:
         k = kernels.setdefault(s.kernel, {"name": s.kernel, "series": []})
         k["series"].append(s.to_json())
     latest = runs[-1] if runs else None
-    return {"repo": repo, "runs": len(runs), "kernels": [kernels[n] for n in sorted(kernels)],
-            "latest": None if latest is None else {"commit": latest.commit, "conclusion": latest.conclusion,
-                                                  "reason": latest.reason, "environment": latest.environment,
-                                                  "pr": latest.pr, "report_url": latest.report_url}}
+    return {
+        "repo": repo,
+        "runs": len(runs),
+        "kernels": [kernels[n] for n in sorted(kernels)],
+        "latest": None
+        if latest is None
+        else {
+            "commit": latest.commit,
+            "conclusion": latest.conclusion,
+            "reason": latest.reason,
+            "environment": latest.environment,
+            "pr": latest.pr,
+            "report_url": latest.report_url,
+        },
+    }
 
 
 def badge_of(run: Run) -> str:
@@ -37,8 +49,17 @@ def badge_of(run: Run) -> str:
     for p in run.points:
         kr = kernels.setdefault(p.kernel, KernelReport(p.kernel, "", "", p.status or "changed"))
         kr.failed_by = sorted(set(kr.failed_by) | set(p.failed_by))
-    return badge_svg(Report(conclusion=run.conclusion, reason=run.reason, base={}, head={"sha": run.commit},
-                            device=run.device, policy={}, kernels=list(kernels.values())))
+    return badge_svg(
+        Report(
+            conclusion=run.conclusion,
+            reason=run.reason,
+            base={},
+            head={"sha": run.commit},
+            device=run.device,
+            policy={},
+            kernels=list(kernels.values()),
+        )
+    )
 
 
 def _json_script(data: dict) -> str:
@@ -47,33 +68,45 @@ def _json_script(data: dict) -> str:
 
 
 def _head(title: str, assets: str) -> str:
-    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
-            '<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f'<link rel="stylesheet" href="{escape(assets)}dashboard.css"></head><body>')
+    return (
+        f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f'<link rel="stylesheet" href="{escape(assets)}dashboard.css"></head><body>'
+    )
 
 
 def repo_page(repo: str, runs: list[Run], *, assets: str, badge_src: str | None, index_href: str | None) -> str:
     data = page_data(repo, runs)
     nav = f'<a href="{escape(index_href)}">all repositories</a> · ' if index_href else ""
     badge = f'<img class="badge" alt="kernalin-ci badge" src="{escape(badge_src)}">' if badge_src else ""
-    return (_head(f"kernalin-ci: {repo}", assets)
-            + f'<header><h1>{escape(repo)}</h1>{badge}<p class="meta">{nav}{len(runs)} recorded commits of the '
-            'default branch</p></header>'
-            '<main id="app"><p class="loading">Loading charts…</p></main>'
-            '<noscript>The charts need JavaScript; the data is in this page as JSON.</noscript>'
-            + _json_script(data)
-            + f'<script src="{escape(assets)}chart.umd.min.js"></script>'
-            + f'<script src="{escape(assets)}dashboard.js"></script></body></html>\n')
+    return (
+        _head(f"kernalin-ci: {repo}", assets)
+        + f'<header><h1>{escape(repo)}</h1>{badge}<p class="meta">{nav}{len(runs)} recorded commits of the '
+        "default branch</p></header>"
+        '<main id="app"><p class="loading">Loading charts…</p></main>'
+        "<noscript>The charts need JavaScript; the data is in this page as JSON.</noscript>"
+        + _json_script(data)
+        + f'<script src="{escape(assets)}chart.umd.min.js"></script>'
+        + f'<script src="{escape(assets)}dashboard.js"></script></body></html>\n'
+    )
 
 
 def index_page(repos: list[tuple[str, str, int]], *, assets: str) -> str:
     """REPOS: (name, href, recorded commits)."""
-    rows = "".join(f'<tr><td><a href="{escape(href)}">{escape(name)}</a></td><td>{n}</td></tr>'
-                   for name, href, n in repos)
-    return (_head("kernalin-ci dashboard", assets) + '<header><h1>kernalin-ci dashboard</h1></header><main>'
-            + ('<table class="overview"><thead><tr><th>repository</th><th>recorded commits</th></tr></thead>'
-               f'<tbody>{rows}</tbody></table>' if repos else '<p>No history recorded yet.</p>')
-            + '</main></body></html>\n')
+    rows = "".join(
+        f'<tr><td><a href="{escape(href)}">{escape(name)}</a></td><td>{n}</td></tr>' for name, href, n in repos
+    )
+    return (
+        _head("kernalin-ci dashboard", assets)
+        + "<header><h1>kernalin-ci dashboard</h1></header><main>"
+        + (
+            '<table class="overview"><thead><tr><th>repository</th><th>recorded commits</th></tr></thead>'
+            f"<tbody>{rows}</tbody></table>"
+            if repos
+            else "<p>No history recorded yet.</p>"
+        )
+        + "</main></body></html>\n"
+    )
 
 
 def page_file(repo: str) -> str:
@@ -97,8 +130,13 @@ def build_site(store, out: str | Path, repos: list[str] | None = None) -> list[P
         badge_name = fname.replace(".html", "-badge.svg")
         if runs:
             (out / badge_name).write_text(badge_of(runs[-1]))
-        html = repo_page(name, runs, assets="assets/", badge_src=badge_name if runs else None,
-                         index_href=None if len(names) == 1 else "index.html")
+        html = repo_page(
+            name,
+            runs,
+            assets="assets/",
+            badge_src=badge_name if runs else None,
+            index_href=None if len(names) == 1 else "index.html",
+        )
         (out / fname).write_text(html)
         written.append(out / fname)
         listing.append((name, fname, len(runs)))

@@ -7,6 +7,7 @@ identity.py (base against head), peak.py (GPU table and % of peak), provenance.p
 driver, clocks, versions, copy bandwidth), recheck.py (correctness after timing), gate.py (the gate's
 calls), render.py (markdown and text).
 """
+
 from __future__ import annotations
 
 from kernalin_ci.explain.gate import finish_kernel, plan_kernel

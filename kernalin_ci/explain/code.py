@@ -5,6 +5,7 @@ Line information is not code: TTGIR `loc(...)` attributes, PTX `.loc`/`.file` di
 sections move when a comment shifts the source lines, while the machine code stays the same. The
 identity check compares the text with them removed, and the SASS (which carries no line information).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -66,15 +67,18 @@ def digest(*parts: str | bytes) -> str:
 
 def ptxas_resources(stderr: str) -> dict:
     """Registers, spills, stack and static shared memory from `ptxas -v` output (None when absent)."""
+
     def grab(pattern: str) -> int | None:
         m = re.search(pattern, stderr)
         return int(m.group(1)) if m else None
 
-    return {"registers": grab(r"Used (\d+) registers"),
-            "spill_stores_bytes": grab(r"(\d+) bytes spill stores"),
-            "spill_loads_bytes": grab(r"(\d+) bytes spill loads"),
-            "stack_bytes": grab(r"(\d+) bytes stack frame"),
-            "static_smem_bytes": grab(r"(\d+) bytes smem") or 0}
+    return {
+        "registers": grab(r"Used (\d+) registers"),
+        "spill_stores_bytes": grab(r"(\d+) bytes spill stores"),
+        "spill_loads_bytes": grab(r"(\d+) bytes spill loads"),
+        "stack_bytes": grab(r"(\d+) bytes stack frame"),
+        "static_smem_bytes": grab(r"(\d+) bytes smem") or 0,
+    }
 
 
 # --------------------------------------------------------------------------- instruction mix
@@ -82,7 +86,8 @@ def ptxas_resources(stderr: str) -> dict:
 # SASS opcode (before the first dot) -> the class shown
 _CLASSES = (
     ("tensor-core", ("HMMA", "HGMMA", "IMMA", "QGMMA", "WGMMA", "UTCHMMA", "UTCQMMA")),
-    ("global-load", ("LDG",)), ("global-store", ("STG", "RED", "ATOMG")),
+    ("global-load", ("LDG",)),
+    ("global-store", ("STG", "RED", "ATOMG")),
     ("tma", ("UTMALDG", "UTMASTG", "UBLKCP")),
     ("shared", ("LDS", "STS", "LDSM", "STSM", "ATOMS")),
     ("local (spill)", ("LDL", "STL")),
@@ -140,11 +145,18 @@ def occupancy(arch: int, num_warps: int, registers: int | None, smem_bytes: int)
     if lim is None or registers is None or num_warps < 1:
         return None
     per_warp = -(-max(registers, 1) * 32 // REG_UNIT) * REG_UNIT
-    by = {"warps": lim["warps"] // num_warps, "blocks": lim["blocks"],
-          "registers": (lim["registers"] // per_warp) // num_warps}
+    by = {
+        "warps": lim["warps"] // num_warps,
+        "blocks": lim["blocks"],
+        "registers": (lim["registers"] // per_warp) // num_warps,
+    }
     if smem_bytes:
         by["shared memory"] = lim["smem"] // (smem_bytes + lim["reserved_smem"])
     blocks = min(by.values())
     limiter = min(by, key=lambda k: by[k])
-    return {"blocks_per_sm": blocks, "warps_per_sm": blocks * num_warps,
-            "fraction": round(blocks * num_warps / lim["warps"], 4), "limited_by": limiter}
+    return {
+        "blocks_per_sm": blocks,
+        "warps_per_sm": blocks * num_warps,
+        "fraction": round(blocks * num_warps / lim["warps"], 4),
+        "limited_by": limiter,
+    }

@@ -9,6 +9,7 @@ needed); then read the resources (`ptxas -v`) and the SASS (`cuobjdump -sass`).
 One event per shape: `{"event": "explain-shape", "shape": i, "launches": [...], "host_ops": [...],
 "error": null}`, then `{"event": "explain-toolchain", ...}`.
 """
+
 from __future__ import annotations
 
 import os
@@ -18,8 +19,15 @@ import subprocess
 import tempfile
 import time
 
-from kernalin_ci.explain.code import (digest, instruction_mix, normalize_ptx, normalize_ttgir, occupancy,
-                                      ptxas_resources, sass_instructions)
+from kernalin_ci.explain.code import (
+    digest,
+    instruction_mix,
+    normalize_ptx,
+    normalize_ttgir,
+    occupancy,
+    ptxas_resources,
+    sass_instructions,
+)
 
 ARCH = 90  # the capture's target (kernalin_ci.verify.structural.capture.TARGET)
 _COMPILED: dict = {}
@@ -53,8 +61,13 @@ def toolchain() -> dict:
     import torch
     import triton
 
-    facts = {"python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__,
-             "triton_path": os.path.dirname(triton.__file__), "cuda": torch.version.cuda}
+    facts = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "triton_path": os.path.dirname(triton.__file__),
+        "cuda": torch.version.cuda,
+    }
     ptxas = _tool("ptxas")
     facts["ptxas"] = None
     if ptxas:
@@ -143,19 +156,34 @@ def compile_launch(la) -> dict:
     md = k.metadata
     get = (lambda n, d=None: getattr(md, n, d)) if not isinstance(md, dict) else (lambda n, d=None: md.get(n, d))
     ttgir, ptx, cubin = k.asm.get("ttgir", ""), k.asm.get("ptx", ""), k.asm.get("cubin", b"")
-    res = {"name": get("name"), "num_warps": get("num_warps"), "num_stages": get("num_stages"),
-           "num_ctas": get("num_ctas", 1), "shared_bytes": get("shared", 0),
-           "ttgir": digest(normalize_ttgir(ttgir)), "ptx": digest(normalize_ptx(ptx)),
-           "cubin": digest(cubin) if cubin else None, "sass": None, "resources": None, "mix": None,
-           "occupancy": None, "notes": [], "compile_s": 0.0}
+    res = {
+        "name": get("name"),
+        "num_warps": get("num_warps"),
+        "num_stages": get("num_stages"),
+        "num_ctas": get("num_ctas", 1),
+        "shared_bytes": get("shared", 0),
+        "ttgir": digest(normalize_ttgir(ttgir)),
+        "ptx": digest(normalize_ptx(ptx)),
+        "cubin": digest(cubin) if cubin else None,
+        "sass": None,
+        "resources": None,
+        "mix": None,
+        "occupancy": None,
+        "notes": [],
+        "compile_s": 0.0,
+    }
     with tempfile.TemporaryDirectory(prefix="kernalin-explain-") as tmp:
         ptxas = _tool("ptxas")
         if ptxas and ptx:
             p = os.path.join(tmp, "k.ptx")
             with open(p, "w") as f:
                 f.write(ptx)
-            r = subprocess.run([ptxas, "-v", f"--gpu-name=sm_{ARCH}a", p, "-o", os.path.join(tmp, "v.cubin")],
-                               capture_output=True, text=True, timeout=300)
+            r = subprocess.run(
+                [ptxas, "-v", f"--gpu-name=sm_{ARCH}a", p, "-o", os.path.join(tmp, "v.cubin")],
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
             res["resources"] = ptxas_resources(r.stderr) if r.returncode == 0 else None
         if res["resources"] is None:
             res["notes"].append("registers and spills: not available (Triton's ptxas not found or failed)")
@@ -188,8 +216,15 @@ def describe_launch(la) -> dict:
         elif a.kind != "none":
             args.append([a.name, a.value])
     constexprs = {a.name: a.value for a in la.args if a.kind == "constexpr"}
-    return {"kernel": la.kernel, "path": la.path, "line": la.line, "grid": list(la.grid), "args": args,
-            "constexprs": constexprs, "autotuned": bool(la.autotuned)}
+    return {
+        "kernel": la.kernel,
+        "path": la.path,
+        "line": la.line,
+        "grid": list(la.grid),
+        "args": args,
+        "constexprs": constexprs,
+        "autotuned": bool(la.autotuned),
+    }
 
 
 def run_job(job: dict, emit) -> None:
@@ -223,6 +258,13 @@ def run_job(job: dict, emit) -> None:
             d = describe_launch(la)
             d["compiled"] = compile_launch(la)
             launches.append(d)
-        emit({"event": "explain-shape", "shape": i, "launches": launches,
-              "host_ops": host.ops,
-              "notes": [n for n in cap.notes], "error": None if launches else "the entry launched no Triton kernel"})
+        emit(
+            {
+                "event": "explain-shape",
+                "shape": i,
+                "launches": launches,
+                "host_ops": host.ops,
+                "notes": [n for n in cap.notes],
+                "error": None if launches else "the entry launched no Triton kernel",
+            }
+        )

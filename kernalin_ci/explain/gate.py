@@ -6,6 +6,7 @@ after a toolchain change or when the comparison could not be made). after_bench:
 shape, base against head per changed kernel, the environment again (a change refuses the comparison:
 `inconclusive: environment changed`), the correctness re-check, and Nsight Compute when asked.
 """
+
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
@@ -13,8 +14,8 @@ from dataclasses import dataclass, field
 
 from kernalin_ci.explain import peak as peak_mod
 from kernalin_ci.explain import provenance
-from kernalin_ci.explain.profile import nsight
 from kernalin_ci.explain.identity import EQUIVALENT, Identity, SideCompile, compare, compile_side, why_changed
+from kernalin_ci.explain.profile import nsight
 from kernalin_ci.explain.recheck import recheck, smallest
 
 ENV_CHANGED = "inconclusive: environment changed"
@@ -36,8 +37,9 @@ class Plan:
         return self.ident.all_identical
 
 
-def before_bench(op_name: str, entry: str, op_params: dict, bench_params: dict, device: str, base_root: str,
-                 head_root: str) -> Plan:
+def before_bench(
+    op_name: str, entry: str, op_params: dict, bench_params: dict, device: str, base_root: str, head_root: str
+) -> Plan:
     from kernalin_ci.bench.shapes import bench_cases
     from kernalin_ci.ops import get_op
     from kernalin_ci.ops.base import resolve_params
@@ -60,12 +62,20 @@ def before_bench(op_name: str, entry: str, op_params: dict, bench_params: dict, 
 
 def skipped(plan: Plan) -> dict:
     """The explanation of a kernel whose compiled code is identical: nothing was timed."""
-    return {"identity": plan.ident.to_json(), "verdict": EQUIVALENT, "peak": [], "why": [],
-            "provenance": {"start": plan.env_start, "end": None, "changed": []}, "recheck": None, "profile": None}
+    return {
+        "identity": plan.ident.to_json(),
+        "verdict": EQUIVALENT,
+        "peak": [],
+        "why": [],
+        "provenance": {"start": plan.env_start, "end": None, "changed": []},
+        "recheck": None,
+        "profile": None,
+    }
 
 
-def after_bench(plan: Plan, kr, k, op_name: str, op_params: dict, device: str, head_root: str,
-                profile: bool = False) -> dict:
+def after_bench(
+    plan: Plan, kr, k, op_name: str, op_params: dict, device: str, head_root: str, profile: bool = False
+) -> dict:
     """Fill the explanation after timing; may turn the verdict inconclusive or fail the kernel."""
     from kernalin_ci.ops import get_op
     from kernalin_ci.ops.base import resolve_params
@@ -77,13 +87,20 @@ def after_bench(plan: Plan, kr, k, op_name: str, op_params: dict, device: str, h
     env_end["copy_gbs"] = _COPY.get(device)
     env_changed = provenance.changed(plan.env_start, env_end) if not env_end.get("error") else []
     env_changed += plan.ident.toolchain_changed
-    out: dict = {"identity": plan.ident.to_json(), "verdict": None, "peak": [], "why": [],
-                 "provenance": {"start": plan.env_start, "end": env_end, "changed": env_changed,
-                                "regime": _regime(bench)}, "recheck": None, "profile": None}
+    out: dict = {
+        "identity": plan.ident.to_json(),
+        "verdict": None,
+        "peak": [],
+        "why": [],
+        "provenance": {"start": plan.env_start, "end": env_end, "changed": env_changed, "regime": _regime(bench)},
+        "recheck": None,
+        "profile": None,
+    }
     same = [x["shape"] for x in out["identity"]["shapes"] if x["identical"] and x["shape"] not in plan.to_time]
     if same and isinstance(bench.get("notes"), list):
-        bench["notes"].append(f"{len(same)} of {len(plan.cases)} shapes not timed: identical compiled code "
-                              f"({', '.join(same)})")
+        bench["notes"].append(
+            f"{len(same)} of {len(plan.cases)} shapes not timed: identical compiled code ({', '.join(same)})"
+        )
     if env_changed and bench.get("verdict") is not None:
         bench["verdict_measured"] = bench["verdict"]
         bench["verdict"] = "inconclusive"
@@ -103,9 +120,14 @@ def after_bench(plan: Plan, kr, k, op_name: str, op_params: dict, device: str, h
             for side, comp in (("base", plan.base), ("head", plan.head)):
                 launches = ((comp.shapes[j] or {}).get("launches") or []) if comp.shapes else []
                 ms = s.get(f"{side}_ms") if device == "cuda" else None  # interpreter times are no GPU figures
-                row[side] = peak_mod.shape_peak(t, ms, case.dtype, peaks,
-                                                _COPY.get(device) if device == "cuda" else None,
-                                                peak_mod.uses_tensor_cores(launches))
+                row[side] = peak_mod.shape_peak(
+                    t,
+                    ms,
+                    case.dtype,
+                    peaks,
+                    _COPY.get(device) if device == "cuda" else None,
+                    peak_mod.uses_tensor_cores(launches),
+                )
         out["peak"].append(row)
     if device != "cuda":
         out["peak_note"] = "CPU interpreter wall-clock times: % of a GPU's peak is not available on the CPU"
@@ -128,9 +150,13 @@ def after_bench(plan: Plan, kr, k, op_name: str, op_params: dict, device: str, h
 
 def _regime(bench: dict) -> dict:
     """The timing regime the benchmark reports (clock, L2 flush, per-shape timing, reps)."""
-    return {"clock": bench.get("clock"), "l2_flush": bench.get("l2_flush"), "reps": bench.get("reps"),
-            "timing": sorted({str(s.get("timing")) for s in bench.get("shapes") or [] if s.get("timing")}),
-            **({"regime": bench["regime"]} if "regime" in bench else {})}
+    return {
+        "clock": bench.get("clock"),
+        "l2_flush": bench.get("l2_flush"),
+        "reps": bench.get("reps"),
+        "timing": sorted({str(s.get("timing")) for s in bench.get("shapes") or [] if s.get("timing")}),
+        **({"regime": bench["regime"]} if "regime" in bench else {}),
+    }
 
 
 # --------------------------------------------------------------------------- the gate's two calls
@@ -152,15 +178,17 @@ def plan_kernel(kr, k, op_name: str, params: dict, device: str, base_root, head_
     return plan
 
 
-def finish_kernel(kr, plan: Plan, k, op_name: str, params: dict, device: str, head_root,
-                  profile: bool = False) -> None:
+def finish_kernel(kr, plan: Plan, k, op_name: str, params: dict, device: str, head_root, profile: bool = False) -> None:
     from kernalin_ci.bench.shapes import split_params
 
     op_params, _ = split_params(params)
     try:
         kr.explain = after_bench(plan, kr, k, op_name, op_params, device, str(head_root), profile)
     except Exception as e:
-        kr.explain = {"identity": plan.ident.to_json(), "error": f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"}
+        kr.explain = {
+            "identity": plan.ident.to_json(),
+            "error": f"{type(e).__name__}: {' '.join(str(e).split())[:300]}",
+        }
         return
     if kr.explain.get("verdict", "") and str(kr.explain["verdict"]).startswith(ENV_CHANGED):
         kr.benchmark_note = kr.explain["verdict"]

@@ -6,6 +6,7 @@ num_stages, num_ctas, shared memory), the same compiled code (TTGIR and PTX with
 and the SASS), and the entry's host code runs the same torch operations on the same shapes. Identical
 shapes need no timing; a toolchain difference between the two children times everything.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -34,8 +35,14 @@ def compile_side(op: str, entry: str, root: str, params: dict, cases: list, time
 
     t0 = time.perf_counter()
     side = SideCompile(shapes=[None] * len(cases))
-    job = {"task": "explain-compile", "op": op, "entry": entry, "root": root,
-           "params": params, "cases": [c.to_json() for c in cases]}
+    job = {
+        "task": "explain-compile",
+        "op": op,
+        "entry": entry,
+        "root": root,
+        "params": params,
+        "cases": [c.to_json() for c in cases],
+    }
 
     def on_event(ev):
         if ev.get("event") == "explain-toolchain":
@@ -55,8 +62,13 @@ def compile_side(op: str, entry: str, root: str, params: dict, cases: list, time
 def launch_key(la: dict) -> dict:
     """What must match for two launches to be the same (source paths and lines excluded)."""
     c = la.get("compiled") or {}
-    return {"kernel": la["kernel"], "grid": la["grid"], "args": la["args"], "constexprs": la["constexprs"],
-            **{k: c.get(k) for k in CONFIG_KEYS + CODE_KEYS + ("name", "error")}}
+    return {
+        "kernel": la["kernel"],
+        "grid": la["grid"],
+        "args": la["args"],
+        "constexprs": la["constexprs"],
+        **{k: c.get(k) for k in CONFIG_KEYS + CODE_KEYS + ("name", "error")},
+    }
 
 
 def _launch_diff(b: dict, h: dict) -> list[str]:
@@ -96,8 +108,12 @@ class Identity:
 
     @property
     def all_identical(self) -> bool:
-        return (self.status == "compared" and not self.toolchain_changed and bool(self.shapes)
-                and all(s.identical for s in self.shapes))
+        return (
+            self.status == "compared"
+            and not self.toolchain_changed
+            and bool(self.shapes)
+            and all(s.identical for s in self.shapes)
+        )
 
     def to_time(self, names: list[str]) -> list[str]:
         """The shapes to time: all of them unless identity is proven per shape with the same toolchain."""
@@ -118,19 +134,30 @@ class Identity:
 
 def compare(base: SideCompile, head: SideCompile, cases: list) -> Identity:
     """Base against head, shape by shape."""
-    ident = Identity("compared", toolchain={"base": base.toolchain, "head": head.toolchain},
-                     seconds=round(base.seconds + head.seconds, 3))
+    ident = Identity(
+        "compared",
+        toolchain={"base": base.toolchain, "head": head.toolchain},
+        seconds=round(base.seconds + head.seconds, 3),
+    )
     if base.error or head.error:
-        ident.status, ident.cause = "not-compared", "; ".join(
-            f"{side}: {e}" for side, e in (("base", base.error), ("head", head.error)) if e)
+        ident.status, ident.cause = (
+            "not-compared",
+            "; ".join(f"{side}: {e}" for side, e in (("base", base.error), ("head", head.error)) if e),
+        )
         return ident
-    ident.toolchain_changed = [f"{k} {base.toolchain.get(k)} -> {head.toolchain.get(k)}"
-                               for k in TOOLCHAIN_KEYS if base.toolchain.get(k) != head.toolchain.get(k)]
+    ident.toolchain_changed = [
+        f"{k} {base.toolchain.get(k)} -> {head.toolchain.get(k)}"
+        for k in TOOLCHAIN_KEYS
+        if base.toolchain.get(k) != head.toolchain.get(k)
+    ]
     for i, case in enumerate(cases):
         b, h = base.shapes[i], head.shapes[i]
         if b is None or h is None or b.get("error") or h.get("error"):
-            why = [f"{side}: {s.get('error') if s else 'no result'}" for side, s in (("base", b), ("head", h))
-                   if s is None or s.get("error")]
+            why = [
+                f"{side}: {s.get('error') if s else 'no result'}"
+                for side, s in (("base", b), ("head", h))
+                if s is None or s.get("error")
+            ]
             ident.shapes.append(ShapeIdentity(case.name, None, why))
             continue
         diffs = []
@@ -143,8 +170,9 @@ def compare(base: SideCompile, head: SideCompile, cases: list) -> Identity:
                 if d:
                     diffs.append(f"launch {j + 1} ({x['kernel']}): {'; '.join(d)}")
         if b.get("host_ops") != h.get("host_ops"):
-            diffs.append(f"host torch operations differ ({len(b.get('host_ops') or [])} -> "
-                         f"{len(h.get('host_ops') or [])})")
+            diffs.append(
+                f"host torch operations differ ({len(b.get('host_ops') or [])} -> {len(h.get('host_ops') or [])})"
+            )
         ident.shapes.append(ShapeIdentity(case.name, not diffs, diffs))
     return ident
 
@@ -156,13 +184,25 @@ def _facts(la: dict) -> dict:
     c = la.get("compiled") or {}
     r = c.get("resources") or {}
     occ = c.get("occupancy") or {}
-    return {"num_warps": c.get("num_warps"), "num_stages": c.get("num_stages"),
-            "constexprs": la.get("constexprs"), "grid": la.get("grid"), "autotuned": la.get("autotuned"),
-            "registers": r.get("registers"), "spill_bytes": (None if r.get("spill_stores_bytes") is None else
-                                                             r.get("spill_stores_bytes", 0) + r.get("spill_loads_bytes", 0)),
-            "shared_bytes": (c.get("shared_bytes") or 0) + (r.get("static_smem_bytes") or 0),
-            "occupancy": occ.get("fraction"), "occupancy_limited_by": occ.get("limited_by"),
-            "mix": c.get("mix"), "error": c.get("error"), "notes": c.get("notes", [])}
+    return {
+        "num_warps": c.get("num_warps"),
+        "num_stages": c.get("num_stages"),
+        "constexprs": la.get("constexprs"),
+        "grid": la.get("grid"),
+        "autotuned": la.get("autotuned"),
+        "registers": r.get("registers"),
+        "spill_bytes": (
+            None
+            if r.get("spill_stores_bytes") is None
+            else r.get("spill_stores_bytes", 0) + r.get("spill_loads_bytes", 0)
+        ),
+        "shared_bytes": (c.get("shared_bytes") or 0) + (r.get("static_smem_bytes") or 0),
+        "occupancy": occ.get("fraction"),
+        "occupancy_limited_by": occ.get("limited_by"),
+        "mix": c.get("mix"),
+        "error": c.get("error"),
+        "notes": c.get("notes", []),
+    }
 
 
 def why_changed(base: SideCompile, head: SideCompile, cases: list, ident: Identity) -> list[dict]:
@@ -183,8 +223,28 @@ def why_changed(base: SideCompile, head: SideCompile, cases: list, ident: Identi
             if key in seen:
                 continue
             seen.add(key)
-            changed = [k for k in ("num_warps", "num_stages", "constexprs", "grid", "registers", "spill_bytes",
-                                   "shared_bytes", "occupancy") if (bf or {}).get(k) != (hf or {}).get(k)]
-            rows.append({"kernel": (x or y)["kernel"], "shape": s.shape, "launch": j + 1, "base": bf, "head": hf,
-                         "changed": changed})
+            changed = [
+                k
+                for k in (
+                    "num_warps",
+                    "num_stages",
+                    "constexprs",
+                    "grid",
+                    "registers",
+                    "spill_bytes",
+                    "shared_bytes",
+                    "occupancy",
+                )
+                if (bf or {}).get(k) != (hf or {}).get(k)
+            ]
+            rows.append(
+                {
+                    "kernel": (x or y)["kernel"],
+                    "shape": s.shape,
+                    "launch": j + 1,
+                    "base": bf,
+                    "head": hf,
+                    "changed": changed,
+                }
+            )
     return rows

@@ -8,29 +8,62 @@ Tensor-core FLOP/s apply to a kernel whose SASS has tensor-core instructions; ot
 CUDA-core FLOP/s. A share above 100% of a datasheet peak is a measurement problem (data resident in L2,
 work skipped), never a win.
 """
+
 from __future__ import annotations
 
 # name match (all substrings, case-insensitive, first match wins) -> HBM GB/s, dense tensor TFLOP/s for
 # fp16/bf16 (and tf32 for float32 dots), CUDA-core fp32 TFLOP/s, L2 MB
 GPUS = (
-    (("h200", "nvl"), {"model": "H200 NVL", "hbm_gbs": 4800, "tensor_16": 835.5, "tensor_tf32": 417.5,
-                       "fp32": 60.0, "l2_mb": 50}),
-    (("h200",), {"model": "H200 SXM", "hbm_gbs": 4800, "tensor_16": 989.5, "tensor_tf32": 494.5, "fp32": 67.0,
-                 "l2_mb": 50}),
-    (("h100", "nvl"), {"model": "H100 NVL", "hbm_gbs": 3900, "tensor_16": 835.5, "tensor_tf32": 417.5,
-                       "fp32": 60.0, "l2_mb": 50}),
-    (("h100", "pcie"), {"model": "H100 PCIe", "hbm_gbs": 2000, "tensor_16": 756.5, "tensor_tf32": 378.0,
-                        "fp32": 51.2, "l2_mb": 50}),
-    (("h100",), {"model": "H100 SXM", "hbm_gbs": 3350, "tensor_16": 989.5, "tensor_tf32": 494.5, "fp32": 67.0,
-                 "l2_mb": 50}),
-    (("a100", "40gb"), {"model": "A100 40GB", "hbm_gbs": 1555, "tensor_16": 312.0, "tensor_tf32": 156.0,
-                        "fp32": 19.5, "l2_mb": 40}),
-    (("a100", "pcie"), {"model": "A100 80GB PCIe", "hbm_gbs": 1935, "tensor_16": 312.0, "tensor_tf32": 156.0,
-                        "fp32": 19.5, "l2_mb": 40}),
-    (("a100",), {"model": "A100 80GB SXM", "hbm_gbs": 2039, "tensor_16": 312.0, "tensor_tf32": 156.0,
-                 "fp32": 19.5, "l2_mb": 40}),
-    (("l40s",), {"model": "L40S", "hbm_gbs": 864, "tensor_16": 362.05, "tensor_tf32": 183.0, "fp32": 91.6,
-                 "l2_mb": 96}),
+    (
+        ("h200", "nvl"),
+        {"model": "H200 NVL", "hbm_gbs": 4800, "tensor_16": 835.5, "tensor_tf32": 417.5, "fp32": 60.0, "l2_mb": 50},
+    ),
+    (
+        ("h200",),
+        {"model": "H200 SXM", "hbm_gbs": 4800, "tensor_16": 989.5, "tensor_tf32": 494.5, "fp32": 67.0, "l2_mb": 50},
+    ),
+    (
+        ("h100", "nvl"),
+        {"model": "H100 NVL", "hbm_gbs": 3900, "tensor_16": 835.5, "tensor_tf32": 417.5, "fp32": 60.0, "l2_mb": 50},
+    ),
+    (
+        ("h100", "pcie"),
+        {"model": "H100 PCIe", "hbm_gbs": 2000, "tensor_16": 756.5, "tensor_tf32": 378.0, "fp32": 51.2, "l2_mb": 50},
+    ),
+    (
+        ("h100",),
+        {"model": "H100 SXM", "hbm_gbs": 3350, "tensor_16": 989.5, "tensor_tf32": 494.5, "fp32": 67.0, "l2_mb": 50},
+    ),
+    (
+        ("a100", "40gb"),
+        {"model": "A100 40GB", "hbm_gbs": 1555, "tensor_16": 312.0, "tensor_tf32": 156.0, "fp32": 19.5, "l2_mb": 40},
+    ),
+    (
+        ("a100", "pcie"),
+        {
+            "model": "A100 80GB PCIe",
+            "hbm_gbs": 1935,
+            "tensor_16": 312.0,
+            "tensor_tf32": 156.0,
+            "fp32": 19.5,
+            "l2_mb": 40,
+        },
+    ),
+    (
+        ("a100",),
+        {
+            "model": "A100 80GB SXM",
+            "hbm_gbs": 2039,
+            "tensor_16": 312.0,
+            "tensor_tf32": 156.0,
+            "fp32": 19.5,
+            "l2_mb": 40,
+        },
+    ),
+    (
+        ("l40s",),
+        {"model": "L40S", "hbm_gbs": 864, "tensor_16": 362.05, "tensor_tf32": 183.0, "fp32": 91.6, "l2_mb": 96},
+    ),
     (("l4",), {"model": "L4", "hbm_gbs": 300, "tensor_16": 121.0, "tensor_tf32": 60.0, "fp32": 30.3, "l2_mb": 48}),
     (("a10",), {"model": "A10", "hbm_gbs": 600, "tensor_16": 125.0, "tensor_tf32": 62.5, "fp32": 31.2, "l2_mb": 6}),
 )
@@ -46,17 +79,29 @@ def gpu_peaks(name: str | None) -> dict | None:
 
 
 def uses_tensor_cores(compiled_launches: list[dict]) -> bool:
-    return any(((la.get("compiled") or {}).get("mix") or {}).get("classes", {}).get("tensor-core")
-               for la in compiled_launches)
+    return any(
+        ((la.get("compiled") or {}).get("mix") or {}).get("classes", {}).get("tensor-core") for la in compiled_launches
+    )
 
 
-def shape_peak(traffic, ms: float | None, dtype: str, peaks: dict | None, copy_gbs: float | None,
-               tensor: bool) -> dict:
+def shape_peak(traffic, ms: float | None, dtype: str, peaks: dict | None, copy_gbs: float | None, tensor: bool) -> dict:
     """One shape: achieved GB/s and TFLOP/s at `ms` per call, share of the peaks, the bound, a flag."""
-    out: dict = {"bytes": traffic.bytes, "flops": traffic.flops, "ms": ms, "achieved_gbs": None,
-                 "achieved_tflops": None, "peak_gbs": None, "peak_tflops": None, "peak_flops_kind": None,
-                 "pct_peak_bw": None, "pct_peak_flops": None, "pct_copy_bw": None, "bound": None,
-                 "above_peak": False, "problem": None}
+    out: dict = {
+        "bytes": traffic.bytes,
+        "flops": traffic.flops,
+        "ms": ms,
+        "achieved_gbs": None,
+        "achieved_tflops": None,
+        "peak_gbs": None,
+        "peak_tflops": None,
+        "peak_flops_kind": None,
+        "pct_peak_bw": None,
+        "pct_peak_flops": None,
+        "pct_copy_bw": None,
+        "bound": None,
+        "above_peak": False,
+        "problem": None,
+    }
     if not ms or ms <= 0:
         return out
     s = ms * 1e-3
@@ -79,9 +124,11 @@ def shape_peak(traffic, ms: float | None, dtype: str, peaks: dict | None, copy_g
         out["above_peak"] = True
         l2 = peaks.get("l2_mb")
         small = l2 is not None and traffic.bytes <= l2 * 1e6
-        out["problem"] = (f"{worst:.0%} of the datasheet peak: a measurement problem, not a win ("
-                          + ("the data fit in the L2 cache, " if small else "")
-                          + "data resident in L2 or work skipped)")
+        out["problem"] = (
+            f"{worst:.0%} of the datasheet peak: a measurement problem, not a win ("
+            + ("the data fit in the L2 cache, " if small else "")
+            + "data resident in L2 or work skipped)"
+        )
     return out
 
 

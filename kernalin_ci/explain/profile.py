@@ -5,6 +5,7 @@ compile and warm up, then once more inside an NVTX range `kernalin`, the only ra
 metrics: DRAM throughput (% of peak), achieved occupancy, L2 hit rate. Where `ncu` is not on PATH the
 report says so.
 """
+
 from __future__ import annotations
 
 import csv
@@ -15,10 +16,12 @@ import shutil
 import subprocess
 import tempfile
 
-METRICS = {"dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram_throughput_pct",
-           "sm__warps_active.avg.pct_of_peak_sustained_active": "achieved_occupancy_pct",
-           "lts__t_sector_hit_rate.pct": "l2_hit_rate_pct",
-           "gpu__time_duration.sum": "duration"}
+METRICS = {
+    "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram_throughput_pct",
+    "sm__warps_active.avg.pct_of_peak_sustained_active": "achieved_occupancy_pct",
+    "lts__t_sector_hit_rate.pct": "l2_hit_rate_pct",
+    "gpu__time_duration.sum": "duration",
+}
 
 
 def run_job(job: dict, emit) -> None:
@@ -64,18 +67,44 @@ def profile_side(op: str, entry: str, root: str, params: dict, case, timeout_s: 
     from kernalin_ci.launch import module_argv
 
     ncu = shutil.which("ncu")
-    job = {"task": "explain-profile", "op": op, "entry": entry,
-           "root": root, "params": params, "case": case.to_json(), "device": "cuda"}
+    job = {
+        "task": "explain-profile",
+        "op": op,
+        "entry": entry,
+        "root": root,
+        "params": params,
+        "case": case.to_json(),
+        "device": "cuda",
+    }
     with tempfile.TemporaryDirectory(prefix="kernalin-ncu-") as tmp:
         path = os.path.join(tmp, "job.json")
         with open(path, "w") as f:
             json.dump(job, f)
         log = os.open(os.path.join(tmp, "events"), os.O_WRONLY | os.O_CREAT)
-        argv = [ncu, "--csv", "--target-processes", "all", "--nvtx", "--nvtx-include", "kernalin/",
-                "--metrics", ",".join(METRICS), *module_argv("kernalin_ci.worker", cwd=root), path, str(log)]
+        argv = [
+            ncu,
+            "--csv",
+            "--target-processes",
+            "all",
+            "--nvtx",
+            "--nvtx-include",
+            "kernalin/",
+            "--metrics",
+            ",".join(METRICS),
+            *module_argv("kernalin_ci.worker", cwd=root),
+            path,
+            str(log),
+        ]
         try:
-            r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=child_env("cuda"),
-                               cwd=root, pass_fds=(log,))
+            r = subprocess.run(
+                argv,
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+                env=child_env("cuda"),
+                cwd=root,
+                pass_fds=(log,),
+            )
         except subprocess.TimeoutExpired:
             return {"error": f"ncu did not finish in {timeout_s:g} s"}
         finally:
@@ -87,8 +116,15 @@ def profile_side(op: str, entry: str, root: str, params: dict, case, timeout_s: 
     return {"kernels": kernels}
 
 
-def nsight(requested: bool, op: str = "", entry: str = "", base_root: str = "", head_root: str = "",
-           params: dict | None = None, case=None) -> dict | None:
+def nsight(
+    requested: bool,
+    op: str = "",
+    entry: str = "",
+    base_root: str = "",
+    head_root: str = "",
+    params: dict | None = None,
+    case=None,
+) -> dict | None:
     """Base and head under Nsight Compute, or why not."""
     if not requested:
         return None
@@ -99,8 +135,11 @@ def nsight(requested: bool, op: str = "", entry: str = "", base_root: str = "", 
     from kernalin_ci.sandbox import ENV_WORKER_SANDBOX, worker_mode
 
     if worker_mode() != "off":  # ncu starts the worker itself, outside the worker sandbox
-        return {"status": "not run", "cause": f"ncu would run the pull request's code outside the worker sandbox "
-                                              f"(set {ENV_WORKER_SANDBOX}=off to profile trusted code)"}
+        return {
+            "status": "not run",
+            "cause": f"ncu would run the pull request's code outside the worker sandbox "
+            f"(set {ENV_WORKER_SANDBOX}=off to profile trusted code)",
+        }
     out = {"status": "profiled", "cause": f"shape {case.name}", "metrics": list(METRICS.values())}
     for side, root in (("base", base_root), ("head", head_root)):
         out[side] = profile_side(op, entry, root, params or {}, case)
@@ -120,7 +159,10 @@ def profile_lines(p: dict | None) -> list[str]:
         if s.get("error"):
             out.append(f"  {side}: {s['error']}")
         for k in s.get("kernels", []):
-            figs = ", ".join(f"{name} {k[name]:.1f}" if isinstance(k.get(name), float) else f"{name} {k.get(name)}"
-                             for name in METRICS.values() if name in k)
+            figs = ", ".join(
+                f"{name} {k[name]:.1f}" if isinstance(k.get(name), float) else f"{name} {k.get(name)}"
+                for name in METRICS.values()
+                if name in k
+            )
             out.append(f"  {side} {k['kernel'][:60]}: {figs}")
     return out

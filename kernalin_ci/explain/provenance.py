@@ -5,6 +5,7 @@ from NVML (`pynvml`, the nvidia-ml-py package) when importable, else what torch.
 available"; torch, CUDA and Triton versions; on a GPU, a measured device-to-device copy bandwidth.
 The gate records it before and after timing; the timing regime comes from the benchmark itself.
 """
+
 from __future__ import annotations
 
 import platform
@@ -13,9 +14,17 @@ from kernalin_ci.isolate import run_task
 
 NA = "not available"
 # NVML clock-event (throttle) reason bits
-THROTTLE = {0x1: "gpu-idle", 0x2: "applications-clocks-setting", 0x4: "sw-power-cap", 0x8: "hw-slowdown",
-            0x10: "sync-boost", 0x20: "sw-thermal-slowdown", 0x40: "hw-thermal-slowdown",
-            0x80: "hw-power-brake-slowdown", 0x100: "display-clock-setting"}
+THROTTLE = {
+    0x1: "gpu-idle",
+    0x2: "applications-clocks-setting",
+    0x4: "sw-power-cap",
+    0x8: "hw-slowdown",
+    0x10: "sync-boost",
+    0x20: "sw-thermal-slowdown",
+    0x40: "hw-thermal-slowdown",
+    0x80: "hw-power-brake-slowdown",
+    0x100: "display-clock-setting",
+}
 COPY_BYTES = 512 << 20  # per buffer: ten times any current L2
 SAME_KEYS = ("gpu_uuid", "gpu_name", "driver", "torch", "cuda", "triton")
 
@@ -41,14 +50,17 @@ def _nvml(uuid: str | None) -> dict | None:
         def s(x):
             return x.decode() if isinstance(x, bytes) else x
 
-        out = {"source": "nvml", "gpu_name": s(N.nvmlDeviceGetName(h)), "gpu_uuid": s(N.nvmlDeviceGetUUID(h)),
-               "driver": s(N.nvmlSystemGetDriverVersion()),
-               "sm_clock_mhz": N.nvmlDeviceGetClockInfo(h, N.NVML_CLOCK_SM),
-               "mem_clock_mhz": N.nvmlDeviceGetClockInfo(h, N.NVML_CLOCK_MEM),
-               "max_sm_clock_mhz": N.nvmlDeviceGetMaxClockInfo(h, N.NVML_CLOCK_SM),
-               "temperature_c": N.nvmlDeviceGetTemperature(h, N.NVML_TEMPERATURE_GPU)}
-        get = getattr(N, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
-            getattr(N, "nvmlDeviceGetCurrentClocksThrottleReasons")
+        out = {
+            "source": "nvml",
+            "gpu_name": s(N.nvmlDeviceGetName(h)),
+            "gpu_uuid": s(N.nvmlDeviceGetUUID(h)),
+            "driver": s(N.nvmlSystemGetDriverVersion()),
+            "sm_clock_mhz": N.nvmlDeviceGetClockInfo(h, N.NVML_CLOCK_SM),
+            "mem_clock_mhz": N.nvmlDeviceGetClockInfo(h, N.NVML_CLOCK_MEM),
+            "max_sm_clock_mhz": N.nvmlDeviceGetMaxClockInfo(h, N.NVML_CLOCK_SM),
+            "temperature_c": N.nvmlDeviceGetTemperature(h, N.NVML_TEMPERATURE_GPU),
+        }
+        get = getattr(N, "nvmlDeviceGetCurrentClocksEventReasons", None) or N.nvmlDeviceGetCurrentClocksThrottleReasons
         bits = int(get(h))
         out["throttle_reasons"] = [name for bit, name in THROTTLE.items() if bits & bit]
         try:
@@ -99,15 +111,30 @@ def facts(measure_copy: bool) -> dict:
     except ImportError:
         out["triton"] = NA
     if not torch.cuda.is_available():
-        out.update({"source": None, "gpu_name": None, "gpu_uuid": None, "driver": None,
-                    "unavailable": f"no GPU: GPU model, UUID, driver, clocks, throttle reasons and copy "
-                                   f"bandwidth {NA} on the CPU"})
+        out.update(
+            {
+                "source": None,
+                "gpu_name": None,
+                "gpu_uuid": None,
+                "driver": None,
+                "unavailable": f"no GPU: GPU model, UUID, driver, clocks, throttle reasons and copy "
+                f"bandwidth {NA} on the CPU",
+            }
+        )
         return out
     props = torch.cuda.get_device_properties(0)
     uuid = str(getattr(props, "uuid", "")) or None
-    out.update({"source": "torch", "gpu_name": props.name, "gpu_uuid": uuid, "driver": None,
-                "compute_capability": f"{props.major}.{props.minor}", "sm_count": props.multi_processor_count,
-                "memory_gb": round(props.total_memory / 1e9, 1)})
+    out.update(
+        {
+            "source": "torch",
+            "gpu_name": props.name,
+            "gpu_uuid": uuid,
+            "driver": None,
+            "compute_capability": f"{props.major}.{props.minor}",
+            "sm_count": props.multi_processor_count,
+            "memory_gb": round(props.total_memory / 1e9, 1),
+        }
+    )
     nv = _nvml(uuid)
     if nv is None:
         out["unavailable"] = f"driver, clocks and throttle reasons {NA} (pynvml is not installed)"
@@ -129,8 +156,7 @@ def run_job(job: dict, emit) -> None:
 
 def environment(device: str, measure_copy: bool = False, timeout_s: float = 120.0) -> dict:
     """The facts of a fresh worker on `device` (parent side); {"error": ...} if it could not run."""
-    out = run_task({"task": "explain-env", "device": device, "copy": measure_copy}, device,
-                   timeout_s)
+    out = run_task({"task": "explain-env", "device": device, "copy": measure_copy}, device, timeout_s)
     ev = next((e for e in out.events if e.get("event") == "explain-env"), None)
     if ev is None:
         return {"error": f"the environment worker {out.status}: {out.detail}"}

@@ -1,6 +1,7 @@
 """Correctness after timing: one timed shape of the head, checked again against the float64 reference
 through the verify worker (a fresh child, the reference from the op's definition). A finding fails the
 gate like any verification finding."""
+
 from __future__ import annotations
 
 import json
@@ -8,9 +9,11 @@ import json
 
 def smallest(op, params: dict, cases: list):
     """The timed case with the least traffic (the cheapest reference), or the first."""
+
     def size(c):
         t = op.traffic(c, params)
         return t.bytes if t is not None else 0
+
     return min(cases, key=size) if cases else None
 
 
@@ -21,8 +24,17 @@ def recheck(k, op_name: str, case, device: str, head_root: str) -> dict:
 
     out = {"case": case.name, "verdict": None, "findings": [], "error": None}
     try:
-        vr = verify(op_name, k.entry, k.params, device, root=head_root, case_json=json.dumps(case.to_json()),
-                    timeout_s=k.timeout, progress=False, raw_domain=k.domain)
+        vr = verify(
+            op_name,
+            k.entry,
+            k.params,
+            device,
+            root=head_root,
+            case_json=json.dumps(case.to_json()),
+            timeout_s=k.timeout,
+            progress=False,
+            raw_domain=k.domain,
+        )
     except UsageError as e:
         out["error"] = str(e)
         return out

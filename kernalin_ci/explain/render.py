@@ -1,4 +1,5 @@
 """The explanation as text (the gate's log, JUnit) and as a collapsed block of the PR comment."""
+
 from __future__ import annotations
 
 from kernalin_ci.explain.code import mix_text
@@ -20,10 +21,16 @@ def _occ(f: dict) -> str:
 def why_lines(row: dict) -> list[str]:
     """One changed kernel, base -> head, as short lines."""
     b, h = row.get("base") or {}, row.get("head") or {}
-    out = [f"{row['kernel']} (launch {row['launch']}, {row['shape']}): changed {', '.join(row['changed']) or 'code only'}"]
-    for label, key, fmt in (("num_warps", "num_warps", _na), ("num_stages", "num_stages", _na),
-                            ("registers/thread", "registers", _na), ("spills (bytes)", "spill_bytes", _na),
-                            ("shared memory (bytes)", "shared_bytes", _na)):
+    out = [
+        f"{row['kernel']} (launch {row['launch']}, {row['shape']}): changed {', '.join(row['changed']) or 'code only'}"
+    ]
+    for label, key, fmt in (
+        ("num_warps", "num_warps", _na),
+        ("num_stages", "num_stages", _na),
+        ("registers/thread", "registers", _na),
+        ("spills (bytes)", "spill_bytes", _na),
+        ("shared memory (bytes)", "shared_bytes", _na),
+    ):
         out.append(f"  {label}: {fmt(b.get(key))} -> {fmt(h.get(key))}")
     out.append(f"  theoretical occupancy (sm_90): {_occ(b)} -> {_occ(h)}")
     bc, hc = b.get("constexprs") or {}, h.get("constexprs") or {}
@@ -79,8 +86,10 @@ def explain_lines(ex: dict | None) -> list[str]:
         out.append(f"at the end: {provenance_text(prov['end'])}")
     if prov.get("regime"):
         r = prov["regime"]
-        out.append(f"timing regime: clock {r.get('clock')}, L2 flush {r.get('l2_flush')}, "
-                   f"{', '.join(r.get('timing') or []) or 'n/a'}, {r.get('reps')} reps")
+        out.append(
+            f"timing regime: clock {r.get('clock')}, L2 flush {r.get('l2_flush')}, "
+            f"{', '.join(r.get('timing') or []) or 'n/a'}, {r.get('reps')} reps"
+        )
     if prov.get("changed"):
         out.append(f"environment changed: {'; '.join(prov['changed'])}")
     rc = ex.get("recheck")
@@ -125,5 +134,7 @@ def explain_block(ex: dict | None) -> str | None:
 
     title = explain_summary(ex) or "details"
     body = "\n".join(lines)
-    return (f"<details><summary>Why: {html.escape(title)}</summary>\n\n```text\n{body.replace('```', 'ʼʼʼ')}\n```"
-            f"\n\n</details>\n\n")
+    return (
+        f"<details><summary>Why: {html.escape(title)}</summary>\n\n```text\n{body.replace('```', 'ʼʼʼ')}\n```"
+        f"\n\n</details>\n\n"
+    )

@@ -5,6 +5,7 @@ repository module its entry imports (followed transitively) changed between
 base and head. A kernel whose entry file does not exist at base is new (verify
 only); a kernel configured at base but not at head is removed (noted).
 """
+
 from __future__ import annotations
 
 import ast
@@ -57,8 +58,11 @@ def default_branch(repo: Path) -> str:
             return name
         except UsageError:
             continue
-    raise UsageError("base: cannot find the default branch (no origin/HEAD, main or master) to take the "
-                     "base revision from; name the base revision", setting="base")
+    raise UsageError(
+        "base: cannot find the default branch (no origin/HEAD, main or master) to take the "
+        "base revision from; name the base revision",
+        setting="base",
+    )
 
 
 def event_refs(event_path: str | None) -> dict:
@@ -75,8 +79,13 @@ def event_refs(event_path: str | None) -> dict:
         return _push_refs(ev)
     head_repo = (pr.get("head", {}).get("repo") or {}).get("full_name")
     base_repo = (pr.get("base", {}).get("repo") or {}).get("full_name")
-    return {"base": pr["base"]["sha"], "head": pr["head"]["sha"], "pr": pr.get("number"),
-            "repo": base_repo, "fork": bool(head_repo and base_repo and head_repo != base_repo)}
+    return {
+        "base": pr["base"]["sha"],
+        "head": pr["head"]["sha"],
+        "pr": pr.get("number"),
+        "repo": base_repo,
+        "fork": bool(head_repo and base_repo and head_repo != base_repo),
+    }
 
 
 def _push_refs(ev: dict) -> dict:
@@ -109,8 +118,9 @@ def _commit(repo: Path, ref: str) -> str:
     try:
         return git(repo, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}").strip()
     except UsageError:
-        raise UsageError(f"unknown revision {ref!r} (fetch it first, e.g. fetch-depth: 0 in actions/checkout)") \
-            from None
+        raise UsageError(
+            f"unknown revision {ref!r} (fetch it first, e.g. fetch-depth: 0 in actions/checkout)"
+        ) from None
 
 
 def changed_files(repo: Path, base: str, head: str) -> list[str]:

@@ -1,5 +1,6 @@
 """Report -> what GitHub shows: a Publication (check run, annotations, sticky comment), and the
 Actions outputs. Rendering comes from kernalin_ci.report; posting from kernalin_ci.github."""
+
 from __future__ import annotations
 
 from kernalin_ci.github.client import Annotation
@@ -18,21 +19,43 @@ def annotations(report: Report) -> list[Annotation]:
             if not loc or not loc.get("path"):
                 continue
             line = int(loc.get("line") or 1)
-            out.append(Annotation(
-                path=loc["path"], start_line=line, end_line=line, annotation_level="failure",
-                title=f"{item.name}: {f['bug_class']} ({f['check']})",
-                message=finding_text(f)))
+            out.append(
+                Annotation(
+                    path=loc["path"],
+                    start_line=line,
+                    end_line=line,
+                    annotation_level="failure",
+                    title=f"{item.name}: {f['bug_class']} ({f['check']})",
+                    message=finding_text(f),
+                )
+            )
     return out
 
 
-def publication(report: Report, repo: str, head_sha: str, pr_number: int | None, *,
-                details_url: str | None = None, name: str = "kernalin-ci",
-                external_id: str | None = None) -> Publication:
+def publication(
+    report: Report,
+    repo: str,
+    head_sha: str,
+    pr_number: int | None,
+    *,
+    details_url: str | None = None,
+    name: str = "kernalin-ci",
+    external_id: str | None = None,
+) -> Publication:
     body = render_markdown(report)
-    return Publication(repo=repo, head_sha=head_sha, conclusion=report.conclusion,
-                       title=headline(report), summary=body, pr_number=pr_number, name=name,
-                       annotations=annotations(report), comment_markdown=body, details_url=details_url,
-                       external_id=external_id)
+    return Publication(
+        repo=repo,
+        head_sha=head_sha,
+        conclusion=report.conclusion,
+        title=headline(report),
+        summary=body,
+        pr_number=pr_number,
+        name=name,
+        annotations=annotations(report),
+        comment_markdown=body,
+        details_url=details_url,
+        external_id=external_id,
+    )
 
 
 def verdict_output(report: Report) -> str:

@@ -6,6 +6,7 @@ error while checking one kernel or pipeline (its entry does not load: a UsageErr
 a bug of ours: any other exception) is recorded on that kernel, which fails, and
 the gate goes on to the others: the report is always written.
 """
+
 from __future__ import annotations
 
 import shlex
@@ -63,16 +64,26 @@ def conclude(report: Report) -> tuple[str, str]:
     msg = f"{len(checked)} kernel{'s' * (len(checked) != 1)} verified"
     if faster:
         msg += f"; faster: {', '.join(faster)}"
-    blind = [k.name for k in checked
-             if ((k.verification or {}).get("structural") or {}).get("status") == "not-analysed"]
+    blind = [
+        k.name for k in checked if ((k.verification or {}).get("structural") or {}).get("status") == "not-analysed"
+    ]
     if blind:
         msg += f"; structure not analysed: {', '.join(blind)}"
     return "success", msg
 
 
-def run_gate(repo: Path, config_path: str | None, base: str | None, head: str | None, device: str,
-             event_path: str | None = None, progress: bool = True, on_start=None,
-             gate_overrides: dict | None = None, profile: bool = False) -> Report:
+def run_gate(
+    repo: Path,
+    config_path: str | None,
+    base: str | None,
+    head: str | None,
+    device: str,
+    event_path: str | None = None,
+    progress: bool = True,
+    on_start=None,
+    gate_overrides: dict | None = None,
+    profile: bool = False,
+) -> Report:
     """Run the whole gate and return the Report (the caller writes it out and posts it).
     gate_overrides: fields of config.Gate that replace the configuration's (e.g. the Action's fail-on).
     profile: Nsight Compute for the changed kernels where `ncu` is on PATH (kernalin_ci.explain)."""
@@ -85,18 +96,29 @@ def run_gate(repo: Path, config_path: str | None, base: str | None, head: str | 
     if on_start:
         on_start(refs)
     changed = changed_files(repo, refs.base, refs.head)
-    log(f"base {refs.base[:12]} ({refs.base_label}), head {refs.head[:12]} ({refs.head_label}): "
-        f"{len(changed)} files changed")
-    report = Report(conclusion="success", reason="", base={"ref": refs.base_label, "sha": refs.base},
-                    head={"ref": refs.head_label, "sha": refs.head}, device=device,
-                    policy=asdict(cfg.gate) | {"fail_on": list(cfg.gate.fail_on)}, repo=refs.repo, pr=refs.pr,
-                    reproduce=reproduce_command(cfg_path, repo, refs, device))
+    log(
+        f"base {refs.base[:12]} ({refs.base_label}), head {refs.head[:12]} ({refs.head_label}): "
+        f"{len(changed)} files changed"
+    )
+    report = Report(
+        conclusion="success",
+        reason="",
+        base={"ref": refs.base_label, "sha": refs.base},
+        head={"ref": refs.head_label, "sha": refs.head},
+        device=device,
+        policy=asdict(cfg.gate) | {"fail_on": list(cfg.gate.fail_on)},
+        repo=refs.repo,
+        pr=refs.pr,
+        reproduce=reproduce_command(cfg_path, repo, refs, device),
+    )
     with worktrees(repo, refs.base, refs.head) as (base_root, head_root):
         plan = affected_kernels(cfg, changed, head_root, base_root)
         report.removed = removed_kernels(cfg, base_root, cfg_path, repo)
         todo = [a for a in plan if a.status != "unchanged"]
-        log(f"{len(todo)} of {len(plan)} kernels affected"
-            + (f"; removed: {', '.join(report.removed)}" if report.removed else ""))
+        log(
+            f"{len(todo)} of {len(plan)} kernels affected"
+            + (f"; removed: {', '.join(report.removed)}" if report.removed else "")
+        )
         results: dict[str, KernelReport] = {}
         for a in plan:
             k = a.kernel
@@ -105,8 +127,10 @@ def run_gate(repo: Path, config_path: str | None, base: str | None, head: str | 
             report.kernels.append(kr)
             if a.status == "unchanged":
                 continue
-            log(f"[{sum(1 for x in report.kernels if x.status != 'unchanged')}/{len(todo)}] {k.name} "
-                f"({k.op}, {a.status}): {'; '.join(a.reasons)}")
+            log(
+                f"[{sum(1 for x in report.kernels if x.status != 'unchanged')}/{len(todo)}] {k.name} "
+                f"({k.op}, {a.status}): {'; '.join(a.reasons)}"
+            )
             kt = time.perf_counter()
             try:
                 check_kernel(kr, k, cfg, device, base_root, head_root, progress, profile)
@@ -134,14 +158,31 @@ def run_gate(repo: Path, config_path: str | None, base: str | None, head: str | 
     return report
 
 
-def check_kernel(kr: KernelReport, k, cfg: Config, device: str, base_root: Path, head_root: Path,
-                 progress: bool, profile: bool = False) -> None:
+def check_kernel(
+    kr: KernelReport,
+    k,
+    cfg: Config,
+    device: str,
+    base_root: Path,
+    head_root: Path,
+    progress: bool,
+    profile: bool = False,
+) -> None:
     from kernalin_ci import explain
     from kernalin_ci.verify import verify
 
     try:
-        vr = verify(k.op, k.entry, k.params, device, dtype=k.dtype, root=str(head_root), timeout_s=k.timeout,
-                    progress=progress, raw_domain=k.domain)
+        vr = verify(
+            k.op,
+            k.entry,
+            k.params,
+            device,
+            dtype=k.dtype,
+            root=str(head_root),
+            timeout_s=k.timeout,
+            progress=progress,
+            raw_domain=k.domain,
+        )
         kr.verification = vr.to_json()
     except UsageError as e:  # the kernel's entry cannot be loaded at head: that fails this kernel
         kr.error = str(e)
@@ -166,9 +207,20 @@ def check_kernel(kr: KernelReport, k, cfg: Config, device: str, base_root: Path,
         plan = explain.plan_kernel(kr, k, k.op, params, device, base_root, head_root)  # docs/benchmarking.md
         if plan is not None and plan.skip_timing:
             return
-        res = bench_pair(k.op, k.entry, k.entry, str(base_root), str(head_root), params,
-                         device, budget_s=cfg.gate.budget_s, rope_min=cfg.gate.rope, progress=progress,
-                         shapes=plan.to_time if plan is not None else None, regime=k.bench.get("regime"))
+        res = bench_pair(
+            k.op,
+            k.entry,
+            k.entry,
+            str(base_root),
+            str(head_root),
+            params,
+            device,
+            budget_s=cfg.gate.budget_s,
+            rope_min=cfg.gate.rope,
+            progress=progress,
+            shapes=plan.to_time if plan is not None else None,
+            regime=k.bench.get("regime"),
+        )
         kr.benchmark = res.to_json()
         if res.failed:  # e.g. base and head disagree on an output, or the head crashed while timed
             kr.error = f"benchmark: {res.error}"
@@ -183,10 +235,9 @@ def check_kernel(kr: KernelReport, k, cfg: Config, device: str, base_root: Path,
 
 
 def check_pipeline(p, members: dict, cfg: Config, device: str, head_root: Path, progress: bool) -> PipelineReport:
-    from kernalin_ci.verify import verify_pipeline
-
     from kernalin_ci.domain import one_shape
     from kernalin_ci.ops import get_op
+    from kernalin_ci.verify import verify_pipeline
 
     t0 = time.perf_counter()
     entries = {}
@@ -202,8 +253,9 @@ def check_pipeline(p, members: dict, cfg: Config, device: str, head_root: Path, 
     pr = PipelineReport(p.name, {r: n for r, n in members.items() if n})
     log(f"pipeline {p.name}: {' -> '.join(pr.members.values())}, {p.steps} steps")
     try:
-        vr = verify_pipeline(entries, params, device, dtype=dtype, steps=p.steps, root=str(head_root),
-                             progress=progress)
+        vr = verify_pipeline(
+            entries, params, device, dtype=dtype, steps=p.steps, root=str(head_root), progress=progress
+        )
         pr.verification = vr.to_json()
         if vr.findings and "finding" in cfg.gate.fail_on:
             pr.failed_by = ["finding"]
@@ -223,8 +275,9 @@ def internal_error(what: str, e: Exception) -> str:
     return f"internal error: {describe(e)} (a bug in kernalin-ci)"
 
 
-def check_model(cfg: Config, results: dict, device: str, base_root: Path, head_root: Path,
-                progress: bool) -> dict | None:
+def check_model(
+    cfg: Config, results: dict, device: str, base_root: Path, head_root: Path, progress: bool
+) -> dict | None:
     """Decode tokens/s and $/Mtok with the model's kernels, base against head (docs/tokens.md); None when the
     configuration has no `model:` or none of the kernels in the step changed. Reported, never gating."""
     from kernalin_ci.domain import resolve as resolve_domain
@@ -247,15 +300,31 @@ def check_model(cfg: Config, results: dict, device: str, base_root: Path, head_r
     names = role_names(roles)
     new = [k.name for k in members.values() if results[k.name].status == "new"]
     bad = [k.name for k in members.values() if results[k.name].error or results[k.name].failed_by]
-    reason = ("no GPU" if device != "cuda" else "benchmarks are off (gate.bench: false)" if not cfg.gate.bench
-              else f"new kernel {', '.join(new)}: nothing to compare against" if new
-              else f"{', '.join(bad)} failed" if bad else None)
+    reason = (
+        "no GPU"
+        if device != "cuda"
+        else "benchmarks are off (gate.bench: false)"
+        if not cfg.gate.bench
+        else f"new kernel {', '.join(new)}: nothing to compare against"
+        if new
+        else f"{', '.join(bad)} failed"
+        if bad
+        else None
+    )
     if reason:
         return not_measured(spec, device, reason, names)
     log(f"model {spec.name}: decode step with {', '.join(f'{r} {n}' for r, n in names.items())}")
     try:
-        res = bench_model(spec, roles, str(base_root), str(head_root), device,
-                          budget_s=spec.budget_s or cfg.gate.budget_s, rope_min=cfg.gate.rope, progress=progress)
+        res = bench_model(
+            spec,
+            roles,
+            str(base_root),
+            str(head_root),
+            device,
+            budget_s=spec.budget_s or cfg.gate.budget_s,
+            rope_min=cfg.gate.rope,
+            progress=progress,
+        )
     except (UsageError, InternalError) as e:  # a kernel that cannot serve the model; the worker failing
         msg = " ".join(str(e).split())[:2000]
         out = not_measured(spec, device, "the model benchmark could not run", names)
@@ -288,9 +357,9 @@ def _relativise(verification: dict | None, head_root: Path) -> None:
     for f in verification.get("findings", []) + verification.get("notices", []):
         loc = f.get("location")
         if loc and loc.get("path", "").startswith(prefix):
-            loc["path"] = loc["path"][len(prefix):]
+            loc["path"] = loc["path"][len(prefix) :]
         elif loc and loc.get("path", "").startswith(str(head_root) + "/"):
-            loc["path"] = loc["path"][len(str(head_root)) + 1:]
+            loc["path"] = loc["path"][len(str(head_root)) + 1 :]
 
 
 def summary_line(kr: KernelReport) -> str:

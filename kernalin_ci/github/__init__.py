@@ -9,6 +9,7 @@ docs/github.md describes the contract; the parts:
   errors.py   the exceptions callers catch
   pygithub.py PyGithub's names, or one line saying how to install it (the `github` extra)
 """
+
 from kernalin_ci.errors import UsageError
 
 try:
@@ -17,10 +18,21 @@ try:
     from kernalin_ci.github.publish import Publication, PublishResult, Started, begin, publish
     from kernalin_ci.github.retry import RetryPolicy
 except UsageError:  # no PyGithub (the `github` extra): `actions` still works, as a local `kernalin-ci run`
-    pass            # needs; importing client, publish, auth or retry says how to install it
+    pass  # needs; importing client, publish, auth or retry says how to install it
 
 __all__ = [
-    "Annotation", "GitHubClient", "Posted", "sticky_marker", "GitHubAuthError", "GitHubError",
-    "GitHubPermissionError", "GitHubUnavailable", "Publication", "PublishResult", "Started", "begin", "publish",
+    "Annotation",
+    "GitHubClient",
+    "Posted",
+    "sticky_marker",
+    "GitHubAuthError",
+    "GitHubError",
+    "GitHubPermissionError",
+    "GitHubUnavailable",
+    "Publication",
+    "PublishResult",
+    "Started",
+    "begin",
+    "publish",
     "RetryPolicy",
 ]

@@ -12,20 +12,20 @@ statuses and annotations belong on the PR's head commit, `pull_request.head_sha`
 (`pull_request.is_fork`): expect publish() to warn rather than post, and rely on the
 step summary.
 """
+
 from __future__ import annotations
 
 import json
 import os
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 from kernalin_ci.errors import UsageError
 
 STEP_SUMMARY_MAX_BYTES = 1024 * 1024  # GitHub refuses a step's summary above 1 MiB
-PULL_REQUEST_EVENTS = ("pull_request", "pull_request_target", "pull_request_review",
-                       "pull_request_review_comment")
+PULL_REQUEST_EVENTS = ("pull_request", "pull_request_target", "pull_request_review", "pull_request_review_comment")
 
 
 @dataclass
@@ -76,9 +76,17 @@ def parse_pull_request(payload: dict, event_name: str | None = None) -> PullRequ
         base_repo = base["repo"]["full_name"]
         head_repo = (head.get("repo") or {}).get("full_name")
         return PullRequest(
-            repo=base_repo, number=int(pr["number"]), base_sha=base["sha"], base_ref=base["ref"],
-            head_sha=head["sha"], head_ref=head["ref"], head_repo=head_repo,
-            is_fork=head_repo != base_repo, action=payload.get("action"), html_url=pr.get("html_url"))
+            repo=base_repo,
+            number=int(pr["number"]),
+            base_sha=base["sha"],
+            base_ref=base["ref"],
+            head_sha=head["sha"],
+            head_ref=head["ref"],
+            head_repo=head_repo,
+            is_fork=head_repo != base_repo,
+            action=payload.get("action"),
+            html_url=pr.get("html_url"),
+        )
     except (KeyError, TypeError, ValueError) as e:
         raise UsageError(f"the {event_name or 'event'} payload's pull_request lacks {e}") from None
 
@@ -109,11 +117,18 @@ def context(env: Mapping[str, str] | None = None) -> ActionsContext:
     elif event_name in PULL_REQUEST_EVENTS:
         raise UsageError(f"GITHUB_EVENT_PATH is unset in a {event_name} run")
     server = env.get("GITHUB_SERVER_URL", "https://github.com").rstrip("/")
-    run_url = (f"{server}/{env['GITHUB_REPOSITORY']}/actions/runs/{env['GITHUB_RUN_ID']}"
-               if env.get("GITHUB_RUN_ID") else None)
-    return ActionsContext(event_name, env["GITHUB_REPOSITORY"], env["GITHUB_SHA"],
-                          env.get("GITHUB_API_URL", "https://api.github.com").rstrip("/"), server, run_url,
-                          pull_request)
+    run_url = (
+        f"{server}/{env['GITHUB_REPOSITORY']}/actions/runs/{env['GITHUB_RUN_ID']}" if env.get("GITHUB_RUN_ID") else None
+    )
+    return ActionsContext(
+        event_name,
+        env["GITHUB_REPOSITORY"],
+        env["GITHUB_SHA"],
+        env.get("GITHUB_API_URL", "https://api.github.com").rstrip("/"),
+        server,
+        run_url,
+        pull_request,
+    )
 
 
 # -- inputs ---------------------------------------------------------------------------------------
@@ -122,8 +137,9 @@ def input_variable(name: str) -> str:
     return "INPUT_" + name.replace(" ", "_").upper()
 
 
-def get_input(name: str, *, env: Mapping[str, str] | None = None, required: bool = False,
-              default: str | None = None) -> str | None:
+def get_input(
+    name: str, *, env: Mapping[str, str] | None = None, required: bool = False, default: str | None = None
+) -> str | None:
     """Action input NAME, stripped; DEFAULT when unset or empty."""
     value = _env(env).get(input_variable(name), "").strip()
     if value:
@@ -149,9 +165,9 @@ def get_bool_input(name: str, *, env: Mapping[str, str] | None = None, default: 
 def set_output(name: str, value: object, *, env: Mapping[str, str] | None = None) -> bool:
     """Append output NAME=VALUE to $GITHUB_OUTPUT in the multiline-safe form; False outside Actions.
 
-        NAME<<ghadelimiter_UUID
-        VALUE (any lines)
-        ghadelimiter_UUID
+    NAME<<ghadelimiter_UUID
+    VALUE (any lines)
+    ghadelimiter_UUID
     """
     path = _env(env).get("GITHUB_OUTPUT")
     if not path:
@@ -176,9 +192,8 @@ def append_step_summary(markdown: str, *, env: Mapping[str, str] | None = None) 
     room = STEP_SUMMARY_MAX_BYTES - (p.stat().st_size if p.exists() else 0)
     data = (markdown if markdown.endswith("\n") else markdown + "\n").encode("utf-8")
     if len(data) > room:
-        note = (b"\n\n*The step summary was cut at GitHub's 1 MiB limit; "
-                b"the full report is in the job's output.*\n")
-        head = data[:max(room - len(note), 0)].decode("utf-8", errors="ignore").encode("utf-8")
+        note = b"\n\n*The step summary was cut at GitHub's 1 MiB limit; the full report is in the job's output.*\n"
+        head = data[: max(room - len(note), 0)].decode("utf-8", errors="ignore").encode("utf-8")
         data = head + note if room >= len(note) else b""
     with open(p, "ab") as f:
         f.write(data)

@@ -13,11 +13,12 @@ Environment read by client_from_env (arguments win over it):
 An App installation token is made from a JWT signed with the key (RS256, 10 minutes at most)
 and renewed by PyGithub before it expires (one hour). Secrets never appear in messages.
 """
+
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from kernalin_ci.errors import UsageError
 from kernalin_ci.github.client import DEFAULT_API_URL, GitHubClient
@@ -66,8 +67,16 @@ def read_private_key(pem: str | None = None, path: str | os.PathLike | None = No
     return pem
 
 
-def app_client(repo: str, *, app_id: int | str, private_key: str, installation_id: int | None = None,
-               base_url: str = DEFAULT_API_URL, retry: RetryPolicy = RetryPolicy(), **client_kwargs) -> GitHubClient:
+def app_client(
+    repo: str,
+    *,
+    app_id: int | str,
+    private_key: str,
+    installation_id: int | None = None,
+    base_url: str = DEFAULT_API_URL,
+    retry: RetryPolicy = RetryPolicy(),
+    **client_kwargs,
+) -> GitHubClient:
     """A client acting as App APP_ID's installation on REPO (looked up when INSTALLATION_ID is None)."""
     try:
         app_id = int(app_id)
@@ -79,19 +88,34 @@ def app_client(repo: str, *, app_id: int | str, private_key: str, installation_i
         owner, name = repo.split("/", 1)
         gi = GithubIntegration(auth=app_auth, base_url=base_url.rstrip("/"), retry=None)
         try:
-            installation = call_with_retry(lambda: gi.get_repo_installation(owner, name),
-                                           operation=f"find the App's installation on {repo}", policy=retry,
-                                           secrets=(key,))
+            installation = call_with_retry(
+                lambda: gi.get_repo_installation(owner, name),
+                operation=f"find the App's installation on {repo}",
+                policy=retry,
+                secrets=(key,),
+            )
         except GitHubPermissionError as e:
-            raise GitHubPermissionError(f"GitHub App {app_id} is not installed on {repo} ({e})", status=e.status,
-                                        operation=e.operation) from None
+            raise GitHubPermissionError(
+                f"GitHub App {app_id} is not installed on {repo} ({e})", status=e.status, operation=e.operation
+            ) from None
         installation_id = installation.id
-    return GitHubClient(app_auth.get_installation_auth(int(installation_id)), base_url=base_url, retry=retry,
-                        secrets=[key], **client_kwargs)
+    return GitHubClient(
+        app_auth.get_installation_auth(int(installation_id)),
+        base_url=base_url,
+        retry=retry,
+        secrets=[key],
+        **client_kwargs,
+    )
 
 
-def client_from_env(repo: str, *, env: Mapping[str, str] | None = None, token: str | None = None,
-                    base_url: str | None = None, **client_kwargs) -> GitHubClient:
+def client_from_env(
+    repo: str,
+    *,
+    env: Mapping[str, str] | None = None,
+    token: str | None = None,
+    base_url: str | None = None,
+    **client_kwargs,
+) -> GitHubClient:
     """A client for REPO from explicit TOKEN, else a configured GitHub App, else GITHUB_TOKEN."""
     env = os.environ if env is None else env
     url = api_url(env, base_url)
@@ -106,9 +130,11 @@ def client_from_env(repo: str, *, env: Mapping[str, str] | None = None, token: s
             inst_id = int(inst) if inst else None
         except ValueError:
             raise UsageError(f"{ENV_INSTALLATION_ID} must be a number, not {inst!r}") from None
-        return app_client(repo, app_id=env[ENV_APP_ID], private_key=key, installation_id=inst_id, base_url=url,
-                          **client_kwargs)
+        return app_client(
+            repo, app_id=env[ENV_APP_ID], private_key=key, installation_id=inst_id, base_url=url, **client_kwargs
+        )
     if env.get("GITHUB_TOKEN"):
         return token_client(env["GITHUB_TOKEN"], base_url=url, **client_kwargs)
-    raise UsageError(f"no GitHub credentials: set GITHUB_TOKEN, or {ENV_APP_ID} with {ENV_APP_KEY} "
-                     f"or {ENV_APP_KEY_PATH}")
+    raise UsageError(
+        f"no GitHub credentials: set GITHUB_TOKEN, or {ENV_APP_ID} with {ENV_APP_KEY} or {ENV_APP_KEY_PATH}"
+    )

@@ -5,13 +5,14 @@ returns plain values. Each is one retry unit (kernalin_ci.github.retry): where a
 retried create could otherwise make a second object (a check run, the sticky
 comment), the unit first looks for the object a lost answer may have created.
 """
+
 from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Iterable, Sequence
 
 from kernalin_ci import __version__
 from kernalin_ci.github.pygithub import Github, github
@@ -49,12 +50,19 @@ class Annotation:
         if self.annotation_level not in LEVELS:
             raise ValueError(f"annotation_level must be one of {LEVELS}, not {self.annotation_level!r}")
         start = max(int(self.start_line), 1)
-        d = {"path": self.path.replace("\\", "/").lstrip("/").removeprefix("./"), "start_line": start,
-             "end_line": max(int(self.end_line), start), "annotation_level": self.annotation_level,
-             "message": _cut_bytes(self.message or "(no message)", ANNOTATION_TEXT_MAX_BYTES)}
+        d = {
+            "path": self.path.replace("\\", "/").lstrip("/").removeprefix("./"),
+            "start_line": start,
+            "end_line": max(int(self.end_line), start),
+            "annotation_level": self.annotation_level,
+            "message": _cut_bytes(self.message or "(no message)", ANNOTATION_TEXT_MAX_BYTES),
+        }
         if self.title:
-            d["title"] = self.title if len(self.title) <= ANNOTATION_TITLE_MAX_CHARS else \
-                self.title[:ANNOTATION_TITLE_MAX_CHARS - 1] + "…"
+            d["title"] = (
+                self.title
+                if len(self.title) <= ANNOTATION_TITLE_MAX_CHARS
+                else self.title[: ANNOTATION_TITLE_MAX_CHARS - 1] + "…"
+            )
         if self.raw_details:
             d["raw_details"] = _cut_bytes(self.raw_details, ANNOTATION_TEXT_MAX_BYTES)
         return d
@@ -77,8 +85,10 @@ def truncate_markdown(text: str, limit: int, what: str = "text") -> str:
     """TEXT cut to at most LIMIT characters at a line break, code fences and <details> closed, with a note."""
     if len(text) <= limit:
         return text
-    note = (f"\n\n---\n*This {what} was cut to fit GitHub's limit of {limit} characters: "
-            f"{{n}} characters omitted. The full report is in the job's output (report.md).*\n")
+    note = (
+        f"\n\n---\n*This {what} was cut to fit GitHub's limit of {limit} characters: "
+        f"{{n}} characters omitted. The full report is in the job's output (report.md).*\n"
+    )
     keep = limit - len(note.format(n=len(text))) - 32  # room for the note and closing fences/tags
     cut = text[:keep]
     nl = cut.rfind("\n")
@@ -95,7 +105,7 @@ def _cut_bytes(text: str, limit: int) -> str:
     data = text.encode("utf-8")
     if len(data) <= limit:
         return text
-    return data[:limit - 8].decode("utf-8", errors="ignore") + " …"
+    return data[: limit - 8].decode("utf-8", errors="ignore") + " …"
 
 
 def _now() -> datetime:
@@ -110,16 +120,31 @@ class GitHubClient:
     tests use 0).
     """
 
-    def __init__(self, auth: github.Auth.Auth, *, base_url: str = DEFAULT_API_URL,
-                 retry: RetryPolicy = RetryPolicy(), timeout_s: int = 15, min_write_interval_s: float = 1.0,
-                 min_request_interval_s: float = 0.25, secrets: Iterable[str] = ()):
+    def __init__(
+        self,
+        auth: github.Auth.Auth,
+        *,
+        base_url: str = DEFAULT_API_URL,
+        retry: RetryPolicy = RetryPolicy(),
+        timeout_s: int = 15,
+        min_write_interval_s: float = 1.0,
+        min_request_interval_s: float = 0.25,
+        secrets: Iterable[str] = (),
+    ):
         self.base_url = base_url.rstrip("/")
         self.retry = retry
         self.secrets = tuple(s for s in secrets if s)
-        self.gh = Github(auth=auth, base_url=self.base_url, timeout=int(timeout_s), retry=None, lazy=True,
-                         per_page=100, user_agent=f"kernalin-ci/{__version__}",
-                         seconds_between_requests=min_request_interval_s or None,
-                         seconds_between_writes=min_write_interval_s or None)
+        self.gh = Github(
+            auth=auth,
+            base_url=self.base_url,
+            timeout=int(timeout_s),
+            retry=None,
+            lazy=True,
+            per_page=100,
+            user_agent=f"kernalin-ci/{__version__}",
+            seconds_between_requests=min_request_interval_s or None,
+            seconds_between_writes=min_write_interval_s or None,
+        )
 
     def _call(self, operation: str, fn):
         return call_with_retry(fn, operation=operation, policy=self.retry, secrets=self.secrets)
@@ -128,11 +153,11 @@ class GitHubClient:
         return self.gh.get_repo(repo)  # lazy: no request
 
     # -- check runs -------------------------------------------------------------------------------
-    def find_check_run(self, repo: str, head_sha: str, *, name: str = DEFAULT_NAME,
-                       external_id: str) -> int | None:
+    def find_check_run(self, repo: str, head_sha: str, *, name: str = DEFAULT_NAME, external_id: str) -> int | None:
         """The newest check run NAME on HEAD_SHA whose external_id is EXTERNAL_ID, if one exists."""
-        run = self._call(f"find check run {name!r} on {head_sha[:12]}",
-                         lambda: self._find_run(repo, head_sha, name, external_id))
+        run = self._call(
+            f"find check run {name!r} on {head_sha[:12]}", lambda: self._find_run(repo, head_sha, name, external_id)
+        )
         return None if run is None else run.id
 
     def _find_run(self, repo: str, head_sha: str, name: str, external_id: str):
@@ -142,10 +167,17 @@ class GitHubClient:
                 return run
         return None
 
-    def start_check(self, repo: str, head_sha: str, *, name: str = DEFAULT_NAME, external_id: str | None = None,
-                    details_url: str | None = None, title: str = "Checking kernels",
-                    summary: str = "kernalin-ci is verifying and benchmarking the kernels this change touches.",
-                    ) -> int:
+    def start_check(
+        self,
+        repo: str,
+        head_sha: str,
+        *,
+        name: str = DEFAULT_NAME,
+        external_id: str | None = None,
+        details_url: str | None = None,
+        title: str = "Checking kernels",
+        summary: str = "kernalin-ci is verifying and benchmarking the kernels this change touches.",
+    ) -> int:
         """Create check run NAME on HEAD_SHA, status in_progress; its id.
 
         With EXTERNAL_ID (a daemon's job id), an existing run with that id is reused instead
@@ -169,15 +201,30 @@ class GitHubClient:
                     return run.id
             kwargs = {"details_url": details_url} if details_url else {}
             run = self._repo(repo).create_check_run(
-                name=name, head_sha=head_sha, status="in_progress", external_id=ext, started_at=_now(),
-                output={"title": title, "summary": summary}, **kwargs)
+                name=name,
+                head_sha=head_sha,
+                status="in_progress",
+                external_id=ext,
+                started_at=_now(),
+                output={"title": title, "summary": summary},
+                **kwargs,
+            )
             return run.id
 
         return self._call(f"create check run {name!r} on {head_sha[:12]}", once)
 
-    def complete_check(self, repo: str, check_run_id: int, *, conclusion: str, title: str, summary: str,
-                       text: str | None = None, annotations: Sequence[Annotation] = (),
-                       details_url: str | None = None) -> Posted:
+    def complete_check(
+        self,
+        repo: str,
+        check_run_id: int,
+        *,
+        conclusion: str,
+        title: str,
+        summary: str,
+        text: str | None = None,
+        annotations: Sequence[Annotation] = (),
+        details_url: str | None = None,
+    ) -> Posted:
         """Add ANNOTATIONS in batches of 50 and complete the run with CONCLUSION.
 
         Batches but the last are sent while the run is in progress (GitHub appends each);
@@ -188,43 +235,56 @@ class GitHubClient:
         title = title[:CHECK_TITLE_MAX_CHARS] or "kernalin-ci"
         summary = truncate_markdown(summary, OUTPUT_MAX_CHARS, "summary")
         items = [a.to_api() for a in annotations]
-        batches = [items[i:i + ANNOTATIONS_PER_REQUEST] for i in range(0, len(items), ANNOTATIONS_PER_REQUEST)]
+        batches = [items[i : i + ANNOTATIONS_PER_REQUEST] for i in range(0, len(items), ANNOTATIONS_PER_REQUEST)]
         run = self._repo(repo).get_check_run(check_run_id)  # lazy: no request
         for i, batch in enumerate(batches[:-1]):
             output = {"title": title, "summary": summary, "annotations": batch}
-            self._call(f"add annotations {i * 50 + 1}-{i * 50 + len(batch)} to check run {check_run_id}",
-                       lambda: run.edit(output=output))
+            self._call(
+                f"add annotations {i * 50 + 1}-{i * 50 + len(batch)} to check run {check_run_id}",
+                lambda: run.edit(output=output),
+            )
         output = {"title": title, "summary": summary}
         if text:
             output["text"] = truncate_markdown(text, OUTPUT_MAX_CHARS, "text")
         if batches:
             output["annotations"] = batches[-1]
         extra = {"details_url": details_url} if details_url else {}
-        self._call(f"complete check run {check_run_id}",
-                   lambda: run.edit(status="completed", conclusion=conclusion, completed_at=_now(),
-                                    output=output, **extra))
+        self._call(
+            f"complete check run {check_run_id}",
+            lambda: run.edit(status="completed", conclusion=conclusion, completed_at=_now(), output=output, **extra),
+        )
         return Posted(run.id, run.html_url)
 
     # -- commit status ----------------------------------------------------------------------------
-    def set_commit_status(self, repo: str, sha: str, state: str, description: str, *,
-                          context: str = DEFAULT_NAME, target_url: str | None = None) -> Posted:
+    def set_commit_status(
+        self,
+        repo: str,
+        sha: str,
+        state: str,
+        description: str,
+        *,
+        context: str = DEFAULT_NAME,
+        target_url: str | None = None,
+    ) -> Posted:
         """A commit status (the fallback where check runs may not be created)."""
         if state not in STATUS_STATES:
             raise ValueError(f"state must be one of {STATUS_STATES}, not {state!r}")
         if len(description) > STATUS_DESCRIPTION_MAX_CHARS:
-            description = description[:STATUS_DESCRIPTION_MAX_CHARS - 1] + "…"
+            description = description[: STATUS_DESCRIPTION_MAX_CHARS - 1] + "…"
         kwargs = {"target_url": target_url} if target_url else {}
 
         def once():
-            st = self._repo(repo).get_commit(sha).create_status(state, description=description, context=context,
-                                                                **kwargs)
+            st = (
+                self._repo(repo)
+                .get_commit(sha)
+                .create_status(state, description=description, context=context, **kwargs)
+            )
             return Posted(st.id, target_url or "")
 
         return self._call(f"set commit status {context!r} on {sha[:12]}", once)
 
     # -- the sticky comment -----------------------------------------------------------------------
-    def upsert_sticky_comment(self, repo: str, pr_number: int, body: str, *,
-                              marker: str = sticky_marker()) -> Posted:
+    def upsert_sticky_comment(self, repo: str, pr_number: int, body: str, *, marker: str = sticky_marker()) -> Posted:
         """Edit the PR's comment that starts with MARKER to BODY, or create it if there is none.
 
         All pages of comments are searched. Should earlier races have left several, the oldest

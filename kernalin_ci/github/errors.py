@@ -1,4 +1,5 @@
 """What can go wrong talking to GitHub, as exceptions callers catch; secrets never appear in them."""
+
 from __future__ import annotations
 
 import re
@@ -29,8 +30,7 @@ class GitHubPermissionError(GitHubError):
 class GitHubUnavailable(GitHubError):
     """GitHub kept failing (5xx, 429, rate limits, network errors) until the retry budget was spent."""
 
-    def __init__(self, message: str, *, status: int | None = None, operation: str = "", attempts: int = 0,
-                 result=None):
+    def __init__(self, message: str, *, status: int | None = None, operation: str = "", attempts: int = 0, result=None):
         super().__init__(message, status=status, operation=operation, result=result)
         self.attempts = attempts
 

@@ -12,6 +12,7 @@ raises GitHubUnavailable (retries spent) or GitHubError (a request GitHub refuse
 `.result` holding what was posted. When `result.comment` is None, the PR did not get the
 report: print it to the job log / step summary.
 """
+
 from __future__ import annotations
 
 import logging
@@ -25,9 +26,16 @@ log = logging.getLogger("kernalin_ci.github")
 MAX_ANNOTATIONS = 1000  # 20 requests; the rest are counted in the summary
 
 # A commit status has no "neutral": a neutral check does not block a merge, so it maps to success.
-STATUS_FOR_CONCLUSION = {"success": "success", "neutral": "success", "skipped": "success",
-                         "failure": "failure", "action_required": "failure", "timed_out": "error",
-                         "cancelled": "error", "stale": "error"}
+STATUS_FOR_CONCLUSION = {
+    "success": "success",
+    "neutral": "success",
+    "skipped": "success",
+    "failure": "failure",
+    "action_required": "failure",
+    "timed_out": "error",
+    "cancelled": "error",
+    "stale": "error",
+}
 
 
 @dataclass
@@ -68,19 +76,31 @@ class PublishResult:
         return self.check_run is not None or self.commit_status is not None
 
 
-def begin(client: GitHubClient, repo: str, head_sha: str, *, name: str = DEFAULT_NAME,
-          external_id: str | None = None, details_url: str | None = None) -> Started:
+def begin(
+    client: GitHubClient,
+    repo: str,
+    head_sha: str,
+    *,
+    name: str = DEFAULT_NAME,
+    external_id: str | None = None,
+    details_url: str | None = None,
+) -> Started:
     """Show the PR that the check is running: a check run in progress, else a pending commit status."""
     try:
-        return Started(client.start_check(repo, head_sha, name=name, external_id=external_id,
-                                          details_url=details_url))
+        return Started(client.start_check(repo, head_sha, name=name, external_id=external_id, details_url=details_url))
     except GitHubPermissionError as e:
         started = Started(None, warnings=[f"cannot create a check run ({e}); using a commit status"])
     except GitHubError as e:
         return Started(None, warnings=[f"cannot create a check run now ({e})"])
     try:
-        client.set_commit_status(repo, head_sha, "pending", "kernalin-ci is checking the changed kernels",
-                                 context=name, target_url=details_url)
+        client.set_commit_status(
+            repo,
+            head_sha,
+            "pending",
+            "kernalin-ci is checking the changed kernels",
+            context=name,
+            target_url=details_url,
+        )
         started.commit_status = "pending"
     except GitHubError as e:
         started.warnings.append(f"cannot set a commit status either ({e})")
@@ -96,17 +116,27 @@ def publish(client: GitHubClient, pub: Publication, *, check_run_id: int | None 
     result.annotations_omitted = len(pub.annotations) - len(annotations)
     summary = pub.summary
     if result.annotations_omitted:
-        summary += (f"\n\n*{result.annotations_omitted} more findings with a source location are not annotated "
-                    f"(at most {MAX_ANNOTATIONS}); see the full report.*")
+        summary += (
+            f"\n\n*{result.annotations_omitted} more findings with a source location are not annotated "
+            f"(at most {MAX_ANNOTATIONS}); see the full report.*"
+        )
 
     use_status = False
     try:
         if check_run_id is None:
-            check_run_id = client.start_check(pub.repo, pub.head_sha, name=pub.name, external_id=pub.external_id,
-                                              details_url=pub.details_url)
+            check_run_id = client.start_check(
+                pub.repo, pub.head_sha, name=pub.name, external_id=pub.external_id, details_url=pub.details_url
+            )
         result.check_run = client.complete_check(
-            pub.repo, check_run_id, conclusion=pub.conclusion, title=pub.title, summary=summary, text=pub.text,
-            annotations=annotations, details_url=pub.details_url)
+            pub.repo,
+            check_run_id,
+            conclusion=pub.conclusion,
+            title=pub.title,
+            summary=summary,
+            text=pub.text,
+            annotations=annotations,
+            details_url=pub.details_url,
+        )
         result.annotations_posted = len(annotations)
     except GitHubPermissionError as e:
         result.warnings.append(f"cannot create or complete the check run ({e}); posting a commit status instead")
@@ -120,8 +150,9 @@ def publish(client: GitHubClient, pub: Publication, *, check_run_id: int | None 
     if use_status:
         state = STATUS_FOR_CONCLUSION.get(pub.conclusion, "error")
         try:
-            client.set_commit_status(pub.repo, pub.head_sha, state, pub.title, context=pub.name,
-                                     target_url=pub.details_url)
+            client.set_commit_status(
+                pub.repo, pub.head_sha, state, pub.title, context=pub.name, target_url=pub.details_url
+            )
             result.commit_status = state
         except GitHubPermissionError as e:
             result.warnings.append(f"cannot post a commit status either ({e})")
@@ -132,11 +163,14 @@ def publish(client: GitHubClient, pub: Publication, *, check_run_id: int | None 
 
     if pub.pr_number is not None and pub.comment_markdown is not None:
         try:
-            result.comment = client.upsert_sticky_comment(pub.repo, pub.pr_number, pub.comment_markdown,
-                                                          marker=sticky_marker(pub.name))
+            result.comment = client.upsert_sticky_comment(
+                pub.repo, pub.pr_number, pub.comment_markdown, marker=sticky_marker(pub.name)
+            )
         except GitHubPermissionError as e:
-            result.warnings.append(f"cannot comment on pull request #{pub.pr_number} ({e}); "
-                                   "the report is only in the job log and step summary")
+            result.warnings.append(
+                f"cannot comment on pull request #{pub.pr_number} ({e}); "
+                "the report is only in the job log and step summary"
+            )
         except GitHubAuthError:
             raise
         except GitHubError as e:
@@ -147,8 +181,12 @@ def publish(client: GitHubClient, pub: Publication, *, check_run_id: int | None 
     if failures:
         message = "; ".join(str(f) for f in failures)
         if all(isinstance(f, GitHubUnavailable) for f in failures):
-            raise GitHubUnavailable(message, status=failures[0].status, operation="publish",
-                                    attempts=max(f.attempts for f in failures), result=result)
+            raise GitHubUnavailable(
+                message,
+                status=failures[0].status,
+                operation="publish",
+                attempts=max(f.attempts for f in failures),
+                result=result,
+            )
         raise GitHubError(message, status=failures[0].status, operation="publish", result=result)
     return result
-

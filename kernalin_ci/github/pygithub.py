@@ -4,6 +4,7 @@ PyGithub (with PyJWT and cryptography, for GitHub App tokens) comes with the `gi
 local `kernalin-ci run` never needs it (the Actions environment, actions.py, is plain Python);
 posting to GitHub does.
 """
+
 from kernalin_ci.errors import UsageError
 
 try:
@@ -13,7 +14,8 @@ try:
     from github import Auth, Github, GithubIntegration
     from github.GithubException import GithubException
 except ImportError as e:
-    raise UsageError(f"GitHub support needs PyGithub ({e.name} is missing): "
-                     f"pip install 'kernalin-ci[github]'") from None
+    raise UsageError(
+        f"GitHub support needs PyGithub ({e.name} is missing): pip install 'kernalin-ci[github]'"
+    ) from None
 
 __all__ = ["github", "requests", "load_pem_private_key", "Auth", "Github", "GithubIntegration", "GithubException"]

@@ -11,17 +11,18 @@ exponential backoff with jitter (base * 2^n, times a uniform 0.5..1 factor, capp
 The whole call gives up, with GitHubUnavailable, after `attempts` tries or when the
 next wait would end past `budget_s` from the first try.
 """
+
 from __future__ import annotations
 
 import logging
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
-from typing import Callable, TypeVar
+from typing import TypeVar
 
-from kernalin_ci.github.errors import (GitHubAuthError, GitHubError, GitHubPermissionError, GitHubUnavailable,
-                                       redact)
+from kernalin_ci.github.errors import GitHubAuthError, GitHubError, GitHubPermissionError, GitHubUnavailable, redact
 from kernalin_ci.github.pygithub import GithubException, requests
 
 log = logging.getLogger("kernalin_ci.github")
@@ -52,8 +53,9 @@ def is_rate_limited(e: GithubException) -> bool:
     if e.status != 403:
         return False
     headers = {k.lower(): v for k, v in (e.headers or {}).items()}
-    return ("rate limit" in message_of(e).lower() or "retry-after" in headers
-            or headers.get("x-ratelimit-remaining") == "0")
+    return (
+        "rate limit" in message_of(e).lower() or "retry-after" in headers or headers.get("x-ratelimit-remaining") == "0"
+    )
 
 
 def server_wait_s(e: GithubException) -> float | None:
@@ -93,8 +95,7 @@ def classify(e: Exception, operation: str, secrets: tuple[str, ...] = ()) -> tup
     raise TypeError(f"not a GitHub failure: {e!r}")
 
 
-def call_with_retry(fn: Callable[[], T], *, operation: str, policy: RetryPolicy,
-                    secrets: tuple[str, ...] = ()) -> T:
+def call_with_retry(fn: Callable[[], T], *, operation: str, policy: RetryPolicy, secrets: tuple[str, ...] = ()) -> T:
     """fn() until it succeeds or the policy gives up; raises a GitHubError subclass."""
     start = time.monotonic()
     for attempt in range(1, policy.attempts + 1):
@@ -111,9 +112,19 @@ def call_with_retry(fn: Callable[[], T], *, operation: str, policy: RetryPolicy,
                 wait = min(policy.max_delay_s, policy.base_delay_s * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
             elapsed = time.monotonic() - start
             if attempt == policy.attempts or elapsed + wait > policy.budget_s:
-                raise GitHubUnavailable(f"{error} (gave up after {attempt} tries in {elapsed:.1f}s)",
-                                        status=error.status, operation=operation, attempts=attempt) from None
-            log.warning("%s; retry %d of %d in %.2fs%s", error, attempt, policy.attempts - 1, wait,
-                        " (as the server asked)" if asked is not None else "")
+                raise GitHubUnavailable(
+                    f"{error} (gave up after {attempt} tries in {elapsed:.1f}s)",
+                    status=error.status,
+                    operation=operation,
+                    attempts=attempt,
+                ) from None
+            log.warning(
+                "%s; retry %d of %d in %.2fs%s",
+                error,
+                attempt,
+                policy.attempts - 1,
+                wait,
+                " (as the server asked)" if asked is not None else "",
+            )
             time.sleep(wait)
     raise AssertionError("unreachable")

@@ -10,6 +10,7 @@ L2 cost) in C: the same segmentation as `Pelt(model="l2")`, a thousand times fas
 1.5 ms instead of 5.6 s). docs/history.md has the comparison with E-divisive and the evaluation on H200 traces
 (benchmarks/changepoint_eval.py).
 """
+
 from __future__ import annotations
 
 import math
@@ -50,12 +51,15 @@ def detect(values, penalty: float = PENALTY, min_size: int = MIN_SIZE) -> list[C
         return None
     logs = np.log(x)
     z = (logs - np.median(logs)) / noise_scale(logs)
-    bkps = ruptures.KernelCPD(kernel="linear", min_size=min_size).fit(z.reshape(-1, 1)).predict(
-        pen=penalty * math.log(x.size))
+    bkps = (
+        ruptures.KernelCPD(kernel="linear", min_size=min_size)
+        .fit(z.reshape(-1, 1))
+        .predict(pen=penalty * math.log(x.size))
+    )
     edges = [0] + [b for b in bkps]
     out = []
     for i, b in enumerate(bkps[:-1]):
-        before = float(np.median(x[edges[i]:b]))
-        after = float(np.median(x[b:edges[i + 2]]))
+        before = float(np.median(x[edges[i] : b]))
+        after = float(np.median(x[b : edges[i + 2]]))
         out.append(ChangePoint(b, before, after))
     return out

@@ -8,6 +8,7 @@ the newer file and pushes again, so concurrent writers lose nothing. The push go
 repository's configured remote, with the credentials actions/checkout left there (the workflow's
 token; `contents: write`).
 """
+
 from __future__ import annotations
 
 import json
@@ -41,10 +42,16 @@ class GitBranchHistory:
         except UsageError:
             raise UsageError(f"history git:{branch}: {self.repo_dir} is not a git repository") from None
 
-    def _git(self, *args: str, input: str | None = None, env: dict | None = None, check: bool = True
-             ) -> subprocess.CompletedProcess:
-        p = subprocess.run(["git", "-C", str(self.repo_dir), *args], input=input, capture_output=True, text=True,
-                           env={**os.environ, "GIT_TERMINAL_PROMPT": "0", **(env or {})})
+    def _git(
+        self, *args: str, input: str | None = None, env: dict | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess:
+        p = subprocess.run(
+            ["git", "-C", str(self.repo_dir), *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "GIT_TERMINAL_PROMPT": "0", **(env or {})},
+        )
         if check and p.returncode != 0:
             raise UsageError(f"git {args[0]}: {' '.join((p.stderr or p.stdout).split())[:300]}")
         return p
@@ -54,8 +61,9 @@ class GitBranchHistory:
 
     def _fetch(self) -> str | None:
         """The data branch's tip on the remote (fetched), or None when it does not exist yet."""
-        p = self._git("fetch", "--quiet", "--no-tags", self.remote, f"+refs/heads/{self.branch}:{self._ref()}",
-                      check=False)
+        p = self._git(
+            "fetch", "--quiet", "--no-tags", self.remote, f"+refs/heads/{self.branch}:{self._ref()}", check=False
+        )
         if p.returncode != 0:
             if "couldn't find remote ref" in p.stderr or "could not find remote ref" in p.stderr.lower():
                 return None
@@ -118,12 +126,20 @@ class GitBranchHistory:
         return self._git(*args, env=ident).stdout.strip()
 
     def _push(self, commit: str) -> None:
-        p = self._git("push", "--quiet", "--porcelain", self.remote, f"{commit}:refs/heads/{self.branch}",
-                      check=False)
+        p = self._git("push", "--quiet", "--porcelain", self.remote, f"{commit}:refs/heads/{self.branch}", check=False)
         if p.returncode == 0:
             return
         text = p.stdout + p.stderr
-        if any(s in text for s in ("non-fast-forward", "fetch first", "[rejected]", "cannot lock ref",
-                                   "failed to update ref", "stale info")):
+        if any(
+            s in text
+            for s in (
+                "non-fast-forward",
+                "fetch first",
+                "[rejected]",
+                "cannot lock ref",
+                "failed to update ref",
+                "stale info",
+            )
+        ):
             raise PushRefused(text)
         raise UsageError(f"git push {self.remote} {self.branch}: {' '.join(text.split())[:300]}")

@@ -5,6 +5,7 @@ shape) the gate checked at that commit. Times are the medians the gate measured 
 head of the run; `ratio` and `hdi` are the posterior of head/base from the same run (the base being
 the commit the gate compared against: the previous recorded commit when pull requests merge in order).
 """
+
 from __future__ import annotations
 
 import time
@@ -60,7 +61,7 @@ class Run:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, d: dict) -> "Run":
+    def from_json(cls, d: dict) -> Run:
         d = dict(d)
         d["points"] = [Point(**p) for p in d.get("points", [])]
         return cls(**d)
@@ -70,8 +71,15 @@ def _findings(v: dict | None) -> list[dict]:
     out = []
     for f in (v or {}).get("findings", [])[:MAX_FINDINGS]:
         loc = f.get("location") or {}
-        out.append({"check": f.get("check"), "bug_class": f.get("bug_class"), "message": f.get("message", ""),
-                    "path": loc.get("path"), "line": loc.get("line")})
+        out.append(
+            {
+                "check": f.get("check"),
+                "bug_class": f.get("bug_class"),
+                "message": f.get("message", ""),
+                "path": loc.get("path"),
+                "line": loc.get("line"),
+            }
+        )
     return out
 
 
@@ -86,34 +94,74 @@ def points_of(report: dict) -> list[Point]:
         if k.get("status") == "unchanged":
             continue  # not run at this commit: its series goes on from the last commit that checked it
         v = k.get("verification") or None
-        start = (((k.get("explain") or {}).get("provenance") or {}).get("start") or {})
-        common = dict(kernel=k["name"], status=k.get("status", ""), verification=(v or {}).get("verdict"),
-                      findings=_findings(v), failed_by=list(k.get("failed_by") or []),
-                      provenance={key: start[key] for key in PROVENANCE_KEYS if start.get(key) is not None})
+        start = ((k.get("explain") or {}).get("provenance") or {}).get("start") or {}
+        common = dict(
+            kernel=k["name"],
+            status=k.get("status", ""),
+            verification=(v or {}).get("verdict"),
+            findings=_findings(v),
+            failed_by=list(k.get("failed_by") or []),
+            provenance={key: start[key] for key in PROVENANCE_KEYS if start.get(key) is not None},
+        )
         b = k.get("benchmark") or {}
         shapes = [s for s in b.get("shapes") or [] if isinstance(s, dict) and s.get("verdict")]
         if not shapes:
-            out.append(Point(shape="", verdict=b.get("verdict"), ratio=_num(b.get("ratio")),
-                             hdi=b.get("hdi"), p_slower=_num(b.get("p_slower")), p_faster=_num(b.get("p_faster")),
-                             clock=b.get("clock") or None, **common))
+            out.append(
+                Point(
+                    shape="",
+                    verdict=b.get("verdict"),
+                    ratio=_num(b.get("ratio")),
+                    hdi=b.get("hdi"),
+                    p_slower=_num(b.get("p_slower")),
+                    p_faster=_num(b.get("p_faster")),
+                    clock=b.get("clock") or None,
+                    **common,
+                )
+            )
             continue
         for s in shapes:
-            out.append(Point(shape=str(s.get("shape")), verdict=s.get("verdict"), ratio=_num(s.get("ratio")),
-                             hdi=s.get("hdi"), p_slower=_num(s.get("p_slower")), p_faster=_num(s.get("p_faster")),
-                             base_ms=_num(s.get("base_ms")), head_ms=_num(s.get("head_ms")),
-                             clock=b.get("clock") or None, **common))
+            out.append(
+                Point(
+                    shape=str(s.get("shape")),
+                    verdict=s.get("verdict"),
+                    ratio=_num(s.get("ratio")),
+                    hdi=s.get("hdi"),
+                    p_slower=_num(s.get("p_slower")),
+                    p_faster=_num(s.get("p_faster")),
+                    base_ms=_num(s.get("base_ms")),
+                    head_ms=_num(s.get("head_ms")),
+                    clock=b.get("clock") or None,
+                    **common,
+                )
+            )
     return out
 
 
-def run_from_report(report: dict, *, repo: str, commit: str, branch: str, pr: int | None = None,
-                    report_url: str | None = None, recorded_at: float | None = None) -> Run:
+def run_from_report(
+    report: dict,
+    *,
+    repo: str,
+    commit: str,
+    branch: str,
+    pr: int | None = None,
+    report_url: str | None = None,
+    recorded_at: float | None = None,
+) -> Run:
     """The Run a report.json stands for, recorded as commit COMMIT of BRANCH."""
-    return Run(repo=repo, commit=commit, base=(report.get("base") or {}).get("sha"), branch=branch,
-               recorded_at=time.time() if recorded_at is None else recorded_at,
-               conclusion=report.get("conclusion", "neutral"), reason=report.get("reason", ""),
-               pr=pr if pr is not None else report.get("pr"), device=report.get("device", ""),
-               environment=dict(report.get("environment") or {}), report_url=report_url,
-               points=points_of(report))
+    return Run(
+        repo=repo,
+        commit=commit,
+        base=(report.get("base") or {}).get("sha"),
+        branch=branch,
+        recorded_at=time.time() if recorded_at is None else recorded_at,
+        conclusion=report.get("conclusion", "neutral"),
+        reason=report.get("reason", ""),
+        pr=pr if pr is not None else report.get("pr"),
+        device=report.get("device", ""),
+        environment=dict(report.get("environment") or {}),
+        report_url=report_url,
+        points=points_of(report),
+    )
 
 
 def environment(device: str) -> dict:
@@ -145,8 +193,12 @@ def _gpu_name() -> str:
         return "unknown (no nvidia-smi)"
     first = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
     try:
-        r = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"] + (["-i", first] if first else []),
-                           capture_output=True, text=True, timeout=30)
+        r = subprocess.run(
+            [smi, "--query-gpu=name", "--format=csv,noheader"] + (["-i", first] if first else []),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"unknown ({type(e).__name__})"
     name = r.stdout.strip().splitlines()[0].strip() if r.returncode == 0 and r.stdout.strip() else ""

@@ -3,6 +3,7 @@ delivery with `merged: true`, recorded in the job store with the delivery) becom
 commit, from the newest gate result of the PR's head commit. A thread does it after the delivery is
 answered; a history database that is down is tried again later, nothing is lost (the merge stays
 pending in the job store)."""
+
 from __future__ import annotations
 
 import logging
@@ -21,7 +22,7 @@ class Recorder:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def start(self) -> "Recorder":
+    def start(self) -> Recorder:
         self._thread = threading.Thread(target=self._run, name="kernalin-history", daemon=True)
         self._thread.start()
         return self
@@ -47,15 +48,22 @@ class Recorder:
         for m in self.store.pending_merges():
             job = self.store.result_for(m["repo"], m["pr"], m["head_sha"])
             if job is None or job.outcome is None or job.outcome.report is None:
-                self.store.merge_recorded(m["repo"], m["merge_sha"], "no-result",
-                                          f"no gate result for {m['head_sha'][:12]} of #{m['pr']}")
+                self.store.merge_recorded(
+                    m["repo"], m["merge_sha"], "no-result", f"no gate result for {m['head_sha'][:12]} of #{m['pr']}"
+                )
                 log.info("history: %s#%d merged without a gate result of its head: not recorded", m["repo"], m["pr"])
                 continue
             info = self.store.repo(m["repo"]) or {}
             url = f"{self.settings.public_url}/jobs/{job.id}" if self.settings.public_url else f"/jobs/{job.id}"
-            run = run_from_report(job.outcome.report, repo=m["repo"], commit=m["merge_sha"],
-                                  branch=info.get("default_branch") or job.spec.base_ref, pr=m["pr"],
-                                  report_url=url, recorded_at=m["received_at"])
+            run = run_from_report(
+                job.outcome.report,
+                repo=m["repo"],
+                commit=m["merge_sha"],
+                branch=info.get("default_branch") or job.spec.base_ref,
+                pr=m["pr"],
+                report_url=url,
+                recorded_at=m["received_at"],
+            )
             added = self.history.add(run)
             self.store.merge_recorded(m["repo"], m["merge_sha"], "recorded", "" if added else "already recorded")
             n += added

@@ -1,4 +1,5 @@
 """Runs -> one series per kernel and shape, with its change points as commit ranges."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -58,10 +59,27 @@ def build(runs: list[Run]) -> list[Series]:
         for p in run.points:
             s = by_key.setdefault((p.kernel, p.shape), Series(p.kernel, p.shape))
             band = [p.base_ms * p.hdi[0], p.base_ms * p.hdi[1]] if p.base_ms and p.hdi else None
-            s.points.append(SeriesPoint(
-                run.commit, run.base, run.pr, run.recorded_at, run.conclusion, run.report_url, p.verification,
-                p.findings, p.failed_by, p.verdict, p.ratio, p.hdi, p.p_slower, p.head_ms, p.base_ms, band,
-                p.provenance.get("gpu_name") or (run.environment or {}).get("gpu")))
+            s.points.append(
+                SeriesPoint(
+                    run.commit,
+                    run.base,
+                    run.pr,
+                    run.recorded_at,
+                    run.conclusion,
+                    run.report_url,
+                    p.verification,
+                    p.findings,
+                    p.failed_by,
+                    p.verdict,
+                    p.ratio,
+                    p.hdi,
+                    p.p_slower,
+                    p.head_ms,
+                    p.base_ms,
+                    band,
+                    p.provenance.get("gpu_name") or (run.environment or {}).get("gpu"),
+                )
+            )
     for s in by_key.values():
         find_changes(s)
     return sorted(by_key.values(), key=lambda s: (s.kernel, s.shape))

@@ -9,6 +9,7 @@ SQLite is the default (in the daemon's state directory); PostgreSQL when several
 history. Both keep one row per run: its key columns and the whole record as JSON. The Action keeps
 the same records on a git branch (gitbranch.py), behind the same interface.
 """
+
 from __future__ import annotations
 
 import json
@@ -62,8 +63,9 @@ class SQLiteHistory:
         with self._lock:
             cur = self._db.execute(
                 "INSERT INTO history_runs (key, repo, commit_sha, recorded_at, record) VALUES (?, ?, ?, ?, ?) "
-                "ON CONFLICT(key) DO NOTHING", (run.key, run.repo, run.commit, run.recorded_at,
-                                                json.dumps(run.to_json())))
+                "ON CONFLICT(key) DO NOTHING",
+                (run.key, run.repo, run.commit, run.recorded_at, json.dumps(run.to_json())),
+            )
             return cur.rowcount == 1
 
     def runs(self, repo: str) -> list[Run]:
@@ -105,7 +107,8 @@ class PostgresHistory:
             cur = conn.execute(
                 "INSERT INTO history_runs (key, repo, commit_sha, recorded_at, record) VALUES (%s, %s, %s, %s, %s) "
                 "ON CONFLICT (key) DO NOTHING",
-                (run.key, run.repo, run.commit, run.recorded_at, json.dumps(run.to_json())))
+                (run.key, run.repo, run.commit, run.recorded_at, json.dumps(run.to_json())),
+            )
             return cur.rowcount == 1
 
     def runs(self, repo: str) -> list[Run]:
@@ -133,7 +136,7 @@ def open_store(url: str) -> HistoryStore:
             raise UsageError(f"history {url!r}: expected git:BRANCH or git:BRANCH@REPO_DIR")
         return GitBranchHistory(repo_dir or ".", branch)
     if url.startswith("sqlite://"):
-        url = url[len("sqlite://"):]
+        url = url[len("sqlite://") :]
     if not url:
         raise UsageError("history: an empty location")
     return SQLiteHistory(url)

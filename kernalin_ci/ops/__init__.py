@@ -1,5 +1,6 @@
 """The ops of docs/ops.md, one module each (a subclass of `base.Op` named by its `OP_CLASS`);
 `get_op(name)` is the registry."""
+
 from __future__ import annotations
 
 import importlib

@@ -1,15 +1,26 @@
 """What attention.decode and attention.decode_paged share: the float64 definition,
 the case plan (lengths around tile sizes, GQA ratios, large scores, poisoned tails),
 and the bug fingerprints (alternative references a known bug would produce)."""
+
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, TypeGuard
+from collections.abc import Callable
+from typing import Any, TypeGuard
 
 from kernalin_ci.lazy import torch
-
-from kernalin_ci.ops.base import (DTYPE_BYTES, Case, Op, Param, Params, Traffic, capture_case, capture_head_dims,
-                                  capture_heads, positive)
+from kernalin_ci.ops.base import (
+    DTYPE_BYTES,
+    Case,
+    Op,
+    Param,
+    Params,
+    Traffic,
+    capture_case,
+    capture_head_dims,
+    capture_heads,
+    positive,
+)
 from kernalin_ci.ops.bench_shapes import BenchRequest, len_label, ragged_lens
 
 # Optional shape params: pin a dimension for kernels specialised to one model.
@@ -49,25 +60,27 @@ def plan(params: Params, device: str, dtype: str | None) -> list[Case]:
 
     def dims(hq: int, hkv: int, D: int, lens: list[int], **extra: Any) -> dict[str, Any]:
         hq, hkv = heads(hq, hkv)
-        return {"Hq": hq, "Hkv": hkv, "D": D, "kv_lens": list(lens), "scale": D ** -0.5, **extra}
+        return {"Hq": hq, "Hkv": hkv, "D": D, "kv_lens": list(lens), "scale": D**-0.5, **extra}
 
     long = long_length(device)
     cases = [
         Case("tiles", dims(8, 2, D64, tile_lengths()), main, 1, ("tiles",)),
-        Case("gqa-1", dims(4, 4, D128, [1, 33, 64, 200], scale=0.7 * D128 ** -0.5), main, 2),
+        Case("gqa-1", dims(4, 4, D128, [1, 33, 64, 200], scale=0.7 * D128**-0.5), main, 2),
         Case("gqa-8", dims(16, 2, D64, [5, 17, 129, 300]), main, 3),
         Case("gqa-6", dims(12, 2, D64, [2, 63, 65, 257]), main, 4),
         Case("large-scores", dims(8, 2, D64, [2, 16, 100, 257], qk_std=6.5), main, 5, ("large-scores",)),
         Case("stale-tail", dims(4, 4, D128, [3, 31, 64, 190], tail="stale"), main, 6, ("stale-tail",)),
-        Case("fresh-inputs", dims(4, 4, D128, [1, 33, 64, 200], scale=0.7 * D128 ** -0.5), main, 7,
-             ("repeat-of:gqa-1",)),
+        Case("fresh-inputs", dims(4, 4, D128, [1, 33, 64, 200], scale=0.7 * D128**-0.5), main, 7, ("repeat-of:gqa-1",)),
         Case("long", dims(8, 2, D64, [long, long * 3 // 5 + 3]), main, 8, ("long",)),
     ]
     if dtype is None:  # dtype sweep on a smaller set
         for i, dt in enumerate(("float16", "bfloat16")):
             cases.append(Case(f"gqa-8-{dt}", dims(16, 2, D64, [5, 17, 129, 300]), dt, 20 + i))
-            cases.append(Case(f"large-scores-{dt}", dims(8, 2, D64, [2, 16, 100, 257], qk_std=6.5), dt,
-                              30 + i, ("large-scores",)))
+            cases.append(
+                Case(
+                    f"large-scores-{dt}", dims(8, 2, D64, [2, 16, 100, 257], qk_std=6.5), dt, 30 + i, ("large-scores",)
+                )
+            )
     return cases
 
 
@@ -76,7 +89,7 @@ def probe_dims(params: Params) -> dict[str, Any]:
     D = params.get("head_dim") or 64
     hq = params.get("num_q_heads") or 8
     hkv = params.get("num_kv_heads") or 2
-    return {"Hq": hq, "Hkv": hkv, "D": D, "kv_lens": [1], "scale": D ** -0.5, "tail": "zeros"}
+    return {"Hq": hq, "Hkv": hkv, "D": D, "kv_lens": [1], "scale": D**-0.5, "tail": "zeros"}
 
 
 def shape_dims(params: Params) -> dict[str, Any]:
@@ -84,15 +97,21 @@ def shape_dims(params: Params) -> dict[str, Any]:
     D = params.get("head_dim") or 64
     hq = params.get("num_q_heads") or 8
     hkv = params.get("num_kv_heads") or (2 if hq % 2 == 0 else 1)
-    return {"Hq": hq, "Hkv": hkv, "D": D, "kv_lens": [1, 19], "scale": D ** -0.5}
+    return {"Hq": hq, "Hkv": hkv, "D": D, "kv_lens": [1, 19], "scale": D**-0.5}
 
 
 def head_map(Hq: int, Hkv: int) -> list[int]:
     return [h // (Hq // Hkv) for h in range(Hq)]
 
 
-def attend(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], scale: float, hmap: list[int],
-           normalize: bool = True) -> torch.Tensor:
+def attend(
+    q: torch.Tensor,
+    keys: list[torch.Tensor],
+    values: list[torch.Tensor],
+    scale: float,
+    hmap: list[int],
+    normalize: bool = True,
+) -> torch.Tensor:
     """The definition in float64: q [B, Hq, D]; keys[b], values[b]: [Hkv, L_b, D]."""
     q = q.to(torch.float64)
     out = torch.empty_like(q)
@@ -128,9 +147,17 @@ def _positive_int(v: Any) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 1
 
 
-def fingerprints(q: torch.Tensor, keys_of: Callable[[int, int], torch.Tensor],
-                 values_of: Callable[[int, int], torch.Tensor], kv_lens: list[int], scale: float, Hq: int,
-                 Hkv: int, D: int, tail_finite: bool) -> list[tuple[str, dict[str, Any]]]:
+def fingerprints(
+    q: torch.Tensor,
+    keys_of: Callable[[int, int], torch.Tensor],
+    values_of: Callable[[int, int], torch.Tensor],
+    kv_lens: list[int],
+    scale: float,
+    Hq: int,
+    Hkv: int,
+    D: int,
+    tail_finite: bool,
+) -> list[tuple[str, dict[str, Any]]]:
     """Alternative outputs that known bugs would produce. `keys_of(b, L)` gives [Hkv, L, D]."""
     B = len(kv_lens)
     good = head_map(Hq, Hkv)
@@ -142,8 +169,8 @@ def fingerprints(q: torch.Tensor, keys_of: Callable[[int, int], torch.Tensor],
     fps.append(("softmax-no-normalize", {"out": attend(q, K, V, scale, good, normalize=False)}))
     fps.append(("scale", {"out": attend(q, K, V, 1.0, good)}))
     fps.append(("scale", {"out": attend(q, K, V, scale * scale, good)}))
-    if not math.isclose(scale, D ** -0.5):
-        fps.append(("scale", {"out": attend(q, K, V, D ** -0.5, good)}))
+    if not math.isclose(scale, D**-0.5):
+        fps.append(("scale", {"out": attend(q, K, V, D**-0.5, good)}))
     if tail_finite:
         K1 = [keys_of(b, L + 1) for b, L in enumerate(kv_lens)]
         V1 = [values_of(b, L + 1) for b, L in enumerate(kv_lens)]
@@ -178,9 +205,16 @@ class AttentionOp(Op):
         cases = []
         for i, s in enumerate(request.attention_shapes()):
             lens = ragged_lens(s["batch"], s["kv_len"], ragged=not s.get("explicit"))
-            dims = {"Hq": hq, "Hkv": hkv, "D": D, "kv_lens": lens, "scale": D ** -0.5}
-            cases.append(Case(f"B={s['batch']} kv_len={len_label(lens)} Hq={hq} Hkv={hkv} D={D} {request.dtype}",
-                              dims, request.dtype, 1000 + i, ("bench",)))
+            dims = {"Hq": hq, "Hkv": hkv, "D": D, "kv_lens": lens, "scale": D**-0.5}
+            cases.append(
+                Case(
+                    f"B={s['batch']} kv_len={len_label(lens)} Hq={hq} Hkv={hkv} D={D} {request.dtype}",
+                    dims,
+                    request.dtype,
+                    1000 + i,
+                    ("bench",),
+                )
+            )
         return cases
 
     def traffic(self, case: Case, params: Params) -> Traffic | None:
@@ -200,6 +234,7 @@ class AttentionOp(Op):
         """B > 1, Hq != Hkv, kv_len spanning several tiles with a partial last tile, a head dim with a tail
         under its power-of-two block."""
         hq, hkv = capture_heads(params)
-        return [capture_case({"Hq": hq, "Hkv": hkv, "D": D, "kv_lens": [37, 100], "scale": 0.7 * D ** -0.5,
-                              "tail": "zeros"})
-                for D in capture_head_dims(params)]
+        return [
+            capture_case({"Hq": hq, "Hkv": hkv, "D": D, "kv_lens": [37, 100], "scale": 0.7 * D**-0.5, "tail": "zeros"})
+            for D in capture_head_dims(params)
+        ]

@@ -1,11 +1,11 @@
 """attention.decode: one query token per sequence, contiguous KV cache (docs/ops.md)."""
+
 from __future__ import annotations
 
 from typing import Any
 
-from kernalin_ci.lazy import torch
-
 from kernalin_ci.findings import Finding
+from kernalin_ci.lazy import torch
 from kernalin_ci.ops import attention_common as ac
 from kernalin_ci.ops.base import Case, Expected, Params, Tensors, generator, randn
 from kernalin_ci.verify.poison import fill_canary
@@ -38,8 +38,11 @@ class AttentionDecode(ac.AttentionOp):
         v = randn((B, Hkv, S, D), g, case.dtype, "cpu")
         _fill_tails(k, v, lens, d.get("tail", "nan"), g, poison)
         return {
-            "q": q.to(device), "k_cache": k.to(device), "v_cache": v.to(device),
-            "kv_lens": torch.tensor(lens, dtype=torch.int32, device=device), "scale": float(d["scale"]),
+            "q": q.to(device),
+            "k_cache": k.to(device),
+            "v_cache": v.to(device),
+            "kv_lens": torch.tensor(lens, dtype=torch.int32, device=device),
+            "scale": float(d["scale"]),
         }
 
     def outputs(self, ret: Any, kw: Tensors) -> Tensors:
@@ -57,9 +60,16 @@ class AttentionDecode(ac.AttentionOp):
         S = kw["k_cache"].shape[2]
         q = kw["q"]
         return ac.fingerprints(
-            q, lambda b, L: kw["k_cache"][b, :, :min(L, S)], lambda b, L: kw["v_cache"][b, :, :min(L, S)],
-            kw["kv_lens"].tolist(), kw["scale"], q.shape[1], kw["k_cache"].shape[1], q.shape[2],
-            tail_finite=case.dims.get("tail", "nan") != "nan")
+            q,
+            lambda b, L: kw["k_cache"][b, :, : min(L, S)],
+            lambda b, L: kw["v_cache"][b, :, : min(L, S)],
+            kw["kv_lens"].tolist(),
+            kw["scale"],
+            q.shape[1],
+            kw["k_cache"].shape[1],
+            q.shape[2],
+            tail_finite=case.dims.get("tail", "nan") != "nan",
+        )
 
     def properties(self, case: Case, kw: Tensors, outs: Tensors, params: Params) -> list[Finding]:
         return []

@@ -1,11 +1,11 @@
 """attention.decode_paged: one query token per sequence, paged KV cache (docs/ops.md)."""
+
 from __future__ import annotations
 
 from typing import Any
 
-from kernalin_ci.lazy import torch
-
 from kernalin_ci.findings import Finding
+from kernalin_ci.lazy import torch
 from kernalin_ci.ops import attention_common as ac
 from kernalin_ci.ops import paged
 from kernalin_ci.ops.base import Case, Expected, Param, Params, Tensors, generator, positive, randn
@@ -14,8 +14,9 @@ from kernalin_ci.verify.poison import fill_canary
 
 class AttentionDecodePaged(ac.AttentionOp):
     name = "attention.decode_paged"
-    params = (Param("block_size", 16, int, "tokens per KV-cache block", check=positive),) + ac.SHAPE_PARAMS \
-        + (paged.LAYOUT,)
+    params = (
+        (Param("block_size", 16, int, "tokens per KV-cache block", check=positive),) + ac.SHAPE_PARAMS + (paged.LAYOUT,)
+    )
     written = ()
     domain_axes = ("head_dim", "num_q_heads", "num_kv_heads", "dtype", "block_size")
 
@@ -29,13 +30,19 @@ class AttentionDecodePaged(ac.AttentionOp):
         bs = params["block_size"]
         lens = sorted({1, 3, bs - 1 or 1, bs + 1, 3 * bs + 5, 100, 129})
         dims = {k: base[k] for k in ("Hq", "Hkv", "D", "scale")}
-        cases.append(Case("free-low-blocks", {**dims, "kv_lens": lens, "free_low": 3, "table_pad": 0},
-                          cases[0].dtype, 9, ("free-low-blocks",)))
+        cases.append(
+            Case(
+                "free-low-blocks",
+                {**dims, "kv_lens": lens, "free_low": 3, "table_pad": 0},
+                cases[0].dtype,
+                9,
+                ("free-low-blocks",),
+            )
+        )
         return cases
 
     def probe(self, params: Params, dtype: str | None) -> Case:
-        return Case("pos0-probe", {**ac.probe_dims(params), "arange_tables": True}, dtype or "float32", 0,
-                    ("probe",))
+        return Case("pos0-probe", {**ac.probe_dims(params), "arange_tables": True}, dtype or "float32", 0, ("probe",))
 
     def shape_case(self, params: Params, dtype: str) -> Case:
         return Case("shape", ac.shape_dims(params), dtype, 40, ("shape",))
@@ -65,7 +72,7 @@ class AttentionDecodePaged(ac.AttentionOp):
             tables = torch.randint(0, num_blocks, (B, max_blocks), generator=g, dtype=torch.int32)
         pos = 0
         for b, n in enumerate(need):
-            tables[b, :n] = ids[pos:pos + n].to(torch.int32)
+            tables[b, :n] = ids[pos : pos + n].to(torch.int32)
             pos += n
         q = randn((B, Hq, D), g, case.dtype, "cpu", std)
         k = torch.empty((num_blocks, bs, Hkv, D), dtype=q.dtype)
@@ -86,10 +93,12 @@ class AttentionDecodePaged(ac.AttentionOp):
             v[blk, j % bs] = vb
         lay = paged.layout_of(params)
         return {
-            "q": q.to(device), "k_cache": paged.from_nhd(k, lay).to(device),
+            "q": q.to(device),
+            "k_cache": paged.from_nhd(k, lay).to(device),
             "v_cache": paged.from_nhd(v, lay).to(device),
             "block_tables": tables.to(device),
-            "kv_lens": torch.tensor(lens, dtype=torch.int32, device=device), "scale": float(d["scale"]),
+            "kv_lens": torch.tensor(lens, dtype=torch.int32, device=device),
+            "scale": float(d["scale"]),
         }
 
     def outputs(self, ret: Any, kw: Tensors) -> Tensors:
@@ -121,10 +130,16 @@ class AttentionDecodePaged(ac.AttentionOp):
         q, tb = kw["q"], kw["block_tables"]
         kc, vc = self._caches(kw, params)
         fps = ac.fingerprints(
-            q, lambda b, L: self._gather(kc, tb, b, L),
+            q,
+            lambda b, L: self._gather(kc, tb, b, L),
             lambda b, L: self._gather(vc, tb, b, L),
-            kw["kv_lens"].tolist(), kw["scale"], q.shape[1], kc.shape[2], q.shape[2],
-            tail_finite=case.dims.get("tail", "nan") != "nan")
+            kw["kv_lens"].tolist(),
+            kw["scale"],
+            q.shape[1],
+            kc.shape[2],
+            q.shape[2],
+            tail_finite=case.dims.get("tail", "nan") != "nan",
+        )
         # the block size confused with another power of two (a tile size)
         bs = kc.shape[1]
         lens = kw["kv_lens"].tolist()

@@ -10,13 +10,15 @@ capture's calls and the name of its structural analysis.
 Everything here is plain data: a `Case` is JSON-serialisable, so a finding can
 carry it and `kernalin-ci verify --case JSON` reproduces exactly that case.
 """
+
 from __future__ import annotations
 
 import json
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from kernalin_ci.errors import UsageError
 from kernalin_ci.findings import Finding
@@ -70,8 +72,13 @@ class Case:
             raise UsageError("case: expected a JSON object with at least 'name' and 'dims'", setting="case")
         if d.get("dtype", "float32") not in DTYPES:
             raise UsageError(f"case: dtype must be one of {', '.join(DTYPES)}", setting="case")
-        return cls(name=d["name"], dims=dict(d["dims"]), dtype=d.get("dtype", "float32"),
-                   seed=int(d.get("seed", 0)), tags=tuple(d.get("tags", ())))
+        return cls(
+            name=d["name"],
+            dims=dict(d["dims"]),
+            dtype=d.get("dtype", "float32"),
+            seed=int(d.get("seed", 0)),
+            tags=tuple(d.get("tags", ())),
+        )
 
     def summary(self) -> str:
         parts = []
@@ -124,8 +131,8 @@ class Traffic:
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
-Params = dict[str, Any]    # resolved op params (resolve_params)
-Tensors = dict[str, Any]   # keyword arguments of an entry, or outputs, by name
+Params = dict[str, Any]  # resolved op params (resolve_params)
+Tensors = dict[str, Any]  # keyword arguments of an entry, or outputs, by name
 
 
 class Op(ABC):
@@ -203,8 +210,15 @@ class Op(ABC):
     def outputs(self, ret: Any, kw: Tensors) -> Tensors:
         """The entry's outputs by name, from its return value (or its written inputs)."""
 
-    def drive(self, fn: Callable[..., Any], case: Case, params: Params, device: str, poison: bool,
-              hand_back: Callable[[int, dict[str, Any], float], None]) -> int | None:
+    def drive(
+        self,
+        fn: Callable[..., Any],
+        case: Case,
+        params: Params,
+        device: str,
+        poison: bool,
+        hand_back: Callable[[int, dict[str, Any], float], None],
+    ) -> int | None:
         """In the worker: a stateful op's own dynamic run of `case`, many calls of `fn` (the decode_step
         loop), each call's raw result handed back as one part (`hand_back(step, raw, seconds)`); returns
         the number of parts. None: the case is the one call verify.dynamic makes. Nothing is judged here:

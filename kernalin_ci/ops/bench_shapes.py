@@ -7,6 +7,7 @@ regimes a kernel change can trade against each other: one long sequence
 (split-KV territory), a mid-size batch, a large batch of short sequences. On the
 CPU (the Triton interpreter) the shapes are tiny and float32.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,7 +26,8 @@ CPU_DEFAULTS = {  # one small shape: an interpreted attention call takes a secon
 }
 MODEL: dict[str, dict[str, Any]] = {
     "cuda": {"Hq": 32, "Hkv": 8, "D": 128, "dtype": "bfloat16", "num_blocks": 2048},
-    "cpu": {"Hq": 4, "Hkv": 2, "D": 32, "dtype": "float32", "num_blocks": 8}}
+    "cpu": {"Hq": 4, "Hkv": 2, "D": 32, "dtype": "float32", "num_blocks": 8},
+}
 
 
 @dataclass(frozen=True)

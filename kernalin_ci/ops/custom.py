@@ -1,14 +1,14 @@
 """custom: any other op. The configuration names a float64-capable `reference`
 callable (same keywords as the entry) and an `inputs(seed, case) -> dict` builder
 (docs/ops.md)."""
+
 from __future__ import annotations
 
 from typing import Any
 
-from kernalin_ci.lazy import torch
-
 from kernalin_ci.entry import load_entry
 from kernalin_ci.errors import UsageError
+from kernalin_ci.lazy import torch
 from kernalin_ci.ops.base import Case, Expected, Op, Param, Params, Tensors
 from kernalin_ci.ops.bench_shapes import BenchRequest
 
@@ -74,15 +74,24 @@ class Custom(Op):
         return as_outputs(ret)
 
     def reference(self, kw: Tensors, params: Params) -> Expected:
-        kw64 = {k: (v.to("cpu", torch.float64) if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
-                for k, v in kw.items()}
+        kw64 = {
+            k: (v.to("cpu", torch.float64) if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
+            for k, v in kw.items()
+        }
         ref = as_outputs(self._fn(params, "reference")(**kw64))
         return Expected({k: v.to(torch.float64) for k, v in ref.items()})
 
     def bench_cases(self, params: Params, device: str, request: BenchRequest) -> list[Case]:
-        return [Case(f"custom case {i}", dict(c), request.given.get("dtype", c.get("dtype", request.dtype)),
-                     1000 + i, ("bench",))
-                for i, c in enumerate((params.get("cases") or [{}])[:4])]
+        return [
+            Case(
+                f"custom case {i}",
+                dict(c),
+                request.given.get("dtype", c.get("dtype", request.dtype)),
+                1000 + i,
+                ("bench",),
+            )
+            for i, c in enumerate((params.get("cases") or [{}])[:4])
+        ]
 
 
 OP_CLASS = Custom

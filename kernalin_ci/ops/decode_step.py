@@ -10,16 +10,28 @@ the output of each step against float64 attention over the reference's own
 history, and both whole caches diffed after each step (kernalin_ci.verify.pipeline,
 shared with the composed rope -> kv_append -> attention pipeline check).
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from kernalin_ci.lazy import torch
 from kernalin_ci.ops import attention_common as ac
 from kernalin_ci.ops import paged
 from kernalin_ci.ops.attention_decode_paged import AttentionDecodePaged
-from kernalin_ci.ops.base import (Case, Expected, Op, Param, Params, Tensors, capture_case, capture_head_dims,
-                                  positive, valid_dims)
+from kernalin_ci.ops.base import (
+    Case,
+    Expected,
+    Op,
+    Param,
+    Params,
+    Tensors,
+    capture_case,
+    capture_head_dims,
+    positive,
+    valid_dims,
+)
 from kernalin_ci.ops.bench_shapes import BenchRequest, len_label, ragged_lens
 from kernalin_ci.ops.rope import PARAMS as ROPE_PARAMS
 from kernalin_ci.ops.rope import rotate
@@ -40,8 +52,9 @@ class DecodeStep(Op):
     written = ("k_cache", "v_cache")
     structural = "decode_step"
 
-    def _dims(self, params: Params, hq: int, hkv: int, D: int, start_lens: list[int], steps: int,
-              **extra: Any) -> dict[str, Any]:
+    def _dims(
+        self, params: Params, hq: int, hkv: int, D: int, start_lens: list[int], steps: int, **extra: Any
+    ) -> dict[str, Any]:
         D = params.get("head_dim") or D
         r = params.get("rotary_dim") or D
         hq = params.get("num_q_heads") or hq
@@ -66,13 +79,18 @@ class DecodeStep(Op):
         ]
         if dtype is None:
             for i, dt in enumerate(("float16", "bfloat16")):
-                cases.append(Case(f"decode-loop-{dt}", self._dims(params, 8, 2, 128, [0, 5, 17, 63, 200], steps,
-                                                                  stale=True), dt, 10 + i))
+                cases.append(
+                    Case(
+                        f"decode-loop-{dt}",
+                        self._dims(params, 8, 2, 128, [0, 5, 17, 63, 200], steps, stale=True),
+                        dt,
+                        10 + i,
+                    )
+                )
         return cases
 
     def probe(self, params: Params, dtype: str | None) -> Case:
-        return Case("pos0-probe", self._dims(params, 8, 2, 64, [0], 1, poison=False), dtype or "float32", 0,
-                    ("probe",))
+        return Case("pos0-probe", self._dims(params, 8, 2, 64, [0], 1, poison=False), dtype or "float32", 0, ("probe",))
 
     def validate_case(self, case: Case) -> str | None:
         d = case.dims
@@ -90,23 +108,46 @@ class DecodeStep(Op):
         from kernalin_ci.verify.pipeline import LoopShape
 
         d = case.dims
-        return LoopShape(d["Hq"], d["Hkv"], d["D"], list(d["start_lens"]), int(params["block_size"]),
-                         paged.layout_of(params), int(d.get("free_blocks", 5)), bool(d.get("stale", False)),
-                         bool(d.get("poison", True)))
+        return LoopShape(
+            d["Hq"],
+            d["Hkv"],
+            d["D"],
+            list(d["start_lens"]),
+            int(params["block_size"]),
+            paged.layout_of(params),
+            int(d.get("free_blocks", 5)),
+            bool(d.get("stale", False)),
+            bool(d.get("poison", True)),
+        )
 
-    def drive(self, fn: Callable[..., Any], case: Case, params: Params, device: str, poison: bool,
-              hand_back: Callable[[int, dict[str, Any], float], None]) -> int | None:
+    def drive(
+        self,
+        fn: Callable[..., Any],
+        case: Case,
+        params: Params,
+        device: str,
+        poison: bool,
+        hand_back: Callable[[int, dict[str, Any], float], None],
+    ) -> int | None:
         from kernalin_ci.verify.pipeline import drive_decode_step
 
-        steps: int = drive_decode_step(fn, self._loop_shape(case, params, poison), case.dtype, device, case.seed,
-                                       int(case.dims["steps"]), hand_back)
+        steps: int = drive_decode_step(
+            fn,
+            self._loop_shape(case, params, poison),
+            case.dtype,
+            device,
+            case.seed,
+            int(case.dims["steps"]),
+            hand_back,
+        )
         return steps
 
     def loop_judge(self, case: Case, params: Params, poison: bool) -> Any:
         from kernalin_ci.verify.pipeline import decode_step_judge
 
-        return decode_step_judge(self._loop_shape(case, params, poison), params, case.dtype, case.seed,
-                                 int(case.dims["steps"]))
+        return decode_step_judge(
+            self._loop_shape(case, params, poison), params, case.dtype, case.seed, int(case.dims["steps"])
+        )
 
     def _loop_shape(self, case: Case, params: Params, poison: bool) -> Any:
         shape = self._shape(case, params)
@@ -120,12 +161,18 @@ class DecodeStep(Op):
 
         s = init_state(self._loop_shape(case, params, poison), case.dtype, device, case.seed, int(case.dims["steps"]))
         st = next_step(s, 0, case.dtype)
-        return {"q": st.q.to(device), "k": st.k.to(device), "v": st.v.to(device),
-                "positions": torch.tensor(st.positions, dtype=torch.int64, device=device),
-                "k_cache": s["k_cache"], "v_cache": s["v_cache"],
-                "slot_mapping": torch.tensor(st.slots, dtype=torch.int64, device=device),
-                "block_tables": s["tables"],
-                "kv_lens": torch.tensor(st.kv_lens, dtype=torch.int32, device=device), "scale": float(s["scale"])}
+        return {
+            "q": st.q.to(device),
+            "k": st.k.to(device),
+            "v": st.v.to(device),
+            "positions": torch.tensor(st.positions, dtype=torch.int64, device=device),
+            "k_cache": s["k_cache"],
+            "v_cache": s["v_cache"],
+            "slot_mapping": torch.tensor(st.slots, dtype=torch.int64, device=device),
+            "block_tables": s["tables"],
+            "kv_lens": torch.tensor(st.kv_lens, dtype=torch.int32, device=device),
+            "scale": float(s["scale"]),
+        }
 
     def outputs(self, ret: Any, kw: Tensors) -> Tensors:
         return {"out": ret, "k_cache": kw["k_cache"], "v_cache": kw["v_cache"]}
@@ -162,8 +209,16 @@ class DecodeStep(Op):
         for i, s in enumerate(request.attention_shapes()):
             lens = ragged_lens(s["batch"], s["kv_len"], ragged=not s.get("explicit"))
             dims = self._dims(params, hq, hkv, D, [L - 1 for L in lens], 1, poison=False)
-            cases.append(Case(f"B={s['batch']} kv_len={len_label(lens)} Hq={dims['Hq']} Hkv={dims['Hkv']} "
-                              f"D={dims['D']} {request.dtype}", dims, request.dtype, 1000 + i, ("bench",)))
+            cases.append(
+                Case(
+                    f"B={s['batch']} kv_len={len_label(lens)} Hq={dims['Hq']} Hkv={dims['Hkv']} "
+                    f"D={dims['D']} {request.dtype}",
+                    dims,
+                    request.dtype,
+                    1000 + i,
+                    ("bench",),
+                )
+            )
         return cases
 
     def capture_cases(self, params: Params) -> list[Case]:
@@ -171,10 +226,20 @@ class DecodeStep(Op):
         the precision a float32 model needs (angles) is visible."""
         hq = int(params.get("num_q_heads") or 4)
         hkv = int(params.get("num_kv_heads") or (2 if hq % 2 == 0 else 1))
-        return [capture_case({"Hq": hq, "Hkv": hkv if hq % hkv == 0 else 1,
-                              "D": max(D, params.get("rotary_dim") or D), "start_lens": [0, 5, 19], "steps": 1,
-                              "poison": False}, "float32")
-                for D in capture_head_dims(params)]
+        return [
+            capture_case(
+                {
+                    "Hq": hq,
+                    "Hkv": hkv if hq % hkv == 0 else 1,
+                    "D": max(D, params.get("rotary_dim") or D),
+                    "start_lens": [0, 5, 19],
+                    "steps": 1,
+                    "poison": False,
+                },
+                "float32",
+            )
+            for D in capture_head_dims(params)
+        ]
 
 
 OP_CLASS = DecodeStep

@@ -4,16 +4,30 @@ The check is exact and whole-buffer: every written slot must hold its token's
 key/value bit for bit, and every other byte of both caches (canary-filled
 before the call) must be unchanged.
 """
+
 from __future__ import annotations
 
 from typing import Any
 
-from kernalin_ci.lazy import torch
-
 from kernalin_ci.findings import Finding
+from kernalin_ci.lazy import torch
 from kernalin_ci.ops import paged
-from kernalin_ci.ops.base import (DTYPE_BYTES, Case, Expected, Op, Param, Params, Tensors, Traffic, capture_case,
-                                  capture_head_dims, generator, positive, randn, valid_dims)
+from kernalin_ci.ops.base import (
+    DTYPE_BYTES,
+    Case,
+    Expected,
+    Op,
+    Param,
+    Params,
+    Tensors,
+    Traffic,
+    capture_case,
+    capture_head_dims,
+    generator,
+    positive,
+    randn,
+    valid_dims,
+)
 from kernalin_ci.ops.bench_shapes import BenchRequest
 from kernalin_ci.verify.interp import lazy_zeros
 from kernalin_ci.verify.poison import bits, fill_canary, words
@@ -25,7 +39,7 @@ PARAMS = (
     paged.LAYOUT,
 )
 
-HUGE_ELEMENTS = 2 ** 31  # one cache past 2^31 elements: 32-bit offsets overflow
+HUGE_ELEMENTS = 2**31  # one cache past 2^31 elements: 32-bit offsets overflow
 CHUNK_BLOCKS = 2048
 
 
@@ -37,12 +51,19 @@ class KvAppend(Op):
     exact = True  # `check`: the whole caches, bit for bit
     structural = "kv_append"
 
-    def _dims(self, params: Params, T: int, Hkv: int, D: int, num_blocks: int, padding: int,
-              **extra: Any) -> dict[str, Any]:
+    def _dims(
+        self, params: Params, T: int, Hkv: int, D: int, num_blocks: int, padding: int, **extra: Any
+    ) -> dict[str, Any]:
         # at least two free slots per token, whatever the block size (block_size 1: a token-level pool)
         num_blocks = max(num_blocks, -(-2 * T // params["block_size"]) + 2)
-        return {"T": T, "Hkv": params.get("num_kv_heads") or Hkv, "D": params.get("head_dim") or D,
-                "num_blocks": num_blocks, "padding": padding, **extra}
+        return {
+            "T": T,
+            "Hkv": params.get("num_kv_heads") or Hkv,
+            "D": params.get("head_dim") or D,
+            "num_blocks": num_blocks,
+            "padding": padding,
+            **extra,
+        }
 
     def cases(self, params: Params, device: str, dtype: str | None) -> list[Case]:
         main = dtype or "float32"
@@ -66,8 +87,15 @@ class KvAppend(Op):
         hkv, d = params.get("num_kv_heads") or 8, params.get("head_dim") or 128
         per_block = params["block_size"] * hkv * d
         nb = HUGE_ELEMENTS // per_block + 2
-        cases.append(Case("past-2^31-elements", self._dims(params, 6, hkv, d, nb, 1, high_slots=True),
-                          "float16" if huge_dt == "float32" else huge_dt, 5, ("huge",)))
+        cases.append(
+            Case(
+                "past-2^31-elements",
+                self._dims(params, 6, hkv, d, nb, 1, high_slots=True),
+                "float16" if huge_dt == "float32" else huge_dt,
+                5,
+                ("huge",),
+            )
+        )
         return cases
 
     def probe(self, params: Params, dtype: str | None) -> Case:
@@ -118,8 +146,13 @@ class KvAppend(Op):
                 fill_canary(k_cache), fill_canary(v_cache)
             else:
                 k_cache.zero_(), v_cache.zero_()
-        return {"key": key, "value": value, "k_cache": k_cache, "v_cache": v_cache,
-                "slot_mapping": torch.tensor(slots, dtype=torch.int64, device=device)}
+        return {
+            "key": key,
+            "value": value,
+            "k_cache": k_cache,
+            "v_cache": v_cache,
+            "slot_mapping": torch.tensor(slots, dtype=torch.int64, device=device),
+        }
 
     def outputs(self, ret: Any, kw: Tensors) -> Tensors:
         return {"k_cache": kw["k_cache"], "v_cache": kw["v_cache"]}
@@ -156,13 +189,17 @@ class KvAppend(Op):
                 cache[b_idx, o_idx] = 0
                 changed = None
                 for start in range(0, cache.shape[0], CHUNK_BLOCKS):
-                    part = cache[start:start + CHUNK_BLOCKS]
+                    part = cache[start : start + CHUNK_BLOCKS]
                     if bool((words(part) != 0).any()):
                         changed = torch.zeros(cache.shape[:1], dtype=torch.bool, device=dev)
-                        findings.append(Finding(
-                            "kv-whole-cache", "stray-write",
-                            f"{name}: elements outside the written slots changed, first in blocks "
-                            f"{start}..{start + part.shape[0] - 1} of {cache.shape[0]}"))
+                        findings.append(
+                            Finding(
+                                "kv-whole-cache",
+                                "stray-write",
+                                f"{name}: elements outside the written slots changed, first in blocks "
+                                f"{start}..{start + part.shape[0] - 1} of {cache.shape[0]}",
+                            )
+                        )
                         break
                 continue
             if bool(changed.any()):
@@ -175,8 +212,18 @@ class KvAppend(Op):
             return "kv-padding"
         return None
 
-    def _explain_slots(self, name: str, got: Any, want: Any, bad: Any, before: Tensors, src: str, other: str,
-                       tok: list[int], slots: list[int]) -> Finding:
+    def _explain_slots(
+        self,
+        name: str,
+        got: Any,
+        want: Any,
+        bad: Any,
+        before: Tensors,
+        src: str,
+        other: str,
+        tok: list[int],
+        slots: list[int],
+    ) -> Finding:
         bad_tok = bad.flatten(1).any(1)
         n_bad = int(bad_tok.sum())
         i = int(bad_tok.nonzero()[0])
@@ -191,23 +238,35 @@ class KvAppend(Op):
             untouched = bits(got) == 0
         from_other = bits(got[bad_tok]) == bits(before[other].to(got.device)[tok][bad_tok])
         if bool((untouched | ~bad).all()):
-            return Finding("kv-written-slots", "kv-coverage",
-                           f"{name}: {n_bad} of {len(tok)} tokens not fully written; e.g. {where}: "
-                           f"heads {heads_bad} of {got.shape[1]} still hold the previous contents")
+            return Finding(
+                "kv-written-slots",
+                "kv-coverage",
+                f"{name}: {n_bad} of {len(tok)} tokens not fully written; e.g. {where}: "
+                f"heads {heads_bad} of {got.shape[1]} still hold the previous contents",
+            )
         if bool(from_other.all()):
-            return Finding("kv-written-slots", "kv-source",
-                           f"{name}: written from {other!r} instead of {src!r} ({n_bad} tokens, e.g. {where})")
-        return Finding("kv-written-slots", "kv-slot",
-                       f"{name}: {n_bad} of {len(tok)} written slots do not hold their token's {src}; "
-                       f"e.g. {where}, heads {heads_bad}")
+            return Finding(
+                "kv-written-slots",
+                "kv-source",
+                f"{name}: written from {other!r} instead of {src!r} ({n_bad} tokens, e.g. {where})",
+            )
+        return Finding(
+            "kv-written-slots",
+            "kv-slot",
+            f"{name}: {n_bad} of {len(tok)} written slots do not hold their token's {src}; "
+            f"e.g. {where}, heads {heads_bad}",
+        )
 
-    def _explain_stray(self, name: str, cache: Any, changed: Any, before: Tensors, src: str, pads: list[int],
-                       bs: int) -> Finding:
+    def _explain_stray(
+        self, name: str, cache: Any, changed: Any, before: Tensors, src: str, pads: list[int], bs: int
+    ) -> Finding:
         n = int(changed.sum())
         first = [int(x) for x in changed.nonzero()[0]]
         blk, off = first[0], first[1]
-        msg = (f"{name}: {n} elements outside the written slots changed; first at block {blk}, slot {off} "
-               f"(slot index {blk * bs + off}), head {first[2]}, dim {first[3]}")
+        msg = (
+            f"{name}: {n} elements outside the written slots changed; first at block {blk}, slot {off} "
+            f"(slot index {blk * bs + off}), head {first[2]}, dim {first[3]}"
+        )
         cls = "stray-write"
         if pads:
             pad_vals = before[src].to(cache.device)[pads]  # [P, Hkv, D]
@@ -234,8 +293,15 @@ class KvAppend(Op):
         for i, s in enumerate(request.token_shapes(self.name)):
             nb = max(request.model["num_blocks"], -(-2 * s["tokens"] // bs))
             dims = {"T": s["tokens"], "Hkv": hkv, "D": D, "num_blocks": nb, "padding": 0}
-            cases.append(Case(f"T={s['tokens']} Hkv={hkv} D={D} {request.dtype} ({nb} blocks of {bs})",
-                              dims, request.dtype, 1000 + i, ("bench",)))
+            cases.append(
+                Case(
+                    f"T={s['tokens']} Hkv={hkv} D={D} {request.dtype} ({nb} blocks of {bs})",
+                    dims,
+                    request.dtype,
+                    1000 + i,
+                    ("bench",),
+                )
+            )
         return cases
 
     def traffic(self, case: Case, params: Params) -> Traffic | None:
@@ -249,8 +315,9 @@ class KvAppend(Op):
     def capture_cases(self, params: Params) -> list[Case]:
         """Several tokens, two of them padding, in a cache of several blocks."""
         hkv = params.get("num_kv_heads") or 2
-        return [capture_case({"T": 5, "Hkv": hkv, "D": D, "num_blocks": 7, "padding": 2})
-                for D in capture_head_dims(params)]
+        return [
+            capture_case({"T": 5, "Hkv": hkv, "D": D, "num_blocks": 7, "padding": 2}) for D in capture_head_dims(params)
+        ]
 
 
 OP_CLASS = KvAppend

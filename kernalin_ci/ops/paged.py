@@ -14,6 +14,7 @@ Inside kernalin-ci every analysis works on the nhd order: `nhd(cache, layout)`
 is a permuted view of the entry's tensor (same storage), so reading and
 writing through it reads and writes the entry's cache.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -21,9 +22,13 @@ from typing import Any
 from kernalin_ci.ops.base import Param, Params
 
 LAYOUTS = ("nhd", "hnd")
-LAYOUT = Param("layout", "nhd", str,
-               "cache order: nhd [num_blocks, block_size, Hkv, D] or hnd [num_blocks, Hkv, block_size, D]",
-               choices=LAYOUTS)
+LAYOUT = Param(
+    "layout",
+    "nhd",
+    str,
+    "cache order: nhd [num_blocks, block_size, Hkv, D] or hnd [num_blocks, Hkv, block_size, D]",
+    choices=LAYOUTS,
+)
 
 
 def layout_of(params: Params) -> str:

@@ -1,21 +1,41 @@
 """rope: rotary position embedding of query and key (docs/ops.md)."""
+
 from __future__ import annotations
 
 from typing import Any
 
-from kernalin_ci.lazy import torch
-
 from kernalin_ci.findings import Finding
-from kernalin_ci.ops.base import (DTYPE_BYTES, TOLERANCE, Case, Expected, Op, Param, Params, Tensors, Traffic,
-                                  capture_case,
-                                  capture_head_dims, capture_heads, generator, positive, randn, valid_dims)
+from kernalin_ci.lazy import torch
+from kernalin_ci.ops.base import (
+    DTYPE_BYTES,
+    TOLERANCE,
+    Case,
+    Expected,
+    Op,
+    Param,
+    Params,
+    Tensors,
+    Traffic,
+    capture_case,
+    capture_head_dims,
+    capture_heads,
+    generator,
+    positive,
+    randn,
+    valid_dims,
+)
 from kernalin_ci.ops.bench_shapes import BenchRequest
 
 PARAMS = (
     Param("style", "neox", str, "pairing: neox (i, i + r/2) or gptj (2i, 2i + 1)", choices=("neox", "gptj")),
     Param("base", 10000.0, float, "theta_i = base^(-2i/r)", check=lambda v: None if v > 1 else "must be > 1"),
-    Param("rotary_dim", None, int, "r, the rotated dims (default D; even, <= D)",
-          check=lambda v: None if v > 0 and v % 2 == 0 else "must be positive and even"),
+    Param(
+        "rotary_dim",
+        None,
+        int,
+        "r, the rotated dims (default D; even, <= D)",
+        check=lambda v: None if v > 0 and v % 2 == 0 else "must be positive and even",
+    ),
     Param("max_position", 65536, int, "positions are < max_position", check=positive),
     Param("head_dim", None, int, "pin D for every case (default: 64 and 128)", check=positive),
     Param("num_q_heads", None, int, "pin Hq", check=positive),
@@ -23,8 +43,15 @@ PARAMS = (
 )
 
 
-def rotate(x: torch.Tensor, positions: torch.Tensor, style: str, base: float, r: int,
-           sign: float = 1.0, table: torch.dtype | None = None) -> torch.Tensor:
+def rotate(
+    x: torch.Tensor,
+    positions: torch.Tensor,
+    style: str,
+    base: float,
+    r: int,
+    sign: float = 1.0,
+    table: torch.dtype | None = None,
+) -> torch.Tensor:
     """The definition in float64. x [T, H, D], positions [T]. `table`: a dtype the cos/sin values are
     rounded to first (what a cos/sin table held in that dtype gives)."""
     x = x.to(torch.float64)
@@ -36,9 +63,9 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, style: str, base: float, r:
         cos, sin = cos.to(table).to(torch.float64), sin.to(table).to(torch.float64)
     out = x.clone()
     if style == "neox":
-        x1, x2 = x[..., : r // 2], x[..., r // 2: r]
+        x1, x2 = x[..., : r // 2], x[..., r // 2 : r]
         out[..., : r // 2] = x1 * cos - x2 * sin
-        out[..., r // 2: r] = x2 * cos + x1 * sin
+        out[..., r // 2 : r] = x2 * cos + x1 * sin
     else:
         x1, x2 = x[..., 0:r:2], x[..., 1:r:2]
         out[..., 0:r:2] = x1 * cos - x2 * sin
@@ -47,7 +74,7 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, style: str, base: float, r:
 
 
 # The rounding unit of float32 (the largest relative error of one rounding).
-U32 = 2.0 ** -24
+U32 = 2.0**-24
 # float32 rope is held to float32 accuracy: with exact angles a correct kernel's rows are off by a few
 # roundings of the rotation (x1 cos - x2 sin: ~3 U32) and of cos/sin themselves (1-2 ulps; the GPU's
 # approximate sin/cos: absolute error ~2^-20.5 = 7e-7 after range reduction). 1e-5 leaves a margin of
@@ -80,7 +107,7 @@ def row_slack(x: torch.Tensor, positions: torch.Tensor, style: str, base: float,
     relative to the row's norm (which the rotation keeps)."""
     x = x.to(torch.float64)
     if style == "neox":
-        a, b = x[..., : r // 2], x[..., r // 2: r]
+        a, b = x[..., : r // 2], x[..., r // 2 : r]
     else:
         a, b = x[..., 0:r:2], x[..., 1:r:2]
     d = angle_error(positions.to("cpu"), base, r)[:, None, :]  # [T, 1, r/2]
@@ -114,18 +141,27 @@ class Rope(Op):
             Case("full-heads", {**self._shape(params, 128, 4, 4), "T": 19, "positions": special[:5]}, main, 2),
             Case("many-heads", {**self._shape(params, 64, 12, 4), "T": 53}, main, 3),
             Case("relative", {**self._shape(params, 64, 8, 2), "T": 16, "relative": 5}, main, 4, ("relative",)),
-            Case("fresh-inputs", {**self._shape(params, 64, 8, 2), "T": 37, "positions": special}, main, 5,
-                 ("repeat-of:positions",)),
+            Case(
+                "fresh-inputs",
+                {**self._shape(params, 64, 8, 2), "T": 37, "positions": special},
+                main,
+                5,
+                ("repeat-of:positions",),
+            ),
         ]
         if dtype is None:
             for i, dt in enumerate(("float16", "bfloat16")):
-                cases.append(Case(f"positions-{dt}", {**self._shape(params, 64, 8, 2), "T": 37,
-                                                      "positions": special}, dt, 10 + i))
+                cases.append(
+                    Case(
+                        f"positions-{dt}", {**self._shape(params, 64, 8, 2), "T": 37, "positions": special}, dt, 10 + i
+                    )
+                )
         return cases
 
     def probe(self, params: Params, dtype: str | None) -> Case:
-        return Case("pos0-probe", {**self._shape(params, 64, 8, 2), "T": 1, "positions": [0]},
-                    dtype or "float32", 0, ("probe",))
+        return Case(
+            "pos0-probe", {**self._shape(params, 64, 8, 2), "T": 1, "positions": [0]}, dtype or "float32", 0, ("probe",)
+        )
 
     def shape_case(self, params: Params, dtype: str) -> Case:
         mp = params["max_position"]
@@ -148,8 +184,7 @@ class Rope(Op):
         if d.get("relative"):  # one q vector and one k vector everywhere
             q[:] = q[0]
             k[:] = k[0]
-        return {"q": q.to(device), "k": k.to(device),
-                "positions": torch.tensor(pos, dtype=torch.int64, device=device)}
+        return {"q": q.to(device), "k": k.to(device), "positions": torch.tensor(pos, dtype=torch.int64, device=device)}
 
     def outputs(self, ret: Any, kw: Tensors) -> Tensors:
         if not isinstance(ret, (tuple, list)) or len(ret) != 2:
@@ -164,10 +199,11 @@ class Rope(Op):
         r, st, base = self._r(params, D), params["style"], params["base"]
         pos = kw["positions"].to("cpu")
         fp32 = kw["q"].dtype == torch.float32
-        return Expected({"q": rotate(kw["q"], kw["positions"], st, base, r),
-                         "k": rotate(kw["k"], kw["positions"], st, base, r)},
-                        row_slack={n: row_slack(kw[n].to("cpu"), pos, st, base, r) for n in ("q", "k")},
-                        tolerance=FLOAT32_TOLERANCE if fp32 else None)
+        return Expected(
+            {"q": rotate(kw["q"], kw["positions"], st, base, r), "k": rotate(kw["k"], kw["positions"], st, base, r)},
+            row_slack={n: row_slack(kw[n].to("cpu"), pos, st, base, r) for n in ("q", "k")},
+            tolerance=FLOAT32_TOLERANCE if fp32 else None,
+        )
 
     def fingerprints(self, kw: Tensors, params: Params, case: Case) -> list[tuple[str, Tensors]]:
         D = kw["q"].shape[-1]
@@ -201,22 +237,27 @@ class Rope(Op):
             x = kw[name].to(torch.float64)
             y = outs[name].detach().to("cpu", torch.float64)
             nx, ny = x.norm(dim=-1), y.norm(dim=-1)
-            rel = ((ny - nx).abs() / nx.clamp_min(1e-30))
+            rel = (ny - nx).abs() / nx.clamp_min(1e-30)
             bad = ~(rel <= 4 * tol)
             if bool(bad.any()):
                 t, h = [int(i) for i in bad.nonzero()[0]]
-                found.append(Finding(
-                    "norm-preservation", "wrong-output",
-                    f"{name}: {int(bad.sum())} of {bad.numel()} rows change their norm (a rotation keeps it); "
-                    f"worst relative change {float(rel.nan_to_num(float('inf')).max()):.3g} at t={t} h={h}, "
-                    f"position {int(kw['positions'][t])}"))
+                found.append(
+                    Finding(
+                        "norm-preservation",
+                        "wrong-output",
+                        f"{name}: {int(bad.sum())} of {bad.numel()} rows change their norm (a rotation keeps it); "
+                        f"worst relative change {float(rel.nan_to_num(float('inf')).max()):.3g} at t={t} h={h}, "
+                        f"position {int(kw['positions'][t])}",
+                    )
+                )
         if case.dims.get("relative"):
             q = outs["q"].detach().to("cpu", torch.float64)
             k = outs["k"].detach().to("cpu", torch.float64)
             dots = (q[0::2, :, None, :] * k[1::2, None, :, :]).sum(-1)  # [pairs, Hq, Hkv]
             ref = dots[0:1]
-            scale = (kw["q"].to(torch.float64)[0].norm(dim=-1)[:, None]
-                     * kw["k"].to(torch.float64)[0].norm(dim=-1)[None, :])
+            scale = (
+                kw["q"].to(torch.float64)[0].norm(dim=-1)[:, None] * kw["k"].to(torch.float64)[0].norm(dim=-1)[None, :]
+            )
             dev = ((dots - ref).abs() / scale).nan_to_num(float("inf"))
             r = self._r(params, kw["q"].shape[-1])
             angle = float(angle_error(kw["positions"].to("cpu"), params["base"], r).max())
@@ -224,10 +265,14 @@ class Rope(Op):
                 i = int(dev.amax(dim=(1, 2)).argmax())
                 m, n = int(kw["positions"][2 * i]), int(kw["positions"][2 * i + 1])
                 m0, n0 = int(kw["positions"][0]), int(kw["positions"][1])
-                found.append(Finding(
-                    "relative-position", "rope-position",
-                    f"<R(m)q, R(n)k> is not a function of m - n: positions ({m}, {n}) and ({m0}, {n0}) "
-                    f"(both m - n = {case.dims['relative']}) differ by {float(dev.max()):.3g} of |q||k|"))
+                found.append(
+                    Finding(
+                        "relative-position",
+                        "rope-position",
+                        f"<R(m)q, R(n)k> is not a function of m - n: positions ({m}, {n}) and ({m0}, {n0}) "
+                        f"(both m - n = {case.dims['relative']}) differ by {float(dev.max()):.3g} of |q||k|",
+                    )
+                )
         return found
 
     def row_label(self, case: Case, kw: Tensors, name: str, row: int) -> str:
@@ -246,8 +291,15 @@ class Rope(Op):
         cases = []
         for i, s in enumerate(request.token_shapes(self.name)):
             dims = {"T": s["tokens"], "Hq": hq, "Hkv": hkv, "D": D}
-            cases.append(Case(f"T={s['tokens']} Hq={hq} Hkv={hkv} D={D} {request.dtype} (positions < {mp})",
-                              dims, request.dtype, 1000 + i, ("bench",)))
+            cases.append(
+                Case(
+                    f"T={s['tokens']} Hq={hq} Hkv={hkv} D={D} {request.dtype} (positions < {mp})",
+                    dims,
+                    request.dtype,
+                    1000 + i,
+                    ("bench",),
+                )
+            )
         return cases
 
     def traffic(self, case: Case, params: Params) -> Traffic | None:
@@ -265,8 +317,7 @@ class Rope(Op):
         for D in capture_head_dims(params):
             D = max(D, params.get("rotary_dim") or D)
             # float32: the precision a float32 model needs (angles, a cos/sin table) is visible there
-            cases.append(capture_case({"T": 3, "Hq": hq, "Hkv": hkv, "D": D, "positions": [1000, 7, 33]},
-                                      "float32"))
+            cases.append(capture_case({"T": 3, "Hq": hq, "Hkv": hkv, "D": D, "positions": [1000, 7, 33]}, "float32"))
         return cases
 
 

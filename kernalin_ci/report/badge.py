@@ -1,6 +1,7 @@
 """The gate badge: a flat SVG (self-contained: no fonts, links or images from elsewhere) and the
 shields.io endpoint JSON (https://shields.io/badges/endpoint-badge) for a badge served by shields.
 """
+
 from __future__ import annotations
 
 import math
@@ -21,7 +22,7 @@ PAD = 6  # horizontal padding each side of a text
 # Approximate advance widths (px) of Verdana at 11 px, by character class. The SVG also sets
 # textLength, so a viewer with another font stretches the text to exactly this width.
 _NARROW = set("ijlI.,:;'!|")
-_SEMI = set("frt()[]{}- /\\\"`")
+_SEMI = set('frt()[]{}- /\\"`')
 _WIDE = set("mwMW@%")
 
 
@@ -95,13 +96,15 @@ def badge_svg(report: Report) -> str:
 
     def text(x: float, s: str, w: int) -> str:
         attrs = f'x="{x:g}" textLength="{w}" lengthAdjust="spacingAndGlyphs"'
-        return (f'<text {attrs} y="15" fill="#010101" fill-opacity=".3" aria-hidden="true">{escape(s)}</text>'
-                f'<text {attrs} y="14">{escape(s)}</text>')
+        return (
+            f'<text {attrs} y="15" fill="#010101" fill-opacity=".3" aria-hidden="true">{escape(s)}</text>'
+            f'<text {attrs} y="14">{escape(s)}</text>'
+        )
 
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="20" role="img" '
-        f'aria-label={quoteattr(title)}>'
-        f'<title>{escape(title)}</title>'
+        f"aria-label={quoteattr(title)}>"
+        f"<title>{escape(title)}</title>"
         '<linearGradient id="s" x2="0" y2="100%"><stop offset="0" stop-color="#bbb" stop-opacity=".1"/>'
         '<stop offset="1" stop-opacity=".1"/></linearGradient>'
         f'<clipPath id="r"><rect width="{width}" height="20" rx="3" fill="#fff"/></clipPath>'
@@ -110,6 +113,7 @@ def badge_svg(report: Report) -> str:
         f'<rect x="{left}" width="{right}" height="20" fill="{b.hex}"/>'
         f'<rect width="{width}" height="20" fill="url(#s)"/></g>'
         f'<g fill="#fff" text-anchor="start" font-family="{FONT}" font-size="{FONT_PX}">'
-        + text(PAD, label, lw) + text(left + PAD, message, mw)
+        + text(PAD, label, lw)
+        + text(left + PAD, message, mw)
         + "</g></svg>\n"
     )

@@ -9,6 +9,7 @@ ROPE and 1.0 together, with at most MAX_BARS bars.
 Putting the given histogram on that grid is drawing, not statistics: each source bin's mass is
 spread uniformly over its width and added to the bars it overlaps. No estimate is derived from it.
 """
+
 from __future__ import annotations
 
 import json
@@ -91,11 +92,12 @@ def posterior_chart(b: dict | None) -> str | None:
     title = f"Posterior of head/base (bars, % of mass); line: ROPE {rope_text([rlo, rhi])}"
     lines = [
         "```mermaid",
-        "%%{init: " + json.dumps({"xyChart": {"width": WIDTH, "height": HEIGHT,
-                                              "xAxis": {"labelFontSize": LABEL_PX}}}) + "}%%",
+        "%%{init: "
+        + json.dumps({"xyChart": {"width": WIDTH, "height": HEIGHT, "xAxis": {"labelFontSize": LABEL_PX}}})
+        + "}%%",
         "xychart-beta",
         f'    title "{title}"',
-        "    x-axis \"head/base (below 1.000: head faster)\" [" + ", ".join(f'"{x}"' for x in labels) + "]",
+        '    x-axis "head/base (below 1.000: head faster)" [' + ", ".join(f'"{x}"' for x in labels) + "]",
         f'    y-axis "posterior mass (%)" 0 --> {y_max}',
         "    bar [" + ", ".join(f"{v:.2f}" for v in bars) + "]",
         "    line [" + ", ".join(f"{v:g}" for v in band) + "]",

@@ -7,15 +7,27 @@ an unchanged or removed kernel is <skipped>. A testcase per decode pipeline (cla
 Every checked testcase has a <system-out> with the verification summary and the benchmark verdict
 in words; the suite's <properties> hold the conclusion, refs, device and policy.
 """
+
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
 from kernalin_ci.report.markdown import checked_kernels, headline
 from kernalin_ci.report.model import KernelReport, PipelineReport, Report
-from kernalin_ci.report.text import (benchmark_ok, bug_classes, coverage_text, finding_text, location_text,
-                                     mass_sentence, measurement_note, not_checked_texts, plural, structural_text,
-                                     verdict_phrase, xml_text)
+from kernalin_ci.report.text import (
+    benchmark_ok,
+    bug_classes,
+    coverage_text,
+    finding_text,
+    location_text,
+    mass_sentence,
+    measurement_note,
+    not_checked_texts,
+    plural,
+    structural_text,
+    verdict_phrase,
+    xml_text,
+)
 
 SUITE = "kernalin-ci"
 
@@ -38,9 +50,11 @@ def _benchmark_text(k: KernelReport) -> str | None:
     if benchmark_ok(b):
         m = measurement_note(b)
         parts.append(f"benchmark: {verdict_phrase(b)}. {mass_sentence(b)}" + (f" ({m})" if m else ""))
-        parts.append(f"benchmark ratio {b['ratio']:.6f}, 95% HDI [{b['hdi'][0]:.6f}, {b['hdi'][1]:.6f}], "
-                     f"P(faster) {b['p_faster']:.4f}, P(equivalent) {b['p_equivalent']:.4f}, "
-                     f"P(slower) {b['p_slower']:.4f}, ROPE [{b['rope'][0]:.6f}, {b['rope'][1]:.6f}]")
+        parts.append(
+            f"benchmark ratio {b['ratio']:.6f}, 95% HDI [{b['hdi'][0]:.6f}, {b['hdi'][1]:.6f}], "
+            f"P(faster) {b['p_faster']:.4f}, P(equivalent) {b['p_equivalent']:.4f}, "
+            f"P(slower) {b['p_slower']:.4f}, ROPE [{b['rope'][0]:.6f}, {b['rope'][1]:.6f}]"
+        )
     elif isinstance(b, dict) and b.get("error"):
         parts.append(f"benchmark failed, no verdict: {b['error']}")
     if k.benchmark_note:
@@ -56,9 +70,15 @@ def _verification_text(item) -> str:
     if not isinstance(v, dict):
         return "verification: none"
     fs = _findings(item)
-    ctx = ", ".join(x for x in (plural(v["cases_run"], "case") if isinstance(v.get("cases_run"), int) else "",
-                                f"{v['seconds']:.1f} s" if isinstance(v.get("seconds"), (int, float)) else "",
-                                str(v.get("device") or "")) if x)
+    ctx = ", ".join(
+        x
+        for x in (
+            plural(v["cases_run"], "case") if isinstance(v.get("cases_run"), int) else "",
+            f"{v['seconds']:.1f} s" if isinstance(v.get("seconds"), (int, float)) else "",
+            str(v.get("device") or ""),
+        )
+        if x
+    )
     line = f"verification: {v.get('verdict', '?')}" + (f" ({ctx})" if ctx else "")
     if fs:
         line += "; " + ", ".join(f"{c} x{n}" for c, n in bug_classes(fs))
@@ -85,8 +105,11 @@ def _failure_body(item) -> tuple[str, str]:
     if fs:
         msgs.append(f"{plural(len(fs), 'finding')}: " + ", ".join(c for c, _ in bug_classes(fs)))
         parts += [finding_text(f) for f in fs]
-    if isinstance(item, KernelReport) and benchmark_ok(item.benchmark) \
-            and ({"slower", "inconclusive"} & set(item.failed_by)):
+    if (
+        isinstance(item, KernelReport)
+        and benchmark_ok(item.benchmark)
+        and ({"slower", "inconclusive"} & set(item.failed_by))
+    ):
         msgs.append(f"benchmark {verdict_phrase(item.benchmark)}")
         parts.append(_benchmark_text(item) or "")
     if not msgs:
@@ -104,13 +127,22 @@ def render_junit(report: Report) -> str:
     suite = _el(root, "testsuite", name=SUITE)
     props = _el(suite, "properties")
     policy = report.policy or {}
-    for name, value in (("conclusion", report.conclusion), ("headline", headline(report)),
-                        ("reason", report.reason), ("base", (report.base or {}).get("ref")),
-                        ("base.sha", (report.base or {}).get("sha")), ("head", (report.head or {}).get("ref")),
-                        ("head.sha", (report.head or {}).get("sha")), ("device", report.device),
-                        ("repo", report.repo), ("pr", report.pr),
-                        ("fail_on", ",".join(policy.get("fail_on") or [])), ("rope", policy.get("rope")),
-                        ("reproduce", report.reproduce), ("schema", report.schema)):
+    for name, value in (
+        ("conclusion", report.conclusion),
+        ("headline", headline(report)),
+        ("reason", report.reason),
+        ("base", (report.base or {}).get("ref")),
+        ("base.sha", (report.base or {}).get("sha")),
+        ("head", (report.head or {}).get("ref")),
+        ("head.sha", (report.head or {}).get("sha")),
+        ("device", report.device),
+        ("repo", report.repo),
+        ("pr", report.pr),
+        ("fail_on", ",".join(policy.get("fail_on") or [])),
+        ("rope", policy.get("rope")),
+        ("reproduce", report.reproduce),
+        ("schema", report.schema),
+    ):
         if value not in (None, ""):
             _el(props, "property", name=name, value=str(value))
 
@@ -139,8 +171,13 @@ def render_junit(report: Report) -> str:
             outcome(tc, k)
         else:
             counts["skipped"] += 1
-            _el(tc, "skipped", message=f"{k.status}: not checked (no source of this kernel changed)"
-                if k.status == "unchanged" else f"{k.status}: not checked")
+            _el(
+                tc,
+                "skipped",
+                message=f"{k.status}: not checked (no source of this kernel changed)"
+                if k.status == "unchanged"
+                else f"{k.status}: not checked",
+            )
     for name in report.removed:
         counts["tests"] += 1
         counts["skipped"] += 1

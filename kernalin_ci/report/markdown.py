@@ -10,6 +10,7 @@ GitHub refuses a comment over 65536 characters. The headline, context line, tabl
 command always stay; the sections below the table are filled in order while they fit, then cut at a
 finding boundary (a collapsible block is always closed) with a note saying how much was left out.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,11 +18,30 @@ from dataclasses import dataclass
 from kernalin_ci.findings import BUG_CLASSES
 from kernalin_ci.report.chart import posterior_chart
 from kernalin_ci.report.model import KernelReport, PipelineReport, Report
+from kernalin_ci.report.text import (
+    benchmark_ok,
+    bug_classes,
+    case_summary,
+    clip,
+    code,
+    code_block,
+    coverage_text,
+    effect,
+    hdi_text,
+    html_text,
+    location_text,
+    mass_sentence,
+    md,
+    measurement_note,
+    not_checked_texts,
+    plural,
+    prob,
+    ratio_text,
+    rope_text,
+    structural_text,
+    verdict_phrase,
+)
 from kernalin_ci.report.tokens import markdown_section
-from kernalin_ci.report.text import (benchmark_ok, bug_classes, case_summary, clip, code, code_block,
-                                     coverage_text, effect, hdi_text, html_text, location_text, mass_sentence,
-                                     md, measurement_note, not_checked_texts, plural, prob, ratio_text,
-                                     rope_text, structural_text, verdict_phrase)
 
 COMMENT_MAX_CHARS = 65536  # GitHub's limit for an issue or pull-request comment body
 # The publisher prepends the sticky-comment marker (one HTML comment line); leave it room.
@@ -123,9 +143,13 @@ def headline(report: Report, *, markdown: bool = False) -> str:
             rest = "no kernel changed"
         else:
             rest = f"{plural(len(checked), 'kernel')} verified"
-            notable = [f"{name(k)} {effect(k.benchmark)}" for k in checked
-                       if benchmark_ok(k.benchmark) and k.benchmark_note is None
-                       and k.benchmark["verdict"] in ("faster", "slower")]
+            notable = [
+                f"{name(k)} {effect(k.benchmark)}"
+                for k in checked
+                if benchmark_ok(k.benchmark)
+                and k.benchmark_note is None
+                and k.benchmark["verdict"] in ("faster", "slower")
+            ]
             if notable:
                 rest += "; " + ", ".join(notable[:MAX_HEADLINE_ITEMS])
                 if len(notable) > MAX_HEADLINE_ITEMS:
@@ -151,8 +175,11 @@ def _ref(side: dict | None) -> str:
 
 def _context(report: Report) -> str:
     checked = checked_kernels(report)
-    parts = [f"base {_ref(report.base)} → head {_ref(report.head)}", f"device {code(report.device)}",
-             f"{len(checked)} of {plural(len(report.kernels), 'kernel')} checked"]
+    parts = [
+        f"base {_ref(report.base)} → head {_ref(report.head)}",
+        f"device {code(report.device)}",
+        f"{len(checked)} of {plural(len(report.kernels), 'kernel')} checked",
+    ]
     if report.pipelines:
         parts.append(plural(len(report.pipelines), "pipeline"))
     if report.removed:
@@ -165,8 +192,10 @@ def _context(report: Report) -> str:
     return "<sub>" + " · ".join(parts) + "</sub>"
 
 
-TABLE_HEADER = ("| | kernel | op | change | verification | benchmark | head/base | 95% HDI | P(faster) | ROPE |\n"
-                "|:-:|---|---|---|---|---|--:|--:|--:|--:|")
+TABLE_HEADER = (
+    "| | kernel | op | change | verification | benchmark | head/base | 95% HDI | P(faster) | ROPE |\n"
+    "|:-:|---|---|---|---|---|--:|--:|--:|--:|"
+)
 
 
 def _verification_cell(item) -> str:
@@ -207,12 +236,28 @@ def _benchmark_cells(k: KernelReport) -> list[str]:
 def _row(item) -> str:
     icon = "❌" if item.failed_by else "✅"
     if isinstance(item, KernelReport):
-        cells = [icon, _name(item.name, table=True), _name(item.op, table=True), md(item.status),
-                 _verification_cell(item), *_benchmark_cells(item)]
+        cells = [
+            icon,
+            _name(item.name, table=True),
+            _name(item.op, table=True),
+            md(item.status),
+            _verification_cell(item),
+            *_benchmark_cells(item),
+        ]
     else:
         members = " → ".join(_name(n, table=True) for n in (item.members or {}).values())
-        cells = [icon, _name(item.name, table=True), "pipeline", members, _verification_cell(item),
-                 "—", "—", "—", "—", "—"]
+        cells = [
+            icon,
+            _name(item.name, table=True),
+            "pipeline",
+            members,
+            _verification_cell(item),
+            "—",
+            "—",
+            "—",
+            "—",
+            "—",
+        ]
     return "| " + " | ".join(cells) + " |"
 
 
@@ -233,8 +278,9 @@ def _footer(report: Report) -> str:
     if not report.reproduce:
         return ""
     if len(report.reproduce) > REPRODUCE_MAX:  # never print a cut command: it would run something else
-        return (f"Reproduce the whole gate locally: the command ({len(report.reproduce)} characters) is in "
-                "report.json.\n")
+        return (
+            f"Reproduce the whole gate locally: the command ({len(report.reproduce)} characters) is in report.json.\n"
+        )
     return "**Reproduce the whole gate locally:**\n\n" + code_block(report.reproduce, "sh") + "\n"
 
 
@@ -266,8 +312,10 @@ def _verification_line(item) -> str | None:
     ctx = f" ({', '.join(where)})" if where else ""
     if not fs:
         return f"- **Verification:** passed{ctx}."
-    meaning = "; ".join(f"{code(c)}{f' ×{n}' if n > 1 else ''}: {md(BUG_CLASSES.get(c, 'unknown class'))}"
-                        for c, n in bug_classes(fs)[:MAX_CLASSES])
+    meaning = "; ".join(
+        f"{code(c)}{f' ×{n}' if n > 1 else ''}: {md(BUG_CLASSES.get(c, 'unknown class'))}"
+        for c, n in bug_classes(fs)[:MAX_CLASSES]
+    )
     more = f"; and {len(bug_classes(fs)) - MAX_CLASSES} more classes" if len(bug_classes(fs)) > MAX_CLASSES else ""
     return f"- **Verification:** failed, {plural(len(fs), 'finding')}{ctx}. {meaning}{more}."
 
@@ -277,8 +325,7 @@ def _benchmark_line(k: KernelReport) -> str | None:
     note = f" *{md(clip(k.benchmark_note, 500))}*" if k.benchmark_note else ""
     if benchmark_ok(b):
         m = measurement_note(b)
-        return (f"- **Benchmark:** {verdict_phrase(b)}. {mass_sentence(b)}" + (f" <sub>{m}</sub>" if m else "")
-                + note)
+        return f"- **Benchmark:** {verdict_phrase(b)}. {mass_sentence(b)}" + (f" <sub>{m}</sub>" if m else "") + note
     if isinstance(b, dict) and b.get("error"):
         return f"- **Benchmark:** failed, no verdict: {md(clip(str(b['error']), MESSAGE_MAX))}" + note
     if b is not None:
@@ -287,8 +334,9 @@ def _benchmark_line(k: KernelReport) -> str | None:
 
 
 def _finding_item(i: int, f: dict) -> str:
-    head = (f"**{i}. {code(f.get('bug_class', '?'))}** · {md(f.get('kind', 'dynamic'))} check "
-            f"{code(f.get('check', '?'))}")
+    head = (
+        f"**{i}. {code(f.get('bug_class', '?'))}** · {md(f.get('kind', 'dynamic'))} check {code(f.get('check', '?'))}"
+    )
     loc = location_text(f.get("location"))
     if loc:
         head += f" · {code(loc)}"
@@ -319,8 +367,10 @@ def _domain_lines(item) -> list[str]:
         lines.append(f"- **Coverage:** {md(cov)}.")
     nc = not_checked_texts(v)
     if nc:
-        lines.append(f"- **Not checked:** {plural(len(nc), 'shape')} outside the kernel's domain or the "
-                     f"interpreter's reach (never a finding):")
+        lines.append(
+            f"- **Not checked:** {plural(len(nc), 'shape')} outside the kernel's domain or the "
+            f"interpreter's reach (never a finding):"
+        )
         lines += [f"  - {md(clip(t, 500))}" for t in nc[:10]]
         if len(nc) > 10:
             lines.append(f"  - … {len(nc) - 10} more in report.json")
@@ -334,12 +384,16 @@ def _notices_block(item) -> str | None:
     items = []
     for n in ns[:20]:
         loc = location_text(n.get("location"))
-        items.append(f"- {code(n.get('check', '?'))}{' at ' + code(loc) if loc else ''}: "
-                     f"{md(clip(str(n.get('message', '')), 500))}")
+        items.append(
+            f"- {code(n.get('check', '?'))}{' at ' + code(loc) if loc else ''}: "
+            f"{md(clip(str(n.get('message', '')), 500))}"
+        )
     if len(ns) > 20:
         items.append(f"- … {len(ns) - 20} more in report.json")
-    return (f"<details><summary>{plural(len(ns), 'notice')}: checks that could not decide "
-            f"(they never fail the gate)</summary>\n\n" + "\n".join(items) + "\n\n</details>\n\n")
+    return (
+        f"<details><summary>{plural(len(ns), 'notice')}: checks that could not decide "
+        f"(they never fail the gate)</summary>\n\n" + "\n".join(items) + "\n\n</details>\n\n"
+    )
 
 
 def _kernel_section(k: KernelReport) -> _Section:
@@ -361,12 +415,23 @@ def _kernel_section(k: KernelReport) -> _Section:
         lines.append(f"- **Error:** {md(clip(err, MESSAGE_MAX))}")
     from kernalin_ci.explain.render import explain_block
 
-    extras = [x for x in (posterior_chart(k.benchmark) if benchmark_ok(k.benchmark) else None,
-                          explain_block(k.explain), _notices_block(k)) if x]
+    extras = [
+        x
+        for x in (
+            posterior_chart(k.benchmark) if benchmark_ok(k.benchmark) else None,
+            explain_block(k.explain),
+            _notices_block(k),
+        )
+        if x
+    ]
     extras = [x if x.endswith("\n\n") else x + "\n\n" for x in extras]
     fs = _findings(k)
-    return _Section("\n".join(lines) + "\n\n", extras, [_finding_item(i + 1, f) for i, f in enumerate(fs)],
-                    f"{plural(len(fs), 'finding')}: {_classes(fs, False)}")
+    return _Section(
+        "\n".join(lines) + "\n\n",
+        extras,
+        [_finding_item(i + 1, f) for i, f in enumerate(fs)],
+        f"{plural(len(fs), 'finding')}: {_classes(fs, False)}",
+    )
 
 
 def _pipeline_section(p: PipelineReport) -> _Section:
@@ -381,8 +446,12 @@ def _pipeline_section(p: PipelineReport) -> _Section:
         lines.append(f"- **Error:** {md(clip(err, MESSAGE_MAX))}")
     fs = _findings(p)
     extras = [x for x in (_notices_block(p),) if x]
-    return _Section("\n".join(lines) + "\n\n", extras, [_finding_item(i + 1, f) for i, f in enumerate(fs)],
-                    f"{plural(len(fs), 'finding')}: {_classes(fs, False)}")
+    return _Section(
+        "\n".join(lines) + "\n\n",
+        extras,
+        [_finding_item(i + 1, f) for i, f in enumerate(fs)],
+        f"{plural(len(fs), 'finding')}: {_classes(fs, False)}",
+    )
 
 
 def _others(report: Report) -> list[str]:
@@ -390,11 +459,14 @@ def _others(report: Report) -> list[str]:
     unchanged = [k for k in report.kernels if k.status == "unchanged"]
     if unchanged:
         names = ", ".join(f"{_name(k.name)} ({_name(k.op)})" for k in unchanged)
-        out.append(f"<details><summary>{plural(len(unchanged), 'unchanged kernel')} (not checked)</summary>"
-                   f"\n\n{names}\n\n</details>\n\n")
+        out.append(
+            f"<details><summary>{plural(len(unchanged), 'unchanged kernel')} (not checked)</summary>"
+            f"\n\n{names}\n\n</details>\n\n"
+        )
     if report.removed:
-        out.append("Removed by this pull request (no longer checked): "
-                   + ", ".join(_name(n) for n in report.removed) + "\n\n")
+        out.append(
+            "Removed by this pull request (no longer checked): " + ", ".join(_name(n) for n in report.removed) + "\n\n"
+        )
     return out
 
 
@@ -454,8 +526,11 @@ def render_markdown(report: Report, *, limit: int = COMMENT_LIMIT) -> str:
     65536 for the sticky-comment marker)."""
     top = f"### {headline(report, markdown=True)}\n\n{_context(report)}\n\n"
     footer = _footer(report)
-    items = _failing(report) + [k for k in checked_kernels(report) if not k.failed_by] \
+    items = (
+        _failing(report)
+        + [k for k in checked_kernels(report) if not k.failed_by]
         + [p for p in report.pipelines if not p.failed_by]
+    )
     rows = [_row(x) for x in items]
     fixed = len(top) + len(footer) + NOTE_RESERVE + 4
     table = _table(rows, limit - fixed) + "\n\n" if rows else ""
@@ -472,9 +547,11 @@ def render_markdown(report: Report, *, limit: int = COMMENT_LIMIT) -> str:
             what.append(plural(budget.cut_findings, "finding"))
         if budget.cut_blocks:
             what.append(plural(budget.cut_blocks, "other block"))
-        note = (f"> [!NOTE]\n> This report was shortened to stay under {limit} characters (GitHub takes at most "
-                f"{COMMENT_MAX_CHARS} in a comment): {' and '.join(what)} not shown. The full report is in the "
-                f"job's output (report.json).\n\n")
+        note = (
+            f"> [!NOTE]\n> This report was shortened to stay under {limit} characters (GitHub takes at most "
+            f"{COMMENT_MAX_CHARS} in a comment): {' and '.join(what)} not shown. The full report is in the "
+            f"job's output (report.json).\n\n"
+        )
     out = top + table + "".join(budget.parts) + note + footer
     return out[:limit] if len(out) > limit else out  # a guard only: the budget keeps it under
 

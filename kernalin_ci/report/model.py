@@ -1,4 +1,5 @@
 """The gate's Report: plain dataclasses, serialised as report.json (schema: docs/report.md)."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -54,7 +55,7 @@ class Report:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, d: dict) -> "Report":
+    def from_json(cls, d: dict) -> Report:
         d = dict(d)
         d["kernels"] = [KernelReport(**k) for k in d.get("kernels", [])]
         d["pipelines"] = [PipelineReport(**p) for p in d.get("pipelines", [])]

@@ -4,6 +4,7 @@ numbers that are already in the Report (percentages, probabilities, the benchmar
 Nothing here computes a statistic: every figure comes from the verdict JSON as it is, only
 rounded and phrased.
 """
+
 from __future__ import annotations
 
 import html
@@ -163,18 +164,24 @@ def verdict_phrase(b: dict) -> str:
     rope = rope_text(b["rope"])
     if v == "faster":
         d = _decimals(1 - r, 1 - lo, 1 - hi, apart=(lo, hi))
-        return (f"faster: {percent(1 - r, d)} (95% HDI {percent(1 - hi, d)}..{percent(1 - lo, d)}), "
-                f"P(faster) {prob(b['p_faster'])}, ROPE {rope}")
+        return (
+            f"faster: {percent(1 - r, d)} (95% HDI {percent(1 - hi, d)}..{percent(1 - lo, d)}), "
+            f"P(faster) {prob(b['p_faster'])}, ROPE {rope}"
+        )
     if v == "slower":
         d = _decimals(r - 1, lo - 1, hi - 1, apart=(lo, hi))
-        return (f"slower: {percent(r - 1, d)} (95% HDI {percent(lo - 1, d)}..{percent(hi - 1, d)}), "
-                f"P(slower) {prob(b['p_slower'])}, ROPE {rope}")
+        return (
+            f"slower: {percent(r - 1, d)} (95% HDI {percent(lo - 1, d)}..{percent(hi - 1, d)}), "
+            f"P(slower) {prob(b['p_slower'])}, ROPE {rope}"
+        )
     d = _decimals(r - 1, lo - 1, hi - 1, apart=(lo, hi))
     span = f"{signed_percent(r - 1, d)} (95% HDI {signed_percent(lo - 1, d)}..{signed_percent(hi - 1, d)})"
     if v == "equivalent":
         return f"equivalent: {span}, P(equivalent) {prob(b['p_equivalent'])}, ROPE {rope}"
-    return (f"inconclusive: {span}, P(faster) {prob(b['p_faster'])}, P(equivalent) {prob(b['p_equivalent'])}, "
-            f"P(slower) {prob(b['p_slower'])}, ROPE {rope}")
+    return (
+        f"inconclusive: {span}, P(faster) {prob(b['p_faster'])}, P(equivalent) {prob(b['p_equivalent'])}, "
+        f"P(slower) {prob(b['p_slower'])}, ROPE {rope}"
+    )
 
 
 def mass_sentence(b: dict) -> str:
@@ -187,8 +194,7 @@ def mass_sentence(b: dict) -> str:
         return f"{prob(ps)} of the posterior mass sits above the ROPE (head slower)."
     if pe >= 0.5:
         return f"{prob(pe)} of the posterior mass sits inside the ROPE."
-    return (f"The posterior mass is split: {prob(pf)} below the ROPE, {prob(pe)} inside, "
-            f"{prob(ps)} above.")
+    return f"The posterior mass is split: {prob(pf)} below the ROPE, {prob(pe)} inside, {prob(ps)} above."
 
 
 def measurement_note(b: dict) -> str:
@@ -198,8 +204,9 @@ def measurement_note(b: dict) -> str:
         parts.append(f"{b['rounds']} rounds")
     if _finite(b.get("seconds")):
         parts.append(f"{b['seconds']:.1f} s")
-    clock = {"cuda-events": "CUDA events", "cpu-wall": "CPU wall clock",
-             "cpu-wall-clock": "CPU wall clock"}.get(b.get("clock"), b.get("clock"))
+    clock = {"cuda-events": "CUDA events", "cpu-wall": "CPU wall clock", "cpu-wall-clock": "CPU wall clock"}.get(
+        b.get("clock"), b.get("clock")
+    )
     if clock:
         parts.append(str(clock))
     if b.get("regime") in ("warm", "cold"):
@@ -220,9 +227,13 @@ def case_summary(case: dict | None) -> str | None:
     if not isinstance(case, dict):
         return None
     try:
-        return Case(name=str(case.get("name", "?")), dims=dict(case.get("dims") or {}),
-                    dtype=str(case.get("dtype", "float32")), seed=case.get("seed", 0),
-                    tags=tuple(case.get("tags") or ())).summary()
+        return Case(
+            name=str(case.get("name", "?")),
+            dims=dict(case.get("dims") or {}),
+            dtype=str(case.get("dtype", "float32")),
+            seed=case.get("seed", 0),
+            tags=tuple(case.get("tags") or ()),
+        ).summary()
     except (TypeError, ValueError):
         return str(case)
 

@@ -3,6 +3,7 @@
 
 Nothing here computes a statistic: every figure is in the model object, only rounded and phrased.
 """
+
 from __future__ import annotations
 
 import math
@@ -41,9 +42,11 @@ def change(ratio, hdi) -> str:
 
 def shape_text(m: dict) -> str:
     s = m.get("shape") or {}
-    return (f"{s.get('layers')} layers, hidden {s.get('hidden_size')}, heads {s.get('num_heads')}/"
-            f"{s.get('num_kv_heads')}, head dim {s.get('head_dim')}, MLP {s.get('intermediate_size')}, "
-            f"vocab {s.get('vocab_size')}, {s.get('dtype')}")
+    return (
+        f"{s.get('layers')} layers, hidden {s.get('hidden_size')}, heads {s.get('num_heads')}/"
+        f"{s.get('num_kv_heads')}, head dim {s.get('head_dim')}, MLP {s.get('intermediate_size')}, "
+        f"vocab {s.get('vocab_size')}, {s.get('dtype')}"
+    )
 
 
 def how_text(m: dict) -> str:
@@ -51,8 +54,10 @@ def how_text(m: dict) -> str:
         return "the whole model timed as one CUDA graph per step"
     if m.get("mode") == "per-layer":
         layers = (m.get("shape") or {}).get("layers")
-        return (f"per-layer estimate: a block of {m.get('layers_built')} layers timed and scaled to {layers}, "
-                f"plus embedding and LM head ({m.get('mode_why')})")
+        return (
+            f"per-layer estimate: a block of {m.get('layers_built')} layers timed and scaled to {layers}, "
+            f"plus embedding and LM head ({m.get('mode_why')})"
+        )
     return ""
 
 
@@ -70,10 +75,12 @@ def point_label(p: dict) -> str:
 
 def point_line(p: dict) -> str:
     b, h = p.get("base") or {}, p.get("head") or {}
-    return (f"{point_label(p)}: base {rate(b.get('tokens_per_s'))} tokens/s ({dollars(b.get('usd_per_mtok'))}/Mtok), "
-            f"head {rate(h.get('tokens_per_s'))} tokens/s ({dollars(h.get('usd_per_mtok'))}/Mtok); tokens/s "
-            f"{change(p.get('tokens_per_s_ratio'), p.get('tokens_per_s_ratio_hdi') or (None, None))}, "
-            f"{p.get('verdict')}, P(more tokens/s) {prob(p.get('p_faster'))}")
+    return (
+        f"{point_label(p)}: base {rate(b.get('tokens_per_s'))} tokens/s ({dollars(b.get('usd_per_mtok'))}/Mtok), "
+        f"head {rate(h.get('tokens_per_s'))} tokens/s ({dollars(h.get('usd_per_mtok'))}/Mtok); tokens/s "
+        f"{change(p.get('tokens_per_s_ratio'), p.get('tokens_per_s_ratio_hdi') or (None, None))}, "
+        f"{p.get('verdict')}, P(more tokens/s) {prob(p.get('p_faster'))}"
+    )
 
 
 def text_lines(m: dict) -> list[str]:
@@ -84,24 +91,32 @@ def text_lines(m: dict) -> list[str]:
     if not m.get("measured"):
         lines.append(f"  {not_measured_line(m)}")
     else:
-        lines.append(f"  {how_text(m)}; {m.get('rounds')} rounds, {m.get('bench_seconds', 0):.1f} GPU seconds "
-                     f"(stopped: {m.get('stopped')})")
+        lines.append(
+            f"  {how_text(m)}; {m.get('rounds')} rounds, {m.get('bench_seconds', 0):.1f} GPU seconds "
+            f"(stopped: {m.get('stopped')})"
+        )
         lines += [f"  {point_line(p)}" for p in m.get("points") or []]
         lines.append(f"  price: ${m.get('price_per_hour'):.2f} per GPU-hour ({m.get('price_source')})")
     lines += [f"  note: {n}" for n in m.get("notes") or []]
     return lines
 
 
-TABLE_HEADER = ("| serving point | base tokens/s | head tokens/s | tokens/s change (95% HDI) | P(more tokens/s) "
-                "| base $/Mtok | head $/Mtok | verdict |\n|---|--:|--:|--:|--:|--:|--:|---|")
+TABLE_HEADER = (
+    "| serving point | base tokens/s | head tokens/s | tokens/s change (95% HDI) | P(more tokens/s) "
+    "| base $/Mtok | head $/Mtok | verdict |\n|---|--:|--:|--:|--:|--:|--:|---|"
+)
 
 
 def markdown_section(m: dict | None) -> str | None:
     """The comment's 'Decode throughput' block, or None without a model object."""
     if not isinstance(m, dict):
         return None
-    lines = [f"#### Decode throughput · {code(m.get('model'))}", "",
-             f"<sub>{md(shape_text(m))} · kernels: {md(kernels_text(m))}</sub>", ""]
+    lines = [
+        f"#### Decode throughput · {code(m.get('model'))}",
+        "",
+        f"<sub>{md(shape_text(m))} · kernels: {md(kernels_text(m))}</sub>",
+        "",
+    ]
     if m.get("error"):
         lines += [f"- **Error:** {md(m['error'])}", ""]
     if not m.get("measured"):
@@ -110,11 +125,16 @@ def markdown_section(m: dict | None) -> str | None:
     lines.append(TABLE_HEADER)
     for p in m.get("points") or []:
         b, h = p.get("base") or {}, p.get("head") or {}
-        lines.append(f"| {point_label(p)} | {rate(b.get('tokens_per_s'))} | {rate(h.get('tokens_per_s'))} | "
-                     f"{change(p.get('tokens_per_s_ratio'), p.get('tokens_per_s_ratio_hdi') or (None, None))} | "
-                     f"{prob(p.get('p_faster'))} | {dollars(b.get('usd_per_mtok'))} | {dollars(h.get('usd_per_mtok'))} "
-                     f"| {md(p.get('verdict'))} |")
-    lines += ["", f"<sub>{md(how_text(m))}; {m.get('rounds')} interleaved rounds; "
-                  f"${m.get('price_per_hour'):.2f} per GPU-hour ({md(m.get('price_source'))}); "
-                  f"reported, never gating</sub>"]
+        lines.append(
+            f"| {point_label(p)} | {rate(b.get('tokens_per_s'))} | {rate(h.get('tokens_per_s'))} | "
+            f"{change(p.get('tokens_per_s_ratio'), p.get('tokens_per_s_ratio_hdi') or (None, None))} | "
+            f"{prob(p.get('p_faster'))} | {dollars(b.get('usd_per_mtok'))} | {dollars(h.get('usd_per_mtok'))} "
+            f"| {md(p.get('verdict'))} |"
+        )
+    lines += [
+        "",
+        f"<sub>{md(how_text(m))}; {m.get('rounds')} interleaved rounds; "
+        f"${m.get('price_per_hour'):.2f} per GPU-hour ({md(m.get('price_source'))}); "
+        f"reported, never gating</sub>",
+    ]
     return "\n".join(lines) + "\n\n"

@@ -1,4 +1,5 @@
 """Write every rendering of a Report into one directory (what `kernalin-ci run --out DIR` leaves)."""
+
 from __future__ import annotations
 
 import json

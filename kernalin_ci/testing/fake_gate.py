@@ -5,11 +5,13 @@ benchmark.json: the kernel's benchmark verdict, for history tests),
 records its environment and working directory, and writes a real report.json through the report
 writer: `python -m kernalin_ci.testing.fake_gate OUT BASE HEAD DEVICE`.
 """
+
 import json
 import os
 import sys
 import time
 from pathlib import Path
+
 out, base, head, device = sys.argv[1:5]
 Path(out).mkdir(parents=True, exist_ok=True)
 Path(out, "env.json").write_text(json.dumps(dict(os.environ)))
@@ -22,12 +24,27 @@ if verdict == "error":
     sys.exit(2)
 from kernalin_ci.report.model import KernelReport, Report
 from kernalin_ci.report.writer import write_all
-kernel = KernelReport("kv_append", "kv_append", "kernels/kv_cache.py:append", "changed",
-                      ["kernels/kv_cache.py changed"],
-                      verification={"verdict": "fail" if verdict == "failure" else "pass", "findings": []},
-                      failed_by=["finding"] if verdict == "failure" else [],
-                      benchmark=json.loads(Path("benchmark.json").read_text()) if Path("benchmark.json").exists()
-                      else None)
-write_all(Report(conclusion=verdict, reason=f"fake gate: {verdict}", base={"ref": base, "sha": base},
-                 head={"ref": head, "sha": head}, device=device, policy={}, kernels=[kernel]), out)
+
+kernel = KernelReport(
+    "kv_append",
+    "kv_append",
+    "kernels/kv_cache.py:append",
+    "changed",
+    ["kernels/kv_cache.py changed"],
+    verification={"verdict": "fail" if verdict == "failure" else "pass", "findings": []},
+    failed_by=["finding"] if verdict == "failure" else [],
+    benchmark=json.loads(Path("benchmark.json").read_text()) if Path("benchmark.json").exists() else None,
+)
+write_all(
+    Report(
+        conclusion=verdict,
+        reason=f"fake gate: {verdict}",
+        base={"ref": base, "sha": base},
+        head={"ref": head, "sha": head},
+        device=device,
+        policy={},
+        kernels=[kernel],
+    ),
+    out,
+)
 sys.exit(1 if verdict == "failure" else 0)

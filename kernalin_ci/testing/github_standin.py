@@ -34,6 +34,7 @@ take effect and fails only its answer.
 Lists are paginated like GitHub's (`per_page` default 30, max 100, `Link` header).
 Other endpoints can be added with `route(METHOD, TEMPLATE, handler)`.
 """
+
 from __future__ import annotations
 
 import base64
@@ -45,10 +46,10 @@ import secrets
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 import jwt
@@ -58,11 +59,23 @@ from kernalin_ci.testing.openapi import INVALID_JSON, OpenAPI
 NOT_ACCESSIBLE = "Resource not accessible by integration"
 DOCS = "https://docs.github.com/rest"
 ACTIONS_APP_ID = 15368  # the "GitHub Actions" app that owns GITHUB_TOKEN's check runs
-WRITE_PERMISSIONS = {"checks": "write", "statuses": "write", "issues": "write", "pull_requests": "write",
-                     "contents": "read", "metadata": "read"}
+WRITE_PERMISSIONS = {
+    "checks": "write",
+    "statuses": "write",
+    "issues": "write",
+    "pull_requests": "write",
+    "contents": "read",
+    "metadata": "read",
+}
 # what the GITHUB_TOKEN of a pull_request event from a fork gets
-READ_ONLY_PERMISSIONS = {"checks": "read", "statuses": "read", "issues": "read", "pull_requests": "read",
-                         "contents": "read", "metadata": "read"}
+READ_ONLY_PERMISSIONS = {
+    "checks": "read",
+    "statuses": "read",
+    "issues": "read",
+    "pull_requests": "read",
+    "contents": "read",
+    "metadata": "read",
+}
 COMMENT_MAX_CHARS = 65536  # GitHub answers 422 for a longer issue comment body (not in the description)
 STATUS_DESCRIPTION_MAX_CHARS = 140
 _LEVELS = {"read": 1, "write": 2, "admin": 3}
@@ -166,7 +179,7 @@ class Repo:
 class Ctx:
     """What a handler gets: the matched request and helpers to authorise it."""
 
-    standin: "GitHubStandIn"
+    standin: GitHubStandIn
     method: str
     template: str
     path_params: dict[str, str]
@@ -180,8 +193,9 @@ class Ctx:
 
     def repo(self, *permission: str, level: str = "read") -> Repo:
         """The repository of the path, once the caller may use it with PERMISSION (any one) at LEVEL."""
-        return self.standin._authorise(self, f"{self.path_params['owner']}/{self.path_params['repo']}",
-                                       permission, level)
+        return self.standin._authorise(
+            self, f"{self.path_params['owner']}/{self.path_params['repo']}", permission, level
+        )
 
     def app(self) -> App:
         if not isinstance(self.auth, App):
@@ -212,15 +226,16 @@ class GitHubStandIn:
         self._add_default_routes()
 
     # -- lifecycle --------------------------------------------------------------------------------
-    def start(self) -> "GitHubStandIn":
+    def start(self) -> GitHubStandIn:
         standin = self
 
         class _H(_HandlerBase):
             owner = standin
 
         self._server = _Server(("127.0.0.1", 0), _H)
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name="github-standin", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="github-standin", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -230,7 +245,7 @@ class GitHubStandIn:
             self._server.server_close()
             self._server = None
 
-    def __enter__(self) -> "GitHubStandIn":
+    def __enter__(self) -> GitHubStandIn:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -262,37 +277,70 @@ class GitHubStandIn:
         with self._lock:
             self._repos[repo].commits.add(sha)
 
-    def add_pull_request(self, repo: str, number: int, *, head_sha: str, base_sha: str, head_ref: str = "feature",
-                         base_ref: str = "main", head_repo: str | None = None) -> dict:
+    def add_pull_request(
+        self,
+        repo: str,
+        number: int,
+        *,
+        head_sha: str,
+        base_sha: str,
+        head_ref: str = "feature",
+        base_ref: str = "main",
+        head_repo: str | None = None,
+    ) -> dict:
         """A pull request (an issue too) from HEAD_REPO (a fork when it differs from REPO) into REPO."""
         with self._lock:
             r = self._repos[repo]
             r.commits.update({head_sha, base_sha})
-            pr = {"id": next(self._ids), "number": number, "head_sha": head_sha, "base_sha": base_sha,
-                  "head_ref": head_ref, "base_ref": base_ref, "head_repo": head_repo or repo}
+            pr = {
+                "id": next(self._ids),
+                "number": number,
+                "head_sha": head_sha,
+                "base_sha": base_sha,
+                "head_ref": head_ref,
+                "base_ref": base_ref,
+                "head_repo": head_repo or repo,
+            }
             r.pulls[number] = pr
             return dict(pr)
 
-    def add_token(self, token: str, *, permissions: dict[str, str] | None = None, repos: list[str] | None = None,
-                  app_id: int | None = ACTIONS_APP_ID, login: str = "github-actions[bot]",
-                  expires_in_s: float | None = None) -> None:
+    def add_token(
+        self,
+        token: str,
+        *,
+        permissions: dict[str, str] | None = None,
+        repos: list[str] | None = None,
+        app_id: int | None = ACTIONS_APP_ID,
+        login: str = "github-actions[bot]",
+        expires_in_s: float | None = None,
+    ) -> None:
         """A token GitHub would accept: by default a GITHUB_TOKEN with write permissions on every repository."""
         with self._lock:
-            self._tokens[token] = Token(token, dict(WRITE_PERMISSIONS if permissions is None else permissions),
-                                        set(repos) if repos is not None else None, login, app_id,
-                                        time.time() + expires_in_s if expires_in_s is not None else None)
+            self._tokens[token] = Token(
+                token,
+                dict(WRITE_PERMISSIONS if permissions is None else permissions),
+                set(repos) if repos is not None else None,
+                login,
+                app_id,
+                time.time() + expires_in_s if expires_in_s is not None else None,
+            )
 
     def add_app(self, app_id: int, public_key_pem: str, *, slug: str = "kernalin-ci", name: str | None = None) -> None:
         with self._lock:
             self._apps[app_id] = App(app_id, slug, name or slug, public_key_pem)
 
-    def add_installation(self, installation_id: int, app_id: int, repos: list[str], *,
-                         permissions: dict[str, str] | None = None) -> None:
+    def add_installation(
+        self, installation_id: int, app_id: int, repos: list[str], *, permissions: dict[str, str] | None = None
+    ) -> None:
         with self._lock:
             account = repos[0].split("/")[0]
             self._installations[installation_id] = Installation(
-                installation_id, app_id, account, set(repos), dict(WRITE_PERMISSIONS if permissions is None
-                                                                    else permissions))
+                installation_id,
+                app_id,
+                account,
+                set(repos),
+                dict(WRITE_PERMISSIONS if permissions is None else permissions),
+            )
 
     def add_comment(self, repo: str, issue_number: int, body: str, *, login: str = "octocat") -> int:
         """A comment someone else wrote (for tests that need a crowded conversation)."""
@@ -300,16 +348,27 @@ class GitHubStandIn:
             return self._new_comment(self._repos[repo], issue_number, body, login, None)["id"]
 
     # -- failures ---------------------------------------------------------------------------------
-    def inject(self, method: str, path: str, status: int = 502, *, times: int | None = 1, message: str | None = None,
-               headers: dict | None = None, drop: bool = False, after: bool = False) -> Fault:
+    def inject(
+        self,
+        method: str,
+        path: str,
+        status: int = 502,
+        *,
+        times: int | None = 1,
+        message: str | None = None,
+        headers: dict | None = None,
+        drop: bool = False,
+        after: bool = False,
+    ) -> Fault:
         """Answer the next TIMES requests METHOD PATH (template or glob; method '*' for any) with STATUS.
 
         Without a message, 5xx answers are an HTML page (as GitHub's front end sends), others JSON
         {"message": reason}. drop=True closes the connection without answering. after=True lets the
         request take effect and fails only the answer (GitHub did it, the client never heard).
         """
-        fault = Fault(method.upper() if method != "*" else "*", path, status, times, message, dict(headers or {}),
-                      drop, after)
+        fault = Fault(
+            method.upper() if method != "*" else "*", path, status, times, message, dict(headers or {}), drop, after
+        )
         with self._lock:
             self.faults.append(fault)
         return fault
@@ -346,7 +405,7 @@ class GitHubStandIn:
             raise AssertionError("GitHub stand-in saw problems:\n  " + "\n  ".join(self.problems))
 
     # -- serving ----------------------------------------------------------------------------------
-    def _serve(self, h: "_HandlerBase") -> None:
+    def _serve(self, h: _HandlerBase) -> None:
         split = urlsplit(h.path)
         path, query = split.path, parse_qs(split.query, keep_blank_values=True)
         data = h._read_body()
@@ -377,18 +436,26 @@ class GitHubStandIn:
         if self.prefix and not (path == self.prefix or path.startswith(self.prefix + "/")):
             self._problem(req, f"outside the API prefix {self.prefix!r}")
             return 404, {"message": "Not Found", "documentation_url": DOCS}, {}
-        api_path = path[len(self.prefix):] or "/"
+        api_path = path[len(self.prefix) :] or "/"
         req.path = api_path
         match, exists = self.openapi.find(req.method, api_path)
         if match is None:
-            self._problem(req, "no such method for this path in GitHub's API" if exists
-                          else "no such path in GitHub's API")
+            self._problem(
+                req, "no such method for this path in GitHub's API" if exists else "no such path in GitHub's API"
+            )
             return 404, {"message": "Not Found", "documentation_url": DOCS}, {}
         req.template = match.operation.template
         if not headers.get("user-agent"):
             self._problem(req, "no User-Agent header (GitHub rejects such requests)")
-            return 403, {"message": "Request forbidden by administrative rules. Please make sure your request "
-                                    "has a User-Agent header", "documentation_url": DOCS}, {}
+            return (
+                403,
+                {
+                    "message": "Request forbidden by administrative rules. Please make sure your request "
+                    "has a User-Agent header",
+                    "documentation_url": DOCS,
+                },
+                {},
+            )
         invalid = self.openapi.validate_request(match, req.query, req.body, has_body, headers.get("content-type"))
         if invalid:
             for text in invalid:
@@ -396,8 +463,9 @@ class GitHubStandIn:
             return 422, {"message": "Invalid request.\n\n" + "\n".join(invalid), "documentation_url": DOCS}, {}
 
         with self._lock:
-            fault = next((f for f in self.faults if not f.spent and f.matches(req.method, api_path, req.template)),
-                         None)
+            fault = next(
+                (f for f in self.faults if not f.spent and f.matches(req.method, api_path, req.template)), None
+            )
             if fault is not None:
                 fault.hits += 1
         if fault is not None and not fault.after:
@@ -406,8 +474,10 @@ class GitHubStandIn:
 
         handler = self._routes.get((req.method, req.template))
         if handler is None:
-            self._problem(req, f"{req.method} {req.template} is valid but the stand-in does not implement it "
-                               f"(add it with route())")
+            self._problem(
+                req,
+                f"{req.method} {req.template} is valid but the stand-in does not implement it (add it with route())",
+            )
             return 501, {"message": "Not implemented by the stand-in", "documentation_url": DOCS}, {}
         ctx = Ctx(self, req.method, req.template, match.path_params, req.query, req.body, None)
         try:
@@ -437,8 +507,11 @@ class GitHubStandIn:
         if fault.message is None and fault.status >= 500:
             page = f"<html><body><h1>{fault.status}</h1>Unicorn! This page is taking too long.</body></html>"
             return fault.status, _Html(page), fault.headers
-        return fault.status, {"message": fault.message or _REASONS.get(fault.status, "Error"),
-                              "documentation_url": DOCS}, fault.headers
+        return (
+            fault.status,
+            {"message": fault.message or _REASONS.get(fault.status, "Error"), "documentation_url": DOCS},
+            fault.headers,
+        )
 
     # -- auth -------------------------------------------------------------------------------------
     def _authenticate(self, header: str | None) -> Token | App | None:
@@ -465,11 +538,13 @@ class GitHubStandIn:
         if app is None:
             raise ApiError(401, "Integration not found")
         try:
-            claims = jwt.decode(token, app.public_key, algorithms=["RS256"],
-                                options={"require": ["iat", "exp", "iss"]})
+            claims = jwt.decode(token, app.public_key, algorithms=["RS256"], options={"require": ["iat", "exp", "iss"]})
         except jwt.ExpiredSignatureError:
-            raise ApiError(401, "'Expiration time' claim ('exp') must be a numeric value representing the future "
-                                "time at which the assertion expires") from None
+            raise ApiError(
+                401,
+                "'Expiration time' claim ('exp') must be a numeric value representing the future "
+                "time at which the assertion expires",
+            ) from None
         except jwt.PyJWTError as e:
             raise ApiError(401, f"A JSON web token could not be decoded ({e})") from None
         if claims["exp"] - time.time() > 600 + 30:
@@ -485,10 +560,10 @@ class GitHubStandIn:
         tok = ctx.auth
         if repo is None or (tok.repos is not None and full_name not in tok.repos):
             raise ApiError(404, "Not Found")
-        if permissions and not any(_LEVELS.get(tok.permissions.get(p, ""), 0) >= _LEVELS[level]
-                                   for p in permissions):
-            raise ApiError(403, NOT_ACCESSIBLE if tok.app_id is not None
-                           else "Resource not accessible by personal access token")
+        if permissions and not any(_LEVELS.get(tok.permissions.get(p, ""), 0) >= _LEVELS[level] for p in permissions):
+            raise ApiError(
+                403, NOT_ACCESSIBLE if tok.app_id is not None else "Resource not accessible by personal access token"
+            )
         return repo
 
     # -- JSON shapes ------------------------------------------------------------------------------
@@ -496,17 +571,24 @@ class GitHubStandIn:
         api, web = self.base_url, self.web_url
         uid = int.from_bytes(login.encode()[:6].ljust(6, b"\0"), "big") % 10_000_000 + 1
         return {
-            "login": login, "id": uid, "node_id": node_id("User", uid),
-            "avatar_url": f"{web}/avatars/{login}", "gravatar_id": "", "url": f"{api}/users/{login}",
-            "html_url": f"{web}/{login}", "followers_url": f"{api}/users/{login}/followers",
+            "login": login,
+            "id": uid,
+            "node_id": node_id("User", uid),
+            "avatar_url": f"{web}/avatars/{login}",
+            "gravatar_id": "",
+            "url": f"{api}/users/{login}",
+            "html_url": f"{web}/{login}",
+            "followers_url": f"{api}/users/{login}/followers",
             "following_url": f"{api}/users/{login}/following{{/other_user}}",
             "gists_url": f"{api}/users/{login}/gists{{/gist_id}}",
             "starred_url": f"{api}/users/{login}/starred{{/owner}}{{/repo}}",
             "subscriptions_url": f"{api}/users/{login}/subscriptions",
-            "organizations_url": f"{api}/users/{login}/orgs", "repos_url": f"{api}/users/{login}/repos",
+            "organizations_url": f"{api}/users/{login}/orgs",
+            "repos_url": f"{api}/users/{login}/repos",
             "events_url": f"{api}/users/{login}/events{{/privacy}}",
             "received_events_url": f"{api}/users/{login}/received_events",
-            "type": "Bot" if login.endswith("[bot]") else "User", "site_admin": False,
+            "type": "Bot" if login.endswith("[bot]") else "User",
+            "site_admin": False,
         }
 
     def _app_json(self, app_id: int | None) -> dict | None:
@@ -514,11 +596,18 @@ class GitHubStandIn:
             return None
         app = self._apps.get(app_id) or App(app_id, "github-actions", "GitHub Actions", "")
         return {
-            "id": app.id, "slug": app.slug, "node_id": node_id("Integration", app.id),
-            "owner": self._user("github" if app.id == ACTIONS_APP_ID else app.slug), "name": app.name,
-            "description": None, "external_url": f"{self.web_url}/apps/{app.slug}/home",
-            "html_url": f"{self.web_url}/apps/{app.slug}", "created_at": iso(0), "updated_at": iso(0),
-            "permissions": dict(WRITE_PERMISSIONS), "events": ["pull_request", "check_run"],
+            "id": app.id,
+            "slug": app.slug,
+            "node_id": node_id("Integration", app.id),
+            "owner": self._user("github" if app.id == ACTIONS_APP_ID else app.slug),
+            "name": app.name,
+            "description": None,
+            "external_url": f"{self.web_url}/apps/{app.slug}/home",
+            "html_url": f"{self.web_url}/apps/{app.slug}",
+            "created_at": iso(0),
+            "updated_at": iso(0),
+            "permissions": dict(WRITE_PERMISSIONS),
+            "events": ["pull_request", "check_run"],
         }
 
     def _check_run_json(self, repo: Repo, run: dict) -> dict:
@@ -526,54 +615,95 @@ class GitHubStandIn:
         prs = []
         for pr in repo.pulls.values():
             if pr["head_sha"] == run["head_sha"] and pr["head_repo"] == repo.full_name:
-                side = {"id": repo.id, "url": f"{self.base_url}/repos/{repo.full_name}",
-                        "name": repo.full_name.split("/")[1]}
-                prs.append({"id": pr["id"], "number": pr["number"],
-                            "url": f"{self.base_url}/repos/{repo.full_name}/pulls/{pr['number']}",
-                            "head": {"ref": pr["head_ref"], "sha": pr["head_sha"], "repo": side},
-                            "base": {"ref": pr["base_ref"], "sha": pr["base_sha"], "repo": side}})
+                side = {
+                    "id": repo.id,
+                    "url": f"{self.base_url}/repos/{repo.full_name}",
+                    "name": repo.full_name.split("/")[1],
+                }
+                prs.append(
+                    {
+                        "id": pr["id"],
+                        "number": pr["number"],
+                        "url": f"{self.base_url}/repos/{repo.full_name}/pulls/{pr['number']}",
+                        "head": {"ref": pr["head_ref"], "sha": pr["head_sha"], "repo": side},
+                        "base": {"ref": pr["base_ref"], "sha": pr["base_sha"], "repo": side},
+                    }
+                )
         app = self._app_json(run["app_id"])
         return {
-            "id": run["id"], "node_id": node_id("CheckRun", run["id"]), "head_sha": run["head_sha"],
-            "external_id": run["external_id"], "url": url,
+            "id": run["id"],
+            "node_id": node_id("CheckRun", run["id"]),
+            "head_sha": run["head_sha"],
+            "external_id": run["external_id"],
+            "url": url,
             "html_url": f"{self.web_url}/{repo.full_name}/runs/{run['id']}",
             "details_url": run["details_url"] or (app or {}).get("external_url"),
-            "status": run["status"], "conclusion": run["conclusion"], "started_at": run["started_at"],
+            "status": run["status"],
+            "conclusion": run["conclusion"],
+            "started_at": run["started_at"],
             "completed_at": run["completed_at"],
-            "output": {**{k: run["output"].get(k) for k in ("title", "summary", "text")},
-                       "annotations_count": len(run["annotations"]), "annotations_url": f"{url}/annotations"},
-            "name": run["name"], "check_suite": {"id": run["check_suite_id"]}, "app": app,
+            "output": {
+                **{k: run["output"].get(k) for k in ("title", "summary", "text")},
+                "annotations_count": len(run["annotations"]),
+                "annotations_url": f"{url}/annotations",
+            },
+            "name": run["name"],
+            "check_suite": {"id": run["check_suite_id"]},
+            "app": app,
             "pull_requests": prs,
         }
 
     def _comment_json(self, repo: Repo, c: dict) -> dict:
         api = f"{self.base_url}/repos/{repo.full_name}"
         return {
-            "id": c["id"], "node_id": node_id("IssueComment", c["id"]), "url": f"{api}/issues/comments/{c['id']}",
+            "id": c["id"],
+            "node_id": node_id("IssueComment", c["id"]),
+            "url": f"{api}/issues/comments/{c['id']}",
             "html_url": f"{self.web_url}/{repo.full_name}/pull/{c['issue_number']}#issuecomment-{c['id']}",
-            "body": c["body"], "user": self._user(c["login"]), "created_at": c["created_at"],
-            "updated_at": c["updated_at"], "issue_url": f"{api}/issues/{c['issue_number']}",
-            "author_association": "NONE", "performed_via_github_app": self._app_json(c["app_id"]),
+            "body": c["body"],
+            "user": self._user(c["login"]),
+            "created_at": c["created_at"],
+            "updated_at": c["updated_at"],
+            "issue_url": f"{api}/issues/{c['issue_number']}",
+            "author_association": "NONE",
+            "performed_via_github_app": self._app_json(c["app_id"]),
         }
 
     def _status_json(self, repo: Repo, s: dict) -> dict:
         return {
-            "url": f"{self.base_url}/repos/{repo.full_name}/statuses/{s['sha']}", "avatar_url": None,
-            "id": s["id"], "node_id": node_id("StatusContext", s["id"]), "state": s["state"],
-            "description": s["description"], "target_url": s["target_url"], "context": s["context"],
-            "created_at": s["created_at"], "updated_at": s["created_at"], "creator": self._user(s["login"]),
+            "url": f"{self.base_url}/repos/{repo.full_name}/statuses/{s['sha']}",
+            "avatar_url": None,
+            "id": s["id"],
+            "node_id": node_id("StatusContext", s["id"]),
+            "state": s["state"],
+            "description": s["description"],
+            "target_url": s["target_url"],
+            "context": s["context"],
+            "created_at": s["created_at"],
+            "updated_at": s["created_at"],
+            "creator": self._user(s["login"]),
         }
 
     def _installation_json(self, inst: Installation) -> dict:
         app = self._apps[inst.app_id]
         return {
-            "id": inst.id, "app_id": app.id, "app_slug": app.slug, "target_id": 1, "target_type": "Organization",
-            "single_file_name": None, "repository_selection": "selected",
+            "id": inst.id,
+            "app_id": app.id,
+            "app_slug": app.slug,
+            "target_id": 1,
+            "target_type": "Organization",
+            "single_file_name": None,
+            "repository_selection": "selected",
             "access_tokens_url": f"{self.base_url}/app/installations/{inst.id}/access_tokens",
             "html_url": f"{self.web_url}/organizations/{inst.account}/settings/installations/{inst.id}",
-            "repositories_url": f"{self.base_url}/installation/repositories", "events": ["pull_request"],
-            "account": self._user(inst.account), "permissions": dict(inst.permissions), "created_at": iso(0),
-            "updated_at": iso(0), "suspended_by": None, "suspended_at": None,
+            "repositories_url": f"{self.base_url}/installation/repositories",
+            "events": ["pull_request"],
+            "account": self._user(inst.account),
+            "permissions": dict(inst.permissions),
+            "created_at": iso(0),
+            "updated_at": iso(0),
+            "suspended_by": None,
+            "suspended_at": None,
         }
 
     def _paginate(self, ctx: Ctx, path: str, items: list) -> list:
@@ -592,7 +722,7 @@ class GitHubStandIn:
             rels += [link(1, "first"), link(page - 1, "prev")]
         if rels:
             ctx.response_headers["Link"] = ", ".join(rels)
-        return items[(page - 1) * per_page: page * per_page]
+        return items[(page - 1) * per_page : page * per_page]
 
     # -- handlers ---------------------------------------------------------------------------------
     def _add_default_routes(self) -> None:
@@ -628,8 +758,10 @@ class GitHubStandIn:
                 run["output"][k] = output[k]
         for a in output.get("annotations", []):
             if ("start_column" in a or "end_column" in a) and a["start_line"] != a["end_line"]:
-                raise ApiError(422, "Invalid request.\n\nstart_column and end_column may only be used when "
-                                    "start_line equals end_line")
+                raise ApiError(
+                    422,
+                    "Invalid request.\n\nstart_column and end_column may only be used when start_line equals end_line",
+                )
             if a["start_line"] < 1 or a["end_line"] < a["start_line"]:
                 raise ApiError(422, "Invalid request.\n\nannotation lines out of range")
         run["annotations"] += [dict(a) for a in output.get("annotations", [])]
@@ -657,11 +789,23 @@ class GitHubStandIn:
         b = ctx.body
         self._need_commit(repo, b["head_sha"])
         suite = repo.check_suites.setdefault((ctx.auth.app_id, b["head_sha"]), next(self._ids))
-        run = {"id": next(self._ids), "name": b["name"], "head_sha": b["head_sha"],
-               "external_id": b.get("external_id", ""), "details_url": b.get("details_url"), "status": "queued",
-               "conclusion": None, "started_at": b.get("started_at") or iso(), "completed_at": None,
-               "output": {"title": None, "summary": None, "text": None}, "annotations": [],
-               "annotation_batches": [], "updates": 0, "app_id": ctx.auth.app_id, "check_suite_id": suite}
+        run = {
+            "id": next(self._ids),
+            "name": b["name"],
+            "head_sha": b["head_sha"],
+            "external_id": b.get("external_id", ""),
+            "details_url": b.get("details_url"),
+            "status": "queued",
+            "conclusion": None,
+            "started_at": b.get("started_at") or iso(),
+            "completed_at": None,
+            "output": {"title": None, "summary": None, "text": None},
+            "annotations": [],
+            "annotation_batches": [],
+            "updates": 0,
+            "app_id": ctx.auth.app_id,
+            "check_suite_id": suite,
+        }
         self._apply_status(run, b)
         self._apply_output(run, b.get("output"))
         repo.check_runs[run["id"]] = run
@@ -675,13 +819,15 @@ class GitHubStandIn:
         repo = ctx.repo("checks", level="write")
         run = self._find_run(repo, ctx)
         if run["app_id"] != ctx.auth.app_id:
-            raise ApiError(403, f"Invalid app_id `{ctx.auth.app_id}` - check run can only be modified by the GitHub "
-                                "App that created it.")
+            raise ApiError(
+                403,
+                f"Invalid app_id `{ctx.auth.app_id}` - check run can only be modified by the GitHub "
+                "App that created it.",
+            )
         b = ctx.body
         if run["status"] == "completed" and b.get("status") in ("queued", "in_progress") and "conclusion" not in b:
             # a completed run cannot be reopened (reported by integrators; GitHub's reference is silent)
-            raise ApiError(422, "Invalid request.\n\nA completed check run cannot be moved back to "
-                                f"{b['status']}")
+            raise ApiError(422, f"Invalid request.\n\nA completed check run cannot be moved back to {b['status']}")
         for k in ("name", "details_url", "external_id", "started_at"):
             if k in b:
                 run[k] = b[k]
@@ -693,11 +839,21 @@ class GitHubStandIn:
     def _list_annotations(self, ctx: Ctx):
         repo = ctx.repo("checks")
         run = self._find_run(repo, ctx)
-        items = [{"path": a["path"], "blob_href": f"{self.web_url}/{repo.full_name}/blob/{run['head_sha']}/{a['path']}",
-                  "start_line": a["start_line"], "end_line": a["end_line"],
-                  "start_column": a.get("start_column"), "end_column": a.get("end_column"),
-                  "annotation_level": a["annotation_level"], "title": a.get("title", ""),
-                  "message": a["message"], "raw_details": a.get("raw_details", "")} for a in run["annotations"]]
+        items = [
+            {
+                "path": a["path"],
+                "blob_href": f"{self.web_url}/{repo.full_name}/blob/{run['head_sha']}/{a['path']}",
+                "start_line": a["start_line"],
+                "end_line": a["end_line"],
+                "start_column": a.get("start_column"),
+                "end_column": a.get("end_column"),
+                "annotation_level": a["annotation_level"],
+                "title": a.get("title", ""),
+                "message": a["message"],
+                "raw_details": a.get("raw_details", ""),
+            }
+            for a in run["annotations"]
+        ]
         return 200, self._paginate(ctx, f"/repos/{repo.full_name}/check-runs/{run['id']}/annotations", items)
 
     def _list_check_runs(self, ctx: Ctx):
@@ -728,8 +884,16 @@ class GitHubStandIn:
 
     def _new_comment(self, repo: Repo, issue_number: int, body: str, login: str, app_id: int | None) -> dict:
         now = iso()
-        c = {"id": next(self._ids), "issue_number": issue_number, "body": body, "login": login, "app_id": app_id,
-             "created_at": now, "updated_at": now, "edits": 0}
+        c = {
+            "id": next(self._ids),
+            "issue_number": issue_number,
+            "body": body,
+            "login": login,
+            "app_id": app_id,
+            "created_at": now,
+            "updated_at": now,
+            "edits": 0,
+        }
         repo.comments[c["id"]] = c
         return c
 
@@ -742,9 +906,18 @@ class GitHubStandIn:
     @staticmethod
     def _check_body(body: str) -> None:
         if len(body) > COMMENT_MAX_CHARS:
-            raise ApiError(422, "Validation Failed", errors=[{
-                "resource": "IssueComment", "code": "custom", "field": "body",
-                "message": f"body is too long (maximum is {COMMENT_MAX_CHARS} characters)"}])
+            raise ApiError(
+                422,
+                "Validation Failed",
+                errors=[
+                    {
+                        "resource": "IssueComment",
+                        "code": "custom",
+                        "field": "body",
+                        "message": f"body is too long (maximum is {COMMENT_MAX_CHARS} characters)",
+                    }
+                ],
+            )
 
     def _list_comments(self, ctx: Ctx):
         repo = ctx.repo("issues", "pull_requests")
@@ -790,12 +963,28 @@ class GitHubStandIn:
         self._need_commit(repo, sha)
         b = ctx.body
         if len(b.get("description") or "") > STATUS_DESCRIPTION_MAX_CHARS:
-            raise ApiError(422, "Validation Failed", errors=[{
-                "resource": "Status", "code": "custom", "field": "description",
-                "message": f"description is too long (maximum is {STATUS_DESCRIPTION_MAX_CHARS} characters)"}])
-        s = {"id": next(self._ids), "sha": sha, "state": b["state"], "description": b.get("description"),
-             "target_url": b.get("target_url"), "context": b.get("context", "default"), "login": ctx.auth.login,
-             "created_at": iso()}
+            raise ApiError(
+                422,
+                "Validation Failed",
+                errors=[
+                    {
+                        "resource": "Status",
+                        "code": "custom",
+                        "field": "description",
+                        "message": f"description is too long (maximum is {STATUS_DESCRIPTION_MAX_CHARS} characters)",
+                    }
+                ],
+            )
+        s = {
+            "id": next(self._ids),
+            "sha": sha,
+            "state": b["state"],
+            "description": b.get("description"),
+            "target_url": b.get("target_url"),
+            "context": b.get("context", "default"),
+            "login": ctx.auth.login,
+            "created_at": iso(),
+        }
         repo.statuses.append(s)
         return 201, self._status_json(repo, s)
 
@@ -830,23 +1019,40 @@ class GitHubStandIn:
         if b.get("repositories"):
             wanted = {f"{inst.account}/{name}" for name in b["repositories"]}
             if not wanted <= inst.repos:
-                raise ApiError(422, "There is at least one repository that does not exist or is not accessible "
-                                    "to the parent installation.")
+                raise ApiError(
+                    422,
+                    "There is at least one repository that does not exist or is not accessible "
+                    "to the parent installation.",
+                )
             repos = wanted
         token = "ghs_inst_" + secrets.token_hex(16)
         expires = time.time() + 3600
         self._tokens[token] = Token(token, perms, repos, f"{app.slug}[bot]", app.id, expires)
-        return 201, {"token": token, "expires_at": iso(expires), "permissions": perms,
-                     "repository_selection": "selected"}
+        return 201, {
+            "token": token,
+            "expires_at": iso(expires),
+            "permissions": perms,
+            "repository_selection": "selected",
+        }
 
 
 class _Html(str):
     """A response body that is an HTML page, not JSON."""
 
 
-_REASONS = {400: "Bad Request", 401: "Bad credentials", 403: "Forbidden", 404: "Not Found",
-            409: "Conflict", 422: "Validation Failed", 429: "Too Many Requests", 500: "Internal Server Error",
-            502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout"}
+_REASONS = {
+    400: "Bad Request",
+    401: "Bad credentials",
+    403: "Forbidden",
+    404: "Not Found",
+    409: "Conflict",
+    422: "Validation Failed",
+    429: "Too Many Requests",
+    500: "Internal Server Error",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
+    504: "Gateway Timeout",
+}
 
 
 class _Server(ThreadingHTTPServer):
@@ -885,8 +1091,12 @@ class _HandlerBase(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(data)))
-        out = {"X-RateLimit-Limit": "5000", "X-RateLimit-Remaining": "4999",
-               "X-RateLimit-Reset": str(int(time.time()) + 3600), "X-RateLimit-Resource": "core"}
+        out = {
+            "X-RateLimit-Limit": "5000",
+            "X-RateLimit-Remaining": "4999",
+            "X-RateLimit-Reset": str(int(time.time()) + 3600),
+            "X-RateLimit-Resource": "core",
+        }
         given = {k.lower() for k in headers}
         out = {k: v for k, v in out.items() if k.lower() not in given}
         out.update(headers)

@@ -6,6 +6,7 @@ It is loaded once per process. Schemas are OpenAPI 3.0 dialect (`nullable`,
 `readOnly`/`writeOnly`), validated with openapi-schema-validator: request bodies
 with the write validator and format checks, responses with the read validator.
 """
+
 from __future__ import annotations
 
 import functools
@@ -48,7 +49,8 @@ def spec_path() -> Path:
             return candidate
     raise FileNotFoundError(
         f"GitHub's OpenAPI description not found at {repo / _SPEC_NAME} or {repo.parent / _SPEC_NAME}; "
-        f"set {SPEC_ENV} to its path")
+        f"set {SPEC_ENV} to its path"
+    )
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,7 @@ class OpenAPI:
 
     @classmethod
     @functools.cache
-    def load(cls, path: str | None = None) -> "OpenAPI":
+    def load(cls, path: str | None = None) -> OpenAPI:
         p = Path(path) if path else spec_path()
         opener = gzip.open if p.suffix == ".gz" else open
         with opener(p, "rt", encoding="utf-8") as f:
@@ -165,8 +167,9 @@ class OpenAPI:
             return v
 
     # -- validation ------------------------------------------------------------------------------
-    def validate_request(self, match: Match, query: dict[str, list[str]], body: object,
-                         has_body: bool, content_type: str | None) -> list[str]:
+    def validate_request(
+        self, match: Match, query: dict[str, list[str]], body: object, has_body: bool, content_type: str | None
+    ) -> list[str]:
         """Every way this request departs from the description (empty when valid)."""
         op = match.operation
         errors: list[str] = []
@@ -179,8 +182,10 @@ class OpenAPI:
                 if value is None:
                     errors.append(f"path parameter {name!r} missing")
                     continue
-                errors += [f"path parameter {name}: {e}" for e in
-                           self._check_value((op.template, op.method, "path", name), schema, value)]
+                errors += [
+                    f"path parameter {name}: {e}"
+                    for e in self._check_value((op.template, op.method, "path", name), schema, value)
+                ]
             elif where == "query":
                 known_query.add(name)
                 if name not in query:
@@ -191,8 +196,10 @@ class OpenAPI:
                 if len(values) > 1 and schema.get("type") != "array":
                     errors.append(f"query parameter {name!r} given {len(values)} times")
                 for value in values:
-                    errors += [f"query parameter {name}: {e}" for e in
-                               self._check_value((op.template, op.method, "query", name), schema, value)]
+                    errors += [
+                        f"query parameter {name}: {e}"
+                        for e in self._check_value((op.template, op.method, "query", name), schema, value)
+                    ]
         for name in query:
             if name not in known_query:
                 errors.append(f"query parameter {name!r} is not in the description of {op.method} {op.template}")
@@ -237,14 +244,17 @@ class OpenAPI:
             return []
         schema = content["application/json"].get("schema", {})
         v = self._validator((op.template, op.method, status), schema, _ReadValidator)
-        return [f"response {'/'.join(str(p) for p in e.absolute_path) or '(body)'}: {_describe(e)}"
-                for e in v.iter_errors(body)]
+        return [
+            f"response {'/'.join(str(p) for p in e.absolute_path) or '(body)'}: {_describe(e)}"
+            for e in v.iter_errors(body)
+        ]
 
     def validate_component(self, name: str, instance: object) -> list[str]:
         """Where INSTANCE departs from components/schemas/NAME (e.g. webhook-pull-request-opened)."""
         v = self._validator(("component", name), {"$ref": f"#/components/schemas/{name}"}, _ReadValidator)
-        return [f"{'/'.join(str(p) for p in e.absolute_path) or '(root)'}: {_describe(e)}"
-                for e in v.iter_errors(instance)]
+        return [
+            f"{'/'.join(str(p) for p in e.absolute_path) or '(root)'}: {_describe(e)}" for e in v.iter_errors(instance)
+        ]
 
     def _check_value(self, key: tuple, schema: dict, raw: str) -> list[str]:
         value = _coerce(raw, schema)

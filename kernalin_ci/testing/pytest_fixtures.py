@@ -7,6 +7,7 @@
 is stopped at teardown, and the test fails there if it saw an invalid request or
 answered off GitHub's description (`problems`).
 """
+
 from __future__ import annotations
 
 import pytest

@@ -5,6 +5,7 @@ process never imports them. Instances: base (every role from the base tree), hea
 tree) and base2 (the base again, from a copy of the base tree: the A/A noise floor), as in
 kernalin_ci.bench.pair.
 """
+
 from __future__ import annotations
 
 import os
@@ -71,14 +72,30 @@ class ModelResult:
 
     def to_json(self) -> dict:
         s = self.spec
-        return {"model": s.name, "shape": s.shape(), "source": s.source, "price_per_hour": s.price_per_hour,
-                "price_source": s.price_source, "device": self.device, "kernels": self.roles,
-                "measured": self.measured, "reason": self.reason, "mode": self.mode, "mode_why": self.mode_why,
-                "layers_built": self.layers_built, "points": self.points,
-                "verdict": self.verdict.to_json() if self.verdict else None, "rounds": self.rounds,
-                "stopped": self.stopped, "seconds": self.seconds, "bench_seconds": self.bench_seconds,
-                "setup_seconds": self.setup_seconds, "error": self.error, "error_kind": self.error_kind,
-                "notes": self.notes}
+        return {
+            "model": s.name,
+            "shape": s.shape(),
+            "source": s.source,
+            "price_per_hour": s.price_per_hour,
+            "price_source": s.price_source,
+            "device": self.device,
+            "kernels": self.roles,
+            "measured": self.measured,
+            "reason": self.reason,
+            "mode": self.mode,
+            "mode_why": self.mode_why,
+            "layers_built": self.layers_built,
+            "points": self.points,
+            "verdict": self.verdict.to_json() if self.verdict else None,
+            "rounds": self.rounds,
+            "stopped": self.stopped,
+            "seconds": self.seconds,
+            "bench_seconds": self.bench_seconds,
+            "setup_seconds": self.setup_seconds,
+            "error": self.error,
+            "error_kind": self.error_kind,
+            "notes": self.notes,
+        }
 
 
 def not_measured(spec: ModelSpec, device: str, reason: str, roles: dict | None = None) -> dict:
@@ -102,18 +119,23 @@ def check_roles(spec: ModelSpec, roles: list[Role]) -> tuple[dict, dict]:
     params: dict = {}
     for r in roles:
         if r.op not in ROLE_OPS[r.role]:
-            raise UsageError(f"model: the {r.role} place takes {' or '.join(ROLE_OPS[r.role])}, "
-                             f"not {r.kernel} ({r.op})")
-        for pin, want in (("head_dim", spec.head_dim), ("num_q_heads", spec.num_heads),
-                          ("num_kv_heads", spec.num_kv_heads)):
+            raise UsageError(
+                f"model: the {r.role} place takes {' or '.join(ROLE_OPS[r.role])}, not {r.kernel} ({r.op})"
+            )
+        for pin, want in (
+            ("head_dim", spec.head_dim),
+            ("num_q_heads", spec.num_heads),
+            ("num_kv_heads", spec.num_kv_heads),
+        ):
             got = r.params.get(pin)
             if got is not None and int(got) != want:
                 raise UsageError(f"model: {r.kernel} pins {pin}={got}, the model has {want}")
         if r.op == "rope" and r.params.get("max_position") is not None:
             longest = max(p.context for p in spec.serving)
             if longest >= int(r.params["max_position"]):
-                raise UsageError(f"model: context {longest} is beyond {r.kernel}'s max_position "
-                                 f"{r.params['max_position']}")
+                raise UsageError(
+                    f"model: context {longest} is beyond {r.kernel}'s max_position {r.params['max_position']}"
+                )
         params.update({k: v for k, v in r.params.items() if v is not None or k not in params})
     by = {r.role: r for r in roles}
     att = by.get("attention")
@@ -126,15 +148,31 @@ def check_roles(spec: ModelSpec, roles: list[Role]) -> tuple[dict, dict]:
         if app and att:
             for key in ("block_size", "layout"):
                 if (app.params.get(key) or layout[key]) != layout[key]:
-                    raise UsageError(f"model: {app.kernel} has {key} {app.params.get(key)}, "
-                                     f"{att.kernel} has {layout[key]}: they must share the cache")
+                    raise UsageError(
+                        f"model: {app.kernel} has {key} {app.params.get(key)}, "
+                        f"{att.kernel} has {layout[key]}: they must share the cache"
+                    )
     return params, layout
 
 
-def bench_model(spec: ModelSpec, roles: list[Role], base_root: str | None, head_root: str | None, device: str, *,
-                budget_s: float = 30.0, rope_min: float = stats.ROPE_MIN, rope: float | None = None,
-                reps: int | None = None, l2_flush: bool = True, max_rounds: int | None = None, seed: int = 0,
-                timeout_s: float | None = None, progress=None, mode: str = "auto") -> ModelResult:
+def bench_model(
+    spec: ModelSpec,
+    roles: list[Role],
+    base_root: str | None,
+    head_root: str | None,
+    device: str,
+    *,
+    budget_s: float = 30.0,
+    rope_min: float = stats.ROPE_MIN,
+    rope: float | None = None,
+    reps: int | None = None,
+    l2_flush: bool = True,
+    max_rounds: int | None = None,
+    seed: int = 0,
+    timeout_s: float | None = None,
+    progress=None,
+    mode: str = "auto",
+) -> ModelResult:
     """Time the decode step of `spec` with the base kernels against the head kernels.
 
     On the CPU nothing is timed: the step runs once per instance at a small shape (`measured` false,
@@ -162,10 +200,24 @@ def bench_model(spec: ModelSpec, roles: list[Role], base_root: str | None, head_
         instances = [
             {"name": "base", "roles": {r.role: {"entry": r.base_entry, "root": base_root} for r in roles}},
             {"name": "head", "roles": {r.role: {"entry": r.head_entry, "root": head_root} for r in roles}},
-            {"name": "base2", "roles": base2}]
-        job = {"task": "model-bench", "device": device, "params": params, "spec": spec.to_json(),
-               "instances": instances, **layout, "reps": reps, "budget_s": budget_s, "max_rounds": max_rounds,
-               "seed": seed, "l2_flush": l2_flush, "rope": rope, "rope_min": rope_min, "mode": mode}
+            {"name": "base2", "roles": base2},
+        ]
+        job = {
+            "task": "model-bench",
+            "device": device,
+            "params": params,
+            "spec": spec.to_json(),
+            "instances": instances,
+            **layout,
+            "reps": reps,
+            "budget_s": budget_s,
+            "max_rounds": max_rounds,
+            "seed": seed,
+            "l2_flush": l2_flush,
+            "rope": rope,
+            "rope_min": rope_min,
+            "mode": mode,
+        }
         _drive(job, result, timeout_s or DEFAULT_TIMEOUT_S[device], progress)
     _finish(result, rope, rope_min)
     result.seconds = time.perf_counter() - t_start
@@ -193,7 +245,8 @@ def _drive(job: dict, result: ModelResult, timeout_s: float, progress) -> None:
                 f"the decode step ran once per instance ({', '.join(ev['instances'])}) at a small shape "
                 f"(layers {s['layers']}, hidden {s['hidden_size']}, heads {s['num_heads']}/{s['num_kv_heads']}, "
                 f"head dim {s['head_dim']}, {s['dtype']}; batch {p['batch']}, context {p['context']}) under the "
-                f"Triton interpreter, and layer 0's attention outputs agree; nothing was timed")
+                f"Triton interpreter, and layer 0's attention outputs agree; nothing was timed"
+            )
         elif kind == "round":
             for n in names:
                 times[n].append(ev["times"][n])
@@ -201,8 +254,12 @@ def _drive(job: dict, result: ModelResult, timeout_s: float, progress) -> None:
             state["where"] = f"round {ev['round'] + 1}"
             v = ev.get("verdict")
             if progress is True and v and (stats.is_look(ev["round"]) or ev["round"] % 50 == 0):
-                print(f"  model round {ev['round']} ({ev['elapsed']:.1f} s): step head/base {v['ratio']:.4f} "
-                      f"[{v['hdi'][0]:.4f}, {v['hdi'][1]:.4f}] -> {v['verdict']}", file=sys.stderr, flush=True)
+                print(
+                    f"  model round {ev['round']} ({ev['elapsed']:.1f} s): step head/base {v['ratio']:.4f} "
+                    f"[{v['hdi'][0]:.4f}, {v['hdi'][1]:.4f}] -> {v['verdict']}",
+                    file=sys.stderr,
+                    flush=True,
+                )
         elif kind == "stopped":
             result.stopped = ev["reason"]
         elif kind == "bench-error":
@@ -231,7 +288,13 @@ def _finish(result: ModelResult, rope, rope_min) -> None:
     geo = {n: geometric_mean_over_shapes(a) for n, a in inst.items()}
     result.verdict = stats.compare_trace(geo["base"], geo["head"], geo.get("base2"), rope=rope, rope_min=rope_min)
     for i, p in enumerate(result.spec.serving):
-        s = cost.point_summary(inst["base"][:, i], inst["head"][:, i],
-                               inst["base2"][:, i] if "base2" in inst else None, p.batch,
-                               result.spec.price_per_hour, rope=rope, rope_min=rope_min)
+        s = cost.point_summary(
+            inst["base"][:, i],
+            inst["head"][:, i],
+            inst["base2"][:, i] if "base2" in inst else None,
+            p.batch,
+            result.spec.price_per_hour,
+            rope=rope,
+            rope_min=rope_min,
+        )
         result.points.append({"batch": p.batch, "context": p.context, **s})

@@ -10,6 +10,7 @@ instance's samples; a Bayesian bootstrap over rounds. The head/base verdict is t
 the per-round log(base_step / head_step); each side's tokens/s and $/Mtok have a posterior of the mean
 step time over rounds.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -42,25 +43,45 @@ def side_summary(steps: np.ndarray, batch: int, price_per_hour: float) -> dict:
     med = float(stats.sorted_median(draws))
     t_lo, t_hi = stats.hdi(tps)
     c_lo, c_hi = stats.hdi(cost)
-    return {"step_ms": med, "tokens_per_s": tokens_per_s(med, batch),
-            "tokens_per_s_hdi": [float(t_lo), float(t_hi)],
-            "usd_per_mtok": usd_per_mtok(price_per_hour, tokens_per_s(med, batch)),
-            "usd_per_mtok_hdi": [float(c_lo), float(c_hi)]}
+    return {
+        "step_ms": med,
+        "tokens_per_s": tokens_per_s(med, batch),
+        "tokens_per_s_hdi": [float(t_lo), float(t_hi)],
+        "usd_per_mtok": usd_per_mtok(price_per_hour, tokens_per_s(med, batch)),
+        "usd_per_mtok_hdi": [float(c_lo), float(c_hi)],
+    }
 
 
-def point_summary(base: np.ndarray, head: np.ndarray, base2: np.ndarray | None, batch: int,
-                  price_per_hour: float, rope: float | None = None, rope_min: float = stats.ROPE_MIN) -> dict:
+def point_summary(
+    base: np.ndarray,
+    head: np.ndarray,
+    base2: np.ndarray | None,
+    batch: int,
+    price_per_hour: float,
+    rope: float | None = None,
+    rope_min: float = stats.ROPE_MIN,
+) -> dict:
     """A serving point's step times, [rounds, reps] per instance -> the JSON of docs/tokens.md."""
     base, head = np.asarray(base, dtype=np.float64), np.asarray(head, dtype=np.float64)
     v = stats.compare_trace(base, head, base2, rope=rope, rope_min=rope_min)
     d = stats.log_ratios(head, base)  # log(base / head) per round = log(tokens/s head / base)
     post = stats.posterior(d[None, :])
     lo, hi = stats.hdi(np.exp(post))
-    out = {"verdict": v.verdict, "step_ratio": v.ratio, "step_hdi": list(v.hdi),
-           "tokens_per_s_ratio": float(np.exp(stats.sorted_median(post))[0]),
-           "tokens_per_s_ratio_hdi": [float(lo[0]), float(hi[0])],
-           "p_faster": v.p_faster, "p_equivalent": v.p_equivalent, "p_slower": v.p_slower,
-           "rope": list(v.rope), "rope_source": v.rope_source, "floor": v.floor, "rounds": v.rounds,
-           "base": side_summary(base, batch, price_per_hour), "head": side_summary(head, batch, price_per_hour)}
+    out = {
+        "verdict": v.verdict,
+        "step_ratio": v.ratio,
+        "step_hdi": list(v.hdi),
+        "tokens_per_s_ratio": float(np.exp(stats.sorted_median(post))[0]),
+        "tokens_per_s_ratio_hdi": [float(lo[0]), float(hi[0])],
+        "p_faster": v.p_faster,
+        "p_equivalent": v.p_equivalent,
+        "p_slower": v.p_slower,
+        "rope": list(v.rope),
+        "rope_source": v.rope_source,
+        "floor": v.floor,
+        "rounds": v.rounds,
+        "base": side_summary(base, batch, price_per_hour),
+        "head": side_summary(head, batch, price_per_hour),
+    }
     out["usd_per_mtok_change"] = out["head"]["usd_per_mtok"] / out["base"]["usd_per_mtok"] - 1.0
     return out

@@ -3,6 +3,7 @@
 Read from `.kernalin.yml` (`model:`) or from `--model PRESET|path.yml` (the same keys; `kernels` only in
 `.kernalin.yml`). Every error is one line naming the file, the line and the key (exit 2).
 """
+
 from __future__ import annotations
 
 import math
@@ -16,24 +17,55 @@ from kernalin_ci.errors import UsageError
 # num_key_value_heads, head_dim (hidden_size / num_attention_heads where the config has none),
 # intermediate_size, vocab_size, torch_dtype. docs/tokens.md lists them.
 PRESETS: dict[str, dict] = {
-    "llama-3.1-8b": {"layers": 32, "hidden_size": 4096, "num_heads": 32, "num_kv_heads": 8, "head_dim": 128,
-                     "intermediate_size": 14336, "vocab_size": 128256, "dtype": "bfloat16",
-                     "source": "meta-llama/Llama-3.1-8B config.json"},
-    "llama-3.1-70b": {"layers": 80, "hidden_size": 8192, "num_heads": 64, "num_kv_heads": 8, "head_dim": 128,
-                      "intermediate_size": 28672, "vocab_size": 128256, "dtype": "bfloat16",
-                      "source": "meta-llama/Llama-3.1-70B config.json"},
-    "qwen2.5-7b": {"layers": 28, "hidden_size": 3584, "num_heads": 28, "num_kv_heads": 4, "head_dim": 128,
-                   "intermediate_size": 18944, "vocab_size": 152064, "dtype": "bfloat16",
-                   "source": "Qwen/Qwen2.5-7B config.json"},
-    "mistral-7b": {"layers": 32, "hidden_size": 4096, "num_heads": 32, "num_kv_heads": 8, "head_dim": 128,
-                   "intermediate_size": 14336, "vocab_size": 32768, "dtype": "bfloat16",
-                   "source": "mistralai/Mistral-7B-v0.3 config.json"},
+    "llama-3.1-8b": {
+        "layers": 32,
+        "hidden_size": 4096,
+        "num_heads": 32,
+        "num_kv_heads": 8,
+        "head_dim": 128,
+        "intermediate_size": 14336,
+        "vocab_size": 128256,
+        "dtype": "bfloat16",
+        "source": "meta-llama/Llama-3.1-8B config.json",
+    },
+    "llama-3.1-70b": {
+        "layers": 80,
+        "hidden_size": 8192,
+        "num_heads": 64,
+        "num_kv_heads": 8,
+        "head_dim": 128,
+        "intermediate_size": 28672,
+        "vocab_size": 128256,
+        "dtype": "bfloat16",
+        "source": "meta-llama/Llama-3.1-70B config.json",
+    },
+    "qwen2.5-7b": {
+        "layers": 28,
+        "hidden_size": 3584,
+        "num_heads": 28,
+        "num_kv_heads": 4,
+        "head_dim": 128,
+        "intermediate_size": 18944,
+        "vocab_size": 152064,
+        "dtype": "bfloat16",
+        "source": "Qwen/Qwen2.5-7B config.json",
+    },
+    "mistral-7b": {
+        "layers": 32,
+        "hidden_size": 4096,
+        "num_heads": 32,
+        "num_kv_heads": 8,
+        "head_dim": 128,
+        "intermediate_size": 14336,
+        "vocab_size": 32768,
+        "dtype": "bfloat16",
+        "source": "mistralai/Mistral-7B-v0.3 config.json",
+    },
 }
 SHAPE_KEYS = ("layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size", "vocab_size")
 MODEL_DTYPES = ("bfloat16", "float16", "float32")
 ROLES = ("attention", "rope", "kv_append")  # the gated kernels' places in the step
-ROLE_OPS = {"attention": ("attention.decode_paged", "attention.decode"), "rope": ("rope",),
-            "kv_append": ("kv_append",)}
+ROLE_OPS = {"attention": ("attention.decode_paged", "attention.decode"), "rope": ("rope",), "kv_append": ("kv_append",)}
 KEYS = ("preset", *SHAPE_KEYS, "dtype", "serving", "gpu_price_per_hour", "kernels", "budget_s")
 
 # The default price: an on-demand H200 (one GPU, per hour, USD) as published by a GPU cloud;
@@ -150,8 +182,11 @@ def parse_node(node, path: str, key: str = "model", allow_kernels: bool = True) 
     if dtype not in MODEL_DTYPES:
         raise e.err(where["dtype"], f"{key}.dtype", f"must be one of {', '.join(MODEL_DTYPES)}, got {dtype!r}")
     if vals["num_heads"] % vals["num_kv_heads"]:
-        raise e.err(where["num_kv_heads"], f"{key}.num_kv_heads",
-                    f"num_heads {vals['num_heads']} is not a multiple of num_kv_heads {vals['num_kv_heads']}")
+        raise e.err(
+            where["num_kv_heads"],
+            f"{key}.num_kv_heads",
+            f"num_heads {vals['num_heads']} is not a multiple of num_kv_heads {vals['num_kv_heads']}",
+        )
     if vals["head_dim"] % 2:
         raise e.err(where["head_dim"], f"{key}.head_dim", f"must be even (rotary pairs), got {vals['head_dim']}")
     spec = ModelSpec(name=name, dtype=dtype, source=base.get("source", "") if name != "custom" else path, **vals)
@@ -169,7 +204,9 @@ def parse_node(node, path: str, key: str = "model", allow_kernels: bool = True) 
     if "kernels" in items:
         knode, kernels = items["kernels"]
         if not isinstance(kernels, dict) or not all(isinstance(v, str) for v in kernels.values()):
-            raise e.err(knode, f"{key}.kernels", f"expected a mapping of role to kernel name (roles: {', '.join(ROLES)})")
+            raise e.err(
+                knode, f"{key}.kernels", f"expected a mapping of role to kernel name (roles: {', '.join(ROLES)})"
+            )
         bad = [r for r in kernels if r not in ROLES]
         if bad:
             raise e.err(knode, f"{key}.kernels.{bad[0]}", f"unknown role (roles: {', '.join(ROLES)})")
@@ -187,8 +224,9 @@ def _serving(e: _Errors, node, value, key: str) -> list[ServingPoint]:
         k = f"{key}[{i}]"
         if not isinstance(item, dict) or set(item) != {"batch", "context"}:
             raise e.err(item_node, k, f"expected {{batch: N, context: N}}, got {item!r}")
-        p = ServingPoint(_int(e, item_node, f"{k}.batch", item["batch"]), _int(e, item_node, f"{k}.context",
-                                                                              item["context"]))
+        p = ServingPoint(
+            _int(e, item_node, f"{k}.batch", item["batch"]), _int(e, item_node, f"{k}.context", item["context"])
+        )
         if p in out:
             raise e.err(item_node, k, f"duplicate serving point ({p.label})")
         out.append(p)
@@ -208,8 +246,9 @@ def from_cli(value: str) -> ModelSpec:
         node = yaml.compose(p.read_text())
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
-        raise UsageError(f"{p}:{mark.line + 1 if mark else 1}: not valid YAML: "
-                         f"{getattr(err, 'problem', None) or err}") from None
+        raise UsageError(
+            f"{p}:{mark.line + 1 if mark else 1}: not valid YAML: {getattr(err, 'problem', None) or err}"
+        ) from None
     if node is None:
         raise UsageError(f"{p}:1: empty model file (expected the keys of docs/tokens.md)")
     return parse_node(node, str(p), key="model", allow_kernels=False)
@@ -220,8 +259,18 @@ def tiny(spec: ModelSpec) -> ModelSpec:
     group = spec.num_heads // spec.num_kv_heads
     hkv = min(spec.num_kv_heads, 2)
     hq = hkv * min(group, 2)
-    return ModelSpec(name=f"{spec.name} (tiny CPU shape)", layers=1, hidden_size=hq * spec.head_dim,
-                     num_heads=hq, num_kv_heads=hkv, head_dim=spec.head_dim,
-                     intermediate_size=2 * hq * spec.head_dim, vocab_size=256, dtype="float32",
-                     serving=[ServingPoint(2, 20)], price_per_hour=spec.price_per_hour,
-                     price_source=spec.price_source, source=spec.source)
+    return ModelSpec(
+        name=f"{spec.name} (tiny CPU shape)",
+        layers=1,
+        hidden_size=hq * spec.head_dim,
+        num_heads=hq,
+        num_kv_heads=hkv,
+        head_dim=spec.head_dim,
+        intermediate_size=2 * hq * spec.head_dim,
+        vocab_size=256,
+        dtype="float32",
+        serving=[ServingPoint(2, 20)],
+        price_per_hour=spec.price_per_hour,
+        price_source=spec.price_source,
+        source=spec.source,
+    )

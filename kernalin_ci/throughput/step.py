@@ -18,6 +18,7 @@ otherwise; blocks are assigned in a random order, as a serving engine's pool han
 Weights are N(0, 1/fan_in) so activations stay bounded through any depth; the KV caches hold
 N(0, 1) keys and values. Nothing here reads the kernels' outputs except the agreement check.
 """
+
 from __future__ import annotations
 
 import math
@@ -46,8 +47,9 @@ class Kernels:
     @property
     def paged(self) -> bool:
         """A paged cache for a paged attention kernel, or for a kv_append kernel with the torch attention."""
-        return self.attention_op == "attention.decode_paged" or (self.attention_op is None and
-                                                                 self.kv_append is not None)
+        return self.attention_op == "attention.decode_paged" or (
+            self.attention_op is None and self.kv_append is not None
+        )
 
 
 @dataclass
@@ -87,8 +89,11 @@ def cache_blocks(point: ServingPoint, block_size: int) -> tuple[int, int]:
 
 def kv_bytes(spec: ModelSpec, point: ServingPoint, kernels: Kernels) -> int:
     """Both caches of one layer at this point."""
-    slots = cache_blocks(point, kernels.block_size)[1] * kernels.block_size if kernels.paged \
+    slots = (
+        cache_blocks(point, kernels.block_size)[1] * kernels.block_size
+        if kernels.paged
         else point.batch * (point.context + 1)
+    )
     return 2 * slots * spec.num_kv_heads * spec.head_dim * torch_dtype(spec.dtype).itemsize
 
 
@@ -107,13 +112,18 @@ def build_weights(spec: ModelSpec, n_layers: int, device: str, seed: int) -> Wei
     ones = torch.ones(H, dtype=dt, device=device)
     w = Weights(embed=_randn((spec.vocab_size, H), gen, dt, device), final_norm=ones)
     for _ in range(n_layers):
-        w.layers.append(Layer(
-            attn_norm=ones, wq=_randn((H, spec.num_heads * D), gen, dt, device, H ** -0.5),
-            wk=_randn((H, spec.num_kv_heads * D), gen, dt, device, H ** -0.5),
-            wv=_randn((H, spec.num_kv_heads * D), gen, dt, device, H ** -0.5),
-            wo=_randn((spec.num_heads * D, H), gen, dt, device, (spec.num_heads * D) ** -0.5),
-            mlp_norm=ones, w_gate_up=_randn((H, 2 * I), gen, dt, device, H ** -0.5),
-            w_down=_randn((I, H), gen, dt, device, I ** -0.5)))
+        w.layers.append(
+            Layer(
+                attn_norm=ones,
+                wq=_randn((H, spec.num_heads * D), gen, dt, device, H**-0.5),
+                wk=_randn((H, spec.num_kv_heads * D), gen, dt, device, H**-0.5),
+                wv=_randn((H, spec.num_kv_heads * D), gen, dt, device, H**-0.5),
+                wo=_randn((spec.num_heads * D, H), gen, dt, device, (spec.num_heads * D) ** -0.5),
+                mlp_norm=ones,
+                w_gate_up=_randn((H, 2 * I), gen, dt, device, H**-0.5),
+                w_down=_randn((I, H), gen, dt, device, I**-0.5),
+            )
+        )
     return w
 
 
@@ -142,8 +152,9 @@ class PointInputs:
     caches: list[Caches] = field(default_factory=list)  # one per built layer
 
 
-def build_point(spec: ModelSpec, point: ServingPoint, kernels: Kernels, n_layers: int, device: str,
-                seed: int) -> PointInputs:
+def build_point(
+    spec: ModelSpec, point: ServingPoint, kernels: Kernels, n_layers: int, device: str, seed: int
+) -> PointInputs:
     gen = torch.Generator(device="cpu")
     gen.manual_seed(seed)
     dgen = torch.Generator(device=device)
@@ -155,18 +166,24 @@ def build_point(spec: ModelSpec, point: ServingPoint, kernels: Kernels, n_layers
         bs = kernels.block_size
         per_seq, pool = cache_blocks(point, bs)
         tables = torch.randperm(pool, generator=gen)[: B * per_seq].reshape(B, per_seq).to(torch.int32)
-        slots = (tables[:, L // bs].to(torch.int64) * bs + L % bs)
+        slots = tables[:, L // bs].to(torch.int64) * bs + L % bs
         shape = (pool, bs, Hkv, D) if kernels.layout == "nhd" else (pool, Hkv, bs, D)
     else:
         tables, slots = None, torch.zeros(B, dtype=torch.int64)
         shape = (B, Hkv, L + 1, D)
     inv = spec_rope_base() ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
     ang = float(L) * inv
-    pi = PointInputs(point=point, tokens=torch.randint(0, spec.vocab_size, (B,), generator=gen).to(device),
-                     hidden=_randn((B, spec.hidden_size), dgen, dt, device), positions=positions.to(device),
-                     slots=slots.to(device), block_tables=tables.to(device) if tables is not None else None,
-                     kv_lens=torch.full((B,), L + 1, dtype=torch.int32, device=device),
-                     cos=ang.cos().float().to(device), sin=ang.sin().float().to(device))
+    pi = PointInputs(
+        point=point,
+        tokens=torch.randint(0, spec.vocab_size, (B,), generator=gen).to(device),
+        hidden=_randn((B, spec.hidden_size), dgen, dt, device),
+        positions=positions.to(device),
+        slots=slots.to(device),
+        block_tables=tables.to(device) if tables is not None else None,
+        kv_lens=torch.full((B,), L + 1, dtype=torch.int32, device=device),
+        cos=ang.cos().float().to(device),
+        sin=ang.sin().float().to(device),
+    )
     for _ in range(n_layers):
         pi.caches.append(Caches(_randn(shape, dgen, dt, device), _randn(shape, dgen, dt, device)))
     return pi
@@ -178,6 +195,7 @@ def spec_rope_base() -> float:
 
 # ------------------------------------------------------------------------------------------ the step
 
+
 def rms_norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return F.rms_norm(x, (x.shape[-1],), w, RMS_EPS)
 
@@ -188,8 +206,9 @@ def torch_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 
 
-def attention_block(spec: ModelSpec, layer: Layer, cache: Caches, pi: PointInputs, k: Kernels,
-                    x: torch.Tensor) -> torch.Tensor:
+def attention_block(
+    spec: ModelSpec, layer: Layer, cache: Caches, pi: PointInputs, k: Kernels, x: torch.Tensor
+) -> torch.Tensor:
     """The attention half of a layer up to (not including) the o projection: [B, Hq*D]."""
     B, Hq, Hkv, D = pi.point.batch, spec.num_heads, spec.num_kv_heads, spec.head_dim
     xn = rms_norm(x, layer.attn_norm)
@@ -200,7 +219,7 @@ def attention_block(spec: ModelSpec, layer: Layer, cache: Caches, pi: PointInput
         q, key = k.rope(q=q, k=key, positions=pi.positions)
     else:
         q, key = torch_rope(q, pi.cos, pi.sin), torch_rope(key, pi.cos, pi.sin)
-    scale = D ** -0.5
+    scale = D**-0.5
     if k.paged:
         if k.kv_append is not None:
             k.kv_append(key=key, value=value, k_cache=cache.k, v_cache=cache.v, slot_mapping=pi.slots)
@@ -212,8 +231,9 @@ def attention_block(spec: ModelSpec, layer: Layer, cache: Caches, pi: PointInput
             else:
                 cache.k[blk, :, off], cache.v[blk, :, off] = key, value
         if k.attention is not None:
-            o = k.attention(q=q, k_cache=cache.k, v_cache=cache.v, block_tables=pi.block_tables,
-                            kv_lens=pi.kv_lens, scale=scale)
+            o = k.attention(
+                q=q, k_cache=cache.k, v_cache=cache.v, block_tables=pi.block_tables, kv_lens=pi.kv_lens, scale=scale
+            )
         else:
             o = torch_paged_attention(q, cache, pi, k.layout, scale)
     else:
@@ -223,8 +243,9 @@ def attention_block(spec: ModelSpec, layer: Layer, cache: Caches, pi: PointInput
         if k.attention is not None:
             o = k.attention(q=q, k_cache=cache.k, v_cache=cache.v, kv_lens=pi.kv_lens, scale=scale)
         else:
-            o = F.scaled_dot_product_attention(q[:, :, None], cache.k, cache.v, scale=scale,
-                                               enable_gqa=Hq != Hkv)[:, :, 0]
+            o = F.scaled_dot_product_attention(q[:, :, None], cache.k, cache.v, scale=scale, enable_gqa=Hq != Hkv)[
+                :, :, 0
+            ]
     return o.reshape(B, Hq * D)
 
 
@@ -241,12 +262,14 @@ def torch_paged_attention(q: torch.Tensor, cache: Caches, pi: PointInputs, layou
         return g.flatten(1, 2)[:, :n].transpose(1, 2)  # [B, Hkv, n, D]
 
     keys, values = gather(cache.k), gather(cache.v)
-    return F.scaled_dot_product_attention(q[:, :, None], keys, values, scale=scale,
-                                          enable_gqa=q.shape[1] != keys.shape[1])[:, :, 0]
+    return F.scaled_dot_product_attention(
+        q[:, :, None], keys, values, scale=scale, enable_gqa=q.shape[1] != keys.shape[1]
+    )[:, :, 0]
 
 
-def layer_forward(spec: ModelSpec, layer: Layer, cache: Caches, pi: PointInputs, k: Kernels,
-                  x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def layer_forward(
+    spec: ModelSpec, layer: Layer, cache: Caches, pi: PointInputs, k: Kernels, x: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (the layer's output, its attention output [B, Hq*D])."""
     attn = attention_block(spec, layer, cache, pi, k, x)
     h = x + torch.mm(attn, layer.wo)

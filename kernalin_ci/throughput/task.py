@@ -14,6 +14,7 @@ twice the dtype's tolerance and the logits must be finite, so an instance that s
 captured cannot look fast. On the CPU nothing is timed: a small model of the same head dim and head
 ratio runs once per instance under the Triton interpreter and the outputs are compared.
 """
+
 from __future__ import annotations
 
 import functools
@@ -39,9 +40,14 @@ FREE_FRACTION = 0.9
 
 def load_kernels(roles: dict, job: dict) -> st.Kernels:
     fns = {role: load_entry(r["entry"], r.get("root")) for role, r in roles.items()}
-    return st.Kernels(attention=fns.get("attention"), rope=fns.get("rope"), kv_append=fns.get("kv_append"),
-                      attention_op=job.get("attention_op"), block_size=int(job.get("block_size") or 16),
-                      layout=job.get("layout") or "nhd")
+    return st.Kernels(
+        attention=fns.get("attention"),
+        rope=fns.get("rope"),
+        kv_append=fns.get("kv_append"),
+        attention_op=job.get("attention_op"),
+        block_size=int(job.get("block_size") or 16),
+        layout=job.get("layout") or "nhd",
+    )
 
 
 def run_job(job: dict, emit) -> None:
@@ -68,8 +74,9 @@ def _call(name: str, fn):
     try:
         return fn()
     except Exception as e:  # the user's kernel
-        raise BenchAbort("entry-error", f"{name}: an entry raised {type(e).__name__}: "
-                                        f"{' '.join(str(e).split())[:300]}") from None
+        raise BenchAbort(
+            "entry-error", f"{name}: an entry raised {type(e).__name__}: {' '.join(str(e).split())[:300]}"
+        ) from None
 
 
 def agreement(spec: ModelSpec, label: str, outs: list[tuple[str, dict]]) -> None:
@@ -85,9 +92,12 @@ def agreement(spec: ModelSpec, label: str, outs: list[tuple[str, dict]]) -> None
         rows = (-1, spec.head_dim)  # one row per (sequence, head), as the ops compare
         err = row_errors(o["attn0"].double().cpu().reshape(rows), base["attn0"].double().cpu().reshape(rows))
         if not bool((err <= tol).all()):
-            raise BenchAbort("mismatch", f"{name} and {base_name} disagree on {label}: layer 0's attention output "
-                                         f"differs by up to {float(err.max()):.3g} (relative, per head; "
-                                         f"tolerance {tol:g})")
+            raise BenchAbort(
+                "mismatch",
+                f"{name} and {base_name} disagree on {label}: layer 0's attention output "
+                f"differs by up to {float(err.max()):.3g} (relative, per head; "
+                f"tolerance {tol:g})",
+            )
 
 
 def _cpu_check(spec: ModelSpec, instances, job, emit) -> None:
@@ -101,8 +111,15 @@ def _cpu_check(spec: ModelSpec, instances, job, emit) -> None:
     for name, k in instances:
         outs.append((name, _call(name, functools.partial(st.full_step, small, w, pi, k))))
     agreement(small, point.label, outs)
-    emit({"event": "cpu-check", "shape": small.shape(), "point": {"batch": point.batch, "context": point.context},
-          "instances": [n for n, _ in instances], "seconds": time.perf_counter() - t0})
+    emit(
+        {
+            "event": "cpu-check",
+            "shape": small.shape(),
+            "point": {"batch": point.batch, "context": point.context},
+            "instances": [n for n, _ in instances],
+            "seconds": time.perf_counter() - t0,
+        }
+    )
 
 
 class Part:
@@ -112,8 +129,9 @@ class Part:
         self.name, self.multiplier, self.runners = name, multiplier, runners
 
 
-def choose_mode(spec: ModelSpec, points: list[ServingPoint], k0: st.Kernels, requested: str,
-                free: int) -> tuple[str, int, str]:
+def choose_mode(
+    spec: ModelSpec, points: list[ServingPoint], k0: st.Kernels, requested: str, free: int
+) -> tuple[str, int, str]:
     """-> (mode, layers built, why); `free`: the device's free memory in bytes."""
     lb, eb = st.layer_bytes(spec), st.ends_bytes(spec)
     kv = sum(st.kv_bytes(spec, p, k0) for p in points)
@@ -121,8 +139,9 @@ def choose_mode(spec: ModelSpec, points: list[ServingPoint], k0: st.Kernels, req
     fits = need <= FREE_FRACTION * free
     mode = requested if requested != "auto" else ("full" if fits else "per-layer")
     gib = 1 << 30
-    why = (f"the whole model with the caches of every serving point needs {need / gib:.1f} GiB, "
-           f"{free / gib:.1f} GiB free")
+    why = (
+        f"the whole model with the caches of every serving point needs {need / gib:.1f} GiB, {free / gib:.1f} GiB free"
+    )
     built = spec.layers if mode == "full" else st.block_layers(spec, lb + kv)
     return mode, built, why
 
@@ -151,8 +170,17 @@ def _run(spec: ModelSpec, instances, job, emit) -> None:
             runners = [Runner(name, functools.partial(fn, spec, w, pi, k), {}, device) for name, k in instances]
             inner, timing = clock.prepare(runners, emit, f"{p.label} {pname}")
             parts.append(Part(pname, mult, runners))
-            emit({"event": "setup", "shape": pi_index, "label": p.label, "part": pname, "inner": inner,
-                  "timing": timing, "multiplier": mult})
+            emit(
+                {
+                    "event": "setup",
+                    "shape": pi_index,
+                    "label": p.label,
+                    "part": pname,
+                    "inner": inner,
+                    "timing": timing,
+                    "multiplier": mult,
+                }
+            )
         shapes.append((p, pi, parts))
     emit({"event": "setup-done", "seconds": time.perf_counter() - t_setup, "clock": clock.label})
 
@@ -190,11 +218,22 @@ def _run(spec: ModelSpec, instances, job, emit) -> None:
         rnd += 1
         elapsed += time.perf_counter() - t0
         verdict = _verdict(times, names, job)
-        emit({"event": "round", "round": rnd, "times": per, "elapsed": elapsed,
-              "verdict": verdict.to_json() if verdict else None})
+        emit(
+            {
+                "event": "round",
+                "round": rnd,
+                "times": per,
+                "elapsed": elapsed,
+                "verdict": verdict.to_json() if verdict else None,
+            }
+        )
         reason = None
-        if job.get("adaptive", True) and verdict is not None and stats.is_look(rnd) and \
-                stats.should_stop(verdict.verdict, verdict.rope_source):
+        if (
+            job.get("adaptive", True)
+            and verdict is not None
+            and stats.is_look(rnd)
+            and stats.should_stop(verdict.verdict, verdict.rope_source)
+        ):
             reason = "verdict"
         elif elapsed >= budget:
             reason = "budget"
@@ -210,5 +249,6 @@ def _verdict(times: dict, names: list[str], job: dict):
         return None
     arr = {n: geometric_mean_over_shapes(np.asarray(times[n], dtype=np.float64)) for n in names}
     base2 = arr[names[2]] if len(names) > 2 else None
-    return stats.compare_trace(arr[names[0]], arr[names[1]], base2, rope=job.get("rope"),
-                               rope_min=job.get("rope_min", stats.ROPE_MIN))
+    return stats.compare_trace(
+        arr[names[0]], arr[names[1]], base2, rope=job.get("rope"), rope_min=job.get("rope_min", stats.ROPE_MIN)
+    )

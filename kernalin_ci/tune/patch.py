@@ -7,6 +7,7 @@ What is edited (docs/tune.md):
   autotuner keeps choosing per shape, but only among verified configs.
 The source is read and edited as text at the positions `ast` gives; it is never imported.
 """
+
 from __future__ import annotations
 
 import ast
@@ -23,13 +24,15 @@ class Patch:
 
     @property
     def diff(self) -> str:
-        return "".join(difflib.unified_diff(self.old.splitlines(True), self.new.splitlines(True),
-                                            f"a/{self.path}", f"b/{self.path}"))
+        return "".join(
+            difflib.unified_diff(
+                self.old.splitlines(True), self.new.splitlines(True), f"a/{self.path}", f"b/{self.path}"
+            )
+        )
 
 
 class NotWritable(Exception):
     """The source does not have the shape the writer edits (the reason is the message)."""
-
 
 
 def _replace(text: str, edits: list[tuple[ast.AST, str]]) -> str:
@@ -47,12 +50,13 @@ def _replace(text: str, edits: list[tuple[ast.AST, str]]) -> str:
 
 def _char_offset(lines: list[str], line: int, byte_col: int) -> int:
     """ast columns are UTF-8 byte offsets: convert to a character offset into the text."""
-    return sum(len(x) for x in lines[:line - 1]) + len(lines[line - 1].encode()[:byte_col].decode(errors="ignore"))
+    return sum(len(x) for x in lines[: line - 1]) + len(lines[line - 1].encode()[:byte_col].decode(errors="ignore"))
 
 
 def _function(tree: ast.Module, name: str):
-    return next((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-                 and n.name == name), None)
+    return next(
+        (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name), None
+    )
 
 
 def write_params(text: str, function: str, values: dict) -> str:
@@ -63,7 +67,7 @@ def write_params(text: str, function: str, values: dict) -> str:
         raise NotWritable(f"no function {function!r}")
     a = fn.args
     pos = a.posonlyargs + a.args
-    defaults = {arg.arg: d for arg, d in zip(pos[len(pos) - len(a.defaults):], a.defaults)}
+    defaults = {arg.arg: d for arg, d in zip(pos[len(pos) - len(a.defaults) :], a.defaults)}
     defaults.update({arg.arg: d for arg, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None})
     edits = []
     for k, v in values.items():
@@ -87,14 +91,25 @@ def write_autotune(text: str, kernel: str, configs: list[dict]) -> str:
     fn = _function(tree, kernel)
     if fn is None:
         raise NotWritable(f"no function {kernel!r}")
-    call = next((d for d in fn.decorator_list if isinstance(d, ast.Call)
-                 and ast.unparse(d.func).split(".")[-1] == "autotune"), None)
+    call = next(
+        (d for d in fn.decorator_list if isinstance(d, ast.Call) and ast.unparse(d.func).split(".")[-1] == "autotune"),
+        None,
+    )
     if call is None:
         raise NotWritable(f"{kernel} has no @autotune(...) decorator")
     node = next((k.value for k in call.keywords if k.arg == "configs"), call.args[0] if call.args else None)
     if isinstance(node, ast.Name):
-        assign = next((n for n in tree.body if isinstance(n, ast.Assign) and len(n.targets) == 1
-                       and isinstance(n.targets[0], ast.Name) and n.targets[0].id == node.id), None)
+        assign = next(
+            (
+                n
+                for n in tree.body
+                if isinstance(n, ast.Assign)
+                and len(n.targets) == 1
+                and isinstance(n.targets[0], ast.Name)
+                and n.targets[0].id == node.id
+            ),
+            None,
+        )
         if assign is None:
             raise NotWritable(f"configs={node.id}: no module-level assignment of {node.id}")
         node = assign.value

@@ -7,6 +7,7 @@ A candidate reaches the kernel in one of two explicit ways (docs/tune.md):
   named `@triton.autotune` kernel to that one config (its `configs` list becomes `[config]`, so
   the autotuner launches it without timing anything).
 """
+
 from __future__ import annotations
 
 import inspect
@@ -66,9 +67,15 @@ def discover_job(job: dict, emit) -> None:
             path = str(Path(path).resolve().relative_to(Path(job["root"]).resolve()))
         except ValueError:
             pass
-        kernels.append({"kernel": name, "file": path, "line": code.co_firstlineno,
-                        "key": list(getattr(at, "keys", []) or []),
-                        "configs": [config_json(c) for c in at.configs]})
+        kernels.append(
+            {
+                "kernel": name,
+                "file": path,
+                "line": code.co_firstlineno,
+                "key": list(getattr(at, "keys", []) or []),
+                "configs": [config_json(c) for c in at.configs],
+            }
+        )
     emit({"event": "autotune", "kernels": kernels})
 
 

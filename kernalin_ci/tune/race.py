@@ -5,6 +5,7 @@ rounds. `screen` keeps the best part of a field (successive halving); `judge` gi
 best config, its posterior against the reference (the current config) and the configs equivalent to
 it within the ROPE; `settled` says whether more rounds could still change that.
 """
+
 from __future__ import annotations
 
 import math
@@ -49,14 +50,27 @@ class ShapeJudgement:
 
     def to_json(self, labels: dict | None = None) -> dict:
         lab = labels or {}
-        return {"shape": self.shape, "best": self.best, "best_label": lab.get(self.best, self.best),
-                "ms": self.ms, "vs_current": {n: v.to_json() | {"posterior_hist": None}
-                                              for n, v in self.vs_reference.items()},
-                "equivalent": self.equivalent, "open": self.open, "rope": self.rope}
+        return {
+            "shape": self.shape,
+            "best": self.best,
+            "best_label": lab.get(self.best, self.best),
+            "ms": self.ms,
+            "vs_current": {n: v.to_json() | {"posterior_hist": None} for n, v in self.vs_reference.items()},
+            "equivalent": self.equivalent,
+            "open": self.open,
+            "rope": self.rope,
+        }
 
 
-def judge(times: dict, reference: str, aa: str | None, field_: list[str], *, rope: float | None = None,
-          rope_min: float = stats.ROPE_MIN) -> list[ShapeJudgement]:
+def judge(
+    times: dict,
+    reference: str,
+    aa: str | None,
+    field_: list[str],
+    *,
+    rope: float | None = None,
+    rope_min: float = stats.ROPE_MIN,
+) -> list[ShapeJudgement]:
     """Per shape: each config of `field_` against `reference` (with the A/A instance `aa` for the
     noise floor), the best (reference included), and its equivalents and open rivals."""
     ref = np.asarray(times[reference], dtype=np.float64)
@@ -65,8 +79,11 @@ def judge(times: dict, reference: str, aa: str | None, field_: list[str], *, rop
     for s in range(ref.shape[1]):
         base = ref[:, s, :]
         base2 = a[:, s, :] if a is not None else None
-        vs = {n: stats.compare_trace(base, np.asarray(times[n])[:, s, :], base2, rope=rope, rope_min=rope_min)
-              for n in field_ if n != reference}
+        vs = {
+            n: stats.compare_trace(base, np.asarray(times[n])[:, s, :], base2, rope=rope, rope_min=rope_min)
+            for n in field_
+            if n != reference
+        }
         if vs:
             half = next(iter(vs.values())).rope_half_width  # one reference and one A/A: one ROPE
         else:

@@ -11,6 +11,7 @@
    `race.settled` or the budget is spent (one final chunk always runs, so a small budget may be
    overrun by one chunk; screening stops at half the budget).
 """
+
 from __future__ import annotations
 
 import os
@@ -65,9 +66,15 @@ class Checked:
         return [finding_line(f) for f in sorted(self.findings, key=lambda f: f.location is None)]
 
     def to_json(self) -> dict:
-        return {**self.candidate.to_json(), "passed": self.passed, "note": self.note,
-                "findings": [f.to_json() for f in self.findings], "finding_lines": self.finding_lines(),
-                "structural": self.structural, "seconds": self.seconds}
+        return {
+            **self.candidate.to_json(),
+            "passed": self.passed,
+            "note": self.note,
+            "findings": [f.to_json() for f in self.findings],
+            "finding_lines": self.finding_lines(),
+            "structural": self.structural,
+            "seconds": self.seconds,
+        }
 
 
 def finding_line(f) -> str:
@@ -113,10 +120,22 @@ class TuneResult:
         return [c for c in self.checked if c.passed is False and c.candidate.name != "current"]
 
 
-def tune(target: Target, spec: TuneSpec, device: str, *, budget_s: float | None = None,
-         rope_min: float = stats.ROPE_MIN, rope: float | None = None, finalists: int = FINALISTS,
-         reps: int | None = None, seed: int = 0, timeout_s: float | None = None, jobs: int | None = None,
-         progress: bool = True, discovered: list | None = None) -> TuneResult:
+def tune(
+    target: Target,
+    spec: TuneSpec,
+    device: str,
+    *,
+    budget_s: float | None = None,
+    rope_min: float = stats.ROPE_MIN,
+    rope: float | None = None,
+    finalists: int = FINALISTS,
+    reps: int | None = None,
+    seed: int = 0,
+    timeout_s: float | None = None,
+    jobs: int | None = None,
+    progress: bool = True,
+    discovered: list | None = None,
+) -> TuneResult:
     t0 = time.perf_counter()
     say = _say if progress else (lambda *_: None)
     budget_s = budget_s if budget_s is not None else DEFAULT_BUDGET_S[device]
@@ -127,8 +146,7 @@ def tune(target: Target, spec: TuneSpec, device: str, *, budget_s: float | None 
     root = str(Path(target.root).resolve())
     space = build_space(spec, target.entry, root, device, timeout_s or 120.0, discovered)
     result = TuneResult(target, device, space, budget_s=budget_s)
-    say(f"tune {target.name or target.entry}: {len(space.candidates)} candidates "
-        f"({_space_text(space)}) on {device}")
+    say(f"tune {target.name or target.entry}: {len(space.candidates)} candidates ({_space_text(space)}) on {device}")
     with tempfile.TemporaryDirectory(prefix="kernalin-tune-") as tmp:
         os.chmod(tmp, 0o755)  # read by the kernel workers' sandbox user (uid 65534 under root)
         entries = {"current": target.entry}
@@ -137,20 +155,23 @@ def tune(target: Target, spec: TuneSpec, device: str, *, budget_s: float | None 
             path.write_text(candidate_source(target.entry, root, c))
             entries[c.name] = f"{path}:entry"
         t_verify = time.perf_counter()
-        result.checked = _verify_all(target, space, entries, root, device, timeout_s,
-                                     jobs or VERIFY_JOBS[device], say)
+        result.checked = _verify_all(target, space, entries, root, device, timeout_s, jobs or VERIFY_JOBS[device], say)
         result.verify_seconds = time.perf_counter() - t_verify
         survivors = [c.candidate.name for c in result.checked if c.passed and c.candidate.name != "current"]
         current_ok = any(c.passed for c in result.checked if c.candidate.name == "current")
         dropped = len(result.dropped)
-        say(f"verified: {len(survivors)} of {len(space.candidates)} candidates pass, {dropped} dropped "
-            f"({result.verify_seconds:.1f} s)")
+        say(
+            f"verified: {len(survivors)} of {len(space.candidates)} candidates pass, {dropped} dropped "
+            f"({result.verify_seconds:.1f} s)"
+        )
         for c in result.dropped:
             say(f"  dropped {c.candidate.label}: {c.finding_lines()[0] if c.findings else c.note}")
         if not current_ok:
             cur = next(c for c in result.checked if c.candidate.name == "current")
-            result.notes.append("the current config is not a baseline: " + (
-                cur.note if cur.passed is None else f"it fails verification ({cur.finding_lines()[0]})"))
+            result.notes.append(
+                "the current config is not a baseline: "
+                + (cur.note if cur.passed is None else f"it fails verification ({cur.finding_lines()[0]})")
+            )
         field_ = (["current"] if current_ok else []) + survivors
         if not survivors:
             result.stopped = "none"
@@ -160,8 +181,22 @@ def tune(target: Target, spec: TuneSpec, device: str, *, budget_s: float | None 
             result.reference = result.chosen = field_[0]
             result.notes.append("one verified config and no verified current config: chosen without timing")
         else:
-            _race(result, target, entries, root, field_, device, budget_s, rope, rope_min, finalists,
-                  reps or DEFAULT_REPS[device], seed, timeout_s, say)
+            _race(
+                result,
+                target,
+                entries,
+                root,
+                field_,
+                device,
+                budget_s,
+                rope,
+                rope_min,
+                finalists,
+                reps or DEFAULT_REPS[device],
+                seed,
+                timeout_s,
+                say,
+            )
     result.seconds = time.perf_counter() - t0
     return result
 
@@ -187,19 +222,33 @@ def _param_values(space: Space) -> dict:
     return out
 
 
-def _verify_all(target: Target, space: Space, entries: dict, root: str, device: str, timeout_s, jobs: int,
-                say) -> list[Checked]:
+def _verify_all(
+    target: Target, space: Space, entries: dict, root: str, device: str, timeout_s, jobs: int, say
+) -> list[Checked]:
     from kernalin_ci.verify import verify
 
     todo = [space.current] + space.candidates
 
     def one(c: Candidate) -> Checked:
         if c.name == "current" and space.autotuned is not None and device == "cpu":
-            return Checked(c, None, note="the full autotuner cannot time configs under the Triton interpreter "
-                                         "(CPU): not checked, not raced")
+            return Checked(
+                c,
+                None,
+                note="the full autotuner cannot time configs under the Triton interpreter "
+                "(CPU): not checked, not raced",
+            )
         t = time.perf_counter()
-        r = verify(target.op, entries[c.name], target.params, device, dtype=target.dtype, root=root,
-                   timeout_s=timeout_s, progress=False, raw_domain=target.domain or None)
+        r = verify(
+            target.op,
+            entries[c.name],
+            target.params,
+            device,
+            dtype=target.dtype,
+            root=root,
+            timeout_s=timeout_s,
+            progress=False,
+            raw_domain=target.domain or None,
+        )
         ck = Checked(c, not r.findings, list(r.findings), r.structural.summary(), time.perf_counter() - t)
         status = "ok" if ck.passed else f"FAIL: {ck.finding_lines()[0]}"
         say(f"  verify {c.name} ({c.label}): {status} ({ck.seconds:.1f} s)")
@@ -212,8 +261,22 @@ def _verify_all(target: Target, space: Space, entries: dict, root: str, device: 
 _MISMATCH = re.compile(r"^(\S+) and (\S+) disagree")
 
 
-def _race(result: TuneResult, target: Target, entries: dict, root: str, field_: list[str], device: str,
-          budget_s: float, rope, rope_min, finalists: int, reps: int, seed: int, timeout_s, say) -> None:
+def _race(
+    result: TuneResult,
+    target: Target,
+    entries: dict,
+    root: str,
+    field_: list[str],
+    device: str,
+    budget_s: float,
+    rope,
+    rope_min,
+    finalists: int,
+    reps: int,
+    seed: int,
+    timeout_s,
+    say,
+) -> None:
     from kernalin_ci.bench.pair import bench_pair
 
     reference = field_[0]
@@ -228,10 +291,25 @@ def _race(result: TuneResult, target: Target, entries: dict, root: str, field_: 
         while True:
             extra = [(n, entries[n], root) for n in names[1:]]
             result.timed += [n for n in (reference, *names) if n not in result.timed]
-            r = bench_pair(target.op, entries[reference], entries[names[0]], root, root, bench_params, device,
-                           budget_s=max(budget_s - spent, 1e-3), rope_min=rope_min, rope=rope, reps=reps,
-                           max_rounds=rounds, adaptive=False, seed=seed + len(result.rungs) + result.final_rounds,
-                           timeout_s=timeout_s, progress=None, extra=extra)
+            r = bench_pair(
+                target.op,
+                entries[reference],
+                entries[names[0]],
+                root,
+                root,
+                bench_params,
+                device,
+                budget_s=max(budget_s - spent, 1e-3),
+                rope_min=rope_min,
+                rope=rope,
+                reps=reps,
+                max_rounds=rounds,
+                adaptive=False,
+                seed=seed + len(result.rungs) + result.final_rounds,
+                timeout_s=timeout_s,
+                progress=None,
+                extra=extra,
+            )
             spent += r.bench_seconds + r.setup_seconds
             result.clock = r.clock or result.clock
             if not result.shapes:
@@ -240,8 +318,10 @@ def _race(result: TuneResult, target: Target, entries: dict, root: str, field_: 
                 inst = dict(r.instances)
                 inst[names[0]] = inst.pop("head")
                 inst[reference] = inst.pop("base")
-                say(f"  {label}: {r.rounds} rounds, {r.bench_seconds + r.setup_seconds:.1f} s "
-                    f"({spent:.1f} of {budget_s:g} s budget)")
+                say(
+                    f"  {label}: {r.rounds} rounds, {r.bench_seconds + r.setup_seconds:.1f} s "
+                    f"({spent:.1f} of {budget_s:g} s budget)"
+                )
                 return inst
             m = _MISMATCH.match(r.error or "")
             bad = {"head": names[0]}.get(m.group(1), m.group(1)) if m else None
@@ -294,7 +374,9 @@ def _race(result: TuneResult, target: Target, entries: dict, root: str, field_: 
     result.race_seconds = spent
     if held is not None:
         verdicts = ", ".join(j.vs_reference[held].verdict for j in result.judgements)
-        result.notes.append(f"{result.label(held)} leads on median time but is not shown faster than the current "
-                            f"config on every shape ({verdicts}): the current config stays")
+        result.notes.append(
+            f"{result.label(held)} leads on median time but is not shown faster than the current "
+            f"config on every shape ({verdicts}): the current config stays"
+        )
     if not result.judgements and alive:
         result.notes.append("the race produced no judgement (budget spent in screening, or the benchmark failed)")

@@ -2,6 +2,7 @@
 `@triton.autotune` kernel (discovered in a worker: the gate process never imports user code), or
 the product of both. Plain data out: the current config and the candidates.
 """
+
 from __future__ import annotations
 
 import ast
@@ -25,7 +26,7 @@ class TuneSpec:
     use_autotune: bool = True  # False: ignore autotune configs (only `params`)
 
     @classmethod
-    def from_config(cls, raw: dict | None) -> "TuneSpec":
+    def from_config(cls, raw: dict | None) -> TuneSpec:
         raw = raw or {}
         return cls(dict(raw.get("params") or {}), raw.get("autotune"), raw.get("autotune", True) is not False)
 
@@ -99,14 +100,15 @@ def entry_defaults(entry: str, root: str) -> tuple[dict, int | None, Path | None
     except SyntaxError as e:
         raise UsageError(f"{path}: not valid Python: {e.msg} (line {e.lineno})") from None
     fn_name = parse_entry(entry).function
-    fn = next((n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-               and n.name == fn_name), None)
+    fn = next(
+        (n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == fn_name), None
+    )
     if fn is None:
         return {}, None, path
     a = fn.args
     pos = a.posonlyargs + a.args
     out: dict = {}
-    for arg, default in zip(pos[len(pos) - len(a.defaults):], a.defaults):
+    for arg, default in zip(pos[len(pos) - len(a.defaults) :], a.defaults):
         out[arg.arg] = _literal(default)
     for arg, default in zip(a.kwonlyargs, a.kw_defaults):
         if default is not None:
@@ -134,19 +136,25 @@ def discover_autotune(entry: str, root: str, device: str, timeout_s: float) -> l
         if ev.get("event") == "autotune":
             out.extend(ev["kernels"])
 
-    outcome = run_task({"task": "tune-discover", "entry": entry, "root": root,
-                        "device": device, "params": {}}, device, timeout_s, on_event)
+    outcome = run_task(
+        {"task": "tune-discover", "entry": entry, "root": root, "device": device, "params": {}},
+        device,
+        timeout_s,
+        on_event,
+    )
     if outcome.status == "usage-error":
         raise UsageError(outcome.detail)
     if outcome.status != "ok":
         tail = " ".join(outcome.output_tail.split()[-30:])[-300:]
-        raise UsageError(f"loading {entry} to find its autotune configs: {outcome.status} "
-                         f"({outcome.detail}) {tail}".strip())
+        raise UsageError(
+            f"loading {entry} to find its autotune configs: {outcome.status} ({outcome.detail}) {tail}".strip()
+        )
     return out
 
 
-def build_space(spec: TuneSpec, entry: str, root: str, device: str, timeout_s: float = 120.0,
-                discovered: list[dict] | None = None) -> Space:
+def build_space(
+    spec: TuneSpec, entry: str, root: str, device: str, timeout_s: float = 120.0, discovered: list[dict] | None = None
+) -> Space:
     """Validate the spec against the entry and enumerate the candidates (the current config excluded)."""
     defaults, line, path = entry_defaults(entry, root)
     rel = None
@@ -159,8 +167,10 @@ def build_space(spec: TuneSpec, entry: str, root: str, device: str, timeout_s: f
         if not isinstance(values, list) or not values:
             raise UsageError(f"tune.params.{name}: expected a non-empty list of candidate values")
         if name not in defaults:
-            raise UsageError(f"tune.params.{name}: the entry {entry} has no keyword parameter {name!r} with a "
-                             f"default (the default is the current value; docs/tune.md)")
+            raise UsageError(
+                f"tune.params.{name}: the entry {entry} has no keyword parameter {name!r} with a "
+                f"default (the default is the current value; docs/tune.md)"
+            )
         if defaults[name] is _NOT_LITERAL:
             raise UsageError(f"tune.params.{name}: the default of {name!r} in {entry} is not a literal value")
     current_params = {k: defaults[k] for k in spec.params}
@@ -171,16 +181,21 @@ def build_space(spec: TuneSpec, entry: str, root: str, device: str, timeout_s: f
             tuned = next((k for k in kernels if k["kernel"] == spec.autotune), None)
             if tuned is None:
                 names = ", ".join(k["kernel"] for k in kernels) or "none"
-                raise UsageError(f"tune.autotune: no autotuned kernel {spec.autotune!r} reached from {entry} "
-                                 f"(found: {names})")
+                raise UsageError(
+                    f"tune.autotune: no autotuned kernel {spec.autotune!r} reached from {entry} (found: {names})"
+                )
         elif len(kernels) > 1:
-            raise UsageError(f"{entry} reaches {len(kernels)} autotuned kernels "
-                             f"({', '.join(k['kernel'] for k in kernels)}): name one with tune.autotune")
+            raise UsageError(
+                f"{entry} reaches {len(kernels)} autotuned kernels "
+                f"({', '.join(k['kernel'] for k in kernels)}): name one with tune.autotune"
+            )
         elif kernels:
             tuned = kernels[0]
     if not spec.params and tuned is None:
-        raise UsageError(f"nothing to tune in {entry}: no `tune.params` (or --space) and no @triton.autotune "
-                         f"kernel reached from the entry")
+        raise UsageError(
+            f"nothing to tune in {entry}: no `tune.params` (or --space) and no @triton.autotune "
+            f"kernel reached from the entry"
+        )
     pinned: list = [None]
     if tuned is not None:
         pinned = [{"kernel": tuned["kernel"], "index": i, "config": c} for i, c in enumerate(tuned["configs"])]
@@ -194,8 +209,7 @@ def build_space(spec: TuneSpec, entry: str, root: str, device: str, timeout_s: f
                 continue  # the current config races as "current"
             cands.append(Candidate(f"c{len(cands)}", params, at))
     if len(cands) > MAX_CANDIDATES:
-        raise UsageError(f"the search space has {len(cands)} candidates (at most {MAX_CANDIDATES}): "
-                         f"narrow tune.params")
+        raise UsageError(f"the search space has {len(cands)} candidates (at most {MAX_CANDIDATES}): narrow tune.params")
     if not cands:
         raise UsageError("the search space holds only the current config")
     return Space(Candidate("current", current_params, None), cands, current_params, tuned, rel, line)
@@ -205,7 +219,9 @@ def candidate_source(entry: str, root: str, cand: Candidate) -> str:
     """The Python file a candidate entry lives in (written to a temporary directory): it loads the
     user's entry through kernalin_ci.tune.pin in the worker. Values travel as JSON text."""
     args = json.dumps({"entry": entry, "root": root, "params": cand.params, "autotune": cand.autotune})
-    return ("# written by kernalin-ci tune: candidate " + cand.name + " (" + cand.label.replace("\n", " ") + ")\n"
-            "import json as _json\n"
-            "from kernalin_ci.tune.pin import load_candidate as _load\n"
-            f"entry = _load(**_json.loads({args!r}))\n")
+    return (
+        "# written by kernalin-ci tune: candidate " + cand.name + " (" + cand.label.replace("\n", " ") + ")\n"
+        "import json as _json\n"
+        "from kernalin_ci.tune.pin import load_candidate as _load\n"
+        f"entry = _load(**_json.loads({args!r}))\n"
+    )

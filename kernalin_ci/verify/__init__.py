@@ -6,6 +6,7 @@ judges them (verify/judge.py), so the child cannot choose the verdict. A timeout
 or crash becomes a finding for the case in flight, and the remaining cases go on
 in a fresh child.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -19,8 +20,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from kernalin_ci.errors import UsageError
 from kernalin_ci import domain as domain_mod
+from kernalin_ci.errors import UsageError
 from kernalin_ci.findings import Coverage, Finding, NotChecked, Notice, StructuralStatus, VerifyResult
 from kernalin_ci.isolate import run_task
 from kernalin_ci.ops import get_op
@@ -34,8 +35,9 @@ MAX_RESTARTS = 8
 DYNAMIC_WORKERS = {"cpu": 1, "cuda": 3}
 
 
-def reproduce_command(op: str, entry: str, raw_params: dict, device: str, case: Case | None,
-                      raw_domain: dict | None = None) -> str:
+def reproduce_command(
+    op: str, entry: str, raw_params: dict, device: str, case: Case | None, raw_domain: dict | None = None
+) -> str:
     parts = ["kernalin-ci", "verify", "--op", op, "--entry", entry]
     for k, v in raw_params.items():
         parts += ["--param", f"{k}={json.dumps(v) if isinstance(v, (list, dict)) else v}"]
@@ -61,14 +63,17 @@ class Progress:
             status = "ok" if n_findings == 0 else f"FAIL ({n_findings} finding{'s' * (n_findings != 1)})"
             if note:
                 status = note if n_findings == 0 else f"{status}; {note}"
-            print(f"  {self.label} [{index + 1}/{self.total}] {name}: {status} ({seconds:.1f} s)",
-                  file=sys.stderr, flush=True)
+            print(
+                f"  {self.label} [{index + 1}/{self.total}] {name}: {status} ({seconds:.1f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def note(self, text: str) -> None:
         if self.enabled:
             print(f"  {self.label} {text}", file=sys.stderr, flush=True)
 
-    def subset(self, indices: list[int]) -> "Progress":
+    def subset(self, indices: list[int]) -> Progress:
         """The same lines for a shard of the cases, numbered as in the whole list."""
         return Progress(self.enabled, self.total, self.label, indices)
 
@@ -98,7 +103,7 @@ def shard(cases: list[Case], workers: int) -> list[list[int]]:
     out = sorted(groups.values())
     while len(out) > max(1, workers):
         j = min(range(len(out) - 1), key=lambda k: len(out[k]) + len(out[k + 1]))
-        out[j:j + 2] = [sorted(out[j] + out[j + 1])]
+        out[j : j + 2] = [sorted(out[j] + out[j + 1])]
     return out
 
 
@@ -115,12 +120,27 @@ class CasesRun:
 
 def bad_result(message: str, case: Case | None = None, repro=None) -> Finding:
     """The worker's report for a case cannot be accepted (the case is attached by `record`)."""
-    return Finding("worker-result", "bad-result", message, case=case.to_json() if case else None,
-                   reproduce=repro(case) if case and repro else None)
+    return Finding(
+        "worker-result",
+        "bad-result",
+        message,
+        case=case.to_json() if case else None,
+        reproduce=repro(case) if case and repro else None,
+    )
 
 
-def run_cases(task: str, job: dict, cases: list[Case], device: str, timeout_s: float, progress: Progress,
-              repro, read_case, on_other_event=None, env: dict | None = None) -> CasesRun:
+def run_cases(
+    task: str,
+    job: dict,
+    cases: list[Case],
+    device: str,
+    timeout_s: float,
+    progress: Progress,
+    repro,
+    read_case,
+    on_other_event=None,
+    env: dict | None = None,
+) -> CasesRun:
     """Drive worker children over all cases, restarting after a hang or crash.
 
     The parent knows which cases it asked for, in which order: each case-start and case-done event
@@ -208,14 +228,21 @@ def run_cases(task: str, job: dict, cases: list[Case], device: str, timeout_s: f
                     run.ran.append(r.ran)
                 note = ""
                 if nc:
-                    note = (f"{nc.get('shape') or 'this case'}: {nc['reason']}, "
-                            + (f"ran at {nc['instead']} instead" if nc.get("instead") else "not checked"))
+                    note = f"{nc.get('shape') or 'this case'}: {nc['reason']}, " + (
+                        f"ran at {nc['instead']} instead" if nc.get("instead") else "not checked"
+                    )
                 secs = ev.get("seconds")
                 record(i, r.ran, r.findings, note, float(secs) if isinstance(secs, (int, float)) else 0.0)
                 return True
 
-            outcome = run_task({**job, "task": task, "cases": [c.to_json() for c in cases], "start": start,
-                                "results": results}, device, timeout_s, on_event, env=env, writable=(results,))
+            outcome = run_task(
+                {**job, "task": task, "cases": [c.to_json() for c in cases], "start": start, "results": results},
+                device,
+                timeout_s,
+                on_event,
+                env=env,
+                writable=(results,),
+            )
             i = state["in_flight"]
             if i is not None:  # what the dead child may have begun to write for the case in flight is not read
                 for name in os.listdir(results):
@@ -224,8 +251,12 @@ def run_cases(task: str, job: dict, cases: list[Case], device: str, timeout_s: f
                             os.unlink(os.path.join(results, name))
             left = exchange.leftovers(results)
             if left:
-                run.findings.append(bad_result(f"the worker wrote files no result named: {', '.join(left[:5])}"
-                                               + (" ..." if len(left) > 5 else "")))
+                run.findings.append(
+                    bad_result(
+                        f"the worker wrote files no result named: {', '.join(left[:5])}"
+                        + (" ..." if len(left) > 5 else "")
+                    )
+                )
             if outcome.status == "refused":
                 progress.note(f"worker stopped: {state['refused']}")
                 break
@@ -269,8 +300,13 @@ def dedupe(findings: list[Finding]) -> list[Finding]:
     seen: dict[tuple, Finding] = {}
     extra: dict[tuple, list[str]] = {}
     for f in findings:
-        key = (f.kind, f.check, f.bug_class, (f.location.path, f.location.line) if f.location else None,
-               f.message if f.bug_class == "bad-result" else None)  # each way a report was refused
+        key = (
+            f.kind,
+            f.check,
+            f.bug_class,
+            (f.location.path, f.location.line) if f.location else None,
+            f.message if f.bug_class == "bad-result" else None,
+        )  # each way a report was refused
         if key in seen:
             extra[key].append((f.case or {}).get("name", "?"))
         else:
@@ -280,22 +316,34 @@ def dedupe(findings: list[Finding]) -> list[Finding]:
     for key, f in seen.items():
         if extra[key]:
             names = sorted(set(extra[key]))
-            f.message += f" (also in {len(extra[key])} more case{'s' * (len(extra[key]) != 1)}: " \
-                         f"{', '.join(names[:6])}{', ...' if len(names) > 6 else ''})"
+            f.message += (
+                f" (also in {len(extra[key])} more case{'s' * (len(extra[key]) != 1)}: "
+                f"{', '.join(names[:6])}{', ...' if len(names) > 6 else ''})"
+            )
         out.append(f)
     return out
 
 
-def verify(op_name: str, entry: str, raw_params: dict, device: str, *, dtype: str | None = None,
-           only: str | None = None, probe: bool = False, case_json: str | None = None,
-           root: str | None = None, timeout_s: float | None = None, progress: bool = True,
-           raw_domain: dict | None = None) -> VerifyResult:
+def verify(
+    op_name: str,
+    entry: str,
+    raw_params: dict,
+    device: str,
+    *,
+    dtype: str | None = None,
+    only: str | None = None,
+    probe: bool = False,
+    case_json: str | None = None,
+    root: str | None = None,
+    timeout_s: float | None = None,
+    progress: bool = True,
+    raw_domain: dict | None = None,
+) -> VerifyResult:
     op = get_op(op_name)
     dom, plan_params = domain_mod.resolve(op, raw_params, raw_domain)
     params = resolve_params(op_name, op.params, plan_params)
     if dtype and dom.dtype and dtype not in dom.dtype:
-        raise UsageError(f"dtype {dtype}: outside the declared domain (dtype {', '.join(dom.dtype)})",
-                         setting="dtype")
+        raise UsageError(f"dtype {dtype}: outside the declared domain (dtype {', '.join(dom.dtype)})", setting="dtype")
     plan_dtype = dtype or (dom.dtype[0] if len(dom.dtype) == 1 else None)
     main_dtype = plan_dtype or "float32"
     t0 = time.perf_counter()
@@ -307,8 +355,11 @@ def verify(op_name: str, entry: str, raw_params: dict, device: str, *, dtype: st
     # The structural worker compiles while the dynamic worker launches: two processes, so the
     # wall time is the longer of the two instead of their sum (each child imports torch and Triton).
     with ThreadPoolExecutor(max_workers=1) as pool:
-        pending = pool.submit(structural, op_name, entry, params, device=device, root=root,
-                              timeout_s=timeout_s, domain=dom) if structural else None
+        pending = (
+            pool.submit(structural, op_name, entry, params, device=device, root=root, timeout_s=timeout_s, domain=dom)
+            if structural
+            else None
+        )
         if only in (None, "dynamic") or probe or case_json:
             if case_json:
                 cases = [Case.from_json(case_json)]
@@ -320,8 +371,17 @@ def verify(op_name: str, entry: str, raw_params: dict, device: str, *, dtype: st
             else:
                 cases = domain_mod.plan(op, params, dom, op.cases(params, device, plan_dtype), main_dtype)
             prog = Progress(progress, len(cases), op_name)
-            job = {"op": op_name, "entry": entry, "root": root, "params": params, "device": device,
-                   "poison": not probe, "domain": dom.to_json(), "main_dtype": main_dtype}
+            job = {
+                "op": op_name,
+                "entry": entry,
+                "root": root,
+                "params": params,
+                "device": device,
+                "poison": not probe,
+                "domain": dom.to_json(),
+                "main_dtype": main_dtype,
+            }
+
             def repro(c):
                 return reproduce_command(op_name, entry, raw_params, device, c, raw_domain)
 
@@ -335,15 +395,29 @@ def verify(op_name: str, entry: str, raw_params: dict, device: str, *, dtype: st
                 return CaseReader(op, params, dom, main_dtype, device, poison=not probe, root=root)
 
             with ThreadPoolExecutor(max_workers=len(groups)) as shards:
-                runs = [shards.submit(run_cases, "verify-dynamic", job, [cases[i] for i in g], device, timeout_s,
-                                      prog.subset(g), repro, reader(), env=env) for g in groups]
+                runs = [
+                    shards.submit(
+                        run_cases,
+                        "verify-dynamic",
+                        job,
+                        [cases[i] for i in g],
+                        device,
+                        timeout_s,
+                        prog.subset(g),
+                        repro,
+                        reader(),
+                        env=env,
+                    )
+                    for g in groups
+                ]
                 parts = [r.result() for r in runs]
             for n in (n for p in parts for n in p.notices):  # the same notice from several cases is kept once
                 if all(n.message != m.message for m in result.notices):
                     result.notices.append(n)
             order = {c.name: i for i, c in enumerate(cases)}
-            found = sorted((f for p in parts for f in p.findings),
-                           key=lambda f: order.get((f.case or {}).get("name"), -1))
+            found = sorted(
+                (f for p in parts for f in p.findings), key=lambda f: order.get((f.case or {}).get("name"), -1)
+            )
             ran = sorted((c for p in parts for c in p.ran), key=lambda c: order.get(c.name, -1))
             refused = sorted((x for p in parts for x in p.not_checked), key=lambda x: order.get(x[0], -1))
             result.findings += found
@@ -352,10 +426,16 @@ def verify(op_name: str, entry: str, raw_params: dict, device: str, *, dtype: st
             result.not_checked = _not_checked(op, params, cases, refused)
             if cases and not ran and any(n.reason == "unsupported" for n in result.not_checked):
                 first = result.not_checked[0]
-                result.findings.append(Finding(
-                    "domain", "entry-error", f"the entry raised at every shape tried ({len(result.not_checked)} "
-                    f"shape{'s' * (len(result.not_checked) != 1)}); at {first.shape}: {first.error}",
-                    case=cases[0].to_json(), reproduce=repro(cases[0])))
+                result.findings.append(
+                    Finding(
+                        "domain",
+                        "entry-error",
+                        f"the entry raised at every shape tried ({len(result.not_checked)} "
+                        f"shape{'s' * (len(result.not_checked) != 1)}); at {first.shape}: {first.error}",
+                        case=cases[0].to_json(),
+                        reproduce=repro(cases[0]),
+                    )
+                )
         if pending is not None:
             found, notices, status = pending.result()
             result.findings += found
@@ -403,9 +483,18 @@ def pipeline_params(entries: dict, raw_params: dict) -> dict:
     return merged
 
 
-def verify_pipeline(entries: dict, raw_params: dict, device: str, *, dtype: str | None = None, steps: int = 64,
-                    seed: int = 0, root: str | None = None, timeout_s: float | None = None,
-                    progress: bool = True) -> VerifyResult:
+def verify_pipeline(
+    entries: dict,
+    raw_params: dict,
+    device: str,
+    *,
+    dtype: str | None = None,
+    steps: int = 64,
+    seed: int = 0,
+    root: str | None = None,
+    timeout_s: float | None = None,
+    progress: bool = True,
+) -> VerifyResult:
     """The decode-pipeline check over kv_append + attention.decode_paged (+ rope) entries."""
     from kernalin_ci.verify.pipeline import ROLES
 
@@ -430,8 +519,7 @@ def verify_pipeline(entries: dict, raw_params: dict, device: str, *, dtype: str 
 
     def repro(_case):
         parts = ["kernalin-ci", "pipeline"]
-        for role, flag in (("kv_append", "--kv-append"), ("attention.decode_paged", "--attention"),
-                           ("rope", "--rope")):
+        for role, flag in (("kv_append", "--kv-append"), ("attention.decode_paged", "--attention"), ("rope", "--rope")):
             if entries.get(role):
                 parts += [flag, entries[role]]
         for k, v in raw_params.items():
@@ -440,14 +528,20 @@ def verify_pipeline(entries: dict, raw_params: dict, device: str, *, dtype: str 
         return " ".join(shlex.quote(p) for p in parts)
 
     case = Case("decode-loop", {"steps": steps, "start_lengths": list(_start_lengths())}, dtype, seed)
-    job = {"entries": {k: v for k, v in entries.items() if v}, "root": root, "params": params,
-           "device": device, "dtype": dtype, "seed": seed, "steps": steps}
+    job = {
+        "entries": {k: v for k, v in entries.items() if v},
+        "root": root,
+        "params": params,
+        "device": device,
+        "dtype": dtype,
+        "seed": seed,
+        "steps": steps,
+    }
     from kernalin_ci.verify.pipeline import PipelineReader
 
     _warm_torch()
     reader = PipelineReader(params, dtype, seed, steps, device, bool(entries.get("rope")), on_step)
-    run = run_cases("verify-pipeline", job, [case], device, timeout_s or DEFAULT_TIMEOUT[device],
-                    prog, repro, reader)
+    run = run_cases("verify-pipeline", job, [case], device, timeout_s or DEFAULT_TIMEOUT[device], prog, repro, reader)
     result.findings = dedupe(run.findings)
     result.cases_run = run.done
     result.seconds = time.perf_counter() - t0

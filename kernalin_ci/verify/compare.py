@@ -1,10 +1,10 @@
 """Compare an entry's outputs with the float64 reference: per-row relative error,
 unwritten (canary) elements, non-finite values, and bug fingerprints."""
+
 from __future__ import annotations
 
-from kernalin_ci.lazy import torch
-
 from kernalin_ci.findings import Finding
+from kernalin_ci.lazy import torch
 from kernalin_ci.ops.base import TOLERANCE, Expected, Op
 from kernalin_ci.verify.poison import is_canary
 
@@ -26,8 +26,16 @@ def row_errors(actual: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
     return (a - e).norm(dim=-1) / e.norm(dim=-1).clamp_min(1e-30)
 
 
-def check_reference(op: Op, case, before: dict, outs: dict, params: dict, memo: dict,
-                    tolerance: float | None = None, expected: Expected | None = None) -> list[Finding]:
+def check_reference(
+    op: Op,
+    case,
+    before: dict,
+    outs: dict,
+    params: dict,
+    memo: dict,
+    tolerance: float | None = None,
+    expected: Expected | None = None,
+) -> list[Finding]:
     """Every output against op.reference(before) (or `expected`, already computed); explain failures
     with fingerprints. `tolerance` replaces the dtype's (float32 computed on TF32)."""
     expected = expected if expected is not None else op.reference(before, params)
@@ -38,13 +46,22 @@ def check_reference(op: Op, case, before: dict, outs: dict, params: dict, memo: 
     for name, exp in expected.tensors.items():
         act = outs.get(name)
         if not isinstance(act, torch.Tensor):
-            findings.append(Finding("output-shape", "wrong-output",
-                                    f"output {name!r}: expected a tensor, got "
-                                    f"{getattr(act, 'type_name', type(act).__name__)}"))
+            findings.append(
+                Finding(
+                    "output-shape",
+                    "wrong-output",
+                    f"output {name!r}: expected a tensor, got {getattr(act, 'type_name', type(act).__name__)}",
+                )
+            )
             continue
         if tuple(act.shape) != tuple(exp.shape):
-            findings.append(Finding("output-shape", "wrong-output",
-                                    f"output {name!r}: shape {tuple(act.shape)}, expected {tuple(exp.shape)}"))
+            findings.append(
+                Finding(
+                    "output-shape",
+                    "wrong-output",
+                    f"output {name!r}: shape {tuple(act.shape)}, expected {tuple(exp.shape)}",
+                )
+            )
             continue
         canary = rows(is_canary(act).cpu()).any(-1)
         a64 = act.detach().to("cpu", torch.float64)
@@ -53,16 +70,24 @@ def check_reference(op: Op, case, before: dict, outs: dict, params: dict, memo: 
         if bool(canary.any()):
             r = int(canary.nonzero()[0])
             n_el = int(is_canary(act).sum())
-            findings.append(Finding(
-                "output-written", "unwritten-output",
-                f"{name}: {n_el} of {act.numel()} elements never written (the poison survived) in "
-                f"{int(canary.sum())} of {canary.numel()} rows; first {op.row_label(case, before, name, r)}"))
+            findings.append(
+                Finding(
+                    "output-written",
+                    "unwritten-output",
+                    f"{name}: {n_el} of {act.numel()} elements never written (the poison survived) in "
+                    f"{int(canary.sum())} of {canary.numel()} rows; first {op.row_label(case, before, name, r)}",
+                )
+            )
         if bool(nonfinite.any()):
             r = int(nonfinite.nonzero()[0])
-            findings.append(Finding(
-                "finite", "non-finite",
-                f"{name}: NaN/Inf in {int(nonfinite.sum())} of {nonfinite.numel()} rows where the reference is "
-                f"finite; first {op.row_label(case, before, name, r)}"))
+            findings.append(
+                Finding(
+                    "finite",
+                    "non-finite",
+                    f"{name}: NaN/Inf in {int(nonfinite.sum())} of {nonfinite.numel()} rows where the reference is "
+                    f"finite; first {op.row_label(case, before, name, r)}",
+                )
+            )
         err = row_errors(a64, exp)
         slack = expected.row_slack.get(name)
         limit = torch.full_like(err, tol) if slack is None else tol + slack.to(err.dtype).reshape(-1)
@@ -82,12 +107,17 @@ def check_reference(op: Op, case, before: dict, outs: dict, params: dict, memo: 
             old = memo[repeat].tensors.get(name)
             if old is not None and old.shape == exp.shape and bool((row_errors(a64, old)[bad] <= limit[bad]).all()):
                 cls = "stale-result"
-        why = {"stale-result": f"; it equals the output of the earlier case {repeat!r}: results are cached "
-                               f"across calls",
-               "wrong-output": ""}.get(cls, f"; it matches what a {cls} bug produces")
-        findings.append(Finding(
-            "reference", cls,
-            f"{name}: {int(bad.sum())} of {bad.numel()} rows off the float64 reference (worst relative error "
-            f"{float(err[worst]):.3g} at {op.row_label(case, before, name, worst)}; tolerance "
-            f"{float(limit[worst]):.3g}){why}"))
+        why = {
+            "stale-result": f"; it equals the output of the earlier case {repeat!r}: results are cached across calls",
+            "wrong-output": "",
+        }.get(cls, f"; it matches what a {cls} bug produces")
+        findings.append(
+            Finding(
+                "reference",
+                cls,
+                f"{name}: {int(bad.sum())} of {bad.numel()} rows off the float64 reference (worst relative error "
+                f"{float(err[worst]):.3g} at {op.row_label(case, before, name, worst)}; tolerance "
+                f"{float(limit[worst]):.3g}){why}",
+            )
+        )
     return findings

@@ -6,6 +6,7 @@ it, the guards, all moved to the CPU and written to a file the parent named. Not
 the parent, which never imports the PR's code, builds the inputs again from the same seeds and
 computes every finding (verify/judge.py). The child cannot say "pass"; it can only hand back tensors.
 """
+
 from __future__ import annotations
 
 import re
@@ -22,8 +23,11 @@ from kernalin_ci.verify.interp_bf16 import faithful_bf16, take_unfaithful
 from kernalin_ci.verify.poison import fill_canary, poisoned_allocations, prime_cuda_allocator
 from kernalin_ci.verify.precision import launched_ttir, recorded_launches
 
-CUDA_ERROR = re.compile(r"CUDA error|illegal memory access|unspecified launch failure|misaligned address|"
-                        r"device-side assert|AcceleratorError|cudaErrorIllegalAddress", re.I)
+CUDA_ERROR = re.compile(
+    r"CUDA error|illegal memory access|unspecified launch failure|misaligned address|"
+    r"device-side assert|AcceleratorError|cudaErrorIllegalAddress",
+    re.I,
+)
 
 
 class CudaContextLost(Exception):
@@ -43,7 +47,7 @@ def guard_inputs(kw: dict, skip: set) -> tuple[dict, dict]:
             out[name] = t
             continue
         flat = fill_canary(torch.empty(t.numel() + 2 * GUARD, dtype=t.dtype, device=t.device))
-        view = flat[GUARD:GUARD + t.numel()].view(t.shape)
+        view = flat[GUARD : GUARD + t.numel()].view(t.shape)
         view.copy_(t)
         out[name] = view
         guards[name] = flat
@@ -77,14 +81,19 @@ def run_case(op: Op, fn, case: Case, params: dict, device: str, poison: bool = T
     raw: dict = {}
     if op.user_code:  # the user's inputs and reference: the parent cannot run them (verify/judge.py)
         before = snapshot(kw, skip=lazy)
-        raw["before"] = {k: (plain(v) if isinstance(v, torch.Tensor) else v) for k, v in before.items()
-                         if isinstance(v, (torch.Tensor, int, float, bool, str)) or v is None}
+        raw["before"] = {
+            k: (plain(v) if isinstance(v, torch.Tensor) else v)
+            for k, v in before.items()
+            if isinstance(v, (torch.Tensor, int, float, bool, str)) or v is None
+        }
     if poison and device == "cuda":
         prime_cuda_allocator()
     launched = None
     try:
-        with poisoned_allocations() if poison else nullcontext(), \
-                recorded_launches() if device == "cuda" else nullcontext() as launched:
+        with (
+            poisoned_allocations() if poison else nullcontext(),
+            recorded_launches() if device == "cuda" else nullcontext() as launched,
+        ):
             ret = fn(**kw)
         sync(device)
     except Exception as e:  # the user's kernel: any exception is its error
@@ -123,8 +132,13 @@ def run_case(op: Op, fn, case: Case, params: dict, device: str, poison: bool = T
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     """b is a (view equal to) input a: the output is that input, written in place."""
-    return a is b or (a.device == b.device and a.data_ptr() == b.data_ptr() and a.dtype == b.dtype
-                      and a.shape == b.shape and a.stride() == b.stride())
+    return a is b or (
+        a.device == b.device
+        and a.data_ptr() == b.data_ptr()
+        and a.dtype == b.dtype
+        and a.shape == b.shape
+        and a.stride() == b.stride()
+    )
 
 
 def launch(op, fn, case: Case, params: dict, device: str) -> None:
@@ -179,29 +193,54 @@ def run_job(job: dict, emit) -> None:
     lazy_ok = job["device"] != "cpu" or skip_self_copy()
     device, params, results = job["device"], job["params"], job["results"]
     main_dtype = job.get("main_dtype") or (cases[0].dtype if cases else "float32")
-    support = Support(op, params, Domain.from_json(job.get("domain")), main_dtype,
-                      lambda c, p: launch(op, fn, c, p, device),
-                      unfaithful=lambda: take_unfaithful() if device == "cpu" else None)
+    support = Support(
+        op,
+        params,
+        Domain.from_json(job.get("domain")),
+        main_dtype,
+        lambda c, p: launch(op, fn, c, p, device),
+        unfaithful=lambda: take_unfaithful() if device == "cpu" else None,
+    )
     interp = Interpreter(device == "cpu")
     for i in range(job.get("start", 0), len(cases)):
         case = cases[i]
         emit({"event": "case-start", "index": i})
         t0 = time.perf_counter()
         if "huge" in case.tags and not lazy_ok:
-            emit({"event": "case-done", "index": i, "seconds": 0.0, "status": "not-run",
-                  "not_checked": {"reason": "interpreter", "error": "this Triton interpreter would make the "
-                                                                    "2^31-element buffers resident"}})
+            emit(
+                {
+                    "event": "case-done",
+                    "index": i,
+                    "seconds": 0.0,
+                    "status": "not-run",
+                    "not_checked": {
+                        "reason": "interpreter",
+                        "error": "this Triton interpreter would make the 2^31-element buffers resident",
+                    },
+                }
+            )
             continue
         unfaithful = interp.cannot_run(case.dtype)
         if unfaithful:
             emit({"event": "case-done", "index": i, "seconds": 0.0, "status": "not-run", **unfaithful})
             continue
         try:
-            outcome = support.run(case, lambda c, p: run_case(op, fn, c, p, device, poison=job.get("poison", True),
-                                                               hand_back=hand_back_parts(emit, results, i)))
+            outcome = support.run(
+                case,
+                lambda c, p: run_case(
+                    op, fn, c, p, device, poison=job.get("poison", True), hand_back=hand_back_parts(emit, results, i)
+                ),
+            )
         except CudaContextLost as e:
-            emit({"event": "case-done", "index": i, "seconds": time.perf_counter() - t0, "status": "cuda-error",
-                  "error": str(e)})
+            emit(
+                {
+                    "event": "case-done",
+                    "index": i,
+                    "seconds": time.perf_counter() - t0,
+                    "status": "cuda-error",
+                    "error": str(e),
+                }
+            )
             emit({"event": "restart", "reason": "CUDA context lost"})
             return
         unfaithful = interp.after_case()  # then the case is not checked, whatever it showed
@@ -213,8 +252,11 @@ def run_job(job: dict, emit) -> None:
         elif isinstance(outcome.result, int):  # handed back in parts (Op.drive)
             ev.update(status="ok", **outcome.event_fields())
         elif outcome.result is not None:
-            ev.update(status="ok", file=exchange.save(results, exchange.file_name(i), outcome.result),
-                      **outcome.event_fields())
+            ev.update(
+                status="ok",
+                file=exchange.save(results, exchange.file_name(i), outcome.result),
+                **outcome.event_fields(),
+            )
         else:
             ev.update(status="not-run", **outcome.event_fields())
         emit(ev)

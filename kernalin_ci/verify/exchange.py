@@ -21,6 +21,7 @@ A raw result (a dict):
   before, expected, row_slack, tolerance: only for an op whose inputs and reference are the
                   user's own code (`Op.user_code`): the inputs before the call and that reference
 """
+
 from __future__ import annotations
 
 import os
@@ -30,8 +31,22 @@ from kernalin_ci.lazy import torch
 
 GUARD = 16384  # canary elements the child puts before and after every input tensor
 MAX_FILE_BYTES = 8 << 30  # a result larger than this is not read
-KEYS = frozenset({"outputs", "output_aliases", "output_types", "outputs_error", "inputs", "sparse", "guards",
-                  "ttir", "before", "expected", "row_slack", "tolerance"})
+KEYS = frozenset(
+    {
+        "outputs",
+        "output_aliases",
+        "output_types",
+        "outputs_error",
+        "inputs",
+        "sparse",
+        "guards",
+        "ttir",
+        "before",
+        "expected",
+        "row_slack",
+        "tolerance",
+    }
+)
 
 
 class BadResult(Exception):
@@ -49,13 +64,16 @@ def part_name(index: int, part: int) -> str:
 
 # ------------------------------------------------------------------ both sides
 
+
 def snapshot(kw: dict, skip: set) -> dict:
     """The inputs before the call: a copy of every tensor, None for those in `skip` (too large)."""
-    return {k: (v.clone() if isinstance(v, torch.Tensor) and k not in skip else v)
-            for k, v in kw.items()} | {k: None for k in skip}
+    return {k: (v.clone() if isinstance(v, torch.Tensor) and k not in skip else v) for k, v in kw.items()} | {
+        k: None for k in skip
+    }
 
 
 # ------------------------------------------------------------------ child side
+
 
 def plain(t):
     """A CPU tensor holding just t's elements (a view would carry its whole storage into the file)."""
@@ -72,7 +90,7 @@ def sparse_rows(t) -> dict:
     found = []
     step = max(1, (1 << 25) // max(1, t[0].numel()))
     for start in range(0, t.shape[0], step):
-        nz = (words(t[start:start + step]) != 0).any(1).nonzero().flatten()
+        nz = (words(t[start : start + step]) != 0).any(1).nonzero().flatten()
         if nz.numel():
             found.append(nz + start)
     index = torch.cat(found).to(torch.int64) if found else torch.zeros(0, dtype=torch.int64, device=t.device)
@@ -86,6 +104,7 @@ def save(directory: str, name: str, raw: dict) -> str:
 
 
 # ------------------------------------------------------------------ parent side
+
 
 def load(directory: str, name: str, named) -> dict:
     """The raw result in file `name` (file_name(index) or part_name(index, n)), which the event must
@@ -107,8 +126,9 @@ def load(directory: str, name: str, named) -> dict:
             try:
                 raw = torch.load(f, map_location="cpu", weights_only=True)
             except Exception as e:  # a truncated or forged file: whatever torch says about it
-                raise BadResult(f"the result file cannot be read: {type(e).__name__}: "
-                                f"{' '.join(str(e).split())[:200]}") from None
+                raise BadResult(
+                    f"the result file cannot be read: {type(e).__name__}: {' '.join(str(e).split())[:200]}"
+                ) from None
     finally:
         if fd >= 0:
             os.close(fd)
@@ -143,8 +163,9 @@ def strings(raw: dict, key: str) -> dict:
 def like(name: str, got, want) -> None:
     """`got` must have `want`'s shape and dtype."""
     if tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype:
-        raise BadResult(f"{name}: {tuple(got.shape)} {got.dtype} handed back, {tuple(want.shape)} {want.dtype} "
-                        f"expected")
+        raise BadResult(
+            f"{name}: {tuple(got.shape)} {got.dtype} handed back, {tuple(want.shape)} {want.dtype} expected"
+        )
 
 
 def leftovers(directory: str) -> list[str]:

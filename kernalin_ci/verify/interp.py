@@ -13,6 +13,7 @@ patched and `skip_self_copy()` returns False; callers then skip the huge case.
 then makes an int32 block of ones and `tl.load` rejects it ("mask has unsupported dtype"). Compiled,
 the comparison is an i1 and the kernel runs; the patch types boolean comparison results as int1.
 """
+
 from __future__ import annotations
 
 from kernalin_ci.lazy import torch
@@ -57,11 +58,30 @@ def lazy_zeros(shape, dtype: torch.dtype) -> torch.Tensor:
     return torch.from_numpy(raw).view(dtype).view(shape)
 
 
-_CMP = ("create_icmpSLE", "create_icmpSLT", "create_icmpSGE", "create_icmpSGT", "create_icmpULE",
-        "create_icmpULT", "create_icmpUGE", "create_icmpUGT", "create_icmpEQ", "create_icmpNE",
-        "create_fcmpOLT", "create_fcmpOGT", "create_fcmpOLE", "create_fcmpOGE", "create_fcmpOEQ",
-        "create_fcmpONE", "create_fcmpULT", "create_fcmpUGT", "create_fcmpULE", "create_fcmpUGE",
-        "create_fcmpUEQ", "create_fcmpUNE")
+_CMP = (
+    "create_icmpSLE",
+    "create_icmpSLT",
+    "create_icmpSGE",
+    "create_icmpSGT",
+    "create_icmpULE",
+    "create_icmpULT",
+    "create_icmpUGE",
+    "create_icmpUGT",
+    "create_icmpEQ",
+    "create_icmpNE",
+    "create_fcmpOLT",
+    "create_fcmpOGT",
+    "create_fcmpOLE",
+    "create_fcmpOGE",
+    "create_fcmpOEQ",
+    "create_fcmpONE",
+    "create_fcmpULT",
+    "create_fcmpUGT",
+    "create_fcmpULE",
+    "create_fcmpUGE",
+    "create_fcmpUEQ",
+    "create_fcmpUNE",
+)
 
 
 def int1_comparisons() -> bool:

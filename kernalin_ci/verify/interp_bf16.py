@@ -18,15 +18,29 @@ A construct the interpreter cannot run on bfloat16 (its atomics fail with "Unsup
 is recorded: `take_unfaithful()` names it, and that case is not checked instead of an entry-error.
 float16 needs nothing: numpy's float16 is IEEE half with round-to-nearest-even.
 """
+
 from __future__ import annotations
 
 import numpy as np
 
-_BF16_HOOKS = {"InterpreterBuilder": ("binary_op", "unary_op", "create_fma", "create_erf", "create_rsqrt",
-                                      "create_clampf", "create_dot", "cast_impl", "create_fp_to_fp", "get_bf16",
-                                      "create_atomic_rmw", "create_atomic_cas"),
-               "ReduceOps": ("sum", "min_max"),
-               "ScanOps": ("cumsum", "cumprod")}
+_BF16_HOOKS = {
+    "InterpreterBuilder": (
+        "binary_op",
+        "unary_op",
+        "create_fma",
+        "create_erf",
+        "create_rsqrt",
+        "create_clampf",
+        "create_dot",
+        "cast_impl",
+        "create_fp_to_fp",
+        "get_bf16",
+        "create_atomic_rmw",
+        "create_atomic_cas",
+    ),
+    "ReduceOps": ("sum", "min_max"),
+    "ScanOps": ("cumsum", "cumprod"),
+}
 _BF16_NAN = np.uint16(0x7FFF)
 _U16 = np.dtype(np.uint16)
 _bf16_state: dict = {}
@@ -60,8 +74,12 @@ def _install_bf16() -> str | None:
         return f"the Triton interpreter cannot be imported ({e})"
     missing = []
     if _stores_bf16_as_bits(interpreter, tl):
-        missing = [f"{cls}.{name}" for cls, names in _BF16_HOOKS.items() for name in names
-                   if not hasattr(getattr(interpreter, cls, None), name)]
+        missing = [
+            f"{cls}.{name}"
+            for cls, names in _BF16_HOOKS.items()
+            for name in names
+            if not hasattr(getattr(interpreter, cls, None), name)
+        ]
         missing += [name for name in ("TensorHandle", "interpreter_builder", "_ir") if not hasattr(interpreter, name)]
         if not missing:
             _patch_bf16(interpreter, tl)
@@ -120,8 +138,9 @@ def _patch_bf16(interpreter, tl) -> None:
     def widen(h, wide=np.float32):
         if not is_bf16(h):
             return h
-        return Handle(_bf16_bits_to_f32(h.data).astype(wide, copy=False),
-                      tl.float32 if wide is np.float32 else tl.float64)
+        return Handle(
+            _bf16_bits_to_f32(h.data).astype(wide, copy=False), tl.float32 if wide is np.float32 else tl.float64
+        )
 
     def narrow(h):
         if isinstance(h, Handle) and h.data.dtype in (np.float32, np.float64):
@@ -130,11 +149,13 @@ def _patch_bf16(interpreter, tl) -> None:
 
     def on_values(method, probe=0, result=0, wide=np.float32):
         """Run `method` on widened values when args[probe] is bfloat16; round back if args[result] was."""
+
         def patched(self, *args):
             if args[probe].data.dtype is not _U16 or not is_bf16(args[probe]):  # the first test is the cheap one
                 return method(self, *args)
             ret = method(self, *[widen(a, wide) for a in args])
             return narrow(ret) if is_bf16(args[result]) else ret
+
         return patched
 
     def cast_impl(self, src, dst_type, _original=Builder.cast_impl):
@@ -160,6 +181,7 @@ def _patch_bf16(interpreter, tl) -> None:
             if any(is_bf16(a) for a in args):
                 _unfaithful.append(f"the Triton interpreter has no bfloat16 {name}")
             return method(self, *args)
+
         return patched
 
     def tensor_of(handle, like, scalar):
@@ -178,6 +200,7 @@ def _patch_bf16(interpreter, tl) -> None:
             if not (isinstance(input, tl.tensor) and is_bf16(input.handle)):
                 return method(self, input, *args, **kwargs)
             return narrow_tensors(method(self, tensor_of(widen(input.handle), input, tl.float32), *args, **kwargs))
+
         return patched
 
     wrapped = {
@@ -188,7 +211,9 @@ def _patch_bf16(interpreter, tl) -> None:
         "create_clampf": on_values(Builder.create_clampf),
         "create_fma": on_values(Builder.create_fma, result=2, wide=np.float64),
         "create_dot": on_values(Builder.create_dot, result=2),  # bf16 x bf16, result of the accumulator's type
-        "cast_impl": cast_impl, "create_fp_to_fp": create_fp_to_fp, "get_bf16": get_bf16,
+        "cast_impl": cast_impl,
+        "create_fp_to_fp": create_fp_to_fp,
+        "get_bf16": get_bf16,
         "create_atomic_rmw": unsupported_atomic("atomic read-modify-write", Builder.create_atomic_rmw),
         "create_atomic_cas": unsupported_atomic("atomic compare-and-swap", Builder.create_atomic_cas),
     }
@@ -211,18 +236,26 @@ def _bf16_self_test(interpreter, tl) -> str | None:
     def block(h, shape, dtype):
         return b.create_splat(tl.block_type(dtype, shape), h)
 
-    step = 3 * 2.0 ** -9  # 3/4 of a bfloat16 ulp at 1: nearest-even rounds up, truncation down
-    dot = b.create_dot(block(c(1.5), [2, 2], tl.bfloat16), block(c(-2.0), [2, 2], tl.bfloat16),
-                       block(b.get_fp32(0.0), [2, 2], tl.float32), None, 0)
-    total = interpreter.ReduceOps(0, None, False).sum(tl.tensor(block(c(-1.5), [4], tl.bfloat16),
-                                                                tl.block_type(tl.bfloat16, [4])))
-    checks = {"constant": (value(c(1 + step)), 1 + 2.0 ** -7),
-              "cast": (value(b.create_fp_trunc(b.get_fp32(1 + step), tl.bfloat16)), 1 + 2.0 ** -7),
-              "add": (value(b.create_fadd(c(1.0), c(step))), 1 + 2.0 ** -7),
-              "mul": (value(b.create_fmul(c(-1.5), c(1.5))), -2.25),
-              "compare": (bool(np.asarray(b.create_fcmpOLT(c(-2.0), c(1.0)).data).reshape(-1)[0]), True),
-              "dot": (float(np.asarray(dot.data).reshape(-1)[0]), -6.0),
-              "sum": (value(total.handle), -6.0)}
+    step = 3 * 2.0**-9  # 3/4 of a bfloat16 ulp at 1: nearest-even rounds up, truncation down
+    dot = b.create_dot(
+        block(c(1.5), [2, 2], tl.bfloat16),
+        block(c(-2.0), [2, 2], tl.bfloat16),
+        block(b.get_fp32(0.0), [2, 2], tl.float32),
+        None,
+        0,
+    )
+    total = interpreter.ReduceOps(0, None, False).sum(
+        tl.tensor(block(c(-1.5), [4], tl.bfloat16), tl.block_type(tl.bfloat16, [4]))
+    )
+    checks = {
+        "constant": (value(c(1 + step)), 1 + 2.0**-7),
+        "cast": (value(b.create_fp_trunc(b.get_fp32(1 + step), tl.bfloat16)), 1 + 2.0**-7),
+        "add": (value(b.create_fadd(c(1.0), c(step))), 1 + 2.0**-7),
+        "mul": (value(b.create_fmul(c(-1.5), c(1.5))), -2.25),
+        "compare": (bool(np.asarray(b.create_fcmpOLT(c(-2.0), c(1.0)).data).reshape(-1)[0]), True),
+        "dot": (float(np.asarray(dot.data).reshape(-1)[0]), -6.0),
+        "sum": (value(total.handle), -6.0),
+    }
     for name, (got, want) in checks.items():
         if got != want:
             return f"{name}: {got} instead of {want}"

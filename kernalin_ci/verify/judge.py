@@ -7,32 +7,35 @@ the op's output check (the float64 reference with its tolerance, poison and non-
 fingerprints and properties; or the exact whole-buffer diff of kv_append). The worker only says what
 the kernel produced; it cannot say whether that is right.
 """
+
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
 
-from kernalin_ci.lazy import torch
-
 from kernalin_ci.findings import Finding, Location, Notice
+from kernalin_ci.lazy import torch
 from kernalin_ci.ops.base import Case, Expected, Op
 from kernalin_ci.verify import exchange
-from kernalin_ci.verify.exchange import GUARD, BadResult
 from kernalin_ci.verify.compare import NotATensor, check_reference
+from kernalin_ci.verify.exchange import GUARD, BadResult
 from kernalin_ci.verify.poison import bits, fill_canary, is_canary
 
 
-def judge(op: Op, case: Case, params: dict, device: str, raw: dict, memo: dict, poison: bool = True,
-          root: str | None = None) -> tuple[list[Finding], list[Notice]]:
+def judge(
+    op: Op, case: Case, params: dict, device: str, raw: dict, memo: dict, poison: bool = True, root: str | None = None
+) -> tuple[list[Finding], list[Notice]]:
     """Findings and notices for one case that ran (at `case`, with its `params`). BadResult when the
     raw result is not one of that case: missing or extra tensors, wrong shapes or dtypes."""
     writable = set(op.written_names(params))
     lazy = writable if "huge" in case.tags else set()
     if op.user_code:  # the user's own inputs and reference ran in the worker: their tensors came back
         kw0 = _user_before(raw)
-        expected: Expected | None = Expected(exchange.tensors(raw, "expected"),
-                                             row_slack=exchange.tensors(raw, "row_slack"),
-                                             tolerance=_tolerance(raw.get("tolerance")))
+        expected: Expected | None = Expected(
+            exchange.tensors(raw, "expected"),
+            row_slack=exchange.tensors(raw, "row_slack"),
+            tolerance=_tolerance(raw.get("tolerance")),
+        )
         lazy = set()
     else:
         kw0 = op.inputs(case, params, "cpu", poison)
@@ -46,9 +49,14 @@ def judge(op: Op, case: Case, params: dict, device: str, raw: dict, memo: dict, 
             continue
         changed = bits(kw[name]) != bits(old)
         if bool(changed.any()):
-            findings.append(Finding("inputs-unchanged", "input-modified",
-                                    f"{name}: {int(changed.sum())} of {old.numel()} elements changed by the call "
-                                    f"(the contract does not let the entry write it)"))
+            findings.append(
+                Finding(
+                    "inputs-unchanged",
+                    "input-modified",
+                    f"{name}: {int(changed.sum())} of {old.numel()} elements changed by the call "
+                    f"(the contract does not let the entry write it)",
+                )
+            )
     if raw.get("outputs_error") is not None:
         return findings + [Finding("output-shape", "wrong-output", str(raw["outputs_error"])[:400])], []
     outs = _outputs(raw, kw)
@@ -62,8 +70,15 @@ def judge(op: Op, case: Case, params: dict, device: str, raw: dict, memo: dict, 
         from kernalin_ci.verify.precision import TF32_TOLERANCE, where
 
         tolerance = TF32_TOLERANCE
-        notices.append(Notice("tf32", f"float32 judged at TF32 tolerance ({TF32_TOLERANCE:g}): tl.dot input "
-                                      f"precision tf32 at {where(tf32[0])}", tf32[0], kind="dynamic"))
+        notices.append(
+            Notice(
+                "tf32",
+                f"float32 judged at TF32 tolerance ({TF32_TOLERANCE:g}): tl.dot input "
+                f"precision tf32 at {where(tf32[0])}",
+                tf32[0],
+                kind="dynamic",
+            )
+        )
     findings += check_reference(op, case, before, outs, params, memo, tolerance, expected)
     findings += op.properties(case, before, outs, params)
     return findings, notices
@@ -77,8 +92,11 @@ def _guard_findings(op: Op, guards: dict, before: dict) -> list[Finding]:
             if bool(hit.any()):
                 n = int(hit.sum())
                 cls = op.guard_class(name, side, before) or "stray-write"
-                found.append(Finding("out-of-bounds-write", cls,
-                                     f"{n} elements written just {side} {name!r} (outside the tensor)"))
+                found.append(
+                    Finding(
+                        "out-of-bounds-write", cls, f"{n} elements written just {side} {name!r} (outside the tensor)"
+                    )
+                )
     return found
 
 
@@ -107,9 +125,15 @@ def _dense(name: str, s, like) -> torch.Tensor:
     if not isinstance(s, dict) or list(s.get("shape", ())) != list(like.shape):
         raise BadResult(f"input {name}: the sparse form has another shape")
     index, rows = s.get("index"), s.get("rows")
-    if not isinstance(index, torch.Tensor) or not isinstance(rows, torch.Tensor) or index.dtype != torch.int64 \
-            or index.dim() != 1 or tuple(rows.shape) != (index.numel(), *like.shape[1:]) or rows.dtype != like.dtype \
-            or (index.numel() and (int(index.min()) < 0 or int(index.max()) >= like.shape[0])):
+    if (
+        not isinstance(index, torch.Tensor)
+        or not isinstance(rows, torch.Tensor)
+        or index.dtype != torch.int64
+        or index.dim() != 1
+        or tuple(rows.shape) != (index.numel(), *like.shape[1:])
+        or rows.dtype != like.dtype
+        or (index.numel() and (int(index.min()) < 0 or int(index.max()) >= like.shape[0]))
+    ):
         raise BadResult(f"input {name}: malformed sparse rows")
     t = lazy_zeros(tuple(like.shape), like.dtype)
     t[index] = rows
@@ -119,15 +143,20 @@ def _dense(name: str, s, like) -> torch.Tensor:
 def _guards(raw: dict, kw0: dict, lazy: set, poison: bool) -> dict:
     """The canary guards of every contiguous input (when poisoned), each GUARD elements of its dtype."""
     got = raw.get("guards") or {}
-    want = {k for k, v in kw0.items() if poison and isinstance(v, torch.Tensor) and k not in lazy
-            and v.is_contiguous()}
+    want = {k for k, v in kw0.items() if poison and isinstance(v, torch.Tensor) and k not in lazy and v.is_contiguous()}
     if not isinstance(got, dict) or set(got) != want:
-        raise BadResult(f"guards handed back for {sorted(got) if isinstance(got, dict) else '?'}, "
-                        f"expected {sorted(want)}")
+        raise BadResult(
+            f"guards handed back for {sorted(got) if isinstance(got, dict) else '?'}, expected {sorted(want)}"
+        )
     out = {}
     for k, parts in got.items():
-        if not isinstance(parts, (list, tuple)) or len(parts) != 2 or not all(
-                isinstance(p, torch.Tensor) and tuple(p.shape) == (GUARD,) and p.dtype == kw0[k].dtype for p in parts):
+        if (
+            not isinstance(parts, (list, tuple))
+            or len(parts) != 2
+            or not all(
+                isinstance(p, torch.Tensor) and tuple(p.shape) == (GUARD,) and p.dtype == kw0[k].dtype for p in parts
+            )
+        ):
             raise BadResult(f"guards of {k}: expected two runs of {GUARD} {kw0[k].dtype} elements")
         out[k] = tuple(parts)
     return out
@@ -172,7 +201,7 @@ def _tf32(raw: dict, root: str | None) -> list:
     out = []
     for loc in tf32_locations(ttir):
         if loc is not None and os.path.realpath(loc.path).startswith(base):
-            loc = Location(os.path.realpath(loc.path)[len(base):], loc.line)
+            loc = Location(os.path.realpath(loc.path)[len(base) :], loc.line)
         out.append(loc)
     return out
 
@@ -197,8 +226,7 @@ class CaseReader:
       case of this group already ran at (the kernel takes it: its error there is a finding);
     - a case moved to another shape: only to one of `domain.alternatives`, as the worker says."""
 
-    def __init__(self, op: Op, params: dict, domain, main_dtype: str, device: str, poison: bool,
-                 root: str | None):
+    def __init__(self, op: Op, params: dict, domain, main_dtype: str, device: str, poison: bool, root: str | None):
         self.op, self.params, self.domain, self.main_dtype = op, params, domain, main_dtype
         self.device, self.poison, self.root = device, poison, root
         self.memo: dict = {}  # case name -> its Expected (stale-result: a repeat compared with its original)
@@ -246,32 +274,39 @@ class CaseReader:
         if status == "ok":
             raw = exchange.load_case(results, index, ev.get("file"))
             try:
-                found, notices = judge(self.op, ran, case_params(self.params, ran), self.device, raw, self.memo,
-                                       self.poison, self.root)
+                found, notices = judge(
+                    self.op, ran, case_params(self.params, ran), self.device, raw, self.memo, self.poison, self.root
+                )
             except BadResult:
                 raise
             except Exception as e:  # a result the comparison cannot use: the worker's fault, never a pass
-                raise BadResult(f"the result cannot be compared ({type(e).__name__}: "
-                                f"{' '.join(str(e).split())[:200]})") from None
+                raise BadResult(
+                    f"the result cannot be compared ({type(e).__name__}: {' '.join(str(e).split())[:200]})"
+                ) from None
             self.ran_shapes.add(key(shape_of(self.op, ran, self.params)))
             return CaseResult(ran, found, notices, nc)
         if status == "raised":
-            return CaseResult(ran, [Finding("call", "entry-error", f"the entry raised {_text(ev.get('error'))}")],
-                              [], nc)
+            return CaseResult(
+                ran, [Finding("call", "entry-error", f"the entry raised {_text(ev.get('error'))}")], [], nc
+            )
         if status == "cuda-error":
             return CaseResult(ran, [Finding("call", "cuda-error", _text(ev.get("error")))], [], nc)
         if status == "not-run" and nc is not None and ev.get("ran") is None:
             return CaseResult(None, [], [], nc)
-        raise BadResult(f"a case-done event with status {_text(status)[:40]!r}"
-                        + (" and no reason" if status == "not-run" else ""))
+        raise BadResult(
+            f"a case-done event with status {_text(status)[:40]!r}" + (" and no reason" if status == "not-run" else "")
+        )
 
     def _note(self, case: Case, nc, status) -> dict | None:
         from kernalin_ci.domain import key, shape_of, shape_text
 
         if nc is None:
             return None
-        if not isinstance(nc, dict) or nc.get("reason") not in ("interpreter", "unsupported") \
-                or not isinstance(nc.get("error", ""), str):
+        if (
+            not isinstance(nc, dict)
+            or nc.get("reason") not in ("interpreter", "unsupported")
+            or not isinstance(nc.get("error", ""), str)
+        ):
             raise BadResult("a malformed not-checked note")
         shape = shape_of(self.op, case, self.params)
         nc = {k: nc[k] for k in ("shape", "reason", "error", "instead") if nc.get(k) is not None}
@@ -284,8 +319,9 @@ class CaseReader:
         if key(shape) in self.ran_shapes:
             raise BadResult(f"'unsupported' claimed at {shape_text(shape)}, where an earlier case ran")
         if nc.get("shape") != shape_text(shape):
-            raise BadResult(f"'unsupported' claimed for the shape {_text(nc.get('shape'))[:60]!r}, "
-                            f"the case has {shape_text(shape)}")
+            raise BadResult(
+                f"'unsupported' claimed for the shape {_text(nc.get('shape'))[:60]!r}, the case has {shape_text(shape)}"
+            )
         return nc
 
     def _ran(self, case: Case, moved, nc: dict | None) -> Case:

@@ -17,15 +17,16 @@ change except the slots written this step, every written slot must hold its
 token's key (rotated) and value, and every step's attention output must match
 attention over the reference's own history.
 """
+
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
-
-from kernalin_ci.lazy import torch
+from typing import Any
 
 from kernalin_ci.findings import Finding
+from kernalin_ci.lazy import torch
 from kernalin_ci.ops import attention_common as ac
 from kernalin_ci.ops import paged
 from kernalin_ci.ops.base import TOLERANCE, generator, randn, torch_dtype
@@ -62,12 +63,12 @@ class Step:
     """One step's inputs (CPU tensors, in the loop's dtype) and where they go."""
 
     index: int
-    q: torch.Tensor          # [n, Hq, D]
-    k: torch.Tensor          # [n, Hkv, D]
-    v: torch.Tensor          # [n, Hkv, D]
-    positions: list[int]     # [n]
-    slots: list[int]         # [n], -1 for padding
-    kv_lens: list[int]       # [B], including this step's token
+    q: torch.Tensor  # [n, Hq, D]
+    k: torch.Tensor  # [n, Hkv, D]
+    v: torch.Tensor  # [n, Hkv, D]
+    positions: list[int]  # [n]
+    slots: list[int]  # [n], -1 for padding
+    kv_lens: list[int]  # [B], including this step's token
 
 
 @dataclass
@@ -122,10 +123,16 @@ def init_state(shape: LoopShape, dtype: str, device: str, seed: int, steps: int)
         ref_k.append(kb.to(torch.float64).permute(1, 0, 2))
         ref_v.append(vb.to(torch.float64).permute(1, 0, 2))
     return {
-        "g": g, "shape": shape, "lens": lens, "tables": tables.to(device), "tables_cpu": tables,
+        "g": g,
+        "shape": shape,
+        "lens": lens,
+        "tables": tables.to(device),
+        "tables_cpu": tables,
         "k_cache": paged.from_nhd(k_cache, shape.layout).to(device),
         "v_cache": paged.from_nhd(v_cache, shape.layout).to(device),
-        "ref_k": ref_k, "ref_v": ref_v, "scale": 0.9 * D ** -0.5,
+        "ref_k": ref_k,
+        "ref_v": ref_v,
+        "scale": 0.9 * D**-0.5,
     }
 
 
@@ -152,8 +159,17 @@ def _slot_name(slot: int, s: dict[str, Any]) -> str:
     return f"slot {slot} (block {blk}, which no sequence owns)"
 
 
-def _cache_diff(name: str, before: torch.Tensor, after: torch.Tensor, slots: list[int], want: Written,
-                step: int, s: dict[str, Any], tol: float, check: str) -> list[Finding]:
+def _cache_diff(
+    name: str,
+    before: torch.Tensor,
+    after: torch.Tensor,
+    slots: list[int],
+    want: Written,
+    step: int,
+    s: dict[str, Any],
+    tol: float,
+    check: str,
+) -> list[Finding]:
     """Whole-buffer diff: each of this step's slots must hold its token's row, and nothing else may differ.
     Both are reported when both fail (a padded tile can spoil its own slot and spill past it)."""
     bs = s["shape"].block_size
@@ -178,9 +194,14 @@ def _cache_diff(name: str, before: torch.Tensor, after: torch.Tensor, slots: lis
     if bool(changed.any()):
         n = int(changed.sum())
         blk, off, h, d = [int(x) for x in changed.nonzero()[0]]
-        found.append(Finding(check, "stray-write",
-                             f"step {step}: {n} elements of {name} outside this step's slots changed; first at "
-                             f"{_slot_name(blk * bs + off, s)}, head {h}, dim {d}"))
+        found.append(
+            Finding(
+                check,
+                "stray-write",
+                f"step {step}: {n} elements of {name} outside this step's slots changed; first at "
+                f"{_slot_name(blk * bs + off, s)}, head {h}, dim {d}",
+            )
+        )
     return found
 
 
@@ -193,8 +214,15 @@ def _holds(got: torch.Tensor, want: torch.Tensor, exact: bool, tol: float) -> bo
 
 # --------------------------------------------------------------------------- the worker's half
 
-def drive_loop(s: dict[str, Any], run_step: Callable[[Step], dict[str, Any]], dtype: str, steps: int,
-               hand_back: Callable[[int, dict[str, Any], float], None], padding: int = 0) -> int:
+
+def drive_loop(
+    s: dict[str, Any],
+    run_step: Callable[[Step], dict[str, Any]],
+    dtype: str,
+    steps: int,
+    hand_back: Callable[[int, dict[str, Any], float], None],
+    padding: int = 0,
+) -> int:
     """In the worker: run `steps` steps; `run_step` calls the entries and returns what they produced (CPU
     tensors, the caches after the step as `k_cache`, `v_cache`), which `hand_back(step, raw, seconds)`
     writes out. Nothing is judged here. An entry that raises ends the loop (the exception goes up).
@@ -213,12 +241,22 @@ def raw_out(out: Any) -> Any:
     return plain(out) if isinstance(out, torch.Tensor) else type(out).__name__
 
 
-def hand_back_parts(emit: Callable[[dict[str, Any]], None], results: str, index: int) \
-        -> Callable[[int, dict[str, Any], float], None]:
+def hand_back_parts(
+    emit: Callable[[dict[str, Any]], None], results: str, index: int
+) -> Callable[[int, dict[str, Any], float], None]:
     """A step's raw result as part file `case-<index>-<step>.pt` and a `case-part` event naming it."""
+
     def hand_back(step: int, raw: dict[str, Any], seconds: float) -> None:
-        emit({"event": "case-part", "index": index, "part": step, "seconds": seconds,
-              "file": exchange.save(results, exchange.part_name(index, step), raw)})
+        emit(
+            {
+                "event": "case-part",
+                "index": index,
+                "part": step,
+                "seconds": seconds,
+                "file": exchange.save(results, exchange.part_name(index, step), raw),
+            }
+        )
+
     return hand_back
 
 
@@ -234,9 +272,19 @@ class LoopJudge:
     early) and what its caches must hold. `keys`: the tensors a step hands back. `rope`: the rope params
     when q and k are rotated in the step. `check`: the prefix of the findings' check names."""
 
-    def __init__(self, shape: LoopShape, dtype: str, seed: int, steps: int, step_check: StepCheck,
-                 keys: set[str], rope: dict[str, Any] | None, padding: int = 0, fingerprints: bool = False,
-                 check: str = "pipeline"):
+    def __init__(
+        self,
+        shape: LoopShape,
+        dtype: str,
+        seed: int,
+        steps: int,
+        step_check: StepCheck,
+        keys: set[str],
+        rope: dict[str, Any] | None,
+        padding: int = 0,
+        fingerprints: bool = False,
+        check: str = "pipeline",
+    ):
         self.shape, self.dtype, self.seed, self.steps = shape, dtype, seed, steps
         self.step_check, self.rope, self.padding = step_check, rope, padding
         self.keys = keys | {"k_cache", "v_cache", "out"}
@@ -248,8 +296,11 @@ class LoopJudge:
         if not self.s:
             self.s = init_state(self.shape, self.dtype, "cpu", self.seed, self.steps)
         s, sh = self.s, self.shape
-        if set(raw) != self.keys or not all(isinstance(t, torch.Tensor) for k, t in raw.items() if k != "out") \
-                or not isinstance(raw["out"], (torch.Tensor, str)):
+        if (
+            set(raw) != self.keys
+            or not all(isinstance(t, torch.Tensor) for k, t in raw.items() if k != "out")
+            or not isinstance(raw["out"], (torch.Tensor, str))
+        ):
             raise BadResult(f"step {index}: handed back {sorted(map(str, raw))}, expected {sorted(self.keys)}")
         for name in ("k_cache", "v_cache"):
             exchange.like(f"step {index} {name}", raw[name], s[name])
@@ -268,11 +319,22 @@ class LoopJudge:
         if res.findings:
             return res.findings
         found = []
-        for name, before, after, want in (("k_cache", kb, raw["k_cache"], res.k_rows),
-                                          ("v_cache", vb, raw["v_cache"], res.v_rows)):
+        for name, before, after, want in (
+            ("k_cache", kb, raw["k_cache"], res.k_rows),
+            ("v_cache", vb, raw["v_cache"], res.v_rows),
+        ):
             assert want is not None
-            found += _cache_diff(name, paged.nhd(before, sh.layout), paged.nhd(after, sh.layout), st.slots, want,
-                                 index, s, tol, f"{self.check}-cache")
+            found += _cache_diff(
+                name,
+                paged.nhd(before, sh.layout),
+                paged.nhd(after, sh.layout),
+                st.slots,
+                want,
+                index,
+                s,
+                tol,
+                f"{self.check}-cache",
+            )
         if found:
             return found
         s["k_cache"], s["v_cache"] = raw["k_cache"], raw["v_cache"]  # the next step starts from them
@@ -287,8 +349,13 @@ class LoopJudge:
         check = self.check
         if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(want_out.shape):
             got_shape = tuple(out.shape) if isinstance(out, torch.Tensor) else str(out)[:40]
-            return [Finding(f"{check}-attention", "wrong-output",
-                            f"step {index}: the output is {got_shape}, expected {tuple(want_out.shape)}")]
+            return [
+                Finding(
+                    f"{check}-attention",
+                    "wrong-output",
+                    f"step {index}: the output is {got_shape}, expected {tuple(want_out.shape)}",
+                )
+            ]
         if bool(is_canary(out).any()):
             return [Finding(f"{check}-attention", "unwritten-output", f"step {index}: attention output not written")]
         got = out.to(torch.float64)
@@ -306,9 +373,14 @@ class LoopJudge:
                     if bool((row_errors(got, alt)[bad] <= tol).all()):
                         cls, why = fp_cls, f"; it matches what a {fp_cls} bug produces"
                         break
-            return [Finding(f"{check}-attention", cls,
-                            f"step {index}: attention output off the reference at b={b} h={h} (kv_len="
-                            f"{s['lens'][b]}): relative error {float(err[row]):.3g}, tolerance {tol:g}{why}")]
+            return [
+                Finding(
+                    f"{check}-attention",
+                    cls,
+                    f"step {index}: attention output off the reference at b={b} h={h} (kv_len="
+                    f"{s['lens'][b]}): relative error {float(err[row]):.3g}, tolerance {tol:g}{why}",
+                )
+            ]
         return []
 
 
@@ -338,8 +410,9 @@ class LoopReader:
             except BadResult:
                 raise
             except Exception as e:  # a result the comparison cannot use: never a pass
-                raise BadResult(f"step {step}: the result cannot be compared ({type(e).__name__}: "
-                                f"{' '.join(str(e).split())[:200]})") from None
+                raise BadResult(
+                    f"step {step}: the result cannot be compared ({type(e).__name__}: {' '.join(str(e).split())[:200]})"
+                ) from None
         if self.on_step:
             self.on_step(step)
 
@@ -352,9 +425,18 @@ class LoopReader:
         return []
 
 
-def _output_fingerprints(s: dict[str, Any], st: Step, q_ref: torch.Tensor, k_ref: torch.Tensor,
-                         old_k: list[torch.Tensor], old_v: list[torch.Tensor], kb: torch.Tensor, vb: torch.Tensor,
-                         hmap: list[int], rope: dict[str, Any] | None) -> list[tuple[str, torch.Tensor]]:
+def _output_fingerprints(
+    s: dict[str, Any],
+    st: Step,
+    q_ref: torch.Tensor,
+    k_ref: torch.Tensor,
+    old_k: list[torch.Tensor],
+    old_v: list[torch.Tensor],
+    kb: torch.Tensor,
+    vb: torch.Tensor,
+    hmap: list[int],
+    rope: dict[str, Any] | None,
+) -> list[tuple[str, torch.Tensor]]:
     """Outputs a step-level bug would produce: the new token attended from the slot's contents before this
     step's write (`step-order`), the new token counted twice (`new-token-twice`), then the attention
     fingerprints (kv-mask, scale, gqa-mapping, ...) over the reference history."""
@@ -372,21 +454,39 @@ def _output_fingerprints(s: dict[str, Any], st: Step, q_ref: torch.Tensor, k_ref
         twice_k.append(torch.cat([s["ref_k"][b], k_ref[b][:, None, :]], dim=1))
         twice_v.append(torch.cat([s["ref_v"][b], st.v[b].to(torch.float64)[:, None, :]], dim=1))
     scale = s["scale"]
-    fps = [("step-order", ac.attend(q_ref, stale_k, stale_v, scale, hmap)),
-           ("new-token-twice", ac.attend(q_ref, twice_k, twice_v, scale, hmap))]
+    fps = [
+        ("step-order", ac.attend(q_ref, stale_k, stale_v, scale, hmap)),
+        ("new-token-twice", ac.attend(q_ref, twice_k, twice_v, scale, hmap)),
+    ]
     if rope is not None:  # q left unrotated, or rotated at position 0
         fps.append(("rope-position", ac.attend(st.q[:B].to(torch.float64), s["ref_k"], s["ref_v"], scale, hmap)))
-    for cls, alt in ac.fingerprints(q_ref, lambda b, L: s["ref_k"][b][:, :L], lambda b, L: s["ref_v"][b][:, :L],
-                                    st.kv_lens, scale, sh.Hq, sh.Hkv, sh.D, tail_finite=False):
+    for cls, alt in ac.fingerprints(
+        q_ref,
+        lambda b, L: s["ref_k"][b][:, :L],
+        lambda b, L: s["ref_v"][b][:, :L],
+        st.kv_lens,
+        scale,
+        sh.Hq,
+        sh.Hkv,
+        sh.D,
+        tail_finite=False,
+    ):
         fps.append((cls, alt["out"]))
     return fps
 
 
 # --------------------------------------------------------------------------- the decode pipeline check
 
+
 def _pipeline_shape(params: dict[str, Any]) -> LoopShape:
-    return LoopShape(params.get("num_q_heads") or 4, params.get("num_kv_heads") or 2, params.get("head_dim") or 64,
-                     list(START_LENGTHS), params["block_size"], paged.layout_of(params))
+    return LoopShape(
+        params.get("num_q_heads") or 4,
+        params.get("num_kv_heads") or 2,
+        params.get("head_dim") or 64,
+        list(START_LENGTHS),
+        params["block_size"],
+        paged.layout_of(params),
+    )
 
 
 def _rope_params(params: dict[str, Any]) -> dict[str, Any]:
@@ -409,14 +509,24 @@ def drive_pipeline(fns: dict, params: dict, dtype: str, device: str, seed: int, 
             q_in, k_in = rope_fn(q=q_in, k=k_in, positions=pos.to(device))
             _sync(device)
             raw["q"], raw["k"] = plain(q_in), plain(k_in)
-        fns["kv_append"](key=k_in, value=st.v.to(device), k_cache=s["k_cache"], v_cache=s["v_cache"],
-                         slot_mapping=torch.tensor(st.slots, dtype=torch.int64, device=device))
+        fns["kv_append"](
+            key=k_in,
+            value=st.v.to(device),
+            k_cache=s["k_cache"],
+            v_cache=s["v_cache"],
+            slot_mapping=torch.tensor(st.slots, dtype=torch.int64, device=device),
+        )
         _sync(device)
         # copies: on the CPU plain() keeps the live cache, which attention could still change
         raw["k_cache_append"], raw["v_cache_append"] = plain(s["k_cache"].clone()), plain(s["v_cache"].clone())
         out = fns["attention.decode_paged"](
-            q=q_in[:B], k_cache=s["k_cache"], v_cache=s["v_cache"], block_tables=s["tables"],
-            kv_lens=torch.tensor(st.kv_lens, dtype=torch.int32, device=device), scale=s["scale"])
+            q=q_in[:B],
+            k_cache=s["k_cache"],
+            v_cache=s["v_cache"],
+            block_tables=s["tables"],
+            kv_lens=torch.tensor(st.kv_lens, dtype=torch.int32, device=device),
+            scale=s["scale"],
+        )
         _sync(device)
         raw["k_cache"], raw["v_cache"], raw["out"] = plain(s["k_cache"]), plain(s["v_cache"]), raw_out(out)
         return raw
@@ -437,20 +547,35 @@ def pipeline_judge(params: dict, dtype: str, seed: int, steps: int, rope: bool) 
             r = rp.get("rotary_dim") or shape.D
             for name, src in (("q", st.q), ("k", st.k)):
                 if tuple(raw[name].shape) != tuple(src.shape):
-                    raise BadResult(f"step {st.index}: rope {name} of shape {tuple(raw[name].shape)}, "
-                                    f"expected {tuple(src.shape)}")
+                    raise BadResult(
+                        f"step {st.index}: rope {name} of shape {tuple(raw[name].shape)}, expected {tuple(src.shape)}"
+                    )
                 err = row_errors(raw[name].to(torch.float64), rotate(src, pos, rp["style"], rp["base"], r))
                 if not bool((err <= tol).all()):
-                    return StepResult([Finding("pipeline-rope", "wrong-output",
-                                               f"step {st.index}: rope {name} off the reference (worst relative "
-                                               f"error {float(err.nan_to_num(float('inf')).max()):.3g}, tolerance "
-                                               f"{tol:g})")])
+                    return StepResult(
+                        [
+                            Finding(
+                                "pipeline-rope",
+                                "wrong-output",
+                                f"step {st.index}: rope {name} off the reference (worst relative "
+                                f"error {float(err.nan_to_num(float('inf')).max()):.3g}, tolerance "
+                                f"{tol:g})",
+                            )
+                        ]
+                    )
             k_in = raw["k"]
         for name in ("k_cache", "v_cache"):
             exchange.like(f"step {st.index} {name}_append", raw[f"{name}_append"], s[name])
             if bool((bits(raw[name]) != bits(raw[f"{name}_append"])).any()):
-                return StepResult([Finding("pipeline-attention", "input-modified",
-                                           f"step {st.index}: the attention entry changed {name}")])
+                return StepResult(
+                    [
+                        Finding(
+                            "pipeline-attention",
+                            "input-modified",
+                            f"step {st.index}: the attention entry changed {name}",
+                        )
+                    ]
+                )
         # the cache diff (LoopJudge) is of the caches after the whole step: attention changed neither
         return StepResult([], raw["out"], Written(k_in, exact=True), Written(st.v, exact=True))
 
@@ -486,8 +611,10 @@ class PipelineReader:
             return CaseResult(case, [Finding("pipeline", "entry-error", f"an entry raised {_text(ev.get('error'))}")])
         if status == "ok":
             return CaseResult(case, self.loop.finish())
-        raise BadResult(f"the pipeline ended after {self.loop.step} of {self.loop.judge.steps} steps "
-                        f"(status {_text(status)[:40]!r})")
+        raise BadResult(
+            f"the pipeline ended after {self.loop.step} of {self.loop.judge.steps} steps "
+            f"(status {_text(status)[:40]!r})"
+        )
 
 
 # --------------------------------------------------------------------------- the decode_step op
@@ -495,19 +622,33 @@ class PipelineReader:
 DECODE_STEP_INPUTS = ("q", "k", "v", "positions", "slot_mapping", "block_tables", "kv_lens")
 
 
-def drive_decode_step(fn: Callable[..., Any], shape: LoopShape, dtype: str, device: str, seed: int, steps: int,
-                      hand_back: Callable[[int, dict[str, Any], float], None]) -> int:
+def drive_decode_step(
+    fn: Callable[..., Any],
+    shape: LoopShape,
+    dtype: str,
+    device: str,
+    seed: int,
+    steps: int,
+    hand_back: Callable[[int, dict[str, Any], float], None],
+) -> int:
     """In the worker: the `decode_step` op's loop, one entry doing the whole step; handed back: its
     inputs as the call left them, both caches, the output."""
     s = init_state(shape, dtype, device, seed, steps)
 
     def run_step(st: Step) -> dict[str, Any]:
         pos = torch.tensor(st.positions, dtype=torch.int64)
-        kw = {"q": st.q.to(device), "k": st.k.to(device), "v": st.v.to(device), "positions": pos.to(device),
-              "k_cache": s["k_cache"], "v_cache": s["v_cache"],
-              "slot_mapping": torch.tensor(st.slots, dtype=torch.int64, device=device),
-              "block_tables": s["tables"], "kv_lens": torch.tensor(st.kv_lens, dtype=torch.int32, device=device),
-              "scale": s["scale"]}
+        kw = {
+            "q": st.q.to(device),
+            "k": st.k.to(device),
+            "v": st.v.to(device),
+            "positions": pos.to(device),
+            "k_cache": s["k_cache"],
+            "v_cache": s["v_cache"],
+            "slot_mapping": torch.tensor(st.slots, dtype=torch.int64, device=device),
+            "block_tables": s["tables"],
+            "kv_lens": torch.tensor(st.kv_lens, dtype=torch.int32, device=device),
+            "scale": s["scale"],
+        }
         out = fn(**kw)
         _sync(device)
         return {**{n: plain(kw[n]) for n in (*DECODE_STEP_INPUTS, "k_cache", "v_cache")}, "out": raw_out(out)}
@@ -522,23 +663,36 @@ def decode_step_judge(shape: LoopShape, params: dict[str, Any], dtype: str, seed
 
     def step_check(st: Step, raw: dict[str, Any], s: dict[str, Any]) -> StepResult:
         pos = torch.tensor(st.positions, dtype=torch.int64)
-        given = {"q": st.q, "k": st.k, "v": st.v, "positions": pos,
-                 "slot_mapping": torch.tensor(st.slots, dtype=torch.int64), "block_tables": s["tables_cpu"],
-                 "kv_lens": torch.tensor(st.kv_lens, dtype=torch.int32)}
+        given = {
+            "q": st.q,
+            "k": st.k,
+            "v": st.v,
+            "positions": pos,
+            "slot_mapping": torch.tensor(st.slots, dtype=torch.int64),
+            "block_tables": s["tables_cpu"],
+            "kv_lens": torch.tensor(st.kv_lens, dtype=torch.int32),
+        }
         for n, old in given.items():
             exchange.like(f"step {st.index} {n}", raw[n], old)
             if bool((bits(raw[n]) != bits(old)).any()):
-                return StepResult([Finding("decode-step-inputs", "input-modified",
-                                           f"step {st.index}: the entry changed {n} (the contract does not let it "
-                                           f"write it)")])
+                return StepResult(
+                    [
+                        Finding(
+                            "decode-step-inputs",
+                            "input-modified",
+                            f"step {st.index}: the entry changed {n} (the contract does not let it write it)",
+                        )
+                    ]
+                )
         k_rot = rotate(st.k, pos, rope["style"], rope["base"], r)
         v_rot = rotate(st.v, pos, rope["style"], rope["base"], r)
         k_rows = Written(k_rot, exact=False, alternatives=[("kv-unrotated", st.k, True)])
         v_rows = Written(st.v, exact=True, alternatives=[("rope-value", v_rot, False), ("kv-source", k_rot, False)])
         return StepResult([], raw["out"], k_rows, v_rows)
 
-    return LoopJudge(shape, dtype, seed, steps, step_check, set(DECODE_STEP_INPUTS), rope, fingerprints=True,
-                     check="decode-step")
+    return LoopJudge(
+        shape, dtype, seed, steps, step_check, set(DECODE_STEP_INPUTS), rope, fingerprints=True, check="decode-step"
+    )
 
 
 def _sync(device):
@@ -561,10 +715,23 @@ def run_job(job: dict, emit) -> None:
         return
     ev: dict = {"status": "ok"}
     try:
-        drive_pipeline(fns, job["params"], job["dtype"], job["device"], job["seed"], job["steps"],
-                       hand_back_parts(emit, job["results"], 0))
+        drive_pipeline(
+            fns,
+            job["params"],
+            job["dtype"],
+            job["device"],
+            job["seed"],
+            job["steps"],
+            hand_back_parts(emit, job["results"], 0),
+        )
     except Exception as e:
         ev = {"status": "raised", "error": f"{type(e).__name__}: {' '.join(str(e).split())[:400]}"}
     unfaithful = interp.after_case()
-    emit({"event": "case-done", "index": 0, "seconds": time.perf_counter() - t0,
-          **({"status": "not-run", **unfaithful} if unfaithful else ev)})
+    emit(
+        {
+            "event": "case-done",
+            "index": 0,
+            "seconds": time.perf_counter() - t0,
+            **({"status": "not-run", **unfaithful} if unfaithful else ev),
+        }
+    )

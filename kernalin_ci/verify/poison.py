@@ -5,6 +5,7 @@ numpy produce the canonical NaN), so "this element still holds the canary"
 means "nothing wrote it", and "this element is NaN" means "something computed
 a NaN" (often 0 * NaN from an unmasked load of a poisoned slot).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -18,12 +19,15 @@ CANARY_INT = 0x5A5A5A5A  # for integer scratch buffers
 @functools.cache
 def _canaries() -> dict:
     """float dtype -> (canary as a signed integer of the same width, that integer dtype)."""
+
     def signed(v, bits):
         return v - (1 << bits) if v >= 1 << (bits - 1) else v
 
-    return {torch.float32: (signed(0x7FC0BEEF, 32), torch.int32),
-            torch.float16: (signed(0x7E5B, 16), torch.int16),
-            torch.bfloat16: (signed(0x7FDB, 16), torch.int16)}
+    return {
+        torch.float32: (signed(0x7FC0BEEF, 32), torch.int32),
+        torch.float16: (signed(0x7E5B, 16), torch.int16),
+        torch.bfloat16: (signed(0x7FDB, 16), torch.int16),
+    }
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -36,8 +40,11 @@ def words(t: torch.Tensor) -> torch.Tensor:
     """t's rows (first dimension) as 64-bit words where their bytes allow (else as `bits`): a row is all
     zero bits iff its words are; ten times faster to scan than 16-bit elements (the 2^31-element caches)."""
     rows = t.reshape(t.shape[0] if t.dim() else 1, -1)
-    if rows.shape[1] * rows.element_size() % 8 == 0 and rows.is_contiguous() \
-            and rows.storage_offset() * rows.element_size() % 8 == 0:
+    if (
+        rows.shape[1] * rows.element_size() % 8 == 0
+        and rows.is_contiguous()
+        and rows.storage_offset() * rows.element_size() % 8 == 0
+    ):
         return rows.view(torch.int64)
     return bits(rows)
 

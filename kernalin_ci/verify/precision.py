@@ -8,6 +8,7 @@ or not) and reads `tt.dot ... inputPrecision = tf32` on float32 operands from th
 Float32 cases of such an entry are judged at TF32_TOLERANCE, with a notice. Under the interpreter
 (the CPU) dots are computed in float32 and nothing is recorded.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -12,12 +12,14 @@ The rule that tells "unsupported" from "a bug": when the entry raises on a case,
 The worker only reports these outcomes (an `Outcome` per case); the parent turns them into findings and
 checks each claim it can (verify/judge.py, CaseReader).
 """
+
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from kernalin_ci.domain import Domain, alternatives, case_params, key, shape_of, shape_text, with_shape
 from kernalin_ci.ops.base import Case
@@ -47,8 +49,15 @@ class Outcome:
 
 
 class Support:
-    def __init__(self, op, params: dict, domain: Domain, main_dtype: str,
-                 launch: Callable[[Case, dict], None], unfaithful: Callable[[], str | None] = lambda: None):
+    def __init__(
+        self,
+        op,
+        params: dict,
+        domain: Domain,
+        main_dtype: str,
+        launch: Callable[[Case, dict], None],
+        unfaithful: Callable[[], str | None] = lambda: None,
+    ):
         self.op, self.params, self.domain, self.main_dtype = op, params, domain, main_dtype
         self.launch = launch  # one unchecked call of the entry
         # why the CPU interpreter could not run what was just launched (None: it could); an error then is the
@@ -65,8 +74,9 @@ class Support:
         shape = shape_of(self.op, case, self.params)
         k = key(shape)
         if k in self.interpreter:
-            return Outcome(None, None, {"shape": shape_text(shape), "reason": "interpreter",
-                                        "error": self.interpreter[k]})
+            return Outcome(
+                None, None, {"shape": shape_text(shape), "reason": "interpreter", "error": self.interpreter[k]}
+            )
         if not self.declared(shape) and self.known.get(k) is not None:
             return self._elsewhere(case, shape, self.known[k], run_case)
         try:
@@ -89,8 +99,7 @@ class Support:
         """A cheap launch at this shape (the op's small shape case, no checks): None if it ran."""
         k = key(shape)
         if k not in self.known:
-            small = with_shape(self.op.shape_case(self.params, shape.get("dtype", self.main_dtype)), shape,
-                               self.params)
+            small = with_shape(self.op.shape_case(self.params, shape.get("dtype", self.main_dtype)), shape, self.params)
             try:
                 self._call(lambda c, p: self.launch(c, p), small)
                 self.known[k] = None

@@ -2,6 +2,7 @@
 call, try to forge the verdict from inside the worker: they find the result pipe (its fd is on the worker's
 command line) and the job file, write events and result files for every case, and exit before the worker
 can report anything true. Each must still FAIL `kernalin-ci verify` (attack 3 of issue 13)."""
+
 import json
 import os
 import sys
@@ -74,9 +75,14 @@ def forge_wellformed_results(q, k_cache, v_cache, kv_lens, scale):
             continue
         kw = op.inputs(case, job["params"], "cpu", True)
         tensors = {k: v for k, v in kw.items() if isinstance(v, torch.Tensor)}
-        raw = {"inputs": tensors, "sparse": {},
-               "guards": {k: [fill_canary(torch.empty(GUARD, dtype=v.dtype))] * 2 for k, v in tensors.items()},
-               "outputs": {"out": _buggy(**kw)}, "output_aliases": {}, "output_types": {}}
+        raw = {
+            "inputs": tensors,
+            "sparse": {},
+            "guards": {k: [fill_canary(torch.empty(GUARD, dtype=v.dtype))] * 2 for k, v in tensors.items()},
+            "outputs": {"out": _buggy(**kw)},
+            "output_aliases": {},
+            "output_types": {},
+        }
         torch.save(raw, os.path.join(results, f"case-{i}.pt"))
         _send(fd, {"event": "case-start", "index": i}, _pass_event(i, f"case-{i}.pt"))
     _send(fd, {"event": "done"})
@@ -123,8 +129,7 @@ def forge_pipeline_steps(key, value, k_cache, v_cache, slot_mapping):
     """As the decode pipeline's kv_append entry (it appends nothing): 'the loop ended cleanly, no findings',
     with no step handed back."""
     _, fd = _worker()
-    _send(fd, {"event": "case-done", "index": 0, "seconds": 0.0, "findings": [], "status": "ok"},
-          {"event": "done"})
+    _send(fd, {"event": "case-done", "index": 0, "seconds": 0.0, "findings": [], "status": "ok"}, {"event": "done"})
     os._exit(0)
 
 
@@ -135,14 +140,29 @@ def forge_decode_step_loop(q, k, v, positions, k_cache, v_cache, slot_mapping, b
     job, fd = _worker()
     results = _results_dir(job)
     i = job.get("start", 0)
-    raw = {"q": q.cpu(), "k": k.cpu(), "v": v.cpu(), "positions": positions.cpu(), "slot_mapping": slot_mapping.cpu(),
-           "block_tables": block_tables.cpu(), "kv_lens": kv_lens.cpu(), "k_cache": k_cache.cpu().clone(),
-           "v_cache": v_cache.cpu().clone(), "out": torch.zeros_like(q).cpu()}
+    raw = {
+        "q": q.cpu(),
+        "k": k.cpu(),
+        "v": v.cpu(),
+        "positions": positions.cpu(),
+        "slot_mapping": slot_mapping.cpu(),
+        "block_tables": block_tables.cpu(),
+        "kv_lens": kv_lens.cpu(),
+        "k_cache": k_cache.cpu().clone(),
+        "v_cache": v_cache.cpu().clone(),
+        "out": torch.zeros_like(q).cpu(),
+    }
     torch.save(raw, os.path.join(results, f"case-{i}-0.pt"))
-    _send(fd, {"event": "case-part", "index": i, "part": 0, "seconds": 0.0, "file": f"case-{i}-0.pt"},
-          {"event": "case-done", "index": i, "seconds": 0.0, "findings": [], "status": "ok"})
+    _send(
+        fd,
+        {"event": "case-part", "index": i, "part": 0, "seconds": 0.0, "file": f"case-{i}-0.pt"},
+        {"event": "case-done", "index": i, "seconds": 0.0, "findings": [], "status": "ok"},
+    )
     for j in range(i + 1, len(job["cases"])):
-        _send(fd, {"event": "case-start", "index": j},
-              {"event": "case-done", "index": j, "seconds": 0.0, "findings": [], "status": "ok"})
+        _send(
+            fd,
+            {"event": "case-start", "index": j},
+            {"event": "case-done", "index": j, "seconds": 0.0, "findings": [], "status": "ok"},
+        )
     _send(fd, {"event": "done"})
     os._exit(0)

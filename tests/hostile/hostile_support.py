@@ -4,6 +4,7 @@ here would shadow tests/conftest.py, which other test modules import as `conftes
 A pull request's code is made to run with `runner.command` = `{python} payload.py {out}` in the
 checkout: payload.py comes from the PR's head commit, exactly as kernel code would run inside the
 gate, without the minutes the real gate takes on a CPU."""
+
 from __future__ import annotations
 
 import os
@@ -76,9 +77,23 @@ def redis_url(tmp_path):
     port = free_port()
     d = tmp_path / "redis"
     d.mkdir()
-    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(d),
-                             "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(d),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     r = redis.Redis(port=port)
 
     def up():

@@ -4,22 +4,26 @@ Against a real `kernalin-ci serve`: a job writes `{}` as its report.json; on mai
 on it on every pass, and every later job's check run stayed in progress. Now the report is checked
 against its schema before anything reads it: that job fails and is posted once, the next pull
 request is posted as usual. And /healthz says so when posting keeps failing."""
+
+from hostile_support import PAYLOAD_COMMAND, REPO, check_run_text, pr_with_payload, serve, world  # noqa: F401 (fixtures)
+
 from kernalin_ci.daemon.app import wait_for
 from kernalin_ci.daemon.harness import wait_job
 
-from hostile_support import PAYLOAD_COMMAND, REPO, check_run_text, pr_with_payload
-from hostile_support import world, serve  # noqa: F401 (fixtures)
-
-GOOD = '''import sys
+GOOD = """import sys
 from kernalin_ci.report.model import Report
 from kernalin_ci.report.writer import write_all
 write_all(Report(conclusion="success", reason="fine", base={}, head={}, device="cpu", policy={}), sys.argv[1])
-'''
+"""
 
 
 def test_a_bad_report_fails_its_job_once_and_the_queue_moves_on(tmp_path, world, serve):
-    bad = pr_with_payload(world, 1, "import os, sys\nos.makedirs(sys.argv[1], exist_ok=True)\n"
-                                    "open(os.path.join(sys.argv[1], 'report.json'), 'w').write('{}')\n")
+    bad = pr_with_payload(
+        world,
+        1,
+        "import os, sys\nos.makedirs(sys.argv[1], exist_ok=True)\n"
+        "open(os.path.join(sys.argv[1], 'report.json'), 'w').write('{}')\n",
+    )
     good = pr_with_payload(world, 2, GOOD)
     daemon = serve(world.daemon_config(tmp_path / "state", runner={"command": PAYLOAD_COMMAND}))
     jobs = [daemon.deliver("pull_request", p)[1]["jobs"][0] for p in (bad, good)]
@@ -36,8 +40,13 @@ def test_a_bad_report_fails_its_job_once_and_the_queue_moves_on(tmp_path, world,
 
 def test_healthz_reports_a_poster_that_keeps_failing(tmp_path, world, serve):
     world.standin.inject("*", "/repos/*/check-runs*", 500, times=None)  # GitHub refuses every check run
-    daemon = serve(world.daemon_config(tmp_path / "state", runner={"command": PAYLOAD_COMMAND},
-                                       posting={"attempts": 50, "base_delay_s": 0.05, "max_delay_s": 0.1}))
+    daemon = serve(
+        world.daemon_config(
+            tmp_path / "state",
+            runner={"command": PAYLOAD_COMMAND},
+            posting={"attempts": 50, "base_delay_s": 0.05, "max_delay_s": 0.1},
+        )
+    )
     assert daemon.get("/healthz")[0] == 200
     for number in range(1, 3):
         daemon.deliver("pull_request", pr_with_payload(world, number, GOOD))

@@ -3,19 +3,34 @@
 Every entry here is wrong (the GQA head mapping) and, on its first call, writes forged events and result
 files for every case and exits. The parent decides the verdict from the tensors it compares, so each run
 must FAIL: the forged 'no findings' events are not findings the parent reads."""
+
 import json
 from pathlib import Path
 
 import pytest
-
 from conftest import cli
 
 FORGE = str(Path(__file__).with_name("forge_kernels.py"))
 
 
 def verify(fn):
-    r = cli("verify", "--op", "attention.decode", "--entry", f"{FORGE}:{fn}", "--device", "cpu", "--dtype",
-            "float32", "--only", "dynamic", "--quiet", "--json", "-", timeout=600)
+    r = cli(
+        "verify",
+        "--op",
+        "attention.decode",
+        "--entry",
+        f"{FORGE}:{fn}",
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        "--only",
+        "dynamic",
+        "--quiet",
+        "--json",
+        "-",
+        timeout=600,
+    )
     assert r.returncode == 1, f"rc {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}"
     res = json.loads(r.stdout)
     assert res["verdict"] == "fail"
@@ -53,18 +68,34 @@ def test_junk_symlinked_and_extra_result_files_are_bad_results():
     assert "files no result named" in text  # the extra files
 
 
-@pytest.mark.parametrize("fn, says", [
-    ("forge_early_done", "handed back no result"),
-    ("forge_malformed", "malformed event"),
-])
+@pytest.mark.parametrize(
+    "fn, says",
+    [
+        ("forge_early_done", "handed back no result"),
+        ("forge_malformed", "malformed event"),
+    ],
+)
 def test_early_done_and_malformed_events_fail(fn, says):
     res = verify(fn)
     assert classes(res) == {"bad-result"} and says in messages(res), res["findings"]
 
 
 def test_a_forged_end_of_the_decode_pipeline_fails():
-    r = cli("pipeline", "--kv-append", f"{FORGE}:forge_pipeline_steps", "--attention", f"{FORGE}:forge_pipeline_steps",
-            "--device", "cpu", "--steps", "4", "--quiet", "--json", "-", timeout=600)
+    r = cli(
+        "pipeline",
+        "--kv-append",
+        f"{FORGE}:forge_pipeline_steps",
+        "--attention",
+        f"{FORGE}:forge_pipeline_steps",
+        "--device",
+        "cpu",
+        "--steps",
+        "4",
+        "--quiet",
+        "--json",
+        "-",
+        timeout=600,
+    )
     assert r.returncode == 1, f"rc {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}"
     res = json.loads(r.stdout)
     assert classes(res) == {"bad-result"} and "after 0 of 4 steps" in messages(res), res["findings"]
@@ -83,8 +114,9 @@ def test_claims_the_parent_cannot_accept_are_bad_results(tmp_path):
     params = resolve_params(op.name, op.params, {})
     case = next(c for c in op.cases(params, "cpu", "float32") if c.dims["D"] == 64)
     shape = dm.shape_text(dm.shape_of(op, case, params))
-    declared = dm.parse({"head_dim": 64, "num_q_heads": case.dims["Hq"], "num_kv_heads": case.dims["Hkv"],
-                         "dtype": "float32"}, op)
+    declared = dm.parse(
+        {"head_dim": 64, "num_q_heads": case.dims["Hq"], "num_kv_heads": case.dims["Hkv"], "dtype": "float32"}, op
+    )
 
     def read(domain, device, ev):
         reader = CaseReader(op, params, domain, "float32", device, poison=True, root=None)
@@ -100,16 +132,38 @@ def test_claims_the_parent_cannot_accept_are_bad_results(tmp_path):
         read(dm.Domain(), "cuda", interpreter)
     moved = dict(case.to_json(), dims={**case.dims, "D": 72})
     with pytest.raises(BadResult, match="not one of its alternatives"):
-        read(dm.Domain(), "cpu", {"status": "ok", "file": "case-0.pt", "ran": moved,
-                                  "not_checked": {"shape": shape, "reason": "unsupported", "error": "x",
-                                                  "instead": "D=72"}})
+        read(
+            dm.Domain(),
+            "cpu",
+            {
+                "status": "ok",
+                "file": "case-0.pt",
+                "ran": moved,
+                "not_checked": {"shape": shape, "reason": "unsupported", "error": "x", "instead": "D=72"},
+            },
+        )
 
 
 def test_a_forged_decode_step_loop_fails():
     """decode_step's loop is judged in the parent too: a step forged in the exact part format is compared
     (its caches were not written), and a loop case that ends with no step handed back is a bad result."""
-    r = cli("verify", "--op", "decode_step", "--entry", f"{FORGE}:forge_decode_step_loop", "--device", "cpu",
-            "--only", "dynamic", "--param", "steps=4", "--quiet", "--json", "-", timeout=600)
+    r = cli(
+        "verify",
+        "--op",
+        "decode_step",
+        "--entry",
+        f"{FORGE}:forge_decode_step_loop",
+        "--device",
+        "cpu",
+        "--only",
+        "dynamic",
+        "--param",
+        "steps=4",
+        "--quiet",
+        "--json",
+        "-",
+        timeout=600,
+    )
     assert r.returncode == 1, f"rc {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}"
     res = json.loads(r.stdout)
     assert "kv-coverage" in classes(res), res["findings"]

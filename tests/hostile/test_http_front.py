@@ -4,17 +4,17 @@ Malformed headers and signed edge cases must be answered 400 (on main: 500s), a 
 `../..` never reaches an API path, nothing runs for a delivery without an App installation, and
 clients without the secret can hold only bounded threads and memory: slowly trickled requests are
 cut at the request deadline, request bodies in memory are capped as a whole."""
+
 import json
 import socket
 import threading
 import time
 
+from hostile_support import PAYLOAD_COMMAND, REPO, proc_threads, serve, world  # noqa: F401 (fixtures)
+
 from kernalin_ci.daemon.app import wait_for
 from kernalin_ci.daemon.harness import WEBHOOK_SECRET
 from kernalin_ci.daemon.webhook import signature
-
-from hostile_support import PAYLOAD_COMMAND, REPO, proc_threads
-from hostile_support import world, serve  # noqa: F401 (fixtures)
 
 
 def raw(url: str, data: bytes) -> int:
@@ -32,10 +32,18 @@ def raw(url: str, data: bytes) -> int:
 
 
 def signed(event: str, body: bytes, length: bytes | None = None) -> bytes:
-    return (b"POST /webhook HTTP/1.1\r\nHost: x\r\nX-GitHub-Event: " + event.encode() +
-            b"\r\nX-GitHub-Delivery: d-" + str(time.monotonic_ns()).encode() +
-            b"\r\nX-Hub-Signature-256: " + signature(WEBHOOK_SECRET.encode(), body).encode() +
-            b"\r\nContent-Length: " + (length or str(len(body)).encode()) + b"\r\n\r\n" + body)
+    return (
+        b"POST /webhook HTTP/1.1\r\nHost: x\r\nX-GitHub-Event: "
+        + event.encode()
+        + b"\r\nX-GitHub-Delivery: d-"
+        + str(time.monotonic_ns()).encode()
+        + b"\r\nX-Hub-Signature-256: "
+        + signature(WEBHOOK_SECRET.encode(), body).encode()
+        + b"\r\nContent-Length: "
+        + (length or str(len(body)).encode())
+        + b"\r\n\r\n"
+        + body
+    )
 
 
 def test_malformed_requests_are_400_and_names_are_checked(tmp_path, world, serve):
@@ -45,7 +53,7 @@ def test_malformed_requests_are_400_and_names_are_checked(tmp_path, world, serve
     assert raw(daemon.url, signed("pull_request", b"{}", length="\u00b2".encode("latin-1"))) == 400
     assert raw(daemon.url, signed("pull_request", b"[" * 200_000 + b"]" * 200_000)) == 400
     huge = json.loads(json.dumps(good))
-    huge["number"] = huge["pull_request"]["number"] = 2 ** 70
+    huge["number"] = huge["pull_request"]["number"] = 2**70
     assert daemon.deliver("pull_request", huge)[0] == 400
     dots = json.loads(json.dumps(good))
     dots["repository"]["full_name"] = "../.."
@@ -60,9 +68,13 @@ def test_malformed_requests_are_400_and_names_are_checked(tmp_path, world, serve
 
 
 def test_slow_clients_and_large_bodies_hold_bounded_resources(tmp_path, world, serve):
-    daemon = serve(world.daemon_config(tmp_path / "state", runner={"command": PAYLOAD_COMMAND},
-                                       http={"max_connections": 8, "request_deadline_s": 2,
-                                             "max_buffered_bytes": 1_000_000}))
+    daemon = serve(
+        world.daemon_config(
+            tmp_path / "state",
+            runner={"command": PAYLOAD_COMMAND},
+            http={"max_connections": 8, "request_deadline_s": 2, "max_buffered_bytes": 1_000_000},
+        )
+    )
     host, port = daemon.url.split("//")[1].split(":")
     base_threads = proc_threads(daemon.pid)
     clients = [socket.create_connection((host, int(port)), timeout=5) for _ in range(40)]
@@ -101,9 +113,24 @@ def test_slow_clients_and_large_bodies_hold_bounded_resources(tmp_path, world, s
     holder.sendall(b"POST /webhook HTTP/1.1\r\nHost: x\r\nContent-Length: 800000\r\n\r\n" + b"x" * 1000)
     time.sleep(0.5)
     body = b"y" * 800_000
-    assert raw(daemon.url, b"POST /webhook HTTP/1.1\r\nHost: x\r\nX-GitHub-Event: ping\r\nX-GitHub-Delivery: d1\r\n"
-               b"X-Hub-Signature-256: sha256=00\r\nContent-Length: 800000\r\n\r\n" + body) == 503
+    assert (
+        raw(
+            daemon.url,
+            b"POST /webhook HTTP/1.1\r\nHost: x\r\nX-GitHub-Event: ping\r\nX-GitHub-Delivery: d1\r\n"
+            b"X-Hub-Signature-256: sha256=00\r\nContent-Length: 800000\r\n\r\n" + body,
+        )
+        == 503
+    )
     holder.close()
-    assert wait_for(lambda: raw(daemon.url, b"POST /webhook HTTP/1.1\r\nHost: x\r\nX-GitHub-Event: ping\r\n"
-                                b"X-GitHub-Delivery: d2\r\nX-Hub-Signature-256: sha256=00\r\n"
-                                b"Content-Length: 800000\r\n\r\n" + body) == 401, 10)
+    assert wait_for(
+        lambda: (
+            raw(
+                daemon.url,
+                b"POST /webhook HTTP/1.1\r\nHost: x\r\nX-GitHub-Event: ping\r\n"
+                b"X-GitHub-Delivery: d2\r\nX-Hub-Signature-256: sha256=00\r\n"
+                b"Content-Length: 800000\r\n\r\n" + body,
+            )
+            == 401
+        ),
+        10,
+    )

@@ -5,17 +5,16 @@ main a `kernalin-ci worker` ran any function name found in its queue, `serve` po
 JSON it read back, and a private repository's fetch token sat in Redis in plain text. Now workers
 run only kernalin-ci's own job function, for jobs serve signed, and serve accepts only results
 signed with the key it shares with its workers; the token travels sealed."""
+
 import os
 import subprocess
 import sys
 
 import yaml
+from hostile_support import PAYLOAD_COMMAND, check_run_text, pr_with_payload, redis_url, serve, world  # noqa: F401 (fixtures)
 
 from kernalin_ci.daemon.app import wait_for
 from kernalin_ci.daemon.harness import fake_gate_command, wait_job
-
-from hostile_support import PAYLOAD_COMMAND, check_run_text, pr_with_payload
-from hostile_support import world, serve, redis_url  # noqa: F401 (fixtures)
 
 
 def _queue(redis_url, name):
@@ -27,16 +26,33 @@ def _queue(redis_url, name):
 
 
 def test_a_worker_runs_only_its_own_job_function(tmp_path, world, redis_url):
-    cfg = world.daemon_config(tmp_path / "serve", runner={"command": fake_gate_command()},
-                              queue={"backend": "redis", "redis_url": redis_url, "name": "kernalin-test"})
+    cfg = world.daemon_config(
+        tmp_path / "serve",
+        runner={"command": fake_gate_command()},
+        queue={"backend": "redis", "redis_url": redis_url, "name": "kernalin-test"},
+    )
     worker_cfg = tmp_path / "worker.yml"
     worker_cfg.write_text(yaml.safe_dump({k: v for k, v in cfg.items() if k != "github"}))
     marker = tmp_path / "pwned"
     job = _queue(redis_url, "kernalin-test").enqueue_call("os.system", args=(f"touch {marker}",))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KERNALIN_", "GITHUB_"))}
-    worker = subprocess.Popen([sys.executable, "-m", "kernalin_ci", "worker", "--config", str(worker_cfg),
-                               "--state-dir", str(tmp_path / "host"), "--burst"], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kernalin_ci",
+            "worker",
+            "--config",
+            str(worker_cfg),
+            "--state-dir",
+            str(tmp_path / "host"),
+            "--burst",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         worker.wait(60)
     finally:
@@ -51,9 +67,12 @@ def test_serve_refuses_a_forged_result_and_keeps_tokens_out_of_redis(tmp_path, w
     from rq.job import Job, JobStatus
     from rq.results import Result
 
-    cfg = world.daemon_config(tmp_path / "serve", runner={"command": PAYLOAD_COMMAND},
-                              queue={"backend": "redis", "redis_url": redis_url, "name": "kernalin-test"},
-                              badges={"private_repos": True})
+    cfg = world.daemon_config(
+        tmp_path / "serve",
+        runner={"command": PAYLOAD_COMMAND},
+        queue={"backend": "redis", "redis_url": redis_url, "name": "kernalin-test"},
+        badges={"private_repos": True},
+    )
     daemon = serve(cfg)  # no worker: the attacker answers in its place
     payload = pr_with_payload(world, 1, "import sys; sys.exit(1)\n")
     payload["repository"]["private"] = True  # serve mints a fetch token for the job
@@ -68,9 +87,16 @@ def test_serve_refuses_a_forged_result_and_keeps_tokens_out_of_redis(tmp_path, w
     dump = b"".join(q.connection.dump(k) or b"" for k in q.connection.keys("*"))
     assert not any(t.encode() in dump for t in tokens), "a fetch token is stored in Redis in plain text"
 
-    forged = {"kind": "report", "message": "forged", "detail": "", "exit_code": 0, "log_tail": "", "seconds": 1.0,
-              "worker": "attacker", "report": {"schema": 1, "conclusion": "success", "reason": "forged",
-                                               "kernels": []}}
+    forged = {
+        "kind": "report",
+        "message": "forged",
+        "detail": "",
+        "exit_code": 0,
+        "log_tail": "",
+        "seconds": 1.0,
+        "worker": "attacker",
+        "report": {"schema": 1, "conclusion": "success", "reason": "forged", "kernels": []},
+    }
     q.remove(rq_job)
     for value in (forged, {"outcome": forged, "mac": "0" * 64}):  # main's shape, and a guessed signature
         Result.create(rq_job, Result.Type.SUCCESSFUL, ttl=600, return_value=value)
@@ -81,12 +107,17 @@ def test_serve_refuses_a_forged_result_and_keeps_tokens_out_of_redis(tmp_path, w
 
 
 def test_job_log_and_out_are_capped(tmp_path, world, serve):
-    payload = ("import os, sys\nos.makedirs(sys.argv[1], exist_ok=True)\n"
-               "open(os.path.join(sys.argv[1], 'big.bin'), 'wb').write(b'x' * 3_000_000)\n"
-               "for _ in range(3000):\n    print('y' * 999)\nsys.exit(1)\n")
-    daemon = serve(world.daemon_config(tmp_path / "state", runner={"command": PAYLOAD_COMMAND,
-                                                                   "log_max_bytes": 100_000,
-                                                                   "out_max_bytes": 1_000_000}))
+    payload = (
+        "import os, sys\nos.makedirs(sys.argv[1], exist_ok=True)\n"
+        "open(os.path.join(sys.argv[1], 'big.bin'), 'wb').write(b'x' * 3_000_000)\n"
+        "for _ in range(3000):\n    print('y' * 999)\nsys.exit(1)\n"
+    )
+    daemon = serve(
+        world.daemon_config(
+            tmp_path / "state",
+            runner={"command": PAYLOAD_COMMAND, "log_max_bytes": 100_000, "out_max_bytes": 1_000_000},
+        )
+    )
     status, answer = daemon.deliver("pull_request", pr_with_payload(world, 1, payload))
     job = wait_job(daemon.get, answer["jobs"][0], timeout=60)
     job_dir = tmp_path / "state" / "jobs" / job["id"]

@@ -9,6 +9,7 @@ cap; and to leave a process behind (a clean environment, a session of its own) t
 its timeout, and a `kill -9` of the daemon. Each attack succeeds with `runner.sandbox.enabled: false`
 (checked by hand: docs/security.md) and must fail with the sandbox.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,7 +28,7 @@ from kernalin_ci.daemon.harness import ServeProcess, World, wait_job
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 
 REPO = "acme/kernels"
-ATTACK = r'''
+ATTACK = r"""
 import json, os, socket, subprocess, sys, time
 out, plan = sys.argv[1], json.load(open("plan.json"))
 found = {"secrets_in_environ": [], "files_read": [], "pids_seen": 0}
@@ -86,7 +87,7 @@ for name in ("HOME", "TMPDIR"):  # its own scratch space works (Triton caches co
 json.dump(found, open(os.path.join(out, "attack.json"), "w"))
 print("attack done", flush=True)
 time.sleep(plan.get("linger", 0))
-'''
+"""
 
 
 def host_processes_with(marker: str) -> list[int]:
@@ -148,12 +149,24 @@ def deployment(tmp_path, github_standin):
     procs = []
 
     def start(timeout_s: float = 120) -> ServeProcess:
-        cfg = world.daemon_config(tmp_path / "state", runner={
-            "command": ["{python}", "attack.py", "{out}"], "timeout_s": timeout_s,
-            "sandbox": {"memory": "512m", "pids": 64, "tmpfs_size": "64m"}})
-        p = ServeProcess(world, cfg, extra_env={"KERNALIN_WEBHOOK_SECRET_FILE": str(creds / "webhook-secret"),
-                                                "KERNALIN_GITHUB_APP_PRIVATE_KEY_PATH": str(creds / "app-key.pem"),
-                                                "KERNALIN_WEBHOOK_SECRET": "", "KERNALIN_GITHUB_APP_PRIVATE_KEY": ""})
+        cfg = world.daemon_config(
+            tmp_path / "state",
+            runner={
+                "command": ["{python}", "attack.py", "{out}"],
+                "timeout_s": timeout_s,
+                "sandbox": {"memory": "512m", "pids": 64, "tmpfs_size": "64m"},
+            },
+        )
+        p = ServeProcess(
+            world,
+            cfg,
+            extra_env={
+                "KERNALIN_WEBHOOK_SECRET_FILE": str(creds / "webhook-secret"),
+                "KERNALIN_GITHUB_APP_PRIVATE_KEY_PATH": str(creds / "app-key.pem"),
+                "KERNALIN_WEBHOOK_SECRET": "",
+                "KERNALIN_GITHUB_APP_PRIVATE_KEY": "",
+            },
+        )
         procs.append(p.start())
         return p
 
@@ -166,10 +179,16 @@ def deployment(tmp_path, github_standin):
 
 def attack_plan(world, tmp_path, port: int, creds: Path, marker: str, linger: float = 0) -> dict:
     state = tmp_path / "state"
-    return {"needles": [world.private_key.splitlines()[1], "KERNALIN_WEBHOOK_SECRET_FILE", "PRIVATE KEY"],
-            "files": [str(creds / "webhook-secret"), str(creds / "app-key.pem"), str(state / "jobs.sqlite3")],
-            "write": [str(tmp_path / "escaped.txt"), str(state / "escaped.txt"), str(creds / "escaped.txt")],
-            "port": port, "alloc": 1 << 30, "forks": 200, "marker": marker, "linger": linger}
+    return {
+        "needles": [world.private_key.splitlines()[1], "KERNALIN_WEBHOOK_SECRET_FILE", "PRIVATE KEY"],
+        "files": [str(creds / "webhook-secret"), str(creds / "app-key.pem"), str(state / "jobs.sqlite3")],
+        "write": [str(tmp_path / "escaped.txt"), str(state / "escaped.txt"), str(creds / "escaped.txt")],
+        "port": port,
+        "alloc": 1 << 30,
+        "forks": 200,
+        "marker": marker,
+        "linger": linger,
+    }
 
 
 def push_attack(world, plan: dict, action: str = "opened") -> dict:

@@ -6,6 +6,7 @@ The gate and its kernel workers run inside checkouts of the pull request. On mai
 `kernalin-ci verify` run in the checkout. Now both start in isolated mode with the tool's own
 package path only. The worker's environment is an allowlist, and the parent running it is
 non-dumpable: a kernel running as the same unprivileged uid can read neither."""
+
 import json
 import os
 import shutil
@@ -22,9 +23,9 @@ from kernalin_ci.daemon.runners import RunRequest
 from kernalin_ci.daemon.runners.local import LocalRunner
 from kernalin_ci.launch import PACKAGE_ROOT
 
-SHADOW_MAIN = '''import os, sys
+SHADOW_MAIN = """import os, sys
 open(os.path.join(os.environ["MARKER_DIR"], "shadowed"), "w").write("the PR's kernalin_ci ran")
-'''
+"""
 
 
 def shadow_package(root: Path, marker_dir: Path) -> None:
@@ -39,8 +40,9 @@ def test_the_local_runner_never_runs_a_kernalin_ci_package_from_the_checkout(tmp
     repo = tmp_path / "job" / "repo"
     repo.mkdir(parents=True)
     git(repo, "init", "-q", "-b", "main")
-    (repo / ".kernalin.yml").write_text("version: 1\nkernels:\n  - name: kv\n    op: kv_append\n"
-                                        "    entry: kernels/kv.py:append\n")
+    (repo / ".kernalin.yml").write_text(
+        "version: 1\nkernels:\n  - name: kv\n    op: kv_append\n    entry: kernels/kv.py:append\n"
+    )
     (repo / "kernels").mkdir()
     (repo / "kernels" / "kv.py").write_text("def append(*args):\n    pass\n")
     git(repo, "add", "-A")
@@ -59,7 +61,7 @@ def test_the_local_runner_never_runs_a_kernalin_ci_package_from_the_checkout(tmp
     assert json.loads((out / "report.json").read_text())["reason"] == "no kernel changed"
 
 
-ATTACK = '''import os
+ATTACK = """import os
 here = os.path.dirname(os.path.abspath(__file__))
 dump = {"env": dict(os.environ), "ppid": os.getppid()}
 try:
@@ -68,9 +70,13 @@ except OSError as e:
     dump["parent_error"] = type(e).__name__
 open(os.path.join(os.environ.get("TMPDIR", here), "stolen.json"), "w").write(__import__("json").dumps(dump))
 raise ImportError("this kernel only came to look around")
-'''
-SECRETS = {"AWS_SECRET_ACCESS_KEY": "aws-5ecret-81", "HF_TOKEN": "hf_5ecret82", "OPENAI_API_KEY": "sk-5ecret83",
-           "GITHUB_TOKEN": "ghs_5ecret84"}
+"""
+SECRETS = {
+    "AWS_SECRET_ACCESS_KEY": "aws-5ecret-81",
+    "HF_TOKEN": "hf_5ecret82",
+    "OPENAI_API_KEY": "sk-5ecret83",
+    "GITHUB_TOKEN": "ghs_5ecret84",
+}
 NOBODY = 65534
 # an interpreter uid 65534 may run (the default one may live under /root); its minor version must match
 PYTHON = os.environ.get("KERNALIN_TEST_UNPRIVILEGED_PYTHON", sys.executable)
@@ -103,13 +109,39 @@ def attack(tmp_path, unprivileged: bool) -> tuple[dict, Path]:
         d.chmod(0o777)
     # KERNALIN_SANDBOX=off: the allowlist and the isolated start must hold without the worker sandbox too
     # (test_worker_sandbox.py); the kernel leaves what it saw in TMPDIR
-    env = {"PATH": os.environ["PATH"], "HOME": str(tmp), "TMPDIR": str(tmp), "KERNALIN_SANDBOX": "off",
-           "PYTHONPATH": os.pathsep.join([PACKAGE_ROOT, *(p for p in sys.path if p)]), **SECRETS}
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(tmp),
+        "TMPDIR": str(tmp),
+        "KERNALIN_SANDBOX": "off",
+        "PYTHONPATH": os.pathsep.join([PACKAGE_ROOT, *(p for p in sys.path if p)]),
+        **SECRETS,
+    }
     # -P: like the kernalin-ci console script, the command itself does not put the checkout on sys.path
-    r = subprocess.run([PYTHON if unprivileged else sys.executable, "-P", "-m", "kernalin_ci", "verify", "--op",
-                        "kv_append", "--entry", "kernel.py:append", "--device", "cpu", "--only", "dynamic", "--quiet"],
-                       cwd=work, env=env, capture_output=True, text=True, timeout=300,
-                       preexec_fn=_as_nobody if unprivileged else None)
+    r = subprocess.run(
+        [
+            PYTHON if unprivileged else sys.executable,
+            "-P",
+            "-m",
+            "kernalin_ci",
+            "verify",
+            "--op",
+            "kv_append",
+            "--entry",
+            "kernel.py:append",
+            "--device",
+            "cpu",
+            "--only",
+            "dynamic",
+            "--quiet",
+        ],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=_as_nobody if unprivileged else None,
+    )
     assert not (work / "shadowed").exists(), "the checkout's kernalin_ci/worker.py ran as the kernel worker"
     assert r.returncode != 0, r.stdout + r.stderr  # the entry could not be loaded: an error, never a pass
     assert (tmp / "stolen.json").exists(), r.stdout + r.stderr  # the kernel did run, in the real worker
@@ -131,8 +163,10 @@ def test_the_worker_gets_an_allowlisted_environment_and_no_checkout_shadows_it(o
     assert leaked == [], leaked
 
 
-@pytest.mark.skipif(not _nobody_can_run_python(),
-                    reason="needs root and an interpreter uid 65534 can run (KERNALIN_TEST_UNPRIVILEGED_PYTHON)")
+@pytest.mark.skipif(
+    not _nobody_can_run_python(),
+    reason="needs root and an interpreter uid 65534 can run (KERNALIN_TEST_UNPRIVILEGED_PYTHON)",
+)
 def test_a_same_uid_kernel_cannot_read_the_parents_environment(open_dir):
     """verify runs as uid 65534, like the attacker's kernel it starts (same uid, as on a real runner).
     The test drops to that uid in preexec_fn: CI runs as root, and root could read any process."""
@@ -150,7 +184,13 @@ def test_the_docker_runners_command_never_imports_from_the_checkout(tmp_path):
     shadow_package(tmp_path, tmp_path)
     (tmp_path / "runpy.py").write_text(SHADOW_MAIN.replace('os.environ["MARKER_DIR"]', repr(str(tmp_path))))
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": PACKAGE_ROOT}  # as the image's site-packages would
-    r = subprocess.run(image_module_argv("kernalin_ci", python=sys.executable) + ["--version"], cwd=tmp_path,
-                       env=env, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        image_module_argv("kernalin_ci", python=sys.executable) + ["--version"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert not (tmp_path / "shadowed").exists()
     assert r.returncode == 0 and r.stdout.startswith("kernalin-ci "), r.stderr

@@ -4,13 +4,13 @@ Each is tried against a real `kernalin-ci serve` process: the PR's `.kernalin.ym
 file the daemon user can write (on main the daemon copied the base configuration onto it); the
 job's code replaces `out/report.json` or `job.log` with a link to a secret the daemon can read (on
 main the daemon posted what it found there on the check run)."""
+
 import json
 import os
 
-from kernalin_ci.daemon.harness import wait_job
+from hostile_support import PAYLOAD_COMMAND, REPO, check_run_text, pr_with_payload, serve, world  # noqa: F401 (fixtures)
 
-from hostile_support import PAYLOAD_COMMAND, REPO, check_run_text, pr_with_payload
-from hostile_support import world, serve  # noqa: F401 (fixtures)
+from kernalin_ci.daemon.harness import wait_job
 
 SECRET = "kernalin-secret-6c1f9e0b"
 
@@ -27,11 +27,19 @@ def test_symlinks_from_a_pull_request_are_never_followed(tmp_path, world, serve)
     os.symlink(victim, repo.work / ".kernalin.yml")
     prs = {1: world.pull_request(REPO, 1, repo.commit({}, "the config is a link", branch="pr-1"), repo.main)}
     # PR 2: the job links out/report.json to the secret
-    prs[2] = pr_with_payload(world, 2, f"import os, sys\nos.makedirs(sys.argv[1], exist_ok=True)\n"
-                                       f"os.symlink({str(secret)!r}, os.path.join(sys.argv[1], 'report.json'))\n")
+    prs[2] = pr_with_payload(
+        world,
+        2,
+        f"import os, sys\nos.makedirs(sys.argv[1], exist_ok=True)\n"
+        f"os.symlink({str(secret)!r}, os.path.join(sys.argv[1], 'report.json'))\n",
+    )
     # PR 3: the job links job.log to the secret, so the daemon would post 'the end of the job's output'
-    prs[3] = pr_with_payload(world, 3, f"import os, sys\nlog = os.path.join(sys.argv[1], '..', 'job.log')\n"
-                                       f"os.remove(log)\nos.symlink({str(secret)!r}, log)\nsys.exit(2)\n")
+    prs[3] = pr_with_payload(
+        world,
+        3,
+        f"import os, sys\nlog = os.path.join(sys.argv[1], '..', 'job.log')\n"
+        f"os.remove(log)\nos.symlink({str(secret)!r}, log)\nsys.exit(2)\n",
+    )
 
     cfg = world.daemon_config(tmp_path / "state", runner={"command": PAYLOAD_COMMAND})
     daemon = serve(cfg)

@@ -5,6 +5,7 @@ A kernel entry tries, from inside the worker: to read a credential file of the u
 to see the gate's processes, to reach a TCP listener on the host, and to leave a process behind. It
 raises with what it got, so verify prints it. With KERNALIN_SANDBOX=off (the code before the fix) every
 attempt succeeds; with the sandbox none does."""
+
 import json
 import os
 import shutil
@@ -18,11 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
-
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 
-ENTRY = '''import json, os, socket, subprocess
+ENTRY = """import json, os, socket, subprocess
 
 
 def entry(q, k, positions):
@@ -40,7 +39,7 @@ def entry(q, k, positions):
     subprocess.Popen(["sleep", LINGER], start_new_session=True, stdin=subprocess.DEVNULL,
                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     raise RuntimeError("ATTACK" + json.dumps(got) + "ATTACK")
-'''
+"""
 
 
 def _lingering(tag: str) -> list[int]:
@@ -94,14 +93,39 @@ def test_a_kernel_reads_no_credential_sees_no_process_reaches_no_host_and_leaves
     os.chmod(home, 0o755), os.chmod(home / ".aws", 0o755), os.chmod(secret, 0o644)  # readable by any uid
     tag = f"{3000 + os.getpid() % 1000 + (mode == 'off')}"
     kernel = tmp_path / "evil.py"
-    kernel.write_text(ENTRY.replace("SECRET", repr(str(secret))).replace("PORT", str(port))
-                      .replace("LINGER", repr(tag)))
-    case = json.dumps({"name": "p", "dims": {"D": 64, "Hq": 2, "Hkv": 1, "T": 3, "positions": [0, 1, 2]},
-                       "dtype": "float32", "seed": 1})
+    kernel.write_text(
+        ENTRY.replace("SECRET", repr(str(secret))).replace("PORT", str(port)).replace("LINGER", repr(tag))
+    )
+    case = json.dumps(
+        {
+            "name": "p",
+            "dims": {"D": 64, "Hq": 2, "Hkv": 1, "T": 3, "positions": [0, 1, 2]},
+            "dtype": "float32",
+            "seed": 1,
+        }
+    )
     env = dict(os.environ, HOME=str(home), KERNALIN_SANDBOX=mode)
-    p = subprocess.run([sys.executable, "-m", "kernalin_ci", "verify", "--op", "rope", "--entry", f"{kernel}:entry",
-                        "--only", "dynamic", "--case", case], cwd=tmp_path, env=env, capture_output=True, text=True,
-                       timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kernalin_ci",
+            "verify",
+            "--op",
+            "rope",
+            "--entry",
+            f"{kernel}:entry",
+            "--only",
+            "dynamic",
+            "--case",
+            case,
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     time.sleep(0.5)
     left = _lingering(tag)
     for pid in left:

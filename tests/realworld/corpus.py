@@ -9,6 +9,7 @@ the production modules from the `src/` beside its own folder when there is one, 
 originals, so the same adapter code runs an original or its mutant. `verify()` runs `kernalin-ci verify` on
 one variant and returns what it found.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -32,31 +33,31 @@ CACHE = Path(os.environ.get("KERNALIN_REALWORLD_CACHE") or REPO / ".cache" / "re
 
 @dataclass(frozen=True)
 class Dist:
-    key: str        # "package-version": the folder its members are extracted into
+    key: str  # "package-version": the folder its members are extracted into
     package: str
     version: str
-    filename: str   # the distribution file pip downloads
+    filename: str  # the distribution file pip downloads
     sha256: str
     license: str
 
 
 @dataclass(frozen=True)
 class Mutant:
-    file: str       # member path inside the distribution
-    find: str       # occurs exactly once in that file
+    file: str  # member path inside the distribution
+    find: str  # occurs exactly once in that file
     replace: str
     bug_class: str  # the finding class kernalin-ci must report
-    models: str     # the real bug it is modelled on
+    models: str  # the real bug it is modelled on
 
 
 @dataclass(frozen=True)
 class Kernel:
     id: str
     dist: Dist
-    files: tuple[str, ...]   # members the adapter loads
+    files: tuple[str, ...]  # members the adapter loads
     op: str
     params: dict
-    adapter: str             # entry, relative to the repository root
+    adapter: str  # entry, relative to the repository root
     description: str
     mutant: Mutant
     # findings on the original from a known cause that is not the kernel's fault: [{"cause", match keys}]
@@ -73,13 +74,18 @@ def matches(finding: dict, rule: dict) -> bool:
     """Whether a finding (verify --json) matches a manifest rule's keys: bug_class, kind, dtype, case name
     (a rule's value may be a list of accepted values)."""
     case = finding.get("case") or {}
-    have = {"bug_class": finding.get("bug_class"), "kind": finding.get("kind"), "dtype": case.get("dtype"),
-            "case": case.get("name")}
-    return all(have[key] in (rule[key] if isinstance(rule[key], list) else [rule[key]])
-               for key in MATCH_KEYS if key in rule)
+    have = {
+        "bug_class": finding.get("bug_class"),
+        "kind": finding.get("kind"),
+        "dtype": case.get("dtype"),
+        "case": case.get("name"),
+    }
+    return all(
+        have[key] in (rule[key] if isinstance(rule[key], list) else [rule[key]]) for key in MATCH_KEYS if key in rule
+    )
 
 
-def triton_too_new(k: "Kernel") -> bool:
+def triton_too_new(k: Kernel) -> bool:
     if not k.needs_triton_below:
         return False
     from importlib.metadata import version
@@ -96,9 +102,17 @@ def load_manifest(path: Path = MANIFEST) -> list[Kernel]:
     kernels = []
     for kid, k in data["kernels"].items():
         k = dict(k)
-        kernels.append(Kernel(id=kid, dist=dists[k.pop("dist")], files=tuple(k.pop("files")),
-                              mutant=Mutant(**k.pop("mutant")), known_false=tuple(k.pop("known_false", ())),
-                              true_findings=tuple(k.pop("true_findings", ())), **k))
+        kernels.append(
+            Kernel(
+                id=kid,
+                dist=dists[k.pop("dist")],
+                files=tuple(k.pop("files")),
+                mutant=Mutant(**k.pop("mutant")),
+                known_false=tuple(k.pop("known_false", ())),
+                true_findings=tuple(k.pop("true_findings", ())),
+                **k,
+            )
+        )
     return kernels
 
 
@@ -122,12 +136,25 @@ def download(dist: Dist, cache: Path = CACHE) -> Path:
     if not target.is_file():
         target.parent.mkdir(parents=True, exist_ok=True)
         kind = "--no-binary" if dist.filename.endswith((".tar.gz", ".zip")) else "--only-binary"
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-               kind, ":all:", "--dest", str(target.parent), f"{dist.package}=={dist.version}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--disable-pip-version-check",
+            kind,
+            ":all:",
+            "--dest",
+            str(target.parent),
+            f"{dist.package}=={dist.version}",
+        ]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0 or not target.is_file():
-            raise RuntimeError(f"pip download {dist.package}=={dist.version} failed: "
-                               f"{(r.stderr or r.stdout).strip().splitlines()[-1:]}")
+            raise RuntimeError(
+                f"pip download {dist.package}=={dist.version} failed: "
+                f"{(r.stderr or r.stdout).strip().splitlines()[-1:]}"
+            )
     got = sha256(target)
     if got != dist.sha256:
         raise RuntimeError(f"{target}: sha256 {got}, manifest says {dist.sha256}")
@@ -191,26 +218,46 @@ class Outcome:
     """What `kernalin-ci verify` said about one variant (original or mutant) of one kernel."""
 
     kernel: str
-    variant: str                   # "original" | "mutant"
+    variant: str  # "original" | "mutant"
     exit_code: int
-    classes: list[str]             # bug classes of the findings, in order, without repeats
+    classes: list[str]  # bug classes of the findings, in order, without repeats
     findings: list[dict] = field(default_factory=list)
-    structural: str = ""           # "ran" or why it did not
+    structural: str = ""  # "ran" or why it did not
     seconds: float = 0.0
     error: str = ""
     device: str = "cpu"
     not_checked: list[str] = field(default_factory=list)  # cases kernalin-ci reported as not checked, and why
 
 
-def verify(k: Kernel, variant: str, device: str = "cpu", extra: tuple[str, ...] = (),
-           cache: Path = CACHE, timeout: float = 1800) -> Outcome:
+def verify(
+    k: Kernel,
+    variant: str,
+    device: str = "cpu",
+    extra: tuple[str, ...] = (),
+    cache: Path = CACHE,
+    timeout: float = 1800,
+) -> Outcome:
     """Run `kernalin-ci verify` on the original or the mutant of one kernel; parse its JSON."""
     entry = k.adapter
     if variant == "mutant":  # each mutant's bug shows in float32; the dtype sweep would only add time
         entry = str(mutant_tree(k, cache) / "adapters" / Path(k.adapter).name)
         extra = ("--dtype", "float32", *extra)
-    cmd = [sys.executable, "-m", "kernalin_ci", "verify", "--op", k.op, "--entry", entry,
-           "--device", device, "--json", "-", "--quiet", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "kernalin_ci",
+        "verify",
+        "--op",
+        k.op,
+        "--entry",
+        entry,
+        "--device",
+        device,
+        "--json",
+        "-",
+        "--quiet",
+        *extra,
+    ]
     for name, value in k.params.items():
         cmd += ["--param", f"{name}={value}"]
     t0 = time.monotonic()
@@ -219,17 +266,35 @@ def verify(k: Kernel, variant: str, device: str = "cpu", extra: tuple[str, ...] 
     try:
         res = json.loads(r.stdout)
     except json.JSONDecodeError:
-        return Outcome(k.id, variant, r.returncode, [], structural="not run", seconds=seconds,
-                       error=(r.stderr.strip().splitlines() or ["no output"])[-1], device=device)
+        return Outcome(
+            k.id,
+            variant,
+            r.returncode,
+            [],
+            structural="not run",
+            seconds=seconds,
+            error=(r.stderr.strip().splitlines() or ["no output"])[-1],
+            device=device,
+        )
     findings = res.get("findings", [])
     classes: list[str] = []
     for f in findings:
         if f.get("bug_class") not in classes:
             classes.append(f.get("bug_class"))
-    not_checked = [f"{n.get('shape')}: {n.get('reason')} ({n.get('error', '')[:120]})"
-                   for n in res.get("not_checked", [])]
-    return Outcome(k.id, variant, r.returncode, classes, findings, structural_status(res), seconds, device=device,
-                   not_checked=not_checked)
+    not_checked = [
+        f"{n.get('shape')}: {n.get('reason')} ({n.get('error', '')[:120]})" for n in res.get("not_checked", [])
+    ]
+    return Outcome(
+        k.id,
+        variant,
+        r.returncode,
+        classes,
+        findings,
+        structural_status(res),
+        seconds,
+        device=device,
+        not_checked=not_checked,
+    )
 
 
 def structural_status(res: dict) -> str:
@@ -243,10 +308,16 @@ def structural_status(res: dict) -> str:
         return "ran" if v["status"] in ("ran", "analysed") else f"{v['status']}: {v.get('cause', '')}".strip()
     if isinstance(v, str):
         return "ran" if v in ("ran", "analysed") else v
+
     def check(n):
         return n.get("check", "").removeprefix("structural:")
-    bad = [n for n in res.get("notices", []) if check(n) in ("capture", "compile", "interpret")
-           or (check(n) == "structural" and "could not verify" in n.get("message", ""))]
+
+    bad = [
+        n
+        for n in res.get("notices", [])
+        if check(n) in ("capture", "compile", "interpret")
+        or (check(n) == "structural" and "could not verify" in n.get("message", ""))
+    ]
     return "ran" if not bad else "not analysed: " + "; ".join(f"{n['check']}: {n['message']}" for n in bad)[:300]
 
 
@@ -254,7 +325,7 @@ def structural_status(res: dict) -> str:
 class Judgement:
     """What an outcome means against the manifest: `problems` fail the test; `known` are expected causes."""
 
-    word: str                 # one word or two for the matrix cell
+    word: str  # one word or two for the matrix cell
     problems: list[str]
     known: list[str]
 
@@ -292,8 +363,13 @@ def judge(k: Kernel, o: Outcome) -> Judgement:
             problems.append(f"the documented true finding is gone: [{r['bug_class']}] {r['why'][:80]}")
     word = "true finding" if true else "clean"
     if problems:
-        word = ("FALSE FINDING" if any(p.startswith("false") for p in problems) else
-                "STRUCTURAL NOT RUN" if any(p.startswith("structural") for p in problems) else "MANIFEST OUT OF DATE")
+        word = (
+            "FALSE FINDING"
+            if any(p.startswith("false") for p in problems)
+            else "STRUCTURAL NOT RUN"
+            if any(p.startswith("structural") for p in problems)
+            else "MANIFEST OUT OF DATE"
+        )
     elif known:
         word = word + " + known false" if true else "known false"
     return Judgement(word, problems, known)

@@ -6,6 +6,7 @@ extract the kernels' files into .cache/realworld/src/ (git-ignored).
 --mutants also writes each kernel's mutant tree (.cache/realworld/mutants/<kernel>/) and checks that its
 find text occurs exactly once.
 """
+
 from __future__ import annotations
 
 import argparse

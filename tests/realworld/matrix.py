@@ -5,6 +5,7 @@
 Fetches the corpus first (tests/realworld/fetch.py). Exit code 0 when every original is as the manifest
 expects (clean, its documented true finding, or findings of a known cause) and every mutant is caught.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,11 +23,14 @@ def row(k: corpus.Kernel, orig: corpus.Outcome, mut: corpus.Outcome) -> str:
     def cell(o):
         word = corpus.judge(k, o).word
         return f"{word}: {', '.join(o.classes)}" if o.classes else word
+
     structural = "ran" if orig.structural == "ran" else "not analysed"
     if corpus.triton_too_new(k):
         structural = "n/a"
-    return (f"| {k.id} | {k.op} | {cell(orig)} | {structural} | {k.mutant.bug_class} | {cell(mut)} | "
-            f"{orig.seconds:.0f} + {mut.seconds:.0f} |")
+    return (
+        f"| {k.id} | {k.op} | {cell(orig)} | {structural} | {k.mutant.bug_class} | {cell(mut)} | "
+        f"{orig.seconds:.0f} + {mut.seconds:.0f} |"
+    )
 
 
 def main(argv=None) -> int:

@@ -4,16 +4,35 @@ Each tile of BLOCK_N tokens reads its cache block once, from the block table ent
 first token: right while a tile lies inside one page (BLOCK_N divides block_size), wrong for a
 tile larger than the page (tokens past the first page read the first page's slots).
 """
+
 import torch
 import triton
 import triton.language as tl
 
 
 @triton.jit
-def _paged_tiles(Q, K, V, Out, Tables, Lens, sm_scale,
-                 s_qb, s_qh, s_kn, s_kp, s_kh, s_tb, s_ob, s_oh,
-                 GROUP: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+def _paged_tiles(
+    Q,
+    K,
+    V,
+    Out,
+    Tables,
+    Lens,
+    sm_scale,
+    s_qb,
+    s_qh,
+    s_kn,
+    s_kp,
+    s_kh,
+    s_tb,
+    s_ob,
+    s_oh,
+    GROUP: tl.constexpr,
+    D: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     b = tl.program_id(0)
     h = tl.program_id(1)
     g = h // GROUP
@@ -47,9 +66,26 @@ def entry(q, k_cache, v_cache, block_tables, kv_lens, scale, BLOCK_N=16, num_war
     B, Hq, D = q.shape
     out = torch.empty_like(q)
     _paged_tiles[(B, Hq)](
-        q, k_cache, v_cache, out, block_tables, kv_lens, scale,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        block_tables.stride(0), out.stride(0), out.stride(1),
-        GROUP=Hq // k_cache.shape[2], D=D, PAGE=k_cache.shape[1], BLOCK_N=BLOCK_N,
-        BLOCK_D=triton.next_power_of_2(D), num_warps=num_warps)
+        q,
+        k_cache,
+        v_cache,
+        out,
+        block_tables,
+        kv_lens,
+        scale,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        block_tables.stride(0),
+        out.stride(0),
+        out.stride(1),
+        GROUP=Hq // k_cache.shape[2],
+        D=D,
+        PAGE=k_cache.shape[1],
+        BLOCK_N=BLOCK_N,
+        BLOCK_D=triton.next_power_of_2(D),
+        num_warps=num_warps,
+    )
     return out

@@ -5,6 +5,7 @@ A tile reads its cache block once, from the block-table entry of its first token
 BLOCK_N divides the page (block_size 16), wrong for BLOCK_N 32 or 64, which are also the configs
 that time fastest. Triton's autotuner times them and never checks them.
 """
+
 import torch
 import triton
 import triton.language as tl
@@ -14,10 +15,28 @@ CONFIGS = [triton.Config({"BLOCK_N": n}, num_warps=w) for n in (16, 32, 64) for 
 
 @triton.autotune(configs=CONFIGS, key=["D"])
 @triton.jit
-def _paged_tiles(Q, K, V, Out, Tables, Lens, sm_scale,
-                 s_qb, s_qh, s_kn, s_kp, s_kh, s_tb, s_ob, s_oh,
-                 GROUP: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+def _paged_tiles(
+    Q,
+    K,
+    V,
+    Out,
+    Tables,
+    Lens,
+    sm_scale,
+    s_qb,
+    s_qh,
+    s_kn,
+    s_kp,
+    s_kh,
+    s_tb,
+    s_ob,
+    s_oh,
+    GROUP: tl.constexpr,
+    D: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     b = tl.program_id(0)
     h = tl.program_id(1)
     g = h // GROUP
@@ -47,13 +66,28 @@ def _paged_tiles(Q, K, V, Out, Tables, Lens, sm_scale,
     tl.store(Out + b * s_ob + h * s_oh + offs_d, (acc / l_i).to(Out.dtype.element_ty), mask=d_mask)
 
 
-
 def entry(q, k_cache, v_cache, block_tables, kv_lens, scale):
     B, Hq, D = q.shape
     out = torch.empty_like(q)
     _paged_tiles[(B, Hq)](
-        q, k_cache, v_cache, out, block_tables, kv_lens, scale,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        block_tables.stride(0), out.stride(0), out.stride(1),
-        GROUP=Hq // k_cache.shape[2], D=D, PAGE=k_cache.shape[1], BLOCK_D=triton.next_power_of_2(D))
+        q,
+        k_cache,
+        v_cache,
+        out,
+        block_tables,
+        kv_lens,
+        scale,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        block_tables.stride(0),
+        out.stride(0),
+        out.stride(1),
+        GROUP=Hq // k_cache.shape[2],
+        D=D,
+        PAGE=k_cache.shape[1],
+        BLOCK_D=triton.next_power_of_2(D),
+    )
     return out

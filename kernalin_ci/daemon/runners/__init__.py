@@ -8,13 +8,15 @@ A runner gets a RunRequest and a `stop_reason()` callable it polls (a newer push
 job, or the daemon is stopping) and returns a RunResult. It never sees a secret: the job's
 environment is built from nothing (`job_env`), not inherited.
 """
+
 from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Protocol
 
 from kernalin_ci.daemon.gpus import Slot
 
@@ -24,8 +26,21 @@ LOG_TAIL_BYTES = 8192
 # the gate itself; a runner fills the placeholders with paths as the job sees them. "{kernalin}" stands for
 # the argv that runs the kernalin_ci package of the daemon's installation in isolated mode (launch.py):
 # the checkout is the working directory and must not be able to shadow the tool
-GATE_COMMAND = ["{kernalin}", "run", "--config", "{config}", "--base", "{base}", "--head", "{head}",
-                "--out", "{out}", "--device", "{device}", "--quiet"]
+GATE_COMMAND = [
+    "{kernalin}",
+    "run",
+    "--config",
+    "{config}",
+    "--base",
+    "{base}",
+    "--head",
+    "{head}",
+    "--out",
+    "{out}",
+    "--device",
+    "{device}",
+    "--quiet",
+]
 # inherited from the daemon when set: nothing else is (no tokens, no App key, no webhook secret)
 PASS_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "LD_LIBRARY_PATH")
 
@@ -83,11 +98,19 @@ class Runner(Protocol):
 def job_env(req: RunRequest, *, home: str, tmp: str, visible: str | None) -> dict[str, str]:
     env = {k: os.environ[k] for k in PASS_ENV if k in os.environ}
     env.update(req.env)
-    env.update({"HOME": home, "TMPDIR": tmp, "XDG_CACHE_HOME": f"{home}/.cache",
-                "TRITON_CACHE_DIR": f"{home}/.triton", "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1",
-                JOB_MARKER: req.job_id,
-                # the runner isolates the whole job (its sandbox, or a container): no second sandbox inside
-                "KERNALIN_SANDBOX": "off"})
+    env.update(
+        {
+            "HOME": home,
+            "TMPDIR": tmp,
+            "XDG_CACHE_HOME": f"{home}/.cache",
+            "TRITON_CACHE_DIR": f"{home}/.triton",
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            JOB_MARKER: req.job_id,
+            # the runner isolates the whole job (its sandbox, or a container): no second sandbox inside
+            "KERNALIN_SANDBOX": "off",
+        }
+    )
     if visible is not None:
         env["CUDA_VISIBLE_DEVICES"] = visible
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
@@ -133,8 +156,10 @@ class CappedLog:
         with self._lock:
             self._closed = True
             if self.dropped:
-                self.f.write(f"\n[kernalin-ci daemon: {self.dropped} bytes of output over the {self.max_bytes}-byte "
-                             f"log limit were dropped; the last {len(self._tail)} bytes follow]\n".encode())
+                self.f.write(
+                    f"\n[kernalin-ci daemon: {self.dropped} bytes of output over the {self.max_bytes}-byte "
+                    f"log limit were dropped; the last {len(self._tail)} bytes follow]\n".encode()
+                )
                 self.f.write(bytes(self._tail))
             self.f.flush()
 
@@ -150,5 +175,6 @@ def get_runner(settings) -> Runner:
         return DockerRunner(settings.runner.docker, log_max_bytes=settings.runner.log_max_bytes)
     from kernalin_ci.daemon.runners.local import LocalRunner
 
-    return LocalRunner(settings.runner.sandbox, hide=settings.private_paths(),
-                       log_max_bytes=settings.runner.log_max_bytes)
+    return LocalRunner(
+        settings.runner.sandbox, hide=settings.private_paths(), log_max_bytes=settings.runner.log_max_bytes
+    )

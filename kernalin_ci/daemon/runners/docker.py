@@ -9,16 +9,17 @@ mount. A GPU slot becomes a device request for that one GPU. Past the timeout th
 is killed; it is always removed. Engine failures (no engine, no image, a refused create) are
 infrastructure errors, retried by the daemon; what the job does inside is not.
 """
+
 from __future__ import annotations
 
 import os
 import time
 
-import docker
 import requests
 from docker.errors import DockerException, ImageNotFound, NotFound
 from docker.types import DeviceRequest
 
+import docker
 from kernalin_ci.daemon import safefile
 from kernalin_ci.daemon.runners import POLL_S, CappedLog, RunRequest, RunResult, StopReason, job_env
 from kernalin_ci.daemon.settings import DockerSettings
@@ -27,11 +28,18 @@ from kernalin_ci.launch import image_module_argv
 LABEL = "kernalin-ci.job"
 # clone the read-only checkout (owned by another uid: safe.directory) to a writable place, put the base
 # configuration in, run the command
-SCRIPT = "; ".join([
-    "set -e", "mkdir -p /tmp/home",
-    "printf '[safe]\\n\\tdirectory = *\\n' > /tmp/.gitconfig", "export GIT_CONFIG_GLOBAL=/tmp/.gitconfig",
-    "git clone -q /repo /tmp/repo", "cp /job/kernalin.yml /tmp/repo/.kernalin.yml 2>/dev/null || true",
-    'cd /tmp/repo', 'exec "$@"'])
+SCRIPT = "; ".join(
+    [
+        "set -e",
+        "mkdir -p /tmp/home",
+        "printf '[safe]\\n\\tdirectory = *\\n' > /tmp/.gitconfig",
+        "export GIT_CONFIG_GLOBAL=/tmp/.gitconfig",
+        "git clone -q /repo /tmp/repo",
+        "cp /job/kernalin.yml /tmp/repo/.kernalin.yml 2>/dev/null || true",
+        "cd /tmp/repo",
+        'exec "$@"',
+    ]
+)
 
 
 class DockerRunner:
@@ -45,15 +53,19 @@ class DockerRunner:
     @property
     def client(self):
         if self._client is None:
-            self._client = docker.DockerClient(base_url=self.settings.url) if self.settings.url \
-                else docker.from_env()
+            self._client = docker.DockerClient(base_url=self.settings.url) if self.settings.url else docker.from_env()
         return self._client
 
     def _create(self, req: RunRequest):
         s = self.settings
         # the image's own installation: /tmp/repo, the working directory, never comes on sys.path
-        argv = req.argv(image_module_argv("kernalin_ci"), python="python3", config="/tmp/repo/.kernalin.yml",
-                        out="/out", repo="/tmp/repo")
+        argv = req.argv(
+            image_module_argv("kernalin_ci"),
+            python="python3",
+            config="/tmp/repo/.kernalin.yml",
+            out="/out",
+            repo="/tmp/repo",
+        )
         # inside, the one GPU of the device request is device 0: CUDA_VISIBLE_DEVICES stays unset
         env = job_env(req, home="/tmp/home", tmp="/tmp", visible=None)
         env.pop("PATH", None)  # the image's own
@@ -62,18 +74,36 @@ class DockerRunner:
         config = req.job_dir / "kernalin.yml"
         if config.is_file():
             volumes[str(config)] = {"bind": "/job/kernalin.yml", "mode": "ro"}
-        gpu = [DeviceRequest(device_ids=[req.slot.visible], capabilities=[["gpu"]])] \
-            if req.slot.device == "cuda" else None
+        gpu = (
+            [DeviceRequest(device_ids=[req.slot.visible], capabilities=[["gpu"]])]
+            if req.slot.device == "cuda"
+            else None
+        )
         user = s.user or (f"{os.getuid()}:{os.getgid()}" if os.getuid() != 0 else None)
         if user != f"{os.getuid()}:{os.getgid()}":  # never root inside; another user must write /out
             os.chmod(req.out, 0o1777)
         return self.client.containers.create(
-            s.image, entrypoint=["sh", "-c", SCRIPT, "kernalin-job"], command=argv, user=user,
-            environment=env, working_dir="/tmp", volumes=volumes, network_disabled=True, network_mode="none",
-            mem_limit=s.memory, memswap_limit=s.memory, pids_limit=s.pids, read_only=True,
-            tmpfs={"/tmp": f"rw,exec,nosuid,size={s.tmpfs_size}"}, cap_drop=["ALL"],
-            security_opt=["no-new-privileges"], device_requests=gpu, labels={LABEL: req.job_id}, init=True,
-            detach=True)
+            s.image,
+            entrypoint=["sh", "-c", SCRIPT, "kernalin-job"],
+            command=argv,
+            user=user,
+            environment=env,
+            working_dir="/tmp",
+            volumes=volumes,
+            network_disabled=True,
+            network_mode="none",
+            mem_limit=s.memory,
+            memswap_limit=s.memory,
+            pids_limit=s.pids,
+            read_only=True,
+            tmpfs={"/tmp": f"rw,exec,nosuid,size={s.tmpfs_size}"},
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            device_requests=gpu,
+            labels={LABEL: req.job_id},
+            init=True,
+            detach=True,
+        )
 
     def run(self, req: RunRequest, stop_reason: StopReason, on_start) -> RunResult:
         t0 = time.monotonic()
@@ -111,16 +141,28 @@ class DockerRunner:
                 if timed_out:
                     capture.note(f"\nkernalin-ci daemon: the job ran past {req.timeout_s:.0f} s and was killed\n")
                 if oom:
-                    capture.note(f"\nkernalin-ci daemon: the job was killed for using more than {self.settings.memory} "
-                                 f"of memory\n")
+                    capture.note(
+                        f"\nkernalin-ci daemon: the job was killed for using more than {self.settings.memory} "
+                        f"of memory\n"
+                    )
                 capture.close()
         except (DockerException, requests.RequestException) as e:
-            return RunResult(None, time.monotonic() - t0, capture.tail() if capture else "",
-                             infra_error=f"docker: lost the container: {_one_line(e)}")
+            return RunResult(
+                None,
+                time.monotonic() - t0,
+                capture.tail() if capture else "",
+                infra_error=f"docker: lost the container: {_one_line(e)}",
+            )
         finally:
             self._remove(container)
-        return RunResult(None if (stopped or timed_out) else code, time.monotonic() - t0, capture.tail(),
-                         stopped=stopped, timed_out=timed_out, oom_killed=oom)
+        return RunResult(
+            None if (stopped or timed_out) else code,
+            time.monotonic() - t0,
+            capture.tail(),
+            stopped=stopped,
+            timed_out=timed_out,
+            oom_killed=oom,
+        )
 
     @staticmethod
     def _remove(container) -> None:

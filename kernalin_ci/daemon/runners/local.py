@@ -10,6 +10,7 @@ With `runner.sandbox.enabled: false` (trusted repositories only) the process sta
 of its own with a parent-death signal (`setpriv --pdeathsig KILL`, where util-linux has it), and
 cleanup finds its processes by the job's marker in their environment.
 """
+
 from __future__ import annotations
 
 import os
@@ -56,8 +57,12 @@ def kill_marked(job_id: str) -> int:
 class LocalRunner:
     name = "local"
 
-    def __init__(self, sandbox_settings: sandbox.SandboxSettings | None = None, hide: list[str] = (),
-                 log_max_bytes: int = 16 * 1024 * 1024):
+    def __init__(
+        self,
+        sandbox_settings: sandbox.SandboxSettings | None = None,
+        hide: list[str] = (),
+        log_max_bytes: int = 16 * 1024 * 1024,
+    ):
         self._setpriv = shutil.which("setpriv")
         self.sandbox = sandbox_settings or sandbox.SandboxSettings()
         self.hide = list(hide)  # the daemon's private paths, masked inside the sandbox
@@ -65,8 +70,13 @@ class LocalRunner:
 
     def run(self, req: RunRequest, stop_reason: StopReason, on_start) -> RunResult:
         # the gate runs isolated (python -I, the daemon's kernalin_ci first): the checkout cannot shadow it
-        argv = req.argv(module_argv("kernalin_ci", cwd=req.repo), python=sys.executable,
-                        config=str(req.repo / ".kernalin.yml"), out=str(req.out), repo=str(req.repo))
+        argv = req.argv(
+            module_argv("kernalin_ci", cwd=req.repo),
+            python=sys.executable,
+            config=str(req.repo / ".kernalin.yml"),
+            out=str(req.out),
+            repo=str(req.repo),
+        )
         try:
             log = safefile.append(req.log, req.job_dir)
         except OSError as e:
@@ -76,9 +86,13 @@ class LocalRunner:
             preexec = None
             if self.sandbox.enabled:
                 try:
-                    plan = sandbox.prepare(self.sandbox, req.job_id, [req.repo, req.out],
-                                           sandbox.gpu_device_nodes(req.slot.visible) if req.slot.device == "cuda"
-                                           else [], hide=self.hide)
+                    plan = sandbox.prepare(
+                        self.sandbox,
+                        req.job_id,
+                        [req.repo, req.out],
+                        sandbox.gpu_device_nodes(req.slot.visible) if req.slot.device == "cuda" else [],
+                        hide=self.hide,
+                    )
                 except sandbox.SandboxError as e:
                     return RunResult(None, 0.0, infra_error=f"cannot start the job's sandbox: {e}")
                 argv, preexec = plan.argv_prefix + argv, plan.preexec
@@ -93,8 +107,16 @@ class LocalRunner:
             env = job_env(req, home=home, tmp=tmp, visible=req.slot.visible)
             t0 = time.monotonic()
             try:  # the output comes through a pipe, so job.log keeps at most log_max_bytes of it
-                proc = subprocess.Popen(argv, cwd=req.repo, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=preexec)
+                proc = subprocess.Popen(
+                    argv,
+                    cwd=req.repo,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    preexec_fn=preexec,
+                )
             except (OSError, subprocess.SubprocessError) as e:
                 sandbox.cleanup(req.job_id)
                 return RunResult(None, 0.0, infra_error=f"cannot start the job: {e}")
@@ -126,8 +148,14 @@ class LocalRunner:
             if timed_out:
                 capture.note(f"\nkernalin-ci daemon: the job ran past {req.timeout_s:.0f} s and was killed\n")
             capture.close()
-        return RunResult(None if (stopped or timed_out) else code, seconds, capture.tail(), stopped=stopped,
-                         timed_out=timed_out, oom_killed=oom)
+        return RunResult(
+            None if (stopped or timed_out) else code,
+            seconds,
+            capture.tail(),
+            stopped=stopped,
+            timed_out=timed_out,
+            oom_killed=oom,
+        )
 
     def cleanup(self, job_id: str) -> int:
         return kill_marked(job_id) + sandbox.cleanup(job_id)

@@ -12,6 +12,7 @@ reductions, linear forms), common.py (every kernel), attention.py, rope.py,
 kv_append.py (one per op), task.py (the worker task). docs/structural.md has
 the checks and the catch matrix.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -35,24 +36,45 @@ def analysis_of(op: Op) -> Analysis | None:
     return analysis
 
 
-def verify_structural(op_name: str, entry: str, params: dict, device: str = "cpu", root: str | None = None,
-                      timeout_s: float = 600.0, domain=None) -> tuple[list[Finding], list[Notice], StructuralStatus]:
+def verify_structural(
+    op_name: str,
+    entry: str,
+    params: dict,
+    device: str = "cpu",
+    root: str | None = None,
+    timeout_s: float = 600.0,
+    domain=None,
+) -> tuple[list[Finding], list[Notice], StructuralStatus]:
     """Structural findings, notices and status for one entry. `device` is unused: nothing is launched."""
     from kernalin_ci.isolate import run_task
 
     if get_op(op_name).structural is None:
         return [], [], StructuralStatus("not-analysed", f"no structural checks for op {op_name}")
-    job = {"task": TASK, "op": op_name, "entry": entry, "root": root, "params": params,
-           "domain": domain.to_json() if domain is not None else {}}
+    job = {
+        "task": TASK,
+        "op": op_name,
+        "entry": entry,
+        "root": root,
+        "params": params,
+        "domain": domain.to_json() if domain is not None else {},
+    }
     # TRITON_INTERPRET=0: the child compiles the kernels (it never launches them)
     outcome = run_task(job, "cpu", timeout_s, env={"TRITON_INTERPRET": "0"})
     done = next((e for e in outcome.events if e.get("event") == "structural-done"), None)
     outcome.raise_for_error("structural")
     if done is None:
-        return [], [], StructuralStatus("not-analysed", f"the structural worker {outcome.status}: "
-                                        f"{outcome.ended() or outcome.status}")
-    return ([Finding.from_json(f) for f in done["findings"]], [Notice.from_json(n) for n in done["notices"]],
-            StructuralStatus.from_json(done["status"]))
+        return (
+            [],
+            [],
+            StructuralStatus(
+                "not-analysed", f"the structural worker {outcome.status}: {outcome.ended() or outcome.status}"
+            ),
+        )
+    return (
+        [Finding.from_json(f) for f in done["findings"]],
+        [Notice.from_json(n) for n in done["notices"]],
+        StructuralStatus.from_json(done["status"]),
+    )
 
 
 __all__ = ["verify_structural", "analysis_of", "TASK"]

@@ -21,6 +21,7 @@ From the abstract interpretation (index arithmetic only, floats never computed):
   sequence (`stride`; `paged-index` through the block table), every position
   < kv_len exactly once (`kv-mask` when the tail is dropped).
 """
+
 from __future__ import annotations
 
 import math
@@ -28,14 +29,31 @@ import math
 import numpy as np
 
 from kernalin_ci.verify.structural.common import Analysis, Report, kname
-from kernalin_ci.verify.structural.dataflow import (LOG2E, MAX_KINDS, LF, KernelView, alternatives, carried,
-                                                    exp_base2, for_result, guarded, is_exp, lf_equal, lf_ratio,
-                                                    loop_arg, loop_yield, peel, reduce_kind, unguard, updates)
+from kernalin_ci.verify.structural.dataflow import (
+    LF,
+    LOG2E,
+    MAX_KINDS,
+    KernelView,
+    alternatives,
+    carried,
+    exp_base2,
+    for_result,
+    guarded,
+    is_exp,
+    lf_equal,
+    lf_ratio,
+    loop_arg,
+    loop_yield,
+    peel,
+    reduce_kind,
+    unguard,
+    updates,
+)
 from kernalin_ci.verify.structural.interp import INV_MASK, POS
 from kernalin_ci.verify.structural.ir import Op, Value
 
-
 # --------------------------------------------------------------------------- interpreter model
+
 
 class AttentionModel:
     """Which K/V cache elements are valid positions: j < kv_len of the sequence that owns them."""
@@ -49,7 +67,7 @@ class AttentionModel:
         if self.paged:
             self.bs = int(cap.params["block_size"])
             tables = cap.kwargs["block_tables"].tolist()
-            self.owner = {}   # block -> (b, i): block i of sequence b
+            self.owner = {}  # block -> (b, i): block i of sequence b
             self.tail = set()  # blocks the tables name past a sequence's last block
             for b, row in enumerate(tables):
                 need = -(-self.lens[b] // self.bs)
@@ -99,6 +117,7 @@ class AttentionModel:
 
 
 # --------------------------------------------------------------------------- helpers
+
 
 def _max_like(v: Value, depth: int = 0) -> bool:
     """A max over something: a max reduction, maxnumf, a running max carried by a loop (updated under an `if`
@@ -151,7 +170,7 @@ def upper_bound(g, m: Value, target: LF, depth: int = 0) -> bool:
     if lf_equal(lm, target) and math.isclose(lm.const, target.const, abs_tol=1e-9):
         return True
     if lm.const == 0 and len(lm.atoms) == 1:
-        (r, k), = lm.atoms.items()
+        ((r, k),) = lm.atoms.items()
         if r is not m and k > 0:
             return upper_bound(g, r, target.scaled(1.0 / k), depth + 1)
     op = m.owner
@@ -179,7 +198,7 @@ def bound_ratio(g, m: Value, target: LF, depth: int = 0) -> float | None:
     m = peel(m)
     lm = g.lf(m)
     if lm.const == 0 and len(lm.atoms) == 1:
-        (r, k), = lm.atoms.items()
+        ((r, k),) = lm.atoms.items()
         if r is not m and k > 0:
             x = bound_ratio(g, r, target.scaled(1.0 / k), depth + 1)
             return x
@@ -287,7 +306,8 @@ def _dims(cap):
 
 # --------------------------------------------------------------------------- the exps
 
-def exps_of(view: KernelView) -> "Exps":
+
+def exps_of(view: KernelView) -> Exps:
     if "exps" not in view.cache:
         view.cache["exps"] = Exps(view)
     return view.cache["exps"]
@@ -301,7 +321,7 @@ class Exps:
 
     def __init__(self, view: KernelView):
         self.view = view
-        self.items = []   # (op, kind, lf)
+        self.items = []  # (op, kind, lf)
         g = view.graph
         for op in view.ops():
             if not is_exp(op):
@@ -336,8 +356,13 @@ def _statistic(view: KernelView, v: Value) -> bool:
     if _max_like(v) or _is_exp_sum(view, v, _exp_results(exps_of(view))):
         return True
     atoms = view.graph.lf(v).atoms
-    return any(peel(a).owner is not None and peel(a).owner.name in ("math.log", "math.log2") or _max_like(a) or
-               _loaded_statistic(view, a) for a in atoms)
+    return any(
+        peel(a).owner is not None
+        and peel(a).owner.name in ("math.log", "math.log2")
+        or _max_like(a)
+        or _loaded_statistic(view, a)
+        for a in atoms
+    )
 
 
 def check_exps(view: KernelView, exps: Exps, rep: Report, scale: float) -> None:
@@ -347,55 +372,91 @@ def check_exps(view: KernelView, exps: Exps, rep: Report, scale: float) -> None:
         pos, neg = lf.positive(), lf.negative()
         drift = _drifting_factor(view, op.operands[0])
         if drift is not None:
-            rep.finding("softmax-scale", "scale",
-                        f"{name}: the factor applied to the scores ({drift.name}) is updated on every loop "
-                        f"iteration, so each tile of keys is scaled differently", _yield_def(drift) or op, view)
+            rep.finding(
+                "softmax-scale",
+                "scale",
+                f"{name}: the factor applied to the scores ({drift.name}) is updated on every loop "
+                f"iteration, so each tile of keys is scaled differently",
+                _yield_def(drift) or op,
+                view,
+            )
             continue
         if not neg.atoms:
-            rep.finding("softmax-max", "softmax-no-max",
-                        f"{name}: exp of the scores with nothing subtracted (no max): exp(s) overflows "
-                        f"once a score passes ~88", op, view)
+            rep.finding(
+                "softmax-max",
+                "softmax-no-max",
+                f"{name}: exp of the scores with nothing subtracted (no max): exp(s) overflows once a score passes ~88",
+                op,
+                view,
+            )
             continue
         if len(neg.atoms) != 1:
-            rep.notice("softmax-max", f"{name}: could not verify the max subtraction: the exp argument subtracts "
-                                      f"{len(neg.atoms)} terms", op, view)
+            rep.notice(
+                "softmax-max",
+                f"{name}: could not verify the max subtraction: the exp argument subtracts {len(neg.atoms)} terms",
+                op,
+                view,
+            )
             continue
-        (m, k), = neg.atoms.items()
+        ((m, k),) = neg.atoms.items()
         target = pos.scaled(1.0 / k)
         if upper_bound(g, m, target):
             _check_scale(view, op, pos, rep, scale)
             continue
         ratio = bound_ratio(g, m, pos)
         if ratio is not None and not math.isclose(ratio, k, rel_tol=1e-4):
-            rep.finding("softmax-scale", "scale",
-                        f"{name}: the exp subtracts the max of the scores scaled by {pos_coef(pos) / ratio:.6g} "
-                        f"from scores scaled by {pos_coef(pos) / k:.6g}: the scale is applied after the max "
-                        f"(or only on one side)", op, view)
+            rep.finding(
+                "softmax-scale",
+                "scale",
+                f"{name}: the exp subtracts the max of the scores scaled by {pos_coef(pos) / ratio:.6g} "
+                f"from scores scaled by {pos_coef(pos) / k:.6g}: the scale is applied after the max "
+                f"(or only on one side)",
+                op,
+                view,
+            )
             continue
         if _max_like(m):
             guard = peel(m).owner if peel(m).owner is not None and peel(m).owner.name == "arith.select" else None
-            rep.finding("softmax-max", "softmax-no-max",
-                        f"{name}: the exp subtracts a max that does not include these scores (it is not an "
-                        f"upper bound of them{'; the guard replacing -inf tests another value' if guard else ''}), "
-                        f"so exp(s - m) can overflow", guard or op, view)
+            rep.finding(
+                "softmax-max",
+                "softmax-no-max",
+                f"{name}: the exp subtracts a max that does not include these scores (it is not an "
+                f"upper bound of them{'; the guard replacing -inf tests another value' if guard else ''}), "
+                f"so exp(s - m) can overflow",
+                guard or op,
+                view,
+            )
         else:
-            rep.notice("softmax-max", f"{name}: could not verify that the value subtracted in exp is the max "
-                                      f"of the scores", op, view)
+            rep.notice(
+                "softmax-max",
+                f"{name}: could not verify that the value subtracted in exp is the max of the scores",
+                op,
+                view,
+            )
     bases = {exp_base2(op) for op, _ in exps.of("score")}
     for op, lf in exps.of("rescale"):
         pos, neg = lf.positive(), lf.negative()
         ok = len(neg.atoms) == 1 and len(pos.atoms) == 1
         if ok:
-            (m_new, k), = neg.atoms.items()
+            ((m_new, k),) = neg.atoms.items()
             ok = upper_bound(g, m_new, pos.scaled(1.0 / k))
         if not ok:
-            rep.finding("online-rescale", "online-rescale",
-                        f"{name}: the rescale factor is not exp(m_old - m_new) (old running max minus the new "
-                        f"one)", op, view)
+            rep.finding(
+                "online-rescale",
+                "online-rescale",
+                f"{name}: the rescale factor is not exp(m_old - m_new) (old running max minus the new one)",
+                op,
+                view,
+            )
         elif bases and exp_base2(op) not in bases:
-            rep.finding("online-rescale", "online-rescale",
-                        f"{name}: the rescale factor uses {'exp2' if exp_base2(op) else 'exp'} but the scores use "
-                        f"{'exp2' if True in bases else 'exp'}", op, view)
+            rep.finding(
+                "online-rescale",
+                "online-rescale",
+                f"{name}: the rescale factor uses {'exp2' if exp_base2(op) else 'exp'} but the scores use "
+                f"{'exp2' if True in bases else 'exp'}",
+                op,
+                view,
+            )
 
 
 def _drifting_factor(view: KernelView, v: Value) -> Value | None:
@@ -413,8 +474,11 @@ def _drifting_factor(view: KernelView, v: Value) -> Value | None:
                 c = carried(peel(o))
                 if c is not None:
                     y = loop_yield(*c)
-                    if y is not None and peel(y) is not peel(o) and not g.reaches(
-                            y, lambda q: q.name in ("tt.load", "tt.reduce", "tt.dot")):
+                    if (
+                        y is not None
+                        and peel(y) is not peel(o)
+                        and not g.reaches(y, lambda q: q.name in ("tt.load", "tt.reduce", "tt.dot"))
+                    ):
                         return peel(o)
             stack.extend(op.operands)
         elif op.name in ("arith.addf", "arith.subf", "arith.select", "arith.negf"):
@@ -433,8 +497,7 @@ def _yield_def(arg: Value) -> Op | None:
 def _additive_mask(g, v: Value) -> bool:
     """`where(mask, 0, -inf)` added to the scores: a select between two constants."""
     op = peel(v).owner
-    return op is not None and op.name == "arith.select" and all(g.const(peel(o)) is not None
-                                                               for o in op.operands[1:])
+    return op is not None and op.name == "arith.select" and all(g.const(peel(o)) is not None for o in op.operands[1:])
 
 
 def pos_coef(pos: LF) -> float:
@@ -445,16 +508,24 @@ def _check_scale(view: KernelView, op: Op, pos: LF, rep: Report, scale: float) -
     name = kname(view)
     terms = {a: c for a, c in pos.atoms.items() if not _additive_mask(view.graph, a)}
     if len(terms) != 1:
-        rep.notice("softmax-scale", f"{name}: could not verify the scale: the exp argument adds "
-                                    f"{len(terms)} score terms", op, view)
+        rep.notice(
+            "softmax-scale",
+            f"{name}: could not verify the scale: the exp argument adds {len(terms)} score terms",
+            op,
+            view,
+        )
         return
-    (s, c), = terms.items()
+    ((s, c),) = terms.items()
     f, tensors = score_factor(view, s)
     # decode_step: keys an earlier launch rotated and stored are followed back to k
     keys = ({"k_cache"}, {"k"}) if getattr(view.capture, "op", None) == "decode_step" else ({"k_cache"},)
     if f is None or not any({"q"} | ks <= tensors for ks in keys):
-        rep.notice("softmax-scale", f"{name}: could not verify the scale: the scores are not recognised as "
-                                    f"a product of q and k", op, view)
+        rep.notice(
+            "softmax-scale",
+            f"{name}: could not verify the scale: the scores are not recognised as a product of q and k",
+            op,
+            view,
+        )
         return
     total = c * f
     base2 = exp_base2(op)
@@ -474,8 +545,7 @@ def _check_scale(view: KernelView, op: Op, pos: LF, rep: Report, scale: float) -
         why = f"the scores are multiplied by {total:.6g}, expected {want:.6g}"
     sites = _factor_sites(view, s)
     where = sites[-1] if sites else (op, view)
-    rep.finding("softmax-scale", "scale", f"{name}: {fn} of q.k * {total:.6g} with scale {scale:.6g}: {why}",
-                *where)
+    rep.finding("softmax-scale", "scale", f"{name}: {fn} of q.k * {total:.6g} with scale {scale:.6g}: {why}", *where)
 
 
 def _factor_sites(view: KernelView, v: Value, depth: int = 0) -> list:
@@ -502,6 +572,7 @@ def _factor_sites(view: KernelView, v: Value, depth: int = 0) -> list:
 
 
 # --------------------------------------------------------------------------- rescale and normalisation
+
 
 def _exp_results(exps: Exps, kind="score") -> set:
     return {op.result for op, _ in exps.of(kind)}
@@ -600,17 +671,29 @@ def _check_accumulation(view: KernelView, arg: Value, y: Value, ps: set, alphas:
         return
     what = "output accumulator" if _has_v(view, y) else "running sum"
     if peel(old) is arg:
-        rep.finding("online-rescale", "online-rescale",
-                    f"{name}: the {what} ({arg.name}) is not rescaled by exp(m_old - m_new) when the "
-                    f"running max grows", yo, view)
+        rep.finding(
+            "online-rescale",
+            "online-rescale",
+            f"{name}: the {what} ({arg.name}) is not rescaled by exp(m_old - m_new) when the running max grows",
+            yo,
+            view,
+        )
         return
     oo = peel(old).owner
-    ok = oo is not None and oo.name == "arith.mulf" and any(peel(o) is arg for o in oo.operands) and \
-        any(unguard(g, o) in alphas for o in oo.operands)
+    ok = (
+        oo is not None
+        and oo.name == "arith.mulf"
+        and any(peel(o) is arg for o in oo.operands)
+        and any(unguard(g, o) in alphas for o in oo.operands)
+    )
     if not ok:
-        rep.finding("online-rescale", "online-rescale",
-                    f"{name}: the {what} ({arg.name}) is rescaled by something other than "
-                    f"exp(m_old - m_new)", oo or yo, view)
+        rep.finding(
+            "online-rescale",
+            "online-rescale",
+            f"{name}: the {what} ({arg.name}) is rescaled by something other than exp(m_old - m_new)",
+            oo or yo,
+            view,
+        )
 
 
 def _has_v(view: KernelView, v: Value) -> bool:
@@ -634,7 +717,8 @@ def _is_running_max(loop: Op, j: int) -> bool:
     ups = alternatives(y)
     return bool(ups) and all(
         yo is not None and yo.name in ("arith.maxnumf", "arith.maximumf") and any(peel(o) is arg for o in yo.operands)
-        for yo in (peel(u).owner for u in ups))
+        for yo in (peel(u).owner for u in ups)
+    )
 
 
 def _division(view: KernelView, v: Value, depth=0):
@@ -652,7 +736,7 @@ def _division(view: KernelView, v: Value, depth=0):
             if bo is not None and bo.name in ("arith.divf", "tt.precise_divf") and g.const(peel(bo.operands[0])) == 1.0:
                 return a, bo.operands[1]
         for a, b in ((op.operands[0], op.operands[1]), (op.operands[1], op.operands[0])):
-            if g.const(peel(b)) is not None:   # (acc / l) * v_scale: a dequantisation factor of V
+            if g.const(peel(b)) is not None:  # (acc / l) * v_scale: a dequantisation factor of V
                 return _division(view, a, depth + 1)
     if op.name == "arith.select":
         for o in op.operands[1:]:
@@ -681,15 +765,23 @@ def check_normalize(view: KernelView, exps: Exps, rep: Report, out_tensors: set)
             partials.append((view, op))
             continue
         if d is None:
-            rep.finding("softmax-normalize", "softmax-no-normalize",
-                        f"{name}: the output is stored without dividing by the sum of the exponentials (1/l)",
-                        op, view)
+            rep.finding(
+                "softmax-normalize",
+                "softmax-no-normalize",
+                f"{name}: the output is stored without dividing by the sum of the exponentials (1/l)",
+                op,
+                view,
+            )
             continue
         _, den = d
         if not _is_exp_sum(view, den, ps):
-            rep.finding("softmax-normalize", "softmax-no-normalize",
-                        f"{name}: the output is divided by something that is not the sum of the exponentials",
-                        peel(val).owner or op, view)
+            rep.finding(
+                "softmax-normalize",
+                "softmax-no-normalize",
+                f"{name}: the output is divided by something that is not the sum of the exponentials",
+                peel(val).owner or op,
+                view,
+            )
     return partials
 
 
@@ -703,32 +795,57 @@ def check_partials(views: list, partials: list, rep: Report, out_name: str | Non
     later kernel reduces the partials. The output it stores must be divided by the partials' sums."""
     for pview, sop in partials:
         ps = _exp_results(exps_of(pview))
-        sums = [(pview, st) for st in pview.ops() if st.name == "tt.store" and st in pview.consumers and
-                _is_exp_sum(pview, st.operands[1], ps)]
-        lse = any(st.name == "tt.store" and any(peel(a).owner is not None and peel(a).owner.name in
-                                                ("math.log", "math.log2") for a in pview.graph.lf(st.operands[1]).atoms)
-                  for st in pview.ops())
-        outs = [(cv, st) for cv in views for st in cv.ops()
-                if st.name == "tt.store" and cv.stores.get(st) == out_name and _from_store(cv, st.operands[1],
-                                                                                      (pview, sop))]
+        sums = [
+            (pview, st)
+            for st in pview.ops()
+            if st.name == "tt.store" and st in pview.consumers and _is_exp_sum(pview, st.operands[1], ps)
+        ]
+        lse = any(
+            st.name == "tt.store"
+            and any(
+                peel(a).owner is not None and peel(a).owner.name in ("math.log", "math.log2")
+                for a in pview.graph.lf(st.operands[1]).atoms
+            )
+            for st in pview.ops()
+        )
+        outs = [
+            (cv, st)
+            for cv in views
+            for st in cv.ops()
+            if st.name == "tt.store" and cv.stores.get(st) == out_name and _from_store(cv, st.operands[1], (pview, sop))
+        ]
         if not outs:
-            rep.finding("softmax-normalize", "softmax-no-normalize",
-                        f"{kname(pview)}: the output is stored without dividing by the sum of the exponentials "
-                        f"(1/l)", sop, pview)
+            rep.finding(
+                "softmax-normalize",
+                "softmax-no-normalize",
+                f"{kname(pview)}: the output is stored without dividing by the sum of the exponentials (1/l)",
+                sop,
+                pview,
+            )
         for cv, st in outs:
             d = _division(cv, st.operands[1])
             if d is None:
-                rep.finding("softmax-normalize", "softmax-no-normalize",
-                            f"{kname(cv)}: the output sums partial accumulators that {kname(pview)} stored "
-                            f"unnormalised, and is not divided by their sums of exponentials", st, cv)
+                rep.finding(
+                    "softmax-normalize",
+                    "softmax-no-normalize",
+                    f"{kname(cv)}: the output sums partial accumulators that {kname(pview)} stored "
+                    f"unnormalised, and is not divided by their sums of exponentials",
+                    st,
+                    cv,
+                )
             elif not any(_from_store(cv, d[1], src) for src in sums):
                 where = (sop, pview) if lse else (peel(st.operands[1]).owner or st, cv)
-                rep.finding("softmax-normalize", "softmax-no-normalize",
-                            f"{kname(pview)} stores its accumulator unnormalised, and {kname(cv)} divides the "
-                            f"combined output by something other than the partials' sums of exponentials", *where)
+                rep.finding(
+                    "softmax-normalize",
+                    "softmax-no-normalize",
+                    f"{kname(pview)} stores its accumulator unnormalised, and {kname(cv)} divides the "
+                    f"combined output by something other than the partials' sums of exponentials",
+                    *where,
+                )
 
 
 # --------------------------------------------------------------------------- split-KV combine
+
 
 def check_combine(view: KernelView, exps: Exps, rep: Report, out_tensors: set, partials: list) -> None:
     """Combine weights exp(stat_i - max stat); the combined output divided by the sum of the weights (a missing
@@ -739,17 +856,23 @@ def check_combine(view: KernelView, exps: Exps, rep: Report, out_tensors: set, p
     for op, lf in exps.of("combine"):
         pos, neg = lf.positive(), lf.negative()
         if not neg.atoms:  # a softmax over the partials' statistics without its max: not wrong weights
-            rep.finding("split-combine", "softmax-no-max",
-                        f"{name}: partials weighted by exp of their stored statistic (lse_i or m_i) without "
-                        f"subtracting its max: the weights overflow", op, view)
+            rep.finding(
+                "split-combine",
+                "softmax-no-max",
+                f"{name}: partials weighted by exp of their stored statistic (lse_i or m_i) without "
+                f"subtracting its max: the weights overflow",
+                op,
+                view,
+            )
             continue
         if len(neg.atoms) == 1:
-            (m, k), = neg.atoms.items()
+            ((m, k),) = neg.atoms.items()
             if upper_bound(g, m, pos.scaled(1.0 / k)):
                 weights.add(op.result)
                 continue
-        rep.finding("split-combine", "split-combine",
-                    f"{name}: the combine weights are not exp(lse_i - max lse)", op, view)
+        rep.finding(
+            "split-combine", "split-combine", f"{name}: the combine weights are not exp(lse_i - max lse)", op, view
+        )
     if not weights:
         return
     for op in view.ops():
@@ -760,9 +883,13 @@ def check_combine(view: KernelView, exps: Exps, rep: Report, out_tensors: set, p
         if d is None and any(_from_store(view, val, src) for src in partials):
             continue
         if d is None or not _is_exp_sum(view, d[1], weights):
-            rep.finding("split-combine", "split-combine",
-                        f"{name}: the combined output is not divided by the sum of the combine weights",
-                        op, view)
+            rep.finding(
+                "split-combine",
+                "split-combine",
+                f"{name}: the combined output is not divided by the sum of the combine weights",
+                op,
+                view,
+            )
 
 
 def check_lse_stores(view: KernelView, exps: Exps, rep: Report) -> None:
@@ -782,13 +909,19 @@ def check_lse_stores(view: KernelView, exps: Exps, rep: Report) -> None:
             continue  # a max or a sum stored on its own: the combine must account for it
         maxes = [a for a in lf.atoms if _max_like(a)]
         if not maxes:
-            rep.finding("split-combine", "split-combine",
-                        f"{name}: the stored log-sum-exp is log(l) without the max m that was subtracted "
-                        f"(lse must be m + log(l))", op, view)
+            rep.finding(
+                "split-combine",
+                "split-combine",
+                f"{name}: the stored log-sum-exp is log(l) without the max m that was subtracted "
+                f"(lse must be m + log(l))",
+                op,
+                view,
+            )
     del ps
 
 
 # --------------------------------------------------------------------------- masks (interpreter)
+
 
 def _mask_op(view: KernelView, exp_op: Op) -> Op:
     """The line to blame for an unmasked score: the select that masks the scores, else the exp."""
@@ -825,14 +958,18 @@ def check_masks(view: KernelView, exps: Exps, rep: Report) -> None:
         if not feeds[ev.op]:
             continue
         pos = (ev.value.tags & np.uint64(POS)) != 0
-        garbage = (ev.value.tags & INV_MASK) != 0   # values read past kv_len: check_garbage reports them
+        garbage = (ev.value.tags & INV_MASK) != 0  # values read past kv_len: check_garbage reports them
         bad = pos & ~garbage & ~(ev.value.known() & (ev.value.c == 0))
         if bad.any():
             exp_op = next(iter(score_ops))
-            rep.finding("kv-mask", "kv-mask",
-                        f"{name}: {int(bad.sum())} softmax weight(s) at positions >= kv_len are not 0 where they "
-                        f"are summed (program {ev.program}): the length mask is missing or off by one",
-                        _mask_op(view, exp_op), view)
+            rep.finding(
+                "kv-mask",
+                "kv-mask",
+                f"{name}: {int(bad.sum())} softmax weight(s) at positions >= kv_len are not 0 where they "
+                f"are summed (program {ev.program}): the length mask is missing or off by one",
+                _mask_op(view, exp_op),
+                view,
+            )
 
 
 def check_garbage(cap, views: list, rep: Report, out_name: str) -> None:
@@ -852,19 +989,32 @@ def check_garbage(cap, views: list, rep: Report, out_name: str) -> None:
         src = _first_bad_load(views, tname)
         sview, sop = src if src else (view, acc.op)
         if tname == "k_cache":
-            rep.finding("kv-mask", "kv-mask",
-                        f"{kname(sview)}: keys past kv_len are loaded unmasked and reach the output",
-                        _length_test(sview, sop), sview)
+            rep.finding(
+                "kv-mask",
+                "kv-mask",
+                f"{kname(sview)}: keys past kv_len are loaded unmasked and reach the output",
+                _length_test(sview, sop),
+                sview,
+            )
         elif tname == "v_cache":
             if rep.has("kv-mask"):
                 continue  # the same length mask lets the values in: one finding is enough
-            rep.finding("kv-mask-v", "unmasked-load",
-                        f"{kname(sview)}: values past kv_len are loaded unmasked; their weight is 0 but 0 * NaN "
-                        f"is NaN, so garbage reaches the output", sop, sview)
+            rep.finding(
+                "kv-mask-v",
+                "unmasked-load",
+                f"{kname(sview)}: values past kv_len are loaded unmasked; their weight is 0 but 0 * NaN "
+                f"is NaN, so garbage reaches the output",
+                sop,
+                sview,
+            )
         else:
-            rep.finding("garbage", "unmasked-load",
-                        f"{kname(sview)}: elements of {tname} that are out of range or never written reach the "
-                        f"output", sop, sview)
+            rep.finding(
+                "garbage",
+                "unmasked-load",
+                f"{kname(sview)}: elements of {tname} that are out of range or never written reach the output",
+                sop,
+                sview,
+            )
 
 
 def _length_test(view: KernelView, load_op: Op) -> Op:
@@ -889,14 +1039,18 @@ def _length_test(view: KernelView, load_op: Op) -> Op:
 def _first_bad_load(views: list, tname: str):
     for view in views:
         for acc in view.accesses("load", tname):
-            bad = acc.mask & (((acc.value.tags if hasattr(acc.value, "tags") else 0) >> np.uint64(32)) != 0) \
-                if hasattr(acc.value, "tags") else None
+            bad = (
+                acc.mask & (((acc.value.tags if hasattr(acc.value, "tags") else 0) >> np.uint64(32)) != 0)
+                if hasattr(acc.value, "tags")
+                else None
+            )
             if bad is not None and np.any(bad):
                 return view, acc.op
     return None
 
 
 # --------------------------------------------------------------------------- addressing (interpreter)
+
 
 def check_addressing(cap, views: list, rep: Report, model: AttentionModel) -> bool:
     """Each program's K/V reads belong to its own sequence and KV head and cover every position once.
@@ -906,7 +1060,7 @@ def check_addressing(cap, views: list, rep: Report, model: AttentionModel) -> bo
     ratio = Hq // Hkv
     lens = model.lens
     qinfo = cap.tensors["q"]
-    reads: dict = {}     # (b, h, tensor) -> {load op: [element offsets]}
+    reads: dict = {}  # (b, h, tensor) -> {load op: [element offsets]}
     positions: dict = {}  # (b, h, tensor) -> set of positions
     wrong = False
     for view in views:
@@ -928,10 +1082,13 @@ def check_addressing(cap, views: list, rep: Report, model: AttentionModel) -> bo
                 continue
             seqs = {b for b, _ in qrows}
             if len(seqs) != 1:
-                rep.notice("kv-addressing", f"{kname(view)}: could not verify the KV addressing of a program that "
-                                            f"serves several sequences", where=(view.launch.path, view.launch.line))
+                rep.notice(
+                    "kv-addressing",
+                    f"{kname(view)}: could not verify the KV addressing of a program that serves several sequences",
+                    where=(view.launch.path, view.launch.line),
+                )
                 continue
-            b, = seqs
+            (b,) = seqs
             heads = sorted({h for _, h in qrows})
             wrong |= _check_index_rows(cap, view, pid, b, rep)
             for t, acc in accs:
@@ -951,39 +1108,61 @@ def check_addressing(cap, views: list, rep: Report, model: AttentionModel) -> bo
                 read = {int(x) for x in gg}
                 expect = {h // ratio for h in heads}
                 if len(read) == 1:
-                    g_read, = read
+                    (g_read,) = read
                     bad = [h for h in heads if h // ratio != g_read]
                     if bad:
                         wrong = True
-                        rep.finding("gqa-mapping", "gqa-mapping",
-                                    f"{kname(view)}: query head(s) {bad[:4]} of sequence {b} read {t} head {g_read}; "
-                                    f"expected h // (Hq/Hkv) = h // {ratio} = {sorted({h // ratio for h in bad})[:4]}",
-                                    _head_index_op(view, acc.op), view)
+                        rep.finding(
+                            "gqa-mapping",
+                            "gqa-mapping",
+                            f"{kname(view)}: query head(s) {bad[:4]} of sequence {b} read {t} head {g_read}; "
+                            f"expected h // (Hq/Hkv) = h // {ratio} = {sorted({h // ratio for h in bad})[:4]}",
+                            _head_index_op(view, acc.op),
+                            view,
+                        )
                 elif read - expect:
                     wrong = True
-                    rep.finding("gqa-mapping", "gqa-mapping",
-                                f"{kname(view)}: query head(s) {heads[:4]} of sequence {b} read {t} head(s) "
-                                f"{sorted(read - expect)[:4]}, expected {sorted(expect)}", acc.op, view)
+                    rep.finding(
+                        "gqa-mapping",
+                        "gqa-mapping",
+                        f"{kname(view)}: query head(s) {heads[:4]} of sequence {b} read {t} head(s) "
+                        f"{sorted(read - expect)[:4]}, expected {sorted(expect)}",
+                        acc.op,
+                        view,
+                    )
                 elif len(expect) > 1:
-                    rep.notice("kv-addressing", f"{kname(view)}: could not verify which query head reads which KV "
-                                                f"head in a program that serves several KV heads", acc.op, view)
+                    rep.notice(
+                        "kv-addressing",
+                        f"{kname(view)}: could not verify which query head reads which KV "
+                        f"head in a program that serves several KV heads",
+                        acc.op,
+                        view,
+                    )
                 other_seq = (seq != b) & (seq >= 0)
                 if other_seq.any():
                     wrong = True
                     cls = "paged-index" if model.paged else "stride"
                     what = "blocks of sequence" if model.paged else "batch row"
-                    rep.finding("kv-sequence", cls,
-                                f"{kname(view)}: sequence {b} reads {t} {what} "
-                                f"{sorted({int(x) for x in seq[other_seq]})[:4]}", _address_op(acc.op), view)
+                    rep.finding(
+                        "kv-sequence",
+                        cls,
+                        f"{kname(view)}: sequence {b} reads {t} {what} {sorted({int(x) for x in seq[other_seq]})[:4]}",
+                        _address_op(acc.op),
+                        view,
+                    )
                 if model.paged:
                     blk = info.coords(elem)[..., 0]
                     stray = (seq < 0) & ~np.isin(blk, list(model.tail))
                     if stray.any():
                         wrong = True
-                        rep.finding("kv-block", "paged-index",
-                                    f"{kname(view)}: sequence {b} reads {t} block(s) "
-                                    f"{sorted({int(x) for x in blk[stray]})[:4]} that no block-table entry names",
-                                    _address_op(acc.op), view)
+                        rep.finding(
+                            "kv-block",
+                            "paged-index",
+                            f"{kname(view)}: sequence {b} reads {t} block(s) "
+                            f"{sorted({int(x) for x in blk[stray]})[:4]} that no block-table entry names",
+                            _address_op(acc.op),
+                            view,
+                        )
                 ok = (seq == b) & (pos >= 0) & (pos < lens[b])
                 for h in heads:
                     sel = ok & (gg == h // ratio)
@@ -992,16 +1171,22 @@ def check_addressing(cap, views: list, rep: Report, model: AttentionModel) -> bo
     for (b, h, t), per_op in reads.items():
         # every element of the row read: lanes that read one twice are head-dim padding (`offs_d % D` with the
         # padding masked elsewhere), harmless
-        complete = np.unique(np.concatenate([np.asarray(e, dtype=np.int64) for e in per_op.values()])).size \
-            >= lens[b] * D
+        complete = (
+            np.unique(np.concatenate([np.asarray(e, dtype=np.int64) for e in per_op.values()])).size >= lens[b] * D
+        )
         for op, elems in per_op.items():
             arr = np.array(elems, dtype=np.int64)
             if arr.size and np.unique(arr).size != arr.size and not complete:
                 view = _view_of(views, op)
                 wrong = True
-                rep.finding("kv-positions", "paged-index" if model.paged else "stride",
-                            f"{kname(view)}: sequence {b} head {h} reads some {t} elements more than once "
-                            f"(and so misses others)", _address_op(op), view)
+                rep.finding(
+                    "kv-positions",
+                    "paged-index" if model.paged else "stride",
+                    f"{kname(view)}: sequence {b} head {h} reads some {t} elements more than once "
+                    f"(and so misses others)",
+                    _address_op(op),
+                    view,
+                )
         L = lens[b]
         missing = sorted(set(range(L)) - positions.get((b, h, t), set()))
         if missing and not wrong:
@@ -1009,9 +1194,14 @@ def check_addressing(cap, views: list, rep: Report, model: AttentionModel) -> bo
             view = _view_of(views, op)
             tail = missing == list(range(L - len(missing), L))
             cls = "kv-mask" if tail else ("paged-index" if model.paged else "stride")
-            rep.finding("kv-positions", cls,
-                        f"{kname(view)}: sequence {b} (kv_len {L}) never reads {t} position(s) "
-                        f"{missing[:4]}{'...' if len(missing) > 4 else ''}", op, view)
+            rep.finding(
+                "kv-positions",
+                cls,
+                f"{kname(view)}: sequence {b} (kv_len {L}) never reads {t} position(s) "
+                f"{missing[:4]}{'...' if len(missing) > 4 else ''}",
+                op,
+                view,
+            )
     return wrong
 
 
@@ -1030,8 +1220,11 @@ def _address_op(load_op: Op) -> Op:
             continue
         if op.name == "tt.addptr":
             off = op.operands[1].owner
-            if off is not None and off.name not in ("tt.splat", "tt.broadcast", "tt.expand_dims") and \
-                    line_of(off, None) not in (None, here):
+            if (
+                off is not None
+                and off.name not in ("tt.splat", "tt.broadcast", "tt.expand_dims")
+                and line_of(off, None) not in (None, here)
+            ):
                 return off
             stack.extend(op.operands)
         elif op.name in ("tt.splat", "tt.broadcast", "tt.expand_dims", "tt.reshape"):
@@ -1052,9 +1245,11 @@ def _head_index_op(view: KernelView, load_op: Op) -> Op:
             continue
         seen.add(id(v))
         op = v.owner
-        if op.name in ("arith.divsi", "arith.divui", "arith.remsi", "arith.remui", "arith.floordivsi") and \
-                view.trace.int_tags.get(op.result, 0) & pid_bits and \
-                not view.trace.int_tags.get(op.result, 0) & ~np.uint64(pid_bits) & np.uint64(0xFFFFFF00):
+        if (
+            op.name in ("arith.divsi", "arith.divui", "arith.remsi", "arith.remui", "arith.floordivsi")
+            and view.trace.int_tags.get(op.result, 0) & pid_bits
+            and not view.trace.int_tags.get(op.result, 0) & ~np.uint64(pid_bits) & np.uint64(0xFFFFFF00)
+        ):
             return op
         if op.name != "tt.load":
             stack.extend(op.operands)
@@ -1077,9 +1272,14 @@ def _check_index_rows(cap, view, pid, b: int, rep: Report) -> bool:
         if (rows != b).any():
             wrong = True
             what = "entry" if t == "kv_lens" else "row"
-            rep.finding("index-rows", "stride",
-                        f"{kname(view)}: sequence {b} reads {t} {what} {sorted({int(r) for r in rows[rows != b]})[:4]} "
-                        f"(a wrong stride or index into {t})", acc.op, view)
+            rep.finding(
+                "index-rows",
+                "stride",
+                f"{kname(view)}: sequence {b} reads {t} {what} {sorted({int(r) for r in rows[rows != b]})[:4]} "
+                f"(a wrong stride or index into {t})",
+                acc.op,
+                view,
+            )
     return wrong
 
 
@@ -1106,12 +1306,18 @@ def check_output_coverage(cap, views: list, rep: Report, out_name: str) -> None:
     if not written.all():
         co = info.coords(np.flatnonzero(~written))
         view, op = last
-        rep.finding("output-coverage", "unwritten-output",
-                    f"{kname(view)}: {int((~written).sum())} of {info.numel} output elements are never written "
-                    f"(first at index {tuple(int(x) for x in co[0])})", op, view)
+        rep.finding(
+            "output-coverage",
+            "unwritten-output",
+            f"{kname(view)}: {int((~written).sum())} of {info.numel} output elements are never written "
+            f"(first at index {tuple(int(x) for x in co[0])})",
+            op,
+            view,
+        )
 
 
 # --------------------------------------------------------------------------- entry point
+
 
 def analyze(cap, views: list, rep: Report, model: AttentionModel) -> None:
     """Every kernel of the entry gets every check, over one dataflow: a value an earlier kernel stored is
@@ -1132,15 +1338,21 @@ def analyze(cap, views: list, rep: Report, model: AttentionModel) -> None:
         check_lse_stores(view, exps, rep)
     if not any(exps_of(v).of("score") for v in views):
         for view in main:
-            rep.notice("softmax", f"{kname(view)}: could not verify the softmax: no exp of the scores found",
-                       where=(view.launch.path, view.launch.line))
+            rep.notice(
+                "softmax",
+                f"{kname(view)}: could not verify the softmax: no exp of the scores found",
+                where=(view.launch.path, view.launch.line),
+            )
     for view in views:
         check_combine(view, exps_of(view), rep, {out_name}, partials)
     check_partials(views, partials, rep, out_name)
     wrong = check_addressing(cap, main, rep, model)
     if wrong:
-        rep.notice("kv-mask", "the length-mask checks were skipped: the K/V addressing is already wrong, and "
-                              "every read of the wrong rows would show up again as a read past kv_len")
+        rep.notice(
+            "kv-mask",
+            "the length-mask checks were skipped: the K/V addressing is already wrong, and "
+            "every read of the wrong rows would show up again as a read past kv_len",
+        )
     else:
         for view in views:
             check_masks(view, exps_of(view), rep)

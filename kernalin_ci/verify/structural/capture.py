@@ -15,6 +15,7 @@ tensor the entry allocated. Allocations made by the entry are poisoned with
 canaries, so a scratch tensor's initial content is known ("uninitialized",
 "zeros", "copy of q").
 """
+
 from __future__ import annotations
 
 import os
@@ -36,17 +37,17 @@ TARGET = ("cuda", 90, 32)
 class TensorInfo:
     """One tensor a kernel can address: an op argument, the output, or a scratch buffer."""
 
-    name: str                 # "q", "k_cache", "out", "q_out", "scratch0"
-    role: str                 # "input" | "written" (an op input the op may write) | "output" | "scratch"
-    dtype: str                # torch dtype name without "torch."
+    name: str  # "q", "k_cache", "out", "q_out", "scratch0"
+    role: str  # "input" | "written" (an op input the op may write) | "output" | "scratch"
+    dtype: str  # torch dtype name without "torch."
     shape: tuple
-    strides: tuple            # in elements
+    strides: tuple  # in elements
     elsize: int
-    storage: np.ndarray       # the whole storage, as uint8 (a view: no copy)
-    base: int                 # byte offset of element 0 in the storage
-    init: str = "input"       # scratch/output content at its first launch: "uninitialized", "zeros", "copy:q",
+    storage: np.ndarray  # the whole storage, as uint8 (a view: no copy)
+    base: int  # byte offset of element 0 in the storage
+    init: str = "input"  # scratch/output content at its first launch: "uninitialized", "zeros", "copy:q",
     #                           "gather:key" (elements of key moved on the host, see host.py), "data"
-    also: tuple = ()          # other names of the same storage (an in-place output is also an input)
+    also: tuple = ()  # other names of the same storage (an in-place output is also an input)
     origin: tuple | None = None  # copy/gather: (input name, per element offset from element 0: the input's element
     #                              offset it holds, -1 where none)
 
@@ -106,22 +107,22 @@ class TensorInfo:
 @dataclass
 class KernelArg:
     name: str
-    kind: str                  # "pointer" | "int" | "float" | "bool" | "constexpr" | "none" | "other"
-    value: Any = None          # scalars and constexprs
+    kind: str  # "pointer" | "int" | "float" | "bool" | "constexpr" | "none" | "other"
+    value: Any = None  # scalars and constexprs
     tensor: str | None = None  # pointers: the TensorInfo name
-    byte_offset: int = 0       # pointers: where into that tensor
-    pointee: str = ""          # pointers: the kernel's element type ("fp16", "i32", ...)
+    byte_offset: int = 0  # pointers: where into that tensor
+    pointee: str = ""  # pointers: the kernel's element type ("fp16", "i32", ...)
 
 
 @dataclass(eq=False)
 class Launch:
     index: int
     kernel: str
-    path: str                  # the kernel's source file
-    line: int                  # its `def` line
+    path: str  # the kernel's source file
+    line: int  # its `def` line
     grid: tuple
-    args: list                 # list[KernelArg], every parameter in order
-    jit: Any = None            # the JITFunction (in-process only)
+    args: list  # list[KernelArg], every parameter in order
+    jit: Any = None  # the JITFunction (in-process only)
     signature: dict = field(default_factory=dict)
     constexprs: dict = field(default_factory=dict)
     attrs: dict = field(default_factory=dict)
@@ -143,11 +144,11 @@ class Capture:
     params: dict
     dims: dict
     dtype: str
-    tensors: dict               # name -> TensorInfo
-    launches: list              # list[Launch]
-    outputs: dict               # op output name ("out", "q", "k", "k_cache") -> TensorInfo name
-    kwargs: dict                # the op's keyword arguments (tensors and scalars), for the analyses
-    notes: list = field(default_factory=list)   # things the capture could not follow
+    tensors: dict  # name -> TensorInfo
+    launches: list  # list[Launch]
+    outputs: dict  # op output name ("out", "q", "k", "k_cache") -> TensorInfo name
+    kwargs: dict  # the op's keyword arguments (tensors and scalars), for the analyses
+    notes: list = field(default_factory=list)  # things the capture could not follow
 
 
 class CaptureError(Exception):
@@ -218,8 +219,9 @@ class TensorRegistry:
 
     def add(self, name: str, t, role: str, init: str = "input") -> TensorInfo:
         storage, base = _storage_bytes(t)
-        info = TensorInfo(name, role, _dtype_name(t), tuple(t.shape), tuple(t.stride()), t.element_size(),
-                          storage, base, init)
+        info = TensorInfo(
+            name, role, _dtype_name(t), tuple(t.shape), tuple(t.stride()), t.element_size(), storage, base, init
+        )
         self.infos[name] = info
         self.by_storage.setdefault(t.untyped_storage().data_ptr(), []).append((t, info))
         return info
@@ -258,7 +260,7 @@ def _initial_content(t, kw: dict) -> str:
             return "partly-uninitialized"
     for name, v in kw.items():
         if isinstance(v, torch.Tensor) and v.shape == t.shape and torch.equal(v.to(t.dtype), t):
-            return f"copy:{name}"   # a copy, possibly in another float type (q.float())
+            return f"copy:{name}"  # a copy, possibly in another float type (q.float())
     if not t.dtype.is_floating_point and int(t.reshape(-1)[0]) == 0x5A5A5A5A and bool((t == t.reshape(-1)[0]).all()):
         return "uninitialized"
     if bool((t == 0).all()):
@@ -279,7 +281,7 @@ class Recorder:
 
         self.registry = registry
         self.kw = kw
-        self.moves = moves   # host.HostMoves: where the host took a scratch tensor's elements from
+        self.moves = moves  # host.HostMoves: where the host took a scratch tensor's elements from
         self.target = GPUTarget(*TARGET)
         self.backend = make_backend(self.target)
         self.binders: dict[int, Any] = {}
@@ -327,8 +329,9 @@ class Recorder:
                     info = self.registry.add(nm, value, "scratch", _initial_content(value, self.kw))
                     self._set_origin(info, value)
                     off = 0
-                kargs.append(KernelArg(name, "pointer", tensor=info.name, byte_offset=int(off),
-                                       pointee=str(sig).lstrip("*")))
+                kargs.append(
+                    KernelArg(name, "pointer", tensor=info.name, byte_offset=int(off), pointee=str(sig).lstrip("*"))
+                )
             elif value is None:
                 kargs.append(KernelArg(name, "none"))
             elif isinstance(value, bool):
@@ -346,8 +349,22 @@ class Recorder:
             line += next((k for k, t in enumerate(lines) if t.lstrip().startswith("def ")), 0)  # past decorators
         except (OSError, TypeError):
             path, line = "", 0
-        self.launches.append(Launch(len(self.launches), fn.__name__, path, line, grid, kargs, jit, signature,
-                                    constexprs, attrs, options, autotuned))
+        self.launches.append(
+            Launch(
+                len(self.launches),
+                fn.__name__,
+                path,
+                line,
+                grid,
+                kargs,
+                jit,
+                signature,
+                constexprs,
+                attrs,
+                options,
+                autotuned,
+            )
+        )
 
     def _set_origin(self, info: TensorInfo, t) -> None:
         """A scratch tensor the host filled with an input's elements: a copy, or a gather (host.py)."""
@@ -389,8 +406,10 @@ class Recorder:
                     return None
                 # no GPU to benchmark on: the first config is the one checked
                 config = tuner.configs[0]
-                recorder.notes.append(f"autotuned kernel {tuner.fn.__name__ if hasattr(tuner.fn, '__name__') else ''}"
-                                      f": checked with its first config only")
+                recorder.notes.append(
+                    f"autotuned kernel {tuner.fn.__name__ if hasattr(tuner.fn, '__name__') else ''}"
+                    f": checked with its first config only"
+                )
                 extra = config.all_kwargs() if hasattr(config, "all_kwargs") else dict(config.kwargs)
                 return tuner.fn.run(*args, **kwargs, **extra)
 
@@ -433,16 +452,18 @@ def capture(op_name: str, entry_fn, params: dict, domain=None) -> Capture:
     raise first_error
 
 
-def capture_at(op: Op, entry_fn, params: dict, case: Case, *, inputs: dict | None = None,
-               all_configs: bool = False) -> Capture:
+def capture_at(
+    op: Op, entry_fn, params: dict, case: Case, *, inputs: dict | None = None, all_configs: bool = False
+) -> Capture:
     """Run the entry once on one capture call and record its launches (CaptureError if refused).
     inputs: the call's arguments (default: the op's capture inputs); all_configs: an autotuned kernel
     records one launch per config (kernalin_ci.explain compares them all)."""
     return _capture_once(op, entry_fn, params, case, inputs, all_configs)
 
 
-def _capture_once(op: Op, entry_fn, params: dict, case: Case, inputs: dict | None = None,
-                  all_configs: bool = False) -> Capture:
+def _capture_once(
+    op: Op, entry_fn, params: dict, case: Case, inputs: dict | None = None, all_configs: bool = False
+) -> Capture:
     import torch
 
     from kernalin_ci.verify.poison import poisoned_allocations
@@ -486,8 +507,17 @@ def _capture_once(op: Op, entry_fn, params: dict, case: Case, inputs: dict | Non
             info.also = tuple(set(info.also) | {f"{oname}_out"}) if oname not in ("k_cache", "v_cache") else info.also
         outputs[oname] = info.name
     logical = {k: _logical(op.name, params, k, v) for k, v in kw.items()}
-    return Capture(op.name, dict(params), case.dims, case.dtype, registry.infos, recorder.launches, outputs, logical,
-                   recorder.notes)
+    return Capture(
+        op.name,
+        dict(params),
+        case.dims,
+        case.dtype,
+        registry.infos,
+        recorder.launches,
+        outputs,
+        logical,
+        recorder.notes,
+    )
 
 
 def _logical(op_name: str, params: dict, name: str, v):

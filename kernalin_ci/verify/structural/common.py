@@ -4,16 +4,25 @@
 * reduced precision: sums (tt.reduce with addf), loop-carried accumulations
   and tl.dot accumulators held in float16/bfloat16.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from kernalin_ci.findings import Finding, Location, Notice
-from kernalin_ci.verify.structural.dataflow import (KernelView, alternatives, carried, line_of, loop_yield, peel,
-                                                    reduce_kind)
+from kernalin_ci.verify.structural.dataflow import (
+    KernelView,
+    alternatives,
+    carried,
+    line_of,
+    loop_yield,
+    peel,
+    reduce_kind,
+)
 from kernalin_ci.verify.structural.ir import Op
 
 LOW = ("f16", "bf16", "f8")
@@ -27,15 +36,23 @@ class Report:
         self.notices: list[Notice] = []
         self._seen: set = set()
 
-    def finding(self, check: str, bug_class: str, message: str, op: Op | None = None, view=None,
-                where: tuple | None = None) -> None:
+    def finding(
+        self, check: str, bug_class: str, message: str, op: Op | None = None, view=None, where: tuple | None = None
+    ) -> None:
         loc = where or (line_of(op, view.launch) if view is not None else None)
-        key = ("F", bug_class, loc)   # one finding per class and line, whichever check saw it first
+        key = ("F", bug_class, loc)  # one finding per class and line, whichever check saw it first
         if key in self._seen:
             return
         self._seen.add(key)
-        self.findings.append(Finding(check=f"structural:{check}", bug_class=bug_class, message=message,
-                                     location=Location(*loc) if loc else None, kind="structural"))
+        self.findings.append(
+            Finding(
+                check=f"structural:{check}",
+                bug_class=bug_class,
+                message=message,
+                location=Location(*loc) if loc else None,
+                kind="structural",
+            )
+        )
 
     def notice(self, check: str, message: str, op: Op | None = None, view=None, where: tuple | None = None) -> None:
         loc = where or (line_of(op, view.launch) if view is not None else None)
@@ -43,8 +60,9 @@ class Report:
         if key in self._seen:
             return
         self._seen.add(key)
-        self.notices.append(Notice(check=f"structural:{check}", message=message,
-                                   location=Location(*loc) if loc else None))
+        self.notices.append(
+            Notice(check=f"structural:{check}", message=message, location=Location(*loc) if loc else None)
+        )
 
     def has(self, bug_class: str) -> bool:
         return any(f.bug_class == bug_class for f in self.findings)
@@ -68,6 +86,7 @@ def kname(view: KernelView) -> str:
 
 # --------------------------------------------------------------------------- out of range
 
+
 def check_bounds(view: KernelView, rep: Report, stores: bool = True) -> None:
     """Masked-in lanes whose address falls outside the tensor they point into."""
     seen = set()
@@ -82,8 +101,10 @@ def check_bounds(view: KernelView, rep: Report, stores: bool = True) -> None:
         e = acc.elem[bad]
         side = "past the end of" if (e >= 0).all() else "before the start of"
         what = "loads" if acc.kind == "load" else "stores"
-        msg = (f"{kname(view)} {what} {n} element(s) {side} {t} {list(info.shape)} "
-               f"(program {acc.program}, element offsets {e[:3].tolist()}): the index is not masked")
+        msg = (
+            f"{kname(view)} {what} {n} element(s) {side} {t} {list(info.shape)} "
+            f"(program {acc.program}, element offsets {e[:3].tolist()}): the index is not masked"
+        )
         if acc.kind == "load":
             rep.finding("bounds", "unmasked-load", msg, acc.op, view)
         else:
@@ -92,19 +113,28 @@ def check_bounds(view: KernelView, rep: Report, stores: bool = True) -> None:
 
 # --------------------------------------------------------------------------- precision
 
+
 def check_precision(view: KernelView, rep: Report) -> None:
     for op in view.ops():
         if op.name == "tt.reduce" and reduce_kind(op) == "addf":
             t = op.operands[0].type
             if t.elem in LOW:
-                rep.finding("precision", "precision",
-                            f"{kname(view)} sums {t.elem} values with a {t.elem} reduction (accumulate in float32)",
-                            op, view)
+                rep.finding(
+                    "precision",
+                    "precision",
+                    f"{kname(view)} sums {t.elem} values with a {t.elem} reduction (accumulate in float32)",
+                    op,
+                    view,
+                )
         elif op.name == "tt.dot":
             if op.result.type.elem in LOW:
-                rep.finding("precision", "precision",
-                            f"{kname(view)} accumulates tl.dot in {op.result.type.elem} (use a float32 accumulator)",
-                            op, view)
+                rep.finding(
+                    "precision",
+                    "precision",
+                    f"{kname(view)} accumulates tl.dot in {op.result.type.elem} (use a float32 accumulator)",
+                    op,
+                    view,
+                )
         elif op.name == "scf.for":
             body = op.regions[0][0]
             for j, arg in enumerate(body.args[1:]):
@@ -113,10 +143,17 @@ def check_precision(view: KernelView, rep: Report) -> None:
                 y = loop_yield(op, j)
                 if y is None:
                     continue
-                for u in alternatives(y):   # an update under an `if` in the loop counts too
+                for u in alternatives(y):  # an update under an `if` in the loop counts too
                     yo = peel(u).owner
-                    if yo is not None and yo.name in ("arith.addf", "arith.subf", "math.fma", "tt.dot") and \
-                            any(peel(o) is arg or carried(peel(o)) == (op, j) for o in yo.operands):
-                        rep.finding("precision", "precision",
-                                    f"{kname(view)} accumulates {arg.name} across loop iterations in "
-                                    f"{arg.type.elem}", yo, view)
+                    if (
+                        yo is not None
+                        and yo.name in ("arith.addf", "arith.subf", "math.fma", "tt.dot")
+                        and any(peel(o) is arg or carried(peel(o)) == (op, j) for o in yo.operands)
+                    ):
+                        rep.finding(
+                            "precision",
+                            "precision",
+                            f"{kname(view)} accumulates {arg.name} across loop iterations in {arg.type.elem}",
+                            yo,
+                            view,
+                        )

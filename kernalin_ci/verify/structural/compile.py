@@ -8,6 +8,7 @@ version moves those internals, the slow path runs the whole `triton.compile`
 cached per process by the kernel's file, the source's own hash (the JIT's cache
 key: source, dependencies, signature, constexprs, attributes) and options.
 """
+
 from __future__ import annotations
 
 import os

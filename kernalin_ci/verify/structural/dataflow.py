@@ -23,6 +23,7 @@
   earlier launches wrote the elements a load reads, so `KernelView.reads` and the
   analyses follow a value through scratch memory into the kernel that computed it.
 """
+
 from __future__ import annotations
 
 import math
@@ -33,8 +34,17 @@ import numpy as np
 from kernalin_ci.verify.structural.interp import FV, IV
 from kernalin_ci.verify.structural.ir import Op, Value
 
-TRANSPARENT = {"tt.splat", "tt.broadcast", "tt.expand_dims", "tt.reshape", "ttg.convert_layout", "arith.extf",
-               "arith.truncf", "tt.fp_to_fp", "tt.trans"}
+TRANSPARENT = {
+    "tt.splat",
+    "tt.broadcast",
+    "tt.expand_dims",
+    "tt.reshape",
+    "ttg.convert_layout",
+    "arith.extf",
+    "arith.truncf",
+    "tt.fp_to_fp",
+    "tt.trans",
+}
 MAX_KINDS = ("maxnumf", "maximumf")
 EXP_OPS = ("math.exp", "math.exp2")
 LOG2E = 1.0 / math.log(2.0)
@@ -68,6 +78,7 @@ def exp_base2(op: Op) -> bool:
 
 
 # --------------------------------------------------------------------------- loops
+
 
 def carried(v: Value):
     """For a scf.for body argument: (loop op, j) with j the carried index (the induction variable is None)."""
@@ -152,13 +163,12 @@ def alternatives(v: Value) -> list:
 
 # --------------------------------------------------------------------------- guards
 
-_ABOVE_NEG_INF = {"ogt", "one", "une", "ugt"}      # x > -inf, x != -inf  (x on the left)
-_AT_NEG_INF = {"oeq", "ueq", "ole", "ule"}           # x == -inf, x <= -inf (x on the left)
-_SWAP = {"ogt": "olt", "olt": "ogt", "ugt": "ult", "ult": "ugt", "oge": "ole", "ole": "oge", "uge": "ule",
-         "ule": "uge"}
+_ABOVE_NEG_INF = {"ogt", "one", "une", "ugt"}  # x > -inf, x != -inf  (x on the left)
+_AT_NEG_INF = {"oeq", "ueq", "ole", "ule"}  # x == -inf, x <= -inf (x on the left)
+_SWAP = {"ogt": "olt", "olt": "ogt", "ugt": "ult", "ult": "ugt", "oge": "ole", "ole": "oge", "uge": "ule", "ule": "uge"}
 
 
-def guarded(g: "Graph", v: Value) -> Value | None:
+def guarded(g: Graph, v: Value) -> Value | None:
     """x when v is `where(x > -inf, x, c)` (or `where(x == -inf, c, x)`) with c a finite constant: a running max
     made safe for rows whose every score is masked. Where the guard replaces x, x is -inf, so every score it
     bounds is -inf too and exp(s - c) is 0, as exp(s - x) would be."""
@@ -187,7 +197,7 @@ def guarded(g: "Graph", v: Value) -> Value | None:
     return None
 
 
-def unguard(g: "Graph", v: Value) -> Value:
+def unguard(g: Graph, v: Value) -> Value:
     """v without `where(cond, v, 0)` / `where(cond, 0, v)` around it (weights zeroed for masked rows)."""
     for _ in range(4):
         v = peel(v)
@@ -205,24 +215,25 @@ def unguard(g: "Graph", v: Value) -> Value:
 
 # --------------------------------------------------------------------------- linear forms
 
+
 @dataclass
 class LF:
-    atoms: dict = field(default_factory=dict)   # Value -> coef
+    atoms: dict = field(default_factory=dict)  # Value -> coef
     const: float = 0.0
 
-    def scaled(self, k: float) -> "LF":
+    def scaled(self, k: float) -> LF:
         return LF({a: c * k for a, c in self.atoms.items()}, self.const * k)
 
-    def plus(self, other: "LF", sign: float = 1.0) -> "LF":
+    def plus(self, other: LF, sign: float = 1.0) -> LF:
         atoms = dict(self.atoms)
         for a, c in other.atoms.items():
             atoms[a] = atoms.get(a, 0.0) + sign * c
         return LF({a: c for a, c in atoms.items() if c != 0.0}, self.const + sign * other.const)
 
-    def positive(self) -> "LF":
+    def positive(self) -> LF:
         return LF({a: c for a, c in self.atoms.items() if c > 0})
 
-    def negative(self) -> "LF":
+    def negative(self) -> LF:
         return LF({a: -c for a, c in self.atoms.items() if c < 0})
 
 
@@ -339,17 +350,23 @@ class Graph:
         key = (id(a), id(b))
         if key in self._equiv:
             return self._equiv[key]
-        self._equiv[key] = False   # cycles are not equivalent
+        self._equiv[key] = False  # cycles are not equivalent
         oa, ob = a.owner, b.owner
         if oa is None or ob is None:
             la, lb = a.block.parent if a.block else None, b.block.parent if b.block else None
-            out = (oa is None and ob is None and a.index == 0 and la is not None and lb is not None and
-                   la.name == lb.name == "scf.for" and
-                   all(self.equiv(x, y, depth + 1) for x, y in zip(la.operands[:3], lb.operands[:3])))
+            out = (
+                oa is None
+                and ob is None
+                and a.index == 0
+                and la is not None
+                and lb is not None
+                and la.name == lb.name == "scf.for"
+                and all(self.equiv(x, y, depth + 1) for x, y in zip(la.operands[:3], lb.operands[:3]))
+            )
         elif oa.name != ob.name or oa.attrs != ob.attrs or len(oa.operands) != len(ob.operands):
             out = False
         elif oa.name == "arith.constant":
-            out = True   # same attrs (the value) and type
+            out = True  # same attrs (the value) and type
         elif oa.name in ("scf.for", "scf.if", "scf.while"):
             out = False
         elif oa.regions and (oa.name != "tt.reduce" or reduce_kind(oa) != reduce_kind(ob) or reduce_kind(oa) is None):
@@ -423,6 +440,7 @@ def _is_data(op: Op | None) -> bool:
 
 # --------------------------------------------------------------------------- kernel view
 
+
 @dataclass(eq=False)
 class KernelView:
     """Everything the analyses need about one launch: IR, graph, interpreter trace, tensors."""
@@ -433,11 +451,11 @@ class KernelView:
     capture: object
     names: list
     graph: Graph = None
-    loads: dict = field(default_factory=dict)   # load op -> tensor name
+    loads: dict = field(default_factory=dict)  # load op -> tensor name
     stores: dict = field(default_factory=dict)  # store op -> tensor name
-    sources: dict = field(default_factory=dict)    # load op -> [(view, store op)] of earlier launches (link_views)
+    sources: dict = field(default_factory=dict)  # load op -> [(view, store op)] of earlier launches (link_views)
     consumers: dict = field(default_factory=dict)  # store op -> [(view, load op)] of later launches
-    cache: dict = field(default_factory=dict)      # analyses' per-kernel results
+    cache: dict = field(default_factory=dict)  # analyses' per-kernel results
     _reads: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -473,7 +491,8 @@ class KernelView:
                 return self.loads.get(op) in want
 
             self._reads[key] = self.graph.reaches(v, hit) or any(
-                pv.reads(st.operands[1], *tensors) for op in linked for pv, st in self.sources[op])
+                pv.reads(st.operands[1], *tensors) for op in linked for pv, st in self.sources[op]
+            )
         return self._reads[key]
 
     def stored(self, load_op: Op) -> list:
@@ -497,8 +516,8 @@ class KernelView:
 def link_views(views: list) -> None:
     """The dataflow between launches: for every load, the stores of earlier launches that wrote the elements it
     reads (masked-in lanes), in `view.sources`, and the reverse in `view.consumers`."""
-    writer: dict = {}    # tensor index -> per element: index into `writes`, -1 where no launch wrote
-    writes: list = []    # (view, store op)
+    writer: dict = {}  # tensor index -> per element: index into `writes`, -1 where no launch wrote
+    writes: list = []  # (view, store op)
     index: dict = {}
     for view in views:
         for acc in view.trace.accesses:

@@ -24,6 +24,7 @@ past kv_len (attention's model). Then, with source lines:
 Not analysed, said as a notice: q's rotation when the rotated q is never stored (it feeds the scores
 inside the kernel, where no linear form of it survives).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -61,12 +62,15 @@ def analyze(cap, views: list, rep: Report, model: DecodeStepModel) -> None:
     slots = [int(x) for x in cap.kwargs["slot_mapping"].tolist()]
     positions = [int(x) for x in cap.kwargs["positions"].tolist()]
     parts = _parts(views)
-    for part, why in (("rotation", "no cos/sin of the positions in any kernel"),
-                      ("cache store", "no store into k_cache or v_cache"),
-                      ("softmax", "no exp of scores read from k_cache")):
+    for part, why in (
+        ("rotation", "no cos/sin of the positions in any kernel"),
+        ("cache store", "no store into k_cache or v_cache"),
+        ("softmax", "no exp of scores read from k_cache"),
+    ):
         if not parts[part]:
-            rep.notice("decode-step", f"{part}: not analysed ({why})",
-                       where=(views[0].launch.path, views[0].launch.line))
+            rep.notice(
+                "decode-step", f"{part}: not analysed ({why})", where=(views[0].launch.path, views[0].launch.line)
+            )
     if parts["cache store"]:
         _check_stores(cap, views, rep, names, bs, slots)
         for view in views:
@@ -76,8 +80,13 @@ def analyze(cap, views: list, rep: Report, model: DecodeStepModel) -> None:
         for view in views:
             op = rope._low_precision_angle(view)
             if op is not None:
-                rep.finding("rope-precision", "precision",
-                            f"{kname(view)}: the rotation angle is computed in {op.result.type.elem}", op, view)
+                rep.finding(
+                    "rope-precision",
+                    "precision",
+                    f"{kname(view)}: the rotation angle is computed in {op.result.type.elem}",
+                    op,
+                    view,
+                )
         if parts["cache store"]:
             _check_rotated_keys(cap, views, rep, names, bs, slots, positions)
     q_rot = _rotated_q(cap, views, names)
@@ -85,12 +94,27 @@ def analyze(cap, views: list, rep: Report, model: DecodeStepModel) -> None:
         forms = rope.stored_forms(views, q_rot, names)
         info = cap.tensors[q_rot]
         rows = {info.coord(e): forms.get(e) for e in range(info.numel)}
-        rope.check_rotation(cap, views, rep, "q", rows, info.shape, False, cap.params.get("style", "neox"),
-                            float(cap.params.get("base", 10000.0)), positions, skip_angles=rep.has("precision"))
+        rope.check_rotation(
+            cap,
+            views,
+            rep,
+            "q",
+            rows,
+            info.shape,
+            False,
+            cap.params.get("style", "neox"),
+            float(cap.params.get("base", 10000.0)),
+            positions,
+            skip_angles=rep.has("precision"),
+        )
     else:
-        rep.notice("decode-step", "q's rotation: not analysed (the rotated q is never stored: it feeds the "
-                                  "scores inside the kernel, where no linear form of it survives; the dynamic "
-                                  "loop checks it)", where=(views[0].launch.path, views[0].launch.line))
+        rep.notice(
+            "decode-step",
+            "q's rotation: not analysed (the rotated q is never stored: it feeds the "
+            "scores inside the kernel, where no linear form of it survives; the dynamic "
+            "loop checks it)",
+            where=(views[0].launch.path, views[0].launch.line),
+        )
     if parts["softmax"]:
         if _check_new_token_twice(cap, views, rep, bs, slots) == "registers":
             # the new token's score comes from registers, its slot is never read back: the cache part of the
@@ -186,23 +210,35 @@ def _check_stores(cap, views, rep, names, bs, slots) -> None:
                 slot = blk * bs + off
                 t = token_of_slot.get(slot)
                 if t is None:
-                    rep.finding("decode-store", "stray-write",
-                                f"{kname(view)}: program {acc.program} stores into {cache} slot {slot} (block {blk}, "
-                                f"offset {off}, head {g}, dim {d}), which is no slot of this step (slots {slots})",
-                                acc.op, view)
+                    rep.finding(
+                        "decode-store",
+                        "stray-write",
+                        f"{kname(view)}: program {acc.program} stores into {cache} slot {slot} (block {blk}, "
+                        f"offset {off}, head {g}, dim {d}), which is no slot of this step (slots {slots})",
+                        acc.op,
+                        view,
+                    )
                     break
                 atoms = _lane_atoms(view, acc, int(k))
                 if lin is not None and not bool(np.asarray(lin).reshape(-1)[k]):
                     continue  # an opaque value: the element checks below say what they can
-                foreign = [a for a in atoms if a[0] not in ("k", "v")
-                           or cap.tensors[a[0]].coord(a[1])[:2] != (t, g)]
+                foreign = [a for a in atoms if a[0] not in ("k", "v") or cap.tensors[a[0]].coord(a[1])[:2] != (t, g)]
                 if not atoms or foreign:
-                    what = "a constant" if not atoms else \
-                        f"{foreign[0][0]}{list(cap.tensors[foreign[0][0]].coord(foreign[0][1])) if foreign[0][0] in cap.tensors else ''}"
-                    rep.finding("decode-store", "stray-write",
-                                f"{kname(view)}: program {acc.program} stores {what} into {cache}[slot {slot}, head "
-                                f"{g}, dim {d}], which must hold token {t}'s head {g} (a write outside the token's "
-                                f"own elements, e.g. a padded tile spilling into the next head or slot)", acc.op, view)
+                    if not atoms:
+                        what = "a constant"
+                    else:
+                        tensor, index = foreign[0]
+                        coord = list(cap.tensors[tensor].coord(index)) if tensor in cap.tensors else ""
+                        what = f"{tensor}{coord}"
+                    rep.finding(
+                        "decode-store",
+                        "stray-write",
+                        f"{kname(view)}: program {acc.program} stores {what} into {cache}[slot {slot}, head "
+                        f"{g}, dim {d}], which must hold token {t}'s head {g} (a write outside the token's "
+                        f"own elements, e.g. a padded tile spilling into the next head or slot)",
+                        acc.op,
+                        view,
+                    )
                     break
 
 
@@ -223,12 +259,29 @@ def _check_rotated_keys(cap, views, rep, names, bs, slots, positions) -> None:
         if src == "k":
             if _holds_source(cap, rows, "k", positions):
                 view, op = _first_store(views, cache)
-                rep.finding("decode-rotation", "kv-unrotated",
-                            f"{kname(view)}: the new slots of k_cache hold k itself, not k rotated at its position "
-                            f"(positions {positions})", op, view)
+                rep.finding(
+                    "decode-rotation",
+                    "kv-unrotated",
+                    f"{kname(view)}: the new slots of k_cache hold k itself, not k rotated at its position "
+                    f"(positions {positions})",
+                    op,
+                    view,
+                )
                 continue
-            rope.check_rotation(cap, views, rep, "k", rows, cap.tensors["k"].shape, False, style, base, positions,
-                                skip_angles=rep.has("precision"), unwritten="kv-coverage")
+            rope.check_rotation(
+                cap,
+                views,
+                rep,
+                "k",
+                rows,
+                cap.tensors["k"].shape,
+                False,
+                style,
+                base,
+                positions,
+                skip_angles=rep.has("precision"),
+                unwritten="kv-coverage",
+            )
         else:
             _check_values(cap, views, rep, rows, positions)
 
@@ -264,18 +317,33 @@ def _check_values(cap, views, rep, rows: dict, positions: list) -> None:
                 continue
         srcs = {a for a, _ in atoms}
         if srcs == {"v"} and len(atoms) == 2 and positions[t] != 0:
-            rep.finding("decode-values", "rope-value",
-                        f"{kname(view)}: v_cache[token {t}, head {g}, dim {d}] holds a rotation of v (a cos/sin "
-                        f"combination of two of its dims), not v itself", attention_value_op(sop), view)
+            rep.finding(
+                "decode-values",
+                "rope-value",
+                f"{kname(view)}: v_cache[token {t}, head {g}, dim {d}] holds a rotation of v (a cos/sin "
+                f"combination of two of its dims), not v itself",
+                attention_value_op(sop),
+                view,
+            )
             return
-        rep.finding("decode-values", "kv-source",
-                    f"{kname(view)}: v_cache[token {t}, head {g}, dim {d}] holds {sorted(srcs) or 'a constant'} data, "
-                    f"not v[{t}, {g}, {d}]", sop, view)
+        rep.finding(
+            "decode-values",
+            "kv-source",
+            f"{kname(view)}: v_cache[token {t}, head {g}, dim {d}] holds {sorted(srcs) or 'a constant'} data, "
+            f"not v[{t}, {g}, {d}]",
+            sop,
+            view,
+        )
         return
     if missing:
         view, op = _first_store(views, "v_cache")
-        rep.finding("decode-values", "kv-coverage",
-                    f"{kname(view)}: {missing} element(s) of the new tokens are never written to v_cache", op, view)
+        rep.finding(
+            "decode-values",
+            "kv-coverage",
+            f"{kname(view)}: {missing} element(s) of the new tokens are never written to v_cache",
+            op,
+            view,
+        )
 
 
 def attention_value_op(store_op):
@@ -295,7 +363,7 @@ def _check_order(cap, views, rep, bs, slots) -> None:
     for cache in CACHES:
         info = cap.tensors[cache]
         new = np.concatenate([_slot_elems(info, s, bs) for s in slots if s >= 0])
-        written: dict = {}   # element -> (launch index, program)
+        written: dict = {}  # element -> (launch index, program)
         for li, view in enumerate(views):
             for acc in view.trace.accesses:
                 t = view.names[int(np.asarray(acc.tensor).reshape(-1)[0])] if np.asarray(acc.tensor).size else None
@@ -315,12 +383,20 @@ def _check_order(cap, views, rep, bs, slots) -> None:
                     if w is not None and (w[0] < li or w == (li, acc.program)):
                         continue
                     blk, off, g, d = info.coord(int(x))
-                    why = ("before any write of it" if w is None else
-                           f"in program {acc.program}, while program {w[1]} of the same launch writes it (no "
-                           f"barrier orders two programs)")
-                    rep.finding("decode-order", "step-order",
-                                f"{kname(view)}: {cache} slot {blk * bs + off} (head {g}), the new token's, is read "
-                                f"{why}: the attention sees the slot's old contents", acc.op, view)
+                    why = (
+                        "before any write of it"
+                        if w is None
+                        else f"in program {acc.program}, while program {w[1]} of the same launch writes it (no "
+                        f"barrier orders two programs)"
+                    )
+                    rep.finding(
+                        "decode-order",
+                        "step-order",
+                        f"{kname(view)}: {cache} slot {blk * bs + off} (head {g}), the new token's, is read "
+                        f"{why}: the attention sees the slot's old contents",
+                        acc.op,
+                        view,
+                    )
                     return
 
 
@@ -329,6 +405,7 @@ def _check_new_token_twice(cap, views, rep, bs, slots) -> str | None:
     Returns "registers" when the new token's score comes from registers and its slot is never read back."""
     path = None
     for view in views:
+
         def from_k(op, view=view):
             return op.name == "tt.load" and view.loads.get(op) == "k"
 
@@ -339,10 +416,15 @@ def _check_new_token_twice(cap, views, rep, bs, slots) -> str | None:
         new = np.concatenate([_slot_elems(info, s, bs) for s in slots if s >= 0])
         reads_new = any(np.isin(acc.elem[acc.mask & acc.inb], new).any() for acc in view.accesses("load", "k_cache"))
         if reads_new:
-            rep.finding("decode-new-token", "new-token-twice",
-                        f"{kname(view)}: a score is computed from the new key k in registers while the kernel also "
-                        f"reads the new token's slot of k_cache (kv_len includes it): the new token enters the "
-                        f"softmax twice", twice[0], view)
+            rep.finding(
+                "decode-new-token",
+                "new-token-twice",
+                f"{kname(view)}: a score is computed from the new key k in registers while the kernel also "
+                f"reads the new token's slot of k_cache (kv_len includes it): the new token enters the "
+                f"softmax twice",
+                twice[0],
+                view,
+            )
         else:
             path = "registers"
     return path

@@ -8,6 +8,7 @@ elements (indexing, gather, copy, cast) gets its result's map by running the sam
 op that writes a storage makes its elements unknown. The capture then knows, element by element, which
 input element a kernel's scratch tensor holds (`origin`), and the interpreter reads it as that element.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -19,8 +20,16 @@ from torch.utils._python_dispatch import TorchDispatchMode
 aten = torch.ops.aten
 
 # ops whose result's elements are elements of their first argument (run on the maps as on the data)
-MOVES = {aten.index.Tensor, aten.index_select.default, aten.gather.default, aten.masked_select.default,
-         aten.take.default, aten.clone.default, aten._to_copy.default, aten.flip.default}
+MOVES = {
+    aten.index.Tensor,
+    aten.index_select.default,
+    aten.gather.default,
+    aten.masked_select.default,
+    aten.take.default,
+    aten.clone.default,
+    aten._to_copy.default,
+    aten.flip.default,
+}
 # keyword arguments that change the dtype, device or layout of a result, never which elements it holds
 _CONVERT = ("dtype", "layout", "device", "pin_memory", "non_blocking", "memory_format")
 
@@ -57,7 +66,7 @@ class HostMoves(TorchDispatchMode):
         if ent is None or ent[1] != t.element_size():
             return None
         name, _, smap = ent
-        m = smap[t.storage_offset():].numpy().copy()
+        m = smap[t.storage_offset() :].numpy().copy()
         return (name, m) if (m >= 0).any() else None
 
     # ------------------------------------------------------------------ dispatch

@@ -23,6 +23,7 @@ value) and every exp; the analyses work on those records and on the IR graph.
 Anything outside the op vocabulary raises InterpError, which the caller turns
 into a "could not verify" notice.
 """
+
 from __future__ import annotations
 
 import math
@@ -40,7 +41,7 @@ MAX_TENSORS = 24
 SRC_MASK = np.uint64(((1 << MAX_TENSORS) - 1) << SRC_SHIFT)
 INV_MASK = np.uint64(((1 << MAX_TENSORS) - 1) << INV_SHIFT)
 MAX_TERMS = 8
-MAX_STEPS = 400_000   # op evaluations per launch
+MAX_STEPS = 400_000  # op evaluations per launch
 
 
 def src_bit(t: int) -> int:
@@ -112,17 +113,17 @@ class FV:
 
 @dataclass
 class Access:
-    kind: str                # "load" | "store"
+    kind: str  # "load" | "store"
     op: Op
     program: tuple
-    tensor: np.ndarray       # per lane tensor index
-    elem: np.ndarray         # per lane element offset (in the tensor's own elements)
-    byte: np.ndarray         # per lane byte offset
-    mask: np.ndarray         # lanes that access memory
-    inb: np.ndarray          # lanes inside their tensor
+    tensor: np.ndarray  # per lane tensor index
+    elem: np.ndarray  # per lane element offset (in the tensor's own elements)
+    byte: np.ndarray  # per lane byte offset
+    mask: np.ndarray  # lanes that access memory
+    inb: np.ndarray  # lanes inside their tensor
     value: object = None
     iters: tuple = ()
-    block: int = -1          # loads: the atom block id
+    block: int = -1  # loads: the atom block id
 
 
 @dataclass
@@ -137,6 +138,7 @@ class ExpEvent:
 class SumEvent:
     """A sum over lanes (tt.reduce with addf, or the first operand of tt.dot) that mixes POS-labelled lanes with
     others: the weights the analyses check at positions that must not count."""
+
     op: Op
     program: tuple
     operand: Value
@@ -148,20 +150,19 @@ class Trace:
     accesses: list = field(default_factory=list)
     exps: list = field(default_factory=list)
     sums: list = field(default_factory=list)
-    blocks: list = field(default_factory=list)      # atom block id -> (tensor idx per lane, elem per lane)
-    values: dict = field(default_factory=dict)      # first program only: Value -> last runtime value
+    blocks: list = field(default_factory=list)  # atom block id -> (tensor idx per lane, elem per lane)
+    values: dict = field(default_factory=dict)  # first program only: Value -> last runtime value
     programs: int = 0
     steps: int = 0
-    overflow: list = field(default_factory=list)    # (op, program) where a 32-bit op wrapped
-    int_tags: dict = field(default_factory=dict)    # integer Value -> OR of its tags over every program
+    overflow: list = field(default_factory=list)  # (op, program) where a 32-bit op wrapped
+    int_tags: dict = field(default_factory=dict)  # integer Value -> OR of its tags over every program
 
 
 # --------------------------------------------------------------------------- helpers
 
 _NP_FLOAT = {"f16": np.float16, "bf16": np.float32, "f32": np.float32, "f64": np.float64, "f8": np.float32}
 _NP_INT = {"i1": np.bool_, "i8": np.int8, "i16": np.int16, "i32": np.int32, "i64": np.int64}
-_ELSIZE = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8, "f8": 1, "i1": 1, "i8": 1, "i16": 2, "i32": 4, "i64": 8,
-           "u8": 1}
+_ELSIZE = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8, "f8": 1, "i1": 1, "i8": 1, "i16": 2, "i32": 4, "i64": 8, "u8": 1}
 
 
 def _bits(t: Type) -> int:
@@ -187,8 +188,9 @@ def _bcast_to(a: np.ndarray, shape) -> np.ndarray:
 class Interp:
     """Runs one launch's kernel over its grid."""
 
-    def __init__(self, module: Module, launch, capture, model=None, max_programs: int = 1024,
-                 shadow: dict | None = None):
+    def __init__(
+        self, module: Module, launch, capture, model=None, max_programs: int = 1024, shadow: dict | None = None
+    ):
         self.module = module
         self.launch = launch
         self.capture = capture
@@ -212,8 +214,12 @@ class Interp:
         if sh is None:
             info = self.infos[t]
             n = _span(info)
-            sh = {"written": np.zeros(n, dtype=np.int32), "tags": np.zeros(n, dtype=np.uint64),
-                  "known": np.zeros(n, dtype=bool), "c": np.zeros(n)}
+            sh = {
+                "written": np.zeros(n, dtype=np.int32),
+                "tags": np.zeros(n, dtype=np.uint64),
+                "known": np.zeros(n, dtype=bool),
+                "c": np.zeros(n),
+            }
             self.shadow[t] = sh
         return sh
 
@@ -247,11 +253,17 @@ class Interp:
     def _arg_value(self, a, t: Type):
         if a.kind == "pointer":
             ti = self.index[a.tensor]
-            return PV(np.array(ti, dtype=np.int16), np.array(a.byte_offset, dtype=np.int64), _u64(()),
-                      _ELSIZE.get(t.pointee, 4), t.pointee)
+            return PV(
+                np.array(ti, dtype=np.int16),
+                np.array(a.byte_offset, dtype=np.int64),
+                _u64(()),
+                _ELSIZE.get(t.pointee, 4),
+                t.pointee,
+            )
         if a.kind in ("int", "bool"):
-            return IV(np.array(int(a.value), dtype=np.int64 if a.kind == "int" else bool), _u64(()),
-                      np.zeros((), dtype=bool))
+            return IV(
+                np.array(int(a.value), dtype=np.int64 if a.kind == "int" else bool), _u64(()), np.zeros((), dtype=bool)
+            )
         if a.kind == "float":
             return FV.const(a.value)
         raise InterpError(f"unsupported kernel argument {a.name} ({a.kind})")
@@ -330,8 +342,17 @@ class Interp:
         elem = np.floor_divide(ptr.off, info.elsize)
         aligned = np.mod(ptr.off, info.elsize) == 0
         inb = info.in_bounds(elem) & aligned
-        acc = Access("load", op, self.pid, np.broadcast_to(ptr.t, shape), elem, ptr.off, mask.copy(), inb,
-                     iters=tuple(self.iters))
+        acc = Access(
+            "load",
+            op,
+            self.pid,
+            np.broadcast_to(ptr.t, shape),
+            elem,
+            ptr.off,
+            mask.copy(),
+            inb,
+            iters=tuple(self.iters),
+        )
         self.trace.accesses.append(acc)
         if rtype.is_float:
             val = self._load_float(t, info, elem, mask, inb, other, shape, acc, ptr)
@@ -350,7 +371,7 @@ class Interp:
         unk = mask & ~inb
         if sh is not None:
             e = np.clip(elem, 0, sh["written"].size - 1)
-            unk |= mask & inb & (sh["written"][e] > 0)   # written by an earlier kernel: value not computed
+            unk |= mask & inb & (sh["written"][e] > 0)  # written by an earlier kernel: value not computed
         tags = _u64(shape, src_bit(t))
         if other is not None:
             ov = _bcast_to(other.v, shape)
@@ -369,8 +390,9 @@ class Interp:
         terms = []
         # a table the entry built on the host (RoPE's cos/sin cache) is read with its real values; for other
         # ops a host-computed buffer is data like any input
-        role_const = (info.role == "scratch" and info.init == "data" or info.role == "host") and \
-            bool(getattr(self.model, "host_tables", False))
+        role_const = (info.role == "scratch" and info.init == "data" or info.role == "host") and bool(
+            getattr(self.model, "host_tables", False)
+        )
         sh = self.shadow.get(t)
         written = np.zeros(shape, dtype=bool)
         if sh is not None:
@@ -405,8 +427,13 @@ class Interp:
                 bid = len(self.trace.blocks)
                 self.trace.blocks.append((src_t, src_elem.copy(), acc.op))
                 acc.block = bid
-                terms.append((bid, np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape),
-                              np.where(mask & inb & ~written, 1.0, 0.0)))
+                terms.append(
+                    (
+                        bid,
+                        np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape),
+                        np.where(mask & inb & ~written, 1.0, 0.0),
+                    )
+                )
             else:
                 lin &= ~(mask & inb)
         if sh is not None and written.any():
@@ -452,9 +479,12 @@ class Interp:
         elem = np.floor_divide(ptr.off, info.elsize)
         inb = info.in_bounds(elem) & (np.mod(ptr.off, info.elsize) == 0)
         if isinstance(val, FV):
-            val = FV(_bcast_to(val.c, shape), _bcast_to(val.lin, shape),
-                     [(b, _bcast_to(i, shape), _bcast_to(cf, shape)) for b, i, cf in val.terms],
-                     _bcast_to(val.tags, shape))
+            val = FV(
+                _bcast_to(val.c, shape),
+                _bcast_to(val.lin, shape),
+                [(b, _bcast_to(i, shape), _bcast_to(cf, shape)) for b, i, cf in val.terms],
+                _bcast_to(val.tags, shape),
+            )
         elif isinstance(val, IV):
             val = IV(_bcast_to(val.v, shape), _bcast_to(val.tags, shape), _bcast_to(val.unk, shape))
         acc = Access("store", op, self.pid, tidx, elem, ptr.off, mask.copy(), inb, val, tuple(self.iters))
@@ -485,9 +515,11 @@ def _bf16(x: np.ndarray) -> np.ndarray:
     return np.where(np.isfinite(f), out, x)
 
 
-_ROUND = {"f32": lambda x: x.astype(np.float32).astype(np.float64),
-          "f16": lambda x: x.astype(np.float16).astype(np.float64),
-          "bf16": _bf16}
+_ROUND = {
+    "f32": lambda x: x.astype(np.float32).astype(np.float64),
+    "f16": lambda x: x.astype(np.float16).astype(np.float64),
+    "bf16": _bf16,
+}
 
 
 def _round(v: FV, elem: str) -> FV:
@@ -518,8 +550,12 @@ def _as_fv(x, shape=None) -> FV:
     if isinstance(x, FV):
         if shape is None:
             return x
-        return FV(_bcast_to(x.c, shape), _bcast_to(x.lin, shape),
-                  [(b, _bcast_to(i, shape), _bcast_to(c, shape)) for b, i, c in x.terms], _bcast_to(x.tags, shape))
+        return FV(
+            _bcast_to(x.c, shape),
+            _bcast_to(x.lin, shape),
+            [(b, _bcast_to(i, shape), _bcast_to(c, shape)) for b, i, c in x.terms],
+            _bcast_to(x.tags, shape),
+        )
     if isinstance(x, IV):
         s = shape if shape is not None else x.v.shape
         return FV(_bcast_to(x.v.astype(np.float64), s), _bcast_to(~x.unk, s), [], _bcast_to(x.tags, s))
@@ -527,6 +563,7 @@ def _as_fv(x, shape=None) -> FV:
 
 
 # --------------------------------------------------------------------------- shape ops
+
 
 def _map_value(x, fn):
     if isinstance(x, IV):
@@ -536,8 +573,12 @@ def _map_value(x, fn):
         return PV(fn(t), fn(x.off), fn(np.broadcast_to(x.tags, x.off.shape)), x.esize, x.pointee)
     if isinstance(x, FV):
         shape = x.c.shape
-        return FV(fn(x.c), fn(x.lin), [(b, fn(_bcast_to(i, shape)), fn(_bcast_to(c, shape))) for b, i, c in x.terms],
-                  fn(_bcast_to(x.tags, shape)))
+        return FV(
+            fn(x.c),
+            fn(x.lin),
+            [(b, fn(_bcast_to(i, shape)), fn(_bcast_to(c, shape))) for b, i, c in x.terms],
+            fn(_bcast_to(x.tags, shape)),
+        )
     raise InterpError("unsupported value in a shape operation")
 
 
@@ -575,17 +616,33 @@ def _join(interp, op, ins, env):
         raise InterpError("join of different kinds", op)
     if isinstance(a, FV):
         shape = a.c.shape
-        terms = [(bb, np.stack([_bcast_to(i, shape), np.zeros(shape, np.int64)], -1),
-                  np.stack([_bcast_to(c, shape), np.zeros(shape)], -1)) for bb, i, c in a.terms]
-        terms += [(bb, np.stack([np.zeros(shape, np.int64), _bcast_to(i, shape)], -1),
-                   np.stack([np.zeros(shape), _bcast_to(c, shape)], -1)) for bb, i, c in b.terms]
-        return FV(np.stack([a.c, b.c], -1), np.stack([a.lin, b.lin], -1), terms,
-                  np.stack([a.tags, b.tags], -1))
+        terms = [
+            (
+                bb,
+                np.stack([_bcast_to(i, shape), np.zeros(shape, np.int64)], -1),
+                np.stack([_bcast_to(c, shape), np.zeros(shape)], -1),
+            )
+            for bb, i, c in a.terms
+        ]
+        terms += [
+            (
+                bb,
+                np.stack([np.zeros(shape, np.int64), _bcast_to(i, shape)], -1),
+                np.stack([np.zeros(shape), _bcast_to(c, shape)], -1),
+            )
+            for bb, i, c in b.terms
+        ]
+        return FV(np.stack([a.c, b.c], -1), np.stack([a.lin, b.lin], -1), terms, np.stack([a.tags, b.tags], -1))
     if isinstance(a, IV):
         return IV(np.stack([a.v, b.v], -1), np.stack([a.tags, b.tags], -1), np.stack([a.unk, b.unk], -1))
     if isinstance(a, PV):
-        return PV(np.stack([np.broadcast_to(a.t, a.off.shape), np.broadcast_to(b.t, b.off.shape)], -1),
-                  np.stack([a.off, b.off], -1), np.stack([a.tags, b.tags], -1), a.esize, a.pointee)
+        return PV(
+            np.stack([np.broadcast_to(a.t, a.off.shape), np.broadcast_to(b.t, b.off.shape)], -1),
+            np.stack([a.off, b.off], -1),
+            np.stack([a.tags, b.tags], -1),
+            a.esize,
+            a.pointee,
+        )
     raise InterpError("join of unsupported values", op)
 
 
@@ -604,16 +661,28 @@ def _map_concat(a, b):
         return IV(np.concatenate([a.v, b.v]), np.concatenate([a.tags, b.tags]), np.concatenate([a.unk, b.unk]))
     if isinstance(a, FV) and isinstance(b, FV):
         sa, sb = a.c.shape, b.c.shape
-        terms = [(bb, np.concatenate([_bcast_to(i, sa), np.zeros(sb, np.int64)]),
-                  np.concatenate([_bcast_to(c, sa), np.zeros(sb)])) for bb, i, c in a.terms]
-        terms += [(bb, np.concatenate([np.zeros(sa, np.int64), _bcast_to(i, sb)]),
-                   np.concatenate([np.zeros(sa), _bcast_to(c, sb)])) for bb, i, c in b.terms]
-        return FV(np.concatenate([a.c, b.c]), np.concatenate([a.lin, b.lin]), terms,
-                  np.concatenate([a.tags, b.tags]))
+        terms = [
+            (
+                bb,
+                np.concatenate([_bcast_to(i, sa), np.zeros(sb, np.int64)]),
+                np.concatenate([_bcast_to(c, sa), np.zeros(sb)]),
+            )
+            for bb, i, c in a.terms
+        ]
+        terms += [
+            (
+                bb,
+                np.concatenate([np.zeros(sa, np.int64), _bcast_to(i, sb)]),
+                np.concatenate([np.zeros(sa), _bcast_to(c, sb)]),
+            )
+            for bb, i, c in b.terms
+        ]
+        return FV(np.concatenate([a.c, b.c]), np.concatenate([a.lin, b.lin]), terms, np.concatenate([a.tags, b.tags]))
     raise InterpError("cat of unsupported values")
 
 
 # --------------------------------------------------------------------------- integer ops
+
 
 def _ints(interp, op, ins):
     for x in ins:
@@ -646,6 +715,7 @@ def _int_binop(fn):
             if over.any():
                 interp.trace.overflow.append((op, interp.pid))
         return IV(res, a.tags | b.tags, unk)
+
     return h
 
 
@@ -720,8 +790,18 @@ _INT_BINOPS = {
     "arith.minui": _ok(lambda a, b, n: np.minimum(a, b)),
 }
 
-_CMP = {"eq": np.equal, "ne": np.not_equal, "slt": np.less, "sle": np.less_equal, "sgt": np.greater,
-        "sge": np.greater_equal, "ult": np.less, "ule": np.less_equal, "ugt": np.greater, "uge": np.greater_equal}
+_CMP = {
+    "eq": np.equal,
+    "ne": np.not_equal,
+    "slt": np.less,
+    "sle": np.less_equal,
+    "sgt": np.greater,
+    "sge": np.greater_equal,
+    "ult": np.less,
+    "ule": np.less_equal,
+    "ugt": np.greater,
+    "uge": np.greater_equal,
+}
 
 
 def _cmpi(interp, op, ins, env):
@@ -751,6 +831,7 @@ def _int_cast(interp, op, ins, env):
 
 
 # --------------------------------------------------------------------------- float ops
+
 
 def _fv(x, shape=None) -> FV:
     return _as_fv(x, shape)
@@ -816,10 +897,11 @@ def _mulf(interp, op, ins, env):
     inv_a = (a.tags & INV_MASK) != 0
     inv_b = (b.tags & INV_MASK) != 0
     with np.errstate(all="ignore"):
-        sa = _scale(b, np.where(ka, a.c, 0.0))   # a known: a.c * b
+        sa = _scale(b, np.where(ka, a.c, 0.0))  # a known: a.c * b
         sb = _scale(a, np.where(kb & ~ka, b.c, 0.0))
-    terms = [(bb, i, np.where(ka, c, 0.0)) for bb, i, c in sa.terms] + \
-            [(bb, i, np.where(kb & ~ka, c, 0.0)) for bb, i, c in sb.terms]
+    terms = [(bb, i, np.where(ka, c, 0.0)) for bb, i, c in sa.terms] + [
+        (bb, i, np.where(kb & ~ka, c, 0.0)) for bb, i, c in sb.terms
+    ]
     with np.errstate(all="ignore"):
         c = np.where(ka, sa.c, np.where(kb, sb.c, 0.0))
     lin = (ka & b.lin) | (kb & a.lin)
@@ -865,6 +947,7 @@ def _unary(fn):
         if op.name in ("math.exp", "math.exp2") or "exp" in op.attrs.get("symbol", ""):
             interp.trace.exps.append(ExpEvent(op, interp.pid, a, res))
         return res
+
     return h
 
 
@@ -880,11 +963,16 @@ def _minmax(fn, ident):
         b_id = kb & (b.c == ident) & ~a_id
         c = np.where(both, c, np.where(a_id, b.c, np.where(b_id, a.c, 0.0)))
         lin = both | (a_id & b.lin) | (b_id & a.lin)
-        terms = [(bb, i, np.where(a_id & ~both, cf, 0.0)) for bb, i, cf in b.terms] + \
-                [(bb, i, np.where(b_id & ~both, cf, 0.0)) for bb, i, cf in a.terms]
-        tags = np.where(a_id, b.tags | (a.tags & np.uint64(POS)),
-                        np.where(b_id, a.tags | (b.tags & np.uint64(POS)), a.tags | b.tags))
+        terms = [(bb, i, np.where(a_id & ~both, cf, 0.0)) for bb, i, cf in b.terms] + [
+            (bb, i, np.where(b_id & ~both, cf, 0.0)) for bb, i, cf in a.terms
+        ]
+        tags = np.where(
+            a_id,
+            b.tags | (a.tags & np.uint64(POS)),
+            np.where(b_id, a.tags | (b.tags & np.uint64(POS)), a.tags | b.tags),
+        )
         return FV(c, lin, terms, tags)
+
     return h
 
 
@@ -899,8 +987,13 @@ def _select(interp, op, ins, env):
         cv = np.broadcast_to(cnd.v.astype(bool), shape)
         if np.broadcast_to(cnd.unk, shape).any():
             raise InterpError("select between pointers on an unknown condition", op)
-        return PV(np.where(cv, np.broadcast_to(a.t, shape), np.broadcast_to(b.t, shape)),
-                  np.where(cv, a.off, b.off), np.where(cv, a.tags, b.tags) | cnd.tags, a.esize, a.pointee)
+        return PV(
+            np.where(cv, np.broadcast_to(a.t, shape), np.broadcast_to(b.t, shape)),
+            np.where(cv, a.off, b.off),
+            np.where(cv, a.tags, b.tags) | cnd.tags,
+            a.esize,
+            a.pointee,
+        )
     if isinstance(a, IV) and isinstance(b, IV):
         shape = np.broadcast_shapes(a.v.shape, b.v.shape, cnd.v.shape)
         cv = np.broadcast_to(cnd.v.astype(bool), shape)
@@ -915,8 +1008,9 @@ def _select(interp, op, ins, env):
     cu = np.broadcast_to(cnd.unk, shape)
     c = np.where(cv, a.c, b.c)
     lin = np.where(cv, a.lin, b.lin) & ~cu
-    terms = [(bb, i, np.where(cv & ~cu, cf, 0.0)) for bb, i, cf in a.terms] + \
-            [(bb, i, np.where(~cv & ~cu, cf, 0.0)) for bb, i, cf in b.terms]
+    terms = [(bb, i, np.where(cv & ~cu, cf, 0.0)) for bb, i, cf in a.terms] + [
+        (bb, i, np.where(~cv & ~cu, cf, 0.0)) for bb, i, cf in b.terms
+    ]
     tags = np.where(cu, a.tags | b.tags, np.where(cv, a.tags, b.tags))
     tags = tags | np.where(cu, cnd.tags, np.uint64(0)).astype(np.uint64)
     return _limit_terms(FV(c, lin, terms, tags))
@@ -925,10 +1019,22 @@ def _select(interp, op, ins, env):
 def _cmpf(interp, op, ins, env):
     a, b, shape = _merge_shape(_fv(ins[0]), _fv(ins[1]))
     pred = op.attrs.get("predicate", "oeq")
-    fns = {"oeq": np.equal, "ueq": np.equal, "one": np.not_equal, "une": np.not_equal, "olt": np.less,
-           "ult": np.less, "ole": np.less_equal, "ule": np.less_equal, "ogt": np.greater, "ugt": np.greater,
-           "oge": np.greater_equal, "uge": np.greater_equal, "ord": lambda x, y: ~(np.isnan(x) | np.isnan(y)),
-           "uno": lambda x, y: np.isnan(x) | np.isnan(y)}
+    fns = {
+        "oeq": np.equal,
+        "ueq": np.equal,
+        "one": np.not_equal,
+        "une": np.not_equal,
+        "olt": np.less,
+        "ult": np.less,
+        "ole": np.less_equal,
+        "ule": np.less_equal,
+        "ogt": np.greater,
+        "ugt": np.greater,
+        "oge": np.greater_equal,
+        "uge": np.greater_equal,
+        "ord": lambda x, y: ~(np.isnan(x) | np.isnan(y)),
+        "uno": lambda x, y: np.isnan(x) | np.isnan(y),
+    }
     k = a.known() & b.known()
     with np.errstate(all="ignore"):
         v = fns.get(pred, np.equal)(a.c, b.c)
@@ -982,23 +1088,55 @@ def _clampf(interp, op, ins, env):
 
 
 _EXTERN = {
-    "exp": np.exp, "exp2": np.exp2, "log": np.log, "log2": np.log2, "sqrt": np.sqrt, "rsqrt": lambda x: 1 / np.sqrt(x),
-    "sin": np.sin, "cos": np.cos, "tanh": np.tanh, "fabs": np.abs, "floor": np.floor, "ceil": np.ceil,
-    "log10": np.log10, "exp10": lambda x: 10.0 ** x, "erf": np.vectorize(math.erf), "round": np.round,
-    "trunc": np.trunc, "rint": np.rint,
+    "exp": np.exp,
+    "exp2": np.exp2,
+    "log": np.log,
+    "log2": np.log2,
+    "sqrt": np.sqrt,
+    "rsqrt": lambda x: 1 / np.sqrt(x),
+    "sin": np.sin,
+    "cos": np.cos,
+    "tanh": np.tanh,
+    "fabs": np.abs,
+    "floor": np.floor,
+    "ceil": np.ceil,
+    "log10": np.log10,
+    "exp10": lambda x: 10.0**x,
+    "erf": np.vectorize(math.erf),
+    "round": np.round,
+    "trunc": np.trunc,
+    "rint": np.rint,
 }
 
 
 def _extern(interp, op, ins, env):
     sym = op.attrs.get("symbol", "").strip('"')
-    base = sym.replace("__nv_", "").rstrip("f") if sym.endswith("f") and sym not in ("__nv_erf",) else \
-        sym.replace("__nv_", "")
-    base = {"expf": "exp", "exp2f": "exp2", "powf": "pow", "fast_powf": "pow", "fast_expf": "exp",
-            "fast_exp2f": "exp2", "fast_logf": "log", "fast_log2f": "log2", "fast_sinf": "sin",
-            "fast_cosf": "cos"}.get(sym.replace("__nv_", ""), base)
+    base = (
+        sym.replace("__nv_", "").rstrip("f")
+        if sym.endswith("f") and sym not in ("__nv_erf",)
+        else sym.replace("__nv_", "")
+    )
+    base = {
+        "expf": "exp",
+        "exp2f": "exp2",
+        "powf": "pow",
+        "fast_powf": "pow",
+        "fast_expf": "exp",
+        "fast_exp2f": "exp2",
+        "fast_logf": "log",
+        "fast_log2f": "log2",
+        "fast_sinf": "sin",
+        "fast_cosf": "cos",
+    }.get(sym.replace("__nv_", ""), base)
     if base in ("pow", "fmax", "fmin", "fmod", "atan2", "hypot") and len(ins) == 2:
-        fn = {"pow": np.power, "fmax": np.fmax, "fmin": np.fmin, "fmod": np.fmod, "atan2": np.arctan2,
-              "hypot": np.hypot}[base]
+        fn = {
+            "pow": np.power,
+            "fmax": np.fmax,
+            "fmin": np.fmin,
+            "fmod": np.fmod,
+            "atan2": np.arctan2,
+            "hypot": np.hypot,
+        }[base]
         a, b, shape = _merge_shape(_fv(ins[0]), _fv(ins[1]))
         k = a.known() & b.known()
         with np.errstate(all="ignore"):
@@ -1022,6 +1160,7 @@ def _extern(interp, op, ins, env):
 
 # --------------------------------------------------------------------------- reductions and dot
 
+
 def combiner(op: Op) -> str | None:
     """The combining operation of a tt.reduce / tt.scan region ('addf', 'maxnumf', ...), if simple."""
     if not op.regions or not op.regions[0]:
@@ -1041,11 +1180,23 @@ def _reduce_tags(tags: np.ndarray, axis: int, drop: np.ndarray | None = None) ->
     return np.where(uniform, out, out & ~np.uint64(POS))
 
 
-_RED_FN = {"addf": (np.sum, 0.0), "mulf": (np.prod, 1.0), "maxnumf": (np.max, -np.inf), "maximumf": (np.max, -np.inf),
-           "minnumf": (np.min, np.inf), "minimumf": (np.min, np.inf), "addi": (np.sum, 0), "muli": (np.prod, 1),
-           "maxsi": (np.max, None), "minsi": (np.min, None), "maxui": (np.max, None), "minui": (np.min, None),
-           "andi": (np.bitwise_and.reduce, None), "ori": (np.bitwise_or.reduce, None),
-           "xori": (np.bitwise_xor.reduce, None)}
+_RED_FN = {
+    "addf": (np.sum, 0.0),
+    "mulf": (np.prod, 1.0),
+    "maxnumf": (np.max, -np.inf),
+    "maximumf": (np.max, -np.inf),
+    "minnumf": (np.min, np.inf),
+    "minimumf": (np.min, np.inf),
+    "addi": (np.sum, 0),
+    "muli": (np.prod, 1),
+    "maxsi": (np.max, None),
+    "minsi": (np.min, None),
+    "maxui": (np.max, None),
+    "minui": (np.min, None),
+    "andi": (np.bitwise_and.reduce, None),
+    "ori": (np.bitwise_or.reduce, None),
+    "xori": (np.bitwise_xor.reduce, None),
+}
 
 
 def _reduce(interp, op, ins, env):
@@ -1058,13 +1209,13 @@ def _reduce(interp, op, ins, env):
             shape = r.type.shape
             tags = np.uint64(0)
             for x in ins:
-                tags = tags | _reduce_tags(np.broadcast_to(x.tags, x.c.shape if isinstance(x, FV) else x.v.shape),
-                                           axis)
+                tags = tags | _reduce_tags(np.broadcast_to(x.tags, x.c.shape if isinstance(x, FV) else x.v.shape), axis)
             if r.type.is_float:
                 outs.append(FV.opaque(shape, tags))
             else:
-                outs.append(IV(np.zeros(shape, dtype=np.int64), np.broadcast_to(tags, shape).copy(),
-                               np.ones(shape, dtype=bool)))
+                outs.append(
+                    IV(np.zeros(shape, dtype=np.int64), np.broadcast_to(tags, shape).copy(), np.ones(shape, dtype=bool))
+                )
         return outs
     fn, ident = _RED_FN[comb]
     x = ins[0]
@@ -1102,9 +1253,11 @@ def _dot(interp, op, ins, env):
     ka, kb = a.known(), b.known()
     shape = op.result.type.shape
     at, bt = a.tags, b.tags
-    present = int(np.bitwise_or.reduce(at.reshape(-1), initial=np.uint64(0)) |
-                  np.bitwise_or.reduce(bt.reshape(-1), initial=np.uint64(0)))
-    live_a = (~(ka & (a.c == 0))).astype(np.int64)   # a[i, k] is not a known zero
+    present = int(
+        np.bitwise_or.reduce(at.reshape(-1), initial=np.uint64(0))
+        | np.bitwise_or.reduce(bt.reshape(-1), initial=np.uint64(0))
+    )
+    live_a = (~(ka & (a.c == 0))).astype(np.int64)  # a[i, k] is not a known zero
     live_b = (~(kb & (b.c == 0))).astype(np.int64)
     out_tags = np.zeros(shape, dtype=np.uint64)
     for bit in range(64):
@@ -1130,6 +1283,7 @@ def _dot(interp, op, ins, env):
 
 
 # --------------------------------------------------------------------------- control flow
+
 
 def _for(interp, op, ins, env):
     lb, ub, step = ins[:3]
@@ -1183,7 +1337,7 @@ def _br(interp, op, ins, env):
     rest = ins[1:]
     if bool(cnd.v):
         return _Terminator("branch", (l1, list(rest[:n1])))
-    return _Terminator("branch", (l2, list(rest[n1:n1 + n2])))
+    return _Terminator("branch", (l2, list(rest[n1 : n1 + n2])))
 
 
 def _if(interp, op, ins, env):
@@ -1231,6 +1385,7 @@ def _call(interp, op, ins, env):
 
 # --------------------------------------------------------------------------- leaves
 
+
 def _constant(interp, op, ins, env):
     t = op.result.type
     v = parse_constant(op)
@@ -1267,8 +1422,13 @@ def _addptr(interp, op, ins, env):
         # an offset loaded from memory the kernels computed: cannot follow
         raise InterpError("a pointer offset depends on values the analysis does not know", op)
     shape = np.broadcast_shapes(p.off.shape, o.v.shape)
-    return PV(np.broadcast_to(p.t, shape).copy(), p.off + o.v.astype(np.int64) * p.esize,
-              np.broadcast_to(p.tags, shape) | np.broadcast_to(o.tags, shape), p.esize, p.pointee)
+    return PV(
+        np.broadcast_to(p.t, shape).copy(),
+        p.off + o.v.astype(np.int64) * p.esize,
+        np.broadcast_to(p.tags, shape) | np.broadcast_to(o.tags, shape),
+        p.esize,
+        p.pointee,
+    )
 
 
 def _bitcast(interp, op, ins, env):
@@ -1328,6 +1488,7 @@ def _fv_or_iv_unary(fn_f):
             a = ins[0]
             return IV(np.abs(a.v), a.tags, a.unk)
         return _unary(fn_f)(interp, op, ins, env)
+
     return h
 
 
@@ -1407,8 +1568,9 @@ _HANDLERS = {
     "math.fma": _fma,
     "tt.clampf": _clampf,
     "tt.extern_elementwise": _extern,
-    "tt.mulhiui": _int_binop(lambda a, b, n: (((a & 0xFFFFFFFF) * (b & 0xFFFFFFFF)) >> 32,
-                                              np.zeros(np.broadcast(a, b).shape, dtype=bool))),
+    "tt.mulhiui": _int_binop(
+        lambda a, b, n: (((a & 0xFFFFFFFF) * (b & 0xFFFFFFFF)) >> 32, np.zeros(np.broadcast(a, b).shape, dtype=bool))
+    ),
 }
 for _name, _fn in _INT_BINOPS.items():
     _HANDLERS[_name] = _int_binop(_fn)

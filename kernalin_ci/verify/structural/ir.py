@@ -17,6 +17,7 @@ innermost variable name when there is one.
 The printed form differs a little between Triton versions (value names, column
 numbers, alias numbering); nothing here depends on those.
 """
+
 from __future__ import annotations
 
 import re
@@ -31,8 +32,8 @@ class Type:
 
     text: str
     shape: tuple = ()
-    elem: str = ""          # "f32", "i32", "i1", "ptr"
-    pointee: str = ""       # for pointers: "f16", "i32", ...
+    elem: str = ""  # "f32", "i32", "i1", "ptr"
+    pointee: str = ""  # for pointers: "f16", "i32", ...
 
     @property
     def is_ptr(self) -> bool:
@@ -54,19 +55,28 @@ class Type:
         m = re.search(r"(\d+)", self.elem)
         return int(m.group(1)) if m else 0
 
-    def with_elem(self, elem: str) -> "Type":
+    def with_elem(self, elem: str) -> Type:
         inner = f"{'x'.join(map(str, self.shape))}x{elem}" if self.shape else elem
         return parse_type(f"tensor<{inner}>" if self.shape else elem)
 
 
-_FLOAT_NAMES = {"f16": "f16", "bf16": "bf16", "f32": "f32", "f64": "f64", "f8E5M2": "f8", "f8E4M3FN": "f8",
-                "f8E4M3FNUZ": "f8", "f8E5M2FNUZ": "f8", "f8E4M3B11FNUZ": "f8"}
+_FLOAT_NAMES = {
+    "f16": "f16",
+    "bf16": "bf16",
+    "f32": "f32",
+    "f64": "f64",
+    "f8E5M2": "f8",
+    "f8E4M3FN": "f8",
+    "f8E4M3FNUZ": "f8",
+    "f8E5M2FNUZ": "f8",
+    "f8E4M3B11FNUZ": "f8",
+}
 
 
 def _scalar_elem(s: str) -> tuple[str, str]:
     s = s.strip()
     if s.startswith("!tt.ptr<"):
-        inner = s[len("!tt.ptr<"):-1]
+        inner = s[len("!tt.ptr<") : -1]
         inner = inner.split(",")[0].strip()  # address space
         if inner.startswith("tensor<"):  # block pointer
             return "ptr", "block:" + inner
@@ -77,7 +87,7 @@ def _scalar_elem(s: str) -> tuple[str, str]:
 def parse_type(text: str) -> Type:
     text = text.strip()
     if text.startswith("tensor<") and text.endswith(">"):
-        inner = text[len("tensor<"):-1]
+        inner = text[len("tensor<") : -1]
         # strip an encoding (TTGIR): tensor<16x32xf32, #blocked>
         depth, cut = 0, len(inner)
         for i, ch in enumerate(inner):
@@ -96,7 +106,7 @@ def parse_type(text: str) -> Type:
             if not m:
                 break
             dims.append(int(m.group(1)))
-            rest = rest[m.end():]
+            rest = rest[m.end() :]
         elem, pointee = _scalar_elem(rest)
         return Type(text, tuple(dims), elem, pointee)
     elem, pointee = _scalar_elem(text)
@@ -115,8 +125,8 @@ class Frame:
 
 @dataclass(frozen=True)
 class Loc:
-    frames: tuple = ()      # innermost first
-    name: str = ""          # innermost variable name, when the IR has one
+    frames: tuple = ()  # innermost first
+    name: str = ""  # innermost variable name, when the IR has one
 
     def user_frame(self, prefer: str | None = None) -> Frame | None:
         """The frame in the kernel's own file (else the first one outside Triton's package)."""
@@ -162,12 +172,12 @@ class LocTable:
         if m:
             return Loc((Frame(m.group(1), int(m.group(2)), int(m.group(3))),))
         if e.startswith("callsite(") and e.endswith(")"):
-            inner = e[len("callsite("):-1]
+            inner = e[len("callsite(") : -1]
             callee, caller = _split_top(inner, " at ")
             a, b = self.resolve(callee, depth + 1), self.resolve(caller, depth + 1)
             return Loc(a.frames + b.frames, a.name or b.name)
         if e.startswith("fused"):
-            body = e[e.index("[") + 1:e.rindex("]")] if "[" in e else ""
+            body = e[e.index("[") + 1 : e.rindex("]")] if "[" in e else ""
             frames, name = (), ""
             for part in _split_commas(body):
                 loc = self.resolve(part, depth + 1)
@@ -198,7 +208,7 @@ def _split_top(s: str, sep: str) -> tuple[str, str]:
             elif ch in ")]}>":
                 depth -= 1
             elif depth == 0 and s.startswith(sep, i):
-                return s[:i], s[i + len(sep):]
+                return s[:i], s[i + len(sep) :]
         i += 1
     return s, ""
 
@@ -229,9 +239,9 @@ def _split_commas(s: str) -> list[str]:
 class Value:
     name: str
     type: Type
-    owner: "Op | None" = None      # defining op; None for block arguments
-    index: int = 0                 # result index, or block-argument index
-    block: "Block | None" = None   # for block arguments
+    owner: Op | None = None  # defining op; None for block arguments
+    index: int = 0  # result index, or block-argument index
+    block: Block | None = None  # for block arguments
     uses: list = field(default_factory=list)  # ops using this value
 
     def __repr__(self):
@@ -242,7 +252,7 @@ class Value:
 class Block:
     args: list = field(default_factory=list)
     ops: list = field(default_factory=list)
-    parent: "Op | None" = None
+    parent: Op | None = None
     label: str = ""
 
 
@@ -252,11 +262,11 @@ class Op:
     results: list = field(default_factory=list)
     operands: list = field(default_factory=list)
     attrs: dict = field(default_factory=dict)
-    regions: list = field(default_factory=list)   # list[list[Block]]
+    regions: list = field(default_factory=list)  # list[list[Block]]
     loc: Loc = UNKNOWN_LOC
-    text: str = ""                                # the header line, for messages
-    parent: "Block | None" = None
-    types: str = ""                               # the raw type section
+    text: str = ""  # the header line, for messages
+    parent: Block | None = None
+    types: str = ""  # the raw type section
 
     @property
     def result(self) -> Value:
@@ -269,19 +279,19 @@ class Op:
 @dataclass(eq=False)
 class Function:
     name: str
-    args: list          # list[Value]
-    arg_attrs: list     # list[dict]
-    body: Block         # the entry block
+    args: list  # list[Value]
+    arg_attrs: list  # list[dict]
+    body: Block  # the entry block
     public: bool = True
-    blocks: list = field(default_factory=list)   # every block (early returns make more than one)
+    blocks: list = field(default_factory=list)  # every block (early returns make more than one)
 
-    def block(self, label: str) -> "Block | None":
+    def block(self, label: str) -> Block | None:
         return next((b for b in self.blocks if b.label == label), None)
 
 
 @dataclass(eq=False)
 class Module:
-    functions: dict     # name -> Function
+    functions: dict  # name -> Function
     locs: LocTable
 
     @property
@@ -334,8 +344,8 @@ def _strip_loc(line: str) -> tuple[str, str]:
         elif ch == "(":
             depth -= 1
             if depth == 0:
-                if s[max(0, i - 3):i] == "loc" and (i < 4 or s[i - 4] in " \t,("):
-                    return s[:i - 3].rstrip(), s[i - 3:]
+                if s[max(0, i - 3) : i] == "loc" and (i < 4 or s[i - 4] in " \t,("):
+                    return s[: i - 3].rstrip(), s[i - 3 :]
                 return s, ""
     return s, ""
 
@@ -395,7 +405,7 @@ def attr_int(op: Op, key: str, default=None):
 
 def _types_after_arrow(section: str) -> list[str]:
     i = _rfind_top(section, "->")
-    tail = section[i + 2:].strip() if i >= 0 else section.strip()
+    tail = section[i + 2 :].strip() if i >= 0 else section.strip()
     if tail.startswith("(") and tail.endswith(")"):
         tail = tail[1:-1]
     return _split_commas(tail)
@@ -408,7 +418,7 @@ def _result_types(name: str, section: str, n: int) -> list[Type]:
     if _find_top(section, "->") >= 0:
         ts = _types_after_arrow(section)
     elif _find_top(section, " to ") >= 0:
-        ts = [section[_find_top(section, " to ") + 4:].strip()]
+        ts = [section[_find_top(section, " to ") + 4 :].strip()]
     else:
         parts = _split_commas(section)
         if name == "arith.select":
@@ -420,7 +430,7 @@ def _result_types(name: str, section: str, n: int) -> list[Type]:
         t = types[0]
         types = [t.with_elem(t.pointee)]
     elif name == "tt.load" and types and types[0].pointee.startswith("block:"):
-        types = [parse_type(types[0].pointee[len("block:"):])]
+        types = [parse_type(types[0].pointee[len("block:") :])]
     elif name in ("arith.cmpi", "arith.cmpf") and types:
         types = [types[0].with_elem("i1")]
     if len(types) == 1 and n > 1:
@@ -492,7 +502,7 @@ class _Parser:
                 if depth == 0:
                     end = j
                     break
-        arglist = header[start + 1:end]
+        arglist = header[start + 1 : end]
         args, arg_attrs = [], []
         for k, part in enumerate(_split_commas(arglist)):
             part, _ = _strip_loc(part)
@@ -547,14 +557,14 @@ class _Parser:
             rest = m.group(2)
         generic = rest.startswith('"')
         if generic:
-            name = rest[1:rest.index('"', 1)]
-            rest = rest[rest.index('"', 1) + 1:]
+            name = rest[1 : rest.index('"', 1)]
+            rest = rest[rest.index('"', 1) + 1 :]
         else:
             nm = re.match(r"([A-Za-z_][\w.]*)", rest)
             if not nm:
                 raise ParseError(f"cannot read op in {raw[:120]!r}")
             name = nm.group(1)
-            rest = rest[nm.end():]
+            rest = rest[nm.end() :]
         op = Op(name=name, text=raw[:300])
         regions: list[list[Block]] = []
         if name in ("scf.for", "scf.if", "scf.while", "scf.execute_region") or (opens_region and not generic):
@@ -563,10 +573,10 @@ class _Parser:
         if generic and opens_region:
             # "tt.reduce"(%x) <{axis = 1 : i32}> ({ ... }) : (T) -> T loc(...)
             head = rest
-            operand_names = _VALUE.findall(head[:head.index("({")] if "({" in head else head)
+            operand_names = _VALUE.findall(head[: head.index("({")] if "({" in head else head)
             ai = head.find("<{")
             if ai >= 0:
-                op.attrs = _parse_attr_dict(head[ai:head.index("}>", ai) + 2])
+                op.attrs = _parse_attr_dict(head[ai : head.index("}>", ai) + 2])
             self.bind(op, operand_names)
             i += 1
             region: list[Block] = []
@@ -583,7 +593,7 @@ class _Parser:
                     continue
                 break
             ti = close.find(":")
-            op.types = close[ti + 1:].strip() if ti >= 0 else ""
+            op.types = close[ti + 1 :].strip() if ti >= 0 else ""
             locexpr = closeloc or locexpr
             op.regions = regions
             for region in regions:
@@ -598,12 +608,12 @@ class _Parser:
         if ci < 0 and rest.rstrip().endswith(":"):
             ci = len(rest.rstrip()) - 1
         head = rest if ci < 0 else rest[:ci]
-        op.types = "" if ci < 0 else rest[ci + 3:].strip()
+        op.types = "" if ci < 0 else rest[ci + 3 :].strip()
         bi = _find_top(head, "{")
         if bi >= 0:
             be = _find_matching(head, bi)
-            op.attrs = _parse_attr_dict(head[bi:be + 1])
-            head_ops = head[:bi] + head[be + 1:]
+            op.attrs = _parse_attr_dict(head[bi : be + 1])
+            head_ops = head[:bi] + head[be + 1 :]
         else:
             head_ops = head
         # strings (e.g. tt.assert messages, print prefixes) never hold operands
@@ -683,8 +693,9 @@ class _Parser:
         operand_names: list[str] = []
         region_args: list[list[tuple[str, str]]] = []
         if op.name == "scf.for":
-            fm = re.match(r"\s*(%[\w$.\-]+)\s*=\s*(%[\w$.\-#]+)\s+to\s+(%[\w$.\-#]+)\s+step\s+(%[\w$.\-#]+)(.*)$",
-                          header)
+            fm = re.match(
+                r"\s*(%[\w$.\-]+)\s*=\s*(%[\w$.\-#]+)\s+to\s+(%[\w$.\-#]+)\s+step\s+(%[\w$.\-#]+)(.*)$", header
+            )
             if not fm:
                 raise ParseError(f"cannot read scf.for header {header[:160]!r}")
             iv = fm.group(1)
@@ -700,7 +711,7 @@ class _Parser:
             ti = _find_top(tail, "->")
             res_types = []
             if ti >= 0:
-                seg = tail[ti + 2:]
+                seg = tail[ti + 2 :]
                 ci = _find_top(seg, " : ")
                 seg = seg[:ci] if ci >= 0 else seg
                 res_types = _split_commas(seg.strip()[1:-1] if seg.strip().startswith("(") else seg)
@@ -716,7 +727,7 @@ class _Parser:
             ti = _find_top(cm.group(2), "->")
             rtypes = []
             if ti >= 0:
-                seg = cm.group(2)[ti + 2:].strip()
+                seg = cm.group(2)[ti + 2 :].strip()
                 rtypes = [parse_type(t) for t in _split_commas(seg[1:-1] if seg.startswith("(") else seg)]
         elif op.name == "scf.while":
             wm = re.match(r"\s*\((.*?)\)\s*:\s*(.*)$", header)
@@ -730,13 +741,13 @@ class _Parser:
             sig = wm.group(2)
             ai = _find_top(sig, "->")
             ins = _split_commas(sig[:ai].strip()[1:-1]) if ai >= 0 else []
-            outs_txt = sig[ai + 2:].strip() if ai >= 0 else ""
+            outs_txt = sig[ai + 2 :].strip() if ai >= 0 else ""
             outs = _split_commas(outs_txt[1:-1] if outs_txt.startswith("(") else outs_txt)
             region_args.append(list(zip(before_args, ins)))
             rtypes = [parse_type(t) for t in outs]
         else:
             rtypes = [parse_type("i1")] * len(names)
-        op.results = [self.define(names[k], t, op, k) for k, t in enumerate(rtypes[:len(names)])]
+        op.results = [self.define(names[k], t, op, k) for k, t in enumerate(rtypes[: len(names)])]
         for k in range(len(op.results), len(names)):
             op.results.append(self.define(names[k], parse_type("i1"), op, k))
         self.bind(op, operand_names)
@@ -746,7 +757,7 @@ class _Parser:
         while True:
             region: list[Block] = []
             block = Block(parent=op)
-            for a, t in (region_args[ridx] if ridx < len(region_args) else []):
+            for a, t in region_args[ridx] if ridx < len(region_args) else []:
                 block.args.append(self.define(a, parse_type(t), None, len(block.args), block))
             region.append(block)
             # blocks of this region
@@ -807,6 +818,7 @@ def parse_module(text: str) -> Module:
 
 # --------------------------------------------------------------------------- constants
 
+
 def parse_constant(op: Op):
     """The value of an `arith.constant`: a Python number (or bool), for scalars and splat-dense tensors.
 
@@ -814,7 +826,7 @@ def parse_constant(op: Op):
     v = op.attrs.get("value", "").strip()
     t = op.result.type
     if v.startswith("dense<"):
-        inner = v[len("dense<"):v.rindex(">")].strip()
+        inner = v[len("dense<") : v.rindex(">")].strip()
         if inner.startswith("["):
             return None
         v = inner
@@ -829,12 +841,14 @@ def _number(s: str, t: Type):
         if s.startswith("0x"):
             bits = int(s, 16)
             import struct
+
             if t.elem == "f32" or len(s) == 10:
                 return struct.unpack("<f", struct.pack("<I", bits))[0]
             if t.elem == "f64":
                 return struct.unpack("<d", struct.pack("<Q", bits))[0]
             if t.elem == "f16":
                 import numpy as np
+
                 return float(np.array([bits], dtype=np.uint16).view(np.float16)[0])
             if t.elem == "bf16":
                 return struct.unpack("<f", struct.pack("<I", bits << 16))[0]

@@ -17,6 +17,7 @@ the loaded key/value elements. Then:
   (`offset-overflow`). This is a property of the IR's types, so it needs no
   2^31-element input.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -56,19 +57,29 @@ def analyze(cap, views: list, rep: Report, model: KvModel) -> None:
             problems[(key, cls)] = (m, v, o, n + 1)
 
         written = {}
-        unfollowed: list = []    # stores whose value is not a single loaded element
-        misplaced: set = set()   # tokens with data written to a wrong slot
+        unfollowed: list = []  # stores whose value is not a single loaded element
+        misplaced: set = set()  # tokens with data written to a wrong slot
         for e, (view, sop, atoms, const, lin) in forms.items():
             blk, off, g, d = info.coord(e)
             slot = blk * bs + off
             if not lin or len(atoms) != 1:
                 owner = token_of_slot.get(slot)
                 if owner is None:
-                    flag("stray", "stray-write", f"slot {slot} of {cache}, which no token of the call owns, is "
-                                                 f"written (head {g}, dim {d})", view, sop)
+                    flag(
+                        "stray",
+                        "stray-write",
+                        f"slot {slot} of {cache}, which no token of the call owns, is written (head {g}, dim {d})",
+                        view,
+                        sop,
+                    )
                 elif _garbage(view, sop, e, info):
-                    flag("garbage", "kv-source", f"{cache}[slot {slot}, head {g}, dim {d}] (token {owner}) receives "
-                                                 f"data read out of bounds", view, sop)
+                    flag(
+                        "garbage",
+                        "kv-source",
+                        f"{cache}[slot {slot}, head {g}, dim {d}] (token {owner}) receives data read out of bounds",
+                        view,
+                        sop,
+                    )
                 else:
                     unfollowed.append((view, sop))
                 continue
@@ -78,62 +89,98 @@ def analyze(cap, views: list, rep: Report, model: KvModel) -> None:
                 continue
             tt, tg, td = cap.tensors[at].coord(ae)
             if tt in padding:
-                flag("padding", "kv-padding",
-                     f"token {tt} is padding (slot -1) but its {at} is written into {cache} (slot {slot})",
-                     view, _guard_op(view, sop) or sop)
+                flag(
+                    "padding",
+                    "kv-padding",
+                    f"token {tt} is padding (slot -1) but its {at} is written into {cache} (slot {slot})",
+                    view,
+                    _guard_op(view, sop) or sop,
+                )
                 continue
             if at != src:
-                flag("source", "kv-source", f"{cache} receives {at} data (token {tt}); it must hold {src}",
-                     view, sop)
+                flag("source", "kv-source", f"{cache} receives {at} data (token {tt}); it must hold {src}", view, sop)
                 continue
             if abs(coef - 1.0) > 1e-6 or abs(const) > 1e-6:
-                flag("scaled", "kv-source", f"{cache} receives {coef:g} * {at} + {const:g}, not {at} itself",
-                     view, sop)
+                flag("scaled", "kv-source", f"{cache} receives {coef:g} * {at} + {const:g}, not {at} itself", view, sop)
                 continue
             want_slot = slots[tt]
             if slot != want_slot:
                 misplaced.add(tt)
                 owner = token_of_slot.get(slot)
                 if owner is None:
-                    flag("stray", "stray-write",
-                         f"token {tt} (slot {want_slot}) head {tg} is written to slot {slot} of {cache} "
-                         f"(block {blk}, offset {off}; block_size {bs}), which no token of the call owns",
-                         view, sop)
+                    flag(
+                        "stray",
+                        "stray-write",
+                        f"token {tt} (slot {want_slot}) head {tg} is written to slot {slot} of {cache} "
+                        f"(block {blk}, offset {off}; block_size {bs}), which no token of the call owns",
+                        view,
+                        sop,
+                    )
                 else:
-                    flag("slot", "kv-slot",
-                         f"token {tt} (slot {want_slot}) is written over token {owner}'s slot {slot} of {cache} "
-                         f"(block {blk}, offset {off}; block_size {bs})", view, sop)
+                    flag(
+                        "slot",
+                        "kv-slot",
+                        f"token {tt} (slot {want_slot}) is written over token {owner}'s slot {slot} of {cache} "
+                        f"(block {blk}, offset {off}; block_size {bs})",
+                        view,
+                        sop,
+                    )
                 continue
             if (tg, td) != (g, d):
-                flag("head-dim", "stride",
-                     f"{cache}[slot {slot}] head {g} dim {d} receives head {tg} dim {td} of token {tt}",
-                     view, sop)
+                flag(
+                    "head-dim",
+                    "stride",
+                    f"{cache}[slot {slot}] head {g} dim {d} receives head {tg} dim {td} of token {tt}",
+                    view,
+                    sop,
+                )
                 continue
             written[(tt, g, d)] = True
-        missing = [(t, g, d) for t in range(T) if t not in padding for g in range(Hkv) for d in range(D)
-                   if (t, g, d) not in written]
+        missing = [
+            (t, g, d)
+            for t in range(T)
+            if t not in padding
+            for g in range(Hkv)
+            for d in range(D)
+            if (t, g, d) not in written
+        ]
         if unfollowed:
             view, sop = unfollowed[0]
-            rep.notice("kv-values", f"could not verify {len(unfollowed)} stored element(s) of {cache}: the value is "
-                                    f"not a single element of key or value", sop, view)
+            rep.notice(
+                "kv-values",
+                f"could not verify {len(unfollowed)} stored element(s) of {cache}: the value is "
+                f"not a single element of key or value",
+                sop,
+                view,
+            )
         incomplete = bool(unfollowed)
         lost = sorted({t for t, _, _ in missing} & misplaced)
         if lost:
             view, store = views[0], _store_op(views, cache)
-            rep.finding("kv-slot", "kv-slot",
-                        f"{kname(view)}: the slots of token(s) {lost[:4]} do not receive their {src}: it is written "
-                        f"elsewhere in {cache}", store, view)
+            rep.finding(
+                "kv-slot",
+                "kv-slot",
+                f"{kname(view)}: the slots of token(s) {lost[:4]} do not receive their {src}: it is written "
+                f"elsewhere in {cache}",
+                store,
+                view,
+            )
         missing = [m for m in missing if m[0] not in misplaced]
         if missing and not incomplete and not any(k[1] in ("kv-source", "stride") for k in problems):
             heads = sorted({g for _, g, _ in missing})
             dims = sorted({d for _, _, d in missing})
             view = views[0]
             store = _store_op(views, cache)
-            rep.finding("kv-coverage", "kv-coverage",
-                        f"{kname(view)}: {len(missing)} of {(T - len(padding)) * Hkv * D} elements of the new "
-                        f"tokens are never written to {cache} (heads {heads[:4]}{'...' if len(heads) > 4 else ''},"
-                        f" dims {dims[0]}..{dims[-1]})", _mask_op(store) if store is not None else None, view,
-                        where=None if store is not None else (view.launch.path, view.launch.line))
+            rep.finding(
+                "kv-coverage",
+                "kv-coverage",
+                f"{kname(view)}: {len(missing)} of {(T - len(padding)) * Hkv * D} elements of the new "
+                f"tokens are never written to {cache} (heads {heads[:4]}{'...' if len(heads) > 4 else ''},"
+                f" dims {dims[0]}..{dims[-1]})",
+                _mask_op(store) if store is not None else None,
+                view,
+                where=None if store is not None else (view.launch.path, view.launch.line),
+            )
         for (key, cls), (msg, view, op, n) in problems.items():
             rep.finding(f"kv-{key}", cls, f"{kname(view)}: {msg} ({n} element(s))", op, view)
     for view in views:
@@ -213,14 +260,23 @@ def _stray_stores(cap, views, rep, names, padding) -> None:
             # whose data is it?
             from_pad = _tokens_of(cap, view, acc, bad) & padding
             if from_pad:
-                rep.finding("kv-padding", "kv-padding",
-                            f"{kname(view)}: padding token(s) {sorted(from_pad)[:4]} (slot -1) are stored "
-                            f"{'outside ' + t if t in CACHES else 'into ' + t}", _guard_op(view, acc.op) or acc.op,
-                            view)
+                rep.finding(
+                    "kv-padding",
+                    "kv-padding",
+                    f"{kname(view)}: padding token(s) {sorted(from_pad)[:4]} (slot -1) are stored "
+                    f"{'outside ' + t if t in CACHES else 'into ' + t}",
+                    _guard_op(view, acc.op) or acc.op,
+                    view,
+                )
             else:
                 where = f"outside {t} {list(cap.tensors[t].shape)}" if t in CACHES else f"into {t}"
-                rep.finding("stray-write", "stray-write",
-                            f"{kname(view)}: {int(bad.sum())} element(s) stored {where}", acc.op, view)
+                rep.finding(
+                    "stray-write",
+                    "stray-write",
+                    f"{kname(view)}: {int(bad.sum())} element(s) stored {where}",
+                    acc.op,
+                    view,
+                )
 
 
 def _tokens_of(cap, view, acc, lanes) -> set:
@@ -241,6 +297,7 @@ def _tokens_of(cap, view, acc, lanes) -> set:
 
 # --------------------------------------------------------------------------- 64-bit addressing
 
+
 def check_widths(cap, view, rep: Report) -> None:
     """A slot-derived offset into a cache computed or applied in 32 bits."""
     seen = set()
@@ -252,10 +309,15 @@ def check_widths(cap, view, rep: Report) -> None:
                 continue
             seen.add(bad)
             what = "pointer offset" if bad.name == "tt.addptr" else bad.name.split(".")[-1]
-            rep.finding("offset-overflow", "offset-overflow",
-                        f"{kname(view)}: a slot-derived {what} into {view.stores[op]} is computed in "
-                        f"{_bits_of(bad)}-bit arithmetic; it overflows once the cache passes 2^31 elements "
-                        f"(compute the offset in int64)", bad, view)
+            rep.finding(
+                "offset-overflow",
+                "offset-overflow",
+                f"{kname(view)}: a slot-derived {what} into {view.stores[op]} is computed in "
+                f"{_bits_of(bad)}-bit arithmetic; it overflows once the cache passes 2^31 elements "
+                f"(compute the offset in int64)",
+                bad,
+                view,
+            )
 
 
 def _bits_of(op) -> int:
@@ -263,10 +325,29 @@ def _bits_of(op) -> int:
     return v.type.bits
 
 
-_PASS = ("arith.addi", "arith.subi", "arith.muli", "arith.divsi", "arith.divui", "arith.floordivsi",
-         "arith.ceildivsi", "arith.shli", "arith.shrsi", "arith.shrui", "arith.extsi", "arith.extui",
-         "arith.trunci", "arith.select", "arith.maxsi", "arith.minsi", "tt.splat", "tt.broadcast",
-         "tt.expand_dims", "tt.reshape", "arith.index_cast")
+_PASS = (
+    "arith.addi",
+    "arith.subi",
+    "arith.muli",
+    "arith.divsi",
+    "arith.divui",
+    "arith.floordivsi",
+    "arith.ceildivsi",
+    "arith.shli",
+    "arith.shrsi",
+    "arith.shrui",
+    "arith.extsi",
+    "arith.extui",
+    "arith.trunci",
+    "arith.select",
+    "arith.maxsi",
+    "arith.minsi",
+    "tt.splat",
+    "tt.broadcast",
+    "tt.expand_dims",
+    "tt.reshape",
+    "arith.index_cast",
+)
 
 
 class _Scale:
@@ -317,8 +398,11 @@ def _narrow_slot_math(view, ptr):
             off = op.operands[1]
             if off.type.bits <= 32 and sc.product(off):
                 out.append(op)
-        elif op.name in ("arith.muli", "arith.shli", "arith.addi") and op.result.type.bits <= 32 and \
-                sc.product(op.result):
+        elif (
+            op.name in ("arith.muli", "arith.shli", "arith.addi")
+            and op.result.type.bits <= 32
+            and sc.product(op.result)
+        ):
             out.append(op)
         elif op.name == "arith.trunci" and op.result.type.bits <= 32 and sc.product(op.operands[0]):
             out.append(op)

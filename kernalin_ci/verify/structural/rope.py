@@ -17,6 +17,7 @@ built). Each output element is then compared with the definition:
 * each output element reads its own token and head of its own tensor (`stride`),
   and a cos/sin table is read at row positions[t] (`stride` for a wrong row pitch).
 """
+
 from __future__ import annotations
 
 import math
@@ -31,7 +32,7 @@ TOL = 3e-3
 
 class RopeModel:
     linear = True
-    host_tables = True   # a cos/sin table built by the entry is read with its values
+    host_tables = True  # a cos/sin table built by the entry is read with its values
 
     def __init__(self, cap):
         self.cap = cap
@@ -41,6 +42,7 @@ class RopeModel:
 
 
 # --------------------------------------------------------------------------- expected forms
+
 
 def partner(i: np.ndarray, r: int, style: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(partner index, sign of the partner's sin coefficient, frequency index) for dims i < r."""
@@ -75,8 +77,12 @@ def _low_precision_angle(view: KernelView):
                 continue
             seen.add(id(v))
             op = v.owner
-            if op.name.startswith(("arith.", "math.")) and op.name not in ("arith.constant",) and \
-                    op.result.type.elem in LOW and op.name not in ("arith.truncf",):
+            if (
+                op.name.startswith(("arith.", "math."))
+                and op.name not in ("arith.constant",)
+                and op.result.type.elem in LOW
+                and op.name not in ("arith.truncf",)
+            ):
                 return op
             if op.name == "arith.truncf" and op.result.type.elem in LOW:
                 return op
@@ -112,6 +118,7 @@ def _angle_op(view: KernelView, part: str = "angle"):
 
 # --------------------------------------------------------------------------- gathering the stored forms
 
+
 def stored_forms(views: list, tensor: str, names: list):
     """{element: (view, store op, {(atom tensor, atom element): coef}, const, linear)} for one output tensor."""
     out = {}
@@ -138,8 +145,13 @@ def stored_forms(views: list, tensor: str, names: list):
                     key = (names[int(at[k])], int(ae[k]))
                     per_lane[k][key] = per_lane[k].get(key, 0.0) + float(cf[k])
             for k in range(elems.size):
-                out[int(elems[k])] = (view, acc.op, {a: c for a, c in per_lane[k].items() if c != 0.0},
-                                      float(const[k]), bool(lin[k]))
+                out[int(elems[k])] = (
+                    view,
+                    acc.op,
+                    {a: c for a, c in per_lane[k].items() if c != 0.0},
+                    float(const[k]),
+                    bool(lin[k]),
+                )
     return out
 
 
@@ -153,6 +165,7 @@ def _load_op_for(views, tensor_name):
 
 # --------------------------------------------------------------------------- the checks
 
+
 def analyze(cap, views: list, rep: Report, model: RopeModel) -> None:
     params = cap.params
     style = params.get("style", "neox")
@@ -164,9 +177,14 @@ def analyze(cap, views: list, rep: Report, model: RopeModel) -> None:
         low = low or (_low_precision_angle(view), view)
         op = _low_precision_angle(view)
         if op is not None:
-            rep.finding("rope-precision", "precision",
-                        f"{kname(view)}: the rotation angle is computed in {op.result.type.elem} "
-                        f"(positions up to {max(positions)} need float32)", op, view)
+            rep.finding(
+                "rope-precision",
+                "precision",
+                f"{kname(view)}: the rotation angle is computed in {op.result.type.elem} "
+                f"(positions up to {max(positions)} need float32)",
+                op,
+                view,
+            )
     _low_precision_table(cap, views, rep)
     table_wrong = _check_tables(cap, views, rep, positions)
     for src in ("q", "k"):
@@ -174,8 +192,18 @@ def analyze(cap, views: list, rep: Report, model: RopeModel) -> None:
         if out_name is None:
             rep.notice("rope", f"could not verify rope output {src}")
             continue
-        _check_output(cap, views, rep, src, out_name, names, style, base, positions,
-                      skip_angles=table_wrong or rep.has("precision"))
+        _check_output(
+            cap,
+            views,
+            rep,
+            src,
+            out_name,
+            names,
+            style,
+            base,
+            positions,
+            skip_angles=table_wrong or rep.has("precision"),
+        )
 
 
 def _low_precision_table(cap, views, rep) -> None:
@@ -189,9 +217,14 @@ def _low_precision_table(cap, views, rep) -> None:
                 continue
             info = cap.tensors[view.names[int(np.asarray(acc.tensor).reshape(-1)[0])]]
             if info.role == "scratch" and info.init == "data" and info.dtype in ("float16", "bfloat16"):
-                rep.finding("rope-precision", "precision",
-                            f"{kname(view)}: q and k are float32 but the table {list(info.shape)} they are rotated "
-                            f"with is held in {info.dtype}", acc.op, view)
+                rep.finding(
+                    "rope-precision",
+                    "precision",
+                    f"{kname(view)}: q and k are float32 but the table {list(info.shape)} they are rotated "
+                    f"with is held in {info.dtype}",
+                    acc.op,
+                    view,
+                )
                 return
 
 
@@ -221,7 +254,7 @@ def _check_tables(cap, views, rep, positions) -> bool:
             toks = token_of.get(acc.program, set())
             if len(toks) != 1:
                 continue
-            tok, = toks
+            (tok,) = toks
             m = acc.mask & acc.inb
             if not m.any():
                 continue
@@ -231,13 +264,22 @@ def _check_tables(cap, views, rep, positions) -> bool:
                 wrong = True
                 got = sorted({int(r) for r in rows.reshape(-1)})[:3]
                 if set(got) == {tok} and tok != want:
-                    rep.finding("rope-position", "rope-position",
-                                f"{kname(view)}: token {tok} reads table row {tok} (its index), not its position "
-                                f"{want}", acc.op, view)
+                    rep.finding(
+                        "rope-position",
+                        "rope-position",
+                        f"{kname(view)}: token {tok} reads table row {tok} (its index), not its position {want}",
+                        acc.op,
+                        view,
+                    )
                 else:
-                    rep.finding("rope-table", "stride",
-                                f"{kname(view)}: token {tok} at position {want} reads table row(s) {got} of "
-                                f"{t} {list(info.shape)} (a wrong row stride or index)", acc.op, view)
+                    rep.finding(
+                        "rope-table",
+                        "stride",
+                        f"{kname(view)}: token {tok} at position {want} reads table row(s) {got} of "
+                        f"{t} {list(info.shape)} (a wrong row stride or index)",
+                        acc.op,
+                        view,
+                    )
     return wrong
 
 
@@ -249,8 +291,20 @@ def _check_output(cap, views, rep, src, out_name, names, style, base, positions,
     check_rotation(cap, views, rep, src, rows, oinfo.shape, in_place, style, base, positions, skip_angles)
 
 
-def check_rotation(cap, views, rep, src, rows: dict, shape: tuple, in_place: bool, style: str, base: float,
-                   positions: list, skip_angles: bool, unwritten: str = "unwritten-output") -> None:
+def check_rotation(
+    cap,
+    views,
+    rep,
+    src,
+    rows: dict,
+    shape: tuple,
+    in_place: bool,
+    style: str,
+    base: float,
+    positions: list,
+    skip_angles: bool,
+    unwritten: str = "unwritten-output",
+) -> None:
     """Judge the stored form of every element (t, h, i) of the rotated `src` (`rows`: (t, h, i) -> the form
     `stored_forms` gives, or None where nothing was stored) against the definition. `unwritten`: the class
     of a rotated element never stored."""
@@ -265,16 +319,21 @@ def check_rotation(cap, views, rep, src, rows: dict, shape: tuple, in_place: boo
         problems[(key, cls)] = (m, v, o, n + 1)
 
     opaque = 0
-    angles: dict = {}   # token -> [(dim, frequency index, angle found, view)]
+    angles: dict = {}  # token -> [(dim, frequency index, angle found, view)]
     theta = base ** (-2.0 * np.arange(r // 2) / r)
     for (t, h, i), form in rows.items():
         if form is None:
             if i >= r and in_place:
                 continue
             if i >= r:
-                flag("passthrough-unwritten", "rope-passthrough",
-                     f"dims {r}..{D - 1} of {src} (past rotary_dim {r}) are never written to the output, which "
-                     f"does not already hold {src}", None, None)
+                flag(
+                    "passthrough-unwritten",
+                    "rope-passthrough",
+                    f"dims {r}..{D - 1} of {src} (past rotary_dim {r}) are never written to the output, which "
+                    f"does not already hold {src}",
+                    None,
+                    None,
+                )
             else:
                 flag("unwritten", unwritten, f"rotated dims of {src} are never written", None, None)
             continue
@@ -288,15 +347,25 @@ def check_rotation(cap, views, rep, src, rows: dict, shape: tuple, in_place: boo
             a = foreign[0]
             co = cap.tensors[a[0]].coord(a[1]) if a[0] in cap.tensors else ()
             bview, bop = _block_op(views, a)
-            flag("foreign", "stride",
-                 f"{src}_out[{t}, {h}, {i}] is computed from {a[0]}{list(int(x) for x in co)} instead of "
-                 f"{src}[{t}, {h}, ...]: wrong tensor, token or head (stride)", bview or view, bop or sop)
+            flag(
+                "foreign",
+                "stride",
+                f"{src}_out[{t}, {h}, {i}] is computed from {a[0]}{list(int(x) for x in co)} instead of "
+                f"{src}[{t}, {h}, ...]: wrong tensor, token or head (stride)",
+                bview or view,
+                bop or sop,
+            )
             continue
         dims = {cap.tensors[a[0]].coord(a[1])[2]: c for a, c in atoms.items()}
         if i >= r:
             if not (len(dims) == 1 and i in dims and abs(dims[i] - 1.0) < TOL and abs(const) < TOL):
-                flag("passthrough", "rope-passthrough",
-                     f"{src} dim {i} (past rotary_dim {r}) is not passed through unchanged", view, _value_op(sop))
+                flag(
+                    "passthrough",
+                    "rope-passthrough",
+                    f"{src} dim {i} (past rotary_dim {r}) is not passed through unchanged",
+                    view,
+                    _value_op(sop),
+                )
             continue
         p, s, j = partner(np.array(i), r, style)
         p, s, j = int(p), float(s), int(j)
@@ -304,13 +373,22 @@ def check_rotation(cap, views, rep, src, rows: dict, shape: tuple, in_place: boo
         if others or i not in dims:
             got = sorted(int(d) for d in dims if d != i)
             if r < D and got == [int(partner(np.array(i), D, style)[0])]:
-                flag("passthrough-whole", "rope-passthrough",
-                     f"{src} dim {i} is paired with dim {got[0]} as if rotary_dim were the head dim {D}: "
-                     f"rotary_dim {r} is ignored", view, _partner_load(views, atoms, src, i) or sop)
+                flag(
+                    "passthrough-whole",
+                    "rope-passthrough",
+                    f"{src} dim {i} is paired with dim {got[0]} as if rotary_dim were the head dim {D}: "
+                    f"rotary_dim {r} is ignored",
+                    view,
+                    _partner_load(views, atoms, src, i) or sop,
+                )
                 continue
-            flag("pairing", "rope-pairing",
-                 f"{src} dim {i} is rotated with dim(s) {got}, but {style} pairs it with dim {p}", view,
-                 _partner_load(views, atoms, src, i) or sop)
+            flag(
+                "pairing",
+                "rope-pairing",
+                f"{src} dim {i} is rotated with dim(s) {got}, but {style} pairs it with dim {p}",
+                view,
+                _partner_load(views, atoms, src, i) or sop,
+            )
             continue
         a = positions[t] * theta[j]
         cs, cp = dims.get(i, 0.0), dims.get(p, 0.0)
@@ -318,9 +396,13 @@ def check_rotation(cap, views, rep, src, rows: dict, shape: tuple, in_place: boo
         if abs(cs - want_c) < TOL and abs(cp - want_p) < TOL:
             continue
         if abs(cs - want_c) < TOL and abs(cp + want_p) < TOL:
-            flag("sign", "rope-sign",
-                 f"{src} dim {i}: the sin term has the wrong sign ({'+' if cp > 0 else '-'}x[{p}] sin a)",
-                 view, _value_op(sop))
+            flag(
+                "sign",
+                "rope-sign",
+                f"{src} dim {i}: the sin term has the wrong sign ({'+' if cp > 0 else '-'}x[{p}] sin a)",
+                view,
+                _value_op(sop),
+            )
             continue
         if skip_angles:
             continue
@@ -329,18 +411,22 @@ def check_rotation(cap, views, rep, src, rows: dict, shape: tuple, in_place: boo
         cls, why = _explain_angles(lanes, positions, t, theta, r)
         flag("angle-" + cls, cls, f"{src}[{t}]: {why}", lanes[0][3], None)
     if opaque:
-        rep.notice("rope-values", f"could not verify {opaque} element(s) of {src}'s output: their value is not "
-                                  f"a linear form of the input the analysis can follow")
+        rep.notice(
+            "rope-values",
+            f"could not verify {opaque} element(s) of {src}'s output: their value is not "
+            f"a linear form of the input the analysis can follow",
+        )
     for (key, cls), (msg, view, op, n) in problems.items():
         if view is None:
             view = views[0]
         if op is None and key.startswith("angle"):
-            op = _angle_op(view, "position" if cls == "rope-position" else "frequency") or \
-                _load_op_for(views, "positions")[1]
+            op = (
+                _angle_op(view, "position" if cls == "rope-position" else "frequency")
+                or _load_op_for(views, "positions")[1]
+            )
         where = None if op is not None else (view.launch.path, view.launch.line)
         unit = "token(s)" if key.startswith("angle") else "element(s)"
-        rep.finding(f"rope-{key.split('-')[0]}", cls, f"{kname(view)}: {msg} ({n} {unit})", op, view,
-                    where=where)
+        rep.finding(f"rope-{key.split('-')[0]}", cls, f"{kname(view)}: {msg} ({n} {unit})", op, view, where=where)
 
 
 def _same_row(info, elem: int, t: int, h: int) -> bool:
@@ -378,19 +464,23 @@ def cap_dim(views, atom) -> int:
 
 def _explain_angles(lanes, positions, t, theta, r) -> tuple[str, str]:
     """rope-position when every wrong angle of token t is some other position's, rope-frequency otherwise."""
+
     def same(a, b):
         d = (a - b + math.pi) % (2 * math.pi) - math.pi
         return abs(d) < 5e-3
 
-    cands = [(t, "the token index"), (0, "position 0")] + \
-        [(p, f"the position of token {k}") for k, p in enumerate(positions) if k != t]
+    cands = [(t, "the token index"), (0, "position 0")] + [
+        (p, f"the position of token {k}") for k, p in enumerate(positions) if k != t
+    ]
     for cand, what in cands:
         if cand != positions[t] and all(same(got, cand * theta[j]) for _, j, got, _ in lanes):
             return "rope-position", f"the angle is {what} ({cand}) times theta, not position {positions[t]}"
     i, j, got, _ = lanes[0]
     want = positions[t] * theta[j]
-    return "rope-frequency", (f"dim {i}: the angle is {got:.5f} (mod 2 pi) but position {positions[t]} * "
-                              f"base^(-2*{j}/{r}) = {(want + math.pi) % (2 * math.pi) - math.pi:.5f}")
+    return "rope-frequency", (
+        f"dim {i}: the angle is {got:.5f} (mod 2 pi) but position {positions[t]} * "
+        f"base^(-2*{j}/{r}) = {(want + math.pi) % (2 * math.pi) - math.pi:.5f}"
+    )
 
 
 ANALYSIS = Analysis(RopeModel, analyze)

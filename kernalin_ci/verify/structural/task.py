@@ -5,6 +5,7 @@ TRITON_INTERPRET off: the kernels are compiled for sm_90 on the CPU and never
 launched. One event carries the result back:
 `{"event": "structural-done", "findings": [...], "notices": [...], "kernels": [...], "seconds": {...}}`.
 """
+
 from __future__ import annotations
 
 import os
@@ -60,14 +61,13 @@ def analyze_entry(op_name: str, fn, params: dict, root: str | None = None, domai
         break
     if cap is None:
         more = f" ({len(refused)} shapes tried)" if len(refused) > 1 else ""
-        return _result(rep, kernels, times, root, not_analysed=(refused[0] if refused else "no capture call")
-                       + more)
+        return _result(rep, kernels, times, root, not_analysed=(refused[0] if refused else "no capture call") + more)
     analysed_at = shape_label(case)
     for note in cap.notes:
         rep.notice("capture", note)
     model = analysis.model(cap)
     views = []
-    shadow: dict = {}   # memory written by earlier launches (split-KV partials)
+    shadow: dict = {}  # memory written by earlier launches (split-KV partials)
     complete = True
     unfollowed = []
     for la, module in zip(cap.launches, modules):
@@ -87,8 +87,16 @@ def analyze_entry(op_name: str, fn, params: dict, root: str | None = None, domai
             times["interpret"] += time.perf_counter() - t2
         view = KernelView(la, module, trace, cap, list(cap.tensors))
         views.append(view)
-        kernels.append({"kernel": la.kernel, "grid": list(la.grid), "path": la.path, "line": la.line,
-                        "ops": sum(1 for _ in module.walk()), "programs": trace.programs})
+        kernels.append(
+            {
+                "kernel": la.kernel,
+                "grid": list(la.grid),
+                "path": la.path,
+                "line": la.line,
+                "ops": sum(1 for _ in module.walk()),
+                "programs": trace.programs,
+            }
+        )
     t3 = time.perf_counter()
     if views and complete:
         link_views(views)
@@ -97,8 +105,11 @@ def analyze_entry(op_name: str, fn, params: dict, root: str | None = None, domai
             check_precision(view, rep)
         analysis.analyze(cap, views, rep, model)
     elif views:
-        rep.notice("structural", "could not verify the whole entry: some of its kernels could not be followed "
-                                 "(the checks that need every kernel were skipped)")
+        rep.notice(
+            "structural",
+            "could not verify the whole entry: some of its kernels could not be followed "
+            "(the checks that need every kernel were skipped)",
+        )
         for view in views:
             check_bounds(view, rep)
             check_precision(view, rep)
@@ -112,11 +123,19 @@ def _result(rep, kernels, times, root, not_analysed: str | None = None, shape: s
         if item.location is not None:
             p = os.path.realpath(item.location.path)
             if p.startswith(base):
-                item.location.path = p[len(base):]
-    status = ({"status": "not-analysed", "cause": not_analysed, "shape": None} if not_analysed else
-              {"status": "analysed", "cause": None, "shape": shape})
-    return {"findings": [f.to_json() for f in rep.findings], "notices": [n.to_json() for n in rep.notices],
-            "kernels": kernels, "seconds": {k: round(v, 4) for k, v in times.items()}, "status": status}
+                item.location.path = p[len(base) :]
+    status = (
+        {"status": "not-analysed", "cause": not_analysed, "shape": None}
+        if not_analysed
+        else {"status": "analysed", "cause": None, "shape": shape}
+    )
+    return {
+        "findings": [f.to_json() for f in rep.findings],
+        "notices": [n.to_json() for n in rep.notices],
+        "kernels": kernels,
+        "seconds": {k: round(v, 4) for k, v in times.items()},
+        "status": status,
+    }
 
 
 def run_job(job: dict, emit) -> None:

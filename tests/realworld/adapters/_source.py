@@ -6,6 +6,7 @@ these adapters), else the extracted originals in `.cache/realworld/src/`. `stubs
 package utilities a module imports (our own few lines, e.g. `is_hip`), so no serving stack has to be
 installed; they are removed from `sys.modules` again once the module is loaded.
 """
+
 from __future__ import annotations
 
 import importlib.util

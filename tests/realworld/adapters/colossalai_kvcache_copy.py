@@ -6,6 +6,7 @@ position kv_length - 1 through the sequence's block table, so each token becomes
 block table [slot // block_size], kv_length slot % block_size + 1. Padding tokens (slot -1) are left
 out on the host, as ColossalAI's batch holds only live sequences.
 """
+
 from _source import load
 
 _kernel = load("colossalai-0.5.0", "colossalai/kernel/triton/kvcache_copy.py")
@@ -17,5 +18,6 @@ def entry(key, value, k_cache, v_cache, slot_mapping):
     slots = slot_mapping[keep]
     block_tables = (slots // bs)[:, None]
     kv_lengths = slots % bs + 1
-    _kernel.copy_kv_to_blocked_cache(key[keep], value[keep], k_cache.permute(0, 2, 1, 3),
-                                     v_cache.permute(0, 2, 1, 3), kv_lengths, block_tables)
+    _kernel.copy_kv_to_blocked_cache(
+        key[keep], value[keep], k_cache.permute(0, 2, 1, 3), v_cache.permute(0, 2, 1, 3), kv_lengths, block_tables
+    )

@@ -3,10 +3,11 @@
 ColossalAI passes per-token cos/sin rows [T, D / 2] (gathered from its cache by position), in the
 activation dtype.
 """
+
 import torch
+from _source import load
 
 import kernalin_ci
-from _source import load
 
 _kernel = load("colossalai-0.5.0", "colossalai/kernel/triton/no_pad_rotary_embedding.py")
 

@@ -4,10 +4,11 @@ Liger takes q [batch, heads, seq, D] as a transposed view of a [batch, seq, head
 HF-style cos/sin [1, seq, D] (the half table repeated); our [T, H, D] is that buffer with batch 1, so
 the adapter passes views and gets q and k rotated in place.
 """
+
 import torch
+from _source import load
 
 import kernalin_ci
-from _source import load
 
 _kernel = load("liger-kernel-0.8.5", "liger_kernel/ops/rope.py")
 

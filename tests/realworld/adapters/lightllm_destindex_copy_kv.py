@@ -5,6 +5,7 @@ paged cache [num_blocks, block_size, Hkv, D] is that pool viewed with one token 
 so the adapter passes a view. The kernel has no padding convention: padding tokens (slot -1) are left out
 on the host before the launch, as LightLLM's scheduler does.
 """
+
 from _source import load
 
 _kernel = load("lightllm-0.0.1", "lightllm/common/basemodel/triton_kernel/destindex_copy_kv.py")

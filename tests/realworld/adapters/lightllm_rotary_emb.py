@@ -3,10 +3,11 @@
 LightLLM gathers per-token cos/sin rows [T, rotary_dim / 2] from a table built in float32 and cast to the
 activation dtype; the adapter forms the same rows for the given positions.
 """
+
 import torch
+from _source import load
 
 import kernalin_ci
-from _source import load
 
 _kernel = load("lightllm-0.0.1", "lightllm/models/llama/triton_kernel/rotary_emb.py")
 

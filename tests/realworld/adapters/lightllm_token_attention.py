@@ -6,9 +6,9 @@ block table is its request-to-token table; both are views. Like LightLLM's llama
 keeps the scores and probabilities in a [Hq, total_tokens] buffer of the activation dtype. LightLLM's
 score launcher fixes the scale at 1/sqrt(D); the adapter launches that kernel with the call's scale.
 """
+
 import torch
 import triton
-
 from _source import load
 
 _att1 = load("lightllm-0.0.1", "lightllm/models/llama/triton_kernel/token_attention_nopad_att1.py")
@@ -26,13 +26,29 @@ def entry(q, k_cache, v_cache, block_tables, kv_lens, scale):
     b_req_idx = torch.arange(B, dtype=torch.int32, device=dev)
     att = torch.empty((hq, sum(lens)), dtype=q.dtype, device=dev)
     _att1._fwd_kernel_token_att1[(B, hq, triton.cdiv(max(lens), BLOCK))](
-        q, k, scale, block_tables, b_req_idx, start_loc, kv_lens, att,
-        block_tables.stride(0), block_tables.stride(1),
-        q.stride(0), q.stride(1), q.stride(2),
-        k.stride(0), k.stride(1), k.stride(2),
-        att.stride(0), att.stride(1),
-        kv_group_num=hq // k.shape[1], BLOCK_DMODEL=d, BLOCK_N=BLOCK,
-        num_warps=4 if hq == k.shape[1] else 2, num_stages=1,
+        q,
+        k,
+        scale,
+        block_tables,
+        b_req_idx,
+        start_loc,
+        kv_lens,
+        att,
+        block_tables.stride(0),
+        block_tables.stride(1),
+        q.stride(0),
+        q.stride(1),
+        q.stride(2),
+        k.stride(0),
+        k.stride(1),
+        k.stride(2),
+        att.stride(0),
+        att.stride(1),
+        kv_group_num=hq // k.shape[1],
+        BLOCK_DMODEL=d,
+        BLOCK_N=BLOCK,
+        num_warps=4 if hq == k.shape[1] else 2,
+        num_stages=1,
     )
     prob = torch.empty_like(att)
     _softmax.token_softmax_fwd(att, start_loc, kv_lens, prob, max(lens))

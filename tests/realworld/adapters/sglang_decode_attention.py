@@ -7,12 +7,15 @@ SGLang addresses it through kv_indptr / kv_indices (each request's token indices
 adapter builds from the block table as SGLang's attention backend does from req_to_token. Splits: SGLang's
 default maximum of 8 per request.
 """
-import torch
 
+import torch
 from _source import load
 
-_m = load("sglang-0.4.6.post5", "sglang/srt/layers/attention/triton_ops/decode_attention.py",
-          stubs={"sglang.srt.utils": {"is_hip": lambda: False}})
+_m = load(
+    "sglang-0.4.6.post5",
+    "sglang/srt/layers/attention/triton_ops/decode_attention.py",
+    stubs={"sglang.srt.utils": {"is_hip": lambda: False}},
+)
 MAX_KV_SPLITS = 8
 
 
@@ -28,6 +31,7 @@ def entry(q, k_cache, v_cache, block_tables, kv_lens, scale):
     attn_lse = torch.empty((B, hq, MAX_KV_SPLITS), dtype=torch.float32, device=dev)
     num_kv_splits = torch.full((B,), MAX_KV_SPLITS, dtype=torch.int32, device=dev)
     out = torch.empty_like(q)
-    _m.decode_attention_fwd(q, k_buffer, v_buffer, out, kv_indptr, kv_indices, attn_logits, attn_lse,
-                            num_kv_splits, MAX_KV_SPLITS, scale)
+    _m.decode_attention_fwd(
+        q, k_buffer, v_buffer, out, kv_indptr, kv_indices, attn_logits, attn_lse, num_kv_splits, MAX_KV_SPLITS, scale
+    )
     return out
