@@ -7,33 +7,22 @@ pending in the job store)."""
 from __future__ import annotations
 
 import logging
-import threading
 
+from kernalin_ci.daemon.loop import BackgroundLoop
 from kernalin_ci.history.model import run_from_report
 
 log = logging.getLogger("kernalin_ci.daemon")
 RETRY_S = 30.0
 
 
-class Recorder:
+class Recorder(BackgroundLoop):
+    thread_name = "kernalin-history"
+
     def __init__(self, store, history, settings):
+        super().__init__()
         self.store, self.history, self.settings = store, history, settings
-        self.wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
-    def start(self) -> Recorder:
-        self._thread = threading.Thread(target=self._run, name="kernalin-history", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self.wake.set()
-        if self._thread:
-            self._thread.join(timeout=10)
-
-    def _run(self) -> None:
+    def _loop(self) -> None:
         while not self._stop.is_set():
             try:
                 self.record_pending()
