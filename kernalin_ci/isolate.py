@@ -179,7 +179,8 @@ def run_task(
                 break
             outcome.events.append(ev)
             kind = ev.get("event")
-            if kind in ("done", "usage-error", "internal-error", "restart"):
+            if kind in ("done", "usage-error", "internal-error", "restart") and outcome.status != "restart":
+                # a task that asks for a fresh worker (the CUDA context is lost) still ends with "done"
                 outcome.status = "ok" if kind == "done" else kind
                 outcome.detail = ev.get("message", ev.get("reason", ""))
             if on_event and on_event(ev) is False:  # the parent refuses the child's reports: stop it
