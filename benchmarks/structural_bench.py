@@ -12,8 +12,9 @@ finding), "FALSE" (correct kernel with a finding).
 
 Runs entirely on the CPU, with the Triton found in the environment (no GPU, no
 network): on the H200 image this measures Triton 3.6. The user's kernels are
-imported into this process (the catalogue is ours); `kernalin-ci verify` runs
-the same analysis in a worker child. --end-to-end N also times N full
+imported into this process (the catalogue is ours), and the material goes
+through the same file a worker writes; `kernalin-ci verify` captures and
+compiles in a worker child and analyses in the parent. --end-to-end N also times N full
 `kernalin-ci verify --only structural` commands (process start and imports
 included).
 """
@@ -51,7 +52,7 @@ def run_one(path: str) -> dict:
     from kernalin_ci.entry import load_entry
     from kernalin_ci.ops import get_op
     from kernalin_ci.ops.base import resolve_params
-    from kernalin_ci.verify.structural.task import analyze_entry
+    from kernalin_ci.verify.structural.analyse import analyze_entry
 
     cat = catalogue_entry(path)
     op = cat["op"]
@@ -157,7 +158,7 @@ def main(argv=None) -> int:
             f"{row['verdict']:7s} {row['file']:58s} expected={str(row['expected']):22s} "
             f"found=[{found}] notices={len(row['notices'])} "
             f"t={s.get('total', 0):.2f}s cpu={s.get('cpu', 0):.2f}s (capture {s.get('capture', 0):.2f}, "
-            f"compile {s.get('compile', 0):.2f}, "
+            f"compile {s.get('compile', 0):.2f}, parse {s.get('parse', 0):.2f}, "
             f"interpret {s.get('interpret', 0):.2f}, analyse {s.get('analyse', 0):.2f})",
             flush=True,
         )

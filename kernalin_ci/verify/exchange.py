@@ -106,10 +106,10 @@ def save(directory: str, name: str, raw: dict) -> str:
 # ------------------------------------------------------------------ parent side
 
 
-def load(directory: str, name: str, named) -> dict:
+def load(directory: str, name: str, named, max_bytes: int = MAX_FILE_BYTES) -> dict:
     """The raw result in file `name` (file_name(index) or part_name(index, n)), which the event must
-    have named (`named`); BadResult if it is not exactly that file, a regular file (no symlink),
-    readable as tensors and plain data. The file is removed."""
+    have named (`named`); BadResult if it is not exactly that file, a regular file (no symlink) of at
+    most `max_bytes`, readable as tensors and plain data. The file is removed."""
     if named != name:
         raise BadResult(f"the event names another result file ({str(named)[:80]!r})")
     path = os.path.join(directory, name)
@@ -119,8 +119,8 @@ def load(directory: str, name: str, named) -> dict:
         raise BadResult(f"no readable result file ({e.strerror})") from None
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_FILE_BYTES:
-            raise BadResult(f"the result is not a regular file of at most {MAX_FILE_BYTES} bytes")
+        if not stat.S_ISREG(st.st_mode) or st.st_size > max_bytes:
+            raise BadResult(f"the result is not a regular file of at most {max_bytes} bytes")
         with os.fdopen(fd, "rb") as f:
             fd = -1
             try:

@@ -1,16 +1,17 @@
 """Structural verification: prove a kernel's structure from its compiled IR, with no input and no GPU.
 
 Parent side. The user's code is never imported here: the worker task
-"verify-structural" (task.py) captures the entry's launches, compiles each
-kernel to TTIR for sm_90 on the CPU, interprets it abstractly and runs the
-op's analyses; this module starts it and turns its event into findings and
-notices.
+"verify-structural" (task.py) captures the entry's launches and compiles each
+kernel to TTIR for sm_90 on the CPU, and hands back that raw material
+(material.py); this process checks it, interprets each kernel abstractly and
+runs the op's analyses (analyse.py), so the worker decides no finding.
 
-Modules: capture.py (launch recording), compile.py (TTIR), ir.py (the TTIR
-parser), interp.py (abstract interpreter), dataflow.py (def-use, loops,
-reductions, linear forms), common.py (every kernel), attention.py, rope.py,
-kv_append.py (one per op), task.py (the worker task). docs/structural.md has
-the checks and the catch matrix.
+Modules: capture.py (launch recording), compile.py (TTIR), material.py (what
+the worker hands back), ir.py (the TTIR parser), interp.py (abstract
+interpreter), dataflow.py (def-use, loops, reductions, linear forms),
+common.py (every kernel), attention.py, rope.py, kv_append.py (one per op),
+task.py (the worker task), analyse.py (the parent's analysis). docs/structural.md
+has the checks and the catch matrix.
 """
 
 from __future__ import annotations
@@ -45,11 +46,26 @@ def verify_structural(
     timeout_s: float = 600.0,
     domain=None,
 ) -> tuple[list[Finding], list[Notice], StructuralStatus]:
-    """Structural findings, notices and status for one entry. `device` is unused: nothing is launched."""
-    from kernalin_ci.isolate import run_task
+    """Structural findings, notices and status for one entry. `device` is unused: nothing is launched.
 
-    if get_op(op_name).structural is None:
+    The worker captures and compiles (task.py) and hands back only the material (material.py); this
+    process checks it, parses, interprets and analyses it (analyse.py). Material that is missing,
+    unreadable, oversized or malformed, and files no event named, are `bad-result` findings, with the
+    status "not analysed (bad result: ...)"; a worker that hangs or dies is "not analysed" as before."""
+    import shutil
+    import tempfile
+
+    from kernalin_ci.isolate import run_task
+    from kernalin_ci.verify import exchange
+    from kernalin_ci.verify.exchange import BadResult
+    from kernalin_ci.verify.structural import material
+    from kernalin_ci.verify.structural.analyse import analyse
+    from kernalin_ci.verify.structural.capture import capture_cases
+
+    op = get_op(op_name)
+    if op.structural is None:
         return [], [], StructuralStatus("not-analysed", f"no structural checks for op {op_name}")
+    results = tempfile.mkdtemp(prefix="kernalin-structural-")
     job = {
         "task": TASK,
         "op": op_name,
@@ -57,12 +73,33 @@ def verify_structural(
         "root": root,
         "params": params,
         "domain": domain.to_json() if domain is not None else {},
+        "results": results,
     }
-    # TRITON_INTERPRET=0: the child compiles the kernels (it never launches them)
-    outcome = run_task(job, "cpu", timeout_s, env={"TRITON_INTERPRET": "0"})
-    done = next((e for e in outcome.events if e.get("event") == "structural-done"), None)
-    outcome.raise_for_error("structural")
-    if done is None:
+    try:
+        # TRITON_INTERPRET=0: the child compiles the kernels (it never launches them)
+        outcome = run_task(job, "cpu", timeout_s, env={"TRITON_INTERPRET": "0"}, writable=(results,))
+        outcome.raise_for_error("structural")
+        done = [e for e in outcome.events if e.get("event") == "structural-done"]
+        bad = None
+        mat = None
+        if len(done) > 1:
+            bad = "the worker sent more than one structural-done event"
+        elif not done and outcome.status == "ok":
+            bad = "the worker handed back no result"
+        elif done:
+            try:
+                mat = material.load(results, done[0].get("file"), capture_cases(op, params, domain), op_name, params)
+            except BadResult as e:
+                bad = str(e)
+        left = exchange.leftovers(results)
+        if left and bad is None:
+            bad = f"the worker wrote files no result named: {', '.join(left[:5])}" + (" ..." if len(left) > 5 else "")
+    finally:
+        shutil.rmtree(results, ignore_errors=True)
+    if bad is not None:
+        finding = Finding("structural:worker-result", "bad-result", bad, kind="structural")
+        return [finding], [], StructuralStatus("not-analysed", f"bad result: {bad}")
+    if mat is None:
         return (
             [],
             [],
@@ -70,10 +107,13 @@ def verify_structural(
                 "not-analysed", f"the structural worker {outcome.status}: {outcome.ended() or outcome.status}"
             ),
         )
+    seconds = done[0].get("seconds")
+    seconds = {k: v for k, v in seconds.items() if k in ("capture", "compile")} if isinstance(seconds, dict) else {}
+    out = analyse(op_name, mat, root, {k: float(v) for k, v in seconds.items() if isinstance(v, (int, float))})
     return (
-        [Finding.from_json(f) for f in done["findings"]],
-        [Notice.from_json(n) for n in done["notices"]],
-        StructuralStatus.from_json(done["status"]),
+        [Finding.from_json(f) for f in out["findings"]],
+        [Notice.from_json(n) for n in out["notices"]],
+        StructuralStatus.from_json(out["status"]),
     )
 
 

@@ -1,0 +1,131 @@
+"""The structural analyses, in the parent: the worker's material in, findings and notices out.
+
+Never imports PR code: the material (material.py) is the worker's captured launches, tensors and TTIR
+texts, checked field by field on loading. Here each TTIR text is parsed, every kernel is interpreted
+abstractly (interp.py) and the checks run (common.py and the op's own module).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+def analyse(op_name: str, mat, root: str | None = None, seconds: dict | None = None) -> dict:
+    """Findings, notices, kernels and status of one entry from its material (material.Material) as plain
+    data; source paths under `root` (default: the current directory) are made relative to it."""
+    from kernalin_ci.ops import get_op
+    from kernalin_ci.verify.structural import analysis_of
+    from kernalin_ci.verify.structural.common import Report, check_bounds, check_precision
+    from kernalin_ci.verify.structural.dataflow import KernelView, line_of, link_views
+    from kernalin_ci.verify.structural.interp import Interp, InterpError
+    from kernalin_ci.verify.structural.ir import ParseError, parse_module
+
+    rep = Report()
+    times = {"capture": 0.0, "compile": 0.0, **(seconds or {}), "parse": 0.0, "interpret": 0.0, "analyse": 0.0}
+    kernels: list = []
+    analysis = analysis_of(get_op(op_name))
+    if analysis is None:
+        return _result(rep, kernels, times, root, not_analysed=f"no structural checks for op {op_name}")
+    cap = mat.capture
+    if cap is None:
+        more = f" ({len(mat.refused)} shapes tried)" if len(mat.refused) > 1 else ""
+        return _result(
+            rep, kernels, times, root, not_analysed=(mat.refused[0] if mat.refused else "no capture call") + more
+        )
+    t0 = time.perf_counter()
+    try:
+        modules = [parse_module(text) for text in mat.texts]
+    except ParseError as e:
+        return _result(rep, kernels, times, root, not_analysed=f"a kernel's TTIR does not parse: {e}")
+    finally:
+        times["parse"] = time.perf_counter() - t0
+    for note in cap.notes:
+        rep.notice("capture", note)
+    model = analysis.model(cap)
+    views = []
+    shadow: dict = {}  # memory written by earlier launches (split-KV partials)
+    complete = True
+    unfollowed = []
+    for la, module in zip(cap.launches, modules):
+        where = (la.path, la.line)
+        t2 = time.perf_counter()
+        try:
+            trace = Interp(module, la, cap, model, shadow=shadow).run()
+        except InterpError as e:
+            at = line_of(e.op, la) if e.op is not None else None
+            rep.notice("interpret", f"could not verify kernel {la.kernel}: {e}", where=at or where)
+            unfollowed.append(f"kernel {la.kernel} could not be followed: {e}")
+            complete = False
+            continue
+        finally:
+            times["interpret"] += time.perf_counter() - t2
+        views.append(KernelView(la, module, trace, cap, list(cap.tensors)))
+        kernels.append(
+            {
+                "kernel": la.kernel,
+                "grid": list(la.grid),
+                "path": la.path,
+                "line": la.line,
+                "ops": sum(1 for _ in module.walk()),
+                "programs": trace.programs,
+            }
+        )
+    t3 = time.perf_counter()
+    if views and complete:
+        link_views(views)
+        for view in views:
+            check_bounds(view, rep, stores=analysis.store_bounds)
+            check_precision(view, rep)
+        analysis.analyze(cap, views, rep, model)
+    elif views:
+        rep.notice(
+            "structural",
+            "could not verify the whole entry: some of its kernels could not be followed "
+            "(the checks that need every kernel were skipped)",
+        )
+        for view in views:
+            check_bounds(view, rep)
+            check_precision(view, rep)
+    times["analyse"] = time.perf_counter() - t3
+    return _result(rep, kernels, times, root, not_analysed="; ".join(unfollowed) or None, shape=mat.label)
+
+
+def _result(rep, kernels, times, root, not_analysed: str | None = None, shape: str | None = None) -> dict:
+    base = os.path.realpath(root or os.getcwd()) + os.sep
+    for item in rep.findings + rep.notices:
+        if item.location is not None:
+            p = os.path.realpath(item.location.path)
+            if p.startswith(base):
+                item.location.path = p[len(base) :]
+    status = (
+        {"status": "not-analysed", "cause": not_analysed, "shape": None}
+        if not_analysed
+        else {"status": "analysed", "cause": None, "shape": shape}
+    )
+    return {
+        "findings": [f.to_json() for f in rep.findings],
+        "notices": [n.to_json() for n in rep.notices],
+        "kernels": kernels,
+        "seconds": {k: round(v, 4) for k, v in times.items()},
+        "status": status,
+    }
+
+
+def analyze_entry(op_name: str, fn, params: dict, root: str | None = None, domain=None) -> dict:
+    """Capture, hand over and analyse one entry in this process (the catalogue's own kernels: tests and
+    benchmarks/structural_bench.py), through the same material file a worker writes."""
+    import tempfile
+
+    from kernalin_ci.ops import get_op
+    from kernalin_ci.verify.structural import analysis_of, material
+    from kernalin_ci.verify.structural.capture import capture_cases
+    from kernalin_ci.verify.structural.task import capture_material
+
+    if analysis_of(get_op(op_name)) is None:
+        return analyse(op_name, material.Material(None, [], None, []), root)
+    raw, seconds = capture_material(op_name, fn, params, domain)
+    with tempfile.TemporaryDirectory(prefix="kernalin-structural-") as d:
+        name = material.save(d, raw)
+        mat = material.load(d, name, capture_cases(get_op(op_name), params, domain), op_name, params)
+    return analyse(op_name, mat, root, seconds)
