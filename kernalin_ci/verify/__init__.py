@@ -387,7 +387,9 @@ def verify(
 
             groups = shard(cases, DYNAMIC_WORKERS[device])
             env = threads_each(len(groups) + (pending is not None))
-            _warm_torch()  # the parent judges every case (verify/judge.py): import torch while the workers start
+            # the parent judges every case (verify/judge.py): import torch while the workers start, with a
+            # worker's share of the cores (its float64 references run beside the workers' processes)
+            _warm_torch(len(groups) + (pending is not None) + 1)
 
             def reader():  # one per worker group: its memo (stale-result) and the shapes its cases ran at
                 from kernalin_ci.verify.judge import CaseReader
@@ -446,11 +448,19 @@ def verify(
     return result
 
 
-def _warm_torch() -> None:
-    """Import torch in a thread (a few seconds on a CUDA machine), overlapping the workers' start."""
+def _warm_torch(share: int) -> None:
+    """Import torch in a thread (a few seconds on a CUDA machine), overlapping the workers' start; the
+    parent's intra-op threads are its share of the cores, like each worker's (threads_each): a full-size
+    pool beside the workers' (and beside other verifies run at once) spins and stalls them all."""
     import threading
 
-    threading.Thread(target=lambda: __import__("torch"), daemon=True).start()
+    def warm() -> None:
+        import torch
+
+        if "OMP_NUM_THREADS" not in os.environ:
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // share))
+
+    threading.Thread(target=warm, daemon=True).start()
 
 
 def _not_checked(op, params: dict, cases: list[Case], refused: list[tuple[str, dict]]) -> list[NotChecked]:
@@ -539,7 +549,7 @@ def verify_pipeline(
     }
     from kernalin_ci.verify.pipeline import PipelineReader
 
-    _warm_torch()
+    _warm_torch(2)
     reader = PipelineReader(params, dtype, seed, steps, device, bool(entries.get("rope")), on_step)
     run = run_cases("verify-pipeline", job, [case], device, timeout_s or DEFAULT_TIMEOUT[device], prog, repro, reader)
     result.findings = dedupe(run.findings)
