@@ -339,10 +339,20 @@ class CudaClock:
         torch.cuda.synchronize()
         return self.start.elapsed_time(self.end) / 1e3 / n
 
-    def sample(self, r: Runner) -> float:
-        """Milliseconds per launch."""
+    def flush(self) -> None:
         if self.flush_buf is not None:
             self.flush_buf.zero_()
+
+    def replay(self, r: Runner) -> None:
+        """One sample's launches, untimed (the kernel-only reference profiles these)."""
+        if r.graph_time is not None:
+            r.graph_time.replay()
+        else:
+            r.launches()
+
+    def sample(self, r: Runner) -> float:
+        """Milliseconds per launch."""
+        self.flush()
         if r.graph_time is None:
             # eager calls may launch on another stream, which would not wait for the flush on this
             # one and could start before the start event: nothing may run before the interval
@@ -379,6 +389,12 @@ class CpuClock:
         for r in runners:
             r.inner = inner
         return inner, "wall-clock", copies
+
+    def flush(self) -> None:
+        pass
+
+    def replay(self, r: Runner) -> None:
+        r.launches()
 
     def sample(self, r: Runner) -> float:
         t0 = time.perf_counter()
@@ -507,8 +523,45 @@ def _run(job, emit, op, params, device, fns, cases) -> None:
         elif rnd >= max_rounds:
             reason = "max-rounds"
         if reason:
+            if job.get("reference"):
+                _reference(shapes, clock, int(job["reference"]), order_rng, device, emit)
             emit({"event": "stopped", "reason": reason, "rounds": rnd, "elapsed": elapsed})
             return
+
+
+def _reference(shapes: list[Shape], clock, k: int, rng: random.Random, device: str, emit) -> None:
+    """The kernel-only reference (kernalin_ci/bench/kernel_time.py): per shape, `k` more replays of every
+    instance's own timing graph (same buffers, same ring, inputs restored and the L2 flushed before each,
+    as before a timed sample), in a random order each time, under torch.profiler."""
+    from kernalin_ci.bench import kernel_time
+
+    for si, sh in enumerate(shapes):
+        calls = []
+        for j in range(k):
+            for i in rng.sample(range(len(sh.runners)), len(sh.runners)):
+                calls.append((f"{i}/{j}", lambda r=sh.runners[i]: clock.replay(r)))
+
+        def before(sh=sh):
+            sh.inputs.restore()
+            clock.flush()
+
+        try:
+            got = kernel_time.profile_calls(calls, before, device)
+        except Exception as e:  # the profiler is a diagnostic: its failure must not end the benchmark
+            msg = " ".join(str(e).split())[:200]
+            emit({"event": "note", "message": f"{sh.case.name}: reference not measured ({type(e).__name__}: {msg})"})
+            return
+        names = [r.name for r in sh.runners]
+        ev = {"event": "reference", "shape": si, "kernel_ms": {}, "span_ms": {}, "kernels": {}, "method": ""}
+        for i, n in enumerate(names):
+            ts = [got.get(f"{i}/{j}") for j in range(k)]
+            ts = [t for t in ts if t is not None]
+            inner = sh.runners[i].inner
+            ev["kernel_ms"][n] = [t.kernel_ns / inner / 1e6 for t in ts]
+            ev["span_ms"][n] = [t.span_ns / inner / 1e6 for t in ts]
+            ev["kernels"][n] = [t.kernels for t in ts]
+            ev["method"] = ts[0].method if ts else "none"
+        emit(ev)
 
 
 def _fresh_inputs(op, params, device, sh: Shape, rnd: int, seed: int) -> None:

@@ -1,0 +1,111 @@
+"""Kernel-only device time of the benchmark's own replays: the live evaluation's reference (issue 12).
+
+The reference must time what the benchmark times: the same CUDA graphs (the same kernels, the
+same shared buffers, the same cold-regime ring), in the same memory state (the same L2 flush
+before each replay). So it is measured inside the benchmark worker, after the timing rounds:
+every instance's timing graph is replayed `k` times more under torch.profiler, each replay
+inside its own `record_function` range, and the device kernels of a replay are summed.
+
+Attribution of device kernels to ranges (`attribute`): by the profiler's link from a device event
+to the innermost profiled host range it was launched from (`linked_correlation_id`, what
+torch.profiler itself uses to give a range its CUDA time); where no device event carries such a
+link, by time (a replay's kernels start inside its range: the range ends after a device
+synchronize, and the flush before it is synchronized too). Without device events (the CPU and
+the Triton interpreter) a range's own wall-clock duration stands in ("wall-clock"): those are not
+GPU figures.
+
+Per range: `kernel` = the sum of its kernels' device durations (kernel-only, as the issue asks),
+`span` = first kernel start to last kernel end (kernels plus the gaps between them, what the
+CUDA events of a sample hold apart from the event overhead), `kernels` = how many.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PREFIX = "kernalin-ref/"
+
+
+@dataclass(frozen=True)
+class Event:
+    """One profiler event, as plain data (from a kineto event or built by hand)."""
+
+    device: bool  # a device (GPU) event; False: a host event
+    name: str
+    start_ns: int
+    dur_ns: int
+    corr: int  # the event's own correlation id (a host range's id)
+    linked: int  # a device event: the host range it was launched from (0: unknown)
+
+
+@dataclass(frozen=True)
+class RangeTime:
+    kernel_ns: float
+    span_ns: float
+    kernels: int
+    method: str  # "linked" | "time" | "wall-clock"
+
+
+def attribute(events: list[Event], prefix: str = PREFIX) -> dict[str, RangeTime]:
+    """Host ranges named prefix + label -> {label: RangeTime} (see the module docstring)."""
+    ranges = [e for e in events if not e.device and e.name.startswith(prefix)]
+    devs = [e for e in events if e.device]
+    by_corr = {r.corr: r for r in ranges}
+    linked: dict[int, list[Event]] = {}
+    for d in devs:
+        if d.linked in by_corr:
+            linked.setdefault(d.linked, []).append(d)
+    out: dict[str, RangeTime] = {}
+    for r in sorted(ranges, key=lambda e: e.start_ns):
+        label = r.name[len(prefix) :]
+        if linked:
+            ks, method = linked.get(r.corr, []), "linked"
+        elif devs:
+            ks = [d for d in devs if r.start_ns <= d.start_ns <= r.start_ns + r.dur_ns]
+            method = "time"
+        else:
+            out[label] = RangeTime(float(r.dur_ns), float(r.dur_ns), 0, "wall-clock")
+            continue
+        if ks:
+            span = max(d.start_ns + d.dur_ns for d in ks) - min(d.start_ns for d in ks)
+        else:
+            span = 0
+        out[label] = RangeTime(float(sum(d.dur_ns for d in ks)), float(span), len(ks), method)
+    return out
+
+
+def events_of(prof) -> list[Event]:
+    """A finished torch.profiler.profile -> plain events (the raw kineto events: no Python parsing)."""
+    from torch.autograd import DeviceType
+
+    out = []
+    for e in prof.profiler.kineto_results.events():
+        out.append(
+            Event(
+                device=e.device_type() != DeviceType.CPU,
+                name=e.name(),
+                start_ns=int(e.start_ns()),
+                dur_ns=int(e.duration_ns()),
+                corr=int(e.correlation_id()),
+                linked=int(e.linked_correlation_id()),
+            )
+        )
+    return out
+
+
+def profile_calls(calls: list[tuple[str, object]], before, device: str) -> dict[str, RangeTime]:
+    """Run every (label, fn) once under the profiler, `before()` (the flush, the restore) ahead of each
+    and outside its range, a synchronize closing each range -> {label: RangeTime}."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    with profile(activities=acts) as prof:
+        for label, fn in calls:
+            before()
+            sync()
+            with record_function(PREFIX + label):
+                fn()
+                sync()
+    return attribute(events_of(prof))
