@@ -81,6 +81,21 @@ CPU_SHAPES = {
 WINDOWS = (5, 10)
 EFFECT_MIN = 0.02  # the issue's goal: every reference effect of 2% or more gets its direction
 RUN_CAP = 20  # an A/A live run stops where the harness would, after at most this many rounds
+# per pass and op: (A/A triples, rounds, variants: 0 = all). About 30 A/A live runs per op and regime in the
+# quiet pass (runs settle at 5 rounds); the attention ops take fewer instances and more rounds (an instance's
+# setup costs more than its rounds). "kernel-clock": the quiet pass of the micro-kernels with the kernel-only
+# clock (harness.KernelClock). "noisy": a competing stream.
+PASSES = ("quiet", "kernel-clock", "noisy")
+PLAN = {
+    "quiet": {
+        "kv_append": (3, 50, 0),
+        "rope": (3, 50, 0),
+        "attention.decode": (2, 75, 0),
+        "attention.decode_paged": (2, 75, 0),
+    },
+    "kernel-clock": {"kv_append": (3, 40, 0), "rope": (3, 40, 0)},
+    "noisy": {op: (2, 20, 0) for op in ("kv_append", "rope", "attention.decode", "attention.decode_paged")},
+}
 
 
 def say(*a) -> None:
@@ -152,9 +167,10 @@ def bench_call(op_name: str, tmp: str, key: str, cfg: dict, args, noisy: bool, b
     if args.device == "cpu":
         shape_params = CPU_SHAPES.get(op_name, shape_params)
     variants = variants[: cfg["variants"]] if cfg.get("variants") else variants
+    triples, rounds = cfg["triples"], cfg["rounds"]
     d = os.path.join(tmp, key.replace("/", "-"))
     copies = {}
-    for name in ["base", "head"] + [f"aa{i}" for i in range(3 * (cfg["triples"] - 1))]:
+    for name in ["base", "head"] + [f"aa{i}" for i in range(3 * (triples - 1))]:
         copies[name] = write_copy(src, os.path.join(d, name))
     extra = [(n, f"{p}:{fn}", os.path.dirname(p)) for n, p in copies.items() if n.startswith("aa")]
     for vname, const, value in variants:
@@ -174,20 +190,22 @@ def bench_call(op_name: str, tmp: str, key: str, cfg: dict, args, noisy: bool, b
             args.device,
             budget_s=budget_s,
             reps=args.reps,
-            max_rounds=cfg["rounds"],
+            max_rounds=rounds,
             adaptive=False,
             seed=seed,
             regime=key.split("/")[1],
             extra=extra,
             timeout_s=420.0,
             reference=args.ref_replays,
+            clock=cfg.get("clock", "events"),
         )
     finally:
         if ctx:
             ctx.__exit__(None, None, None)
     if res.failed:
-        raise SystemExit(f"live_eval: {key}: {res.error_kind}: {res.error}")
+        return {"error": f"{res.error_kind}: {res.error}"}
     return {
+        "clock": res.clock,
         "instances": {k: v.tolist() for k, v in res.instances.items()},
         "reference": res.reference,
         "notes": res.notes,
@@ -346,7 +364,7 @@ def goal_rows(results: dict) -> list[dict]:
     """One row per (pass, regime, op) and a total per (pass, regime): the figures the issue's goals name."""
     rows = []
     groups: dict[tuple, list] = {}
-    for key, r in results["runs"].items():
+    for r in results["runs"].values():
         groups.setdefault((r["pass"], r["regime"]), []).append((r["op"], r))
     for (pas, regime), items in groups.items():
         for op, r in items + [("all ops", None)]:
@@ -388,7 +406,9 @@ def print_tables(results: dict) -> None:
         cells = []
         for k in ("run", 5, 10):
             cells += [_frac(row[k]), _frac(row[k], "false_shapes", "shape_verdicts")]
-        pair = [f"{a}/{n}" if n else "-" for a, n in (row["inside"], row["inside_span"], row["direction"], row["power10"])]
+        pair = [
+            f"{a}/{n}" if n else "-" for a, n in (row["inside"], row["inside_span"], row["direction"], row["power10"])
+        ]
         print(
             f"| {row['pass']} | {row['regime']} | {b}{row['op']}{b} | {' | '.join(cells)} | {' | '.join(pair)} | "
             f"{100 * row['floor']:.2f}% |"
@@ -413,8 +433,8 @@ def print_tables(results: dict) -> None:
             )
     print("\n## Per-launch time of the base: bench (CUDA events) and kernel-only reference of the same graph")
     print(
-        "| pass | regime | op | shape | inner | bench | kernel-only | span | bench - kernel-only | kernels per launch | "
-        "cold copies | same output addresses (base, base2) |"
+        "| pass | regime | op | shape | inner | bench | kernel-only | span | bench - kernel-only | "
+        "kernels per launch | cold copies | same output addresses (base, base2) |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results["runs"].values():
@@ -443,45 +463,53 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="a sanity run: cold, three ops, 1 triple, <= 60 s")
     ap.add_argument("--ops", default=",".join(OPS), help="comma-separated ops (default: all four)")
     ap.add_argument("--regimes", default="warm,cold", help="comma-separated: warm, cold")
-    ap.add_argument("--passes", default="quiet,noisy", help="comma-separated: quiet, noisy")
+    ap.add_argument("--passes", default=None, help="comma-separated: " + ", ".join(PASSES) + " (default: all)")
     ap.add_argument("--noise-only", action="store_true", help="the noisy pass alone (= --passes noisy)")
-    ap.add_argument("--triples", type=int, default=3, help="A/A triples per call, quiet pass")
-    ap.add_argument("--rounds", type=int, default=50, help="rounds per call, quiet pass")
-    ap.add_argument("--noise-triples", type=int, default=2, help="A/A triples per call, noisy pass")
-    ap.add_argument("--noise-rounds", type=int, default=20, help="rounds per call, noisy pass")
+    ap.add_argument("--triples", type=int, default=None, help="A/A triples per call (default: PLAN)")
+    ap.add_argument("--rounds", type=int, default=None, help="rounds per call (default: PLAN)")
     ap.add_argument("--reps", type=int, default=None, help="samples per instance and round (bench default)")
     ap.add_argument("--ref-replays", type=int, default=10, help="profiled replays per instance and shape")
-    ap.add_argument("--budget-s", type=float, default=420.0, help="no call starts that cannot end within this (s)")
+    ap.add_argument("--budget-s", type=float, default=440.0, help="no call starts that cannot end within this (s)")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "live_eval.json"))
     args = ap.parse_args(argv)
-    passes = ["noisy"] if args.noise_only else [p for p in args.passes.split(",") if p]
-    variants_per_op = 0
-    if args.quick:
-        args.triples, args.rounds, args.ref_replays = 1, 8, 3
-        args.budget_s = min(args.budget_s, 55.0)
-        passes, variants_per_op = ["quiet"], 1
+    passes = ["noisy"] if args.noise_only else (args.passes or ",".join(PASSES)).split(",")
+    plan_cfg = {k: dict(v) for k, v in PLAN.items()}
+    if args.quick:  # the event clock on three ops and the kernel clock on one, cold
+        plan_cfg = {"quiet": {op: (1, 8, 1) for op in OPS}, "kernel-clock": {"kv_append": (1, 8, 1)}}
+        args.ref_replays, args.budget_s = 3, min(args.budget_s, 55.0)
+        passes = (args.passes or "quiet,kernel-clock").split(",")
         if args.ops == ",".join(OPS):
             args.ops = "kv_append,rope,attention.decode_paged"
         if args.regimes == "warm,cold":
             args.regimes = "cold"
     if args.device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"
-        args.rounds, args.noise_rounds = min(args.rounds, 5), min(args.noise_rounds, 5)
-        args.reps, args.ref_replays, variants_per_op = args.reps or 2, min(args.ref_replays, 2), 1
+        plan_cfg = {p: {op: (1, 5, 1) for op in OPS} for p in PASSES}  # the interpreter is slow
+        args.reps, args.ref_replays = args.reps or 2, min(args.ref_replays, 2)
     ops = [o for o in args.ops.split(",") if o]
     regimes = [r for r in args.regimes.split(",") if r]
     bad = (
         [o for o in ops if o not in OPS]
         + [r for r in regimes if r not in ("warm", "cold")]
-        + [p for p in passes if p not in ("quiet", "noisy")]
+        + [p for p in passes if p not in PASSES]
     )
-    if bad or min(args.rounds, args.noise_rounds) < 5 or min(args.triples, args.noise_triples) < 1:
+    if bad or (args.rounds is not None and args.rounds < 5) or (args.triples is not None and args.triples < 1):
         print(
-            f"live_eval: bad arguments {bad or ''} (ops: {', '.join(OPS)}; regimes: warm, cold; passes: quiet, noisy;"
-            f" rounds >= 5, triples >= 1)",
+            f"live_eval: bad arguments {bad or ''} (ops: {', '.join(OPS)}; regimes: warm, cold; passes: "
+            f"{', '.join(PASSES)}; rounds >= 5, triples >= 1)",
             file=sys.stderr,
         )
         return 2
+
+    def cfg(pas: str, op: str) -> dict:
+        t, n, v = plan_cfg[pas][op]
+        return {
+            "triples": args.triples or t,
+            "rounds": args.rounds or n,
+            "variants": v,
+            "clock": "kernel" if pas == "kernel-clock" else "events",
+        }
+
     import torch
 
     if args.device == "cuda":
@@ -497,19 +525,16 @@ def main(argv=None) -> int:
         )
     else:
         say("CPU (Triton interpreter): the code path only; the figures mean nothing")
-    cfgs = {
-        "quiet": {"triples": args.triples, "rounds": args.rounds, "variants": variants_per_op},
-        "noisy": {"triples": args.noise_triples, "rounds": args.noise_rounds, "variants": variants_per_op},
-    }
-    plan = [(pas, regime, op) for pas in passes for regime in regimes for op in ops]
+    plan = [(pas, regime, op) for pas in passes for regime in regimes for op in ops if op in plan_cfg[pas]]
     # timing seconds a call is expected to need: instances x rounds x the op's cost of one instance-round
     cost = {"kv_append": 0.012, "rope": 0.012, "attention.decode": 0.03, "attention.decode_paged": 0.045}
 
     def weight(pas, op):
-        c = cfgs[pas]
-        return (3 * c["triples"] + len(OPS[op][3])) * c["rounds"] * cost[op]
+        c = cfg(pas, op)
+        return (3 * c["triples"] + (c["variants"] or len(OPS[op][3]))) * c["rounds"] * cost[op]
 
-    results = {"device": args.device, "args": vars(args), "ops": ops, "regimes": regimes, "runs": {}, "skipped": []}
+    results = {"device": args.device, "args": vars(args), "ops": ops, "regimes": regimes, "runs": {}}
+    results |= {"skipped": [], "failed": []}
     deadline = T0 + args.budget_s
     setup_allow = 12.0 if args.device == "cuda" and not args.quick else 6.0
     with tempfile.TemporaryDirectory(prefix="kernalin-live-") as tmp:
@@ -522,7 +547,11 @@ def main(argv=None) -> int:
                 continue
             share = weight(pas, op) / sum(weight(p, o) for p, _, o in rest)
             budget = max(2.0, (left - setup_allow * len(rest)) * share)
-            call = bench_call(op, tmp, key, cfgs[pas], args, pas == "noisy", budget, seed=1000 * idx + 7)
+            call = bench_call(op, tmp, key, cfg(pas, op), args, pas == "noisy", budget, seed=1000 * idx + 7)
+            if "error" in call:
+                results["failed"].append(f"{key}: {call['error']}")
+                say(f"{key}: FAILED {call['error']}")
+                continue
             run = {"pass": pas, "regime": regime, "op": op, "calls": [call]}
             run["aa"] = aa_trials(call)
             run["effects"] = effect_trials(call)
@@ -537,6 +566,8 @@ def main(argv=None) -> int:
         print_tables(results)
     if results["skipped"]:
         say(f"budget reached: skipped {', '.join(results['skipped'])}")
+    for f in results["failed"]:
+        say(f"failed: {f}")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(results, f)

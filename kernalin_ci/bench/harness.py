@@ -279,6 +279,20 @@ def _tensor_ptrs(ret) -> tuple:
     return tuple(t.data_ptr() for t in items if isinstance(t, torch.Tensor))
 
 
+def time_shape(clock, sh: Shape, order: list[int], reps: int) -> dict[str, list[float]]:
+    """One round of one shape: the instances in `order`, the inputs they write restored before each
+    (what an earlier instance wrote; its checks found out what), a discarded warm-up sample where the
+    clock has one, then `reps` samples -> {instance: [ms per launch]}."""
+    got = {}
+    for i in order:
+        r = sh.runners[i]
+        sh.inputs.restore()
+        if clock.warm_sample:
+            clock.sample(r)  # warm-up sample, discarded
+        got[r.name] = [clock.sample(r) for _ in range(reps)]
+    return got
+
+
 class CudaClock:
     label = "cuda-events"
     warm_sample = True  # one discarded sample per instance and round: the first runs 0.5-2.4% slow on a GPU
@@ -339,6 +353,9 @@ class CudaClock:
         torch.cuda.synchronize()
         return self.start.elapsed_time(self.end) / 1e3 / n
 
+    def time_shape(self, sh, order: list[int], reps: int) -> dict[str, list[float]]:
+        return time_shape(self, sh, order, reps)
+
     def flush(self) -> None:
         if self.flush_buf is not None:
             self.flush_buf.zero_()
@@ -390,6 +407,9 @@ class CpuClock:
             r.inner = inner
         return inner, "wall-clock", copies
 
+    def time_shape(self, sh, order: list[int], reps: int) -> dict[str, list[float]]:
+        return time_shape(self, sh, order, reps)
+
     def flush(self) -> None:
         pass
 
@@ -400,6 +420,48 @@ class CpuClock:
         t0 = time.perf_counter()
         r.launches()
         return (time.perf_counter() - t0) * 1e3 / r.inner
+
+
+class ProfiledTiming:
+    """Kernel-only samples (clock "kernel"): the same replays as the plain clock (same graphs, flush, restore
+    and order), each inside a profiler range, its kernels' device durations summed
+    (kernalin_ci/bench/kernel_time.py), one profiler session per shape and round. The launch gaps between a
+    graph's kernels and the event overhead, which a CUDA-event interval holds, are left out
+    (docs/statistics.md, "Live evaluation"). On the CPU the ranges' wall clock stands in (the code path)."""
+
+    profile_device = "cuda"
+
+    def time_shape(self, sh, order: list[int], reps: int) -> dict[str, list[float]]:
+        from kernalin_ci.bench import kernel_time
+
+        calls = []
+        for i in order:
+            r = sh.runners[i]
+            for s in ["w"] + list(range(reps)):
+
+                def before(first=s == "w"):
+                    if first:
+                        sh.inputs.restore()  # what an earlier instance wrote
+                    self.flush()
+
+                calls.append((f"{i}/{s}", lambda r=r: self.replay(r), before))
+        got = kernel_time.profile_calls(calls, lambda: None, self.profile_device)
+        out = {}
+        for i in order:
+            r = sh.runners[i]
+            ts = [got.get(f"{i}/{s}") for s in range(reps)]
+            if any(t is None or (self.profile_device == "cuda" and t.kernels == 0) for t in ts):
+                raise BenchAbort("clock", f"{r.name}: the profiler recorded no kernels for a sample (clock kernel)")
+            out[r.name] = [t.kernel_ns / r.inner / 1e6 for t in ts]
+        return out
+
+
+class KernelClock(ProfiledTiming, CudaClock):
+    label = "cuda-kernels"
+
+
+class CpuKernelClock(ProfiledTiming, CpuClock):
+    profile_device = "cpu"
 
 
 # ------------------------------------------------------------------ the job
@@ -436,7 +498,12 @@ def run_job(job: dict, emit) -> None:
 
 
 def _run(job, emit, op, params, device, fns, cases) -> None:
-    clock = CudaClock(job.get("l2_flush", True)) if device == "cuda" else CpuClock()
+    clocks = {("cuda", "events"): CudaClock, ("cuda", "kernel"): KernelClock}
+    clocks |= {("cpu", "events"): CpuClock, ("cpu", "kernel"): CpuKernelClock}
+    kind = job.get("clock", "events")
+    if (device, kind) not in clocks:
+        raise BenchAbort("usage", f"clock must be events or kernel, got {kind!r}")
+    clock = clocks[(device, kind)](job.get("l2_flush", True))
     regime = job.get("regime", "warm")
     if regime not in REGIMES:
         raise BenchAbort("usage", f"regime must be one of {', '.join(REGIMES)}, got {regime!r}")
@@ -486,13 +553,7 @@ def _run(job, emit, op, params, device, fns, cases) -> None:
             _check_agreement(op, sh, exact, rnd)
             order = order_rng.sample(range(len(sh.runners)), len(sh.runners))
             orders.append(order)
-            got = {}
-            for i in order:
-                r = sh.runners[i]
-                sh.inputs.restore()  # what an earlier instance wrote (its checks found out what)
-                if clock.warm_sample:
-                    clock.sample(r)  # warm-up sample, discarded
-                got[r.name] = [clock.sample(r) for _ in range(reps)]
+            got = clock.time_shape(sh, order, reps)
             for n in names:
                 per[n].append(got[n])
         for n in names:

@@ -39,6 +39,7 @@ SKIP_DIRS = {"__pycache__", "venv", "env", "node_modules", "build", "dist"}  # a
 CLOCK_NOTE = {
     "cpu-wall-clock": "CPU wall-clock times under the Triton interpreter: not GPU figures",
     "cuda-events": "CUDA events around CUDA-graph replays, per launch",
+    "cuda-kernels": "kernel-only device time (CUDA profiler) of CUDA-graph replays, per launch",
 }
 
 
@@ -135,6 +136,7 @@ def bench_pair(
     shapes: list[str] | None = None,
     regime: str | None = None,
     reference: int = 0,
+    clock: str = "events",
 ) -> BenchResult:
     """Benchmark head against base; the gate and `kernalin-ci bench` call this.
 
@@ -146,6 +148,8 @@ def bench_pair(
     regime: "warm" or "cold" (None: DEFAULT_REGIME); see kernalin_ci/bench/harness.py.
     reference: after the rounds, profile this many more replays of every instance's timing graph and
     record their kernel-only device time in `reference` (benchmarks/live_eval.py; 0: none).
+    clock: on a GPU, "events" (CUDA events around each replay) or "kernel" (the kernel-only device time
+    of each replay from the CUDA profiler; harness.KernelClock). The CPU always uses its wall clock.
     Usage problems raise UsageError; a benchmark that cannot finish returns a
     BenchResult with `error` set (outputs disagree, a crash, a hang).
     """
@@ -206,6 +210,7 @@ def bench_pair(
             "rope": rope,
             "rope_min": rope_min,
             "reference": reference,
+            "clock": clock,
         }
         info = _run(job, result, cases, device, timeout_s or DEFAULT_TIMEOUT_S[device], progress)
     _finish(result, cases, info, rope, rope_min)
