@@ -44,6 +44,11 @@ capturable (a host sync inside, say), every instance of that shape is timed
 eagerly instead, with a device synchronize before the start event and another
 before the end event, so work on other streams lies wholly inside the interval. On the CPU the same loop runs with a
 wall clock (the Triton interpreter): those figures are not GPU figures.
+
+The kernel clock (job "clock": "kernel", KernelClock) times the same replays under the CUDA profiler and
+keeps only the kernels' device time (no launch gaps, no event overhead). With job "reference": k the
+worker, after its rounds, profiles k more replays of every instance's timing graph (the kernel-only
+reference of benchmarks/live_eval.py; kernalin_ci/bench/kernel_time.py).
 """
 
 from __future__ import annotations
