@@ -79,10 +79,17 @@ def test_attribution_by_link_by_time_and_by_wall_clock():
     got = attribute(rng + [other, flush] + linked)
     assert got["0/0"].kernel_ns == 60 and got["0/0"].span_ns == 70 and got["0/0"].kernels == 2
     assert got["1/0"].kernel_ns == 50 and got["1/0"].kernels == 1 and got["0/0"].method == "linked"
+    # an eager entry's own torch op inside a range: its kernel counts for the range
+    nested = [Event(False, "aten::zero_", 2200, 50, 14, 0), Event(True, "fill", 2300, 20, 0, 14)]
+    got = attribute(rng + [other, flush] + linked + nested)
+    assert got["1/0"].kernel_ns == 70 and got["1/0"].kernels == 2 and got["0/0"].kernel_ns == 60
     # no links recorded: a range owns the device kernels that start inside it
     unlinked = [Event(True, e.name, e.start_ns, e.dur_ns, 0, 0) for e in linked + [flush]]
     got = attribute(rng + unlinked)
     assert got["0/0"].kernel_ns == 60 and got["1/0"].kernel_ns == 50 and got["1/0"].method == "time"
+    # links for one range only: the other falls back to time, and the flush (linked elsewhere) stays out
+    got = attribute(rng + [other, flush] + linked[:2] + unlinked[2:3])
+    assert got["0/0"].method == "linked" and got["1/0"].method == "time" and got["1/0"].kernel_ns == 50
     # no device events at all (the CPU): the range's own duration, said so
     got = attribute(rng)
     assert got["0/0"].kernel_ns == 500 and got["0/0"].method == "wall-clock" and got["0/0"].kernels == 0

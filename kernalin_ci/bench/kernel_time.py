@@ -7,10 +7,11 @@ every instance's timing graph is replayed `k` times more under torch.profiler, e
 inside its own `record_function` range, and the device kernels of a replay are summed.
 
 Attribution of device kernels to ranges (`attribute`): by the profiler's link from a device event
-to the innermost profiled host range it was launched from (`linked_correlation_id`, what
-torch.profiler itself uses to give a range its CUDA time); where no device event carries such a
-link, by time (a replay's kernels start inside its range: the range ends after a device
-synchronize, and the flush before it is synchronized too). Without device events (the CPU and
+to the innermost profiled host op it was launched from (`linked_correlation_id`, what
+torch.profiler itself uses to give an op its CUDA time): the range itself (a graph replay) or an
+op inside it (an eager entry's own torch calls); for a range no device event links to,
+by time (a replay's kernels start inside its range: the range ends after a device synchronize,
+and the flush before it is synchronized too). Without device events (the CPU and
 the Triton interpreter) a range's own wall-clock duration stands in ("wall-clock"): those are not
 GPU figures.
 
@@ -21,6 +22,7 @@ CUDA events of a sample hold apart from the event overhead), `kernels` = how man
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 PREFIX = "kernalin-ref/"
@@ -50,16 +52,22 @@ def attribute(events: list[Event], prefix: str = PREFIX) -> dict[str, RangeTime]
     """Host ranges named prefix + label -> {label: RangeTime} (see the module docstring)."""
     ranges = [e for e in events if not e.device and e.name.startswith(prefix)]
     devs = [e for e in events if e.device]
-    by_corr = {r.corr: r for r in ranges}
+    ranges.sort(key=lambda e: e.start_ns)
+    starts = [r.start_ns for r in ranges]
+    owner: dict[int, int] = {}  # host op id -> the range it lies in (the range itself, or an op inside it)
+    for h in events:
+        i = bisect.bisect_right(starts, h.start_ns) - 1
+        if not h.device and i >= 0 and h.start_ns + h.dur_ns <= ranges[i].start_ns + ranges[i].dur_ns:
+            owner[h.corr] = ranges[i].corr
     linked: dict[int, list[Event]] = {}
     for d in devs:
-        if d.linked in by_corr:
-            linked.setdefault(d.linked, []).append(d)
+        if d.linked in owner:
+            linked.setdefault(owner[d.linked], []).append(d)
     out: dict[str, RangeTime] = {}
-    for r in sorted(ranges, key=lambda e: e.start_ns):
+    for r in ranges:
         label = r.name[len(prefix) :]
-        if linked:
-            ks, method = linked.get(r.corr, []), "linked"
+        if r.corr in linked:
+            ks, method = linked[r.corr], "linked"
         elif devs:
             ks = [d for d in devs if r.start_ns <= d.start_ns <= r.start_ns + r.dur_ns]
             method = "time"
@@ -74,15 +82,24 @@ def attribute(events: list[Event], prefix: str = PREFIX) -> dict[str, RangeTime]
     return out
 
 
+DEVICE_KINDS = ("kernel", "gpu_memcpy", "gpu_memset")  # device work; not "gpu_user_annotation" (a range's GPU span)
+OP_KINDS = ("cpu_op", "user_annotation")  # host ops a device event can link to; not runtime calls (CUPTI ids)
+
+
 def events_of(prof) -> list[Event]:
-    """A finished torch.profiler.profile -> plain events (the raw kineto events: no Python parsing)."""
+    """A finished torch.profiler.profile -> plain events (the raw kineto events: no Python parsing): device work
+    and host ops; runtime calls and the GPU spans of ranges are left out."""
     from torch.autograd import DeviceType
 
     out = []
     for e in prof.profiler.kineto_results.events():
+        on_device = e.device_type() != DeviceType.CPU
+        kind = e.activity_type() if hasattr(e, "activity_type") else ("kernel" if on_device else "cpu_op")
+        if kind not in (DEVICE_KINDS if on_device else OP_KINDS):
+            continue
         out.append(
             Event(
-                device=e.device_type() != DeviceType.CPU,
+                device=on_device,
                 name=e.name(),
                 start_ns=int(e.start_ns()),
                 dur_ns=int(e.duration_ns()),
