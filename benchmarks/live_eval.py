@@ -1,33 +1,31 @@
 """Live evaluation of `kernalin-ci bench` on a GPU, judged against a kernel-only reference (issue 12).
 
-    python3 benchmarks/live_eval.py                      # default: <= 8 minutes on one H200
-    python3 benchmarks/live_eval.py --quick              # <= 2 minutes, a smoke run
-    python3 benchmarks/live_eval.py --noise              # adds the noisy pass (a competing stream)
-    python3 benchmarks/live_eval.py --noise-only         # the noisy pass alone (about 4 minutes)
-    python3 benchmarks/live_eval.py --device cpu --quick # the code path under the Triton interpreter (no figures)
+    python3 benchmarks/live_eval.py --out $OUT/live.json   # quiet + noisy, warm + cold: <= 8 min, one H200
+    python3 benchmarks/live_eval.py --quick                # a sanity run, <= 60 s
+    python3 benchmarks/live_eval.py --noise-only           # the noisy pass alone
+    python3 benchmarks/live_eval.py --device cpu --quick   # the code path under the Triton interpreter
 
-Ops: kv_append and rope at tokens 1, 64, 256; attention.decode and attention.decode_paged at their
-default bench shapes. Kernels: benchmarks/kernels/{kv_append,rope,decode_attention,paged_attention}.py.
+Ops: kv_append and rope at tokens 1, 64, 256; attention.decode and attention.decode_paged at their default
+bench shapes. Kernels: benchmarks/kernels/{kv_append,rope,decode_attention,paged_attention}.py.
 
-Per op and regime, `--calls` benchmarks (each a fresh worker process, its own seed, `bench_pair` exactly
-as `kernalin-ci bench` runs it, `--rounds` fixed rounds) time together:
-- identical copies of the base kernel, each written to its own module file in a temporary directory
-  (separately imported and compiled): base, head, the bench's own A/A copy (base2), and
-  `--aa-triples` - 1 more triples of copies;
-- known-effect variants: the same file with one launch-config line rewritten (num_warps, tile sizes,
-  split counts).
-A/A trials: every triple (head vs base, floor from base2) in windows of 5 and 10 rounds and over all
-rounds, plus the adaptive verdict a user would get (the looks and stopping rule of the harness);
-overall and per shape, all from `stats.compare_run`, the function the bench uses.
-Known-effect pairs: each variant against base (floor from base2) over all rounds; the reference is the
-CUDA profiler's kernel-only device time (torch.profiler, never triton.testing.do_bench, whose interval
-holds the host launch overhead), base and variant alternated on shared inputs, in the same regime
-(warm: back-to-back launches; cold: the L2 flushed before every launch), geometric mean over shapes.
-`--noise`: the same benchmarks again while a thread of this process keeps a second CUDA stream busy
-with a memory-bound copy (another process's context: the GPU time-slices between them).
+One call per pass (quiet; noisy: a thread keeps a second CUDA stream busy with a memory-bound copy),
+regime and op: one `bench_pair` exactly as `kernalin-ci bench` runs it (a fresh worker process, fixed
+rounds), timing together `--triples` disjoint A/A triples of separately loaded copies of the base kernel
+(each its own module file: base, head, base2, then 3 more per triple) and the known-effect variants
+(the same file with one launch-config line rewritten: num_warps, tile sizes, split counts). After the
+rounds, the worker profiles `--ref-replays` more replays of every instance's own timing graph
+(kernalin_ci/bench/kernel_time.py): the kernel-only reference of the same kernels, buffers and regime.
 
-Prints the tables of docs/statistics.md ("Live evaluation") and writes every figure to `--out`.
-Stops cleanly at `--budget-s`: what was measured is evaluated, what was skipped is listed.
+An A/A "live run": per triple, the rounds are cut into consecutive runs, each judged at the harness's
+looks and stopped by its rule (at most RUN_CAP rounds), the next starting on the following round, so no
+round counts twice; 3 triples x 50 rounds give about 30 runs per op and regime when runs settle at 5
+rounds. Runs of one call share the process, its compiled kernels and the GPU's state of the moment; they
+are not independent processes. Also judged: disjoint fixed windows of 5 and 10 rounds. All verdicts come
+from `stats.compare_run`, the function the bench uses, overall and per shape.
+
+Prints the tables of docs/statistics.md ("Live evaluation"; read "## Goals") and writes every figure to
+`--out`. Each call's timing budget is its share of `--budget-s`; a call that no longer fits is skipped
+and listed.
 """
 
 from __future__ import annotations
@@ -36,7 +34,6 @@ import argparse
 import json
 import os
 import re
-import shutil
 import sys
 import tempfile
 import threading
@@ -83,6 +80,22 @@ CPU_SHAPES = {
 }
 WINDOWS = (5, 10)
 EFFECT_MIN = 0.02  # the issue's goal: every reference effect of 2% or more gets its direction
+RUN_CAP = 20  # an A/A live run stops where the harness would, after at most this many rounds
+# per pass and op: (A/A triples, rounds, variants: 0 = all). About 30 A/A live runs per op and regime in the
+# quiet pass (runs settle at 5 rounds); the attention ops take fewer instances and more rounds (an instance's
+# setup costs more than its rounds). "kernel-clock": the quiet pass of the micro-kernels with the kernel-only
+# clock (harness.KernelClock). "noisy": a competing stream.
+PASSES = ("quiet", "kernel-clock", "noisy")
+PLAN = {
+    "quiet": {
+        "kv_append": (3, 50, 0),
+        "rope": (3, 50, 0),
+        "attention.decode": (2, 75, 0),
+        "attention.decode_paged": (2, 75, 0),
+    },
+    "kernel-clock": {"kv_append": (3, 30, 0), "rope": (3, 30, 0)},
+    "noisy": {op: (2, 20, 0) for op in ("kv_append", "rope", "attention.decode", "attention.decode_paged")},
+}
 
 
 def say(*a) -> None:
@@ -104,91 +117,6 @@ def write_copy(src: str, dest_dir: str, constant: str | None = None, value=None)
     with open(path, "w") as f:
         f.write(text)
     return path
-
-
-# ------------------------------------------------------------------ the kernel-only reference
-
-
-def reference(
-    op_name: str, entries: list[tuple[str, str]], params: dict, device: str, regime: str, iters: int
-) -> list[list[float]]:
-    """Per entry and shape: the median kernel-only device time (us) of one launch; CPU: wall clock (ms)."""
-    import torch
-
-    from kernalin_ci.bench.harness import L2_FLUSH_BYTES
-    from kernalin_ci.bench.shapes import bench_cases, split_params
-    from kernalin_ci.entry import load_entry
-    from kernalin_ci.ops import get_op
-    from kernalin_ci.ops.base import resolve_params
-
-    op = get_op(op_name)
-    op_params, bench = split_params(dict(params))
-    resolved = resolve_params(op_name, op.params, op_params)
-    os.environ["KERNALIN_PARAMS"] = json.dumps(resolved)
-    fns = [load_entry(e, r) for e, r in entries]
-    out = [[] for _ in fns]
-    for case in bench_cases(op_name, resolved, device, bench):
-        kw = op.inputs(case, resolved, device, poison=False)
-        for fn in fns:
-            for _ in range(3):
-                fn(**kw)
-        if device != "cuda":
-            for i, fn in enumerate(fns):
-                ts = []
-                for _ in range(max(3, iters // 10)):
-                    t = time.perf_counter()
-                    fn(**kw)
-                    ts.append((time.perf_counter() - t) * 1e3)
-                out[i].append(float(np.median(ts)))
-            continue
-        torch.cuda.synchronize()
-        flush = torch.empty(L2_FLUSH_BYTES if regime == "cold" else 16, dtype=torch.int8, device="cuda")
-        marker_names = _marker_names(flush)
-        from torch.profiler import ProfilerActivity, profile
-
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(iters):
-                for fn in fns:  # alternated: drift hits every entry alike
-                    flush.bitwise_not_()  # cold: evicts the L2; warm: a tiny marker between launches
-                    fn(**kw)
-            torch.cuda.synchronize()
-        segs = _segments(prof, marker_names)
-        k = len(segs) // len(fns)  # the loop ends with the last entry: align the launches from the end
-        if k < iters // 2:
-            raise RuntimeError(f"profiler: {len(segs)} launches found, expected {iters * len(fns)}")
-        segs = segs[len(segs) - k * len(fns) :]
-        for i in range(len(fns)):
-            out[i].append(float(np.median(segs[i :: len(fns)][2:])))
-        del kw
-    return out
-
-
-def _device_events(prof):
-    from torch.autograd import DeviceType
-
-    evs = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
-    return sorted(evs, key=lambda e: e.time_range.start)
-
-
-def _marker_names(buf) -> set:
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        buf.bitwise_not_()
-        torch.cuda.synchronize()
-    return {e.name for e in _device_events(prof)}
-
-
-def _segments(prof, marker_names: set) -> list[float]:
-    """Device time (us) of the kernels between consecutive markers: one launch of one entry each."""
-    segs: list[float] = []
-    for e in _device_events(prof):
-        if e.name in marker_names:
-            segs.append(0.0)
-        elif segs:
-            segs[-1] += e.time_range.elapsed_us()
-    return segs
 
 
 # ------------------------------------------------------------------ the noisy neighbour
@@ -226,25 +154,29 @@ class Noise:
             self.thread.join()
 
 
-# ------------------------------------------------------------------ one benchmark call
+# ------------------------------------------------------------------ one benchmark call (one worker process)
 
 
-def bench_call(op_name: str, tmp: str, call: int, regime: str, args, device: str, noisy: bool, budget_s: float) -> dict:
+def bench_call(op_name: str, tmp: str, key: str, cfg: dict, args, noisy: bool, budget_s: float, seed: int) -> dict:
+    """One `bench_pair` (a fresh worker process) timing together: base, head, base2 and 3 x (triples - 1) more
+    separately loaded copies of the base kernel, and the launch-config variants; then `--ref-replays`
+    profiled replays of every instance's own timing graph (the kernel-only reference)."""
     from kernalin_ci.bench.pair import bench_pair
 
     src, fn, shape_params, variants = OPS[op_name]
-    if device == "cpu":
+    if args.device == "cpu":
         shape_params = CPU_SHAPES.get(op_name, shape_params)
-        variants = variants[:1]
-    d = os.path.join(tmp, f"{op_name}-{regime}-{call}-{'noisy' if noisy else 'quiet'}")
+    variants = variants[: cfg["variants"]] if cfg.get("variants") else variants
+    triples, rounds = cfg["triples"], cfg["rounds"]
+    d = os.path.join(tmp, key.replace("/", "-"))
     copies = {}
-    for name in ["base", "head"] + [f"aa{i}" for i in range(3 * (args.aa_triples - 1))]:
+    for name in ["base", "head"] + [f"aa{i}" for i in range(3 * (triples - 1))]:
         copies[name] = write_copy(src, os.path.join(d, name))
     extra = [(n, f"{p}:{fn}", os.path.dirname(p)) for n, p in copies.items() if n.startswith("aa")]
     for vname, const, value in variants:
         p = write_copy(src, os.path.join(d, "v-" + re.sub(r"\W", "_", vname)), const, value)
         extra.append((vname, f"{p}:{fn}", os.path.dirname(p)))
-    ctx = Noise(device) if noisy else None
+    ctx = Noise(args.device) if noisy else None
     if ctx:
         ctx.__enter__()
     try:
@@ -255,23 +187,28 @@ def bench_call(op_name: str, tmp: str, call: int, regime: str, args, device: str
             os.path.dirname(copies["base"]),
             os.path.dirname(copies["head"]),
             shape_params,
-            device,
+            args.device,
             budget_s=budget_s,
             reps=args.reps,
-            max_rounds=args.rounds,
+            max_rounds=rounds,
             adaptive=False,
-            seed=call,
-            regime=regime,
+            seed=seed,
+            regime=key.split("/")[1],
             extra=extra,
-            timeout_s=300.0,
+            timeout_s=420.0,
+            reference=args.ref_replays,
+            clock=cfg.get("clock", "events"),
         )
     finally:
         if ctx:
             ctx.__exit__(None, None, None)
     if res.failed:
-        raise SystemExit(f"live_eval: {op_name} {regime} call {call}: {res.error_kind}: {res.error}")
+        return {"error": f"{res.error_kind}: {res.error}"}
     return {
+        "clock": res.clock,
         "instances": {k: v.tolist() for k, v in res.instances.items()},
+        "reference": res.reference,
+        "notes": res.notes,
         "shapes": [s["shape"] for s in res.shapes],
         "inner": [s["inner"] for s in res.shapes],
         "copies": [s["copies"] for s in res.shapes],
@@ -280,99 +217,127 @@ def bench_call(op_name: str, tmp: str, call: int, regime: str, args, device: str
         "seconds": res.seconds,
         "bench_seconds": res.bench_seconds,
         "setup_seconds": res.setup_seconds,
+        "rounds": res.rounds,
+        "seed": seed,
         "variants": [v[0] for v in variants],
-        "entries": {"base": f"{copies['base']}:{fn}"} | {n: e for n, e, _ in extra},
     }
 
 
-# ------------------------------------------------------------------ evaluation
+# ------------------------------------------------------------------ evaluation (pure: numpy and stats only)
 
 
 def triples(call: dict) -> list[tuple[str, str, str]]:
+    """Disjoint A/A triples (base, head, floor copy) of separately loaded copies."""
     names = ["base", "head", "base2"] + sorted(
         (n for n in call["instances"] if n.startswith("aa")), key=lambda n: int(n[2:])
     )
     return [(names[i], names[i + 1], names[i + 2]) for i in range(0, len(names) - 2, 3)]
 
 
-def adaptive_verdict(b, h, b2):
-    """The verdict a live run stops with: the first look that stops, else the last round's."""
+def live_run(b, h, f, cap: int):
+    """What a live run with a budget of `cap` rounds says: the harness's looks and stopping rule on the
+    first rounds of b, h, f -> (overall verdict, per-shape verdicts), or None when fewer than 5 rounds."""
     from kernalin_ci.bench import stats
 
-    n_max = b.shape[0]
+    n_max = min(cap, b.shape[0])
+    if n_max < stats.MIN_ROUNDS:
+        return None
     for n in stats.looks(n_max):
-        v, per = stats.compare_run(b[:n], h[:n], b2[:n])
+        v, per = stats.compare_run(b[:n], h[:n], f[:n])
         if stats.should_stop(v.verdict, v.rope_source):
             return v, per
-    return stats.compare_run(b, h, b2)
+    return stats.compare_run(b[:n_max], h[:n_max], f[:n_max])
 
 
-def aa_trials(call: dict) -> list[dict]:
+def _rec(kind, triple, start, v, per) -> dict:
+    return {
+        "budget": kind,
+        "triple": list(triple),
+        "start": start,
+        "rounds": v.rounds,
+        "verdict": v.verdict,
+        "ratio": v.ratio,
+        "floor": v.floor,
+        "shapes": [p.verdict for p in per],
+        "shape_ratios": [p.ratio for p in per],
+    }
+
+
+def aa_trials(call: dict, cap: int = RUN_CAP) -> list[dict]:
+    """A/A trials of one call. "run": per triple, the rounds are cut into consecutive live runs (each stops
+    where the harness would, at most `cap` rounds; the next starts on the following round), so no round
+    counts twice. 5 and 10: disjoint fixed windows. "all": every round."""
     from kernalin_ci.bench import stats
 
-    arr = {k: np.asarray(v) for k, v in call["instances"].items()}
+    arr = {k: np.asarray(v, dtype=np.float64) for k, v in call["instances"].items()}
     R = arr["base"].shape[0]
     out = []
-    for bn, hn, fn in triples(call):
-        b, h, f = arr[bn], arr[hn], arr[fn]
-        budgets = [(n, s, n) for n in WINDOWS if n < R for s in range(0, R - n + 1, n)] + [("all", 0, R)]
-        for label, s, n in budgets:
-            v, per = stats.compare_run(b[s : s + n], h[s : s + n], f[s : s + n])
-            out.append(
-                {
-                    "budget": label,
-                    "rounds": n,
-                    "start": s,
-                    "triple": [bn, hn, fn],
-                    "verdict": v.verdict,
-                    "ratio": v.ratio,
-                    "floor": v.floor,
-                    "shapes": [p.verdict for p in per],
-                    "shape_ratios": [p.ratio for p in per],
-                }
-            )
-        v, per = adaptive_verdict(b, h, f)
-        out.append(
-            {
-                "budget": "adaptive",
-                "start": 0,
-                "triple": [bn, hn, fn],
-                "verdict": v.verdict,
-                "ratio": v.ratio,
-                "rounds": v.rounds,
-                "floor": v.floor,
-                "shapes": [p.verdict for p in per],
-                "shape_ratios": [p.ratio for p in per],
-            }
-        )
+    for tri in triples(call):
+        b, h, f = (arr[n] for n in tri)
+        s = 0
+        while True:
+            got = live_run(b[s:], h[s:], f[s:], cap)
+            if got is None:
+                break
+            out.append(_rec("run", tri, s, *got))
+            s += got[0].rounds
+        for n in WINDOWS:
+            for s in range(0, R - n + 1, n):
+                out.append(_rec(n, tri, s, *stats.compare_run(b[s : s + n], h[s : s + n], f[s : s + n])))
+        out.append(_rec("all", tri, 0, *stats.compare_run(b, h, f)))
     return out
 
 
-def effect_trials(call: dict, ref: dict) -> list[dict]:
+def ref_ratios(call: dict, name: str, what: str = "kernel_ms") -> list[float] | None:
+    """Per shape: median reference time of `name` / that of the base (None: no reference recorded)."""
+    refs = call.get("reference") or []
+    if len(refs) != len(call["shapes"]):
+        return None
+    out = []
+    for r in refs:
+        a, b = r[what].get(name) or [], r[what].get("base") or []
+        if not a or not b or np.median(b) <= 0:
+            return None
+        out.append(float(np.median(a) / np.median(b)))
+    return out
+
+
+def gmean(xs) -> float:
+    return float(np.exp(np.mean(np.log(xs))))
+
+
+def effect_trials(call: dict) -> list[dict]:
+    """Each variant against the base (floor from base2): disjoint windows of 5 and 10 rounds and all rounds,
+    judged against the kernel-only reference of the same call (geometric mean over shapes)."""
     from kernalin_ci.bench import stats
 
-    arr = {k: np.asarray(v) for k, v in call["instances"].items()}
+    arr = {k: np.asarray(v, dtype=np.float64) for k, v in call["instances"].items()}
     R = arr["base"].shape[0]
     out = []
     for vname in call["variants"]:
-        r_shapes = ref["ratios"][vname]
-        r = float(np.exp(np.mean(np.log(r_shapes))))
-        for label, n in [(n, n) for n in WINDOWS if n < R] + [("all", R)]:
-            v, per = stats.compare_run(arr["base"][:n], arr[vname][:n], arr["base2"][:n])
+        rs, spans = ref_ratios(call, vname), ref_ratios(call, vname, "span_ms")
+        r = gmean(rs) if rs else None
+        want = None if r is None else "faster" if r <= 1 - EFFECT_MIN else "slower" if r >= 1 + EFFECT_MIN else None
+        budgets = [(n, s) for n in WINDOWS for s in range(0, R - n + 1, n)] + [("all", 0)]
+        for label, s in budgets:
+            n = R if label == "all" else label
+            v, per = stats.compare_run(arr["base"][s : s + n], arr[vname][s : s + n], arr["base2"][s : s + n])
             lo, hi = v.hdi[0] - v.floor, v.hdi[1] + v.floor
-            want = "faster" if r <= 1 - EFFECT_MIN else "slower" if r >= 1 + EFFECT_MIN else None
             out.append(
                 {
                     "variant": vname,
                     "budget": label,
-                    "rounds": n,
+                    "start": s,
+                    "rounds": v.rounds,
                     "reference": r,
-                    "reference_shapes": r_shapes,
+                    "reference_shapes": rs,
+                    "reference_span": gmean(spans) if spans else None,
                     "verdict": v.verdict,
                     "ratio": v.ratio,
                     "hdi": list(v.hdi),
                     "floor": v.floor,
-                    "inside": bool(lo <= r <= hi),
+                    "inside": None if r is None else bool(lo <= r <= hi),
+                    "inside_span": None if not spans else bool(lo <= gmean(spans) <= hi),
                     "expected": want,
                     "shapes": [p.verdict for p in per],
                     "shape_ratios": [p.ratio for p in per],
@@ -382,134 +347,110 @@ def effect_trials(call: dict, ref: dict) -> list[dict]:
     return out
 
 
-def false_count(trials: list[dict], budget) -> tuple[int, int, int, int]:
-    """-> (overall false, trials, per-shape false, shape verdicts) at one budget."""
+FALSE = ("faster", "slower")
+
+
+def count_false(trials: list[dict], budget) -> dict:
     ts = [t for t in trials if t["budget"] == budget]
-    over = sum(t["verdict"] in ("faster", "slower") for t in ts)
-    shp = sum(v in ("faster", "slower") for t in ts for v in t["shapes"])
-    return over, len(ts), shp, sum(len(t["shapes"]) for t in ts)
+    return {
+        "trials": len(ts),
+        "false": sum(t["verdict"] in FALSE for t in ts),
+        "shape_verdicts": sum(len(t["shapes"]) for t in ts),
+        "false_shapes": sum(v in FALSE for t in ts for v in t["shapes"]),
+    }
+
+
+def goal_rows(results: dict) -> list[dict]:
+    """One row per (pass, regime, op) and a total per (pass, regime): the figures the issue's goals name."""
+    rows = []
+    groups: dict[tuple, list] = {}
+    for r in results["runs"].values():
+        groups.setdefault((r["pass"], r["regime"]), []).append((r["op"], r))
+    for (pas, regime), items in groups.items():
+        for op, r in items + [("all ops", None)]:
+            rs = [x for _, x in items] if r is None else [r]
+            aa = [t for x in rs for t in x["aa"]]
+            eff = [e for x in rs for e in x["effects"]]
+            full = [e for e in eff if e["budget"] == "all" and e["reference"] is not None]
+            want = [e for e in full if e["expected"]]
+            ten = [e for e in eff if e["budget"] == 10 and e["expected"]]
+            row = {"pass": pas, "regime": regime, "op": op}
+            for b in ("run", 5, 10, "all"):
+                row[b] = count_false(aa, b)
+            row["inside"] = (sum(e["inside"] for e in full), len(full))
+            row["inside_span"] = (sum(bool(e["inside_span"]) for e in full), len(full))
+            row["direction"] = (sum(e["verdict"] == e["expected"] for e in want), len(want))
+            row["power10"] = (sum(e["verdict"] == e["expected"] for e in ten), len(ten))
+            row["floor"] = float(np.median([t["floor"] for t in aa if t["budget"] == "all"])) if aa else float("nan")
+            rows.append(row)
+    return rows
+
+
+def _frac(c: dict, k: str = "false", n: str = "trials") -> str:
+    return f"{c[k]}/{c[n]}" if c[n] else "-"
 
 
 # ------------------------------------------------------------------ printing
 
 
 def print_tables(results: dict) -> None:
-    print("\n## A/A false verdicts (faster/slower on identical copies): overall and per shape")
+    print("\n## Goals (read these lines): A/A false verdicts must be 0; references inside; directions right")
     print(
-        "| pass | regime | op | trials (calls x triples) | n=5 overall | n=5 per shape | n=10 overall | "
-        "n=10 per shape | all rounds overall | all rounds per shape | adaptive overall | adaptive per shape | "
-        "median floor | A/A ratio range | false by shape (every budget) |"
+        "| pass | regime | op | A/A live runs false (overall) | per shape | A/A n=5 windows | per shape | "
+        "A/A n=10 windows | per shape | kernel-only reference in HDI +- floor | (span reference) | "
+        "direction right (reference off by >= 2%) | power n=10 | median A/A floor |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for r in results["runs"].values():
-        tr = r["aa"]
-        if not tr:
-            continue
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for row in goal_rows(results):
+        b = "**" if row["op"] == "all ops" else ""
         cells = []
-        for b in (5, 10, "all", "adaptive"):
-            o, n, s, ns = false_count(tr, b)
-            cells += [f"{o}/{n}" if n else "-", f"{s}/{ns}" if ns else "-"]
-        full = [t for t in tr if t["budget"] == "all"]
-        floors = [t["floor"] for t in full]
-        ratios = [x for t in full for x in t["shape_ratios"]]
-        by_shape = ", ".join(
-            f"{sum(t['shapes'][i] in ('faster', 'slower') for t in tr)}/{len(tr)}" for i in range(len(tr[0]["shapes"]))
-        )
+        for k in ("run", 5, 10):
+            cells += [_frac(row[k]), _frac(row[k], "false_shapes", "shape_verdicts")]
+        pair = [
+            f"{a}/{n}" if n else "-" for a, n in (row["inside"], row["inside_span"], row["direction"], row["power10"])
+        ]
         print(
-            f"| {r['pass']} | {r['regime']} | {r['op']} | {len(r['calls'])} x {len(full) // max(1, len(r['calls']))}"
-            f" | {' | '.join(cells)} | {100 * np.median(floors):.2f}% | "
-            f"{min(ratios):.4f}..{max(ratios):.4f} | {by_shape} |"
+            f"| {row['pass']} | {row['regime']} | {b}{row['op']}{b} | {' | '.join(cells)} | {' | '.join(pair)} | "
+            f"{100 * row['floor']:.2f}% |"
         )
-    print("\n## Known-effect pairs (all rounds): reference = torch.profiler kernel-only device time")
+    print("\n## Known-effect pairs (all rounds) against the kernel-only reference of the same graphs")
     print(
-        "| pass | regime | op | variant | call | reference | verdict | head/base | 95% HDI | floor | "
-        "reference in HDI +- floor | direction right (reference off by >= 2%) | per shape: ref -> verdict |"
+        "| pass | regime | op | variant | reference (kernel-only) | span reference | bench head/base | 95% HDI | "
+        "floor | reference in HDI +- floor | verdict | direction right | per shape: reference -> bench |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results["runs"].values():
-        for c, eff in enumerate(r["effects"]):
-            for e in eff:
-                if e["budget"] != "all":
-                    continue
-                right = "-" if e["expected"] is None else ("yes" if e["verdict"] == e["expected"] else "**no**")
-                shapes = ", ".join(f"{x:.3f}->{v}" for x, v in zip(e["reference_shapes"], e["shapes"]))
-                print(
-                    f"| {r['pass']} | {r['regime']} | {r['op']} | {e['variant']} | {c} | {e['reference']:.4f} | "
-                    f"{e['verdict']} | {e['ratio']:.4f} | [{e['hdi'][0]:.4f}, {e['hdi'][1]:.4f}] | "
-                    f"{100 * e['floor']:.2f}% | {'yes' if e['inside'] else '**no**'} | {right} | {shapes} |"
-                )
-    print("\n## Power and false alarms by budget (effects whose reference is off by >= 2%; A/A trials)")
-    print(
-        "| pass | regime | power n=5 | power n=10 | power all rounds | FA n=5 | FA n=10 | FA all rounds | FA adaptive |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|")
-    for pas in ("quiet", "noisy"):
-        for regime in results["regimes"]:
-            rs = [r for r in results["runs"].values() if r["pass"] == pas and r["regime"] == regime]
-            if not rs:
+        for e in r["effects"]:
+            if e["budget"] != "all" or e["reference"] is None:
                 continue
-            effs = [e for r in rs for eff in r["effects"] for e in eff if e["expected"]]
-            pw = []
-            for b in (5, 10, "all"):
-                sel = [e for e in effs if e["budget"] == b]
-                pw.append(f"{sum(e['verdict'] == e['expected'] for e in sel)}/{len(sel)}" if sel else "-")
-            fa = []
-            for b in (5, 10, "all", "adaptive"):
-                o = n = 0
-                for r in rs:
-                    oo, nn, _, _ = false_count(r["aa"], b)
-                    o, n = o + oo, n + nn
-                fa.append(f"{o}/{n}" if n else "-")
-            print(f"| {pas} | {regime} | {' | '.join(pw)} | {' | '.join(fa)} |")
-    print("\n## Regime summary (quiet pass; the default regime is chosen from this and the table below)")
-    print(
-        "| regime | A/A false verdicts, overall (every budget) | A/A false, per shape | reference in HDI +- floor | "
-        "direction right (reference off by >= 2%) | median A/A floor |"
-    )
-    print("|---|---|---|---|---|---|")
-    for regime in results["regimes"]:
-        rs = [r for r in results["runs"].values() if r["pass"] == "quiet" and r["regime"] == regime]
-        aa = [t for r in rs for t in r["aa"]]
-        effs = [e for r in rs for eff in r["effects"] for e in eff if e["budget"] == "all"]
-        if not aa:
-            continue
-        fo = sum(t["verdict"] in ("faster", "slower") for t in aa)
-        fs = sum(v in ("faster", "slower") for t in aa for v in t["shapes"])
-        ns = sum(len(t["shapes"]) for t in aa)
-        want = [e for e in effs if e["expected"]]
-        print(
-            f"| {regime} | {fo}/{len(aa)} | {fs}/{ns} | {sum(e['inside'] for e in effs)}/{len(effs)} | "
-            f"{sum(e['verdict'] == e['expected'] for e in want)}/{len(want)} | "
-            f"{100 * np.median([t['floor'] for t in aa]):.2f}% |"
-        )
-    unit = next((r["reference"]["unit"] for r in results["runs"].values() if r.get("reference")), "us")
-    print(f"\n## Regimes: per-launch time of the base (bench median, ms) and the reference ({unit})")
-    print(
-        "| op | shape | warm bench | cold bench | cold/warm | warm ref | cold ref | copies (cold) | "
-        "same output addresses |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|")
-    by = {}
-    for r in results["runs"].values():
-        if r["pass"] == "quiet" and r["calls"]:
-            by[(r["op"], r["regime"])] = r
-    for op in results["ops"]:
-        w, c = by.get((op, "warm")), by.get((op, "cold"))
-        some = w or c
-        if not some:
-            continue
-        for i, shape in enumerate(some["calls"][0]["shapes"]):
-
-            def med(r, i=i):
-                return float(np.median(np.asarray(r["calls"][0]["instances"]["base"])[:, i])) if r else float("nan")
-
-            def refv(r, i=i):
-                return r["reference"]["base"][i] if r and r.get("reference") else float("nan")
-
-            same = {str(cl.get("same_output_addresses")) for rr in (w, c) if rr for cl in rr["calls"]}
+            right = "-" if e["expected"] is None else ("yes" if e["verdict"] == e["expected"] else "**no**")
+            shapes = ", ".join(f"{x:.3f}->{y:.3f}" for x, y in zip(e["reference_shapes"], e["shape_ratios"]))
             print(
-                f"| {op} | {shape} | {med(w):.5f} | {med(c):.5f} | {med(c) / med(w):.3f} | {refv(w):.2f} | "
-                f"{refv(c):.2f} | {c['calls'][0]['copies'][i] if c else '-'} | {', '.join(sorted(same))} |"
+                f"| {r['pass']} | {r['regime']} | {r['op']} | {e['variant']} | {e['reference']:.4f} | "
+                f"{e['reference_span']:.4f} | {e['ratio']:.4f} | [{e['hdi'][0]:.4f}, {e['hdi'][1]:.4f}] | "
+                f"{100 * e['floor']:.2f}% | {'yes' if e['inside'] else '**no**'} | {e['verdict']} | {right} | "
+                f"{shapes} |"
+            )
+    print("\n## Per-launch time of the base: bench (the pass's clock) and the kernel-only reference of the same graph")
+    print(
+        "| pass | regime | op | shape | inner | bench | kernel-only | span | bench - kernel-only | "
+        "kernels per launch | cold copies | same output addresses (base, base2) |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in results["runs"].values():
+        c = r["calls"][0]
+        base = np.asarray(c["instances"]["base"])
+        for i, shape in enumerate(c["shapes"]):
+            ref = c["reference"][i] if len(c.get("reference") or []) == len(c["shapes"]) else None
+            bench = float(np.median(base[:, i]))
+            k = float(np.median(ref["kernel_ms"]["base"])) if ref else float("nan")
+            sp = float(np.median(ref["span_ms"]["base"])) if ref else float("nan")
+            kpl = float(np.median(ref["kernels"]["base"])) / c["inner"][i] if ref else float("nan")
+            same = (c.get("same_output_addresses") or [None] * len(c["shapes"]))[i]
+            print(
+                f"| {r['pass']} | {r['regime']} | {r['op']} | {shape} | {c['inner'][i]} | {1e3 * bench:.3f} us | "
+                f"{1e3 * k:.3f} us | {1e3 * sp:.3f} us | {1e3 * (bench - k):.3f} us | {kpl:.2f} | {c['copies'][i]} | "
+                f"{same} |"
             )
 
 
@@ -519,45 +460,61 @@ def print_tables(results: dict) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    ap.add_argument("--quick", action="store_true", help="a smoke run: 1 call per op and regime, 8 rounds (<= 2 min)")
+    ap.add_argument("--quick", action="store_true", help="a sanity run: cold, three ops, 1 triple, <= 60 s")
     ap.add_argument("--ops", default=",".join(OPS), help="comma-separated ops (default: all four)")
     ap.add_argument("--regimes", default="warm,cold", help="comma-separated: warm, cold")
-    ap.add_argument("--calls", type=int, default=3, help="benchmark calls per op and regime (fresh processes)")
-    ap.add_argument("--rounds", type=int, default=12, help="rounds per call (fixed, not adaptive)")
-    ap.add_argument("--aa-triples", type=int, default=2, help="A/A triples (base, head, floor) per call")
+    ap.add_argument("--passes", default=None, help="comma-separated: " + ", ".join(PASSES) + " (default: all)")
+    ap.add_argument("--noise-only", action="store_true", help="the noisy pass alone (= --passes noisy)")
+    ap.add_argument("--triples", type=int, default=None, help="A/A triples per call (default: PLAN)")
+    ap.add_argument("--rounds", type=int, default=None, help="rounds per call (default: PLAN)")
     ap.add_argument("--reps", type=int, default=None, help="samples per instance and round (bench default)")
-    ap.add_argument("--ref-iters", type=int, default=60, help="profiled launches per entry and shape")
-    ap.add_argument("--noise", action="store_true", help="also a noisy pass (a competing CUDA stream)")
-    ap.add_argument("--noise-calls", type=int, default=2, help="calls per op and regime in the noisy pass")
-    ap.add_argument("--noise-only", action="store_true", help="only the noisy pass (a second run of the script)")
-    ap.add_argument("--budget-s", type=float, default=420.0, help="start no new call after this (seconds)")
+    ap.add_argument("--ref-replays", type=int, default=10, help="profiled replays per instance and shape")
+    ap.add_argument("--budget-s", type=float, default=440.0, help="no call starts that cannot end within this (s)")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "live_eval.json"))
     args = ap.parse_args(argv)
+    passes = ["noisy"] if args.noise_only else (args.passes or ",".join(PASSES)).split(",")
+    plan_cfg = {k: dict(v) for k, v in PLAN.items()}
+    if args.quick:  # the event clock on three ops and the kernel clock on one, cold
+        plan_cfg = {"quiet": {op: (1, 8, 1) for op in OPS}, "kernel-clock": {"kv_append": (1, 8, 1)}}
+        args.ref_replays, args.budget_s = 3, min(args.budget_s, 55.0)
+        passes = (args.passes or "quiet,kernel-clock").split(",")
+        if args.ops == ",".join(OPS):
+            args.ops = "kv_append,rope,attention.decode_paged"
+        if args.regimes == "warm,cold":
+            args.regimes = "cold"
     if args.device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"
-    if args.quick:
-        args.calls, args.rounds, args.aa_triples, args.noise_calls, args.ref_iters = 1, 8, 1, 1, 20
-        args.budget_s = min(args.budget_s, 110.0)
-    if args.device == "cpu":
-        args.rounds, args.reps, args.ref_iters = min(args.rounds, 5), args.reps or 2, 10
+        plan_cfg = {p: {op: (1, 5, 1) for op in OPS} for p in PASSES}  # the interpreter is slow
+        args.reps, args.ref_replays = args.reps or 2, min(args.ref_replays, 2)
     ops = [o for o in args.ops.split(",") if o]
     regimes = [r for r in args.regimes.split(",") if r]
-    bad = [o for o in ops if o not in OPS] + [r for r in regimes if r not in ("warm", "cold")]
-    if bad or args.calls < 1 or args.rounds < 5 or args.aa_triples < 1:
+    bad = (
+        [o for o in ops if o not in OPS]
+        + [r for r in regimes if r not in ("warm", "cold")]
+        + [p for p in passes if p not in PASSES]
+    )
+    if bad or (args.rounds is not None and args.rounds < 5) or (args.triples is not None and args.triples < 1):
         print(
-            f"live_eval: bad arguments {bad or ''} (ops: {', '.join(OPS)}; regimes: warm, cold; calls >= 1, "
-            f"rounds >= 5, aa-triples >= 1)",
+            f"live_eval: bad arguments {bad or ''} (ops: {', '.join(OPS)}; regimes: warm, cold; passes: "
+            f"{', '.join(PASSES)}; rounds >= 5, triples >= 1)",
             file=sys.stderr,
         )
         return 2
+
+    def cfg(pas: str, op: str) -> dict:
+        t, n, v = plan_cfg[pas][op]
+        return {
+            "triples": args.triples or t,
+            "rounds": args.rounds or n,
+            "variants": v,
+            "clock": "kernel" if pas == "kernel-clock" else "events",
+        }
+
     import torch
 
     if args.device == "cuda":
         if not torch.cuda.is_available():
-            print(
-                "live_eval: --device cuda needs a CUDA GPU (use --device cpu --quick for the code path)",
-                file=sys.stderr,
-            )
+            print("live_eval: --device cuda needs a CUDA GPU (--device cpu --quick: the code path)", file=sys.stderr)
             return 2
         p = torch.cuda.get_device_properties(0)
         import triton
@@ -568,68 +525,55 @@ def main(argv=None) -> int:
         )
     else:
         say("CPU (Triton interpreter): the code path only; the figures mean nothing")
-    results = {"device": args.device, "args": vars(args), "ops": ops, "regimes": regimes, "runs": {}, "skipped": []}
-    passes = ([] if args.noise_only else [("quiet", args.calls)]) + (
-        [("noisy", args.noise_calls)] if args.noise or args.noise_only else []
-    )
-    plan = [(pas, regime, op, c) for pas, n in passes for regime in regimes for op in ops for c in range(n)]
-    per_call = []
-    refs: dict = {}
+    plan = [(pas, regime, op) for pas in passes for regime in regimes for op in ops if op in plan_cfg[pas]]
+    # timing seconds a call is expected to need: instances x rounds x the op's cost of one instance-round
+    # (the first H200 run: 0.008-0.016 s kv_append, 0.020-0.024 rope, 0.029 attention, 0.046 paged attention)
+    cost = {"kv_append": 0.014, "rope": 0.022, "attention.decode": 0.03, "attention.decode_paged": 0.046}
+
+    def weight(pas, op):
+        c = cfg(pas, op)
+        return (3 * c["triples"] + (c["variants"] or len(OPS[op][3]))) * c["rounds"] * cost[op]
+
+    results = {"device": args.device, "args": vars(args), "ops": ops, "regimes": regimes, "runs": {}}
+    results |= {"skipped": [], "failed": []}
+    deadline = T0 + args.budget_s
+    setup_allow = 12.0 if args.device == "cuda" and not args.quick else 6.0
     with tempfile.TemporaryDirectory(prefix="kernalin-live-") as tmp:
-        for pas, regime, op, c in plan:
+        for idx, (pas, regime, op) in enumerate(plan):
             key = f"{pas}/{regime}/{op}"
-            r = results["runs"].setdefault(
-                key, {"pass": pas, "regime": regime, "op": op, "calls": [], "aa": [], "effects": [], "reference": None}
-            )
-            guess = float(np.median(per_call)) if per_call else 0.0
-            if time.perf_counter() - T0 + guess > args.budget_s:
-                results["skipped"].append(f"{key} call {c}")
+            left = deadline - time.perf_counter()
+            rest = plan[idx:]
+            if left < setup_allow + 3:
+                results["skipped"].append(key)
                 continue
-            t = time.perf_counter()
-            if (op, regime) not in refs:
-                refs[(op, regime)] = measure_reference(op, regime, args, tmp)
-            r["reference"] = refs[(op, regime)]
-            left = args.budget_s - (time.perf_counter() - T0)  # the timing rounds stop there at the latest
-            call = bench_call(op, tmp, c, regime, args, args.device, pas == "noisy", max(1.0, left))
-            per_call.append(time.perf_counter() - t)
-            r["calls"].append(call)
-            r["aa"] += aa_trials(call)
-            r["effects"].append(effect_trials(call, r["reference"]))
-            o, n, s, ns = false_count(r["aa"], "adaptive")
+            share = weight(pas, op) / sum(weight(p, o) for p, _, o in rest)
+            budget = max(2.0, (left - setup_allow * len(rest)) * share)
+            call = bench_call(op, tmp, key, cfg(pas, op), args, pas == "noisy", budget, seed=1000 * idx + 7)
+            if "error" in call:
+                results["failed"].append(f"{key}: {call['error']}")
+                say(f"{key}: FAILED {call['error']}")
+                continue
+            run = {"pass": pas, "regime": regime, "op": op, "calls": [call]}
+            run["aa"] = aa_trials(call)
+            run["effects"] = effect_trials(call)
+            results["runs"][key] = run
+            c = count_false(run["aa"], "run")
             say(
-                f"{key} call {c + 1}: {call['bench_seconds']:.1f} s timing, {call['setup_seconds']:.1f} s setup; "
-                f"A/A adaptive false so far {o}/{n} overall, {s}/{ns} per shape"
+                f"{key}: {call['rounds']} rounds, {call['bench_seconds']:.1f} s timing (budget {budget:.0f} s), "
+                f"{call['setup_seconds']:.1f} s setup, {call['seconds']:.1f} s in all; A/A live runs false "
+                f"{c['false']}/{c['trials']}, per shape {c['false_shapes']}/{c['shape_verdicts']}"
+                + (f"; notes: {'; '.join(call['notes'])}" if call["notes"] else "")
             )
-        results["runs"] = {k: v for k, v in results["runs"].items() if v["calls"]}
         print_tables(results)
     if results["skipped"]:
-        say(f"budget reached: skipped {len(results['skipped'])} calls: {', '.join(results['skipped'])}")
+        say(f"budget reached: skipped {', '.join(results['skipped'])}")
+    for f in results["failed"]:
+        say(f"failed: {f}")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(results, f)
     say(f"wrote {args.out}")
     return 0
-
-
-def measure_reference(op: str, regime: str, args, tmp: str) -> dict:
-    src, fn, shape_params, variants = OPS[op]
-    if args.device == "cpu":
-        shape_params = CPU_SHAPES.get(op, shape_params)
-        variants = variants[:1]
-    d = os.path.join(tmp, f"ref-{op}-{regime}")
-    entries = [(f"{write_copy(src, os.path.join(d, 'base'))}:{fn}", os.path.join(d, "base"))]
-    for vname, const, value in variants:
-        vd = os.path.join(d, "v-" + re.sub(r"\W", "_", vname))
-        entries.append((f"{write_copy(src, vd, const, value)}:{fn}", vd))
-    t = reference(op, entries, shape_params, args.device, regime, args.ref_iters)
-    ratios = {v[0]: [h / b for h, b in zip(t[i + 1], t[0])] for i, v in enumerate(variants)}
-    say(
-        f"reference {op} {regime}: base {', '.join(f'{x:.2f}' for x in t[0])} "
-        f"{'us (kernel-only)' if args.device == 'cuda' else 'ms (CPU wall clock)'}; "
-        + "; ".join(f"{k} {float(np.exp(np.mean(np.log(v)))):.4f}" for k, v in ratios.items())
-    )
-    shutil.rmtree(d, ignore_errors=True)
-    return {"base": t[0], "times": t, "ratios": ratios, "unit": "us" if args.device == "cuda" else "ms"}
 
 
 if __name__ == "__main__":

@@ -137,3 +137,33 @@ def test_identical_copies_share_their_buffers_in_both_regimes(regime):
     assert copies == [1, 1] if regime == "warm" else all(c > 1 for c in copies)
     assert res.verdict.verdict in ("equivalent", "inconclusive")
     assert all(s["verdict"] in ("equivalent", "inconclusive") for s in res.shapes)
+
+
+@pytest.mark.parametrize("clock", ["events", "kernel"])
+def test_the_kernel_only_reference_and_clock_see_every_kernel_of_the_graph(clock):
+    kv = "benchmarks/kernels/kv_append.py"
+    res = bench_pair(
+        "kv_append",
+        f"{kv}:append",
+        f"{kv}:append",
+        str(REPO),
+        str(REPO),
+        {"tokens": [1, 64]},
+        "cuda",
+        max_rounds=5,
+        adaptive=False,
+        reference=4,
+        clock=clock,
+    )
+    assert not res.failed, res.error
+    assert res.clock == ("cuda-kernels" if clock == "kernel" else "cuda-events")
+    assert len(res.reference) == 2
+    for i, ref in enumerate(res.reference):
+        assert ref["method"] in ("linked", "time")
+        inner = res.shapes[i]["inner"]
+        for name in ("base", "head", "base2"):
+            assert ref["kernels"][name] == [inner] * 4  # one kernel per launch, every launch of the replay
+            k, span = ref["kernel_ms"][name], ref["span_ms"][name]
+            assert all(0 < a <= b for a, b in zip(k, span))  # the span holds the kernels and their gaps
+        if clock == "events":  # the event interval holds the gaps too
+            assert min(ref["kernel_ms"]["base"]) < res.shapes[i]["base_ms"]

@@ -44,6 +44,11 @@ capturable (a host sync inside, say), every instance of that shape is timed
 eagerly instead, with a device synchronize before the start event and another
 before the end event, so work on other streams lies wholly inside the interval. On the CPU the same loop runs with a
 wall clock (the Triton interpreter): those figures are not GPU figures.
+
+The kernel clock (job "clock": "kernel", KernelClock) times the same replays under the CUDA profiler and
+keeps only the kernels' device time (no launch gaps, no event overhead). With job "reference": k the
+worker, after its rounds, profiles k more replays of every instance's timing graph (the kernel-only
+reference of benchmarks/live_eval.py; kernalin_ci/bench/kernel_time.py).
 """
 
 from __future__ import annotations
@@ -279,6 +284,20 @@ def _tensor_ptrs(ret) -> tuple:
     return tuple(t.data_ptr() for t in items if isinstance(t, torch.Tensor))
 
 
+def time_shape(clock, sh: Shape, order: list[int], reps: int) -> dict[str, list[float]]:
+    """One round of one shape: the instances in `order`, the inputs they write restored before each
+    (what an earlier instance wrote; its checks found out what), a discarded warm-up sample where the
+    clock has one, then `reps` samples -> {instance: [ms per launch]}."""
+    got = {}
+    for i in order:
+        r = sh.runners[i]
+        sh.inputs.restore()
+        if clock.warm_sample:
+            clock.sample(r)  # warm-up sample, discarded
+        got[r.name] = [clock.sample(r) for _ in range(reps)]
+    return got
+
+
 class CudaClock:
     label = "cuda-events"
     warm_sample = True  # one discarded sample per instance and round: the first runs 0.5-2.4% slow on a GPU
@@ -339,10 +358,23 @@ class CudaClock:
         torch.cuda.synchronize()
         return self.start.elapsed_time(self.end) / 1e3 / n
 
-    def sample(self, r: Runner) -> float:
-        """Milliseconds per launch."""
+    def time_shape(self, sh, order: list[int], reps: int) -> dict[str, list[float]]:
+        return time_shape(self, sh, order, reps)
+
+    def flush(self) -> None:
         if self.flush_buf is not None:
             self.flush_buf.zero_()
+
+    def replay(self, r: Runner) -> None:
+        """One sample's launches, untimed (the kernel-only reference profiles these)."""
+        if r.graph_time is not None:
+            r.graph_time.replay()
+        else:
+            r.launches()
+
+    def sample(self, r: Runner) -> float:
+        """Milliseconds per launch."""
+        self.flush()
         if r.graph_time is None:
             # eager calls may launch on another stream, which would not wait for the flush on this
             # one and could start before the start event: nothing may run before the interval
@@ -380,10 +412,61 @@ class CpuClock:
             r.inner = inner
         return inner, "wall-clock", copies
 
+    def time_shape(self, sh, order: list[int], reps: int) -> dict[str, list[float]]:
+        return time_shape(self, sh, order, reps)
+
+    def flush(self) -> None:
+        pass
+
+    def replay(self, r: Runner) -> None:
+        r.launches()
+
     def sample(self, r: Runner) -> float:
         t0 = time.perf_counter()
         r.launches()
         return (time.perf_counter() - t0) * 1e3 / r.inner
+
+
+class ProfiledTiming:
+    """Kernel-only samples (clock "kernel"): the same replays as the plain clock (same graphs, flush, restore
+    and order), each inside a profiler range, its kernels' device durations summed
+    (kernalin_ci/bench/kernel_time.py), one profiler session per shape and round. The launch gaps between a
+    graph's kernels and the event overhead, which a CUDA-event interval holds, are left out
+    (docs/statistics.md, "Live evaluation"). On the CPU the ranges' wall clock stands in (the code path)."""
+
+    profile_device = "cuda"
+
+    def time_shape(self, sh, order: list[int], reps: int) -> dict[str, list[float]]:
+        from kernalin_ci.bench import kernel_time
+
+        calls = []
+        for i in order:
+            r = sh.runners[i]
+            for s in ["w"] + list(range(reps)):
+
+                def before(first=s == "w"):
+                    if first:
+                        sh.inputs.restore()  # what an earlier instance wrote
+                    self.flush()
+
+                calls.append((f"{i}/{s}", lambda r=r: self.replay(r), before))
+        got = kernel_time.profile_calls(calls, lambda: None, self.profile_device)
+        out = {}
+        for i in order:
+            r = sh.runners[i]
+            ts = [got.get(f"{i}/{s}") for s in range(reps)]
+            if any(t is None or (self.profile_device == "cuda" and t.kernels == 0) for t in ts):
+                raise BenchAbort("clock", f"{r.name}: the profiler recorded no kernels for a sample (clock kernel)")
+            out[r.name] = [t.kernel_ns / r.inner / 1e6 for t in ts]
+        return out
+
+
+class KernelClock(ProfiledTiming, CudaClock):
+    label = "cuda-kernels"
+
+
+class CpuKernelClock(ProfiledTiming, CpuClock):
+    profile_device = "cpu"
 
 
 # ------------------------------------------------------------------ the job
@@ -420,7 +503,12 @@ def run_job(job: dict, emit) -> None:
 
 
 def _run(job, emit, op, params, device, fns, cases) -> None:
-    clock = CudaClock(job.get("l2_flush", True)) if device == "cuda" else CpuClock()
+    clocks = {("cuda", "events"): CudaClock, ("cuda", "kernel"): KernelClock}
+    clocks |= {("cpu", "events"): CpuClock, ("cpu", "kernel"): CpuKernelClock}
+    kind = job.get("clock", "events")
+    if (device, kind) not in clocks:
+        raise BenchAbort("usage", f"clock must be events or kernel, got {kind!r}")
+    clock = clocks[(device, kind)](job.get("l2_flush", True))
     regime = job.get("regime", "warm")
     if regime not in REGIMES:
         raise BenchAbort("usage", f"regime must be one of {', '.join(REGIMES)}, got {regime!r}")
@@ -470,13 +558,7 @@ def _run(job, emit, op, params, device, fns, cases) -> None:
             _check_agreement(op, sh, exact, rnd)
             order = order_rng.sample(range(len(sh.runners)), len(sh.runners))
             orders.append(order)
-            got = {}
-            for i in order:
-                r = sh.runners[i]
-                sh.inputs.restore()  # what an earlier instance wrote (its checks found out what)
-                if clock.warm_sample:
-                    clock.sample(r)  # warm-up sample, discarded
-                got[r.name] = [clock.sample(r) for _ in range(reps)]
+            got = clock.time_shape(sh, order, reps)
             for n in names:
                 per[n].append(got[n])
         for n in names:
@@ -507,8 +589,45 @@ def _run(job, emit, op, params, device, fns, cases) -> None:
         elif rnd >= max_rounds:
             reason = "max-rounds"
         if reason:
+            if job.get("reference"):
+                _reference(shapes, clock, int(job["reference"]), order_rng, device, emit)
             emit({"event": "stopped", "reason": reason, "rounds": rnd, "elapsed": elapsed})
             return
+
+
+def _reference(shapes: list[Shape], clock, k: int, rng: random.Random, device: str, emit) -> None:
+    """The kernel-only reference (kernalin_ci/bench/kernel_time.py): per shape, `k` more replays of every
+    instance's own timing graph (same buffers, same ring, inputs restored and the L2 flushed before each,
+    as before a timed sample), in a random order each time, under torch.profiler."""
+    from kernalin_ci.bench import kernel_time
+
+    for si, sh in enumerate(shapes):
+        calls = []
+        for j in range(k):
+            for i in rng.sample(range(len(sh.runners)), len(sh.runners)):
+                calls.append((f"{i}/{j}", lambda r=sh.runners[i]: clock.replay(r)))
+
+        def before(sh=sh):
+            sh.inputs.restore()
+            clock.flush()
+
+        try:
+            got = kernel_time.profile_calls(calls, before, device)
+        except Exception as e:  # the profiler is a diagnostic: its failure must not end the benchmark
+            msg = " ".join(str(e).split())[:200]
+            emit({"event": "note", "message": f"{sh.case.name}: reference not measured ({type(e).__name__}: {msg})"})
+            return
+        names = [r.name for r in sh.runners]
+        ev = {"event": "reference", "shape": si, "kernel_ms": {}, "span_ms": {}, "kernels": {}, "method": ""}
+        for i, n in enumerate(names):
+            ts = [got.get(f"{i}/{j}") for j in range(k)]
+            ts = [t for t in ts if t is not None]
+            inner = sh.runners[i].inner
+            ev["kernel_ms"][n] = [t.kernel_ns / inner / 1e6 for t in ts]
+            ev["span_ms"][n] = [t.span_ns / inner / 1e6 for t in ts]
+            ev["kernels"][n] = [t.kernels for t in ts]
+            ev["method"] = ts[0].method if ts else "none"
+        emit(ev)
 
 
 def _fresh_inputs(op, params, device, sh: Shape, rnd: int, seed: int) -> None:

@@ -39,6 +39,7 @@ SKIP_DIRS = {"__pycache__", "venv", "env", "node_modules", "build", "dist"}  # a
 CLOCK_NOTE = {
     "cpu-wall-clock": "CPU wall-clock times under the Triton interpreter: not GPU figures",
     "cuda-events": "CUDA events around CUDA-graph replays, per launch",
+    "cuda-kernels": "kernel-only device time (CUDA profiler) of CUDA-graph replays, per launch",
 }
 
 
@@ -66,6 +67,9 @@ class BenchResult:
     trace: Trace | None = None
     instances: dict = field(default_factory=dict)  # name -> [rounds, shapes, reps] ms per launch
     orders: np.ndarray | None = None  # [rounds, shapes, instances] timing order
+    # the kernel-only reference (`reference` > 0; kernalin_ci/bench/kernel_time.py), per shape:
+    # {"kernel_ms"|"span_ms"|"kernels": {instance: [one value per profiled replay]}, "method": ...}
+    reference: list = field(default_factory=list)
 
     @property
     def failed(self) -> bool:
@@ -131,6 +135,8 @@ def bench_pair(
     extra: list[tuple[str, str, str | None]] = (),
     shapes: list[str] | None = None,
     regime: str | None = None,
+    reference: int = 0,
+    clock: str = "events",
 ) -> BenchResult:
     """Benchmark head against base; the gate and `kernalin-ci bench` call this.
 
@@ -140,6 +146,10 @@ def bench_pair(
     checked against the base and recorded in `instances`, never judged.
     shapes: time only the shapes with these names (kernalin_ci.explain: the ones whose code differs).
     regime: "warm" or "cold" (None: DEFAULT_REGIME); see kernalin_ci/bench/harness.py.
+    reference: after the rounds, profile this many more replays of every instance's timing graph and
+    record their kernel-only device time in `reference` (benchmarks/live_eval.py; 0: none).
+    clock: on a GPU, "events" (CUDA events around each replay) or "kernel" (the kernel-only device time
+    of each replay from the CUDA profiler; harness.KernelClock). The CPU always uses its wall clock.
     Usage problems raise UsageError; a benchmark that cannot finish returns a
     BenchResult with `error` set (outputs disagree, a crash, a hang).
     """
@@ -199,6 +209,8 @@ def bench_pair(
             "regime": regime,
             "rope": rope,
             "rope_min": rope_min,
+            "reference": reference,
+            "clock": clock,
         }
         info = _run(job, result, cases, device, timeout_s or DEFAULT_TIMEOUT_S[device], progress)
     _finish(result, cases, info, rope, rope_min)
@@ -289,6 +301,8 @@ def _run(job: dict, result: BenchResult, cases, device: str, timeout_s: float, p
                     print(
                         ("\r" + line + "\033[K") if tty else line, end="" if tty else "\n", file=sys.stderr, flush=True
                     )
+        elif kind == "reference":
+            result.reference.append({k: ev[k] for k in ("shape", "kernel_ms", "span_ms", "kernels", "method")})
         elif kind == "stopped":
             result.stopped = ev["reason"]
         elif kind == "bench-error":
