@@ -170,6 +170,13 @@ def test_percent_of_peak_and_above_peak_is_a_measurement_problem():
     fast = peak.shape_peak(small, small.bytes / 9000e9 * 1e3, "bfloat16", h200, 4200.0, tensor=False)
     assert fast["above_peak"] and "measurement problem" in fast["problem"] and "L2" in fast["problem"]
     assert "⚠" in peak.peak_text(fast)
+    # the machine's measured copy bandwidth is a peak too: 4.6 TB/s is 96% of the datasheet but 112% of a
+    # measured 4.1 TB/s copy, which no DRAM read reaches; 4.4 TB/s (107%) is a kernel that only reads
+    at = {gbs: peak.shape_peak(t, t.bytes / (gbs * 1e9) * 1e3, "bfloat16", h200, 4100.0, False) for gbs in (4400, 4600)}
+    assert not at[4400]["above_peak"] and at[4600]["above_peak"]
+    assert at[4600]["problem"].startswith("112% of the measured copy bandwidth 4100 GB/s: a measurement problem")
+    unknown = peak.shape_peak(t, t.bytes / 5000e9 * 1e3, "bfloat16", None, 4100.0, False)
+    assert unknown["above_peak"] and unknown["pct_peak_bw"] is None  # no table row: the copy still counts
 
 
 def test_provenance_on_the_cpu_says_what_is_unavailable():
