@@ -429,13 +429,18 @@ def _bwrap_works(settings: SandboxSettings) -> str | None:
 
 
 def worker_plan(
-    job: dict, device: str, workdir: str, cwd: str | None, writable: tuple[str, ...] = ()
+    job: dict,
+    device: str,
+    workdir: str,
+    cwd: str | None,
+    writable: tuple[str, ...] = (),
+    readonly: tuple[str, ...] = (),
 ) -> tuple[Plan | None, dict]:
     """How to start a kernel worker: in a sandbox (a Plan, plus the environment it needs), or not (None).
 
     The worker sees the system and the Python installation read-only, the folders its job names (the
-    checkout, entry files) read-only, WORKDIR (its job file) and WRITABLE (the folder the parent reads its
-    raw results from) read-write, and fresh
+    checkout, entry files) and READONLY (a profiler's installation) read-only, WORKDIR (its job file) and
+    WRITABLE (the folder the parent reads its raw results from) read-write, and fresh
     tmpfs for HOME (so its own Triton cache) and /tmp; no network; its own PID namespace; the gate's
     process and every other file of the user (SSH keys, a runner's credentials) do not exist inside.
     KERNALIN_SANDBOX=off runs it unsandboxed; auto (the default) warns once on stderr where bubblewrap
@@ -462,7 +467,10 @@ def worker_plan(
     here = os.path.realpath(cwd or os.getcwd())  # relative entries resolve against it, as outside
     rw = {os.path.realpath(p) for p in writable}  # named in the job too, but bound read-write (below)
     readonly = sorted(
-        {os.path.realpath(p) for p in child_path(cwd) if os.path.isdir(p)} | (_named_paths(job) - rw) | {here}
+        {os.path.realpath(p) for p in child_path(cwd) if os.path.isdir(p)}
+        | (_named_paths(job) - rw)
+        | {here}
+        | {os.path.realpath(p) for p in readonly if os.path.exists(p)}
     )
     if os.geteuid() == 0:  # the job drops to an unprivileged uid: it must be able to read what it needs
         closed = [p for p in readonly if not _others_can_read(p)]
@@ -489,6 +497,11 @@ def worker_plan(
         "TRITON_CACHE_DIR": f"{plan.home}/.triton",
     }
     return plan, env
+
+
+def workers_sandboxed() -> bool:
+    """Whether kernel workers start in the sandbox here: KERNALIN_SANDBOX is not off and bubblewrap works."""
+    return worker_mode() != "off" and _bwrap_works(SandboxSettings()) is None
 
 
 def _others_can_read(path: str) -> bool:
