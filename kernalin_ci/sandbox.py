@@ -7,7 +7,7 @@ A job runs under bubblewrap (`bwrap`) with
   (the job ended, or the daemon died: `--die-with-parent`) the kernel kills everything left in it;
 - an allowlisted file system: the system (/usr, /etc, /opt; read-only), the Python installation and
   the kernalin_ci package (read-only), the job's checkout and output folder (read-write), and fresh
-  size-capped tmpfs for HOME and /tmp. The daemon's state folder (database, other jobs) and the
+  size-capped tmpfs for HOME, /tmp and /dev/shm. The daemon's state folder (database, other jobs) and the
   credential files it reads are never bound, so nothing there exists inside;
 - when the daemon runs as root, an unprivileged uid (`runner.sandbox.user`, default 65534) outside the
   namespace too, so even a file bound by mistake is read with no privilege;
@@ -257,8 +257,15 @@ def prepare(
     for dev in gpu_devices:
         if os.path.exists(dev):
             argv += ["--dev-bind", dev, dev]
-    # the job's own scratch space, writable by its uid (every process in the sandbox is the job's)
+    # the job's own scratch space, writable by its uid (every process in the sandbox is the job's); /dev/shm
+    # too (POSIX shared memory: a profiler and its injected library talk through it)
     argv += [
+        "--perms",
+        "1777",
+        "--size",
+        str(tmpfs),
+        "--tmpfs",
+        "/dev/shm",
         "--perms",
         "1777",
         "--size",

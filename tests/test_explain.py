@@ -330,19 +330,24 @@ def test_profile_says_when_nsight_is_missing_and_parses_ncu_csv(monkeypatch, tmp
     assert install_dirs("/opt/nvidia/nsight-compute/2025.3.1/ncu") == ["/opt/nvidia/nsight-compute/2025.3.1"]
 
 
-@pytest.mark.skipif(not shutil.which("bwrap"), reason="bubblewrap is not installed")
 def test_a_profiler_wraps_the_worker_inside_the_worker_sandbox(tmp_path, monkeypatch):
     """How --profile starts ncu: as `wrap`, the command that starts the worker inside the sandbox. A real
     wrapper (sh) records who and where it ran, then starts the worker, whose events still arrive."""
     from kernalin_ci import sandbox
     from kernalin_ci.isolate import run_task
 
+    monkeypatch.setenv(sandbox.ENV_WORKER_SANDBOX, "auto")
+    if not sandbox.workers_sandboxed():
+        pytest.skip(f"no worker sandbox here: {sandbox._bwrap_works(sandbox.SandboxSettings())}")
     monkeypatch.setenv(sandbox.ENV_WORKER_SANDBOX, "on")
     out = tmp_path / "out"
     out.mkdir()
     secret = tmp_path / "secret"
     secret.write_text("outside")
-    script = 'id -u > "$0/uid"; cat "$1" > "$0/secret" 2>/dev/null; echo $$ > "$0/pid"; shift; exec "$@"'
+    script = (
+        'id -u > "$0/uid"; cat "$1" > "$0/secret" 2>/dev/null; echo $$ > "$0/pid"; '
+        'touch /dev/shm/k && echo yes > "$0/shm"; shift; exec "$@"'
+    )
     o = run_task(
         {"task": "explain-env", "device": "cpu"},
         "cpu",
@@ -353,5 +358,6 @@ def test_a_profiler_wraps_the_worker_inside_the_worker_sandbox(tmp_path, monkeyp
     assert o.status == "ok" and any(e.get("event") == "explain-env" for e in o.events)
     assert int((out / "pid").read_text()) < 10  # its own PID namespace
     assert (out / "secret").read_text() == ""  # the rest of the file system does not exist inside
+    assert (out / "shm").read_text() == "yes\n"  # POSIX shared memory, the sandbox's own
     if os.geteuid() == 0:
         assert (out / "uid").read_text().strip() == "65534"
