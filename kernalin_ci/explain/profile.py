@@ -29,6 +29,7 @@ METRICS = {
     "gpu__time_duration.sum": "duration_ns",
 }
 NOT_PROFILED = "not profiled"
+TIMEOUT_S = 180.0  # one side under ncu, without a word from the worker
 DRIVER_PARAMS = "/proc/driver/nvidia/params"
 ADMIN_ONLY = (
     "the GPU driver lets only administrators read performance counters (RmProfilingAdminOnly 1) and the "
@@ -113,7 +114,7 @@ def ncu_argv(ncu: str, log: str) -> list[str]:
     ]
 
 
-def profile_side(op: str, entry: str, root: str, params: dict, case, timeout_s: float = 180.0) -> dict:
+def profile_side(op: str, entry: str, root: str, params: dict, case, timeout_s: float | None = None) -> dict:
     """One side under ncu, in the worker sandbox -> {"kernels": [...]} or {"error": ...}."""
     from kernalin_ci.isolate import run_task
 
@@ -132,7 +133,7 @@ def profile_side(op: str, entry: str, root: str, params: dict, case, timeout_s: 
         o = run_task(
             job,
             "cuda",
-            timeout_s,
+            timeout_s or TIMEOUT_S,
             cwd=root,
             writable=(out,),
             wrap=tuple(ncu_argv(ncu, log)),
@@ -174,11 +175,18 @@ def nsight(
         return {"status": NOT_PROFILED, "cause": "ncu (Nsight Compute) is not on PATH"}
     if case is None:
         return {"status": NOT_PROFILED, "cause": "no timed shape to profile"}
-    from kernalin_ci.sandbox import workers_sandboxed
+    from kernalin_ci import sandbox
 
-    sandboxed = workers_sandboxed()
+    sandboxed = sandbox.workers_sandboxed()
     if sandboxed and counters_admin_only():
         return {"status": NOT_PROFILED, "cause": ADMIN_ONLY, "sandboxed": True}
+    closed = [d for d in install_dirs(shutil.which("ncu") or "") if not sandbox._others_can_read(d)]
+    if sandboxed and os.geteuid() == 0 and closed:  # the worker would start without the sandbox instead
+        return {
+            "status": NOT_PROFILED,
+            "cause": f"ncu's installation {closed[0]} is not readable by the sandbox's unprivileged user",
+            "sandboxed": True,
+        }
     out = {
         "status": "profiled",
         "cause": f"shape {case.name}",
