@@ -111,7 +111,8 @@ def peaks_of(name, op_name, op_params, shapes, res, dev, peaks, copy, regime) ->
         # the example's kernels have no tensor-core instruction (tl.sum, no tl.dot): CUDA-core FLOP/s
         p = peak.shape_peak(op.traffic(c, params), ms, c.dtype, peaks, copy, tensor=False)
         rows.append({"kernel": name, "regime": regime, "shape": s["shape"], **p})
-        say(f"   {name} [{regime}] {s['shape']}: {s.get('head_ms')} ms/call: {peak.peak_text(p)}")
+        t = f"{s['head_ms']:.4g}" if isinstance(s.get("head_ms"), (int, float)) else "n/a"
+        say(f"   {name} [{regime}] {s['shape']}: {t} ms/call: {peak.peak_text(p)}")
     return rows
 
 

@@ -36,6 +36,10 @@ ADMIN_ONLY = (
     "sandboxed worker has no capability; an administrator may allow everyone "
     "(nvidia module option NVreg_RestrictProfilingToAdminUsers=0)"
 )
+DENIED = (
+    "the profiled process may not read GPU performance counters (the driver keeps them for processes with "
+    "CAP_SYS_ADMIN, or CAP_PERFMON since R565, unless NVreg_RestrictProfilingToAdminUsers=0)"
+)
 
 
 def run_job(job: dict, emit) -> None:
@@ -149,7 +153,7 @@ def profile_side(op: str, entry: str, root: str, params: dict, case, timeout_s: 
         return {"kernels": kernels}
     said = f"{text}\n{o.output_tail}"
     if "ERR_NVGPUCTRPERM" in said:
-        return {"error": f"ncu: ERR_NVGPUCTRPERM: {ADMIN_ONLY}"}
+        return {"error": f"ncu: ERR_NVGPUCTRPERM: {DENIED}"}
     errs = [ln.strip() for ln in said.splitlines() if "==ERROR==" in ln or "Error" in ln][:3]
     tail = " ".join((" ".join(errs) or said).split()[-40:])[-400:]
     how = "ok" if o.status == "ok" else o.ended()
