@@ -122,12 +122,15 @@ def run_task(
     env: dict | None = None,
     cwd: str | None = None,
     writable: tuple[str, ...] = (),
+    wrap: tuple[str, ...] = (),
+    readonly: tuple[str, ...] = (),
 ) -> Outcome:
     """Run job (a dict with 'task') in `python -m kernalin_ci.worker` (isolated: launch.module_argv), in
     the worker sandbox where bubblewrap can make one (sandbox.worker_plan); call on_event per event (when
     it returns False, the child is killed: status "refused"). `writable`: folders the parent made for the
-    worker's results, which it may write besides its own work folder. This process is made non-dumpable
-    first (the child must not read our /proc/PID/environ)."""
+    worker's results, which it may write besides its own work folder. `wrap`: a command that starts the
+    worker (a profiler: `ncu ARGS`), inside the sandbox with it; `readonly`: folders it needs (its
+    installation). This process is made non-dumpable first (the child must not read our /proc/PID/environ)."""
     make_undumpable()
     with tempfile.TemporaryDirectory(prefix="kernalin-job-") as tmp:
         work = os.path.join(tmp, "work")  # the only folder the sandboxed worker may write
@@ -136,8 +139,8 @@ def run_task(
         log_path = os.path.join(tmp, "output.log")
         with open(job_path, "w") as f:
             json.dump(job, f)
-        plan, sandbox_env = sandbox.worker_plan(job, device, work, cwd, writable)
-        argv = [*module_argv("kernalin_ci.worker", cwd=cwd), job_path]
+        plan, sandbox_env = sandbox.worker_plan(job, device, work, cwd, writable, readonly)
+        argv = [*wrap, *module_argv("kernalin_ci.worker", cwd=cwd), job_path]
         r, w = os.pipe()
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(

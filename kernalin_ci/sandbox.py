@@ -7,7 +7,7 @@ A job runs under bubblewrap (`bwrap`) with
   (the job ended, or the daemon died: `--die-with-parent`) the kernel kills everything left in it;
 - an allowlisted file system: the system (/usr, /etc, /opt; read-only), the Python installation and
   the kernalin_ci package (read-only), the job's checkout and output folder (read-write), and fresh
-  size-capped tmpfs for HOME and /tmp. The daemon's state folder (database, other jobs) and the
+  size-capped tmpfs for HOME, /tmp and /dev/shm. The daemon's state folder (database, other jobs) and the
   credential files it reads are never bound, so nothing there exists inside;
 - when the daemon runs as root, an unprivileged uid (`runner.sandbox.user`, default 65534) outside the
   namespace too, so even a file bound by mistake is read with no privilege;
@@ -257,8 +257,15 @@ def prepare(
     for dev in gpu_devices:
         if os.path.exists(dev):
             argv += ["--dev-bind", dev, dev]
-    # the job's own scratch space, writable by its uid (every process in the sandbox is the job's)
+    # the job's own scratch space, writable by its uid (every process in the sandbox is the job's); /dev/shm
+    # too (POSIX shared memory: a profiler and its injected library talk through it)
     argv += [
+        "--perms",
+        "1777",
+        "--size",
+        str(tmpfs),
+        "--tmpfs",
+        "/dev/shm",
         "--perms",
         "1777",
         "--size",
@@ -429,13 +436,18 @@ def _bwrap_works(settings: SandboxSettings) -> str | None:
 
 
 def worker_plan(
-    job: dict, device: str, workdir: str, cwd: str | None, writable: tuple[str, ...] = ()
+    job: dict,
+    device: str,
+    workdir: str,
+    cwd: str | None,
+    writable: tuple[str, ...] = (),
+    readonly: tuple[str, ...] = (),
 ) -> tuple[Plan | None, dict]:
     """How to start a kernel worker: in a sandbox (a Plan, plus the environment it needs), or not (None).
 
     The worker sees the system and the Python installation read-only, the folders its job names (the
-    checkout, entry files) read-only, WORKDIR (its job file) and WRITABLE (the folder the parent reads its
-    raw results from) read-write, and fresh
+    checkout, entry files) and READONLY (a profiler's installation) read-only, WORKDIR (its job file) and
+    WRITABLE (the folder the parent reads its raw results from) read-write, and fresh
     tmpfs for HOME (so its own Triton cache) and /tmp; no network; its own PID namespace; the gate's
     process and every other file of the user (SSH keys, a runner's credentials) do not exist inside.
     KERNALIN_SANDBOX=off runs it unsandboxed; auto (the default) warns once on stderr where bubblewrap
@@ -462,7 +474,10 @@ def worker_plan(
     here = os.path.realpath(cwd or os.getcwd())  # relative entries resolve against it, as outside
     rw = {os.path.realpath(p) for p in writable}  # named in the job too, but bound read-write (below)
     readonly = sorted(
-        {os.path.realpath(p) for p in child_path(cwd) if os.path.isdir(p)} | (_named_paths(job) - rw) | {here}
+        {os.path.realpath(p) for p in child_path(cwd) if os.path.isdir(p)}
+        | (_named_paths(job) - rw)
+        | {here}
+        | {os.path.realpath(p) for p in readonly if os.path.exists(p)}
     )
     if os.geteuid() == 0:  # the job drops to an unprivileged uid: it must be able to read what it needs
         closed = [p for p in readonly if not _others_can_read(p)]
@@ -489,6 +504,11 @@ def worker_plan(
         "TRITON_CACHE_DIR": f"{plan.home}/.triton",
     }
     return plan, env
+
+
+def workers_sandboxed() -> bool:
+    """Whether kernel workers start in the sandbox here: KERNALIN_SANDBOX is not off and bubblewrap works."""
+    return worker_mode() != "off" and _bwrap_works(SandboxSettings()) is None
 
 
 def _others_can_read(path: str) -> bool:

@@ -97,6 +97,11 @@ def test_cold_copies_span_twice_the_l2_within_the_memory_cap():
     assert n["cache"] == 2 and n["cache"] * (64 << 20) >= COLD_L2_MULTIPLE * l2
     capped = cold_copies({"a": 1 << 20, "b": 1 << 20}, launches=10_000, l2=l2, max_bytes=64 << 20)
     assert sum(capped.values()) * (1 << 20) <= 64 << 20 and min(capped.values()) >= 1
+    # a launch that writes 16 MB of rows into a 64 MB cache: two cache copies would find those rows in L2
+    # again two launches later; the copies follow the bytes a launch moves instead
+    rows = cold_copies({"key": 4 << 20, "cache": 64 << 20}, launches=500, l2=l2, max_bytes=4 << 30, touched=16 << 20)
+    assert rows["cache"] == 7 and rows["cache"] * (16 << 20) >= COLD_L2_MULTIPLE * l2
+    assert rows["key"] == 25  # its own size still rules where it asks for more
 
 
 def test_unknown_regime_is_a_usage_error():

@@ -5,6 +5,7 @@ provenance on the CPU, and the report rendering."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -56,11 +57,11 @@ def compiled(tmp_path_factory):
         warps = pool.submit(compile_side, OP, k.entry, trees["warps"], params, cases)
         plan = plan_kernel(kr, k, OP, {}, "cpu", trees["base"], trees["comment"])
         sides = {"base": plan.base, "comment": plan.head, "warps": warps.result()}
-    return cases, sides, kr
+    return cases, sides, kr, trees
 
 
 def test_comment_only_change_is_identical_compiled_code(compiled):
-    cases, s, kr = compiled
+    cases, s, kr, _ = compiled
     assert s["base"].error is None, s["base"].error
     la = s["base"].shapes[0]["launches"][0]
     assert la["kernel"] == "_decode_kernel" and la["compiled"]["sass"] and la["compiled"]["ptx"]
@@ -73,7 +74,7 @@ def test_comment_only_change_is_identical_compiled_code(compiled):
 
 
 def test_num_warps_change_differs_and_says_why(compiled):
-    cases, s, _ = compiled
+    cases, s, _, _ = compiled
     ident = compare(s["base"], s["warps"], cases)
     assert not ident.all_identical and ident.verdict is None
     assert ident.to_time([c.name for c in cases]) == [cases[0].name]
@@ -89,7 +90,7 @@ def test_num_warps_change_differs_and_says_why(compiled):
 
 
 def test_only_the_shapes_that_differ_are_timed(compiled):
-    cases, s, _ = compiled
+    cases, s, _, _ = compiled
     two = [cases[0], Case("second", cases[0].dims, cases[0].dtype)]
     base = SideCompile(s["base"].toolchain, [s["base"].shapes[0]] * 2)
     head = SideCompile(s["comment"].toolchain, [s["comment"].shapes[0], s["warps"].shapes[0]])
@@ -99,11 +100,36 @@ def test_only_the_shapes_that_differ_are_timed(compiled):
 
 
 def test_toolchain_change_times_everything(compiled):
-    cases, s, _ = compiled
+    cases, s, _, _ = compiled
     other = SideCompile(dict(s["comment"].toolchain, triton="0.0-other"), s["comment"].shapes)
     ident = compare(s["base"], other, cases)
     assert ident.toolchain_changed and not ident.all_identical
     assert ident.to_time([c.name for c in cases]) == [c.name for c in cases]
+
+
+def test_the_cpu_path_reports_what_it_can_and_says_what_it_cannot(compiled):
+    """The gate's after-benchmark step on the CPU with --profile, for the num_warps PR (real compiled sides,
+    nothing timed here): static figures from the compiled code, the re-check against the reference, and a
+    stated reason for everything a GPU would add (% of peak, NVML, Nsight Compute)."""
+    from kernalin_ci.config import Kernel
+    from kernalin_ci.explain.gate import Plan, after_bench
+
+    cases, s, _, trees = compiled
+    ident = compare(s["base"], s["warps"], cases)
+    plan = Plan(
+        cases, ident, s["base"], s["warps"], provenance.environment("cpu"), ident.to_time([c.name for c in cases])
+    )
+    plan.base_root = trees["base"]
+    k = Kernel(name="decode_attention", op=OP, entry="kernels/attention.py:decode")
+    kr = KernelReport(k.name, OP, k.entry, "changed")
+    ex = after_bench(plan, kr, k, OP, {}, "cpu", trees["warps"], profile=True)
+    assert ex["profile"] == {"status": "not profiled", "cause": "Nsight Compute needs a GPU (device cpu)"}
+    assert ex["peak_note"].startswith("CPU interpreter wall-clock times: % of a GPU's peak is not available")
+    assert ex["why"] and ex["why"][0]["base"]["registers"] and ex["why"][0]["head"]["num_warps"] == 8
+    assert ex["recheck"]["verdict"] == "pass" and ex["recheck"]["case"] == cases[0].name
+    lines = explain_lines(ex)
+    assert "Nsight Compute: not profiled (Nsight Compute needs a GPU (device cpu))" in lines
+    assert any(ln.startswith("ran on: ") and "not available" in ln for ln in lines)
 
 
 def test_code_normalisation_and_occupancy():
@@ -170,6 +196,13 @@ def test_percent_of_peak_and_above_peak_is_a_measurement_problem():
     fast = peak.shape_peak(small, small.bytes / 9000e9 * 1e3, "bfloat16", h200, 4200.0, tensor=False)
     assert fast["above_peak"] and "measurement problem" in fast["problem"] and "L2" in fast["problem"]
     assert "⚠" in peak.peak_text(fast)
+    # the machine's measured copy bandwidth is a peak too: 4.6 TB/s is 96% of the datasheet but 112% of a
+    # measured 4.1 TB/s copy, which no DRAM read reaches; 4.4 TB/s (107%) is a kernel that only reads
+    at = {gbs: peak.shape_peak(t, t.bytes / (gbs * 1e9) * 1e3, "bfloat16", h200, 4100.0, False) for gbs in (4400, 4600)}
+    assert not at[4400]["above_peak"] and at[4600]["above_peak"]
+    assert at[4600]["problem"].startswith("112% of the measured copy bandwidth 4100 GB/s: a measurement problem")
+    unknown = peak.shape_peak(t, t.bytes / 5000e9 * 1e3, "bfloat16", None, 4100.0, False)
+    assert unknown["above_peak"] and unknown["pct_peak_bw"] is None  # no table row: the copy still counts
 
 
 def test_provenance_on_the_cpu_says_what_is_unavailable():
@@ -241,10 +274,17 @@ def test_report_renders_and_validates():
 
 
 def test_profile_says_when_nsight_is_missing_and_parses_ncu_csv(monkeypatch, tmp_path):
-    from kernalin_ci.explain.profile import nsight, parse, profile_lines
+    from kernalin_ci.explain.profile import (
+        counters_admin_only,
+        install_dirs,
+        nsight,
+        parse,
+        profile_lines,
+        side_by_side,
+    )
 
     monkeypatch.setenv("PATH", str(tmp_path))  # no ncu here
-    assert nsight(True) == {"status": "not available", "cause": "ncu (Nsight Compute) is not on PATH"}
+    assert nsight(True) == {"status": "not profiled", "cause": "ncu (Nsight Compute) is not on PATH"}
     assert nsight(False) is None
     header = '"ID","Process ID","Kernel Name","Metric Name","Metric Unit","Metric Value"'
     text = (
@@ -256,7 +296,68 @@ def test_profile_says_when_nsight_is_missing_and_parses_ncu_csv(monkeypatch, tmp
     )
     rows = parse(text)
     assert rows == [{"kernel": "_decode_kernel", "dram_throughput_pct": 81.52, "achieved_occupancy_pct": 45.0}]
-    lines = profile_lines(
-        {"status": "profiled", "cause": "shape s", "base": {"kernels": rows}, "head": {"error": "ncu exited 1"}}
+    head = [{"kernel": "_decode_kernel", "dram_throughput_pct": 70.0, "l2_hit_rate_pct": 12.5}]
+    p = {
+        "status": "profiled",
+        "cause": "shape s",
+        "sandboxed": True,
+        "base": {"kernels": rows},
+        "head": {"kernels": head},
+    }
+    assert side_by_side(p) == [
+        {
+            "kernel": "_decode_kernel",
+            "dram_throughput_pct": [81.52, 70.0],
+            "achieved_occupancy_pct": [45.0, None],
+            "l2_hit_rate_pct": [None, 12.5],
+        }
+    ]
+    lines = profile_lines(p)
+    assert lines[0] == "Nsight Compute, base -> head (shape s, in the worker sandbox):"
+    assert lines[1] == (
+        "  _decode_kernel: DRAM throughput 81.5% -> 70.0%, achieved occupancy 45.0% -> n/a, L2 hit rate n/a -> 12.5%"
     )
-    assert "dram_throughput_pct 81.5" in lines[1] and lines[2] == "  head: ncu exited 1"
+    failed = profile_lines({"status": "profiled", "cause": "s", "base": {"kernels": rows}, "head": {"error": "ncu: x"}})
+    assert "  head: ncu: x" in failed
+    # the driver's counter restriction, read from its parameter file
+    params = tmp_path / "params"
+    params.write_text("ResmanDebugLevel: 4294967295\nRmProfilingAdminOnly: 1\n")
+    assert counters_admin_only(str(params)) is True
+    params.write_text("RmProfilingAdminOnly: 0\n")
+    assert counters_admin_only(str(params)) is False
+    assert counters_admin_only(str(tmp_path / "absent")) is None
+    assert install_dirs("/usr/local/cuda-13.0/bin/ncu") == ["/usr/local/cuda-13.0"]
+    assert install_dirs("/opt/nvidia/nsight-compute/2025.3.1/ncu") == ["/opt/nvidia/nsight-compute/2025.3.1"]
+
+
+def test_a_profiler_wraps_the_worker_inside_the_worker_sandbox(tmp_path, monkeypatch):
+    """How --profile starts ncu: as `wrap`, the command that starts the worker inside the sandbox. A real
+    wrapper (sh) records who and where it ran, then starts the worker, whose events still arrive."""
+    from kernalin_ci import sandbox
+    from kernalin_ci.isolate import run_task
+
+    monkeypatch.setenv(sandbox.ENV_WORKER_SANDBOX, "auto")
+    if not sandbox.workers_sandboxed():
+        pytest.skip(f"no worker sandbox here: {sandbox._bwrap_works(sandbox.SandboxSettings())}")
+    monkeypatch.setenv(sandbox.ENV_WORKER_SANDBOX, "on")
+    out = tmp_path / "out"
+    out.mkdir()
+    secret = tmp_path / "secret"
+    secret.write_text("outside")
+    script = (
+        'id -u > "$0/uid"; cat "$1" > "$0/secret" 2>/dev/null; echo $$ > "$0/pid"; '
+        'touch /dev/shm/k && echo yes > "$0/shm"; shift; exec "$@"'
+    )
+    o = run_task(
+        {"task": "explain-env", "device": "cpu"},
+        "cpu",
+        120,
+        writable=(str(out),),
+        wrap=("/bin/sh", "-c", script, str(out), str(secret)),
+    )
+    assert o.status == "ok" and any(e.get("event") == "explain-env" for e in o.events)
+    assert int((out / "pid").read_text()) < 10  # its own PID namespace
+    assert (out / "secret").read_text() == ""  # the rest of the file system does not exist inside
+    assert (out / "shm").read_text() == "yes\n"  # POSIX shared memory, the sandbox's own
+    if os.geteuid() == 0:
+        assert (out / "uid").read_text().strip() == "65534"

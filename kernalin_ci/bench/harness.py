@@ -15,8 +15,9 @@ every other instance runs, so each instance starts from the same data.
 
 Regimes (`regime`): `warm` times `inner` back-to-back launches on the same inputs
 after one L2 flush per sample (launches 2..inner find the inputs in L2); `cold`
-gives every input tensor enough copies to span COLD_L2_MULTIPLE x the L2 (at most
-`inner` copies, COLD_MAX_BYTES in all) and launch j of a sample reads copy
+gives every input tensor enough copies to span COLD_L2_MULTIPLE x the L2, and at least enough for
+COLD_L2_MULTIPLE x the L2 of the bytes a launch moves by the op's model (a kernel that touches a few
+rows of a large cache); at most `inner` copies, COLD_MAX_BYTES in all. Launch j of a sample reads copy
 j mod n of each, so every launch reads memory that is not in L2.
 
 Per round and shape:
@@ -117,10 +118,16 @@ def l2_bytes(device: str) -> int:
     return DEFAULT_L2_BYTES["cpu"]
 
 
-def cold_copies(sizes: dict[str, int], launches: int, l2: int, max_bytes: int) -> dict[str, int]:
+def cold_copies(
+    sizes: dict[str, int], launches: int, l2: int, max_bytes: int, touched: int | None = None
+) -> dict[str, int]:
     """Copies per input tensor (name -> bytes) for the cold regime: enough to span COLD_L2_MULTIPLE x l2,
-    at most `launches`, scaled down together when their total would exceed max_bytes (at least 1)."""
-    n = {k: max(1, min(launches, math.ceil(COLD_L2_MULTIPLE * l2 / max(b, 1)))) for k, b in sizes.items()}
+    at most `launches`, scaled down together when their total would exceed max_bytes (at least 1).
+    `touched`: the bytes one launch moves by the op's model (Op.traffic). A launch that reads or writes only
+    part of a large tensor (a few rows of a KV cache) would find that part in L2 again after two copies;
+    every tensor gets at least enough copies for COLD_L2_MULTIPLE x l2 of launches to pass in between."""
+    least = math.ceil(COLD_L2_MULTIPLE * l2 / touched) if touched else 1
+    n = {k: max(1, min(launches, max(least, math.ceil(COLD_L2_MULTIPLE * l2 / max(b, 1))))) for k, b in sizes.items()}
     total = sum(n[k] * sizes[k] for k in sizes)
     if total > max_bytes:
         scale = max_bytes / total
@@ -144,12 +151,12 @@ class SharedInputs:
         self.ring = [self.kw]
         self.written: set[str] = set()
 
-    def make_ring(self, regime: str, launches: int, device: str) -> dict[str, int]:
-        """Build the cold copies (nothing for warm) -> copies per tensor."""
+    def make_ring(self, regime: str, launches: int, device: str, touched: int | None = None) -> dict[str, int]:
+        """Build the cold copies (nothing for warm) -> copies per tensor (`touched`: see cold_copies)."""
         if regime != "cold":
             return {k: 1 for k in self.copies}
         sizes = {k: v[0].numel() * v[0].element_size() for k, v in self.copies.items()}
-        n = cold_copies(sizes, launches, l2_bytes(device), COLD_MAX_BYTES[device])
+        n = cold_copies(sizes, launches, l2_bytes(device), COLD_MAX_BYTES[device], touched)
         for k, c in self.copies.items():
             c += [c[0].clone() for _ in range(n[k] - 1)]
         self.ring = [{**self.kw, **{k: c[j % len(c)] for k, c in self.copies.items()}} for j in range(launches)]
@@ -308,7 +315,7 @@ class CudaClock:
         self.end = torch.cuda.Event(enable_timing=True)
 
     def prepare(
-        self, runners: list[Runner], inputs: SharedInputs, regime: str, emit, label: str
+        self, runners: list[Runner], inputs: SharedInputs, regime: str, emit, label: str, touched: int | None = None
     ) -> tuple[int, str, dict]:
         """Warm up, capture graphs (or fall back to eager for all), choose inner, build the cold copies.
         -> (inner, timing, copies per input)."""
@@ -333,7 +340,7 @@ class CudaClock:
             torch.cuda.synchronize()
         per_launch = self._per_launch(runners[0], timing)
         inner = max(1, min(MAX_INNER, math.ceil(TARGET_SAMPLE_S["cuda"] / max(per_launch, 1e-9))))
-        copies = inputs.make_ring(regime, inner, "cuda")
+        copies = inputs.make_ring(regime, inner, "cuda", touched)
         pool = torch.cuda.graph_pool_handle()  # one pool per shape: identical code, identical addresses
         for r in runners:
             r.inner = inner
@@ -398,7 +405,7 @@ class CpuClock:
         pass
 
     def prepare(
-        self, runners: list[Runner], inputs: SharedInputs, regime: str, emit, label: str
+        self, runners: list[Runner], inputs: SharedInputs, regime: str, emit, label: str, touched: int | None = None
     ) -> tuple[int, str, dict]:
         for r in runners:
             r.warm_up()
@@ -407,7 +414,7 @@ class CpuClock:
         runners[0].call()
         per_launch = time.perf_counter() - t0
         inner = max(1, min(MAX_INNER, math.ceil(TARGET_SAMPLE_S["cpu"] / max(per_launch, 1e-9))))
-        copies = inputs.make_ring(regime, inner, "cpu")
+        copies = inputs.make_ring(regime, inner, "cpu", touched)
         for r in runners:
             r.inner = inner
         return inner, "wall-clock", copies
@@ -522,7 +529,9 @@ def _run(job, emit, op, params, device, fns, cases) -> None:
         gen.manual_seed(seed * 1_000_003 + si)
         runners = [Runner(name, fn, inputs, device) for name, fn in fns]
         sh = Shape(case, inputs, runners, gen)
-        sh.inner, sh.timing, sh.copies = clock.prepare(runners, inputs, regime, emit, case.name)
+        traffic = op.traffic(case, params)
+        touched = traffic.bytes if traffic is not None else None
+        sh.inner, sh.timing, sh.copies = clock.prepare(runners, inputs, regime, emit, case.name, touched)
         shapes.append(sh)
         # the A/A pair (base, base2): identical code in one shared pool gets identical output addresses
         same = runners[0].out_ptrs == runners[2].out_ptrs if len(runners) > 2 and runners[0].out_ptrs else None

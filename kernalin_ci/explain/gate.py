@@ -141,10 +141,7 @@ def after_bench(
     case = smallest(op, params, timed)
     if case is not None and not kr.error:
         out["recheck"] = recheck(k, op_name, case, device, head_root)
-    if profile and device != "cuda":
-        out["profile"] = {"status": "not available", "cause": "Nsight Compute needs a GPU (--device cuda)"}
-    else:
-        out["profile"] = nsight(profile, op_name, k.entry, str(plan.base_root), head_root, params, case)
+    out["profile"] = nsight(profile, op_name, k.entry, str(plan.base_root), head_root, params, case, device)
     return out
 
 

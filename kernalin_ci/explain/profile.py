@@ -1,27 +1,45 @@
 """`--profile`: Nsight Compute metrics of the changed kernels, base and head side by side.
 
-Each side runs in its own worker child under `ncu` (task "explain-profile": the entry is called once to
-compile and warm up, then once more inside an NVTX range `kernalin`, the only range ncu profiles). The
-metrics: DRAM throughput (% of peak), achieved occupancy, L2 hit rate. Where `ncu` is not on PATH the
-report says so.
+Each side runs in its own worker child under `ncu`, inside the same worker sandbox as every kernel worker
+(kernalin_ci/sandbox.py): ncu is the command that starts the worker there (isolate.run_task's `wrap`), its
+installation bound read-only, its CSV written to a folder the parent made. Task "explain-profile": the
+entry is called once to compile and warm up, then once more inside an NVTX range `kernalin`, the only range
+ncu profiles. The metrics: DRAM throughput (% of peak), achieved occupancy, L2 hit rate, duration.
+
+GPU performance counters are for administrators unless the driver allows everyone
+(RmProfilingAdminOnly 0, `NVreg_RestrictProfilingToAdminUsers=0`). The sandboxed worker never has a
+capability (CAP_SYS_ADMIN would let it leave the sandbox; CAP_PERFMON, which drivers since R565 accept,
+would let it watch every process on the host), so where counters are admin-only a sandboxed profile is
+not run, and the report says why. Where ncu is not on PATH, or on the CPU, the report says so too.
 """
 
 from __future__ import annotations
 
 import csv
 import io
-import json
 import os
+import re
 import shutil
-import subprocess
 import tempfile
 
 METRICS = {
     "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram_throughput_pct",
     "sm__warps_active.avg.pct_of_peak_sustained_active": "achieved_occupancy_pct",
     "lts__t_sector_hit_rate.pct": "l2_hit_rate_pct",
-    "gpu__time_duration.sum": "duration",
+    "gpu__time_duration.sum": "duration_ns",
 }
+NOT_PROFILED = "not profiled"
+TIMEOUT_S = 180.0  # one side under ncu, without a word from the worker
+DRIVER_PARAMS = "/proc/driver/nvidia/params"
+ADMIN_ONLY = (
+    "the GPU driver lets only administrators read performance counters (RmProfilingAdminOnly 1) and the "
+    "sandboxed worker has no capability; an administrator may allow everyone "
+    "(nvidia module option NVreg_RestrictProfilingToAdminUsers=0)"
+)
+DENIED = (
+    "the profiled process may not read GPU performance counters (the driver keeps them for processes with "
+    "CAP_SYS_ADMIN, or CAP_PERFMON since R565, unless NVreg_RestrictProfilingToAdminUsers=0)"
+)
 
 
 def run_job(job: dict, emit) -> None:
@@ -61,10 +79,48 @@ def parse(text: str) -> list[dict]:
     return list(rows.values())
 
 
-def profile_side(op: str, entry: str, root: str, params: dict, case, timeout_s: float = 300.0) -> dict:
-    """One side under ncu -> {"kernels": [...]} or {"error": ...}."""
-    from kernalin_ci.isolate import child_env
-    from kernalin_ci.launch import module_argv
+def counters_admin_only(params_file: str = DRIVER_PARAMS) -> bool | None:
+    """Whether the driver restricts GPU performance counters to administrators; None: not known here."""
+    try:
+        with open(params_file) as f:
+            m = re.search(r"RmProfilingAdminOnly:\s*(\d+)", f.read())
+    except OSError:
+        return None
+    return None if m is None else m.group(1) != "0"
+
+
+def install_dirs(ncu: str) -> list[str]:
+    """The folders an ncu on PATH runs from: its own, and the installation above a `bin` folder (the CUDA
+    toolkit's `bin/ncu` is a script that starts `nsight-compute-*/ncu` beside it)."""
+    here = os.path.dirname(os.path.realpath(ncu))
+    return [os.path.dirname(here)] if os.path.basename(here) == "bin" else [here]
+
+
+def ncu_argv(ncu: str, log: str) -> list[str]:
+    """ncu, profiling only the NVTX range `kernalin`, the METRICS in base units, as CSV into LOG; clocks as
+    the benchmark ran them (not locked to base)."""
+    return [
+        ncu,
+        "--csv",
+        "--print-units",
+        "base",
+        "--clock-control",
+        "none",
+        "--target-processes",
+        "all",
+        "--nvtx",
+        "--nvtx-include",
+        "kernalin/",
+        "--metrics",
+        ",".join(METRICS),
+        "--log-file",
+        log,
+    ]
+
+
+def profile_side(op: str, entry: str, root: str, params: dict, case, timeout_s: float | None = None) -> dict:
+    """One side under ncu, in the worker sandbox -> {"kernels": [...]} or {"error": ...}."""
+    from kernalin_ci.isolate import run_task
 
     ncu = shutil.which("ncu")
     job = {
@@ -76,44 +132,32 @@ def profile_side(op: str, entry: str, root: str, params: dict, case, timeout_s: 
         "case": case.to_json(),
         "device": "cuda",
     }
-    with tempfile.TemporaryDirectory(prefix="kernalin-ncu-") as tmp:
-        path = os.path.join(tmp, "job.json")
-        with open(path, "w") as f:
-            json.dump(job, f)
-        log = os.open(os.path.join(tmp, "events"), os.O_WRONLY | os.O_CREAT)
-        argv = [
-            ncu,
-            "--csv",
-            "--target-processes",
-            "all",
-            "--nvtx",
-            "--nvtx-include",
-            "kernalin/",
-            "--metrics",
-            ",".join(METRICS),
-            *module_argv("kernalin_ci.worker", cwd=root),
-            path,
-            str(log),
-        ]
+    with tempfile.TemporaryDirectory(prefix="kernalin-ncu-") as out:
+        log = os.path.join(out, "ncu.csv")
+        o = run_task(
+            job,
+            "cuda",
+            timeout_s or TIMEOUT_S,
+            cwd=root,
+            writable=(out,),
+            wrap=tuple(ncu_argv(ncu, log)),
+            readonly=tuple(install_dirs(ncu)),
+        )
         try:
-            r = subprocess.run(
-                argv,
-                capture_output=True,
-                text=True,
-                timeout=timeout_s,
-                env=child_env("cuda"),
-                cwd=root,
-                pass_fds=(log,),
-            )
-        except subprocess.TimeoutExpired:
-            return {"error": f"ncu did not finish in {timeout_s:g} s"}
-        finally:
-            os.close(log)
-    kernels = parse(r.stdout)
-    if not kernels:
-        tail = " ".join((r.stderr or r.stdout).split()[-40:])[-400:]
-        return {"error": f"ncu exited {r.returncode} with no metrics: {tail}"}
-    return {"kernels": kernels}
+            with open(log, errors="replace") as f:
+                text = f.read()
+        except OSError:
+            text = ""
+    kernels = parse(text)
+    if kernels:
+        return {"kernels": kernels}
+    said = f"{text}\n{o.output_tail}"
+    if "ERR_NVGPUCTRPERM" in said:
+        return {"error": f"ncu: ERR_NVGPUCTRPERM: {DENIED}"}
+    errs = [ln.strip() for ln in said.splitlines() if "==ERROR==" in ln or "Error" in ln][:3]
+    tail = " ".join((" ".join(errs) or said).split()[-40:])[-400:]
+    how = "ok" if o.status == "ok" else o.ended()
+    return {"error": f"ncu profiled no kernel (worker: {how}): {tail}"}
 
 
 def nsight(
@@ -124,28 +168,64 @@ def nsight(
     head_root: str = "",
     params: dict | None = None,
     case=None,
+    device: str = "cuda",
 ) -> dict | None:
     """Base and head under Nsight Compute, or why not."""
     if not requested:
         return None
+    if device != "cuda":
+        return {"status": NOT_PROFILED, "cause": f"Nsight Compute needs a GPU (device {device})"}
     if shutil.which("ncu") is None:
-        return {"status": "not available", "cause": "ncu (Nsight Compute) is not on PATH"}
+        return {"status": NOT_PROFILED, "cause": "ncu (Nsight Compute) is not on PATH"}
     if case is None:
-        return {"status": "not run", "cause": "no timed shape to profile"}
-    from kernalin_ci.sandbox import ENV_WORKER_SANDBOX, worker_mode
+        return {"status": NOT_PROFILED, "cause": "no timed shape to profile"}
+    from kernalin_ci import sandbox
 
-    if worker_mode() != "off":  # ncu starts the worker itself, outside the worker sandbox
+    sandboxed = sandbox.workers_sandboxed()
+    if sandboxed and counters_admin_only():
+        return {"status": NOT_PROFILED, "cause": ADMIN_ONLY, "sandboxed": True}
+    closed = [d for d in install_dirs(shutil.which("ncu") or "") if not sandbox._others_can_read(d)]
+    if sandboxed and os.geteuid() == 0 and closed:  # the worker would start without the sandbox instead
         return {
-            "status": "not run",
-            "cause": f"ncu would run the pull request's code outside the worker sandbox "
-            f"(set {ENV_WORKER_SANDBOX}=off to profile trusted code)",
+            "status": NOT_PROFILED,
+            "cause": f"ncu's installation {closed[0]} is not readable by the sandbox's unprivileged user",
+            "sandboxed": True,
         }
-    out = {"status": "profiled", "cause": f"shape {case.name}", "metrics": list(METRICS.values())}
+    out = {
+        "status": "profiled",
+        "cause": f"shape {case.name}",
+        "sandboxed": sandboxed,
+        "metrics": list(METRICS.values()),
+    }
     for side, root in (("base", base_root), ("head", head_root)):
         out[side] = profile_side(op, entry, root, params or {}, case)
     if all("error" in out[s] for s in ("base", "head")):
         out["status"] = "failed"
+    out["side_by_side"] = side_by_side(out)
     return out
+
+
+LABELS = {
+    "dram_throughput_pct": ("DRAM throughput", "%"),
+    "achieved_occupancy_pct": ("achieved occupancy", "%"),
+    "l2_hit_rate_pct": ("L2 hit rate", "%"),
+    "duration_ns": ("duration", " ns"),
+}
+
+
+def side_by_side(p: dict) -> list[dict]:
+    """Base and head per profiled launch, in launch order: {"kernel", metric: [base, head], ...}."""
+    base, head = (p.get(s, {}).get("kernels") or [] for s in ("base", "head"))
+    rows = []
+    for i in range(max(len(base), len(head))):
+        b = base[i] if i < len(base) else {}
+        h = head[i] if i < len(head) else {}
+        row: dict = {"kernel": h.get("kernel") or b.get("kernel")}
+        for m in METRICS.values():
+            if m in b or m in h:
+                row[m] = [b.get(m), h.get(m)]
+        rows.append(row)
+    return rows
 
 
 def profile_lines(p: dict | None) -> list[str]:
@@ -153,16 +233,20 @@ def profile_lines(p: dict | None) -> list[str]:
         return []
     if p.get("status") != "profiled":
         return [f"Nsight Compute: {p.get('status')} ({p.get('cause')})"]
-    out = [f"Nsight Compute ({p.get('cause')}):"]
+    where = "in the worker sandbox" if p.get("sandboxed") else "without a sandbox"
+    out = [f"Nsight Compute, base -> head ({p.get('cause')}, {where}):"]
     for side in ("base", "head"):
-        s = p.get(side) or {}
-        if s.get("error"):
-            out.append(f"  {side}: {s['error']}")
-        for k in s.get("kernels", []):
-            figs = ", ".join(
-                f"{name} {k[name]:.1f}" if isinstance(k.get(name), float) else f"{name} {k.get(name)}"
-                for name in METRICS.values()
-                if name in k
-            )
-            out.append(f"  {side} {k['kernel'][:60]}: {figs}")
+        if (p.get(side) or {}).get("error"):
+            out.append(f"  {side}: {p[side]['error']}")
+
+    def fig(x, unit: str) -> str:
+        return "n/a" if not isinstance(x, (int, float)) else f"{x:.1f}{unit}"
+
+    for row in p.get("side_by_side") or side_by_side(p):
+        figs = [
+            f"{label} {fig(row[m][0], unit)} -> {fig(row[m][1], unit)}"
+            for m, (label, unit) in LABELS.items()
+            if m in row
+        ]
+        out.append(f"  {str(row['kernel'])[:60]}: {', '.join(figs)}")
     return out

@@ -86,8 +86,10 @@ def explain_lines(ex: dict | None) -> list[str]:
         out.append(f"at the end: {provenance_text(prov['end'])}")
     if prov.get("regime"):
         r = prov["regime"]
+        regime = f"{r['regime']}, " if r.get("regime") else ""
+        flush = {True: "on", False: "off"}.get(r.get("l2_flush"), "n/a")
         out.append(
-            f"timing regime: clock {r.get('clock')}, L2 flush {r.get('l2_flush')}, "
+            f"timing regime: {regime}clock {r.get('clock')}, L2 flush {flush}, "
             f"{', '.join(r.get('timing') or []) or 'n/a'}, {r.get('reps')} reps"
         )
     if prov.get("changed"):
