@@ -4,16 +4,19 @@ the patch writer. Timing here is wall clock under the Triton interpreter: no ass
 import ast
 import json
 import shutil
+import subprocess
 
 import numpy as np
 import pytest
 from conftest import REPO, cli
 
 from kernalin_ci.errors import UsageError
+from kernalin_ci.testing.pytest_fixtures import github_standin  # noqa: F401
 from kernalin_ci.tune import patch, race
 from kernalin_ci.tune.space import TuneSpec, build_space
 
 FIXTURES = REPO / "tests" / "tune_kernels"
+BENCH_KERNELS = REPO / "benchmarks" / "kernels" / "tune"
 CONFIG = """\
 version: 1
 kernels:
@@ -26,9 +29,12 @@ kernels:
 {tune}"""
 
 
-def repo(tmp_path, file, tune=""):
-    (tmp_path / "kernels").mkdir()
-    shutil.copy(FIXTURES / file, tmp_path / "kernels" / file)
+def repo(tmp_path, file, tune="", text=None):
+    (tmp_path / "kernels").mkdir(parents=True)
+    if text is None:
+        shutil.copy(FIXTURES / file, tmp_path / "kernels" / file)
+    else:
+        (tmp_path / "kernels" / file).write_text(text)
     (tmp_path / ".kernalin.yml").write_text(CONFIG.format(file=file, tune=tune))
     return tmp_path
 
@@ -95,9 +101,44 @@ def test_a_tile_larger_than_the_page_is_dropped_with_its_finding_and_never_timed
     assert "BLOCK_N=32 num_warps=2" in (root / "out" / "tune.md").read_text()
 
 
-def test_autotune_space_drops_the_wrong_config_and_writes_the_verified_list(tmp_path):
-    root = repo(tmp_path, "paged_autotuned.py")
-    r = cli("tune", "paged", "--device", "cpu", "--budget-s", "1", "--out", "out", "--write", cwd=root)
+BENCH_CONFIGS = 'CONFIGS = [triton.Config({"BLOCK_N": n}, num_warps=w) for n in (16, 32, 64) for w in (2, 4)]'
+
+
+def paged_autotuned() -> str:
+    """The benchmark's autotuned paged kernel (benchmarks/kernels/tune/), its space narrowed to BLOCK_N 16
+    (right) and 32 (larger than the page: wrong) at num_warps 4, two verifications instead of six."""
+    text = (BENCH_KERNELS / "paged_autotuned.py").read_text()
+    assert text.count(BENCH_CONFIGS) == 1, "the benchmark kernel's CONFIGS line changed: update this test"
+    return text.replace(BENCH_CONFIGS, BENCH_CONFIGS.replace("(16, 32, 64)", "(16, 32)").replace("(2, 4)", "(4,)"))
+
+
+def git(cwd, *args) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
+
+
+def test_autotune_space_drops_the_wrong_config_writes_the_verified_list_and_opens_a_pr(tmp_path, github_standin):
+    """--write edits the working tree; --github pushes HEAD + the patch to a branch of origin (a real bare
+    repository) and opens a pull request into the current branch on the GitHub stand-in."""
+    root = repo(tmp_path / "work", "paged_autotuned.py", text=paged_autotuned())
+    origin = tmp_path / "origin.git"
+    git(tmp_path, "init", "-q", "--bare", "-b", "main", str(origin))
+    git(root, "init", "-q", "-b", "main")
+    git(root, "-c", "user.name=dev", "-c", "user.email=dev@example.invalid", "commit", "-q", "--allow-empty", "-m", "0")
+    git(root, "add", "-A")
+    git(root, "-c", "user.name=dev", "-c", "user.email=dev@example.invalid", "commit", "-q", "-m", "kernels")
+    git(root, "remote", "add", "origin", str(origin))
+    git(root, "push", "-q", "origin", "main")
+    head = git(root, "rev-parse", "HEAD").strip()
+    github_standin.add_repo("acme/kernels", git_dir=str(origin))
+    github_standin.add_token("ghs_tuneTokenForTests0123456789abcdef0000")
+    env = {
+        "GITHUB_API_URL": github_standin.base_url,
+        "GITHUB_TOKEN": "ghs_tuneTokenForTests0123456789abcdef0000",
+        "GITHUB_REPOSITORY": "acme/kernels",
+        "GITHUB_ACTIONS": "",
+    }
+    args = ("tune", "paged", "--device", "cpu", "--budget-s", "1", "--out", "out", "--write", "--github")
+    r = cli(*args, cwd=root, env=env)
     assert r.returncode == 0, r.stderr
     out = json.loads((root / "out" / "tune.json").read_text())
     k = out["space"]["autotune"]  # discovered in a worker: the gate process never imports the kernel
@@ -121,6 +162,17 @@ def test_autotune_space_drops_the_wrong_config_and_writes_the_verified_list(tmp_
         "triton.Config({'BLOCK_N': 16}, num_warps=4, num_stages=3, num_ctas=1)"
     ]
     assert (root / "out" / "tune.patch").read_text().startswith("--- a/kernels/paged_autotuned.py")
+    # --github: HEAD + the patch on a branch of origin, a pull request of it into main; HEAD stays
+    (pr,) = github_standin.pulls("acme/kernels")
+    branch = pr["head_ref"]
+    assert branch.startswith("kernalin-ci/tune/paged-") and pr["base_ref"] == "main" and pr["base_sha"] == head
+    assert pr["title"] == "kernalin-ci tune: paged: BLOCK_N=16 num_warps=4 num_stages=3 num_ctas=1"
+    assert "BLOCK_N=32 num_warps=4" in pr["body"] and "```diff" in pr["body"]  # tune.md: the dropped config
+    pushed = git(origin, "rev-parse", f"refs/heads/{branch}").strip()
+    assert pr["head_sha"] == pushed and git(origin, "rev-parse", f"{pushed}^").strip() == head
+    assert git(origin, "show", f"{pushed}:kernels/paged_autotuned.py") == src  # what --write wrote
+    assert git(root, "rev-parse", "HEAD").strip() == head and git(root, "symbolic-ref", "--short", "HEAD") == "main\n"
+    assert f"opened pull request #{pr['number']}" in r.stdout
 
 
 # ---------------------------------------------------------------- the race's decision code
