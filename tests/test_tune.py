@@ -83,9 +83,16 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
 
 def test_a_tile_larger_than_the_page_is_dropped_with_its_finding_and_never_timed(tmp_path):
     root = repo(tmp_path, "paged_tiles.py", "    tune: {params: {BLOCK_N: [16, 32], num_warps: [2]}}\n")
-    r = cli("tune", "paged", "--device", "cpu", "--budget-s", "1", "--out", "out", "--quiet", cwd=root)
+    r = cli("tune", "paged", "--device", "cpu", "--budget-s", "1", "--out", "out", cwd=root)
     assert r.returncode == 0, r.stderr
     out = json.loads((root / "out" / "tune.json").read_text())
+    # progress on stderr: the space, each verification, the drops, each timing round of the race
+    progress = r.stderr.splitlines()
+    assert "tune paged: 2 candidates (BLOCK_N in [16, 32]; num_warps in [2]) on cpu" in progress
+    assert sum(line.startswith("  verify ") for line in progress) == 3
+    assert any(line.startswith("verified: 1 of 2 candidates pass, 1 dropped (") for line in progress)
+    assert any(line.startswith("  final race of 1 configs and current: ") for line in progress)
+    assert out["stopped"] in ("settled", "budget", "rounds") and out["final_rounds"] >= 1
     checked = {c["label"]: c for c in out["verification"]}
     assert checked["BLOCK_N=32 num_warps=2"]["passed"] is False
     assert checked["BLOCK_N=32 num_warps=2"]["findings"], "dropped without a finding"
@@ -150,6 +157,7 @@ def test_autotune_space_drops_the_wrong_config_writes_the_verified_list_and_open
         "BLOCK_N=32 num_warps=4 num_stages=3 num_ctas=1",
     ]
     assert out["verification"][0]["passed"] is None  # the full autotuner cannot run under the interpreter
+    assert "verified: 1 of 2 candidates pass, 1 dropped (" in r.stderr
     assert [d["label"] for d in out["dropped"]] == ["BLOCK_N=32 num_warps=4 num_stages=3 num_ctas=1"]
     assert out["dropped"][0]["findings"]
     assert out["timed"] == [] and out["stopped"] == "single"
@@ -263,3 +271,39 @@ def test_make_patch_writes_the_chosen_defaults(tmp_path):
     assert "BLOCK_N=8, num_warps=4):" in (root / "kernels" / "paged_tiles.py").read_text()
     result.chosen = "current"
     assert patch.make_patch(result)[0] is None
+
+
+# ---------------------------------------------------------------- never race a config less verified than the current
+
+
+def test_a_config_passes_only_when_checked_at_least_as_well_as_the_current_one():
+    from kernalin_ci.findings import Finding, NotChecked, StructuralStatus, VerifyResult
+    from kernalin_ci.tune.run import judge_verification
+    from kernalin_ci.tune.space import Candidate
+
+    c = Candidate("c0", {"BLOCK_N": 64})
+
+    def result(cases=4, findings=(), refused=(), structural="analysed"):
+        return VerifyResult(
+            "attention.decode_paged",
+            "kernels/paged.py:entry",
+            cases_run=cases,
+            findings=list(findings),
+            not_checked=[NotChecked(s, "unsupported", "BLOCK_N > head_dim") for s in refused],
+            structural=StructuralStatus(structural, None if structural == "analysed" else "no launch captured"),
+        )
+
+    current = result(refused=["D=256 float32"])
+    assert judge_verification(c, result(), 1.0, current).passed is True
+    assert judge_verification(c, result(refused=["D=256 float32"]), 1.0, current).passed is True
+    bad = judge_verification(c, result(findings=[Finding("dynamic", "kv-mask", "masked")]), 1.0, current)
+    assert bad.passed is False and bad.findings
+    nothing = judge_verification(c, result(cases=0), 1.0, current)  # nothing ran: never a pass
+    assert nothing.passed is None and "no verification case ran" in nothing.note
+    narrower = judge_verification(c, result(refused=["D=256 float32", "D=64 float32"]), 1.0, current)
+    assert narrower.passed is False and "refuses 1 shape the current config serves: at D=64 float32" in narrower.note
+    unanalysed = judge_verification(c, result(structural="not-analysed"), 1.0, current)
+    assert unanalysed.passed is None and "structural not analysed" in unanalysed.note
+    assert judge_verification(c, result(structural="not-analysed"), 1.0, result(structural="not-analysed")).passed
+    assert judge_verification(Candidate("current", {}), result(cases=0)).passed is None
+    assert judge_verification(Candidate("current", {}), None).passed is None  # the autotuner on the CPU
