@@ -11,6 +11,7 @@ import pytest
 from conftest import REPO, cli
 
 from kernalin_ci.errors import UsageError
+from kernalin_ci.github.errors import GitHubError
 from kernalin_ci.testing.payloads import pull_request_event
 from kernalin_ci.testing.pytest_fixtures import github_standin  # noqa: F401
 from kernalin_ci.tune import patch as patch_mod
@@ -109,6 +110,10 @@ def test_a_review_suggests_the_lines_in_the_diff_and_is_posted_once(github_stand
     again = post.post(dest, p, str(work), kernel="paged", label="BLOCK_N=8 num_warps=4", markdown="## tune\n")
     assert not again.new and again.url == done.url and len(gh.pulls(NAME)[0]["reviews"]) == 1
     assert "already suggested" in again.line()
+    # what the review left out, GitHub refuses: a line comment outside the pull request's diff
+    outside = {"path": KERNEL, "line": 1, "side": "RIGHT", "body": "x"}
+    with pytest.raises(GitHubError, match="must be part of the diff"):
+        dest.client.post_review(NAME, 7, commit_id=head, body="b", comments=[outside], marker="<!-- other -->")
 
 
 def test_in_a_pull_request_run_the_event_names_the_pr_and_a_file_outside_its_diff_is_not_suggested(
