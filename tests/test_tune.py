@@ -307,3 +307,19 @@ def test_a_config_passes_only_when_checked_at_least_as_well_as_the_current_one()
     assert judge_verification(c, result(structural="not-analysed"), 1.0, result(structural="not-analysed")).passed
     assert judge_verification(Candidate("current", {}), result(cases=0)).passed is None
     assert judge_verification(Candidate("current", {}), None).passed is None  # the autotuner on the CPU
+
+
+def test_a_config_dropped_in_the_race_is_never_judged_or_chosen():
+    from kernalin_ci.tune.run import Target, TuneResult, decide
+    from kernalin_ci.tune.space import Candidate, Space
+
+    result = TuneResult(
+        Target("attention.decode_paged", "k.py:entry", "."), "cpu", Space(Candidate("current", {}), [], {})
+    )
+    # c1 was fastest, then its outputs disagreed in a benchmark round and it left the race
+    acc = synthetic({"current": [1.0, 1.0], "base2": [1.0, 1.0], "c1": [0.5, 0.5], "c2": [0.8, 0.8]})
+    assert decide(result, acc, "current", ["c1", "c2"], None, 0.01) is None and result.chosen == "c1"
+    decide(result, acc, "current", ["c2"], None, 0.01)
+    assert result.chosen == "c2" and all("c1" not in j.ms and j.best == "c2" for j in result.judgements)
+    decide(result, acc, "current", [], None, 0.01)
+    assert result.chosen == "current" and all(set(j.ms) == {"current"} for j in result.judgements)

@@ -311,6 +311,18 @@ def _not_checked_text(r) -> str:
 _MISMATCH = re.compile(r"^(\S+) and (\S+) disagree")
 
 
+def decide(result: TuneResult, acc: dict, reference: str, alive: list[str], rope, rope_min) -> str | None:
+    """Judge the field still in the race (the reference and `alive`; a config dropped since is never
+    judged, so never chosen) on the timing record `acc`; set result.judgements and result.chosen
+    -> a leader held back (race.recommend), or None."""
+    result.judgements = race.judge(acc, reference, "base2", [reference, *alive], rope=rope, rope_min=rope_min)
+    if reference == "current":
+        result.chosen, held = race.recommend(result.judgements, reference)
+        return held
+    result.chosen = race.overall(result.judgements, reference)  # the current config failed verification
+    return None
+
+
 def _race(
     result: TuneResult,
     target: Target,
@@ -416,14 +428,12 @@ def _race(
         else:
             acc = {n: np.concatenate([acc[n], times[n]]) for n in names}
         result.final_rounds = int(acc[reference].shape[0])
-        result.judgements = race.judge(acc, reference, "base2", [reference, *alive], rope=rope, rope_min=rope_min)
-        if reference == "current":
-            result.chosen, held = race.recommend(result.judgements, reference)
-        else:  # the current config failed verification: any verified config beats it
-            result.chosen, held = race.overall(result.judgements, reference), None
+        held = decide(result, acc, reference, alive, rope, rope_min)
         if result.final_rounds >= stats.MIN_ROUNDS and race.settled(result.judgements):
             result.stopped = "settled"
             break
+    if acc is not None and set(result.judgements[0].ms) != {reference, *alive}:
+        held = decide(result, acc, reference, alive, rope, rope_min)  # a leader dropped after the last look
     if result.stopped != "settled":
         if failed:
             result.stopped = "failed"
