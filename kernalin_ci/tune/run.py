@@ -283,7 +283,7 @@ def judge_verification(c: Candidate, r, seconds: float = 0.0, current=None) -> C
     if r.findings:
         return ck
     if not r.cases_run:
-        ck.passed, ck.note = None, "not checked: no verification case ran (" + _not_checked_text(r) + ")"
+        ck.passed, ck.note = None, "no verification case ran (" + _not_checked_text(r) + ")"
         return ck
     if current is None:
         return ck
@@ -297,7 +297,7 @@ def judge_verification(c: Candidate, r, seconds: float = 0.0, current=None) -> C
         )
     elif current.structural.status == "analysed" and r.structural.status != "analysed":
         ck.passed = None
-        ck.note = f"not checked: structural {r.structural.summary()}, where the current config's was analysed"
+        ck.note = f"structural {r.structural.summary()}, where the current config's was analysed"
     return ck
 
 
