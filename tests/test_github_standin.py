@@ -97,11 +97,11 @@ def test_unknown_paths_methods_and_query_parameters_are_problems(bare):
 
 
 def test_valid_but_unimplemented_endpoint_is_a_problem_until_routed(bare):
-    assert requests.get(f"{bare.base_url}/repos/{REPO}/pulls/7", headers=HDRS).status_code == 501
+    assert requests.get(f"{bare.base_url}/repos/{REPO}/pulls/7/commits", headers=HDRS).status_code == 501
     assert "does not implement" in bare.problems[0]
     bare.problems.clear()
-    bare.route("GET", "/repos/{owner}/{repo}/pulls/{pull_number}", lambda ctx: (404, {"message": "Not Found"}))
-    assert requests.get(f"{bare.base_url}/repos/{REPO}/pulls/7", headers=HDRS).status_code == 404
+    bare.route("GET", "/repos/{owner}/{repo}/pulls/{pull_number}/commits", lambda ctx: (404, {"message": "Not Found"}))
+    assert requests.get(f"{bare.base_url}/repos/{REPO}/pulls/7/commits", headers=HDRS).status_code == 404
     assert bare.problems == []
 
 

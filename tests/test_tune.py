@@ -4,16 +4,19 @@ the patch writer. Timing here is wall clock under the Triton interpreter: no ass
 import ast
 import json
 import shutil
+import subprocess
 
 import numpy as np
 import pytest
 from conftest import REPO, cli
 
 from kernalin_ci.errors import UsageError
+from kernalin_ci.testing.pytest_fixtures import github_standin  # noqa: F401
 from kernalin_ci.tune import patch, race
 from kernalin_ci.tune.space import TuneSpec, build_space
 
 FIXTURES = REPO / "tests" / "tune_kernels"
+BENCH_KERNELS = REPO / "benchmarks" / "kernels" / "tune"
 CONFIG = """\
 version: 1
 kernels:
@@ -26,9 +29,12 @@ kernels:
 {tune}"""
 
 
-def repo(tmp_path, file, tune=""):
-    (tmp_path / "kernels").mkdir()
-    shutil.copy(FIXTURES / file, tmp_path / "kernels" / file)
+def repo(tmp_path, file, tune="", text=None):
+    (tmp_path / "kernels").mkdir(parents=True)
+    if text is None:
+        shutil.copy(FIXTURES / file, tmp_path / "kernels" / file)
+    else:
+        (tmp_path / "kernels" / file).write_text(text)
     (tmp_path / ".kernalin.yml").write_text(CONFIG.format(file=file, tune=tune))
     return tmp_path
 
@@ -77,9 +83,16 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
 
 def test_a_tile_larger_than_the_page_is_dropped_with_its_finding_and_never_timed(tmp_path):
     root = repo(tmp_path, "paged_tiles.py", "    tune: {params: {BLOCK_N: [16, 32], num_warps: [2]}}\n")
-    r = cli("tune", "paged", "--device", "cpu", "--budget-s", "1", "--out", "out", "--quiet", cwd=root)
+    r = cli("tune", "paged", "--device", "cpu", "--budget-s", "1", "--out", "out", cwd=root)
     assert r.returncode == 0, r.stderr
     out = json.loads((root / "out" / "tune.json").read_text())
+    # progress on stderr: the space, each verification, the drops, each timing round of the race
+    progress = r.stderr.splitlines()
+    assert "tune paged: 2 candidates (BLOCK_N in [16, 32]; num_warps in [2]) on cpu" in progress
+    assert sum(line.startswith("  verify ") for line in progress) == 3
+    assert any(line.startswith("verified: 1 of 2 candidates pass, 1 dropped (") for line in progress)
+    assert any(line.startswith("  final race of 1 configs and current: ") for line in progress)
+    assert out["stopped"] in ("settled", "budget", "rounds") and out["final_rounds"] >= 1
     checked = {c["label"]: c for c in out["verification"]}
     assert checked["BLOCK_N=32 num_warps=2"]["passed"] is False
     assert checked["BLOCK_N=32 num_warps=2"]["findings"], "dropped without a finding"
@@ -95,9 +108,44 @@ def test_a_tile_larger_than_the_page_is_dropped_with_its_finding_and_never_timed
     assert "BLOCK_N=32 num_warps=2" in (root / "out" / "tune.md").read_text()
 
 
-def test_autotune_space_drops_the_wrong_config_and_writes_the_verified_list(tmp_path):
-    root = repo(tmp_path, "paged_autotuned.py")
-    r = cli("tune", "paged", "--device", "cpu", "--budget-s", "1", "--out", "out", "--write", cwd=root)
+BENCH_CONFIGS = 'CONFIGS = [triton.Config({"BLOCK_N": n}, num_warps=w) for n in (16, 32, 64) for w in (2, 4)]'
+
+
+def paged_autotuned() -> str:
+    """The benchmark's autotuned paged kernel (benchmarks/kernels/tune/), its space narrowed to BLOCK_N 16
+    (right) and 32 (larger than the page: wrong) at num_warps 4, two verifications instead of six."""
+    text = (BENCH_KERNELS / "paged_autotuned.py").read_text()
+    assert text.count(BENCH_CONFIGS) == 1, "the benchmark kernel's CONFIGS line changed: update this test"
+    return text.replace(BENCH_CONFIGS, BENCH_CONFIGS.replace("(16, 32, 64)", "(16, 32)").replace("(2, 4)", "(4,)"))
+
+
+def git(cwd, *args) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
+
+
+def test_autotune_space_drops_the_wrong_config_writes_the_verified_list_and_opens_a_pr(tmp_path, github_standin):
+    """--write edits the working tree; --github pushes HEAD + the patch to a branch of origin (a real bare
+    repository) and opens a pull request into the current branch on the GitHub stand-in."""
+    root = repo(tmp_path / "work", "paged_autotuned.py", text=paged_autotuned())
+    origin = tmp_path / "origin.git"
+    git(tmp_path, "init", "-q", "--bare", "-b", "main", str(origin))
+    git(root, "init", "-q", "-b", "main")
+    git(root, "-c", "user.name=dev", "-c", "user.email=dev@example.invalid", "commit", "-q", "--allow-empty", "-m", "0")
+    git(root, "add", "-A")
+    git(root, "-c", "user.name=dev", "-c", "user.email=dev@example.invalid", "commit", "-q", "-m", "kernels")
+    git(root, "remote", "add", "origin", str(origin))
+    git(root, "push", "-q", "origin", "main")
+    head = git(root, "rev-parse", "HEAD").strip()
+    github_standin.add_repo("acme/kernels", git_dir=str(origin))
+    github_standin.add_token("ghs_tuneTokenForTests0123456789abcdef0000")
+    env = {
+        "GITHUB_API_URL": github_standin.base_url,
+        "GITHUB_TOKEN": "ghs_tuneTokenForTests0123456789abcdef0000",
+        "GITHUB_REPOSITORY": "acme/kernels",
+        "GITHUB_ACTIONS": "",
+    }
+    args = ("tune", "paged", "--device", "cpu", "--budget-s", "1", "--out", "out", "--write", "--github")
+    r = cli(*args, cwd=root, env=env)
     assert r.returncode == 0, r.stderr
     out = json.loads((root / "out" / "tune.json").read_text())
     k = out["space"]["autotune"]  # discovered in a worker: the gate process never imports the kernel
@@ -109,6 +157,7 @@ def test_autotune_space_drops_the_wrong_config_and_writes_the_verified_list(tmp_
         "BLOCK_N=32 num_warps=4 num_stages=3 num_ctas=1",
     ]
     assert out["verification"][0]["passed"] is None  # the full autotuner cannot run under the interpreter
+    assert "verified: 1 of 2 candidates pass, 1 dropped (" in r.stderr
     assert [d["label"] for d in out["dropped"]] == ["BLOCK_N=32 num_warps=4 num_stages=3 num_ctas=1"]
     assert out["dropped"][0]["findings"]
     assert out["timed"] == [] and out["stopped"] == "single"
@@ -121,6 +170,17 @@ def test_autotune_space_drops_the_wrong_config_and_writes_the_verified_list(tmp_
         "triton.Config({'BLOCK_N': 16}, num_warps=4, num_stages=3, num_ctas=1)"
     ]
     assert (root / "out" / "tune.patch").read_text().startswith("--- a/kernels/paged_autotuned.py")
+    # --github: HEAD + the patch on a branch of origin, a pull request of it into main; HEAD stays
+    (pr,) = github_standin.pulls("acme/kernels")
+    branch = pr["head_ref"]
+    assert branch.startswith("kernalin-ci/tune/paged-") and pr["base_ref"] == "main" and pr["base_sha"] == head
+    assert pr["title"] == "kernalin-ci tune: paged: BLOCK_N=16 num_warps=4 num_stages=3 num_ctas=1"
+    assert "BLOCK_N=32 num_warps=4" in pr["body"] and "```diff" in pr["body"]  # tune.md: the dropped config
+    pushed = git(origin, "rev-parse", f"refs/heads/{branch}").strip()
+    assert pr["head_sha"] == pushed and git(origin, "rev-parse", f"{pushed}^").strip() == head
+    assert git(origin, "show", f"{pushed}:kernels/paged_autotuned.py") == src  # what --write wrote
+    assert git(root, "rev-parse", "HEAD").strip() == head and git(root, "symbolic-ref", "--short", "HEAD") == "main\n"
+    assert f"opened pull request #{pr['number']}" in r.stdout
 
 
 # ---------------------------------------------------------------- the race's decision code
@@ -211,3 +271,55 @@ def test_make_patch_writes_the_chosen_defaults(tmp_path):
     assert "BLOCK_N=8, num_warps=4):" in (root / "kernels" / "paged_tiles.py").read_text()
     result.chosen = "current"
     assert patch.make_patch(result)[0] is None
+
+
+# ---------------------------------------------------------------- never race a config less verified than the current
+
+
+def test_a_config_passes_only_when_checked_at_least_as_well_as_the_current_one():
+    from kernalin_ci.findings import Finding, NotChecked, StructuralStatus, VerifyResult
+    from kernalin_ci.tune.run import judge_verification
+    from kernalin_ci.tune.space import Candidate
+
+    c = Candidate("c0", {"BLOCK_N": 64})
+
+    def result(cases=4, findings=(), refused=(), structural="analysed"):
+        return VerifyResult(
+            "attention.decode_paged",
+            "kernels/paged.py:entry",
+            cases_run=cases,
+            findings=list(findings),
+            not_checked=[NotChecked(s, "unsupported", "BLOCK_N > head_dim") for s in refused],
+            structural=StructuralStatus(structural, None if structural == "analysed" else "no launch captured"),
+        )
+
+    current = result(refused=["D=256 float32"])
+    assert judge_verification(c, result(), 1.0, current).passed is True
+    assert judge_verification(c, result(refused=["D=256 float32"]), 1.0, current).passed is True
+    bad = judge_verification(c, result(findings=[Finding("dynamic", "kv-mask", "masked")]), 1.0, current)
+    assert bad.passed is False and bad.findings
+    nothing = judge_verification(c, result(cases=0), 1.0, current)  # nothing ran: never a pass
+    assert nothing.passed is None and "no verification case ran" in nothing.note
+    narrower = judge_verification(c, result(refused=["D=256 float32", "D=64 float32"]), 1.0, current)
+    assert narrower.passed is False and "refuses 1 shape the current config serves: at D=64 float32" in narrower.note
+    unanalysed = judge_verification(c, result(structural="not-analysed"), 1.0, current)
+    assert unanalysed.passed is None and "structural not analysed" in unanalysed.note
+    assert judge_verification(c, result(structural="not-analysed"), 1.0, result(structural="not-analysed")).passed
+    assert judge_verification(Candidate("current", {}), result(cases=0)).passed is None
+    assert judge_verification(Candidate("current", {}), None).passed is None  # the autotuner on the CPU
+
+
+def test_a_config_dropped_in_the_race_is_never_judged_or_chosen():
+    from kernalin_ci.tune.run import Target, TuneResult, decide
+    from kernalin_ci.tune.space import Candidate, Space
+
+    result = TuneResult(
+        Target("attention.decode_paged", "k.py:entry", "."), "cpu", Space(Candidate("current", {}), [], {})
+    )
+    # c1 was fastest, then its outputs disagreed in a benchmark round and it left the race
+    acc = synthetic({"current": [1.0, 1.0], "base2": [1.0, 1.0], "c1": [0.5, 0.5], "c2": [0.8, 0.8]})
+    assert decide(result, acc, "current", ["c1", "c2"], None, 0.01) is None and result.chosen == "c1"
+    decide(result, acc, "current", ["c2"], None, 0.01)
+    assert result.chosen == "c2" and all("c1" not in j.ms and j.best == "c2" for j in result.judgements)
+    decide(result, acc, "current", [], None, 0.01)
+    assert result.chosen == "current" and all(set(j.ms) == {"current"} for j in result.judgements)

@@ -57,6 +57,16 @@ def add_arguments(p):
     p.add_argument(
         "--write", action="store_true", help="apply the chosen config to the source (tune.patch is written either way)"
     )
+    p.add_argument(
+        "--github",
+        action="store_true",
+        help="post the patch: suggestions on the current pull request (a pull_request run, or --pr), "
+        "else a branch and a new pull request",
+    )
+    p.add_argument("--pr", type=int, metavar="N", help="with --github: review pull request N")
+    p.add_argument(
+        "--base", metavar="BRANCH", help="with --github, a new pull request's base branch (default: the current branch)"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
@@ -121,6 +131,17 @@ def run(args) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out}: not a directory")
+    if (args.pr is not None or args.base is not None) and not args.github:
+        raise UsageError("--pr and --base go with --github")
+    dest = None
+    if args.github:  # credentials and the repository are checked before any GPU time is spent
+        from kernalin_ci.entry import parse_entry
+        from kernalin_ci.tune import post
+
+        dest = post.resolve(target.root, pr=args.pr, base=args.base)
+        es = parse_entry(target.entry)
+        if es.is_file:
+            post.check_clean(dest, es.file_path(Path(target.root)))
     result = tune(
         target,
         spec,
@@ -149,5 +170,32 @@ def run(args) -> int:
         print(f"  patch: {out / 'tune.patch'} (apply with --write or `git apply`)")
     else:
         print(f"  no patch: {why}")
+    code = 0 if result.chosen is not None or result.stopped in ("single",) else 1
+    if dest is not None:
+        code = max(code, _post(dest, patch, why, result, target, out))
     sys.stdout.flush()
-    return 0 if result.chosen is not None or result.stopped in ("single",) else 1
+    return code
+
+
+def _post(dest, patch, why: str, result, target, out: Path) -> int:
+    """--github, after the outputs are written: 0 posted (or nothing to post), 1 when GitHub refused or failed."""
+    from kernalin_ci.github.errors import GitHubError
+    from kernalin_ci.tune import post
+
+    if patch is None:
+        print(f"  --github: nothing to post ({why})")
+        return 0
+    try:
+        done = post.post(
+            dest,
+            patch,
+            target.root,
+            kernel=target.name or target.entry,
+            label=result.label(result.chosen),
+            markdown=(out / "tune.md").read_text(),
+        )
+    except GitHubError as e:
+        print(f"kernalin-ci tune: --github: {e} (tune.md and tune.patch are in {out})", file=sys.stderr)
+        return 1
+    print(f"  {done.line()}")
+    return 0

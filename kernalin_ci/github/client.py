@@ -76,6 +76,25 @@ class Posted:
     html_url: str
 
 
+@dataclass
+class PullRequestInfo:
+    number: int
+    head_sha: str
+    head_ref: str
+    head_repo: str | None  # owner/name; None when a fork was deleted
+    base_ref: str
+    html_url: str
+
+
+@dataclass
+class PullFile:
+    """A file a pull request changes: its blob sha at the head (None when removed) and its diff hunks."""
+
+    path: str
+    sha: str | None
+    patch: str  # GitHub's per-file patch: the hunks ("@@ -a,b +c,d @@" ...); empty for a binary or huge file
+
+
 def sticky_marker(name: str = DEFAULT_NAME) -> str:
     """The hidden first line that identifies the sticky comment of check NAME."""
     return f"<!-- kernalin-ci sticky comment: {name.replace('--', '- -')} -->"
@@ -312,3 +331,56 @@ class GitHubClient:
             return Posted(keep.id, keep.html_url)
 
         return self._call(f"update the comment on pull request #{pr_number}", once)
+
+    # -- pull requests and reviews (kernalin-ci tune --github) -------------------------------------
+    def pull_request(self, repo: str, number: int) -> PullRequestInfo:
+        """The head and base of pull request NUMBER."""
+
+        def once() -> PullRequestInfo:
+            pr = self._repo(repo).get_pull(number)
+            head_repo = pr.head.repo.full_name if pr.head.repo else None
+            return PullRequestInfo(number, pr.head.sha, pr.head.ref, head_repo, pr.base.ref, pr.html_url)
+
+        return self._call(f"read pull request #{number}", once)
+
+    def pull_files(self, repo: str, number: int) -> list[PullFile]:
+        """The files pull request NUMBER changes: path, blob sha at its head, and the patch (its diff hunks)."""
+        return self._call(
+            f"list the files of pull request #{number}",
+            lambda: [PullFile(f.filename, f.sha, f.patch or "") for f in self._repo(repo).get_pull(number).get_files()],
+        )
+
+    def post_review(
+        self, repo: str, number: int, *, commit_id: str, body: str, comments: Sequence[dict], marker: str
+    ) -> tuple[Posted, bool]:
+        """A review (event COMMENT) with line COMMENTS on pull request NUMBER at COMMIT_ID; BODY starts with MARKER.
+        -> (the review, whether it was posted now). A review whose body starts with MARKER is never posted
+        twice: one retry unit that looks for it first (an earlier run, or a create whose answer was lost)."""
+        full = truncate_markdown(f"{marker}\n{body}", COMMENT_MAX_CHARS, "review")
+
+        def once() -> tuple[Posted, bool]:
+            pr = self._repo(repo).get_pull(number)  # lazy: no request
+            for r in pr.get_reviews():
+                if (r.body or "").startswith(marker):
+                    return Posted(r.id, r.html_url), False
+            r = pr.create_review(
+                commit=self._repo(repo).get_commit(commit_id), body=full, event="COMMENT", comments=list(comments)
+            )
+            return Posted(r.id, r.html_url), True
+
+        return self._call(f"review pull request #{number}", once)
+
+    def open_pull_request(self, repo: str, *, head: str, base: str, title: str, body: str) -> tuple[Posted, bool]:
+        """Open a pull request of branch HEAD (in REPO) into BASE -> (it, whether it was opened now). An open
+        one of HEAD into BASE is reused (a branch pushed again), also when a create's answer was lost."""
+        owner = repo.split("/")[0]
+        full = truncate_markdown(body, COMMENT_MAX_CHARS, "description")
+
+        def once() -> tuple[Posted, bool]:
+            r = self._repo(repo)
+            for pr in r.get_pulls(state="open", head=f"{owner}:{head}", base=base):
+                return Posted(pr.number, pr.html_url), False
+            pr = r.create_pull(base=base, head=head, title=title[:256], body=full)
+            return Posted(pr.number, pr.html_url), True
+
+        return self._call(f"open a pull request of {head} into {base}", once)

@@ -41,10 +41,19 @@ def message_of(e: GithubException) -> str:
     data = e.data
     if isinstance(data, dict):
         text = data.get("message") or data.get("data") or ""
+        details = [_error_text(x) for x in data.get("errors") or [] if _error_text(x)]
+        if details:  # "Validation Failed" says little; its errors say what
+            text = f"{text} ({'; '.join(details)})"
     else:
         text = data or ""
     text = " ".join(str(text).split())
     return text[:300] if text else "(no message)"
+
+
+def _error_text(x) -> str:
+    if isinstance(x, dict):
+        return str(x.get("message") or " ".join(str(x[k]) for k in ("resource", "field", "code") if x.get(k)))
+    return str(x)
 
 
 def is_rate_limited(e: GithubException) -> bool:

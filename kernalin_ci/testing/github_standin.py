@@ -19,8 +19,12 @@ that does not match the description. The pytest fixture in
 `problems` is not empty.
 
 State is in memory: repositories with known commits and pull requests, check
-runs (with check suites and annotations), issue comments, commit statuses, GitHub
-Apps with installations and installation tokens. Tokens carry GitHub App
+runs (with check suites and annotations), issue comments, commit statuses, pull
+request reviews, GitHub Apps with installations and installation tokens. A
+repository added with `git_dir=` (a real bare repository the test pushes to) has
+branches: a pull request opened over the API needs its head and base branches
+there, and a pull request's files and diff hunks (where a review comment may go)
+are `git diff`'s. Tokens carry GitHub App
 permissions (`checks`, `statuses`, `issues`, `pull_requests`, ...): a write without
 the permission answers 403 "Resource not accessible by integration", as GitHub
 does for the read-only GITHUB_TOKEN of a pull request from a fork. App endpoints
@@ -42,7 +46,9 @@ import copy
 import fnmatch
 import itertools
 import json
+import re
 import secrets
+import subprocess
 import threading
 import time
 import traceback
@@ -173,6 +179,8 @@ class Repo:
     check_suites: dict[tuple, int] = field(default_factory=dict)  # (app_id, head_sha) -> id
     comments: dict[int, dict] = field(default_factory=dict)
     statuses: list[dict] = field(default_factory=list)
+    git_dir: str | None = None  # a real (bare) git repository: its branches and commits
+    default_branch: str = "main"
 
 
 @dataclass
@@ -267,9 +275,10 @@ class GitHubStandIn:
         return f"{self.web_url}{self.prefix}"
 
     # -- the world --------------------------------------------------------------------------------
-    def add_repo(self, full_name: str) -> Repo:
+    def add_repo(self, full_name: str, *, git_dir: str | None = None, default_branch: str = "main") -> Repo:
+        """A repository; with GIT_DIR (a real repository), its branches, commits and diffs are git's."""
         with self._lock:
-            repo = Repo(next(self._ids), full_name)
+            repo = Repo(next(self._ids), full_name, git_dir=git_dir, default_branch=default_branch)
             self._repos[full_name] = repo
             return repo
 
@@ -287,22 +296,39 @@ class GitHubStandIn:
         head_ref: str = "feature",
         base_ref: str = "main",
         head_repo: str | None = None,
+        title: str = "A change",
+        body: str | None = None,
+        login: str = "octocat",
     ) -> dict:
         """A pull request (an issue too) from HEAD_REPO (a fork when it differs from REPO) into REPO."""
         with self._lock:
             r = self._repos[repo]
             r.commits.update({head_sha, base_sha})
-            pr = {
-                "id": next(self._ids),
-                "number": number,
-                "head_sha": head_sha,
-                "base_sha": base_sha,
-                "head_ref": head_ref,
-                "base_ref": base_ref,
-                "head_repo": head_repo or repo,
-            }
-            r.pulls[number] = pr
+            pr = self._new_pull(
+                r, number, head_sha, base_sha, head_ref, base_ref, head_repo or repo, title, body, login
+            )
             return dict(pr)
+
+    def _new_pull(self, r: Repo, number, head_sha, base_sha, head_ref, base_ref, head_repo, title, body, login) -> dict:
+        now = iso()
+        pr = {
+            "id": next(self._ids),
+            "number": number,
+            "head_sha": head_sha,
+            "base_sha": base_sha,
+            "head_ref": head_ref,
+            "base_ref": base_ref,
+            "head_repo": head_repo,
+            "title": title,
+            "body": body,
+            "state": "open",
+            "login": login,
+            "created_at": now,
+            "updated_at": now,
+            "reviews": [],
+        }
+        r.pulls[number] = pr
+        return pr
 
     def add_token(
         self,
@@ -390,6 +416,11 @@ class GitHubStandIn:
     def comments(self, repo: str, issue_number: int) -> list[dict]:
         with self._lock:
             return [copy.deepcopy(c) for c in self._repos[repo].comments.values() if c["issue_number"] == issue_number]
+
+    def pulls(self, repo: str) -> list[dict]:
+        """Every pull request of REPO, oldest first, each with its 'reviews' (and their 'comments')."""
+        with self._lock:
+            return [copy.deepcopy(pr) for pr in self._repos[repo].pulls.values()]
 
     def statuses(self, repo: str, sha: str | None = None) -> list[dict]:
         with self._lock:
@@ -741,6 +772,12 @@ class GitHubStandIn:
             ("POST", R + "/statuses/{sha}", self._create_status),
             ("GET", R + "/commits/{ref}/statuses", self._list_statuses),
             ("GET", R + "/installation", self._get_repo_installation),
+            ("GET", R + "/pulls", self._list_pulls),
+            ("POST", R + "/pulls", self._create_pull),
+            ("GET", R + "/pulls/{pull_number}", self._get_pull),
+            ("GET", R + "/pulls/{pull_number}/files", self._list_pull_files),
+            ("GET", R + "/pulls/{pull_number}/reviews", self._list_reviews),
+            ("POST", R + "/pulls/{pull_number}/reviews", self._create_review),
             ("POST", "/app/installations/{installation_id}/access_tokens", self._create_installation_token),
         ]:
             self.route(method, template, fn)
@@ -1034,6 +1071,397 @@ class GitHubStandIn:
             "permissions": perms,
             "repository_selection": "selected",
         }
+
+    # -- pull requests and reviews ----------------------------------------------------------------
+    def _git(self, repo: Repo, *args: str) -> str | None:
+        """git's answer in REPO's git_dir, None when it fails (a missing ref)."""
+        if repo.git_dir is None:
+            return None
+        r = subprocess.run(["git", "--git-dir", repo.git_dir, *args], capture_output=True, text=True)
+        return r.stdout if r.returncode == 0 else None
+
+    def _branch_sha(self, repo: Repo, branch: str) -> str | None:
+        out = self._git(repo, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}^{{commit}}")
+        return out.strip() if out else None
+
+    def _repo_json(self, repo: Repo) -> dict:
+        api, web = f"{self.base_url}/repos/{repo.full_name}", f"{self.web_url}/{repo.full_name}"
+        owner, name = repo.full_name.split("/", 1)
+        host = urlsplit(self.web_url).netloc
+        d = {
+            "id": repo.id,
+            "node_id": node_id("Repository", repo.id),
+            "name": name,
+            "full_name": repo.full_name,
+            "license": None,
+            "owner": self._user(owner),
+            "private": False,
+            "html_url": web,
+            "description": None,
+            "fork": False,
+            "url": api,
+            "git_url": f"git://{host}/{repo.full_name}.git",
+            "ssh_url": f"git@{host}:{repo.full_name}.git",
+            "clone_url": f"{web}.git",
+            "svn_url": web,
+            "mirror_url": None,
+            "homepage": None,
+            "language": "Python",
+            "forks": 0,
+            "forks_count": 0,
+            "stargazers_count": 0,
+            "watchers_count": 0,
+            "watchers": 0,
+            "size": 1,
+            "default_branch": repo.default_branch,
+            "open_issues": 0,
+            "open_issues_count": 0,
+            "has_issues": True,
+            "has_projects": True,
+            "has_wiki": False,
+            "has_pages": False,
+            "has_downloads": True,
+            "archived": False,
+            "disabled": False,
+            "pushed_at": iso(0),
+            "created_at": iso(0),
+            "updated_at": iso(0),
+        }
+        for k, tail in {
+            "archive_url": "/{archive_format}{/ref}",
+            "assignees_url": "/assignees{/user}",
+            "blobs_url": "/git/blobs{/sha}",
+            "branches_url": "/branches{/branch}",
+            "collaborators_url": "/collaborators{/collaborator}",
+            "comments_url": "/comments{/number}",
+            "commits_url": "/commits{/sha}",
+            "compare_url": "/compare/{base}...{head}",
+            "contents_url": "/contents/{+path}",
+            "contributors_url": "/contributors",
+            "deployments_url": "/deployments",
+            "downloads_url": "/downloads",
+            "events_url": "/events",
+            "forks_url": "/forks",
+            "git_commits_url": "/git/commits{/sha}",
+            "git_refs_url": "/git/refs{/sha}",
+            "git_tags_url": "/git/tags{/sha}",
+            "hooks_url": "/hooks",
+            "issue_comment_url": "/issues/comments{/number}",
+            "issue_events_url": "/issues/events{/number}",
+            "issues_url": "/issues{/number}",
+            "keys_url": "/keys{/key_id}",
+            "labels_url": "/labels{/name}",
+            "languages_url": "/languages",
+            "merges_url": "/merges",
+            "milestones_url": "/milestones{/number}",
+            "notifications_url": "/notifications{?since,all,participating}",
+            "pulls_url": "/pulls{/number}",
+            "releases_url": "/releases{/id}",
+            "stargazers_url": "/stargazers",
+            "statuses_url": "/statuses/{sha}",
+            "subscribers_url": "/subscribers",
+            "subscription_url": "/subscription",
+            "tags_url": "/tags",
+            "teams_url": "/teams",
+            "trees_url": "/git/trees{/sha}",
+        }.items():
+            d[k] = api + tail
+        return d
+
+    def _pull_json(self, repo: Repo, pr: dict, *, full: bool = True) -> dict:
+        api = f"{self.base_url}/repos/{repo.full_name}"
+        url = f"{api}/pulls/{pr['number']}"
+        html = f"{self.web_url}/{repo.full_name}/pull/{pr['number']}"
+        head_repo = self._repos.get(pr["head_repo"])
+
+        def side(ref: str, sha: str, r: Repo | None) -> dict:
+            owner = (r.full_name if r else pr["head_repo"]).split("/")[0]
+            return {
+                "label": f"{owner}:{ref}",
+                "ref": ref,
+                "sha": sha,
+                "user": self._user(owner),
+                "repo": self._repo_json(r) if r else None,
+            }
+
+        d = {
+            "url": url,
+            "id": pr["id"],
+            "node_id": node_id("PullRequest", pr["id"]),
+            "html_url": html,
+            "diff_url": f"{html}.diff",
+            "patch_url": f"{html}.patch",
+            "issue_url": f"{api}/issues/{pr['number']}",
+            "commits_url": f"{url}/commits",
+            "review_comments_url": f"{url}/comments",
+            "review_comment_url": f"{api}/pulls/comments{{/number}}",
+            "comments_url": f"{api}/issues/{pr['number']}/comments",
+            "statuses_url": f"{api}/statuses/{pr['head_sha']}",
+            "number": pr["number"],
+            "state": pr["state"],
+            "locked": False,
+            "title": pr["title"],
+            "user": self._user(pr["login"]),
+            "body": pr["body"],
+            "labels": [],
+            "milestone": None,
+            "active_lock_reason": None,
+            "created_at": pr["created_at"],
+            "updated_at": pr["updated_at"],
+            "closed_at": None,
+            "merged_at": None,
+            "merge_commit_sha": None,
+            "assignee": None,
+            "assignees": [],
+            "requested_reviewers": [],
+            "requested_teams": [],
+            "head": side(pr["head_ref"], pr["head_sha"], head_repo),
+            "base": side(pr["base_ref"], pr["base_sha"], repo),
+            "_links": {
+                k: {"href": v}
+                for k, v in {
+                    "self": url,
+                    "html": html,
+                    "issue": f"{api}/issues/{pr['number']}",
+                    "comments": f"{api}/issues/{pr['number']}/comments",
+                    "review_comments": f"{url}/comments",
+                    "review_comment": f"{api}/pulls/comments{{/number}}",
+                    "commits": f"{url}/commits",
+                    "statuses": f"{api}/statuses/{pr['head_sha']}",
+                }.items()
+            },
+            "author_association": "NONE",
+            "auto_merge": None,
+            "draft": False,
+        }
+        d["base"]["user"] = self._user(repo.full_name.split("/")[0])
+        d["base"]["label"] = f"{repo.full_name.split('/')[0]}:{pr['base_ref']}"
+        if full:
+            files = self._pull_files(repo, pr)
+            d.update(
+                {
+                    "merged": False,
+                    "mergeable": None,
+                    "rebaseable": None,
+                    "mergeable_state": "unknown",
+                    "merged_by": None,
+                    "comments": sum(c["issue_number"] == pr["number"] for c in repo.comments.values()),
+                    "review_comments": sum(len(r["comments"]) for r in pr["reviews"]),
+                    "maintainer_can_modify": False,
+                    "commits": 1,
+                    "additions": sum(f["additions"] for f in files),
+                    "deletions": sum(f["deletions"] for f in files),
+                    "changed_files": len(files),
+                }
+            )
+        return d
+
+    def _pull(self, repo: Repo, ctx: Ctx) -> dict:
+        pr = repo.pulls.get(int(ctx.path_params["pull_number"]))
+        if pr is None:
+            raise ApiError(404, "Not Found")
+        return pr
+
+    def _pull_files(self, repo: Repo, pr: dict, head_sha: str | None = None) -> list[dict]:
+        """The files of PR as GitHub lists them: `git diff base...head`, a `patch` (its hunks) per file."""
+        head = head_sha or pr["head_sha"]
+        out = self._git(repo, "diff", "--no-renames", "--unified=3", f"{pr['base_sha']}...{head}")
+        if not out:
+            return []
+        files = []
+        for block in re.split(r"^diff --git ", out, flags=re.M)[1:]:
+            lines = block.split("\n")
+            status, name = "modified", None
+            for line in lines:
+                if line.startswith("new file mode"):
+                    status = "added"
+                elif line.startswith("deleted file mode"):
+                    status = "removed"
+                elif line.startswith("+++ b/"):
+                    name = line[6:]
+                elif line.startswith("--- a/") and name is None:
+                    name = line[6:]
+                elif line.startswith("@@"):
+                    break
+            if name is None:
+                continue
+            start = next((i for i, x in enumerate(lines) if x.startswith("@@")), len(lines))
+            hunk_lines = [x for x in lines[start:] if x or False]
+            adds = sum(x.startswith("+") for x in hunk_lines)
+            dels = sum(x.startswith("-") for x in hunk_lines)
+            blob = self._git(repo, "rev-parse", f"{head if status != 'removed' else pr['base_sha']}:{name}")
+            ref = head if status != "removed" else pr["base_sha"]
+            files.append(
+                {
+                    "sha": blob.strip() if blob else None,
+                    "filename": name,
+                    "status": status,
+                    "additions": adds,
+                    "deletions": dels,
+                    "changes": adds + dels,
+                    "blob_url": f"{self.web_url}/{repo.full_name}/blob/{ref}/{name}",
+                    "raw_url": f"{self.web_url}/{repo.full_name}/raw/{ref}/{name}",
+                    "contents_url": f"{self.base_url}/repos/{repo.full_name}/contents/{name}?ref={ref}",
+                    "patch": "\n".join(hunk_lines),
+                }
+            )
+        return files
+
+    @staticmethod
+    def _hunks(patch: str) -> list[dict[str, tuple[int, int]]]:
+        """Per hunk of a file's patch: the line ranges it shows, {"LEFT": (first, last), "RIGHT": ...}."""
+        out = []
+        for m in re.finditer(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@", patch, flags=re.M):
+            a, b, c, d = int(m[1]), int(m[2] or 1), int(m[3]), int(m[4] or 1)
+            out.append({"LEFT": (a, a + b - 1), "RIGHT": (c, c + d - 1)})
+        return out
+
+    def _list_pulls(self, ctx: Ctx):
+        repo = ctx.repo("pull_requests")
+        state = ctx.q("state", "open")
+        items = [pr for pr in repo.pulls.values() if state == "all" or pr["state"] == state]
+        if ctx.q("head"):
+            owner, _, ref = ctx.q("head").rpartition(":")
+            items = [
+                pr for pr in items if pr["head_ref"] == ref and (not owner or pr["head_repo"].split("/")[0] == owner)
+            ]
+        if ctx.q("base"):
+            items = [pr for pr in items if pr["base_ref"] == ctx.q("base")]
+        items = sorted(items, key=lambda pr: -pr["number"])
+        page = self._paginate(ctx, f"/repos/{repo.full_name}/pulls", items)
+        return 200, [self._pull_json(repo, pr, full=False) for pr in page]
+
+    def _create_pull(self, ctx: Ctx):
+        repo = ctx.repo("pull_requests", level="write")
+        b = ctx.body
+        if not b.get("title"):
+            raise ApiError(
+                422,
+                "Validation Failed",
+                errors=[{"resource": "PullRequest", "field": "title", "code": "missing_field"}],
+            )
+        owner, _, head_ref = b["head"].rpartition(":")
+        if owner and owner != repo.full_name.split("/")[0]:
+            raise ApiError(
+                422, "Validation Failed", errors=[{"resource": "PullRequest", "field": "head", "code": "invalid"}]
+            )
+        head_sha = self._branch_sha(repo, head_ref)
+        base_sha = self._branch_sha(repo, b["base"])
+        for name, sha in (("head", head_sha), ("base", base_sha)):
+            if sha is None:
+                raise ApiError(
+                    422, "Validation Failed", errors=[{"resource": "PullRequest", "field": name, "code": "invalid"}]
+                )
+        for pr in repo.pulls.values():
+            if pr["state"] == "open" and pr["head_ref"] == head_ref and pr["base_ref"] == b["base"]:
+                message = f"A pull request already exists for {repo.full_name.split('/')[0]}:{head_ref}."
+                raise ApiError(
+                    422, "Validation Failed", errors=[{"resource": "PullRequest", "code": "custom", "message": message}]
+                )
+        if not self._git(repo, "rev-list", f"{base_sha}..{head_sha}").strip():
+            message = f"No commits between {b['base']} and {head_ref}"
+            raise ApiError(
+                422, "Validation Failed", errors=[{"resource": "PullRequest", "code": "custom", "message": message}]
+            )
+        repo.commits.update({head_sha, base_sha})
+        number = max([*repo.pulls, 0]) + 1
+        pr = self._new_pull(
+            repo,
+            number,
+            head_sha,
+            base_sha,
+            head_ref,
+            b["base"],
+            repo.full_name,
+            b["title"],
+            b.get("body"),
+            ctx.auth.login,
+        )
+        return 201, self._pull_json(repo, pr)
+
+    def _get_pull(self, ctx: Ctx):
+        repo = ctx.repo("pull_requests")
+        return 200, self._pull_json(repo, self._pull(repo, ctx))
+
+    def _list_pull_files(self, ctx: Ctx):
+        repo = ctx.repo("pull_requests")
+        pr = self._pull(repo, ctx)
+        page = self._paginate(ctx, f"/repos/{repo.full_name}/pulls/{pr['number']}/files", self._pull_files(repo, pr))
+        return 200, page
+
+    def _review_json(self, repo: Repo, pr: dict, r: dict) -> dict:
+        url = f"{self.base_url}/repos/{repo.full_name}/pulls/{pr['number']}"
+        html = f"{self.web_url}/{repo.full_name}/pull/{pr['number']}#pullrequestreview-{r['id']}"
+        return {
+            "id": r["id"],
+            "node_id": node_id("PullRequestReview", r["id"]),
+            "user": self._user(r["login"]),
+            "body": r["body"],
+            "state": r["state"],
+            "html_url": html,
+            "pull_request_url": url,
+            "_links": {"html": {"href": html}, "pull_request": {"href": url}},
+            "submitted_at": r["submitted_at"],
+            "commit_id": r["commit_id"],
+            "author_association": "NONE",
+        }
+
+    def _list_reviews(self, ctx: Ctx):
+        repo = ctx.repo("pull_requests")
+        pr = self._pull(repo, ctx)
+        page = self._paginate(ctx, f"/repos/{repo.full_name}/pulls/{pr['number']}/reviews", pr["reviews"])
+        return 200, [self._review_json(repo, pr, r) for r in page]
+
+    def _create_review(self, ctx: Ctx):
+        repo = ctx.repo("pull_requests", level="write")
+        pr = self._pull(repo, ctx)
+        b = ctx.body or {}
+        event = b.get("event")
+        commit = b.get("commit_id") or pr["head_sha"]
+        if commit not in repo.commits and self._git(repo, "cat-file", "-e", f"{commit}^{{commit}}") is None:
+            raise ApiError(422, "Unprocessable Entity", errors=["Commit not found"])
+        if event in ("COMMENT", "REQUEST_CHANGES") and not b.get("body"):
+            raise ApiError(422, "Unprocessable Entity", errors=[f"Body is required for event {event}"])
+        if event in ("APPROVE", "REQUEST_CHANGES") and ctx.auth.login == pr["login"]:
+            raise ApiError(422, "Unprocessable Entity", errors=["Can not approve your own pull request"])
+        files = {f["filename"]: f for f in self._pull_files(repo, pr, commit)}
+        comments = []
+        for c in b.get("comments", []):
+            if "line" not in c:
+                raise ApiError(422, "Unprocessable Entity", errors=["the stand-in takes line-based comments only"])
+            side = c.get("side", "RIGHT")
+            first = c.get("start_line", c["line"])
+            if c.get("start_side", side) != side or first > c["line"]:
+                raise ApiError(422, "Unprocessable Entity", errors=["start_line must precede line, on the same side"])
+            f = files.get(c["path"])
+            if f is None:
+                raise ApiError(422, "Unprocessable Entity", errors=["Path could not be resolved"])
+            hunks = self._hunks(f.get("patch", ""))
+            if not any(h[side][0] <= c["line"] <= h[side][1] for h in hunks):
+                raise ApiError(
+                    422, "Unprocessable Entity", errors=["pull_request_review_thread.line must be part of the diff"]
+                )
+            if not any(h[side][0] <= first and c["line"] <= h[side][1] for h in hunks):
+                raise ApiError(
+                    422,
+                    "Unprocessable Entity",
+                    errors=["pull_request_review_thread.start_line must be part of the same hunk as the line."],
+                )
+            comments.append({**c, "side": side, "start_line": first})
+        state = {"APPROVE": "APPROVED", "REQUEST_CHANGES": "CHANGES_REQUESTED", "COMMENT": "COMMENTED"}.get(
+            event, "PENDING"
+        )
+        r = {
+            "id": next(self._ids),
+            "body": b.get("body", ""),
+            "state": state,
+            "commit_id": commit,
+            "login": ctx.auth.login,
+            "submitted_at": iso(),
+            "comments": comments,
+        }
+        pr["reviews"].append(r)
+        return 200, self._review_json(repo, pr, r)
 
 
 class _Html(str):

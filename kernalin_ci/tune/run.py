@@ -95,7 +95,9 @@ class TuneResult:
     rungs: list = field(default_factory=list)  # [{"field", "rounds", "kept", "seconds"}]
     final_rounds: int = 0
     chosen: str | None = None  # one config for every shape (race.overall)
-    stopped: str = ""  # "settled" | "budget" | "single" (one survivor, nothing to race) | "none"
+    # "settled" | "budget" | "rounds" (every final chunk ran) | "failed" (the benchmark could not finish)
+    # | "single" (one verified config, nothing to race) | "none" (no verified candidate)
+    stopped: str = ""
     verify_seconds: float = 0.0
     race_seconds: float = 0.0  # timing rounds and bench setup (GPU time on a GPU)
     seconds: float = 0.0
@@ -160,12 +162,17 @@ def tune(
         survivors = [c.candidate.name for c in result.checked if c.passed and c.candidate.name != "current"]
         current_ok = any(c.passed for c in result.checked if c.candidate.name == "current")
         dropped = len(result.dropped)
+        unchecked = sum(c.passed is None and c.candidate.name != "current" for c in result.checked)
         say(
-            f"verified: {len(survivors)} of {len(space.candidates)} candidates pass, {dropped} dropped "
-            f"({result.verify_seconds:.1f} s)"
+            f"verified: {len(survivors)} of {len(space.candidates)} candidates pass, {dropped} dropped"
+            + (f", {unchecked} not checked" if unchecked else "")
+            + f" ({result.verify_seconds:.1f} s)"
         )
         for c in result.dropped:
             say(f"  dropped {c.candidate.label}: {c.finding_lines()[0] if c.findings else c.note}")
+        for c in result.checked:
+            if c.passed is None and c.candidate.name != "current":
+                say(f"  not raced {c.candidate.label}: {c.note}")
         if not current_ok:
             cur = next(c for c in result.checked if c.candidate.name == "current")
             result.notes.append(
@@ -229,14 +236,9 @@ def _verify_all(
 
     todo = [space.current] + space.candidates
 
-    def one(c: Candidate) -> Checked:
+    def one(c: Candidate):
         if c.name == "current" and space.autotuned is not None and device == "cpu":
-            return Checked(
-                c,
-                None,
-                note="the full autotuner cannot time configs under the Triton interpreter "
-                "(CPU): not checked, not raced",
-            )
+            return None, 0.0
         t = time.perf_counter()
         r = verify(
             target.op,
@@ -249,16 +251,76 @@ def _verify_all(
             progress=False,
             raw_domain=target.domain or None,
         )
-        ck = Checked(c, not r.findings, list(r.findings), r.structural.summary(), time.perf_counter() - t)
-        status = "ok" if ck.passed else f"FAIL: {ck.finding_lines()[0]}"
-        say(f"  verify {c.name} ({c.label}): {status} ({ck.seconds:.1f} s)")
-        return ck
+        seconds = time.perf_counter() - t
+        say(f"  verify {c.name} ({c.label}): {_status(r)} ({seconds:.1f} s)")
+        return r, seconds
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        return list(pool.map(one, todo))
+        raw = list(pool.map(one, todo))
+    current = raw[0][0]
+    return [judge_verification(c, r, sec, current if c.name != "current" else None) for c, (r, sec) in zip(todo, raw)]
+
+
+def _status(r) -> str:
+    if r.findings:
+        return f"FAIL: {finding_line(r.findings[0])}"
+    return "ok" if r.cases_run else "nothing ran"
+
+
+def judge_verification(c: Candidate, r, seconds: float = 0.0, current=None) -> Checked:
+    """A config's verification result -> Checked. It passes only when verified at least as well as the
+    current config (CURRENT: its VerifyResult; None for the current config itself, or when it was not
+    checked): no finding, some case ran, no shape refused that the current config serves, and the
+    compiled IR analysed wherever the current config's was. Anything less is never a pass: a finding
+    fails it (dropped); nothing run, or less checked than the current config, is "not checked" (not raced)."""
+    if r is None:
+        return Checked(
+            c,
+            None,
+            note="the full autotuner cannot time configs under the Triton interpreter (CPU): not checked, not raced",
+        )
+    ck = Checked(c, not r.findings, list(r.findings), r.structural.summary(), seconds)
+    if r.findings:
+        return ck
+    if not r.cases_run:
+        ck.passed, ck.note = None, "no verification case ran (" + _not_checked_text(r) + ")"
+        return ck
+    if current is None:
+        return ck
+    current_refuses = {n.shape for n in current.not_checked if n.reason == "unsupported"}
+    refused = [n for n in r.not_checked if n.reason == "unsupported" and n.shape not in current_refuses]
+    if refused:
+        ck.passed = False
+        ck.note = (
+            f"refuses {len(refused)} shape{'s' * (len(refused) != 1)} the current config serves: "
+            f"at {refused[0].shape}: {' '.join(refused[0].error.split())[:200]}"
+        )
+    elif current.structural.status == "analysed" and r.structural.status != "analysed":
+        ck.passed = None
+        ck.note = f"structural {r.structural.summary()}, where the current config's was analysed"
+    return ck
+
+
+def _not_checked_text(r) -> str:
+    if r.not_checked:
+        n = r.not_checked[0]
+        return f"{n.reason} at {n.shape}" + (f": {' '.join(n.error.split())[:120]}" if n.error else "")
+    return "no case planned"
 
 
 _MISMATCH = re.compile(r"^(\S+) and (\S+) disagree")
+
+
+def decide(result: TuneResult, acc: dict, reference: str, alive: list[str], rope, rope_min) -> str | None:
+    """Judge the field still in the race (the reference and `alive`; a config dropped since is never
+    judged, so never chosen) on the timing record `acc`; set result.judgements and result.chosen
+    -> a leader held back (race.recommend), or None."""
+    result.judgements = race.judge(acc, reference, "base2", [reference, *alive], rope=rope, rope_min=rope_min)
+    if reference == "current":
+        result.chosen, held = race.recommend(result.judgements, reference)
+        return held
+    result.chosen = race.overall(result.judgements, reference)  # the current config failed verification
+    return None
 
 
 def _race(
@@ -283,11 +345,13 @@ def _race(
     result.reference = reference
     alive = field_[1:]
     spent = 0.0
+    failed = False
     bench_params = {**target.params, **target.bench}
 
-    def timed(names: list[str], rounds: int, label: str) -> dict | None:
-        """One interleaved benchmark of reference + names for `rounds` rounds -> {name: [R, S, reps]}."""
-        nonlocal spent, alive
+    def timed(names: list[str], rounds: int, label: str, cap: float) -> dict | None:
+        """One interleaved benchmark of reference + names for `rounds` rounds, its timing rounds stopped
+        once `spent` reaches `cap` (at least one round runs) -> {name: [R, S, reps]}."""
+        nonlocal spent, alive, failed
         while True:
             extra = [(n, entries[n], root) for n in names[1:]]
             result.timed += [n for n in (reference, *names) if n not in result.timed]
@@ -299,7 +363,7 @@ def _race(
                 root,
                 bench_params,
                 device,
-                budget_s=max(budget_s - spent, 1e-3),
+                budget_s=max(cap - spent, 1e-3),
                 rope_min=rope_min,
                 rope=rope,
                 reps=reps,
@@ -336,12 +400,13 @@ def _race(
                     return None
                 continue
             result.notes.append(f"the race stopped: the benchmark failed ({r.error_kind}): {r.error}")
+            failed = True
             return None
 
     rounds = SCREEN_ROUNDS
     while len(alive) > finalists and spent < budget_s / 2:  # half the budget at most for screening
         before = list(alive)
-        times = timed(alive, rounds, f"screening {len(alive)} configs")
+        times = timed(alive, rounds, f"screening {len(alive)} configs", budget_s / 2)
         if times is None:
             break
         kept = race.screen(times, [n for n in before if n in times], race.halve(len(before), finalists))
@@ -350,11 +415,11 @@ def _race(
         rounds *= 2
     acc: dict | None = None
     held = None
-    result.stopped = "budget"
+    result.stopped = "rounds"  # unless one of the reasons below: every chunk of FINAL_CHUNKS ran
     for chunk in FINAL_CHUNKS:
-        if not alive or (spent >= budget_s and acc is not None):  # one final chunk always runs
+        if not alive or failed or (spent >= budget_s and acc is not None):  # one final chunk always runs
             break
-        times = timed(alive, chunk, f"final race of {len(alive)} configs and {reference}")
+        times = timed(alive, chunk, f"final race of {len(alive)} configs and {reference}", budget_s)
         if times is None:
             break
         names = [reference, "base2", *alive]
@@ -363,14 +428,19 @@ def _race(
         else:
             acc = {n: np.concatenate([acc[n], times[n]]) for n in names}
         result.final_rounds = int(acc[reference].shape[0])
-        result.judgements = race.judge(acc, reference, "base2", [reference, *alive], rope=rope, rope_min=rope_min)
-        if reference == "current":
-            result.chosen, held = race.recommend(result.judgements, reference)
-        else:  # the current config failed verification: any verified config beats it
-            result.chosen, held = race.overall(result.judgements, reference), None
+        held = decide(result, acc, reference, alive, rope, rope_min)
         if result.final_rounds >= stats.MIN_ROUNDS and race.settled(result.judgements):
             result.stopped = "settled"
             break
+    if acc is not None and set(result.judgements[0].ms) != {reference, *alive}:
+        held = decide(result, acc, reference, alive, rope, rope_min)  # a leader dropped after the last look
+    if result.stopped != "settled":
+        if failed:
+            result.stopped = "failed"
+        elif not alive:
+            result.stopped = "none"  # every finalist was dropped (outputs disagreed in the benchmark)
+        elif spent >= budget_s:
+            result.stopped = "budget"
     result.race_seconds = spent
     if held is not None:
         verdicts = ", ".join(j.vs_reference[held].verdict for j in result.judgements)
