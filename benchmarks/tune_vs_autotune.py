@@ -119,13 +119,20 @@ def measure(k: dict, result, picks: list[dict], cases, op, params: dict) -> list
         kw = op.inputs(case, params, "cuda", poison=False)
         j = result.judgements[i] if i < len(result.judgements) else None
         tune_pick = j.best if j else result.chosen
-        us = {}
-        for role, name in (("current", "current"), ("autotune", pick["pick"]), ("tune", tune_pick)):
-            if name is None:
-                continue
-            c = cands[name]
-            fn = load_candidate(k["entry"], str(HERE), c.params, c.autotune)
-            us[role] = kernel_us(fn, kw)
+        # the kernel-only time of every config that passed verification, and of the autotuner's pick
+        # (which may not have): "fastest verified" is the reference's answer to what tune should find
+        timed = {}
+        for name in [*(n for n, c in checked.items() if c.passed), pick["pick"], "current"]:
+            if name is not None and name not in timed:
+                c = cands[name]
+                timed[name] = kernel_us(load_candidate(k["entry"], str(HERE), c.params, c.autotune), kw)
+        verified = {n: t for n, t in timed.items() if checked.get(n) is not None and checked[n].passed}
+        fastest = min(verified, key=verified.get) if verified else None
+        us = {"current": timed["current"], "autotune": timed[pick["pick"]]}
+        if tune_pick is not None:
+            us["tune"] = timed.get(tune_pick, float("nan"))
+        if fastest is not None:
+            us["fastest_verified"] = verified[fastest]
         ck = checked.get(pick["pick"])
         v = j.vs_reference.get(tune_pick) if j else None
         rows.append(
@@ -136,6 +143,11 @@ def measure(k: dict, result, picks: list[dict], cases, op, params: dict) -> list
                 "autotune_pick_findings": ck.finding_lines()[:1] if ck else [],
                 "tune_pick": result.label(tune_pick),
                 "tune_vs_current": v.to_json() | {"posterior_hist": None} if v else None,
+                # what the race judged against: "current", or the first verified config when the
+                # current one failed verification
+                "tune_vs": result.label(result.reference) if result.reference else None,
+                "fastest_verified": result.label(fastest) if fastest else None,
+                "us_verified": {result.label(n): t for n, t in verified.items()},
                 "tune_equivalent": [result.label(n) for n in (j.equivalent if j else [])],
                 "us": us,
                 "autotune_seconds": pick["seconds"],
@@ -202,9 +214,9 @@ def table(report: dict) -> str:
     lines = [
         f"tune vs triton.autotune on {report['device']} (torch {report['torch']}), {report['seconds']:.0f} s",
         "",
-        "| kernel | shape | autotune pick (verified?) | tune pick | tune vs current | µs current / autotune / "
-        "tune | GPU s autotune / tune (verify+race) |",
-        "|---|---|---|---|---|---|---|",
+        "| kernel | shape | autotune pick (verified?) | tune pick | tune's verdict (vs) | fastest verified "
+        "(kernel-only) | µs current / autotune / tune / fastest verified | GPU s autotune / tune (verify+race) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, k in report["kernels"].items():
         ts = k["tune_seconds"]
@@ -213,15 +225,18 @@ def table(report: dict) -> str:
                 r["autotune_pick_verified"]
             ]
             v = r["tune_vs_current"]
-            vs = f"{v['verdict']} {v['ratio']:.3f}" if v else "-"
-            us = " / ".join(f"{r['us'].get(x, float('nan')):.1f}" for x in ("current", "autotune", "tune"))
+            vs = f"{v['verdict']} {v['ratio']:.3f} (vs {r.get('tune_vs', 'current')})" if v else "-"
+            us = " / ".join(
+                f"{r['us'].get(x, float('nan')):.1f}" for x in ("current", "autotune", "tune", "fastest_verified")
+            )
             lines.append(
-                f"| {name} | {r['shape']} | {r['autotune_pick']} ({ok}) | {r['tune_pick']} | {vs} | {us} | "
+                f"| {name} | {r['shape']} | {r['autotune_pick']} ({ok}) | {r['tune_pick']} | {vs} | "
+                f"{r.get('fastest_verified') or '-'} | {us} | "
                 f"{r['autotune_seconds']:.1f} / {ts['verify']:.0f}+{ts['race']:.0f} |"
             )
-        lines.append(f"| {name} | dropped by verification: {', '.join(k['dropped']) or 'none'} | | | | | |")
+        lines.append(f"| {name} | dropped by verification: {', '.join(k['dropped']) or 'none'} | | | | | | |")
     for n in report["skipped"]:
-        lines.append(f"| {n} | skipped: past --max-s | | | | | |")
+        lines.append(f"| {n} | skipped: past --max-s | | | | | | |")
     return "\n".join(lines)
 
 
