@@ -66,6 +66,28 @@ def test_sqlite_history_concurrent_writers_lose_nothing(tmp_path):
     check_all_there(open_store(f"sqlite://{path}"))
 
 
+def test_a_new_sqlite_history_goes_to_wal_while_another_connection_writes(tmp_path):
+    """The cause of a flaky test_sqlite_history_concurrent_writers_lose_nothing: switching a new database to
+    WAL upgrades a read transaction to a write one, for which SQLite calls no busy handler, so a connection
+    opened while another writes failed at once with "database is locked" (whatever its busy timeout).
+    Made deterministic here: a writer holds the RESERVED lock while a second connection opens the history."""
+    import sqlite3
+
+    path = tmp_path / "h.sqlite3"
+    writer = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    writer.execute("BEGIN IMMEDIATE")
+    plain = sqlite3.connect(path, isolation_level=None, timeout=30)
+    with pytest.raises(sqlite3.OperationalError, match="locked"):  # no waiting, despite timeout=30
+        plain.execute("PRAGMA journal_mode=WAL")
+    plain.close()
+    timer = threading.Timer(0.2, lambda: writer.execute("COMMIT"))
+    timer.start()
+    store = SQLiteHistory(path)  # waits for the writer, then switches
+    timer.join()
+    assert store._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert store.add(a_run(1)) and [r.commit for r in store.runs("acme/k")] == [sha(1)]
+
+
 def git(cwd, *args):
     return subprocess.run(["git", "-C", str(cwd), *args], check=True, capture_output=True, text=True).stdout
 
