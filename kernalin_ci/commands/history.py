@@ -26,6 +26,8 @@ COLUMNS = (
     "base_ms",
     "head_ms",
     "change",
+    "base",
+    "previous",
 )
 
 
@@ -39,8 +41,56 @@ def add_store(p) -> None:
     )
 
 
+def add_order(p) -> None:
+    p.add_argument(
+        "--git",
+        metavar="DIR",
+        help="a clone holding the default branch's history: each series is ordered by its commit graph "
+        "(default: the git: store's repository, else the current directory when it is a git repository)",
+    )
+    p.add_argument(
+        "--ref",
+        metavar="REF",
+        help="with --git: the default branch's head (default: origin/BRANCH, else BRANCH, of the newest run)",
+    )
+
+
+def ancestry_for(args, store):
+    """A function (repo, runs) -> Ancestry | None: the commit graph to order a repository's runs by."""
+    import subprocess
+    from pathlib import Path
+
+    from kernalin_ci.history.ancestry import Ancestry
+
+    git_dir = args.git or getattr(store, "repo_dir", None)
+    if git_dir is None:
+        inside = subprocess.run(["git", "rev-parse", "--git-dir"], capture_output=True, text=True)
+        git_dir = "." if inside.returncode == 0 else None
+    if git_dir is None:
+        return lambda repo, runs: None
+    if args.git and not Path(args.git).is_dir():
+        raise UsageError(f"--git {args.git}: no such directory")
+
+    def ancestry(repo, runs):
+        return Ancestry.for_branch(git_dir, runs[-1].branch if runs else "main", args.ref)
+
+    return ancestry
+
+
+def arranged(args, store, repo):
+    """REPO's runs in the commit graph's order (ancestry.Order); a line on stderr when not by the graph."""
+    from kernalin_ci.history.ancestry import arrange
+
+    runs = store.runs(repo)
+    order = arrange(runs, ancestry_for(args, store)(repo, runs) if runs else None)
+    if runs and order.by != "git":
+        print(f"kernalin-ci history: {repo}: in the order recorded ({order.note})", file=sys.stderr)
+    return order
+
+
 def add_arguments(p):
     add_store(p)
+    add_order(p)
     p.add_argument(
         "--repo",
         metavar="OWNER/NAME",
@@ -114,8 +164,11 @@ def _list(store, args) -> int:
 
     repos = [pick_repo(store, args.repo)] if args.repo else store.repos()
     rows = [("repository", "kernel", "shape", "commits", "latest ms", "latest verdict", "change points")]
+    off = []
     for repo in repos:
-        for s in build(store.runs(repo)):
+        order = arranged(args, store, repo)
+        off += [(repo, r) for r in order.off_branch]
+        for s in build(order.runs):
             last = s.points[-1]
             rows.append(
                 (
@@ -130,6 +183,12 @@ def _list(store, args) -> int:
                 )
             )
     _table(rows)
+    for repo, r in off:
+        print(
+            f"kernalin-ci history: {repo}@{r.commit[:12]} is not on the default branch any more "
+            "(left out of the series)",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -138,7 +197,9 @@ def _show(store, args) -> int:
 
     repo = pick_repo(store, args.repo)
     series = [
-        s for s in build(store.runs(repo)) if s.kernel == args.kernel and (args.shape is None or s.shape == args.shape)
+        s
+        for s in build(arranged(args, store, repo).runs)
+        if s.kernel == args.kernel and (args.shape is None or s.shape == args.shape)
     ]
     if not series:
         raise UsageError(
@@ -162,15 +223,15 @@ def _show(store, args) -> int:
                 f(p.base_ms, ".5g"),
                 f(p.head_ms, ".5g"),
                 starts.get(i, ""),
+                p.base or "",
+                p.previous or "",
             )
             rows.append(((s.shape,) if len(series) > 1 else ()) + row)
     if args.csv:
         csv.writer(sys.stdout, lineterminator="\n").writerows(rows)
     else:
-        rows = [
-            tuple(c[:12] if j == (1 if len(series) > 1 else 0) and i else c for j, c in enumerate(r))
-            for i, r in enumerate(rows)
-        ]
+        shas = {rows[0].index(c) for c in ("commit", "base", "previous")}
+        rows = [tuple(c[:12] if j in shas and i else c for j, c in enumerate(r)) for i, r in enumerate(rows)]
         _table(rows)
     return 0
 
