@@ -3,6 +3,7 @@ started from the system packages) with concurrent writers; the daemon recording 
 into its history (SQLite and PostgreSQL) and serving /dashboard, looked at in the browser too."""
 
 import json
+from pathlib import Path
 import shutil
 import urllib.error
 import urllib.request
@@ -148,8 +149,9 @@ def test_the_daemon_records_a_merged_pull_request_and_serves_the_dashboard(
     status, answer = send(d, "pull_request", payload)
     job = wait_job(get(d), answer["jobs"][0])
     assert job["state"] == "done"
-    merge_sha = "ab" * 20
-    closed = world.pull_request(REPO, 5, head, world.repos[REPO].main, action="closed")
+    base = world.repos[REPO].main
+    merge_sha = world.repos[REPO].commit({"benchmark.json": json.dumps(bench(1.02, 0.75, "b32"))}, "#5 (squashed)")
+    closed = world.pull_request(REPO, 5, head, base, action="closed")
     closed["pull_request"].update(merged=True, merge_commit_sha=merge_sha)
     status, answer = send(d, "pull_request", closed)
     assert status == 202 and "history" in answer["note"]
@@ -161,6 +163,9 @@ def test_the_daemon_records_a_merged_pull_request_and_serves_the_dashboard(
     assert (p.kernel, p.shape, p.verdict, p.head_ms, p.verification) == ("kv_append", "b32", "slower", 0.75, "pass")
     page = urllib.request.urlopen(d.url + f"/dashboard/{REPO}").read().decode()
     assert merge_sha in page and f'src="/badge/{REPO}.svg"' in page
+    # ordered by the commit graph the recorder fetched (commits only) into its own bare clone
+    assert (Path(d.settings.state_dir) / "history-git" / f"{REPO}.git" / "HEAD").is_file()
+    assert '"order":{"by":"git","ref":"refs/heads/main","head":"' + merge_sha in page
     browser.get(d.url + f"/dashboard/{REPO}")
     assert wait_for(lambda: browser.execute_script("return document.body.dataset.rendered") == "true", 30)
     assert browser.execute_script("return Chart.getChart(document.querySelector('canvas')).data.datasets[2].data") == [

@@ -346,7 +346,7 @@ def test_series_follow_the_commit_graph_not_the_order_recorded(tmp_path, capsys)
 
     assert main(["history", "--store", str(db), "--git", str(repo)]) == 0
     out, err = capsys.readouterr()
-    assert f"{c[11][:7]}..{c[12][:7]} (+2." in out and f"{dropped[:12]} is not on the default branch" in err
+    assert f"{c[11][:7]}..{c[12][:7]} (+2." in out and f"{dropped[:12]} is not on refs/heads/main any more" in err
     assert main(["history", "--store", str(db), "--git", str(repo), "--kernel", "rope", "--csv"]) == 0
     rows = list(__import__("csv").DictReader(capsys.readouterr().out.splitlines()))
     assert [r["commit"] for r in rows] == c and rows[12]["change"].startswith("+2.")

@@ -46,7 +46,7 @@ def add_order(p) -> None:
         "--git",
         metavar="DIR",
         help="a clone holding the default branch's history: each series is ordered by its commit graph "
-        "(default: the git: store's repository, else the current directory when it is a git repository)",
+        "(default: a git: store's own repository; else the order recorded)",
     )
     p.add_argument(
         "--ref",
@@ -57,15 +57,11 @@ def add_order(p) -> None:
 
 def ancestry_for(args, store):
     """A function (repo, runs) -> Ancestry | None: the commit graph to order a repository's runs by."""
-    import subprocess
     from pathlib import Path
 
     from kernalin_ci.history.ancestry import Ancestry
 
-    git_dir = args.git or getattr(store, "repo_dir", None)
-    if git_dir is None:
-        inside = subprocess.run(["git", "rev-parse", "--git-dir"], capture_output=True, text=True)
-        git_dir = "." if inside.returncode == 0 else None
+    git_dir = args.git or getattr(store, "repo_dir", None)  # a git: store's own repository
     if git_dir is None:
         return lambda repo, runs: None
     if args.git and not Path(args.git).is_dir():
@@ -78,14 +74,22 @@ def ancestry_for(args, store):
 
 
 def arranged(args, store, repo):
-    """REPO's runs in the commit graph's order (ancestry.Order); a line on stderr when not by the graph."""
+    """REPO's runs in the commit graph's order (ancestry.Order)."""
     from kernalin_ci.history.ancestry import arrange
 
     runs = store.runs(repo)
-    order = arrange(runs, ancestry_for(args, store)(repo, runs) if runs else None)
-    if runs and order.by != "git":
+    return arrange(runs, ancestry_for(args, store)(repo, runs) if runs else None)
+
+
+def say_order(repo, order) -> None:
+    """On stderr, after the output: how the commits are ordered when not by the graph, what is off the branch."""
+    if order.runs and order.by != "git":
         print(f"kernalin-ci history: {repo}: in the order recorded ({order.note})", file=sys.stderr)
-    return order
+    for r in order.off_branch:
+        print(
+            f"kernalin-ci history: {repo}@{r.commit[:12]} is not on {order.ref} any more (left out of the series)",
+            file=sys.stderr,
+        )
 
 
 def add_arguments(p):
@@ -164,10 +168,10 @@ def _list(store, args) -> int:
 
     repos = [pick_repo(store, args.repo)] if args.repo else store.repos()
     rows = [("repository", "kernel", "shape", "commits", "latest ms", "latest verdict", "change points")]
-    off = []
+    orders = []
     for repo in repos:
         order = arranged(args, store, repo)
-        off += [(repo, r) for r in order.off_branch]
+        orders.append((repo, order))
         for s in build(order.runs):
             last = s.points[-1]
             rows.append(
@@ -183,12 +187,8 @@ def _list(store, args) -> int:
                 )
             )
     _table(rows)
-    for repo, r in off:
-        print(
-            f"kernalin-ci history: {repo}@{r.commit[:12]} is not on the default branch any more "
-            "(left out of the series)",
-            file=sys.stderr,
-        )
+    for repo, order in orders:
+        say_order(repo, order)
     return 0
 
 
@@ -196,9 +196,10 @@ def _show(store, args) -> int:
     from kernalin_ci.history.series import build
 
     repo = pick_repo(store, args.repo)
+    order = arranged(args, store, repo)
     series = [
         s
-        for s in build(arranged(args, store, repo).runs)
+        for s in build(order.runs)
         if s.kernel == args.kernel and (args.shape is None or s.shape == args.shape)
     ]
     if not series:
@@ -233,6 +234,7 @@ def _show(store, args) -> int:
         shas = {rows[0].index(c) for c in ("commit", "base", "previous")}
         rows = [tuple(c[:12] if j in shas and i else c for j, c in enumerate(r)) for i, r in enumerate(rows)]
         _table(rows)
+    say_order(repo, order)
     return 0
 
 
