@@ -3,10 +3,10 @@ started from the system packages) with concurrent writers; the daemon recording 
 into its history (SQLite and PostgreSQL) and serving /dashboard, looked at in the browser too."""
 
 import json
-from pathlib import Path
 import shutil
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 from history_support import PG_BIN, Postgres, bench, kernel, report

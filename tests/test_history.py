@@ -301,9 +301,8 @@ def test_series_follow_the_commit_graph_not_the_order_recorded(tmp_path, capsys)
     newer ones, commit 5 the very last); one more commit recorded and then force-pushed away. Ordered by the
     graph: the change is c11..c12, each point's previous commit is its parent, the force-pushed commit is
     off the branch. The CLI orders the same way; pointed at another repository it says it cannot."""
-    from kernalin_ci.history.ancestry import Ancestry, arrange
-
     from kernalin_ci.dashboard.site import page_data
+    from kernalin_ci.history.ancestry import Ancestry, arrange
 
     repo = tmp_path / "repo"
     c = linear_repo(repo, 20)

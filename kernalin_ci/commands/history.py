@@ -197,11 +197,7 @@ def _show(store, args) -> int:
 
     repo = pick_repo(store, args.repo)
     order = arranged(args, store, repo)
-    series = [
-        s
-        for s in build(order.runs)
-        if s.kernel == args.kernel and (args.shape is None or s.shape == args.shape)
-    ]
+    series = [s for s in build(order.runs) if s.kernel == args.kernel and (args.shape is None or s.shape == args.shape)]
     if not series:
         raise UsageError(
             f"no series of kernel {args.kernel!r}" + (f" shape {args.shape!r}" if args.shape else "") + f" in {repo}"
