@@ -286,12 +286,13 @@ def test_a_series_follows_the_gpu_the_timings_were_taken_on():
     assert [c.first_commit for c in s.changes] == [sha(12)]  # not the GPU switch at commit 4
 
 
-def linear_repo(path, n: int) -> list[str]:
-    """A real git repository with N commits on main; their shas, oldest first."""
+def linear_repo(path, n: int, name: str = "c") -> list[str]:
+    """A real git repository with N empty commits on main; their shas, oldest first. Empty commits with the
+    same message made in the same second are the same commit: another repository needs another NAME."""
     subprocess.run(["git", "init", "-q", "-b", "main", str(path)], check=True)
     out = []
     for i in range(n):
-        git(path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", f"c{i}")
+        git(path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", f"{name}{i}")
         out.append(git(path, "rev-parse", "HEAD").strip())
     return out
 
@@ -351,7 +352,7 @@ def test_series_follow_the_commit_graph_not_the_order_recorded(tmp_path, capsys)
     assert [r["commit"] for r in rows] == c and rows[12]["change"].startswith("+2.")
     assert rows[12]["previous"] == rows[12]["base"] == c[11]
     other = tmp_path / "other"
-    linear_repo(other, 2)
+    linear_repo(other, 2, name="other")
     assert main(["history", "--store", str(db), "--git", str(other), "--kernel", "rope", "--csv"]) == 0
     out, err = capsys.readouterr()
     assert "in the order recorded (none of the 21 recorded commits is an ancestor of refs/heads/main" in err
