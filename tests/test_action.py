@@ -13,6 +13,7 @@ OpenAPI description).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -369,12 +370,21 @@ def test_action_gates_a_pull_request(tmp_path, github_standin):
     action_path = action_checkout(tmp_path)
     env = runner_env(tmp_path, pr, gh.base_url, token=token, action_path=action_path)
 
-    run = run_action(action_path, pr.workspace, with_inputs(fail_on="finding,inconclusive", budget="7"), env)
+    run = run_action(
+        action_path, pr.workspace, with_inputs(fail_on="finding,inconclusive", budget="7", dashboard="site"), env
+    )
 
     # history: only a push to the default branch records anything (docs/history.md); a PR passes through
     assert [s.id for s in run.steps] == ["install", "gate", "history"] and run.returncode == 0, run.log
     print("step seconds:", {s.id: round(s.seconds, 1) for s in run.steps})
     assert run.steps[0].outputs["bin"].startswith(env["RUNNER_TEMP"])  # installed into the runner's temp venv
+    # the dashboard input: Chart.js fetched and checked at install time, into the venv (docs/history.md)
+    from kernalin_ci.dashboard.assets import CHARTJS_FILE, CHARTJS_SHA256
+
+    (chartjs,) = Path(run.steps[0].outputs["bin"]).parent.glob(
+        f"lib/*/site-packages/kernalin_ci/dashboard/vendor/{CHARTJS_FILE}"
+    )
+    assert hashlib.sha256(chartjs.read_bytes()).hexdigest() == CHARTJS_SHA256
     # the Action's outputs, mapped from the gate step's GITHUB_OUTPUT
     assert run.outputs["conclusion"] == "success"
     assert run.outputs["verdict"] == "none"  # gate.bench: false

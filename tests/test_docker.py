@@ -27,6 +27,9 @@ def test_dockerfile_contract():
     assert re.findall(r"^USER (\S+)$", text, re.M) == ["kernalin"]
     assert re.findall(r"^ENTRYPOINT (.+)$", text, re.M) == ['["kernalin-ci"]']
     assert f'"/opt/kernalin[{",".join(EXTRAS)}]"' in text  # the wheels the tests provide match what it installs
+    assert "kernalin-ci dashboard --fetch-assets;" in text  # Chart.js for /dashboard, at build time
+    runner = (REPO / "runners/k8s/runner.Dockerfile").read_text()
+    assert "ENV KERNALIN_CHARTJS=" in runner and "kernalin-ci dashboard --fetch-assets" in runner
     ignore = [line for line in (REPO / ".dockerignore").read_text().splitlines() if line and line[0] != "#"]
     assert ignore[0] == "*" and {"!pyproject.toml", "!kernalin_ci/", "!checks/"} <= set(ignore)
 
@@ -48,6 +51,9 @@ def test_image_runs_kernalin_ci_as_an_unprivileged_user(docker_client, kernalin_
     assert r.exit_code == 0, r.output
     r = run_container(docker_client, kernalin_image, ["-u"], entrypoint=["id"], timeout=120)
     assert r.exit_code == 0 and int(r.stdout) != 0, r.output
+    # Chart.js for /dashboard is in the image and checked (no network here: nothing is fetched)
+    r = run_container(docker_client, kernalin_image, ["dashboard", "--fetch-assets"], timeout=120)
+    assert r.exit_code == 0 and "/kernalin_ci/dashboard/vendor/chart.umd.min.js" in r.stderr, r.output
 
 
 @pytest.mark.docker

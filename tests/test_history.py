@@ -66,6 +66,28 @@ def test_sqlite_history_concurrent_writers_lose_nothing(tmp_path):
     check_all_there(open_store(f"sqlite://{path}"))
 
 
+def test_a_new_sqlite_history_goes_to_wal_while_another_connection_writes(tmp_path):
+    """The cause of a flaky test_sqlite_history_concurrent_writers_lose_nothing: switching a new database to
+    WAL upgrades a read transaction to a write one, for which SQLite calls no busy handler, so a connection
+    opened while another writes failed at once with "database is locked" (whatever its busy timeout).
+    Made deterministic here: a writer holds the RESERVED lock while a second connection opens the history."""
+    import sqlite3
+
+    path = tmp_path / "h.sqlite3"
+    writer = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    writer.execute("BEGIN IMMEDIATE")
+    plain = sqlite3.connect(path, isolation_level=None, timeout=30)
+    with pytest.raises(sqlite3.OperationalError, match="locked"):  # no waiting, despite timeout=30
+        plain.execute("PRAGMA journal_mode=WAL")
+    plain.close()
+    timer = threading.Timer(0.2, lambda: writer.execute("COMMIT"))
+    timer.start()
+    store = SQLiteHistory(path)  # waits for the writer, then switches
+    timer.join()
+    assert store._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert store.add(a_run(1)) and [r.commit for r in store.runs("acme/k")] == [sha(1)]
+
+
 def git(cwd, *args):
     return subprocess.run(["git", "-C", str(cwd), *args], check=True, capture_output=True, text=True).stdout
 
@@ -262,3 +284,77 @@ def test_a_series_follows_the_gpu_the_timings_were_taken_on():
     assert runs[0].points[0].provenance == {"gpu_name": "NVIDIA A10", "driver": "580.1"}
     (s,) = build(runs)
     assert [c.first_commit for c in s.changes] == [sha(12)]  # not the GPU switch at commit 4
+
+
+def linear_repo(path, n: int, name: str = "c") -> list[str]:
+    """A real git repository with N empty commits on main; their shas, oldest first. Empty commits with the
+    same message made in the same second are the same commit: another repository needs another NAME."""
+    subprocess.run(["git", "init", "-q", "-b", "main", str(path)], check=True)
+    out = []
+    for i in range(n):
+        git(path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", f"{name}{i}")
+        out.append(git(path, "rev-parse", "HEAD").strip())
+    return out
+
+
+def test_series_follow_the_commit_graph_not_the_order_recorded(tmp_path, capsys):
+    """20 commits on main with a +2% step at commit 12, recorded in another order (commit 12 after the
+    newer ones, commit 5 the very last); one more commit recorded and then force-pushed away. Ordered by the
+    graph: the change is c11..c12, each point's previous commit is its parent, the force-pushed commit is
+    off the branch. The CLI orders the same way; pointed at another repository it says it cannot."""
+    from kernalin_ci.dashboard.site import page_data
+    from kernalin_ci.history.ancestry import Ancestry, arrange
+
+    repo = tmp_path / "repo"
+    c = linear_repo(repo, 20)
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "dropped")
+    dropped = git(repo, "rev-parse", "HEAD").strip()
+    git(repo, "reset", "-q", "--hard", c[-1])  # the force-push: `dropped` is no longer on main
+    times = series_with_step(n=20, at=12)
+    recorded = [i for i in range(20) if i not in (5, 12)] + [12, 5]  # two older commits recorded late
+    db = tmp_path / "h.sqlite3"
+    store = SQLiteHistory(db)
+    runs = []
+    for k, i in enumerate(recorded[:10] + [20] + recorded[10:]):  # `dropped` recorded in the middle
+        commit, t = (dropped, 1.5) if i == 20 else (c[i], float(times[i]))
+        r = run_from_report(
+            report([kernel("rope", bench(1.0, t))], base=c[i - 1] if 0 < i < 20 else "0" * 40),
+            repo="acme/k",
+            commit=commit,
+            branch="main",
+            pr=100 + i,
+            recorded_at=1000.0 + k,
+        )
+        assert store.add(r)
+        runs.append(r)
+    assert [r.commit for r in store.runs("acme/k")] == [r.commit for r in runs]
+
+    order = arrange(store.runs("acme/k"), Ancestry.from_git(repo, "main"))
+    assert order.by == "git" and order.head == c[-1]
+    assert [r.commit for r in order.runs] == c and [r.commit for r in order.off_branch] == [dropped]
+    (s,) = build(order.runs)
+    (change,) = s.changes
+    assert (change.last_good, change.first_commit) == (c[11], c[12])
+    assert [p.previous for p in s.points] == [None] + c[:-1]
+    assert all(p.base == p.previous for p in s.points[1:])  # each verdict was against the previous commit
+    (unordered,) = build(store.runs("acme/k"))  # as recorded, the step is not where it is
+    assert [(x.last_good, x.first_commit) for x in unordered.changes] != [(c[11], c[12])]
+
+    data = page_data("acme/k", store.runs("acme/k"), Ancestry.for_branch(repo, "main"))
+    assert data["order"] == {"by": "git", "ref": "refs/heads/main", "head": c[-1], "note": ""}
+    assert [r["commit"] for r in data["off_branch"]] == [dropped] and data["latest"]["commit"] == c[-1]
+
+    assert main(["history", "--store", str(db), "--git", str(repo)]) == 0
+    out, err = capsys.readouterr()
+    assert f"{c[11][:7]}..{c[12][:7]} (+2." in out and f"{dropped[:12]} is not on refs/heads/main any more" in err
+    assert main(["history", "--store", str(db), "--git", str(repo), "--kernel", "rope", "--csv"]) == 0
+    rows = list(__import__("csv").DictReader(capsys.readouterr().out.splitlines()))
+    assert [r["commit"] for r in rows] == c and rows[12]["change"].startswith("+2.")
+    assert rows[12]["previous"] == rows[12]["base"] == c[11]
+    other = tmp_path / "other"
+    linear_repo(other, 2, name="other")
+    assert main(["history", "--store", str(db), "--git", str(other), "--kernel", "rope", "--csv"]) == 0
+    out, err = capsys.readouterr()
+    assert "in the order recorded (none of the 21 recorded commits is an ancestor of refs/heads/main" in err
+    assert [r["commit"] for r in __import__("csv").DictReader(out.splitlines())][-1] == c[5]
+    assert main(["history", "--store", str(db), "--git", str(tmp_path / "nowhere")]) == 2

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from kernalin_ci.commands.history import add_store, open_from
+from kernalin_ci.commands.history import add_order, add_store, ancestry_for, open_from
 
 NAME = "dashboard"
 HELP = "build the history dashboard as a static site: charts per kernel, change points, verdicts, the badge"
@@ -14,6 +14,7 @@ ORDER = 36
 def add_arguments(p):
     p.add_argument("--out", metavar="DIR", help="where the site is written (index.html and assets/)")
     add_store(p)
+    add_order(p)
     p.add_argument("--repo", metavar="OWNER/NAME", action="append", help="only these repositories (repeatable)")
     p.add_argument(
         "--fetch-assets",
@@ -42,7 +43,7 @@ def run(args) -> int:
             missing = [r for r in args.repo if r not in known]
             if missing:
                 raise UsageError(f"--repo {', '.join(missing)}: no history recorded")
-        pages = build_site(store, args.out, args.repo)
+        pages = build_site(store, args.out, args.repo, ancestry_for(args, store))
     finally:
         store.close()
     print(f"kernalin-ci dashboard: {len(pages)} pages in {args.out}/ (open {args.out}/index.html)", file=sys.stderr)

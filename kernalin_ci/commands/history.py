@@ -26,6 +26,8 @@ COLUMNS = (
     "base_ms",
     "head_ms",
     "change",
+    "base",
+    "previous",
 )
 
 
@@ -39,8 +41,60 @@ def add_store(p) -> None:
     )
 
 
+def add_order(p) -> None:
+    p.add_argument(
+        "--git",
+        metavar="DIR",
+        help="a clone holding the default branch's history: each series is ordered by its commit graph "
+        "(default: a git: store's own repository; else the order recorded)",
+    )
+    p.add_argument(
+        "--ref",
+        metavar="REF",
+        help="with --git: the default branch's head (default: origin/BRANCH, else BRANCH, of the newest run)",
+    )
+
+
+def ancestry_for(args, store):
+    """A function (repo, runs) -> Ancestry | None: the commit graph to order a repository's runs by."""
+    from pathlib import Path
+
+    from kernalin_ci.history.ancestry import Ancestry
+
+    git_dir = args.git or getattr(store, "repo_dir", None)  # a git: store's own repository
+    if git_dir is None:
+        return lambda repo, runs: None
+    if args.git and not Path(args.git).is_dir():
+        raise UsageError(f"--git {args.git}: no such directory")
+
+    def ancestry(repo, runs):
+        return Ancestry.for_branch(git_dir, runs[-1].branch if runs else "main", args.ref)
+
+    return ancestry
+
+
+def arranged(args, store, repo):
+    """REPO's runs in the commit graph's order (ancestry.Order)."""
+    from kernalin_ci.history.ancestry import arrange
+
+    runs = store.runs(repo)
+    return arrange(runs, ancestry_for(args, store)(repo, runs) if runs else None)
+
+
+def say_order(repo, order) -> None:
+    """On stderr, after the output: how the commits are ordered when not by the graph, what is off the branch."""
+    if order.runs and order.by != "git":
+        print(f"kernalin-ci history: {repo}: in the order recorded ({order.note})", file=sys.stderr)
+    for r in order.off_branch:
+        print(
+            f"kernalin-ci history: {repo}@{r.commit[:12]} is not on {order.ref} any more (left out of the series)",
+            file=sys.stderr,
+        )
+
+
 def add_arguments(p):
     add_store(p)
+    add_order(p)
     p.add_argument(
         "--repo",
         metavar="OWNER/NAME",
@@ -114,8 +168,11 @@ def _list(store, args) -> int:
 
     repos = [pick_repo(store, args.repo)] if args.repo else store.repos()
     rows = [("repository", "kernel", "shape", "commits", "latest ms", "latest verdict", "change points")]
+    orders = []
     for repo in repos:
-        for s in build(store.runs(repo)):
+        order = arranged(args, store, repo)
+        orders.append((repo, order))
+        for s in build(order.runs):
             last = s.points[-1]
             rows.append(
                 (
@@ -130,6 +187,8 @@ def _list(store, args) -> int:
                 )
             )
     _table(rows)
+    for repo, order in orders:
+        say_order(repo, order)
     return 0
 
 
@@ -137,9 +196,8 @@ def _show(store, args) -> int:
     from kernalin_ci.history.series import build
 
     repo = pick_repo(store, args.repo)
-    series = [
-        s for s in build(store.runs(repo)) if s.kernel == args.kernel and (args.shape is None or s.shape == args.shape)
-    ]
+    order = arranged(args, store, repo)
+    series = [s for s in build(order.runs) if s.kernel == args.kernel and (args.shape is None or s.shape == args.shape)]
     if not series:
         raise UsageError(
             f"no series of kernel {args.kernel!r}" + (f" shape {args.shape!r}" if args.shape else "") + f" in {repo}"
@@ -162,16 +220,17 @@ def _show(store, args) -> int:
                 f(p.base_ms, ".5g"),
                 f(p.head_ms, ".5g"),
                 starts.get(i, ""),
+                p.base or "",
+                p.previous or "",
             )
             rows.append(((s.shape,) if len(series) > 1 else ()) + row)
     if args.csv:
         csv.writer(sys.stdout, lineterminator="\n").writerows(rows)
     else:
-        rows = [
-            tuple(c[:12] if j == (1 if len(series) > 1 else 0) and i else c for j, c in enumerate(r))
-            for i, r in enumerate(rows)
-        ]
+        shas = {rows[0].index(c) for c in ("commit", "base", "previous")}
+        rows = [tuple(c[:12] if j in shas and i else c for j, c in enumerate(r)) for i, r in enumerate(rows)]
         _table(rows)
+    say_order(repo, order)
     return 0
 
 

@@ -64,7 +64,7 @@ class Daemon:
             from kernalin_ci.history.store import open_store
 
             self.history = open_store(settings.history_location)
-            self.recorder = Recorder(self.store, self.history, settings)
+            self.recorder = Recorder(self.store, self.history, settings, github)
         self.server: Server | None = None
         self._threads: list[threading.Thread] = []
         self._stopped = threading.Event()

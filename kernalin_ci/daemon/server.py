@@ -385,12 +385,14 @@ class Handler(BaseHTTPRequestHandler):
         repo = m.group(1)
         if not self.app.visible(repo):
             return self._send(404, {"error": "unknown repository"})
+        branch = (self.app.store.repo(repo) or {}).get("default_branch") or "main"
         page = site.repo_page(
             repo,
             history.runs(repo),
             assets="/dashboard/assets/",
             badge_src=f"/badge/{repo}.svg",
             index_href="/dashboard",
+            ancestry=self.app.recorder.ancestry(repo, branch),
         )
         return self._send(200, page, html)
 

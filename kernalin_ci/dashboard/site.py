@@ -13,10 +13,25 @@ from html import escape
 from pathlib import Path
 
 from kernalin_ci.history import series as series_mod
+from kernalin_ci.history.ancestry import Ancestry, arrange
 from kernalin_ci.history.model import Run
 
 
-def page_data(repo: str, runs: list[Run]) -> dict:
+def _brief(run: Run) -> dict:
+    return {
+        "commit": run.commit,
+        "pr": run.pr,
+        "recorded_at": run.recorded_at,
+        "conclusion": run.conclusion,
+        "report_url": run.report_url,
+    }
+
+
+def page_data(repo: str, runs: list[Run], ancestry: Ancestry | None = None) -> dict:
+    """What a repository's page draws: RUNS (as recorded) in the order of ANCESTRY (the order recorded
+    without one, said in `order`)."""
+    order = arrange(runs, ancestry)
+    runs = order.runs
     all_series = series_mod.build(runs)
     kernels: dict[str, dict] = {}
     for s in all_series:
@@ -27,6 +42,8 @@ def page_data(repo: str, runs: list[Run]) -> dict:
         "repo": repo,
         "runs": len(runs),
         "kernels": [kernels[n] for n in sorted(kernels)],
+        "order": order.summary(),
+        "off_branch": [_brief(r) for r in order.off_branch],
         "latest": None
         if latest is None
         else {
@@ -75,8 +92,16 @@ def _head(title: str, assets: str) -> str:
     )
 
 
-def repo_page(repo: str, runs: list[Run], *, assets: str, badge_src: str | None, index_href: str | None) -> str:
-    data = page_data(repo, runs)
+def repo_page(
+    repo: str,
+    runs: list[Run],
+    *,
+    assets: str,
+    badge_src: str | None,
+    index_href: str | None,
+    ancestry: Ancestry | None = None,
+) -> str:
+    data = page_data(repo, runs, ancestry)
     nav = f'<a href="{escape(index_href)}">all repositories</a> · ' if index_href else ""
     badge = f'<img class="badge" alt="kernalin-ci badge" src="{escape(badge_src)}">' if badge_src else ""
     return (
@@ -113,9 +138,10 @@ def page_file(repo: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", repo.replace("/", "__")) + ".html"
 
 
-def build_site(store, out: str | Path, repos: list[str] | None = None) -> list[Path]:
+def build_site(store, out: str | Path, repos: list[str] | None = None, ancestry_for=None) -> list[Path]:
     """The static site of every repository in STORE (or REPOS) under OUT; the pages written. A single
-    repository's page is index.html itself."""
+    repository's page is index.html itself. ANCESTRY_FOR(repo, runs) -> Ancestry | None orders each
+    repository's runs by its commit graph (None: as recorded)."""
     from kernalin_ci.dashboard.assets import copy_assets
 
     out = Path(out)
@@ -126,16 +152,19 @@ def build_site(store, out: str | Path, repos: list[str] | None = None) -> list[P
     listing = []
     for name in names:
         runs = store.runs(name)
+        ancestry = ancestry_for(name, runs) if ancestry_for and runs else None
+        newest = arrange(runs, ancestry).runs[-1:] if runs else []  # the head's newest recorded commit
         fname = "index.html" if len(names) == 1 else page_file(name)
         badge_name = fname.replace(".html", "-badge.svg")
-        if runs:
-            (out / badge_name).write_text(badge_of(runs[-1]))
+        if newest:
+            (out / badge_name).write_text(badge_of(newest[0]))
         html = repo_page(
             name,
             runs,
             assets="assets/",
-            badge_src=badge_name if runs else None,
+            badge_src=badge_name if newest else None,
             index_href=None if len(names) == 1 else "index.html",
+            ancestry=ancestry,
         )
         (out / fname).write_text(html)
         written.append(out / fname)

@@ -28,6 +28,9 @@ class SeriesPoint:
     # the band of head times the run's posterior allows: base_ms * hdi (the base timed in the same run)
     band: list[float] | None
     gpu: str | None
+    # the previous commit of this series (in the order given: the commit graph's when known); the verdict
+    # above is against `base`, which is this commit when pull requests merge in order
+    previous: str | None = None
 
 
 @dataclass
@@ -53,7 +56,8 @@ class Series:
 
 
 def build(runs: list[Run]) -> list[Series]:
-    """One series per (kernel, shape) in the order the runs were recorded; change points on head times."""
+    """One series per (kernel, shape) in the order of RUNS (ancestry.arrange puts them in the commit
+    graph's order); change points on head times."""
     by_key: dict[tuple[str, str], Series] = {}
     for run in runs:
         for p in run.points:
@@ -78,6 +82,7 @@ def build(runs: list[Run]) -> list[Series]:
                     p.base_ms,
                     band,
                     p.provenance.get("gpu_name") or (run.environment or {}).get("gpu"),
+                    s.points[-1].commit if s.points else None,
                 )
             )
     for s in by_key.values():

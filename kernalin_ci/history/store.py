@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
+import time
 from pathlib import Path
 from typing import Protocol
 
@@ -49,13 +50,37 @@ CREATE INDEX IF NOT EXISTS history_runs_repo ON history_runs(repo, seq);
 """
 
 
+BUSY_S = 30.0  # how long a connection waits for another's lock
+
+
+def set_wal(db: sqlite3.Connection, timeout: float = BUSY_S) -> None:
+    """Put the database in WAL mode, waiting for other connections doing the same.
+
+    Switching a new database to WAL is a write that starts inside a read transaction; SQLite does not
+    call the busy handler when a read transaction cannot become a write one (waiting could deadlock),
+    so a connection whose switch collides with another's fails at once with "database is locked",
+    whatever the busy timeout. Several writers opening a new history at the same moment hit this
+    (tests/test_history.py's concurrent writers did, about once in 70 tries; more on a loaded machine).
+    The switch is retried until it succeeds or TIMEOUT passes; once the file is in WAL mode (persistent)
+    the pragma changes nothing and never collides.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
 class SQLiteHistory:
     def __init__(self, path: str | Path):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=30)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA busy_timeout=30000")
+        self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=BUSY_S)
+        set_wal(self._db)
         with self._lock:
             self._db.executescript(_SQLITE)
 

@@ -12,6 +12,10 @@ RUN python3 -m pip install --no-cache-dir --break-system-packages --index-url "$
 COPY pyproject.toml /opt/kernalin/pyproject.toml
 COPY kernalin_ci /opt/kernalin/kernalin_ci
 COPY checks /opt/kernalin/checks
-RUN python3 -m pip install --no-cache-dir --break-system-packages "/opt/kernalin[github]"
+# Chart.js for the Action's dashboard input, fetched and checked now (the Action's own venv reads it
+# through KERNALIN_CHARTJS; docs/history.md)
+ENV KERNALIN_CHARTJS=/opt/kernalin/chartjs/chart.umd.min.js
+RUN python3 -m pip install --no-cache-dir --break-system-packages "/opt/kernalin[github]" \
+ && kernalin-ci dashboard --fetch-assets
 ENV KERNALIN_CHECKS=/opt/kernalin/checks
 USER runner

@@ -92,27 +92,59 @@
       c.before_ms.toPrecision(4) + " → " + c.after_ms.toPrecision(4) + " ms (" + pct(c.ratio) + ")")));
   }
 
+  // what the verdict was measured against: the run's base, and whether that is the series' previous commit
+  function against(p) {
+    if (!p.base) return "—";
+    if (p.base === p.previous) return short(p.base) + " (previous)";
+    return short(p.base) + (p.previous ? " (previous: " + short(p.previous) + ")" : "");
+  }
+
   function timeline(k) {
     const rows = [];
     for (const s of k.series) {
-      for (const p of s.points) rows.push([s.shape, p]);
+      s.points.forEach((p, i) => rows.push([s.shape, p, i]));
     }
-    rows.sort((a, b) => b[1].recorded_at - a[1].recorded_at);
+    rows.sort((a, b) => b[2] - a[2]);  // newest first, in the series' order (the commit graph's when known)
     const body = el("tbody");
     for (const [shape, p] of rows) {
       const findings = (p.findings || []).map((f) => f.bug_class + ": " + f.message +
         (f.path ? " (" + f.path + ":" + f.line + ")" : "")).join("; ");
       body.append(el("tr", { "data-commit": p.commit, class: failed(p) ? "failure" : null },
-        el("td", {}, new Date(p.recorded_at * 1000).toISOString().slice(0, 16).replace("T", " ")),
         el("td", {}, short(p.commit)), el("td", {}, p.pr ? link("#" + p.pr, p.report_url) : link("report", p.report_url)),
+        el("td", {}, new Date(p.recorded_at * 1000).toISOString().slice(0, 16).replace("T", " ")),
         el("td", {}, p.conclusion), el("td", {}, shape || "—"), el("td", {}, p.verification || "—"),
-        el("td", { class: "findings" }, findings || "—"), el("td", {}, p.verdict || "—"),
+        el("td", { class: "findings" }, findings || "—"), el("td", { class: "against" }, against(p)),
+        el("td", {}, p.verdict || "—"),
         el("td", {}, p.ratio == null ? "—" : p.ratio.toFixed(4)),
-        el("td", {}, p.hdi ? p.hdi[0].toFixed(4) + " – " + p.hdi[1].toFixed(4) : "—")));
+        el("td", {}, p.hdi ? p.hdi[0].toFixed(4) + " – " + p.hdi[1].toFixed(4) : "—"),
+        el("td", {}, p.p_slower == null ? "—" : p.p_slower.toFixed(3))));
     }
     return el("table", { class: "timeline" },
-      el("thead", {}, el("tr", {}, ...["recorded", "commit", "report", "gate", "shape", "verification", "findings",
-        "verdict", "head/base", "HDI"].map((h) => el("th", {}, h)))), body);
+      el("thead", {}, el("tr", {}, ...["commit", "report", "recorded", "gate", "shape", "verification", "findings",
+        "against", "verdict", "head/base", "HDI", "P(slower)"].map((h) => el("th", {}, h)))), body);
+  }
+
+  function orderNote(o) {
+    if (o.by === "git") {
+      return el("p", { class: "order", "data-by": "git" }, "Commits in the order of the commit graph of " + o.ref +
+        " (" + short(o.head) + "), oldest first.");
+    }
+    return el("p", { class: "order", "data-by": "recorded" }, "Commits in the order they were recorded: " + o.note + ".");
+  }
+
+  function offBranch(runs) {
+    const body = el("tbody");
+    for (const r of runs) {
+      body.append(el("tr", { "data-commit": r.commit }, el("td", {}, short(r.commit)),
+        el("td", {}, r.pr ? link("#" + r.pr, r.report_url) : link("report", r.report_url)),
+        el("td", {}, new Date(r.recorded_at * 1000).toISOString().slice(0, 16).replace("T", " ")),
+        el("td", {}, r.conclusion)));
+    }
+    return el("section", { class: "off-branch" }, el("h2", {}, "Recorded, no longer on the branch"),
+      el("p", {}, "These commits are not ancestors of " + data.order.ref + " (a force-push rewrote the branch, or " +
+        "they were never on it): they are left out of the series and the change points."),
+      el("table", { class: "timeline" }, el("thead", {}, el("tr", {}, ...["commit", "report", "recorded", "gate"]
+        .map((h) => el("th", {}, h)))), body));
   }
 
   app.textContent = "";
@@ -122,7 +154,7 @@
   } else if (!data.kernels.length) {
     app.append(el("p", {}, "No history recorded yet."));
   } else {
-    app.append(el("h2", {}, "Overview"), overview(data.kernels));
+    app.append(el("h2", {}, "Overview"), orderNote(data.order), overview(data.kernels));
     for (const k of data.kernels) {
       const sec = el("section", { class: "kernel", id: "k-" + k.name, "data-kernel": k.name }, el("h2", {}, k.name));
       const charts = el("div", { class: "charts" });
@@ -134,6 +166,7 @@
       sec.append(el("h3", {}, "Verdicts and findings"), timeline(k));
       app.append(sec);
     }
+    if (data.off_branch.length) app.append(offBranch(data.off_branch));
   }
   document.body.setAttribute("data-rendered", "true");
 })();
