@@ -51,6 +51,7 @@ from __future__ import annotations
 import math
 import random
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -452,38 +453,79 @@ def _run(job, emit, op, params, device, fns, cases) -> None:
     emit({"event": "setup-done", "seconds": time.perf_counter() - t_setup, "clock": clock.label})
 
     names = [n for n, _ in fns]
+
+    def prepare(si: int, rnd: int) -> None:
+        sh = shapes[si]
+        _fresh_inputs(op, params, device, sh, rnd, seed)
+        sh.inputs.load()
+        _check_agreement(op, sh, exact, rnd)
+
+    def time_one(si: int, i: int) -> float:
+        return clock.sample(shapes[si].runners[i])
+
+    def before(si: int) -> None:
+        shapes[si].inputs.restore()  # what an earlier instance wrote (its checks found out what)
+
+    timed_rounds(
+        names,
+        len(shapes),
+        prepare,
+        time_one,
+        clock,
+        job,
+        lambda times: _verdict(times, names, job),
+        emit,
+        before=before,
+    )
+
+
+def timed_rounds(
+    names: list[str],
+    n_shapes: int,
+    prepare: Callable[[int, int], None],
+    time_one: Callable[[int, int], float],
+    clock,
+    job: dict,
+    verdict: Callable[[dict], stats.Verdict | None],
+    emit,
+    before: Callable[[int], None] | None = None,
+) -> None:
+    """The interleaved rounds of every benchmark (task "bench" and the model's "model-bench"), until the
+    verdict, the budget or max_rounds. Per round and shape: `prepare(shape, round)` (fresh inputs, the
+    output agreement check), then the instances in a random order, each (after `before(shape)`) one
+    discarded warm-up sample where the clock wants one and `reps` samples of `time_one(shape, instance)`
+    (milliseconds). After every round: the `round` event (times [shapes][reps] per instance, the orders,
+    the elapsed timing seconds, `verdict(times)`), and at a look the adaptive stop; then `stopped`."""
     reps = int(job["reps"])
     budget = float(job["budget_s"])
     max_rounds = job.get("max_rounds") or 1 << 30
     adaptive = job.get("adaptive", True)
-    order_rng = random.Random(seed)
-    times = {n: [] for n in names}  # per instance: list of [S, reps] per round
+    order_rng = random.Random(int(job.get("seed", 0)))
+    times: dict[str, list] = {n: [] for n in names}  # per instance: list of [S, reps] per round
     elapsed = 0.0
     rnd = 0
     while True:
         t0 = time.perf_counter()
-        per = {n: [] for n in names}
+        per: dict[str, list] = {n: [] for n in names}
         orders = []
-        for si, sh in enumerate(shapes):
-            _fresh_inputs(op, params, device, sh, rnd, seed)
-            sh.inputs.load()
-            _check_agreement(op, sh, exact, rnd)
-            order = order_rng.sample(range(len(sh.runners)), len(sh.runners))
+        for si in range(n_shapes):
+            prepare(si, rnd)
+            order = order_rng.sample(range(len(names)), len(names))
             orders.append(order)
             got = {}
             for i in order:
-                r = sh.runners[i]
-                sh.inputs.restore()  # what an earlier instance wrote (its checks found out what)
+                if before is not None:
+                    before(si)
                 if clock.warm_sample:
-                    clock.sample(r)  # warm-up sample, discarded
-                got[r.name] = [clock.sample(r) for _ in range(reps)]
+                    time_one(si, i)  # warm-up sample, discarded
+                got[names[i]] = [time_one(si, i) for _ in range(reps)]
             for n in names:
                 per[n].append(got[n])
         for n in names:
             times[n].append(per[n])
         rnd += 1
         elapsed += time.perf_counter() - t0
-        verdict = _verdict(times, names, job)
+        v = verdict(times)
         emit(
             {
                 "event": "round",
@@ -491,16 +533,11 @@ def _run(job, emit, op, params, device, fns, cases) -> None:
                 "times": per,
                 "order": orders,
                 "elapsed": elapsed,
-                "verdict": verdict.to_json() if verdict else None,
+                "verdict": v.to_json() if v else None,
             }
         )
         reason = None
-        if (
-            adaptive
-            and verdict is not None
-            and stats.is_look(rnd)
-            and stats.should_stop(verdict.verdict, verdict.rope_source)
-        ):
+        if adaptive and v is not None and stats.is_look(rnd) and stats.should_stop(v.verdict, v.rope_source):
             reason = "verdict"
         elif elapsed >= budget:
             reason = "budget"
