@@ -43,6 +43,7 @@ def load_kernels(roles: dict, job: dict) -> st.Kernels:
         attention=fns.get("attention"),
         rope=fns.get("rope"),
         kv_append=fns.get("kv_append"),
+        decode_step=fns.get("decode_step"),
         attention_op=job.get("attention_op"),
         block_size=int(job.get("block_size") or 16),
         layout=job.get("layout") or "nhd",
