@@ -592,3 +592,13 @@ def test_on_a_gpu_tokens_per_second_is_measured_per_serving_point(mode):
     )
     assert 2 <= block < 64 and r.layers_built == (64 if mode == "full" else block)
     print("\n".join(text_lines(r.to_json())))
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_a_fused_decode_step_takes_its_place():
+    entry = "kernels/decode_step.py:decode_step"
+    roles = [Role("decode_step", "decode_step", "decode_step", entry, entry, {"block_size": 16})]
+    r = bench_model(SMALL, roles, str(EXAMPLE), str(EXAMPLE), "cuda", budget_s=3)
+    assert r.error is None, r.error
+    assert r.measured and r.roles == {"decode_step": "decode_step"} and len(r.points) == 2
+    print("\n".join(text_lines(r.to_json())))
