@@ -453,6 +453,7 @@ def _run(job, emit, op, params, device, fns, cases) -> None:
     emit({"event": "setup-done", "seconds": time.perf_counter() - t_setup, "clock": clock.label})
 
     names = [n for n, _ in fns]
+    reps = int(job["reps"])
 
     def prepare(si: int, rnd: int) -> None:
         sh = shapes[si]
@@ -460,43 +461,56 @@ def _run(job, emit, op, params, device, fns, cases) -> None:
         sh.inputs.load()
         _check_agreement(op, sh, exact, rnd)
 
-    def time_one(si: int, i: int) -> float:
-        return clock.sample(shapes[si].runners[i])
+    def time_shape(si: int, order: list[int]) -> dict[str, list[float]]:
+        sh = shapes[si]
+        return time_instances(
+            names,
+            order,
+            reps,
+            clock.warm_sample,
+            lambda i: clock.sample(sh.runners[i]),
+            before=sh.inputs.restore,  # what an earlier instance wrote (its checks found out what)
+        )
 
-    def before(si: int) -> None:
-        shapes[si].inputs.restore()  # what an earlier instance wrote (its checks found out what)
+    timed_rounds(names, len(shapes), prepare, time_shape, job, lambda times: _verdict(times, names, job), emit)
 
-    timed_rounds(
-        names,
-        len(shapes),
-        prepare,
-        time_one,
-        clock,
-        job,
-        lambda times: _verdict(times, names, job),
-        emit,
-        before=before,
-    )
+
+def time_instances(
+    names: list[str],
+    order: list[int],
+    reps: int,
+    warm_sample: bool,
+    sample: Callable[[int], float],
+    before: Callable[[], None] | None = None,
+) -> dict[str, list[float]]:
+    """One round of one shape: the instances in `order`, each (after `before()`) one discarded warm-up
+    sample where the clock has one, then `reps` samples of `sample(instance)` -> {name: [ms]}."""
+    got = {}
+    for i in order:
+        if before is not None:
+            before()
+        if warm_sample:
+            sample(i)  # warm-up sample, discarded
+        got[names[i]] = [sample(i) for _ in range(reps)]
+    return got
 
 
 def timed_rounds(
     names: list[str],
     n_shapes: int,
     prepare: Callable[[int, int], None],
-    time_one: Callable[[int, int], float],
-    clock,
+    time_shape: Callable[[int, list[int]], dict[str, list[float]]],
     job: dict,
     verdict: Callable[[dict], stats.Verdict | None],
     emit,
-    before: Callable[[int], None] | None = None,
+    on_stop: Callable[[random.Random], None] | None = None,
 ) -> None:
     """The interleaved rounds of every benchmark (task "bench" and the model's "model-bench"), until the
     verdict, the budget or max_rounds. Per round and shape: `prepare(shape, round)` (fresh inputs, the
-    output agreement check), then the instances in a random order, each (after `before(shape)`) one
-    discarded warm-up sample where the clock wants one and `reps` samples of `time_one(shape, instance)`
-    (milliseconds). After every round: the `round` event (times [shapes][reps] per instance, the orders,
-    the elapsed timing seconds, `verdict(times)`), and at a look the adaptive stop; then `stopped`."""
-    reps = int(job["reps"])
+    output agreement check), then `time_shape(shape, order)` with the instances in a random order
+    (time_instances: warm-up sample, `reps` samples). After every round: the `round` event (times
+    [shapes][reps] per instance, the orders, the elapsed seconds, `verdict(times)`), and at a look the
+    adaptive stop; at the end `on_stop(the order's random generator)`, then the `stopped` event."""
     budget = float(job["budget_s"])
     max_rounds = job.get("max_rounds") or 1 << 30
     adaptive = job.get("adaptive", True)
@@ -512,13 +526,7 @@ def timed_rounds(
             prepare(si, rnd)
             order = order_rng.sample(range(len(names)), len(names))
             orders.append(order)
-            got = {}
-            for i in order:
-                if before is not None:
-                    before(si)
-                if clock.warm_sample:
-                    time_one(si, i)  # warm-up sample, discarded
-                got[names[i]] = [time_one(si, i) for _ in range(reps)]
+            got = time_shape(si, order)
             for n in names:
                 per[n].append(got[n])
         for n in names:
@@ -544,6 +552,8 @@ def timed_rounds(
         elif rnd >= max_rounds:
             reason = "max-rounds"
         if reason:
+            if on_stop is not None:
+                on_stop(order_rng)
             emit({"event": "stopped", "reason": reason, "rounds": rnd, "elapsed": elapsed})
             return
 

@@ -24,7 +24,15 @@ import numpy as np
 import torch
 
 from kernalin_ci.bench import stats
-from kernalin_ci.bench.harness import BenchAbort, CpuClock, CudaClock, Runner, SharedInputs, timed_rounds
+from kernalin_ci.bench.harness import (
+    BenchAbort,
+    CpuClock,
+    CudaClock,
+    Runner,
+    SharedInputs,
+    time_instances,
+    timed_rounds,
+)
 from kernalin_ci.bench.trace import geometric_mean_over_shapes
 from kernalin_ci.entry import load_entry
 from kernalin_ci.ops.base import TOLERANCE
@@ -200,11 +208,18 @@ def _run(spec: ModelSpec, instances, job, emit) -> None:
                 outs[i][1].update({k: v.detach().clone() for k, v in r.check().items()})
         agreement(spec, f"{p.label} (round {rnd + 1}, fresh tokens)", outs)
 
-    def time_one(si: int, i: int) -> float:
-        """One step of instance i: the sum of its parts, each after its own L2 flush, times its multiplier."""
-        return sum(part.multiplier * clock.sample(part.runners[i]) for part in shapes[si][2])
+    def time_shape(si: int, order: list[int]) -> dict[str, list[float]]:
+        """One step of an instance is the sum of its parts, each after its own L2 flush, times its multiplier."""
+        parts = shapes[si][2]
+        return time_instances(
+            names,
+            order,
+            int(job["reps"]),
+            clock.warm_sample,
+            lambda i: sum(part.multiplier * clock.sample(part.runners[i]) for part in parts),
+        )
 
-    timed_rounds(names, len(shapes), prepare, time_one, clock, job, lambda times: _verdict(times, names, job), emit)
+    timed_rounds(names, len(shapes), prepare, time_shape, job, lambda times: _verdict(times, names, job), emit)
 
 
 def _verdict(times: dict, names: list[str], job: dict):
