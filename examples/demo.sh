@@ -20,7 +20,8 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=$(mkdir -p "${1:-kernalin-demo}" && cd "${1:-kernalin-demo}" && pwd)
-device=${KERNALIN_DEVICE:-$(python -c 'import torch; print("cuda" if torch.cuda.is_available() else "cpu")')}
+py=$(command -v python || command -v python3)
+device=${KERNALIN_DEVICE:-$("$py" -c 'import torch; print("cuda" if torch.cuda.is_available() else "cpu")')}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
@@ -49,7 +50,7 @@ for item in "${prs[@]}"; do
   echo "== pr/$pr: exit $rc (expected $want) in $(( $(date +%s) - start )) s; report: $out/$pr/report.md"
   head -n 1 "$out/$pr/report.md" || true
   if [ "$want" = verified ]; then  # no finding anywhere; the benchmark verdicts are what they measure
-    python - "$out/$pr/report.json" <<'PY' || status=1
+    "$py" - "$out/$pr/report.json" <<'PY' || status=1
 import json, sys
 r = json.load(open(sys.argv[1]))
 units = r["kernels"] + r["pipelines"]
