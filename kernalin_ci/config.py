@@ -162,26 +162,39 @@ def parse(text: str, path: str = DEFAULT_FILE) -> Config:
 
 
 def _model(w: _Where, node, cfg: Config) -> ModelSpec:
-    """`model:` (docs/tokens.md); its `kernels` resolved to the configuration's kernels, one per role: the one
-    named, else the only kernel of the role's op (attention: decode_paged before decode), else none (torch)."""
-    from kernalin_ci.throughput.spec import ROLE_OPS, parse_node
+    """`model:` (docs/tokens.md), its `kernels` resolved to the configuration's kernels (place_kernels)."""
+    from kernalin_ci.throughput.spec import parse_node
 
     spec = parse_node(node, w.path)
+    return place_kernels(spec, cfg, lambda key, msg: w.err(node, key, msg))
+
+
+def place_kernels(spec: ModelSpec, cfg: Config, err=None) -> ModelSpec:
+    """Resolve `spec.kernels` (place -> kernel name) against the configuration's kernels, one per place: the one
+    named, else the only kernel of the place's op (attention: decode_paged before decode), else none (torch).
+    `err(key, message)` makes the UsageError (default: one naming --model, whose spec names no kernel)."""
+    from kernalin_ci.throughput.spec import ROLE_OPS
+
+    if err is None:
+
+        def err(key: str, msg: str) -> UsageError:
+            return UsageError(f"--model: {key}: {msg} (name it in .kernalin.yml's model.kernels)")
+
     named = dict(spec.kernels)
     resolved: dict[str, str] = {}
     for role, ops in ROLE_OPS.items():
         if role in named:
             k = cfg.kernel(named[role])
             if k is None:
-                raise w.err(node, f"model.kernels.{role}", f"no kernel named {named[role]!r}")
+                raise err(f"model.kernels.{role}", f"no kernel named {named[role]!r}")
             if k.op not in ops:
-                raise w.err(node, f"model.kernels.{role}", f"kernel {k.name!r} is {k.op}, expected {' or '.join(ops)}")
+                raise err(f"model.kernels.{role}", f"kernel {k.name!r} is {k.op}, expected {' or '.join(ops)}")
             resolved[role] = k.name
             continue
         for op in ops:
             found = [k.name for k in cfg.kernels if k.op == op]
             if len(found) > 1:
-                raise w.err(node, f"model.kernels.{role}", f"several {op} kernels ({', '.join(found)}): name one")
+                raise err(f"model.kernels.{role}", f"several {op} kernels ({', '.join(found)}): name one")
             if found:
                 resolved[role] = found[0]
                 break

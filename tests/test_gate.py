@@ -35,8 +35,9 @@ def repo(tmp_path):
     """The example kernel repository as a fresh git repo on branch main (bench off: fast)."""
     r = tmp_path / "repo"
     shutil.copytree(EXAMPLE, r, ignore=shutil.ignore_patterns("prs"))
-    cfg = (r / ".kernalin.yml").read_text().replace("  budget_s: 30\n", "  budget_s: 30\n  bench: false\n")
-    (r / ".kernalin.yml").write_text(cfg)
+    cfg = (r / ".kernalin.yml").read_text()
+    assert "  rope: 0.005\n" in cfg
+    (r / ".kernalin.yml").write_text(cfg.replace("  rope: 0.005\n", "  rope: 0.005\n  bench: false\n"))
     git(r, "init", "-q", "-b", "main")
     commit_all(r, "base")
     return r
@@ -121,9 +122,12 @@ def test_a_kv_bug_fails_the_gate_and_only_that_kernel_is_checked(repo):
     git(repo, "checkout", "-qb", "pr")
     edit(repo / "kernels/kv_cache.py", "    if slot >= 0:\n", "    if slot >= -1:\n")
     commit_all(repo, "kv: also handle slot -1")
-    r, report = run_gate_cli(repo, "--base", "main")
+    r, report = run_gate_cli(repo, "--base", "main", "--model", "qwen2.5-7b")
     assert r.returncode == 1, r.stderr
     assert report["conclusion"] == "failure" and "kv_append" in report["reason"]
+    m = report["model"]  # --model in place of the configuration's llama-3.1-8b; kv_append is in the step
+    assert m["model"] == "qwen2.5-7b" and m["shape"]["hidden_size"] == 3584 and not m["measured"]
+    assert m["reason"].startswith("no GPU") and m["kernels"]["kv_append"] == "kv_append"
     by = {k["name"]: k for k in report["kernels"]}
     kv = by["kv_append"]
     assert kv["status"] == "changed" and kv["failed_by"] == ["finding"]
@@ -236,6 +240,17 @@ def test_unknown_revision_is_a_usage_error(repo):
     r, _ = run_gate_cli(repo, "--base", "no-such-branch")
     assert r.returncode == 2 and "unknown revision 'no-such-branch'" in r.stderr
     assert r.stderr.strip().count("\n") == 0
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [("gpt-9", "neither a preset"), ("m.yml", "m.yml:2: model.layers: expected a positive integer, got 0")],
+)
+def test_a_bad_model_is_one_line_before_anything_runs(repo, value, message):
+    (repo / "m.yml").write_text("preset: llama-3.1-8b\nlayers: 0\n")
+    r, report = run_gate_cli(repo, "--base", "main", "--model", value)
+    assert r.returncode == 2 and message in r.stderr and r.stderr.strip().count("\n") == 0, r.stderr
+    assert report is None
 
 
 # An entry that breaks the checker it runs in: the worker's own code then raises, as a bug of

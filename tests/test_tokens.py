@@ -1,7 +1,7 @@
 """Decode tokens/s and $/Mtok (docs/tokens.md): the `model:` section and --model, the arithmetic and its
 posterior, the decode step's shapes (torch and the example kernels under the interpreter, in the
 worker), and the report. The timing itself is GPU-only (benchmarks/model_step_check.py); on the CPU
-every report says "not measured (no GPU)".
+every report says "not measured (no GPU: ...)".
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from kernalin_ci.report.tokens import change, dollars, rate, text_lines
 from kernalin_ci.report.writer import report_json
 from kernalin_ci.throughput import cost
 from kernalin_ci.throughput import step as st
-from kernalin_ci.throughput.bench import ModelResult, Role, bench_model
+from kernalin_ci.throughput.bench import NOT_MEASURED_CPU, ModelResult, Role, bench_model
 from kernalin_ci.throughput.spec import PRESETS, ModelSpec, ServingPoint, from_cli
 
 REPO = Path(__file__).resolve().parent.parent
@@ -247,6 +247,86 @@ def test_the_torch_step_has_the_model_shapes_and_attends_over_context_plus_one(p
             assert torch.allclose(out["attn0"][b, h * D : (h + 1) * D].double(), p @ vals[:, g], atol=1e-4)
 
 
+def _decode_step(q, k, v, positions, k_cache, v_cache, slot_mapping, block_tables, kv_lens, scale):
+    """A plain torch decode_step (docs/ops.md: rotate q and k at positions, append, attend) standing in for a
+    fused kernel: neox rotation, base 10000."""
+    D = q.shape[-1]
+    ang = positions.double()[:, None] * 10000.0 ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+    cos, sin = ang.cos().float()[:, None], ang.sin().float()[:, None]
+    q, k = st.torch_rope(q, cos, sin), st.torch_rope(k, cos, sin)
+    _kv_append(k, v, k_cache, v_cache, slot_mapping)
+    return _paged_attention(q, k_cache, v_cache, block_tables, kv_lens, scale)
+
+
+def test_the_decode_step_place_does_what_rope_kv_append_and_attention_do():
+    """A decode_step kernel takes the three places at once: it gets q, k, v before rotation and the paged
+    caches, and the step computes what the separate places compute."""
+    fused = st.Kernels(decode_step=_decode_step, block_size=8)
+    separate = st.Kernels(kv_append=_kv_append, block_size=8)  # torch rope, the kv_append, torch paged attention
+    assert fused.paged and separate.paged
+    w = st.build_weights(TINY, TINY.layers, "cpu", 0)
+    outs = []
+    for k in (fused, separate):
+        pi = st.build_point(TINY, TINY.serving[0], k, TINY.layers, "cpu", 1)
+        outs.append((st.full_step(TINY, w, pi, k), pi))
+    (a, pa), (b, pb) = outs
+    assert torch.allclose(a["attn0"], b["attn0"], atol=1e-5) and torch.allclose(a["logits"], b["logits"], atol=1e-4)
+    assert torch.allclose(pa.caches[1].k, pb.caches[1].k, atol=1e-5)  # the rotated new key in its slot, each layer
+    with pytest.raises(AssertionError):  # and the comparison can fail: a decode_step that skips the rotation
+        no_rope = st.Kernels(
+            decode_step=lambda positions, **kw: _decode_step(positions=0 * positions, **kw), block_size=8
+        )
+        pi = st.build_point(TINY, TINY.serving[0], no_rope, TINY.layers, "cpu", 1)
+        assert torch.allclose(st.full_step(TINY, w, pi, no_rope)["attn0"], b["attn0"], atol=1e-5)
+
+
+def test_a_decode_step_kernel_takes_its_place_alone():
+    from kernalin_ci.throughput.bench import check_roles, role_names
+
+    step = Role("decode_step", "decode_step", "fused", "k.py:f", "k.py:f", {"block_size": 32, "layout": "hnd"})
+    assert check_roles(from_cli("mistral-7b"), [step])[1] == {
+        "attention_op": None,
+        "block_size": 32,
+        "layout": "hnd",
+    }
+    assert role_names([step]) == {"decode_step": "fused"}
+    rope = Role("rope", "rope", "r", "r.py:f", "r.py:f", {})
+    with pytest.raises(UsageError, match=r"fused \(decode_step\) does the rope, kv_append and attention work"):
+        check_roles(from_cli("mistral-7b"), [step, rope])
+    att = Role("attention", "attention.decode", "dense", "a.py:f", "a.py:f", {})
+    app = Role("kv_append", "kv_append", "app", "a.py:g", "a.py:g", {})
+    assert role_names([att, app])["kv_append"].startswith("torch (app not used: dense (attention.decode) reads")
+
+
+@pytest.mark.parametrize("mode", ["full", "per-layer"])
+def test_the_timed_rounds_are_the_benchmark_loop_around_the_step(mode):
+    """The loop a GPU runs (task._run, device-generic) on the CPU wall clock with torch places: the rounds
+    come from the kernel benchmark's own loop (harness.timed_rounds), every instance agrees each round, and an
+    instance that computes something else stops the benchmark."""
+    from kernalin_ci.bench.harness import BenchAbort
+    from kernalin_ci.throughput import task
+
+    k = st.Kernels(attention=_paged_attention, attention_op="attention.decode_paged", block_size=8)
+    job = {"device": "cpu", "reps": 2, "budget_s": 600, "max_rounds": 2, "seed": 0, "mode": mode}
+    events = []
+    task._run(TINY, [("base", k), ("head", k), ("base2", k)], job, events.append)
+    kinds = [e["event"] for e in events]
+    assert kinds.count("round") == 2 and events[-1] == {**events[-1], "event": "stopped", "reason": "max-rounds"}
+    parts = [e["part"] for e in events if e["event"] == "setup"]
+    assert parts == (["step"] if mode == "full" else ["layers", "ends"])
+    rnd = next(e for e in events if e["event"] == "round")
+    assert set(rnd["times"]) == {"base", "head", "base2"} and len(rnd["times"]["head"]) == 1  # one serving point
+    assert len(rnd["times"]["head"][0]) == 2 and all(t > 0 for t in rnd["times"]["head"][0])
+    assert sorted(rnd["order"][0]) == [0, 1, 2] and rnd["verdict"]["verdict"] in ("equivalent", "inconclusive")
+
+    def scaled(**kw):
+        return 1.5 * _paged_attention(**kw)
+
+    wrong = st.Kernels(attention=scaled, attention_op="attention.decode_paged", block_size=8)
+    with pytest.raises(BenchAbort, match="head and base disagree on batch 3, context 21 \\(round 1"):
+        task._run(TINY, [("base", k), ("head", wrong)], job, lambda e: None)
+
+
 def test_block_layers_reads_far_more_than_the_l2():
     spec = from_cli("llama-3.1-70b")
     assert st.block_layers(spec, st.layer_bytes(spec)) == 2
@@ -277,10 +357,10 @@ def test_the_step_runs_the_example_kernels_in_the_worker_on_the_cpu():
     spec = from_cli("mistral-7b")
     r = bench_model(spec, _example_roles(), str(EXAMPLE), str(EXAMPLE), "cpu")
     assert r.error is None, r.error
-    assert not r.measured and r.reason == "no GPU" and r.points == [] and r.verdict is None
+    assert not r.measured and r.reason == NOT_MEASURED_CPU and r.points == [] and r.verdict is None
     assert r.roles == {"attention": "paged_attention", "rope": "rope", "kv_append": "kv_append"}
     assert any("layer 0's attention outputs agree" in n for n in r.notes)
-    assert "  tokens/s: not measured (no GPU)" in text_lines(r.to_json())
+    assert "  tokens/s: not measured (no GPU: the decode step is timed on a GPU only)" in text_lines(r.to_json())
 
 
 def test_a_head_kernel_that_breaks_the_step_is_caught(tmp_path):
@@ -292,6 +372,29 @@ def test_a_head_kernel_that_breaks_the_step_is_caught(tmp_path):
     r = bench_model(from_cli("llama-3.1-8b"), roles, str(EXAMPLE), str(head), "cpu")
     assert r.error_kind == "mismatch" and "head and base disagree" in r.error, r.error
     assert not r.measured
+
+
+def test_bench_model_puts_a_fused_decode_step_in_the_step(tmp_path):
+    """`bench --model --op decode_step`: the example's fused kernel in the worker, under the interpreter; a head
+    that stores the new key before rotating it changes the step's attention and is caught."""
+    head = tmp_path / "head"
+    shutil.copytree(EXAMPLE, head, ignore=shutil.ignore_patterns("prs"))
+    src = head / "kernels" / "decode_step.py"
+    text = src.read_text()
+    assert text.count("(k1 * cos - k2 * sin).to(") == 1 and text.count("(k2 * cos + k1 * sin).to(") == 1
+    src.write_text(text.replace("(k1 * cos - k2 * sin).to(", "k1.to(").replace("(k2 * cos + k1 * sin).to(", "k2.to("))
+    entry = "kernels/decode_step.py:decode_step"
+    proc = subprocess.run(
+        [sys.executable, "-m", "kernalin_ci", "bench", "--model", "mistral-7b", "--op", "decode_step"]
+        + ["--base", entry, "--base-root", str(EXAMPLE), "--head", entry, "--head-root", str(head)]
+        + ["--device", "cpu", "--json", str(tmp_path / "m.json")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    m = json.loads((tmp_path / "m.json").read_text())
+    assert proc.returncode == 1 and m["kernels"] == {"decode_step": entry}, proc.stdout + proc.stderr
+    assert m["error_kind"] == "mismatch" and "head and base disagree" in m["error"] and not m["measured"]
 
 
 def test_kernel_pins_that_cannot_serve_the_model_are_usage_errors():
@@ -323,9 +426,47 @@ def test_the_gate_reports_not_measured_on_the_cpu_and_nothing_when_the_step_is_u
     assert check_model(cfg, results, "cpu", tmp_path, tmp_path, False) is None
     results["rope"].status = "changed"
     m = check_model(cfg, results, "cpu", tmp_path, tmp_path, False)
-    assert m["measured"] is False and m["reason"] == "no GPU" and m["points"] == []
+    assert m["measured"] is False and m["reason"] == NOT_MEASURED_CPU and m["points"] == []
     results["rope"].failed_by = ["finding"]
     assert check_model(cfg, results, "cuda", tmp_path, tmp_path, False)["reason"] == "rope failed"
+
+
+def test_the_gate_places_a_changed_decode_step_and_says_what_it_does_not_measure(tmp_path):
+    cfg = config.parse((EXAMPLE / ".kernalin.yml").read_text())
+    assert cfg.model.kernels == {
+        "attention": "paged_attention",
+        "rope": "rope",
+        "kv_append": "kv_append",
+        "decode_step": "decode_step",
+    }
+    results = {k.name: KernelReport(k.name, k.op, k.entry, "unchanged") for k in cfg.kernels}
+    results["decode_step"].status = "changed"
+    m = check_model(cfg, results, "cpu", tmp_path, tmp_path, False)
+    assert m["kernels"] == {"decode_step": "decode_step"} and m["reason"] == NOT_MEASURED_CPU and m["notes"] == []
+    results["paged_attention"].status = "changed"
+    m = check_model(cfg, results, "cpu", tmp_path, tmp_path, False)
+    assert m["kernels"] == {"decode_step": "decode_step"}
+    assert m["notes"] == [
+        "paged_attention also changed: not measured (one decode step per report; the step with decode_step "
+        "in its place was)"
+    ]
+    results["decode_step"].status = "unchanged"
+    m = check_model(cfg, results, "cpu", tmp_path, tmp_path, False)
+    assert m["kernels"] == {"attention": "paged_attention", "rope": "rope", "kv_append": "kv_append"}
+    # a kv_append kernel beside an attention.decode kernel: no place in the step, said so
+    dense = config.parse(
+        (EXAMPLE / ".kernalin.yml").read_text().split("\nmodel:")[0]
+        + "\nmodel: {preset: llama-3.1-8b, kernels: {attention: decode_attention}}\n"
+    )
+    results = {k.name: KernelReport(k.name, k.op, k.entry, "unchanged") for k in dense.kernels}
+    results["kv_append"].status = "changed"
+    m = check_model(dense, results, "cuda", tmp_path, tmp_path, False)
+    assert not m["measured"] and m["reason"] == (
+        "kv_append has no place in this step: decode_attention (attention.decode) reads a contiguous cache, "
+        "kv_append writes a paged one"
+    )
+    md = render_markdown(_report(m))
+    assert "**Tokens/s:** not measured (kv\\_append has no place in this step" in md
 
 
 def _measured() -> dict:
@@ -450,4 +591,14 @@ def test_on_a_gpu_tokens_per_second_is_measured_per_serving_point(mode):
         + sum(st.kv_bytes(SMALL, p, st.Kernels(attention_op="attention.decode_paged")) for p in SMALL.serving),
     )
     assert 2 <= block < 64 and r.layers_built == (64 if mode == "full" else block)
+    print("\n".join(text_lines(r.to_json())))
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_a_fused_decode_step_takes_its_place():
+    entry = "kernels/decode_step.py:decode_step"
+    roles = [Role("decode_step", "decode_step", "decode_step", entry, entry, {"block_size": 16})]
+    r = bench_model(SMALL, roles, str(EXAMPLE), str(EXAMPLE), "cuda", budget_s=3)
+    assert r.error is None, r.error
+    assert r.measured and r.roles == {"decode_step": "decode_step"} and len(r.points) == 2
     print("\n".join(text_lines(r.to_json())))

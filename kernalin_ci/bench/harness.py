@@ -57,6 +57,7 @@ from __future__ import annotations
 import math
 import random
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -295,14 +296,10 @@ def time_shape(clock, sh: Shape, order: list[int], reps: int) -> dict[str, list[
     """One round of one shape: the instances in `order`, the inputs they write restored before each
     (what an earlier instance wrote; its checks found out what), a discarded warm-up sample where the
     clock has one, then `reps` samples -> {instance: [ms per launch]}."""
-    got = {}
-    for i in order:
-        r = sh.runners[i]
-        sh.inputs.restore()
-        if clock.warm_sample:
-            clock.sample(r)  # warm-up sample, discarded
-        got[r.name] = [clock.sample(r) for _ in range(reps)]
-    return got
+    names = [r.name for r in sh.runners]
+    return time_instances(
+        names, order, reps, clock.warm_sample, lambda i: clock.sample(sh.runners[i]), sh.inputs.restore
+    )
 
 
 class CudaClock:
@@ -550,31 +547,82 @@ def _run(job, emit, op, params, device, fns, cases) -> None:
 
     names = [n for n, _ in fns]
     reps = int(job["reps"])
+
+    def prepare(si: int, rnd: int) -> None:
+        sh = shapes[si]
+        _fresh_inputs(op, params, device, sh, rnd, seed)
+        sh.inputs.load()
+        _check_agreement(op, sh, exact, rnd)
+
+    def time_shape(si: int, order: list[int]) -> dict[str, list[float]]:
+        return clock.time_shape(shapes[si], order, reps)  # the kernel clock profiles whole rounds
+
+    def on_stop(rng: random.Random) -> None:
+        if job.get("reference"):
+            _reference(shapes, clock, int(job["reference"]), rng, device, emit)
+
+    timed_rounds(names, len(shapes), prepare, time_shape, job, lambda times: _verdict(times, names, job), emit, on_stop)
+
+
+def time_instances(
+    names: list[str],
+    order: list[int],
+    reps: int,
+    warm_sample: bool,
+    sample: Callable[[int], float],
+    before: Callable[[], None] | None = None,
+) -> dict[str, list[float]]:
+    """One round of one shape: the instances in `order`, each (after `before()`) one discarded warm-up
+    sample where the clock has one, then `reps` samples of `sample(instance)` -> {name: [ms]}."""
+    got = {}
+    for i in order:
+        if before is not None:
+            before()
+        if warm_sample:
+            sample(i)  # warm-up sample, discarded
+        got[names[i]] = [sample(i) for _ in range(reps)]
+    return got
+
+
+def timed_rounds(
+    names: list[str],
+    n_shapes: int,
+    prepare: Callable[[int, int], None],
+    time_shape: Callable[[int, list[int]], dict[str, list[float]]],
+    job: dict,
+    verdict: Callable[[dict], stats.Verdict | None],
+    emit,
+    on_stop: Callable[[random.Random], None] | None = None,
+) -> None:
+    """The interleaved rounds of every benchmark (task "bench" and the model's "model-bench"), until the
+    verdict, the budget or max_rounds. Per round and shape: `prepare(shape, round)` (fresh inputs, the
+    output agreement check), then `time_shape(shape, order)` with the instances in a random order
+    (time_instances: warm-up sample, `reps` samples). After every round: the `round` event (times
+    [shapes][reps] per instance, the orders, the elapsed seconds, `verdict(times)`), and at a look the
+    adaptive stop; at the end `on_stop(the order's random generator)`, then the `stopped` event."""
     budget = float(job["budget_s"])
     max_rounds = job.get("max_rounds") or 1 << 30
     adaptive = job.get("adaptive", True)
-    order_rng = random.Random(seed)
-    times = {n: [] for n in names}  # per instance: list of [S, reps] per round
+    order_rng = random.Random(int(job.get("seed", 0)))
+    times: dict[str, list] = {n: [] for n in names}  # per instance: list of [S, reps] per round
     elapsed = 0.0
     rnd = 0
     while True:
         t0 = time.perf_counter()
-        per = {n: [] for n in names}
+        per: dict[str, list] = {n: [] for n in names}
         orders = []
-        for si, sh in enumerate(shapes):
-            _fresh_inputs(op, params, device, sh, rnd, seed)
-            sh.inputs.load()
-            _check_agreement(op, sh, exact, rnd)
-            order = order_rng.sample(range(len(sh.runners)), len(sh.runners))
+        for si in range(n_shapes):
+            prepare(si, rnd)
+            order = order_rng.sample(range(len(names)), len(names))
             orders.append(order)
-            got = clock.time_shape(sh, order, reps)
+            got = time_shape(si, order)
             for n in names:
                 per[n].append(got[n])
         for n in names:
             times[n].append(per[n])
         rnd += 1
         elapsed += time.perf_counter() - t0
-        verdict = _verdict(times, names, job)
+        v = verdict(times)
         emit(
             {
                 "event": "round",
@@ -582,24 +630,19 @@ def _run(job, emit, op, params, device, fns, cases) -> None:
                 "times": per,
                 "order": orders,
                 "elapsed": elapsed,
-                "verdict": verdict.to_json() if verdict else None,
+                "verdict": v.to_json() if v else None,
             }
         )
         reason = None
-        if (
-            adaptive
-            and verdict is not None
-            and stats.is_look(rnd)
-            and stats.should_stop(verdict.verdict, verdict.rope_source)
-        ):
+        if adaptive and v is not None and stats.is_look(rnd) and stats.should_stop(v.verdict, v.rope_source):
             reason = "verdict"
         elif elapsed >= budget:
             reason = "budget"
         elif rnd >= max_rounds:
             reason = "max-rounds"
         if reason:
-            if job.get("reference"):
-                _reference(shapes, clock, int(job["reference"]), order_rng, device, emit)
+            if on_stop is not None:
+                on_stop(order_rng)
             emit({"event": "stopped", "reason": reason, "rounds": rnd, "elapsed": elapsed})
             return
 

@@ -34,6 +34,12 @@ def add_arguments(p):
     p.add_argument(
         "--budget-s", type=float, metavar="SECONDS", help="benchmark budget per kernel pair, overriding gate.budget_s"
     )
+    p.add_argument(
+        "--model",
+        metavar="PRESET|FILE",
+        help="decode tokens/s and $/Mtok of this model with the changed kernels in their places, in place of "
+        "the configuration's model: shapes (docs/tokens.md; GPU only)",
+    )
     p.add_argument("--quiet", action="store_true", help="no per-case progress lines")
     p.add_argument(
         "--profile",
@@ -49,6 +55,11 @@ def run(args) -> int:
     from kernalin_ci.report.writer import step_summary, write_all
 
     overrides = gate_overrides(args)  # bad values fail before anything runs
+    model = None
+    if args.model is not None:
+        from kernalin_ci.throughput.spec import from_cli
+
+        model = from_cli(args.model)
     device = resolve_device(args.device)
     start_dir = Path(args.config).resolve().parent if args.config else Path.cwd()
     repo = repo_root(start_dir)
@@ -68,6 +79,7 @@ def run(args) -> int:
         on_start=poster.begin if poster else None,
         gate_overrides=overrides,
         profile=args.profile,
+        model=model,
     )
     paths = write_all(report, args.out)
     if os.environ.get("GITHUB_STEP_SUMMARY"):

@@ -83,15 +83,23 @@ def run_gate(
     on_start=None,
     gate_overrides: dict | None = None,
     profile: bool = False,
+    model=None,
 ) -> Report:
     """Run the whole gate and return the Report (the caller writes it out and posts it).
     gate_overrides: fields of config.Gate that replace the configuration's (e.g. the Action's fail-on).
-    profile: Nsight Compute for the changed kernels where `ncu` is on PATH (kernalin_ci.explain)."""
+    profile: Nsight Compute for the changed kernels where `ncu` is on PATH (kernalin_ci.explain).
+    model: a ModelSpec (`--model`) in place of the configuration's `model:` shapes, serving points and price;
+    the kernels in its places are the configuration's `model.kernels`, else found (config.place_kernels)."""
     t0 = time.perf_counter()
     cfg_path = Path(config_path) if config_path else repo / config_mod.DEFAULT_FILE
     cfg = config_mod.load(cfg_path)
     if gate_overrides:
         cfg.gate = replace(cfg.gate, **gate_overrides)
+    if model is not None:
+        if cfg.model is not None:
+            model.kernels = dict(cfg.model.kernels)
+            model.budget_s = model.budget_s or cfg.model.budget_s
+        cfg.model = config_mod.place_kernels(model, cfg)
     refs = resolve_refs(repo, base, head, event_path)
     if on_start:
         on_start(refs)
@@ -279,29 +287,58 @@ def check_model(
     cfg: Config, results: dict, device: str, base_root: Path, head_root: Path, progress: bool
 ) -> dict | None:
     """Decode tokens/s and $/Mtok with the model's kernels, base against head (docs/tokens.md); None when the
-    configuration has no `model:` or none of the kernels in the step changed. Reported, never gating."""
+    configuration has no `model:` or none of the kernels in the step changed. Reported, never gating.
+
+    The step is built either with the decode_step kernel in its one place or with the separate rope, kv_append
+    and attention kernels: the decode_step one when it changed, else the separate ones. A changed kernel that
+    the step does not use says so (`reason`, or a note), never silently."""
     from kernalin_ci.domain import resolve as resolve_domain
     from kernalin_ci.ops import get_op
     from kernalin_ci.ops.base import resolve_params
-    from kernalin_ci.throughput.bench import Role, bench_model, not_measured, role_names
+    from kernalin_ci.throughput.bench import NOT_MEASURED_CPU, Role, bench_model, not_measured, role_names, unplaced
+    from kernalin_ci.throughput.spec import FUSED
 
     spec = cfg.model
     if spec is None:
         return None
     members = {role: cfg.kernel(name) for role, name in spec.kernels.items()}
-    touched = [k.name for k in members.values() if results[k.name].status in ("changed", "new")]
-    if not touched:
+
+    def changed(k) -> bool:
+        return results[k.name].status in ("changed", "new")
+
+    fused = members.get(FUSED)
+    separate = {role: k for role, k in members.items() if role != FUSED}
+    touched_separate = [k.name for k in separate.values() if changed(k)]
+    notes = []
+    if fused is not None and changed(fused):
+        chosen = {FUSED: fused}
+        if touched_separate:
+            notes.append(
+                f"{', '.join(touched_separate)} also changed: not measured (one decode step per report; "
+                f"the step with {fused.name} in its place was)"
+            )
+    elif touched_separate:
+        chosen = separate
+    else:
         return None
     roles = []
-    for role, k in members.items():
+    for role, k in chosen.items():
         _, op_params = resolve_domain(get_op(k.op), k.params, k.domain)
         params = resolve_params(k.op, get_op(k.op).params, op_params)
         roles.append(Role(role, k.op, k.name, k.entry, k.entry, params))
     names = role_names(roles)
-    new = [k.name for k in members.values() if results[k.name].status == "new"]
-    bad = [k.name for k in members.values() if results[k.name].error or results[k.name].failed_by]
+    idle = unplaced(roles)
+    placed = [k for role, k in chosen.items() if role not in idle]
+    touched = [k.name for k in placed if changed(k)]
+    for role, why in idle.items():
+        if changed(chosen[role]):
+            notes.append(f"{chosen[role].name} has no place in this step: {why}")
+    new = [k.name for k in placed if results[k.name].status == "new"]
+    bad = [k.name for k in placed if results[k.name].error or results[k.name].failed_by]
     reason = (
-        "no GPU"
+        "; ".join(notes)
+        if not touched
+        else NOT_MEASURED_CPU
         if device != "cuda"
         else "benchmarks are off (gate.bench: false)"
         if not cfg.gate.bench
@@ -312,12 +349,14 @@ def check_model(
         else None
     )
     if reason:
-        return not_measured(spec, device, reason, names)
+        out = not_measured(spec, device, reason, names)
+        out["notes"] = notes if touched else []
+        return out
     log(f"model {spec.name}: decode step with {', '.join(f'{r} {n}' for r, n in names.items())}")
     try:
         res = bench_model(
             spec,
-            roles,
+            [r for r in roles if r.role not in idle],
             str(base_root),
             str(head_root),
             device,
@@ -330,6 +369,8 @@ def check_model(
         out = not_measured(spec, device, "the model benchmark could not run", names)
         out["error"] = msg
         return out
+    res.roles = names
+    res.notes = notes + res.notes
     return res.to_json()
 
 

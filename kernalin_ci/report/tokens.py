@@ -62,7 +62,10 @@ def how_text(m: dict) -> str:
 
 
 def kernels_text(m: dict) -> str:
-    return ", ".join(f"{role} {name}" for role, name in (m.get("kernels") or {}).items())
+    return ", ".join(
+        f"{name} (decode_step: rope, kv_append and attention)" if role == "decode_step" else f"{role} {name}"
+        for role, name in (m.get("kernels") or {}).items()
+    )
 
 
 def not_measured_line(m: dict) -> str:
@@ -119,9 +122,10 @@ def markdown_section(m: dict | None) -> str | None:
     ]
     if m.get("error"):
         lines += [f"- **Error:** {md(m['error'])}", ""]
+    notes = [f"- note: {md(n)}" for n in m.get("notes") or []]
     if not m.get("measured"):
         lines.append(f"- **Tokens/s:** not measured ({md(m.get('reason') or 'unknown')}).")
-        return "\n".join(lines) + "\n\n"
+        return "\n".join(lines + notes) + "\n\n"
     lines.append(TABLE_HEADER)
     for p in m.get("points") or []:
         b, h = p.get("base") or {}, p.get("head") or {}
@@ -137,4 +141,6 @@ def markdown_section(m: dict | None) -> str | None:
         f"${m.get('price_per_hour'):.2f} per GPU-hour ({md(m.get('price_source'))}); "
         f"reported, never gating</sub>",
     ]
+    if notes:
+        lines += ["", *notes]
     return "\n".join(lines) + "\n\n"

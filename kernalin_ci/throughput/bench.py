@@ -24,17 +24,17 @@ from kernalin_ci.entry import parse_entry
 from kernalin_ci.errors import UsageError
 from kernalin_ci.isolate import run_task
 from kernalin_ci.throughput import cost
-from kernalin_ci.throughput.spec import ROLE_OPS, ModelSpec
+from kernalin_ci.throughput.spec import FUSED, ROLE_OPS, SEPARATE, ModelSpec
 
 DEFAULT_TIMEOUT_S = {"cuda": 300.0, "cpu": 600.0}
-NOT_MEASURED_CPU = "no GPU"
+NOT_MEASURED_CPU = "no GPU: the decode step is timed on a GPU only"
 
 
 @dataclass
 class Role:
     """A gated kernel in its place in the step."""
 
-    role: str  # attention | rope | kv_append
+    role: str  # attention | rope | kv_append | decode_step
     op: str
     kernel: str  # the kernel's name (the configuration's, or the entry)
     base_entry: str
@@ -103,20 +103,42 @@ def not_measured(spec: ModelSpec, device: str, reason: str, roles: dict | None =
     return ModelResult(spec, device, roles=roles or {}, reason=reason).to_json()
 
 
-def role_names(roles: list[Role]) -> dict:
-    """role -> the kernel in that place, or "torch" (no kernel configured for it)."""
+def unplaced(roles: list[Role]) -> dict[str, str]:
+    """Kernels whose place this step cannot give them -> why (torch does that work instead)."""
     have = {r.role: r for r in roles}
-    out = {role: have[role].kernel if role in have else "torch" for role in ROLE_OPS}
-    att = have.get("attention")
-    if "kv_append" in have and att and att.op == "attention.decode":
-        out["kv_append"] = f"torch ({have['kv_append'].kernel} not used: the cache is contiguous)"
+    att, app = have.get("attention"), have.get("kv_append")
+    if app and att and att.op == "attention.decode":
+        return {
+            "kv_append": f"{att.kernel} (attention.decode) reads a contiguous cache, {app.kernel} writes a paged one"
+        }
+    return {}
+
+
+def role_names(roles: list[Role]) -> dict:
+    """place -> the kernel in that place, or "torch" (no kernel configured for it, or one that has no place).
+    With a decode_step kernel: its one place, which does the rope, kv_append and attention work."""
+    have = {r.role: r for r in roles}
+    if FUSED in have:
+        return {FUSED: have[FUSED].kernel}
+    out = {role: have[role].kernel if role in have else "torch" for role in SEPARATE}
+    for role, why in unplaced(roles).items():
+        out[role] = f"torch ({have[role].kernel} not used: {why})"
     return out
 
 
 def check_roles(spec: ModelSpec, roles: list[Role]) -> tuple[dict, dict]:
     """-> (the worker's params: the union of the roles' params, the cache layout). UsageError when a kernel's
-    params cannot serve the model (a pinned head dim or head count, kv_append and attention on different caches)."""
+    params cannot serve the model (a pinned head dim or head count, kv_append and attention on different caches)
+    or a decode_step kernel comes with separate ones."""
     params: dict = {}
+    by = {r.role: r for r in roles}
+    fused = by.get(FUSED)
+    if fused and len(by) > 1:
+        others = ", ".join(f"{r.kernel} ({r.op})" for r in roles if r.role != FUSED)
+        raise UsageError(
+            f"model: {fused.kernel} (decode_step) does the rope, kv_append and attention work in one entry: "
+            f"not with {others}"
+        )
     for r in roles:
         if r.op not in ROLE_OPS[r.role]:
             raise UsageError(
@@ -137,12 +159,12 @@ def check_roles(spec: ModelSpec, roles: list[Role]) -> tuple[dict, dict]:
                     f"model: context {longest} is beyond {r.kernel}'s max_position {r.params['max_position']}"
                 )
         params.update({k: v for k, v in r.params.items() if v is not None or k not in params})
-    by = {r.role: r for r in roles}
     att = by.get("attention")
     layout = {"attention_op": att.op if att else None, "block_size": 16, "layout": "nhd"}
     app = by.get("kv_append")
-    cache = att if att and att.op == "attention.decode_paged" else app if not att else None
-    if cache:  # a paged cache: the paged attention's, or the kv_append kernel's with the torch attention
+    # a paged cache: the paged attention's, the decode_step's, or the kv_append kernel's with the torch attention
+    cache = att if att and att.op == "attention.decode_paged" else (fused or app) if not att else None
+    if cache:
         layout["block_size"] = int(cache.params.get("block_size") or 16)
         layout["layout"] = cache.params.get("layout") or "nhd"
         if app and att:

@@ -64,8 +64,17 @@ PRESETS: dict[str, dict] = {
 }
 SHAPE_KEYS = ("layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size", "vocab_size")
 MODEL_DTYPES = ("bfloat16", "float16", "float32")
-ROLES = ("attention", "rope", "kv_append")  # the gated kernels' places in the step
-ROLE_OPS = {"attention": ("attention.decode_paged", "attention.decode"), "rope": ("rope",), "kv_append": ("kv_append",)}
+# The gated kernels' places in the step. `decode_step` is the fused place: one entry that rotates, appends
+# and attends, in place of the rope, kv_append and attention places (docs/tokens.md).
+SEPARATE = ("attention", "rope", "kv_append")
+FUSED = "decode_step"
+ROLES = (*SEPARATE, FUSED)
+ROLE_OPS = {
+    "attention": ("attention.decode_paged", "attention.decode"),
+    "rope": ("rope",),
+    "kv_append": ("kv_append",),
+    FUSED: ("decode_step",),
+}
 KEYS = ("preset", *SHAPE_KEYS, "dtype", "serving", "gpu_price_per_hour", "kernels", "budget_s")
 
 # The default price: an on-demand H200 (one GPU, per hour, USD) as published by a GPU cloud;

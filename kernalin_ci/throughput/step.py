@@ -9,12 +9,14 @@ with the embedding lookup before the first layer and RMSNorm + LM head after the
 reads the embedding matrix: tied, which changes nothing read per step). The GEMMs are cuBLAS through
 torch.mm; the norms and the activation are torch ops. The rope, kv_append and attention places take
 the configured kernels (each op's contract, docs/ops.md: contiguous q, k, v; positions and slots
-int64; kv_lens and block tables int32); a place without a kernel takes a torch implementation.
+int64; kv_lens and block tables int32); a place without a kernel takes a torch implementation. A
+decode_step kernel takes all three at once: it gets q, k, v before rotation and returns the attention.
 
 Every sequence of a serving point holds `context` tokens and decodes token `context` (position
 `context`, attention over context + 1 keys). Caches are paged (block_size and layout from the
-attention kernel's params) when the attention is `attention.decode_paged`, contiguous [B, Hkv, S, D]
-otherwise; blocks are assigned in a random order, as a serving engine's pool hands them out.
+kernel's params) for an `attention.decode_paged` or `decode_step` kernel, or a kv_append kernel with the
+torch attention, contiguous [B, Hkv, S, D] otherwise; blocks are assigned in a random order, as a serving
+engine's pool hands them out.
 Weights are N(0, 1/fan_in) so activations stay bounded through any depth; the KV caches hold
 N(0, 1) keys and values. Nothing here reads the kernels' outputs except the agreement check.
 """
@@ -40,15 +42,17 @@ class Kernels:
     attention: object | None = None
     rope: object | None = None
     kv_append: object | None = None
+    decode_step: object | None = None  # the fused place: rope, kv_append and attention in one entry
     attention_op: str | None = None  # "attention.decode_paged" | "attention.decode" | None (torch SDPA)
     block_size: int = 16
     layout: str = "nhd"
 
     @property
     def paged(self) -> bool:
-        """A paged cache for a paged attention kernel, or for a kv_append kernel with the torch attention."""
+        """A paged cache for a paged attention kernel, a decode_step kernel, or a kv_append kernel with the torch
+        attention."""
         return self.attention_op == "attention.decode_paged" or (
-            self.attention_op is None and self.kv_append is not None
+            self.attention_op is None and (self.kv_append is not None or self.decode_step is not None)
         )
 
 
@@ -215,11 +219,25 @@ def attention_block(
     q = torch.mm(xn, layer.wq).view(B, Hq, D)
     key = torch.mm(xn, layer.wk).view(B, Hkv, D)
     value = torch.mm(xn, layer.wv).view(B, Hkv, D)
+    scale = D**-0.5
+    if k.decode_step is not None:  # the whole attention step in one entry (docs/ops.md, decode_step)
+        o = k.decode_step(
+            q=q,
+            k=key,
+            v=value,
+            positions=pi.positions,
+            k_cache=cache.k,
+            v_cache=cache.v,
+            slot_mapping=pi.slots,
+            block_tables=pi.block_tables,
+            kv_lens=pi.kv_lens,
+            scale=scale,
+        )
+        return o.reshape(B, Hq * D)
     if k.rope is not None:
         q, key = k.rope(q=q, k=key, positions=pi.positions)
     else:
         q, key = torch_rope(q, pi.cos, pi.sin), torch_rope(key, pi.cos, pi.sin)
-    scale = D**-0.5
     if k.paged:
         if k.kv_append is not None:
             k.kv_append(key=key, value=value, k_cache=cache.k, v_cache=cache.v, slot_mapping=pi.slots)

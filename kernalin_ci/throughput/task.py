@@ -18,14 +18,21 @@ ratio runs once per instance under the Triton interpreter and the outputs are co
 from __future__ import annotations
 
 import functools
-import random
 import time
 
 import numpy as np
 import torch
 
 from kernalin_ci.bench import stats
-from kernalin_ci.bench.harness import BenchAbort, CpuClock, CudaClock, Runner
+from kernalin_ci.bench.harness import (
+    BenchAbort,
+    CpuClock,
+    CudaClock,
+    Runner,
+    SharedInputs,
+    time_instances,
+    timed_rounds,
+)
 from kernalin_ci.bench.trace import geometric_mean_over_shapes
 from kernalin_ci.entry import load_entry
 from kernalin_ci.ops.base import TOLERANCE
@@ -44,6 +51,7 @@ def load_kernels(roles: dict, job: dict) -> st.Kernels:
         attention=fns.get("attention"),
         rope=fns.get("rope"),
         kv_append=fns.get("kv_append"),
+        decode_step=fns.get("decode_step"),
         attention_op=job.get("attention_op"),
         block_size=int(job.get("block_size") or 16),
         layout=job.get("layout") or "nhd",
@@ -159,6 +167,7 @@ def _run(spec: ModelSpec, instances, job, emit) -> None:
     w = st.build_weights(spec, built, device, seed)
     emit({"event": "mode", "mode": mode, "layers_built": built, "why": why})
     shapes = []
+    no_inputs = SharedInputs({})  # a step reads what it was built with (weights, caches, tokens): no kwargs
     for pi_index, p in enumerate(points):
         pi = st.build_point(spec, p, k0, built, device, seed * 1009 + pi_index)
         if mode == "full":
@@ -167,8 +176,8 @@ def _run(spec: ModelSpec, instances, job, emit) -> None:
             spec_parts = [("layers", spec.layers / built, st.layers_part), ("ends", 1.0, st.ends_part)]
         parts = []
         for pname, mult, fn in spec_parts:
-            runners = [Runner(name, functools.partial(fn, spec, w, pi, k), {}, device) for name, k in instances]
-            inner, timing = clock.prepare(runners, emit, f"{p.label} {pname}")
+            runners = [Runner(name, functools.partial(fn, spec, w, pi, k), no_inputs, device) for name, k in instances]
+            inner, timing, _ = clock.prepare(runners, no_inputs, "warm", emit, f"{p.label} {pname}")
             parts.append(Part(pname, mult, runners))
             emit(
                 {
@@ -185,63 +194,32 @@ def _run(spec: ModelSpec, instances, job, emit) -> None:
     emit({"event": "setup-done", "seconds": time.perf_counter() - t_setup, "clock": clock.label})
 
     names = [n for n, _ in instances]
-    reps, budget = int(job["reps"]), float(job["budget_s"])
-    max_rounds = job.get("max_rounds") or 1 << 30
-    order_rng = random.Random(seed)
     gen = torch.Generator(device=device)
     gen.manual_seed(seed + 7)
-    times: dict[str, list] = {n: [] for n in names}
-    elapsed, rnd = 0.0, 0
-    while True:
-        t0 = time.perf_counter()
-        per: dict[str, list] = {n: [] for n in names}
-        for p, pi, parts in shapes:
-            pi.tokens.random_(0, spec.vocab_size, generator=gen)
-            pi.hidden.normal_(generator=gen)
-            outs = [(n, {}) for n in names]
-            for part in parts:
-                for i, r in enumerate(part.runners):
-                    outs[i][1].update({k: v.detach().clone() for k, v in r.check().items()})
-            agreement(spec, f"{p.label} (round {rnd + 1}, fresh tokens)", outs)
-            got = {}
-            for i in order_rng.sample(range(len(names)), len(names)):
-                samples = []
-                for rep in range(reps + int(clock.warm_sample)):  # CUDA: the first is a discarded warm-up
-                    ms = sum(part.multiplier * clock.sample(part.runners[i]) for part in parts)
-                    if rep or not clock.warm_sample:
-                        samples.append(ms)
-                got[names[i]] = samples
-            for n in names:
-                per[n].append(got[n])
-        for n in names:
-            times[n].append(per[n])
-        rnd += 1
-        elapsed += time.perf_counter() - t0
-        verdict = _verdict(times, names, job)
-        emit(
-            {
-                "event": "round",
-                "round": rnd,
-                "times": per,
-                "elapsed": elapsed,
-                "verdict": verdict.to_json() if verdict else None,
-            }
+
+    def prepare(si: int, rnd: int) -> None:
+        """Fresh tokens and hidden state; every instance runs the step once through its graph and agrees."""
+        p, pi, parts = shapes[si]
+        pi.tokens.random_(0, spec.vocab_size, generator=gen)
+        pi.hidden.normal_(generator=gen)
+        outs: list[tuple[str, dict]] = [(n, {}) for n in names]
+        for part in parts:
+            for i, r in enumerate(part.runners):
+                outs[i][1].update({k: v.detach().clone() for k, v in r.check().items()})
+        agreement(spec, f"{p.label} (round {rnd + 1}, fresh tokens)", outs)
+
+    def time_shape(si: int, order: list[int]) -> dict[str, list[float]]:
+        """One step of an instance is the sum of its parts, each after its own L2 flush, times its multiplier."""
+        parts = shapes[si][2]
+        return time_instances(
+            names,
+            order,
+            int(job["reps"]),
+            clock.warm_sample,
+            lambda i: sum(part.multiplier * clock.sample(part.runners[i]) for part in parts),
         )
-        reason = None
-        if (
-            job.get("adaptive", True)
-            and verdict is not None
-            and stats.is_look(rnd)
-            and stats.should_stop(verdict.verdict, verdict.rope_source)
-        ):
-            reason = "verdict"
-        elif elapsed >= budget:
-            reason = "budget"
-        elif rnd >= max_rounds:
-            reason = "max-rounds"
-        if reason:
-            emit({"event": "stopped", "reason": reason, "rounds": rnd, "elapsed": elapsed})
-            return
+
+    timed_rounds(names, len(shapes), prepare, time_shape, job, lambda times: _verdict(times, names, job), emit)
 
 
 def _verdict(times: dict, names: list[str], job: dict):
