@@ -38,6 +38,8 @@ SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 # read-only system folders bound into the sandbox when they exist (the rest of / is not there)
 SYSTEM_RO = ("/usr", "/etc", "/opt", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 # GPU device nodes: /dev in the sandbox is a fresh minimal one, these are added to it
+JOB_DIR = "/job"  # prepare(disk=...): the job's capped tmpfs inside the sandbox
+CHECKOUT_DIR = "/checkout"  # prepare(checkout=...): the host's checkout, read-only, copied into JOB_DIR
 GPU_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
 
 
@@ -56,6 +58,14 @@ def parse_size(text: str) -> int:
     if value <= 0:
         raise SandboxError(f"a size must be positive: {text!r}")
     return int(value * SIZE_UNITS[unit])
+
+
+def size_text(n: int) -> str:
+    """N bytes for a message: '4 MiB', '8 GiB', '1500 bytes'."""
+    for unit, name in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if n >= unit and n % (unit // 16) == 0:
+            return f"{n / unit:g} {name}"
+    return f"{n} bytes"
 
 
 @dataclass
@@ -203,13 +213,26 @@ class Plan:
     not_enforced: list[str]  # what could not be enforced, and why
     home: str = "/sandbox/home"
     tmp: str = "/tmp"
+    job: str | None = None  # the job's capped tmpfs (prepare(disk=...))
 
 
 def prepare(
-    settings: SandboxSettings, job_id: str, writable: list[Path], gpu_devices: list[str], hide: list[str] = ()
+    settings: SandboxSettings,
+    job_id: str,
+    writable: list[Path],
+    gpu_devices: list[str],
+    hide: list[str] = (),
+    *,
+    disk: int | None = None,
+    checkout: Path | None = None,
 ) -> Plan:
     """How to start job JOB_ID inside the sandbox. WRITABLE are bound read-write at the same paths;
-    HIDE (the daemon's state folder, its secret files) are masked wherever a bound folder holds them."""
+    HIDE (the daemon's state folder, its secret files) are masked wherever a bound folder holds them.
+
+    With DISK (the daemon's jobs), nothing of the host is writable: the job's files live on one tmpfs of
+    DISK bytes at JOB_DIR (/job: HOME, TMPDIR and the copy of the CHECKOUT, bound read-only at
+    CHECKOUT_DIR, go there; /tmp is a link to JOB_DIR/tmp, or a tmpfs of DISK bytes of its own where a
+    read-only path lives under /tmp), so the job cannot use more disk than that."""
     bwrap = shutil.which(settings.bwrap) if os.sep not in settings.bwrap else settings.bwrap
     if not bwrap or not os.access(bwrap, os.X_OK):
         raise SandboxError(
@@ -229,7 +252,7 @@ def prepare(
         argv = [bwrap, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
         if setpriv:
             argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
-            for p in writable:  # the job's own files, owned by the job's uid
+            for p in [*writable, *([checkout] if checkout else [])]:  # the job's own files, owned by its uid
                 for dirpath, dirnames, filenames in os.walk(p):
                     for name in [dirpath, *(os.path.join(dirpath, n) for n in dirnames + filenames)]:
                         try:
@@ -258,24 +281,32 @@ def prepare(
         if os.path.exists(dev):
             argv += ["--dev-bind", dev, dev]
     # the job's own scratch space, writable by its uid (every process in the sandbox is the job's)
-    argv += [
-        "--perms",
-        "1777",
-        "--size",
-        str(tmpfs),
-        "--tmpfs",
-        "/tmp",
-        "--perms",
-        "0755",
-        "--size",
-        str(tmpfs),
-        "--tmpfs",
-        "/sandbox",
-        "--perms",
-        "0777",
-        "--dir",
-        "/sandbox/home",
-    ]
+    if disk is not None:
+        tmp_own = any(_inside(p, "/tmp") for p in ro)
+        argv += ["--perms", "1777", "--size", str(disk), "--tmpfs", JOB_DIR, "--chdir", JOB_DIR]
+        argv += ["--perms", "1777", "--size", str(disk), "--tmpfs", "/tmp"] if tmp_own else []
+        argv += ["--symlink", f"{JOB_DIR}/tmp", "/tmp"] if not tmp_own else []
+        if checkout is not None:
+            argv += ["--ro-bind", str(checkout), CHECKOUT_DIR]
+    else:
+        argv += [
+            "--perms",
+            "1777",
+            "--size",
+            str(tmpfs),
+            "--tmpfs",
+            "/tmp",
+            "--perms",
+            "0755",
+            "--size",
+            str(tmpfs),
+            "--tmpfs",
+            "/sandbox",
+            "--perms",
+            "0777",
+            "--dir",
+            "/sandbox/home",
+        ]
     made: set[str] = set()
 
     def parents(p, bound) -> list[str]:
@@ -295,9 +326,11 @@ def prepare(
     for h in hide:
         if not h or not os.path.exists(h) or not any(_inside(h, b) for b in bound):
             continue
-        argv += ["--tmpfs", h] if os.path.isdir(h) else ["--ro-bind", "/dev/null", h]
+        argv += ["--tmpfs", h, "--remount-ro", h] if os.path.isdir(h) else ["--ro-bind", "/dev/null", h]
     for p in writable:
         argv += [*parents(p, bound), "--bind", str(p), str(p)]
+    # bwrap's own root and /dev are tmpfs without a size, writable by the job in a user namespace
+    argv += ["--remount-ro", "/dev", "--remount-ro", "/"]
     if root:
         argv += [
             "--",
@@ -318,12 +351,15 @@ def prepare(
     limits = {
         "memory": memory if cg_dirs else None,
         "pids": settings.pids if cg_dirs else None,
-        "tmpfs": tmpfs,
+        "tmpfs": tmpfs if disk is None else None,
+        "disk": disk,
         "uid": uid,
         "network": "none",
         "cgroup": [str(d) for d in cg_dirs],
     }
-    return Plan(argv, preexec, limits, not_enforced)
+    if disk is None:
+        return Plan(argv, preexec, limits, not_enforced)
+    return Plan(argv, preexec, limits, not_enforced, home=f"{JOB_DIR}/home", tmp=f"{JOB_DIR}/tmp", job=JOB_DIR)
 
 
 def _inside(path: str, folder: str) -> bool:
@@ -353,10 +389,11 @@ def cleanup(job_id: str) -> int:
 def describe(plan: Plan) -> str:
     """One line for the job log: what is in force, and what is not."""
     lim = plan.limits
-    parts = [
-        f"bubblewrap, uid {lim['uid']}, no network, PID namespace",
-        f"tmpfs {lim['tmpfs'] >> 20} MiB for HOME and /tmp",
-    ]
+    parts = [f"bubblewrap, uid {lim['uid']}, no network, PID namespace"]
+    if lim.get("disk") is not None:
+        parts.append(f"disk {size_text(lim['disk'])} (a tmpfs for the checkout, out/, HOME and /tmp)")
+    else:
+        parts.append(f"tmpfs {lim['tmpfs'] >> 20} MiB for HOME and /tmp")
     if lim["memory"] is not None:
         parts.append(f"memory {lim['memory'] >> 20} MiB, {lim['pids']} processes")
     parts += [f"NOT ENFORCED: {w}" for w in plan.not_enforced]

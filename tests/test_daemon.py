@@ -525,7 +525,7 @@ def test_jobs_never_see_a_secret(world, make_daemon, monkeypatch):
     assert WEBHOOK_SECRET not in text and "PRIVATE KEY" not in text and "ghs_" not in text
     assert not any(k.startswith(("KERNALIN_GITHUB", "KERNALIN_WEBHOOK", "GITHUB_")) for k in env)
     assert env["HF_HOME"] == "/models" and env["CUDA_VISIBLE_DEVICES"] == "" and env["KERNALIN_DAEMON_JOB"] == job["id"]
-    assert env["HOME"] == "/sandbox/home" and env["TMPDIR"] == "/tmp"  # the sandbox's own tmpfs
+    assert env["HOME"] == "/job/home" and env["TMPDIR"] == "/job/tmp"  # the sandbox's own capped tmpfs
     git_config = (d.settings.jobs_dir / job["id"]).glob("**/.git/config")
     assert all("extraHeader" not in p.read_text() for p in git_config)
     assert "***" in repr(d.settings.secrets) and world.private_key not in repr(d.settings)
