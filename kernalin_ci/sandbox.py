@@ -6,9 +6,12 @@ A job runs under bubblewrap (`bwrap`) with
   /proc/<daemon pid>/environ), has no network but its own loopback, and when the sandbox's PID 1 ends
   (the job ended, or the daemon died: `--die-with-parent`) the kernel kills everything left in it;
 - an allowlisted file system: the system (/usr, /etc, /opt; read-only), the Python installation and
-  the kernalin_ci package (read-only), the job's checkout and output folder (read-write), and fresh
-  size-capped tmpfs for HOME and /tmp. The daemon's state folder (database, other jobs) and the
-  credential files it reads are never bound, so nothing there exists inside;
+  the kernalin_ci package (read-only); for a daemon's job one size-capped tmpfs (the disk cap) holds
+  everything it writes (its checkout, copied in from a read-only bind, out/, HOME, /tmp), nothing of
+  the host is writable; a kernel worker gets the folders its job names read-write and size-capped
+  tmpfs for HOME and /tmp. bwrap's own root and /dev are read-only. The daemon's state folder
+  (database, other jobs) and the credential files it reads are never bound, so nothing there exists
+  inside;
 - when the daemon runs as root, an unprivileged uid (`runner.sandbox.user`, default 65534) outside the
   namespace too, so even a file bound by mistake is read with no privilege;
 - a cgroup per job with a memory and a process cap, where the daemon may create cgroups (root, or a

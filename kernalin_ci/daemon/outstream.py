@@ -67,7 +67,8 @@ def unpack(stream, dest: str | os.PathLike, max_bytes: int, max_files: int = MAX
                         _mkdirs(root, parts)
                     continue
                 if member.issym() or member.islnk():
-                    raise BadOutput(f"out/ may not hold links: {member.name[:200]!r} is a symbolic or hard link")
+                    kind = "symbolic" if member.issym() else "hard"
+                    raise BadOutput(f"out/ may not hold links: {member.name[:200]!r} is a {kind} link")
                 if not member.isfile() or not parts:
                     raise BadOutput(f"out/ may hold plain files and folders only: {member.name[:200]!r} refused")
                 total += member.size
@@ -116,12 +117,10 @@ def _write(root: int, parts: list[str], src) -> None:
 
 
 def pack(folder: str, fileobj) -> None:
-    """FOLDER as a tar stream named `out/...` onto the binary file object FILEOBJ: plain files and folders
-    only (links and special files are left out)."""
+    """FOLDER as a tar stream named `out/...` onto the binary file object FILEOBJ (a link goes in as a link,
+    never followed: unpack() refuses it)."""
 
-    def keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
-        if not (info.isfile() or info.isdir()):
-            return None
+    def keep(info: tarfile.TarInfo) -> tarfile.TarInfo:
         info.uid = info.gid = 0
         info.uname = info.gname = ""
         return info

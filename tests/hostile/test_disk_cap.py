@@ -126,17 +126,23 @@ def test_the_out_stream_refuses_what_is_not_a_tar_or_too_long(tmp_path):
         outstream.unpack(huge, tmp_path, max_bytes=1024, max_files=1)
 
 
-def test_pack_then_unpack_keeps_files_and_leaves_links_out(tmp_path):
+def test_pack_then_unpack_keeps_files_and_refuses_links(tmp_path):
     src = tmp_path / "src"
     (src / "sub").mkdir(parents=True)
     (src / "report.json").write_text("{}")
     (src / "sub" / "trace.bin").write_bytes(os.urandom(3000))
+
+    def round_trip(dest: Path) -> None:
+        buf = io.BytesIO()
+        outstream.pack(str(src), buf)
+        buf.seek(0)
+        dest.mkdir()
+        outstream.unpack(buf, dest, max_bytes=1 << 20)
+
+    round_trip(tmp_path / "dest")
+    got = sorted(str(p.relative_to(tmp_path / "dest")) for p in (tmp_path / "dest").rglob("*"))
+    assert got == ["report.json", "sub", "sub/trace.bin"]
+    assert (tmp_path / "dest" / "sub" / "trace.bin").read_bytes() == (src / "sub" / "trace.bin").read_bytes()
     (src / "link").symlink_to("/etc/passwd")
-    buf = io.BytesIO()
-    outstream.pack(str(src), buf)
-    buf.seek(0)
-    dest = tmp_path / "dest"
-    dest.mkdir()
-    outstream.unpack(buf, dest, max_bytes=1 << 20)
-    assert sorted(str(p.relative_to(dest)) for p in dest.rglob("*")) == ["report.json", "sub", "sub/trace.bin"]
-    assert (dest / "sub" / "trace.bin").read_bytes() == (src / "sub" / "trace.bin").read_bytes()
+    with pytest.raises(outstream.BadOutput, match="is a symbolic link"):
+        round_trip(tmp_path / "again")

@@ -158,7 +158,7 @@ class DockerRunner:
                     if stopped or timed_out:
                         container.kill()
                         break
-                    pump.join(POLL_S)
+                    pump.join(POLL_S) if pump.is_alive() else time.sleep(POLL_S)
                 if not (stopped or timed_out):
                     job_error = self._hand_back(container, req)
                 container.kill()  # what the job left running, and the end of its output stream

@@ -1,10 +1,12 @@
 """The local runner: the job's command as a subprocess in the job's checkout, inside the sandbox.
 
 By default the job runs under bubblewrap (kernalin_ci/sandbox.py): its own PID, network and
-user namespaces, an allowlisted read-only file system with only its checkout and output writable,
-an unprivileged uid, and a cgroup with memory and process caps. When the sandbox's first process
-ends, or the daemon dies, the kernel kills everything the job started; stopping, a timeout, or a
-restart after a crash also kill what is left in the job's cgroup.
+user namespaces, an allowlisted read-only file system, an unprivileged uid, and a cgroup with
+memory and process caps. Nothing of the host is writable: the job's files (its checkout, copied in
+by daemon/jobwrap.py, out/, HOME, /tmp) live on the sandbox's tmpfs of runner.disk_max_bytes, and
+out/ comes back at the end through a pipe, read up to runner.out_max_bytes (daemon/outstream.py).
+When the sandbox's first process ends, or the daemon dies, the kernel kills everything the job
+started; stopping, a timeout, or a restart after a crash also kill what is left in the job's cgroup.
 
 With `runner.sandbox.enabled: false` (trusted repositories only) the process starts in a session
 of its own with a parent-death signal (`setpriv --pdeathsig KILL`, where util-linux has it), and
