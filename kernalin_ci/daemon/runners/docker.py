@@ -22,7 +22,7 @@ import threading
 import time
 
 import requests
-from docker.errors import DockerException, ImageNotFound, NotFound
+from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.types import DeviceRequest
 
 import docker
@@ -156,12 +156,11 @@ class DockerRunner:
                     stopped = stop_reason()
                     timed_out = time.monotonic() - t0 > req.timeout_s
                     if stopped or timed_out:
-                        container.kill()
                         break
                     pump.join(POLL_S) if pump.is_alive() else time.sleep(POLL_S)
                 if not (stopped or timed_out):
                     job_error = self._hand_back(container, req)
-                container.kill()  # what the job left running, and the end of its output stream
+                _kill(container)  # the job, what it left running, and so the end of its output stream
                 container.wait(timeout=30)
                 pump.join(10)
                 container.reload()
@@ -259,6 +258,14 @@ class _ChunkReader:
             n = len(self.buf)
         data, self.buf = self.buf[:n], self.buf[n:]
         return data
+
+
+def _kill(container) -> None:
+    try:
+        container.kill()
+    except APIError as e:
+        if e.status_code != 409:  # 409: it is not running any more
+            raise
 
 
 def _pump(output, capture: CappedLog) -> None:
