@@ -160,6 +160,7 @@ class CappedLog:
             room = max(self.max_bytes - self.written, 0)
             if room:
                 self.f.write(chunk[:room])
+                self.f.flush()  # job.log is live: someone may follow it while the job runs
                 self.written += min(room, len(chunk))
             self.dropped += max(len(chunk) - room, 0)
 
