@@ -37,6 +37,23 @@ def free_bytes(*paths: str) -> int:
     return min(out) if out else 0
 
 
+def run(command: list[str], cwd: str, free) -> tuple[int, int]:
+    """COMMAND's exit code (128+N: killed by signal N; 127: it could not start) and the least of free()
+    sampled while it ran (a job that filled its disk, then cleaned up, still counts)."""
+    least = free()
+    try:
+        proc = subprocess.Popen(command, cwd=cwd)
+    except OSError as e:
+        print(f"kernalin-ci daemon: cannot start the job's command: {e}", file=sys.stderr)
+        return 127, least
+    while True:
+        try:
+            code = proc.wait(SAMPLE_S)
+            return (code if code >= 0 else 128 - code), least
+        except subprocess.TimeoutExpired:
+            least = min(least, free())
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 5 or argv[3] != "--":
         print("usage: jobwrap CHECKOUT JOB FD -- COMMAND...", file=sys.stderr)
@@ -54,14 +71,8 @@ def main(argv: list[str]) -> int:
         print(f"kernalin-ci daemon: cannot copy the checkout into the job's disk: {detail}", file=sys.stderr)
         code = COPY_FAILED
     else:
-        proc = subprocess.Popen(command, cwd=repo)
-        while True:  # the least free space seen while it runs: a job that filled its disk, then cleaned up
-            try:
-                code = proc.wait(SAMPLE_S)
-                break
-            except subprocess.TimeoutExpired:
-                least = min(least, free_bytes(job, "/tmp"))
-        code = code if code >= 0 else 128 - code
+        code, seen = run(command, repo, lambda: free_bytes(job, "/tmp"))
+        least = min(least, seen)
     sys.stdout.flush()
     try:
         stream.write(json.dumps({"free": min(least, free_bytes(job, "/tmp"))}).encode() + b"\n")

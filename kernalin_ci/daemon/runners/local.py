@@ -187,7 +187,8 @@ class LocalRunner:
             job_error = None
             if handback:
                 receiver.join(60)
-                job_error = self._handback_error(received, receiver.is_alive(), req)
+                if not (stopped or timed_out):
+                    job_error = self._handback_error(received, receiver.is_alive(), req)
             if timed_out:
                 capture.note(f"\nkernalin-ci daemon: the job ran past {req.timeout_s:.0f} s and was killed\n")
             elif job_error:
