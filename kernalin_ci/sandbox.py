@@ -6,9 +6,12 @@ A job runs under bubblewrap (`bwrap`) with
   /proc/<daemon pid>/environ), has no network but its own loopback, and when the sandbox's PID 1 ends
   (the job ended, or the daemon died: `--die-with-parent`) the kernel kills everything left in it;
 - an allowlisted file system: the system (/usr, /etc, /opt; read-only), the Python installation and
-  the kernalin_ci package (read-only), the job's checkout and output folder (read-write), and fresh
-  size-capped tmpfs for HOME, /tmp and /dev/shm. The daemon's state folder (database, other jobs) and the
-  credential files it reads are never bound, so nothing there exists inside;
+  the kernalin_ci package (read-only); for a daemon's job one size-capped tmpfs (the disk cap) holds
+  everything it writes (its checkout, copied in from a read-only bind, out/, HOME, /tmp; /dev/shm is a
+  tmpfs of the same cap), nothing of the host is writable; a kernel worker gets the folders its job names read-write and size-capped
+  tmpfs for HOME, /tmp and /dev/shm. bwrap's own root and /dev are read-only. The daemon's state folder
+  (database, other jobs) and the credential files it reads are never bound, so nothing there exists
+  inside;
 - when the daemon runs as root, an unprivileged uid (`runner.sandbox.user`, default 65534) outside the
   namespace too, so even a file bound by mistake is read with no privilege;
 - a cgroup per job with a memory and a process cap, where the daemon may create cgroups (root, or a
@@ -38,6 +41,8 @@ SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 # read-only system folders bound into the sandbox when they exist (the rest of / is not there)
 SYSTEM_RO = ("/usr", "/etc", "/opt", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 # GPU device nodes: /dev in the sandbox is a fresh minimal one, these are added to it
+JOB_DIR = "/job"  # prepare(disk=...): the job's capped tmpfs inside the sandbox
+CHECKOUT_DIR = "/checkout"  # prepare(checkout=...): the host's checkout, read-only, copied into JOB_DIR
 GPU_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
 
 
@@ -56,6 +61,14 @@ def parse_size(text: str) -> int:
     if value <= 0:
         raise SandboxError(f"a size must be positive: {text!r}")
     return int(value * SIZE_UNITS[unit])
+
+
+def size_text(n: int) -> str:
+    """N bytes for a message: '4 MiB', '8 GiB', '1500 bytes'."""
+    for unit, name in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if n >= unit and n % (unit // 16) == 0:
+            return f"{n / unit:g} {name}"
+    return f"{n} bytes"
 
 
 @dataclass
@@ -203,13 +216,26 @@ class Plan:
     not_enforced: list[str]  # what could not be enforced, and why
     home: str = "/sandbox/home"
     tmp: str = "/tmp"
+    job: str | None = None  # the job's capped tmpfs (prepare(disk=...))
 
 
 def prepare(
-    settings: SandboxSettings, job_id: str, writable: list[Path], gpu_devices: list[str], hide: list[str] = ()
+    settings: SandboxSettings,
+    job_id: str,
+    writable: list[Path],
+    gpu_devices: list[str],
+    hide: list[str] = (),
+    *,
+    disk: int | None = None,
+    checkout: Path | None = None,
 ) -> Plan:
     """How to start job JOB_ID inside the sandbox. WRITABLE are bound read-write at the same paths;
-    HIDE (the daemon's state folder, its secret files) are masked wherever a bound folder holds them."""
+    HIDE (the daemon's state folder, its secret files) are masked wherever a bound folder holds them.
+
+    With DISK (the daemon's jobs), nothing of the host is writable: the job's files live on one tmpfs of
+    DISK bytes at JOB_DIR (/job: HOME, TMPDIR and the copy of the CHECKOUT, bound read-only at
+    CHECKOUT_DIR, go there; /tmp is a link to JOB_DIR/tmp, or a tmpfs of DISK bytes of its own where a
+    read-only path lives under /tmp), so the job cannot use more disk than that."""
     bwrap = shutil.which(settings.bwrap) if os.sep not in settings.bwrap else settings.bwrap
     if not bwrap or not os.access(bwrap, os.X_OK):
         raise SandboxError(
@@ -229,7 +255,7 @@ def prepare(
         argv = [bwrap, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
         if setpriv:
             argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
-            for p in writable:  # the job's own files, owned by the job's uid
+            for p in [*writable, *([checkout] if checkout else [])]:  # the job's own files, owned by its uid
                 for dirpath, dirnames, filenames in os.walk(p):
                     for name in [dirpath, *(os.path.join(dirpath, n) for n in dirnames + filenames)]:
                         try:
@@ -259,30 +285,34 @@ def prepare(
             argv += ["--dev-bind", dev, dev]
     # the job's own scratch space, writable by its uid (every process in the sandbox is the job's); /dev/shm
     # too (POSIX shared memory: a profiler and its injected library talk through it)
-    argv += [
-        "--perms",
-        "1777",
-        "--size",
-        str(tmpfs),
-        "--tmpfs",
-        "/dev/shm",
-        "--perms",
-        "1777",
-        "--size",
-        str(tmpfs),
-        "--tmpfs",
-        "/tmp",
-        "--perms",
-        "0755",
-        "--size",
-        str(tmpfs),
-        "--tmpfs",
-        "/sandbox",
-        "--perms",
-        "0777",
-        "--dir",
-        "/sandbox/home",
-    ]
+    shm = disk if disk is not None else tmpfs
+    argv += ["--perms", "1777", "--size", str(shm), "--tmpfs", "/dev/shm"]
+    if disk is not None:
+        tmp_own = any(_inside(p, "/tmp") for p in ro)
+        argv += ["--perms", "1777", "--size", str(disk), "--tmpfs", JOB_DIR, "--chdir", JOB_DIR]
+        argv += ["--perms", "1777", "--size", str(disk), "--tmpfs", "/tmp"] if tmp_own else []
+        argv += ["--symlink", f"{JOB_DIR}/tmp", "/tmp"] if not tmp_own else []
+        if checkout is not None:
+            argv += ["--ro-bind", str(checkout), CHECKOUT_DIR]
+    else:
+        argv += [
+            "--perms",
+            "1777",
+            "--size",
+            str(tmpfs),
+            "--tmpfs",
+            "/tmp",
+            "--perms",
+            "0755",
+            "--size",
+            str(tmpfs),
+            "--tmpfs",
+            "/sandbox",
+            "--perms",
+            "0777",
+            "--dir",
+            "/sandbox/home",
+        ]
     made: set[str] = set()
 
     def parents(p, bound) -> list[str]:
@@ -302,9 +332,11 @@ def prepare(
     for h in hide:
         if not h or not os.path.exists(h) or not any(_inside(h, b) for b in bound):
             continue
-        argv += ["--tmpfs", h] if os.path.isdir(h) else ["--ro-bind", "/dev/null", h]
+        argv += ["--tmpfs", h, "--remount-ro", h] if os.path.isdir(h) else ["--ro-bind", "/dev/null", h]
     for p in writable:
         argv += [*parents(p, bound), "--bind", str(p), str(p)]
+    # bwrap's own root and /dev are tmpfs without a size, writable by the job in a user namespace
+    argv += ["--remount-ro", "/dev", "--remount-ro", "/"]
     if root:
         argv += [
             "--",
@@ -325,12 +357,15 @@ def prepare(
     limits = {
         "memory": memory if cg_dirs else None,
         "pids": settings.pids if cg_dirs else None,
-        "tmpfs": tmpfs,
+        "tmpfs": tmpfs if disk is None else None,
+        "disk": disk,
         "uid": uid,
         "network": "none",
         "cgroup": [str(d) for d in cg_dirs],
     }
-    return Plan(argv, preexec, limits, not_enforced)
+    if disk is None:
+        return Plan(argv, preexec, limits, not_enforced)
+    return Plan(argv, preexec, limits, not_enforced, home=f"{JOB_DIR}/home", tmp=f"{JOB_DIR}/tmp", job=JOB_DIR)
 
 
 def _inside(path: str, folder: str) -> bool:
@@ -360,10 +395,11 @@ def cleanup(job_id: str) -> int:
 def describe(plan: Plan) -> str:
     """One line for the job log: what is in force, and what is not."""
     lim = plan.limits
-    parts = [
-        f"bubblewrap, uid {lim['uid']}, no network, PID namespace",
-        f"tmpfs {lim['tmpfs'] >> 20} MiB for HOME and /tmp",
-    ]
+    parts = [f"bubblewrap, uid {lim['uid']}, no network, PID namespace"]
+    if lim.get("disk") is not None:
+        parts.append(f"disk {size_text(lim['disk'])} (a tmpfs for the checkout, out/, HOME and /tmp)")
+    else:
+        parts.append(f"tmpfs {lim['tmpfs'] >> 20} MiB for HOME and /tmp")
     if lim["memory"] is not None:
         parts.append(f"memory {lim['memory'] >> 20} MiB, {lim['pids']} processes")
     parts += [f"NOT ENFORCED: {w}" for w in plan.not_enforced]

@@ -22,6 +22,7 @@ from kernalin_ci.daemon.harness import (
     WEBHOOK_SECRET,
     World,
     fake_gate_command,
+    job_started,
     settings_for,
     wait_job,
 )
@@ -215,8 +216,7 @@ def test_a_new_push_cancels_the_superseded_job_and_marks_its_check_run(world, ma
     repo = world.repos[REPO]
     old_head = repo.commit({"verdict.txt": "success\n", "sleep.txt": "60"}, "slow", branch="pr-14")
     first = send(d, "pull_request", world.pull_request(REPO, 14, old_head, repo.main))[1]["jobs"][0]
-    started = job_out(d, first) / "started"
-    assert wait_for(lambda: started.exists() and d.store.job(first).began, 30)
+    assert wait_for(lambda: job_started(job_out(d, first).parent) and d.store.job(first).began, 30)
     assert marked_pids(first)  # the job's processes, seen from the host (its own PIDs are namespaced)
     new_head = repo.commit({"sleep.txt": "0"}, "fast", branch="pr-14")
     status, answer = send(d, "pull_request", world.pull_request(REPO, 14, new_head, repo.main, action="synchronize"))
@@ -238,7 +238,7 @@ def test_a_queued_job_superseded_before_it_starts_posts_nothing(world, make_daem
     repo = world.repos[REPO]
     busy_head = repo.commit({"sleep.txt": "60"}, "slow", branch="pr-15")
     busy = send(d, "pull_request", world.pull_request(REPO, 15, busy_head, repo.main))[1]["jobs"][0]
-    assert wait_for(lambda: (job_out(d, busy) / "started").exists(), 30)  # the only slot is taken
+    assert wait_for(lambda: job_started(job_out(d, busy).parent), 30)  # the only slot is taken
     h1 = repo.commit({"verdict.txt": "failure\n"}, "a", branch="pr-16")
     j1 = send(d, "pull_request", world.pull_request(REPO, 16, h1, repo.main))[1]["jobs"][0]
     h2 = repo.commit({"verdict.txt": "success\n"}, "b", branch="pr-16")
@@ -255,7 +255,7 @@ def test_job_timeout_kills_the_job_and_is_not_retried(world, make_daemon):
     _, payload = pr_head(world, 17, {"sleep.txt": "60"})
     job = wait_job(get(d), send(d, "pull_request", payload)[1]["jobs"][0])
     assert job["state"] == "failed" and job["conclusion"] == "timed_out" and job["attempts"] == 0
-    assert (job_out(d, job["id"]) / "started").exists()
+    assert job_started(job_out(d, job["id"]).parent)
     assert wait_for(lambda: not marked_pids(job["id"]), 5)
     (run,) = runs_of(world, job["id"])
     assert run["conclusion"] == "timed_out" and "Timed out" in run["output"]["title"]
@@ -442,7 +442,7 @@ def test_installation_events_are_recorded_and_a_removed_installation_cancels_its
     assert send(d, "installation", installation_event("created"))[0] == 202
     _, payload = pr_head(world, 23, {"sleep.txt": "60"})
     job = send(d, "pull_request", payload)[1]["jobs"][0]
-    assert wait_for(lambda: (job_out(d, job) / "started").exists(), 30)
+    assert wait_for(lambda: job_started(job_out(d, job).parent), 30)
     status, answer = send(d, "installation", installation_event("deleted"))
     assert status == 202 and answer["cancelled"] == [job]
     assert wait_job(get(d), job, posted=False)["state"] == "cancelled"
@@ -525,7 +525,7 @@ def test_jobs_never_see_a_secret(world, make_daemon, monkeypatch):
     assert WEBHOOK_SECRET not in text and "PRIVATE KEY" not in text and "ghs_" not in text
     assert not any(k.startswith(("KERNALIN_GITHUB", "KERNALIN_WEBHOOK", "GITHUB_")) for k in env)
     assert env["HF_HOME"] == "/models" and env["CUDA_VISIBLE_DEVICES"] == "" and env["KERNALIN_DAEMON_JOB"] == job["id"]
-    assert env["HOME"] == "/sandbox/home" and env["TMPDIR"] == "/tmp"  # the sandbox's own tmpfs
+    assert env["HOME"] == "/job/home" and env["TMPDIR"] == "/job/tmp"  # the sandbox's own capped tmpfs
     git_config = (d.settings.jobs_dir / job["id"]).glob("**/.git/config")
     assert all("extraHeader" not in p.read_text() for p in git_config)
     assert "***" in repr(d.settings.secrets) and world.private_key not in repr(d.settings)

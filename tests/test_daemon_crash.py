@@ -8,7 +8,7 @@ import time
 import pytest
 
 from kernalin_ci.daemon.app import wait_for
-from kernalin_ci.daemon.harness import ServeProcess, World, fake_gate_command, wait_job
+from kernalin_ci.daemon.harness import ServeProcess, World, fake_gate_command, job_started, wait_job
 from kernalin_ci.daemon.runners.local import marked_pids
 
 REPO = "acme/kernels"
@@ -71,8 +71,7 @@ def test_kill_9_mid_job_then_restart(tmp_path, world, serve):
         status, answer = d.deliver("pull_request", payload)
         assert status == 202
         jobs[number] = answer["jobs"][0]
-    started = tmp_path / "state" / "jobs" / jobs[1] / "out" / "started"
-    assert wait_for(lambda: started.exists(), 30)
+    assert wait_for(lambda: job_started(tmp_path / "state" / "jobs" / jobs[1]), 30)
     assert wait_for(
         lambda: any(
             r["external_id"] == jobs[1] and r["status"] == "in_progress" for r in world.standin.check_runs(REPO)

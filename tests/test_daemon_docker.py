@@ -12,6 +12,7 @@ from kernalin_ci.daemon.app import Daemon, wait_for
 from kernalin_ci.daemon.deliver import deliver, get_json
 from kernalin_ci.daemon.harness import WEBHOOK_SECRET, World, settings_for, wait_job
 from kernalin_ci.daemon.runners.docker import LABEL, DockerRunner
+from kernalin_ci.daemon.safefile import tree_size
 
 docker_support = pytest.importorskip("docker_support", reason="tests/docker_support.py is not there yet")
 docker_client = docker_support.docker_client
@@ -94,7 +95,11 @@ def make_daemon(tmp_path, world, docker_client, kernalin_image):
         runner_cfg.update(runner)
         cfg = world.daemon_config(tmp_path / f"state{len(made)}", runner=runner_cfg)
         settings = settings_for(world, cfg)
-        d = Daemon(settings, runner=DockerRunner(settings.runner.docker, client=docker_client)).start()
+        r = settings.runner
+        runner = DockerRunner(
+            r.docker, client=docker_client, disk_max_bytes=r.disk_max_bytes, out_max_bytes=r.out_max_bytes
+        )
+        d = Daemon(settings, runner=runner).start()
         made.append(d)
         return d
 
@@ -127,7 +132,8 @@ def test_the_job_runs_sandboxed_and_the_container_is_removed(world, make_daemon,
     assert host["Memory"] == 1024**3 and host["MemorySwap"] == 1024**3 and host["PidsLimit"] == 256
     assert host["CapDrop"] == ["ALL"] and "no-new-privileges" in host["SecurityOpt"]
     mounts = {m["Destination"]: m["RW"] for m in c.attrs["Mounts"]}
-    assert mounts == {"/repo": False, "/out": True, "/job/kernalin.yml": False}
+    assert mounts == {"/repo": False, "/job/kernalin.yml": False}  # nothing of the host is writable
+    assert host["Tmpfs"] == {"/tmp": f"rw,exec,nosuid,size={8 << 30}"}  # the disk cap (runner.disk_max_bytes)
     assert c.attrs["Config"]["User"] not in ("", "0", "root", "0:0")
     job = wait_job(lambda p: get_json(d.url + p), job_id, timeout=120)
     assert job["state"] == "done" and job["conclusion"] == "failure"
@@ -210,3 +216,22 @@ def test_a_link_the_job_puts_in_out_is_never_followed(world, make_daemon, tmp_pa
     assert job["state"] == "failed", job
     (run,) = [r for r in world.standin.check_runs(REPO) if r["external_id"] == job_id]
     assert "host-secret-5e1d" not in json.dumps(run["output"]) and "symbolic link" in json.dumps(run["output"])
+
+
+def test_the_job_cannot_fill_the_hosts_disk(world, make_daemon, docker_client):
+    """Issue 13, attack 8 through the docker runner: the job writes twice the disk cap into out/, its
+    checkout, $TMPDIR, /tmp and $HOME (tests/hostile/disk_attack.py); one tmpfs of the cap holds them all."""
+    cap = 4 << 20
+    attack = (Path(__file__).parent / "hostile" / "disk_attack.py").read_text()
+    d = make_daemon(command=["python3", "attack.py", "{out}", str(cap)], disk_max_bytes=cap, out_max_bytes=64 << 20)
+    job_id = open_pr(world, d, 6, {"attack.py": attack})
+    job = wait_job(lambda p: get_json(d.url + p), job_id, timeout=120)
+    job_dir = d.settings.jobs_dir / job_id
+    log = (job_dir / "job.log").read_text()
+    found = json.loads(log.split("DISK-ATTACK ", 1)[1].splitlines()[0])
+    assert sum(f["written"] for f in found.values()) <= cap, found
+    assert all(f["error"] == "No space left on device" for f in found.values()), found
+    assert tree_size(job_dir) <= cap + (1 << 20)
+    (run,) = [r for r in world.standin.check_runs(REPO) if r["external_id"] == job_id]
+    assert job["state"] == "failed" and "disk cap 4 MiB reached" in json.dumps(run["output"]), job
+    assert containers_of(docker_client, job_id) == []

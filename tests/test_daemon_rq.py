@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from kernalin_ci.daemon.app import wait_for
-from kernalin_ci.daemon.harness import ServeProcess, World, fake_gate_command, wait_job
+from kernalin_ci.daemon.harness import ServeProcess, World, fake_gate_command, job_started, wait_job
 
 REPO = "acme/kernels"
 pytestmark = pytest.mark.skipif(
@@ -132,9 +132,7 @@ def test_two_workers_take_jobs_from_a_shared_redis(tmp_path, world, redis_url):
         head = repo.commit({"sleep.txt": "60"}, "slow", branch="pr-9")
         slow = serve.deliver("pull_request", world.pull_request(REPO, 9, head, repo.main))[1]["jobs"][0]
         assert wait_for(lambda: serve.get(f"/jobs/{slow}")[1]["state"] == "running", 60)
-        assert wait_for(
-            lambda: any((tmp_path / f"host{i}" / "jobs" / slow / "out" / "started").exists() for i in range(2)), 30
-        )
+        assert wait_for(lambda: any(job_started(tmp_path / f"host{i}" / "jobs" / slow) for i in range(2)), 30)
         head2 = repo.commit({"sleep.txt": "0"}, "fast", branch="pr-9")
         answer = serve.deliver("pull_request", world.pull_request(REPO, 9, head2, repo.main, action="synchronize"))[1]
         assert wait_job(serve.get, slow, timeout=50, posted=False)["state"] == "cancelled"  # well before its 60 s

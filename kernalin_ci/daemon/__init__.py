@@ -9,6 +9,8 @@
     workspace.py the job's checkout, fetched by the daemon; .kernalin.yml from the BASE commit
     policy.py    forks wait for a maintainer's label
     runners/     local (subprocess) and docker (container) backends behind one protocol
+    jobwrap.py   the first process in the local runner's sandbox: checkout in, out/ back as a tar stream
+    outstream.py a job's out/ from a tar stream, read up to its caps, links and escapes refused
     gpus.py      slots: GPUs by UUID, or CPU slots (the Triton interpreter)
     poster.py    check runs and the sticky comment, idempotent by external_id = job id
     github_app.py  App installation clients, read-only fetch tokens

@@ -167,6 +167,8 @@ def _outcome(res, ws: workspace.Workspace, out_max_bytes: int) -> Outcome:
         return Outcome(
             "timeout", f"the job ran past its time limit ({res.seconds:.0f} s) and was killed", log_tail=res.log_tail
         )
+    if res.job_error:  # a cap of the runner's: the disk, out/
+        return Outcome("error", res.job_error, exit_code=res.exit_code, log_tail=res.log_tail)
     too_big = _out_too_big(ws, out_max_bytes)
     if too_big:
         return Outcome("error", too_big, exit_code=res.exit_code, log_tail=res.log_tail)

@@ -215,6 +215,15 @@ def fake_gate_command() -> list[str]:
     return ["{python}", "-m", "kernalin_ci.testing.fake_gate", "{out}", "{base}", "{head}", "{device}"]
 
 
+def job_started(job_dir: Path) -> bool:
+    """Whether the fake gate of the job in JOB_DIR has started: its line in job.log, which the runner
+    writes as the job runs (the job's out/ reaches the host only when it ends)."""
+    try:
+        return "kernalin-fake-gate: started" in (job_dir / "job.log").read_text(errors="replace")
+    except OSError:
+        return False
+
+
 class ServeProcess:
     """`kernalin-ci serve` in a child process (its own session), for kill -9 and load tests."""
 

@@ -113,6 +113,7 @@ class RunnerSettings:
     env: dict[str, str] = field(default_factory=dict)  # extra job environment (never secrets)
     log_max_bytes: int = 16 * 1024 * 1024  # job.log keeps this much of the job's output (and its end)
     out_max_bytes: int = 256 * 1024 * 1024  # a larger out/ fails the job and is removed
+    disk_max_bytes: int = 8 << 30  # the job's writable files while it runs (a tmpfs: checkout, out/, HOME, /tmp)
     docker: DockerSettings = field(default_factory=DockerSettings)
     sandbox: SandboxSettings = field(default_factory=SandboxSettings)  # the local runner's
 
@@ -210,7 +211,17 @@ _KEYS = {
     ),
     "github.retry": ("attempts", "base_delay_s", "budget_s"),
     "queue": ("backend", "redis_url", "name", "result_key_file"),
-    "runner": ("backend", "timeout_s", "command", "env", "docker", "sandbox", "log_max_bytes", "out_max_bytes"),
+    "runner": (
+        "backend",
+        "timeout_s",
+        "command",
+        "env",
+        "docker",
+        "sandbox",
+        "log_max_bytes",
+        "out_max_bytes",
+        "disk_max_bytes",
+    ),
     "runner.sandbox": ("enabled", "memory", "pids", "tmpfs_size", "user", "bwrap", "extra_ro"),
     "runner.docker": ("image", "memory", "pids", "tmpfs_size", "url", "user"),
     "retries": ("attempts", "base_delay_s", "max_delay_s"),
@@ -369,6 +380,7 @@ def parse(data, where: str = "daemon.yml", env: Mapping[str, str] | None = None)
     s.runner.env = {k: str(v) for k, v in job_env.items()}
     s.runner.log_max_bytes = r.positive("log_max_bytes", int, s.runner.log_max_bytes)
     s.runner.out_max_bytes = r.positive("out_max_bytes", int, s.runner.out_max_bytes)
+    s.runner.disk_max_bytes = r.positive("disk_max_bytes", int, s.runner.disk_max_bytes)
     d = r.sub("docker")
     s.runner.docker = DockerSettings(
         d.get("image", str, s.runner.docker.image),

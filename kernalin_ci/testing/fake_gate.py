@@ -17,6 +17,7 @@ Path(out).mkdir(parents=True, exist_ok=True)
 Path(out, "env.json").write_text(json.dumps(dict(os.environ)))
 Path(out, "cwd.txt").write_text(os.getcwd())
 Path(out, "started").write_text(str(os.getpid()))
+print(f"kernalin-fake-gate: started {os.getpid()}", flush=True)  # job.log is live; out/ reaches the host at the end
 verdict = Path("verdict.txt").read_text().strip() if Path("verdict.txt").exists() else "success"
 time.sleep(float(Path("sleep.txt").read_text()) if Path("sleep.txt").exists() else 0)
 if verdict == "error":

@@ -80,6 +80,20 @@ class RunResult:
     timed_out: bool = False
     infra_error: str | None = None  # the engine failed (not the job): worth another try
     oom_killed: bool = False
+    job_error: str | None = None  # the job broke a cap the runner enforces (its disk, its out/): it failed
+
+
+# a job's writable file system with less free space than this after the job: it hit the disk cap
+DISK_FULL_BELOW = 64 * 1024
+
+
+def disk_full_message(cap: int) -> str:
+    from kernalin_ci.sandbox import size_text
+
+    return (
+        f"disk cap {size_text(cap)} reached (runner.disk_max_bytes): the job filled its writable space "
+        f"(its checkout, out/, HOME and /tmp); nothing of it reached the host's disk"
+    )
 
 
 StopReason = Callable[[], "str | None"]
@@ -146,6 +160,7 @@ class CappedLog:
             room = max(self.max_bytes - self.written, 0)
             if room:
                 self.f.write(chunk[:room])
+                self.f.flush()  # job.log is live: someone may follow it while the job runs
                 self.written += min(room, len(chunk))
             self.dropped += max(len(chunk) - room, 0)
 
@@ -172,9 +187,18 @@ def get_runner(settings) -> Runner:
     if settings.runner.backend == "docker":
         from kernalin_ci.daemon.runners.docker import DockerRunner
 
-        return DockerRunner(settings.runner.docker, log_max_bytes=settings.runner.log_max_bytes)
+        return DockerRunner(
+            settings.runner.docker,
+            log_max_bytes=settings.runner.log_max_bytes,
+            disk_max_bytes=settings.runner.disk_max_bytes,
+            out_max_bytes=settings.runner.out_max_bytes,
+        )
     from kernalin_ci.daemon.runners.local import LocalRunner
 
     return LocalRunner(
-        settings.runner.sandbox, hide=settings.private_paths(), log_max_bytes=settings.runner.log_max_bytes
+        settings.runner.sandbox,
+        hide=settings.private_paths(),
+        log_max_bytes=settings.runner.log_max_bytes,
+        disk_max_bytes=settings.runner.disk_max_bytes,
+        out_max_bytes=settings.runner.out_max_bytes,
     )

@@ -1,37 +1,53 @@
 """The docker runner: the job in a container of the kernalin image, through the Docker SDK.
 
-The container has no network, a read-only root file system with a private /tmp, no
-capabilities, no new privileges, memory (swap included) and pid limits, and runs as the
-daemon's own uid (a daemon running as root uses the image's own unprivileged user instead,
-or runner.docker.user). The checkout is mounted read-only at /repo and cloned to /tmp/repo inside
-(the gate makes git worktrees, which need a writable repository); /out is the only writable
-mount. A GPU slot becomes a device request for that one GPU. Past the timeout the container
-is killed; it is always removed. Engine failures (no engine, no image, a refused create) are
-infrastructure errors, retried by the daemon; what the job does inside is not.
+The container has no network, a read-only root file system, no capabilities, no new privileges,
+memory (swap included) and pid limits, and runs as the daemon's own uid (a daemon running as root
+uses the image's own unprivileged user instead, or runner.docker.user). Everything the job writes
+lives on one tmpfs, /tmp, of `runner.disk_max_bytes` (the disk cap; its pages count against the
+memory limit too): the checkout, mounted read-only at /repo, is cloned to /tmp/repo (the gate makes
+git worktrees, which need a writable repository), HOME is /tmp/home and out/ is /tmp/out. Nothing of
+the job is on the host's disk while it runs, its output included: the container's main process only
+sleeps (so the engine logs nothing) and the job runs as an exec whose output is streamed into
+job.log up to its cap. Afterwards /tmp/out is read back through an exec's tar stream, up to
+`runner.out_max_bytes` (daemon/outstream.py), and the container is removed. A GPU slot becomes a
+device request for that one GPU. Past the timeout the container is killed. Engine failures (no
+engine, no image, a refused create) are infrastructure errors, retried by the daemon; what the job
+does inside is not.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import requests
-from docker.errors import DockerException, ImageNotFound, NotFound
+from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.types import DeviceRequest
 
 import docker
-from kernalin_ci.daemon import safefile
-from kernalin_ci.daemon.runners import POLL_S, CappedLog, RunRequest, RunResult, StopReason, job_env
+from kernalin_ci.daemon import outstream, safefile
+from kernalin_ci.daemon.runners import (
+    DISK_FULL_BELOW,
+    POLL_S,
+    CappedLog,
+    RunRequest,
+    RunResult,
+    StopReason,
+    disk_full_message,
+    job_env,
+)
 from kernalin_ci.daemon.settings import DockerSettings
 from kernalin_ci.launch import image_module_argv
 
 LABEL = "kernalin-ci.job"
+OUT = "/tmp/out"  # the job's out/, on its capped tmpfs
 # clone the read-only checkout (owned by another uid: safe.directory) to a writable place, put the base
 # configuration in, run the command
 SCRIPT = "; ".join(
     [
         "set -e",
-        "mkdir -p /tmp/home",
+        "mkdir -p /tmp/home /tmp/out",
         "printf '[safe]\\n\\tdirectory = *\\n' > /tmp/.gitconfig",
         "export GIT_CONFIG_GLOBAL=/tmp/.gitconfig",
         "git clone -q /repo /tmp/repo",
@@ -45,10 +61,18 @@ SCRIPT = "; ".join(
 class DockerRunner:
     name = "docker"
 
-    def __init__(self, settings: DockerSettings, client=None, log_max_bytes: int = 16 * 1024 * 1024):
+    def __init__(
+        self,
+        settings: DockerSettings,
+        client=None,
+        log_max_bytes: int = 16 * 1024 * 1024,
+        disk_max_bytes: int = 8 << 30,
+        out_max_bytes: int = 256 << 20,
+    ):
         self.settings = settings
         self._client = client
         self.log_max_bytes = log_max_bytes
+        self.disk_max_bytes, self.out_max_bytes = disk_max_bytes, out_max_bytes
 
     @property
     def client(self):
@@ -58,19 +82,11 @@ class DockerRunner:
 
     def _create(self, req: RunRequest):
         s = self.settings
-        # the image's own installation: /tmp/repo, the working directory, never comes on sys.path
-        argv = req.argv(
-            image_module_argv("kernalin_ci"),
-            python="python3",
-            config="/tmp/repo/.kernalin.yml",
-            out="/out",
-            repo="/tmp/repo",
-        )
         # inside, the one GPU of the device request is device 0: CUDA_VISIBLE_DEVICES stays unset
         env = job_env(req, home="/tmp/home", tmp="/tmp", visible=None)
         env.pop("PATH", None)  # the image's own
         env.pop("LD_LIBRARY_PATH", None)
-        volumes = {str(req.repo): {"bind": "/repo", "mode": "ro"}, str(req.out): {"bind": "/out", "mode": "rw"}}
+        volumes = {str(req.repo): {"bind": "/repo", "mode": "ro"}}
         config = req.job_dir / "kernalin.yml"
         if config.is_file():
             volumes[str(config)] = {"bind": "/job/kernalin.yml", "mode": "ro"}
@@ -80,12 +96,9 @@ class DockerRunner:
             else None
         )
         user = s.user or (f"{os.getuid()}:{os.getgid()}" if os.getuid() != 0 else None)
-        if user != f"{os.getuid()}:{os.getgid()}":  # never root inside; another user must write /out
-            os.chmod(req.out, 0o1777)
         return self.client.containers.create(
             s.image,
-            entrypoint=["sh", "-c", SCRIPT, "kernalin-job"],
-            command=argv,
+            entrypoint=["sleep", "infinity"],  # the job is an exec (run()); this only keeps /tmp mounted
             user=user,
             environment=env,
             working_dir="/tmp",
@@ -96,7 +109,7 @@ class DockerRunner:
             memswap_limit=s.memory,
             pids_limit=s.pids,
             read_only=True,
-            tmpfs={"/tmp": f"rw,exec,nosuid,size={s.tmpfs_size}"},
+            tmpfs={"/tmp": f"rw,exec,nosuid,size={self.disk_max_bytes}"},
             cap_drop=["ALL"],
             security_opt=["no-new-privileges"],
             device_requests=gpu,
@@ -108,9 +121,20 @@ class DockerRunner:
     def run(self, req: RunRequest, stop_reason: StopReason, on_start) -> RunResult:
         t0 = time.monotonic()
         container = None
+        # the image's own installation: /tmp/repo, the working directory, never comes on sys.path
+        argv = req.argv(
+            image_module_argv("kernalin_ci"),
+            python="python3",
+            config="/tmp/repo/.kernalin.yml",
+            out=OUT,
+            repo="/tmp/repo",
+        )
         try:
             container = self._create(req)
             container.start()
+            api = self.client.api
+            exec_id = api.exec_create(container.id, ["sh", "-c", SCRIPT, "kernalin-job", *argv], workdir="/tmp")["Id"]
+            output = api.exec_start(exec_id, stream=True)
         except ImageNotFound:
             self._remove(container)
             return RunResult(None, 0.0, infra_error=f"docker: no image {self.settings.image!r} on this host")
@@ -118,28 +142,33 @@ class DockerRunner:
             self._remove(container)
             return RunResult(None, 0.0, infra_error=f"docker: {_one_line(e)}")
         on_start(None)
-        stopped, timed_out, code, oom, capture = None, False, None, False, None
+        stopped, timed_out, code, oom, capture, job_error = None, False, None, False, None, None
         try:
-            while True:
-                try:
-                    code = container.wait(timeout=POLL_S)["StatusCode"]
-                    break
-                except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
-                    pass
-                stopped = stop_reason()
-                timed_out = time.monotonic() - t0 > req.timeout_s
-                if stopped or timed_out:
-                    container.kill()
-                    container.wait(timeout=30)
-                    break
-            container.reload()
-            oom = bool(container.attrs.get("State", {}).get("OOMKilled"))
             with safefile.append(req.log, req.job_dir) as log:
                 capture = CappedLog(log, self.log_max_bytes)
-                for chunk in container.logs(stdout=True, stderr=True, stream=True):
-                    capture.note(chunk)
+                pump = threading.Thread(target=_pump, args=(output, capture), name=f"log-{req.job_id}", daemon=True)
+                pump.start()
+                while True:
+                    state = api.exec_inspect(exec_id)
+                    if not state.get("Running") and state.get("ExitCode") is not None:
+                        code = state["ExitCode"]
+                        break
+                    stopped = stop_reason()
+                    timed_out = time.monotonic() - t0 > req.timeout_s
+                    if stopped or timed_out:
+                        break
+                    pump.join(POLL_S) if pump.is_alive() else time.sleep(POLL_S)
+                if not (stopped or timed_out):
+                    job_error = self._hand_back(container, req)
+                _kill(container)  # the job, what it left running, and so the end of its output stream
+                container.wait(timeout=30)
+                pump.join(10)
+                container.reload()
+                oom = bool(container.attrs.get("State", {}).get("OOMKilled"))
                 if timed_out:
                     capture.note(f"\nkernalin-ci daemon: the job ran past {req.timeout_s:.0f} s and was killed\n")
+                elif job_error:
+                    capture.note(f"\nkernalin-ci daemon: {job_error}\n")
                 if oom:
                     capture.note(
                         f"\nkernalin-ci daemon: the job was killed for using more than {self.settings.memory} "
@@ -162,7 +191,35 @@ class DockerRunner:
             stopped=stopped,
             timed_out=timed_out,
             oom_killed=oom,
+            job_error=job_error,
         )
+
+    def _hand_back(self, container, req: RunRequest) -> str | None:
+        """After the job: whether it filled its disk, and its out/ read back into req.out (up to the caps)."""
+        api = self.client.api
+        free = None
+        probe = api.exec_create(container.id, ["stat", "-f", "-c", "%a %S", "/tmp"], user="")["Id"]
+        try:
+            blocks, size = api.exec_start(probe).split()
+            free = int(blocks) * int(size)
+        except ValueError:
+            pass
+        error = None
+        # an exec's tar, not the engine's archive API: that one does not see inside a tmpfs
+        pack = api.exec_create(container.id, ["tar", "-C", "/tmp", "--numeric-owner", "-cf", "-", "out"], user="")
+        stream = api.exec_start(pack["Id"], stream=True, demux=True)
+        try:
+            outstream.unpack(_ChunkReader(out for out, _ in stream if out), req.out, self.out_max_bytes)
+        except outstream.BadOutput as e:
+            error = str(e)
+        except OSError as e:
+            error = f"cannot unpack it ({e.strerror or e})"
+        if error:
+            safefile.remove(req.out)
+            req.out.mkdir()
+        if free is not None and free < DISK_FULL_BELOW:
+            return disk_full_message(self.disk_max_bytes)
+        return f"out/ refused: {error}" if error else None
 
     @staticmethod
     def _remove(container) -> None:
@@ -183,6 +240,40 @@ class DockerRunner:
         for c in found:
             self._remove(c)
         return len(found)
+
+
+class _ChunkReader:
+    """A file object over an iterator of byte chunks (the engine's archive), for tarfile's stream mode."""
+
+    def __init__(self, chunks):
+        self.chunks, self.buf = iter(chunks), b""
+
+    def read(self, n: int = -1) -> bytes:
+        while n < 0 or len(self.buf) < n:
+            chunk = next(self.chunks, None)
+            if chunk is None:
+                break
+            self.buf += chunk
+        if n < 0:
+            n = len(self.buf)
+        data, self.buf = self.buf[:n], self.buf[n:]
+        return data
+
+
+def _kill(container) -> None:
+    try:
+        container.kill()
+    except APIError as e:
+        if e.status_code != 409:  # 409: it is not running any more
+            raise
+
+
+def _pump(output, capture: CappedLog) -> None:
+    try:
+        for chunk in output:
+            capture.note(chunk)
+    except (DockerException, requests.RequestException, OSError):
+        pass  # the container was killed: its output ends here
 
 
 def _one_line(e: Exception) -> str:

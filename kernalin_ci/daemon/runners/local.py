@@ -1,10 +1,12 @@
 """The local runner: the job's command as a subprocess in the job's checkout, inside the sandbox.
 
 By default the job runs under bubblewrap (kernalin_ci/sandbox.py): its own PID, network and
-user namespaces, an allowlisted read-only file system with only its checkout and output writable,
-an unprivileged uid, and a cgroup with memory and process caps. When the sandbox's first process
-ends, or the daemon dies, the kernel kills everything the job started; stopping, a timeout, or a
-restart after a crash also kill what is left in the job's cgroup.
+user namespaces, an allowlisted read-only file system, an unprivileged uid, and a cgroup with
+memory and process caps. Nothing of the host is writable: the job's files (its checkout, copied in
+by daemon/jobwrap.py, out/, HOME, /tmp) live on the sandbox's tmpfs of runner.disk_max_bytes, and
+out/ comes back at the end through a pipe, read up to runner.out_max_bytes (daemon/outstream.py).
+When the sandbox's first process ends, or the daemon dies, the kernel kills everything the job
+started; stopping, a timeout, or a restart after a crash also kill what is left in the job's cgroup.
 
 With `runner.sandbox.enabled: false` (trusted repositories only) the process starts in a session
 of its own with a parent-death signal (`setpriv --pdeathsig KILL`, where util-linux has it), and
@@ -13,6 +15,7 @@ cleanup finds its processes by the job's marker in their environment.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -22,8 +25,18 @@ import threading
 import time
 
 from kernalin_ci import sandbox
-from kernalin_ci.daemon import safefile
-from kernalin_ci.daemon.runners import JOB_MARKER, POLL_S, CappedLog, RunRequest, RunResult, StopReason, job_env
+from kernalin_ci.daemon import outstream, safefile
+from kernalin_ci.daemon.runners import (
+    DISK_FULL_BELOW,
+    JOB_MARKER,
+    POLL_S,
+    CappedLog,
+    RunRequest,
+    RunResult,
+    StopReason,
+    disk_full_message,
+    job_env,
+)
 from kernalin_ci.launch import module_argv
 
 
@@ -62,43 +75,55 @@ class LocalRunner:
         sandbox_settings: sandbox.SandboxSettings | None = None,
         hide: list[str] = (),
         log_max_bytes: int = 16 * 1024 * 1024,
+        disk_max_bytes: int = 8 << 30,
+        out_max_bytes: int = 256 << 20,
     ):
         self._setpriv = shutil.which("setpriv")
         self.sandbox = sandbox_settings or sandbox.SandboxSettings()
         self.hide = list(hide)  # the daemon's private paths, masked inside the sandbox
         self.log_max_bytes = log_max_bytes
+        self.disk_max_bytes, self.out_max_bytes = disk_max_bytes, out_max_bytes
 
     def run(self, req: RunRequest, stop_reason: StopReason, on_start) -> RunResult:
-        # the gate runs isolated (python -I, the daemon's kernalin_ci first): the checkout cannot shadow it
-        argv = req.argv(
-            module_argv("kernalin_ci", cwd=req.repo),
-            python=sys.executable,
-            config=str(req.repo / ".kernalin.yml"),
-            out=str(req.out),
-            repo=str(req.repo),
-        )
         try:
             log = safefile.append(req.log, req.job_dir)
         except OSError as e:
             return RunResult(None, 0.0, infra_error=f"cannot open the job's log: {e}")
+        # the gate runs isolated (python -I, the daemon's kernalin_ci first): the checkout cannot shadow it
+        gate = module_argv("kernalin_ci", cwd=req.repo)
         with log:
             capture = CappedLog(log, self.log_max_bytes)
-            preexec = None
+            preexec, cwd, handback = None, req.repo, None
             if self.sandbox.enabled:
+                # the job's files on the sandbox's tmpfs of disk_max_bytes; out/ comes back through a pipe
                 try:
                     plan = sandbox.prepare(
                         self.sandbox,
                         req.job_id,
-                        [req.repo, req.out],
+                        [],
                         sandbox.gpu_device_nodes(req.slot.visible) if req.slot.device == "cuda" else [],
                         hide=self.hide,
+                        disk=self.disk_max_bytes,
+                        checkout=req.repo,
                     )
                 except sandbox.SandboxError as e:
                     return RunResult(None, 0.0, infra_error=f"cannot start the job's sandbox: {e}")
-                argv, preexec = plan.argv_prefix + argv, plan.preexec
+                handback = os.pipe()
+                repo, out = f"{plan.job}/repo", f"{plan.job}/out"
+                argv = req.argv(gate, python=sys.executable, config=f"{repo}/.kernalin.yml", out=out, repo=repo)
+                wrap = module_argv("kernalin_ci.daemon.jobwrap", cwd=req.repo)
+                argv = [*plan.argv_prefix, *wrap, sandbox.CHECKOUT_DIR, plan.job, str(handback[1]), "--", *argv]
+                preexec, cwd = plan.preexec, req.job_dir
                 home, tmp = plan.home, plan.tmp
                 capture.note(f"kernalin-ci daemon: sandbox: {sandbox.describe(plan)}\n")
             else:
+                argv = req.argv(
+                    gate,
+                    python=sys.executable,
+                    config=str(req.repo / ".kernalin.yml"),
+                    out=str(req.out),
+                    repo=str(req.repo),
+                )
                 home, tmp = str(req.job_dir / "home"), str(req.job_dir / "tmp")
                 for d in (home, tmp):
                     os.makedirs(d, exist_ok=True)
@@ -109,19 +134,33 @@ class LocalRunner:
             try:  # the output comes through a pipe, so job.log keeps at most log_max_bytes of it
                 proc = subprocess.Popen(
                     argv,
-                    cwd=req.repo,
+                    cwd=cwd,
                     env=env,
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                     preexec_fn=preexec,
+                    pass_fds=handback[1:] if handback else (),
                 )
             except (OSError, subprocess.SubprocessError) as e:
                 sandbox.cleanup(req.job_id)
+                if handback:
+                    os.close(handback[0])
+                    os.close(handback[1])
                 return RunResult(None, 0.0, infra_error=f"cannot start the job: {e}")
             reader = threading.Thread(target=capture.pump, args=(proc.stdout,), name=f"log-{req.job_id}", daemon=True)
             reader.start()
+            received: dict = {}
+            if handback:
+                os.close(handback[1])  # the job holds the only writing end: EOF when it is gone
+                receiver = threading.Thread(
+                    target=_receive_out,
+                    args=(handback[0], req.out, self.out_max_bytes, received),
+                    name=f"out-{req.job_id}",
+                    daemon=True,
+                )
+                receiver.start()
             on_start(proc.pid)
             stopped, timed_out = None, False
             try:
@@ -145,8 +184,15 @@ class LocalRunner:
                 sandbox.remove_cgroup(req.job_id)
             reader.join(5)
             seconds = time.monotonic() - t0
+            job_error = None
+            if handback:
+                receiver.join(60)
+                if not (stopped or timed_out):
+                    job_error = self._handback_error(received, receiver.is_alive(), req)
             if timed_out:
                 capture.note(f"\nkernalin-ci daemon: the job ran past {req.timeout_s:.0f} s and was killed\n")
+            elif job_error:
+                capture.note(f"\nkernalin-ci daemon: {job_error}\n")
             capture.close()
         return RunResult(
             None if (stopped or timed_out) else code,
@@ -155,10 +201,43 @@ class LocalRunner:
             stopped=stopped,
             timed_out=timed_out,
             oom_killed=oom,
+            job_error=job_error,
         )
+
+    def _handback_error(self, received: dict, stuck: bool, req: RunRequest) -> str | None:
+        """Why the job failed for its disk or its out/ stream (None: it did not); a refused out/ is removed."""
+        error = "its out/ stream did not end" if stuck else received.get("error")
+        if error:
+            safefile.remove(req.out)
+            req.out.mkdir()
+        free = received.get("free")
+        if isinstance(free, int) and free < DISK_FULL_BELOW:
+            return disk_full_message(self.disk_max_bytes)
+        return f"out/ refused: {error}" if error else None
 
     def cleanup(self, job_id: str) -> int:
         return kill_marked(job_id) + sandbox.cleanup(job_id)
+
+
+def _receive_out(fd: int, dest, max_bytes: int, received: dict) -> None:
+    """Read the job's hand-back pipe (jobwrap.py): a status line, then out/ as a tar stream into DEST."""
+    with os.fdopen(fd, "rb") as f:
+        try:
+            line = f.readline(4096)
+            if not line:
+                received["error"] = "the job ended without handing it back"
+                return
+            status = json.loads(line)
+            if not isinstance(status, dict) or not isinstance(status.get("free"), int):
+                raise ValueError
+            received["free"] = status["free"]
+            outstream.unpack(f, dest, max_bytes)
+        except outstream.BadOutput as e:
+            received["error"] = str(e)
+        except ValueError:
+            received["error"] = "its stream does not start with a status line"
+        except OSError as e:
+            received["error"] = f"cannot unpack it ({e.strerror or e})"
 
 
 def _kill_group(pgid: int) -> None:

@@ -1,0 +1,88 @@
+"""The first process of a job in the local runner's sandbox (standard library only).
+
+    python -m kernalin_ci.daemon.jobwrap CHECKOUT JOB FD -- COMMAND...
+
+The job's files live on the sandbox's own size-capped tmpfs JOB (the disk cap): this copies the
+checkout (bound read-only at CHECKOUT) to JOB/repo, makes JOB/out, JOB/home and JOB/tmp, runs COMMAND
+in JOB/repo, then writes to file descriptor FD one JSON line (`{"free": the least free space of JOB's and
+/tmp's file systems, sampled while COMMAND ran and at its end}`) and `out/` as a tar stream
+(daemon/outstream.py), and exits with
+COMMAND's exit code (125: the checkout could not be copied). The daemon reads FD only up to its caps;
+everything here runs as the job, so the daemon trusts none of it beyond what the caps allow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+from kernalin_ci.daemon.outstream import pack
+
+COPY_FAILED = 125
+SAMPLE_S = 0.2
+
+
+def free_bytes(*paths: str) -> int:
+    """The least free space among the file systems of PATHS."""
+    out = []
+    for p in paths:
+        try:
+            st = os.statvfs(p)
+            out.append(st.f_bavail * st.f_frsize)
+        except OSError:
+            continue
+    return min(out) if out else 0
+
+
+def run(command: list[str], cwd: str, free) -> tuple[int, int]:
+    """COMMAND's exit code (128+N: killed by signal N; 127: it could not start) and the least of free()
+    sampled while it ran (a job that filled its disk, then cleaned up, still counts)."""
+    least = free()
+    try:
+        proc = subprocess.Popen(command, cwd=cwd)
+    except OSError as e:
+        print(f"kernalin-ci daemon: cannot start the job's command: {e}", file=sys.stderr)
+        return 127, least
+    while True:
+        try:
+            code = proc.wait(SAMPLE_S)
+            return (code if code >= 0 else 128 - code), least
+        except subprocess.TimeoutExpired:
+            least = min(least, free())
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 5 or argv[3] != "--":
+        print("usage: jobwrap CHECKOUT JOB FD -- COMMAND...", file=sys.stderr)
+        return 2
+    src, job, fd, command = argv[0], argv[1], int(argv[2]), argv[4:]
+    stream = os.fdopen(fd, "wb")
+    repo, out = os.path.join(job, "repo"), os.path.join(job, "out")
+    least = free_bytes(job, "/tmp")
+    try:
+        for d in ("out", "home", "tmp"):
+            os.makedirs(os.path.join(job, d), exist_ok=True)
+        shutil.copytree(src, repo, symlinks=True)
+    except (OSError, shutil.Error) as e:
+        detail = e.args[0][0][2] if isinstance(e, shutil.Error) and e.args and e.args[0] else e
+        print(f"kernalin-ci daemon: cannot copy the checkout into the job's disk: {detail}", file=sys.stderr)
+        code = COPY_FAILED
+    else:
+        code, seen = run(command, repo, lambda: free_bytes(job, "/tmp"))
+        least = min(least, seen)
+    sys.stdout.flush()
+    try:
+        stream.write(json.dumps({"free": min(least, free_bytes(job, "/tmp"))}).encode() + b"\n")
+        if os.path.isdir(out):
+            pack(out, stream)
+        stream.close()
+    except OSError as e:  # the daemon stopped reading (a cap): its own message says why
+        print(f"kernalin-ci daemon: out/ not handed back: {e}", file=sys.stderr)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
