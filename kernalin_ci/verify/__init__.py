@@ -550,9 +550,10 @@ def verify_pipeline(
     from kernalin_ci.verify.pipeline import PipelineReader
 
     _warm_torch(2)
-    reader = PipelineReader(params, dtype, seed, steps, device, bool(entries.get("rope")), on_step)
+    reader = PipelineReader(params, dtype, seed, steps, device, bool(entries.get("rope")), on_step, root)
     run = run_cases("verify-pipeline", job, [case], device, timeout_s or DEFAULT_TIMEOUT[device], prog, repro, reader)
     result.findings = dedupe(run.findings)
+    result.notices = run.notices
     result.cases_run = run.done
     result.seconds = time.perf_counter() - t0
     return result

@@ -17,7 +17,8 @@ A raw result (a dict):
   sparse          {name: {"shape": [...], "index": tensor, "rows": tensor}}: an input too large to
                   ship (the 2^31-element caches): the non-zero rows of its first dimension
   guards          {name: [before, after]}: the canary guards just before and after each input
-  ttir            [str]: the TTIR of each compiled kernel the call launched (CUDA: TF32 dots)
+  ttir            [str]: the TTIR of each compiled kernel the call launched (CUDA: TF32 dots; a
+                  decode loop's step part carries its own, verify/pipeline.py)
   before, expected, row_slack, tolerance: only for an op whose inputs and reference are the
                   user's own code (`Op.user_code`): the inputs before the call and that reference
 """

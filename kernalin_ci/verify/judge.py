@@ -10,16 +10,16 @@ the kernel produced; it cannot say whether that is right.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
-from kernalin_ci.findings import Finding, Location, Notice
+from kernalin_ci.findings import Finding, Notice
 from kernalin_ci.lazy import torch
 from kernalin_ci.ops.base import Case, Expected, Op
 from kernalin_ci.verify import exchange
 from kernalin_ci.verify.compare import NotATensor, check_reference
 from kernalin_ci.verify.exchange import GUARD, BadResult
 from kernalin_ci.verify.poison import bits, fill_canary, is_canary
+from kernalin_ci.verify.precision import TF32_TOLERANCE, tf32_notice
 
 
 def judge(
@@ -64,22 +64,10 @@ def judge(
     if op.exact:
         findings += op.check(case, before, kw, outs, params)
         return findings, notices
-    tolerance = None
-    tf32 = _tf32(raw, root) if device == "cuda" and case.dtype == "float32" else []
-    if tf32:
-        from kernalin_ci.verify.precision import TF32_TOLERANCE, where
-
-        tolerance = TF32_TOLERANCE
-        notices.append(
-            Notice(
-                "tf32",
-                f"float32 judged at TF32 tolerance ({TF32_TOLERANCE:g}): tl.dot input "
-                f"precision tf32 at {where(tf32[0])}",
-                tf32[0],
-                kind="dynamic",
-            )
-        )
-    findings += check_reference(op, case, before, outs, params, memo, tolerance, expected)
+    tf32 = tf32_notice(raw.get("ttir"), device, case.dtype, root)
+    if tf32 is not None:
+        notices.append(tf32)
+    findings += check_reference(op, case, before, outs, params, memo, TF32_TOLERANCE if tf32 else None, expected)
     findings += op.properties(case, before, outs, params)
     return findings, notices
 
@@ -190,22 +178,6 @@ def _tolerance(v) -> float | None:
     return v
 
 
-def _tf32(raw: dict, root: str | None) -> list:
-    """The TF32 dots of the kernels the call launched (their TTIR, read here), paths under root relative."""
-    from kernalin_ci.verify.precision import tf32_locations
-
-    ttir = raw.get("ttir") or []
-    if not isinstance(ttir, list) or not all(isinstance(t, str) for t in ttir):
-        raise BadResult("ttir: expected a list of texts")
-    base = os.path.realpath(root or os.getcwd()) + os.sep
-    out = []
-    for loc in tf32_locations(ttir):
-        if loc is not None and os.path.realpath(loc.path).startswith(base):
-            loc = Location(os.path.realpath(loc.path)[len(base) :], loc.line)
-        out.append(loc)
-    return out
-
-
 @dataclass
 class CaseResult:
     """The parent's reading of one case-done event: the case as it ran, its findings and notices."""
@@ -240,7 +212,7 @@ class CaseReader:
 
         if index not in self.loops:
             judge = self.op.loop_judge(case, case_params(self.params, case), self.poison)
-            self.loops[index] = LoopReader(judge) if judge is not None else None
+            self.loops[index] = LoopReader(judge, device=self.device, root=self.root) if judge is not None else None
         return self.loops[index]
 
     def partial(self, index: int) -> list[Finding]:
@@ -270,7 +242,7 @@ class CaseReader:
             if loop.found or status == "ok":
                 found = loop.finish()
                 self.ran_shapes.add(key(shape_of(self.op, ran, self.params)))
-                return CaseResult(ran, found, [], nc)
+                return CaseResult(ran, found, loop.notices, nc)
         if status == "ok":
             raw = exchange.load_case(results, index, ev.get("file"))
             try:

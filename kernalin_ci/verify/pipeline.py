@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernalin_ci.findings import Finding
+from kernalin_ci.findings import Finding, Notice
 from kernalin_ci.lazy import torch
 from kernalin_ci.ops import attention_common as ac
 from kernalin_ci.ops import paged
@@ -35,6 +36,7 @@ from kernalin_ci.verify import exchange
 from kernalin_ci.verify.compare import row_errors
 from kernalin_ci.verify.exchange import BadResult, plain
 from kernalin_ci.verify.poison import bits, fill_canary, is_canary
+from kernalin_ci.verify.precision import TF32_TOLERANCE, launched_ttir, recorded_launches, tf32_notice
 
 ROLES = ("kv_append", "attention.decode_paged", "rope")
 START_LENGTHS = (1, 9, 30, 47)
@@ -236,6 +238,12 @@ def drive_loop(
     return steps
 
 
+def launches(device: str) -> Any:
+    """A block that records the compiled kernels launched in it (on a GPU: their TTIR is handed back as
+    `ttir`, verify/precision.py); on the CPU nothing is recorded."""
+    return recorded_launches() if device == "cuda" else nullcontext()
+
+
 def raw_out(out: Any) -> Any:
     """The step's output as handed back: a CPU tensor, or the name of what came back instead."""
     return plain(out) if isinstance(out, torch.Tensor) else type(out).__name__
@@ -269,8 +277,10 @@ class LoopJudge:
     """In the parent: draws each step's inputs again from the seed (on the CPU), keeps the float64
     history and the caches as the worker's last step left them, and judges one step's raw result.
     `step_check(step, raw, state)`: the way of doing a step's own checks (findings that end the loop
-    early) and what its caches must hold. `keys`: the tensors a step hands back. `rope`: the rope params
-    when q and k are rotated in the step. `check`: the prefix of the findings' check names."""
+    early) and what its caches must hold. `keys`: the tensors a step hands back (and `ttir`, the TTIR of
+    the kernels that computed the output, optional). `rope`: the rope params when q and k are rotated in
+    the step. `check`: the prefix of the findings' check names. `notices`: the TF32 notice, once, when a
+    step's float32 attention output was judged at the TF32 tolerance (verify/precision.py)."""
 
     def __init__(
         self,
@@ -290,18 +300,22 @@ class LoopJudge:
         self.keys = keys | {"k_cache", "v_cache", "out"}
         self.fingerprints, self.check = fingerprints, check
         self.s: dict[str, Any] = {}  # init_state on the CPU, made at the first step (torch is imported by then)
+        self.notices: list[Notice] = []
 
-    def step(self, index: int, raw: dict[str, Any]) -> list[Finding]:
-        """The findings of step `index` (which must be the next one); BadResult for a result not of it."""
+    def step(self, index: int, raw: dict[str, Any], device: str = "cpu", root: str | None = None) -> list[Finding]:
+        """The findings of step `index` (which must be the next one) as run on `device`; BadResult for a
+        result not of it."""
         if not self.s:
             self.s = init_state(self.shape, self.dtype, "cpu", self.seed, self.steps)
         s, sh = self.s, self.shape
         if (
-            set(raw) != self.keys
-            or not all(isinstance(t, torch.Tensor) for k, t in raw.items() if k != "out")
+            set(raw) - {"ttir"} != self.keys
+            or not all(isinstance(t, torch.Tensor) for k, t in raw.items() if k not in ("out", "ttir"))
             or not isinstance(raw["out"], (torch.Tensor, str))
         ):
             raise BadResult(f"step {index}: handed back {sorted(map(str, raw))}, expected {sorted(self.keys)}")
+        # only the attention output is a dot's: the caches and the rotated q/k keep `tol`
+        tf32 = tf32_notice(raw.get("ttir"), device, self.dtype, root, "float32 attention output")
         for name in ("k_cache", "v_cache"):
             exchange.like(f"step {index} {name}", raw[name], s[name])
         tol = 2 * TOLERANCE[self.dtype]  # rounded rotated keys enter the cache: errors compound once
@@ -358,9 +372,14 @@ class LoopJudge:
             ]
         if bool(is_canary(out).any()):
             return [Finding(f"{check}-attention", "unwritten-output", f"step {index}: attention output not written")]
+        out_tol = tol
+        if tf32 is not None:  # the output a TF32 dot computed
+            out_tol = max(tol, TF32_TOLERANCE)
+            if all(n.message != tf32.message for n in self.notices):
+                self.notices.append(tf32)
         got = out.to(torch.float64)
         err = row_errors(got, want_out)
-        if not bool((err <= tol).all()):
+        if not bool((err <= out_tol).all()):
             row = int(err.nan_to_num(float("inf")).argmax())
             b, h = divmod(row, sh.Hq)
             cls, why = "wrong-output", ""
@@ -368,9 +387,9 @@ class LoopJudge:
             if finite_ref and not bool(torch.isfinite(got).all()):
                 cls = "non-finite"
             if self.fingerprints:
-                bad = ~(err <= tol)
+                bad = ~(err <= out_tol)
                 for fp_cls, alt in _output_fingerprints(s, st, q_ref, k_ref, old_k, old_v, kb, vb, hmap, rope):
-                    if bool((row_errors(got, alt)[bad] <= tol).all()):
+                    if bool((row_errors(got, alt)[bad] <= out_tol).all()):
                         cls, why = fp_cls, f"; it matches what a {fp_cls} bug produces"
                         break
             return [
@@ -378,7 +397,7 @@ class LoopJudge:
                     f"{check}-attention",
                     cls,
                     f"step {index}: attention output off the reference at b={b} h={h} (kv_len="
-                    f"{s['lens'][b]}): relative error {float(err[row]):.3g}, tolerance {tol:g}{why}",
+                    f"{s['lens'][b]}): relative error {float(err[row]):.3g}, tolerance {out_tol:g}{why}",
                 )
             ]
         return []
@@ -387,10 +406,17 @@ class LoopJudge:
 class LoopReader:
     """In the parent: reads a loop case handed back in parts (one per step, in order) and judges each as
     it arrives with its LoopJudge; the first failing step is the finding (later parts are read, not
-    judged). `finish` accepts the end of the case only when every step was handed back."""
+    judged). `finish` accepts the end of the case only when every step was handed back. `device`: where
+    the worker ran the loop; `root`: the folder the notices' paths are relative to."""
 
-    def __init__(self, judge: LoopJudge, on_step: Callable[[int], None] | None = None):
-        self.judge, self.on_step = judge, on_step
+    def __init__(
+        self,
+        judge: LoopJudge,
+        on_step: Callable[[int], None] | None = None,
+        device: str = "cpu",
+        root: str | None = None,
+    ):
+        self.judge, self.on_step, self.device, self.root = judge, on_step, device, root
         self.step = 0
         self.found: list[Finding] = []
 
@@ -406,7 +432,7 @@ class LoopReader:
         self.step += 1
         if not self.found:
             try:
-                self.found = self.judge.step(step, raw)
+                self.found = self.judge.step(step, raw, self.device, self.root)
             except BadResult:
                 raise
             except Exception as e:  # a result the comparison cannot use: never a pass
@@ -415,6 +441,10 @@ class LoopReader:
                 ) from None
         if self.on_step:
             self.on_step(step)
+
+    @property
+    def notices(self) -> list[Notice]:
+        return list(self.judge.notices)
 
     def finish(self) -> list[Finding]:
         """The case's findings once the worker says the loop ended cleanly."""
@@ -519,16 +549,18 @@ def drive_pipeline(fns: dict, params: dict, dtype: str, device: str, seed: int, 
         _sync(device)
         # copies: on the CPU plain() keeps the live cache, which attention could still change
         raw["k_cache_append"], raw["v_cache_append"] = plain(s["k_cache"].clone()), plain(s["v_cache"].clone())
-        out = fns["attention.decode_paged"](
-            q=q_in[:B],
-            k_cache=s["k_cache"],
-            v_cache=s["v_cache"],
-            block_tables=s["tables"],
-            kv_lens=torch.tensor(st.kv_lens, dtype=torch.int32, device=device),
-            scale=s["scale"],
-        )
-        _sync(device)
+        with launches(device) as launched:  # the attention entry's kernels: their TF32 dots
+            out = fns["attention.decode_paged"](
+                q=q_in[:B],
+                k_cache=s["k_cache"],
+                v_cache=s["v_cache"],
+                block_tables=s["tables"],
+                kv_lens=torch.tensor(st.kv_lens, dtype=torch.int32, device=device),
+                scale=s["scale"],
+            )
+            _sync(device)
         raw["k_cache"], raw["v_cache"], raw["out"] = plain(s["k_cache"]), plain(s["v_cache"]), raw_out(out)
+        raw["ttir"] = launched_ttir(launched)
         return raw
 
     return drive_loop(s, run_step, dtype, steps, hand_back, padding=1)
@@ -586,9 +618,19 @@ def pipeline_judge(params: dict, dtype: str, seed: int, steps: int, rope: bool) 
 class PipelineReader:
     """The pipeline's reader for run_cases: its one case, handed back in parts (LoopReader)."""
 
-    def __init__(self, params: dict, dtype: str, seed: int, steps: int, device: str, rope: bool, on_step=None):
+    def __init__(
+        self,
+        params: dict,
+        dtype: str,
+        seed: int,
+        steps: int,
+        device: str,
+        rope: bool,
+        on_step=None,
+        root: str | None = None,
+    ):
         self.device = device
-        self.loop = LoopReader(pipeline_judge(params, dtype, seed, steps, rope), on_step)
+        self.loop = LoopReader(pipeline_judge(params, dtype, seed, steps, rope), on_step, device, root)
 
     def part(self, index: int, case, ev: dict, results: str) -> None:
         self.loop.part(index, ev, results)
@@ -606,11 +648,11 @@ class PipelineReader:
                 raise BadResult(f"'not checked ({_text(nc.get('reason'))[:20]})' claimed on {self.device}")
             return CaseResult(None, [], [], {"reason": "interpreter", "error": _text(nc.get("error"))})
         if self.loop.found:
-            return CaseResult(case, self.loop.found)
+            return CaseResult(case, self.loop.found, self.loop.notices)
         if status == "raised":
             return CaseResult(case, [Finding("pipeline", "entry-error", f"an entry raised {_text(ev.get('error'))}")])
         if status == "ok":
-            return CaseResult(case, self.loop.finish())
+            return CaseResult(case, self.loop.finish(), self.loop.notices)
         raise BadResult(
             f"the pipeline ended after {self.loop.step} of {self.loop.judge.steps} steps "
             f"(status {_text(status)[:40]!r})"
@@ -649,9 +691,14 @@ def drive_decode_step(
             "kv_lens": torch.tensor(st.kv_lens, dtype=torch.int32, device=device),
             "scale": s["scale"],
         }
-        out = fn(**kw)
-        _sync(device)
-        return {**{n: plain(kw[n]) for n in (*DECODE_STEP_INPUTS, "k_cache", "v_cache")}, "out": raw_out(out)}
+        with launches(device) as launched:
+            out = fn(**kw)
+            _sync(device)
+        return {
+            **{n: plain(kw[n]) for n in (*DECODE_STEP_INPUTS, "k_cache", "v_cache")},
+            "out": raw_out(out),
+            "ttir": launched_ttir(launched),
+        }
 
     return drive_loop(s, run_step, dtype, steps, hand_back)
 

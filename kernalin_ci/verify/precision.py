@@ -4,17 +4,26 @@ Triton's default input precision for a float32 `tl.dot` is TF32 on NVIDIA GPUs: 
 10 bits of mantissa, so a correct kernel's float32 outputs are off by far more than float32's own
 rounding. The dynamic worker records the compiled kernels an entry launches (every JIT launch asks
 its `CompiledKernel` for launch metadata; recording that call sees each launched kernel, autotuned
-or not) and reads `tt.dot ... inputPrecision = tf32` on float32 operands from the kernel's TTIR.
-Float32 cases of such an entry are judged at TF32_TOLERANCE, with a notice. Under the interpreter
-(the CPU) dots are computed in float32 and nothing is recorded.
+or not) and hands their TTIR texts back; the parent reads `tt.dot ... inputPrecision = tf32` on
+float32 operands from them (`tf32_notice`, one rule for a single call and for each step of a decode
+loop). What a dot computes in a float32 case on a GPU is then judged at TF32_TOLERANCE, with a notice
+naming the dot's file:line. Under the interpreter (the CPU) dots are computed in float32 and nothing is
+recorded.
+
+The worker hands back texts, never a verdict, and the parent bounds what they can do: only on a GPU
+(the parent's own device), only for a float32 case, only where a text it parses itself holds a TF32
+dot on float32 operands, only for the outputs a dot computes (the attention output of a decode step,
+never its caches or its rotated q/k), never below the tolerance the case had (`max`), and always with
+the notice in the report. Texts missing or empty: the float32 tolerance.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import os
 
-from kernalin_ci.findings import Location
+from kernalin_ci.findings import Location, Notice
 
 # Row error of a correct attention kernel whose q.k and p.v dots both run on TF32 (operands truncated
 # to 10 mantissa bits), emulated over the default attention cases: 2.3e-3 at most, 1.1e-2 in the
@@ -93,3 +102,30 @@ def tf32_locations(ttirs: list[str]) -> list[Location | None]:
 
 def where(loc: Location | None) -> str:
     return f"{loc.path}:{loc.line}" if loc else "an unknown line"
+
+
+def tf32_notice(ttir: object, device: str, dtype: str, root: str | None, what: str = "float32") -> Notice | None:
+    """In the parent: the notice that `what` (the outputs a dot computes) is judged at TF32_TOLERANCE, or
+    None when it is not: `ttir` is what the worker handed back (the TTIR texts of the kernels the call
+    launched), `device` and `dtype` the parent's own. Paths under `root` are made relative. BadResult
+    (verify/exchange.py) when `ttir` is neither absent nor a list of texts."""
+    from kernalin_ci.verify.exchange import BadResult
+
+    texts = [] if ttir is None else ttir
+    if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+        raise BadResult("ttir: expected a list of texts")
+    if device != "cuda" or dtype != "float32" or not texts:
+        return None
+    found = tf32_locations(texts)
+    if not found:
+        return None
+    loc = found[0]
+    base = os.path.realpath(root or os.getcwd()) + os.sep
+    if loc is not None and os.path.realpath(loc.path).startswith(base):
+        loc = Location(os.path.realpath(loc.path)[len(base) :], loc.line)
+    return Notice(
+        "tf32",
+        f"{what} judged at TF32 tolerance ({TF32_TOLERANCE:g}): tl.dot input precision tf32 at {where(loc)}",
+        loc,
+        kind="dynamic",
+    )

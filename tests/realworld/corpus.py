@@ -335,6 +335,10 @@ def judge(k: Kernel, o: Outcome) -> Judgement:
         import importlib.metadata
 
         why = f"needs Triton < {k.needs_triton_below} (installed {importlib.metadata.version('triton')})"
+        # what a user sees: the verify fails with an entry-error (the entry raised at every shape), nothing else
+        if o.exit_code != 1 or o.classes != ["entry-error"]:
+            seen = ", ".join(o.classes) or o.error or "no finding"
+            return Judgement("ERROR", [f"{why}: expected one entry-error finding and exit code 1, got {seen}"], [])
         return Judgement("cannot run here", [], [why])
     if o.error:
         return Judgement("ERROR", [o.error], [])
