@@ -44,9 +44,9 @@ def main(argv: list[str]) -> int:
         if job.get("device") == "cuda":
             require_cuda()
         elif os.environ.get("TRITON_INTERPRET") == "1":
-            from kernalin_ci.verify.interp import int1_comparisons
+            from kernalin_ci.runtime.interp_patches import int1_comparisons
 
-            int1_comparisons()  # the interpreter's int32-typed comparison results (verify/interp.py)
+            int1_comparisons()  # the interpreter's int32-typed comparison results (runtime/interp_patches.py)
         target = TASKS[job["task"]]
         mod, _, fn = target.partition(":")
         getattr(importlib.import_module(mod), fn)(job, emit)

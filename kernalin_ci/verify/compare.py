@@ -6,7 +6,7 @@ from __future__ import annotations
 from kernalin_ci.findings import Finding
 from kernalin_ci.lazy import torch
 from kernalin_ci.ops.base import TOLERANCE, Expected, Op
-from kernalin_ci.verify.poison import is_canary
+from kernalin_ci.runtime.poison import is_canary
 
 
 class NotATensor:

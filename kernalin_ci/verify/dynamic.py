@@ -16,11 +16,11 @@ from contextlib import nullcontext
 import torch
 
 from kernalin_ci.ops.base import Case, Expected, Op
+from kernalin_ci.runtime.interp_bf16 import faithful_bf16, take_unfaithful
+from kernalin_ci.runtime.interp_patches import skip_self_copy
+from kernalin_ci.runtime.poison import fill_canary, poisoned_allocations, prime_cuda_allocator
 from kernalin_ci.verify import exchange
 from kernalin_ci.verify.exchange import GUARD, plain, snapshot, sparse_rows
-from kernalin_ci.verify.interp import skip_self_copy
-from kernalin_ci.verify.interp_bf16 import faithful_bf16, take_unfaithful
-from kernalin_ci.verify.poison import fill_canary, poisoned_allocations, prime_cuda_allocator
 from kernalin_ci.verify.precision import launched_ttir, recorded_launches
 
 CUDA_ERROR = re.compile(

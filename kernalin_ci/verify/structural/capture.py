@@ -248,7 +248,7 @@ def _extent_bytes(t) -> int:
 def _initial_content(t, kw: dict) -> str:
     import torch
 
-    from kernalin_ci.verify.poison import is_canary
+    from kernalin_ci.runtime.poison import is_canary
 
     if t.numel() == 0:
         return "zeros"
@@ -466,7 +466,7 @@ def _capture_once(
 ) -> Capture:
     import torch
 
-    from kernalin_ci.verify.poison import poisoned_allocations
+    from kernalin_ci.runtime.poison import poisoned_allocations
     from kernalin_ci.verify.structural.host import HostMoves
 
     kw = op.capture_inputs(case, params) if inputs is None else inputs
