@@ -59,9 +59,9 @@ from kernalin_ci.bench.regime import REGIMES
 from kernalin_ci.entry import load_entry
 from kernalin_ci.ops import get_op
 from kernalin_ci.ops.base import TOLERANCE, Case, Op
+from kernalin_ci.runtime.cuda_errors import CUDA_ERROR
 from kernalin_ci.runtime.poison import bits
-from kernalin_ci.verify.compare import row_errors
-from kernalin_ci.verify.dynamic import CUDA_ERROR
+from kernalin_ci.runtime.rows import row_errors
 
 TARGET_SAMPLE_S = {"cuda": 1e-3, "cpu": 5e-3}
 MAX_INNER = 10000

@@ -29,10 +29,10 @@ from kernalin_ci.bench.harness import BenchAbort, CpuClock, CudaClock, Runner
 from kernalin_ci.bench.trace import geometric_mean_over_shapes
 from kernalin_ci.entry import load_entry
 from kernalin_ci.ops.base import TOLERANCE
+from kernalin_ci.runtime.cuda_errors import CUDA_ERROR
+from kernalin_ci.runtime.rows import row_errors
 from kernalin_ci.throughput import step as st
 from kernalin_ci.throughput.spec import ModelSpec, ServingPoint, tiny
-from kernalin_ci.verify.compare import row_errors
-from kernalin_ci.verify.dynamic import CUDA_ERROR
 
 HEADROOM_BYTES = 4 << 30  # activations, graph pools, cuBLAS workspaces, the L2 flush buffer
 FREE_FRACTION = 0.9

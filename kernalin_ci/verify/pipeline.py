@@ -32,8 +32,8 @@ from kernalin_ci.ops import paged
 from kernalin_ci.ops.base import TOLERANCE, generator, randn, torch_dtype
 from kernalin_ci.ops.rope import rotate
 from kernalin_ci.runtime.poison import bits, fill_canary, is_canary
+from kernalin_ci.runtime.rows import row_errors
 from kernalin_ci.verify import exchange
-from kernalin_ci.verify.compare import row_errors
 from kernalin_ci.verify.exchange import BadResult, plain
 
 ROLES = ("kv_append", "attention.decode_paged", "rope")
