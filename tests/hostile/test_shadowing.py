@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from kernalin_ci.daemon.gpus import Slot
-from kernalin_ci.daemon.harness import git
 from kernalin_ci.daemon.runners import RunRequest
 from kernalin_ci.daemon.runners.local import LocalRunner
 from kernalin_ci.launch import PACKAGE_ROOT
+from kernalin_ci.testing.daemon_world import git
 
 SHADOW_MAIN = """import os, sys
 open(os.path.join(os.environ["MARKER_DIR"], "shadowed"), "w").write("the PR's kernalin_ci ran")
