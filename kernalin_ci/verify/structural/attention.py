@@ -49,7 +49,7 @@ from kernalin_ci.verify.structural.dataflow import (
     unguard,
     updates,
 )
-from kernalin_ci.verify.structural.interp import INV_MASK, POS
+from kernalin_ci.verify.structural.op_handlers import INV_MASK, POS
 from kernalin_ci.verify.structural.ir import Op, Value
 
 # --------------------------------------------------------------------------- interpreter model
@@ -1235,7 +1235,7 @@ def _address_op(load_op: Op) -> Op:
 def _head_index_op(view: KernelView, load_op: Op) -> Op:
     """The line that computes the KV head index of a K/V load: the division or remainder of a program id on
     its address path (else the load itself)."""
-    from kernalin_ci.verify.structural.interp import PID
+    from kernalin_ci.verify.structural.op_handlers import PID
 
     pid_bits = PID[0] | PID[1] | PID[2]
     stack, seen = [load_op.operands[0]], set()

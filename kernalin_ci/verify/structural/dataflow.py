@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kernalin_ci.verify.structural.interp import FV, IV
+from kernalin_ci.verify.structural.op_handlers import FV, IV
 from kernalin_ci.verify.structural.ir import Op, Value
 
 TRANSPARENT = {
@@ -59,7 +59,7 @@ def peel(v: Value) -> Value:
 
 
 def reduce_kind(op: Op) -> str | None:
-    from kernalin_ci.verify.structural.interp import combiner
+    from kernalin_ci.verify.structural.op_handlers import combiner
 
     return combiner(op) if op is not None and op.name == "tt.reduce" else None
 

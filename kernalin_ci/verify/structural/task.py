@@ -23,7 +23,7 @@ def analyze_entry(op_name: str, fn, params: dict, root: str | None = None, domai
     from kernalin_ci.verify.structural.common import Report, check_bounds, check_precision
     from kernalin_ci.verify.structural.compile import CompileError, ttir
     from kernalin_ci.verify.structural.dataflow import KernelView, link_views
-    from kernalin_ci.verify.structural.interp import Interp, InterpError
+    from kernalin_ci.verify.structural.op_handlers import Interp, InterpError
     from kernalin_ci.verify.structural.ir import ParseError, parse_module
 
     rep = Report()
