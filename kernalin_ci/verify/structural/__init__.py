@@ -7,7 +7,8 @@ op's analyses; this module starts it and turns its event into findings and
 notices.
 
 Modules: capture.py (launch recording), compile.py (TTIR), ir.py (the TTIR
-parser), interp.py (abstract interpreter), dataflow.py (def-use, loops,
+parser), abstract_values.py, interpreter.py and op_handlers.py (the abstract
+interpreter: its value types, the interpreter and its memory, one handler per op), dataflow.py (def-use, loops,
 reductions, linear forms), common.py (every kernel), attention.py, rope.py,
 kv_append.py (one per op), task.py (the worker task). docs/structural.md has
 the checks and the catch matrix.

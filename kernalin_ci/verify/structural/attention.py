@@ -28,6 +28,7 @@ import math
 
 import numpy as np
 
+from kernalin_ci.verify.structural.abstract_values import INV_MASK, POS
 from kernalin_ci.verify.structural.common import Analysis, Report, kname
 from kernalin_ci.verify.structural.dataflow import (
     LF,
@@ -49,7 +50,6 @@ from kernalin_ci.verify.structural.dataflow import (
     unguard,
     updates,
 )
-from kernalin_ci.verify.structural.op_handlers import INV_MASK, POS
 from kernalin_ci.verify.structural.ir import Op, Value
 
 # --------------------------------------------------------------------------- interpreter model
@@ -1235,7 +1235,7 @@ def _address_op(load_op: Op) -> Op:
 def _head_index_op(view: KernelView, load_op: Op) -> Op:
     """The line that computes the KV head index of a K/V load: the division or remainder of a program id on
     its address path (else the load itself)."""
-    from kernalin_ci.verify.structural.op_handlers import PID
+    from kernalin_ci.verify.structural.abstract_values import PID
 
     pid_bits = PID[0] | PID[1] | PID[2]
     stack, seen = [load_op.operands[0]], set()

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kernalin_ci.verify.structural.op_handlers import FV, IV
+from kernalin_ci.verify.structural.abstract_values import FV, IV
 from kernalin_ci.verify.structural.ir import Op, Value
 
 TRANSPARENT = {

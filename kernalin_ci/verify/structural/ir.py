@@ -5,7 +5,7 @@ TTIR prints one operation per line, with regions opened by `{` and closed by
 a grammar per op, the parser splits each line into its parts (results, op name,
 operands, attribute dict, type section, location) and derives result types
 from the type section with a few rules; the op vocabulary the analyses
-understand is closed (see `interp.py`), and anything else is parsed anyway and
+understand is closed (see `op_handlers.py`), and anything else is parsed anyway and
 left for the analyses to refuse with a notice.
 
 Source locations: every op carries `loc(...)`, usually an alias `#locN` whose

@@ -223,7 +223,7 @@ def _mask_op(store_op):
 
 def _garbage(view, store_op, elem: int, info) -> bool:
     """Does the value stored at this element carry data read out of bounds or never written?"""
-    from kernalin_ci.verify.structural.op_handlers import INV_MASK
+    from kernalin_ci.verify.structural.abstract_values import INV_MASK
 
     for acc in view.trace.accesses:
         if acc.op is store_op and acc.kind == "store":

@@ -92,7 +92,7 @@ def _low_precision_angle(view: KernelView):
 
 def _angle_op(view: KernelView, part: str = "angle"):
     """The op computing the angle (the cos operand), or its position / frequency factor, for locations."""
-    from kernalin_ci.verify.structural.op_handlers import PID, src_bit
+    from kernalin_ci.verify.structural.abstract_values import PID, src_bit
 
     ops = _cos_sin_ops(view)
     if not ops:

@@ -19,11 +19,12 @@ def analyze_entry(op_name: str, fn, params: dict, root: str | None = None, domai
     compile moves on to the next candidate shape (the declared domain first)."""
     from kernalin_ci.ops import get_op
     from kernalin_ci.verify.structural import analysis_of
+    from kernalin_ci.verify.structural.abstract_values import InterpError
     from kernalin_ci.verify.structural.capture import CaptureError, capture_at, capture_cases, shape_label
     from kernalin_ci.verify.structural.common import Report, check_bounds, check_precision
     from kernalin_ci.verify.structural.compile import CompileError, ttir
     from kernalin_ci.verify.structural.dataflow import KernelView, link_views
-    from kernalin_ci.verify.structural.op_handlers import Interp, InterpError
+    from kernalin_ci.verify.structural.interpreter import Interp
     from kernalin_ci.verify.structural.ir import ParseError, parse_module
 
     rep = Report()
