@@ -9,8 +9,9 @@ notices.
 Modules: capture.py (launch recording), compile.py (TTIR), ir.py (the TTIR
 parser), abstract_values.py, interpreter.py and op_handlers.py (the abstract
 interpreter: its value types, the interpreter and its memory, one handler per op), dataflow.py (def-use, loops,
-reductions, linear forms), common.py (every kernel), attention.py, rope.py,
-kv_append.py (one per op), task.py (the worker task). docs/structural.md has
+reductions, linear forms), common.py (every kernel), attention.py (with
+attention_graph.py: the IR-graph checks, attention_memory.py: the memory-access checks), rope.py,
+kv_append.py, decode_step.py (one per analysis), task.py (the worker task). docs/structural.md has
 the checks and the catch matrix.
 """
 
