@@ -115,8 +115,8 @@ def reference(
     """Per entry and shape: the median kernel-only device time (us) of one launch; CPU: wall clock (ms)."""
     import torch
 
-    from kernalin_ci.bench.harness import L2_FLUSH_BYTES
     from kernalin_ci.bench.shapes import bench_cases, split_params
+    from kernalin_ci.bench.timing import L2_FLUSH_BYTES
     from kernalin_ci.entry import load_entry
     from kernalin_ci.ops import get_op
     from kernalin_ci.ops.base import resolve_params

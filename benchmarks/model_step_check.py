@@ -42,7 +42,7 @@ if SMOKE:
 import torch  # noqa: E402
 
 from kernalin_ci.bench import stats  # noqa: E402
-from kernalin_ci.bench.harness import CpuClock, CudaClock, Runner  # noqa: E402
+from kernalin_ci.bench.timing import CpuClock, CudaClock, Runner  # noqa: E402
 from kernalin_ci.entry import load_entry  # noqa: E402
 from kernalin_ci.throughput import step as st  # noqa: E402
 from kernalin_ci.throughput.spec import ServingPoint, from_cli, tiny  # noqa: E402

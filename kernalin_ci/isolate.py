@@ -123,7 +123,7 @@ def run_task(
     cwd: str | None = None,
     writable: tuple[str, ...] = (),
 ) -> Outcome:
-    """Run job (a dict with 'task') in `python -m kernalin_ci.worker` (isolated: launch.module_argv), in
+    """Run job (a dict with 'task') in `python -m kernalin_ci.kernel_worker` (isolated: launch.module_argv), in
     the worker sandbox where bubblewrap can make one (sandbox.worker_plan); call on_event per event (when
     it returns False, the child is killed: status "refused"). `writable`: folders the parent made for the
     worker's results, which it may write besides its own work folder. This process is made non-dumpable
@@ -137,7 +137,7 @@ def run_task(
         with open(job_path, "w") as f:
             json.dump(job, f)
         plan, sandbox_env = sandbox.worker_plan(job, device, work, cwd, writable)
-        argv = [*module_argv("kernalin_ci.worker", cwd=cwd), job_path]
+        argv = [*module_argv("kernalin_ci.kernel_worker", cwd=cwd), job_path]
         r, w = os.pipe()
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(

@@ -32,7 +32,7 @@ FORBIDDEN = {
         "catalogue",
         "config",
         "isolate",
-        "worker",
+        "kernel_worker",
         "testing",
     },
     "verify": {"bench", "tune", "throughput", "explain", "gate", "report", "github", "daemon", "commands", "cli"},

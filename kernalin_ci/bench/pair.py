@@ -139,7 +139,7 @@ def bench_pair(
     extra: more instances to time in the same rounds, (name, entry, root); they are
     checked against the base and recorded in `instances`, never judged.
     shapes: time only the shapes with these names (kernalin_ci.explain: the ones whose code differs).
-    regime: "warm" or "cold" (None: DEFAULT_REGIME); see kernalin_ci/bench/harness.py.
+    regime: "warm" or "cold" (None: DEFAULT_REGIME); see kernalin_ci/bench/timing.py.
     Usage problems raise UsageError; a benchmark that cannot finish returns a
     BenchResult with `error` set (outputs disagree, a crash, a hang).
     """

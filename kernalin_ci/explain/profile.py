@@ -91,7 +91,7 @@ def profile_side(op: str, entry: str, root: str, params: dict, case, timeout_s: 
             "kernalin/",
             "--metrics",
             ",".join(METRICS),
-            *module_argv("kernalin_ci.worker", cwd=root),
+            *module_argv("kernalin_ci.kernel_worker", cwd=root),
             path,
             str(log),
         ]

@@ -1,7 +1,7 @@
 """Worker task "model-bench": build the decode step per serving point and time it, base against head.
 
-Runs in the worker child (kernalin_ci/worker.py); the parent is kernalin_ci.throughput.bench. The
-timing is the kernel benchmark's (kernalin_ci.bench.harness): the same clocks (CUDA graphs replayed
+Runs in the worker child (kernalin_ci/kernel_worker.py); the parent is kernalin_ci.throughput.bench. The
+timing is the kernel benchmark's (kernalin_ci.bench.timing): the same clocks (CUDA graphs replayed
 between CUDA events after an L2 flush), one discarded warm-up sample per instance, `reps` samples, the
 instances in a random order in every round, and the same adaptive stopping. A sample of an instance
 is one step: the whole model captured in one CUDA graph, or, when the whole model with the caches of
@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from kernalin_ci.bench import stats
-from kernalin_ci.bench.harness import BenchAbort, CpuClock, CudaClock, Runner
+from kernalin_ci.bench.timing import BenchAbort, CpuClock, CudaClock, Runner
 from kernalin_ci.bench.trace import geometric_mean_over_shapes
 from kernalin_ci.entry import load_entry
 from kernalin_ci.ops.base import TOLERANCE

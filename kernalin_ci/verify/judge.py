@@ -18,8 +18,8 @@ from kernalin_ci.lazy import torch
 from kernalin_ci.ops.base import Case, Expected, Op
 from kernalin_ci.runtime.poison import bits, fill_canary, is_canary
 from kernalin_ci.verify import exchange
-from kernalin_ci.verify.compare import NotATensor, check_reference
 from kernalin_ci.verify.exchange import GUARD, BadResult
+from kernalin_ci.verify.reference import NotATensor, check_reference
 
 
 def judge(

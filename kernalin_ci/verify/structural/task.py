@@ -1,6 +1,6 @@
 """Worker task "verify-structural": capture, compile, interpret, analyse, in the child process.
 
-The user's code is imported only here (in `python -m kernalin_ci.worker`), with
+The user's code is imported only here (in `python -m kernalin_ci.kernel_worker`), with
 TRITON_INTERPRET off: the kernels are compiled for sm_90 on the CPU and never
 launched. One event carries the result back:
 `{"event": "structural-done", "findings": [...], "notices": [...], "kernels": [...], "seconds": {...}}`.

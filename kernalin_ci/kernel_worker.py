@@ -1,4 +1,4 @@
-"""The child process that runs untrusted kernels: `python -m kernalin_ci.worker JOB.json FD`.
+"""The child process that runs untrusted kernels: `python -m kernalin_ci.kernel_worker JOB.json FD`.
 
 It runs one task (named in the job) and writes JSON-line events to file
 descriptor FD. The kernel's own prints go to stdout/stderr, which the parent
@@ -18,7 +18,7 @@ TASKS = {
     "verify-dynamic": "kernalin_ci.verify.dynamic:run_job",
     "verify-pipeline": "kernalin_ci.verify.pipeline:run_job",
     "verify-structural": "kernalin_ci.verify.structural.task:run_job",
-    "bench": "kernalin_ci.bench.harness:run_job",
+    "bench": "kernalin_ci.bench.timing:run_job",
     "model-bench": "kernalin_ci.throughput.task:run_job",
     "tune-discover": "kernalin_ci.tune.pin:discover_job",
     "explain-compile": "kernalin_ci.explain.compiled:run_job",

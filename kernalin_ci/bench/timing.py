@@ -1,4 +1,4 @@
-"""The timing loop, run inside the worker child (task "bench"; see kernalin_ci/worker.py).
+"""The timing loop, run inside the worker child (task "bench"; see kernalin_ci/kernel_worker.py).
 
 Instances: the base entry, the head entry and a second, separately loaded copy of
 the base (from a copy of its tree) for the A/A noise floor; more may follow (the
