@@ -52,7 +52,7 @@ def analyze(cap, views: list, rep: Report, model: AttentionModel) -> None:
     out_name = cap.outputs.get("out")
     main = [v for v in views if v.loads_of("k_cache")]
     if not main:
-        rep.notice("attention", "could not verify the attention kernels: no launched kernel reads k_cache")
+        rep.notice("structural:attention", "could not verify the attention kernels: no launched kernel reads k_cache")
         return
     out_tensors = {out_name} | {t for t in cap.tensors if t.startswith("scratch")}
     partials = []
@@ -65,7 +65,7 @@ def analyze(cap, views: list, rep: Report, model: AttentionModel) -> None:
     if not any(exps_of(v).of("score") for v in views):
         for view in main:
             rep.notice(
-                "softmax",
+                "structural:softmax",
                 f"{kname(view)}: could not verify the softmax: no exp of the scores found",
                 where=(view.launch.path, view.launch.line),
             )
@@ -75,7 +75,7 @@ def analyze(cap, views: list, rep: Report, model: AttentionModel) -> None:
     wrong = check_addressing(cap, main, rep, model)
     if wrong:
         rep.notice(
-            "kv-mask",
+            "structural:kv-mask",
             "the length-mask checks were skipped: the K/V addressing is already wrong, and "
             "every read of the wrong rows would show up again as a read past kv_len",
         )

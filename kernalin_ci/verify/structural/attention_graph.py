@@ -286,7 +286,7 @@ def check_exps(view: KernelView, exps: Exps, rep: Report, scale: float) -> None:
         drift = _drifting_factor(view, op.operands[0])
         if drift is not None:
             rep.finding(
-                "softmax-scale",
+                "structural:softmax-scale",
                 "scale",
                 f"{name}: the factor applied to the scores ({drift.name}) is updated on every loop "
                 f"iteration, so each tile of keys is scaled differently",
@@ -296,7 +296,7 @@ def check_exps(view: KernelView, exps: Exps, rep: Report, scale: float) -> None:
             continue
         if not neg.atoms:
             rep.finding(
-                "softmax-max",
+                "structural:softmax-max",
                 "softmax-no-max",
                 f"{name}: exp of the scores with nothing subtracted (no max): exp(s) overflows once a score passes ~88",
                 op,
@@ -305,7 +305,7 @@ def check_exps(view: KernelView, exps: Exps, rep: Report, scale: float) -> None:
             continue
         if len(neg.atoms) != 1:
             rep.notice(
-                "softmax-max",
+                "structural:softmax-max",
                 f"{name}: could not verify the max subtraction: the exp argument subtracts {len(neg.atoms)} terms",
                 op,
                 view,
@@ -319,7 +319,7 @@ def check_exps(view: KernelView, exps: Exps, rep: Report, scale: float) -> None:
         ratio = bound_ratio(g, m, pos)
         if ratio is not None and not math.isclose(ratio, k, rel_tol=1e-4):
             rep.finding(
-                "softmax-scale",
+                "structural:softmax-scale",
                 "scale",
                 f"{name}: the exp subtracts the max of the scores scaled by {pos_coef(pos) / ratio:.6g} "
                 f"from scores scaled by {pos_coef(pos) / k:.6g}: the scale is applied after the max "
@@ -331,7 +331,7 @@ def check_exps(view: KernelView, exps: Exps, rep: Report, scale: float) -> None:
         if _max_like(m):
             guard = peel(m).owner if peel(m).owner is not None and peel(m).owner.name == "arith.select" else None
             rep.finding(
-                "softmax-max",
+                "structural:softmax-max",
                 "softmax-no-max",
                 f"{name}: the exp subtracts a max that does not include these scores (it is not an "
                 f"upper bound of them{'; the guard replacing -inf tests another value' if guard else ''}), "
@@ -341,7 +341,7 @@ def check_exps(view: KernelView, exps: Exps, rep: Report, scale: float) -> None:
             )
         else:
             rep.notice(
-                "softmax-max",
+                "structural:softmax-max",
                 f"{name}: could not verify that the value subtracted in exp is the max of the scores",
                 op,
                 view,
@@ -355,7 +355,7 @@ def check_exps(view: KernelView, exps: Exps, rep: Report, scale: float) -> None:
             ok = upper_bound(g, m_new, pos.scaled(1.0 / k))
         if not ok:
             rep.finding(
-                "online-rescale",
+                "structural:online-rescale",
                 "online-rescale",
                 f"{name}: the rescale factor is not exp(m_old - m_new) (old running max minus the new one)",
                 op,
@@ -363,7 +363,7 @@ def check_exps(view: KernelView, exps: Exps, rep: Report, scale: float) -> None:
             )
         elif bases and exp_base2(op) not in bases:
             rep.finding(
-                "online-rescale",
+                "structural:online-rescale",
                 "online-rescale",
                 f"{name}: the rescale factor uses {'exp2' if exp_base2(op) else 'exp'} but the scores use "
                 f"{'exp2' if True in bases else 'exp'}",
@@ -422,7 +422,7 @@ def _check_scale(view: KernelView, op: Op, pos: LF, rep: Report, scale: float) -
     terms = {a: c for a, c in pos.atoms.items() if not _additive_mask(view.graph, a)}
     if len(terms) != 1:
         rep.notice(
-            "softmax-scale",
+            "structural:softmax-scale",
             f"{name}: could not verify the scale: the exp argument adds {len(terms)} score terms",
             op,
             view,
@@ -434,7 +434,7 @@ def _check_scale(view: KernelView, op: Op, pos: LF, rep: Report, scale: float) -
     keys = ({"k_cache"}, {"k"}) if getattr(view.capture, "op", None) == "decode_step" else ({"k_cache"},)
     if f is None or not any({"q"} | ks <= tensors for ks in keys):
         rep.notice(
-            "softmax-scale",
+            "structural:softmax-scale",
             f"{name}: could not verify the scale: the scores are not recognised as a product of q and k",
             op,
             view,
@@ -458,7 +458,9 @@ def _check_scale(view: KernelView, op: Op, pos: LF, rep: Report, scale: float) -
         why = f"the scores are multiplied by {total:.6g}, expected {want:.6g}"
     sites = _factor_sites(view, s)
     where = sites[-1] if sites else (op, view)
-    rep.finding("softmax-scale", "scale", f"{name}: {fn} of q.k * {total:.6g} with scale {scale:.6g}: {why}", *where)
+    rep.finding(
+        "structural:softmax-scale", "scale", f"{name}: {fn} of q.k * {total:.6g} with scale {scale:.6g}: {why}", *where
+    )
 
 
 def _factor_sites(view: KernelView, v: Value, depth: int = 0) -> list:
@@ -585,7 +587,7 @@ def _check_accumulation(view: KernelView, arg: Value, y: Value, ps: set, alphas:
     what = "output accumulator" if _has_v(view, y) else "running sum"
     if peel(old) is arg:
         rep.finding(
-            "online-rescale",
+            "structural:online-rescale",
             "online-rescale",
             f"{name}: the {what} ({arg.name}) is not rescaled by exp(m_old - m_new) when the running max grows",
             yo,
@@ -601,7 +603,7 @@ def _check_accumulation(view: KernelView, arg: Value, y: Value, ps: set, alphas:
     )
     if not ok:
         rep.finding(
-            "online-rescale",
+            "structural:online-rescale",
             "online-rescale",
             f"{name}: the {what} ({arg.name}) is rescaled by something other than exp(m_old - m_new)",
             oo or yo,
@@ -679,7 +681,7 @@ def check_normalize(view: KernelView, exps: Exps, rep: Report, out_tensors: set)
             continue
         if d is None:
             rep.finding(
-                "softmax-normalize",
+                "structural:softmax-normalize",
                 "softmax-no-normalize",
                 f"{name}: the output is stored without dividing by the sum of the exponentials (1/l)",
                 op,
@@ -689,7 +691,7 @@ def check_normalize(view: KernelView, exps: Exps, rep: Report, out_tensors: set)
         _, den = d
         if not _is_exp_sum(view, den, ps):
             rep.finding(
-                "softmax-normalize",
+                "structural:softmax-normalize",
                 "softmax-no-normalize",
                 f"{name}: the output is divided by something that is not the sum of the exponentials",
                 peel(val).owner or op,
@@ -729,7 +731,7 @@ def check_partials(views: list, partials: list, rep: Report, out_name: str | Non
         ]
         if not outs:
             rep.finding(
-                "softmax-normalize",
+                "structural:softmax-normalize",
                 "softmax-no-normalize",
                 f"{kname(pview)}: the output is stored without dividing by the sum of the exponentials (1/l)",
                 sop,
@@ -739,7 +741,7 @@ def check_partials(views: list, partials: list, rep: Report, out_name: str | Non
             d = _division(cv, st.operands[1])
             if d is None:
                 rep.finding(
-                    "softmax-normalize",
+                    "structural:softmax-normalize",
                     "softmax-no-normalize",
                     f"{kname(cv)}: the output sums partial accumulators that {kname(pview)} stored "
                     f"unnormalised, and is not divided by their sums of exponentials",
@@ -749,7 +751,7 @@ def check_partials(views: list, partials: list, rep: Report, out_name: str | Non
             elif not any(_from_store(cv, d[1], src) for src in sums):
                 where = (sop, pview) if lse else (peel(st.operands[1]).owner or st, cv)
                 rep.finding(
-                    "softmax-normalize",
+                    "structural:softmax-normalize",
                     "softmax-no-normalize",
                     f"{kname(pview)} stores its accumulator unnormalised, and {kname(cv)} divides the "
                     f"combined output by something other than the partials' sums of exponentials",
@@ -770,7 +772,7 @@ def check_combine(view: KernelView, exps: Exps, rep: Report, out_tensors: set, p
         pos, neg = lf.positive(), lf.negative()
         if not neg.atoms:  # a softmax over the partials' statistics without its max: not wrong weights
             rep.finding(
-                "split-combine",
+                "structural:split-combine",
                 "softmax-no-max",
                 f"{name}: partials weighted by exp of their stored statistic (lse_i or m_i) without "
                 f"subtracting its max: the weights overflow",
@@ -784,7 +786,11 @@ def check_combine(view: KernelView, exps: Exps, rep: Report, out_tensors: set, p
                 weights.add(op.result)
                 continue
         rep.finding(
-            "split-combine", "split-combine", f"{name}: the combine weights are not exp(lse_i - max lse)", op, view
+            "structural:split-combine",
+            "split-combine",
+            f"{name}: the combine weights are not exp(lse_i - max lse)",
+            op,
+            view,
         )
     if not weights:
         return
@@ -797,7 +803,7 @@ def check_combine(view: KernelView, exps: Exps, rep: Report, out_tensors: set, p
             continue
         if d is None or not _is_exp_sum(view, d[1], weights):
             rep.finding(
-                "split-combine",
+                "structural:split-combine",
                 "split-combine",
                 f"{name}: the combined output is not divided by the sum of the combine weights",
                 op,
@@ -823,7 +829,7 @@ def check_lse_stores(view: KernelView, exps: Exps, rep: Report) -> None:
         maxes = [a for a in lf.atoms if _max_like(a)]
         if not maxes:
             rep.finding(
-                "split-combine",
+                "structural:split-combine",
                 "split-combine",
                 f"{name}: the stored log-sum-exp is log(l) without the max m that was subtracted "
                 f"(lse must be m + log(l))",

@@ -121,7 +121,7 @@ def check_masks(view: KernelView, exps: Exps, rep: Report) -> None:
         if bad.any():
             exp_op = next(iter(score_ops))
             rep.finding(
-                "kv-mask",
+                "structural:kv-mask",
                 "kv-mask",
                 f"{name}: {int(bad.sum())} softmax weight(s) at positions >= kv_len are not 0 where they "
                 f"are summed (program {ev.program}): the length mask is missing or off by one",
@@ -148,7 +148,7 @@ def check_garbage(cap, views: list, rep: Report, out_name: str) -> None:
         sview, sop = src if src else (view, acc.op)
         if tname == "k_cache":
             rep.finding(
-                "kv-mask",
+                "structural:kv-mask",
                 "kv-mask",
                 f"{kname(sview)}: keys past kv_len are loaded unmasked and reach the output",
                 _length_test(sview, sop),
@@ -158,7 +158,7 @@ def check_garbage(cap, views: list, rep: Report, out_name: str) -> None:
             if rep.has("kv-mask"):
                 continue  # the same length mask lets the values in: one finding is enough
             rep.finding(
-                "kv-mask-v",
+                "structural:kv-mask-v",
                 "unmasked-load",
                 f"{kname(sview)}: values past kv_len are loaded unmasked; their weight is 0 but 0 * NaN "
                 f"is NaN, so garbage reaches the output",
@@ -167,7 +167,7 @@ def check_garbage(cap, views: list, rep: Report, out_name: str) -> None:
             )
         else:
             rep.finding(
-                "garbage",
+                "structural:garbage",
                 "unmasked-load",
                 f"{kname(sview)}: elements of {tname} that are out of range or never written reach the output",
                 sop,
@@ -241,7 +241,7 @@ def check_addressing(cap, views: list, rep: Report, model: AttentionModel) -> bo
             seqs = {b for b, _ in qrows}
             if len(seqs) != 1:
                 rep.notice(
-                    "kv-addressing",
+                    "structural:kv-addressing",
                     f"{kname(view)}: could not verify the KV addressing of a program that serves several sequences",
                     where=(view.launch.path, view.launch.line),
                 )
@@ -271,7 +271,7 @@ def check_addressing(cap, views: list, rep: Report, model: AttentionModel) -> bo
                     if bad:
                         wrong = True
                         rep.finding(
-                            "gqa-mapping",
+                            "structural:gqa-mapping",
                             "gqa-mapping",
                             f"{kname(view)}: query head(s) {bad[:4]} of sequence {b} read {t} head {g_read}; "
                             f"expected h // (Hq/Hkv) = h // {ratio} = {sorted({h // ratio for h in bad})[:4]}",
@@ -281,7 +281,7 @@ def check_addressing(cap, views: list, rep: Report, model: AttentionModel) -> bo
                 elif read - expect:
                     wrong = True
                     rep.finding(
-                        "gqa-mapping",
+                        "structural:gqa-mapping",
                         "gqa-mapping",
                         f"{kname(view)}: query head(s) {heads[:4]} of sequence {b} read {t} head(s) "
                         f"{sorted(read - expect)[:4]}, expected {sorted(expect)}",
@@ -290,7 +290,7 @@ def check_addressing(cap, views: list, rep: Report, model: AttentionModel) -> bo
                     )
                 elif len(expect) > 1:
                     rep.notice(
-                        "kv-addressing",
+                        "structural:kv-addressing",
                         f"{kname(view)}: could not verify which query head reads which KV "
                         f"head in a program that serves several KV heads",
                         acc.op,
@@ -302,7 +302,7 @@ def check_addressing(cap, views: list, rep: Report, model: AttentionModel) -> bo
                     cls = "paged-index" if model.paged else "stride"
                     what = "blocks of sequence" if model.paged else "batch row"
                     rep.finding(
-                        "kv-sequence",
+                        "structural:kv-sequence",
                         cls,
                         f"{kname(view)}: sequence {b} reads {t} {what} {sorted({int(x) for x in seq[other_seq]})[:4]}",
                         _address_op(acc.op),
@@ -314,7 +314,7 @@ def check_addressing(cap, views: list, rep: Report, model: AttentionModel) -> bo
                     if stray.any():
                         wrong = True
                         rep.finding(
-                            "kv-block",
+                            "structural:kv-block",
                             "paged-index",
                             f"{kname(view)}: sequence {b} reads {t} block(s) "
                             f"{sorted({int(x) for x in blk[stray]})[:4]} that no block-table entry names",
@@ -338,7 +338,7 @@ def check_addressing(cap, views: list, rep: Report, model: AttentionModel) -> bo
                 view = _view_of(views, op)
                 wrong = True
                 rep.finding(
-                    "kv-positions",
+                    "structural:kv-positions",
                     "paged-index" if model.paged else "stride",
                     f"{kname(view)}: sequence {b} head {h} reads some {t} elements more than once "
                     f"(and so misses others)",
@@ -353,7 +353,7 @@ def check_addressing(cap, views: list, rep: Report, model: AttentionModel) -> bo
             tail = missing == list(range(L - len(missing), L))
             cls = "kv-mask" if tail else ("paged-index" if model.paged else "stride")
             rep.finding(
-                "kv-positions",
+                "structural:kv-positions",
                 cls,
                 f"{kname(view)}: sequence {b} (kv_len {L}) never reads {t} position(s) "
                 f"{missing[:4]}{'...' if len(missing) > 4 else ''}",
@@ -431,7 +431,7 @@ def _check_index_rows(cap, view, pid, b: int, rep: Report) -> bool:
             wrong = True
             what = "entry" if t == "kv_lens" else "row"
             rep.finding(
-                "index-rows",
+                "structural:index-rows",
                 "stride",
                 f"{kname(view)}: sequence {b} reads {t} {what} {sorted({int(r) for r in rows[rows != b]})[:4]} "
                 f"(a wrong stride or index into {t})",
@@ -459,13 +459,13 @@ def check_output_coverage(cap, views: list, rep: Report, out_name: str) -> None:
             written[np.clip(e, 0, info.numel - 1)] = True
             last = (view, acc.op)
     if last is None:
-        rep.notice("output", "could not verify the output: no kernel stores to it")
+        rep.notice("structural:output", "could not verify the output: no kernel stores to it")
         return
     if not written.all():
         co = info.coords(np.flatnonzero(~written))
         view, op = last
         rep.finding(
-            "output-coverage",
+            "structural:output-coverage",
             "unwritten-output",
             f"{kname(view)}: {int((~written).sum())} of {info.numel} output elements are never written "
             f"(first at index {tuple(int(x) for x in co[0])})",

@@ -28,6 +28,14 @@ from kernalin_ci.verify.structural.ir import Op
 LOW = ("f16", "bf16", "f8")
 
 
+def _check_id(check: str) -> str:
+    """A structural check id is written whole where it is produced (`"structural:kv-mask"`), so that
+    grepping for the id a report shows finds the code."""
+    if not check.startswith("structural:"):
+        raise ValueError(f"structural check id {check!r}: must start with 'structural:'")
+    return check
+
+
 class Report:
     """Findings and notices of one entry, one per (check, class, location)."""
 
@@ -46,7 +54,7 @@ class Report:
         self._seen.add(key)
         self.findings.append(
             Finding(
-                check=f"structural:{check}",
+                check=_check_id(check),
                 bug_class=bug_class,
                 message=message,
                 location=Location(*loc) if loc else None,
@@ -60,9 +68,7 @@ class Report:
         if key in self._seen:
             return
         self._seen.add(key)
-        self.notices.append(
-            Notice(check=f"structural:{check}", message=message, location=Location(*loc) if loc else None)
-        )
+        self.notices.append(Notice(check=_check_id(check), message=message, location=Location(*loc) if loc else None))
 
     def has(self, bug_class: str) -> bool:
         return any(f.bug_class == bug_class for f in self.findings)
@@ -106,9 +112,9 @@ def check_bounds(view: KernelView, rep: Report, stores: bool = True) -> None:
             f"(program {acc.program}, element offsets {e[:3].tolist()}): the index is not masked"
         )
         if acc.kind == "load":
-            rep.finding("bounds", "unmasked-load", msg, acc.op, view)
+            rep.finding("structural:bounds", "unmasked-load", msg, acc.op, view)
         else:
-            rep.finding("bounds", "stray-write", msg, acc.op, view)
+            rep.finding("structural:bounds", "stray-write", msg, acc.op, view)
 
 
 # --------------------------------------------------------------------------- precision
@@ -120,7 +126,7 @@ def check_precision(view: KernelView, rep: Report) -> None:
             t = op.operands[0].type
             if t.elem in LOW:
                 rep.finding(
-                    "precision",
+                    "structural:precision",
                     "precision",
                     f"{kname(view)} sums {t.elem} values with a {t.elem} reduction (accumulate in float32)",
                     op,
@@ -129,7 +135,7 @@ def check_precision(view: KernelView, rep: Report) -> None:
         elif op.name == "tt.dot":
             if op.result.type.elem in LOW:
                 rep.finding(
-                    "precision",
+                    "structural:precision",
                     "precision",
                     f"{kname(view)} accumulates tl.dot in {op.result.type.elem} (use a float32 accumulator)",
                     op,
@@ -151,7 +157,7 @@ def check_precision(view: KernelView, rep: Report) -> None:
                         and any(peel(o) is arg or carried(peel(o)) == (op, j) for o in yo.operands)
                     ):
                         rep.finding(
-                            "precision",
+                            "structural:precision",
                             "precision",
                             f"{kname(view)} accumulates {arg.name} across loop iterations in {arg.type.elem}",
                             yo,

@@ -28,6 +28,15 @@ from kernalin_ci.verify.structural.common import LOW, Analysis, Report, kname
 from kernalin_ci.verify.structural.dataflow import KernelView, peel
 
 TOL = 3e-3
+# the check id of each kind of problem `flag` collects (its key up to the first "-")
+CHECK_IDS = {
+    "angle": "structural:rope-angle",
+    "foreign": "structural:rope-foreign",
+    "pairing": "structural:rope-pairing",
+    "passthrough": "structural:rope-passthrough",
+    "sign": "structural:rope-sign",
+    "unwritten": "structural:rope-unwritten",
+}
 
 
 class RopeModel:
@@ -178,7 +187,7 @@ def analyze(cap, views: list, rep: Report, model: RopeModel) -> None:
         op = _low_precision_angle(view)
         if op is not None:
             rep.finding(
-                "rope-precision",
+                "structural:rope-precision",
                 "precision",
                 f"{kname(view)}: the rotation angle is computed in {op.result.type.elem} "
                 f"(positions up to {max(positions)} need float32)",
@@ -190,7 +199,7 @@ def analyze(cap, views: list, rep: Report, model: RopeModel) -> None:
     for src in ("q", "k"):
         out_name = cap.outputs.get(src)
         if out_name is None:
-            rep.notice("rope", f"could not verify rope output {src}")
+            rep.notice("structural:rope", f"could not verify rope output {src}")
             continue
         _check_output(
             cap,
@@ -218,7 +227,7 @@ def _low_precision_table(cap, views, rep) -> None:
             info = cap.tensors[view.names[int(np.asarray(acc.tensor).reshape(-1)[0])]]
             if info.role == "scratch" and info.init == "data" and info.dtype in ("float16", "bfloat16"):
                 rep.finding(
-                    "rope-precision",
+                    "structural:rope-precision",
                     "precision",
                     f"{kname(view)}: q and k are float32 but the table {list(info.shape)} they are rotated "
                     f"with is held in {info.dtype}",
@@ -265,7 +274,7 @@ def _check_tables(cap, views, rep, positions) -> bool:
                 got = sorted({int(r) for r in rows.reshape(-1)})[:3]
                 if set(got) == {tok} and tok != want:
                     rep.finding(
-                        "rope-position",
+                        "structural:rope-position",
                         "rope-position",
                         f"{kname(view)}: token {tok} reads table row {tok} (its index), not its position {want}",
                         acc.op,
@@ -273,7 +282,7 @@ def _check_tables(cap, views, rep, positions) -> bool:
                     )
                 else:
                     rep.finding(
-                        "rope-table",
+                        "structural:rope-table",
                         "stride",
                         f"{kname(view)}: token {tok} at position {want} reads table row(s) {got} of "
                         f"{t} {list(info.shape)} (a wrong row stride or index)",
@@ -311,7 +320,7 @@ def check_rotation(
     T, H, D = shape
     r = int(cap.params.get("rotary_dim") or D)
     src_info = cap.tensors[src]
-    problems: dict = {}
+    problems: dict = {}  # (key, bug class) -> first message, view, op and a count; CHECK_IDS names the key
 
     def flag(key, cls, msg, view, op):
         problems.setdefault((key, cls), (msg, view, op, 0))
@@ -412,7 +421,7 @@ def check_rotation(
         flag("angle-" + cls, cls, f"{src}[{t}]: {why}", lanes[0][3], None)
     if opaque:
         rep.notice(
-            "rope-values",
+            "structural:rope-values",
             f"could not verify {opaque} element(s) of {src}'s output: their value is not "
             f"a linear form of the input the analysis can follow",
         )
@@ -426,7 +435,7 @@ def check_rotation(
             )
         where = None if op is not None else (view.launch.path, view.launch.line)
         unit = "token(s)" if key.startswith("angle") else "element(s)"
-        rep.finding(f"rope-{key.split('-')[0]}", cls, f"{kname(view)}: {msg} ({n} {unit})", op, view, where=where)
+        rep.finding(CHECK_IDS[key.split("-")[0]], cls, f"{kname(view)}: {msg} ({n} {unit})", op, view, where=where)
 
 
 def _same_row(info, elem: int, t: int, h: int) -> bool:

@@ -65,7 +65,7 @@ def analyze_entry(op_name: str, fn, params: dict, root: str | None = None, domai
         return _result(rep, kernels, times, root, not_analysed=(refused[0] if refused else "no capture call") + more)
     analysed_at = shape_label(case)
     for note in cap.notes:
-        rep.notice("capture", note)
+        rep.notice("structural:capture", note)
     model = analysis.model(cap)
     views = []
     shadow: dict = {}  # memory written by earlier launches (split-KV partials)
@@ -80,7 +80,7 @@ def analyze_entry(op_name: str, fn, params: dict, root: str | None = None, domai
             from kernalin_ci.verify.structural.dataflow import line_of
 
             at = line_of(e.op, la) if e.op is not None else None
-            rep.notice("interpret", f"could not verify kernel {la.kernel}: {e}", where=at or where)
+            rep.notice("structural:interpret", f"could not verify kernel {la.kernel}: {e}", where=at or where)
             unfollowed.append(f"kernel {la.kernel} could not be followed: {e}")
             complete = False
             continue
@@ -107,7 +107,7 @@ def analyze_entry(op_name: str, fn, params: dict, root: str | None = None, domai
         analysis.analyze(cap, views, rep, model)
     elif views:
         rep.notice(
-            "structural",
+            "structural:structural",
             "could not verify the whole entry: some of its kernels could not be followed "
             "(the checks that need every kernel were skipped)",
         )
