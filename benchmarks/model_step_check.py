@@ -42,7 +42,7 @@ if SMOKE:
 import torch  # noqa: E402
 
 from kernalin_ci.bench import stats  # noqa: E402
-from kernalin_ci.bench.timing import CpuClock, CudaClock, Runner  # noqa: E402
+from kernalin_ci.bench.timing import CpuClock, CudaClock, TimedEntry  # noqa: E402
 from kernalin_ci.entry import load_entry  # noqa: E402
 from kernalin_ci.throughput import step as st  # noqa: E402
 from kernalin_ci.throughput.spec import ServingPoint, from_cli, tiny  # noqa: E402
@@ -87,9 +87,9 @@ def check_estimate() -> list[str]:
     for i, p in enumerate(points):
         pi = st.build_point(spec, p, kern, spec.layers, device, 100 + i)
         pik = dataclasses.replace(pi, caches=pi.caches[:k])
-        full = Runner("full", functools.partial(st.full_step, spec, w, pi, kern), {}, device)
-        block = Runner("layers", functools.partial(st.layers_part, spec, wk, pik, kern), {}, device)
-        ends = Runner("ends", functools.partial(st.ends_part, spec, wk, pik, kern), {}, device)
+        full = TimedEntry("full", functools.partial(st.full_step, spec, w, pi, kern), {}, device)
+        block = TimedEntry("layers", functools.partial(st.layers_part, spec, wk, pik, kern), {}, device)
+        ends = TimedEntry("ends", functools.partial(st.ends_part, spec, wk, pik, kern), {}, device)
         for r in (full, block, ends):
             clock.prepare([r], lambda ev: None, p.label)
         variants = {

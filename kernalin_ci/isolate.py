@@ -21,7 +21,7 @@ from kernalin_ci.launch import make_undumpable, module_argv
 
 
 @dataclass
-class Outcome:
+class ChildOutcome:
     status: str  # "ok" | "timeout" | "crashed" | "usage-error" | "internal-error" | "restart" | "refused"
     events: list = field(default_factory=list)
     detail: str = ""
@@ -122,7 +122,7 @@ def run_task(
     env: dict | None = None,
     cwd: str | None = None,
     writable: tuple[str, ...] = (),
-) -> Outcome:
+) -> ChildOutcome:
     """Run job (a dict with 'task') in `python -m kernalin_ci.kernel_worker` (isolated: launch.module_argv), in
     the worker sandbox where bubblewrap can make one (sandbox.worker_plan); call on_event per event (when
     it returns False, the child is killed: status "refused"). `writable`: folders the parent made for the
@@ -166,7 +166,7 @@ def run_task(
             events.put(None)
 
         threading.Thread(target=reader, daemon=True).start()
-        outcome = Outcome("crashed")
+        outcome = ChildOutcome("crashed")
         while True:
             try:
                 ev = events.get(timeout=timeout_s)

@@ -210,7 +210,7 @@ def disagreement(op: Op, case: Case, inputs: dict, ref: dict, got: dict, exact: 
 # ------------------------------------------------------------------ one instance on one shape
 
 
-class Runner:
+class TimedEntry:
     """An instance's entry bound to its shape's shared inputs; `check()` runs it once, `sample()` times it."""
 
     def __init__(self, name: str, fn, inputs: SharedInputs, device: str):
@@ -289,7 +289,7 @@ class CudaClock:
         self.end = torch.cuda.Event(enable_timing=True)
 
     def prepare(
-        self, runners: list[Runner], inputs: SharedInputs, regime: str, emit, label: str
+        self, runners: list[TimedEntry], inputs: SharedInputs, regime: str, emit, label: str
     ) -> tuple[int, str, dict]:
         """Warm up, capture graphs (or fall back to eager for all), choose inner, build the cold copies.
         -> (inner, timing, copies per input)."""
@@ -325,7 +325,7 @@ class CudaClock:
             emit({"event": "setup-step", "message": f"{label}: {r.name} ready"})
         return inner, timing, copies
 
-    def _per_launch(self, r: Runner, timing: str) -> float:
+    def _per_launch(self, r: TimedEntry, timing: str) -> float:
         n = 20
         for _ in range(3):
             r.check()
@@ -339,7 +339,7 @@ class CudaClock:
         torch.cuda.synchronize()
         return self.start.elapsed_time(self.end) / 1e3 / n
 
-    def sample(self, r: Runner) -> float:
+    def sample(self, r: TimedEntry) -> float:
         """Milliseconds per launch."""
         if self.flush_buf is not None:
             self.flush_buf.zero_()
@@ -366,7 +366,7 @@ class CpuClock:
         pass
 
     def prepare(
-        self, runners: list[Runner], inputs: SharedInputs, regime: str, emit, label: str
+        self, runners: list[TimedEntry], inputs: SharedInputs, regime: str, emit, label: str
     ) -> tuple[int, str, dict]:
         for r in runners:
             r.warm_up()
@@ -380,7 +380,7 @@ class CpuClock:
             r.inner = inner
         return inner, "wall-clock", copies
 
-    def sample(self, r: Runner) -> float:
+    def sample(self, r: TimedEntry) -> float:
         t0 = time.perf_counter()
         r.launches()
         return (time.perf_counter() - t0) * 1e3 / r.inner
@@ -390,7 +390,7 @@ class CpuClock:
 
 
 class Shape:
-    def __init__(self, case: Case, inputs: SharedInputs, runners: list[Runner], gen: torch.Generator):
+    def __init__(self, case: Case, inputs: SharedInputs, runners: list[TimedEntry], gen: torch.Generator):
         self.case, self.inputs, self.runners, self.gen = case, inputs, runners, gen
         self.inner, self.timing, self.copies = 1, "", {}
 
@@ -432,7 +432,7 @@ def _run(job, emit, op, params, device, fns, cases) -> None:
         inputs = SharedInputs(op.inputs(case, params, device, poison=False))
         gen = torch.Generator(device=device)
         gen.manual_seed(seed * 1_000_003 + si)
-        runners = [Runner(name, fn, inputs, device) for name, fn in fns]
+        runners = [TimedEntry(name, fn, inputs, device) for name, fn in fns]
         sh = Shape(case, inputs, runners, gen)
         sh.inner, sh.timing, sh.copies = clock.prepare(runners, inputs, regime, emit, case.name)
         shapes.append(sh)

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from kernalin_ci.bench import stats
-from kernalin_ci.bench.timing import BenchAbort, CpuClock, CudaClock, Runner
+from kernalin_ci.bench.timing import BenchAbort, CpuClock, CudaClock, TimedEntry
 from kernalin_ci.bench.trace import geometric_mean_over_shapes
 from kernalin_ci.entry import load_entry
 from kernalin_ci.ops.base import TOLERANCE
@@ -125,7 +125,7 @@ def _cpu_check(spec: ModelSpec, instances, job, emit) -> None:
 class Part:
     """One timed graph of a step, per instance, and its multiplier in the step time."""
 
-    def __init__(self, name: str, multiplier: float, runners: list[Runner]):
+    def __init__(self, name: str, multiplier: float, runners: list[TimedEntry]):
         self.name, self.multiplier, self.runners = name, multiplier, runners
 
 
@@ -167,7 +167,7 @@ def _run(spec: ModelSpec, instances, job, emit) -> None:
             spec_parts = [("layers", spec.layers / built, st.layers_part), ("ends", 1.0, st.ends_part)]
         parts = []
         for pname, mult, fn in spec_parts:
-            runners = [Runner(name, functools.partial(fn, spec, w, pi, k), {}, device) for name, k in instances]
+            runners = [TimedEntry(name, functools.partial(fn, spec, w, pi, k), {}, device) for name, k in instances]
             inner, timing = clock.prepare(runners, emit, f"{p.label} {pname}")
             parts.append(Part(pname, mult, runners))
             emit(

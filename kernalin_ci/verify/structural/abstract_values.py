@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kernalin_ci.verify.structural.ir import Op, Type, Value
+from kernalin_ci.verify.structural.ir import IROp, Type, Value
 
 PID = (1 << 0, 1 << 1, 1 << 2)
 IVBIT = 1 << 3
@@ -52,7 +52,7 @@ def inv_bit(t: int) -> int:
 
 
 class InterpError(Exception):
-    def __init__(self, msg: str, op: Op | None = None):
+    def __init__(self, msg: str, op: IROp | None = None):
         super().__init__(msg)
         self.op = op
 
@@ -113,7 +113,7 @@ class FV:
 @dataclass
 class Access:
     kind: str  # "load" | "store"
-    op: Op
+    op: IROp
     program: tuple
     tensor: np.ndarray  # per lane tensor index
     elem: np.ndarray  # per lane element offset (in the tensor's own elements)
@@ -127,7 +127,7 @@ class Access:
 
 @dataclass
 class ExpEvent:
-    op: Op
+    op: IROp
     program: tuple
     arg: FV
     result: FV
@@ -138,14 +138,14 @@ class SumEvent:
     """A sum over lanes (tt.reduce with addf, or the first operand of tt.dot) that mixes POS-labelled lanes with
     others: the weights the analyses check at positions that must not count."""
 
-    op: Op
+    op: IROp
     program: tuple
     operand: Value
     value: FV
 
 
 @dataclass
-class Trace:
+class LaunchTrace:
     accesses: list = field(default_factory=list)
     exps: list = field(default_factory=list)
     sums: list = field(default_factory=list)

@@ -40,12 +40,12 @@ from kernalin_ci.verify.structural.attention_memory import (
     check_masks,
     check_output_coverage,
 )
-from kernalin_ci.verify.structural.common import Analysis, Report, kname
+from kernalin_ci.verify.structural.common import Analysis, StructuralFindings, kname
 
 # --------------------------------------------------------------------------- entry point
 
 
-def analyze(cap, views: list, rep: Report, model: AttentionModel) -> None:
+def analyze(cap, views: list, rep: StructuralFindings, model: AttentionModel) -> None:
     """Every kernel of the entry gets every check, over one dataflow: a value an earlier kernel stored is
     followed into the kernel that computed it (scores, partial accumulators, their max, sum or lse)."""
     scale = float(cap.kwargs["scale"])

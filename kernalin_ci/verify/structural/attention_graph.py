@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from kernalin_ci.verify.structural.common import Report, kname
+from kernalin_ci.verify.structural.common import StructuralFindings, kname
 from kernalin_ci.verify.structural.dataflow import (
     LF,
     LOG2E,
@@ -27,7 +27,7 @@ from kernalin_ci.verify.structural.dataflow import (
     unguard,
     updates,
 )
-from kernalin_ci.verify.structural.ir import Op, Value
+from kernalin_ci.verify.structural.ir import IROp, Value
 
 # --------------------------------------------------------------------------- helpers
 
@@ -278,7 +278,7 @@ def _statistic(view: KernelView, v: Value) -> bool:
     )
 
 
-def check_exps(view: KernelView, exps: Exps, rep: Report, scale: float) -> None:
+def check_exps(view: KernelView, exps: Exps, rep: StructuralFindings, scale: float) -> None:
     g = view.graph
     name = kname(view)
     for op, lf in exps.of("score"):
@@ -399,7 +399,7 @@ def _drifting_factor(view: KernelView, v: Value) -> Value | None:
     return None
 
 
-def _yield_def(arg: Value) -> Op | None:
+def _yield_def(arg: Value) -> IROp | None:
     c = carried(arg)
     if c is None:
         return None
@@ -417,7 +417,7 @@ def pos_coef(pos: LF) -> float:
     return next(iter(pos.atoms.values())) if pos.atoms else 1.0
 
 
-def _check_scale(view: KernelView, op: Op, pos: LF, rep: Report, scale: float) -> None:
+def _check_scale(view: KernelView, op: IROp, pos: LF, rep: StructuralFindings, scale: float) -> None:
     name = kname(view)
     terms = {a: c for a, c in pos.atoms.items() if not _additive_mask(view.graph, a)}
     if len(terms) != 1:
@@ -539,7 +539,7 @@ def _contains(g, v: Value, targets: set, depth=0) -> bool:
     return False
 
 
-def check_rescale(view: KernelView, exps: Exps, rep: Report) -> None:
+def check_rescale(view: KernelView, exps: Exps, rep: StructuralFindings) -> None:
     """Every accumulation of exponentials (of scores, or combine weights) in a loop with a running max is
     rescaled by exp(m_old - m_new); an update guarded by an `if` in the loop is checked in its branch."""
     ps = _exp_results(exps) | _exp_results(exps, "combine")
@@ -561,7 +561,7 @@ def check_rescale(view: KernelView, exps: Exps, rep: Report) -> None:
                 _check_accumulation(view, arg, u, ps, alphas, rep)
 
 
-def _check_accumulation(view: KernelView, arg: Value, y: Value, ps: set, alphas: set, rep: Report) -> None:
+def _check_accumulation(view: KernelView, arg: Value, y: Value, ps: set, alphas: set, rep: StructuralFindings) -> None:
     """One update y of the carried accumulator arg: fresh exponentials added to arg * exp(m_old - m_new)."""
     g = view.graph
     name = kname(view)
@@ -624,7 +624,7 @@ def _depends_on_arg(v: Value, arg: Value, depth=0) -> bool:
     return any(_depends_on_arg(o, arg, depth + 1) for o in v.owner.operands)
 
 
-def _is_running_max(loop: Op, j: int) -> bool:
+def _is_running_max(loop: IROp, j: int) -> bool:
     y = loop_yield(loop, j)
     if y is None:
         return False
@@ -660,7 +660,7 @@ def _division(view: KernelView, v: Value, depth=0):
     return None
 
 
-def check_normalize(view: KernelView, exps: Exps, rep: Report, out_tensors: set) -> list:
+def check_normalize(view: KernelView, exps: Exps, rep: StructuralFindings, out_tensors: set) -> list:
     """The output (or a partial output) is divided by the sum of the exponentials. Returns the partials stored
     unnormalised for a later kernel to reduce (split-K): their normalisation is checked there, by
     `check_partials`."""
@@ -705,7 +705,7 @@ def _from_store(view: KernelView, v: Value, source: tuple) -> bool:
     return view.graph.reaches(v, lambda o: o.name == "tt.load" and source in view.sources.get(o, []))
 
 
-def check_partials(views: list, partials: list, rep: Report, out_name: str | None) -> None:
+def check_partials(views: list, partials: list, rep: StructuralFindings, out_name: str | None) -> None:
     """Split-K: a kernel stores its unnormalised accumulator with the max and the sum of its exponentials, and a
     later kernel reduces the partials. The output it stores must be divided by the partials' sums."""
     for pview, sop in partials:
@@ -762,7 +762,7 @@ def check_partials(views: list, partials: list, rep: Report, out_name: str | Non
 # --------------------------------------------------------------------------- split-KV combine
 
 
-def check_combine(view: KernelView, exps: Exps, rep: Report, out_tensors: set, partials: list) -> None:
+def check_combine(view: KernelView, exps: Exps, rep: StructuralFindings, out_tensors: set, partials: list) -> None:
     """Combine weights exp(stat_i - max stat); the combined output divided by the sum of the weights (a missing
     division over unnormalised partials is `check_partials`' finding)."""
     g = view.graph
@@ -811,7 +811,7 @@ def check_combine(view: KernelView, exps: Exps, rep: Report, out_tensors: set, p
             )
 
 
-def check_lse_stores(view: KernelView, exps: Exps, rep: Report) -> None:
+def check_lse_stores(view: KernelView, exps: Exps, rep: StructuralFindings) -> None:
     """A partial kernel that stores a log-sum-exp must store m + log(l) (the max it subtracted plus log sum)."""
     g = view.graph
     ps = _exp_results(exps)

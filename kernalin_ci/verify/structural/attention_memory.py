@@ -10,9 +10,9 @@ import numpy as np
 
 from kernalin_ci.verify.structural.abstract_values import INV_MASK, POS
 from kernalin_ci.verify.structural.attention_graph import Exps, _dims
-from kernalin_ci.verify.structural.common import Report, kname
+from kernalin_ci.verify.structural.common import StructuralFindings, kname
 from kernalin_ci.verify.structural.dataflow import KernelView, peel
-from kernalin_ci.verify.structural.ir import Op
+from kernalin_ci.verify.structural.ir import IROp
 
 # --------------------------------------------------------------------------- interpreter model
 
@@ -81,7 +81,7 @@ class AttentionModel:
 # --------------------------------------------------------------------------- masks (interpreter)
 
 
-def _mask_op(view: KernelView, exp_op: Op) -> Op:
+def _mask_op(view: KernelView, exp_op: IROp) -> IROp:
     """The line to blame for an unmasked score: the select that masks the scores, else the exp."""
     g = view.graph
     seen = 0
@@ -102,7 +102,7 @@ def _mask_op(view: KernelView, exp_op: Op) -> Op:
     return exp_op
 
 
-def check_masks(view: KernelView, exps: Exps, rep: Report) -> None:
+def check_masks(view: KernelView, exps: Exps, rep: StructuralFindings) -> None:
     """Softmax weights at positions >= kv_len must be exactly 0 where they are summed (the running sum, P @ V)."""
     name = kname(view)
     score_ops = {op for op, _ in exps.of("score")}
@@ -130,7 +130,7 @@ def check_masks(view: KernelView, exps: Exps, rep: Report) -> None:
             )
 
 
-def check_garbage(cap, views: list, rep: Report, out_name: str) -> None:
+def check_garbage(cap, views: list, rep: StructuralFindings, out_name: str) -> None:
     """Garbage (data past kv_len, out of bounds, never written) that reaches the output."""
     names = list(cap.tensors)
     hits: dict = {}
@@ -175,7 +175,7 @@ def check_garbage(cap, views: list, rep: Report, out_name: str) -> None:
             )
 
 
-def _length_test(view: KernelView, load_op: Op) -> Op:
+def _length_test(view: KernelView, load_op: IROp) -> IROp:
     """The comparison in a load's mask that depends on data (the kv_len test), else the load."""
     if len(load_op.operands) < 2:
         return load_op
@@ -210,7 +210,7 @@ def _first_bad_load(views: list, tname: str):
 # --------------------------------------------------------------------------- addressing (interpreter)
 
 
-def check_addressing(cap, views: list, rep: Report, model: AttentionModel) -> bool:
+def check_addressing(cap, views: list, rep: StructuralFindings, model: AttentionModel) -> bool:
     """Each program's K/V reads belong to its own sequence and KV head and cover every position once.
 
     Returns True when a read of the wrong sequence or head was found (later findings would be echoes)."""
@@ -363,7 +363,7 @@ def check_addressing(cap, views: list, rep: Report, model: AttentionModel) -> bo
     return wrong
 
 
-def _address_op(load_op: Op) -> Op:
+def _address_op(load_op: IROp) -> IROp:
     """Where a load's address is computed: the offset's own line when it is not the load's line."""
     from kernalin_ci.verify.structural.dataflow import line_of
 
@@ -390,7 +390,7 @@ def _address_op(load_op: Op) -> Op:
     return load_op
 
 
-def _head_index_op(view: KernelView, load_op: Op) -> Op:
+def _head_index_op(view: KernelView, load_op: IROp) -> IROp:
     """The line that computes the KV head index of a K/V load: the division or remainder of a program id on
     its address path (else the load itself)."""
     from kernalin_ci.verify.structural.abstract_values import PID
@@ -414,7 +414,7 @@ def _head_index_op(view: KernelView, load_op: Op) -> Op:
     return load_op
 
 
-def _check_index_rows(cap, view, pid, b: int, rep: Report) -> bool:
+def _check_index_rows(cap, view, pid, b: int, rep: StructuralFindings) -> bool:
     """A program serving sequence b reads kv_lens[b] and block_tables[b, :], nothing else."""
     wrong = False
     for acc in view.trace.accesses:
@@ -448,7 +448,7 @@ def _view_of(views, op):
     return views[0]
 
 
-def check_output_coverage(cap, views: list, rep: Report, out_name: str) -> None:
+def check_output_coverage(cap, views: list, rep: StructuralFindings, out_name: str) -> None:
     info = cap.tensors[out_name]
     written = np.zeros(info.numel, dtype=bool)
     last = None

@@ -23,7 +23,7 @@ from kernalin_ci.verify.structural.dataflow import (
     peel,
     reduce_kind,
 )
-from kernalin_ci.verify.structural.ir import Op
+from kernalin_ci.verify.structural.ir import IROp
 
 LOW = ("f16", "bf16", "f8")
 
@@ -36,7 +36,7 @@ def _check_id(check: str) -> str:
     return check
 
 
-class Report:
+class StructuralFindings:
     """Findings and notices of one entry, one per (check, class, location)."""
 
     def __init__(self):
@@ -45,7 +45,7 @@ class Report:
         self._seen: set = set()
 
     def finding(
-        self, check: str, bug_class: str, message: str, op: Op | None = None, view=None, where: tuple | None = None
+        self, check: str, bug_class: str, message: str, op: IROp | None = None, view=None, where: tuple | None = None
     ) -> None:
         loc = where or (line_of(op, view.launch) if view is not None else None)
         key = ("F", bug_class, loc)  # one finding per class and line, whichever check saw it first
@@ -62,7 +62,7 @@ class Report:
             )
         )
 
-    def notice(self, check: str, message: str, op: Op | None = None, view=None, where: tuple | None = None) -> None:
+    def notice(self, check: str, message: str, op: IROp | None = None, view=None, where: tuple | None = None) -> None:
         loc = where or (line_of(op, view.launch) if view is not None else None)
         key = ("N", check, message, loc)
         if key in self._seen:
@@ -82,7 +82,7 @@ class Analysis:
     write set itself (the common bounds check then looks at loads only)."""
 
     model: Callable[[Any], Any]
-    analyze: Callable[[Any, list, Report, Any], None]
+    analyze: Callable[[Any, list, StructuralFindings, Any], None]
     store_bounds: bool = True
 
 
@@ -93,7 +93,7 @@ def kname(view: KernelView) -> str:
 # --------------------------------------------------------------------------- out of range
 
 
-def check_bounds(view: KernelView, rep: Report, stores: bool = True) -> None:
+def check_bounds(view: KernelView, rep: StructuralFindings, stores: bool = True) -> None:
     """Masked-in lanes whose address falls outside the tensor they point into."""
     seen = set()
     for acc in view.trace.accesses:
@@ -120,7 +120,7 @@ def check_bounds(view: KernelView, rep: Report, stores: bool = True) -> None:
 # --------------------------------------------------------------------------- precision
 
 
-def check_precision(view: KernelView, rep: Report) -> None:
+def check_precision(view: KernelView, rep: StructuralFindings) -> None:
     for op in view.ops():
         if op.name == "tt.reduce" and reduce_kind(op) == "addf":
             t = op.operands[0].type

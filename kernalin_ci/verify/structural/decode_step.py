@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from kernalin_ci.verify.structural import attention, rope
-from kernalin_ci.verify.structural.common import Analysis, Report, kname
+from kernalin_ci.verify.structural.common import Analysis, StructuralFindings, kname
 from kernalin_ci.verify.structural.kv_append import check_widths
 
 CACHES = {"k_cache": "k", "v_cache": "v"}
@@ -56,7 +56,7 @@ class DecodeStepModel(attention.AttentionModel):
                     self.tail.add(int(blk))
 
 
-def analyze(cap, views: list, rep: Report, model: DecodeStepModel) -> None:
+def analyze(cap, views: list, rep: StructuralFindings, model: DecodeStepModel) -> None:
     names = list(cap.tensors)
     bs = int(cap.params["block_size"])
     slots = [int(x) for x in cap.kwargs["slot_mapping"].tolist()]

@@ -1,5 +1,5 @@
 """The abstract interpreter of TTIR and its memory: runs every program of one captured launch over
-its grid (`Interp.run` -> `Trace`), binds the capture's tensors to pointer arguments, and keeps
+its grid (`Interp.run` -> `LaunchTrace`), binds the capture's tensors to pointer arguments, and keeps
 the shadow memory that loads read and stores write (one launch's writes are seen by the next).
 The value types are abstract_values.py's; each TTIR op is run by its handler in op_handlers.py."""
 
@@ -19,7 +19,7 @@ from kernalin_ci.verify.structural.abstract_values import (
     PV,
     Access,
     InterpError,
-    Trace,
+    LaunchTrace,
     _as_fv,
     _bcast_to,
     _mask,
@@ -30,7 +30,7 @@ from kernalin_ci.verify.structural.abstract_values import (
     inv_bit,
     src_bit,
 )
-from kernalin_ci.verify.structural.ir import Function, Module, Op, Type, Value
+from kernalin_ci.verify.structural.ir import Function, IROp, Module, Type, Value
 from kernalin_ci.verify.structural.op_handlers import _HANDLERS, _NOOPS
 
 
@@ -51,7 +51,7 @@ class Interp:
         self.index = {n: i for i, n in enumerate(self.names)}
         self.infos = [capture.tensors[n] for n in self.names]
         self.max_programs = max_programs
-        self.trace = Trace()
+        self.trace = LaunchTrace()
         # what earlier kernels (and programs) stored, shared across the launches of one entry:
         # tensor idx -> dict(written=count array, tags=uint64 array, known=bool array, c=float array)
         self.shadow = shadow if shadow is not None else {}
@@ -73,7 +73,7 @@ class Interp:
         return sh
 
     # ------------------------------------------------------------------ running
-    def run(self, programs=None) -> Trace:
+    def run(self, programs=None) -> LaunchTrace:
         fn = self.module.kernel
         gx, gy, gz = self.launch.grid
         total = gx * gy * gz
@@ -142,7 +142,7 @@ class Interp:
                 return term
         return None
 
-    def _exec(self, op: Op, env):
+    def _exec(self, op: IROp, env):
         name = op.name
         handler = _HANDLERS.get(name)
         if handler is None:
@@ -169,11 +169,11 @@ class Interp:
                 self.trace.values[r] = v
         return None
 
-    def _missing(self, v: Value, op: Op):
+    def _missing(self, v: Value, op: IROp):
         raise InterpError(f"value {v.name} used before it is defined", op)
 
     # ------------------------------------------------------------------ loads and stores
-    def load(self, op: Op, ins):
+    def load(self, op: IROp, ins):
         ptr = ins[0]
         if not isinstance(ptr, PV):
             raise InterpError("load through a non-pointer (block pointers and descriptors are not supported)", op)
@@ -314,7 +314,7 @@ class Interp:
             tags = tags | np.where(~mask, np.uint64(inv_bit(t)), np.uint64(0))
         return FV(c, lin, terms, tags)
 
-    def store(self, op: Op, ins):
+    def store(self, op: IROp, ins):
         ptr, val = ins[0], ins[1]
         if not isinstance(ptr, PV):
             raise InterpError("store through a non-pointer (block pointers and descriptors are not supported)", op)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernalin_ci.verify.structural.common import Analysis, Report, kname
+from kernalin_ci.verify.structural.common import Analysis, StructuralFindings, kname
 from kernalin_ci.verify.structural.rope import stored_forms
 
 CACHES = {"k_cache": "key", "v_cache": "value"}
@@ -38,7 +38,7 @@ class KvModel:
         return None, None
 
 
-def analyze(cap, views: list, rep: Report, model: KvModel) -> None:
+def analyze(cap, views: list, rep: StructuralFindings, model: KvModel) -> None:
     names = list(cap.tensors)
     bs = int(cap.params["block_size"])
     slots = [int(x) for x in cap.kwargs["slot_mapping"].tolist()]
@@ -310,7 +310,7 @@ def _tokens_of(cap, view, acc, lanes) -> set:
 # --------------------------------------------------------------------------- 64-bit addressing
 
 
-def check_widths(cap, view, rep: Report) -> None:
+def check_widths(cap, view, rep: StructuralFindings) -> None:
     """A slot-derived offset into a cache computed or applied in 32 bits."""
     seen = set()
     for op in view.ops():

@@ -30,7 +30,7 @@ from kernalin_ci.verify.structural.abstract_values import (
     _u64,
     _wrap,
 )
-from kernalin_ci.verify.structural.ir import Op, attr_int, parse_constant
+from kernalin_ci.verify.structural.ir import IROp, attr_int, parse_constant
 
 
 def _splat(interp, op, ins, env):
@@ -612,7 +612,7 @@ def _extern(interp, op, ins, env):
 # --------------------------------------------------------------------------- reductions and dot
 
 
-def combiner(op: Op) -> str | None:
+def combiner(op: IROp) -> str | None:
     """The combining operation of a tt.reduce / tt.scan region ('addf', 'maxnumf', ...), if simple."""
     if not op.regions or not op.regions[0]:
         return None

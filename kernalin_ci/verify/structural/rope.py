@@ -24,7 +24,7 @@ import math
 
 import numpy as np
 
-from kernalin_ci.verify.structural.common import LOW, Analysis, Report, kname
+from kernalin_ci.verify.structural.common import LOW, Analysis, StructuralFindings, kname
 from kernalin_ci.verify.structural.dataflow import KernelView, peel
 
 TOL = 3e-3
@@ -175,7 +175,7 @@ def _load_op_for(views, tensor_name):
 # --------------------------------------------------------------------------- the checks
 
 
-def analyze(cap, views: list, rep: Report, model: RopeModel) -> None:
+def analyze(cap, views: list, rep: StructuralFindings, model: RopeModel) -> None:
     params = cap.params
     style = params.get("style", "neox")
     base = float(params.get("base", 10000.0))

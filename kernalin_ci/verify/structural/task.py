@@ -21,13 +21,13 @@ def analyze_entry(op_name: str, fn, params: dict, root: str | None = None, domai
     from kernalin_ci.verify.structural import analysis_of
     from kernalin_ci.verify.structural.abstract_values import InterpError
     from kernalin_ci.verify.structural.capture import CaptureError, capture_at, capture_cases, shape_label
-    from kernalin_ci.verify.structural.common import Report, check_bounds, check_precision
+    from kernalin_ci.verify.structural.common import StructuralFindings, check_bounds, check_precision
     from kernalin_ci.verify.structural.compile import CompileError, ttir
     from kernalin_ci.verify.structural.dataflow import KernelView, link_views
     from kernalin_ci.verify.structural.interpreter import Interp
     from kernalin_ci.verify.structural.ir import ParseError, parse_module
 
-    rep = Report()
+    rep = StructuralFindings()
     times = {"capture": 0.0, "compile": 0.0, "interpret": 0.0, "analyse": 0.0}
     kernels: list = []
     op = get_op(op_name)
