@@ -120,3 +120,39 @@ def test_the_wheel_holds_no_test_only_package():
     shipped = set(find_packages(str(PKG.parent), include=rule["include"], exclude=rule.get("exclude", ())))
     assert {"kernalin_ci", "kernalin_ci.runtime", "kernalin_ci.verify.structural"} <= shipped
     assert not {p for p in shipped if p.split(".")[:2] == ["kernalin_ci", "testing"]}, sorted(shipped)
+
+
+def test_each_public_class_name_has_one_meaning():
+    """A class name (Report, Op, Trace, ...) names one thing in the whole package, so a name read in a
+    traceback or a review leads to one definition."""
+    where: dict[str, list[str]] = {}
+    for path in sorted(PKG.rglob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                where.setdefault(node.name, []).append(path.relative_to(PKG).as_posix())
+    assert {name: files for name, files in where.items() if len(files) > 1} == {}
+
+
+def test_no_two_helper_modules_share_a_name():
+    """interp.py, worker.py, harness.py, compare.py once each meant two things. A name may repeat only
+    where it means the same kind of thing in each package (listed here); a new repeat fails."""
+    same_role = {
+        "__init__.py",
+        "bench.py",  # the `bench` command / the throughput benchmark's parent side
+        "catalogue.py",  # the `catalogue` command / the catalogue it runs
+        "pipeline.py",  # the `pipeline` command / the pipeline check it runs
+        "decode_step.py",  # an op / its structural analysis
+        "kv_append.py",
+        "rope.py",
+        "errors.py",  # the errors of the package it sits in
+        "model.py",  # the data model of its package
+        "render.py",  # the text of its package
+        "run.py",  # a command / the run of its package
+        "store.py",  # the storage of its package
+        "task.py",  # the worker task of its package
+    }
+    seen: dict[str, list[str]] = {}
+    for path in sorted(PKG.rglob("*.py")):
+        if path.name not in same_role:
+            seen.setdefault(path.name, []).append(path.relative_to(PKG).as_posix())
+    assert {name: files for name, files in seen.items() if len(files) > 1} == {}
