@@ -70,7 +70,7 @@ def check(gpus: int) -> list[str]:
 
 
 def make_repo(world, prs: list[str]):
-    from kernalin_ci.daemon.harness import git
+    from kernalin_ci.testing.daemon_world import git
 
     repo = world.add_repo(REPO, source=EXAMPLE)
     git(repo.work, "rm", "-rq", "prs")
@@ -88,7 +88,7 @@ def make_repo(world, prs: list[str]):
 
 
 def run_phase(serve, world, repo, heads, prs: list[tuple[int, str]], timeout: float) -> list[dict]:
-    from kernalin_ci.daemon.harness import wait_job
+    from kernalin_ci.testing.daemon_world import wait_job
 
     sent = []
     for number, name in prs:
@@ -198,7 +198,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from kernalin_ci.daemon.harness import ServeProcess, World
+    from kernalin_ci.testing.daemon_world import ServeProcess, World
 
     tmp = Path(tempfile.mkdtemp(prefix="kernalin-daemon-gpu-"))
     world = World(tmp / "world").start()

@@ -24,7 +24,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from kernalin_ci.daemon.harness import ServeProcess, World, fake_gate_command
+from kernalin_ci.testing.daemon_world import ServeProcess, World, fake_gate_command
 from kernalin_ci.testing.github_standin import GitHubStandIn
 
 

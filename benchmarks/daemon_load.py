@@ -1,7 +1,7 @@
 """Load test of `kernalin-ci serve`: bursts of concurrent signed deliveries on loopback.
 
 A real daemon process (SQLite queue, local runner, CPU slots) against the GitHub stand-in, with the
-stand-in gate command (kernalin_ci.daemon.harness.FAKE_GATE: a real report.json, no kernel work), so
+stand-in gate command (kernalin_ci.testing.daemon_world.FAKE_GATE: a real report.json, no kernel work), so
 what is measured is the daemon: acknowledgement time, whether every delivery became exactly one job
 that ran and was posted, and the daemon's memory after each round (it must not grow per job).
 
@@ -26,8 +26,8 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from kernalin_ci.daemon.harness import ServeProcess, World, fake_gate_command, git
 from kernalin_ci.daemon.metrics import rss_bytes
+from kernalin_ci.testing.daemon_world import ServeProcess, World, fake_gate_command, git
 
 REPO = "acme/kernels"
 

@@ -84,7 +84,7 @@ RUN_CAP = 20  # an A/A live run stops where the harness would, after at most thi
 # per pass and op: (A/A triples, rounds, variants: 0 = all). About 30 A/A live runs per op and regime in the
 # quiet pass (runs settle at 5 rounds); the attention ops take fewer instances and more rounds (an instance's
 # setup costs more than its rounds). "kernel-clock": the quiet pass of the micro-kernels with the kernel-only
-# clock (harness.KernelClock). "noisy": a competing stream.
+# clock (timing.KernelClock). "noisy": a competing stream.
 PASSES = ("quiet", "kernel-clock", "noisy")
 PLAN = {
     "quiet": {

@@ -42,7 +42,7 @@ if SMOKE:
 import torch  # noqa: E402
 
 from kernalin_ci.bench import stats  # noqa: E402
-from kernalin_ci.bench.harness import CpuClock, CudaClock, Runner, SharedInputs  # noqa: E402
+from kernalin_ci.bench.timing import CpuClock, CudaClock, SharedInputs, TimedEntry  # noqa: E402
 from kernalin_ci.entry import load_entry  # noqa: E402
 from kernalin_ci.throughput import step as st  # noqa: E402
 from kernalin_ci.throughput.spec import ServingPoint, from_cli, tiny  # noqa: E402
@@ -88,9 +88,9 @@ def check_estimate() -> list[str]:
         pi = st.build_point(spec, p, kern, spec.layers, device, 100 + i)
         pik = dataclasses.replace(pi, caches=pi.caches[:k])
         none = SharedInputs({})  # the step reads what it was built with
-        full = Runner("full", functools.partial(st.full_step, spec, w, pi, kern), none, device)
-        block = Runner("layers", functools.partial(st.layers_part, spec, wk, pik, kern), none, device)
-        ends = Runner("ends", functools.partial(st.ends_part, spec, wk, pik, kern), none, device)
+        full = TimedEntry("full", functools.partial(st.full_step, spec, w, pi, kern), none, device)
+        block = TimedEntry("layers", functools.partial(st.layers_part, spec, wk, pik, kern), none, device)
+        ends = TimedEntry("ends", functools.partial(st.ends_part, spec, wk, pik, kern), none, device)
         for r in (full, block, ends):
             clock.prepare([r], none, "warm", lambda ev: None, p.label)
         variants = {

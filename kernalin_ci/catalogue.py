@@ -22,7 +22,7 @@ KINDS = ("probe", "dynamic", "structural")
 
 
 @dataclass
-class Kernel:
+class CatalogueKernel:
     path: str
     op: str
     bug_class: str | None
@@ -51,7 +51,7 @@ class Cell:
 
 @dataclass
 class Row:
-    kernel: Kernel
+    kernel: CatalogueKernel
     cells: dict  # kind -> Cell
 
     def expected(self, kind: str) -> bool | None:
@@ -88,7 +88,7 @@ def default_dir() -> Path:
     return here if here.is_dir() else Path.cwd() / "checks"
 
 
-def discover(root: Path, ops: list[str] | None = None) -> list[Kernel]:
+def discover(root: Path, ops: list[str] | None = None) -> list[CatalogueKernel]:
     if not root.is_dir():
         raise UsageError(f"catalogue directory not found: {root}")
     kernels = []
@@ -102,7 +102,7 @@ def discover(root: Path, ops: list[str] | None = None) -> list[Kernel]:
     return kernels
 
 
-def read_meta(path: Path) -> Kernel:
+def read_meta(path: Path) -> CatalogueKernel:
     tree = ast.parse(path.read_text(), str(path))
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "CATALOGUE" for t in node.targets):
@@ -120,12 +120,12 @@ def read_meta(path: Path) -> Kernel:
         raise UsageError(f"{path}: CATALOGUE bug_class {bug!r} is not in the vocabulary")
     if bug is not None and d.get("pos0") not in ("caught", "missed"):
         raise UsageError(f"{path}: CATALOGUE pos0 must be 'caught' or 'missed' for a bug kernel")
-    return Kernel(
+    return CatalogueKernel(
         str(path), d["op"], bug, d.get("pos0"), dict(d.get("params") or {}), d.get("modelled_on"), d.get("style")
     )
 
 
-def run_one(kernel: Kernel, kind: str, device: str) -> Cell:
+def run_one(kernel: CatalogueKernel, kind: str, device: str) -> Cell:
     from kernalin_ci.verify import verify
 
     entry = f"{kernel.path}:entry"
@@ -139,8 +139,10 @@ def run_one(kernel: Kernel, kind: str, device: str) -> Cell:
     return Cell(bool(r.findings), sorted({f.bug_class for f in r.findings}), len(r.notices), r.seconds)
 
 
-def matrix(kernels: list[Kernel], kinds: tuple[str, ...], device: str, jobs: int = 1, on_row=None) -> list[Row]:
-    def work(k: Kernel) -> Row:
+def matrix(
+    kernels: list[CatalogueKernel], kinds: tuple[str, ...], device: str, jobs: int = 1, on_row=None
+) -> list[Row]:
+    def work(k: CatalogueKernel) -> Row:
         row = Row(k, {kind: run_one(k, kind, device) for kind in kinds})
         if on_row:
             on_row(row)

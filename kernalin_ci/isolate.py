@@ -21,7 +21,7 @@ from kernalin_ci.launch import make_undumpable, module_argv
 
 
 @dataclass
-class Outcome:
+class ChildOutcome:
     status: str  # "ok" | "timeout" | "crashed" | "usage-error" | "internal-error" | "restart" | "refused"
     events: list = field(default_factory=list)
     detail: str = ""
@@ -124,8 +124,8 @@ def run_task(
     writable: tuple[str, ...] = (),
     wrap: tuple[str, ...] = (),
     readonly: tuple[str, ...] = (),
-) -> Outcome:
-    """Run job (a dict with 'task') in `python -m kernalin_ci.worker` (isolated: launch.module_argv), in
+) -> ChildOutcome:
+    """Run job (a dict with 'task') in `python -m kernalin_ci.kernel_worker` (isolated: launch.module_argv), in
     the worker sandbox where bubblewrap can make one (sandbox.worker_plan); call on_event per event (when
     it returns False, the child is killed: status "refused"). `writable`: folders the parent made for the
     worker's results, which it may write besides its own work folder. `wrap`: a command that starts the
@@ -140,7 +140,7 @@ def run_task(
         with open(job_path, "w") as f:
             json.dump(job, f)
         plan, sandbox_env = sandbox.worker_plan(job, device, work, cwd, writable, readonly)
-        argv = [*wrap, *module_argv("kernalin_ci.worker", cwd=cwd), job_path]
+        argv = [*wrap, *module_argv("kernalin_ci.kernel_worker", cwd=cwd), job_path]
         r, w = os.pipe()
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
@@ -169,7 +169,7 @@ def run_task(
             events.put(None)
 
         threading.Thread(target=reader, daemon=True).start()
-        outcome = Outcome("crashed")
+        outcome = ChildOutcome("crashed")
         while True:
             try:
                 ev = events.get(timeout=timeout_s)

@@ -9,8 +9,8 @@ import torch
 from conftest import cli
 
 from kernalin_ci.bench import stats
-from kernalin_ci.bench.harness import COLD_L2_MULTIPLE, SharedInputs, cold_copies
 from kernalin_ci.bench.pair import bench_pair
+from kernalin_ci.bench.timing import COLD_L2_MULTIPLE, SharedInputs, cold_copies
 from kernalin_ci.errors import UsageError
 
 # A torch rope stand-in (the benchmark compares instances with each other, not with the reference): it logs

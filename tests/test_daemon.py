@@ -2,7 +2,7 @@
 fetches of real repositories, the local runner, and the GitHub stand-in (every request it gets is
 checked against GitHub's OpenAPI description; a bad one fails the test at teardown).
 
-Jobs here run a stand-in gate command (kernalin_ci.daemon.harness.FAKE_GATE) that writes a real
+Jobs here run a stand-in gate command (kernalin_ci.testing.daemon_world.FAKE_GATE) that writes a real
 report.json; tests/test_daemon_gate.py runs the real gate end to end.
 """
 
@@ -16,7 +16,13 @@ import pytest
 from kernalin_ci.daemon import webhook
 from kernalin_ci.daemon.app import Daemon, wait_for
 from kernalin_ci.daemon.deliver import deliver, get_json
-from kernalin_ci.daemon.harness import (
+from kernalin_ci.daemon.metrics import rss_bytes
+from kernalin_ci.daemon.runners.local import marked_pids
+from kernalin_ci.github.client import sticky_marker
+from kernalin_ci.report.badge import badge_endpoint, badge_svg
+from kernalin_ci.report.markdown import render_markdown
+from kernalin_ci.report.model import Report
+from kernalin_ci.testing.daemon_world import (
     APP_ID,
     INSTALLATION_ID,
     WEBHOOK_SECRET,
@@ -26,12 +32,6 @@ from kernalin_ci.daemon.harness import (
     settings_for,
     wait_job,
 )
-from kernalin_ci.daemon.metrics import rss_bytes
-from kernalin_ci.daemon.runners.local import marked_pids
-from kernalin_ci.github.client import sticky_marker
-from kernalin_ci.report.badge import badge_endpoint, badge_svg
-from kernalin_ci.report.markdown import render_markdown
-from kernalin_ci.report.model import Report
 from kernalin_ci.testing.openapi import OpenAPI
 
 REPO = "acme/kernels"

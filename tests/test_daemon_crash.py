@@ -8,8 +8,8 @@ import time
 import pytest
 
 from kernalin_ci.daemon.app import wait_for
-from kernalin_ci.daemon.harness import ServeProcess, World, fake_gate_command, job_started, wait_job
 from kernalin_ci.daemon.runners.local import marked_pids
+from kernalin_ci.testing.daemon_world import ServeProcess, World, fake_gate_command, job_started, wait_job
 
 REPO = "acme/kernels"
 FILES = {".kernalin.yml": "version: 1\nkernels: []\n", "verdict.txt": "success\n"}

@@ -10,9 +10,9 @@ import pytest
 
 from kernalin_ci.daemon.app import Daemon, wait_for
 from kernalin_ci.daemon.deliver import deliver, get_json
-from kernalin_ci.daemon.harness import WEBHOOK_SECRET, World, settings_for, wait_job
 from kernalin_ci.daemon.runners.docker import LABEL, DockerRunner
 from kernalin_ci.daemon.safefile import tree_size
+from kernalin_ci.testing.daemon_world import WEBHOOK_SECRET, World, settings_for, wait_job
 
 docker_support = pytest.importorskip("docker_support", reason="tests/docker_support.py is not there yet")
 docker_client = docker_support.docker_client

@@ -10,7 +10,7 @@ import pytest
 
 from kernalin_ci.daemon.app import Daemon
 from kernalin_ci.daemon.deliver import deliver, get_json
-from kernalin_ci.daemon.harness import WEBHOOK_SECRET, World, settings_for, wait_job
+from kernalin_ci.testing.daemon_world import WEBHOOK_SECRET, World, settings_for, wait_job
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "decode-kernels"
 KERNEL = (EXAMPLE / "kernels" / "kv_cache.py").read_text()

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from kernalin_ci.daemon.app import wait_for
-from kernalin_ci.daemon.harness import ServeProcess, World, fake_gate_command, job_started, wait_job
+from kernalin_ci.testing.daemon_world import ServeProcess, World, fake_gate_command, job_started, wait_job
 
 REPO = "acme/kernels"
 pytestmark = pytest.mark.skipif(

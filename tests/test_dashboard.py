@@ -18,9 +18,9 @@ from test_daemon import BASE_FILES, REPO, get, make_daemon, pr_head, send, world
 
 from kernalin_ci.cli import main
 from kernalin_ci.daemon.app import wait_for
-from kernalin_ci.daemon.harness import wait_job
 from kernalin_ci.history.model import run_from_report
 from kernalin_ci.history.store import PostgresHistory, SQLiteHistory, open_store
+from kernalin_ci.testing.daemon_world import wait_job
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")

@@ -26,8 +26,9 @@ def small(name, D, lens, dtype="float32", hq=8, hkv=2, seed=1, **extra):
 
 def run(entry, cases, domain=None, main_dtype="float32"):
     """The real dynamic worker over `cases`, as verify() drives it; returns (findings, ran, not checked)."""
-    from kernalin_ci.verify import Progress, _not_checked, run_cases
+    from kernalin_ci.verify import _not_checked
     from kernalin_ci.verify.judge import CaseReader
+    from kernalin_ci.verify.supervisor import Progress, run_cases
 
     op = get_op(OP)
     params = resolve_params(OP, op.params, {})

@@ -112,11 +112,11 @@ def test_the_cpu_path_reports_what_it_can_and_says_what_it_cannot(compiled):
     nothing timed here): static figures from the compiled code, the re-check against the reference, and a
     stated reason for everything a GPU would add (% of peak, NVML, Nsight Compute)."""
     from kernalin_ci.config import Kernel
-    from kernalin_ci.explain.gate import Plan, after_bench
+    from kernalin_ci.explain.gate import ExplainPlan, after_bench
 
     cases, s, _, trees = compiled
     ident = compare(s["base"], s["warps"], cases)
-    plan = Plan(
+    plan = ExplainPlan(
         cases, ident, s["base"], s["warps"], provenance.environment("cpu"), ident.to_time([c.name for c in cases])
     )
     plan.base_root = trees["base"]

@@ -1,5 +1,5 @@
 """bfloat16 under the Triton CPU interpreter: computed on values and rounded like the hardware
-(kernalin_ci/verify/interp_bf16.py), checked bit for bit against torch on real Triton kernels."""
+(kernalin_ci/runtime/interp_bf16.py), checked bit for bit against torch on real Triton kernels."""
 
 import json
 import os
@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import KERNELS, REPO
 
-from kernalin_ci.verify.interp_bf16 import _to_bf16_bits
+from kernalin_ci.runtime.interp_bf16 import _to_bf16_bits
 
 ARITH = str(KERNELS / "interp_arith.py")
 

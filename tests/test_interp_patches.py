@@ -1,4 +1,4 @@
-"""The Triton interpreter's int32-typed comparison results (kernalin_ci/verify/interp.py:int1_comparisons):
+"""The Triton interpreter's int32-typed comparison results (kernalin_ci/runtime/interp_patches.py:int1_comparisons):
 a scalar test and-ed with a block mask fails unpatched and computes what the GPU computes patched."""
 
 import json

@@ -113,8 +113,8 @@ def test_capture_calls_come_in_preference_order():
 
 
 def test_bench_disagreement_names_the_row_for_every_op():
-    from kernalin_ci.bench.harness import disagreement
     from kernalin_ci.bench.shapes import bench_cases
+    from kernalin_ci.bench.timing import disagreement
 
     op = get_op("rope")
     p = resolved("rope")

@@ -214,8 +214,8 @@ def test_decode_pipeline_judges_a_tf32_attention_entry_at_the_tf32_tolerance(tmp
 def test_the_tf32_tolerance_never_tightens_a_case_s_own():
     """A reference that allows more than TF32 (a custom op's own tolerance) keeps it."""
     from kernalin_ci.ops.base import Case, Expected
-    from kernalin_ci.verify.compare import check_reference
     from kernalin_ci.verify.precision import TF32_TOLERANCE
+    from kernalin_ci.verify.reference import check_reference
 
     op = get_op("attention.decode")
     params = resolve_params(op.name, op.params, {})

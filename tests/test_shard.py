@@ -1,9 +1,9 @@
-"""Splitting an entry's cases over parallel dynamic workers (kernalin_ci.verify.shard): one dtype per
+"""Splitting an entry's cases over parallel dynamic workers (kernalin_ci.verify.supervisor.shard): one dtype per
 worker, a repeated case with its original, every case exactly once, in order."""
 
 from kernalin_ci.ops import NAMES, get_op
 from kernalin_ci.ops.base import Case, resolve_params
-from kernalin_ci.verify import shard
+from kernalin_ci.verify.supervisor import shard
 
 
 def default_cases(op_name, device="cuda", dtype=None):
@@ -48,7 +48,7 @@ def test_one_dtype_is_one_worker():
 
 
 def test_progress_of_a_shard_numbers_cases_as_in_the_whole_list(capsys):
-    from kernalin_ci.verify import Progress
+    from kernalin_ci.verify.supervisor import Progress
 
     Progress(True, 12, "attention.decode").subset([8, 9, 10, 11]).case_done(1, "large-scores-float16", 0.25, 0)
     assert capsys.readouterr().err.strip() == "attention.decode [10/12] large-scores-float16: ok (0.2 s)"

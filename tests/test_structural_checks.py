@@ -71,6 +71,12 @@ def changed_lines(path: Path) -> set:
 
 
 FIXTURES = sorted(p for p in FIX.glob("*.py") if not p.name.startswith("unsupported"))
+STRUCTURAL_SOURCE = "".join(p.read_text() for p in (ROOT / "kernalin_ci" / "verify" / "structural").glob("*.py"))
+
+
+def written_where_produced(found: list) -> list:
+    """The check ids a report shows that do not appear, quoted, in kernalin_ci/verify/structural/."""
+    return sorted({f["check"] for f in found if f'"{f["check"]}"' not in STRUCTURAL_SOURCE})
 
 
 @pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
@@ -78,6 +84,7 @@ def test_fixture(analyze, path):
     cat, res = analyze(path)
     classes = [f["bug_class"] for f in res["findings"]]
     assert all(f["kind"] == "structural" for f in res["findings"])
+    assert written_where_produced(res["findings"] + res["notices"]) == []  # grep the id, find the code
     if cat["bug_class"] is None:
         assert classes == [], res["findings"]
         assert res["notices"] == [], res["notices"]

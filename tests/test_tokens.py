@@ -301,9 +301,9 @@ def test_a_decode_step_kernel_takes_its_place_alone():
 @pytest.mark.parametrize("mode", ["full", "per-layer"])
 def test_the_timed_rounds_are_the_benchmark_loop_around_the_step(mode):
     """The loop a GPU runs (task._run, device-generic) on the CPU wall clock with torch places: the rounds
-    come from the kernel benchmark's own loop (harness.timed_rounds), every instance agrees each round, and an
+    come from the kernel benchmark's own loop (timing.timed_rounds), every instance agrees each round, and an
     instance that computes something else stops the benchmark."""
-    from kernalin_ci.bench.harness import BenchAbort
+    from kernalin_ci.bench.timing import BenchAbort
     from kernalin_ci.throughput import task
 
     k = st.Kernels(attention=_paged_attention, attention_op="attention.decode_paged", block_size=8)

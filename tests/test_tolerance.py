@@ -6,7 +6,7 @@ import torch
 from kernalin_ci.ops import get_op
 from kernalin_ci.ops.base import Case
 from kernalin_ci.ops.rope import rotate
-from kernalin_ci.verify.compare import check_reference
+from kernalin_ci.verify.reference import check_reference
 
 ROPE = get_op("rope")
 PARAMS = {"style": "neox", "base": 10000.0, "rotary_dim": None, "max_position": 65536}

@@ -68,10 +68,10 @@ def env_for(gh, **extra):
 
 def test_changes_anchor_every_range_on_old_lines():
     old = "a\nb\nc\n"
-    assert post.changes(old, "a\nB\nc\n") == [post.Change(2, 2, "B\n")]
-    assert post.changes(old, "a\nb\nx\ny\nc\n") == [post.Change(2, 2, "b\nx\ny\n")]  # an insertion keeps its line
-    assert post.changes(old, "x\na\nb\nc\n") == [post.Change(1, 1, "x\na\n")]
-    assert post.changes(old, "a\nc\n") == [post.Change(2, 2, "")]
+    assert post.changes(old, "a\nB\nc\n") == [post.LineChange(2, 2, "B\n")]
+    assert post.changes(old, "a\nb\nx\ny\nc\n") == [post.LineChange(2, 2, "b\nx\ny\n")]  # an insertion keeps its line
+    assert post.changes(old, "x\na\nb\nc\n") == [post.LineChange(1, 1, "x\na\n")]
+    assert post.changes(old, "a\nc\n") == [post.LineChange(2, 2, "")]
     assert post.hunk_ranges("@@ -1,3 +1,4 @@\n a\n+b\n c\n d\n@@ -20 +21 @@\n-x\n+y") == [(1, 4), (21, 21)]
     assert post.blob_sha("hello\n") == "ce013625030ba8dba906f756967f9e9ca394464a"  # git hash-object
     assert post.repo_from_url("git@github.example:acme/kernels.git") == NAME

@@ -145,11 +145,11 @@ def bench_pair(
     extra: more instances to time in the same rounds, (name, entry, root); they are
     checked against the base and recorded in `instances`, never judged.
     shapes: time only the shapes with these names (kernalin_ci.explain: the ones whose code differs).
-    regime: "warm" or "cold" (None: DEFAULT_REGIME); see kernalin_ci/bench/harness.py.
+    regime: "warm" or "cold" (None: DEFAULT_REGIME); see kernalin_ci/bench/timing.py.
     reference: after the rounds, profile this many more replays of every instance's timing graph and
     record their kernel-only device time in `reference` (benchmarks/live_eval.py; 0: none).
     clock: on a GPU, "events" (CUDA events around each replay) or "kernel" (the kernel-only device time
-    of each replay from the CUDA profiler; harness.KernelClock). The CPU always uses its wall clock.
+    of each replay from the CUDA profiler; timing.KernelClock). The CPU always uses its wall clock.
     Usage problems raise UsageError; a benchmark that cannot finish returns a
     BenchResult with `error` set (outputs disagree, a crash, a hang).
     """

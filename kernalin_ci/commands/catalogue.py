@@ -32,7 +32,7 @@ def run(args) -> int:
     device = resolve_device(args.device)
     if args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, not {args.jobs}")
-    from kernalin_ci.verify import threads_each
+    from kernalin_ci.verify.supervisor import threads_each
 
     os.environ.update(threads_each(args.jobs) or {})  # each job's workers get their share of the cores
     kinds = tuple(args.kinds.split(",")) if args.kinds else available_kinds()

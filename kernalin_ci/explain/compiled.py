@@ -103,20 +103,20 @@ class HostOps:
 
         from kernalin_ci.verify.structural import capture
 
-        self.saved = capture.Recorder.record
+        self.saved = capture.LaunchRecorder.record
         saved = self.saved
 
         def record(rec, *args, **kwargs):
             with _disable_current_modes():
                 return saved(rec, *args, **kwargs)
 
-        capture.Recorder.record = record
+        capture.LaunchRecorder.record = record
         return self
 
     def __exit__(self, *exc):
         from kernalin_ci.verify.structural import capture
 
-        capture.Recorder.record = self.saved
+        capture.LaunchRecorder.record = self.saved
         self.mode.__exit__(*exc)
 
 

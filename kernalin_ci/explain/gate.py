@@ -23,7 +23,7 @@ _COPY: dict = {}  # device -> measured copy GB/s, once per gate process
 
 
 @dataclass
-class Plan:
+class ExplainPlan:
     cases: list
     ident: Identity
     base: SideCompile
@@ -39,7 +39,7 @@ class Plan:
 
 def before_bench(
     op_name: str, entry: str, op_params: dict, bench_params: dict, device: str, base_root: str, head_root: str
-) -> Plan:
+) -> ExplainPlan:
     from kernalin_ci.bench.shapes import bench_cases
     from kernalin_ci.ops import get_op
     from kernalin_ci.ops.base import resolve_params
@@ -57,10 +57,10 @@ def before_bench(
     else:
         env = provenance.environment(device)
         env["copy_gbs"] = _COPY[device]
-    return Plan(cases, ident, base, head, env, ident.to_time([c.name for c in cases]), base_root)
+    return ExplainPlan(cases, ident, base, head, env, ident.to_time([c.name for c in cases]), base_root)
 
 
-def skipped(plan: Plan) -> dict:
+def skipped(plan: ExplainPlan) -> dict:
     """The explanation of a kernel whose compiled code is identical: nothing was timed."""
     return {
         "identity": plan.ident.to_json(),
@@ -74,7 +74,7 @@ def skipped(plan: Plan) -> dict:
 
 
 def after_bench(
-    plan: Plan, kr, k, op_name: str, op_params: dict, device: str, head_root: str, profile: bool = False
+    plan: ExplainPlan, kr, k, op_name: str, op_params: dict, device: str, head_root: str, profile: bool = False
 ) -> dict:
     """Fill the explanation after timing; may turn the verdict inconclusive or fail the kernel."""
     from kernalin_ci.ops import get_op
@@ -159,7 +159,7 @@ def _regime(bench: dict) -> dict:
 # --------------------------------------------------------------------------- the gate's two calls
 
 
-def plan_kernel(kr, k, op_name: str, params: dict, device: str, base_root, head_root) -> Plan | None:
+def plan_kernel(kr, k, op_name: str, params: dict, device: str, base_root, head_root) -> ExplainPlan | None:
     """Before timing: the plan, or None (kr.explain says why) when the explanation could not start."""
     from kernalin_ci.bench.shapes import split_params
 
@@ -175,7 +175,9 @@ def plan_kernel(kr, k, op_name: str, params: dict, device: str, base_root, head_
     return plan
 
 
-def finish_kernel(kr, plan: Plan, k, op_name: str, params: dict, device: str, head_root, profile: bool = False) -> None:
+def finish_kernel(
+    kr, plan: ExplainPlan, k, op_name: str, params: dict, device: str, head_root, profile: bool = False
+) -> None:
     from kernalin_ci.bench.shapes import split_params
 
     op_params, _ = split_params(params)

@@ -8,7 +8,7 @@ from kernalin_ci.findings import Finding
 from kernalin_ci.lazy import torch
 from kernalin_ci.ops import attention_common as ac
 from kernalin_ci.ops.base import Case, Expected, Params, Tensors, generator, randn
-from kernalin_ci.verify.poison import fill_canary
+from kernalin_ci.runtime.poison import fill_canary
 
 
 class AttentionDecode(ac.AttentionOp):

@@ -9,7 +9,7 @@ from kernalin_ci.lazy import torch
 from kernalin_ci.ops import attention_common as ac
 from kernalin_ci.ops import paged
 from kernalin_ci.ops.base import Case, Expected, Param, Params, Tensors, generator, positive, randn
-from kernalin_ci.verify.poison import fill_canary
+from kernalin_ci.runtime.poison import fill_canary
 
 
 class AttentionDecodePaged(ac.AttentionOp):

@@ -29,8 +29,8 @@ from kernalin_ci.ops.base import (
     valid_dims,
 )
 from kernalin_ci.ops.bench_shapes import BenchRequest
-from kernalin_ci.verify.interp import lazy_zeros
-from kernalin_ci.verify.poison import bits, fill_canary, words
+from kernalin_ci.runtime.interp_patches import lazy_zeros
+from kernalin_ci.runtime.poison import bits, fill_canary, words
 
 PARAMS = (
     Param("block_size", 16, int, "slots per cache block", check=positive),

@@ -1,7 +1,7 @@
 """Worker task "model-bench": build the decode step per serving point and time it, base against head.
 
-Runs in the worker child (kernalin_ci/worker.py); the parent is kernalin_ci.throughput.bench. The
-timing is the kernel benchmark's (kernalin_ci.bench.harness): the same clocks (CUDA graphs replayed
+Runs in the worker child (kernalin_ci/kernel_worker.py); the parent is kernalin_ci.throughput.bench. The
+timing is the kernel benchmark's (kernalin_ci.bench.timing): the same clocks (CUDA graphs replayed
 between CUDA events after an L2 flush), one discarded warm-up sample per instance, `reps` samples, the
 instances in a random order in every round, and the same adaptive stopping. A sample of an instance
 is one step: the whole model captured in one CUDA graph, or, when the whole model with the caches of
@@ -24,22 +24,22 @@ import numpy as np
 import torch
 
 from kernalin_ci.bench import stats
-from kernalin_ci.bench.harness import (
+from kernalin_ci.bench.timing import (
     BenchAbort,
     CpuClock,
     CudaClock,
-    Runner,
     SharedInputs,
+    TimedEntry,
     time_instances,
     timed_rounds,
 )
 from kernalin_ci.bench.trace import geometric_mean_over_shapes
 from kernalin_ci.entry import load_entry
 from kernalin_ci.ops.base import TOLERANCE
+from kernalin_ci.runtime.cuda_errors import CUDA_ERROR
+from kernalin_ci.runtime.rows import row_errors
 from kernalin_ci.throughput import step as st
 from kernalin_ci.throughput.spec import ModelSpec, ServingPoint, tiny
-from kernalin_ci.verify.compare import row_errors
-from kernalin_ci.verify.dynamic import CUDA_ERROR
 
 HEADROOM_BYTES = 4 << 30  # activations, graph pools, cuBLAS workspaces, the L2 flush buffer
 FREE_FRACTION = 0.9
@@ -133,7 +133,7 @@ def _cpu_check(spec: ModelSpec, instances, job, emit) -> None:
 class Part:
     """One timed graph of a step, per instance, and its multiplier in the step time."""
 
-    def __init__(self, name: str, multiplier: float, runners: list[Runner]):
+    def __init__(self, name: str, multiplier: float, runners: list[TimedEntry]):
         self.name, self.multiplier, self.runners = name, multiplier, runners
 
 
@@ -176,7 +176,9 @@ def _run(spec: ModelSpec, instances, job, emit) -> None:
             spec_parts = [("layers", spec.layers / built, st.layers_part), ("ends", 1.0, st.ends_part)]
         parts = []
         for pname, mult, fn in spec_parts:
-            runners = [Runner(name, functools.partial(fn, spec, w, pi, k), no_inputs, device) for name, k in instances]
+            runners = [
+                TimedEntry(name, functools.partial(fn, spec, w, pi, k), no_inputs, device) for name, k in instances
+            ]
             inner, timing, _ = clock.prepare(runners, no_inputs, "warm", emit, f"{p.label} {pname}")
             parts.append(Part(pname, mult, runners))
             emit(

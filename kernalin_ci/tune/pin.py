@@ -1,4 +1,4 @@
-"""Worker side of `tune` (runs in `python -m kernalin_ci.worker`, never in the gate process).
+"""Worker side of `tune` (runs in `python -m kernalin_ci.kernel_worker`, never in the gate process).
 
 A candidate reaches the kernel in one of two explicit ways (docs/tune.md):
 - keyword values (`tune.params`): the entry accepts them as keyword parameters; the candidate

@@ -46,7 +46,7 @@ class Destination:
 
 
 @dataclass
-class Posted:
+class TunePost:
     kind: str  # "review" | "pull-request"
     url: str
     new: bool  # False: an earlier identical post was found and kept
@@ -143,7 +143,7 @@ def _relative(dest: Destination, path: Path) -> str:
 
 # -- the patch as line changes ------------------------------------------------------------------------
 @dataclass
-class Change:
+class LineChange:
     """Old lines first..last (1-based, inclusive) of the file become `new` (text, each line with its newline)."""
 
     first: int
@@ -151,7 +151,7 @@ class Change:
     new: str
 
 
-def changes(old: str, new: str) -> list[Change]:
+def changes(old: str, new: str) -> list[LineChange]:
     """The patch's changed line ranges, each anchored on at least one old line (a suggestion replaces lines)."""
     a, b = old.splitlines(True), new.splitlines(True)
     out = []
@@ -160,11 +160,11 @@ def changes(old: str, new: str) -> list[Change]:
             continue
         if i1 == i2:  # a pure insertion: suggest the line before (or after, at the top) together with it
             if i1 > 0:
-                out.append(Change(i1, i1, a[i1 - 1] + "".join(b[j1:j2])))
+                out.append(LineChange(i1, i1, a[i1 - 1] + "".join(b[j1:j2])))
             else:
-                out.append(Change(1, 1, "".join(b[j1:j2]) + (a[0] if a else "")))
+                out.append(LineChange(1, 1, "".join(b[j1:j2]) + (a[0] if a else "")))
         else:
-            out.append(Change(i1 + 1, i2, "".join(b[j1:j2])))
+            out.append(LineChange(i1 + 1, i2, "".join(b[j1:j2])))
     return out
 
 
@@ -184,7 +184,7 @@ def blob_sha(text: str) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
-def suggestion_body(change: Change, label: str) -> str:
+def suggestion_body(change: LineChange, label: str) -> str:
     fence = "```"
     while fence in change.new:
         fence += "`"
@@ -196,7 +196,7 @@ def patch_id(patch) -> str:
 
 
 # -- posting ------------------------------------------------------------------------------------------
-def post(dest: Destination, patch, root: str, *, kernel: str, label: str, markdown: str) -> Posted:
+def post(dest: Destination, patch, root: str, *, kernel: str, label: str, markdown: str) -> TunePost:
     """Post PATCH (relative to ROOT) as resolved in DEST. GitHub failures raise GitHubError; git's raise UsageError."""
     path = _relative(dest, Path(root, patch.path))
     if dest.pr is not None:
@@ -204,7 +204,7 @@ def post(dest: Destination, patch, root: str, *, kernel: str, label: str, markdo
     return _pull_request(dest, patch, path, kernel, label, markdown)
 
 
-def _review(dest: Destination, patch, path: str, label: str, markdown: str) -> Posted:
+def _review(dest: Destination, patch, path: str, label: str, markdown: str) -> TunePost:
     client = dest.client
     head = dest.head_sha or client.pull_request(dest.repo, dest.pr).head_sha
     files = {f.path: f for f in client.pull_files(dest.repo, dest.pr)}
@@ -229,10 +229,10 @@ def _review(dest: Destination, patch, path: str, label: str, markdown: str) -> P
     body = markdown + (f"\nNot suggested inline: {why} (the diff above has every change).\n" if why else "")
     marker = f"<!-- kernalin-ci tune: {patch_id(patch)} -->"
     posted, new = client.post_review(dest.repo, dest.pr, commit_id=head, body=body, comments=comments, marker=marker)
-    return Posted("review", posted.html_url, new, len(comments), len(todo), number=dest.pr)
+    return TunePost("review", posted.html_url, new, len(comments), len(todo), number=dest.pr)
 
 
-def _pull_request(dest: Destination, patch, path: str, kernel: str, label: str, markdown: str) -> Posted:
+def _pull_request(dest: Destination, patch, path: str, kernel: str, label: str, markdown: str) -> TunePost:
     top = dest.toplevel
     at_head = git(top, "show", f"HEAD:{path}")
     if at_head.returncode != 0 or at_head.stdout != patch.old:
@@ -249,7 +249,7 @@ def _pull_request(dest: Destination, patch, path: str, kernel: str, label: str, 
         text = " ".join(redact(push.stderr, dest.client.secrets).split())[:400]
         raise UsageError(f"--github: git push of {branch} to {REMOTE} failed: {text}")
     posted, new = dest.client.open_pull_request(dest.repo, head=branch, base=dest.base, title=title, body=markdown)
-    return Posted("pull-request", posted.html_url, new, branch=branch, number=posted.id)
+    return TunePost("pull-request", posted.html_url, new, branch=branch, number=posted.id)
 
 
 def _commit(top: Path, path: str, text: str, message: str) -> str:

@@ -9,26 +9,20 @@ in a fresh child.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shlex
-import shutil
-import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 
 from kernalin_ci import domain as domain_mod
 from kernalin_ci.errors import UsageError
 from kernalin_ci.findings import Coverage, Finding, NotChecked, Notice, StructuralStatus, VerifyResult
-from kernalin_ci.isolate import run_task
 from kernalin_ci.ops import get_op
 from kernalin_ci.ops.base import Case, resolve_params
+from kernalin_ci.verify.supervisor import Progress, run_cases, shard, threads_each
 
 DEFAULT_TIMEOUT = {"cpu": 600.0, "cuda": 180.0}
-MAX_RESTARTS = 8
 # Dynamic workers per entry. On a GPU, one per dtype: each pays its own torch import and CUDA
 # start (about 4 s on the H200) at the same time and compiles only its dtype's specialisations.
 # On the CPU the interpreter already keeps the cores busy.
@@ -47,251 +41,6 @@ def reproduce_command(
     if case is not None:
         parts += ["--case", json.dumps(case.to_json(), separators=(",", ":"))]
     return " ".join(shlex.quote(p) for p in parts)
-
-
-class Progress:
-    """One line per finished case on stderr (long interpreter runs need a pulse)."""
-
-    def __init__(self, enabled: bool, total: int, label: str, indices: list[int] | None = None):
-        self.enabled, self.total, self.label = enabled, total, label
-        self.indices = indices  # a shard's case i is case indices[i] of the whole list
-
-    def case_done(self, index: int, name: str, seconds: float, n_findings: int, note: str = "") -> None:
-        if self.indices is not None:
-            index = self.indices[index]
-        if self.enabled:
-            status = "ok" if n_findings == 0 else f"FAIL ({n_findings} finding{'s' * (n_findings != 1)})"
-            if note:
-                status = note if n_findings == 0 else f"{status}; {note}"
-            print(
-                f"  {self.label} [{index + 1}/{self.total}] {name}: {status} ({seconds:.1f} s)",
-                file=sys.stderr,
-                flush=True,
-            )
-
-    def note(self, text: str) -> None:
-        if self.enabled:
-            print(f"  {self.label} {text}", file=sys.stderr, flush=True)
-
-    def subset(self, indices: list[int]) -> Progress:
-        """The same lines for a shard of the cases, numbered as in the whole list."""
-        return Progress(self.enabled, self.total, self.label, indices)
-
-
-def threads_each(workers: int) -> dict | None:
-    """Workers running at once share the cores: their OpenMP pools (the float64 references)
-    would otherwise each take all of them, and spin."""
-    if workers <= 1 or "OMP_NUM_THREADS" in os.environ:
-        return None
-    return {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // workers))}
-
-
-def shard(cases: list[Case], workers: int) -> list[list[int]]:
-    """Split case indices into at most `workers` groups, one dtype per group where possible.
-
-    A case tagged repeat-of:NAME stays with NAME (the stale-result check compares them in one
-    worker). Groups keep the case order; the smallest neighbours merge when there are too many."""
-    unit = list(range(len(cases)))
-    by_name = {c.name: i for i, c in enumerate(cases)}
-    for i, c in enumerate(cases):
-        for t in c.tags:
-            if t.startswith("repeat-of:") and t.split(":", 1)[1] in by_name:
-                unit[i] = unit[by_name[t.split(":", 1)[1]]]
-    groups: dict[str, list[int]] = {}
-    for i in range(len(cases)):
-        groups.setdefault(cases[unit[i]].dtype, []).append(i)
-    out = sorted(groups.values())
-    while len(out) > max(1, workers):
-        j = min(range(len(out) - 1), key=lambda k: len(out[k]) + len(out[k + 1]))
-        out[j : j + 2] = [sorted(out[j] + out[j + 1])]
-    return out
-
-
-@dataclass
-class CasesRun:
-    """What the workers did with a list of cases."""
-
-    findings: list[Finding] = field(default_factory=list)
-    notices: list[Notice] = field(default_factory=list)
-    done: int = 0  # cases finished (run, moved to another shape, or not checked)
-    ran: list[Case] = field(default_factory=list)  # the cases as they ran (at the shape they ran at)
-    not_checked: list[tuple[str, dict]] = field(default_factory=list)  # (case name, the worker's note)
-
-
-def bad_result(message: str, case: Case | None = None, repro=None) -> Finding:
-    """The worker's report for a case cannot be accepted (the case is attached by `record`)."""
-    return Finding(
-        "worker-result",
-        "bad-result",
-        message,
-        case=case.to_json() if case else None,
-        reproduce=repro(case) if case and repro else None,
-    )
-
-
-def run_cases(
-    task: str,
-    job: dict,
-    cases: list[Case],
-    device: str,
-    timeout_s: float,
-    progress: Progress,
-    repro,
-    read_case,
-    on_other_event=None,
-    env: dict | None = None,
-) -> CasesRun:
-    """Drive worker children over all cases, restarting after a hang or crash.
-
-    The parent knows which cases it asked for, in which order: each case-start and case-done event
-    must name the case due next. `read_case(index, case, event, results_dir)` turns a case-done event
-    into a CaseResult (verify/judge.py; results_dir is the private directory the worker writes its
-    result files into); `read_case.part(...)`, where it exists, reads a case handed back in parts, and
-    `read_case.partial(index)` gives the findings of the parts judged before the worker died. A
-    result the parent cannot accept is a `bad-result` finding for that case; an event out of turn or a
-    malformed one is one too and stops that worker; so is a case that ends with no result, and a file
-    no event named.
-    """
-    from kernalin_ci.verify import exchange
-    from kernalin_ci.verify.exchange import BadResult
-
-    run = CasesRun()
-    results = tempfile.mkdtemp(prefix="kernalin-results-")
-    got: set[int] = set()
-    start = 0
-    restarts = 0
-    explained = False  # the run ended with a finding that says why the remaining cases did not run
-
-    def record(i: int, ran: Case | None, found: list[Finding], note: str = "", seconds: float = 0.0) -> None:
-        """Case i is finished: its findings carry the case as it ran and the command that reruns it."""
-        got.add(i)
-        for f in found:
-            f.case = (ran or cases[i]).to_json()
-            f.reproduce = repro(ran or cases[i])
-        run.findings.extend(found)
-        run.done += 1
-        progress.case_done(i, cases[i].name, seconds, len(found), note)
-
-    try:
-        while start < len(cases):
-            state = {"in_flight": None, "due": start, "refused": None}
-
-            def refuse(why: str) -> bool:
-                i = state["due"]
-                if i < len(cases) and i not in got:
-                    record(i, None, [bad_result(why)])
-                else:
-                    run.findings.append(bad_result(why))
-                state["refused"] = why
-                return False
-
-            def on_event(ev):
-                kind = ev.get("event")
-                if kind not in ("case-start", "case-part", "case-done", "malformed"):
-                    if on_other_event and kind not in ("done", "restart", "usage-error", "internal-error"):
-                        on_other_event(ev)
-                    return True
-                if kind == "malformed":
-                    return refuse(f"a malformed event from the worker: {str(ev.get('line'))[:80]!r}")
-                i = ev.get("index")
-                if type(i) is not int or i >= len(cases):
-                    return refuse(f"an event {kind!r} for a case not asked for ({str(i)[:20]!r})")
-                if i != state["due"] or (kind != "case-start" and state["in_flight"] != i):
-                    return refuse(f"an event {kind!r} out of turn (case {i}; case {state['due']} was due)")
-                if kind == "case-start":
-                    state["in_flight"] = i
-                    return True
-                if kind == "case-part":  # a case handed back in parts (the pipeline's steps)
-                    try:
-                        if not hasattr(read_case, "part"):
-                            raise BadResult("a case-part event: this task hands back whole cases")
-                        read_case.part(i, cases[i], ev, results)
-                        return True
-                    except BadResult as e:
-                        state["in_flight"], state["due"] = None, i + 1
-                        record(i, None, [bad_result(str(e))])
-                        state["refused"] = str(e)
-                        return False
-                state["in_flight"] = None
-                state["due"] = i + 1
-                case = cases[i]
-                try:
-                    r = read_case(i, case, ev, results)
-                except BadResult as e:  # this case's result: a finding; the next case may still be reported
-                    record(i, None, [bad_result(str(e))])
-                    return True
-                run.notices.extend(r.notices)
-                nc = r.not_checked
-                if nc:
-                    run.not_checked.append((case.name, nc))
-                if r.ran is not None:
-                    run.ran.append(r.ran)
-                note = ""
-                if nc:
-                    note = f"{nc.get('shape') or 'this case'}: {nc['reason']}, " + (
-                        f"ran at {nc['instead']} instead" if nc.get("instead") else "not checked"
-                    )
-                secs = ev.get("seconds")
-                record(i, r.ran, r.findings, note, float(secs) if isinstance(secs, (int, float)) else 0.0)
-                return True
-
-            outcome = run_task(
-                {**job, "task": task, "cases": [c.to_json() for c in cases], "start": start, "results": results},
-                device,
-                timeout_s,
-                on_event,
-                env=env,
-                writable=(results,),
-            )
-            i = state["in_flight"]
-            if i is not None:  # what the dead child may have begun to write for the case in flight is not read
-                for name in os.listdir(results):
-                    if name.startswith((f"case-{i}.", f"case-{i}-")):
-                        with contextlib.suppress(OSError):
-                            os.unlink(os.path.join(results, name))
-            left = exchange.leftovers(results)
-            if left:
-                run.findings.append(
-                    bad_result(
-                        f"the worker wrote files no result named: {', '.join(left[:5])}"
-                        + (" ..." if len(left) > 5 else "")
-                    )
-                )
-            if outcome.status == "refused":
-                progress.note(f"worker stopped: {state['refused']}")
-                break
-            outcome.raise_for_error(task)
-            if outcome.status == "ok":
-                break
-            if outcome.status in ("timeout", "crashed"):
-                if i is None and not any(e.get("event") == "case-start" for e in outcome.events):
-                    # died before any case started: loading the entry itself hangs or crashes
-                    run.findings.append(Finding("isolation", outcome.status, f"loading the entry: {outcome.ended()}"))
-                    progress.note(f"loading the entry {outcome.status}: {outcome.detail}")
-                    explained = True
-                    break
-                if i is None:
-                    i = state["due"]
-                if i >= len(cases):
-                    break
-                kind = outcome.status if outcome.status == "timeout" else "crashed"
-                # the steps of a loop case already judged keep their findings (a stray write, then the crash)
-                partial = read_case.partial(i) if hasattr(read_case, "partial") else []
-                record(i, None, [*partial, Finding("isolation", kind, f"case {cases[i].name!r}: {outcome.ended()}")])
-                start = i + 1
-            else:  # "restart": the CUDA context was lost after the last case reported
-                start = state["due"]
-            restarts += 1
-            if restarts > MAX_RESTARTS:
-                progress.note(f"gave up after {restarts} restarts; {len(cases) - start} cases not run")
-                break
-    finally:
-        shutil.rmtree(results, ignore_errors=True)
-    if not explained:
-        for i, c in enumerate(cases):
-            if i not in got:
-                run.findings.append(bad_result("the worker handed back no result", c, repro))
-    return run
 
 
 def dedupe(findings: list[Finding]) -> list[Finding]:

@@ -9,25 +9,19 @@ computes every finding (verify/judge.py). The child cannot say "pass"; it can on
 
 from __future__ import annotations
 
-import re
 import time
 from contextlib import nullcontext
 
 import torch
 
 from kernalin_ci.ops.base import Case, Expected, Op
+from kernalin_ci.runtime.cuda_errors import CUDA_ERROR
+from kernalin_ci.runtime.interp_bf16 import faithful_bf16, take_unfaithful
+from kernalin_ci.runtime.interp_patches import skip_self_copy
+from kernalin_ci.runtime.poison import fill_canary, poisoned_allocations, prime_cuda_allocator
 from kernalin_ci.verify import exchange
 from kernalin_ci.verify.exchange import GUARD, plain, snapshot, sparse_rows
-from kernalin_ci.verify.interp import skip_self_copy
-from kernalin_ci.verify.interp_bf16 import faithful_bf16, take_unfaithful
-from kernalin_ci.verify.poison import fill_canary, poisoned_allocations, prime_cuda_allocator
 from kernalin_ci.verify.precision import launched_ttir, recorded_launches
-
-CUDA_ERROR = re.compile(
-    r"CUDA error|illegal memory access|unspecified launch failure|misaligned address|"
-    r"device-side assert|AcceleratorError|cudaErrorIllegalAddress",
-    re.I,
-)
 
 
 class CudaContextLost(Exception):

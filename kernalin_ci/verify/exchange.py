@@ -86,7 +86,7 @@ def plain(t):
 
 def sparse_rows(t) -> dict:
     """The rows (first dimension) of a huge, mostly zero tensor that hold anything but zeros."""
-    from kernalin_ci.verify.poison import words
+    from kernalin_ci.runtime.poison import words
 
     found = []
     step = max(1, (1 << 25) // max(1, t[0].numel()))

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from kernalin_ci.findings import Finding, Notice
 from kernalin_ci.lazy import torch
 from kernalin_ci.ops.base import Case, Expected, Op
+from kernalin_ci.runtime.poison import bits, fill_canary, is_canary
 from kernalin_ci.verify import exchange
-from kernalin_ci.verify.compare import NotATensor, check_reference
 from kernalin_ci.verify.exchange import GUARD, BadResult
-from kernalin_ci.verify.poison import bits, fill_canary, is_canary
 from kernalin_ci.verify.precision import TF32_TOLERANCE, tf32_notice
+from kernalin_ci.verify.reference import NotATensor, check_reference
 
 
 def judge(
@@ -108,7 +108,7 @@ def _after_call(raw: dict, kw0: dict, before: dict, lazy: set) -> dict:
 
 def _dense(name: str, s, like) -> torch.Tensor:
     """A huge input from its non-zero rows, zeros elsewhere (never resident as a whole)."""
-    from kernalin_ci.verify.interp import lazy_zeros
+    from kernalin_ci.runtime.interp_patches import lazy_zeros
 
     if not isinstance(s, dict) or list(s.get("shape", ())) != list(like.shape):
         raise BadResult(f"input {name}: the sparse form has another shape")

@@ -32,10 +32,10 @@ from kernalin_ci.ops import attention_common as ac
 from kernalin_ci.ops import paged
 from kernalin_ci.ops.base import TOLERANCE, generator, randn, torch_dtype
 from kernalin_ci.ops.rope import rotate
+from kernalin_ci.runtime.poison import bits, fill_canary, is_canary
+from kernalin_ci.runtime.rows import row_errors
 from kernalin_ci.verify import exchange
-from kernalin_ci.verify.compare import row_errors
 from kernalin_ci.verify.exchange import BadResult, plain
-from kernalin_ci.verify.poison import bits, fill_canary, is_canary
 from kernalin_ci.verify.precision import TF32_TOLERANCE, launched_ttir, recorded_launches, tf32_notice
 
 ROLES = ("kv_append", "attention.decode_paged", "rope")

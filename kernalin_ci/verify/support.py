@@ -9,7 +9,7 @@ The rule that tells "unsupported" from "a bug": when the entry raises on a case,
 - otherwise the shape is outside the kernel's domain: the case is "unsupported, not checked", with
   the kernel's own error, and runs at the nearest shape the kernel takes instead (one axis moved,
   then two), so its lengths and positions are still checked.
-The worker only reports these outcomes (an `Outcome` per case); the parent turns them into findings and
+The worker only reports these outcomes (a `CaseOutcome` per case); the parent turns them into findings and
 checks each claim it can (verify/judge.py, CaseReader).
 """
 
@@ -30,7 +30,7 @@ TOTAL_PROBES = 48  # and per worker: an entry that refuses everything costs a bo
 
 
 @dataclass
-class Outcome:
+class CaseOutcome:
     """What happened to one planned case, in the worker's words (the parent judges it)."""
 
     result: Any = None  # the raw result of the call (verify/exchange.py), when it returned
@@ -70,11 +70,11 @@ class Support:
     def declared(self, shape: dict) -> bool:
         return self.domain.declares(tuple(self.op.domain_axes), shape)
 
-    def run(self, case: Case, run_case: Callable[[Case, dict], Any]) -> Outcome:
+    def run(self, case: Case, run_case: Callable[[Case, dict], Any]) -> CaseOutcome:
         shape = shape_of(self.op, case, self.params)
         k = key(shape)
         if k in self.interpreter:
-            return Outcome(
+            return CaseOutcome(
                 None, None, {"shape": shape_text(shape), "reason": "interpreter", "error": self.interpreter[k]}
             )
         if not self.declared(shape) and self.known.get(k) is not None:
@@ -85,15 +85,15 @@ class Support:
             why = self.unfaithful()
             if why:
                 self.interpreter[k] = why
-                return Outcome(None, None, {"shape": shape_text(shape), "reason": "interpreter", "error": why})
+                return CaseOutcome(None, None, {"shape": shape_text(shape), "reason": "interpreter", "error": why})
             if self.declared(shape) or (k in self.known and self.known[k] is None):
-                return Outcome(None, case, error=str(e))
+                return CaseOutcome(None, case, error=str(e))
             refused = self.probe(shape)
             if refused is None:  # it takes the shape: the error is this case's
-                return Outcome(None, case, error=str(e))
+                return CaseOutcome(None, case, error=str(e))
             return self._elsewhere(case, shape, refused, run_case)
         self.known[k] = None
-        return Outcome(found, case)
+        return CaseOutcome(found, case)
 
     def probe(self, shape: dict) -> str | None:
         """A cheap launch at this shape (the op's small shape case, no checks): None if it ran."""
@@ -108,7 +108,7 @@ class Support:
                 self.known[k] = str(e)
         return self.known[k]
 
-    def _elsewhere(self, case: Case, shape: dict, error: str, run_case) -> Outcome:
+    def _elsewhere(self, case: Case, shape: dict, error: str, run_case) -> CaseOutcome:
         note = {"shape": shape_text(shape), "reason": "unsupported", "error": error}
         fresh = 0
         for alt in alternatives(self.op, case, self.params, self.domain, self.main_dtype):
@@ -123,10 +123,10 @@ class Support:
             moved = with_shape(case, alt, self.params)
             note["instead"] = shape_text(target)
             try:
-                return Outcome(self._call(run_case, moved), moved, note, moved=True)
+                return CaseOutcome(self._call(run_case, moved), moved, note, moved=True)
             except EntryRaised as e:  # it ran at this shape before: the error is this case's
-                return Outcome(None, moved, note, moved=True, error=str(e))
-        return Outcome(None, None, note)
+                return CaseOutcome(None, moved, note, moved=True, error=str(e))
+        return CaseOutcome(None, None, note)
 
     def _call(self, fn, case: Case):
         p = case_params(self.params, case)

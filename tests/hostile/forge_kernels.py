@@ -66,7 +66,7 @@ def forge_wellformed_results(q, k_cache, v_cache, kv_lens, scale):
     and this kernel's (wrong) output, in the format the parent reads; 'pass' events; exit. The parent
     compares the tensors itself: the wrong head mapping is found."""
     from kernalin_ci.ops import get_op
-    from kernalin_ci.verify.poison import fill_canary
+    from kernalin_ci.runtime.poison import fill_canary
 
     job, fd = _worker()
     op, results = get_op(job["op"]), _results_dir(job)

@@ -15,7 +15,7 @@ import subprocess
 import pytest
 
 from kernalin_ci.daemon.app import wait_for
-from kernalin_ci.daemon.harness import ServeProcess, World
+from kernalin_ci.testing.daemon_world import ServeProcess, World
 
 REPO = "acme/kernels"
 BASE_FILES = {".kernalin.yml": "version: 1\nkernels: []\n"}

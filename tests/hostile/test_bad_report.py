@@ -8,7 +8,7 @@ request is posted as usual. And /healthz says so when posting keeps failing."""
 from hostile_support import PAYLOAD_COMMAND, REPO, check_run_text, pr_with_payload, serve, world  # noqa: F401 (fixtures)
 
 from kernalin_ci.daemon.app import wait_for
-from kernalin_ci.daemon.harness import wait_job
+from kernalin_ci.testing.daemon_world import wait_job
 
 GOOD = """import sys
 from kernalin_ci.report.model import Report

@@ -18,8 +18,8 @@ import pytest
 from hostile_support import PAYLOAD_COMMAND, check_run_text, pr_with_payload, serve, world  # noqa: F401
 
 from kernalin_ci.daemon import outstream
-from kernalin_ci.daemon.harness import wait_job
 from kernalin_ci.daemon.safefile import tree_size
+from kernalin_ci.testing.daemon_world import wait_job
 
 CAP = 4 << 20
 DISK_ATTACK = (Path(__file__).parent / "disk_attack.py").read_text()

@@ -13,8 +13,8 @@ import time
 from hostile_support import PAYLOAD_COMMAND, REPO, proc_threads, serve, world  # noqa: F401 (fixtures)
 
 from kernalin_ci.daemon.app import wait_for
-from kernalin_ci.daemon.harness import WEBHOOK_SECRET
 from kernalin_ci.daemon.webhook import signature
+from kernalin_ci.testing.daemon_world import WEBHOOK_SECRET
 
 
 def raw(url: str, data: bytes) -> int:

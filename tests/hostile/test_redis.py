@@ -14,7 +14,7 @@ import yaml
 from hostile_support import PAYLOAD_COMMAND, check_run_text, pr_with_payload, redis_url, serve, world  # noqa: F401 (fixtures)
 
 from kernalin_ci.daemon.app import wait_for
-from kernalin_ci.daemon.harness import fake_gate_command, wait_job
+from kernalin_ci.testing.daemon_world import fake_gate_command, wait_job
 
 
 def _queue(redis_url, name):

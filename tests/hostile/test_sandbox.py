@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from kernalin_ci.daemon.app import wait_for
-from kernalin_ci.daemon.harness import ServeProcess, World, wait_job
+from kernalin_ci.testing.daemon_world import ServeProcess, World, wait_job
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 

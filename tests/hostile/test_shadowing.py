@@ -2,7 +2,7 @@
 
 The gate and its kernel workers run inside checkouts of the pull request. On main, a PR that adds
 `kernalin_ci/__main__.py` at its root replaced the gate under the daemon's local runner (check run
-`success` in 0.4 s), and one that adds `kernalin_ci/worker.py` replaced the kernel worker under
+`success` in 0.4 s), and one that adds `kernalin_ci/kernel_worker.py` replaced the kernel worker under
 `kernalin-ci verify` run in the checkout. Now both start in isolated mode with the tool's own
 package path only. The worker's environment is an allowlist, and the parent running it is
 non-dumpable: a kernel running as the same unprivileged uid can read neither."""
@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from kernalin_ci.daemon.gpus import Slot
-from kernalin_ci.daemon.harness import git
 from kernalin_ci.daemon.runners import RunRequest
 from kernalin_ci.daemon.runners.local import LocalRunner
 from kernalin_ci.launch import PACKAGE_ROOT
+from kernalin_ci.testing.daemon_world import git
 
 SHADOW_MAIN = """import os, sys
 open(os.path.join(os.environ["MARKER_DIR"], "shadowed"), "w").write("the PR's kernalin_ci ran")
@@ -32,7 +32,7 @@ def shadow_package(root: Path, marker_dir: Path) -> None:
     pkg = root / "kernalin_ci"
     pkg.mkdir()
     code = SHADOW_MAIN.replace('os.environ["MARKER_DIR"]', repr(str(marker_dir)))
-    for name in ("__init__.py", "__main__.py", "worker.py"):
+    for name in ("__init__.py", "__main__.py", "kernel_worker.py"):
         (pkg / name).write_text(code)
 
 
@@ -142,7 +142,7 @@ def attack(tmp_path, unprivileged: bool) -> tuple[dict, Path]:
         timeout=300,
         preexec_fn=_as_nobody if unprivileged else None,
     )
-    assert not (work / "shadowed").exists(), "the checkout's kernalin_ci/worker.py ran as the kernel worker"
+    assert not (work / "shadowed").exists(), "the checkout's kernalin_ci/kernel_worker.py ran as the kernel worker"
     assert r.returncode != 0, r.stdout + r.stderr  # the entry could not be loaded: an error, never a pass
     assert (tmp / "stolen.json").exists(), r.stdout + r.stderr  # the kernel did run, in the real worker
     return json.loads((tmp / "stolen.json").read_text()), work

@@ -10,7 +10,7 @@ import os
 
 from hostile_support import PAYLOAD_COMMAND, REPO, check_run_text, pr_with_payload, serve, world  # noqa: F401 (fixtures)
 
-from kernalin_ci.daemon.harness import wait_job
+from kernalin_ci.testing.daemon_world import wait_job
 
 SECRET = "kernalin-secret-6c1f9e0b"
 

@@ -138,7 +138,7 @@ def main(mode: str) -> None:
     import triton.language
     from triton.runtime import interpreter
 
-    from kernalin_ci.verify.interp_bf16 import _bf16_self_test, faithful_bf16, take_unfaithful
+    from kernalin_ci.runtime.interp_bf16 import _bf16_self_test, faithful_bf16, take_unfaithful
 
     out = {"self_test": _bf16_self_test(interpreter, triton.language)}
     out["status"] = faithful_bf16() if mode == "patched" else "not patched"

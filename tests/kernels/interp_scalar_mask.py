@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 if sys.argv[1] == "patched":
-    from kernalin_ci.verify.interp import int1_comparisons
+    from kernalin_ci.runtime.interp_patches import int1_comparisons
 
     assert int1_comparisons()
 

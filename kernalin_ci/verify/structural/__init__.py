@@ -7,11 +7,14 @@ kernel to TTIR for sm_90 on the CPU, and hands back that raw material
 runs the op's analyses (analyse.py), so the worker decides no finding.
 
 Modules: capture.py (launch recording), compile.py (TTIR), material.py (what
-the worker hands back), ir.py (the TTIR parser), interp.py (abstract
-interpreter), dataflow.py (def-use, loops, reductions, linear forms),
-common.py (every kernel), attention.py, rope.py, kv_append.py (one per op),
-task.py (the worker task), analyse.py (the parent's analysis). docs/structural.md
-has the checks and the catch matrix.
+the worker hands back), ir.py (the TTIR parser), abstract_values.py,
+interpreter.py and op_handlers.py (the abstract interpreter: its value types,
+the interpreter and its memory, one handler per op), dataflow.py (def-use,
+loops, reductions, linear forms), common.py (every kernel), attention.py (with
+attention_graph.py: the IR-graph checks, attention_memory.py: the memory-access
+checks), rope.py, kv_append.py, decode_step.py (one per analysis), task.py (the
+worker task), analyse.py (the parent's analysis). docs/structural.md has the
+checks and the catch matrix.
 """
 
 from __future__ import annotations

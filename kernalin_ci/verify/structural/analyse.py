@@ -2,7 +2,7 @@
 
 Never imports PR code: the material (material.py) is the worker's captured launches, tensors and TTIR
 texts, checked field by field on loading. Here each TTIR text is parsed, every kernel is interpreted
-abstractly (interp.py) and the checks run (common.py and the op's own module).
+abstractly (interpreter.py, op_handlers.py) and the checks run (common.py and the op's own module).
 """
 
 from __future__ import annotations
@@ -16,12 +16,13 @@ def analyse(op_name: str, mat, root: str | None = None, seconds: dict | None = N
     data; source paths under `root` (default: the current directory) are made relative to it."""
     from kernalin_ci.ops import get_op
     from kernalin_ci.verify.structural import analysis_of
-    from kernalin_ci.verify.structural.common import Report, check_bounds, check_precision
+    from kernalin_ci.verify.structural.abstract_values import InterpError
+    from kernalin_ci.verify.structural.common import StructuralFindings, check_bounds, check_precision
     from kernalin_ci.verify.structural.dataflow import KernelView, line_of, link_views
-    from kernalin_ci.verify.structural.interp import Interp, InterpError
+    from kernalin_ci.verify.structural.interpreter import Interp
     from kernalin_ci.verify.structural.ir import ParseError, parse_module
 
-    rep = Report()
+    rep = StructuralFindings()
     times = {"capture": 0.0, "compile": 0.0, **(seconds or {}), "parse": 0.0, "interpret": 0.0, "analyse": 0.0}
     kernels: list = []
     analysis = analysis_of(get_op(op_name))
@@ -41,7 +42,7 @@ def analyse(op_name: str, mat, root: str | None = None, seconds: dict | None = N
     finally:
         times["parse"] = time.perf_counter() - t0
     for note in cap.notes:
-        rep.notice("capture", note)
+        rep.notice("structural:capture", note)
     model = analysis.model(cap)
     views = []
     shadow: dict = {}  # memory written by earlier launches (split-KV partials)
@@ -54,7 +55,7 @@ def analyse(op_name: str, mat, root: str | None = None, seconds: dict | None = N
             trace = Interp(module, la, cap, model, shadow=shadow).run()
         except InterpError as e:
             at = line_of(e.op, la) if e.op is not None else None
-            rep.notice("interpret", f"could not verify kernel {la.kernel}: {e}", where=at or where)
+            rep.notice("structural:interpret", f"could not verify kernel {la.kernel}: {e}", where=at or where)
             unfollowed.append(f"kernel {la.kernel} could not be followed: {e}")
             complete = False
             continue
@@ -80,7 +81,7 @@ def analyse(op_name: str, mat, root: str | None = None, seconds: dict | None = N
         analysis.analyze(cap, views, rep, model)
     elif views:
         rep.notice(
-            "structural",
+            "structural:structural",
             "could not verify the whole entry: some of its kernels could not be followed "
             "(the checks that need every kernel were skipped)",
         )

@@ -248,7 +248,7 @@ def _extent_bytes(t) -> int:
 def _initial_content(t, kw: dict) -> str:
     import torch
 
-    from kernalin_ci.verify.poison import is_canary
+    from kernalin_ci.runtime.poison import is_canary
 
     if t.numel() == 0:
         return "zeros"
@@ -271,7 +271,7 @@ def _initial_content(t, kw: dict) -> str:
 # --------------------------------------------------------------------------- recording launches
 
 
-class Recorder:
+class LaunchRecorder:
     """Replaces JITFunction.run (and Autotuner.run) while the entry runs."""
 
     def __init__(self, registry: TensorRegistry, kw: dict, moves=None, all_configs: bool = False):
@@ -466,7 +466,7 @@ def _capture_once(
 ) -> Capture:
     import torch
 
-    from kernalin_ci.verify.poison import poisoned_allocations
+    from kernalin_ci.runtime.poison import poisoned_allocations
     from kernalin_ci.verify.structural.host import HostMoves
 
     kw = op.capture_inputs(case, params) if inputs is None else inputs
@@ -477,7 +477,7 @@ def _capture_once(
             registry.add(name, _logical(op.name, params, name, v), "written" if name in writable else "input")
     snapshot = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
     moves = HostMoves({k: v for k, v in kw.items() if isinstance(v, torch.Tensor)})
-    recorder = Recorder(registry, snapshot, moves, all_configs)
+    recorder = LaunchRecorder(registry, snapshot, moves, all_configs)
     saved = recorder.install()
     try:
         with poisoned_allocations(), moves:
@@ -486,7 +486,7 @@ def _capture_once(
         msg = " ".join(str(e).split())[:300]
         raise CaptureError(f"the entry raised {type(e).__name__} during the capture call: {msg}") from None
     finally:
-        Recorder.uninstall(saved)
+        LaunchRecorder.uninstall(saved)
     try:
         outs = op.outputs(ret, kw)
     except TypeError as e:

@@ -23,12 +23,20 @@ from kernalin_ci.verify.structural.dataflow import (
     peel,
     reduce_kind,
 )
-from kernalin_ci.verify.structural.ir import Op
+from kernalin_ci.verify.structural.ir import IROp
 
 LOW = ("f16", "bf16", "f8")
 
 
-class Report:
+def _check_id(check: str) -> str:
+    """A structural check id is written whole where it is produced (`"structural:kv-mask"`), so that
+    grepping for the id a report shows finds the code."""
+    if not check.startswith("structural:"):
+        raise ValueError(f"structural check id {check!r}: must start with 'structural:'")
+    return check
+
+
+class StructuralFindings:
     """Findings and notices of one entry, one per (check, class, location)."""
 
     def __init__(self):
@@ -37,7 +45,7 @@ class Report:
         self._seen: set = set()
 
     def finding(
-        self, check: str, bug_class: str, message: str, op: Op | None = None, view=None, where: tuple | None = None
+        self, check: str, bug_class: str, message: str, op: IROp | None = None, view=None, where: tuple | None = None
     ) -> None:
         loc = where or (line_of(op, view.launch) if view is not None else None)
         key = ("F", bug_class, loc)  # one finding per class and line, whichever check saw it first
@@ -46,7 +54,7 @@ class Report:
         self._seen.add(key)
         self.findings.append(
             Finding(
-                check=f"structural:{check}",
+                check=_check_id(check),
                 bug_class=bug_class,
                 message=message,
                 location=Location(*loc) if loc else None,
@@ -54,15 +62,13 @@ class Report:
             )
         )
 
-    def notice(self, check: str, message: str, op: Op | None = None, view=None, where: tuple | None = None) -> None:
+    def notice(self, check: str, message: str, op: IROp | None = None, view=None, where: tuple | None = None) -> None:
         loc = where or (line_of(op, view.launch) if view is not None else None)
         key = ("N", check, message, loc)
         if key in self._seen:
             return
         self._seen.add(key)
-        self.notices.append(
-            Notice(check=f"structural:{check}", message=message, location=Location(*loc) if loc else None)
-        )
+        self.notices.append(Notice(check=_check_id(check), message=message, location=Location(*loc) if loc else None))
 
     def has(self, bug_class: str) -> bool:
         return any(f.bug_class == bug_class for f in self.findings)
@@ -76,7 +82,7 @@ class Analysis:
     write set itself (the common bounds check then looks at loads only)."""
 
     model: Callable[[Any], Any]
-    analyze: Callable[[Any, list, Report, Any], None]
+    analyze: Callable[[Any, list, StructuralFindings, Any], None]
     store_bounds: bool = True
 
 
@@ -87,7 +93,7 @@ def kname(view: KernelView) -> str:
 # --------------------------------------------------------------------------- out of range
 
 
-def check_bounds(view: KernelView, rep: Report, stores: bool = True) -> None:
+def check_bounds(view: KernelView, rep: StructuralFindings, stores: bool = True) -> None:
     """Masked-in lanes whose address falls outside the tensor they point into."""
     seen = set()
     for acc in view.trace.accesses:
@@ -106,21 +112,21 @@ def check_bounds(view: KernelView, rep: Report, stores: bool = True) -> None:
             f"(program {acc.program}, element offsets {e[:3].tolist()}): the index is not masked"
         )
         if acc.kind == "load":
-            rep.finding("bounds", "unmasked-load", msg, acc.op, view)
+            rep.finding("structural:bounds", "unmasked-load", msg, acc.op, view)
         else:
-            rep.finding("bounds", "stray-write", msg, acc.op, view)
+            rep.finding("structural:bounds", "stray-write", msg, acc.op, view)
 
 
 # --------------------------------------------------------------------------- precision
 
 
-def check_precision(view: KernelView, rep: Report) -> None:
+def check_precision(view: KernelView, rep: StructuralFindings) -> None:
     for op in view.ops():
         if op.name == "tt.reduce" and reduce_kind(op) == "addf":
             t = op.operands[0].type
             if t.elem in LOW:
                 rep.finding(
-                    "precision",
+                    "structural:precision",
                     "precision",
                     f"{kname(view)} sums {t.elem} values with a {t.elem} reduction (accumulate in float32)",
                     op,
@@ -129,7 +135,7 @@ def check_precision(view: KernelView, rep: Report) -> None:
         elif op.name == "tt.dot":
             if op.result.type.elem in LOW:
                 rep.finding(
-                    "precision",
+                    "structural:precision",
                     "precision",
                     f"{kname(view)} accumulates tl.dot in {op.result.type.elem} (use a float32 accumulator)",
                     op,
@@ -151,7 +157,7 @@ def check_precision(view: KernelView, rep: Report) -> None:
                         and any(peel(o) is arg or carried(peel(o)) == (op, j) for o in yo.operands)
                     ):
                         rep.finding(
-                            "precision",
+                            "structural:precision",
                             "precision",
                             f"{kname(view)} accumulates {arg.name} across loop iterations in {arg.type.elem}",
                             yo,

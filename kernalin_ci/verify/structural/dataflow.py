@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kernalin_ci.verify.structural.interp import FV, IV
-from kernalin_ci.verify.structural.ir import Op, Value
+from kernalin_ci.verify.structural.abstract_values import FV, IV
+from kernalin_ci.verify.structural.ir import IROp, Value
 
 TRANSPARENT = {
     "tt.splat",
@@ -58,13 +58,13 @@ def peel(v: Value) -> Value:
     return v
 
 
-def reduce_kind(op: Op) -> str | None:
-    from kernalin_ci.verify.structural.interp import combiner
+def reduce_kind(op: IROp) -> str | None:
+    from kernalin_ci.verify.structural.op_handlers import combiner
 
     return combiner(op) if op is not None and op.name == "tt.reduce" else None
 
 
-def is_exp(op: Op | None) -> bool:
+def is_exp(op: IROp | None) -> bool:
     if op is None:
         return False
     if op.name in EXP_OPS:
@@ -73,7 +73,7 @@ def is_exp(op: Op | None) -> bool:
     return "exp" in sym and "expm1" not in sym
 
 
-def exp_base2(op: Op) -> bool:
+def exp_base2(op: IROp) -> bool:
     return op.name == "math.exp2" or "exp2" in op.attrs.get("symbol", "")
 
 
@@ -88,17 +88,17 @@ def carried(v: Value):
     return b.parent, v.index - 1
 
 
-def loop_init(loop: Op, j: int) -> Value:
+def loop_init(loop: IROp, j: int) -> Value:
     return loop.operands[3 + j]
 
 
-def loop_yield(loop: Op, j: int) -> Value | None:
+def loop_yield(loop: IROp, j: int) -> Value | None:
     body = loop.regions[0][0]
     y = body.ops[-1] if body.ops else None
     return y.operands[j] if y is not None and y.name == "scf.yield" and j < len(y.operands) else None
 
 
-def loop_arg(loop: Op, j: int) -> Value:
+def loop_arg(loop: IROp, j: int) -> Value:
     return loop.regions[0][0].args[j + 1]
 
 
@@ -115,7 +115,7 @@ def if_result(v: Value):
     return None
 
 
-def if_branches(op: Op, i: int) -> list:
+def if_branches(op: IROp, i: int) -> list:
     """The values the branches of an scf.if yield for its result i."""
     out = []
     for region in op.regions:
@@ -433,7 +433,7 @@ class Graph:
         return False
 
 
-def _is_data(op: Op | None) -> bool:
+def _is_data(op: IROp | None) -> bool:
     """Ops whose value is data even when the first program happened to see a constant."""
     return op is not None and op.name in ("tt.load", "tt.reduce", "tt.dot")
 
@@ -466,7 +466,7 @@ class KernelView:
             if t >= 0:
                 (self.loads if acc.kind == "load" else self.stores).setdefault(acc.op, self.names[t])
 
-    def tensor_of(self, op: Op) -> str | None:
+    def tensor_of(self, op: IROp) -> str | None:
         return self.loads.get(op) or self.stores.get(op)
 
     def ops(self):
@@ -495,7 +495,7 @@ class KernelView:
             )
         return self._reads[key]
 
-    def stored(self, load_op: Op) -> list:
+    def stored(self, load_op: IROp) -> list:
         """For a load of memory earlier launches wrote: [(view, stored value)] of the stores that wrote it."""
         return [(pv, st.operands[1]) for pv, st in self.sources.get(load_op, [])]
 
@@ -552,7 +552,7 @@ def link_views(views: list) -> None:
             w[np.clip(e, 0, w.size - 1)] = i
 
 
-def line_of(op: Op | None, launch) -> tuple[str, int] | None:
+def line_of(op: IROp | None, launch) -> tuple[str, int] | None:
     """The source file and line of an op, preferring the kernel's own file."""
     if op is None:
         return None

@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from kernalin_ci.verify.structural import attention, rope
-from kernalin_ci.verify.structural.common import Analysis, Report, kname
+from kernalin_ci.verify.structural.common import Analysis, StructuralFindings, kname
 from kernalin_ci.verify.structural.kv_append import check_widths
 
 CACHES = {"k_cache": "k", "v_cache": "v"}
@@ -56,7 +56,7 @@ class DecodeStepModel(attention.AttentionModel):
                     self.tail.add(int(blk))
 
 
-def analyze(cap, views: list, rep: Report, model: DecodeStepModel) -> None:
+def analyze(cap, views: list, rep: StructuralFindings, model: DecodeStepModel) -> None:
     names = list(cap.tensors)
     bs = int(cap.params["block_size"])
     slots = [int(x) for x in cap.kwargs["slot_mapping"].tolist()]
@@ -69,7 +69,9 @@ def analyze(cap, views: list, rep: Report, model: DecodeStepModel) -> None:
     ):
         if not parts[part]:
             rep.notice(
-                "decode-step", f"{part}: not analysed ({why})", where=(views[0].launch.path, views[0].launch.line)
+                "structural:decode-step",
+                f"{part}: not analysed ({why})",
+                where=(views[0].launch.path, views[0].launch.line),
             )
     if parts["cache store"]:
         _check_stores(cap, views, rep, names, bs, slots)
@@ -81,7 +83,7 @@ def analyze(cap, views: list, rep: Report, model: DecodeStepModel) -> None:
             op = rope._low_precision_angle(view)
             if op is not None:
                 rep.finding(
-                    "rope-precision",
+                    "structural:rope-precision",
                     "precision",
                     f"{kname(view)}: the rotation angle is computed in {op.result.type.elem}",
                     op,
@@ -109,7 +111,7 @@ def analyze(cap, views: list, rep: Report, model: DecodeStepModel) -> None:
         )
     else:
         rep.notice(
-            "decode-step",
+            "structural:decode-step",
             "q's rotation: not analysed (the rotated q is never stored: it feeds the "
             "scores inside the kernel, where no linear form of it survives; the dynamic "
             "loop checks it)",
@@ -211,7 +213,7 @@ def _check_stores(cap, views, rep, names, bs, slots) -> None:
                 t = token_of_slot.get(slot)
                 if t is None:
                     rep.finding(
-                        "decode-store",
+                        "structural:decode-store",
                         "stray-write",
                         f"{kname(view)}: program {acc.program} stores into {cache} slot {slot} (block {blk}, "
                         f"offset {off}, head {g}, dim {d}), which is no slot of this step (slots {slots})",
@@ -231,7 +233,7 @@ def _check_stores(cap, views, rep, names, bs, slots) -> None:
                         coord = list(cap.tensors[tensor].coord(index)) if tensor in cap.tensors else ""
                         what = f"{tensor}{coord}"
                     rep.finding(
-                        "decode-store",
+                        "structural:decode-store",
                         "stray-write",
                         f"{kname(view)}: program {acc.program} stores {what} into {cache}[slot {slot}, head "
                         f"{g}, dim {d}], which must hold token {t}'s head {g} (a write outside the token's "
@@ -260,7 +262,7 @@ def _check_rotated_keys(cap, views, rep, names, bs, slots, positions) -> None:
             if _holds_source(cap, rows, "k", positions):
                 view, op = _first_store(views, cache)
                 rep.finding(
-                    "decode-rotation",
+                    "structural:decode-rotation",
                     "kv-unrotated",
                     f"{kname(view)}: the new slots of k_cache hold k itself, not k rotated at its position "
                     f"(positions {positions})",
@@ -318,7 +320,7 @@ def _check_values(cap, views, rep, rows: dict, positions: list) -> None:
         srcs = {a for a, _ in atoms}
         if srcs == {"v"} and len(atoms) == 2 and positions[t] != 0:
             rep.finding(
-                "decode-values",
+                "structural:decode-values",
                 "rope-value",
                 f"{kname(view)}: v_cache[token {t}, head {g}, dim {d}] holds a rotation of v (a cos/sin "
                 f"combination of two of its dims), not v itself",
@@ -327,7 +329,7 @@ def _check_values(cap, views, rep, rows: dict, positions: list) -> None:
             )
             return
         rep.finding(
-            "decode-values",
+            "structural:decode-values",
             "kv-source",
             f"{kname(view)}: v_cache[token {t}, head {g}, dim {d}] holds {sorted(srcs) or 'a constant'} data, "
             f"not v[{t}, {g}, {d}]",
@@ -338,7 +340,7 @@ def _check_values(cap, views, rep, rows: dict, positions: list) -> None:
     if missing:
         view, op = _first_store(views, "v_cache")
         rep.finding(
-            "decode-values",
+            "structural:decode-values",
             "kv-coverage",
             f"{kname(view)}: {missing} element(s) of the new tokens are never written to v_cache",
             op,
@@ -390,7 +392,7 @@ def _check_order(cap, views, rep, bs, slots) -> None:
                         f"barrier orders two programs)"
                     )
                     rep.finding(
-                        "decode-order",
+                        "structural:decode-order",
                         "step-order",
                         f"{kname(view)}: {cache} slot {blk * bs + off} (head {g}), the new token's, is read "
                         f"{why}: the attention sees the slot's old contents",
@@ -417,7 +419,7 @@ def _check_new_token_twice(cap, views, rep, bs, slots) -> str | None:
         reads_new = any(np.isin(acc.elem[acc.mask & acc.inb], new).any() for acc in view.accesses("load", "k_cache"))
         if reads_new:
             rep.finding(
-                "decode-new-token",
+                "structural:decode-new-token",
                 "new-token-twice",
                 f"{kname(view)}: a score is computed from the new key k in registers while the kernel also "
                 f"reads the new token's slot of k_cache (kv_len includes it): the new token enters the "

@@ -5,7 +5,7 @@ TTIR prints one operation per line, with regions opened by `{` and closed by
 a grammar per op, the parser splits each line into its parts (results, op name,
 operands, attribute dict, type section, location) and derives result types
 from the type section with a few rules; the op vocabulary the analyses
-understand is closed (see `interp.py`), and anything else is parsed anyway and
+understand is closed (see `op_handlers.py`), and anything else is parsed anyway and
 left for the analyses to refuse with a notice.
 
 Source locations: every op carries `loc(...)`, usually an alias `#locN` whose
@@ -239,7 +239,7 @@ def _split_commas(s: str) -> list[str]:
 class Value:
     name: str
     type: Type
-    owner: Op | None = None  # defining op; None for block arguments
+    owner: IROp | None = None  # defining op; None for block arguments
     index: int = 0  # result index, or block-argument index
     block: Block | None = None  # for block arguments
     uses: list = field(default_factory=list)  # ops using this value
@@ -252,12 +252,12 @@ class Value:
 class Block:
     args: list = field(default_factory=list)
     ops: list = field(default_factory=list)
-    parent: Op | None = None
+    parent: IROp | None = None
     label: str = ""
 
 
 @dataclass(eq=False)
-class Op:
+class IROp:
     name: str
     results: list = field(default_factory=list)
     operands: list = field(default_factory=list)
@@ -273,7 +273,7 @@ class Op:
         return self.results[0]
 
     def __repr__(self):
-        return f"Op({self.name} {self.text[:80]!r})"
+        return f"IROp({self.name} {self.text[:80]!r})"
 
 
 @dataclass(eq=False)
@@ -395,7 +395,7 @@ def _parse_attr_dict(s: str) -> dict:
     return out
 
 
-def attr_int(op: Op, key: str, default=None):
+def attr_int(op: IROp, key: str, default=None):
     v = op.attrs.get(key)
     if v is None:
         return default
@@ -474,7 +474,7 @@ class _Parser:
             raise ParseError("no tt.func in the module")
         return Module(functions, self.locs)
 
-    def bind(self, op: Op, names: list[str]) -> None:
+    def bind(self, op: IROp, names: list[str]) -> None:
         """Resolve operand names now: MLIR prints a value's definition before its uses, and names
         may be reused in sibling regions, so the latest definition is the right one."""
         for nm in names:
@@ -541,7 +541,7 @@ class _Parser:
             block.ops.append(op)
         return i
 
-    def parse_op(self, i: int) -> tuple[Op, int]:
+    def parse_op(self, i: int) -> tuple[IROp, int]:
         raw = self.lines[i].strip()
         body, locexpr = _strip_loc(raw)
         opens_region = body.endswith("{")
@@ -565,7 +565,7 @@ class _Parser:
                 raise ParseError(f"cannot read op in {raw[:120]!r}")
             name = nm.group(1)
             rest = rest[nm.end() :]
-        op = Op(name=name, text=raw[:300])
+        op = IROp(name=name, text=raw[:300])
         regions: list[list[Block]] = []
         if name in ("scf.for", "scf.if", "scf.while", "scf.execute_region") or (opens_region and not generic):
             op, i = self._parse_structured(op, names, rest, locexpr, i)
@@ -644,7 +644,7 @@ class _Parser:
         self.bind(op, operand_names)
         return op, i + 1
 
-    def _keywords(self, op: Op, head: str) -> None:
+    def _keywords(self, op: IROp, head: str) -> None:
         h = head.strip()
         if op.name in ("arith.cmpi", "arith.cmpf"):
             op.attrs["predicate"] = h.split(",")[0].strip()
@@ -658,7 +658,7 @@ class _Parser:
             if km:
                 op.attrs[key] = km.group(1)
 
-    def _parse_region_blocks(self, i: int, region: list, owner: Op) -> int:
+    def _parse_region_blocks(self, i: int, region: list, owner: IROp) -> int:
         """Blocks of one region, from the line after `{` to its closing `}` line (not consumed)."""
         block = Block(parent=owner)
         region.append(block)
@@ -685,7 +685,7 @@ class _Parser:
             i = self.parse_block_ops(i, block, until_close=True)
         raise ParseError("unterminated region")
 
-    def _parse_structured(self, op: Op, names: list, rest: str, locexpr: str, i: int) -> tuple[Op, int]:
+    def _parse_structured(self, op: IROp, names: list, rest: str, locexpr: str, i: int) -> tuple[IROp, int]:
         """scf.for / scf.if / scf.while: header, regions, closing `} loc(...)`."""
         header = rest.rstrip()
         if header.endswith("{"):
@@ -819,7 +819,7 @@ def parse_module(text: str) -> Module:
 # --------------------------------------------------------------------------- constants
 
 
-def parse_constant(op: Op):
+def parse_constant(op: IROp):
     """The value of an `arith.constant`: a Python number (or bool), for scalars and splat-dense tensors.
 
     Returns None for non-uniform dense constants."""

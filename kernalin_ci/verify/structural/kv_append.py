@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernalin_ci.verify.structural.common import Analysis, Report, kname
+from kernalin_ci.verify.structural.common import Analysis, StructuralFindings, kname
 from kernalin_ci.verify.structural.rope import stored_forms
 
 CACHES = {"k_cache": "key", "v_cache": "value"}
@@ -38,7 +38,7 @@ class KvModel:
         return None, None
 
 
-def analyze(cap, views: list, rep: Report, model: KvModel) -> None:
+def analyze(cap, views: list, rep: StructuralFindings, model: KvModel) -> None:
     names = list(cap.tensors)
     bs = int(cap.params["block_size"])
     slots = [int(x) for x in cap.kwargs["slot_mapping"].tolist()]
@@ -50,7 +50,7 @@ def analyze(cap, views: list, rep: Report, model: KvModel) -> None:
     for cache, src in CACHES.items():
         info = cap.tensors[cache]
         forms = stored_forms(views, cache, names)
-        problems: dict = {}
+        problems: dict = {}  # (check id, bug class) -> first message, view, op and a count
 
         def flag(key, cls, msg, view, op):
             m, v, o, n = problems.get((key, cls), (msg, view, op, 0))
@@ -66,7 +66,7 @@ def analyze(cap, views: list, rep: Report, model: KvModel) -> None:
                 owner = token_of_slot.get(slot)
                 if owner is None:
                     flag(
-                        "stray",
+                        "structural:kv-stray",
                         "stray-write",
                         f"slot {slot} of {cache}, which no token of the call owns, is written (head {g}, dim {d})",
                         view,
@@ -74,7 +74,7 @@ def analyze(cap, views: list, rep: Report, model: KvModel) -> None:
                     )
                 elif _garbage(view, sop, e, info):
                     flag(
-                        "garbage",
+                        "structural:kv-garbage",
                         "kv-source",
                         f"{cache}[slot {slot}, head {g}, dim {d}] (token {owner}) receives data read out of bounds",
                         view,
@@ -85,12 +85,12 @@ def analyze(cap, views: list, rep: Report, model: KvModel) -> None:
                 continue
             (at, ae), coef = next(iter(atoms.items()))
             if at not in ("key", "value"):
-                flag("source", "kv-source", f"{cache} is written from {at}, not {src}", view, sop)
+                flag("structural:kv-source", "kv-source", f"{cache} is written from {at}, not {src}", view, sop)
                 continue
             tt, tg, td = cap.tensors[at].coord(ae)
             if tt in padding:
                 flag(
-                    "padding",
+                    "structural:kv-padding",
                     "kv-padding",
                     f"token {tt} is padding (slot -1) but its {at} is written into {cache} (slot {slot})",
                     view,
@@ -98,10 +98,22 @@ def analyze(cap, views: list, rep: Report, model: KvModel) -> None:
                 )
                 continue
             if at != src:
-                flag("source", "kv-source", f"{cache} receives {at} data (token {tt}); it must hold {src}", view, sop)
+                flag(
+                    "structural:kv-source",
+                    "kv-source",
+                    f"{cache} receives {at} data (token {tt}); it must hold {src}",
+                    view,
+                    sop,
+                )
                 continue
             if abs(coef - 1.0) > 1e-6 or abs(const) > 1e-6:
-                flag("scaled", "kv-source", f"{cache} receives {coef:g} * {at} + {const:g}, not {at} itself", view, sop)
+                flag(
+                    "structural:kv-scaled",
+                    "kv-source",
+                    f"{cache} receives {coef:g} * {at} + {const:g}, not {at} itself",
+                    view,
+                    sop,
+                )
                 continue
             want_slot = slots[tt]
             if slot != want_slot:
@@ -109,7 +121,7 @@ def analyze(cap, views: list, rep: Report, model: KvModel) -> None:
                 owner = token_of_slot.get(slot)
                 if owner is None:
                     flag(
-                        "stray",
+                        "structural:kv-stray",
                         "stray-write",
                         f"token {tt} (slot {want_slot}) head {tg} is written to slot {slot} of {cache} "
                         f"(block {blk}, offset {off}; block_size {bs}), which no token of the call owns",
@@ -118,7 +130,7 @@ def analyze(cap, views: list, rep: Report, model: KvModel) -> None:
                     )
                 else:
                     flag(
-                        "slot",
+                        "structural:kv-slot",
                         "kv-slot",
                         f"token {tt} (slot {want_slot}) is written over token {owner}'s slot {slot} of {cache} "
                         f"(block {blk}, offset {off}; block_size {bs})",
@@ -128,7 +140,7 @@ def analyze(cap, views: list, rep: Report, model: KvModel) -> None:
                 continue
             if (tg, td) != (g, d):
                 flag(
-                    "head-dim",
+                    "structural:kv-head-dim",
                     "stride",
                     f"{cache}[slot {slot}] head {g} dim {d} receives head {tg} dim {td} of token {tt}",
                     view,
@@ -147,7 +159,7 @@ def analyze(cap, views: list, rep: Report, model: KvModel) -> None:
         if unfollowed:
             view, sop = unfollowed[0]
             rep.notice(
-                "kv-values",
+                "structural:kv-values",
                 f"could not verify {len(unfollowed)} stored element(s) of {cache}: the value is "
                 f"not a single element of key or value",
                 sop,
@@ -158,7 +170,7 @@ def analyze(cap, views: list, rep: Report, model: KvModel) -> None:
         if lost:
             view, store = views[0], _store_op(views, cache)
             rep.finding(
-                "kv-slot",
+                "structural:kv-slot",
                 "kv-slot",
                 f"{kname(view)}: the slots of token(s) {lost[:4]} do not receive their {src}: it is written "
                 f"elsewhere in {cache}",
@@ -172,7 +184,7 @@ def analyze(cap, views: list, rep: Report, model: KvModel) -> None:
             view = views[0]
             store = _store_op(views, cache)
             rep.finding(
-                "kv-coverage",
+                "structural:kv-coverage",
                 "kv-coverage",
                 f"{kname(view)}: {len(missing)} of {(T - len(padding)) * Hkv * D} elements of the new "
                 f"tokens are never written to {cache} (heads {heads[:4]}{'...' if len(heads) > 4 else ''},"
@@ -182,7 +194,7 @@ def analyze(cap, views: list, rep: Report, model: KvModel) -> None:
                 where=None if store is not None else (view.launch.path, view.launch.line),
             )
         for (key, cls), (msg, view, op, n) in problems.items():
-            rep.finding(f"kv-{key}", cls, f"{kname(view)}: {msg} ({n} element(s))", op, view)
+            rep.finding(key, cls, f"{kname(view)}: {msg} ({n} element(s))", op, view)
     for view in views:
         check_widths(cap, view, rep)
 
@@ -223,7 +235,7 @@ def _mask_op(store_op):
 
 def _garbage(view, store_op, elem: int, info) -> bool:
     """Does the value stored at this element carry data read out of bounds or never written?"""
-    from kernalin_ci.verify.structural.interp import INV_MASK
+    from kernalin_ci.verify.structural.abstract_values import INV_MASK
 
     for acc in view.trace.accesses:
         if acc.op is store_op and acc.kind == "store":
@@ -261,7 +273,7 @@ def _stray_stores(cap, views, rep, names, padding) -> None:
             from_pad = _tokens_of(cap, view, acc, bad) & padding
             if from_pad:
                 rep.finding(
-                    "kv-padding",
+                    "structural:kv-padding",
                     "kv-padding",
                     f"{kname(view)}: padding token(s) {sorted(from_pad)[:4]} (slot -1) are stored "
                     f"{'outside ' + t if t in CACHES else 'into ' + t}",
@@ -271,7 +283,7 @@ def _stray_stores(cap, views, rep, names, padding) -> None:
             else:
                 where = f"outside {t} {list(cap.tensors[t].shape)}" if t in CACHES else f"into {t}"
                 rep.finding(
-                    "stray-write",
+                    "structural:stray-write",
                     "stray-write",
                     f"{kname(view)}: {int(bad.sum())} element(s) stored {where}",
                     acc.op,
@@ -298,7 +310,7 @@ def _tokens_of(cap, view, acc, lanes) -> set:
 # --------------------------------------------------------------------------- 64-bit addressing
 
 
-def check_widths(cap, view, rep: Report) -> None:
+def check_widths(cap, view, rep: StructuralFindings) -> None:
     """A slot-derived offset into a cache computed or applied in 32 bits."""
     seen = set()
     for op in view.ops():
@@ -310,7 +322,7 @@ def check_widths(cap, view, rep: Report) -> None:
             seen.add(bad)
             what = "pointer offset" if bad.name == "tt.addptr" else bad.name.split(".")[-1]
             rep.finding(
-                "offset-overflow",
+                "structural:offset-overflow",
                 "offset-overflow",
                 f"{kname(view)}: a slot-derived {what} into {view.stores[op]} is computed in "
                 f"{_bits_of(bad)}-bit arithmetic; it overflows once the cache passes 2^31 elements "

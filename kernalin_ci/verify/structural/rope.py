@@ -24,10 +24,19 @@ import math
 
 import numpy as np
 
-from kernalin_ci.verify.structural.common import LOW, Analysis, Report, kname
+from kernalin_ci.verify.structural.common import LOW, Analysis, StructuralFindings, kname
 from kernalin_ci.verify.structural.dataflow import KernelView, peel
 
 TOL = 3e-3
+# the check id of each kind of problem `flag` collects (its key up to the first "-")
+CHECK_IDS = {
+    "angle": "structural:rope-angle",
+    "foreign": "structural:rope-foreign",
+    "pairing": "structural:rope-pairing",
+    "passthrough": "structural:rope-passthrough",
+    "sign": "structural:rope-sign",
+    "unwritten": "structural:rope-unwritten",
+}
 
 
 class RopeModel:
@@ -92,7 +101,7 @@ def _low_precision_angle(view: KernelView):
 
 def _angle_op(view: KernelView, part: str = "angle"):
     """The op computing the angle (the cos operand), or its position / frequency factor, for locations."""
-    from kernalin_ci.verify.structural.interp import PID, src_bit
+    from kernalin_ci.verify.structural.abstract_values import PID, src_bit
 
     ops = _cos_sin_ops(view)
     if not ops:
@@ -166,7 +175,7 @@ def _load_op_for(views, tensor_name):
 # --------------------------------------------------------------------------- the checks
 
 
-def analyze(cap, views: list, rep: Report, model: RopeModel) -> None:
+def analyze(cap, views: list, rep: StructuralFindings, model: RopeModel) -> None:
     params = cap.params
     style = params.get("style", "neox")
     base = float(params.get("base", 10000.0))
@@ -178,7 +187,7 @@ def analyze(cap, views: list, rep: Report, model: RopeModel) -> None:
         op = _low_precision_angle(view)
         if op is not None:
             rep.finding(
-                "rope-precision",
+                "structural:rope-precision",
                 "precision",
                 f"{kname(view)}: the rotation angle is computed in {op.result.type.elem} "
                 f"(positions up to {max(positions)} need float32)",
@@ -190,7 +199,7 @@ def analyze(cap, views: list, rep: Report, model: RopeModel) -> None:
     for src in ("q", "k"):
         out_name = cap.outputs.get(src)
         if out_name is None:
-            rep.notice("rope", f"could not verify rope output {src}")
+            rep.notice("structural:rope", f"could not verify rope output {src}")
             continue
         _check_output(
             cap,
@@ -218,7 +227,7 @@ def _low_precision_table(cap, views, rep) -> None:
             info = cap.tensors[view.names[int(np.asarray(acc.tensor).reshape(-1)[0])]]
             if info.role == "scratch" and info.init == "data" and info.dtype in ("float16", "bfloat16"):
                 rep.finding(
-                    "rope-precision",
+                    "structural:rope-precision",
                     "precision",
                     f"{kname(view)}: q and k are float32 but the table {list(info.shape)} they are rotated "
                     f"with is held in {info.dtype}",
@@ -265,7 +274,7 @@ def _check_tables(cap, views, rep, positions) -> bool:
                 got = sorted({int(r) for r in rows.reshape(-1)})[:3]
                 if set(got) == {tok} and tok != want:
                     rep.finding(
-                        "rope-position",
+                        "structural:rope-position",
                         "rope-position",
                         f"{kname(view)}: token {tok} reads table row {tok} (its index), not its position {want}",
                         acc.op,
@@ -273,7 +282,7 @@ def _check_tables(cap, views, rep, positions) -> bool:
                     )
                 else:
                     rep.finding(
-                        "rope-table",
+                        "structural:rope-table",
                         "stride",
                         f"{kname(view)}: token {tok} at position {want} reads table row(s) {got} of "
                         f"{t} {list(info.shape)} (a wrong row stride or index)",
@@ -311,7 +320,7 @@ def check_rotation(
     T, H, D = shape
     r = int(cap.params.get("rotary_dim") or D)
     src_info = cap.tensors[src]
-    problems: dict = {}
+    problems: dict = {}  # (key, bug class) -> first message, view, op and a count; CHECK_IDS names the key
 
     def flag(key, cls, msg, view, op):
         problems.setdefault((key, cls), (msg, view, op, 0))
@@ -412,7 +421,7 @@ def check_rotation(
         flag("angle-" + cls, cls, f"{src}[{t}]: {why}", lanes[0][3], None)
     if opaque:
         rep.notice(
-            "rope-values",
+            "structural:rope-values",
             f"could not verify {opaque} element(s) of {src}'s output: their value is not "
             f"a linear form of the input the analysis can follow",
         )
@@ -426,7 +435,7 @@ def check_rotation(
             )
         where = None if op is not None else (view.launch.path, view.launch.line)
         unit = "token(s)" if key.startswith("angle") else "element(s)"
-        rep.finding(f"rope-{key.split('-')[0]}", cls, f"{kname(view)}: {msg} ({n} {unit})", op, view, where=where)
+        rep.finding(CHECK_IDS[key.split("-")[0]], cls, f"{kname(view)}: {msg} ({n} {unit})", op, view, where=where)
 
 
 def _same_row(info, elem: int, t: int, h: int) -> bool:

@@ -1,6 +1,6 @@
 """Worker task "verify-structural": capture and compile, in the child process; nothing is judged here.
 
-The user's code is imported only here (in `python -m kernalin_ci.worker`), with TRITON_INTERPRET off:
+The user's code is imported only here (in `python -m kernalin_ci.kernel_worker`), with TRITON_INTERPRET off:
 the kernels are compiled for sm_90 on the CPU and never launched. The child hands back the raw
 material of the analyses (material.py: the captured launches, tensors and TTIR texts) in a file of the
 results directory the parent made; its one event names that file:

@@ -1,4 +1,4 @@
-"""The child process that runs untrusted kernels: `python -m kernalin_ci.worker JOB.json FD`.
+"""The child process that runs untrusted kernels: `python -m kernalin_ci.kernel_worker JOB.json FD`.
 
 It runs one task (named in the job) and writes JSON-line events to file
 descriptor FD. The kernel's own prints go to stdout/stderr, which the parent
@@ -18,7 +18,7 @@ TASKS = {
     "verify-dynamic": "kernalin_ci.verify.dynamic:run_job",
     "verify-pipeline": "kernalin_ci.verify.pipeline:run_job",
     "verify-structural": "kernalin_ci.verify.structural.task:run_job",
-    "bench": "kernalin_ci.bench.harness:run_job",
+    "bench": "kernalin_ci.bench.timing:run_job",
     "model-bench": "kernalin_ci.throughput.task:run_job",
     "tune-discover": "kernalin_ci.tune.pin:discover_job",
     "explain-compile": "kernalin_ci.explain.compiled:run_job",
@@ -47,9 +47,9 @@ def main(argv: list[str]) -> int:
         if job.get("device") == "cuda":
             require_cuda()
         elif os.environ.get("TRITON_INTERPRET") == "1":
-            from kernalin_ci.verify.interp import int1_comparisons
+            from kernalin_ci.runtime.interp_patches import int1_comparisons
 
-            int1_comparisons()  # the interpreter's int32-typed comparison results (verify/interp.py)
+            int1_comparisons()  # the interpreter's int32-typed comparison results (runtime/interp_patches.py)
         target = TASKS[job["task"]]
         mod, _, fn = target.partition(":")
         getattr(importlib.import_module(mod), fn)(job, emit)

@@ -1,4 +1,4 @@
-"""bfloat16 computed on values under the Triton interpreter (a worker-side patch, like interp.py's).
+"""bfloat16 computed on values under the Triton interpreter (a worker-side patch, like interp_patches.py's).
 
 The interpreter stores bfloat16 as its raw 16-bit pattern (numpy uint16) and, apart from the
 float32 <-> bfloat16 casts, runs numpy on those integers: `x + y` adds bit patterns, `tl.dot`

@@ -6,7 +6,8 @@ from __future__ import annotations
 from kernalin_ci.findings import Finding
 from kernalin_ci.lazy import torch
 from kernalin_ci.ops.base import TOLERANCE, Expected, Op
-from kernalin_ci.verify.poison import is_canary
+from kernalin_ci.runtime.poison import is_canary
+from kernalin_ci.runtime.rows import row_errors, rows
 
 
 class NotATensor:
@@ -14,16 +15,6 @@ class NotATensor:
 
     def __init__(self, type_name: str):
         self.type_name = type_name
-
-
-def rows(t: torch.Tensor) -> torch.Tensor:
-    return t.reshape(1, -1) if t.dim() < 2 else t.reshape(-1, t.shape[-1])
-
-
-def row_errors(actual: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
-    """||a - e|| / ||e|| per row (last dim); NaN where the actual row is not finite."""
-    a, e = rows(actual), rows(expected)
-    return (a - e).norm(dim=-1) / e.norm(dim=-1).clamp_min(1e-30)
 
 
 def check_reference(

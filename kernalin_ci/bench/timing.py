@@ -1,4 +1,4 @@
-"""The timing loop, run inside the worker child (task "bench"; see kernalin_ci/worker.py).
+"""The timing loop, run inside the worker child (task "bench"; see kernalin_ci/kernel_worker.py).
 
 Instances: the base entry, the head entry and a second, separately loaded copy of
 the base (from a copy of its tree) for the A/A noise floor; more may follow (the
@@ -66,9 +66,9 @@ from kernalin_ci.bench.regime import REGIMES
 from kernalin_ci.entry import load_entry
 from kernalin_ci.ops import get_op
 from kernalin_ci.ops.base import TOLERANCE, Case, Op
-from kernalin_ci.verify.compare import row_errors
-from kernalin_ci.verify.dynamic import CUDA_ERROR
-from kernalin_ci.verify.poison import bits
+from kernalin_ci.runtime.cuda_errors import CUDA_ERROR
+from kernalin_ci.runtime.poison import bits
+from kernalin_ci.runtime.rows import row_errors
 
 TARGET_SAMPLE_S = {"cuda": 1e-3, "cpu": 5e-3}
 MAX_INNER = 10000
@@ -223,7 +223,7 @@ def disagreement(op: Op, case: Case, inputs: dict, ref: dict, got: dict, exact: 
 # ------------------------------------------------------------------ one instance on one shape
 
 
-class Runner:
+class TimedEntry:
     """An instance's entry bound to its shape's shared inputs; `check()` runs it once, `sample()` times it."""
 
     def __init__(self, name: str, fn, inputs: SharedInputs, device: str):
@@ -312,7 +312,7 @@ class CudaClock:
         self.end = torch.cuda.Event(enable_timing=True)
 
     def prepare(
-        self, runners: list[Runner], inputs: SharedInputs, regime: str, emit, label: str, touched: int | None = None
+        self, runners: list[TimedEntry], inputs: SharedInputs, regime: str, emit, label: str, touched: int | None = None
     ) -> tuple[int, str, dict]:
         """Warm up, capture graphs (or fall back to eager for all), choose inner, build the cold copies.
         -> (inner, timing, copies per input)."""
@@ -348,7 +348,7 @@ class CudaClock:
             emit({"event": "setup-step", "message": f"{label}: {r.name} ready"})
         return inner, timing, copies
 
-    def _per_launch(self, r: Runner, timing: str) -> float:
+    def _per_launch(self, r: TimedEntry, timing: str) -> float:
         n = 20
         for _ in range(3):
             r.check()
@@ -369,14 +369,14 @@ class CudaClock:
         if self.flush_buf is not None:
             self.flush_buf.zero_()
 
-    def replay(self, r: Runner) -> None:
+    def replay(self, r: TimedEntry) -> None:
         """One sample's launches, untimed (the kernel-only reference profiles these)."""
         if r.graph_time is not None:
             r.graph_time.replay()
         else:
             r.launches()
 
-    def sample(self, r: Runner) -> float:
+    def sample(self, r: TimedEntry) -> float:
         """Milliseconds per launch."""
         self.flush()
         if r.graph_time is None:
@@ -402,7 +402,7 @@ class CpuClock:
         pass
 
     def prepare(
-        self, runners: list[Runner], inputs: SharedInputs, regime: str, emit, label: str, touched: int | None = None
+        self, runners: list[TimedEntry], inputs: SharedInputs, regime: str, emit, label: str, touched: int | None = None
     ) -> tuple[int, str, dict]:
         for r in runners:
             r.warm_up()
@@ -422,10 +422,10 @@ class CpuClock:
     def flush(self) -> None:
         pass
 
-    def replay(self, r: Runner) -> None:
+    def replay(self, r: TimedEntry) -> None:
         r.launches()
 
-    def sample(self, r: Runner) -> float:
+    def sample(self, r: TimedEntry) -> float:
         t0 = time.perf_counter()
         r.launches()
         return (time.perf_counter() - t0) * 1e3 / r.inner
@@ -477,7 +477,7 @@ class CpuKernelClock(ProfiledTiming, CpuClock):
 
 
 class Shape:
-    def __init__(self, case: Case, inputs: SharedInputs, runners: list[Runner], gen: torch.Generator):
+    def __init__(self, case: Case, inputs: SharedInputs, runners: list[TimedEntry], gen: torch.Generator):
         self.case, self.inputs, self.runners, self.gen = case, inputs, runners, gen
         self.inner, self.timing, self.copies = 1, "", {}
 
@@ -524,7 +524,7 @@ def _run(job, emit, op, params, device, fns, cases) -> None:
         inputs = SharedInputs(op.inputs(case, params, device, poison=False))
         gen = torch.Generator(device=device)
         gen.manual_seed(seed * 1_000_003 + si)
-        runners = [Runner(name, fn, inputs, device) for name, fn in fns]
+        runners = [TimedEntry(name, fn, inputs, device) for name, fn in fns]
         sh = Shape(case, inputs, runners, gen)
         traffic = op.traffic(case, params)
         touched = traffic.bytes if traffic is not None else None

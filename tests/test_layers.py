@@ -1,0 +1,159 @@
+"""The layers of docs/architecture.md, held by parsing every import (ast; those inside functions too):
+runtime/ is below ops/, ops/ below verify/ and bench/, and nothing a user installs imports the
+test-only kernalin_ci.testing. An import across a layer turns CI red here."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[1] / "kernalin_ci"
+
+EVERYTHING = {
+    p.name.removesuffix(".py") for p in PKG.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()
+} - {"__init__", "__main__"}
+# what each part must never import (its first name below kernalin_ci)
+FORBIDDEN = {
+    "runtime": EVERYTHING - {"runtime", "lazy"},  # poisoning, interpreter patches, CUDA errors, rows
+    "ops": {
+        "verify",
+        "bench",
+        "tune",
+        "throughput",
+        "explain",
+        "gate",
+        "report",
+        "github",
+        "daemon",
+        "history",
+        "dashboard",
+        "commands",
+        "cli",
+        "catalogue",
+        "config",
+        "isolate",
+        "kernel_worker",
+        "testing",
+    },
+    "verify": {"bench", "tune", "throughput", "explain", "gate", "report", "github", "daemon", "commands", "cli"},
+    "bench": {"verify", "tune", "gate", "github", "daemon", "commands", "cli"},
+}
+SHIPPED_NEVER = {"testing"}  # excluded from the wheel (pyproject.toml): nothing installed may import it
+# Known crossings, each with its reason; the test fails when one is no longer needed.
+ALLOWED = {
+    ("ops/decode_step.py", "verify"): "the decode_step op's loop (state, driver, judge) is verify/pipeline.py's",
+}
+
+
+def imported(path: Path, pkg: Path = PKG) -> set[str]:
+    """The kernalin_ci modules a file imports, as dotted names (relative imports resolved)."""
+    here = path.relative_to(pkg.parent).with_suffix("").parts
+    package = here if path.name == "__init__.py" else here[:-1]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package[: len(package) - (node.level - 1)]
+                base = ".".join([*up, base] if base else up)
+            out |= {base} | {f"{base}.{a.name}" for a in node.names}
+    return {m for m in out if m == "kernalin_ci" or m.startswith("kernalin_ci.")}
+
+
+def part(module: str) -> str | None:
+    names = module.split(".")
+    return names[1].removesuffix(".py") if len(names) > 1 else None
+
+
+def crossings(pkg: Path) -> list[tuple[str, str, str]]:
+    """(file, imported module, rule) for every import that breaks a layer rule."""
+    bad = []
+    for path in sorted(pkg.rglob("*.py")):
+        rel = path.relative_to(pkg).as_posix()
+        mine = rel.split("/")[0].removesuffix(".py")
+        for module in sorted(imported(path, pkg)):
+            to = part(module)
+            if to is None or to == mine:
+                continue
+            if to in FORBIDDEN.get(mine, ()):
+                bad.append((rel, module, f"{mine}/ must not import {to}"))
+            elif to in SHIPPED_NEVER and mine not in SHIPPED_NEVER:
+                bad.append((rel, module, f"kernalin_ci.{to} is test-only: not in the wheel"))
+    return bad
+
+
+def test_no_import_crosses_a_layer():
+    found = crossings(PKG)
+    unexplained = [b for b in found if (b[0], part(b[1])) not in ALLOWED]
+    assert not unexplained, "\n".join(f"{f}: imports {m} ({why})" for f, m, why in unexplained)
+    stale = set(ALLOWED) - {(f, part(m)) for f, m, _ in found}
+    assert not stale, f"allowed crossings no longer made (delete them from ALLOWED): {sorted(stale)}"
+
+
+def test_a_crossing_is_found_wherever_the_import_is_written(tmp_path):
+    """The rule sees imports inside functions, relative ones and `import x.y` alike."""
+    pkg = tmp_path / "kernalin_ci"
+    for d in ("ops", "runtime", "verify", "testing"):
+        (pkg / d).mkdir(parents=True)
+        (pkg / d / "__init__.py").write_text("")
+    (pkg / "ops" / "a.py").write_text("def f():\n    from ..verify import judge\n")
+    (pkg / "ops" / "b.py").write_text("import kernalin_ci.runtime.poison\n")
+    (pkg / "runtime" / "c.py").write_text("import kernalin_ci.ops.base\n")
+    (pkg / "verify" / "d.py").write_text("from kernalin_ci.testing import github_standin\n")
+    assert crossings(pkg) == [
+        ("ops/a.py", "kernalin_ci.verify", "ops/ must not import verify"),
+        ("ops/a.py", "kernalin_ci.verify.judge", "ops/ must not import verify"),
+        ("runtime/c.py", "kernalin_ci.ops.base", "runtime/ must not import ops"),
+        ("verify/d.py", "kernalin_ci.testing", "kernalin_ci.testing is test-only: not in the wheel"),
+        ("verify/d.py", "kernalin_ci.testing.github_standin", "kernalin_ci.testing is test-only: not in the wheel"),
+    ]
+
+
+def test_the_wheel_holds_no_test_only_package():
+    """The packages setuptools puts in the wheel, by pyproject.toml's own find rule."""
+    import tomllib
+    from setuptools import find_packages
+
+    rule = tomllib.loads((PKG.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    shipped = set(find_packages(str(PKG.parent), include=rule["include"], exclude=rule.get("exclude", ())))
+    assert {"kernalin_ci", "kernalin_ci.runtime", "kernalin_ci.verify.structural"} <= shipped
+    assert not {p for p in shipped if p.split(".")[:2] == ["kernalin_ci", "testing"]}, sorted(shipped)
+
+
+def test_each_public_class_name_has_one_meaning():
+    """A class name (Report, Op, Trace, ...) names one thing in the whole package, so a name read in a
+    traceback or a review leads to one definition."""
+    where: dict[str, list[str]] = {}
+    for path in sorted(PKG.rglob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                where.setdefault(node.name, []).append(path.relative_to(PKG).as_posix())
+    assert {name: files for name, files in where.items() if len(files) > 1} == {}
+
+
+def test_no_two_helper_modules_share_a_name():
+    """interp.py, worker.py, harness.py, compare.py once each meant two things. A name may repeat only
+    where it means the same kind of thing in each package (listed here); a new repeat fails."""
+    same_role = {
+        "__init__.py",
+        "bench.py",  # the `bench` command / the throughput benchmark's parent side
+        "catalogue.py",  # the `catalogue` command / the catalogue it runs
+        "pipeline.py",  # the `pipeline` command / the pipeline check it runs
+        "decode_step.py",  # an op / its structural analysis
+        "kv_append.py",
+        "rope.py",
+        "errors.py",  # the errors of the package it sits in
+        "model.py",  # the data model of its package
+        "render.py",  # the text of its package
+        "run.py",  # a command / the run of its package
+        "post.py",  # the GitHub posting of its package (the gate's results, tune's suggestions)
+        "store.py",  # the storage of its package
+        "task.py",  # the worker task of its package
+    }
+    seen: dict[str, list[str]] = {}
+    for path in sorted(PKG.rglob("*.py")):
+        if path.name not in same_role:
+            seen.setdefault(path.name, []).append(path.relative_to(PKG).as_posix())
+    assert {name: files for name, files in seen.items() if len(files) > 1} == {}
