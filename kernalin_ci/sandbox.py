@@ -24,11 +24,14 @@ the uid) and the limits actually in force; what could not be enforced is stated,
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import os
 import shutil
 import signal
 import sys
+import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -483,8 +486,9 @@ def worker_plan(
 
     The worker sees the system and the Python installation read-only, the folders its job names (the
     checkout, entry files) and READONLY (a profiler's installation) read-only, WORKDIR (its job file) and
-    WRITABLE (the folder the parent reads its raw results from) read-write, and fresh
-    tmpfs for HOME (so its own Triton cache) and /tmp; no network; its own PID namespace; the gate's
+    WRITABLE (the folder the parent reads its raw results from) read-write, the Triton cache it shares
+    with this process's workers of the same code (compile_cache) read-write, and fresh tmpfs for HOME
+    and /tmp; no network; its own PID namespace; the gate's
     process and every other file of the user (SSH keys, a runner's credentials) do not exist inside.
     KERNALIN_SANDBOX=off runs it unsandboxed; auto (the default) warns once on stderr where bubblewrap
     cannot run; on makes that an error."""
@@ -529,17 +533,41 @@ def worker_plan(
                 print(f"kernalin-ci: kernel workers run without a sandbox: {why}", file=sys.stderr)
             return None, {}
     settings.extra_ro = readonly
+    cache = compile_cache((device, *readonly))
     plan = prepare(
-        settings, worker_id, [Path(workdir), *map(Path, sorted(rw))], gpu_device_nodes(None) if device == "cuda" else []
+        settings,
+        worker_id,
+        [Path(workdir), Path(cache), *map(Path, sorted(rw))],
+        gpu_device_nodes(None) if device == "cuda" else [],
     )
     plan.argv_prefix[1:1] = ["--chdir", here]
     env = {
         "HOME": plan.home,
         "TMPDIR": plan.tmp,
         "XDG_CACHE_HOME": f"{plan.home}/.cache",
-        "TRITON_CACHE_DIR": f"{plan.home}/.triton",
+        "TRITON_CACHE_DIR": cache,
     }
     return plan, env
+
+
+_caches: dict[tuple[str, ...], str] = {}
+_caches_lock = threading.Lock()
+
+
+def compile_cache(view: tuple[str, ...]) -> str:
+    """The Triton cache (compiled kernels, the launcher and driver stubs gcc builds) shared by this
+    process's sandboxed workers that see the same files (VIEW: the device and every folder bound into the
+    worker). Each worker would otherwise compile all of it again in an empty cache: seconds per worker on
+    a GPU. Code a worker runs can write to the cache, so it can poison it only for workers that run the
+    same code as itself (the base and head of a pull request see different checkouts: two caches); none
+    outlives this process, so nothing reaches a later run."""
+    with _caches_lock:
+        if view not in _caches:
+            path = tempfile.mkdtemp(prefix="kernalin-triton-")
+            os.chmod(path, 0o700)  # prepare() hands it to the worker's uid when it drops to one
+            atexit.register(shutil.rmtree, path, True)
+            _caches[view] = path
+        return _caches[view]
 
 
 def workers_sandboxed() -> bool:

@@ -166,3 +166,50 @@ def test_workers_started_at_once_get_a_cgroup_each(open_dir, monkeypatch):
     finally:
         for p in plans:
             sandbox.end_worker(p)
+
+
+def _in_worker(plan, env: dict, script: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*plan.argv_prefix, sys.executable, "-c", script],
+        env=dict(os.environ, **env),
+        preexec_fn=plan.preexec,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_workers_of_the_same_code_share_a_compile_cache_and_other_code_gets_its_own(open_dir, monkeypatch):
+    """Workers of one run that see the same files share a Triton cache (compiled once per run, not once
+    per worker: seconds each on a GPU); a worker that sees other files (the other side of a pull request)
+    cannot read or write that cache."""
+    from kernalin_ci import sandbox
+
+    monkeypatch.setenv(sandbox.ENV_WORKER_SANDBOX, "on")
+    base, head = open_dir / "base", open_dir / "head"
+    for d in (base, head):
+        d.mkdir()
+        d.chmod(0o755)
+    (head / "entry.py").write_text("def entry(): pass\n")
+    job = {"entry": f"{head / 'entry.py'}:entry"}
+    plans = []
+    try:
+        work = [open_dir / f"w{i}" for i in range(3)]
+        for w in work:
+            w.mkdir()
+        p1, env1 = sandbox.worker_plan(job, "cpu", str(work[0]), str(head))
+        p2, env2 = sandbox.worker_plan(job, "cpu", str(work[1]), str(head))
+        p3, env3 = sandbox.worker_plan({}, "cpu", str(work[2]), str(base))
+        plans += [p1, p2, p3]
+        assert env1["TRITON_CACHE_DIR"] == env2["TRITON_CACHE_DIR"] != env3["TRITON_CACHE_DIR"]
+        write = "import os; open(os.path.join(os.environ['TRITON_CACHE_DIR'], 'stub.so'), 'w').write('x')"
+        r = _in_worker(p1, env1, write)
+        assert r.returncode == 0, r.stderr
+        r = _in_worker(p2, env2, "import os; print(os.path.exists(os.environ['TRITON_CACHE_DIR'] + '/stub.so'))")
+        assert r.stdout.strip() == "True", r.stderr
+        other = os.path.join(env1["TRITON_CACHE_DIR"], "stub.so")
+        r = _in_worker(p3, env3, f"import os; print(os.path.exists({other!r}))")
+        assert r.stdout.strip() == "False", r.stderr  # the head's cache does not exist in the base's worker
+    finally:
+        for p in plans:
+            sandbox.end_worker(p)
