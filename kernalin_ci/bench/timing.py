@@ -20,6 +20,10 @@ COLD_L2_MULTIPLE x the L2 of the bytes a launch moves by the op's model (a kerne
 rows of a large cache); at most `inner` copies, COLD_MAX_BYTES in all. Launch j of a sample reads copy
 j mod n of each, so every launch reads memory that is not in L2.
 
+Setup (`setup`), once per worker: per shape the inputs (op.inputs, once), every instance bound to
+them, warmed up, its CUDA graphs captured and `inner` chosen. tune's race (task "tune-race",
+kernalin_ci/tune/schedule.py) does this once for all its screening rungs and final chunks.
+
 Per round and shape:
 
 1. fresh inputs: every floating-point input is redrawn in place from a seeded
