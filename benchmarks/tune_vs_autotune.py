@@ -214,6 +214,8 @@ def main(argv=None) -> int:
             "rows": rows,
             "notes": result.notes,
         }
+        report["seconds"] = time.perf_counter() - t_start  # written after each kernel: a cut run keeps its part
+        (out_dir / "tune_vs_autotune.json").write_text(json.dumps(report, indent=2) + "\n")
     report["seconds"] = time.perf_counter() - t_start
     (out_dir / "tune_vs_autotune.json").write_text(json.dumps(report, indent=2) + "\n")
     print(table(report))
