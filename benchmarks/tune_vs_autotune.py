@@ -1,4 +1,4 @@
-"""`kernalin-ci tune` against Triton's autotuner over the same space, on one GPU (about 2-3 minutes).
+"""`kernalin-ci tune` against Triton's autotuner over the same space, on one GPU (about 4-5 minutes).
 
     OUT=/some/dir python3 benchmarks/tune_vs_autotune.py      # from the repository root, on the H200
 
@@ -8,7 +8,11 @@ and wrong), the example's RoPE under @triton.autotune over num_warps, and the ca
 decode attention with NUM_SPLITS as an entry keyword (`tune.params`). Per kernel:
 
 1. tune: every candidate verified (dynamic + structural, on a Llama-like domain: D 128, 32/8
-   heads, bfloat16), the survivors raced against the current config (`--budget-s` per kernel);
+   heads, bfloat16), the survivors raced against the current config (`--budget-s` per kernel,
+   default 45 s: the race's one benchmark worker spends about 15 s setting up the three bench shapes
+   (their inputs are drawn on the CPU in float64, every config compiled and its CUDA graphs
+   captured), and a round of five instances takes well under a second, so the rest buys the final
+   race dozens of rounds; at 15 s the setup left one);
 2. the autotuner's pick per bench shape: an autotuned kernel is loaded fresh per shape and
    called once (its own timing of every config; `best_config` read back); for a keyword space
    the same rule is applied by hand (triton.testing.do_bench of every config, the fastest wins);
@@ -17,7 +21,9 @@ decode attention with NUM_SPLITS as an entry keyword (`tune.params`). Per kernel
 4. one table: the picks, whether the autotuner's pick passes verification, the times, and the
    GPU time each method spent. JSON under $OUT (default ./tune-vs-autotune-out).
 
-A cap (`--max-s`, default 170 s) starts no kernel later than 50 s before it, and says which it skipped.
+A cap (`--max-s`, default 330 s) starts no kernel later than `--budget-s` + 60 s before it (a kernel
+takes about that long), and says which it skipped. Each shape's inputs are made once per kernel, for
+the autotuner's picks and the kernel-only times both.
 """
 
 from __future__ import annotations
@@ -55,7 +61,7 @@ KERNELS = {  # in order of importance: the cap skips the last ones first
         op="rope", entry="kernels/tune/rope_autotuned.py:rope", params={"style": "neox"}, domain=DOMAIN, spec=TuneSpec()
     ),
 }
-RESERVE_S = 50  # a kernel takes about this long: none starts past --max-s minus this
+RESERVE_S = 60  # a kernel takes about this long besides its race: none starts past --max-s minus budget + this
 
 
 def kernel_us(fn, kw: dict, calls: int = 20) -> float:
@@ -75,8 +81,9 @@ def kernel_us(fn, kw: dict, calls: int = 20) -> float:
     return total / calls
 
 
-def autotune_picks(k: dict, result, cases, op, params: dict) -> list[dict]:
-    """Per bench shape: the config Triton's autotuner picks, and the GPU time it spent choosing."""
+def autotune_picks(k: dict, result, cases, kws: list[dict]) -> list[dict]:
+    """Per bench shape (its inputs in `kws`): the config Triton's autotuner picks, and the GPU time it
+    spent choosing."""
     import torch
     import triton
 
@@ -86,8 +93,7 @@ def autotune_picks(k: dict, result, cases, op, params: dict) -> list[dict]:
     space = result.space
     root = str(HERE)
     out = []
-    for case in cases:
-        kw = op.inputs(case, params, "cuda", poison=False)
+    for case, kw in zip(cases, kws):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         if space.autotuned is not None:
@@ -108,15 +114,14 @@ def autotune_picks(k: dict, result, cases, op, params: dict) -> list[dict]:
     return out
 
 
-def measure(k: dict, result, picks: list[dict], cases, op, params: dict) -> list[dict]:
+def measure(k: dict, result, picks: list[dict], cases, kws: list[dict]) -> list[dict]:
     from kernalin_ci.tune.pin import load_candidate
 
     space = result.space
     cands = {c.name: c for c in space.candidates} | {"current": space.current}
     checked = {c.candidate.name: c for c in result.checked}
     rows = []
-    for i, (case, pick) in enumerate(zip(cases, picks)):
-        kw = op.inputs(case, params, "cuda", poison=False)
+    for i, (case, pick, kw) in enumerate(zip(cases, picks, kws)):
         j = result.judgements[i] if i < len(result.judgements) else None
         tune_pick = j.best if j else result.chosen
         # the kernel-only time of every config that passed verification, and of the autotuner's pick
@@ -159,9 +164,9 @@ def measure(k: dict, result, picks: list[dict], cases, op, params: dict) -> list
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--kernels", default=",".join(KERNELS), help=f"comma-separated subset of {', '.join(KERNELS)}")
-    p.add_argument("--budget-s", type=float, default=15.0, help="tune's race budget per kernel (default 15)")
+    p.add_argument("--budget-s", type=float, default=45.0, help="tune's race budget per kernel (default 45)")
     p.add_argument("--jobs", type=int, default=8, help="candidates verified at once (default 8)")
-    p.add_argument("--max-s", type=float, default=170.0, help="skip the remaining kernels past this (default 170)")
+    p.add_argument("--max-s", type=float, default=330.0, help="skip the remaining kernels past this (default 330)")
     args = p.parse_args(argv)
     import torch
 
@@ -181,7 +186,7 @@ def main(argv=None) -> int:
     t_start = time.perf_counter()
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "kernels": {}, "skipped": []}
     for name in [n.strip() for n in args.kernels.split(",") if n.strip()]:
-        if time.perf_counter() - t_start > args.max_s - RESERVE_S:
+        if time.perf_counter() - t_start > args.max_s - args.budget_s - RESERVE_S:
             report["skipped"].append(name)
             print(f"== {name}: skipped (past --max-s {args.max_s:g} s)", file=sys.stderr)
             continue
@@ -192,8 +197,10 @@ def main(argv=None) -> int:
         op = get_op(k["op"])
         params = resolve_params(k["op"], op.params, k["params"])
         cases = bench_cases(k["op"], params, "cuda", {})
-        picks = autotune_picks(k, result, cases, op, params)
-        rows = measure(k, result, picks, cases, op, params)
+        kws = [op.inputs(case, params, "cuda", poison=False) for case in cases]  # once per shape
+        picks = autotune_picks(k, result, cases, kws)
+        rows = measure(k, result, picks, cases, kws)
+        del kws
         report["kernels"][name] = {
             "candidates": len(result.space.candidates),
             "dropped": [c.candidate.label for c in result.dropped],
@@ -201,9 +208,14 @@ def main(argv=None) -> int:
             "autotune_seconds": sum(p["seconds"] for p in picks),
             "chosen": result.label(result.chosen),
             "stopped": result.stopped,
+            "final_rounds": result.final_rounds,
+            "rungs": result.rungs,
+            "race_setup": result.race_setup,
             "rows": rows,
             "notes": result.notes,
         }
+        report["seconds"] = time.perf_counter() - t_start  # written after each kernel: a cut run keeps its part
+        (out_dir / "tune_vs_autotune.json").write_text(json.dumps(report, indent=2) + "\n")
     report["seconds"] = time.perf_counter() - t_start
     (out_dir / "tune_vs_autotune.json").write_text(json.dumps(report, indent=2) + "\n")
     print(table(report))
@@ -237,6 +249,15 @@ def table(report: dict) -> str:
         lines.append(f"| {name} | dropped by verification: {', '.join(k['dropped']) or 'none'} | | | | | | |")
     for n in report["skipped"]:
         lines.append(f"| {n} | skipped: past --max-s | | | | | | |")
+    lines.append("")
+    for name, k in report["kernels"].items():
+        rs = k.get("race_setup") or {}
+        lines.append(
+            f"{name}: chosen {k['chosen']} (stopped: {k['stopped']}, {k.get('final_rounds', 0)} final rounds); race "
+            f"{k['tune_seconds']['race']:.1f} s = setup {rs.get('seconds', float('nan')):.1f} s "
+            f"(workers {rs.get('workers', 0)}) + {rs.get('rounds', 0)} rounds "
+            f"{rs.get('round_seconds', float('nan')):.1f} s"
+        )
     return "\n".join(lines)
 
 

@@ -21,6 +21,7 @@ TASKS = {
     "bench": "kernalin_ci.bench.timing:run_job",
     "model-bench": "kernalin_ci.throughput.task:run_job",
     "tune-discover": "kernalin_ci.tune.pin:discover_job",
+    "tune-race": "kernalin_ci.tune.schedule:run_job",
     "explain-compile": "kernalin_ci.explain.compiled:run_job",
     "explain-env": "kernalin_ci.explain.provenance:run_job",
     "explain-profile": "kernalin_ci.explain.profile:run_job",

@@ -183,6 +183,48 @@ def test_autotune_space_drops_the_wrong_config_writes_the_verified_list_and_open
     assert f"opened pull request #{pr['number']}" in r.stdout
 
 
+# ---------------------------------------------------------------- the race: set up once
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_the_race_sets_every_shape_up_once_for_screening_and_the_final_rounds(tmp_path, device):
+    """A real race (the benchmark's split-KV kernel, NUM_SPLITS as a keyword): one benchmark worker makes
+    each shape's inputs once, prepares each instance once (a CUDA graph to check and one to time, on a
+    GPU) and runs the screening rung and the final rounds on them. A worker per rung or chunk, inputs
+    made per round or graphs captured per round fail it. The configs are not verified here (the race
+    alone: the other tests verify before racing); nothing reads a time."""
+    from kernalin_ci.bench import stats
+    from kernalin_ci.tune.run import Checked, Target, TuneResult, _race
+    from kernalin_ci.tune.space import candidate_source
+
+    root, entry = str(REPO / "benchmarks"), "kernels/tune/split_kv.py:entry"
+    space = build_space(TuneSpec({"NUM_SPLITS": [2, 4, 8]}, use_autotune=False), entry, root, device)
+    assert space.current.params["NUM_SPLITS"] == 4 and len(space.candidates) == 2
+    entries = {"current": entry}
+    for c in space.candidates:
+        (tmp_path / f"{c.name}.py").write_text(candidate_source(entry, root, c))
+        entries[c.name] = f"{tmp_path / c.name}.py:entry"
+    result = TuneResult(Target("attention.decode", entry, root), device, space, budget_s=2.0)
+    result.checked = [Checked(c, True, note="not verified: the race alone") for c in [space.current, *space.candidates]]
+    field = ["current", *(c.name for c in space.candidates)]
+    said = []
+    _race(result, result.target, entries, root, field, device, 2.0, None, 0.005, 1, 1, 0, None, said.append)
+
+    assert result.stopped in ("settled", "budget", "rounds"), (result.stopped, result.notes)
+    setup = result.race_setup
+    shapes = len(result.shapes)
+    assert shapes >= 1 and setup["workers"] == 1 and setup["setups"] == [1] * shapes
+    assert setup["inputs_made"] == [1] * shapes  # attention.decode redraws its inputs in place each round
+    instances = len(field) + 1  # and the A/A copy of the current config
+    assert setup["graph_captures"] == [2 * instances if device == "cuda" else 0] * shapes
+    (rung,) = result.rungs  # two candidates, one finalist: one screening rung, then the final race
+    assert rung["field"] == field[1:] and len(rung["kept"]) == 1 and rung["rounds"] >= 1
+    assert result.final_rounds >= stats.MIN_ROUNDS
+    assert setup["rounds"] == rung["rounds"] + result.final_rounds  # all of them in that one worker
+    assert set(result.timed) == set(field) and len(result.judgements) == shapes
+    assert sum(line.startswith("  benchmark set up for the race: 4 instances") for line in said) == 1
+
+
 # ---------------------------------------------------------------- the race's decision code
 
 

@@ -137,6 +137,7 @@ def bench_pair(
     regime: str | None = None,
     reference: int = 0,
     clock: str = "events",
+    race: dict | None = None,
 ) -> BenchResult:
     """Benchmark head against base; the gate and `kernalin-ci bench` call this.
 
@@ -150,6 +151,9 @@ def bench_pair(
     record their kernel-only device time in `reference` (benchmarks/live_eval.py; 0: none).
     clock: on a GPU, "events" (CUDA events around each replay) or "kernel" (the kernel-only device time
     of each replay from the CUDA profiler; timing.KernelClock). The CPU always uses its wall clock.
+    race: the schedule of a tune race (kernalin_ci/tune/schedule.py, worker task "tune-race"): the same
+    setup and rounds, over a field of instances that narrows; its rounds reach `progress` (a callable)
+    as events and are not judged here (no verdict, no trace).
     Usage problems raise UsageError; a benchmark that cannot finish returns a
     BenchResult with `error` set (outputs disagree, a crash, a hang).
     """
@@ -194,7 +198,7 @@ def bench_pair(
         ]
         instances += [{"name": n, "entry": e, "root": str(Path(r or os.getcwd()).resolve())} for n, e, r in extra]
         job = {
-            "task": "bench",
+            "task": "tune-race" if race else "bench",
             "op": op,
             "params": resolved,
             "device": device,
@@ -212,6 +216,8 @@ def bench_pair(
             "reference": reference,
             "clock": clock,
         }
+        if race:
+            job["race"] = race
         info = _run(job, result, cases, device, timeout_s or DEFAULT_TIMEOUT_S[device], progress)
     _finish(result, cases, info, rope, rope_min)
     result.seconds = time.perf_counter() - t_start
@@ -288,9 +294,10 @@ def _run(job: dict, result: BenchResult, cases, device: str, timeout_s: float, p
         elif kind == "note":
             result.notes.append(ev["message"])
         elif kind == "round":
-            for n in names:
-                times[n].append(ev["times"][n])
-            orders.append(ev["order"])
+            if job["task"] == "bench":  # a race's rounds time part of the instances: its caller reads them
+                for n in names:
+                    times[n].append(ev["times"][n])
+                orders.append(ev["order"])
             result.rounds = ev["round"]
             result.bench_seconds = ev["elapsed"]
             state["where"] = f"round {ev['round'] + 1}"
@@ -317,7 +324,7 @@ def _run(job: dict, result: BenchResult, cases, device: str, timeout_s: float, p
     if outcome.status in ("timeout", "crashed") and result.error is None:
         result.error_kind = outcome.status
         result.error = f"the benchmark child {outcome.detail} while {state['where']}" + outcome.last_output()
-    if result.rounds:
+    if result.rounds and job["task"] == "bench":
         result.instances = {n: np.asarray(times[n], dtype=np.float64) for n in names}
         result.orders = np.asarray(orders, dtype=np.int8)
         meta = {

@@ -20,6 +20,10 @@ COLD_L2_MULTIPLE x the L2 of the bytes a launch moves by the op's model (a kerne
 rows of a large cache); at most `inner` copies, COLD_MAX_BYTES in all. Launch j of a sample reads copy
 j mod n of each, so every launch reads memory that is not in L2.
 
+Setup (`setup`), once per worker: per shape the inputs (op.inputs, once), every instance bound to
+them, warmed up, its CUDA graphs captured and `inner` chosen. tune's race (task "tune-race",
+kernalin_ci/tune/schedule.py) does this once for all its screening rungs and final chunks.
+
 Per round and shape:
 
 1. fresh inputs: every floating-point input is redrawn in place from a seeded
@@ -232,6 +236,7 @@ class TimedEntry:
         self.check_ret = None
         self.inner = 1
         self.out_ptrs: tuple = ()  # addresses of the timing graph's outputs (shared-pool diagnostics)
+        self.captures = 0  # CUDA graphs captured (setup work: the race's tally, tune/schedule.py)
 
     @property
     def kw(self) -> dict:
@@ -269,6 +274,7 @@ class TimedEntry:
                 self.call()
 
     def capture(self, body, pool=None):
+        self.captures += 1
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g, pool=pool):
             ret = body()
@@ -480,6 +486,11 @@ class Shape:
     def __init__(self, case: Case, inputs: SharedInputs, runners: list[TimedEntry], gen: torch.Generator):
         self.case, self.inputs, self.runners, self.gen = case, inputs, runners, gen
         self.inner, self.timing, self.copies = 1, "", {}
+        self.inputs_made = 1  # op.inputs calls for this shape: the setup's, and a custom op's redraws
+
+    def tally(self) -> dict:
+        """The setup work done for this shape so far: inputs made (op.inputs calls), graphs captured."""
+        return {"inputs_made": self.inputs_made, "graph_captures": sum(r.captures for r in self.runners)}
 
     @property
     def master(self) -> dict:
@@ -488,13 +499,20 @@ class Shape:
 
 def run_job(job: dict, emit) -> None:
     """Worker task "bench": emits setup / round / stopped events (or bench-error)."""
+    guarded(job, emit, _run)
+
+
+def guarded(job: dict, emit, body) -> None:
+    """Load the job's op, entries and cases and run `body(job, emit, op, params, device, fns, cases)`; a
+    benchmark that cannot finish (outputs disagree, an entry raised, out of memory, a CUDA error) ends
+    with a bench-error event."""
     device = job["device"]
     op = get_op(job["op"], root=job["instances"][0]["root"])
     params = job["params"]
     fns = [(i["name"], load_entry(i["entry"], i.get("root"))) for i in job["instances"]]
     cases = [Case.from_json(c) for c in job["cases"]]
     try:
-        _run(job, emit, op, params, device, fns, cases)
+        body(job, emit, op, params, device, fns, cases)
     except BenchAbort as e:
         emit({"event": "bench-error", "kind": e.kind, "message": str(e)})
     except torch.cuda.OutOfMemoryError as e:
@@ -506,7 +524,10 @@ def run_job(job: dict, emit) -> None:
         emit({"event": "bench-error", "kind": "cuda-error", "message": f"{type(e).__name__}: {msg}"})
 
 
-def _run(job, emit, op, params, device, fns, cases) -> None:
+def setup(job: dict, emit, op, params, device, fns, cases) -> tuple:
+    """Once per benchmark worker: the clock, and per shape the shared inputs (op.inputs, once) and every
+    instance bound to them and prepared by the clock (warm-up, CUDA graphs, inner, cold copies); emits a
+    setup event per shape and setup-done. -> (clock, [Shape])."""
     clocks = {("cuda", "events"): CudaClock, ("cuda", "kernel"): KernelClock}
     clocks |= {("cpu", "events"): CpuClock, ("cpu", "kernel"): CpuKernelClock}
     kind = job.get("clock", "events")
@@ -517,7 +538,6 @@ def _run(job, emit, op, params, device, fns, cases) -> None:
     if regime not in REGIMES:
         raise BenchAbort("usage", f"regime must be one of {', '.join(REGIMES)}, got {regime!r}")
     seed = int(job.get("seed", 0))
-    exact = op.exact  # kv_append: whole caches, bit for bit
     shapes: list[Shape] = []
     t_setup = time.perf_counter()
     for si, case in enumerate(cases):
@@ -544,15 +564,26 @@ def _run(job, emit, op, params, device, fns, cases) -> None:
             }
         )
     emit({"event": "setup-done", "seconds": time.perf_counter() - t_setup, "clock": clock.label})
+    return clock, shapes
 
+
+def new_inputs(op, params, device, sh: Shape, rnd: int, seed: int) -> None:
+    """A round's fresh inputs for one shape: redrawn into the master in place (a custom op builds new
+    ones), then loaded into every copy the instances read."""
+    _fresh_inputs(op, params, device, sh, rnd, seed)
+    sh.inputs.load()
+
+
+def _run(job, emit, op, params, device, fns, cases) -> None:
+    clock, shapes = setup(job, emit, op, params, device, fns, cases)
+    seed = int(job.get("seed", 0))
+    exact = op.exact  # kv_append: whole caches, bit for bit
     names = [n for n, _ in fns]
     reps = int(job["reps"])
 
     def prepare(si: int, rnd: int) -> None:
-        sh = shapes[si]
-        _fresh_inputs(op, params, device, sh, rnd, seed)
-        sh.inputs.load()
-        _check_agreement(op, sh, exact, rnd)
+        new_inputs(op, params, device, shapes[si], rnd, seed)
+        _check_agreement(op, shapes[si], exact, rnd)
 
     def time_shape(si: int, order: list[int]) -> dict[str, list[float]]:
         return clock.time_shape(shapes[si], order, reps)  # the kernel clock profiles whole rounds
@@ -690,12 +721,29 @@ def _fresh_inputs(op, params, device, sh: Shape, rnd: int, seed: int) -> None:
         new = op.inputs(
             Case(c.name, c.dims, c.dtype, c.seed * 7919 + rnd + 1 + seed, c.tags), params, device, poison=False
         )
+        sh.inputs_made += 1
         copy_into(sh.master, new)
 
 
 def _check_agreement(op, sh: Shape, exact: bool, rnd: int) -> None:
+    bad = disagreements(op, sh, exact)
+    if bad:
+        i, why = bad[0]
+        raise BenchAbort(
+            "mismatch",
+            f"{sh.runners[i].name} and {sh.runners[0].name} disagree on shape {sh.case.name} "
+            f"(round {rnd + 1}, fresh inputs): {why}",
+        )
+
+
+def disagreements(op, sh: Shape, exact: bool, active: list[int] | None = None) -> list[tuple[int, str]]:
+    """The output agreement check on the current inputs: each instance of `active` (runner indices, the
+    base first; default all) runs once through its check graph, the inputs it writes restored before
+    each, and every output is compared with the base's -> [(index, what differs)] of those that disagree."""
+    active = list(range(len(sh.runners))) if active is None else active
     outs = []
-    for r in sh.runners:
+    for i in active:
+        r = sh.runners[i]
         sh.inputs.restore()
         ret = r.check()
         sh.inputs.note_writes()
@@ -704,14 +752,12 @@ def _check_agreement(op, sh: Shape, exact: bool, rnd: int) -> None:
         except TypeError as e:
             raise BenchAbort("wrong-output", f"{r.name}: {e}") from None
         outs.append({k: v.detach().clone() for k, v in o.items() if isinstance(v, torch.Tensor)})
-    base = sh.runners[0].name
-    for r, o in zip(sh.runners[1:], outs[1:]):
+    bad = []
+    for i, o in zip(active[1:], outs[1:]):
         why = disagreement(op, sh.case, sh.master, outs[0], o, exact)
         if why:
-            raise BenchAbort(
-                "mismatch",
-                f"{r.name} and {base} disagree on shape {sh.case.name} (round {rnd + 1}, fresh inputs): {why}",
-            )
+            bad.append((i, why))
+    return bad
 
 
 def _verdict(times: dict, names: list[str], job: dict):

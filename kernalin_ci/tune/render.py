@@ -63,8 +63,10 @@ def table(result) -> str:
             lines.append("  " + "  ".join(x.ljust(w) for x, w in zip(r, widths)))
     lines.append(f"  chosen for every shape: {result.label(result.chosen)}")
     clock = "GPU" if result.clock == "cuda-events" else "CPU wall-clock"
+    rs_ = result.race_setup
+    split = f"setup {rs_['seconds']:.1f} s + {rs_.get('rounds', 0)} rounds, " if "seconds" in rs_ else ""
     lines.append(
-        f"  verification {result.verify_seconds:.1f} s; race {result.race_seconds:.1f} s ({clock}, budget "
+        f"  verification {result.verify_seconds:.1f} s; race {result.race_seconds:.1f} s ({split}{clock}, budget "
         f"{result.budget_s:g} s, {len(result.rungs)} screening rungs, {result.final_rounds} final rounds, "
         f"stopped: {result.stopped}); {result.seconds:.1f} s in all"
     )
@@ -105,6 +107,7 @@ def to_json(result, patch=None, why: str = "") -> dict:
         "stopped": result.stopped,
         "verify_seconds": result.verify_seconds,
         "race_seconds": result.race_seconds,
+        "race_setup": result.race_setup,
         "seconds": result.seconds,
         "budget_s": result.budget_s,
         "notes": result.notes,

@@ -3,19 +3,20 @@
 1. verification first: the current config and each candidate run `verify()` (dynamic and
    structural, on the kernel's domain) in worker children; a candidate with a finding is dropped
    and listed with it, and is never timed;
-2. screening: all survivors are timed in a few interleaved rounds against the current config
-   (bench_pair with the candidates as extra instances); successive halving keeps the better half
-   per rung (rounds double per rung) until `finalists` remain;
-3. final: the finalists and the current config race in chunks of rounds (the interleaved Bayesian
-   benchmark); after each chunk `race.judge` decides per shape, and the race stops when
-   `race.settled` or the budget is spent (one final chunk always runs, so a small budget may be
-   overrun by one chunk; screening stops at half the budget).
+2. the race, in ONE benchmark worker (kernalin_ci/tune/schedule.py): the inputs, compiles, warm-ups
+   and CUDA graphs of every survivor, the current config and its A/A copy are set up once; then
+   screening (interleaved rounds of all survivors against the current config; successive halving
+   keeps the better half per rung, rounds doubling per rung, until `finalists` remain; at most half
+   the budget after the first rung) and the final race (the finalists and the current config in
+   chunks of rounds, judged after each: `race.judge`, stopping when `race.settled` or the budget is
+   spent; at least stats.MIN_ROUNDS final rounds always run, so a budget smaller than the setup is
+   overrun by those). Every round checks output agreement and restores written inputs, as `bench`;
+3. the final rounds are judged again here (`decide`: race.judge, race.recommend).
 """
 
 from __future__ import annotations
 
 import os
-import re
 import sys
 import tempfile
 import time
@@ -105,6 +106,10 @@ class TuneResult:
     clock: str = ""
     notes: list = field(default_factory=list)
     timed: list = field(default_factory=list)  # every config that ran in a timing round
+    # where the race's time went: its benchmark workers ("workers": 1), their setup ("seconds") and rounds
+    # ("rounds", "round_seconds"), and per shape the setups ("setups": 1 each), the inputs made
+    # ("inputs_made": op.inputs calls, 1 each for a built-in op) and the CUDA graphs captured
+    race_setup: dict = field(default_factory=dict)
 
     def label(self, name: str | None) -> str:
         if name is None:
@@ -308,9 +313,6 @@ def _not_checked_text(r) -> str:
     return "no case planned"
 
 
-_MISMATCH = re.compile(r"^(\S+) and (\S+) disagree")
-
-
 def decide(result: TuneResult, acc: dict, reference: str, alive: list[str], rope, rope_min) -> str | None:
     """Judge the field still in the race (the reference and `alive`; a config dropped since is never
     judged, so never chosen) on the timing record `acc`; set result.judgements and result.chosen
@@ -339,109 +341,101 @@ def _race(
     timeout_s,
     say,
 ) -> None:
+    """The race in one benchmark worker (kernalin_ci/tune/schedule.py): set up once, screened, then the
+    final rounds, which are judged here (decide) with the same functions the worker stopped on."""
     from kernalin_ci.bench.pair import bench_pair
 
-    reference = field_[0]
+    reference, first = field_[0], field_[1]
     result.reference = reference
     alive = field_[1:]
-    spent = 0.0
-    failed = False
-    bench_params = {**target.params, **target.bench}
+    config = {"base": reference, "head": first}  # the benchmark's instance names -> configs
+    final: dict[str, list] = {}  # config (and "base2", the A/A copy) -> one [S, reps] per final round
+    tally: list = []
 
-    def timed(names: list[str], rounds: int, label: str, cap: float) -> dict | None:
-        """One interleaved benchmark of reference + names for `rounds` rounds, its timing rounds stopped
-        once `spent` reaches `cap` (at least one round runs) -> {name: [R, S, reps]}."""
-        nonlocal spent, alive, failed
-        while True:
-            extra = [(n, entries[n], root) for n in names[1:]]
-            result.timed += [n for n in (reference, *names) if n not in result.timed]
-            r = bench_pair(
-                target.op,
-                entries[reference],
-                entries[names[0]],
-                root,
-                root,
-                bench_params,
-                device,
-                budget_s=max(cap - spent, 1e-3),
-                rope_min=rope_min,
-                rope=rope,
-                reps=reps,
-                max_rounds=rounds,
-                adaptive=False,
-                seed=seed + len(result.rungs) + result.final_rounds,
-                timeout_s=timeout_s,
-                progress=None,
-                extra=extra,
-            )
-            spent += r.bench_seconds + r.setup_seconds
-            result.clock = r.clock or result.clock
-            if not result.shapes:
-                result.shapes = [{"shape": s["shape"], "dims": s["dims"], "dtype": s["dtype"]} for s in r.shapes]
-            if not r.failed:
-                inst = dict(r.instances)
-                inst[names[0]] = inst.pop("head")
-                inst[reference] = inst.pop("base")
+    def on_event(ev: dict) -> None:
+        nonlocal alive
+        kind = ev.get("event")
+        if kind == "setup":  # one per shape and benchmark worker
+            setups = result.race_setup.setdefault("setups", [])
+            setups += [0] * (ev["shape"] + 1 - len(setups))
+            setups[ev["shape"]] += 1
+        elif kind == "setup-done":
+            result.race_setup["workers"] = result.race_setup.get("workers", 0) + 1
+            result.race_setup["seconds"] = result.race_setup.get("seconds", 0.0) + ev["seconds"]
+            say(f"  benchmark set up for the race: {len(field_) + 1} instances ({ev['seconds']:.1f} s)")
+        elif kind == "round":
+            times = {config.get(n, n): t for n, t in ev["times"].items()}
+            result.timed += [n for n in times if n != "base2" and n not in result.timed]
+            if ev["phase"] == "final":
+                for n, t in times.items():
+                    final.setdefault(n, []).append(t)
+        elif kind == "rung":
+            before = [config.get(n, n) for n in ev["field"]]
+            kept = [config.get(n, n) for n in ev["kept"]]
+            if ev["phase"] == "screen":
+                result.rungs.append({"field": before, "rounds": ev["rounds"], "kept": kept})
                 say(
-                    f"  {label}: {r.rounds} rounds, {r.bench_seconds + r.setup_seconds:.1f} s "
-                    f"({spent:.1f} of {budget_s:g} s budget)"
+                    f"  screening {len(before)} configs: {ev['rounds']} rounds, kept {len(kept)} "
+                    f"({ev['elapsed']:.1f} of {budget_s:g} s budget)"
                 )
-                return inst
-            m = _MISMATCH.match(r.error or "")
-            bad = {"head": names[0]}.get(m.group(1), m.group(1)) if m else None
-            if r.error_kind == "mismatch" and bad in names:
-                ck = next(c for c in result.checked if c.candidate.name == bad)
-                ck.passed = False
-                ck.note = f"outputs disagree with {reference} in the benchmark: {r.error}"
-                say(f"  dropped {ck.candidate.label}: {ck.note}")
-                names = [n for n in names if n != bad]
-                alive = [n for n in alive if n != bad]
-                if not names:
-                    return None
-                continue
-            result.notes.append(f"the race stopped: the benchmark failed ({r.error_kind}): {r.error}")
-            failed = True
-            return None
+            else:
+                say(
+                    f"  final race of {len(before)} configs and {reference}: {ev['rounds']} rounds "
+                    f"({ev['elapsed']:.1f} of {budget_s:g} s budget)"
+                )
+            alive = [n for n in alive if n in kept]
+        elif kind == "dropped":
+            bad = config.get(ev["name"], ev["name"])
+            ck = next(c for c in result.checked if c.candidate.name == bad)
+            ck.passed = False
+            ck.note = f"outputs disagree with {reference} in the benchmark: {ev['message']}"
+            say(f"  dropped {ck.candidate.label}: {ck.note}")
+            alive = [n for n in alive if n != bad]
+        elif kind == "stopped":
+            tally[:] = ev.get("tally") or []
 
-    rounds = SCREEN_ROUNDS
-    while len(alive) > finalists and spent < budget_s / 2:  # half the budget at most for screening
-        before = list(alive)
-        times = timed(alive, rounds, f"screening {len(alive)} configs", budget_s / 2)
-        if times is None:
-            break
-        kept = race.screen(times, [n for n in before if n in times], race.halve(len(before), finalists))
-        result.rungs.append({"field": before, "rounds": rounds, "kept": kept})
-        alive = kept
-        rounds *= 2
-    acc: dict | None = None
+    r = bench_pair(
+        target.op,
+        entries[reference],
+        entries[first],
+        root,
+        root,
+        {**target.params, **target.bench},
+        device,
+        budget_s=budget_s,
+        rope_min=rope_min,
+        rope=rope,
+        reps=reps,
+        seed=seed,
+        timeout_s=timeout_s,
+        progress=on_event,
+        extra=[(n, entries[n], root) for n in field_[2:]],
+        race={
+            "finalists": finalists,
+            "screen_rounds": SCREEN_ROUNDS,
+            "final_chunks": list(FINAL_CHUNKS),
+            "min_final_rounds": stats.MIN_ROUNDS,
+        },
+    )
+    result.clock = r.clock
+    result.shapes = [{"shape": s["shape"], "dims": s["dims"], "dtype": s["dtype"]} for s in r.shapes]
+    result.race_seconds = r.setup_seconds + r.bench_seconds
+    result.race_setup.update(
+        rounds=r.rounds,
+        round_seconds=r.bench_seconds,
+        inputs_made=[t["inputs_made"] for t in tally],
+        graph_captures=[t["graph_captures"] for t in tally],
+    )
     held = None
-    result.stopped = "rounds"  # unless one of the reasons below: every chunk of FINAL_CHUNKS ran
-    for chunk in FINAL_CHUNKS:
-        if not alive or failed or (spent >= budget_s and acc is not None):  # one final chunk always runs
-            break
-        times = timed(alive, chunk, f"final race of {len(alive)} configs and {reference}", budget_s)
-        if times is None:
-            break
-        names = [reference, "base2", *alive]
-        if acc is None or set(acc) != set(names):
-            acc = {n: times[n] for n in names}  # the field changed (a drop): start the record again
-        else:
-            acc = {n: np.concatenate([acc[n], times[n]]) for n in names}
+    if final.get(reference):
+        acc = {n: np.asarray(final[n], dtype=np.float64) for n in (reference, "base2", *alive)}
         result.final_rounds = int(acc[reference].shape[0])
         held = decide(result, acc, reference, alive, rope, rope_min)
-        if result.final_rounds >= stats.MIN_ROUNDS and race.settled(result.judgements):
-            result.stopped = "settled"
-            break
-    if acc is not None and set(result.judgements[0].ms) != {reference, *alive}:
-        held = decide(result, acc, reference, alive, rope, rope_min)  # a leader dropped after the last look
-    if result.stopped != "settled":
-        if failed:
-            result.stopped = "failed"
-        elif not alive:
-            result.stopped = "none"  # every finalist was dropped (outputs disagreed in the benchmark)
-        elif spent >= budget_s:
-            result.stopped = "budget"
-    result.race_seconds = spent
+    if r.failed:
+        result.notes.append(f"the race stopped: the benchmark failed ({r.error_kind}): {r.error}")
+        result.stopped = "failed"
+    else:
+        result.stopped = r.stopped  # settled | budget | rounds | none
     if held is not None:
         verdicts = ", ".join(j.vs_reference[held].verdict for j in result.judgements)
         result.notes.append(
@@ -449,4 +443,4 @@ def _race(
             f"config on every shape ({verdicts}): the current config stays"
         )
     if not result.judgements and alive:
-        result.notes.append("the race produced no judgement (budget spent in screening, or the benchmark failed)")
+        result.notes.append("the race produced no judgement (the benchmark failed before the final rounds)")
