@@ -25,10 +25,13 @@ the uid) and the limits actually in force; what could not be enforced is stated,
 from __future__ import annotations
 
 import itertools
+import json
 import os
+import select
 import shutil
 import signal
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -228,6 +231,7 @@ def prepare(
     *,
     disk: int | None = None,
     checkout: Path | None = None,
+    capped: list[tuple[str, int]] = (),
 ) -> Plan:
     """How to start job JOB_ID inside the sandbox. WRITABLE are bound read-write at the same paths;
     HIDE (the daemon's state folder, its secret files) are masked wherever a bound folder holds them.
@@ -235,7 +239,8 @@ def prepare(
     With DISK (the daemon's jobs), nothing of the host is writable: the job's files live on one tmpfs of
     DISK bytes at JOB_DIR (/job: HOME, TMPDIR and the copy of the CHECKOUT, bound read-only at
     CHECKOUT_DIR, go there; /tmp is a link to JOB_DIR/tmp, or a tmpfs of DISK bytes of its own where a
-    read-only path lives under /tmp), so the job cannot use more disk than that."""
+    read-only path lives under /tmp), so the job cannot use more disk than that. CAPPED ((path, bytes)):
+    a tmpfs of its own at each path (a kernel worker's results: CappedFolder), nothing of the host's."""
     bwrap = shutil.which(settings.bwrap) if os.sep not in settings.bwrap else settings.bwrap
     if not bwrap or not os.access(bwrap, os.X_OK):
         raise SandboxError(
@@ -335,6 +340,8 @@ def prepare(
         argv += ["--tmpfs", h, "--remount-ro", h] if os.path.isdir(h) else ["--ro-bind", "/dev/null", h]
     for p in writable:
         argv += [*parents(p, bound), "--bind", str(p), str(p)]
+    for p, size in capped:
+        argv += [*parents(p, bound), "--perms", "1777", "--size", str(size), "--tmpfs", p]
     # bwrap's own root and /dev are tmpfs without a size, writable by the job in a user namespace
     argv += ["--remount-ro", "/dev", "--remount-ro", "/"]
     if root:
@@ -410,6 +417,10 @@ def describe(plan: Plan) -> str:
 
 WORKER_MODES = ("auto", "on", "off")
 ENV_WORKER_SANDBOX = "KERNALIN_SANDBOX"  # auto (default) | on | off, for the kernel workers of this process
+ENV_WORKER_DISK = "KERNALIN_SANDBOX_DISK"  # the size of each writable file system of a kernel worker
+WORKER_DISK = "8g"
+FULL_BELOW = 64 * 1024  # a capped folder with less free space than this: its worker reached the cap
+ATTACH_S = 30.0  # how long bubblewrap may take to set a sandbox up
 _probe: dict = {}
 _warned: list = []
 _worker_ids = itertools.count(1)  # next() is atomic: workers start from several threads at once
@@ -420,6 +431,155 @@ def worker_mode() -> str:
     if mode not in WORKER_MODES:
         raise SandboxError(f"{ENV_WORKER_SANDBOX}={mode!r}: expected one of {', '.join(WORKER_MODES)}")
     return mode
+
+
+def worker_disk() -> int:
+    """Bytes for each writable file system of a kernel worker: its results folders, HOME, /tmp, /dev/shm
+    (KERNALIN_SANDBOX_DISK, default 8 GiB: a result file the parent reads is at most 8 GiB)."""
+    text = os.environ.get(ENV_WORKER_DISK, "").strip() or WORKER_DISK
+    try:
+        return parse_size(text)
+    except SandboxError as e:
+        raise SandboxError(f"{ENV_WORKER_DISK}: {e}") from None
+
+
+class CappedFolder:
+    """A folder a kernel worker writes and its parent reads (its raw results), of at most `cap` bytes.
+
+    In the worker sandbox the worker sees at `path` a tmpfs of `cap` bytes of its own: nothing it writes
+    there reaches the host's disk, and a write past the cap fails (ENOSPC). The host folder `path` stays
+    empty: the parent opens that tmpfs through /proc/<sandbox pid>/root after bubblewrap set it up and
+    before the worker runs (`Handshake`), and reads it through `view`; the descriptor keeps the tmpfs,
+    files and all, after the worker ended, until the folder's next worker starts or `close()`. `full()`
+    says whether the worker reached the cap. Unsandboxed (KERNALIN_SANDBOX=off, or no bubblewrap: said
+    on stderr), `view` is `path`, on the host's disk, with no cap."""
+
+    def __init__(self, prefix: str, cap: int | None = None):
+        self.cap = worker_disk() if cap is None else cap
+        self.path = os.path.realpath(tempfile.mkdtemp(prefix=prefix))
+        self._fd: int | None = None
+        self.least_free: int | None = None  # the least free space seen on the attached tmpfs
+
+    @property
+    def view(self) -> str:
+        """Where the parent reads what the worker wrote."""
+        return f"/proc/self/fd/{self._fd}" if self._fd is not None else self.path
+
+    def attach(self, fd: int) -> None:
+        """FD (a directory) is the sandbox's tmpfs at `path` from now on; the previous one is dropped."""
+        self._release()
+        self._fd, self.least_free = fd, None
+        self.sample()
+
+    def sample(self) -> None:
+        if self._fd is not None:
+            try:
+                st = os.statvfs(self._fd)
+            except OSError:
+                return
+            free = st.f_bavail * st.f_frsize
+            self.least_free = free if self.least_free is None else min(self.least_free, free)
+
+    def full(self) -> str | None:
+        """Why the worker's results stop here, when it filled the folder to its cap (else None)."""
+        if self.least_free is None or self.least_free >= FULL_BELOW:
+            return None
+        return (
+            f"the worker filled its results folder to its disk cap of {size_text(self.cap)} ({ENV_WORKER_DISK}): "
+            f"writes past it failed; nothing of it reached the host's disk"
+        )
+
+    def _release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def close(self) -> None:
+        self._release()
+        shutil.rmtree(self.path, ignore_errors=True)
+
+    def __enter__(self) -> CappedFolder:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class Handshake:
+    """bubblewrap's --info-fd (the sandbox's pid) and --block-fd (it waits, set up, before running the
+    command): the parent opens the sandbox's capped folders in between (`attach`)."""
+
+    def __init__(self) -> None:
+        self.info_r, self.info_w = os.pipe()
+        self.block_r, self.block_w = os.pipe()
+
+    def argv(self) -> list[str]:
+        """bubblewrap's options; pass child_fds() to the process."""
+        return ["--info-fd", str(self.info_w), "--block-fd", str(self.block_r)]
+
+    def child_fds(self) -> tuple[int, int]:
+        return self.info_w, self.block_r
+
+    def close(self) -> None:
+        """Close what is still open of both pipes (after attach, or when bubblewrap could not start)."""
+        for name in ("info_r", "info_w", "block_r", "block_w"):
+            fd = getattr(self, name)
+            if fd >= 0:
+                os.close(fd)
+                setattr(self, name, -1)
+
+    def attach(self, proc, folders, timeout_s: float = ATTACH_S) -> str | None:
+        """After PROC (bubblewrap) started: attach each of FOLDERS to its tmpfs in the sandbox, then let
+        the command run. None, or why not (PROC is then the caller's to kill)."""
+        os.close(self.info_w)
+        os.close(self.block_r)
+        self.info_w = self.block_r = -1
+        deadline = time.monotonic() + timeout_s
+        try:
+            info = b""
+            while select.select([self.info_r], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                chunk = os.read(self.info_r, 4096)
+                if not chunk:
+                    break
+                info += chunk
+            try:
+                pid = int(json.loads(info)["child-pid"])
+            except (ValueError, KeyError, TypeError):
+                return "bubblewrap did not start the sandbox"
+            for f in folders:
+                why = _open_in(pid, f, proc, deadline)
+                if why:
+                    return why
+            return None
+        finally:
+            try:
+                os.write(self.block_w, b"x")
+            except OSError:
+                pass
+            self.close()
+
+
+def _open_in(pid: int, folder: CappedFolder, proc, deadline: float) -> str | None:
+    """Attach FOLDER to the tmpfs at its path in PID's sandbox: the directory there on another file
+    system than the host's folder, of the folder's cap (bubblewrap mounts it before it waits)."""
+    host = os.stat(folder.path).st_dev
+    where = f"/proc/{pid}/root{folder.path}"
+    while True:
+        try:
+            fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            fd = -1
+        if fd >= 0:
+            st = os.statvfs(fd)
+            if os.fstat(fd).st_dev != host and st.f_blocks * st.f_frsize >= folder.cap:
+                folder.attach(fd)
+                return None
+            os.close(fd)
+        if proc.poll() is not None:
+            return "bubblewrap ended before the sandbox was set up"
+        if time.monotonic() > deadline:
+            return f"the worker's results folder could not be opened in its sandbox ({where})"
+        time.sleep(0.002)
 
 
 def _named_paths(value) -> set[str]:
@@ -454,20 +614,30 @@ def _bwrap_works(settings: SandboxSettings) -> str | None:
             import subprocess
 
             flags = ["--unshare-pid", "--unshare-net"] if os.geteuid() == 0 else ["--unshare-all"]
+            # the sandbox a worker gets, in short: a capped tmpfs the parent opens before the command runs
+            folder, hs = CappedFolder("kernalin-probe-", 1 << 20), Handshake()
+            argv = [bwrap, *flags, "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
+            argv += ["--size", str(folder.cap), "--tmpfs", folder.path, *hs.argv(), "true"]
             try:
-                p = subprocess.run(
-                    [bwrap, *flags, "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "true"],
-                    capture_output=True,
-                    text=True,
-                    timeout=30,
-                )
-                _probe["why"] = (
-                    None
-                    if p.returncode == 0
-                    else f"bubblewrap cannot make a sandbox here ({' '.join(p.stderr.split())[:200]})"
-                )
+                p = subprocess.Popen(
+                    argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                    pass_fds=hs.child_fds(), text=True,
+                )  # fmt: skip
+                attached = hs.attach(p, [folder])
+                if attached:
+                    p.kill()
+                err = p.communicate(timeout=30)[1]
+                if p.returncode != 0 and not attached:
+                    _probe["why"] = f"bubblewrap cannot make a sandbox here ({' '.join(err.split())[:200]})"
+                elif attached:
+                    _probe["why"] = f"the parent cannot open the sandbox's results folder: {attached}"
+                else:
+                    _probe["why"] = None
             except (OSError, subprocess.TimeoutExpired) as e:
                 _probe["why"] = f"bubblewrap cannot run ({e})"
+            finally:
+                hs.close()
+                folder.close()
     return _probe["why"]
 
 
@@ -476,22 +646,23 @@ def worker_plan(
     device: str,
     workdir: str,
     cwd: str | None,
-    writable: tuple[str, ...] = (),
+    writable: tuple[CappedFolder, ...] = (),
     readonly: tuple[str, ...] = (),
 ) -> tuple[Plan | None, dict]:
     """How to start a kernel worker: in a sandbox (a Plan, plus the environment it needs), or not (None).
 
     The worker sees the system and the Python installation read-only, the folders its job names (the
-    checkout, entry files) and READONLY (a profiler's installation) read-only, WORKDIR (its job file) and
-    WRITABLE (the folder the parent reads its raw results from) read-write, and fresh
-    tmpfs for HOME (so its own Triton cache) and /tmp; no network; its own PID namespace; the gate's
+    checkout, entry files), WORKDIR (its job file) and READONLY (a profiler's installation) read-only,
+    each of WRITABLE (the folders the parent reads its raw results from) as a tmpfs of the folder's cap
+    (CappedFolder), and fresh tmpfs for HOME (so its own Triton cache) and /tmp, all of
+    KERNALIN_SANDBOX_DISK bytes each: nothing of the host is writable; no network; its own PID namespace; the gate's
     process and every other file of the user (SSH keys, a runner's credentials) do not exist inside.
     KERNALIN_SANDBOX=off runs it unsandboxed; auto (the default) warns once on stderr where bubblewrap
     cannot run; on makes that an error."""
     mode = worker_mode()
     if mode == "off":
         return None, {}
-    settings = SandboxSettings(memory=_worker_memory(), tmpfs_size="8g")
+    settings = SandboxSettings(memory=_worker_memory(), tmpfs_size=str(worker_disk()))
     why = _bwrap_works(settings)
     if why:
         if mode == "on":
@@ -508,11 +679,11 @@ def worker_plan(
 
     worker_id = f"worker-{os.getpid()}-{next(_worker_ids)}"  # its own cgroup: end_worker kills all of it
     here = os.path.realpath(cwd or os.getcwd())  # relative entries resolve against it, as outside
-    rw = {os.path.realpath(p) for p in writable}  # named in the job too, but bound read-write (below)
+    rw = {os.path.realpath(f.path) for f in writable}  # named in the job too, but a capped tmpfs (below)
     readonly = sorted(
         {os.path.realpath(p) for p in child_path(cwd) if os.path.isdir(p)}
         | (_named_paths(job) - rw)
-        | {here}
+        | {here, os.path.realpath(workdir)}
         | {os.path.realpath(p) for p in readonly if os.path.exists(p)}
     )
     if os.geteuid() == 0:  # the job drops to an unprivileged uid: it must be able to read what it needs
@@ -530,7 +701,11 @@ def worker_plan(
             return None, {}
     settings.extra_ro = readonly
     plan = prepare(
-        settings, worker_id, [Path(workdir), *map(Path, sorted(rw))], gpu_device_nodes(None) if device == "cuda" else []
+        settings,
+        worker_id,
+        [],
+        gpu_device_nodes(None) if device == "cuda" else [],
+        capped=[(os.path.realpath(f.path), f.cap) for f in writable],
     )
     plan.argv_prefix[1:1] = ["--chdir", here]
     env = {
