@@ -56,7 +56,7 @@ def open_dir():
     shutil.rmtree(d, ignore_errors=True)
 
 
-def verify(folder: Path, mode: str, disk: str) -> tuple[subprocess.CompletedProcess, int]:
+def verify(folder: Path, mode: str, disk: str, only: str = "dynamic") -> tuple[subprocess.CompletedProcess, int]:
     """verify's run, and the most disk its temporary folder (TMPDIR: the parent's work and results
     folders) held meanwhile, sampled every 20 ms."""
     (folder / "evil.py").write_text(ENTRY.replace("CAP", str(CAP)))
@@ -80,7 +80,8 @@ def verify(folder: Path, mode: str, disk: str) -> tuple[subprocess.CompletedProc
     try:
         p = subprocess.run(
             [sys.executable, "-m", "kernalin_ci", "verify", "--op", "rope", "--entry", f"{folder / 'evil.py'}:entry"]
-            + ["--only", "dynamic", "--case", json.dumps(CASE), "--json", str(folder / "result.json")],
+            + ["--only", only, *(["--case", json.dumps(CASE)] if only == "dynamic" else [])]
+            + ["--json", str(folder / "result.json")],
             cwd=folder,
             env=dict(os.environ, KERNALIN_SANDBOX=mode, KERNALIN_SANDBOX_DISK=disk, TMPDIR=str(tmp)),
             capture_output=True,
@@ -111,6 +112,15 @@ def test_a_kernel_cannot_fill_the_hosts_disk_through_its_results_folder(open_dir
     assert got["written"] <= CAP and got["error"] == "No space left on device", got
     assert any("disk cap of 8 MiB (KERNALIN_SANDBOX_DISK)" in m for m in messages), messages
     assert "disk cap of 8 MiB" in p.stderr
+
+
+def test_the_structural_worker_cannot_either(open_dir):
+    """The structural worker (it calls the entry to capture its launches) has a capped results folder too."""
+    p, peak = verify(open_dir, "on", str(CAP), only="structural")
+    result = json.loads((open_dir / "result.json").read_text())
+    assert peak < 1 << 20, f"{peak} bytes reached the host's disk"
+    assert result["verdict"] == "fail" and p.returncode == 1
+    assert "its disk cap of 8 MiB (KERNALIN_SANDBOX_DISK)" in result["structural"]["cause"], result["structural"]
 
 
 def test_a_bad_disk_cap_is_a_usage_error(open_dir):
