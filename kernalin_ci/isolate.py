@@ -215,6 +215,8 @@ def run_task(
         for folder in writable:
             folder.sample()
         sandbox.end_worker(plan)
+        for folder in writable:  # nothing of the sandbox runs any more
+            folder.harvest()
         if plan is not None and rc is not None and 128 < rc < 160:
             rc = 128 - rc  # bubblewrap exits 128 + N for a child killed by signal N
         if outcome.status == "crashed":

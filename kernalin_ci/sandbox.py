@@ -24,12 +24,14 @@ the uid) and the limits actually in force; what could not be enforced is stated,
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
 import select
 import shutil
 import signal
+import stat
 import sys
 import tempfile
 import time
@@ -452,11 +454,18 @@ class CappedFolder:
     before the worker runs (`Handshake`), and reads it through `view`; the descriptor keeps the tmpfs,
     files and all, after the worker ended, until the folder's next worker starts or `close()`. `full()`
     says whether the worker reached the cap. Unsandboxed (KERNALIN_SANDBOX=off, or no bubblewrap: said
-    on stderr), `view` is `path`, on the host's disk, with no cap."""
+    on stderr), `view` is `path`, on the host's disk, with no cap.
 
-    def __init__(self, prefix: str, cap: int | None = None):
+    SHARED names a host folder that several workers share and that outlives them (a Triton cache)
+    instead of a fresh one: its worker's tmpfs is mounted at that folder's path and starts as a copy of
+    it (made by the parent before the worker runs), and after the worker ended the parent copies back
+    the plain files it added (`harvest`: never a link, never over an existing file, at most the cap).
+    `close()` then leaves the folder in place."""
+
+    def __init__(self, prefix: str = "kernalin-", cap: int | None = None, *, shared: str | None = None):
         self.cap = worker_disk() if cap is None else cap
-        self.path = os.path.realpath(tempfile.mkdtemp(prefix=prefix))
+        self.shared = shared is not None
+        self.path = os.path.realpath(shared if shared is not None else tempfile.mkdtemp(prefix=prefix))
         self._fd: int | None = None
         self.least_free: int | None = None  # the least free space seen on the attached tmpfs
 
@@ -470,6 +479,15 @@ class CappedFolder:
         self._release()
         self._fd, self.least_free = fd, None
         self.sample()
+        if self.shared:  # the worker starts with what the folder holds (what does not fit is left out)
+            _copy_new(self.path, self.view, self.cap, dir_mode=0o777, file_mode=0o666)
+
+    def harvest(self) -> int:
+        """After a worker of a SHARED folder ended: copy the plain files it added to the host folder (at
+        most `cap` bytes by their sizes); the bytes copied."""
+        if not self.shared or self._fd is None:
+            return 0
+        return _copy_new(self.view, self.path, self.cap, dir_mode=0o755, file_mode=0o644)
 
     def sample(self) -> None:
         if self._fd is not None:
@@ -496,13 +514,70 @@ class CappedFolder:
 
     def close(self) -> None:
         self._release()
-        shutil.rmtree(self.path, ignore_errors=True)
+        if not self.shared:
+            shutil.rmtree(self.path, ignore_errors=True)
 
     def __enter__(self) -> CappedFolder:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _copy_new(src: str, dst: str, budget: int, dir_mode: int, file_mode: int) -> int:
+    """Copy each plain file under SRC that DST lacks into DST, at most BUDGET bytes by the files' sizes
+    (a sparse file counts whole); never a link, never through one, never over an existing file. The
+    bytes copied; a file that cannot be copied (the destination is full) is left out."""
+    copied = 0
+    for folder, _, files in os.walk(src):  # links to folders are not followed
+        rel = os.path.relpath(folder, src)
+        parts = [] if rel == "." else rel.split(os.sep)
+        for name in files:
+            source = os.path.join(folder, name)
+            try:
+                st = os.lstat(source)
+                if not stat.S_ISREG(st.st_mode) or copied + st.st_size > budget:
+                    continue
+                target = os.path.join(_mkdirs(dst, parts, dir_mode), name)
+                if os.path.lexists(target):
+                    continue
+                _copy_file(source, target, st.st_size, file_mode)
+            except OSError:
+                continue
+            copied += st.st_size
+    return copied
+
+
+def _mkdirs(root: str, parts: list[str], mode: int) -> str:
+    """ROOT/PARTS, the missing folders made with MODE; OSError where a part is not a folder (a link)."""
+    path = root
+    for part in parts:
+        path = os.path.join(path, part)
+        if not os.path.lexists(path):
+            os.mkdir(path)
+            os.chmod(path, mode)
+        elif os.path.islink(path) or not os.path.isdir(path):
+            raise OSError(f"not a folder: {path}")
+    return path
+
+
+def _copy_file(source: str, target: str, size: int, mode: int) -> None:
+    """SOURCE's first SIZE bytes as the new file TARGET (written beside it, then linked into place)."""
+    temp = f"{target}.kernalin-{os.getpid()}-{next(_worker_ids)}"
+    fin = os.open(source, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        fout = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+        with open(fout, "wb") as out:
+            os.fchmod(fout, mode)
+            left = size
+            while left > 0 and (chunk := os.read(fin, min(left, 1 << 20))):
+                out.write(chunk)
+                left -= len(chunk)
+        os.link(temp, target)  # FileExistsError: another worker's copy came first
+    finally:
+        os.close(fin)
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
 
 
 class Handshake:

@@ -126,3 +126,36 @@ def test_the_structural_worker_cannot_either(open_dir):
 def test_a_bad_disk_cap_is_a_usage_error(open_dir):
     p, _ = verify(open_dir, "on", "lots")
     assert p.returncode == 2 and "KERNALIN_SANDBOX_DISK" in p.stderr, p.stderr[-2000:]
+
+
+def test_a_shared_folder_is_a_capped_copy_and_only_new_plain_files_come_back(open_dir, monkeypatch):
+    """A folder several workers share (a Triton cache): the worker sees a copy of it on its own capped tmpfs;
+    afterwards only the plain files it added come back, at most the cap (a real sandbox; the wrapper
+    script plays the worker)."""
+    from kernalin_ci import sandbox
+    from kernalin_ci.isolate import run_task
+
+    monkeypatch.setenv(sandbox.ENV_WORKER_SANDBOX, "on")
+    if sandbox._bwrap_works(sandbox.SandboxSettings()):
+        pytest.skip(f"no worker sandbox here: {sandbox._bwrap_works(sandbox.SandboxSettings())}")
+    shared = open_dir / "cache"
+    (shared / "old").mkdir(parents=True)
+    (shared / "old" / "k.bin").write_text("seeded")
+    script = (
+        'cat "$0/old/k.bin" > "$0/seen"; echo changed > "$0/old/k.bin"; mkdir "$0/new"; echo fresh > "$0/new/k.bin"; '
+        'ln -s /etc/passwd "$0/link"; truncate -s 100G "$0/sparse"; head -c 3000000 /dev/zero > "$0/big"'
+    )
+    with sandbox.CappedFolder(cap=1 << 20, shared=str(shared)) as folder:
+        run_task(
+            {"task": "explain-env", "device": "cpu"},
+            "cpu",
+            60,
+            writable=(folder,),
+            wrap=("/bin/sh", "-c", script, folder.path),
+        )
+    got = {str(p.relative_to(shared)): p.stat().st_size for p in shared.rglob("*") if p.is_file() or p.is_symlink()}
+    assert (shared / "seen").read_text() == "seeded"  # the worker started with the folder's files
+    assert (shared / "old" / "k.bin").read_text() == "seeded"  # an existing file is never replaced
+    assert (shared / "new" / "k.bin").read_text() == "fresh\n"
+    assert "link" not in got and "sparse" not in got  # no link, nothing past the cap (a sparse file counts whole)
+    assert sum(got.values()) <= 1 << 20, got
