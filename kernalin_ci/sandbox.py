@@ -8,10 +8,10 @@ A job runs under bubblewrap (`bwrap`) with
 - an allowlisted file system: the system (/usr, /etc, /opt; read-only), the Python installation and
   the kernalin_ci package (read-only); for a daemon's job one size-capped tmpfs (the disk cap) holds
   everything it writes (its checkout, copied in from a read-only bind, out/, HOME, /tmp; /dev/shm is a
-  tmpfs of the same cap), nothing of the host is writable; a kernel worker gets the folders its job
-  names read-write and size-capped tmpfs for HOME, /tmp and /dev/shm. bwrap's own root and /dev are
-  read-only. The daemon's state folder (database, other jobs) and the credential files it reads are
-  never bound, so nothing there exists inside;
+  tmpfs of the same cap), nothing of the host is writable; a kernel worker gets size-capped tmpfs
+  for HOME, /tmp, /dev/shm and each folder it hands results back in (CappedFolder), nothing of the
+  host writable either. bwrap's own root and /dev are read-only. The daemon's state folder (database,
+  other jobs) and the credential files it reads are never bound, so nothing there exists inside;
 - when the daemon runs as root, an unprivileged uid (`runner.sandbox.user`, default 65534) outside the
   namespace too, so even a file bound by mistake is read with no privilege;
 - a cgroup per job with a memory and a process cap, where the daemon may create cgroups (root, or a
@@ -460,7 +460,8 @@ class CappedFolder:
     instead of a fresh one: its worker's tmpfs is mounted at that folder's path and starts as a copy of
     it (made by the parent before the worker runs), and after the worker ended the parent copies back
     the plain files it added (`harvest`: never a link, never over an existing file, at most the cap).
-    `close()` then leaves the folder in place."""
+    `close()` then leaves the folder in place. One object serves one worker at a time (workers started
+    at once take one each; several may name the same SHARED folder)."""
 
     def __init__(self, prefix: str = "kernalin-", cap: int | None = None, *, shared: str | None = None):
         self.cap = worker_disk() if cap is None else cap
