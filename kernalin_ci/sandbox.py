@@ -703,7 +703,7 @@ def _bwrap_works(settings: SandboxSettings) -> str | None:
                 if attached:
                     p.kill()
                 err = p.communicate(timeout=30)[1]
-                if p.returncode != 0 and not attached:
+                if p.returncode not in (0, -signal.SIGKILL):  # it failed by itself (not killed here)
                     _probe["why"] = f"bubblewrap cannot make a sandbox here ({' '.join(err.split())[:200]})"
                 elif attached:
                     _probe["why"] = f"the parent cannot open the sandbox's results folder: {attached}"

@@ -18,7 +18,10 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+from kernalin_ci import sandbox
+
+NO_SANDBOX = sandbox._bwrap_works(sandbox.SandboxSettings())  # why bubblewrap cannot make a worker's sandbox here
+pytestmark = pytest.mark.skipif(NO_SANDBOX is not None, reason=f"no worker sandbox here: {NO_SANDBOX}")
 
 CAP = 8 << 20
 # a rope entry that writes twice the cap into its worker's results folder (named in the job file, whose
@@ -132,12 +135,9 @@ def test_a_shared_folder_is_a_capped_copy_and_only_new_plain_files_come_back(ope
     """A folder several workers share (a Triton cache): the worker sees a copy of it on its own capped tmpfs;
     afterwards only the plain files it added come back, at most the cap (a real sandbox; the wrapper
     script plays the worker)."""
-    from kernalin_ci import sandbox
     from kernalin_ci.isolate import run_task
 
     monkeypatch.setenv(sandbox.ENV_WORKER_SANDBOX, "on")
-    if sandbox._bwrap_works(sandbox.SandboxSettings()):
-        pytest.skip(f"no worker sandbox here: {sandbox._bwrap_works(sandbox.SandboxSettings())}")
     shared = open_dir / "cache"
     (shared / "old").mkdir(parents=True)
     (shared / "old" / "k.bin").write_text("seeded")
