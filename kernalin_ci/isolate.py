@@ -141,7 +141,7 @@ def run_task(
             json.dump(job, f)
         plan, sandbox_env = sandbox.worker_plan(job, device, work, cwd, writable, readonly)
         argv = [*wrap, *module_argv("kernalin_ci.kernel_worker", cwd=cwd), job_path]
-        hs = sandbox.Handshake() if plan and writable else None  # the parent opens the capped folders first
+        hs = sandbox.Handshake() if plan and plan.folders else None  # the parent opens the capped folders first
         prefix = [*plan.argv_prefix[:1], *(hs.argv() if hs else []), *plan.argv_prefix[1:]] if plan else []
         r, w = os.pipe()
         try:
@@ -162,11 +162,11 @@ def run_task(
             raise
         os.close(w)
         tail = _Tail(proc.stdout)
-        unready = hs.attach(proc, writable) if hs else None
+        unready = hs.attach(proc, plan.folders) if hs else None
         if unready:
             _kill(proc)
         sampling = threading.Event()
-        sampler = threading.Thread(target=_sample, args=(writable, sampling), daemon=True)
+        sampler = threading.Thread(target=_sample, args=(plan.folders if plan else [], sampling), daemon=True)
         if hs:
             sampler.start()
         events: queue.Queue = queue.Queue()
@@ -212,11 +212,9 @@ def run_task(
         sampling.set()
         if hs:
             sampler.join()
-        for folder in writable:
+        for folder in plan.folders if plan else []:
             folder.sample()
         sandbox.end_worker(plan)
-        for folder in writable:  # nothing of the sandbox runs any more
-            folder.harvest()
         if plan is not None and rc is not None and 128 < rc < 160:
             rc = 128 - rc  # bubblewrap exits 128 + N for a child killed by signal N
         if outcome.status == "crashed":

@@ -222,6 +222,8 @@ class Plan:
     home: str = "/sandbox/home"
     tmp: str = "/tmp"
     job: str | None = None  # the job's capped tmpfs (prepare(disk=...))
+    folders: list = field(default_factory=list)  # a kernel worker's CappedFolders (worker_plan): its parent
+    # attaches them before the worker runs (Handshake) and end_worker copies back what it added to shared ones
 
 
 def prepare(
@@ -776,13 +778,15 @@ def worker_plan(
                 print(f"kernalin-ci: kernel workers run without a sandbox: {why}", file=sys.stderr)
             return None, {}
     settings.extra_ro = readonly
+    folders = list(writable)  # each a tmpfs of its cap in the sandbox (a shared one too: CappedFolder)
     plan = prepare(
         settings,
         worker_id,
         [],
         gpu_device_nodes(None) if device == "cuda" else [],
-        capped=[(os.path.realpath(f.path), f.cap) for f in writable],
+        capped=[(f.path, f.cap) for f in folders],
     )
+    plan.folders = folders
     plan.argv_prefix[1:1] = ["--chdir", here]
     env = {
         "HOME": plan.home,
@@ -818,7 +822,12 @@ def _worker_memory() -> str:
 
 
 def end_worker(plan: Plan | None) -> None:
-    """After a sandboxed worker: kill whatever it left in its cgroup, remove the cgroup."""
+    """After a sandboxed worker: kill whatever it left in its cgroup, remove the cgroup; then (nothing of
+    the sandbox runs any more) copy back what it added to its shared folders, and let go of their tmpfs."""
     if plan is not None and plan.limits.get("cgroup"):
         job_id = Path(plan.limits["cgroup"][0]).name.removeprefix("job-")
         cleanup(job_id)
+    for folder in plan.folders if plan is not None else []:
+        if folder.shared:
+            folder.harvest()
+            folder.close()
