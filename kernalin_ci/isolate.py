@@ -141,34 +141,28 @@ def run_task(
             json.dump(job, f)
         plan, sandbox_env = sandbox.worker_plan(job, device, work, cwd, writable, readonly)
         argv = [*wrap, *module_argv("kernalin_ci.kernel_worker", cwd=cwd), job_path]
-        hs = sandbox.Handshake() if plan and plan.folders else None  # the parent opens the capped folders first
-        prefix = [*plan.argv_prefix[:1], *(hs.argv() if hs else []), *plan.argv_prefix[1:]] if plan else []
         r, w = os.pipe()
-        try:
-            proc = subprocess.Popen(
-                [*prefix, *argv, str(w)],
+        try:  # the parent attaches the sandbox's capped folders before the worker runs
+            proc, unready = sandbox.start(
+                plan,
+                [*argv, str(w)],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,  # read by `tail` below: the worker's output never reaches a file
                 stderr=subprocess.STDOUT,
-                pass_fds=(w, *(hs.child_fds() if hs else ())),
+                pass_fds=(w,),
                 env=child_env(device, {**(env or {}), **sandbox_env}),
                 cwd=cwd,
                 start_new_session=True,
-                preexec_fn=plan.preexec if plan else None,
             )
-        except BaseException:
-            if hs:
-                hs.close()
-            raise
-        os.close(w)
+        finally:
+            os.close(w)
         tail = _Tail(proc.stdout)
-        unready = hs.attach(proc, plan.folders) if hs else None
         if unready:
             _kill(proc)
+        folders = plan.folders if plan else []
         sampling = threading.Event()
-        sampler = threading.Thread(target=_sample, args=(plan.folders if plan else [], sampling), daemon=True)
-        if hs:
-            sampler.start()
+        sampler = threading.Thread(target=_sample, args=(folders, sampling), daemon=True)
+        sampler.start()
         events: queue.Queue = queue.Queue()
 
         def reader():
@@ -210,9 +204,8 @@ def run_task(
             _kill(proc)
             rc = proc.wait()
         sampling.set()
-        if hs:
-            sampler.join()
-        for folder in plan.folders if plan else []:
+        sampler.join()
+        for folder in folders:
             folder.sample()
         sandbox.end_worker(plan)
         if plan is not None and rc is not None and 128 < rc < 160:

@@ -527,6 +527,24 @@ class CappedFolder:
         self.close()
 
 
+def start(plan: Plan | None, argv: list[str], **popen):
+    """Start ARGV in PLAN's sandbox (unsandboxed for None; POPEN: subprocess.Popen's arguments, `preexec_fn`
+    and the pass_fds bubblewrap needs added) with PLAN's capped folders attached before anything of ARGV
+    runs: (the process, None), or (the process, why the sandbox could not be readied: kill it)."""
+    import subprocess
+
+    hs = Handshake() if plan is not None and plan.folders else None
+    prefix = [*plan.argv_prefix[:1], *(hs.argv() if hs else []), *plan.argv_prefix[1:]] if plan else []
+    popen["pass_fds"] = (*popen.get("pass_fds", ()), *(hs.child_fds() if hs else ()))
+    try:
+        proc = subprocess.Popen([*prefix, *argv], preexec_fn=plan.preexec if plan else None, **popen)
+    except BaseException:
+        if hs:
+            hs.close()
+        raise
+    return proc, (hs.attach(proc, plan.folders) if hs else None)
+
+
 def _copy_new(src: str, dst: str, budget: int, dir_mode: int, file_mode: int) -> int:
     """Copy each plain file under SRC that DST lacks into DST, at most BUDGET bytes by the files' sizes
     (a sparse file counts whole); never a link, never through one, never over an existing file. The
