@@ -779,7 +779,7 @@ def worker_plan(
     readonly = sorted(
         {os.path.realpath(p) for p in child_path(cwd) if os.path.isdir(p)}
         | (_named_paths(job) - rw)
-        | {here, os.path.realpath(workdir)}
+        | {here}
         | {os.path.realpath(p) for p in readonly if os.path.exists(p)}
     )
     if os.geteuid() == 0:  # the job drops to an unprivileged uid: it must be able to read what it needs
@@ -795,7 +795,7 @@ def worker_plan(
                 _warned.append(why)
                 print(f"kernalin-ci: kernel workers run without a sandbox: {why}", file=sys.stderr)
             return None, {}
-    settings.extra_ro = readonly
+    settings.extra_ro = [*readonly, os.path.realpath(workdir)]  # its job file: read-only too
     folders = list(writable)  # each a tmpfs of its cap in the sandbox (a shared one too: CappedFolder)
     plan = prepare(
         settings,
