@@ -121,40 +121,48 @@ def run_task(
     on_event=None,
     env: dict | None = None,
     cwd: str | None = None,
-    writable: tuple[str, ...] = (),
+    writable: tuple[sandbox.CappedFolder, ...] = (),
     wrap: tuple[str, ...] = (),
     readonly: tuple[str, ...] = (),
 ) -> ChildOutcome:
     """Run job (a dict with 'task') in `python -m kernalin_ci.kernel_worker` (isolated: launch.module_argv), in
     the worker sandbox where bubblewrap can make one (sandbox.worker_plan); call on_event per event (when
-    it returns False, the child is killed: status "refused"). `writable`: folders the parent made for the
-    worker's results, which it may write besides its own work folder. `wrap`: a command that starts the
+    it returns False, the child is killed: status "refused"). `writable`: the folders the parent made for
+    the worker's results, the only ones it may write (sandboxed, each a tmpfs of its cap that the parent
+    reads through the folder's `view`: sandbox.CappedFolder). `wrap`: a command that starts the
     worker (a profiler: `ncu ARGS`), inside the sandbox with it; `readonly`: folders it needs (its
     installation). This process is made non-dumpable first (the child must not read our /proc/PID/environ)."""
     make_undumpable()
     with tempfile.TemporaryDirectory(prefix="kernalin-job-") as tmp:
-        work = os.path.join(tmp, "work")  # the only folder the sandboxed worker may write
-        os.mkdir(work)
+        work = os.path.join(tmp, "work")  # the job file, read-only in the sandbox (tmp keeps others out)
+        os.mkdir(work, 0o755)
         job_path = os.path.join(work, "job.json")
-        log_path = os.path.join(tmp, "output.log")
-        with open(job_path, "w") as f:
+        with open(os.open(job_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), "w") as f:
             json.dump(job, f)
         plan, sandbox_env = sandbox.worker_plan(job, device, work, cwd, writable, readonly)
         argv = [*wrap, *module_argv("kernalin_ci.kernel_worker", cwd=cwd), job_path]
         r, w = os.pipe()
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(
-                [*(plan.argv_prefix if plan else []), *argv, str(w)],
+        try:  # the parent attaches the sandbox's capped folders before the worker runs
+            proc, unready = sandbox.start(
+                plan,
+                [*argv, str(w)],
                 stdin=subprocess.DEVNULL,
-                stdout=log,
+                stdout=subprocess.PIPE,  # read by `tail` below: the worker's output never reaches a file
                 stderr=subprocess.STDOUT,
                 pass_fds=(w,),
                 env=child_env(device, {**(env or {}), **sandbox_env}),
                 cwd=cwd,
                 start_new_session=True,
-                preexec_fn=plan.preexec if plan else None,
             )
-        os.close(w)
+        finally:
+            os.close(w)
+        tail = _Tail(proc.stdout)
+        if unready:
+            _kill(proc)
+        folders = plan.folders if plan else []
+        sampling = threading.Event()
+        sampler = threading.Thread(target=_sample, args=(folders, sampling), daemon=True)
+        sampler.start()
         events: queue.Queue = queue.Queue()
 
         def reader():
@@ -195,16 +203,44 @@ def run_task(
         except subprocess.TimeoutExpired:
             _kill(proc)
             rc = proc.wait()
+        sampling.set()
+        sampler.join()
+        for folder in folders:
+            folder.sample()
         sandbox.end_worker(plan)
         if plan is not None and rc is not None and 128 < rc < 160:
             rc = 128 - rc  # bubblewrap exits 128 + N for a child killed by signal N
         if outcome.status == "crashed":
-            outcome.detail = _describe_exit(rc)
-        with open(log_path, "rb") as f:
-            f.seek(0, 2)
-            f.seek(max(0, f.tell() - 4000))
-            outcome.output_tail = f.read().decode(errors="replace")
+            outcome.detail = f"the sandbox: {unready}" if unready else _describe_exit(rc)
+        outcome.output_tail = tail.text()
         return outcome
+
+
+class _Tail:
+    """The last KEEP bytes of a worker's output (stdout and stderr), read as it comes: kept in memory, never
+    in a file (a worker printing without end would fill the disk)."""
+
+    def __init__(self, stream, keep: int = 4000):
+        self.keep, self.data = keep, bytearray()
+        self.thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self.thread.start()
+
+    def _read(self, stream) -> None:
+        with stream:
+            while chunk := stream.read1(1 << 16):
+                self.data += chunk
+                del self.data[: -self.keep]
+
+    def text(self) -> str:
+        self.thread.join(5)  # the output ends with the sandbox (a process it left is killed with it)
+        return self.data[-self.keep :].decode(errors="replace")
+
+
+def _sample(folders, stop: threading.Event, every_s: float = 0.1) -> None:
+    """Note the least free space of each capped folder while its worker runs (CappedFolder.full)."""
+    while not stop.wait(every_s):
+        for folder in folders:
+            folder.sample()
 
 
 def _kill(proc: subprocess.Popen) -> None:

@@ -8,10 +8,10 @@ A job runs under bubblewrap (`bwrap`) with
 - an allowlisted file system: the system (/usr, /etc, /opt; read-only), the Python installation and
   the kernalin_ci package (read-only); for a daemon's job one size-capped tmpfs (the disk cap) holds
   everything it writes (its checkout, copied in from a read-only bind, out/, HOME, /tmp; /dev/shm is a
-  tmpfs of the same cap), nothing of the host is writable; a kernel worker gets the folders its job
-  names read-write and size-capped tmpfs for HOME, /tmp and /dev/shm. bwrap's own root and /dev are
-  read-only. The daemon's state folder (database, other jobs) and the credential files it reads are
-  never bound, so nothing there exists inside;
+  tmpfs of the same cap), nothing of the host is writable; a kernel worker gets size-capped tmpfs
+  for HOME, /tmp, /dev/shm and each folder it hands results back in (CappedFolder), nothing of the
+  host writable either. bwrap's own root and /dev are read-only. The daemon's state folder (database,
+  other jobs) and the credential files it reads are never bound, so nothing there exists inside;
 - when the daemon runs as root, an unprivileged uid (`runner.sandbox.user`, default 65534) outside the
   namespace too, so even a file bound by mistake is read with no privilege;
 - a cgroup per job with a memory and a process cap, where the daemon may create cgroups (root, or a
@@ -25,10 +25,14 @@ the uid) and the limits actually in force; what could not be enforced is stated,
 from __future__ import annotations
 
 import atexit
+import contextlib
 import itertools
+import json
 import os
+import select
 import shutil
 import signal
+import stat
 import sys
 import tempfile
 import threading
@@ -220,6 +224,8 @@ class Plan:
     home: str = "/sandbox/home"
     tmp: str = "/tmp"
     job: str | None = None  # the job's capped tmpfs (prepare(disk=...))
+    folders: list = field(default_factory=list)  # a kernel worker's CappedFolders (worker_plan): its parent
+    # attaches them before the worker runs (Handshake) and end_worker copies back what it added to shared ones
 
 
 def prepare(
@@ -231,6 +237,7 @@ def prepare(
     *,
     disk: int | None = None,
     checkout: Path | None = None,
+    capped: list[tuple[str, int]] = (),
 ) -> Plan:
     """How to start job JOB_ID inside the sandbox. WRITABLE are bound read-write at the same paths;
     HIDE (the daemon's state folder, its secret files) are masked wherever a bound folder holds them.
@@ -238,7 +245,8 @@ def prepare(
     With DISK (the daemon's jobs), nothing of the host is writable: the job's files live on one tmpfs of
     DISK bytes at JOB_DIR (/job: HOME, TMPDIR and the copy of the CHECKOUT, bound read-only at
     CHECKOUT_DIR, go there; /tmp is a link to JOB_DIR/tmp, or a tmpfs of DISK bytes of its own where a
-    read-only path lives under /tmp), so the job cannot use more disk than that."""
+    read-only path lives under /tmp), so the job cannot use more disk than that. CAPPED ((path, bytes)):
+    a tmpfs of its own at each path (a kernel worker's results: CappedFolder), nothing of the host's."""
     bwrap = shutil.which(settings.bwrap) if os.sep not in settings.bwrap else settings.bwrap
     if not bwrap or not os.access(bwrap, os.X_OK):
         raise SandboxError(
@@ -338,6 +346,8 @@ def prepare(
         argv += ["--tmpfs", h, "--remount-ro", h] if os.path.isdir(h) else ["--ro-bind", "/dev/null", h]
     for p in writable:
         argv += [*parents(p, bound), "--bind", str(p), str(p)]
+    for p, size in capped:
+        argv += [*parents(p, bound), "--perms", "1777", "--size", str(size), "--tmpfs", p]
     # bwrap's own root and /dev are tmpfs without a size, writable by the job in a user namespace
     argv += ["--remount-ro", "/dev", "--remount-ro", "/"]
     if root:
@@ -413,6 +423,10 @@ def describe(plan: Plan) -> str:
 
 WORKER_MODES = ("auto", "on", "off")
 ENV_WORKER_SANDBOX = "KERNALIN_SANDBOX"  # auto (default) | on | off, for the kernel workers of this process
+ENV_WORKER_DISK = "KERNALIN_SANDBOX_DISK"  # the size of each writable file system of a kernel worker
+WORKER_DISK = "8g"
+FULL_BELOW = 64 * 1024  # a capped folder with less free space than this: its worker reached the cap
+ATTACH_S = 30.0  # how long bubblewrap may take to set a sandbox up
 _probe: dict = {}
 _warned: list = []
 _worker_ids = itertools.count(1)  # next() is atomic: workers start from several threads at once
@@ -423,6 +437,247 @@ def worker_mode() -> str:
     if mode not in WORKER_MODES:
         raise SandboxError(f"{ENV_WORKER_SANDBOX}={mode!r}: expected one of {', '.join(WORKER_MODES)}")
     return mode
+
+
+def worker_disk() -> int:
+    """Bytes for each writable file system of a kernel worker: its results folders, HOME, /tmp, /dev/shm
+    (KERNALIN_SANDBOX_DISK, default 8 GiB: a result file the parent reads is at most 8 GiB)."""
+    text = os.environ.get(ENV_WORKER_DISK, "").strip() or WORKER_DISK
+    try:
+        return parse_size(text)
+    except SandboxError as e:
+        raise SandboxError(f"{ENV_WORKER_DISK}: {e}") from None
+
+
+class CappedFolder:
+    """A folder a kernel worker writes and its parent reads (its raw results), of at most `cap` bytes.
+
+    In the worker sandbox the worker sees at `path` a tmpfs of `cap` bytes of its own: nothing it writes
+    there reaches the host's disk, and a write past the cap fails (ENOSPC). The host folder `path` stays
+    empty: the parent opens that tmpfs through /proc/<sandbox pid>/root after bubblewrap set it up and
+    before the worker runs (`Handshake`), and reads it through `view`; the descriptor keeps the tmpfs,
+    files and all, after the worker ended, until the folder's next worker starts or `close()`. `full()`
+    says whether the worker reached the cap. Unsandboxed (KERNALIN_SANDBOX=off, or no bubblewrap: said
+    on stderr), `view` is `path`, on the host's disk, with no cap.
+
+    SHARED names a host folder that several workers share and that outlives them (a Triton cache)
+    instead of a fresh one: its worker's tmpfs is mounted at that folder's path and starts as a copy of
+    it (made by the parent before the worker runs), and after the worker ended the parent copies back
+    the plain files it added (`harvest`: never a link, never over an existing file, at most the cap).
+    `close()` then leaves the folder in place. One object serves one worker at a time (workers started
+    at once take one each; several may name the same SHARED folder)."""
+
+    def __init__(self, prefix: str = "kernalin-", cap: int | None = None, *, shared: str | None = None):
+        self.cap = worker_disk() if cap is None else cap
+        self.shared = shared is not None
+        self.path = os.path.realpath(shared if shared is not None else tempfile.mkdtemp(prefix=prefix))
+        self._fd: int | None = None
+        self.least_free: int | None = None  # the least free space seen on the attached tmpfs
+
+    @property
+    def view(self) -> str:
+        """Where the parent reads what the worker wrote."""
+        return f"/proc/self/fd/{self._fd}" if self._fd is not None else self.path
+
+    def attach(self, fd: int) -> None:
+        """FD (a directory) is the sandbox's tmpfs at `path` from now on; the previous one is dropped."""
+        self._release()
+        self._fd, self.least_free = fd, None
+        self.sample()
+        if self.shared:  # the worker starts with what the folder holds (what does not fit is left out)
+            _copy_new(self.path, self.view, self.cap, dir_mode=0o777, file_mode=0o666)
+
+    def harvest(self) -> int:
+        """After a worker of a SHARED folder ended: copy the plain files it added to the host folder (at
+        most `cap` bytes by their sizes); the bytes copied."""
+        if not self.shared or self._fd is None:
+            return 0
+        return _copy_new(self.view, self.path, self.cap, dir_mode=0o755, file_mode=0o644)
+
+    def sample(self) -> None:
+        if self._fd is not None:
+            try:
+                st = os.statvfs(self._fd)
+            except OSError:
+                return
+            free = st.f_bavail * st.f_frsize
+            self.least_free = free if self.least_free is None else min(self.least_free, free)
+
+    def full(self) -> str | None:
+        """Why the worker's results stop here, when it filled the folder to its cap (else None)."""
+        if self.least_free is None or self.least_free >= FULL_BELOW:
+            return None
+        return (
+            f"the worker filled its results folder to its disk cap of {size_text(self.cap)} ({ENV_WORKER_DISK}): "
+            f"writes past it failed; nothing of it reached the host's disk"
+        )
+
+    def _release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def close(self) -> None:
+        self._release()
+        if not self.shared:
+            shutil.rmtree(self.path, ignore_errors=True)
+
+    def __enter__(self) -> CappedFolder:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def start(plan: Plan | None, argv: list[str], **popen):
+    """Start ARGV in PLAN's sandbox (unsandboxed for None; POPEN: subprocess.Popen's arguments, `preexec_fn`
+    and the pass_fds bubblewrap needs added) with PLAN's capped folders attached before anything of ARGV
+    runs: (the process, None), or (the process, why the sandbox could not be readied: kill it)."""
+    import subprocess
+
+    hs = Handshake() if plan is not None and plan.folders else None
+    prefix = [*plan.argv_prefix[:1], *(hs.argv() if hs else []), *plan.argv_prefix[1:]] if plan else []
+    popen["pass_fds"] = (*popen.get("pass_fds", ()), *(hs.child_fds() if hs else ()))
+    try:
+        proc = subprocess.Popen([*prefix, *argv], preexec_fn=plan.preexec if plan else None, **popen)
+    except BaseException:
+        if hs:
+            hs.close()
+        raise
+    return proc, (hs.attach(proc, plan.folders) if hs else None)
+
+
+def _copy_new(src: str, dst: str, budget: int, dir_mode: int, file_mode: int) -> int:
+    """Copy each plain file under SRC that DST lacks into DST, at most BUDGET bytes by the files' sizes
+    (a sparse file counts whole); never a link, never through one, never over an existing file. The
+    bytes copied; a file that cannot be copied (the destination is full) is left out."""
+    copied = 0
+    for folder, _, files in os.walk(src):  # links to folders are not followed
+        rel = os.path.relpath(folder, src)
+        parts = [] if rel == "." else rel.split(os.sep)
+        for name in files:
+            source = os.path.join(folder, name)
+            try:
+                st = os.lstat(source)
+                if not stat.S_ISREG(st.st_mode) or copied + st.st_size > budget:
+                    continue
+                target = os.path.join(_mkdirs(dst, parts, dir_mode), name)
+                if os.path.lexists(target):
+                    continue
+                _copy_file(source, target, st.st_size, file_mode)
+            except OSError:
+                continue
+            copied += st.st_size
+    return copied
+
+
+def _mkdirs(root: str, parts: list[str], mode: int) -> str:
+    """ROOT/PARTS, the missing folders made with MODE; OSError where a part is not a folder (a link)."""
+    path = root
+    for part in parts:
+        path = os.path.join(path, part)
+        if not os.path.lexists(path):
+            os.mkdir(path)
+            os.chmod(path, mode)
+        elif os.path.islink(path) or not os.path.isdir(path):
+            raise OSError(f"not a folder: {path}")
+    return path
+
+
+def _copy_file(source: str, target: str, size: int, mode: int) -> None:
+    """SOURCE's first SIZE bytes as the new file TARGET (written beside it, then linked into place)."""
+    temp = f"{target}.kernalin-{os.getpid()}-{next(_worker_ids)}"
+    fin = os.open(source, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        fout = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+        with open(fout, "wb") as out:
+            os.fchmod(fout, mode)
+            left = size
+            while left > 0 and (chunk := os.read(fin, min(left, 1 << 20))):
+                out.write(chunk)
+                left -= len(chunk)
+        os.link(temp, target)  # FileExistsError: another worker's copy came first
+    finally:
+        os.close(fin)
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+
+
+class Handshake:
+    """bubblewrap's --info-fd (the sandbox's pid) and --block-fd (it waits, set up, before running the
+    command): the parent opens the sandbox's capped folders in between (`attach`)."""
+
+    def __init__(self) -> None:
+        self.info_r, self.info_w = os.pipe()
+        self.block_r, self.block_w = os.pipe()
+
+    def argv(self) -> list[str]:
+        """bubblewrap's options; pass child_fds() to the process."""
+        return ["--info-fd", str(self.info_w), "--block-fd", str(self.block_r)]
+
+    def child_fds(self) -> tuple[int, int]:
+        return self.info_w, self.block_r
+
+    def close(self) -> None:
+        """Close what is still open of both pipes (after attach, or when bubblewrap could not start)."""
+        for name in ("info_r", "info_w", "block_r", "block_w"):
+            fd = getattr(self, name)
+            if fd >= 0:
+                os.close(fd)
+                setattr(self, name, -1)
+
+    def attach(self, proc, folders, timeout_s: float = ATTACH_S) -> str | None:
+        """After PROC (bubblewrap) started: attach each of FOLDERS to its tmpfs in the sandbox, then let
+        the command run. None, or why not (PROC is then the caller's to kill)."""
+        os.close(self.info_w)
+        os.close(self.block_r)
+        self.info_w = self.block_r = -1
+        deadline = time.monotonic() + timeout_s
+        try:
+            info = b""
+            while select.select([self.info_r], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                chunk = os.read(self.info_r, 4096)
+                if not chunk:
+                    break
+                info += chunk
+            try:
+                pid = int(json.loads(info)["child-pid"])
+            except (ValueError, KeyError, TypeError):
+                return "bubblewrap did not start the sandbox"
+            for f in folders:
+                why = _open_in(pid, f, proc, deadline)
+                if why:
+                    return why
+            return None
+        finally:
+            try:
+                os.write(self.block_w, b"x")
+            except OSError:
+                pass
+            self.close()
+
+
+def _open_in(pid: int, folder: CappedFolder, proc, deadline: float) -> str | None:
+    """Attach FOLDER to the tmpfs at its path in PID's sandbox: the directory there on another file
+    system than the host's folder, of the folder's cap (bubblewrap mounts it before it waits)."""
+    host = os.stat(folder.path).st_dev
+    where = f"/proc/{pid}/root{folder.path}"
+    while True:
+        try:
+            fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            fd = -1
+        if fd >= 0:
+            st = os.statvfs(fd)
+            if os.fstat(fd).st_dev != host and st.f_blocks * st.f_frsize >= folder.cap:
+                folder.attach(fd)
+                return None
+            os.close(fd)
+        if proc.poll() is not None:
+            return "bubblewrap ended before the sandbox was set up"
+        if time.monotonic() > deadline:
+            return f"the worker's results folder could not be opened in its sandbox ({where})"
+        time.sleep(0.002)
 
 
 def _named_paths(value) -> set[str]:
@@ -457,20 +712,30 @@ def _bwrap_works(settings: SandboxSettings) -> str | None:
             import subprocess
 
             flags = ["--unshare-pid", "--unshare-net"] if os.geteuid() == 0 else ["--unshare-all"]
+            # the sandbox a worker gets, in short: a capped tmpfs the parent opens before the command runs
+            folder, hs = CappedFolder("kernalin-probe-", 1 << 20), Handshake()
+            argv = [bwrap, *flags, "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
+            argv += ["--size", str(folder.cap), "--tmpfs", folder.path, *hs.argv(), "true"]
             try:
-                p = subprocess.run(
-                    [bwrap, *flags, "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "true"],
-                    capture_output=True,
-                    text=True,
-                    timeout=30,
-                )
-                _probe["why"] = (
-                    None
-                    if p.returncode == 0
-                    else f"bubblewrap cannot make a sandbox here ({' '.join(p.stderr.split())[:200]})"
-                )
+                p = subprocess.Popen(
+                    argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                    pass_fds=hs.child_fds(), text=True,
+                )  # fmt: skip
+                attached = hs.attach(p, [folder])
+                if attached:
+                    p.kill()
+                err = p.communicate(timeout=30)[1]
+                if p.returncode not in (0, -signal.SIGKILL):  # it failed by itself (not killed here)
+                    _probe["why"] = f"bubblewrap cannot make a sandbox here ({' '.join(err.split())[:200]})"
+                elif attached:
+                    _probe["why"] = f"the parent cannot open the sandbox's results folder: {attached}"
+                else:
+                    _probe["why"] = None
             except (OSError, subprocess.TimeoutExpired) as e:
                 _probe["why"] = f"bubblewrap cannot run ({e})"
+            finally:
+                hs.close()
+                folder.close()
     return _probe["why"]
 
 
@@ -479,23 +744,25 @@ def worker_plan(
     device: str,
     workdir: str,
     cwd: str | None,
-    writable: tuple[str, ...] = (),
+    writable: tuple[CappedFolder, ...] = (),
     readonly: tuple[str, ...] = (),
 ) -> tuple[Plan | None, dict]:
     """How to start a kernel worker: in a sandbox (a Plan, plus the environment it needs), or not (None).
 
     The worker sees the system and the Python installation read-only, the folders its job names (the
-    checkout, entry files) and READONLY (a profiler's installation) read-only, WORKDIR (its job file) and
-    WRITABLE (the folder the parent reads its raw results from) read-write, the Triton cache it shares
-    with this process's workers of the same code (compile_cache) read-write, and fresh tmpfs for HOME
-    and /tmp; no network; its own PID namespace; the gate's
+    checkout, entry files), WORKDIR (its job file) and READONLY (a profiler's installation) read-only;
+    each of WRITABLE (the folders the parent reads its raw results from) as a tmpfs of the folder's cap
+    (CappedFolder); the Triton cache it shares with this process's workers of the same code
+    (compile_cache) as a tmpfs seeded from it, whose new files the parent copies back after the worker
+    ended; fresh tmpfs for HOME and /tmp; each of KERNALIN_SANDBOX_DISK bytes: nothing of the host is
+    writable; no network; its own PID namespace; the gate's
     process and every other file of the user (SSH keys, a runner's credentials) do not exist inside.
     KERNALIN_SANDBOX=off runs it unsandboxed; auto (the default) warns once on stderr where bubblewrap
     cannot run; on makes that an error."""
     mode = worker_mode()
     if mode == "off":
         return None, {}
-    settings = SandboxSettings(memory=_worker_memory(), tmpfs_size="8g")
+    settings = SandboxSettings(memory=_worker_memory(), tmpfs_size=str(worker_disk()))
     why = _bwrap_works(settings)
     if why:
         if mode == "on":
@@ -512,7 +779,7 @@ def worker_plan(
 
     worker_id = f"worker-{os.getpid()}-{next(_worker_ids)}"  # its own cgroup: end_worker kills all of it
     here = os.path.realpath(cwd or os.getcwd())  # relative entries resolve against it, as outside
-    rw = {os.path.realpath(p) for p in writable}  # named in the job too, but bound read-write (below)
+    rw = {os.path.realpath(f.path) for f in writable}  # named in the job too, but a capped tmpfs (below)
     readonly = sorted(
         {os.path.realpath(p) for p in child_path(cwd) if os.path.isdir(p)}
         | (_named_paths(job) - rw)
@@ -532,14 +799,18 @@ def worker_plan(
                 _warned.append(why)
                 print(f"kernalin-ci: kernel workers run without a sandbox: {why}", file=sys.stderr)
             return None, {}
-    settings.extra_ro = readonly
+    settings.extra_ro = [*readonly, os.path.realpath(workdir)]  # its job file: read-only too
     cache = compile_cache((device, *readonly))
+    # each a tmpfs of its cap in the sandbox; the run's Triton cache too, seeded from and copied back to it
+    folders = [*writable, CappedFolder(shared=cache)]
     plan = prepare(
         settings,
         worker_id,
-        [Path(workdir), Path(cache), *map(Path, sorted(rw))],
+        [],
         gpu_device_nodes(None) if device == "cuda" else [],
+        capped=[(f.path, f.cap) for f in folders],
     )
+    plan.folders = folders
     plan.argv_prefix[1:1] = ["--chdir", here]
     env = {
         "HOME": plan.home,
@@ -595,7 +866,12 @@ def _worker_memory() -> str:
 
 
 def end_worker(plan: Plan | None) -> None:
-    """After a sandboxed worker: kill whatever it left in its cgroup, remove the cgroup."""
+    """After a sandboxed worker: kill whatever it left in its cgroup, remove the cgroup; then (nothing of
+    the sandbox runs any more) copy back what it added to its shared folders, and let go of their tmpfs."""
     if plan is not None and plan.limits.get("cgroup"):
         job_id = Path(plan.limits["cgroup"][0]).name.removeprefix("job-")
         cleanup(job_id)
+    for folder in plan.folders if plan is not None else []:
+        if folder.shared:
+            folder.harvest()
+            folder.close()

@@ -330,7 +330,7 @@ def test_profile_says_when_nsight_is_missing_and_parses_ncu_csv(monkeypatch, tmp
     assert install_dirs("/opt/nvidia/nsight-compute/2025.3.1/ncu") == ["/opt/nvidia/nsight-compute/2025.3.1"]
 
 
-def test_a_profiler_wraps_the_worker_inside_the_worker_sandbox(tmp_path, monkeypatch):
+def test_a_profiler_wraps_the_worker_inside_the_worker_sandbox(tmp_path, monkeypatch, request):
     """How --profile starts ncu: as `wrap`, the command that starts the worker inside the sandbox. A real
     wrapper (sh) records who and where it ran, then starts the worker, whose events still arrive."""
     from kernalin_ci import sandbox
@@ -340,8 +340,8 @@ def test_a_profiler_wraps_the_worker_inside_the_worker_sandbox(tmp_path, monkeyp
     if not sandbox.workers_sandboxed():
         pytest.skip(f"no worker sandbox here: {sandbox._bwrap_works(sandbox.SandboxSettings())}")
     monkeypatch.setenv(sandbox.ENV_WORKER_SANDBOX, "on")
-    out = tmp_path / "out"
-    out.mkdir()
+    folder = sandbox.CappedFolder("kernalin-test-out-")  # the wrapper writes folder.path, we read folder.view
+    request.addfinalizer(folder.close)
     secret = tmp_path / "secret"
     secret.write_text("outside")
     script = (
@@ -352,9 +352,10 @@ def test_a_profiler_wraps_the_worker_inside_the_worker_sandbox(tmp_path, monkeyp
         {"task": "explain-env", "device": "cpu"},
         "cpu",
         120,
-        writable=(str(out),),
-        wrap=("/bin/sh", "-c", script, str(out), str(secret)),
+        writable=(folder,),
+        wrap=("/bin/sh", "-c", script, folder.path, str(secret)),
     )
+    out = Path(folder.view)
     assert o.status == "ok" and any(e.get("event") == "explain-env" for e in o.events)
     assert int((out / "pid").read_text()) < 10  # its own PID namespace
     assert (out / "secret").read_text() == ""  # the rest of the file system does not exist inside

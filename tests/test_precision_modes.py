@@ -96,9 +96,10 @@ def _worker_steps(task: str, entries: tuple, params_json: str, case_json: str) -
     result as it handed it back."""
     from kernalin_ci.domain import Domain
     from kernalin_ci.isolate import run_task
+    from kernalin_ci.sandbox import CappedFolder
     from kernalin_ci.verify import exchange
 
-    results = tempfile.mkdtemp(prefix="kernalin-test-results-")
+    folder = CappedFolder("kernalin-test-results-")  # the worker writes folder.path, we read folder.view
     job = {
         "task": task,
         "root": str(REPO),
@@ -106,19 +107,20 @@ def _worker_steps(task: str, entries: tuple, params_json: str, case_json: str) -
         "device": "cpu",
         "cases": [json.loads(case_json)],
         "start": 0,
-        "results": results,
+        "results": folder.path,
     }
     if task == "verify-dynamic":
         job.update(op="decode_step", entry=entries[0][1], poison=True, domain=Domain().to_json(), main_dtype="float32")
     else:
         job.update(entries=dict(entries), dtype="float32", seed=0, steps=3)
     events: list = []
-    outcome = run_task(job, "cpu", 300, lambda ev: events.append(ev) or True, writable=(results,))
-    assert outcome.status == "ok", outcome.ended()
-    parts = [ev for ev in events if ev.get("event") == "case-part"]
-    assert [ev["part"] for ev in parts] == [0, 1, 2], events
-    raws = tuple(exchange.load(results, exchange.part_name(0, ev["part"]), ev["file"]) for ev in parts)
-    os.rmdir(results)  # each file is removed as it is read
+    with folder:
+        outcome = run_task(job, "cpu", 300, lambda ev: events.append(ev) or True, writable=(folder,))
+        assert outcome.status == "ok", outcome.ended()
+        parts = [ev for ev in events if ev.get("event") == "case-part"]
+        assert [ev["part"] for ev in parts] == [0, 1, 2], events
+        raws = tuple(exchange.load(folder.view, exchange.part_name(0, ev["part"]), ev["file"]) for ev in parts)
+        assert os.listdir(folder.view) == []  # each file is removed as it is read
     assert all(raw["ttir"] == [] for raw in raws)  # nothing is recorded on the CPU
     return raws
 

@@ -20,7 +20,6 @@ import io
 import os
 import re
 import shutil
-import tempfile
 
 METRICS = {
     "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram_throughput_pct",
@@ -121,6 +120,7 @@ def ncu_argv(ncu: str, log: str) -> list[str]:
 def profile_side(op: str, entry: str, root: str, params: dict, case, timeout_s: float | None = None) -> dict:
     """One side under ncu, in the worker sandbox -> {"kernels": [...]} or {"error": ...}."""
     from kernalin_ci.isolate import run_task
+    from kernalin_ci.sandbox import CappedFolder
 
     ncu = shutil.which("ncu")
     job = {
@@ -132,22 +132,23 @@ def profile_side(op: str, entry: str, root: str, params: dict, case, timeout_s: 
         "case": case.to_json(),
         "device": "cuda",
     }
-    with tempfile.TemporaryDirectory(prefix="kernalin-ncu-") as out:
-        log = os.path.join(out, "ncu.csv")
+    with CappedFolder("kernalin-ncu-") as out:  # ncu writes out.path, this process reads out.view
         o = run_task(
             job,
             "cuda",
             timeout_s or TIMEOUT_S,
             cwd=root,
             writable=(out,),
-            wrap=tuple(ncu_argv(ncu, log)),
+            wrap=tuple(ncu_argv(ncu, os.path.join(out.path, "ncu.csv"))),
             readonly=tuple(install_dirs(ncu)),
         )
         try:
-            with open(log, errors="replace") as f:
+            with open(os.path.join(out.view, "ncu.csv"), errors="replace") as f:
                 text = f.read()
         except OSError:
             text = ""
+        if out.full():
+            text += f"\n==ERROR== {out.full()}"
     kernels = parse(text)
     if kernels:
         return {"kernels": kernels}

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import sys
-import tempfile
 from dataclasses import dataclass, field
 
 from kernalin_ci.findings import Finding, Notice
 from kernalin_ci.isolate import run_task
 from kernalin_ci.ops.base import Case
+from kernalin_ci.sandbox import CappedFolder
 
 MAX_RESTARTS = 8
 
@@ -126,7 +125,7 @@ def run_cases(
     from kernalin_ci.verify.exchange import BadResult
 
     run = CasesRun()
-    results = tempfile.mkdtemp(prefix="kernalin-results-")
+    folder = CappedFolder("kernalin-results-")  # the worker writes folder.path, this process reads folder.view
     got: set[int] = set()
     start = 0
     restarts = 0
@@ -175,7 +174,7 @@ def run_cases(
                     try:
                         if not hasattr(read_case, "part"):
                             raise BadResult("a case-part event: this task hands back whole cases")
-                        read_case.part(i, cases[i], ev, results)
+                        read_case.part(i, cases[i], ev, folder.view)
                         return True
                     except BadResult as e:
                         state["in_flight"], state["due"] = None, i + 1
@@ -186,7 +185,7 @@ def run_cases(
                 state["due"] = i + 1
                 case = cases[i]
                 try:
-                    r = read_case(i, case, ev, results)
+                    r = read_case(i, case, ev, folder.view)
                 except BadResult as e:  # this case's result: a finding; the next case may still be reported
                     record(i, None, [bad_result(str(e))])
                     return True
@@ -206,20 +205,20 @@ def run_cases(
                 return True
 
             outcome = run_task(
-                {**job, "task": task, "cases": [c.to_json() for c in cases], "start": start, "results": results},
+                {**job, "task": task, "cases": [c.to_json() for c in cases], "start": start, "results": folder.path},
                 device,
                 timeout_s,
                 on_event,
                 env=env,
-                writable=(results,),
+                writable=(folder,),
             )
             i = state["in_flight"]
             if i is not None:  # what the dead child may have begun to write for the case in flight is not read
-                for name in os.listdir(results):
+                for name in os.listdir(folder.view):
                     if name.startswith((f"case-{i}.", f"case-{i}-")):
                         with contextlib.suppress(OSError):
-                            os.unlink(os.path.join(results, name))
-            left = exchange.leftovers(results)
+                            os.unlink(os.path.join(folder.view, name))
+            left = exchange.leftovers(folder.view)
             if left:
                 run.findings.append(
                     bad_result(
@@ -227,6 +226,15 @@ def run_cases(
                         + (" ..." if len(left) > 5 else "")
                     )
                 )
+            full = folder.full()
+            if full:  # the worker filled its results folder: its cap ends the run (never a pass)
+                if i is not None and i not in got:
+                    record(i, None, [bad_result(f"case {cases[i].name!r}: {full}")])
+                else:
+                    run.findings.append(bad_result(full))
+                progress.note(full)
+                explained = True
+                break
             if outcome.status == "refused":
                 progress.note(f"worker stopped: {state['refused']}")
                 break
@@ -256,7 +264,7 @@ def run_cases(
                 progress.note(f"gave up after {restarts} restarts; {len(cases) - start} cases not run")
                 break
     finally:
-        shutil.rmtree(results, ignore_errors=True)
+        folder.close()
     if not explained:
         for i, c in enumerate(cases):
             if i not in got:

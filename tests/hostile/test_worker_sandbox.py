@@ -169,14 +169,25 @@ def test_workers_started_at_once_get_a_cgroup_each(open_dir, monkeypatch):
 
 
 def _in_worker(plan, env: dict, script: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [*plan.argv_prefix, sys.executable, "-c", script],
+    """Run SCRIPT in PLAN's worker sandbox as a kernel worker is run (its capped folders attached, the
+    Triton cache among them), then end it as the gate does (which copies its new cache files back)."""
+    from kernalin_ci import sandbox
+
+    proc, why = sandbox.start(
+        plan,
+        [sys.executable, "-c", script],
         env=dict(os.environ, **env),
-        preexec_fn=plan.preexec,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=60,
     )
+    try:
+        assert why is None, why
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        sandbox.end_worker(plan)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def test_workers_of_the_same_code_share_a_compile_cache_and_other_code_gets_its_own(open_dir, monkeypatch):

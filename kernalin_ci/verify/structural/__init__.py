@@ -55,10 +55,8 @@ def verify_structural(
     process checks it, parses, interprets and analyses it (analyse.py). Material that is missing,
     unreadable, oversized or malformed, and files no event named, are `bad-result` findings, with the
     status "not analysed (bad result: ...)"; a worker that hangs or dies is "not analysed" as before."""
-    import shutil
-    import tempfile
-
     from kernalin_ci.isolate import run_task
+    from kernalin_ci.sandbox import CappedFolder
     from kernalin_ci.verify import exchange
     from kernalin_ci.verify.exchange import BadResult
     from kernalin_ci.verify.structural import material
@@ -68,7 +66,7 @@ def verify_structural(
     op = get_op(op_name)
     if op.structural is None:
         return [], [], StructuralStatus("not-analysed", f"no structural checks for op {op_name}")
-    results = tempfile.mkdtemp(prefix="kernalin-structural-")
+    folder = CappedFolder("kernalin-structural-")  # the worker writes folder.path, this process reads folder.view
     job = {
         "task": TASK,
         "op": op_name,
@@ -76,29 +74,32 @@ def verify_structural(
         "root": root,
         "params": params,
         "domain": domain.to_json() if domain is not None else {},
-        "results": results,
+        "results": folder.path,
     }
     try:
         # TRITON_INTERPRET=0: the child compiles the kernels (it never launches them)
-        outcome = run_task(job, "cpu", timeout_s, env={"TRITON_INTERPRET": "0"}, writable=(results,))
-        outcome.raise_for_error("structural")
+        outcome = run_task(job, "cpu", timeout_s, env={"TRITON_INTERPRET": "0"}, writable=(folder,))
+        bad = folder.full()  # the worker filled its results folder to its cap
+        if bad is None:
+            outcome.raise_for_error("structural")
         done = [e for e in outcome.events if e.get("event") == "structural-done"]
-        bad = None
         mat = None
-        if len(done) > 1:
+        if bad is None and len(done) > 1:
             bad = "the worker sent more than one structural-done event"
-        elif not done and outcome.status == "ok":
+        elif bad is None and not done and outcome.status == "ok":
             bad = "the worker handed back no result"
-        elif done:
+        elif bad is None and done:
             try:
-                mat = material.load(results, done[0].get("file"), capture_cases(op, params, domain), op_name, params)
+                mat = material.load(
+                    folder.view, done[0].get("file"), capture_cases(op, params, domain), op_name, params
+                )
             except BadResult as e:
                 bad = str(e)
-        left = exchange.leftovers(results)
+        left = exchange.leftovers(folder.view)
         if left and bad is None:
             bad = f"the worker wrote files no result named: {', '.join(left[:5])}" + (" ..." if len(left) > 5 else "")
     finally:
-        shutil.rmtree(results, ignore_errors=True)
+        folder.close()
     if bad is not None:
         finding = Finding("structural:worker-result", "bad-result", bad, kind="structural")
         return [finding], [], StructuralStatus("not-analysed", f"bad result: {bad}")
