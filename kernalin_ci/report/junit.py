@@ -19,10 +19,10 @@ from kernalin_ci.report.text import (
     bug_classes,
     coverage_text,
     finding_text,
-    location_text,
     mass_sentence,
     measurement_note,
     not_checked_texts,
+    notice_text,
     plural,
     structural_text,
     verdict_phrase,
@@ -89,8 +89,7 @@ def _verification_text(item) -> str:
         line += f"\nnot checked: {text}"
     notices = v.get("notices") or []
     for n in notices:
-        loc = location_text(n.get("location"))
-        line += f"\nnotice: {n.get('check', '?')}{' at ' + loc if loc else ''}: {n.get('message', '')}"
+        line += f"\nnotice: {notice_text(n)}"
     return line
 
 

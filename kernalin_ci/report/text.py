@@ -159,27 +159,34 @@ def verdict_phrase(b: dict) -> str:
 
     Effects are changes of the head's time against the base's: 'faster: 3.1%' is a ratio of 0.969.
     """
+    return f"{b['verdict']}: {verdict_words(b)}"
+
+
+def verdict_words(b: dict) -> str:
+    """The verdict's figures, its name left out: '3.1% (95% HDI 2.7%..3.5%), P(faster) 99.4%, ROPE ±0.5%'.
+    The one wording of a benchmark verdict: `verdict_phrase` (report.md, JUnit, the PR comment) and the
+    `bench`/`compare` lines (kernalin_ci.bench.render, the verdict in its own column) use it."""
     v, r = b["verdict"], b["ratio"]
     lo, hi = b["hdi"]
     rope = rope_text(b["rope"])
     if v == "faster":
         d = _decimals(1 - r, 1 - lo, 1 - hi, apart=(lo, hi))
         return (
-            f"faster: {percent(1 - r, d)} (95% HDI {percent(1 - hi, d)}..{percent(1 - lo, d)}), "
+            f"{percent(1 - r, d)} (95% HDI {percent(1 - hi, d)}..{percent(1 - lo, d)}), "
             f"P(faster) {prob(b['p_faster'])}, ROPE {rope}"
         )
     if v == "slower":
         d = _decimals(r - 1, lo - 1, hi - 1, apart=(lo, hi))
         return (
-            f"slower: {percent(r - 1, d)} (95% HDI {percent(lo - 1, d)}..{percent(hi - 1, d)}), "
+            f"{percent(r - 1, d)} (95% HDI {percent(lo - 1, d)}..{percent(hi - 1, d)}), "
             f"P(slower) {prob(b['p_slower'])}, ROPE {rope}"
         )
     d = _decimals(r - 1, lo - 1, hi - 1, apart=(lo, hi))
     span = f"{signed_percent(r - 1, d)} (95% HDI {signed_percent(lo - 1, d)}..{signed_percent(hi - 1, d)})"
     if v == "equivalent":
-        return f"equivalent: {span}, P(equivalent) {prob(b['p_equivalent'])}, ROPE {rope}"
+        return f"{span}, P(equivalent) {prob(b['p_equivalent'])}, ROPE {rope}"
     return (
-        f"inconclusive: {span}, P(faster) {prob(b['p_faster'])}, P(equivalent) {prob(b['p_equivalent'])}, "
+        f"{span}, P(faster) {prob(b['p_faster'])}, P(equivalent) {prob(b['p_equivalent'])}, "
         f"P(slower) {prob(b['p_slower'])}, ROPE {rope}"
     )
 
@@ -262,6 +269,14 @@ def finding_text(f: dict) -> str:
     return "\n".join(lines)
 
 
+def finding_line(f) -> str:
+    """A Finding in one line for tables and progress: 'kv-mask at k.py:57 (structural:kv-mask): message'
+    (the message on one line, cut at 200 characters; `tune` lists dropped configs with it)."""
+    where = f" at {f.location.path}:{f.location.line}" if f.location else ""
+    msg = " ".join(f.message.split()).split(" (also in ")[0]
+    return f"{f.bug_class}{where} ({f.check}): {msg[:200]}"
+
+
 def bug_classes(findings: list[dict]) -> list[tuple[str, int]]:
     """The findings' bug classes in first-seen order, with how often each occurs."""
     counts: dict[str, int] = {}
@@ -302,9 +317,17 @@ def not_checked_texts(v: dict) -> list[str]:
     """One line per shape that was not checked: its reason and the kernel's own error."""
     from kernalin_ci.findings import NotChecked
 
-    out = []
-    for n in v.get("not_checked") or []:
-        item = NotChecked.from_json(n)
-        cases = ", ".join(item.cases[:4]) + (", ..." if len(item.cases) > 4 else "")
-        out.append(item.summary() + (f" (cases: {cases})" if cases else ""))
-    return out
+    return [not_checked_text(NotChecked.from_json(n)) for n in v.get("not_checked") or []]
+
+
+def not_checked_text(item) -> str:
+    """A NotChecked in one line: its shape, reason, the kernel's own error and the cases (the CLI,
+    report.md and JUnit)."""
+    cases = ", ".join(item.cases[:4]) + (", ..." if len(item.cases) > 4 else "")
+    return item.summary() + (f" (cases: {cases})" if cases else "")
+
+
+def notice_text(n: dict) -> str:
+    """A notice in one line: 'structural:interpret at k.py:12: could not verify ...' (the CLI and JUnit)."""
+    loc = location_text(n.get("location"))
+    return f"{n.get('check', '?')}{' at ' + loc if loc else ''}: {n.get('message', '')}"

@@ -27,6 +27,7 @@ import numpy as np
 
 from kernalin_ci.bench import stats
 from kernalin_ci.errors import UsageError
+from kernalin_ci.report.text import finding_line
 from kernalin_ci.tune import race
 from kernalin_ci.tune.space import Candidate, Space, TuneSpec, build_space, candidate_source
 
@@ -75,12 +76,6 @@ class Checked:
             "structural": self.structural,
             "seconds": self.seconds,
         }
-
-
-def finding_line(f) -> str:
-    where = f" at {f.location.path}:{f.location.line}" if f.location else ""
-    msg = " ".join(f.message.split()).split(" (also in ")[0]
-    return f"{f.bug_class}{where} ({f.check}): {msg[:200]}"
 
 
 @dataclass
