@@ -78,7 +78,7 @@ def case_gqa() -> Case:
     return Case("gqa-8", {"Hq": 16, "Hkv": 2, "D": 64, "kv_lens": [5, 17, 129, 300], "scale": 0.125}, "float16", 3)
 
 
-def failing_verification(name_in_message: str = "out") -> dict:
+def failing_verification(name_in_message: str = "out") -> VerifyResult:
     gqa = case_gqa()
     big = Case(
         "large-scores",
@@ -118,7 +118,7 @@ def failing_verification(name_in_message: str = "out") -> dict:
                 reproduce=reproduce_command("attention.decode", ATTN, {}, "cuda", big),
             ),
         ],
-    ).to_json()
+    )
 
 
 def gate_report() -> Report:
@@ -156,7 +156,7 @@ def gate_report() -> Report:
             "kernels/rope.py:entry",
             "changed",
             ["kernels/rope.py changed"],
-            VerifyResult("rope", "kernels/rope.py:entry", 40, 3.2, device="cuda").to_json(),
+            VerifyResult("rope", "kernels/rope.py:entry", 40, 3.2, device="cuda"),
             faster_benchmark(),
             seconds=25.0,
         )
@@ -178,7 +178,7 @@ def gate_report() -> Report:
             "kernels/kv.py:entry",
             "new",
             ["new kernel"],
-            kv.to_json(),
+            kv,
             None,
             "new kernel: nothing to compare against",
             seconds=3.0,
@@ -190,7 +190,7 @@ def gate_report() -> Report:
         PipelineReport(
             "decode_loop",
             {"kv_append": "kv_append_v2", "attention.decode_paged": "paged_attention"},
-            pv.to_json(),
+            pv,
             seconds=9.0,
         )
     )
@@ -423,14 +423,14 @@ def test_chart_marks_rope_and_one_and_keeps_the_mass():
 
 def test_details_hold_each_finding_with_case_location_and_reproduce():
     r = gate_report()
-    findings = r.kernels[0].verification["findings"]
+    findings = r.kernels[0].verification.findings
     md = render_markdown(r)
     html = gfm(md)
     assert "<summary>3 findings: softmax-no-max, kv-mask, non-finite</summary>" in html
     blocks = re.findall(r'<pre><code class="language-sh">(.*?)</code></pre>', html, re.S)
     unescaped = [unescape(b).strip() for b in blocks]
     for f in findings[1:]:
-        assert f["reproduce"] in unescaped
+        assert f.reproduce in unescaped
     assert r.reproduce in unescaped
     assert "`kernels/attn.py:57`" in md and "`kernels/attn.py:88`" in md
     assert "Case: `gqa-8 [float16, seed 3] Hq=16 Hkv=2 D=64 kv_lens=[5,17,129,300] scale=0.125`" in md
@@ -477,9 +477,9 @@ def _huge_report(n: int = 3000) -> Report:
                 Location("kernels/attn.py", 88),
                 case=c.to_json(),
                 reproduce=reproduce_command("attention.decode", ATTN, {}, "cuda", c),
-            ).to_json()
+            )
         )
-    r.kernels[0].verification["findings"] = many
+    r.kernels[0].verification.findings = many
     return r
 
 
@@ -538,8 +538,8 @@ def test_junit_has_a_testcase_per_kernel_and_pipeline():
     failure = cases["attention.decode", "decode_attention"].find("failure")
     assert failure.get("type") == "finding"
     assert failure.get("message") == "3 findings: softmax-no-max, kv-mask, non-finite"
-    for f in r.kernels[0].verification["findings"][1:]:
-        assert f"reproduce: {f['reproduce']}" in failure.text
+    for f in r.kernels[0].verification.findings[1:]:
+        assert f"reproduce: {f.reproduce}" in failure.text
     assert "[softmax-no-max] structural check exp-max at kernels/attn.py:57" in failure.text
     out = cases["rope", "rope_neox"].find("system-out").text
     assert f"benchmark: {verdict_phrase(r.kernels[1].benchmark)}" in out
@@ -580,7 +580,7 @@ def test_junit_errors_slower_kernels_failing_pipelines_and_control_characters():
         1,
         9.0,
         findings=[Finding("pipeline-cache", "kv-slot", "step 17: k_cache slot 33 does not hold the token")],
-    ).to_json()
+    )
     pipe.failed_by = ["finding"]
     r.conclusion, r.reason = conclude(r)
     assert headline(r) == (
@@ -734,7 +734,7 @@ def test_coverage_not_checked_and_structural_status_in_every_output():
             )
         ],
         structural=StructuralStatus("not-analysed", "kernel _append_gather could not be followed: tt.gather"),
-    ).to_json()
+    )
     for text in (render_markdown(r), step_summary(r)):
         assert (
             "- **Structural:** **not analysed (kernel \\_append\\_gather could not be followed: tt.gather)**." in text

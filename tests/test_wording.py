@@ -51,11 +51,11 @@ def test_the_terminal_and_junit_word_findings_notices_and_shapes_not_checked_ali
     out = io.StringIO()
     print_result(res, out)
     term = out.getvalue()
-    kr = KernelReport("attn", "attention.decode", "k.py:attn", "changed", verification=res.to_json())
+    kr = KernelReport("attn", "attention.decode", "k.py:attn", "changed", verification=res)
     kr.failed_by = ["finding"]
     junit = render_junit(Report("failure", "x", {}, {}, "cpu", {}, kernels=[kr]))
     f, n, nc = res.findings[0], res.notices[0], res.not_checked[0]
-    for text in (finding_text(f.to_json()), notice_text(n.to_json()), not_checked_text(nc)):
+    for text in (finding_text(f), notice_text(n), not_checked_text(nc)):
         first = text.splitlines()[0]
         assert first in term and first.replace(">", "&gt;") in junit
     assert "not checked: D=80 float32: unsupported, not checked: power of two (cases: a, b)" in term

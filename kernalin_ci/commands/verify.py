@@ -78,11 +78,11 @@ def print_result(result, out) -> None:
         file=out,
     )
     for f in result.findings:
-        print(textwrap.indent(finding_text(f.to_json()), "  "), file=out)
+        print(textwrap.indent(finding_text(f), "  "), file=out)
     if result.cases_run:
         print(f"  coverage: {result.coverage.summary()}", file=out)
     for n in result.not_checked:
         print(f"  not checked: {not_checked_text(n)}", file=out)
     print(f"  structural: {result.structural.summary()}", file=out)
     for n in result.notices:
-        print(f"  note: {notice_text(n.to_json())}", file=out)
+        print(f"  note: {notice_text(n)}", file=out)

@@ -14,7 +14,6 @@ same check run and comment. GitHub 5xx and network failures wait and try again w
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import random
 import time
@@ -38,16 +37,9 @@ def _fence(text: str) -> str:
 
 
 def report_from_json(d: dict):
-    """A Report from report.json, ignoring fields this version does not know (a newer image wrote it)."""
-    from kernalin_ci.report.model import KernelReport, PipelineReport, Report
+    """A Report from report.json (Report.from_json: fields this version does not know are left out)."""
+    from kernalin_ci.report.model import Report
 
-    def known(cls, item: dict) -> dict:
-        names = {f.name for f in dataclasses.fields(cls)}
-        return {k: v for k, v in item.items() if k in names}
-
-    d = known(Report, d)
-    d["kernels"] = [known(KernelReport, k) for k in d.get("kernels", [])]
-    d["pipelines"] = [known(PipelineReport, p) for p in d.get("pipelines", [])]
     return Report.from_json(d)
 
 

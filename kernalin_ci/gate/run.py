@@ -19,6 +19,7 @@ from kernalin_ci import config as config_mod
 from kernalin_ci.config import Config
 from kernalin_ci.errors import InternalError, UsageError, describe, log_text, write_log
 from kernalin_ci.explain.render import explain_lines
+from kernalin_ci.findings import VerifyResult
 from kernalin_ci.gate.diff import Refs, affected_kernels, changed_files, resolve_refs, worktrees
 from kernalin_ci.report.model import KernelReport, PipelineReport, Report
 
@@ -34,9 +35,9 @@ def judge(kr: KernelReport, cfg: Config, device: str) -> list[str]:
     v = kr.verification
     if kr.error:
         failed.append("error")
-    if v and v.get("findings") and "finding" in fail_on:
+    if v and v.findings and "finding" in fail_on:
         failed.append("finding")
-    if v and (v.get("structural") or {}).get("status") == "not-analysed" and "not-analysed" in fail_on:
+    if v and v.structural.status == "not-analysed" and "not-analysed" in fail_on:
         failed.append("not-analysed")
     b = kr.benchmark
     if b and device == "cuda":  # interpreter wall-clock timings never gate (docs/config.md)
@@ -64,9 +65,7 @@ def conclude(report: Report) -> tuple[str, str]:
     msg = f"{len(checked)} kernel{'s' * (len(checked) != 1)} verified"
     if faster:
         msg += f"; faster: {', '.join(faster)}"
-    blind = [
-        k.name for k in checked if ((k.verification or {}).get("structural") or {}).get("status") == "not-analysed"
-    ]
+    blind = [k.name for k in checked if k.verification and k.verification.structural.status == "not-analysed"]
     if blind:
         msg += f"; structure not analysed: {', '.join(blind)}"
     return "success", msg
@@ -191,7 +190,7 @@ def check_kernel(
             progress=progress,
             raw_domain=k.domain,
         )
-        kr.verification = vr.to_json()
+        kr.verification = vr
     except UsageError as e:  # the kernel's entry cannot be loaded at head: that fails this kernel
         kr.error = str(e)
         return
@@ -264,12 +263,12 @@ def check_pipeline(p, members: dict, cfg: Config, device: str, head_root: Path, 
         vr = verify_pipeline(
             entries, params, device, dtype=dtype, steps=p.steps, root=str(head_root), progress=progress
         )
-        pr.verification = vr.to_json()
+        pr.verification = vr
         if vr.findings and "finding" in cfg.gate.fail_on:
             pr.failed_by = ["finding"]
     except Exception as e:  # a load error, or a bug of ours (logged): this pipeline fails, the gate goes on
         why = str(e) if isinstance(e, UsageError) else internal_error(f"pipeline {p.name}", e)
-        pr.verification = {"verdict": "fail", "findings": [], "error": why}
+        pr.verification = VerifyResult("decode-pipeline", "", error=why)
         pr.failed_by = ["error"]
     pr.seconds = time.perf_counter() - t0
     return pr
@@ -390,30 +389,29 @@ def removed_kernels(cfg: Config, base_root: Path, cfg_path: Path, repo: Path) ->
     return [k.name for k in base_cfg.kernels if k.name not in names]
 
 
-def _relativise(verification: dict | None, head_root: Path) -> None:
+def _relativise(verification: VerifyResult | None, head_root: Path) -> None:
     """Finding locations inside the head worktree become repository-relative paths."""
     if not verification:
         return
     prefix = str(head_root.resolve()) + "/"
-    for f in verification.get("findings", []) + verification.get("notices", []):
-        loc = f.get("location")
-        if loc and loc.get("path", "").startswith(prefix):
-            loc["path"] = loc["path"][len(prefix) :]
-        elif loc and loc.get("path", "").startswith(str(head_root) + "/"):
-            loc["path"] = loc["path"][len(str(head_root)) + 1 :]
+    for f in [*verification.findings, *verification.notices]:
+        loc = f.location
+        if loc and loc.path.startswith(prefix):
+            loc.path = loc.path[len(prefix) :]
+        elif loc and loc.path.startswith(str(head_root) + "/"):
+            loc.path = loc.path[len(str(head_root)) + 1 :]
 
 
 def summary_line(kr: KernelReport) -> str:
     if kr.error:
         return f"ERROR {kr.error}"
-    v = kr.verification or {}
-    n = len(v.get("findings", []))
+    v = kr.verification or VerifyResult(kr.op, kr.entry)
+    n = len(v.findings)
     parts = [f"verification {'FAIL (' + str(n) + ' findings)' if n else 'pass'}"]
-    if v.get("not_checked"):
-        parts.append(f"{len(v['not_checked'])} shape{'s' * (len(v['not_checked']) != 1)} not checked")
-    st = v.get("structural") or {}
-    if st.get("status") == "not-analysed":
-        parts.append(f"structural: not analysed ({st.get('cause')})")
+    if v.not_checked:
+        parts.append(f"{len(v.not_checked)} shape{'s' * (len(v.not_checked) != 1)} not checked")
+    if v.structural.status == "not-analysed":
+        parts.append(f"structural: not analysed ({v.structural.cause})")
     b = kr.benchmark
     if b:
         parts.append(f"benchmark {b['verdict']} (ratio {b['ratio']:.4f})")

@@ -39,9 +39,8 @@ def _el(parent: ET.Element, tag: str, text: str | None = None, **attrs) -> ET.El
     return e
 
 
-def _findings(item) -> list[dict]:
-    v = item.verification
-    return list(v.get("findings") or []) if isinstance(v, dict) else []
+def _findings(item) -> list:
+    return list(item.verification.findings) if item.verification is not None else []
 
 
 def _benchmark_text(k: KernelReport) -> str | None:
@@ -67,19 +66,11 @@ def _benchmark_text(k: KernelReport) -> str | None:
 
 def _verification_text(item) -> str:
     v = item.verification
-    if not isinstance(v, dict):
+    if v is None:
         return "verification: none"
     fs = _findings(item)
-    ctx = ", ".join(
-        x
-        for x in (
-            plural(v["cases_run"], "case") if isinstance(v.get("cases_run"), int) else "",
-            f"{v['seconds']:.1f} s" if isinstance(v.get("seconds"), (int, float)) else "",
-            str(v.get("device") or ""),
-        )
-        if x
-    )
-    line = f"verification: {v.get('verdict', '?')}" + (f" ({ctx})" if ctx else "")
+    ctx = "" if v.error else ", ".join(x for x in (plural(v.cases_run, "case"), f"{v.seconds:.1f} s", v.device) if x)
+    line = f"verification: {v.verdict}" + (f" ({ctx})" if ctx else "")
     if fs:
         line += "; " + ", ".join(f"{c} x{n}" for c, n in bug_classes(fs))
     for label, text in (("structural", structural_text(v)), ("coverage", coverage_text(v))):
@@ -87,8 +78,7 @@ def _verification_text(item) -> str:
             line += f"\n{label}: {text}"
     for text in not_checked_texts(v):
         line += f"\nnot checked: {text}"
-    notices = v.get("notices") or []
-    for n in notices:
+    for n in v.notices:
         line += f"\nnotice: {notice_text(n)}"
     return line
 
@@ -96,7 +86,7 @@ def _verification_text(item) -> str:
 def _failure_body(item) -> tuple[str, str]:
     """(message, text) of the <failure> or <error> element."""
     parts, msgs = [], []
-    err = item.error if isinstance(item, KernelReport) else (item.verification or {}).get("error")
+    err = item.error if isinstance(item, KernelReport) else item.verification.error if item.verification else None
     if err:
         msgs.append(f"error: {err.splitlines()[0] if err.strip() else err}")
         parts.append(f"error: {err}")

@@ -245,27 +245,27 @@ def case_summary(case: dict | None) -> str | None:
         return str(case)
 
 
-def location_text(loc: dict | None) -> str | None:
-    """'kernels/attn.py:57' or None."""
-    if not isinstance(loc, dict) or not loc.get("path"):
+def location_text(loc) -> str | None:
+    """A Location as 'kernels/attn.py:57', or None."""
+    if loc is None or not loc.path:
         return None
-    return f"{loc['path']}:{loc['line']}" if loc.get("line") else str(loc["path"])
+    return f"{loc.path}:{loc.line}" if loc.line else str(loc.path)
 
 
-def finding_text(f: dict) -> str:
-    """One finding as plain text: class, check, location, message, case and reproduce command. The one
+def finding_text(f) -> str:
+    """A Finding as plain text: class, check, location, message, case and reproduce command. The one
     plain-text wording of a finding (the CLI, JUnit and the check-run annotations use it; the comment
     is markdown)."""
-    head = f"[{f.get('bug_class', '?')}] {f.get('kind', 'dynamic')} check {f.get('check', '?')}"
-    loc = location_text(f.get("location"))
+    head = f"[{f.bug_class}] {f.kind} check {f.check}"
+    loc = location_text(f.location)
     if loc:
         head += f" at {loc}"
-    lines = [head, f"  {f.get('message', '')}"]
-    case = case_summary(f.get("case"))
+    lines = [head, f"  {f.message}"]
+    case = case_summary(f.case)
     if case:
         lines.append(f"  case: {case}")
-    if f.get("reproduce"):
-        lines.append(f"  reproduce: {f['reproduce']}")
+    if f.reproduce:
+        lines.append(f"  reproduce: {f.reproduce}")
     return "\n".join(lines)
 
 
@@ -277,11 +277,11 @@ def finding_line(f) -> str:
     return f"{f.bug_class}{where} ({f.check}): {msg[:200]}"
 
 
-def bug_classes(findings: list[dict]) -> list[tuple[str, int]]:
-    """The findings' bug classes in first-seen order, with how often each occurs."""
+def bug_classes(findings: list) -> list[tuple[str, int]]:
+    """The Findings' bug classes in first-seen order, with how often each occurs."""
     counts: dict[str, int] = {}
     for f in findings:
-        c = str(f.get("bug_class", "?"))
+        c = str(f.bug_class)
         counts[c] = counts.get(c, 0) + 1
     return list(counts.items())
 
@@ -293,31 +293,25 @@ def plural(n: int, word: str) -> str:
 # ---------------------------------------------------------------------------------------- shape domain
 
 
-def structural_text(v: dict) -> str | None:
-    """'analysed at D=64 float16 Hq=6 Hkv=2' / 'not analysed (cause)' / None when not run or unknown."""
-    from kernalin_ci.findings import StructuralStatus
-
-    st = v.get("structural")
-    if not isinstance(st, dict) or st.get("status") not in ("analysed", "not-analysed"):
+def structural_text(v) -> str | None:
+    """A VerifyResult's structural status: 'analysed at D=64 float16 Hq=6 Hkv=2' / 'not analysed (cause)' /
+    None when not run."""
+    if v.structural.status not in ("analysed", "not-analysed"):
         return None
-    return StructuralStatus.from_json(st).summary()
+    return v.structural.summary()
 
 
-def coverage_text(v: dict) -> str | None:
-    """The shapes and lengths the dynamic checks reached, in one line; None when there is no coverage."""
-    from kernalin_ci.findings import Coverage
-
-    cov = v.get("coverage")
-    if not isinstance(cov, dict) or not any(cov.values()):
+def coverage_text(v) -> str | None:
+    """The shapes and lengths the dynamic checks of VerifyResult V reached, in one line; None when there
+    is no coverage."""
+    if not any(v.coverage.to_json().values()):
         return None
-    return Coverage.from_json(cov).summary()
+    return v.coverage.summary()
 
 
-def not_checked_texts(v: dict) -> list[str]:
+def not_checked_texts(v) -> list[str]:
     """One line per shape that was not checked: its reason and the kernel's own error."""
-    from kernalin_ci.findings import NotChecked
-
-    return [not_checked_text(NotChecked.from_json(n)) for n in v.get("not_checked") or []]
+    return [not_checked_text(n) for n in v.not_checked]
 
 
 def not_checked_text(item) -> str:
@@ -327,7 +321,7 @@ def not_checked_text(item) -> str:
     return item.summary() + (f" (cases: {cases})" if cases else "")
 
 
-def notice_text(n: dict) -> str:
-    """A notice in one line: 'structural:interpret at k.py:12: could not verify ...' (the CLI and JUnit)."""
-    loc = location_text(n.get("location"))
-    return f"{n.get('check', '?')}{' at ' + loc if loc else ''}: {n.get('message', '')}"
+def notice_text(n) -> str:
+    """A Notice in one line: 'structural:interpret at k.py:12: could not verify ...' (the CLI and JUnit)."""
+    loc = location_text(n.location)
+    return f"{n.check}{' at ' + loc if loc else ''}: {n.message}"

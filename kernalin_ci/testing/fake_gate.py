@@ -23,6 +23,7 @@ time.sleep(float(Path("sleep.txt").read_text()) if Path("sleep.txt").exists() el
 if verdict == "error":
     print("kernalin-ci run: error: .kernalin.yml:3: kernels: required", file=sys.stderr)
     sys.exit(2)
+from kernalin_ci.findings import Finding, VerifyResult
 from kernalin_ci.report.model import KernelReport, Report
 from kernalin_ci.report.writer import write_all
 
@@ -32,7 +33,11 @@ kernel = KernelReport(
     "kernels/kv_cache.py:append",
     "changed",
     ["kernels/kv_cache.py changed"],
-    verification={"verdict": "fail" if verdict == "failure" else "pass", "findings": []},
+    verification=VerifyResult(
+        "kv_append",
+        "kernels/kv_cache.py:append",
+        findings=[Finding("fake-gate", "wrong-output", "fake gate: failure")] if verdict == "failure" else [],
+    ),
     failed_by=["finding"] if verdict == "failure" else [],
     benchmark=json.loads(Path("benchmark.json").read_text()) if Path("benchmark.json").exists() else None,
 )
