@@ -1,4 +1,4 @@
-"""The one report model: typed results (VerifyResult) stay on the Report until the writer serialises
+"""The one report model: typed results (VerifyResult, BenchResult) stay on the Report until the writer serialises
 them, and Report.from_json is the one way back from report.json (the daemon, history)."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import json
 import jsonschema
 from test_report import gate_report
 
+from kernalin_ci.bench.pair import BenchResult
 from kernalin_ci.findings import VerifyResult
 from kernalin_ci.history.model import run_from_report
 from kernalin_ci.report.markdown import render_markdown
@@ -22,6 +23,7 @@ def test_report_json_round_trips_through_the_typed_model():
     back = Report.from_json(json.loads(text))
     assert isinstance(back.kernels[0].verification, VerifyResult)
     assert back.kernels[0].verification.findings[0].location.path == "kernels/attn.py"
+    assert isinstance(back.kernels[1].benchmark, BenchResult) and back.kernels[1].bench_verdict == "faster"
     assert report_json(back) == text and render_markdown(back) == render_markdown(r)
 
 
@@ -35,6 +37,19 @@ def test_fields_a_newer_version_wrote_are_left_out():
     back = Report.from_json(doc)
     assert back.kernels[0].verification.findings[0].location.line == 57
     assert report_json(back) == report_json(gate_report())
+
+
+def test_a_verdict_turned_inconclusive_keeps_the_one_measured():
+    """kernalin_ci.explain turns a verdict inconclusive when the environment changed while timing."""
+    r = gate_report()
+    b = r.kernels[1].benchmark
+    b.verdict_measured, b.verdict.verdict = b.verdict.verdict, "inconclusive"
+    doc = json.loads(report_json(r))
+    assert list(doc["kernels"][1]["benchmark"])[-1] == "verdict_measured"
+    assert doc["kernels"][1]["benchmark"]["verdict"] == "inconclusive"
+    back = Report.from_json(doc)
+    assert back.kernels[1].benchmark.verdict_measured == "faster" and back.kernels[1].bench_verdict == "inconclusive"
+    assert report_json(back) == report_json(r)
 
 
 def test_a_verification_that_could_not_run_keeps_its_three_fields():

@@ -29,10 +29,9 @@ RATIOS = {"faster": 0.969, "slower": 1.021, "equivalent": 0.999, "inconclusive":
 def test_the_bench_line_and_the_report_word_a_verdict_alike(name):
     r = RATIOS[name]
     v = Verdict(name, r, (r - 0.004, r + 0.004), 0.3, 0.2, 0.5, (0.995, 1.005), 24, "minimum", floor=0.0005)
-    b = v.to_json()
-    assert verdict_phrase(b) == f"{name}: {verdict_words(b)}"
+    assert verdict_phrase(v) == f"{name}: {verdict_words(v)}"
     line = verdict_line(v, "attn")
-    assert line.startswith(f"attn  {name.upper()}") and f": {verdict_words(b)} (minimum, A/A floor 0.05%)" in line
+    assert line.startswith(f"attn  {name.upper()}") and f": {verdict_words(v)} (minimum, A/A floor 0.05%)" in line
 
 
 def _result() -> VerifyResult:

@@ -70,6 +70,8 @@ class BenchResult:
     # the kernel-only reference (`reference` > 0; kernalin_ci/bench/kernel_time.py), per shape:
     # {"kernel_ms"|"span_ms"|"kernels": {instance: [one value per profiled replay]}, "method": ...}
     reference: list = field(default_factory=list)
+    # the verdict measured when kernalin_ci.explain turned it inconclusive (the environment changed while timing)
+    verdict_measured: str | None = None
 
     @property
     def failed(self) -> bool:
@@ -110,7 +112,34 @@ class BenchResult:
             "error": self.error,
             "error_kind": self.error_kind,
             "notes": self.notes,
-        }
+        } | ({"verdict_measured": self.verdict_measured} if self.verdict_measured is not None else {})
+
+    @classmethod
+    def from_json(cls, d: dict) -> BenchResult:
+        """The typed result of a report.json's `benchmark` (fields it lacks take their defaults; the raw
+        times, the trace and the kernel-only reference are not in report.json)."""
+        return cls(
+            op=d.get("op", ""),
+            base=d.get("base", ""),
+            head=d.get("head", ""),
+            device=d.get("device", ""),
+            verdict=stats.Verdict.from_json(d) if d.get("verdict") is not None else None,
+            shapes=list(d.get("shapes") or []),
+            rounds=d.get("rounds") or 0,
+            seconds=d.get("seconds") or 0.0,
+            bench_seconds=d.get("bench_seconds") or 0.0,
+            setup_seconds=d.get("setup_seconds") or 0.0,
+            stopped=d.get("stopped") or "",
+            clock=d.get("clock") or "",
+            l2_flush=d.get("l2_flush"),
+            regime=d.get("regime") or "",
+            reps=d.get("reps") or 0,
+            budget_s=d.get("budget_s") or 0.0,
+            error=d.get("error"),
+            error_kind=d.get("error_kind"),
+            notes=list(d.get("notes") or []),
+            verdict_measured=d.get("verdict_measured"),
+        )
 
 
 def bench_pair(

@@ -60,7 +60,7 @@ def publication(
 
 def verdict_output(report: Report) -> str:
     """The Action's `verdict` output: the benchmark verdict, or name=verdict pairs for several kernels."""
-    judged = [(k.name, k.benchmark["verdict"]) for k in report.kernels if k.benchmark]
+    judged = [(k.name, k.bench_verdict) for k in report.kernels if k.benchmark is not None]
     if not judged:
         return "none"
     if len(judged) == 1:

@@ -39,11 +39,11 @@ def judge(kr: KernelReport, cfg: Config, device: str) -> list[str]:
         failed.append("finding")
     if v and v.structural.status == "not-analysed" and "not-analysed" in fail_on:
         failed.append("not-analysed")
-    b = kr.benchmark
-    if b and device == "cuda":  # interpreter wall-clock timings never gate (docs/config.md)
-        if b.get("verdict") == "slower" and "slower" in fail_on:
+    verdict = kr.bench_verdict
+    if verdict and device == "cuda":  # interpreter wall-clock timings never gate (docs/config.md)
+        if verdict == "slower" and "slower" in fail_on:
             failed.append("slower")
-        if b.get("verdict") == "inconclusive" and "inconclusive" in fail_on:
+        if verdict == "inconclusive" and "inconclusive" in fail_on:
             failed.append("inconclusive")
     from kernalin_ci.explain.gate import failed_by
 
@@ -61,7 +61,7 @@ def conclude(report: Report) -> tuple[str, str]:
         return "failure", "failed: " + "; ".join(parts)
     if not checked:
         return "success", "no kernel changed"
-    faster = [k.name for k in checked if k.benchmark and k.benchmark.get("verdict") == "faster"]
+    faster = [k.name for k in checked if k.bench_verdict == "faster"]
     msg = f"{len(checked)} kernel{'s' * (len(checked) != 1)} verified"
     if faster:
         msg += f"; faster: {', '.join(faster)}"
@@ -228,7 +228,7 @@ def check_kernel(
             shapes=plan.to_time if plan is not None else None,
             regime=k.bench.get("regime"),
         )
-        kr.benchmark = res.to_json()
+        kr.benchmark = res
         if res.failed:  # e.g. base and head disagree on an output, or the head crashed while timed
             kr.error = f"benchmark: {res.error}"
             return
@@ -412,9 +412,9 @@ def summary_line(kr: KernelReport) -> str:
         parts.append(f"{len(v.not_checked)} shape{'s' * (len(v.not_checked) != 1)} not checked")
     if v.structural.status == "not-analysed":
         parts.append(f"structural: not analysed ({v.structural.cause})")
-    b = kr.benchmark
-    if b:
-        parts.append(f"benchmark {b['verdict']} (ratio {b['ratio']:.4f})")
+    v = kr.benchmark.verdict if kr.benchmark else None
+    if v:
+        parts.append(f"benchmark {v.verdict} (ratio {v.ratio:.4f})")
     elif kr.benchmark_note:
         parts.append(kr.benchmark_note)
     from kernalin_ci.explain.render import explain_summary

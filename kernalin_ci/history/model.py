@@ -104,18 +104,20 @@ def points_of(report: Report) -> list[Point]:
             failed_by=list(k.failed_by),
             provenance={key: start[key] for key in PROVENANCE_KEYS if start.get(key) is not None},
         )
-        b = k.benchmark or {}
-        shapes = [s for s in b.get("shapes") or [] if isinstance(s, dict) and s.get("verdict")]
+        b = k.benchmark
+        v = b.verdict if b is not None else None
+        clock = (b.clock or None) if b is not None else None
+        shapes = [s for s in (b.shapes if b is not None else []) if isinstance(s, dict) and s.get("verdict")]
         if not shapes:
             out.append(
                 Point(
                     shape="",
-                    verdict=b.get("verdict"),
-                    ratio=_num(b.get("ratio")),
-                    hdi=b.get("hdi"),
-                    p_slower=_num(b.get("p_slower")),
-                    p_faster=_num(b.get("p_faster")),
-                    clock=b.get("clock") or None,
+                    verdict=v.verdict if v else None,
+                    ratio=_num(v.ratio) if v else None,
+                    hdi=list(v.hdi) if v else None,
+                    p_slower=_num(v.p_slower) if v else None,
+                    p_faster=_num(v.p_faster) if v else None,
+                    clock=clock,
                     **common,
                 )
             )
@@ -131,7 +133,7 @@ def points_of(report: Report) -> list[Point]:
                     p_faster=_num(s.get("p_faster")),
                     base_ms=_num(s.get("base_ms")),
                     head_ms=_num(s.get("head_ms")),
-                    clock=b.get("clock") or None,
+                    clock=clock,
                     **common,
                 )
             )

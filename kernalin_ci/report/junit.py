@@ -47,15 +47,15 @@ def _benchmark_text(k: KernelReport) -> str | None:
     b = k.benchmark
     parts = []
     if benchmark_ok(b):
-        m = measurement_note(b)
-        parts.append(f"benchmark: {verdict_phrase(b)}. {mass_sentence(b)}" + (f" ({m})" if m else ""))
+        m, v = measurement_note(b), b.verdict
+        parts.append(f"benchmark: {verdict_phrase(v)}. {mass_sentence(v)}" + (f" ({m})" if m else ""))
         parts.append(
-            f"benchmark ratio {b['ratio']:.6f}, 95% HDI [{b['hdi'][0]:.6f}, {b['hdi'][1]:.6f}], "
-            f"P(faster) {b['p_faster']:.4f}, P(equivalent) {b['p_equivalent']:.4f}, "
-            f"P(slower) {b['p_slower']:.4f}, ROPE [{b['rope'][0]:.6f}, {b['rope'][1]:.6f}]"
+            f"benchmark ratio {v.ratio:.6f}, 95% HDI [{v.hdi[0]:.6f}, {v.hdi[1]:.6f}], "
+            f"P(faster) {v.p_faster:.4f}, P(equivalent) {v.p_equivalent:.4f}, "
+            f"P(slower) {v.p_slower:.4f}, ROPE [{v.rope[0]:.6f}, {v.rope[1]:.6f}]"
         )
-    elif isinstance(b, dict) and b.get("error"):
-        parts.append(f"benchmark failed, no verdict: {b['error']}")
+    elif b is not None and b.error:
+        parts.append(f"benchmark failed, no verdict: {b.error}")
     if k.benchmark_note:
         parts.append(f"benchmark note: {k.benchmark_note}")
     from kernalin_ci.explain.render import explain_lines
@@ -99,7 +99,7 @@ def _failure_body(item) -> tuple[str, str]:
         and benchmark_ok(item.benchmark)
         and ({"slower", "inconclusive"} & set(item.failed_by))
     ):
-        msgs.append(f"benchmark {verdict_phrase(item.benchmark)}")
+        msgs.append(f"benchmark {verdict_phrase(item.benchmark.verdict)}")
         parts.append(_benchmark_text(item) or "")
     if not msgs:
         msgs.append("failed: " + ", ".join(item.failed_by))

@@ -105,7 +105,7 @@ def _failure_phrase(item: KernelReport | PipelineReport, markdown: bool) -> str:
             fs = _findings(item)
             parts.append(f"{plural(len(fs), 'finding')} ({_classes(fs, markdown)})")
         elif why == "slower":
-            parts.append(effect(b) if benchmark_ok(b) else "slower")
+            parts.append(effect(b.verdict) if benchmark_ok(b) else "slower")
         elif why == "inconclusive":
             parts.append("benchmark inconclusive")
         elif why == "error":
@@ -142,11 +142,11 @@ def headline(report: Report, *, markdown: bool = False) -> str:
         else:
             rest = f"{plural(len(checked), 'kernel')} verified"
             notable = [
-                f"{name(k)} {effect(k.benchmark)}"
+                f"{name(k)} {effect(k.benchmark.verdict)}"
                 for k in checked
                 if benchmark_ok(k.benchmark)
                 and k.benchmark_note is None
-                and k.benchmark["verdict"] in ("faster", "slower")
+                and k.benchmark.verdict.verdict in ("faster", "slower")
             ]
             if notable:
                 rest += "; " + ", ".join(notable[:MAX_HEADLINE_ITEMS])
@@ -219,14 +219,15 @@ def _benchmark_cells(k: KernelReport) -> list[str]:
     b = k.benchmark
     note = f"<br><sub>{md(clip(k.benchmark_note, 200))}</sub>" if k.benchmark_note else ""
     if b is not None and not benchmark_ok(b):
-        what = "benchmark failed" if isinstance(b, dict) and b.get("error") else "incomplete verdict"
+        what = "benchmark failed" if b.error else "incomplete verdict"
         return [f"**{what}** (below)" + note, "—", "—", "—", "—"]
     if b is None:
         return [md(clip(k.benchmark_note, 200)) if k.benchmark_note else "—", "—", "—", "—", "—"]
-    word = effect(b)
+    v = b.verdict
+    word = effect(v)
     if "slower" in k.failed_by or "inconclusive" in k.failed_by:
         word = f"**{word}**"
-    return [word + note, ratio_text(b["ratio"]), hdi_text(b["hdi"]), prob(b["p_faster"]), rope_text(b["rope"])]
+    return [word + note, ratio_text(v.ratio), hdi_text(v.hdi), prob(v.p_faster), rope_text(v.rope)]
 
 
 def _row(item) -> str:
@@ -317,9 +318,10 @@ def _benchmark_line(k: KernelReport) -> str | None:
     note = f" *{md(clip(k.benchmark_note, 500))}*" if k.benchmark_note else ""
     if benchmark_ok(b):
         m = measurement_note(b)
-        return f"- **Benchmark:** {verdict_phrase(b)}. {mass_sentence(b)}" + (f" <sub>{m}</sub>" if m else "") + note
-    if isinstance(b, dict) and b.get("error"):
-        return f"- **Benchmark:** failed, no verdict: {md(clip(str(b['error']), MESSAGE_MAX))}" + note
+        phrase = f"{verdict_phrase(b.verdict)}. {mass_sentence(b.verdict)}"
+        return f"- **Benchmark:** {phrase}" + (f" <sub>{m}</sub>" if m else "") + note
+    if b is not None and b.error:
+        return f"- **Benchmark:** failed, no verdict: {md(clip(str(b.error), MESSAGE_MAX))}" + note
     if b is not None:
         return "- **Benchmark:** the verdict in report.json is incomplete." + note
     return f"- **Benchmark:**{note}" if note else None
@@ -406,7 +408,7 @@ def _kernel_section(k: KernelReport) -> _Section:
     extras = [
         x
         for x in (
-            posterior_chart(k.benchmark) if benchmark_ok(k.benchmark) else None,
+            posterior_chart(k.benchmark.verdict) if benchmark_ok(k.benchmark) else None,
             explain_block(k.explain),
             _notices_block(k),
         )

@@ -1,12 +1,16 @@
-"""The gate's Report: plain dataclasses holding the typed results (VerifyResult) until the writer
-(report/writer.py) serialises them as report.json (schema: docs/report.md); `Report.from_json` is the
-one way back from report.json (the daemon, history)."""
+"""The gate's Report: plain dataclasses holding the typed results (VerifyResult, BenchResult) until the
+writer (report/writer.py) serialises them as report.json (schema: docs/report.md); `Report.from_json` is
+the one way back from report.json (the daemon, history)."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from kernalin_ci.findings import VerifyResult, known
+
+if TYPE_CHECKING:
+    from kernalin_ci.bench.pair import BenchResult
 
 SCHEMA_VERSION = 1
 
@@ -19,19 +23,31 @@ class KernelReport:
     status: str  # "changed" | "new" | "removed" | "unchanged"
     reasons: list[str] = field(default_factory=list)
     verification: VerifyResult | None = None  # verdict, findings (with case, reproduce, location); None: not run
-    benchmark: dict | None = None  # the `kernalin-ci bench` verdict JSON, or None (new kernel, bench off)
+    benchmark: BenchResult | None = None  # the `kernalin-ci bench` result, or None (new kernel, bench off)
     benchmark_note: str | None = None  # why there is no benchmark, or why it does not gate
     error: str | None = None  # infrastructure failure for this kernel
     failed_by: list[str] = field(default_factory=list)  # policy items this kernel failed: finding/slower/...
     seconds: float = 0.0
     explain: dict | None = None  # kernalin_ci.explain: identity, % of peak, why, provenance, re-check
 
+    @property
+    def bench_verdict(self) -> str | None:
+        """The benchmark's verdict (faster, slower, equivalent, inconclusive), or None (none, or it failed)."""
+        b = self.benchmark
+        return b.verdict.verdict if b is not None and b.verdict is not None else None
+
     def to_json(self) -> dict:
-        return _with_verification(self)
+        d = _with_verification(replace(self, benchmark=None))
+        d["benchmark"] = self.benchmark.to_json() if self.benchmark is not None else None
+        return d
 
     @classmethod
     def from_json(cls, d: dict) -> KernelReport:
-        return cls(**_verification_of(known(cls, d)))
+        from kernalin_ci.bench.pair import BenchResult
+
+        d = _verification_of(known(cls, d))
+        b = d.get("benchmark")
+        return cls(**{**d, "benchmark": BenchResult.from_json(b) if isinstance(b, dict) else None})
 
 
 @dataclass

@@ -132,69 +132,71 @@ def _decimals(*fracs: float, apart: tuple[float, float] | None = None) -> int:
 # ---------------------------------------------------------------------------------------- verdicts
 
 
-def benchmark_ok(b: dict | None) -> bool:
-    """Whether B has the docs/cli.md verdict fields a renderer needs (and they are numbers)."""
-    if not isinstance(b, dict) or b.get("verdict") not in ("faster", "slower", "equivalent", "inconclusive"):
+def benchmark_ok(b) -> bool:
+    """Whether BenchResult B (or None) has a verdict a renderer can word (its figures are numbers)."""
+    v = b.verdict if b is not None else None
+    if v is None or v.verdict not in ("faster", "slower", "equivalent", "inconclusive"):
         return False
     try:
-        return _finite(b["ratio"], *b["hdi"], b["p_faster"], b["p_slower"], b["p_equivalent"], *b["rope"])
-    except (KeyError, TypeError, ValueError):
+        return _finite(v.ratio, *v.hdi, v.p_faster, v.p_slower, v.p_equivalent, *v.rope)
+    except (TypeError, ValueError):
         return False
 
 
-def effect(b: dict) -> str:
-    """'3.1% faster', '2.0% slower', 'equivalent', 'inconclusive (+0.4%)': for headlines and cells."""
-    v, r = b["verdict"], b["ratio"]
-    if v == "faster":
+def effect(v) -> str:
+    """Verdict V as '3.1% faster', '2.0% slower', 'equivalent', 'inconclusive (+0.4%)': for headlines and
+    cells."""
+    r = v.ratio
+    if v.verdict == "faster":
         return f"{percent(1 - r, _decimals(1 - r))} faster"
-    if v == "slower":
+    if v.verdict == "slower":
         return f"{percent(r - 1, _decimals(r - 1))} slower"
-    if v == "equivalent":
+    if v.verdict == "equivalent":
         return "equivalent"
     return f"inconclusive ({signed_percent(r - 1, _decimals(r - 1))})"
 
 
-def verdict_phrase(b: dict) -> str:
-    """The verdict for humans, e.g. 'faster: 3.1% (95% HDI 2.7%..3.5%), P(faster) 99.4%, ROPE ±0.5%'.
+def verdict_phrase(v) -> str:
+    """Verdict V for humans, e.g. 'faster: 3.1% (95% HDI 2.7%..3.5%), P(faster) 99.4%, ROPE ±0.5%'.
 
     Effects are changes of the head's time against the base's: 'faster: 3.1%' is a ratio of 0.969.
     """
-    return f"{b['verdict']}: {verdict_words(b)}"
+    return f"{v.verdict}: {verdict_words(v)}"
 
 
-def verdict_words(b: dict) -> str:
-    """The verdict's figures, its name left out: '3.1% (95% HDI 2.7%..3.5%), P(faster) 99.4%, ROPE ±0.5%'.
+def verdict_words(v) -> str:
+    """Verdict V's figures, its name left out: '3.1% (95% HDI 2.7%..3.5%), P(faster) 99.4%, ROPE ±0.5%'.
     The one wording of a benchmark verdict: `verdict_phrase` (report.md, JUnit, the PR comment) and the
     `bench`/`compare` lines (kernalin_ci.bench.render, the verdict in its own column) use it."""
-    v, r = b["verdict"], b["ratio"]
-    lo, hi = b["hdi"]
-    rope = rope_text(b["rope"])
-    if v == "faster":
+    r = v.ratio
+    lo, hi = v.hdi
+    rope = rope_text(v.rope)
+    if v.verdict == "faster":
         d = _decimals(1 - r, 1 - lo, 1 - hi, apart=(lo, hi))
         return (
             f"{percent(1 - r, d)} (95% HDI {percent(1 - hi, d)}..{percent(1 - lo, d)}), "
-            f"P(faster) {prob(b['p_faster'])}, ROPE {rope}"
+            f"P(faster) {prob(v.p_faster)}, ROPE {rope}"
         )
-    if v == "slower":
+    if v.verdict == "slower":
         d = _decimals(r - 1, lo - 1, hi - 1, apart=(lo, hi))
         return (
             f"{percent(r - 1, d)} (95% HDI {percent(lo - 1, d)}..{percent(hi - 1, d)}), "
-            f"P(slower) {prob(b['p_slower'])}, ROPE {rope}"
+            f"P(slower) {prob(v.p_slower)}, ROPE {rope}"
         )
     d = _decimals(r - 1, lo - 1, hi - 1, apart=(lo, hi))
     span = f"{signed_percent(r - 1, d)} (95% HDI {signed_percent(lo - 1, d)}..{signed_percent(hi - 1, d)})"
-    if v == "equivalent":
-        return f"{span}, P(equivalent) {prob(b['p_equivalent'])}, ROPE {rope}"
+    if v.verdict == "equivalent":
+        return f"{span}, P(equivalent) {prob(v.p_equivalent)}, ROPE {rope}"
     return (
-        f"{span}, P(faster) {prob(b['p_faster'])}, P(equivalent) {prob(b['p_equivalent'])}, "
-        f"P(slower) {prob(b['p_slower'])}, ROPE {rope}"
+        f"{span}, P(faster) {prob(v.p_faster)}, P(equivalent) {prob(v.p_equivalent)}, "
+        f"P(slower) {prob(v.p_slower)}, ROPE {rope}"
     )
 
 
-def mass_sentence(b: dict) -> str:
-    """Where the posterior mass sits relative to the ROPE, e.g. '99.4% of the posterior mass sits below
-    the ROPE.' (below = head faster)."""
-    pf, ps, pe = b["p_faster"], b["p_slower"], b["p_equivalent"]
+def mass_sentence(v) -> str:
+    """Where verdict V's posterior mass sits relative to the ROPE, e.g. '99.4% of the posterior mass sits
+    below the ROPE.' (below = head faster)."""
+    pf, ps, pe = v.p_faster, v.p_slower, v.p_equivalent
     if pf >= 0.5:
         return f"{prob(pf)} of the posterior mass sits below the ROPE (head faster)."
     if ps >= 0.5:
@@ -204,25 +206,26 @@ def mass_sentence(b: dict) -> str:
     return f"The posterior mass is split: {prob(pf)} below the ROPE, {prob(pe)} inside, {prob(ps)} above."
 
 
-def measurement_note(b: dict) -> str:
-    """'24 rounds · 18.2 s · CUDA events · warm L2 · A/A floor 0.05%', from the fields that are present."""
+def measurement_note(b) -> str:
+    """BenchResult B's '24 rounds · 18.2 s · CUDA events · warm L2 · A/A floor 0.05%', from the fields
+    that are set."""
     parts = []
-    if isinstance(b.get("rounds"), int):
-        parts.append(f"{b['rounds']} rounds")
-    if _finite(b.get("seconds")):
-        parts.append(f"{b['seconds']:.1f} s")
+    if b.rounds:
+        parts.append(f"{b.rounds} rounds")
+    if _finite(b.seconds):
+        parts.append(f"{b.seconds:.1f} s")
     clock = {"cuda-events": "CUDA events", "cpu-wall": "CPU wall clock", "cpu-wall-clock": "CPU wall clock"}.get(
-        b.get("clock"), b.get("clock")
+        b.clock, b.clock
     )
     if clock:
         parts.append(str(clock))
-    if b.get("regime") in ("warm", "cold"):
-        parts.append(f"{b['regime']} L2")
-    if _finite(b.get("floor")):
-        parts.append(f"A/A floor {percent(b['floor'], 2)}")
-    shapes = b.get("shapes")
-    if isinstance(shapes, list) and shapes:
-        parts.append(f"{len(shapes)} shape{'s' * (len(shapes) != 1)}")
+    if b.regime in ("warm", "cold"):
+        parts.append(f"{b.regime} L2")
+    floor = b.verdict.floor if b.verdict is not None else None
+    if _finite(floor):
+        parts.append(f"A/A floor {percent(floor, 2)}")
+    if b.shapes:
+        parts.append(f"{len(b.shapes)} shape{'s' * (len(b.shapes) != 1)}")
     return " · ".join(parts)
 
 

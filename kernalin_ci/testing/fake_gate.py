@@ -27,6 +27,16 @@ from kernalin_ci.findings import Finding, VerifyResult
 from kernalin_ci.report.model import KernelReport, Report
 from kernalin_ci.report.writer import write_all
 
+
+def benchmark():
+    """benchmark.json's verdict, typed (kernalin_ci.bench imports numpy: only when there is one)."""
+    if not Path("benchmark.json").exists():
+        return None
+    from kernalin_ci.bench.pair import BenchResult
+
+    return BenchResult.from_json(json.loads(Path("benchmark.json").read_text()))
+
+
 kernel = KernelReport(
     "kv_append",
     "kv_append",
@@ -39,7 +49,7 @@ kernel = KernelReport(
         findings=[Finding("fake-gate", "wrong-output", "fake gate: failure")] if verdict == "failure" else [],
     ),
     failed_by=["finding"] if verdict == "failure" else [],
-    benchmark=json.loads(Path("benchmark.json").read_text()) if Path("benchmark.json").exists() else None,
+    benchmark=benchmark(),
 )
 write_all(
     Report(
