@@ -10,7 +10,6 @@ the gate goes on to the others: the report is always written.
 from __future__ import annotations
 
 import shlex
-import sys
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -21,11 +20,20 @@ from kernalin_ci.errors import InternalError, UsageError, describe, log_text, wr
 from kernalin_ci.explain.render import explain_lines
 from kernalin_ci.findings import VerifyResult
 from kernalin_ci.gate.diff import Refs, affected_kernels, changed_files, resolve_refs, worktrees
+from kernalin_ci.progress import ProgressEvent, ProgressSink, TerminalSink
 from kernalin_ci.report.model import KernelReport, PipelineReport, Report
 
 
-def log(msg: str) -> None:
-    print(f"kernalin-ci run: {msg}", file=sys.stderr, flush=True)
+def log(msg: str, progress=None) -> None:
+    """A step of the gate (shown even with --quiet), to the gate's sink (`gate_sink`)."""
+    gate_sink(progress).event(ProgressEvent("gate", f"kernalin-ci run: {msg}", {"message": msg}, level="step"))
+
+
+def gate_sink(progress) -> ProgressSink:
+    """The gate's sink: a sink as it is; True/None the terminal; False the terminal with --quiet (its steps)."""
+    if isinstance(progress, ProgressSink):
+        return progress
+    return TerminalSink(quiet=progress is False)
 
 
 def judge(kr: KernelReport, cfg: Config, device: str) -> list[str]:
@@ -90,6 +98,7 @@ def run_gate(
     model: a ModelSpec (`--model`) in place of the configuration's `model:` shapes, serving points and price;
     the kernels in its places are the configuration's `model.kernels`, else found (config.place_kernels)."""
     t0 = time.perf_counter()
+    progress = gate_sink(progress)
     cfg_path = Path(config_path) if config_path else repo / config_mod.DEFAULT_FILE
     cfg = config_mod.load(cfg_path)
     if gate_overrides:
@@ -105,7 +114,8 @@ def run_gate(
     changed = changed_files(repo, refs.base, refs.head)
     log(
         f"base {refs.base[:12]} ({refs.base_label}), head {refs.head[:12]} ({refs.head_label}): "
-        f"{len(changed)} files changed"
+        f"{len(changed)} files changed",
+        progress,
     )
     report = Report(
         conclusion="success",
@@ -124,7 +134,8 @@ def run_gate(
         todo = [a for a in plan if a.status != "unchanged"]
         log(
             f"{len(todo)} of {len(plan)} kernels affected"
-            + (f"; removed: {', '.join(report.removed)}" if report.removed else "")
+            + (f"; removed: {', '.join(report.removed)}" if report.removed else ""),
+            progress,
         )
         results: dict[str, KernelReport] = {}
         for a in plan:
@@ -136,18 +147,21 @@ def run_gate(
                 continue
             log(
                 f"[{sum(1 for x in report.kernels if x.status != 'unchanged')}/{len(todo)}] {k.name} "
-                f"({k.op}, {a.status}): {'; '.join(a.reasons)}"
+                f"({k.op}, {a.status}): {'; '.join(a.reasons)}",
+                progress,
             )
             kt = time.perf_counter()
             try:
                 check_kernel(kr, k, cfg, device, base_root, head_root, progress, profile)
             except Exception as e:  # a bug of ours: this kernel is in error, the others go on
-                kr.error = internal_error(k.name, e)
+                kr.error = internal_error(k.name, e, progress)
             kr.failed_by = judge(kr, cfg, device)
             kr.seconds = time.perf_counter() - kt
-            log(f"    {k.name}: {summary_line(kr)}")
-            for line in explain_lines(kr.explain) if progress else []:
-                log(f"      {line}")
+            log(f"    {k.name}: {summary_line(kr)}", progress)
+            for line in explain_lines(kr.explain):
+                progress.event(
+                    ProgressEvent("explain", f"kernalin-ci run:       {line}", {"kernel": k.name, "line": line})
+                )
         for p in cfg.pipelines:
             members = {"kv_append": p.kv_append, "attention.decode_paged": p.attention, "rope": p.rope}
             names = [n for n in members.values() if n]
@@ -172,7 +186,7 @@ def check_kernel(
     device: str,
     base_root: Path,
     head_root: Path,
-    progress: bool,
+    progress: ProgressSink,
     profile: bool = False,
 ) -> None:
     from kernalin_ci import explain
@@ -241,7 +255,7 @@ def check_kernel(
         kr.benchmark_note = "CPU interpreter wall-clock timings: reported, never gating"
 
 
-def check_pipeline(p, members: dict, cfg: Config, device: str, head_root: Path, progress: bool) -> PipelineReport:
+def check_pipeline(p, members: dict, cfg: Config, device: str, head_root: Path, progress) -> PipelineReport:
     from kernalin_ci.domain import one_shape
     from kernalin_ci.ops import get_op
     from kernalin_ci.verify import verify_pipeline
@@ -258,7 +272,7 @@ def check_pipeline(p, members: dict, cfg: Config, device: str, head_root: Path, 
             params.update(p_role)
             dtype = dtype or dt
     pr = PipelineReport(p.name, {r: n for r, n in members.items() if n})
-    log(f"pipeline {p.name}: {' -> '.join(pr.members.values())}, {p.steps} steps")
+    log(f"pipeline {p.name}: {' -> '.join(pr.members.values())}, {p.steps} steps", progress)
     try:
         vr = verify_pipeline(
             entries, params, device, dtype=dtype, steps=p.steps, root=str(head_root), progress=progress
@@ -267,24 +281,22 @@ def check_pipeline(p, members: dict, cfg: Config, device: str, head_root: Path, 
         if vr.findings and "finding" in cfg.gate.fail_on:
             pr.failed_by = ["finding"]
     except Exception as e:  # a load error, or a bug of ours (logged): this pipeline fails, the gate goes on
-        why = str(e) if isinstance(e, UsageError) else internal_error(f"pipeline {p.name}", e)
+        why = str(e) if isinstance(e, UsageError) else internal_error(f"pipeline {p.name}", e, progress)
         pr.verification = VerifyResult("decode-pipeline", "", error=why)
         pr.failed_by = ["error"]
     pr.seconds = time.perf_counter() - t0
     return pr
 
 
-def internal_error(what: str, e: Exception) -> str:
+def internal_error(what: str, e: Exception, progress=None) -> str:
     """An internal error while checking one kernel: the traceback to a log file named on stderr,
     one line for the report."""
     path = write_log(log_text(e))
-    log(f"    {what}: internal error: {describe(e)} (traceback in {path})")
+    log(f"    {what}: internal error: {describe(e)} (traceback in {path})", progress)
     return f"internal error: {describe(e)} (a bug in kernalin-ci)"
 
 
-def check_model(
-    cfg: Config, results: dict, device: str, base_root: Path, head_root: Path, progress: bool
-) -> dict | None:
+def check_model(cfg: Config, results: dict, device: str, base_root: Path, head_root: Path, progress) -> dict | None:
     """Decode tokens/s and $/Mtok with the model's kernels, base against head (docs/tokens.md); None when the
     configuration has no `model:` or none of the kernels in the step changed. Reported, never gating.
 
@@ -351,7 +363,8 @@ def check_model(
         out = not_measured(spec, device, reason, names)
         out["notes"] = notes if touched else []
         return out
-    log(f"model {spec.name}: decode step with {', '.join(f'{r} {n}' for r, n in names.items())}")
+    progress = gate_sink(progress)
+    log(f"model {spec.name}: decode step with {', '.join(f'{r} {n}' for r, n in names.items())}", progress)
     try:
         res = bench_model(
             spec,

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +26,7 @@ import numpy as np
 
 from kernalin_ci.bench import stats
 from kernalin_ci.errors import UsageError
+from kernalin_ci.progress import ProgressEvent, ProgressSink, sink_for
 from kernalin_ci.report.text import finding_line
 from kernalin_ci.tune import race
 from kernalin_ci.tune.space import Candidate, Space, TuneSpec, build_space, candidate_source
@@ -130,11 +130,15 @@ def tune(
     seed: int = 0,
     timeout_s: float | None = None,
     jobs: int | None = None,
-    progress: bool = True,
+    progress: bool | ProgressSink = True,
     discovered: list | None = None,
 ) -> TuneResult:
     t0 = time.perf_counter()
-    say = _say if progress else (lambda *_: None)
+    sink = sink_for(progress)
+
+    def say(text: str) -> None:
+        sink.event(ProgressEvent("tune", text, {"message": text}))
+
     budget_s = budget_s if budget_s is not None else DEFAULT_BUDGET_S[device]
     if budget_s <= 0:
         raise UsageError("--budget-s must be positive")
@@ -201,10 +205,6 @@ def tune(
             )
     result.seconds = time.perf_counter() - t0
     return result
-
-
-def _say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
 
 
 def _space_text(space: Space) -> str:
