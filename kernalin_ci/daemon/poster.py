@@ -36,16 +36,10 @@ def _fence(text: str) -> str:
     return "```text\n" + text.replace("```", "``\u200b`").strip() + "\n```"
 
 
-def report_from_json(d: dict):
-    """A Report from report.json (Report.from_json: fields this version does not know are left out)."""
-    from kernalin_ci.report.model import Report
-
-    return Report.from_json(d)
-
-
 def publication_for(job: Job, settings) -> Publication:
     """What GitHub should show for a finished job."""
     from kernalin_ci.gate.post import publication
+    from kernalin_ci.report.model import Report
 
     s, o = job.spec, job.outcome
     name, url = settings.github.check_name, details_url(settings, job.id)
@@ -60,7 +54,7 @@ def publication_for(job: Job, settings) -> Publication:
         )
     if o is not None and o.kind == "report":
         return publication(
-            report_from_json(o.report), s.repo, s.head_sha, s.pr, details_url=url, name=name, external_id=job.id
+            Report.from_json(o.report), s.repo, s.head_sha, s.pr, details_url=url, name=name, external_id=job.id
         )
     if o is not None and o.kind == "waiting":
         return Publication(conclusion="neutral", title=o.message, summary=o.detail, **common)

@@ -86,7 +86,7 @@ def run_gate(
     head: str | None,
     device: str,
     event_path: str | None = None,
-    progress: bool = True,
+    progress: bool | ProgressSink = True,
     on_start=None,
     gate_overrides: dict | None = None,
     profile: bool = False,
