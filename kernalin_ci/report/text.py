@@ -1,8 +1,9 @@
-"""Text helpers shared by the renderers: escaping for markdown, HTML and XML, and the wording of
-numbers that are already in the Report (percentages, probabilities, the benchmark verdict).
+"""Text helpers shared by the renderers: escaping for markdown, HTML and XML, and the one wording of
+each thing the outputs show (a benchmark Verdict, a Finding, a shape not checked, a Notice), from the
+typed results the Report holds.
 
-Nothing here computes a statistic: every figure comes from the verdict JSON as it is, only
-rounded and phrased.
+Nothing here computes a statistic: every figure comes from the Verdict as it is, only rounded and
+phrased.
 """
 
 from __future__ import annotations
