@@ -216,12 +216,13 @@ def main() -> int:
                 progress=False,
                 shapes=plan.to_time,
             )
-            kr.benchmark = r.to_json()
+            kr.benchmark = r
             ex = after_bench(plan, kr, k, k.op, {}, dev, heads[name], profile=True)
-            say(f"5. {name}: verdict {kr.benchmark.get('verdict')} ratio {kr.benchmark.get('ratio')}")
+            b = kr.benchmark.to_json()
+            say(f"5. {name}: verdict {b.get('verdict')} ratio {b.get('ratio')}")
             for line in explain_lines(ex):
                 say("     " + line)
-            result[name] = {"benchmark": kr.benchmark, "explain": ex, "timed": True}
+            result[name] = {"benchmark": b, "explain": ex, "timed": True}
             prof = ex.get("profile") or {}
             got = prof.get("status") == "profiled" and not any("error" in (prof.get(s) or {}) for s in ("base", "head"))
             if dev == "cuda" and not got and shutil.which("ncu"):

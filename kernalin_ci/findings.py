@@ -7,7 +7,7 @@ describes.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 # One vocabulary for dynamic and structural checks. "Symptom" classes are what a
 # launch shows when no more specific cause is known; "cause" classes name the bug.
@@ -56,10 +56,20 @@ BUG_CLASSES: dict[str, str] = {
 }
 
 
+def known(cls, d: dict) -> dict:
+    """The items of D that are fields of dataclass CLS: a report.json a newer version wrote may hold more."""
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in d.items() if k in names}
+
+
 @dataclass
 class Location:
     path: str
     line: int
+
+    @classmethod
+    def from_json(cls, d: dict | None) -> Location | None:
+        return cls(**known(cls, d)) if d else None
 
 
 @dataclass
@@ -81,8 +91,7 @@ class Finding:
 
     @classmethod
     def from_json(cls, d: dict) -> Finding:
-        loc = d.get("location")
-        return cls(**{**d, "location": Location(**loc) if loc else None})
+        return cls(**{**known(cls, d), "location": Location.from_json(d.get("location"))})
 
 
 @dataclass
@@ -99,8 +108,7 @@ class Notice:
 
     @classmethod
     def from_json(cls, d: dict) -> Notice:
-        loc = d.get("location")
-        return cls(**{**d, "location": Location(**loc) if loc else None})
+        return cls(**{**known(cls, d), "location": Location.from_json(d.get("location"))})
 
 
 @dataclass
@@ -155,7 +163,7 @@ class NotChecked:
 
     @classmethod
     def from_json(cls, d: dict) -> NotChecked:
-        return cls(**d)
+        return cls(**known(cls, d))
 
     def summary(self) -> str:
         done = f"checked at {self.instead} instead" if self.instead else "not checked"
@@ -184,7 +192,7 @@ class StructuralStatus:
 
     @classmethod
     def from_json(cls, d: dict) -> StructuralStatus:
-        return cls(**d)
+        return cls(**known(cls, d))
 
     def summary(self) -> str:
         if self.status == "analysed":
@@ -206,12 +214,17 @@ class VerifyResult:
     coverage: Coverage = field(default_factory=Coverage)
     not_checked: list[NotChecked] = field(default_factory=list)
     structural: StructuralStatus = field(default_factory=lambda: StructuralStatus("not-run"))
+    # a verification that could not run (the gate's pipeline whose entry did not load, a bug of ours):
+    # it fails, and report.json holds only its verdict, findings and this error
+    error: str | None = None
 
     @property
     def verdict(self) -> str:
-        return "fail" if self.findings else "pass"
+        return "fail" if self.findings or self.error else "pass"
 
     def to_json(self) -> dict:
+        if self.error is not None:
+            return {"verdict": self.verdict, "findings": [f.to_json() for f in self.findings], "error": self.error}
         return {
             "op": self.op,
             "entry": self.entry,
@@ -228,15 +241,18 @@ class VerifyResult:
 
     @classmethod
     def from_json(cls, d: dict) -> VerifyResult:
+        """The typed result of `verify --json` or a report.json's `verification` (fields it lacks take
+        their defaults; fields this version does not know are left out)."""
         return cls(
-            op=d["op"],
-            entry=d["entry"],
-            cases_run=d["cases_run"],
-            seconds=d["seconds"],
-            findings=[Finding.from_json(f) for f in d["findings"]],
-            notices=[Notice.from_json(n) for n in d.get("notices", [])],
+            op=d.get("op", ""),
+            entry=d.get("entry", ""),
+            cases_run=d.get("cases_run", 0),
+            seconds=d.get("seconds", 0.0),
+            findings=[Finding.from_json(f) for f in d.get("findings") or []],
+            notices=[Notice.from_json(n) for n in d.get("notices") or []],
             device=d.get("device", "cpu"),
             coverage=Coverage.from_json(d.get("coverage") or {}),
-            not_checked=[NotChecked.from_json(n) for n in d.get("not_checked", [])],
+            not_checked=[NotChecked.from_json(n) for n in d.get("not_checked") or []],
             structural=StructuralStatus.from_json(d.get("structural") or {"status": "not-run"}),
+            error=d.get("error"),
         )

@@ -154,7 +154,9 @@ def test_the_regime_in_kernalin_yml():
 
 
 def test_the_report_names_the_regime():
+    from kernalin_ci.bench.pair import BenchResult
     from kernalin_ci.report.text import measurement_note
 
-    assert "cold L2" in measurement_note({"rounds": 8, "clock": "cuda-events", "regime": "cold"})
-    assert "L2" not in measurement_note({"rounds": 8, "clock": "cuda-events"})  # older JSON: nothing invented
+    assert "cold L2" in measurement_note(BenchResult.from_json({"rounds": 8, "clock": "cuda-events", "regime": "cold"}))
+    older = BenchResult.from_json({"rounds": 8, "clock": "cuda-events"})  # older JSON: nothing invented
+    assert "L2" not in measurement_note(older)

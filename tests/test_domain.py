@@ -220,6 +220,7 @@ def test_structural_capture_moves_to_a_head_dim_that_compiles():
 
 def test_a_kernel_whose_structure_is_not_analysed_can_fail_the_gate():
     from kernalin_ci.config import Config, Gate, Kernel
+    from kernalin_ci.findings import VerifyResult
     from kernalin_ci.gate.run import conclude, judge
     from kernalin_ci.report.model import KernelReport, Report
 
@@ -227,7 +228,7 @@ def test_a_kernel_whose_structure_is_not_analysed_can_fail_the_gate():
     assert out["verdict"] == "pass" and out["structural"]["status"] == "not-analysed"
     assert "the entry launched no Triton kernel" in out["structural"]["cause"]
     assert "structural: not analysed (" in r.stderr
-    kr = KernelReport("a", OP, "a.py:entry", "changed", verification=out)
+    kr = KernelReport("a", OP, "a.py:entry", "changed", verification=VerifyResult.from_json(out))
     kernels = [Kernel("a", OP, "a.py:entry")]
     assert judge(kr, Config("k.yml", kernels), "cpu") == []  # the default: shown, not gating
     strict = Config("k.yml", kernels, Gate(fail_on=("finding", "not-analysed")))

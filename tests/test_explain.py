@@ -17,6 +17,7 @@ from kernalin_ci.bench.shapes import bench_cases
 from kernalin_ci.explain import code, peak, provenance
 from kernalin_ci.explain.identity import EQUIVALENT, SideCompile, compare, compile_side, why_changed
 from kernalin_ci.explain.render import explain_block, explain_lines
+from kernalin_ci.findings import VerifyResult
 from kernalin_ci.ops import get_op
 from kernalin_ci.ops.base import Case, resolve_params
 from kernalin_ci.report.model import KernelReport, Report
@@ -253,9 +254,8 @@ def test_report_renders_and_validates():
         "recheck": {"case": "B=1", "verdict": "pass", "findings": [], "error": None},
         "profile": None,
     }
-    kr = KernelReport(
-        "k", "attention.decode", "a.py:f", "changed", explain=ex, verification={"verdict": "pass", "findings": []}
-    )
+    v = VerifyResult("attention.decode", "a.py:f")
+    kr = KernelReport("k", "attention.decode", "a.py:f", "changed", explain=ex, verification=v)
     r = Report("success", "ok", {"ref": "a", "sha": "1"}, {"ref": "b", "sha": "2"}, "cuda", {}, kernels=[kr])
     jsonschema.validate(json.loads(report_json(r)), REPORT_SCHEMA)
     md = render_markdown(r)

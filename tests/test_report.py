@@ -12,6 +12,7 @@ import copy
 import json
 import re
 import xml.etree.ElementTree as ET
+from dataclasses import replace
 from functools import lru_cache
 from html import unescape
 from html.parser import HTMLParser
@@ -24,7 +25,7 @@ import pytest
 from cmarkgfm.cmark import Options
 
 from kernalin_ci.bench.pair import BenchResult
-from kernalin_ci.bench.stats import compare_trace
+from kernalin_ci.bench.stats import Verdict, compare_trace
 from kernalin_ci.findings import Finding, Location, Notice, VerifyResult
 from kernalin_ci.gate.run import conclude
 from kernalin_ci.github.client import COMMENT_MAX_CHARS, sticky_marker, truncate_markdown
@@ -48,7 +49,7 @@ HOSTILE = "evil|<script>alert(1)</script>`x`"
 
 
 @lru_cache(maxsize=1)
-def _faster() -> dict:
+def _faster() -> BenchResult:
     """A real verdict, posterior_hist included: base = the kv_len 4177 attention variant, head = the
     kv_len 4096 one (~2.6% less work), 200 interleaved H200 rounds."""
     t = np.load(TRACE)["t"]
@@ -65,12 +66,11 @@ def _faster() -> dict:
         clock="cuda-events",
         shapes=[{"shape": "B32 kv4096", "dims": dims, **v.to_json()}],
     )
-    out = res.to_json()  # what the gate stores as KernelReport.benchmark
-    assert out["posterior_hist"]["edges"] and out["verdict"] == "faster"
-    return out
+    assert res.verdict.posterior_hist["edges"] and res.verdict.verdict == "faster"
+    return res  # what the gate stores as KernelReport.benchmark
 
 
-def faster_benchmark() -> dict:
+def faster_benchmark() -> BenchResult:
     return copy.deepcopy(_faster())
 
 
@@ -78,7 +78,7 @@ def case_gqa() -> Case:
     return Case("gqa-8", {"Hq": 16, "Hkv": 2, "D": 64, "kv_lens": [5, 17, 129, 300], "scale": 0.125}, "float16", 3)
 
 
-def failing_verification(name_in_message: str = "out") -> dict:
+def failing_verification(name_in_message: str = "out") -> VerifyResult:
     gqa = case_gqa()
     big = Case(
         "large-scores",
@@ -118,7 +118,7 @@ def failing_verification(name_in_message: str = "out") -> dict:
                 reproduce=reproduce_command("attention.decode", ATTN, {}, "cuda", big),
             ),
         ],
-    ).to_json()
+    )
 
 
 def gate_report() -> Report:
@@ -156,7 +156,7 @@ def gate_report() -> Report:
             "kernels/rope.py:entry",
             "changed",
             ["kernels/rope.py changed"],
-            VerifyResult("rope", "kernels/rope.py:entry", 40, 3.2, device="cuda").to_json(),
+            VerifyResult("rope", "kernels/rope.py:entry", 40, 3.2, device="cuda"),
             faster_benchmark(),
             seconds=25.0,
         )
@@ -178,7 +178,7 @@ def gate_report() -> Report:
             "kernels/kv.py:entry",
             "new",
             ["new kernel"],
-            kv.to_json(),
+            kv,
             None,
             "new kernel: nothing to compare against",
             seconds=3.0,
@@ -190,7 +190,7 @@ def gate_report() -> Report:
         PipelineReport(
             "decode_loop",
             {"kv_append": "kv_append_v2", "attention.decode_paged": "paged_attention"},
-            pv.to_json(),
+            pv,
             seconds=9.0,
         )
     )
@@ -309,8 +309,8 @@ def test_table_shows_verification_and_benchmark_per_kernel():
         "changed",
         "pass · 40 cases",
         "2.6% faster",
-        f"{b['ratio']:.4f}",
-        f"{b['hdi'][0]:.4f}–{b['hdi'][1]:.4f}",
+        f"{b.verdict.ratio:.4f}",
+        f"{b.verdict.hdi[0]:.4f}–{b.verdict.hdi[1]:.4f}",
         ">99.9%",
         "±0.5%",
     ]
@@ -322,52 +322,47 @@ def test_table_shows_verification_and_benchmark_per_kernel():
     assert md.rstrip().endswith(f"```sh\n{r.reproduce}\n```")
 
 
+def _verdict(**kw) -> Verdict:
+    return Verdict(**({"rounds": 24, "rope_source": "minimum"} | kw))
+
+
 def test_verdict_phrases_for_humans():
-    b = {
-        "verdict": "faster",
-        "ratio": 0.969,
-        "hdi": [0.965, 0.973],
-        "p_faster": 0.994,
-        "p_slower": 0.0,
-        "p_equivalent": 0.006,
-        "rope": [0.995, 1.005],
-    }
+    b = _verdict(
+        verdict="faster",
+        ratio=0.969,
+        hdi=(0.965, 0.973),
+        p_faster=0.994,
+        p_slower=0.0,
+        p_equivalent=0.006,
+        rope=(0.995, 1.005),
+    )
     assert verdict_phrase(b) == "faster: 3.1% (95% HDI 2.7%..3.5%), P(faster) 99.4%, ROPE ±0.5%"
     assert mass_sentence(b) == "99.4% of the posterior mass sits below the ROPE (head faster)."
-    slow = b | {
-        "verdict": "slower",
-        "ratio": 1.0042,
-        "hdi": [1.0031, 1.0055],
-        "p_faster": 0.0,
-        "p_slower": 0.97,
-        "p_equivalent": 0.03,
-        "rope": [0.9975, 1.0025],
-    }
+    slow = replace(
+        b,
+        verdict="slower",
+        ratio=1.0042,
+        hdi=(1.0031, 1.0055),
+        p_faster=0.0,
+        p_slower=0.97,
+        p_equivalent=0.03,
+        rope=(0.9975, 1.0025),
+    )
     assert verdict_phrase(slow) == "slower: 0.42% (95% HDI 0.31%..0.55%), P(slower) 97.0%, ROPE ±0.25%"
-    eq = b | {
-        "verdict": "equivalent",
-        "ratio": 0.9998,
-        "hdi": [0.9991, 1.0004],
-        "p_faster": 0.0,
-        "p_slower": 0.0,
-        "p_equivalent": 1.0,
-    }
+    eq = replace(
+        b, verdict="equivalent", ratio=0.9998, hdi=(0.9991, 1.0004), p_faster=0.0, p_slower=0.0, p_equivalent=1.0
+    )
     assert verdict_phrase(eq) == "equivalent: -0.02% (95% HDI -0.09%..+0.04%), P(equivalent) >99.9%, ROPE ±0.5%"
     assert mass_sentence(eq) == ">99.9% of the posterior mass sits inside the ROPE."
-    inc = b | {
-        "verdict": "inconclusive",
-        "ratio": 0.996,
-        "hdi": [0.990, 1.002],
-        "p_faster": 0.4,
-        "p_slower": 0.0,
-        "p_equivalent": 0.6,
-    }
+    inc = replace(
+        b, verdict="inconclusive", ratio=0.996, hdi=(0.990, 1.002), p_faster=0.4, p_slower=0.0, p_equivalent=0.6
+    )
     assert verdict_phrase(inc) == (
         "inconclusive: -0.4% (95% HDI -1.0%..+0.2%), P(faster) 40.0%, P(equivalent) 60.0%, P(slower) <0.1%, ROPE ±0.5%"
     )
     # the comment phrases the real verdict the same way, next to its chart
     r = gate_report()
-    real = r.kernels[1].benchmark
+    real = r.kernels[1].benchmark.verdict
     md = render_markdown(r)
     assert f"**Benchmark:** {verdict_phrase(real)}. {mass_sentence(real)}" in md
     assert verdict_phrase(real).startswith("faster: 2.61% (95% HDI 2.58%..2.63%), P(faster) >99.9%")
@@ -389,16 +384,17 @@ def test_chart_present_only_with_posterior_hist():
     assert md.count("```mermaid") == 1
     section = md[md.index("#### ✅ `rope_neox`") : md.index("#### ✅ `kv_append_v2`")]
     assert "```mermaid\n" in section and "xychart-beta" in section
-    del r.kernels[1].benchmark["posterior_hist"]
+    r.kernels[1].benchmark.verdict.posterior_hist = None
     md = render_markdown(r)
     assert "mermaid" not in md and "xychart" not in md
-    assert verdict_phrase(r.kernels[1].benchmark) in md  # the verdict stays, only the chart goes
+    assert verdict_phrase(r.kernels[1].benchmark.verdict) in md  # the verdict stays, only the chart goes
     assert posterior_chart(None) is None
-    assert posterior_chart(r.kernels[1].benchmark | {"posterior_hist": {"edges": [1.0], "density": [1.0]}}) is None
+    bad = {"edges": [1.0], "density": [1.0]}
+    assert posterior_chart(replace(r.kernels[1].benchmark.verdict, posterior_hist=bad)) is None
 
 
 def test_chart_marks_rope_and_one_and_keeps_the_mass():
-    b = faster_benchmark()
+    b = faster_benchmark().verdict
     labels, bars, line = _chart_series(posterior_chart(b))
     assert len(labels) == len(bars) == len(line) <= 30
     assert abs(sum(bars) - 100) < 0.05
@@ -409,11 +405,11 @@ def test_chart_marks_rope_and_one_and_keeps_the_mass():
     inside = [0.995 - 1e-9 <= c <= 1.005 + 1e-9 for c in centres]
     assert [v > 0 for v in line] == inside and any(inside)
     # the mass sits where the verdict says: the tallest bar is within a bar of the posterior median
-    assert abs(centres[bars.index(max(bars))] - b["ratio"]) <= step
+    assert abs(centres[bars.index(max(bars))] - b.ratio) <= step
     # near the ROPE (a small effect) the grid is fine and the posterior spreads over several bars
     near = copy.deepcopy(b)
-    shift = 1.001 / b["ratio"]
-    near["posterior_hist"]["edges"] = [e * shift for e in b["posterior_hist"]["edges"]]
+    shift = 1.001 / b.ratio
+    near.posterior_hist["edges"] = [e * shift for e in b.posterior_hist["edges"]]
     labels, bars, _ = _chart_series(posterior_chart(near))
     assert sum(1 for v in bars if v > 1) >= 3 and abs(sum(bars) - 100) < 0.05
 
@@ -423,14 +419,14 @@ def test_chart_marks_rope_and_one_and_keeps_the_mass():
 
 def test_details_hold_each_finding_with_case_location_and_reproduce():
     r = gate_report()
-    findings = r.kernels[0].verification["findings"]
+    findings = r.kernels[0].verification.findings
     md = render_markdown(r)
     html = gfm(md)
     assert "<summary>3 findings: softmax-no-max, kv-mask, non-finite</summary>" in html
     blocks = re.findall(r'<pre><code class="language-sh">(.*?)</code></pre>', html, re.S)
     unescaped = [unescape(b).strip() for b in blocks]
     for f in findings[1:]:
-        assert f["reproduce"] in unescaped
+        assert f.reproduce in unescaped
     assert r.reproduce in unescaped
     assert "`kernels/attn.py:57`" in md and "`kernels/attn.py:88`" in md
     assert "Case: `gqa-8 [float16, seed 3] Hq=16 Hkv=2 D=64 kv_lens=[5,17,129,300] scale=0.125`" in md
@@ -477,9 +473,9 @@ def _huge_report(n: int = 3000) -> Report:
                 Location("kernels/attn.py", 88),
                 case=c.to_json(),
                 reproduce=reproduce_command("attention.decode", ATTN, {}, "cuda", c),
-            ).to_json()
+            )
         )
-    r.kernels[0].verification["findings"] = many
+    r.kernels[0].verification.findings = many
     return r
 
 
@@ -538,11 +534,11 @@ def test_junit_has_a_testcase_per_kernel_and_pipeline():
     failure = cases["attention.decode", "decode_attention"].find("failure")
     assert failure.get("type") == "finding"
     assert failure.get("message") == "3 findings: softmax-no-max, kv-mask, non-finite"
-    for f in r.kernels[0].verification["findings"][1:]:
-        assert f"reproduce: {f['reproduce']}" in failure.text
+    for f in r.kernels[0].verification.findings[1:]:
+        assert f"reproduce: {f.reproduce}" in failure.text
     assert "[softmax-no-max] structural check exp-max at kernels/attn.py:57" in failure.text
     out = cases["rope", "rope_neox"].find("system-out").text
-    assert f"benchmark: {verdict_phrase(r.kernels[1].benchmark)}" in out
+    assert f"benchmark: {verdict_phrase(r.kernels[1].benchmark.verdict)}" in out
     assert cases["rope", "rope_gptj"].find("skipped") is not None
     assert cases["pipeline", "decode_loop"].find("failure") is None
     props = {p.get("name"): p.get("value") for p in suite.find("properties")}
@@ -552,14 +548,15 @@ def test_junit_has_a_testcase_per_kernel_and_pipeline():
 def test_junit_errors_slower_kernels_failing_pipelines_and_control_characters():
     r = passing_report()
     slow = r.kernels[0]
-    slow.benchmark |= {
-        "verdict": "slower",
-        "ratio": 1.021,
-        "hdi": [1.018, 1.024],
-        "p_faster": 0.0,
-        "p_slower": 0.999,
-        "p_equivalent": 0.001,
-    }
+    slow.benchmark.verdict = replace(
+        slow.benchmark.verdict,
+        verdict="slower",
+        ratio=1.021,
+        hdi=(1.018, 1.024),
+        p_faster=0.0,
+        p_slower=0.999,
+        p_equivalent=0.001,
+    )
     slow.failed_by = ["slower"]
     r.kernels.append(
         KernelReport(
@@ -580,7 +577,7 @@ def test_junit_errors_slower_kernels_failing_pipelines_and_control_characters():
         1,
         9.0,
         findings=[Finding("pipeline-cache", "kv-slot", "step 17: k_cache slot 33 does not hold the token")],
-    ).to_json()
+    )
     pipe.failed_by = ["finding"]
     r.conclusion, r.reason = conclude(r)
     assert headline(r) == (
@@ -604,7 +601,7 @@ def test_a_benchmark_without_verdict_shows_its_error():
     k = r.kernels[0]
     k.benchmark = BenchResult(
         "rope", k.entry, k.entry, "cuda", error="head: the process died during round 3", error_kind="crashed"
-    ).to_json()
+    )
     jsonschema.validate(json.loads(report_json(r)), REPORT_SCHEMA)
     md = render_markdown(r)
     assert row_of(table_rows(md), "rope_neox")[5:] == ["benchmark failed (below)", "—", "—", "—", "—"]
@@ -673,7 +670,7 @@ def _strict_json(text: str):
 
 def test_write_all_writes_every_file(tmp_path):
     r = gate_report()
-    r.kernels[1].benchmark["floor"] = float("nan")  # NaN is not JSON: written as null
+    r.kernels[1].benchmark.verdict.floor = float("nan")  # NaN is not JSON: written as null
     paths = write_all(r, tmp_path / "out")
     assert sorted(paths) == sorted(FILES) and all(p.parent == tmp_path / "out" for p in paths.values())
     assert all(p.is_file() for p in paths.values())
@@ -734,7 +731,7 @@ def test_coverage_not_checked_and_structural_status_in_every_output():
             )
         ],
         structural=StructuralStatus("not-analysed", "kernel _append_gather could not be followed: tt.gather"),
-    ).to_json()
+    )
     for text in (render_markdown(r), step_summary(r)):
         assert (
             "- **Structural:** **not analysed (kernel \\_append\\_gather could not be followed: tt.gather)**." in text

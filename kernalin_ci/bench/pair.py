@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from kernalin_ci.errors import UsageError
 from kernalin_ci.isolate import run_task
 from kernalin_ci.ops import get_op
 from kernalin_ci.ops.base import resolve_params
+from kernalin_ci.progress import ProgressEvent, ProgressSink, sink_for
 
 DEFAULT_BUDGET_S = 30.0
 DEFAULT_REPS = {"cuda": 5, "cpu": 3}
@@ -70,6 +70,8 @@ class BenchResult:
     # the kernel-only reference (`reference` > 0; kernalin_ci/bench/kernel_time.py), per shape:
     # {"kernel_ms"|"span_ms"|"kernels": {instance: [one value per profiled replay]}, "method": ...}
     reference: list = field(default_factory=list)
+    # the verdict measured when kernalin_ci.explain turned it inconclusive (the environment changed while timing)
+    verdict_measured: str | None = None
 
     @property
     def failed(self) -> bool:
@@ -110,7 +112,34 @@ class BenchResult:
             "error": self.error,
             "error_kind": self.error_kind,
             "notes": self.notes,
-        }
+        } | ({"verdict_measured": self.verdict_measured} if self.verdict_measured is not None else {})
+
+    @classmethod
+    def from_json(cls, d: dict) -> BenchResult:
+        """The typed result of a report.json's `benchmark` (fields it lacks take their defaults; the raw
+        times, the trace and the kernel-only reference are not in report.json)."""
+        return cls(
+            op=d.get("op", ""),
+            base=d.get("base", ""),
+            head=d.get("head", ""),
+            device=d.get("device", ""),
+            verdict=stats.Verdict.from_json(d) if d.get("verdict") is not None else None,
+            shapes=list(d.get("shapes") or []),
+            rounds=d.get("rounds") or 0,
+            seconds=d.get("seconds") or 0.0,
+            bench_seconds=d.get("bench_seconds") or 0.0,
+            setup_seconds=d.get("setup_seconds") or 0.0,
+            stopped=d.get("stopped") or "",
+            clock=d.get("clock") or "",
+            l2_flush=d.get("l2_flush"),
+            regime=d.get("regime") or "",
+            reps=d.get("reps") or 0,
+            budget_s=d.get("budget_s") or 0.0,
+            error=d.get("error"),
+            error_kind=d.get("error_kind"),
+            notes=list(d.get("notes") or []),
+            verdict_measured=d.get("verdict_measured"),
+        )
 
 
 def bench_pair(
@@ -142,7 +171,8 @@ def bench_pair(
     """Benchmark head against base; the gate and `kernalin-ci bench` call this.
 
     params: op params and bench params together (see kernalin_ci/bench/shapes.py).
-    progress: None, True (lines on stderr) or a callable taking each round event.
+    progress: None, True (lines on stderr), a kernalin_ci.progress sink, or a callable taking each raw
+    worker event.
     extra: more instances to time in the same rounds, (name, entry, root); they are
     checked against the base and recorded in `instances`, never judged.
     shapes: time only the shapes with these names (kernalin_ci.explain: the ones whose code differs).
@@ -278,7 +308,8 @@ def _run(job: dict, result: BenchResult, cases, device: str, timeout_s: float, p
     labels = [c.name for c in cases]
     info: dict = {"inner": {}, "timing": {}, "copies": {}, "same_addresses": {}}
     state = {"where": "setting up"}
-    tty = progress is True and sys.stderr.isatty()
+    sink = sink_for(progress)
+    on_raw = progress if callable(progress) and not isinstance(progress, ProgressSink) else None
 
     def on_event(ev):
         kind = ev.get("event")
@@ -301,25 +332,27 @@ def _run(job: dict, result: BenchResult, cases, device: str, timeout_s: float, p
             result.rounds = ev["round"]
             result.bench_seconds = ev["elapsed"]
             state["where"] = f"round {ev['round'] + 1}"
-            if progress is True:
-                v = stats.Verdict.from_json(ev["verdict"]) if ev.get("verdict") else None
-                if tty or stats.is_look(ev["round"]) or ev["round"] % 50 == 0:
-                    line = progress_line(ev["round"], ev["elapsed"], v, result.clock or "")
-                    print(
-                        ("\r" + line + "\033[K") if tty else line, end="" if tty else "\n", file=sys.stderr, flush=True
-                    )
+            v = stats.Verdict.from_json(ev["verdict"]) if ev.get("verdict") else None
+            sink.event(
+                ProgressEvent(
+                    "bench-round",
+                    progress_line(ev["round"], ev["elapsed"], v, result.clock or ""),
+                    {"round": ev["round"], "seconds": ev["elapsed"], "verdict": ev.get("verdict")},
+                    transient=True,
+                    keep=stats.is_look(ev["round"]) or ev["round"] % 50 == 0,
+                )
+            )
         elif kind == "reference":
             result.reference.append({k: ev[k] for k in ("shape", "kernel_ms", "span_ms", "kernels", "method")})
         elif kind == "stopped":
             result.stopped = ev["reason"]
         elif kind == "bench-error":
             result.error, result.error_kind = ev["message"], ev["kind"]
-        if callable(progress):
-            progress(ev)
+        if on_raw is not None:
+            on_raw(ev)
 
     outcome = run_task(job, device, timeout_s, on_event)
-    if tty:
-        print(file=sys.stderr)
+    sink.flush()
     outcome.raise_for_error("bench")
     if outcome.status in ("timeout", "crashed") and result.error is None:
         result.error_kind = outcome.status

@@ -4,15 +4,14 @@
 from __future__ import annotations
 
 from kernalin_ci.bench.stats import Verdict
-from kernalin_ci.report.text import verdict_phrase
+from kernalin_ci.report.text import verdict_words
 
 
 def verdict_line(v: Verdict, label: str = "") -> str:
     """One line per verdict for `bench` and `compare`: the verdict in capitals (a column to scan),
-    head/base, the verdict in the report's own words (kernalin_ci.report.text.verdict_phrase), where
-    the ROPE came from, and the rounds."""
-    b = v.to_json()
-    words = verdict_phrase(b).split(": ", 1)[1]  # "faster: 3.1% (...)": the verdict is the column
+    head/base, the verdict's figures in the report's own words (kernalin_ci.report.text.verdict_words),
+    where the ROPE came from, and the rounds."""
+    words = verdict_words(v)
     floor = f", A/A floor {100 * v.floor:.2f}%" if v.floor is not None else ""
     src = {"fixed": "fixed", "minimum": "minimum", "floor": "from the floor"}.get(v.rope_source, v.rope_source)
     head = f"{label}  " if label else ""

@@ -116,7 +116,7 @@ def print_result(result, out) -> None:
         return
     v = result.verdict
     print(verdict_line(v, f"{result.op} {result.head} vs {result.base}"), file=out)
-    print(f"  {mass_sentence(v.to_json())}", file=out)
+    print(f"  {mass_sentence(v)}", file=out)
     clock = "GPU seconds" if result.clock == "cuda-events" else "CPU wall-clock seconds"
     print(
         f"  {result.rounds} rounds, {result.bench_seconds:.1f} {clock} timing, {result.regime} regime "

@@ -151,9 +151,12 @@ def _record(store, args) -> int:
         raise UsageError(f"--record {args.record}: cannot read it: {e}") from None
     if not isinstance(report, dict) or "kernels" not in report:
         raise UsageError(f"--record {args.record}: not a kernalin-ci report.json")
-    r = run_from_report(
-        report, repo=args.repo, commit=args.commit, branch=args.branch, pr=args.pr, report_url=args.report_url
-    )
+    try:
+        r = run_from_report(
+            report, repo=args.repo, commit=args.commit, branch=args.branch, pr=args.pr, report_url=args.report_url
+        )
+    except (TypeError, KeyError, ValueError, AttributeError) as e:
+        raise UsageError(f"--record {args.record}: not a kernalin-ci report.json ({type(e).__name__}: {e})") from None
     added = store.add(r)
     print(
         f"kernalin-ci history: {args.repo}@{args.commit[:12]}: "

@@ -8,7 +8,7 @@ import textwrap
 from kernalin_ci.commands._common import parse_params, resolve_device, write_json
 from kernalin_ci.ops import NAMES
 from kernalin_ci.ops.base import DTYPES
-from kernalin_ci.report.text import finding_text
+from kernalin_ci.report.text import finding_text, not_checked_text, notice_text
 
 NAME = "verify"
 HELP = "verify one kernel entry: structural and multi-position dynamic checks"
@@ -78,13 +78,11 @@ def print_result(result, out) -> None:
         file=out,
     )
     for f in result.findings:
-        print(textwrap.indent(finding_text(f.to_json()), "  "), file=out)
+        print(textwrap.indent(finding_text(f), "  "), file=out)
     if result.cases_run:
         print(f"  coverage: {result.coverage.summary()}", file=out)
     for n in result.not_checked:
-        cases = ", ".join(n.cases[:4]) + (", ..." if len(n.cases) > 4 else "")
-        print(f"  not checked: {n.summary()} [cases: {cases}]", file=out)
+        print(f"  not checked: {not_checked_text(n)}", file=out)
     print(f"  structural: {result.structural.summary()}", file=out)
     for n in result.notices:
-        where = f" at {n.location.path}:{n.location.line}" if n.location else ""
-        print(f"  note: {n.check}{where}: {n.message}", file=out)
+        print(f"  note: {notice_text(n)}", file=out)

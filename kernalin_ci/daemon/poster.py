@@ -14,7 +14,6 @@ same check run and comment. GitHub 5xx and network failures wait and try again w
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import random
 import time
@@ -37,23 +36,10 @@ def _fence(text: str) -> str:
     return "```text\n" + text.replace("```", "``\u200b`").strip() + "\n```"
 
 
-def report_from_json(d: dict):
-    """A Report from report.json, ignoring fields this version does not know (a newer image wrote it)."""
-    from kernalin_ci.report.model import KernelReport, PipelineReport, Report
-
-    def known(cls, item: dict) -> dict:
-        names = {f.name for f in dataclasses.fields(cls)}
-        return {k: v for k, v in item.items() if k in names}
-
-    d = known(Report, d)
-    d["kernels"] = [known(KernelReport, k) for k in d.get("kernels", [])]
-    d["pipelines"] = [known(PipelineReport, p) for p in d.get("pipelines", [])]
-    return Report.from_json(d)
-
-
 def publication_for(job: Job, settings) -> Publication:
     """What GitHub should show for a finished job."""
     from kernalin_ci.gate.post import publication
+    from kernalin_ci.report.model import Report
 
     s, o = job.spec, job.outcome
     name, url = settings.github.check_name, details_url(settings, job.id)
@@ -68,7 +54,7 @@ def publication_for(job: Job, settings) -> Publication:
         )
     if o is not None and o.kind == "report":
         return publication(
-            report_from_json(o.report), s.repo, s.head_sha, s.pr, details_url=url, name=name, external_id=job.id
+            Report.from_json(o.report), s.repo, s.head_sha, s.pr, details_url=url, name=name, external_id=job.id
         )
     if o is not None and o.kind == "waiting":
         return Publication(conclusion="neutral", title=o.message, summary=o.detail, **common)

@@ -397,8 +397,8 @@ class Handler(BaseHTTPRequestHandler):
         return self._send(200, page, html)
 
     def _badge(self, repo: str, kind: str, branch: str | None):
-        from kernalin_ci.daemon.poster import report_from_json
         from kernalin_ci.report.badge import badge_endpoint, badge_svg
+        from kernalin_ci.report.model import Report
 
         info = self.app.store.repo(repo)
         if info is None or not self.app.visible(repo):
@@ -406,7 +406,7 @@ class Handler(BaseHTTPRequestHandler):
         job = self.app.store.latest_result(repo, branch or info["default_branch"])
         if job is None or job.outcome is None or job.outcome.report is None:
             return self._send(404, {"error": f"no gate result for {branch or info['default_branch']} yet"})
-        report = report_from_json(job.outcome.report)
+        report = Report.from_json(job.outcome.report)
         cache = {"Cache-Control": "no-cache, max-age=60"}
         if kind == "svg":
             return self._send(200, badge_svg(report), "image/svg+xml; charset=utf-8", cache)

@@ -82,7 +82,7 @@ def after_bench(
 
     op = get_op(op_name)
     params = resolve_params(op_name, op.params, op_params)
-    bench = kr.benchmark or {}
+    bench = kr.benchmark  # the BenchResult this explains
     env_end = provenance.environment(device)
     env_end["copy_gbs"] = _COPY.get(device)
     env_changed = provenance.changed(plan.env_start, env_end) if not env_end.get("error") else []
@@ -97,19 +97,19 @@ def after_bench(
         "profile": None,
     }
     same = [x["shape"] for x in out["identity"]["shapes"] if x["identical"] and x["shape"] not in plan.to_time]
-    if same and isinstance(bench.get("notes"), list):
-        bench["notes"].append(
+    if same and bench is not None:
+        bench.notes.append(
             f"{len(same)} of {len(plan.cases)} shapes not timed: identical compiled code ({', '.join(same)})"
         )
-    if env_changed and bench.get("verdict") is not None:
-        bench["verdict_measured"] = bench["verdict"]
-        bench["verdict"] = "inconclusive"
+    if env_changed and bench is not None and bench.verdict is not None:
+        bench.verdict_measured = bench.verdict.verdict
+        bench.verdict.verdict = "inconclusive"
         out["verdict"] = f"{ENV_CHANGED} ({'; '.join(env_changed)})"
     # % of peak, per timed shape and side
     gpu = plan.env_start.get("gpu_name")
     peaks = peak_mod.gpu_peaks(gpu) if gpu else None
     by_name = {c.name: c for c in plan.cases}
-    for s in bench.get("shapes") or []:
+    for s in bench.shapes if bench is not None else []:
         case = by_name.get(s.get("shape"))
         t = op.traffic(case, params) if case is not None else None
         row: dict = {"shape": s.get("shape"), "model": None}
@@ -145,14 +145,16 @@ def after_bench(
     return out
 
 
-def _regime(bench: dict) -> dict:
-    """The timing regime the benchmark reports (clock, L2 flush, per-shape timing, reps)."""
+def _regime(bench) -> dict:
+    """The timing regime BenchResult BENCH reports (clock, L2 flush, per-shape timing, reps)."""
+    if bench is None:
+        return {"clock": None, "l2_flush": None, "reps": None, "timing": []}
     return {
-        "clock": bench.get("clock"),
-        "l2_flush": bench.get("l2_flush"),
-        "reps": bench.get("reps"),
-        "timing": sorted({str(s.get("timing")) for s in bench.get("shapes") or [] if s.get("timing")}),
-        **({"regime": bench["regime"]} if "regime" in bench else {}),
+        "clock": bench.clock,
+        "l2_flush": bench.l2_flush,
+        "reps": bench.reps,
+        "timing": sorted({str(s.get("timing")) for s in bench.shapes if s.get("timing")}),
+        "regime": bench.regime,
     }
 
 

@@ -14,18 +14,18 @@ def annotations(report: Report) -> list[Annotation]:
     """One annotation per finding that has a source location (paths relative to the repository)."""
     out = []
     for item in list(report.kernels) + list(report.pipelines):
-        for f in (item.verification or {}).get("findings", []):
-            loc = f.get("location")
-            if not loc or not loc.get("path"):
+        for f in item.verification.findings if item.verification is not None else []:
+            loc = f.location
+            if not loc or not loc.path:
                 continue
-            line = int(loc.get("line") or 1)
+            line = int(loc.line or 1)
             out.append(
                 Annotation(
-                    path=loc["path"],
+                    path=loc.path,
                     start_line=line,
                     end_line=line,
                     annotation_level="failure",
-                    title=f"{item.name}: {f['bug_class']} ({f['check']})",
+                    title=f"{item.name}: {f.bug_class} ({f.check})",
                     message=finding_text(f),
                 )
             )
@@ -60,7 +60,7 @@ def publication(
 
 def verdict_output(report: Report) -> str:
     """The Action's `verdict` output: the benchmark verdict, or name=verdict pairs for several kernels."""
-    judged = [(k.name, k.benchmark["verdict"]) for k in report.kernels if k.benchmark]
+    judged = [(k.name, k.bench_verdict) for k in report.kernels if k.benchmark is not None]
     if not judged:
         return "none"
     if len(judged) == 1:

@@ -10,7 +10,6 @@ the gate goes on to the others: the report is always written.
 from __future__ import annotations
 
 import shlex
-import sys
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -19,12 +18,22 @@ from kernalin_ci import config as config_mod
 from kernalin_ci.config import Config
 from kernalin_ci.errors import InternalError, UsageError, describe, log_text, write_log
 from kernalin_ci.explain.render import explain_lines
+from kernalin_ci.findings import VerifyResult
 from kernalin_ci.gate.diff import Refs, affected_kernels, changed_files, resolve_refs, worktrees
+from kernalin_ci.progress import ProgressEvent, ProgressSink, TerminalSink
 from kernalin_ci.report.model import KernelReport, PipelineReport, Report
 
 
-def log(msg: str) -> None:
-    print(f"kernalin-ci run: {msg}", file=sys.stderr, flush=True)
+def log(msg: str, progress=None) -> None:
+    """A step of the gate (shown even with --quiet), to the gate's sink (`gate_sink`)."""
+    gate_sink(progress).event(ProgressEvent("gate", f"kernalin-ci run: {msg}", {"message": msg}, level="step"))
+
+
+def gate_sink(progress) -> ProgressSink:
+    """The gate's sink: a sink as it is; True/None the terminal; False the terminal with --quiet (its steps)."""
+    if isinstance(progress, ProgressSink):
+        return progress
+    return TerminalSink(quiet=progress is False)
 
 
 def judge(kr: KernelReport, cfg: Config, device: str) -> list[str]:
@@ -34,15 +43,15 @@ def judge(kr: KernelReport, cfg: Config, device: str) -> list[str]:
     v = kr.verification
     if kr.error:
         failed.append("error")
-    if v and v.get("findings") and "finding" in fail_on:
+    if v and v.findings and "finding" in fail_on:
         failed.append("finding")
-    if v and (v.get("structural") or {}).get("status") == "not-analysed" and "not-analysed" in fail_on:
+    if v and v.structural.status == "not-analysed" and "not-analysed" in fail_on:
         failed.append("not-analysed")
-    b = kr.benchmark
-    if b and device == "cuda":  # interpreter wall-clock timings never gate (docs/config.md)
-        if b.get("verdict") == "slower" and "slower" in fail_on:
+    verdict = kr.bench_verdict
+    if verdict and device == "cuda":  # interpreter wall-clock timings never gate (docs/config.md)
+        if verdict == "slower" and "slower" in fail_on:
             failed.append("slower")
-        if b.get("verdict") == "inconclusive" and "inconclusive" in fail_on:
+        if verdict == "inconclusive" and "inconclusive" in fail_on:
             failed.append("inconclusive")
     from kernalin_ci.explain.gate import failed_by
 
@@ -60,13 +69,11 @@ def conclude(report: Report) -> tuple[str, str]:
         return "failure", "failed: " + "; ".join(parts)
     if not checked:
         return "success", "no kernel changed"
-    faster = [k.name for k in checked if k.benchmark and k.benchmark.get("verdict") == "faster"]
+    faster = [k.name for k in checked if k.bench_verdict == "faster"]
     msg = f"{len(checked)} kernel{'s' * (len(checked) != 1)} verified"
     if faster:
         msg += f"; faster: {', '.join(faster)}"
-    blind = [
-        k.name for k in checked if ((k.verification or {}).get("structural") or {}).get("status") == "not-analysed"
-    ]
+    blind = [k.name for k in checked if k.verification and k.verification.structural.status == "not-analysed"]
     if blind:
         msg += f"; structure not analysed: {', '.join(blind)}"
     return "success", msg
@@ -79,7 +86,7 @@ def run_gate(
     head: str | None,
     device: str,
     event_path: str | None = None,
-    progress: bool = True,
+    progress: bool | ProgressSink = True,
     on_start=None,
     gate_overrides: dict | None = None,
     profile: bool = False,
@@ -91,6 +98,7 @@ def run_gate(
     model: a ModelSpec (`--model`) in place of the configuration's `model:` shapes, serving points and price;
     the kernels in its places are the configuration's `model.kernels`, else found (config.place_kernels)."""
     t0 = time.perf_counter()
+    progress = gate_sink(progress)
     cfg_path = Path(config_path) if config_path else repo / config_mod.DEFAULT_FILE
     cfg = config_mod.load(cfg_path)
     if gate_overrides:
@@ -106,7 +114,8 @@ def run_gate(
     changed = changed_files(repo, refs.base, refs.head)
     log(
         f"base {refs.base[:12]} ({refs.base_label}), head {refs.head[:12]} ({refs.head_label}): "
-        f"{len(changed)} files changed"
+        f"{len(changed)} files changed",
+        progress,
     )
     report = Report(
         conclusion="success",
@@ -125,7 +134,8 @@ def run_gate(
         todo = [a for a in plan if a.status != "unchanged"]
         log(
             f"{len(todo)} of {len(plan)} kernels affected"
-            + (f"; removed: {', '.join(report.removed)}" if report.removed else "")
+            + (f"; removed: {', '.join(report.removed)}" if report.removed else ""),
+            progress,
         )
         results: dict[str, KernelReport] = {}
         for a in plan:
@@ -137,18 +147,21 @@ def run_gate(
                 continue
             log(
                 f"[{sum(1 for x in report.kernels if x.status != 'unchanged')}/{len(todo)}] {k.name} "
-                f"({k.op}, {a.status}): {'; '.join(a.reasons)}"
+                f"({k.op}, {a.status}): {'; '.join(a.reasons)}",
+                progress,
             )
             kt = time.perf_counter()
             try:
                 check_kernel(kr, k, cfg, device, base_root, head_root, progress, profile)
             except Exception as e:  # a bug of ours: this kernel is in error, the others go on
-                kr.error = internal_error(k.name, e)
+                kr.error = internal_error(k.name, e, progress)
             kr.failed_by = judge(kr, cfg, device)
             kr.seconds = time.perf_counter() - kt
-            log(f"    {k.name}: {summary_line(kr)}")
-            for line in explain_lines(kr.explain) if progress else []:
-                log(f"      {line}")
+            log(f"    {k.name}: {summary_line(kr)}", progress)
+            for line in explain_lines(kr.explain):
+                progress.event(
+                    ProgressEvent("explain", f"kernalin-ci run:       {line}", {"kernel": k.name, "line": line})
+                )
         for p in cfg.pipelines:
             members = {"kv_append": p.kv_append, "attention.decode_paged": p.attention, "rope": p.rope}
             names = [n for n in members.values() if n]
@@ -173,7 +186,7 @@ def check_kernel(
     device: str,
     base_root: Path,
     head_root: Path,
-    progress: bool,
+    progress: ProgressSink,
     profile: bool = False,
 ) -> None:
     from kernalin_ci import explain
@@ -191,7 +204,7 @@ def check_kernel(
             progress=progress,
             raw_domain=k.domain,
         )
-        kr.verification = vr.to_json()
+        kr.verification = vr
     except UsageError as e:  # the kernel's entry cannot be loaded at head: that fails this kernel
         kr.error = str(e)
         return
@@ -229,7 +242,7 @@ def check_kernel(
             shapes=plan.to_time if plan is not None else None,
             regime=k.bench.get("regime"),
         )
-        kr.benchmark = res.to_json()
+        kr.benchmark = res
         if res.failed:  # e.g. base and head disagree on an output, or the head crashed while timed
             kr.error = f"benchmark: {res.error}"
             return
@@ -242,7 +255,7 @@ def check_kernel(
         kr.benchmark_note = "CPU interpreter wall-clock timings: reported, never gating"
 
 
-def check_pipeline(p, members: dict, cfg: Config, device: str, head_root: Path, progress: bool) -> PipelineReport:
+def check_pipeline(p, members: dict, cfg: Config, device: str, head_root: Path, progress) -> PipelineReport:
     from kernalin_ci.domain import one_shape
     from kernalin_ci.ops import get_op
     from kernalin_ci.verify import verify_pipeline
@@ -259,33 +272,31 @@ def check_pipeline(p, members: dict, cfg: Config, device: str, head_root: Path, 
             params.update(p_role)
             dtype = dtype or dt
     pr = PipelineReport(p.name, {r: n for r, n in members.items() if n})
-    log(f"pipeline {p.name}: {' -> '.join(pr.members.values())}, {p.steps} steps")
+    log(f"pipeline {p.name}: {' -> '.join(pr.members.values())}, {p.steps} steps", progress)
     try:
         vr = verify_pipeline(
             entries, params, device, dtype=dtype, steps=p.steps, root=str(head_root), progress=progress
         )
-        pr.verification = vr.to_json()
+        pr.verification = vr
         if vr.findings and "finding" in cfg.gate.fail_on:
             pr.failed_by = ["finding"]
     except Exception as e:  # a load error, or a bug of ours (logged): this pipeline fails, the gate goes on
-        why = str(e) if isinstance(e, UsageError) else internal_error(f"pipeline {p.name}", e)
-        pr.verification = {"verdict": "fail", "findings": [], "error": why}
+        why = str(e) if isinstance(e, UsageError) else internal_error(f"pipeline {p.name}", e, progress)
+        pr.verification = VerifyResult("decode-pipeline", "", error=why)
         pr.failed_by = ["error"]
     pr.seconds = time.perf_counter() - t0
     return pr
 
 
-def internal_error(what: str, e: Exception) -> str:
+def internal_error(what: str, e: Exception, progress=None) -> str:
     """An internal error while checking one kernel: the traceback to a log file named on stderr,
     one line for the report."""
     path = write_log(log_text(e))
-    log(f"    {what}: internal error: {describe(e)} (traceback in {path})")
+    log(f"    {what}: internal error: {describe(e)} (traceback in {path})", progress)
     return f"internal error: {describe(e)} (a bug in kernalin-ci)"
 
 
-def check_model(
-    cfg: Config, results: dict, device: str, base_root: Path, head_root: Path, progress: bool
-) -> dict | None:
+def check_model(cfg: Config, results: dict, device: str, base_root: Path, head_root: Path, progress) -> dict | None:
     """Decode tokens/s and $/Mtok with the model's kernels, base against head (docs/tokens.md); None when the
     configuration has no `model:` or none of the kernels in the step changed. Reported, never gating.
 
@@ -352,7 +363,8 @@ def check_model(
         out = not_measured(spec, device, reason, names)
         out["notes"] = notes if touched else []
         return out
-    log(f"model {spec.name}: decode step with {', '.join(f'{r} {n}' for r, n in names.items())}")
+    progress = gate_sink(progress)
+    log(f"model {spec.name}: decode step with {', '.join(f'{r} {n}' for r, n in names.items())}", progress)
     try:
         res = bench_model(
             spec,
@@ -390,33 +402,32 @@ def removed_kernels(cfg: Config, base_root: Path, cfg_path: Path, repo: Path) ->
     return [k.name for k in base_cfg.kernels if k.name not in names]
 
 
-def _relativise(verification: dict | None, head_root: Path) -> None:
+def _relativise(verification: VerifyResult | None, head_root: Path) -> None:
     """Finding locations inside the head worktree become repository-relative paths."""
     if not verification:
         return
     prefix = str(head_root.resolve()) + "/"
-    for f in verification.get("findings", []) + verification.get("notices", []):
-        loc = f.get("location")
-        if loc and loc.get("path", "").startswith(prefix):
-            loc["path"] = loc["path"][len(prefix) :]
-        elif loc and loc.get("path", "").startswith(str(head_root) + "/"):
-            loc["path"] = loc["path"][len(str(head_root)) + 1 :]
+    for f in [*verification.findings, *verification.notices]:
+        loc = f.location
+        if loc and loc.path.startswith(prefix):
+            loc.path = loc.path[len(prefix) :]
+        elif loc and loc.path.startswith(str(head_root) + "/"):
+            loc.path = loc.path[len(str(head_root)) + 1 :]
 
 
 def summary_line(kr: KernelReport) -> str:
     if kr.error:
         return f"ERROR {kr.error}"
-    v = kr.verification or {}
-    n = len(v.get("findings", []))
+    v = kr.verification or VerifyResult(kr.op, kr.entry)
+    n = len(v.findings)
     parts = [f"verification {'FAIL (' + str(n) + ' findings)' if n else 'pass'}"]
-    if v.get("not_checked"):
-        parts.append(f"{len(v['not_checked'])} shape{'s' * (len(v['not_checked']) != 1)} not checked")
-    st = v.get("structural") or {}
-    if st.get("status") == "not-analysed":
-        parts.append(f"structural: not analysed ({st.get('cause')})")
-    b = kr.benchmark
-    if b:
-        parts.append(f"benchmark {b['verdict']} (ratio {b['ratio']:.4f})")
+    if v.not_checked:
+        parts.append(f"{len(v.not_checked)} shape{'s' * (len(v.not_checked) != 1)} not checked")
+    if v.structural.status == "not-analysed":
+        parts.append(f"structural: not analysed ({v.structural.cause})")
+    v = kr.benchmark.verdict if kr.benchmark else None
+    if v:
+        parts.append(f"benchmark {v.verdict} (ratio {v.ratio:.4f})")
     elif kr.benchmark_note:
         parts.append(kr.benchmark_note)
     from kernalin_ci.explain.render import explain_summary

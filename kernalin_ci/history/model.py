@@ -11,6 +11,8 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 
+from kernalin_ci.report.model import Report
+
 RECORD_VERSION = 1
 MAX_FINDINGS = 20  # findings kept per point (the report keeps them all)
 PROVENANCE_KEYS = ("gpu_name", "gpu_uuid", "driver", "torch", "cuda", "triton")
@@ -67,17 +69,16 @@ class Run:
         return cls(**d)
 
 
-def _findings(v: dict | None) -> list[dict]:
+def _findings(v) -> list[dict]:
     out = []
-    for f in (v or {}).get("findings", [])[:MAX_FINDINGS]:
-        loc = f.get("location") or {}
+    for f in v.findings[:MAX_FINDINGS] if v is not None else []:
         out.append(
             {
-                "check": f.get("check"),
-                "bug_class": f.get("bug_class"),
-                "message": f.get("message", ""),
-                "path": loc.get("path"),
-                "line": loc.get("line"),
+                "check": f.check,
+                "bug_class": f.bug_class,
+                "message": f.message,
+                "path": f.location.path if f.location else None,
+                "line": f.location.line if f.location else None,
             }
         )
     return out
@@ -87,34 +88,36 @@ def _num(x) -> float | None:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
 
 
-def points_of(report: dict) -> list[Point]:
-    """The points of one report.json: a point per benchmarked shape, else one per checked kernel."""
+def points_of(report: Report) -> list[Point]:
+    """The points of one report: a point per benchmarked shape, else one per checked kernel."""
     out = []
-    for k in report.get("kernels", []):
-        if k.get("status") == "unchanged":
+    for k in report.kernels:
+        if k.status == "unchanged":
             continue  # not run at this commit: its series goes on from the last commit that checked it
-        v = k.get("verification") or None
-        start = ((k.get("explain") or {}).get("provenance") or {}).get("start") or {}
+        v = k.verification
+        start = ((k.explain or {}).get("provenance") or {}).get("start") or {}
         common = dict(
-            kernel=k["name"],
-            status=k.get("status", ""),
-            verification=(v or {}).get("verdict"),
+            kernel=k.name,
+            status=k.status,
+            verification=v.verdict if v is not None else None,
             findings=_findings(v),
-            failed_by=list(k.get("failed_by") or []),
+            failed_by=list(k.failed_by),
             provenance={key: start[key] for key in PROVENANCE_KEYS if start.get(key) is not None},
         )
-        b = k.get("benchmark") or {}
-        shapes = [s for s in b.get("shapes") or [] if isinstance(s, dict) and s.get("verdict")]
+        b = k.benchmark
+        v = b.verdict if b is not None else None
+        clock = (b.clock or None) if b is not None else None
+        shapes = [s for s in (b.shapes if b is not None else []) if isinstance(s, dict) and s.get("verdict")]
         if not shapes:
             out.append(
                 Point(
                     shape="",
-                    verdict=b.get("verdict"),
-                    ratio=_num(b.get("ratio")),
-                    hdi=b.get("hdi"),
-                    p_slower=_num(b.get("p_slower")),
-                    p_faster=_num(b.get("p_faster")),
-                    clock=b.get("clock") or None,
+                    verdict=v.verdict if v else None,
+                    ratio=_num(v.ratio) if v else None,
+                    hdi=list(v.hdi) if v else None,
+                    p_slower=_num(v.p_slower) if v else None,
+                    p_faster=_num(v.p_faster) if v else None,
+                    clock=clock,
                     **common,
                 )
             )
@@ -130,7 +133,7 @@ def points_of(report: dict) -> list[Point]:
                     p_faster=_num(s.get("p_faster")),
                     base_ms=_num(s.get("base_ms")),
                     head_ms=_num(s.get("head_ms")),
-                    clock=b.get("clock") or None,
+                    clock=clock,
                     **common,
                 )
             )
@@ -138,7 +141,7 @@ def points_of(report: dict) -> list[Point]:
 
 
 def run_from_report(
-    report: dict,
+    report: Report | dict,
     *,
     repo: str,
     commit: str,
@@ -147,18 +150,21 @@ def run_from_report(
     report_url: str | None = None,
     recorded_at: float | None = None,
 ) -> Run:
-    """The Run a report.json stands for, recorded as commit COMMIT of BRANCH."""
+    """The Run a report (or report.json's object, read with Report.from_json) stands for, recorded as
+    commit COMMIT of BRANCH."""
+    if isinstance(report, dict):
+        report = Report.from_json(report)
     return Run(
         repo=repo,
         commit=commit,
-        base=(report.get("base") or {}).get("sha"),
+        base=(report.base or {}).get("sha"),
         branch=branch,
         recorded_at=time.time() if recorded_at is None else recorded_at,
-        conclusion=report.get("conclusion", "neutral"),
-        reason=report.get("reason", ""),
-        pr=pr if pr is not None else report.get("pr"),
-        device=report.get("device", ""),
-        environment=dict(report.get("environment") or {}),
+        conclusion=report.conclusion,
+        reason=report.reason,
+        pr=pr if pr is not None else report.pr,
+        device=report.device,
+        environment=dict(report.environment or {}),
         report_url=report_url,
         points=points_of(report),
     )

@@ -22,9 +22,9 @@ STEPS = (0.0005, 0.001, 0.002, 0.0025, 0.005, 0.01, 0.02, 0.025, 0.05, 0.1, 0.2,
 WIDTH, HEIGHT, LABEL_PX = 900, 300, 11
 
 
-def _histogram(b: dict) -> tuple[list[float], list[float]] | None:
-    """(edges, mass per bin) from posterior_hist, or None when it is absent or malformed."""
-    h = b.get("posterior_hist") if isinstance(b, dict) else None
+def _histogram(v) -> tuple[list[float], list[float]] | None:
+    """(edges, mass per bin) from verdict V's posterior_hist, or None when it is absent or malformed."""
+    h = v.posterior_hist
     if not isinstance(h, dict):
         return None
     edges, density = h.get("edges"), h.get("density")
@@ -69,14 +69,14 @@ def _rebin(edges: list[float], mass: list[float], step: float, first: int, count
     return out
 
 
-def posterior_chart(b: dict | None) -> str | None:
-    """The mermaid chart (a fenced ```mermaid block) for benchmark verdict B; None without posterior_hist."""
-    hist = _histogram(b) if b else None
+def posterior_chart(v) -> str | None:
+    """The mermaid chart (a fenced ```mermaid block) for benchmark Verdict V; None without posterior_hist."""
+    hist = _histogram(v) if v is not None else None
     if hist is None:
         return None
     edges, mass = hist
     total = sum(mass)
-    rope = b.get("rope") or [1.0, 1.0]
+    rope = v.rope or [1.0, 1.0]
     try:
         rlo, rhi = float(rope[0]), float(rope[1])
     except (TypeError, ValueError, IndexError):

@@ -19,10 +19,10 @@ from kernalin_ci.report.text import (
     bug_classes,
     coverage_text,
     finding_text,
-    location_text,
     mass_sentence,
     measurement_note,
     not_checked_texts,
+    notice_text,
     plural,
     structural_text,
     verdict_phrase,
@@ -39,24 +39,23 @@ def _el(parent: ET.Element, tag: str, text: str | None = None, **attrs) -> ET.El
     return e
 
 
-def _findings(item) -> list[dict]:
-    v = item.verification
-    return list(v.get("findings") or []) if isinstance(v, dict) else []
+def _findings(item) -> list:
+    return list(item.verification.findings) if item.verification is not None else []
 
 
 def _benchmark_text(k: KernelReport) -> str | None:
     b = k.benchmark
     parts = []
     if benchmark_ok(b):
-        m = measurement_note(b)
-        parts.append(f"benchmark: {verdict_phrase(b)}. {mass_sentence(b)}" + (f" ({m})" if m else ""))
+        m, v = measurement_note(b), b.verdict
+        parts.append(f"benchmark: {verdict_phrase(v)}. {mass_sentence(v)}" + (f" ({m})" if m else ""))
         parts.append(
-            f"benchmark ratio {b['ratio']:.6f}, 95% HDI [{b['hdi'][0]:.6f}, {b['hdi'][1]:.6f}], "
-            f"P(faster) {b['p_faster']:.4f}, P(equivalent) {b['p_equivalent']:.4f}, "
-            f"P(slower) {b['p_slower']:.4f}, ROPE [{b['rope'][0]:.6f}, {b['rope'][1]:.6f}]"
+            f"benchmark ratio {v.ratio:.6f}, 95% HDI [{v.hdi[0]:.6f}, {v.hdi[1]:.6f}], "
+            f"P(faster) {v.p_faster:.4f}, P(equivalent) {v.p_equivalent:.4f}, "
+            f"P(slower) {v.p_slower:.4f}, ROPE [{v.rope[0]:.6f}, {v.rope[1]:.6f}]"
         )
-    elif isinstance(b, dict) and b.get("error"):
-        parts.append(f"benchmark failed, no verdict: {b['error']}")
+    elif b is not None and b.error:
+        parts.append(f"benchmark failed, no verdict: {b.error}")
     if k.benchmark_note:
         parts.append(f"benchmark note: {k.benchmark_note}")
     from kernalin_ci.explain.render import explain_lines
@@ -67,19 +66,11 @@ def _benchmark_text(k: KernelReport) -> str | None:
 
 def _verification_text(item) -> str:
     v = item.verification
-    if not isinstance(v, dict):
+    if v is None:
         return "verification: none"
     fs = _findings(item)
-    ctx = ", ".join(
-        x
-        for x in (
-            plural(v["cases_run"], "case") if isinstance(v.get("cases_run"), int) else "",
-            f"{v['seconds']:.1f} s" if isinstance(v.get("seconds"), (int, float)) else "",
-            str(v.get("device") or ""),
-        )
-        if x
-    )
-    line = f"verification: {v.get('verdict', '?')}" + (f" ({ctx})" if ctx else "")
+    ctx = "" if v.error else ", ".join(x for x in (plural(v.cases_run, "case"), f"{v.seconds:.1f} s", v.device) if x)
+    line = f"verification: {v.verdict}" + (f" ({ctx})" if ctx else "")
     if fs:
         line += "; " + ", ".join(f"{c} x{n}" for c, n in bug_classes(fs))
     for label, text in (("structural", structural_text(v)), ("coverage", coverage_text(v))):
@@ -87,17 +78,15 @@ def _verification_text(item) -> str:
             line += f"\n{label}: {text}"
     for text in not_checked_texts(v):
         line += f"\nnot checked: {text}"
-    notices = v.get("notices") or []
-    for n in notices:
-        loc = location_text(n.get("location"))
-        line += f"\nnotice: {n.get('check', '?')}{' at ' + loc if loc else ''}: {n.get('message', '')}"
+    for n in v.notices:
+        line += f"\nnotice: {notice_text(n)}"
     return line
 
 
 def _failure_body(item) -> tuple[str, str]:
     """(message, text) of the <failure> or <error> element."""
     parts, msgs = [], []
-    err = item.error if isinstance(item, KernelReport) else (item.verification or {}).get("error")
+    err = item.error if isinstance(item, KernelReport) else item.verification.error if item.verification else None
     if err:
         msgs.append(f"error: {err.splitlines()[0] if err.strip() else err}")
         parts.append(f"error: {err}")
@@ -110,7 +99,7 @@ def _failure_body(item) -> tuple[str, str]:
         and benchmark_ok(item.benchmark)
         and ({"slower", "inconclusive"} & set(item.failed_by))
     ):
-        msgs.append(f"benchmark {verdict_phrase(item.benchmark)}")
+        msgs.append(f"benchmark {verdict_phrase(item.benchmark.verdict)}")
         parts.append(_benchmark_text(item) or "")
     if not msgs:
         msgs.append("failed: " + ", ".join(item.failed_by))

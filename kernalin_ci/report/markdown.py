@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kernalin_ci.findings import BUG_CLASSES
+from kernalin_ci.findings import BUG_CLASSES, Finding, Notice
 from kernalin_ci.report.chart import posterior_chart
 from kernalin_ci.report.model import KernelReport, PipelineReport, Report
 from kernalin_ci.report.text import (
@@ -66,28 +66,26 @@ def checked_kernels(report: Report) -> list[KernelReport]:
     return [k for k in report.kernels if k.status not in ("unchanged", "removed")]
 
 
-def _findings(item: KernelReport | PipelineReport) -> list[dict]:
-    v = item.verification
-    return list(v.get("findings") or []) if isinstance(v, dict) else []
+def _findings(item: KernelReport | PipelineReport) -> list[Finding]:
+    return list(item.verification.findings) if item.verification is not None else []
 
 
-def _notices(item: KernelReport | PipelineReport) -> list[dict]:
-    v = item.verification
-    return list(v.get("notices") or []) if isinstance(v, dict) else []
+def _notices(item: KernelReport | PipelineReport) -> list[Notice]:
+    return list(item.verification.notices) if item.verification is not None else []
 
 
 def _error(item: KernelReport | PipelineReport) -> str | None:
     if isinstance(item, KernelReport) and item.error:
         return item.error
     v = item.verification
-    return v.get("error") if isinstance(v, dict) and v.get("error") else None
+    return v.error if v is not None and v.error else None
 
 
 def _name(s: object, *, table: bool = False) -> str:
     return code(clip(str(s), NAME_MAX), table=table)
 
 
-def _classes(findings: list[dict], markdown: bool, table: bool = False, counts: bool = False) -> str:
+def _classes(findings: list[Finding], markdown: bool, table: bool = False, counts: bool = False) -> str:
     cls = bug_classes(findings)
     shown = []
     for c, n in cls[:MAX_CLASSES]:
@@ -107,7 +105,7 @@ def _failure_phrase(item: KernelReport | PipelineReport, markdown: bool) -> str:
             fs = _findings(item)
             parts.append(f"{plural(len(fs), 'finding')} ({_classes(fs, markdown)})")
         elif why == "slower":
-            parts.append(effect(b) if benchmark_ok(b) else "slower")
+            parts.append(effect(b.verdict) if benchmark_ok(b) else "slower")
         elif why == "inconclusive":
             parts.append("benchmark inconclusive")
         elif why == "error":
@@ -144,11 +142,11 @@ def headline(report: Report, *, markdown: bool = False) -> str:
         else:
             rest = f"{plural(len(checked), 'kernel')} verified"
             notable = [
-                f"{name(k)} {effect(k.benchmark)}"
+                f"{name(k)} {effect(k.benchmark.verdict)}"
                 for k in checked
                 if benchmark_ok(k.benchmark)
                 and k.benchmark_note is None
-                and k.benchmark["verdict"] in ("faster", "slower")
+                and k.benchmark.verdict.verdict in ("faster", "slower")
             ]
             if notable:
                 rest += "; " + ", ".join(notable[:MAX_HEADLINE_ITEMS])
@@ -205,16 +203,14 @@ def _verification_cell(item) -> str:
         return f"{plural(len(fs), 'finding')}: {_classes(fs, True, table=True, counts=True)}"
     if _error(item):
         return "error (below)"
-    if not isinstance(v, dict):
+    if v is None:
         return "—"
-    cell = "pass"
-    if isinstance(v.get("cases_run"), int):
-        cell += f" · {plural(v['cases_run'], 'case')}"
+    cell = f"pass · {plural(v.cases_run, 'case')}"
     if _notices(item):
         cell += f" · {plural(len(_notices(item)), 'notice')}"
-    if v.get("not_checked"):
-        cell += f" · {plural(len(v['not_checked']), 'shape')} not checked"
-    if (v.get("structural") or {}).get("status") == "not-analysed":
+    if v.not_checked:
+        cell += f" · {plural(len(v.not_checked), 'shape')} not checked"
+    if v.structural.status == "not-analysed":
         cell += " · **structure not analysed**"
     return cell
 
@@ -223,14 +219,15 @@ def _benchmark_cells(k: KernelReport) -> list[str]:
     b = k.benchmark
     note = f"<br><sub>{md(clip(k.benchmark_note, 200))}</sub>" if k.benchmark_note else ""
     if b is not None and not benchmark_ok(b):
-        what = "benchmark failed" if isinstance(b, dict) and b.get("error") else "incomplete verdict"
+        what = "benchmark failed" if b.error else "incomplete verdict"
         return [f"**{what}** (below)" + note, "—", "—", "—", "—"]
     if b is None:
         return [md(clip(k.benchmark_note, 200)) if k.benchmark_note else "—", "—", "—", "—", "—"]
-    word = effect(b)
+    v = b.verdict
+    word = effect(v)
     if "slower" in k.failed_by or "inconclusive" in k.failed_by:
         word = f"**{word}**"
-    return [word + note, ratio_text(b["ratio"]), hdi_text(b["hdi"]), prob(b["p_faster"]), rope_text(b["rope"])]
+    return [word + note, ratio_text(v.ratio), hdi_text(v.hdi), prob(v.p_faster), rope_text(v.rope)]
 
 
 def _row(item) -> str:
@@ -300,16 +297,12 @@ class _Section:
 def _verification_line(item) -> str | None:
     v = item.verification
     fs = _findings(item)
-    if not isinstance(v, dict) or (not fs and v.get("error")):
+    if v is None or (not fs and v.error):
         return None
-    where = []
-    if isinstance(v.get("cases_run"), int):
-        where.append(plural(v["cases_run"], "case"))
-    if isinstance(v.get("seconds"), (int, float)):
-        where.append(f"{v['seconds']:.1f} s")
-    if v.get("device"):
-        where.append(md(v["device"]))
-    ctx = f" ({', '.join(where)})" if where else ""
+    where = (
+        [] if v.error else [plural(v.cases_run, "case"), f"{v.seconds:.1f} s"] + ([md(v.device)] if v.device else [])
+    )
+    ctx = f" ({', '.join(w for w in where if w)})" if where else ""
     if not fs:
         return f"- **Verification:** passed{ctx}."
     meaning = "; ".join(
@@ -325,26 +318,26 @@ def _benchmark_line(k: KernelReport) -> str | None:
     note = f" *{md(clip(k.benchmark_note, 500))}*" if k.benchmark_note else ""
     if benchmark_ok(b):
         m = measurement_note(b)
-        return f"- **Benchmark:** {verdict_phrase(b)}. {mass_sentence(b)}" + (f" <sub>{m}</sub>" if m else "") + note
-    if isinstance(b, dict) and b.get("error"):
-        return f"- **Benchmark:** failed, no verdict: {md(clip(str(b['error']), MESSAGE_MAX))}" + note
+        phrase = f"{verdict_phrase(b.verdict)}. {mass_sentence(b.verdict)}"
+        return f"- **Benchmark:** {phrase}" + (f" <sub>{m}</sub>" if m else "") + note
+    if b is not None and b.error:
+        return f"- **Benchmark:** failed, no verdict: {md(clip(str(b.error), MESSAGE_MAX))}" + note
     if b is not None:
         return "- **Benchmark:** the verdict in report.json is incomplete." + note
     return f"- **Benchmark:**{note}" if note else None
 
 
-def _finding_item(i: int, f: dict) -> str:
-    head = (
-        f"**{i}. {code(f.get('bug_class', '?'))}** · {md(f.get('kind', 'dynamic'))} check {code(f.get('check', '?'))}"
-    )
-    loc = location_text(f.get("location"))
+def _finding_item(i: int, f: Finding) -> str:
+    """A Finding as a markdown item: finding_text's parts (report/text.py), in markdown."""
+    head = f"**{i}. {code(f.bug_class)}** · {md(f.kind)} check {code(f.check)}"
+    loc = location_text(f.location)
     if loc:
         head += f" · {code(loc)}"
-    lines = [head, "", md(clip(str(f.get("message", "")), MESSAGE_MAX))]
-    case = case_summary(f.get("case"))
+    lines = [head, "", md(clip(str(f.message), MESSAGE_MAX))]
+    case = case_summary(f.case)
     if case:
         lines += ["", f"Case: {code(clip(case, 1000))}"]
-    rep = f.get("reproduce")
+    rep = f.reproduce
     if rep and len(rep) <= REPRODUCE_MAX:
         lines += ["", "Reproduce:", "", code_block(rep, "sh")]
     elif rep:
@@ -355,12 +348,12 @@ def _finding_item(i: int, f: dict) -> str:
 def _domain_lines(item) -> list[str]:
     """The structural status, the coverage and what was not checked, as list items."""
     v = item.verification
-    if not isinstance(v, dict):
+    if v is None:
         return []
     lines = []
     st = structural_text(v)
     if st:
-        bold = (v.get("structural") or {}).get("status") == "not-analysed"
+        bold = v.structural.status == "not-analysed"
         lines.append(f"- **Structural:** {'**' if bold else ''}{md(clip(st, 600))}{'**' if bold else ''}.")
     cov = coverage_text(v)
     if cov:
@@ -383,11 +376,8 @@ def _notices_block(item) -> str | None:
         return None
     items = []
     for n in ns[:20]:
-        loc = location_text(n.get("location"))
-        items.append(
-            f"- {code(n.get('check', '?'))}{' at ' + code(loc) if loc else ''}: "
-            f"{md(clip(str(n.get('message', '')), 500))}"
-        )
+        loc = location_text(n.location)
+        items.append(f"- {code(n.check)}{' at ' + code(loc) if loc else ''}: {md(clip(str(n.message), 500))}")
     if len(ns) > 20:
         items.append(f"- … {len(ns) - 20} more in report.json")
     return (
@@ -418,7 +408,7 @@ def _kernel_section(k: KernelReport) -> _Section:
     extras = [
         x
         for x in (
-            posterior_chart(k.benchmark) if benchmark_ok(k.benchmark) else None,
+            posterior_chart(k.benchmark.verdict) if benchmark_ok(k.benchmark) else None,
             explain_block(k.explain),
             _notices_block(k),
         )

@@ -1,8 +1,16 @@
-"""The gate's Report: plain dataclasses, serialised as report.json (schema: docs/report.md)."""
+"""The gate's Report: plain dataclasses holding the typed results (VerifyResult, BenchResult) until the
+writer (report/writer.py) serialises them as report.json (schema: docs/report.md); `Report.from_json` is
+the one way back from report.json (the daemon, history)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from kernalin_ci.findings import VerifyResult, known
+
+if TYPE_CHECKING:
+    from kernalin_ci.bench.pair import BenchResult
 
 SCHEMA_VERSION = 1
 
@@ -14,22 +22,48 @@ class KernelReport:
     entry: str
     status: str  # "changed" | "new" | "removed" | "unchanged"
     reasons: list[str] = field(default_factory=list)
-    verification: dict | None = None  # VerifyResult.to_json(): verdict, findings (with case, reproduce, location)
-    benchmark: dict | None = None  # the `kernalin-ci bench` verdict JSON, or None (new kernel, bench off)
+    verification: VerifyResult | None = None  # verdict, findings (with case, reproduce, location); None: not run
+    benchmark: BenchResult | None = None  # the `kernalin-ci bench` result, or None (new kernel, bench off)
     benchmark_note: str | None = None  # why there is no benchmark, or why it does not gate
     error: str | None = None  # infrastructure failure for this kernel
     failed_by: list[str] = field(default_factory=list)  # policy items this kernel failed: finding/slower/...
     seconds: float = 0.0
     explain: dict | None = None  # kernalin_ci.explain: identity, % of peak, why, provenance, re-check
 
+    @property
+    def bench_verdict(self) -> str | None:
+        """The benchmark's verdict (faster, slower, equivalent, inconclusive), or None (none, or it failed)."""
+        b = self.benchmark
+        return b.verdict.verdict if b is not None and b.verdict is not None else None
+
+    def to_json(self) -> dict:
+        d = _with_verification(replace(self, benchmark=None))
+        d["benchmark"] = self.benchmark.to_json() if self.benchmark is not None else None
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> KernelReport:
+        from kernalin_ci.bench.pair import BenchResult
+
+        d = _verification_of(known(cls, d))
+        b = d.get("benchmark")
+        return cls(**{**d, "benchmark": BenchResult.from_json(b) if isinstance(b, dict) else None})
+
 
 @dataclass
 class PipelineReport:
     name: str
     members: dict  # role -> kernel name
-    verification: dict | None = None
+    verification: VerifyResult | None = None
     failed_by: list[str] = field(default_factory=list)
     seconds: float = 0.0
+
+    def to_json(self) -> dict:
+        return _with_verification(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> PipelineReport:
+        return cls(**_verification_of(known(cls, d)))
 
 
 @dataclass
@@ -52,15 +86,32 @@ class Report:
     model: dict | None = None  # decode tokens/s and $/Mtok, base against head (docs/tokens.md); None: no `model:`
 
     def to_json(self) -> dict:
-        return asdict(self)
+        d = asdict(replace(self, kernels=[], pipelines=[]))
+        d["kernels"] = [k.to_json() for k in self.kernels]
+        d["pipelines"] = [p.to_json() for p in self.pipelines]
+        return d
 
     @classmethod
     def from_json(cls, d: dict) -> Report:
-        d = dict(d)
-        d["kernels"] = [KernelReport(**k) for k in d.get("kernels", [])]
-        d["pipelines"] = [PipelineReport(**p) for p in d.get("pipelines", [])]
+        """The typed Report of a report.json (checked against its schema by whoever reads it from outside);
+        fields this version does not know (a newer version wrote it) are left out."""
+        d = {"base": {}, "head": {}, "device": "", "policy": {}} | known(cls, d)
+        d["kernels"] = [KernelReport.from_json(k) for k in d.get("kernels", [])]
+        d["pipelines"] = [PipelineReport.from_json(p) for p in d.get("pipelines", [])]
         return cls(**d)
 
     @property
     def failed(self) -> bool:
         return self.conclusion == "failure"
+
+
+def _with_verification(item: KernelReport | PipelineReport) -> dict:
+    """ITEM's report.json object: its fields in order, the verification serialised in its place."""
+    d = asdict(replace(item, verification=None))
+    d["verification"] = item.verification.to_json() if item.verification is not None else None
+    return d
+
+
+def _verification_of(d: dict) -> dict:
+    v = d.get("verification")
+    return {**d, "verification": VerifyResult.from_json(v) if isinstance(v, dict) else None}

@@ -1,8 +1,9 @@
-"""Text helpers shared by the renderers: escaping for markdown, HTML and XML, and the wording of
-numbers that are already in the Report (percentages, probabilities, the benchmark verdict).
+"""Text helpers shared by the renderers: escaping for markdown, HTML and XML, and the one wording of
+each thing the outputs show (a benchmark Verdict, a Finding, a shape not checked, a Notice), from the
+typed results the Report holds.
 
-Nothing here computes a statistic: every figure comes from the verdict JSON as it is, only
-rounded and phrased.
+Nothing here computes a statistic: every figure comes from the Verdict as it is, only rounded and
+phrased.
 """
 
 from __future__ import annotations
@@ -132,62 +133,71 @@ def _decimals(*fracs: float, apart: tuple[float, float] | None = None) -> int:
 # ---------------------------------------------------------------------------------------- verdicts
 
 
-def benchmark_ok(b: dict | None) -> bool:
-    """Whether B has the docs/cli.md verdict fields a renderer needs (and they are numbers)."""
-    if not isinstance(b, dict) or b.get("verdict") not in ("faster", "slower", "equivalent", "inconclusive"):
+def benchmark_ok(b) -> bool:
+    """Whether BenchResult B (or None) has a verdict a renderer can word (its figures are numbers)."""
+    v = b.verdict if b is not None else None
+    if v is None or v.verdict not in ("faster", "slower", "equivalent", "inconclusive"):
         return False
     try:
-        return _finite(b["ratio"], *b["hdi"], b["p_faster"], b["p_slower"], b["p_equivalent"], *b["rope"])
-    except (KeyError, TypeError, ValueError):
+        return _finite(v.ratio, *v.hdi, v.p_faster, v.p_slower, v.p_equivalent, *v.rope)
+    except (TypeError, ValueError):
         return False
 
 
-def effect(b: dict) -> str:
-    """'3.1% faster', '2.0% slower', 'equivalent', 'inconclusive (+0.4%)': for headlines and cells."""
-    v, r = b["verdict"], b["ratio"]
-    if v == "faster":
+def effect(v) -> str:
+    """Verdict V as '3.1% faster', '2.0% slower', 'equivalent', 'inconclusive (+0.4%)': for headlines and
+    cells."""
+    r = v.ratio
+    if v.verdict == "faster":
         return f"{percent(1 - r, _decimals(1 - r))} faster"
-    if v == "slower":
+    if v.verdict == "slower":
         return f"{percent(r - 1, _decimals(r - 1))} slower"
-    if v == "equivalent":
+    if v.verdict == "equivalent":
         return "equivalent"
     return f"inconclusive ({signed_percent(r - 1, _decimals(r - 1))})"
 
 
-def verdict_phrase(b: dict) -> str:
-    """The verdict for humans, e.g. 'faster: 3.1% (95% HDI 2.7%..3.5%), P(faster) 99.4%, ROPE ±0.5%'.
+def verdict_phrase(v) -> str:
+    """Verdict V for humans, e.g. 'faster: 3.1% (95% HDI 2.7%..3.5%), P(faster) 99.4%, ROPE ±0.5%'.
 
     Effects are changes of the head's time against the base's: 'faster: 3.1%' is a ratio of 0.969.
     """
-    v, r = b["verdict"], b["ratio"]
-    lo, hi = b["hdi"]
-    rope = rope_text(b["rope"])
-    if v == "faster":
+    return f"{v.verdict}: {verdict_words(v)}"
+
+
+def verdict_words(v) -> str:
+    """Verdict V's figures, its name left out: '3.1% (95% HDI 2.7%..3.5%), P(faster) 99.4%, ROPE ±0.5%'.
+    The one wording of a benchmark verdict: `verdict_phrase` (report.md, JUnit, the PR comment) and the
+    `bench`/`compare` lines (kernalin_ci.bench.render, the verdict in its own column) use it."""
+    r = v.ratio
+    lo, hi = v.hdi
+    rope = rope_text(v.rope)
+    if v.verdict == "faster":
         d = _decimals(1 - r, 1 - lo, 1 - hi, apart=(lo, hi))
         return (
-            f"faster: {percent(1 - r, d)} (95% HDI {percent(1 - hi, d)}..{percent(1 - lo, d)}), "
-            f"P(faster) {prob(b['p_faster'])}, ROPE {rope}"
+            f"{percent(1 - r, d)} (95% HDI {percent(1 - hi, d)}..{percent(1 - lo, d)}), "
+            f"P(faster) {prob(v.p_faster)}, ROPE {rope}"
         )
-    if v == "slower":
+    if v.verdict == "slower":
         d = _decimals(r - 1, lo - 1, hi - 1, apart=(lo, hi))
         return (
-            f"slower: {percent(r - 1, d)} (95% HDI {percent(lo - 1, d)}..{percent(hi - 1, d)}), "
-            f"P(slower) {prob(b['p_slower'])}, ROPE {rope}"
+            f"{percent(r - 1, d)} (95% HDI {percent(lo - 1, d)}..{percent(hi - 1, d)}), "
+            f"P(slower) {prob(v.p_slower)}, ROPE {rope}"
         )
     d = _decimals(r - 1, lo - 1, hi - 1, apart=(lo, hi))
     span = f"{signed_percent(r - 1, d)} (95% HDI {signed_percent(lo - 1, d)}..{signed_percent(hi - 1, d)})"
-    if v == "equivalent":
-        return f"equivalent: {span}, P(equivalent) {prob(b['p_equivalent'])}, ROPE {rope}"
+    if v.verdict == "equivalent":
+        return f"{span}, P(equivalent) {prob(v.p_equivalent)}, ROPE {rope}"
     return (
-        f"inconclusive: {span}, P(faster) {prob(b['p_faster'])}, P(equivalent) {prob(b['p_equivalent'])}, "
-        f"P(slower) {prob(b['p_slower'])}, ROPE {rope}"
+        f"{span}, P(faster) {prob(v.p_faster)}, P(equivalent) {prob(v.p_equivalent)}, "
+        f"P(slower) {prob(v.p_slower)}, ROPE {rope}"
     )
 
 
-def mass_sentence(b: dict) -> str:
-    """Where the posterior mass sits relative to the ROPE, e.g. '99.4% of the posterior mass sits below
-    the ROPE.' (below = head faster)."""
-    pf, ps, pe = b["p_faster"], b["p_slower"], b["p_equivalent"]
+def mass_sentence(v) -> str:
+    """Where verdict V's posterior mass sits relative to the ROPE, e.g. '99.4% of the posterior mass sits
+    below the ROPE.' (below = head faster)."""
+    pf, ps, pe = v.p_faster, v.p_slower, v.p_equivalent
     if pf >= 0.5:
         return f"{prob(pf)} of the posterior mass sits below the ROPE (head faster)."
     if ps >= 0.5:
@@ -197,25 +207,26 @@ def mass_sentence(b: dict) -> str:
     return f"The posterior mass is split: {prob(pf)} below the ROPE, {prob(pe)} inside, {prob(ps)} above."
 
 
-def measurement_note(b: dict) -> str:
-    """'24 rounds · 18.2 s · CUDA events · warm L2 · A/A floor 0.05%', from the fields that are present."""
+def measurement_note(b) -> str:
+    """BenchResult B's '24 rounds · 18.2 s · CUDA events · warm L2 · A/A floor 0.05%', from the fields
+    that are set."""
     parts = []
-    if isinstance(b.get("rounds"), int):
-        parts.append(f"{b['rounds']} rounds")
-    if _finite(b.get("seconds")):
-        parts.append(f"{b['seconds']:.1f} s")
+    if b.rounds:
+        parts.append(f"{b.rounds} rounds")
+    if _finite(b.seconds):
+        parts.append(f"{b.seconds:.1f} s")
     clock = {"cuda-events": "CUDA events", "cpu-wall": "CPU wall clock", "cpu-wall-clock": "CPU wall clock"}.get(
-        b.get("clock"), b.get("clock")
+        b.clock, b.clock
     )
     if clock:
         parts.append(str(clock))
-    if b.get("regime") in ("warm", "cold"):
-        parts.append(f"{b['regime']} L2")
-    if _finite(b.get("floor")):
-        parts.append(f"A/A floor {percent(b['floor'], 2)}")
-    shapes = b.get("shapes")
-    if isinstance(shapes, list) and shapes:
-        parts.append(f"{len(shapes)} shape{'s' * (len(shapes) != 1)}")
+    if b.regime in ("warm", "cold"):
+        parts.append(f"{b.regime} L2")
+    floor = b.verdict.floor if b.verdict is not None else None
+    if _finite(floor):
+        parts.append(f"A/A floor {percent(floor, 2)}")
+    if b.shapes:
+        parts.append(f"{len(b.shapes)} shape{'s' * (len(b.shapes) != 1)}")
     return " · ".join(parts)
 
 
@@ -238,35 +249,43 @@ def case_summary(case: dict | None) -> str | None:
         return str(case)
 
 
-def location_text(loc: dict | None) -> str | None:
-    """'kernels/attn.py:57' or None."""
-    if not isinstance(loc, dict) or not loc.get("path"):
+def location_text(loc) -> str | None:
+    """A Location as 'kernels/attn.py:57', or None."""
+    if loc is None or not loc.path:
         return None
-    return f"{loc['path']}:{loc['line']}" if loc.get("line") else str(loc["path"])
+    return f"{loc.path}:{loc.line}" if loc.line else str(loc.path)
 
 
-def finding_text(f: dict) -> str:
-    """One finding as plain text: class, check, location, message, case and reproduce command. The one
+def finding_text(f) -> str:
+    """A Finding as plain text: class, check, location, message, case and reproduce command. The one
     plain-text wording of a finding (the CLI, JUnit and the check-run annotations use it; the comment
     is markdown)."""
-    head = f"[{f.get('bug_class', '?')}] {f.get('kind', 'dynamic')} check {f.get('check', '?')}"
-    loc = location_text(f.get("location"))
+    head = f"[{f.bug_class}] {f.kind} check {f.check}"
+    loc = location_text(f.location)
     if loc:
         head += f" at {loc}"
-    lines = [head, f"  {f.get('message', '')}"]
-    case = case_summary(f.get("case"))
+    lines = [head, f"  {f.message}"]
+    case = case_summary(f.case)
     if case:
         lines.append(f"  case: {case}")
-    if f.get("reproduce"):
-        lines.append(f"  reproduce: {f['reproduce']}")
+    if f.reproduce:
+        lines.append(f"  reproduce: {f.reproduce}")
     return "\n".join(lines)
 
 
-def bug_classes(findings: list[dict]) -> list[tuple[str, int]]:
-    """The findings' bug classes in first-seen order, with how often each occurs."""
+def finding_line(f) -> str:
+    """A Finding in one line for tables and progress: 'kv-mask at k.py:57 (structural:kv-mask): message'
+    (the message on one line, cut at 200 characters; `tune` lists dropped configs with it)."""
+    where = f" at {f.location.path}:{f.location.line}" if f.location else ""
+    msg = " ".join(f.message.split()).split(" (also in ")[0]
+    return f"{f.bug_class}{where} ({f.check}): {msg[:200]}"
+
+
+def bug_classes(findings: list) -> list[tuple[str, int]]:
+    """The Findings' bug classes in first-seen order, with how often each occurs."""
     counts: dict[str, int] = {}
     for f in findings:
-        c = str(f.get("bug_class", "?"))
+        c = str(f.bug_class)
         counts[c] = counts.get(c, 0) + 1
     return list(counts.items())
 
@@ -278,33 +297,35 @@ def plural(n: int, word: str) -> str:
 # ---------------------------------------------------------------------------------------- shape domain
 
 
-def structural_text(v: dict) -> str | None:
-    """'analysed at D=64 float16 Hq=6 Hkv=2' / 'not analysed (cause)' / None when not run or unknown."""
-    from kernalin_ci.findings import StructuralStatus
-
-    st = v.get("structural")
-    if not isinstance(st, dict) or st.get("status") not in ("analysed", "not-analysed"):
+def structural_text(v) -> str | None:
+    """A VerifyResult's structural status: 'analysed at D=64 float16 Hq=6 Hkv=2' / 'not analysed (cause)' /
+    None when not run."""
+    if v.structural.status not in ("analysed", "not-analysed"):
         return None
-    return StructuralStatus.from_json(st).summary()
+    return v.structural.summary()
 
 
-def coverage_text(v: dict) -> str | None:
-    """The shapes and lengths the dynamic checks reached, in one line; None when there is no coverage."""
-    from kernalin_ci.findings import Coverage
-
-    cov = v.get("coverage")
-    if not isinstance(cov, dict) or not any(cov.values()):
+def coverage_text(v) -> str | None:
+    """The shapes and lengths the dynamic checks of VerifyResult V reached, in one line; None when there
+    is no coverage."""
+    if not any(v.coverage.to_json().values()):
         return None
-    return Coverage.from_json(cov).summary()
+    return v.coverage.summary()
 
 
-def not_checked_texts(v: dict) -> list[str]:
+def not_checked_texts(v) -> list[str]:
     """One line per shape that was not checked: its reason and the kernel's own error."""
-    from kernalin_ci.findings import NotChecked
+    return [not_checked_text(n) for n in v.not_checked]
 
-    out = []
-    for n in v.get("not_checked") or []:
-        item = NotChecked.from_json(n)
-        cases = ", ".join(item.cases[:4]) + (", ..." if len(item.cases) > 4 else "")
-        out.append(item.summary() + (f" (cases: {cases})" if cases else ""))
-    return out
+
+def not_checked_text(item) -> str:
+    """A NotChecked in one line: its shape, reason, the kernel's own error and the cases (the CLI,
+    report.md and JUnit)."""
+    cases = ", ".join(item.cases[:4]) + (", ..." if len(item.cases) > 4 else "")
+    return item.summary() + (f" (cases: {cases})" if cases else "")
+
+
+def notice_text(n) -> str:
+    """A Notice in one line: 'structural:interpret at k.py:12: could not verify ...' (the CLI and JUnit)."""
+    loc = location_text(n.location)
+    return f"{n.check}{' at ' + loc if loc else ''}: {n.message}"

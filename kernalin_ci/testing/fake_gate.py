@@ -23,8 +23,19 @@ time.sleep(float(Path("sleep.txt").read_text()) if Path("sleep.txt").exists() el
 if verdict == "error":
     print("kernalin-ci run: error: .kernalin.yml:3: kernels: required", file=sys.stderr)
     sys.exit(2)
+from kernalin_ci.findings import Finding, VerifyResult
 from kernalin_ci.report.model import KernelReport, Report
 from kernalin_ci.report.writer import write_all
+
+
+def benchmark():
+    """benchmark.json's verdict, typed (kernalin_ci.bench imports numpy: only when there is one)."""
+    if not Path("benchmark.json").exists():
+        return None
+    from kernalin_ci.bench.pair import BenchResult
+
+    return BenchResult.from_json(json.loads(Path("benchmark.json").read_text()))
+
 
 kernel = KernelReport(
     "kv_append",
@@ -32,9 +43,13 @@ kernel = KernelReport(
     "kernels/kv_cache.py:append",
     "changed",
     ["kernels/kv_cache.py changed"],
-    verification={"verdict": "fail" if verdict == "failure" else "pass", "findings": []},
+    verification=VerifyResult(
+        "kv_append",
+        "kernels/kv_cache.py:append",
+        findings=[Finding("fake-gate", "wrong-output", "fake gate: failure")] if verdict == "failure" else [],
+    ),
     failed_by=["finding"] if verdict == "failure" else [],
-    benchmark=json.loads(Path("benchmark.json").read_text()) if Path("benchmark.json").exists() else None,
+    benchmark=benchmark(),
 )
 write_all(
     Report(

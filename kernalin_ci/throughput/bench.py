@@ -9,7 +9,6 @@ kernalin_ci.bench.pair.
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from kernalin_ci.bench.trace import geometric_mean_over_shapes
 from kernalin_ci.entry import parse_entry
 from kernalin_ci.errors import UsageError
 from kernalin_ci.isolate import run_task
+from kernalin_ci.progress import ProgressEvent, ProgressSink, sink_for
 from kernalin_ci.throughput import cost
 from kernalin_ci.throughput.spec import FUSED, ROLE_OPS, SEPARATE, ModelSpec
 
@@ -250,6 +250,8 @@ def _drive(job: dict, result: ModelResult, timeout_s: float, progress) -> None:
     names = [i["name"] for i in job["instances"]]
     times: dict = {n: [] for n in names}
     state = {"where": "setting up"}
+    sink = sink_for(progress)
+    on_raw = progress if callable(progress) and not isinstance(progress, ProgressSink) else None
 
     def on_event(ev):
         kind = ev.get("event")
@@ -275,19 +277,20 @@ def _drive(job: dict, result: ModelResult, timeout_s: float, progress) -> None:
             result.rounds, result.bench_seconds = ev["round"], ev["elapsed"]
             state["where"] = f"round {ev['round'] + 1}"
             v = ev.get("verdict")
-            if progress is True and v and (stats.is_look(ev["round"]) or ev["round"] % 50 == 0):
-                print(
+            if v and (stats.is_look(ev["round"]) or ev["round"] % 50 == 0):
+                text = (
                     f"  model round {ev['round']} ({ev['elapsed']:.1f} s): step head/base {v['ratio']:.4f} "
-                    f"[{v['hdi'][0]:.4f}, {v['hdi'][1]:.4f}] -> {v['verdict']}",
-                    file=sys.stderr,
-                    flush=True,
+                    f"[{v['hdi'][0]:.4f}, {v['hdi'][1]:.4f}] -> {v['verdict']}"
+                )
+                sink.event(
+                    ProgressEvent("model-round", text, {"round": ev["round"], "seconds": ev["elapsed"], "verdict": v})
                 )
         elif kind == "stopped":
             result.stopped = ev["reason"]
         elif kind == "bench-error":
             result.error, result.error_kind = ev["message"], ev["kind"]
-        if callable(progress):
-            progress(ev)
+        if on_raw is not None:
+            on_raw(ev)
 
     outcome = run_task(job, job["device"], timeout_s, on_event)
     outcome.raise_for_error("model-bench")

@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +27,8 @@ import numpy as np
 
 from kernalin_ci.bench import stats
 from kernalin_ci.errors import UsageError
+from kernalin_ci.progress import ProgressEvent, ProgressSink, sink_for
+from kernalin_ci.report.text import finding_line
 from kernalin_ci.tune import race
 from kernalin_ci.tune.space import Candidate, Space, TuneSpec, build_space, candidate_source
 
@@ -76,12 +77,6 @@ class Checked:
             "structural": self.structural,
             "seconds": self.seconds,
         }
-
-
-def finding_line(f) -> str:
-    where = f" at {f.location.path}:{f.location.line}" if f.location else ""
-    msg = " ".join(f.message.split()).split(" (also in ")[0]
-    return f"{f.bug_class}{where} ({f.check}): {msg[:200]}"
 
 
 @dataclass
@@ -140,11 +135,15 @@ def tune(
     seed: int = 0,
     timeout_s: float | None = None,
     jobs: int | None = None,
-    progress: bool = True,
+    progress: bool | ProgressSink = True,
     discovered: list | None = None,
 ) -> TuneResult:
     t0 = time.perf_counter()
-    say = _say if progress else (lambda *_: None)
+    sink = sink_for(progress)
+
+    def say(text: str) -> None:
+        sink.event(ProgressEvent("tune", text, {"message": text}))
+
     budget_s = budget_s if budget_s is not None else DEFAULT_BUDGET_S[device]
     if budget_s <= 0:
         raise UsageError("--budget-s must be positive")
@@ -211,10 +210,6 @@ def tune(
             )
     result.seconds = time.perf_counter() - t0
     return result
-
-
-def _say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
 
 
 def _space_text(space: Space) -> str:

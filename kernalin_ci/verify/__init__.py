@@ -20,6 +20,7 @@ from kernalin_ci.errors import UsageError
 from kernalin_ci.findings import Coverage, Finding, NotChecked, Notice, StructuralStatus, VerifyResult
 from kernalin_ci.ops import get_op
 from kernalin_ci.ops.base import Case, resolve_params
+from kernalin_ci.progress import ProgressSink
 from kernalin_ci.verify.supervisor import Progress, run_cases, shard, threads_each
 
 DEFAULT_TIMEOUT = {"cpu": 600.0, "cuda": 180.0}
@@ -85,7 +86,7 @@ def verify(
     case_json: str | None = None,
     root: str | None = None,
     timeout_s: float | None = None,
-    progress: bool = True,
+    progress: bool | ProgressSink = True,
     raw_domain: dict | None = None,
 ) -> VerifyResult:
     op = get_op(op_name)
@@ -252,7 +253,7 @@ def verify_pipeline(
     seed: int = 0,
     root: str | None = None,
     timeout_s: float | None = None,
-    progress: bool = True,
+    progress: bool | ProgressSink = True,
 ) -> VerifyResult:
     """The decode-pipeline check over kv_append + attention.decode_paged (+ rope) entries."""
     from kernalin_ci.verify.pipeline import ROLES

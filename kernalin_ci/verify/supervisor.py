@@ -7,44 +7,42 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 from dataclasses import dataclass, field
 
 from kernalin_ci.findings import Finding, Notice
 from kernalin_ci.isolate import run_task
 from kernalin_ci.ops.base import Case
+from kernalin_ci.progress import ProgressEvent, ProgressSink, sink_for
 from kernalin_ci.sandbox import CappedFolder
 
 MAX_RESTARTS = 8
 
 
 class Progress:
-    """One line per finished case on stderr (long interpreter runs need a pulse)."""
+    """One event per finished case (long interpreter runs need a pulse), to a ProgressSink (kernalin_ci.progress:
+    `progress` is True, False or a sink)."""
 
-    def __init__(self, enabled: bool, total: int, label: str, indices: list[int] | None = None):
-        self.enabled, self.total, self.label = enabled, total, label
+    def __init__(self, progress, total: int, label: str, indices: list[int] | None = None):
+        self.sink: ProgressSink = sink_for(progress)
+        self.total, self.label = total, label
         self.indices = indices  # a shard's case i is case indices[i] of the whole list
 
     def case_done(self, index: int, name: str, seconds: float, n_findings: int, note: str = "") -> None:
         if self.indices is not None:
             index = self.indices[index]
-        if self.enabled:
-            status = "ok" if n_findings == 0 else f"FAIL ({n_findings} finding{'s' * (n_findings != 1)})"
-            if note:
-                status = note if n_findings == 0 else f"{status}; {note}"
-            print(
-                f"  {self.label} [{index + 1}/{self.total}] {name}: {status} ({seconds:.1f} s)",
-                file=sys.stderr,
-                flush=True,
-            )
+        status = "ok" if n_findings == 0 else f"FAIL ({n_findings} finding{'s' * (n_findings != 1)})"
+        if note:
+            status = note if n_findings == 0 else f"{status}; {note}"
+        text = f"  {self.label} [{index + 1}/{self.total}] {name}: {status} ({seconds:.1f} s)"
+        data = {"label": self.label, "index": index, "total": self.total, "case": name, "seconds": seconds}
+        self.sink.event(ProgressEvent("case", text, data | {"findings": n_findings, "note": note}))
 
     def note(self, text: str) -> None:
-        if self.enabled:
-            print(f"  {self.label} {text}", file=sys.stderr, flush=True)
+        self.sink.event(ProgressEvent("note", f"  {self.label} {text}", {"label": self.label, "note": text}))
 
     def subset(self, indices: list[int]) -> Progress:
-        """The same lines for a shard of the cases, numbered as in the whole list."""
-        return Progress(self.enabled, self.total, self.label, indices)
+        """The same events for a shard of the cases, numbered as in the whole list."""
+        return Progress(self.sink, self.total, self.label, indices)
 
 
 def threads_each(workers: int) -> dict | None:

@@ -1,0 +1,72 @@
+"""Progress goes through one sink (kernalin_ci/progress.py): producers word each event once, the terminal
+sink prints the lines the CLI has always printed, --quiet keeps only the gate's steps."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+from kernalin_ci.progress import CollectSink, NullSink, ProgressEvent, TerminalSink, sink_for
+from kernalin_ci.verify import verify
+from kernalin_ci.verify.supervisor import Progress
+
+ROPE = Path(__file__).resolve().parents[1] / "checks" / "rope"
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_the_terminal_prints_case_lines_as_before_and_quiet_keeps_the_steps():
+    out = io.StringIO()
+    sink = TerminalSink(stream=out)
+    Progress(sink, 12, "rope").subset([3, 4]).case_done(1, "long-tail", 0.25, 2, "slow")
+    Progress(sink, 12, "rope").note("worker stopped: refused")
+    assert out.getvalue().splitlines() == [
+        "  rope [5/12] long-tail: FAIL (2 findings); slow (0.2 s)",
+        "  rope worker stopped: refused",
+    ]
+    quiet = io.StringIO()
+    q = TerminalSink(quiet=True, stream=quiet)
+    q.event(ProgressEvent("case", "a case"))
+    q.event(ProgressEvent("gate", "kernalin-ci run: a step", level="step"))
+    assert quiet.getvalue() == "kernalin-ci run: a step\n"
+
+
+def test_a_benchmark_round_overwrites_itself_on_a_tty_and_prints_only_its_looks_elsewhere():
+    rounds = [ProgressEvent("bench-round", f"  bench round {i}", transient=True, keep=i in (5, 6)) for i in range(4, 8)]
+    pipe = io.StringIO()
+    sink = TerminalSink(stream=pipe)
+    for ev in rounds:
+        sink.event(ev)
+    sink.flush()
+    assert pipe.getvalue() == "  bench round 5\n  bench round 6\n"
+    tty = _Tty()
+    sink = TerminalSink(stream=tty)
+    for ev in rounds:
+        sink.event(ev)
+    # a line after a round ends the round's line
+    sink.event(ProgressEvent("gate", "kernalin-ci run: next", level="step"))
+    sink.event(rounds[0])
+    sink.flush()
+    assert tty.getvalue() == (
+        "".join(f"\r  bench round {i}\033[K" for i in range(4, 8))
+        + "\nkernalin-ci run: next\n\r  bench round 4\033[K\n"
+    )
+
+
+def test_progress_arguments_mean_a_sink():
+    c = CollectSink()
+    assert sink_for(c) is c and isinstance(sink_for(False), NullSink) and isinstance(sink_for(None), NullSink)
+    assert isinstance(sink_for(True), TerminalSink) and not sink_for(True).quiet
+
+
+def test_verify_reports_each_case_to_the_sink_it_is_given():
+    sink = CollectSink()
+    r = verify("rope", f"{ROPE / 'correct_neox.py'}:entry", {"style": "neox"}, "cpu", probe=True, progress=sink)
+    cases = [e for e in sink.events if e.kind == "case"]
+    assert len(cases) == r.cases_run >= 1
+    first = cases[0]
+    assert first.text.startswith(f"  rope [1/{r.cases_run}] {first.data['case']}: ok (")
+    assert first.data["findings"] == 0 and first.data["label"] == "rope"
