@@ -15,8 +15,8 @@
 #                          kernels in their places (.kernalin.yml `model:`): tokens/s and $/Mtok,
 #                          base and head, per serving point on a GPU; "not measured" on the CPU.
 # Each gate prints its seconds and the demo its total; the benchmark budgets are in the example's .kernalin.yml.
-# Usage: examples/demo.sh [OUT_DIR]   (device: cuda when visible, else the CPU interpreter;
-#        set KERNALIN_DEVICE=cpu|cuda to choose)
+# Usage: examples/demo.sh [OUT_DIR [PR...]]   (device: cuda when visible, else the CPU interpreter;
+#        set KERNALIN_DEVICE=cpu|cuda to choose; PR names, e.g. exp2-softmax-step, gate only those)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=$(mkdir -p "${1:-kernalin-demo}" && cd "${1:-kernalin-demo}" && pwd)
@@ -34,6 +34,15 @@ git -c user.name=demo -c user.email=demo@example.invalid commit -qm "base: five 
 
 prs=("fused-exp2:1" "wider-tiles:0" "fused-step-early-store:1")
 if [ "$device" = cuda ] || [ -n "${KERNALIN_DEMO_ALL:-}" ]; then prs+=("exp2-softmax-step:verified"); fi
+if [ $# -gt 1 ]; then  # only the pull requests named
+  all=("${prs[@]}" "exp2-softmax-step:verified"); prs=()
+  for name in "${@:2}"; do
+    found=""
+    for item in "${all[@]}"; do if [ "${item%%:*}" = "$name" ]; then found=$item; fi; done
+    if [ -z "$found" ]; then echo "demo.sh: no pull request $name (known: ${all[*]%%:*})" >&2; exit 2; fi
+    prs+=("$found")
+  done
+fi
 status=0
 demo_start=$(date +%s)
 for item in "${prs[@]}"; do
