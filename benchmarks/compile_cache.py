@@ -2,8 +2,8 @@
 
     python benchmarks/compile_cache.py [--device cpu|cuda] [--jobs N] [--no-matrix] [--out DIR]
 
-With a fresh, empty cache folder (XDG_CACHE_HOME in a temporary folder, so the first pass is cold) and
-KERNALIN_SANDBOX=on, in this order:
+With fresh, empty cache folders (XDG_CACHE_HOME in a temporary folder, one for step 2 and one for step 3,
+so each first pass is cold) and KERNALIN_SANDBOX=on, in this order:
   1. the cache key's walk of this repository as the working directory (what each run pays for it);
   2. `kernalin-ci verify` of checks/attention_decode/correct_online_softmax.py twice: cold, then warm;
   3. tests/realworld/matrix.py --jobs N twice (cold, warm; needs the corpus in .cache/realworld):
@@ -77,16 +77,19 @@ def main() -> int:
     ap.add_argument("--no-matrix", action="store_true")
     ap.add_argument("--out", default=os.environ.get("OUT") or tempfile.gettempdir())
     args = ap.parse_args()
-    xdg = Path(tempfile.mkdtemp(prefix="kernalin-ccache-bench-"))
-    env = {**os.environ, "XDG_CACHE_HOME": str(xdg), "KERNALIN_SANDBOX": "on"}
+    env = {**os.environ, "KERNALIN_SANDBOX": "on"}
     env.pop("KERNALIN_COMPILE_CACHE", None)
-    root = xdg / "kernalin-ci" / "triton"
     print(f"key walk of {ROOT}: {walk_seconds(env)}", flush=True)
+    # the matrix's originals share a key with this verify (one working directory): a cache folder each
+    env["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="kernalin-ccache-bench-")
+    root = Path(env["XDG_CACHE_HOME"]) / "kernalin-ci" / "triton"
     for label in ("cold", "warm"):
         s, rc, verdict = verify_once(args.device, env)
         print(f"verify correct_online_softmax ({args.device}, {label}): {s:.1f} s, exit {rc}: {verdict}", flush=True)
     print(f"kept: {kept(root)}", flush=True)
     if not args.no_matrix:
+        env["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="kernalin-ccache-bench-")
+        root = Path(env["XDG_CACHE_HOME"]) / "kernalin-ci" / "triton"
         for i, label in enumerate(("cold", "warm"), 1):
             out = Path(args.out) / f"m{i}.json"
             got = matrix_once(args.device, args.jobs, env, out)
