@@ -1,13 +1,14 @@
 """Verify time with the kernel workers' Triton cache kept across runs: a cold run, then a warm one.
 
-    python benchmarks/compile_cache.py [--device cpu|cuda] [--jobs N] [--no-matrix] [--out DIR]
+    python benchmarks/compile_cache.py [--device cpu|cuda] [--jobs N] [--only ID[,ID]] [--no-matrix] [--out DIR]
 
 With fresh, empty cache folders (XDG_CACHE_HOME in a temporary folder, one for step 2 and one for step 3,
 so each first pass is cold) and KERNALIN_SANDBOX=on, in this order:
   1. the cache key's walk of this repository as the working directory (what each run pays for it);
   2. `kernalin-ci verify` of checks/attention_decode/correct_online_softmax.py twice: cold, then warm;
-  3. tests/realworld/matrix.py --jobs N twice (cold, warm; needs the corpus in .cache/realworld):
-     median and max seconds per verify of each pass, their JSON in DIR (m1.json, m2.json).
+  3. tests/realworld/matrix.py --jobs N twice (cold, warm; needs the corpus in .cache/realworld, and
+     writes every mutant's tree first): median and max seconds per verify of each pass, their JSON in
+     DIR (m1.json, m2.json).
 Then the kept keys' count and size. Figures: docs/verification.md ("Time and memory").
 """
 
@@ -50,8 +51,9 @@ def verify_once(device: str, env: dict) -> tuple[float, int, str]:
     return time.perf_counter() - t, r.returncode, verdict[:100]
 
 
-def matrix_once(device: str, jobs: int, env: dict, out: Path) -> str:
+def matrix_once(device: str, jobs: int, only: str | None, env: dict, out: Path) -> str:
     cmd = [sys.executable, "tests/realworld/matrix.py", "--device", device, "--jobs", str(jobs), "--json", str(out)]
+    cmd += ["--only", only] if only else []
     t = time.perf_counter()
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t
@@ -64,6 +66,24 @@ def matrix_once(device: str, jobs: int, env: dict, out: Path) -> str:
     )
 
 
+def prepare_matrix(only: str | None) -> bool:
+    """The corpus fetched and every mutant's tree written before the first pass, as the second pass finds
+    them: the originals' working directory (this repository) holds those trees, and each pass writes them
+    again (the same content: the same key)."""
+    sys.path.insert(0, str(ROOT / "tests" / "realworld"))
+    try:
+        import corpus
+
+        kernels = [k for k in corpus.load_manifest() if not only or k.id in only.split(",")]
+        corpus.fetch(kernels)
+        for k in kernels:
+            corpus.mutant_tree(k)
+    except Exception as e:  # no corpus here (no network): say so, the rest stands
+        print(f"matrix: not run: the corpus is not available ({type(e).__name__}: {e})", flush=True)
+        return False
+    return True
+
+
 def kept(root: Path) -> str:
     keys = [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")] if root.is_dir() else []
     files = [f for k in keys for f in k.rglob("*") if f.is_file()]
@@ -74,6 +94,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
     ap.add_argument("--jobs", type=int, default=4, help="the matrix's verifies at once")
+    ap.add_argument("--only", help="the matrix's kernels (comma-separated ids; default all)")
     ap.add_argument("--no-matrix", action="store_true")
     ap.add_argument("--out", default=os.environ.get("OUT") or tempfile.gettempdir())
     args = ap.parse_args()
@@ -87,12 +108,12 @@ def main() -> int:
         s, rc, verdict = verify_once(args.device, env)
         print(f"verify correct_online_softmax ({args.device}, {label}): {s:.1f} s, exit {rc}: {verdict}", flush=True)
     print(f"kept: {kept(root)}", flush=True)
-    if not args.no_matrix:
+    if not args.no_matrix and prepare_matrix(args.only):
         env["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="kernalin-ccache-bench-")
         root = Path(env["XDG_CACHE_HOME"]) / "kernalin-ci" / "triton"
         for i, label in enumerate(("cold", "warm"), 1):
             out = Path(args.out) / f"m{i}.json"
-            got = matrix_once(args.device, args.jobs, env, out)
+            got = matrix_once(args.device, args.jobs, args.only, env, out)
             print(f"matrix ({args.device}, --jobs {args.jobs}, {label}): {got}", flush=True)
             print(f"kept: {kept(root)}", flush=True)
     return 0
