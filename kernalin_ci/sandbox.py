@@ -944,7 +944,8 @@ def _fingerprint(view: tuple, skip: set[str]) -> tuple[str | None, str]:
     """(the sha256 of VIEW: the device, the versions, the installed paths, and every entry under the code's
     folders (path, type, mode, owner; a file up to WALK_CONTENT_BYTES its content's sha256, a larger one its
     size, mtime, ctime, inode and device; a link its target, never followed; a folder in SKIP, the
-    installation or the caches, by its path only), ''), or (None, why not: past the walk's caps)."""
+    installation or the caches, by its path only), ''), or (None, why not: past the walk's caps, or a folder
+    it may not list)."""
     device, code, installed = view
     h = hashlib.sha256(json.dumps([device, sys.version, _versions(), code, installed]).encode())
     deadline, count = time.monotonic() + WALK_MAX_S, 0
@@ -971,9 +972,13 @@ def _fingerprint(view: tuple, skip: set[str]) -> tuple[str | None, str]:
                 if path in skip and rel != ".":
                     detail = "by path"
                 else:
-                    with contextlib.suppress(OSError):
+                    try:
                         names = sorted(os.listdir(path), reverse=True)
-                        stack += [(os.path.join(path, n), os.path.join(rel, n)) for n in names]
+                    except PermissionError:  # its files may still be opened by name: they would not count
+                        return None, f"cannot list {path} to fingerprint it (permission denied)"
+                    except OSError:
+                        names, detail = [], "gone"
+                    stack += [(os.path.join(path, n), os.path.join(rel, n)) for n in names]
             elif stat.S_ISLNK(st.st_mode):
                 with contextlib.suppress(OSError):
                     detail = os.readlink(path)
