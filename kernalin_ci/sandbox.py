@@ -847,10 +847,10 @@ def compile_cache(device: str, code: tuple[str, ...], installed: tuple[str, ...]
     installation) on DEVICE. A worker would otherwise compile all of it again in an empty cache: seconds
     per worker on a GPU. Code a worker runs can write to its cache, so the cache is one code's: kept
     across runs (KERNALIN_COMPILE_CACHE=on, the default) as `cache_root()/KEY`, KEY the sha256 of the
-    device, the versions of Python, Triton and torch, the INSTALLED paths and every entry under CODE
-    (`_fingerprint`: a file's content, or a large file's identity), so a worker can poison it only for an
-    exact copy of its own files; else (off, or CODE too large to fingerprint) a folder of this process,
-    shared by its workers of the same VIEW and deleted at exit."""
+    device, the versions of Python, Triton, torch and kernalin-ci, the INSTALLED paths and every entry
+    under CODE (`_fingerprint`: a file's content, or a large file's identity), so a worker can poison it
+    only for an exact copy of its own files; else (off, or CODE not fingerprinted: past the walk's caps) a
+    folder of this process, shared by its workers of the same view and deleted at exit."""
     view = (device, code, installed)
     with _caches_lock:
         if view not in _caches:
