@@ -180,7 +180,7 @@ def run_model(args, device: str) -> int:
     )
     out = result.to_json()
     write_json(out, args.json)
-    print("\n".join(text_lines(out)), file=sys.stderr if args.json == "-" else sys.stdout)
+    print("\n".join(text_lines(result)), file=sys.stderr if args.json == "-" else sys.stdout)
     if result.failed:
         return 1
     return 1 if result.verdict is not None and result.verdict.verdict == "slower" else 0
