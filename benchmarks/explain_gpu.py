@@ -106,13 +106,13 @@ def peaks_of(name, op_name, op_params, shapes, res, dev, peaks, copy, regime) ->
     cases = {c.name: c for c in bench_cases(op_name, params, dev, {"shapes": json.dumps(shapes)})}
     rows = []
     for s in res.shapes:
-        c = cases[s["shape"]]
-        ms = s.get("head_ms") if dev == "cuda" else None  # interpreter times are no GPU figures
+        c = cases[s.shape]
+        ms = s.head_ms if dev == "cuda" else None  # interpreter times are no GPU figures
         # the example's kernels have no tensor-core instruction (tl.sum, no tl.dot): CUDA-core FLOP/s
         p = peak.shape_peak(op.traffic(c, params), ms, c.dtype, peaks, copy, tensor=False)
-        rows.append({"kernel": name, "regime": regime, "shape": s["shape"], **p})
-        t = f"{s['head_ms']:.4g}" if isinstance(s.get("head_ms"), (int, float)) else "n/a"
-        say(f"   {name} [{regime}] {s['shape']}: {t} ms/call: {peak.peak_text(p)}")
+        rows.append({"kernel": name, "regime": regime, "shape": s.shape, **p})
+        t = f"{s.head_ms:.4g}" if s.head_ms is not None else "n/a"
+        say(f"   {name} [{regime}] {s.shape}: {t} ms/call: {peak.peak_text(p)}")
     return rows
 
 
@@ -123,7 +123,7 @@ def time_example(name, op_name, entry, op_params, shapes, dev, budget, peaks, co
     if res.error:
         say(f"   {name} [{regime}]: benchmark failed: {res.error}")
     rows = peaks_of(name, op_name, op_params, shapes, res, dev, peaks, copy, regime)
-    return {"rows": rows, "error": res.error, "notes": res.notes, "copies": [s.get("copies") for s in res.shapes]}
+    return {"rows": rows, "error": res.error, "notes": res.notes, "copies": [s.copies for s in res.shapes]}
 
 
 def main() -> int:

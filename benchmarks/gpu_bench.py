@@ -225,8 +225,8 @@ def bench(name, base, head, params):
         )
         for s in res.shapes:
             say(
-                f"     {s['shape']}: {s['base_ms']:.4f} -> {s['head_ms']:.4f} ms, {s['verdict']} "
-                f"(inner {s['inner']}, {s['timing']})"
+                f"     {s.shape}: {s.base_ms:.4f} -> {s.head_ms:.4f} ms, {s.verdict.verdict} "
+                f"(inner {s.inner}, {s.timing})"
             )
     return name, res
 

@@ -62,7 +62,7 @@ def test_every_instance_reads_the_same_buffers_restored_from_the_master(tmp_path
     by_file = {f: {(c[1], c[2]) for c in calls if c[0] == f} for f in files}
     # two shapes: two (q, k) address pairs, the same for every instance
     assert len(set(map(frozenset, by_file.values()))) == 1 and len(next(iter(by_file.values()))) == 2
-    assert all(s["copies"] == 1 for s in res.shapes)
+    assert all(s.copies == 1 for s in res.shapes)
 
 
 def test_shared_inputs_ring_restore_and_written_inputs():

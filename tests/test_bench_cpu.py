@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, cli, has_cuda
 
-from kernalin_ci.bench.pair import aa_copy, bench_pair
+from kernalin_ci.bench.pair import BenchResult, aa_copy, bench_pair
 from kernalin_ci.errors import UsageError
 
 ROPE = "benchmarks/kernels/rope.py:rope"
@@ -74,7 +74,10 @@ def test_faster_head_and_the_raw_rounds(tmp_path):
     for row in res.orders.reshape(-1, 3):
         assert sorted(row) == [0, 1, 2]  # every round and shape: the three in some order
     assert len({tuple(r) for r in res.orders.reshape(-1, 3)}) > 1  # and not always the same one
-    assert [s["shape"].split()[0] for s in res.shapes] == ["T=3", "T=5"]
+    assert [s.shape.split()[0] for s in res.shapes] == ["T=3", "T=5"]
+    assert all(s.verdict is not None and s.base_ms > s.head_ms for s in res.shapes)  # a verdict per shape
+    text = json.dumps(res.to_json())  # what report.json holds: read back, it serialises to the same bytes
+    assert json.dumps(BenchResult.from_json(json.loads(text)).to_json()) == text
     assert sum(e["event"] == "round" for e in events) == res.rounds
     assert res.bench_seconds > 0.25 * res.rounds * 2 * 2  # the sleeping base was timed 2x2 per round
 

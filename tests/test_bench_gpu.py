@@ -29,8 +29,8 @@ def test_split_kv_is_faster_than_single_pass_at_long_kv():
     assert res.verdict.verdict == "faster" and res.verdict.ratio < 0.8
     assert res.clock == "cuda-events" and res.stopped == "verdict"
     s = res.shapes[0]
-    assert s["timing"] == "cuda-graph" and s["inner"] >= 1
-    assert s["base_ms"] * s["inner"] >= 0.5  # one sample of the base lasts about a millisecond or more
+    assert s.timing == "cuda-graph" and s.inner >= 1
+    assert s.base_ms * s.inner >= 0.5  # one sample of the base lasts about a millisecond or more
     assert res.bench_seconds < 20
 
 
@@ -79,7 +79,7 @@ def test_entry_with_a_host_sync_is_timed_eagerly(tmp_path):
         adaptive=False,
     )
     assert not res.failed, res.error
-    assert res.shapes[0]["timing"] == "eager"
+    assert res.shapes[0].timing == "eager"
     assert any("graph capture failed" in n for n in res.notes)
 
 
@@ -96,7 +96,7 @@ def test_work_on_another_stream_is_not_rewarded(tmp_path):
     if res.failed:
         assert res.error_kind == "mismatch", res.error  # captured without its work: stale outputs
     else:  # not capturable: timed eagerly, with the other stream's work inside the interval
-        assert res.shapes[0]["timing"] == "eager"
+        assert res.shapes[0].timing == "eager"
         assert res.verdict.verdict != "faster"
 
 
@@ -133,10 +133,10 @@ def test_identical_copies_share_their_buffers_in_both_regimes(regime):
     assert not res.failed, res.error
     assert res.regime == regime and res.trace.meta["regime"] == regime
     assert res.trace.meta["same_output_addresses"] == [True, True]
-    copies = [s["copies"] for s in res.shapes]
+    copies = [s.copies for s in res.shapes]
     assert copies == [1, 1] if regime == "warm" else all(c > 1 for c in copies)
     assert res.verdict.verdict in ("equivalent", "inconclusive")
-    assert all(s["verdict"] in ("equivalent", "inconclusive") for s in res.shapes)
+    assert all(s.verdict.verdict in ("equivalent", "inconclusive") for s in res.shapes)
 
 
 @pytest.mark.parametrize("clock", ["events", "kernel"])
@@ -160,10 +160,10 @@ def test_the_kernel_only_reference_and_clock_see_every_kernel_of_the_graph(clock
     assert len(res.reference) == 2
     for i, ref in enumerate(res.reference):
         assert ref["method"] in ("linked", "time")
-        inner = res.shapes[i]["inner"]
+        inner = res.shapes[i].inner
         for name in ("base", "head", "base2"):
             assert ref["kernels"][name] == [inner] * 4  # one kernel per launch, every launch of the replay
             k, span = ref["kernel_ms"][name], ref["span_ms"][name]
             assert all(0 < a <= b for a, b in zip(k, span))  # the span holds the kernels and their gaps
         if clock == "events":  # the event interval holds the gaps too
-            assert min(ref["kernel_ms"]["base"]) < res.shapes[i]["base_ms"]
+            assert min(ref["kernel_ms"]["base"]) < res.shapes[i].base_ms

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from cmarkgfm.cmark import Options
 
-from kernalin_ci.bench.pair import BenchResult
+from kernalin_ci.bench.pair import BenchResult, ShapeResult
 from kernalin_ci.bench.stats import Verdict, compare_trace
 from kernalin_ci.findings import Finding, Location, Notice, VerifyResult
 from kernalin_ci.gate.run import conclude
@@ -64,7 +64,19 @@ def _faster() -> BenchResult:
         rounds=v.rounds,
         seconds=18.2,
         clock="cuda-events",
-        shapes=[{"shape": "B32 kv4096", "dims": dims, **v.to_json()}],
+        shapes=[
+            ShapeResult(
+                "B32 kv4096",
+                dims,
+                "float16",
+                inner=1,
+                timing="cuda-graph",
+                copies=4,
+                verdict=v,
+                base_ms=float(np.median(t[:, 4])),
+                head_ms=float(np.median(t[:, 0])),
+            )
+        ],
     )
     assert res.verdict.posterior_hist["edges"] and res.verdict.verdict == "faster"
     return res  # what the gate stores as KernelReport.benchmark

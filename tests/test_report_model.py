@@ -1,5 +1,5 @@
-"""The one report model: typed results (VerifyResult, BenchResult) stay on the Report until the writer serialises
-them, and Report.from_json is the one way back from report.json (the daemon, history)."""
+"""The one report model: typed results (VerifyResult, BenchResult and its ShapeResults) stay on the Report until the
+writer serialises them, and Report.from_json is the one way back from report.json (the daemon, history)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import json
 import jsonschema
 from test_report import gate_report
 
-from kernalin_ci.bench.pair import BenchResult
+from kernalin_ci.bench.pair import BenchResult, ShapeResult
+from kernalin_ci.bench.stats import Verdict
 from kernalin_ci.findings import VerifyResult
 from kernalin_ci.history.model import run_from_report
 from kernalin_ci.report.markdown import render_markdown
@@ -71,3 +72,37 @@ def test_history_reads_the_typed_report_and_its_json_alike():
     p = next(p for p in typed.points if p.kernel == "decode_attention")
     assert p.verification == "fail"
     assert [f["bug_class"] for f in p.findings] == ["softmax-no-max", "kv-mask", "non-finite"]
+
+
+# report.json's per-shape object, in the order it has always had: the case, then the shape's own verdict
+SHAPE_KEYS = ["shape", "dims", "dtype", "inner", "timing", "copies"]
+SHAPE_VERDICT_KEYS = [*SHAPE_KEYS, *Verdict.__dataclass_fields__, "base_ms", "head_ms"]
+
+
+def test_benchmark_shapes_are_typed_until_the_writer():
+    r = gate_report()
+    text = report_json(r)
+    doc = json.loads(text)
+    assert list(doc["kernels"][1]["benchmark"]["shapes"][0]) == SHAPE_VERDICT_KEYS
+    assert doc["kernels"][1]["benchmark"]["shapes"][0]["verdict"] == "faster"
+    back = Report.from_json(doc)
+    (s,) = back.kernels[1].benchmark.shapes
+    assert isinstance(s, ShapeResult) and isinstance(s.verdict, Verdict) and s.verdict.verdict == "faster"
+    assert (s.shape, s.dtype, s.inner, s.timing, s.copies) == ("B32 kv4096", "float16", 1, "cuda-graph", 4)
+    assert s.dims["kv_len"] == 4096 and s.base_ms > s.head_ms
+    assert report_json(back) == text
+
+
+def test_a_shape_without_a_verdict_keeps_only_its_case():
+    """A benchmark that stopped before a verdict still lists its shapes, without per-shape figures."""
+    r = gate_report()
+    b = r.kernels[1].benchmark
+    b.verdict, b.error, b.error_kind = None, "head: the process died during round 3", "crashed"
+    b.shapes = [ShapeResult("T=4", {"tokens": 4}, "float32", 1, "wall-clock", 1)]
+    doc = json.loads(report_json(r))
+    jsonschema.validate(doc, REPORT_SCHEMA)
+    assert doc["kernels"][1]["benchmark"]["shapes"] == [
+        {"shape": "T=4", "dims": {"tokens": 4}, "dtype": "float32", "inner": 1, "timing": "wall-clock", "copies": 1}
+    ]
+    back = Report.from_json(doc)
+    assert back.kernels[1].benchmark.shapes == b.shapes and report_json(back) == report_json(r)

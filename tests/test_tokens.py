@@ -360,7 +360,7 @@ def test_the_step_runs_the_example_kernels_in_the_worker_on_the_cpu():
     assert not r.measured and r.reason == NOT_MEASURED_CPU and r.points == [] and r.verdict is None
     assert r.roles == {"attention": "paged_attention", "rope": "rope", "kv_append": "kv_append"}
     assert any("layer 0's attention outputs agree" in n for n in r.notes)
-    assert "  tokens/s: not measured (no GPU: the decode step is timed on a GPU only)" in text_lines(r.to_json())
+    assert "  tokens/s: not measured (no GPU: the decode step is timed on a GPU only)" in text_lines(r)
 
 
 def test_a_head_kernel_that_breaks_the_step_is_caught(tmp_path):
@@ -426,9 +426,9 @@ def test_the_gate_reports_not_measured_on_the_cpu_and_nothing_when_the_step_is_u
     assert check_model(cfg, results, "cpu", tmp_path, tmp_path, False) is None
     results["rope"].status = "changed"
     m = check_model(cfg, results, "cpu", tmp_path, tmp_path, False)
-    assert m["measured"] is False and m["reason"] == NOT_MEASURED_CPU and m["points"] == []
+    assert m.measured is False and m.reason == NOT_MEASURED_CPU and m.points == []
     results["rope"].failed_by = ["finding"]
-    assert check_model(cfg, results, "cuda", tmp_path, tmp_path, False)["reason"] == "rope failed"
+    assert check_model(cfg, results, "cuda", tmp_path, tmp_path, False).reason == "rope failed"
 
 
 def test_the_gate_places_a_changed_decode_step_and_says_what_it_does_not_measure(tmp_path):
@@ -442,17 +442,17 @@ def test_the_gate_places_a_changed_decode_step_and_says_what_it_does_not_measure
     results = {k.name: KernelReport(k.name, k.op, k.entry, "unchanged") for k in cfg.kernels}
     results["decode_step"].status = "changed"
     m = check_model(cfg, results, "cpu", tmp_path, tmp_path, False)
-    assert m["kernels"] == {"decode_step": "decode_step"} and m["reason"] == NOT_MEASURED_CPU and m["notes"] == []
+    assert m.roles == {"decode_step": "decode_step"} and m.reason == NOT_MEASURED_CPU and m.notes == []
     results["paged_attention"].status = "changed"
     m = check_model(cfg, results, "cpu", tmp_path, tmp_path, False)
-    assert m["kernels"] == {"decode_step": "decode_step"}
-    assert m["notes"] == [
+    assert m.roles == {"decode_step": "decode_step"}
+    assert m.notes == [
         "paged_attention also changed: not measured (one decode step per report; the step with decode_step "
         "in its place was)"
     ]
     results["decode_step"].status = "unchanged"
     m = check_model(cfg, results, "cpu", tmp_path, tmp_path, False)
-    assert m["kernels"] == {"attention": "paged_attention", "rope": "rope", "kv_append": "kv_append"}
+    assert m.roles == {"attention": "paged_attention", "rope": "rope", "kv_append": "kv_append"}
     # a kv_append kernel beside an attention.decode kernel: no place in the step, said so
     dense = config.parse(
         (EXAMPLE / ".kernalin.yml").read_text().split("\nmodel:")[0]
@@ -461,7 +461,7 @@ def test_the_gate_places_a_changed_decode_step_and_says_what_it_does_not_measure
     results = {k.name: KernelReport(k.name, k.op, k.entry, "unchanged") for k in dense.kernels}
     results["kv_append"].status = "changed"
     m = check_model(dense, results, "cuda", tmp_path, tmp_path, False)
-    assert not m["measured"] and m["reason"] == (
+    assert not m.measured and m.reason == (
         "kv_append has no place in this step: decode_attention (attention.decode) reads a contiguous cache, "
         "kv_append writes a paged one"
     )
@@ -469,7 +469,7 @@ def test_the_gate_places_a_changed_decode_step_and_says_what_it_does_not_measure
     assert "**Tokens/s:** not measured (kv\\_append has no place in this step" in md
 
 
-def _measured() -> dict:
+def _measured() -> ModelResult:
     t = np.load(TRACE)["t"]
     spec = from_cli("llama-3.1-8b")
     r = ModelResult(
@@ -490,10 +490,10 @@ def _measured() -> dict:
                 **cost.point_summary(t[:, 4 - i], t[:, 0], None, p.batch, spec.price_per_hour),
             }
         )
-    return r.to_json()
+    return r
 
 
-def _report(model: dict) -> Report:
+def _report(model: ModelResult | None) -> Report:
     return Report(
         "success",
         "1 kernel verified",
@@ -509,12 +509,13 @@ def _report(model: dict) -> Report:
 def test_the_comment_and_report_json_show_tokens_and_cost_per_serving_point():
     m = _measured()
     r = _report(m)
-    jsonschema.validate(json.loads(report_json(r)), REPORT_SCHEMA)
+    text = report_json(r)
+    jsonschema.validate(json.loads(text), REPORT_SCHEMA)
     md = render_markdown(r)
     section = md[md.index("#### Decode throughput") : md.index("#### ✅ `rope`")]
     html = cmarkgfm.github_flavored_markdown_to_html(section)
-    assert html.count("<tr>") == 1 + len(m["points"])  # a real table: the header and a row per serving point
-    for p in m["points"]:
+    assert html.count("<tr>") == 1 + len(m.points)  # a real table: the header and a row per serving point
+    for p in m.points:
         row = next(ln for ln in md.splitlines() if ln.startswith(f"| batch {p['batch']}, context {p['context']} |"))
         assert f"| {rate(p['base']['tokens_per_s'])} | {rate(p['head']['tokens_per_s'])} |" in row
         assert f"| {dollars(p['base']['usd_per_mtok'])} | {dollars(p['head']['usd_per_mtok'])} |" in row
@@ -523,14 +524,19 @@ def test_the_comment_and_report_json_show_tokens_and_cost_per_serving_point():
     assert change(1.027, (1.0261, 1.0279)) == "+2.7% (95% HDI +2.6%..+2.8%)"
     assert change(1.027, (1.0266, 1.0274)) == "+2.70% (95% HDI +2.66%..+2.74%)"
     lines = text_lines(m)
-    assert sum("tokens/s" in ln and "/Mtok" in ln for ln in lines) == len(m["points"])
-    assert Report.from_json(json.loads(report_json(r))).model == json.loads(report_json(r))["model"]
+    assert sum("tokens/s" in ln and "/Mtok" in ln for ln in lines) == len(m.points)
+    back = Report.from_json(json.loads(text))  # the typed model result, read back from report.json
+    assert isinstance(back.model, ModelResult) and back.model.measured and back.model.mode == "full"
+    assert back.model.spec.shape() == m.spec.shape() and back.model.spec.serving == m.spec.serving
+    assert report_json(back) == text and render_markdown(back) == md and text_lines(back.model) == lines
 
 
 def test_not_measured_says_so_and_prints_no_figure():
-    m = ModelResult(from_cli("qwen2.5-7b"), "cpu", roles={"attention": "a"}, reason="no GPU").to_json()
+    m = ModelResult(from_cli("qwen2.5-7b"), "cpu", roles={"attention": "a"}, reason="no GPU")
     r = _report(m)
-    jsonschema.validate(json.loads(report_json(r)), REPORT_SCHEMA)
+    text = report_json(r)
+    jsonschema.validate(json.loads(text), REPORT_SCHEMA)
+    assert report_json(Report.from_json(json.loads(text))) == text
     md = render_markdown(r)
     section = md[md.index("Decode throughput") :]
     assert "**Tokens/s:** not measured (no GPU)." in section and "$/Mtok" not in section
@@ -554,7 +560,7 @@ def test_the_parent_turns_timed_rounds_into_serving_points():
     assert r.measured and r.reason is None and r.verdict.verdict == "faster"
     assert [(p["batch"], p["context"]) for p in r.points] == [(1, 4096), (64, 4096)]
     assert r.points[1]["base"]["tokens_per_s"] == pytest.approx(64 / (r.points[1]["base"]["step_ms"] / 1e3))
-    jsonschema.validate(json.loads(report_json(_report(r.to_json()))), REPORT_SCHEMA)
+    jsonschema.validate(json.loads(report_json(_report(r))), REPORT_SCHEMA)
 
 
 # ---------------------------------------------------------------------------------------- GPU
@@ -591,7 +597,7 @@ def test_on_a_gpu_tokens_per_second_is_measured_per_serving_point(mode):
         + sum(st.kv_bytes(SMALL, p, st.Kernels(attention_op="attention.decode_paged")) for p in SMALL.serving),
     )
     assert 2 <= block < 64 and r.layers_built == (64 if mode == "full" else block)
-    print("\n".join(text_lines(r.to_json())))
+    print("\n".join(text_lines(r)))
 
 
 @pytest.mark.gpu
@@ -601,4 +607,4 @@ def test_on_a_gpu_a_fused_decode_step_takes_its_place():
     r = bench_model(SMALL, roles, str(EXAMPLE), str(EXAMPLE), "cuda", budget_s=3)
     assert r.error is None, r.error
     assert r.measured and r.roles == {"decode_step": "decode_step"} and len(r.points) == 2
-    print("\n".join(text_lines(r.to_json())))
+    print("\n".join(text_lines(r)))

@@ -43,6 +43,50 @@ CLOCK_NOTE = {
 }
 
 
+@dataclass(frozen=True)
+class ShapeResult:
+    """One benchmark shape of a BenchResult: the case, how it was timed and, when the run reached a
+    verdict, that shape's own verdict and median times (report.json: an item of the benchmark's `shapes`)."""
+
+    shape: str  # the case's name (its label)
+    dims: dict = field(default_factory=dict)  # the case's dims, long lists as [min, max] and a `_count`
+    dtype: str = ""
+    inner: int | None = None  # launches per timed sample
+    timing: str | None = None  # how a sample was timed (a CUDA graph, eager launches, the CPU wall clock)
+    copies: int | None = None  # input buffer sets the rounds rotate through
+    verdict: stats.Verdict | None = None  # this shape's head/base verdict; None: the run reached none
+    base_ms: float | None = None  # median time per launch (with a verdict)
+    head_ms: float | None = None
+
+    def to_json(self) -> dict:
+        d = {
+            "shape": self.shape,
+            "dims": self.dims,
+            "dtype": self.dtype,
+            "inner": self.inner,
+            "timing": self.timing,
+            "copies": self.copies,
+        }
+        if self.verdict is not None:
+            d |= self.verdict.to_json() | {"base_ms": self.base_ms, "head_ms": self.head_ms}
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> ShapeResult:
+        """The typed shape of a report.json shape object (fields it lacks take their defaults)."""
+        return cls(
+            shape=d.get("shape", ""),
+            dims=dict(d.get("dims") or {}),
+            dtype=d.get("dtype", ""),
+            inner=d.get("inner"),
+            timing=d.get("timing"),
+            copies=d.get("copies"),
+            verdict=stats.Verdict.from_json(d) if d.get("verdict") is not None else None,
+            base_ms=d.get("base_ms"),
+            head_ms=d.get("head_ms"),
+        )
+
+
 @dataclass
 class BenchResult:
     op: str
@@ -50,7 +94,7 @@ class BenchResult:
     head: str
     device: str
     verdict: stats.Verdict | None = None
-    shapes: list = field(default_factory=list)  # [{"shape", "dims", "inner", "timing", **verdict}]
+    shapes: list[ShapeResult] = field(default_factory=list)
     rounds: int = 0
     seconds: float = 0.0  # wall time of the whole call
     bench_seconds: float = 0.0  # time spent in timing rounds (on a GPU: GPU seconds to the verdict)
@@ -99,7 +143,7 @@ class BenchResult:
             "device": self.device,
             "clock": self.clock,
             "clock_note": CLOCK_NOTE.get(self.clock, ""),
-            "shapes": self.shapes,
+            "shapes": [s.to_json() for s in self.shapes],
             "rounds": self.rounds,
             "seconds": self.seconds,
             "bench_seconds": self.bench_seconds,
@@ -124,7 +168,7 @@ class BenchResult:
             head=d.get("head", ""),
             device=d.get("device", ""),
             verdict=stats.Verdict.from_json(d) if d.get("verdict") is not None else None,
-            shapes=list(d.get("shapes") or []),
+            shapes=[ShapeResult.from_json(s) for s in d.get("shapes") or []],
             rounds=d.get("rounds") or 0,
             seconds=d.get("seconds") or 0.0,
             bench_seconds=d.get("bench_seconds") or 0.0,
@@ -392,20 +436,25 @@ def _finish(result: BenchResult, cases, info: dict, rope, rope_min) -> None:
             ps["base"], ps["head"], ps.get("base2"), rope=rope, rope_min=rope_min
         )
     for i, c in enumerate(cases):
-        entry = {
-            "shape": c.name,
-            "dims": _compact(c.dims),
-            "dtype": c.dtype,
-            "inner": info["inner"].get(i),
-            "timing": info["timing"].get(i),
-            "copies": info["copies"].get(i),
-        }
+        timed = {}
         if per_shape is not None:
             st = tr.shape_trace(i)
-            entry.update(per_shape[i].to_json())
-            entry["base_ms"] = float(np.median(st.base))
-            entry["head_ms"] = float(np.median(st.head))
-        result.shapes.append(entry)
+            timed = {
+                "verdict": per_shape[i],
+                "base_ms": float(np.median(st.base)),
+                "head_ms": float(np.median(st.head)),
+            }
+        result.shapes.append(
+            ShapeResult(
+                c.name,
+                _compact(c.dims),
+                c.dtype,
+                info["inner"].get(i),
+                info["timing"].get(i),
+                info["copies"].get(i),
+                **timed,
+            )
+        )
     if not result.failed and result.clock == "cpu-wall-clock":
         result.notes.append(CLOCK_NOTE["cpu-wall-clock"])
 

@@ -125,11 +125,12 @@ def print_result(result, out) -> None:
         file=out,
     )
     for s in result.shapes:
-        if s.get("verdict"):
+        if s.verdict is not None:
+            sv = s.verdict
             print(
-                f"  {s['shape']}: base {s['base_ms']:.4g} ms, head {s['head_ms']:.4g} ms, "
-                f"head/base {s['ratio']:.4f} [{s['hdi'][0]:.4f}, {s['hdi'][1]:.4f}] -> {s['verdict']} "
-                f"(inner {s['inner']}, {s['timing']})",
+                f"  {s.shape}: base {s.base_ms:.4g} ms, head {s.head_ms:.4g} ms, "
+                f"head/base {sv.ratio:.4f} [{sv.hdi[0]:.4f}, {sv.hdi[1]:.4f}] -> {sv.verdict} "
+                f"(inner {s.inner}, {s.timing})",
                 file=out,
             )
     for n in result.notes:
@@ -179,7 +180,7 @@ def run_model(args, device: str) -> int:
     )
     out = result.to_json()
     write_json(out, args.json)
-    print("\n".join(text_lines(out)), file=sys.stderr if args.json == "-" else sys.stdout)
+    print("\n".join(text_lines(result)), file=sys.stderr if args.json == "-" else sys.stdout)
     if result.failed:
         return 1
     return 1 if result.verdict is not None and result.verdict.verdict == "slower" else 0

@@ -110,16 +110,17 @@ def after_bench(
     peaks = peak_mod.gpu_peaks(gpu) if gpu else None
     by_name = {c.name: c for c in plan.cases}
     for s in bench.shapes if bench is not None else []:
-        case = by_name.get(s.get("shape"))
+        case = by_name.get(s.shape)
         t = op.traffic(case, params) if case is not None else None
-        row: dict = {"shape": s.get("shape"), "model": None}
+        row: dict = {"shape": s.shape, "model": None}
         if t is None:
             row["model"] = f"no bytes/FLOPs model for op {op_name}"
         else:
             j = [c.name for c in plan.cases].index(case.name)
             for side, comp in (("base", plan.base), ("head", plan.head)):
                 launches = ((comp.shapes[j] or {}).get("launches") or []) if comp.shapes else []
-                ms = s.get(f"{side}_ms") if device == "cuda" else None  # interpreter times are no GPU figures
+                # interpreter times are no GPU figures
+                ms = (s.base_ms if side == "base" else s.head_ms) if device == "cuda" else None
                 row[side] = peak_mod.shape_peak(
                     t,
                     ms,
@@ -153,7 +154,7 @@ def _regime(bench) -> dict:
         "clock": bench.clock,
         "l2_flush": bench.l2_flush,
         "reps": bench.reps,
-        "timing": sorted({str(s.get("timing")) for s in bench.shapes if s.get("timing")}),
+        "timing": sorted({str(s.timing) for s in bench.shapes if s.timing}),
         "regime": bench.regime,
     }
 

@@ -13,6 +13,7 @@ import shlex
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kernalin_ci import config as config_mod
 from kernalin_ci.config import Config
@@ -22,6 +23,9 @@ from kernalin_ci.findings import VerifyResult
 from kernalin_ci.gate.diff import Refs, affected_kernels, changed_files, resolve_refs, worktrees
 from kernalin_ci.progress import ProgressEvent, ProgressSink, TerminalSink
 from kernalin_ci.report.model import KernelReport, PipelineReport, Report
+
+if TYPE_CHECKING:
+    from kernalin_ci.throughput.bench import ModelResult
 
 
 def log(msg: str, progress=None) -> None:
@@ -296,7 +300,9 @@ def internal_error(what: str, e: Exception, progress=None) -> str:
     return f"internal error: {describe(e)} (a bug in kernalin-ci)"
 
 
-def check_model(cfg: Config, results: dict, device: str, base_root: Path, head_root: Path, progress) -> dict | None:
+def check_model(
+    cfg: Config, results: dict, device: str, base_root: Path, head_root: Path, progress
+) -> ModelResult | None:
     """Decode tokens/s and $/Mtok with the model's kernels, base against head (docs/tokens.md); None when the
     configuration has no `model:` or none of the kernels in the step changed. Reported, never gating.
 
@@ -361,7 +367,7 @@ def check_model(cfg: Config, results: dict, device: str, base_root: Path, head_r
     )
     if reason:
         out = not_measured(spec, device, reason, names)
-        out["notes"] = notes if touched else []
+        out.notes = notes if touched else []
         return out
     progress = gate_sink(progress)
     log(f"model {spec.name}: decode step with {', '.join(f'{r} {n}' for r, n in names.items())}", progress)
@@ -379,11 +385,11 @@ def check_model(cfg: Config, results: dict, device: str, base_root: Path, head_r
     except (UsageError, InternalError) as e:  # a kernel that cannot serve the model; the worker failing
         msg = " ".join(str(e).split())[:2000]
         out = not_measured(spec, device, "the model benchmark could not run", names)
-        out["error"] = msg
+        out.error = msg
         return out
     res.roles = names
     res.notes = notes + res.notes
-    return res.to_json()
+    return res
 
 
 def removed_kernels(cfg: Config, base_root: Path, cfg_path: Path, repo: Path) -> list[str]:

@@ -107,7 +107,7 @@ def points_of(report: Report) -> list[Point]:
         b = k.benchmark
         v = b.verdict if b is not None else None
         clock = (b.clock or None) if b is not None else None
-        shapes = [s for s in (b.shapes if b is not None else []) if isinstance(s, dict) and s.get("verdict")]
+        shapes = [s for s in (b.shapes if b is not None else []) if s.verdict is not None]
         if not shapes:
             out.append(
                 Point(
@@ -123,16 +123,17 @@ def points_of(report: Report) -> list[Point]:
             )
             continue
         for s in shapes:
+            sv = s.verdict
             out.append(
                 Point(
-                    shape=str(s.get("shape")),
-                    verdict=s.get("verdict"),
-                    ratio=_num(s.get("ratio")),
-                    hdi=s.get("hdi"),
-                    p_slower=_num(s.get("p_slower")),
-                    p_faster=_num(s.get("p_faster")),
-                    base_ms=_num(s.get("base_ms")),
-                    head_ms=_num(s.get("head_ms")),
+                    shape=str(s.shape),
+                    verdict=sv.verdict,
+                    ratio=_num(sv.ratio),
+                    hdi=list(sv.hdi),
+                    p_slower=_num(sv.p_slower),
+                    p_faster=_num(sv.p_faster),
+                    base_ms=_num(s.base_ms),
+                    head_ms=_num(s.head_ms),
                     clock=clock,
                     **common,
                 )

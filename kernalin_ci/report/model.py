@@ -11,6 +11,7 @@ from kernalin_ci.findings import VerifyResult, known
 
 if TYPE_CHECKING:
     from kernalin_ci.bench.pair import BenchResult
+    from kernalin_ci.throughput.bench import ModelResult
 
 SCHEMA_VERSION = 1
 
@@ -83,12 +84,13 @@ class Report:
     reproduce: str = ""
     environment: dict = field(default_factory=dict)  # gpu, torch, triton, python, kernalin_ci (history)
     schema: int = SCHEMA_VERSION
-    model: dict | None = None  # decode tokens/s and $/Mtok, base against head (docs/tokens.md); None: no `model:`
+    model: ModelResult | None = None  # decode tokens/s and $/Mtok, base against head (docs/tokens.md); None: no model
 
     def to_json(self) -> dict:
-        d = asdict(replace(self, kernels=[], pipelines=[]))
+        d = asdict(replace(self, kernels=[], pipelines=[], model=None))
         d["kernels"] = [k.to_json() for k in self.kernels]
         d["pipelines"] = [p.to_json() for p in self.pipelines]
+        d["model"] = self.model.to_json() if self.model is not None else None
         return d
 
     @classmethod
@@ -98,6 +100,10 @@ class Report:
         d = {"base": {}, "head": {}, "device": "", "policy": {}} | known(cls, d)
         d["kernels"] = [KernelReport.from_json(k) for k in d.get("kernels", [])]
         d["pipelines"] = [PipelineReport.from_json(p) for p in d.get("pipelines", [])]
+        if isinstance(d.get("model"), dict):
+            from kernalin_ci.throughput.bench import ModelResult
+
+            d["model"] = ModelResult.from_json(d["model"])
         return cls(**d)
 
     @property

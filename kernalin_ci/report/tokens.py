@@ -1,14 +1,18 @@
 """Decode tokens/s and $/Mtok in words: the PR comment's and step summary's section, and the lines of
-`kernalin-ci bench --model` (the model object of docs/tokens.md, as report.json holds it).
+`kernalin-ci bench --model` (a ModelResult: the model object of docs/tokens.md before the writer).
 
-Nothing here computes a statistic: every figure is in the model object, only rounded and phrased.
+Nothing here computes a statistic: every figure is in the model result, only rounded and phrased.
 """
 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from kernalin_ci.report.text import code, md, prob
+
+if TYPE_CHECKING:
+    from kernalin_ci.throughput.bench import ModelResult
 
 NOT_MEASURED = "tokens/s: not measured"
 
@@ -40,36 +44,35 @@ def change(ratio, hdi) -> str:
     return f"{100 * (ratio - 1):+.{d}f}% (95% HDI {100 * (hdi[0] - 1):+.{d}f}%..{100 * (hdi[1] - 1):+.{d}f}%)"
 
 
-def shape_text(m: dict) -> str:
-    s = m.get("shape") or {}
+def shape_text(m: ModelResult) -> str:
+    s = m.spec
     return (
-        f"{s.get('layers')} layers, hidden {s.get('hidden_size')}, heads {s.get('num_heads')}/"
-        f"{s.get('num_kv_heads')}, head dim {s.get('head_dim')}, MLP {s.get('intermediate_size')}, "
-        f"vocab {s.get('vocab_size')}, {s.get('dtype')}"
+        f"{s.layers} layers, hidden {s.hidden_size}, heads {s.num_heads}/"
+        f"{s.num_kv_heads}, head dim {s.head_dim}, MLP {s.intermediate_size}, "
+        f"vocab {s.vocab_size}, {s.dtype}"
     )
 
 
-def how_text(m: dict) -> str:
-    if m.get("mode") == "full":
+def how_text(m: ModelResult) -> str:
+    if m.mode == "full":
         return "the whole model timed as one CUDA graph per step"
-    if m.get("mode") == "per-layer":
-        layers = (m.get("shape") or {}).get("layers")
+    if m.mode == "per-layer":
         return (
-            f"per-layer estimate: a block of {m.get('layers_built')} layers timed and scaled to {layers}, "
-            f"plus embedding and LM head ({m.get('mode_why')})"
+            f"per-layer estimate: a block of {m.layers_built} layers timed and scaled to {m.spec.layers}, "
+            f"plus embedding and LM head ({m.mode_why})"
         )
     return ""
 
 
-def kernels_text(m: dict) -> str:
+def kernels_text(m: ModelResult) -> str:
     return ", ".join(
         f"{name} (decode_step: rope, kv_append and attention)" if role == "decode_step" else f"{role} {name}"
-        for role, name in (m.get("kernels") or {}).items()
+        for role, name in m.roles.items()
     )
 
 
-def not_measured_line(m: dict) -> str:
-    return f"{NOT_MEASURED} ({m.get('reason') or 'unknown'})"
+def not_measured_line(m: ModelResult) -> str:
+    return f"{NOT_MEASURED} ({m.reason or 'unknown'})"
 
 
 def point_label(p: dict) -> str:
@@ -86,21 +89,18 @@ def point_line(p: dict) -> str:
     )
 
 
-def text_lines(m: dict) -> list[str]:
+def text_lines(m: ModelResult) -> list[str]:
     """`kernalin-ci bench --model`'s lines."""
-    lines = [f"model {m.get('model')} ({m.get('source')}): {shape_text(m)}", f"  kernels: {kernels_text(m)}"]
-    if m.get("error"):
-        lines.append(f"  MODEL BENCH FAILED ({m.get('error_kind')}): {m['error']}")
-    if not m.get("measured"):
+    lines = [f"model {m.spec.name} ({m.spec.source}): {shape_text(m)}", f"  kernels: {kernels_text(m)}"]
+    if m.error:
+        lines.append(f"  MODEL BENCH FAILED ({m.error_kind}): {m.error}")
+    if not m.measured:
         lines.append(f"  {not_measured_line(m)}")
     else:
-        lines.append(
-            f"  {how_text(m)}; {m.get('rounds')} rounds, {m.get('bench_seconds', 0):.1f} GPU seconds "
-            f"(stopped: {m.get('stopped')})"
-        )
-        lines += [f"  {point_line(p)}" for p in m.get("points") or []]
-        lines.append(f"  price: ${m.get('price_per_hour'):.2f} per GPU-hour ({m.get('price_source')})")
-    lines += [f"  note: {n}" for n in m.get("notes") or []]
+        lines.append(f"  {how_text(m)}; {m.rounds} rounds, {m.bench_seconds:.1f} GPU seconds (stopped: {m.stopped})")
+        lines += [f"  {point_line(p)}" for p in m.points]
+        lines.append(f"  price: ${m.spec.price_per_hour:.2f} per GPU-hour ({m.spec.price_source})")
+    lines += [f"  note: {n}" for n in m.notes]
     return lines
 
 
@@ -110,24 +110,24 @@ TABLE_HEADER = (
 )
 
 
-def markdown_section(m: dict | None) -> str | None:
-    """The comment's 'Decode throughput' block, or None without a model object."""
-    if not isinstance(m, dict):
+def markdown_section(m: ModelResult | None) -> str | None:
+    """The comment's 'Decode throughput' block, or None without a model result."""
+    if m is None:
         return None
     lines = [
-        f"#### Decode throughput · {code(m.get('model'))}",
+        f"#### Decode throughput · {code(m.spec.name)}",
         "",
         f"<sub>{md(shape_text(m))} · kernels: {md(kernels_text(m))}</sub>",
         "",
     ]
-    if m.get("error"):
-        lines += [f"- **Error:** {md(m['error'])}", ""]
-    notes = [f"- note: {md(n)}" for n in m.get("notes") or []]
-    if not m.get("measured"):
-        lines.append(f"- **Tokens/s:** not measured ({md(m.get('reason') or 'unknown')}).")
+    if m.error:
+        lines += [f"- **Error:** {md(m.error)}", ""]
+    notes = [f"- note: {md(n)}" for n in m.notes]
+    if not m.measured:
+        lines.append(f"- **Tokens/s:** not measured ({md(m.reason or 'unknown')}).")
         return "\n".join(lines + notes) + "\n\n"
     lines.append(TABLE_HEADER)
-    for p in m.get("points") or []:
+    for p in m.points:
         b, h = p.get("base") or {}, p.get("head") or {}
         lines.append(
             f"| {point_label(p)} | {rate(b.get('tokens_per_s'))} | {rate(h.get('tokens_per_s'))} | "
@@ -137,8 +137,8 @@ def markdown_section(m: dict | None) -> str | None:
         )
     lines += [
         "",
-        f"<sub>{md(how_text(m))}; {m.get('rounds')} interleaved rounds; "
-        f"${m.get('price_per_hour'):.2f} per GPU-hour ({md(m.get('price_source'))}); "
+        f"<sub>{md(how_text(m))}; {m.rounds} interleaved rounds; "
+        f"${m.spec.price_per_hour:.2f} per GPU-hour ({md(m.spec.price_source)}); "
         f"reported, never gating</sub>",
     ]
     if notes:

@@ -24,7 +24,7 @@ from kernalin_ci.errors import UsageError
 from kernalin_ci.isolate import run_task
 from kernalin_ci.progress import ProgressEvent, ProgressSink, sink_for
 from kernalin_ci.throughput import cost
-from kernalin_ci.throughput.spec import FUSED, ROLE_OPS, SEPARATE, ModelSpec
+from kernalin_ci.throughput.spec import FUSED, ROLE_OPS, SEPARATE, ModelSpec, ServingPoint
 
 DEFAULT_TIMEOUT_S = {"cuda": 300.0, "cpu": 600.0}
 NOT_MEASURED_CPU = "no GPU: the decode step is timed on a GPU only"
@@ -97,10 +97,43 @@ class ModelResult:
             "notes": self.notes,
         }
 
+    @classmethod
+    def from_json(cls, d: dict) -> ModelResult:
+        """The typed result of a report.json's `model` (its spec: the name, shape, price and serving points
+        that object holds; the step times are not in report.json)."""
+        points = list(d.get("points") or [])
+        spec = ModelSpec(
+            name=d.get("model") or "",
+            **(d.get("shape") or {}),
+            serving=[ServingPoint(p["batch"], p["context"]) for p in points],
+            **{k: d[k] for k in ("price_per_hour", "price_source", "source") if k in d},
+        )
+        v = d.get("verdict")
+        return cls(
+            spec,
+            d.get("device") or "",
+            roles=dict(d.get("kernels") or {}),
+            measured=bool(d.get("measured")),
+            reason=d.get("reason"),
+            mode=d.get("mode"),
+            mode_why=d.get("mode_why"),
+            layers_built=d.get("layers_built"),
+            points=points,
+            verdict=stats.Verdict.from_json(v) if isinstance(v, dict) else None,
+            rounds=d.get("rounds", 0),
+            stopped=d.get("stopped", ""),
+            seconds=d.get("seconds", 0.0),
+            bench_seconds=d.get("bench_seconds", 0.0),
+            setup_seconds=d.get("setup_seconds", 0.0),
+            error=d.get("error"),
+            error_kind=d.get("error_kind"),
+            notes=list(d.get("notes") or []),
+        )
 
-def not_measured(spec: ModelSpec, device: str, reason: str, roles: dict | None = None) -> dict:
-    """The model object when nothing runs (no GPU, verification failed, benchmarks off)."""
-    return ModelResult(spec, device, roles=roles or {}, reason=reason).to_json()
+
+def not_measured(spec: ModelSpec, device: str, reason: str, roles: dict | None = None) -> ModelResult:
+    """The model result when nothing runs (no GPU, verification failed, benchmarks off)."""
+    return ModelResult(spec, device, roles=roles or {}, reason=reason)
 
 
 def unplaced(roles: list[Role]) -> dict[str, str]:

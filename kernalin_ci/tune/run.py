@@ -413,7 +413,7 @@ def _race(
         },
     )
     result.clock = r.clock
-    result.shapes = [{"shape": s["shape"], "dims": s["dims"], "dtype": s["dtype"]} for s in r.shapes]
+    result.shapes = [{"shape": s.shape, "dims": s.dims, "dtype": s.dtype} for s in r.shapes]
     result.race_seconds = r.setup_seconds + r.bench_seconds
     result.race_setup.update(
         rounds=r.rounds,
