@@ -68,8 +68,9 @@ bad = [u["name"] for u in checked if u.get("error") or u["verification"]["verdic
 print(f"   verification: {len(checked)} checked,", "all pass" if not bad else "FAILED: " + ", ".join(bad))
 if r.get("model"):
     from kernalin_ci.report.tokens import text_lines
+    from kernalin_ci.throughput.bench import ModelResult
 
-    print("\n".join("   " + line for line in text_lines(r["model"])))
+    print("\n".join("   " + line for line in text_lines(ModelResult.from_json(r["model"]))))
 sys.exit(1 if bad or not checked else 0)
 PY
   elif [ "$rc" != "$want" ]; then status=1; fi

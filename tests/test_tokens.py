@@ -428,7 +428,12 @@ def test_the_gate_reports_not_measured_on_the_cpu_and_nothing_when_the_step_is_u
     m = check_model(cfg, results, "cpu", tmp_path, tmp_path, False)
     assert m.measured is False and m.reason == NOT_MEASURED_CPU and m.points == []
     results["rope"].failed_by = ["finding"]
-    assert check_model(cfg, results, "cuda", tmp_path, tmp_path, False).reason == "rope failed"
+    assert check_model(cfg, results, "cuda", tmp_path, tmp_path, False).reason == "rope failed verification"
+    # only slower (the benchmark's verdict): the step is timed, its tokens/s show what that costs. Here
+    # without a GPU the timing itself cannot run, which is a different reason, with the error
+    results["rope"].failed_by = ["slower"]
+    m = check_model(cfg, results, "cuda", tmp_path, tmp_path, False)
+    assert m.reason == "the model benchmark could not run" and m.error, (m.reason, m.error)
 
 
 def test_the_gate_places_a_changed_decode_step_and_says_what_it_does_not_measure(tmp_path):

@@ -300,6 +300,17 @@ def internal_error(what: str, e: Exception, progress=None) -> str:
     return f"internal error: {describe(e)} (a bug in kernalin-ci)"
 
 
+SPEED_VERDICTS = ("slower", "inconclusive")  # the benchmark's: what the decode step's tokens/s puts in context
+
+
+def verified(kr: KernelReport) -> bool:
+    """Whether KR's code may serve in the model's decode step: no error, no finding, no gate item failed
+    but the benchmark's own verdicts (a kernel that is only slower is exactly one whose tokens/s a user
+    wants to see)."""
+    v = kr.verification
+    return not kr.error and not (v and v.findings) and all(x in SPEED_VERDICTS for x in kr.failed_by)
+
+
 def check_model(
     cfg: Config, results: dict, device: str, base_root: Path, head_root: Path, progress
 ) -> ModelResult | None:
@@ -351,7 +362,7 @@ def check_model(
         if changed(chosen[role]):
             notes.append(f"{chosen[role].name} has no place in this step: {why}")
     new = [k.name for k in placed if results[k.name].status == "new"]
-    bad = [k.name for k in placed if results[k.name].error or results[k.name].failed_by]
+    bad = [k.name for k in placed if not verified(results[k.name])]
     reason = (
         "; ".join(notes)
         if not touched
@@ -361,7 +372,7 @@ def check_model(
         if not cfg.gate.bench
         else f"new kernel {', '.join(new)}: nothing to compare against"
         if new
-        else f"{', '.join(bad)} failed"
+        else f"{', '.join(bad)} failed verification"
         if bad
         else None
     )
