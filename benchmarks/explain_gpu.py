@@ -222,8 +222,8 @@ def main() -> int:
             say(f"5. {name}: verdict {b.get('verdict')} ratio {b.get('ratio')}")
             for line in explain_lines(ex):
                 say("     " + line)
-            result[name] = {"benchmark": b, "explain": ex, "timed": True}
-            prof = ex.get("profile") or {}
+            result[name] = {"benchmark": b, "explain": ex.to_json(), "timed": True}
+            prof = ex.profile or {}
             got = prof.get("status") == "profiled" and not any("error" in (prof.get(s) or {}) for s in ("base", "head"))
             if dev == "cuda" and not got and shutil.which("ncu"):
                 # the example is trusted code: show the figures without the sandbox too

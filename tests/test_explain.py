@@ -16,6 +16,7 @@ import pytest
 from kernalin_ci.bench.shapes import bench_cases
 from kernalin_ci.explain import code, peak, provenance
 from kernalin_ci.explain.identity import EQUIVALENT, SideCompile, compare, compile_side, why_changed
+from kernalin_ci.explain.model import Explanation
 from kernalin_ci.explain.render import explain_block, explain_lines
 from kernalin_ci.findings import VerifyResult
 from kernalin_ci.ops import get_op
@@ -71,7 +72,7 @@ def test_comment_only_change_is_identical_compiled_code(compiled):
     assert ident.verdict == EQUIVALENT and ident.to_time([c.name for c in cases]) == []
     # the gate's call: no timing, the verdict in the note and in report.json
     assert kr.benchmark is None and kr.benchmark_note.startswith(EQUIVALENT)
-    assert kr.explain["identity"]["verdict"] == EQUIVALENT and kr.explain["provenance"]["start"]["torch"]
+    assert kr.explain.identity.verdict == EQUIVALENT and kr.explain.provenance.start["torch"]
 
 
 def test_num_warps_change_differs_and_says_why(compiled):
@@ -86,7 +87,7 @@ def test_num_warps_change_differs_and_says_why(compiled):
     assert (b["num_warps"], h["num_warps"]) == (4, 8)
     assert isinstance(b["registers"], int) and b["registers"] > 0 and b["spill_bytes"] == 0
     assert 0 < b["occupancy"] <= 1 and b["mix"]["classes"]["global-load"] > 0
-    text = "\n".join(explain_lines({"identity": ident.to_json(), "why": rows}))
+    text = "\n".join(explain_lines(Explanation(ident, why=rows)))
     assert "num_warps: 4 -> 8" in text and "registers/thread:" in text and "theoretical occupancy" in text
 
 
@@ -124,13 +125,20 @@ def test_the_cpu_path_reports_what_it_can_and_says_what_it_cannot(compiled):
     k = Kernel(name="decode_attention", op=OP, entry="kernels/attention.py:decode")
     kr = KernelReport(k.name, OP, k.entry, "changed")
     ex = after_bench(plan, kr, k, OP, {}, "cpu", trees["warps"], profile=True)
-    assert ex["profile"] == {"status": "not profiled", "cause": "Nsight Compute needs a GPU (device cpu)"}
-    assert ex["peak_note"].startswith("CPU interpreter wall-clock times: % of a GPU's peak is not available")
-    assert ex["why"] and ex["why"][0]["base"]["registers"] and ex["why"][0]["head"]["num_warps"] == 8
-    assert ex["recheck"]["verdict"] == "pass" and ex["recheck"]["case"] == cases[0].name
+    assert ex.profile == {"status": "not profiled", "cause": "Nsight Compute needs a GPU (device cpu)"}
+    assert ex.peak_note.startswith("CPU interpreter wall-clock times: % of a GPU's peak is not available")
+    assert ex.why and ex.why[0]["base"]["registers"] and ex.why[0]["head"]["num_warps"] == 8
+    assert ex.recheck["verdict"] == "pass" and ex.recheck["case"] == cases[0].name
     lines = explain_lines(ex)
     assert "Nsight Compute: not profiled (Nsight Compute needs a GPU (device cpu))" in lines
     assert any(ln.startswith("ran on: ") and "not available" in ln for ln in lines)
+    # report.json's full explanation, in its key order, and back through from_json byte for byte
+    j = ex.to_json()
+    assert list(j) == ["identity", "verdict", "peak", "why", "provenance", "recheck", "profile", "peak_note"]
+    assert list(j["provenance"]) == ["start", "end", "changed", "regime"]
+    text = json.dumps(j, indent=2)
+    assert json.dumps(Explanation.from_json(json.loads(text)).to_json(), indent=2) == text
+    assert explain_lines(Explanation.from_json(json.loads(text))) == lines
 
 
 def test_code_normalisation_and_occupancy():
@@ -255,7 +263,7 @@ def test_report_renders_and_validates():
         "profile": None,
     }
     v = VerifyResult("attention.decode", "a.py:f")
-    kr = KernelReport("k", "attention.decode", "a.py:f", "changed", explain=ex, verification=v)
+    kr = KernelReport("k", "attention.decode", "a.py:f", "changed", explain=Explanation.from_json(ex), verification=v)
     r = Report("success", "ok", {"ref": "a", "sha": "1"}, {"ref": "b", "sha": "2"}, "cuda", {}, kernels=[kr])
     jsonschema.validate(json.loads(report_json(r)), REPORT_SCHEMA)
     md = render_markdown(r)
@@ -270,7 +278,7 @@ def test_report_renders_and_validates():
             "verdict": EQUIVALENT,
         }
     }
-    assert "timing skipped" in explain_block(same)
+    assert "timing skipped" in explain_block(Explanation.from_json(same))
 
 
 def test_profile_says_when_nsight_is_missing_and_parses_ncu_csv(monkeypatch, tmp_path):

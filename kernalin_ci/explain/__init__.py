@@ -4,8 +4,8 @@ why it changed, provenance, correctness after timing.
 Modules: code.py (plain functions on compiled code: normalisation, ptxas figures, instruction mix,
 occupancy), compiled.py (worker task: capture and compile the launches at the benchmark shapes),
 identity.py (base against head), peak.py (GPU table and % of peak), provenance.py (worker task: GPU,
-driver, clocks, versions, copy bandwidth), recheck.py (correctness after timing), gate.py (the gate's
-calls), render.py (markdown and text).
+driver, clocks, versions, copy bandwidth), recheck.py (correctness after timing), model.py (the typed
+Explanation on the Report, and its report.json object), gate.py (the gate's calls), render.py (markdown and text).
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from kernalin_ci.explain import peak as peak_mod
 from kernalin_ci.explain import provenance
 from kernalin_ci.explain.identity import EQUIVALENT, Identity, SideCompile, compare, compile_side, why_changed
+from kernalin_ci.explain.model import Explanation, Provenance
 from kernalin_ci.explain.profile import nsight
 from kernalin_ci.explain.recheck import recheck, smallest
 
@@ -60,22 +61,14 @@ def before_bench(
     return ExplainPlan(cases, ident, base, head, env, ident.to_time([c.name for c in cases]), base_root)
 
 
-def skipped(plan: ExplainPlan) -> dict:
+def skipped(plan: ExplainPlan) -> Explanation:
     """The explanation of a kernel whose compiled code is identical: nothing was timed."""
-    return {
-        "identity": plan.ident.to_json(),
-        "verdict": EQUIVALENT,
-        "peak": [],
-        "why": [],
-        "provenance": {"start": plan.env_start, "end": None, "changed": []},
-        "recheck": None,
-        "profile": None,
-    }
+    return Explanation(plan.ident, EQUIVALENT, peak=[], provenance=Provenance(plan.env_start))
 
 
 def after_bench(
     plan: ExplainPlan, kr, k, op_name: str, op_params: dict, device: str, head_root: str, profile: bool = False
-) -> dict:
+) -> Explanation:
     """Fill the explanation after timing; may turn the verdict inconclusive or fail the kernel."""
     from kernalin_ci.ops import get_op
     from kernalin_ci.ops.base import resolve_params
@@ -87,16 +80,8 @@ def after_bench(
     env_end["copy_gbs"] = _COPY.get(device)
     env_changed = provenance.changed(plan.env_start, env_end) if not env_end.get("error") else []
     env_changed += plan.ident.toolchain_changed
-    out: dict = {
-        "identity": plan.ident.to_json(),
-        "verdict": None,
-        "peak": [],
-        "why": [],
-        "provenance": {"start": plan.env_start, "end": env_end, "changed": env_changed, "regime": _regime(bench)},
-        "recheck": None,
-        "profile": None,
-    }
-    same = [x["shape"] for x in out["identity"]["shapes"] if x["identical"] and x["shape"] not in plan.to_time]
+    out = Explanation(plan.ident, peak=[], provenance=Provenance(plan.env_start, env_end, env_changed, _regime(bench)))
+    same = [x.shape for x in plan.ident.shapes if x.identical and x.shape not in plan.to_time]
     if same and bench is not None:
         bench.notes.append(
             f"{len(same)} of {len(plan.cases)} shapes not timed: identical compiled code ({', '.join(same)})"
@@ -104,11 +89,12 @@ def after_bench(
     if env_changed and bench is not None and bench.verdict is not None:
         bench.verdict_measured = bench.verdict.verdict
         bench.verdict.verdict = "inconclusive"
-        out["verdict"] = f"{ENV_CHANGED} ({'; '.join(env_changed)})"
+        out.verdict = f"{ENV_CHANGED} ({'; '.join(env_changed)})"
     # % of peak, per timed shape and side
     gpu = plan.env_start.get("gpu_name")
     peaks = peak_mod.gpu_peaks(gpu) if gpu else None
     by_name = {c.name: c for c in plan.cases}
+    rows: list[dict] = []
     for s in bench.shapes if bench is not None else []:
         case = by_name.get(s.shape)
         t = op.traffic(case, params) if case is not None else None
@@ -129,20 +115,20 @@ def after_bench(
                     _COPY.get(device) if device == "cuda" else None,
                     peak_mod.uses_tensor_cores(launches),
                 )
-        out["peak"].append(row)
+        rows.append(row)
+    out.peak = rows
     if device != "cuda":
-        out["peak_note"] = "CPU interpreter wall-clock times: % of a GPU's peak is not available on the CPU"
+        out.peak_note = "CPU interpreter wall-clock times: % of a GPU's peak is not available on the CPU"
     elif peaks is None:
-        out["peak_note"] = f"GPU {gpu!r} is not in the peak table: shares of peak not available"
-    if any((r.get("head") or {}).get("above_peak") or (r.get("base") or {}).get("above_peak") for r in out["peak"]):
-        out["above_peak"] = True
-    out["why"] = why_changed(plan.base, plan.head, plan.cases, plan.ident)
+        out.peak_note = f"GPU {gpu!r} is not in the peak table: shares of peak not available"
+    out.above_peak = any((r.get(side) or {}).get("above_peak") for r in rows for side in ("base", "head"))
+    out.why = why_changed(plan.base, plan.head, plan.cases, plan.ident)
     # correctness after timing: one timed case of the head, against the reference
     timed = [by_name[n] for n in plan.to_time if n in by_name]
     case = smallest(op, params, timed)
     if case is not None and not kr.error:
-        out["recheck"] = recheck(k, op_name, case, device, head_root)
-    out["profile"] = nsight(profile, op_name, k.entry, str(plan.base_root), head_root, params, case, device)
+        out.recheck = recheck(k, op_name, case, device, head_root)
+    out.profile = nsight(profile, op_name, k.entry, str(plan.base_root), head_root, params, case, device)
     return out
 
 
@@ -170,7 +156,7 @@ def plan_kernel(kr, k, op_name: str, params: dict, device: str, base_root, head_
     try:
         plan = before_bench(op_name, k.entry, op_params, bench_params, device, str(base_root), str(head_root))
     except Exception as e:  # never take the gate down: the benchmark runs as without it
-        kr.explain = {"error": f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"}
+        kr.explain = Explanation(error=_error(e))
         return None
     if plan.skip_timing:
         kr.explain = skipped(plan)
@@ -187,16 +173,17 @@ def finish_kernel(
     try:
         kr.explain = after_bench(plan, kr, k, op_name, op_params, device, str(head_root), profile)
     except Exception as e:
-        kr.explain = {
-            "identity": plan.ident.to_json(),
-            "error": f"{type(e).__name__}: {' '.join(str(e).split())[:300]}",
-        }
+        kr.explain = Explanation(plan.ident, error=_error(e))
         return
-    if kr.explain.get("verdict", "") and str(kr.explain["verdict"]).startswith(ENV_CHANGED):
-        kr.benchmark_note = kr.explain["verdict"]
+    if kr.explain.verdict and kr.explain.verdict.startswith(ENV_CHANGED):
+        kr.benchmark_note = kr.explain.verdict
+
+
+def _error(e: Exception) -> str:
+    return f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
 
 
 def failed_by(kr, fail_on) -> list[str]:
     """Policy items the explanation fails: a re-check finding is a finding."""
-    rc = (kr.explain or {}).get("recheck") or {}
+    rc = (kr.explain.recheck if kr.explain is not None else None) or {}
     return ["finding"] if rc.get("findings") and "finding" in fail_on else []

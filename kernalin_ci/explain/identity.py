@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from kernalin_ci.findings import known
 from kernalin_ci.isolate import run_task
 
 EQUIVALENT = "equivalent (identical compiled code)"
@@ -130,6 +131,12 @@ class Identity:
         d = asdict(self)
         d["verdict"] = self.verdict
         return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> Identity:
+        """The Identity of its to_json (`verdict` follows from the shapes)."""
+        d = known(cls, d)
+        return cls(**{**d, "shapes": [ShapeIdentity(**known(ShapeIdentity, s)) for s in d.get("shapes", [])]})
 
 
 def compare(base: SideCompile, head: SideCompile, cases: list) -> Identity:

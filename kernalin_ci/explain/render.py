@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kernalin_ci.explain.code import mix_text
+from kernalin_ci.explain.model import Explanation
 from kernalin_ci.explain.peak import peak_text
 from kernalin_ci.explain.profile import profile_lines
 from kernalin_ci.explain.provenance import provenance_text
@@ -44,57 +45,57 @@ def why_lines(row: dict) -> list[str]:
     return out
 
 
-def explain_lines(ex: dict | None) -> list[str]:
+def explain_lines(ex: Explanation | None) -> list[str]:
     """The whole explanation of one kernel as plain lines."""
-    if not ex:
+    if ex is None:
         return []
-    if ex.get("error") and "peak" not in ex:
-        return [f"explanation not available: {ex['error']}"]
+    if ex.error and not ex.made:
+        return [f"explanation not available: {ex.error}"]
     out = []
-    ident = ex.get("identity") or {}
-    if ident.get("status") == "not-compared":
-        out.append(f"compiled code: not compared ({ident.get('cause')})")
-    elif ident:
-        same = [s["shape"] for s in ident.get("shapes", []) if s.get("identical")]
-        n = len(ident.get("shapes", []))
-        if ident.get("verdict"):
-            out.append(f"compiled code: {ident['verdict']} at all {n} benchmark shapes; timing skipped")
+    ident = ex.identity
+    if ident is not None and ident.status == "not-compared":
+        out.append(f"compiled code: not compared ({ident.cause})")
+    elif ident is not None:
+        same = [s.shape for s in ident.shapes if s.identical]
+        n = len(ident.shapes)
+        if ident.verdict:
+            out.append(f"compiled code: {ident.verdict} at all {n} benchmark shapes; timing skipped")
         else:
             out.append(f"compiled code: identical at {len(same)} of {n} benchmark shapes")
-            for s in ident.get("shapes", []):
-                if not s.get("identical"):
-                    out.append(f"  {s['shape']}: " + ("; ".join(s.get("differences") or []) or "not compared"))
-        if ident.get("toolchain_changed"):
-            out.append(f"toolchain changed (every shape timed): {'; '.join(ident['toolchain_changed'])}")
-    if ex.get("verdict") and not ident.get("verdict"):
-        out.append(str(ex["verdict"]))
-    for row in ex.get("peak") or []:
+            for s in ident.shapes:
+                if not s.identical:
+                    out.append(f"  {s.shape}: " + ("; ".join(s.differences or []) or "not compared"))
+        if ident.toolchain_changed:
+            out.append(f"toolchain changed (every shape timed): {'; '.join(ident.toolchain_changed)}")
+    if ex.verdict and not (ident is not None and ident.verdict):
+        out.append(str(ex.verdict))
+    for row in ex.peak or []:
         if row.get("model"):
             out.append(f"% of peak, {row['shape']}: {row['model']}")
             continue
         for side in ("base", "head"):
             if row.get(side):
                 out.append(f"{side} {row['shape']}: {peak_text(row[side])}")
-    if ex.get("peak_note"):
-        out.append(ex["peak_note"])
-    for row in ex.get("why") or []:
+    if ex.peak_note:
+        out.append(ex.peak_note)
+    for row in ex.why:
         out += why_lines(row)
-    prov = ex.get("provenance") or {}
-    if prov.get("start"):
-        out.append(f"ran on: {provenance_text(prov['start'])}")
-    if prov.get("end") and prov["end"].get("sm_clock_mhz") is not None:
-        out.append(f"at the end: {provenance_text(prov['end'])}")
-    if prov.get("regime"):
-        r = prov["regime"]
+    prov = ex.provenance
+    if prov.start:
+        out.append(f"ran on: {provenance_text(prov.start)}")
+    if prov.end and prov.end.get("sm_clock_mhz") is not None:
+        out.append(f"at the end: {provenance_text(prov.end)}")
+    if prov.regime:
+        r = prov.regime
         regime = f"{r['regime']}, " if r.get("regime") else ""
         flush = {True: "on", False: "off"}.get(r.get("l2_flush"), "n/a")
         out.append(
             f"timing regime: {regime}clock {r.get('clock')}, L2 flush {flush}, "
             f"{', '.join(r.get('timing') or []) or 'n/a'}, {r.get('reps')} reps"
         )
-    if prov.get("changed"):
-        out.append(f"environment changed: {'; '.join(prov['changed'])}")
-    rc = ex.get("recheck")
+    if prov.changed:
+        out.append(f"environment changed: {'; '.join(prov.changed)}")
+    rc = ex.recheck
     if rc:
         if rc.get("findings"):
             out.append(f"correctness after timing: FAILED on {rc['case']} ({len(rc['findings'])} findings)")
@@ -102,32 +103,32 @@ def explain_lines(ex: dict | None) -> list[str]:
             out.append(f"correctness after timing: {rc['error']}")
         else:
             out.append(f"correctness after timing: {rc.get('verdict')} on {rc['case']}")
-    out += profile_lines(ex.get("profile"))
-    if ex.get("error"):
-        out.append(f"explanation incomplete: {ex['error']}")
+    out += profile_lines(ex.profile)
+    if ex.error:
+        out.append(f"explanation incomplete: {ex.error}")
     return out
 
 
-def explain_summary(ex: dict | None) -> str | None:
+def explain_summary(ex: Explanation | None) -> str | None:
     """A few words for the gate's one-line summary."""
-    if not ex:
+    if ex is None:
         return None
-    ident = ex.get("identity") or {}
-    if ident.get("verdict"):
-        return ident["verdict"]
+    ident = ex.identity
+    if ident is not None and ident.verdict:
+        return ident.verdict
     parts = []
-    if ident.get("shapes"):
-        same = sum(1 for s in ident["shapes"] if s.get("identical"))
-        parts.append(f"{same}/{len(ident['shapes'])} shapes identical code")
-    if ex.get("above_peak"):
+    if ident is not None and ident.shapes:
+        same = sum(1 for s in ident.shapes if s.identical)
+        parts.append(f"{same}/{len(ident.shapes)} shapes identical code")
+    if ex.above_peak:
         parts.append("above peak: measurement problem")
-    rc = ex.get("recheck") or {}
+    rc = ex.recheck or {}
     if rc.get("findings"):
         parts.append("re-check after timing FAILED")
     return ", ".join(parts) or None
 
 
-def explain_block(ex: dict | None) -> str | None:
+def explain_block(ex: Explanation | None) -> str | None:
     """A collapsed <details> block for the PR comment (markdown), or None."""
     lines = explain_lines(ex)
     if not lines:

@@ -95,7 +95,7 @@ def points_of(report: Report) -> list[Point]:
         if k.status == "unchanged":
             continue  # not run at this commit: its series goes on from the last commit that checked it
         v = k.verification
-        start = ((k.explain or {}).get("provenance") or {}).get("start") or {}
+        start = (k.explain.provenance.start if k.explain is not None else None) or {}
         common = dict(
             kernel=k.name,
             status=k.status,

@@ -1,6 +1,6 @@
-"""The gate's Report: plain dataclasses holding the typed results (VerifyResult, BenchResult) until the
-writer (report/writer.py) serialises them as report.json (schema: docs/report.md); `Report.from_json` is
-the one way back from report.json (the daemon, history)."""
+"""The gate's Report: plain dataclasses holding the typed results (VerifyResult, BenchResult, Explanation,
+ModelResult) until the writer (report/writer.py) serialises them as report.json (schema: docs/report.md);
+`Report.from_json` is the one way back from report.json (the daemon, history)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from kernalin_ci.findings import VerifyResult, known
 
 if TYPE_CHECKING:
     from kernalin_ci.bench.pair import BenchResult
+    from kernalin_ci.explain.model import Explanation
     from kernalin_ci.throughput.bench import ModelResult
 
 SCHEMA_VERSION = 1
@@ -29,7 +30,7 @@ class KernelReport:
     error: str | None = None  # infrastructure failure for this kernel
     failed_by: list[str] = field(default_factory=list)  # policy items this kernel failed: finding/slower/...
     seconds: float = 0.0
-    explain: dict | None = None  # kernalin_ci.explain: identity, % of peak, why, provenance, re-check
+    explain: Explanation | None = None  # kernalin_ci.explain: identity, % of peak, why, provenance, re-check
 
     @property
     def bench_verdict(self) -> str | None:
@@ -38,17 +39,25 @@ class KernelReport:
         return b.verdict.verdict if b is not None and b.verdict is not None else None
 
     def to_json(self) -> dict:
-        d = _with_verification(replace(self, benchmark=None))
+        d = _with_verification(replace(self, benchmark=None, explain=None))
         d["benchmark"] = self.benchmark.to_json() if self.benchmark is not None else None
+        d["explain"] = self.explain.to_json() if self.explain is not None else None
         return d
 
     @classmethod
     def from_json(cls, d: dict) -> KernelReport:
         from kernalin_ci.bench.pair import BenchResult
+        from kernalin_ci.explain.model import Explanation
 
         d = _verification_of(known(cls, d))
-        b = d.get("benchmark")
-        return cls(**{**d, "benchmark": BenchResult.from_json(b) if isinstance(b, dict) else None})
+        b, e = d.get("benchmark"), d.get("explain")
+        return cls(
+            **{
+                **d,
+                "benchmark": BenchResult.from_json(b) if isinstance(b, dict) else None,
+                "explain": Explanation.from_json(e) if isinstance(e, dict) else None,
+            }
+        )
 
 
 @dataclass
