@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import hashlib
 import itertools
 import json
 import os
@@ -548,21 +547,15 @@ def start(plan: Plan | None, argv: list[str], **popen):
     return proc, (hs.attach(proc, plan.folders) if hs else None)
 
 
-TEMP_MARK = ".kernalin-tmp-"  # in the name of a file _copy_file is writing (never copied by _copy_new)
-
-
 def _copy_new(src: str, dst: str, budget: int, dir_mode: int, file_mode: int) -> int:
     """Copy each plain file under SRC that DST lacks into DST, at most BUDGET bytes by the files' sizes
-    (a sparse file counts whole); never a link, never through one, never over an existing file, each
-    whole or not at all (_copy_file). The bytes copied; a file that cannot be copied (the destination is
-    full) is left out."""
+    (a sparse file counts whole); never a link, never through one, never over an existing file. The
+    bytes copied; a file that cannot be copied (the destination is full) is left out."""
     copied = 0
     for folder, _, files in os.walk(src):  # links to folders are not followed
         rel = os.path.relpath(folder, src)
         parts = [] if rel == "." else rel.split(os.sep)
         for name in files:
-            if TEMP_MARK in name:  # another process's copy in the making (a kept cache): not yet a file
-                continue
             source = os.path.join(folder, name)
             try:
                 st = os.lstat(source)
@@ -593,7 +586,7 @@ def _mkdirs(root: str, parts: list[str], mode: int) -> str:
 
 def _copy_file(source: str, target: str, size: int, mode: int) -> None:
     """SOURCE's first SIZE bytes as the new file TARGET (written beside it, then linked into place)."""
-    temp = f"{target}{TEMP_MARK}{os.getpid()}-{next(_worker_ids)}"
+    temp = f"{target}.kernalin-{os.getpid()}-{next(_worker_ids)}"
     fin = os.open(source, os.O_RDONLY | os.O_NOFOLLOW)
     try:
         fout = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
@@ -759,9 +752,9 @@ def worker_plan(
     The worker sees the system and the Python installation read-only, the folders its job names (the
     checkout, entry files), WORKDIR (its job file) and READONLY (a profiler's installation) read-only;
     each of WRITABLE (the folders the parent reads its raw results from) as a tmpfs of the folder's cap
-    (CappedFolder); the Triton cache it shares with the workers of the same code, this run's and later
-    ones' (compile_cache), as a tmpfs seeded from it, whose new files the parent copies back after the
-    worker ended; fresh tmpfs for HOME and /tmp; each of KERNALIN_SANDBOX_DISK bytes: nothing of the host is
+    (CappedFolder); the Triton cache it shares with this process's workers of the same code
+    (compile_cache) as a tmpfs seeded from it, whose new files the parent copies back after the worker
+    ended; fresh tmpfs for HOME and /tmp; each of KERNALIN_SANDBOX_DISK bytes: nothing of the host is
     writable; no network; its own PID namespace; the gate's
     process and every other file of the user (SSH keys, a runner's credentials) do not exist inside.
     KERNALIN_SANDBOX=off runs it unsandboxed; auto (the default) warns once on stderr where bubblewrap
@@ -787,10 +780,12 @@ def worker_plan(
     worker_id = f"worker-{os.getpid()}-{next(_worker_ids)}"  # its own cgroup: end_worker kills all of it
     here = os.path.realpath(cwd or os.getcwd())  # relative entries resolve against it, as outside
     rw = {os.path.realpath(f.path) for f in writable}  # named in the job too, but a capped tmpfs (below)
-    code = (_named_paths(job) - rw) | {here}  # the code under test: what the compile cache's key covers
-    installed = {os.path.realpath(p) for p in child_path(cwd) if os.path.isdir(p)}
-    installed |= {os.path.realpath(p) for p in readonly if os.path.exists(p)}  # a profiler's installation
-    readonly = sorted(installed | code)
+    readonly = sorted(
+        {os.path.realpath(p) for p in child_path(cwd) if os.path.isdir(p)}
+        | (_named_paths(job) - rw)
+        | {here}
+        | {os.path.realpath(p) for p in readonly if os.path.exists(p)}
+    )
     if os.geteuid() == 0:  # the job drops to an unprivileged uid: it must be able to read what it needs
         closed = [p for p in readonly if not _others_can_read(p)]
         if closed:
@@ -805,7 +800,7 @@ def worker_plan(
                 print(f"kernalin-ci: kernel workers run without a sandbox: {why}", file=sys.stderr)
             return None, {}
     settings.extra_ro = [*readonly, os.path.realpath(workdir)]  # its job file: read-only too
-    cache = compile_cache(device, tuple(sorted(code)), tuple(sorted(installed - code)))
+    cache = compile_cache((device, *readonly))
     # each a tmpfs of its cap in the sandbox; the run's Triton cache too, seeded from and copied back to it
     folders = [*writable, CappedFolder(shared=cache)]
     plan = prepare(
@@ -826,226 +821,24 @@ def worker_plan(
     return plan, env
 
 
-# ------------------------------------------------------------------ the kernel workers' compile cache
-
-ENV_COMPILE_CACHE = "KERNALIN_COMPILE_CACHE"  # on (default): kept across runs, one per code | off: per process
-CACHE_MAX_BYTES = 2 << 30  # the kept caches, all keys together: the least recently used go first
-CACHE_MAX_KEYS = 64
-CACHE_KEEP_S = 600.0  # a key handed out this recently is never pruned (a run may still be using it)
-WALK_MAX_ENTRIES = 200_000  # the key's walk of the code's folders: past this many entries or WALK_MAX_S,
-WALK_MAX_S = 2.0  # the cache is this process's only (said once on stderr)
-WALK_CONTENT_BYTES = 1 << 20  # a file up to this size counts by its content, a larger one by its identity
-_caches: dict[tuple, tuple[str, bool]] = {}  # view: (path, kept across runs)
+_caches: dict[tuple[str, ...], str] = {}
 _caches_lock = threading.Lock()
-_pruning: list[str] = []
 
 
-def compile_cache(device: str, code: tuple[str, ...], installed: tuple[str, ...] = ()) -> str:
-    """The Triton cache (compiled kernels, the launcher and driver stubs gcc builds) of the sandboxed
-    workers that see the same files: CODE (the working directory and the folders and files the job names:
-    the code under test) and INSTALLED (Python, its site-packages, kernalin_ci, a profiler: the trusted
-    installation) on DEVICE. A worker would otherwise compile all of it again in an empty cache: seconds
-    per worker on a GPU. Code a worker runs can write to its cache, so the cache is one code's: kept
-    across runs (KERNALIN_COMPILE_CACHE=on, the default) as `cache_root()/KEY`, KEY the sha256 of the
-    device, the versions of Python, Triton, torch and kernalin-ci, the INSTALLED paths and every entry
-    under CODE (`_fingerprint`: a file's content, or a large file's identity), so a worker can poison it
-    only for an exact copy of its own files; else (off, or CODE not fingerprinted: past the walk's caps) a
-    folder of this process, shared by its workers of the same view and deleted at exit."""
-    view = (device, code, installed)
+def compile_cache(view: tuple[str, ...]) -> str:
+    """The Triton cache (compiled kernels, the launcher and driver stubs gcc builds) shared by this
+    process's sandboxed workers that see the same files (VIEW: the device and every folder bound into the
+    worker). Each worker would otherwise compile all of it again in an empty cache: seconds per worker on
+    a GPU. Code a worker runs can write to the cache, so it can poison it only for workers that run the
+    same code as itself (the base and head of a pull request see different checkouts: two caches); none
+    outlives this process, so nothing reaches a later run."""
     with _caches_lock:
         if view not in _caches:
-            kept = _kept_cache(view)
-            _caches[view] = (kept, True) if kept else (_process_cache(), False)
-        path, kept = _caches[view]
-        if kept:  # its last use (pruning goes by it); made again if a prune took it since
-            with contextlib.suppress(OSError):
-                os.makedirs(path, 0o700, exist_ok=True)
-                os.utime(path)
-        return path
-
-
-def compile_cache_kept() -> bool:
-    """KERNALIN_COMPILE_CACHE: whether the workers' compile caches are kept across runs (on, the default)."""
-    mode = os.environ.get(ENV_COMPILE_CACHE, "on").strip().lower() or "on"
-    if mode not in ("on", "off"):
-        raise SandboxError(f"{ENV_COMPILE_CACHE}={mode!r}: expected on or off")
-    return mode == "on"
-
-
-def cache_root() -> str:
-    """Where the kept compile caches live: $XDG_CACHE_HOME/kernalin-ci/triton (default ~/.cache/...)."""
-    base = os.environ.get("XDG_CACHE_HOME", "")
-    base = base if os.path.isabs(base) else os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "kernalin-ci", "triton")
-
-
-def _process_cache() -> str:
-    path = tempfile.mkdtemp(prefix="kernalin-triton-")  # mode 0700
-    atexit.register(shutil.rmtree, path, True)
-    return os.path.realpath(path)
-
-
-def _kept_cache(view: tuple) -> str | None:
-    """VIEW's folder under cache_root() (made, mode 0700), or None (off, or why not said once on stderr)."""
-    if not compile_cache_kept():
-        return None
-    root = cache_root()
-    try:
-        os.makedirs(root, 0o700, exist_ok=True)
-        root = os.path.realpath(root)
-        st = os.lstat(root)
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
-            raise OSError("not a folder of this user")
-        os.chmod(root, 0o700)
-    except OSError as e:
-        _note(f"the kernel workers' compile cache is not kept across runs: {root}: {e}")
-        return None
-    skip = {root, *view[2], *(os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, *_site_dirs()))}
-    key, why = _fingerprint(view, skip)
-    if key is None:
-        _note(f"the kernel workers' compile cache is not kept across runs: {why}")
-        return None
-    path = os.path.join(root, key)
-    try:
-        os.makedirs(path, 0o700, exist_ok=True)
-        os.utime(path)
-    except OSError as e:
-        _note(f"the kernel workers' compile cache is not kept across runs: {path}: {e}")
-        return None
-    if not _pruning:  # once per process, and at its end (after its workers' files came back)
-        _pruning.append(root)
-        prune_compile_caches(root)
-        atexit.register(prune_compile_caches, root)
-    return path
-
-
-def _site_dirs() -> list[str]:
-    import site
-
-    dirs = list(getattr(site, "getsitepackages", list)())
-    with contextlib.suppress(Exception):
-        dirs.append(site.getusersitepackages())
-    return dirs
-
-
-def _versions() -> dict[str, str]:
-    from importlib import metadata
-
-    out = {}
-    for name in ("triton", "torch", "kernalin-ci"):
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = "none"
-    return out
-
-
-def _fingerprint(view: tuple, skip: set[str]) -> tuple[str | None, str]:
-    """(the sha256 of VIEW: the device, the versions, the installed paths, and every entry under the code's
-    folders (path, type, mode, owner; a file up to WALK_CONTENT_BYTES its content's sha256, a larger one its
-    size, mtime, ctime, inode and device; a link its target, never followed; a folder in SKIP, the
-    installation or the caches, by its path only), ''), or (None, why not: past the walk's caps, or a folder
-    it may not list)."""
-    device, code, installed = view
-    h = hashlib.sha256(json.dumps([device, sys.version, _versions(), code, installed]).encode())
-    deadline, count = time.monotonic() + WALK_MAX_S, 0
-    for root in code:
-        if any(root != other and _inside(root, other) for other in code):
-            continue  # walked with the folder that holds it
-        h.update(f"\0root\0{root}\n".encode())
-        stack = [(root, ".")]
-        while stack:
-            path, rel = stack.pop()
-            count += 1
-            if count > WALK_MAX_ENTRIES or time.monotonic() > deadline:
-                return None, (
-                    f"{root} holds too many files to fingerprint (over {WALK_MAX_ENTRIES} entries or "
-                    f"{WALK_MAX_S:g} s): run from a smaller folder, or set {ENV_COMPILE_CACHE}=off"
-                )
-            try:
-                st = os.lstat(path)
-            except OSError:
-                h.update(f"{rel}\0gone\n".encode())
-                continue
-            detail = ""
-            if stat.S_ISDIR(st.st_mode):
-                if path in skip and rel != ".":
-                    detail = "by path"
-                else:
-                    try:
-                        names = sorted(os.listdir(path), reverse=True)
-                    except PermissionError:  # its files may still be opened by name: they would not count
-                        return None, f"cannot list {path} to fingerprint it (permission denied)"
-                    except OSError:
-                        names, detail = [], "gone"
-                    stack += [(os.path.join(path, n), os.path.join(rel, n)) for n in names]
-            elif stat.S_ISLNK(st.st_mode):
-                with contextlib.suppress(OSError):
-                    detail = os.readlink(path)
-            elif stat.S_ISREG(st.st_mode) and st.st_size <= WALK_CONTENT_BYTES:
-                detail = _content_hash(path)
-            if not detail and not stat.S_ISDIR(st.st_mode):
-                detail = f"{st.st_size} {st.st_mtime_ns} {st.st_ctime_ns} {st.st_ino} {st.st_dev}"
-            h.update(f"{rel}\0{st.st_mode:o}\0{st.st_uid}:{st.st_gid}\0{detail}\n".encode())
-    return h.hexdigest(), ""
-
-
-def _content_hash(path: str) -> str:
-    """sha256: of the regular file PATH's content; '' where it cannot be read (counted by identity then)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return ""
-    with open(fd, "rb") as f:
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return ""
-            return "sha256:" + hashlib.sha256(f.read(WALK_CONTENT_BYTES + 1)).hexdigest()
-        except OSError:
-            return ""
-
-
-def prune_compile_caches(root: str, now: float | None = None) -> list[str]:
-    """Remove the kept compile caches under ROOT beyond CACHE_MAX_KEYS keys or CACHE_MAX_BYTES in all,
-    the least recently used first (a key folder's mtime: compile_cache touches it), never one used in the
-    last CACHE_KEEP_S seconds; the keys removed. A key goes by a rename first, so no run sees half of it."""
-    now = time.time() if now is None else now
-    keys = []
-    with contextlib.suppress(OSError):
-        for name in os.listdir(root):
-            path = os.path.join(root, name)
-            with contextlib.suppress(OSError):
-                st = os.lstat(path)
-                if name.startswith(".trash-"):  # left by a prune that was killed
-                    shutil.rmtree(path, ignore_errors=True)
-                elif stat.S_ISDIR(st.st_mode):
-                    keys.append((st.st_mtime, name, _tree_bytes(path)))
-    removed, kept, total = [], 0, 0
-    for used, name, size in sorted(keys, reverse=True):
-        if (kept < CACHE_MAX_KEYS and total + size <= CACHE_MAX_BYTES) or now - used < CACHE_KEEP_S:
-            kept, total = kept + 1, total + size
-            continue
-        trash = os.path.join(root, f".trash-{os.getpid()}-{next(_worker_ids)}")
-        with contextlib.suppress(OSError):
-            os.rename(os.path.join(root, name), trash)
-            shutil.rmtree(trash, ignore_errors=True)
-            removed.append(name)
-    return removed
-
-
-def _tree_bytes(path: str) -> int:
-    total = 0
-    for folder, _, files in os.walk(path):  # links to folders are not followed
-        for name in files:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(folder, name)).st_size
-    return total
-
-
-def _note(message: str) -> None:
-    if message not in _warned:
-        _warned.append(message)
-        print(f"kernalin-ci: {message}", file=sys.stderr)
+            path = tempfile.mkdtemp(prefix="kernalin-triton-")
+            os.chmod(path, 0o700)  # prepare() hands it to the worker's uid when it drops to one
+            atexit.register(shutil.rmtree, path, True)
+            _caches[view] = path
+        return _caches[view]
 
 
 def workers_sandboxed() -> bool:

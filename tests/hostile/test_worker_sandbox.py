@@ -197,7 +197,6 @@ def test_workers_of_the_same_code_share_a_compile_cache_and_other_code_gets_its_
     from kernalin_ci import sandbox
 
     monkeypatch.setenv(sandbox.ENV_WORKER_SANDBOX, "on")
-    monkeypatch.setenv("XDG_CACHE_HOME", str(open_dir / "xdg"))  # the kept caches (test_compile_cache.py)
     base, head = open_dir / "base", open_dir / "head"
     for d in (base, head):
         d.mkdir()
