@@ -1,6 +1,6 @@
 """Live evaluation of `kernalin-ci bench` on a GPU, judged against a kernel-only reference (issue 12).
 
-    python3 benchmarks/live_eval.py --out $OUT/live.json   # quiet + noisy, warm + cold: <= 8 min, one H200
+    python3 benchmarks/live_eval.py --out $OUT/live.json   # quiet (cold + warm), noisy (cold): <= 8 min, one H200
     python3 benchmarks/live_eval.py --quick                # a sanity run, <= 60 s
     python3 benchmarks/live_eval.py --noise-only           # the noisy pass alone
     python3 benchmarks/live_eval.py --device cpu --quick   # the code path under the Triton interpreter
@@ -13,8 +13,10 @@ regime and op: one `bench_pair` exactly as `kernalin-ci bench` runs it (a fresh 
 rounds), timing together `--triples` disjoint A/A triples of separately loaded copies of the base kernel
 (each its own module file: base, head, base2, then 3 more per triple) and the known-effect variants
 (the same file with one launch-config line rewritten: num_warps, tile sizes, split counts). After the
-rounds, the worker profiles `--ref-replays` more replays of every instance's own timing graph
-(kernalin_ci/bench/kernel_time.py): the kernel-only reference of the same kernels, buffers and regime.
+rounds, the worker profiles `--ref-replays` more replays of every instance's `inner` launches, launched
+eagerly on the same buffers and ring (kernalin_ci/bench/kernel_time.py): the kernel-only reference of the
+same kernels, buffers and regime. A reference whose profile fails the plausibility check (kernel time
+above the span, kernel counts that differ) is recorded as invalid and shown as such, never as a ratio.
 
 An A/A "live run": per triple, the rounds are cut into consecutive runs, each judged at the harness's
 looks and stopped by its rule (at most RUN_CAP rounds), the next starting on the following round, so no
@@ -83,9 +85,10 @@ EFFECT_MIN = 0.02  # the issue's goal: every reference effect of 2% or more gets
 RUN_CAP = 20  # an A/A live run stops where the harness would, after at most this many rounds
 # per pass and op: (A/A triples, rounds, variants: 0 = all). About 30 A/A live runs per op and regime in the
 # quiet pass (runs settle at 5 rounds); the attention ops take fewer instances and more rounds (an instance's
-# setup costs more than its rounds). "kernel-clock": the quiet pass of the micro-kernels with the kernel-only
-# clock (timing.KernelClock). "noisy": a competing stream.
-PASSES = ("quiet", "kernel-clock", "noisy")
+# setup costs more than its rounds). "noisy": a competing stream, in the default regime (cold) unless --regimes
+# says otherwise (its warm calls were recorded on 2026-12-04).
+PASSES = ("quiet", "noisy")
+PASS_REGIMES = {"quiet": ("cold", "warm"), "noisy": ("cold",)}  # the default regime first
 PLAN = {
     "quiet": {
         "kv_append": (3, 50, 0),
@@ -93,9 +96,13 @@ PLAN = {
         "attention.decode": (2, 75, 0),
         "attention.decode_paged": (2, 75, 0),
     },
-    "kernel-clock": {"kv_append": (3, 30, 0), "rope": (3, 30, 0)},
-    "noisy": {op: (2, 20, 0) for op in ("kv_append", "rope", "attention.decode", "attention.decode_paged")},
+    "noisy": {op: (2, 30, 0) for op in ("kv_append", "rope", "attention.decode", "attention.decode_paged")},
 }
+# seconds of a call outside its timing rounds: worker start, setup (compiling every copy, CUDA graphs), the
+# reference (the 2026-12-04 H200 run: 13.7-14.0 s kv_append, 15.2-19.3 rope, 24.8-26.0 attention.decode,
+# 19.8-25.3 attention.decode_paged, with the in-graph reference); a call's timing budget is its share of what
+# is left after these
+OVERHEAD_S = {"kv_append": 15.0, "rope": 18.0, "attention.decode": 27.0, "attention.decode_paged": 24.0}
 
 
 def say(*a) -> None:
@@ -160,7 +167,7 @@ class Noise:
 def bench_call(op_name: str, tmp: str, key: str, cfg: dict, args, noisy: bool, budget_s: float, seed: int) -> dict:
     """One `bench_pair` (a fresh worker process) timing together: base, head, base2 and 3 x (triples - 1) more
     separately loaded copies of the base kernel, and the launch-config variants; then `--ref-replays`
-    profiled replays of every instance's own timing graph (the kernel-only reference)."""
+    profiled eager replays of every instance's `inner` launches (the kernel-only reference)."""
     from kernalin_ci.bench.pair import bench_pair
 
     src, fn, shape_params, variants = OPS[op_name]
@@ -197,7 +204,6 @@ def bench_call(op_name: str, tmp: str, key: str, cfg: dict, args, noisy: bool, b
             extra=extra,
             timeout_s=420.0,
             reference=args.ref_replays,
-            clock=cfg.get("clock", "events"),
         )
     finally:
         if ctx:
@@ -288,18 +294,22 @@ def aa_trials(call: dict, cap: int = RUN_CAP) -> list[dict]:
     return out
 
 
-def ref_ratios(call: dict, name: str, what: str = "kernel_ms") -> list[float] | None:
-    """Per shape: median reference time of `name` / that of the base (None: no reference recorded)."""
+def ref_ratios(call: dict, name: str, what: str = "kernel_ms") -> tuple[list[float] | None, str | None]:
+    """Per shape: median reference time of `name` / that of the base -> (ratios, None); (None, None) when no
+    reference was recorded; (None, why) when the reference of `name` or the base is invalid on a shape."""
     refs = call.get("reference") or []
     if len(refs) != len(call["shapes"]):
-        return None
+        return None, None
     out = []
-    for r in refs:
+    for shape, r in zip(call["shapes"], refs):
+        bad = {n: w for n, w in (r.get("invalid") or {}).items() if n in (name, "base")}
+        if bad:
+            return None, "; ".join(f"{shape} {n}: {w}" for n, w in bad.items())
         a, b = r[what].get(name) or [], r[what].get("base") or []
         if not a or not b or np.median(b) <= 0:
-            return None
+            return None, None
         out.append(float(np.median(a) / np.median(b)))
-    return out
+    return out, None
 
 
 def gmean(xs) -> float:
@@ -315,7 +325,8 @@ def effect_trials(call: dict) -> list[dict]:
     R = arr["base"].shape[0]
     out = []
     for vname in call["variants"]:
-        rs, spans = ref_ratios(call, vname), ref_ratios(call, vname, "span_ms")
+        rs, invalid = ref_ratios(call, vname)
+        spans, _ = ref_ratios(call, vname, "span_ms")
         r = gmean(rs) if rs else None
         want = None if r is None else "faster" if r <= 1 - EFFECT_MIN else "slower" if r >= 1 + EFFECT_MIN else None
         budgets = [(n, s) for n in WINDOWS for s in range(0, R - n + 1, n)] + [("all", 0)]
@@ -330,6 +341,7 @@ def effect_trials(call: dict) -> list[dict]:
                     "start": s,
                     "rounds": v.rounds,
                     "reference": r,
+                    "reference_invalid": invalid,
                     "reference_shapes": rs,
                     "reference_span": gmean(spans) if spans else None,
                     "verdict": v.verdict,
@@ -378,6 +390,7 @@ def goal_rows(results: dict) -> list[dict]:
             for b in ("run", 5, 10, "all"):
                 row[b] = count_false(aa, b)
             row["inside"] = (sum(e["inside"] for e in full), len(full))
+            row["invalid"] = sum(e["budget"] == "all" and bool(e.get("reference_invalid")) for e in eff)
             row["inside_span"] = (sum(bool(e["inside_span"]) for e in full), len(full))
             row["direction"] = (sum(e["verdict"] == e["expected"] for e in want), len(want))
             row["power10"] = (sum(e["verdict"] == e["expected"] for e in ten), len(ten))
@@ -398,22 +411,21 @@ def print_tables(results: dict) -> None:
     print(
         "| pass | regime | op | A/A live runs false (overall) | per shape | A/A n=5 windows | per shape | "
         "A/A n=10 windows | per shape | kernel-only reference in HDI +- floor | (span reference) | "
-        "direction right (reference off by >= 2%) | power n=10 | median A/A floor |"
+        "references invalid | direction right (reference off by >= 2%) | power n=10 | median A/A floor |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for row in goal_rows(results):
         b = "**" if row["op"] == "all ops" else ""
         cells = []
         for k in ("run", 5, 10):
             cells += [_frac(row[k]), _frac(row[k], "false_shapes", "shape_verdicts")]
-        pair = [
-            f"{a}/{n}" if n else "-" for a, n in (row["inside"], row["inside_span"], row["direction"], row["power10"])
-        ]
+        pair = [f"{a}/{n}" if n else "-" for a, n in (row["inside"], row["inside_span"])]
+        pair += [str(row["invalid"])] + [f"{a}/{n}" if n else "-" for a, n in (row["direction"], row["power10"])]
         print(
             f"| {row['pass']} | {row['regime']} | {b}{row['op']}{b} | {' | '.join(cells)} | {' | '.join(pair)} | "
             f"{100 * row['floor']:.2f}% |"
         )
-    print("\n## Known-effect pairs (all rounds) against the kernel-only reference of the same graphs")
+    print("\n## Known-effect pairs (all rounds) against the kernel-only reference (eager launches, same buffers)")
     print(
         "| pass | regime | op | variant | reference (kernel-only) | span reference | bench head/base | 95% HDI | "
         "floor | reference in HDI +- floor | verdict | direction right | per shape: reference -> bench |"
@@ -421,7 +433,14 @@ def print_tables(results: dict) -> None:
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results["runs"].values():
         for e in r["effects"]:
-            if e["budget"] != "all" or e["reference"] is None:
+            if e["budget"] != "all" or (e["reference"] is None and not e.get("reference_invalid")):
+                continue
+            if e.get("reference_invalid"):
+                print(
+                    f"| {r['pass']} | {r['regime']} | {r['op']} | {e['variant']} | invalid | invalid | "
+                    f"{e['ratio']:.4f} | [{e['hdi'][0]:.4f}, {e['hdi'][1]:.4f}] | {100 * e['floor']:.2f}% | "
+                    f"invalid | {e['verdict']} | - | {e['reference_invalid']} |"
+                )
                 continue
             right = "-" if e["expected"] is None else ("yes" if e["verdict"] == e["expected"] else "**no**")
             shapes = ", ".join(f"{x:.3f}->{y:.3f}" for x, y in zip(e["reference_shapes"], e["shape_ratios"]))
@@ -431,26 +450,32 @@ def print_tables(results: dict) -> None:
                 f"{100 * e['floor']:.2f}% | {'yes' if e['inside'] else '**no**'} | {e['verdict']} | {right} | "
                 f"{shapes} |"
             )
-    print("\n## Per-launch time of the base: bench (the pass's clock) and the kernel-only reference of the same graph")
+    print(
+        "\n## Per-launch time of the base: bench (CUDA events; on the CPU its wall clock) and the kernel-only "
+        "reference (eager launches)"
+    )
     print(
         "| pass | regime | op | shape | inner | bench | kernel-only | span | bench - kernel-only | "
-        "kernels per launch | cold copies | same output addresses (base, base2) |"
+        "kernels per launch | attribution | cold copies | same output addresses (base, base2) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results["runs"].values():
         c = r["calls"][0]
         base = np.asarray(c["instances"]["base"])
         for i, shape in enumerate(c["shapes"]):
             ref = c["reference"][i] if len(c.get("reference") or []) == len(c["shapes"]) else None
             bench = float(np.median(base[:, i]))
-            k = float(np.median(ref["kernel_ms"]["base"])) if ref else float("nan")
-            sp = float(np.median(ref["span_ms"]["base"])) if ref else float("nan")
-            kpl = float(np.median(ref["kernels"]["base"])) / c["inner"][i] if ref else float("nan")
+            k = float(np.median(ref["kernel_ms"]["base"])) if ref and ref["kernel_ms"]["base"] else float("nan")
+            sp = float(np.median(ref["span_ms"]["base"])) if ref and ref["span_ms"]["base"] else float("nan")
+            kpl = float(np.median(ref["kernels"]["base"])) / c["inner"][i] if ref and ref["kernels"]["base"] else 0
+            kernel = f"{1e3 * k:.3f} us | {1e3 * sp:.3f} us | {1e3 * (bench - k):.3f} us"
+            why = ((ref or {}).get("invalid") or {}).get("base")
+            if why:
+                kernel = f"invalid ({why}) | {1e3 * sp:.3f} us | -"
             same = (c.get("same_output_addresses") or [None] * len(c["shapes"]))[i]
             print(
                 f"| {r['pass']} | {r['regime']} | {r['op']} | {shape} | {c['inner'][i]} | {1e3 * bench:.3f} us | "
-                f"{1e3 * k:.3f} us | {1e3 * sp:.3f} us | {1e3 * (bench - k):.3f} us | {kpl:.2f} | {c['copies'][i]} | "
-                f"{same} |"
+                f"{kernel} | {kpl:.2f} | {(ref or {}).get('method', '-')} | {c['copies'][i]} | {same} |"
             )
 
 
@@ -462,7 +487,9 @@ def main(argv=None) -> int:
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--quick", action="store_true", help="a sanity run: cold, three ops, 1 triple, <= 60 s")
     ap.add_argument("--ops", default=",".join(OPS), help="comma-separated ops (default: all four)")
-    ap.add_argument("--regimes", default="warm,cold", help="comma-separated: warm, cold")
+    ap.add_argument(
+        "--regimes", default=None, help="comma-separated: cold, warm (default: quiet cold and warm, noisy cold)"
+    )
     ap.add_argument("--passes", default=None, help="comma-separated: " + ", ".join(PASSES) + " (default: all)")
     ap.add_argument("--noise-only", action="store_true", help="the noisy pass alone (= --passes noisy)")
     ap.add_argument("--triples", type=int, default=None, help="A/A triples per call (default: PLAN)")
@@ -474,20 +501,19 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     passes = ["noisy"] if args.noise_only else (args.passes or ",".join(PASSES)).split(",")
     plan_cfg = {k: dict(v) for k, v in PLAN.items()}
-    if args.quick:  # the event clock on three ops and the kernel clock on one, cold
-        plan_cfg = {"quiet": {op: (1, 8, 1) for op in OPS}, "kernel-clock": {"kv_append": (1, 8, 1)}}
+    if args.quick:  # three ops, cold, quiet
+        plan_cfg = {"quiet": {op: (1, 8, 1) for op in OPS}, "noisy": {op: (1, 8, 1) for op in OPS}}
         args.ref_replays, args.budget_s = 3, min(args.budget_s, 55.0)
-        passes = (args.passes or "quiet,kernel-clock").split(",")
+        passes = (args.passes or "quiet").split(",")
         if args.ops == ",".join(OPS):
             args.ops = "kv_append,rope,attention.decode_paged"
-        if args.regimes == "warm,cold":
-            args.regimes = "cold"
+        args.regimes = args.regimes or "cold"
     if args.device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"
         plan_cfg = {p: {op: (1, 5, 1) for op in OPS} for p in PASSES}  # the interpreter is slow
         args.reps, args.ref_replays = args.reps or 2, min(args.ref_replays, 2)
     ops = [o for o in args.ops.split(",") if o]
-    regimes = [r for r in args.regimes.split(",") if r]
+    regimes = [r for r in (args.regimes or "cold,warm").split(",") if r]
     bad = (
         [o for o in ops if o not in OPS]
         + [r for r in regimes if r not in ("warm", "cold")]
@@ -507,7 +533,6 @@ def main(argv=None) -> int:
             "triples": args.triples or t,
             "rounds": args.rounds or n,
             "variants": v,
-            "clock": "kernel" if pas == "kernel-clock" else "events",
         }
 
     import torch
@@ -525,7 +550,11 @@ def main(argv=None) -> int:
         )
     else:
         say("CPU (Triton interpreter): the code path only; the figures mean nothing")
-    plan = [(pas, regime, op) for pas in passes for regime in regimes for op in ops if op in plan_cfg[pas]]
+
+    def pass_regimes(pas: str) -> list[str]:
+        return regimes if args.regimes else [r for r in PASS_REGIMES[pas] if r in regimes]
+
+    plan = [(pas, regime, op) for pas in passes for regime in pass_regimes(pas) for op in ops if op in plan_cfg[pas]]
     # timing seconds a call is expected to need: instances x rounds x the op's cost of one instance-round
     # (the first H200 run: 0.008-0.016 s kv_append, 0.020-0.024 rope, 0.029 attention, 0.046 paged attention)
     cost = {"kv_append": 0.014, "rope": 0.022, "attention.decode": 0.03, "attention.decode_paged": 0.046}
@@ -537,17 +566,20 @@ def main(argv=None) -> int:
     results = {"device": args.device, "args": vars(args), "ops": ops, "regimes": regimes, "runs": {}}
     results |= {"skipped": [], "failed": []}
     deadline = T0 + args.budget_s
-    setup_allow = 12.0 if args.device == "cuda" and not args.quick else 6.0
+
+    def overhead(op: str) -> float:
+        return OVERHEAD_S[op] if args.device == "cuda" and not args.quick else 6.0
+
     with tempfile.TemporaryDirectory(prefix="kernalin-live-") as tmp:
         for idx, (pas, regime, op) in enumerate(plan):
             key = f"{pas}/{regime}/{op}"
             left = deadline - time.perf_counter()
             rest = plan[idx:]
-            if left < setup_allow + 3:
+            if left < overhead(op) + 3:
                 results["skipped"].append(key)
                 continue
             share = weight(pas, op) / sum(weight(p, o) for p, _, o in rest)
-            budget = max(2.0, (left - setup_allow * len(rest)) * share)
+            budget = max(2.0, (left - sum(overhead(o) for _, _, o in rest)) * share)
             call = bench_call(op, tmp, key, cfg(pas, op), args, pas == "noisy", budget, seed=1000 * idx + 7)
             if "error" in call:
                 results["failed"].append(f"{key}: {call['error']}")

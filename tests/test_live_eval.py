@@ -6,6 +6,7 @@ coordinator's (docs/statistics.md, "Live evaluation")."""
 import gzip
 import importlib.util
 import json
+import random
 import subprocess
 import sys
 
@@ -13,7 +14,7 @@ import numpy as np
 from conftest import REPO
 
 from kernalin_ci.bench import stats
-from kernalin_ci.bench.kernel_time import PREFIX, Event, attribute
+from kernalin_ci.bench.kernel_time import PREFIX, Event, RangeTime, attribute, implausible, record, replay_plan
 
 
 def _live():
@@ -37,7 +38,7 @@ def test_live_eval_runs_on_the_cpu_and_writes_every_table(tmp_path):
             "--regimes",
             "cold",
             "--passes",
-            "kernel-clock",
+            "quiet",
             "--out",
             str(out),
         ],
@@ -50,14 +51,15 @@ def test_live_eval_runs_on_the_cpu_and_writes_every_table(tmp_path):
     for title in ("Goals", "Known-effect pairs", "Per-launch time of the base"):
         assert f"## {title}" in r.stdout
     res = json.loads(out.read_text())
-    run = res["runs"]["kernel-clock/cold/kv_append"]
+    run = res["runs"]["quiet/cold/kv_append"]
     call = run["calls"][0]
-    assert call["clock"] == "cpu-wall-clock"  # the kernel clock's code path; the interpreter has no kernels
+    assert call["clock"] == "cpu-wall-clock"
     assert set(call["instances"]) == {"base", "head", "base2", "num_warps=1"}
     # the reference: measured inside the worker, per shape, for every instance, 2 profiled replays each
     assert len(call["reference"]) == 2
     for ref in call["reference"]:
-        assert ref["method"] == "wall-clock"  # no device events under the interpreter
+        assert ref["method"] == "wall-clock" and ref["launch"] == "eager"  # no device events under the interpreter
+        assert ref["invalid"] == {}  # wall-clock ranges are not checked
         assert set(ref["kernel_ms"]) == set(call["instances"])
         assert all(len(v) == 2 and min(v) > 0 for v in ref["kernel_ms"].values())
     assert {t["budget"] for t in run["aa"]} == {"run", 5, "all"}  # 5 rounds on the CPU: no 10-round window
@@ -67,7 +69,7 @@ def test_live_eval_runs_on_the_cpu_and_writes_every_table(tmp_path):
     want = [
         np.median(ref["kernel_ms"]["num_warps=1"]) / np.median(ref["kernel_ms"]["base"]) for ref in call["reference"]
     ]
-    assert np.allclose(eff["reference_shapes"], want)
+    assert np.allclose(eff["reference_shapes"], want) and eff["reference_invalid"] is None
     assert eff["verdict"] in ("faster", "slower", "equivalent", "inconclusive") and isinstance(eff["inside"], bool)
 
 
@@ -93,6 +95,77 @@ def test_attribution_by_link_by_time_and_by_wall_clock():
     # no device events at all (the CPU): the range's own duration, said so
     got = attribute(rng)
     assert got["0/0"].kernel_ns == 500 and got["0/0"].method == "wall-clock" and got["0/0"].kernels == 0
+
+
+def _replay(label, start, kernels, step=100, dur=40, corr=0):
+    """A host range at `start` (3000 ns long) and its kernels, `step` ns apart, each `dur` ns, linked to it."""
+    rng = Event(False, PREFIX + label, start, 3000, corr, 0)
+    return [rng] + [Event(True, "k", start + 10 + step * j, dur, 0, corr) for j in range(kernels)]
+
+
+def test_the_reference_drops_the_warm_up_replay_and_marks_implausible_profiles_invalid():
+    # instance 0: a warm-up replay that caught 1 of its 2 kernels, then 2 good replays (inner 2)
+    # instance 1: two replays whose kernels overlap (2 x 900 ns in a 1200 ns span: what CUPTI reported for
+    # graph-replayed kernels on the H200), which no stream of serial kernels can do
+    ev = _replay("0/w", 0, 1, corr=1) + _replay("0/0", 4000, 2, corr=2) + _replay("0/1", 8000, 2, corr=3)
+    ev += _replay("1/w", 12000, 2, corr=4) + _replay("1/0", 16000, 2, step=300, dur=900, corr=5)
+    ev += _replay("1/1", 20000, 2, step=300, dur=900, corr=6)
+    rec = record(attribute(ev), ["base", "head"], [2, 2], k=2)
+    assert rec["kernels"] == {"base": [2, 2], "head": [2, 2]}  # the warm-ups left out
+    assert rec["kernel_ms"]["base"] == [40e-6, 40e-6] and rec["span_ms"]["base"] == [70e-6, 70e-6]
+    assert rec["method"] == "linked" and rec["launch"] == "eager"
+    assert list(rec["invalid"]) == ["head"] and "> span" in rec["invalid"]["head"]
+    # a replay that missed a kernel, a count that is no multiple of inner, a replay missing, no kernels at all
+    one = RangeTime(40.0, 40.0, 1, "linked")
+    two = RangeTime(80.0, 140.0, 2, "time")
+    assert "differ" in implausible([two, one], inner=2)
+    assert "no multiple of inner" in implausible([RangeTime(120.0, 300.0, 3, "linked")] * 2, inner=2)
+    assert "no kernels" in implausible([RangeTime(0.0, 0.0, 0, "time")], inner=1)
+    assert implausible([two, two], inner=2) is None and implausible([two, two], inner=1) is None
+    assert implausible([RangeTime(101.0, 100.0, 1, "linked")], inner=1) is None  # within the timestamp slack
+    assert implausible([RangeTime(500.0, 500.0, 0, "wall-clock")], inner=3) is None  # the CPU: not checked
+    assert "only 1 of 2" in record({"0/0": two}, ["base"], [2], k=2)["invalid"]["base"]
+    # the plan: every instance's warm-up first, then k rounds, each holding every instance once
+    plan = replay_plan(3, 4, random.Random(0))
+    assert plan[:3] == [(0, "0/w"), (1, "1/w"), (2, "2/w")] and len(plan) == 3 + 12
+    rounds = [plan[3 + 3 * j : 6 + 3 * j] for j in range(4)]
+    assert all(
+        sorted(i for i, _ in r) == [0, 1, 2] and {lab[2:] for _, lab in r} == {str(j)} for j, r in enumerate(rounds)
+    )
+    assert len({tuple(i for i, _ in r) for r in rounds}) > 1  # a random order per round
+
+
+def test_an_invalid_reference_is_shown_as_invalid_never_as_a_ratio(capsys):
+    live = _live()
+    rng = np.random.default_rng(3)
+    inst = {n: (1 + 0.001 * rng.standard_normal((10, 1, 3))).tolist() for n in ("base", "head", "base2")}
+    inst["num_warps=1"] = (1.1 + 0.001 * rng.standard_normal((10, 1, 3))).tolist()
+    ref = {
+        "shape": 0,
+        "kernel_ms": {n: [1.0, 1.0] for n in inst} | {"num_warps=1": [2.0, 2.0]},
+        "span_ms": {n: [1.5, 1.5] for n in inst},
+        "kernels": {n: [4, 4] for n in inst},
+        "method": "linked",
+        "launch": "eager",
+        "invalid": {"num_warps=1": "kernel time 2.00 us > span 1.50 us in one replay"},
+    }
+    call = {"instances": inst, "shapes": ["T=1"], "variants": ["num_warps=1"], "reference": [ref], "inner": [4]}
+    call |= {"copies": [1], "same_output_addresses": [True]}
+    eff = live.effect_trials(call)
+    assert all(e["reference"] is None and e["inside"] is None for e in eff)
+    assert all("T=1 num_warps=1: kernel time" in e["reference_invalid"] for e in eff)
+    run = {"pass": "quiet", "regime": "cold", "op": "rope", "calls": [call], "aa": live.aa_trials(call), "effects": eff}
+    results = {"runs": {"quiet/cold/rope": run}}
+    row = live.goal_rows(results)[0]
+    assert row["invalid"] == 1 and row["inside"] == (0, 0) and row["direction"] == (0, 0)
+    live.print_tables(results)
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if "| num_warps=1 |" in x)
+    assert "| invalid | invalid |" in line and "1.0000" not in line.split("|")[5]
+    # the base's own reference invalid: the per-launch table says so instead of a kernel-only time
+    ref["invalid"] = {"base": "kernels per replay differ (3, 4)"}
+    live.print_tables(results)
+    assert "invalid (kernels per replay differ (3, 4))" in capsys.readouterr().out
 
 
 def test_live_runs_are_consecutive_and_the_goal_table_adds_up():

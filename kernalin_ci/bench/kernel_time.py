@@ -1,31 +1,42 @@
-"""Kernel-only device time of the benchmark's own replays: the live evaluation's reference (issue 12).
+"""Kernel-only device time of the benchmark's own launches: the live evaluation's reference (issue 12).
 
-The reference must time what the benchmark times: the same CUDA graphs (the same kernels, the
-same shared buffers, the same cold-regime ring), in the same memory state (the same L2 flush
-before each replay). So it is measured inside the benchmark worker, after the timing rounds:
-every instance's timing graph is replayed `k` times more under torch.profiler, each replay
+The reference must time what the benchmark times: the same kernels on the same shared buffers and
+cold-regime ring, in the same memory state (inputs restored and the L2 flushed before each replay, as
+before a timed sample). So it is measured inside the benchmark worker, after the timing rounds: every
+instance's `inner` launches of one sample are run `k` times more under torch.profiler, each replay
 inside its own `record_function` range, and the device kernels of a replay are summed.
+
+The launches are EAGER (outside any CUDA graph): CUPTI's device durations of graph-replayed kernels are
+wrong on CUDA 13.0 (on the H200 they summed to 1.7-2.0x the span of the replay, impossible for kernels
+that run one after another; docs/statistics.md, "Live evaluation"). Eager launches leave host gaps
+between kernels, which the kernel-only sum leaves out by construction; the span keeps them.
 
 Attribution of device kernels to ranges (`attribute`): by the profiler's link from a device event
 to the innermost profiled host op it was launched from (`linked_correlation_id`, what
-torch.profiler itself uses to give an op its CUDA time): the range itself (a graph replay) or an
-op inside it (an eager entry's own torch calls); for a range no device event links to,
-by time (a replay's kernels start inside its range: the range ends after a device synchronize,
-and the flush before it is synchronized too). Without device events (the CPU and
-the Triton interpreter) a range's own wall-clock duration stands in ("wall-clock"): those are not
-GPU figures.
+torch.profiler itself uses to give an op its CUDA time): the range itself or an op inside it (an
+entry's own torch calls); for a range no device event links to, by time (a replay's kernels start
+inside its range: the range ends after a device synchronize, and the flush before it is synchronized
+too). Without device events (the CPU and the Triton interpreter) a range's own wall-clock duration
+stands in ("wall-clock"): those are not GPU figures.
 
 Per range: `kernel` = the sum of its kernels' device durations (kernel-only, as the issue asks),
-`span` = first kernel start to last kernel end (kernels plus the gaps between them, what the
-CUDA events of a sample hold apart from the event overhead), `kernels` = how many.
+`span` = first kernel start to last kernel end (kernels plus the gaps between them), `kernels` = how
+many. Each instance's first replay of a profiling session is a warm-up, discarded (its range caught
+only part of its kernels on the H200). `record` checks what holds for any correct profile of one
+stream's kernels (`implausible`) and marks an instance whose replays fail it invalid, with why.
 """
 
 from __future__ import annotations
 
 import bisect
+import random
 from dataclasses import dataclass
 
 PREFIX = "kernalin-ref/"
+WARM_UP = "w"  # the label of an instance's discarded first replay
+LAUNCH = "eager"  # how the reference's replays launch their kernels (recorded with it)
+SLACK = 0.005  # implausible: kernel time above the span by more than this fraction ...
+SLACK_NS = 64  # ... plus this (two of the H200 profiler's 32 ns timestamp steps)
 
 
 @dataclass(frozen=True)
@@ -51,7 +62,8 @@ class RangeTime:
 def attribute(events: list[Event], prefix: str = PREFIX) -> dict[str, RangeTime]:
     """Host ranges named prefix + label -> {label: RangeTime} (see the module docstring)."""
     ranges = [e for e in events if not e.device and e.name.startswith(prefix)]
-    devs = [e for e in events if e.device]
+    devs = sorted((e for e in events if e.device), key=lambda e: e.start_ns)
+    dev_starts = [d.start_ns for d in devs]
     ranges.sort(key=lambda e: e.start_ns)
     starts = [r.start_ns for r in ranges]
     owner: dict[int, int] = {}  # host op id -> the range it lies in (the range itself, or an op inside it)
@@ -69,7 +81,8 @@ def attribute(events: list[Event], prefix: str = PREFIX) -> dict[str, RangeTime]
         if r.corr in linked:
             ks, method = linked[r.corr], "linked"
         elif devs:
-            ks = [d for d in devs if r.start_ns <= d.start_ns <= r.start_ns + r.dur_ns]
+            lo, hi = bisect.bisect_left(dev_starts, r.start_ns), bisect.bisect_right(dev_starts, r.start_ns + r.dur_ns)
+            ks = devs[lo:hi]
             method = "time"
         else:
             out[label] = RangeTime(float(r.dur_ns), float(r.dur_ns), 0, "wall-clock")
@@ -127,3 +140,55 @@ def profile_calls(calls: list[tuple], before, device: str) -> dict[str, RangeTim
                 fn()
                 sync()
     return attribute(events_of(prof))
+
+
+def replay_plan(instances: int, k: int, rng: random.Random) -> list[tuple[int, str]]:
+    """The reference's replays of one shape -> [(instance, range label)]: each instance's discarded warm-up
+    replay first, then `k` rounds with the instances in a random order each time."""
+    plan = [(i, f"{i}/{WARM_UP}") for i in range(instances)]
+    for j in range(k):
+        plan += [(i, f"{i}/{j}") for i in rng.sample(range(instances), instances)]
+    return plan
+
+
+def implausible(ts: list[RangeTime], inner: int) -> str | None:
+    """Why the replays of one instance cannot be a correct profile of `inner` launches on one stream, else
+    None: a replay without kernels, kernel counts that differ between replays or are no multiple of
+    `inner` (a range that caught part of a replay), kernel time above the span (kernels that run one after
+    another cannot; CUPTI's durations of graph-replayed kernels did). Wall-clock ranges are not checked."""
+    if not ts:
+        return "no replay recorded"
+    dev = [t for t in ts if t.method != "wall-clock"]
+    if not dev:
+        return None
+    counts = sorted({t.kernels for t in dev})
+    if counts[0] == 0:
+        return "a replay recorded no kernels"
+    if len(counts) > 1:
+        return f"kernels per replay differ ({', '.join(map(str, counts))})"
+    if counts[0] % inner:
+        return f"{counts[0]} kernels per replay is no multiple of inner = {inner}"
+    for t in dev:
+        if t.kernel_ns > t.span_ns * (1 + SLACK) + SLACK_NS:
+            return f"kernel time {t.kernel_ns / 1e3:.2f} us > span {t.span_ns / 1e3:.2f} us in one replay"
+    return None
+
+
+def record(got: dict[str, RangeTime], names: list[str], inners: list[int], k: int) -> dict:
+    """The reference of one shape from its ranges ({"<instance>/<replay>": RangeTime}; warm-ups left out):
+    per instance one value per replay, in ms per launch, of `kernel_ms`, `span_ms` and `kernels`; `method`
+    (how kernels were attributed: one method, or several joined by "+"); `launch`; `invalid` {instance:
+    why} for those whose replays fail `implausible` (their times are kept, but must not be used)."""
+    out: dict = {"kernel_ms": {}, "span_ms": {}, "kernels": {}, "method": "", "launch": LAUNCH, "invalid": {}}
+    methods = set()
+    for i, (n, inner) in enumerate(zip(names, inners)):
+        ts = [t for t in (got.get(f"{i}/{j}") for j in range(k)) if t is not None]
+        out["kernel_ms"][n] = [t.kernel_ns / inner / 1e6 for t in ts]
+        out["span_ms"][n] = [t.span_ns / inner / 1e6 for t in ts]
+        out["kernels"][n] = [t.kernels for t in ts]
+        methods |= {t.method for t in ts}
+        why = f"only {len(ts)} of {k} replays recorded" if len(ts) < k else implausible(ts, inner)
+        if why:
+            out["invalid"][n] = why
+    out["method"] = "+".join(sorted(methods)) or "none"
+    return out

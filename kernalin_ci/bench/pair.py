@@ -39,7 +39,6 @@ SKIP_DIRS = {"__pycache__", "venv", "env", "node_modules", "build", "dist"}  # a
 CLOCK_NOTE = {
     "cpu-wall-clock": "CPU wall-clock times under the Triton interpreter: not GPU figures",
     "cuda-events": "CUDA events around CUDA-graph replays, per launch",
-    "cuda-kernels": "kernel-only device time (CUDA profiler) of CUDA-graph replays, per launch",
 }
 
 
@@ -112,7 +111,8 @@ class BenchResult:
     instances: dict = field(default_factory=dict)  # name -> [rounds, shapes, reps] ms per launch
     orders: np.ndarray | None = None  # [rounds, shapes, instances] timing order
     # the kernel-only reference (`reference` > 0; kernalin_ci/bench/kernel_time.py), per shape:
-    # {"kernel_ms"|"span_ms"|"kernels": {instance: [one value per profiled replay]}, "method": ...}
+    # {"kernel_ms"|"span_ms"|"kernels": {instance: [one value per profiled replay]}, "method": ...,
+    # "launch": "eager", "invalid": {instance: why its replays are no correct profile}}
     reference: list = field(default_factory=list)
     # the verdict measured when kernalin_ci.explain turned it inconclusive (the environment changed while timing)
     verdict_measured: str | None = None
@@ -209,7 +209,6 @@ def bench_pair(
     shapes: list[str] | None = None,
     regime: str | None = None,
     reference: int = 0,
-    clock: str = "events",
     race: dict | None = None,
 ) -> BenchResult:
     """Benchmark head against base; the gate and `kernalin-ci bench` call this.
@@ -221,10 +220,9 @@ def bench_pair(
     checked against the base and recorded in `instances`, never judged.
     shapes: time only the shapes with these names (kernalin_ci.explain: the ones whose code differs).
     regime: "warm" or "cold" (None: DEFAULT_REGIME); see kernalin_ci/bench/timing.py.
-    reference: after the rounds, profile this many more replays of every instance's timing graph and
-    record their kernel-only device time in `reference` (benchmarks/live_eval.py; 0: none).
-    clock: on a GPU, "events" (CUDA events around each replay) or "kernel" (the kernel-only device time
-    of each replay from the CUDA profiler; timing.KernelClock). The CPU always uses its wall clock.
+    reference: after the rounds, profile this many more replays of every instance's `inner` launches,
+    launched eagerly on the same buffers, and record their kernel-only device time in `reference`
+    (benchmarks/live_eval.py; kernalin_ci/bench/kernel_time.py; 0: none).
     race: the schedule of a tune race (kernalin_ci/tune/schedule.py, worker task "tune-race"): the same
     setup and rounds, over a field of instances that narrows; its rounds reach `progress` (a callable)
     as events and are not judged here (no verdict, no trace).
@@ -288,7 +286,6 @@ def bench_pair(
             "rope": rope,
             "rope_min": rope_min,
             "reference": reference,
-            "clock": clock,
         }
         if race:
             job["race"] = race
@@ -387,7 +384,8 @@ def _run(job: dict, result: BenchResult, cases, device: str, timeout_s: float, p
                 )
             )
         elif kind == "reference":
-            result.reference.append({k: ev[k] for k in ("shape", "kernel_ms", "span_ms", "kernels", "method")})
+            keys = ("shape", "kernel_ms", "span_ms", "kernels", "method", "launch", "invalid")
+            result.reference.append({k: ev[k] for k in keys})
         elif kind == "stopped":
             result.stopped = ev["reason"]
         elif kind == "bench-error":

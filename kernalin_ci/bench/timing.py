@@ -50,10 +50,9 @@ eagerly instead, with a device synchronize before the start event and another
 before the end event, so work on other streams lies wholly inside the interval. On the CPU the same loop runs with a
 wall clock (the Triton interpreter): those figures are not GPU figures.
 
-The kernel clock (job "clock": "kernel", KernelClock) times the same replays under the CUDA profiler and
-keeps only the kernels' device time (no launch gaps, no event overhead). With job "reference": k the
-worker, after its rounds, profiles k more replays of every instance's timing graph (the kernel-only
-reference of benchmarks/live_eval.py; kernalin_ci/bench/kernel_time.py).
+With job "reference": k the worker, after its rounds, profiles k more replays of every instance's
+`inner` launches, launched eagerly on the same buffers and ring (the kernel-only reference of
+benchmarks/live_eval.py; kernalin_ci/bench/kernel_time.py).
 """
 
 from __future__ import annotations
@@ -375,13 +374,6 @@ class CudaClock:
         if self.flush_buf is not None:
             self.flush_buf.zero_()
 
-    def replay(self, r: TimedEntry) -> None:
-        """One sample's launches, untimed (the kernel-only reference profiles these)."""
-        if r.graph_time is not None:
-            r.graph_time.replay()
-        else:
-            r.launches()
-
     def sample(self, r: TimedEntry) -> float:
         """Milliseconds per launch."""
         self.flush()
@@ -428,55 +420,10 @@ class CpuClock:
     def flush(self) -> None:
         pass
 
-    def replay(self, r: TimedEntry) -> None:
-        r.launches()
-
     def sample(self, r: TimedEntry) -> float:
         t0 = time.perf_counter()
         r.launches()
         return (time.perf_counter() - t0) * 1e3 / r.inner
-
-
-class ProfiledTiming:
-    """Kernel-only samples (clock "kernel"): the same replays as the plain clock (same graphs, flush, restore
-    and order), each inside a profiler range, its kernels' device durations summed
-    (kernalin_ci/bench/kernel_time.py), one profiler session per shape and round. The launch gaps between a
-    graph's kernels and the event overhead, which a CUDA-event interval holds, are left out
-    (docs/statistics.md, "Live evaluation"). On the CPU the ranges' wall clock stands in (the code path)."""
-
-    profile_device = "cuda"
-
-    def time_shape(self, sh, order: list[int], reps: int) -> dict[str, list[float]]:
-        from kernalin_ci.bench import kernel_time
-
-        calls = []
-        for i in order:
-            r = sh.runners[i]
-            for s in ["w"] + list(range(reps)):
-
-                def before(first=s == "w"):
-                    if first:
-                        sh.inputs.restore()  # what an earlier instance wrote
-                    self.flush()
-
-                calls.append((f"{i}/{s}", lambda r=r: self.replay(r), before))
-        got = kernel_time.profile_calls(calls, lambda: None, self.profile_device)
-        out = {}
-        for i in order:
-            r = sh.runners[i]
-            ts = [got.get(f"{i}/{s}") for s in range(reps)]
-            if any(t is None or (self.profile_device == "cuda" and t.kernels == 0) for t in ts):
-                raise BenchAbort("clock", f"{r.name}: the profiler recorded no kernels for a sample (clock kernel)")
-            out[r.name] = [t.kernel_ns / r.inner / 1e6 for t in ts]
-        return out
-
-
-class KernelClock(ProfiledTiming, CudaClock):
-    label = "cuda-kernels"
-
-
-class CpuKernelClock(ProfiledTiming, CpuClock):
-    profile_device = "cpu"
 
 
 # ------------------------------------------------------------------ the job
@@ -528,12 +475,7 @@ def setup(job: dict, emit, op, params, device, fns, cases) -> tuple:
     """Once per benchmark worker: the clock, and per shape the shared inputs (op.inputs, once) and every
     instance bound to them and prepared by the clock (warm-up, CUDA graphs, inner, cold copies); emits a
     setup event per shape and setup-done. -> (clock, [Shape])."""
-    clocks = {("cuda", "events"): CudaClock, ("cuda", "kernel"): KernelClock}
-    clocks |= {("cpu", "events"): CpuClock, ("cpu", "kernel"): CpuKernelClock}
-    kind = job.get("clock", "events")
-    if (device, kind) not in clocks:
-        raise BenchAbort("usage", f"clock must be events or kernel, got {kind!r}")
-    clock = clocks[(device, kind)](job.get("l2_flush", True))
+    clock = (CudaClock if device == "cuda" else CpuClock)(job.get("l2_flush", True))
     regime = job.get("regime", "warm")
     if regime not in REGIMES:
         raise BenchAbort("usage", f"regime must be one of {', '.join(REGIMES)}, got {regime!r}")
@@ -586,7 +528,7 @@ def _run(job, emit, op, params, device, fns, cases) -> None:
         _check_agreement(op, shapes[si], exact, rnd)
 
     def time_shape(si: int, order: list[int]) -> dict[str, list[float]]:
-        return clock.time_shape(shapes[si], order, reps)  # the kernel clock profiles whole rounds
+        return clock.time_shape(shapes[si], order, reps)
 
     def on_stop(rng: random.Random) -> None:
         if job.get("reference"):
@@ -679,16 +621,16 @@ def timed_rounds(
 
 
 def _reference(shapes: list[Shape], clock, k: int, rng: random.Random, device: str, emit) -> None:
-    """The kernel-only reference (kernalin_ci/bench/kernel_time.py): per shape, `k` more replays of every
-    instance's own timing graph (same buffers, same ring, inputs restored and the L2 flushed before each,
-    as before a timed sample), in a random order each time, under torch.profiler."""
+    """The kernel-only reference (kernalin_ci/bench/kernel_time.py): per shape, every instance's `inner`
+    launches of one sample, launched eagerly (outside any CUDA graph: CUPTI's durations of graph-replayed
+    kernels are not trustworthy) on the same buffers and ring, the inputs restored and the L2 flushed
+    before each replay as before a timed sample, under torch.profiler: a discarded warm-up replay per
+    instance, then `k` replays of each, the instances in a random order each time."""
     from kernalin_ci.bench import kernel_time
 
     for si, sh in enumerate(shapes):
-        calls = []
-        for j in range(k):
-            for i in rng.sample(range(len(sh.runners)), len(sh.runners)):
-                calls.append((f"{i}/{j}", lambda r=sh.runners[i]: clock.replay(r)))
+        plan = kernel_time.replay_plan(len(sh.runners), k, rng)
+        calls = [(label, lambda r=sh.runners[i]: r.launches()) for i, label in plan]
 
         def before(sh=sh):
             sh.inputs.restore()
@@ -701,16 +643,8 @@ def _reference(shapes: list[Shape], clock, k: int, rng: random.Random, device: s
             emit({"event": "note", "message": f"{sh.case.name}: reference not measured ({type(e).__name__}: {msg})"})
             return
         names = [r.name for r in sh.runners]
-        ev = {"event": "reference", "shape": si, "kernel_ms": {}, "span_ms": {}, "kernels": {}, "method": ""}
-        for i, n in enumerate(names):
-            ts = [got.get(f"{i}/{j}") for j in range(k)]
-            ts = [t for t in ts if t is not None]
-            inner = sh.runners[i].inner
-            ev["kernel_ms"][n] = [t.kernel_ns / inner / 1e6 for t in ts]
-            ev["span_ms"][n] = [t.span_ns / inner / 1e6 for t in ts]
-            ev["kernels"][n] = [t.kernels for t in ts]
-            ev["method"] = ts[0].method if ts else "none"
-        emit(ev)
+        rec = kernel_time.record(got, names, [r.inner for r in sh.runners], k)
+        emit({"event": "reference", "shape": si, **rec})
 
 
 def _fresh_inputs(op, params, device, sh: Shape, rnd: int, seed: int) -> None:
