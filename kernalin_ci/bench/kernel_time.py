@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import bisect
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 PREFIX = "kernalin-ref/"
@@ -123,18 +124,17 @@ def events_of(prof) -> list[Event]:
     return out
 
 
-def profile_calls(calls: list[tuple], before, device: str) -> dict[str, RangeTime]:
-    """Run every (label, fn[, before]) once under the profiler, its `before()` (the restore, the flush; the
-    shared `before` where it has none) ahead of it and outside its range, a synchronize closing each range
-    -> {label: RangeTime}."""
+def profile_calls(calls: list[tuple[str, Callable[[], object]]], before, device: str) -> dict[str, RangeTime]:
+    """Run every (label, fn) once under the profiler, `before()` (the restore, the flush) and a synchronize
+    ahead of it and outside its range, a synchronize closing each range -> {label: RangeTime}."""
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     with profile(activities=acts) as prof:
-        for label, fn, *own in calls:
-            (own[0] if own else before)()
+        for label, fn in calls:
+            before()
             sync()
             with record_function(PREFIX + label):
                 fn()
