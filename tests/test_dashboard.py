@@ -65,7 +65,7 @@ def recorded(tmp_path):
             findings=[
                 {
                     "check": "bounds",
-                    "bug_class": "out-of-bounds",
+                    "bug_class": "unmasked-load",
                     "message": "reads past kv_len",
                     "location": {"path": "k.py", "line": 9},
                 }
