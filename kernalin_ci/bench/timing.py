@@ -663,11 +663,15 @@ def _check_agreement(op, sh: Shape, exact: bool, rnd: int) -> None:
     bad = disagreements(op, sh, exact)
     if bad:
         i, why = bad[0]
-        raise BenchAbort(
-            "mismatch",
-            f"{sh.runners[i].name} and {sh.runners[0].name} disagree on shape {sh.case.name} "
-            f"(round {rnd + 1}, fresh inputs): {why}",
-        )
+        raise BenchAbort("mismatch", mismatch_text(sh, i, rnd, why))
+
+
+def mismatch_text(sh: Shape, i: int, rnd: int, why: str) -> str:
+    """Why runner I's outputs are not the base's (runner 0) on SH's inputs of round RND."""
+    return (
+        f"{sh.runners[i].name} and {sh.runners[0].name} disagree on shape {sh.case.name} "
+        f"(round {rnd + 1}, fresh inputs): {why}"
+    )
 
 
 def disagreements(op, sh: Shape, exact: bool, active: list[int] | None = None) -> list[tuple[int, str]]:

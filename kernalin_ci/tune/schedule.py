@@ -36,7 +36,7 @@ import time
 import numpy as np
 
 from kernalin_ci.bench import stats
-from kernalin_ci.bench.timing import BenchAbort, disagreements, guarded, new_inputs, setup
+from kernalin_ci.bench.timing import BenchAbort, disagreements, guarded, mismatch_text, new_inputs, setup
 from kernalin_ci.tune import race
 
 REFERENCE, AA = "base", "base2"  # the benchmark's names of the current config and its A/A copy
@@ -70,10 +70,7 @@ def _race(job, emit, op, params, device, fns, cases) -> None:
             new_inputs(op, params, device, sh, state["round"], seed)
             active = [index[REFERENCE], index[AA]] + [index[n] for n in field]
             for i, why in disagreements(op, sh, op.exact, active):
-                message = (
-                    f"{names[i]} and {REFERENCE} disagree on shape {sh.case.name} "
-                    f"(round {state['round'] + 1}, fresh inputs): {why}"
-                )
+                message = mismatch_text(sh, i, state["round"], why)
                 if names[i] == AA:
                     raise BenchAbort("mismatch", message)  # the current config disagrees with itself
                 field.remove(names[i])
