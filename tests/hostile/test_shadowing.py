@@ -9,8 +9,10 @@ non-dumpable: a kernel running as the same unprivileged uid can read neither."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -147,10 +149,12 @@ def attack(tmp_path, unprivileged: bool) -> tuple[dict, Path]:
 
 
 @pytest.fixture
-def open_dir(open_dir):
-    """The shared open folder, writable by uid 65534 too (the kernel writes what it stole there)."""
-    open_dir.chmod(0o777)
-    return open_dir
+def open_dir():
+    """A directory uid 65534 can reach (pytest's tmp_path lies under a root-only directory)."""
+    d = Path(tempfile.mkdtemp(prefix="kernalin-hostile-"))
+    d.chmod(0o777)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
 
 
 def test_the_worker_gets_an_allowlisted_environment_and_no_checkout_shadows_it(open_dir):

@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -47,6 +48,15 @@ CASE = {
     "dtype": "float32",
     "seed": 1,
 }
+
+
+@pytest.fixture
+def open_dir():
+    """A folder the sandbox's uid 65534 can read (pytest's tmp_path lies under a root-only folder)."""
+    d = Path(tempfile.mkdtemp(prefix="kernalin-hostile-"))
+    d.chmod(0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
 
 
 def verify(folder: Path, mode: str, disk: str, only: str = "dynamic") -> tuple[subprocess.CompletedProcess, int]:

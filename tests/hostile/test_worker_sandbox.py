@@ -12,8 +12,10 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -69,6 +71,15 @@ def listener():
     threading.Thread(target=serve, daemon=True).start()
     yield srv.getsockname()[1], accepted
     srv.close()
+
+
+@pytest.fixture
+def open_dir():
+    """A folder the sandbox's uid 65534 can read (pytest's tmp_path lies under a root-only folder)."""
+    d = Path(tempfile.mkdtemp(prefix="kernalin-hostile-"))
+    d.chmod(0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.mark.parametrize("mode", ["on", "off"])
