@@ -142,3 +142,29 @@ def test_host_moves_follow_gathers_to_the_input():
     assert m[:6].tolist() == [-1] * 6 and m[6:18].tolist() == offsets[[0, 2]].reshape(-1).tolist()
     assert m[18:].tolist() == [-1] * 6
     assert moves.origin(scaled) is None
+
+
+def test_following_host_moves_does_not_import_dynamo():
+    """The structural worker's capture runs under HostMoves; torch's wrapper around a dispatch mode would
+    import torch._dynamo on its first call (2-3 s of the worker's time on the H200): a fresh process that
+    captures an entry must not load it."""
+    import subprocess
+    import sys
+
+    code = """
+import json, os, sys
+os.environ["TRITON_INTERPRET"] = "0"
+from kernalin_ci.entry import load_entry
+from kernalin_ci.ops import get_op
+from kernalin_ci.ops.base import resolve_params
+from kernalin_ci.verify.structural.task import capture_material
+p = resolve_params("attention.decode", get_op("attention.decode").params, {})
+os.environ["KERNALIN_PARAMS"] = json.dumps(p)
+material, _ = capture_material("attention.decode", load_entry(sys.argv[1]), p)
+assert material["shape"] is not None, material["refused"]
+print("dynamo" if "torch._dynamo" in sys.modules else "no dynamo")
+"""
+    entry = str(Path(__file__).resolve().parent.parent / "checks/attention_decode/correct_online_softmax.py") + ":entry"
+    out = subprocess.run([sys.executable, "-c", code, entry], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-2:] == ["no", "dynamo"], out.stdout

@@ -123,6 +123,15 @@ class HostMoves(TorchDispatchMode):
             self._forget(t)
 
 
+# torch wraps every TorchDispatchMode's __torch_dispatch__ so that torch.compile leaves it alone; the
+# wrapper's first call imports torch._dynamo to build that (2-3 s, the structural worker's longest
+# step on the H200). Nothing here is ever compiled: the function is its own dynamo-free form, in the
+# attribute where the wrapper keeps it (a torch without the wrapper has no __wrapped__: nothing to do).
+_dispatch = getattr(HostMoves.__torch_dispatch__, "__wrapped__", None)
+if _dispatch is not None:
+    setattr(_dispatch, "__dynamo_disable", _dispatch)
+
+
 def _written(func, args, out) -> list:
     """The tensors an op writes: its mutated arguments and its results that are not views of an argument."""
     schema = func._schema
