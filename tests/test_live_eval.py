@@ -81,6 +81,11 @@ def test_attribution_by_link_by_time_and_by_wall_clock():
     got = attribute(rng + [other, flush] + linked)
     assert got["0/0"].kernel_ns == 60 and got["0/0"].span_ns == 70 and got["0/0"].kernels == 2
     assert got["1/0"].kernel_ns == 50 and got["1/0"].kernels == 1 and got["0/0"].method == "linked"
+    # the GPU-side copy of a range (a user annotation from the first kernel's start to the last one's end,
+    # linked to the range; reported as device work where torch has no activity_type, as 2.11) is no kernel
+    shadows = [Event(True, PREFIX + "0/0", 1100, 70, 0, 11), Event(True, PREFIX + "1/0", 2100, 50, 0, 0)]
+    got = attribute(rng + [other, flush] + linked + shadows)
+    assert got["0/0"].kernel_ns == 60 and got["0/0"].kernels == 2 and got["1/0"].kernels == 1
     # an eager entry's own torch op inside a range: its kernel counts for the range
     nested = [Event(False, "aten::zero_", 2200, 50, 14, 0), Event(True, "fill", 2300, 20, 0, 14)]
     got = attribute(rng + [other, flush] + linked + nested)

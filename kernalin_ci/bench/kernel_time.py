@@ -63,7 +63,9 @@ class RangeTime:
 def attribute(events: list[Event], prefix: str = PREFIX) -> dict[str, RangeTime]:
     """Host ranges named prefix + label -> {label: RangeTime} (see the module docstring)."""
     ranges = [e for e in events if not e.device and e.name.startswith(prefix)]
-    devs = sorted((e for e in events if e.device), key=lambda e: e.start_ns)
+    # a range's GPU-side annotation (its name, from its first kernel to its last) is no kernel: torch
+    # without activity_type (2.11) reports it as device work (it doubled a one-kernel range's time)
+    devs = sorted((e for e in events if e.device and not e.name.startswith(prefix)), key=lambda e: e.start_ns)
     dev_starts = [d.start_ns for d in devs]
     ranges.sort(key=lambda e: e.start_ns)
     starts = [r.start_ns for r in ranges]
@@ -108,7 +110,12 @@ def events_of(prof) -> list[Event]:
     out = []
     for e in prof.profiler.kineto_results.events():
         on_device = e.device_type() != DeviceType.CPU
-        kind = e.activity_type() if hasattr(e, "activity_type") else ("kernel" if on_device else "cpu_op")
+        if hasattr(e, "activity_type"):
+            kind = e.activity_type()
+        elif on_device:
+            kind = "gpu_user_annotation" if getattr(e, "is_user_annotation", bool)() else "kernel"
+        else:
+            kind = "cpu_op"
         if kind not in (DEVICE_KINDS if on_device else OP_KINDS):
             continue
         out.append(
