@@ -110,12 +110,7 @@ def events_of(prof) -> list[Event]:
     out = []
     for e in prof.profiler.kineto_results.events():
         on_device = e.device_type() != DeviceType.CPU
-        if hasattr(e, "activity_type"):
-            kind = e.activity_type()
-        elif on_device:
-            kind = "gpu_user_annotation" if getattr(e, "is_user_annotation", bool)() else "kernel"
-        else:
-            kind = "cpu_op"
+        kind = e.activity_type() if hasattr(e, "activity_type") else ("kernel" if on_device else "cpu_op")
         if kind not in (DEVICE_KINDS if on_device else OP_KINDS):
             continue
         out.append(
