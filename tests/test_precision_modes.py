@@ -248,7 +248,8 @@ def test_angle_allowance_is_per_frequency_and_grows_with_the_position():
     err = angle_error(pos, 10000.0, 64)
     assert bool((err[0] == 0).all()) and bool((err[1:, 0] > err[1:, -1] * 1000).all())
     assert float(err[3, 0]) < 0.05 and float(err[1, 0]) < 1e-6  # a few float32 roundings of the angle
-    x = torch.randn(4, 2, 64, dtype=torch.float64)
+    # fixed inputs: the allowance scales with the row's magnitude (unseeded, 8% of draws passed 2e-5 below)
+    x = torch.randn(4, 2, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     slack = row_slack(x, pos, "neox", 10000.0, 64)
     assert slack.shape == (8,) and float(slack[:2].max()) == 0.0
     # a cos/sin table in float16 is off by ~1.4e-4 per row: well above what is allowed up to position 100
