@@ -14,9 +14,10 @@ rounds), timing together `--triples` disjoint A/A triples of separately loaded c
 (each its own module file: base, head, base2, then 3 more per triple) and the known-effect variants
 (the same file with one launch-config line rewritten: num_warps, tile sizes, split counts). After the
 rounds, the worker profiles `--ref-replays` more replays of every instance's `inner` launches, launched
-eagerly on the same buffers and ring (kernalin_ci/bench/kernel_time.py): the kernel-only reference of the
-same kernels, buffers and regime. A reference whose profile fails the plausibility check (kernel time
-above the span, kernel counts that differ) is recorded as invalid and shown as such, never as a ratio.
+eagerly on the same buffers and ring (kernalin_ci/bench/kernel_time.py): the kernel-only reference of
+the same kernels, buffers and regime. A reference whose profile fails the
+plausibility check (kernel time above the span, kernel counts that differ) is recorded as invalid and
+shown as such, never as a ratio.
 
 An A/A "live run": per triple, the rounds are cut into consecutive runs, each judged at the harness's
 looks and stopped by its rule (at most RUN_CAP rounds), the next starting on the following round, so no
@@ -483,6 +484,24 @@ def print_tables(results: dict) -> None:
 # ------------------------------------------------------------------ main
 
 
+def rejudge(path: str) -> int:
+    """Print the tables of a recorded run, every verdict decided again from its recorded times (no GPU)."""
+    import gzip
+
+    try:
+        with (gzip.open if path.endswith(".gz") else open)(path, "rt") as f:
+            results = json.load(f)
+        for run in results["runs"].values():
+            run["aa"] = [t for call in run["calls"] for t in aa_trials(call)]
+            run["effects"] = [t for call in run["calls"] for t in effect_trials(call)]
+    except (OSError, ValueError, KeyError) as e:
+        print(f"live_eval: --rejudge {path}: not a recorded run ({type(e).__name__}: {e})", file=sys.stderr)
+        return 2
+    say(f"{path}: recorded on {results.get('device')}, judged again")
+    print_tables(results)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
@@ -499,7 +518,12 @@ def main(argv=None) -> int:
     ap.add_argument("--ref-replays", type=int, default=10, help="profiled replays per instance and shape")
     ap.add_argument("--budget-s", type=float, default=440.0, help="no call starts that cannot end within this (s)")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "live_eval.json"))
+    ap.add_argument(
+        "--rejudge", metavar="FILE", help="judge a recorded run (its --out JSON, .gz too) with today's statistics"
+    )
     args = ap.parse_args(argv)
+    if args.rejudge:
+        return rejudge(args.rejudge)
     passes = ["noisy"] if args.noise_only else (args.passes or ",".join(PASSES)).split(",")
     plan_cfg = {k: dict(v) for k, v in PLAN.items()}
     if args.quick:  # three ops, cold, quiet

@@ -220,3 +220,26 @@ def test_bad_arguments_exit_2():
         timeout=120,
     )
     assert r.returncode == 2 and "bad arguments" in r.stderr
+
+
+def test_rejudge_of_the_recorded_h200_run_has_no_false_per_shape_verdict():
+    """The H200 cold run of 2026-12-04 (benchmarks/data/live_cold_h200.json.gz) judged again from its recorded
+    times: under one A/A pair's floor and the 0.5% minimum, 2 of 153 per-shape A/A verdicts said `slower` or
+    `faster` (a rope T=1 copy 0.6% faster in every window); the shape minimum (stats.row_minima) leaves none,
+    and the known-effect directions stay right."""
+    r = subprocess.run(
+        [sys.executable, "benchmarks/live_eval.py", "--rejudge", "benchmarks/data/live_cold_h200.json.gz"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = {tuple(c.strip() for c in line.split("|")[1:4]): line for line in r.stdout.splitlines()}
+    quiet = rows[("quiet", "cold", "**all ops**")].split("|")
+    assert quiet[4].strip() == "0/51" and quiet[5].strip() == "0/153", quiet
+    assert quiet[13].strip() == "8/8", quiet  # direction right where the reference is off by >= 2%
+    bad = subprocess.run(
+        [sys.executable, "benchmarks/live_eval.py", "--rejudge", "README.md"], cwd=REPO, capture_output=True, text=True
+    )
+    assert bad.returncode == 2 and "not a recorded run" in bad.stderr
