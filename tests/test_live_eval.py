@@ -97,17 +97,6 @@ def test_attribution_by_link_by_time_and_by_wall_clock():
     # links for one range only: the other falls back to time, and the flush (linked elsewhere) stays out
     got = attribute(rng + [other, flush] + linked[:2] + unlinked[2:3])
     assert got["0/0"].method == "linked" and got["1/0"].method == "time" and got["1/0"].kernel_ns == 50
-    # one linked kernel does not hide the range's timed ones (on the H200 a rope replay counted 1 of 346)
-    got = attribute(
-        rng + [Event(False, "aten::copy_", 2050, 20, 16, 0), Event(True, "copy", 2060, 10, 0, 16)] + unlinked
-    )
-    assert got["1/0"].kernels == 2 and got["1/0"].kernel_ns == 60 and got["1/0"].method == "linked+time"
-    # another stream's kernel starting in the window (the noisy pass's copy) and a kernel linked to an op of
-    # another thread inside the range are no replay's; the replays' stream is where most timed kernels run
-    noise = [Event(True, "copy", 2150, 400, 0, 0, lane=9)]
-    other_thread = [Event(False, "aten::copy_", 2300, 50, 17, 0, lane=5), Event(True, "copy", 2310, 90, 0, 17, lane=9)]
-    got = attribute(rng + noise + other_thread + unlinked)
-    assert got["1/0"].kernels == 1 and got["1/0"].kernel_ns == 50 and got["0/0"].kernels == 2
     # no device events at all (the CPU): the range's own duration, said so
     got = attribute(rng)
     assert got["0/0"].kernel_ns == 500 and got["0/0"].method == "wall-clock" and got["0/0"].kernels == 0

@@ -11,16 +11,13 @@ wrong on CUDA 13.0 (on the H200 they summed to 1.7-2.0x the span of the replay, 
 that run one after another; docs/statistics.md, "Live evaluation"). Eager launches leave host gaps
 between kernels, which the kernel-only sum leaves out by construction; the span keeps them.
 
-Attribution of device kernels to ranges (`attribute`), one rule per kernel: by the profiler's link
-from a device event to the innermost profiled host op it was launched from (`linked_correlation_id`,
-what torch.profiler itself uses to give an op its CUDA time) when that op is the range itself or an op
-inside it on the range's thread (an entry's own torch calls); a kernel linked to no such op (Triton's
-launches are not linked by torch 2.11) by time: the range it starts in (a replay's kernels start inside
-its range: the range ends after a device synchronize, and the flush before it is synchronized too), on
-the stream where most such kernels run, so another thread's or stream's work (the noisy pass's copies)
-is no replay's. A range takes both kinds ("linked+time"): on the H200, a replay whose one linked kernel
-made it ignore its 345 timed ones was marked invalid. Without device events (the CPU and the Triton
-interpreter) a range's own wall-clock duration stands in ("wall-clock"): those are not GPU figures.
+Attribution of device kernels to ranges (`attribute`): by the profiler's link from a device event
+to the innermost profiled host op it was launched from (`linked_correlation_id`, what
+torch.profiler itself uses to give an op its CUDA time): the range itself or an op inside it (an
+entry's own torch calls); for a range no device event links to, by time (a replay's kernels start
+inside its range: the range ends after a device synchronize, and the flush before it is synchronized
+too). Without device events (the CPU and the Triton interpreter) a range's own wall-clock duration
+stands in ("wall-clock"): those are not GPU figures.
 
 Per range: `kernel` = the sum of its kernels' device durations (kernel-only, as the issue asks),
 `span` = first kernel start to last kernel end (kernels plus the gaps between them), `kernels` = how
@@ -53,7 +50,6 @@ class Event:
     dur_ns: int
     corr: int  # the event's own correlation id (a host range's id)
     linked: int  # a device event: the host range it was launched from (0: unknown)
-    lane: int = 0  # a host event: its thread; a device event: its stream
 
 
 @dataclass(frozen=True)
@@ -61,52 +57,43 @@ class RangeTime:
     kernel_ns: float
     span_ns: float
     kernels: int
-    method: str  # "linked" | "time" | "linked+time" | "wall-clock"
+    method: str  # "linked" | "time" | "wall-clock"
 
 
 def attribute(events: list[Event], prefix: str = PREFIX) -> dict[str, RangeTime]:
-    """Host ranges named prefix + label -> {label: RangeTime} (see the module docstring). A device event
-    linked to a host op that lies in a range, on the range's thread, is that range's; one linked to no such
-    op is the range's it starts in, if it runs on the replays' stream (where most such events run): another
-    thread's or stream's work (the noisy pass's copies) is nobody's."""
-    ranges = sorted((e for e in events if not e.device and e.name.startswith(prefix)), key=lambda e: e.start_ns)
+    """Host ranges named prefix + label -> {label: RangeTime} (see the module docstring)."""
+    ranges = [e for e in events if not e.device and e.name.startswith(prefix)]
     # a range's GPU-side annotation (its name, from its first kernel to its last) is no kernel: torch
     # without activity_type (2.11) reports it as device work (it doubled a one-kernel range's time)
     devs = sorted((e for e in events if e.device and not e.name.startswith(prefix)), key=lambda e: e.start_ns)
+    dev_starts = [d.start_ns for d in devs]
+    ranges.sort(key=lambda e: e.start_ns)
     starts = [r.start_ns for r in ranges]
-
-    def within(t: int) -> Event | None:  # the range whose host interval holds time t
-        i = bisect.bisect_right(starts, t) - 1
-        return ranges[i] if i >= 0 and t <= ranges[i].start_ns + ranges[i].dur_ns else None
-
     owner: dict[int, int] = {}  # host op id -> the range it lies in (the range itself, or an op inside it)
     for h in events:
-        r = None if h.device else within(h.start_ns)
-        if r is not None and h.start_ns + h.dur_ns <= r.start_ns + r.dur_ns and h.lane == r.lane:
-            owner[h.corr] = r.corr
-    by_link: dict[int, list[Event]] = {}
-    by_time: list[tuple[int, Event]] = []
+        i = bisect.bisect_right(starts, h.start_ns) - 1
+        if not h.device and i >= 0 and h.start_ns + h.dur_ns <= ranges[i].start_ns + ranges[i].dur_ns:
+            owner[h.corr] = ranges[i].corr
+    linked: dict[int, list[Event]] = {}
     for d in devs:
         if d.linked in owner:
-            by_link.setdefault(owner[d.linked], []).append(d)
-        elif (r := within(d.start_ns)) is not None:
-            by_time.append((r.corr, d))
-    lanes = [d.lane for _, d in by_time]
-    replay_lane = max(set(lanes), key=lanes.count) if lanes else None
-    timed: dict[int, list[Event]] = {}
-    for corr, d in by_time:
-        if d.lane == replay_lane:
-            timed.setdefault(corr, []).append(d)
+            linked.setdefault(owner[d.linked], []).append(d)
     out: dict[str, RangeTime] = {}
     for r in ranges:
         label = r.name[len(prefix) :]
-        if not devs:
+        if r.corr in linked:
+            ks, method = linked[r.corr], "linked"
+        elif devs:
+            lo, hi = bisect.bisect_left(dev_starts, r.start_ns), bisect.bisect_right(dev_starts, r.start_ns + r.dur_ns)
+            ks = devs[lo:hi]
+            method = "time"
+        else:
             out[label] = RangeTime(float(r.dur_ns), float(r.dur_ns), 0, "wall-clock")
             continue
-        a, b = by_link.get(r.corr, []), timed.get(r.corr, [])
-        ks = a + b
-        method = "+".join(m for m, got in (("linked", a), ("time", b)) if got) or "time"
-        span = max(d.start_ns + d.dur_ns for d in ks) - min(d.start_ns for d in ks) if ks else 0
+        if ks:
+            span = max(d.start_ns + d.dur_ns for d in ks) - min(d.start_ns for d in ks)
+        else:
+            span = 0
         out[label] = RangeTime(float(sum(d.dur_ns for d in ks)), float(span), len(ks), method)
     return out
 
@@ -134,7 +121,6 @@ def events_of(prof) -> list[Event]:
                 dur_ns=int(e.duration_ns()),
                 corr=int(e.correlation_id()),
                 linked=int(e.linked_correlation_id()),
-                lane=int(e.device_resource_id() if on_device else e.start_thread_id()),
             )
         )
     return out
@@ -202,7 +188,7 @@ def record(got: dict[str, RangeTime], names: list[str], inners: list[int], k: in
         out["kernel_ms"][n] = [t.kernel_ns / inner / 1e6 for t in ts]
         out["span_ms"][n] = [t.span_ns / inner / 1e6 for t in ts]
         out["kernels"][n] = [t.kernels for t in ts]
-        methods |= {m for t in ts for m in t.method.split("+")}
+        methods |= {t.method for t in ts}
         why = f"only {len(ts)} of {k} replays recorded" if len(ts) < k else implausible(ts, inner)
         if why:
             out["invalid"][n] = why
