@@ -139,14 +139,14 @@ def test_per_shape_rule_keeps_the_minimum_rounds_and_agrees_with_the_overall_at_
     assert overall.verdict == "inconclusive" and all(v.verdict == "inconclusive" for v in per)  # < 5 rounds
     base, head, base2 = _run(rng, rounds=10, shapes=1, reps=3, head_offsets=(0.03,), aa_sd=(0.0005,))
     overall, per = stats.compare_run(base, head, base2)
-    alone = stats.compare_trace(base[:, 0], head[:, 0], base2[:, 0], rope_min=stats.SHAPE_ROPE_MIN)
+    alone = stats.compare_trace(base[:, 0], head[:, 0], base2[:, 0])
     assert overall.to_json() == per[0].to_json() == alone.to_json() and alone.verdict == "slower"
 
 
-def test_a_row_of_one_shape_has_the_shape_minimum_and_the_overall_row_the_callers():
+def test_a_shape_row_has_the_shape_minimum_and_the_overall_row_the_callers():
     """Separately loaded copies of one micro-kernel differ at one shape by a placement offset of up to
-    0.9% (the H200, docs/statistics.md) that one A/A pair does not measure: a shape row is never called
-    slower inside SHAPE_ROPE_MIN; the overall row of several shapes keeps the caller's minimum."""
+    0.9% (the H200, docs/statistics.md) that one A/A pair does not measure: a shape row of a multi-shape
+    run is never called slower inside SHAPE_ROPE_MIN; the overall row keeps the caller's minimum."""
     rng = np.random.default_rng(11)
     base, head, base2 = _run(rng, rounds=20, head_offsets=(0.007, 0.007, 0.007), aa_sd=(0.0002,) * 3)
     overall, per = stats.compare_run(base, head, base2)

@@ -33,7 +33,7 @@ import numpy as np
 
 CONFIDENCE = 0.95  # posterior mass a verdict needs, and the HDI mass
 ROPE_MIN = 0.005  # default user minimum half-width of the ROPE (0.5%)
-SHAPE_ROPE_MIN = 0.01  # a row that judges one shape: at least this (row_minima; docs/statistics.md)
+SHAPE_ROPE_MIN = 0.01  # a shape row of a multi-shape run: at least this (row_minima; docs/statistics.md)
 FLOOR_MULTIPLE = 1.0  # ROPE >= this multiple of the A/A floor (docs/statistics.md)
 MIN_ROUNDS = 5  # fewer rounds never give a verdict (the bootstrap is too narrow below that)
 DRAWS = 4000  # posterior draws; Monte Carlo error of a probability near 0.95 is about 0.0035
@@ -310,13 +310,13 @@ def compare_run(
 
 def row_minima(rope_min: float, shapes: int) -> np.ndarray:
     """The ROPE minimum of each row of a run ([overall, shape 1, ..., shape S]): the caller's for the
-    overall row of several shapes; at least SHAPE_ROPE_MIN for a row that judges one shape (every shape
-    row, and the overall row of a one-shape run). Separately loaded copies of one micro-kernel differ at
-    one shape by a placement offset that one A/A pair does not measure (docs/statistics.md); averaged
-    over several shapes it shrinks below the caller's minimum."""
-    m = np.full(1 + shapes, max(float(rope_min), SHAPE_ROPE_MIN))
+    overall row; at least SHAPE_ROPE_MIN for a shape row of a run of several shapes. Separately loaded
+    copies of one micro-kernel differ at one shape by a placement offset that one A/A pair does not
+    measure (docs/statistics.md); averaged over the shapes it shrinks below the caller's minimum. A
+    one-shape run's shape row is its overall row: the caller's minimum (the one the gate decides by)."""
+    m = np.full(1 + shapes, float(rope_min))
     if shapes > 1:
-        m[0] = float(rope_min)
+        m[1:] = max(float(rope_min), SHAPE_ROPE_MIN)
     return m
 
 
