@@ -4,6 +4,7 @@
     python3 benchmarks/live_eval.py --quick                # a sanity run, <= 60 s
     python3 benchmarks/live_eval.py --noise-only           # the noisy pass alone
     python3 benchmarks/live_eval.py --device cpu --quick   # the code path under the Triton interpreter
+    python3 benchmarks/live_eval.py --rejudge benchmarks/data/live_shape_h200.json.gz  # a recorded run, no GPU
 
 Ops: kv_append and rope at tokens 1, 64, 256; attention.decode and attention.decode_paged at their default
 bench shapes. Kernels: benchmarks/kernels/{kv_append,rope,decode_attention,paged_attention}.py.
@@ -15,9 +16,8 @@ rounds), timing together `--triples` disjoint A/A triples of separately loaded c
 (the same file with one launch-config line rewritten: num_warps, tile sizes, split counts). After the
 rounds, the worker profiles `--ref-replays` more replays of every instance's `inner` launches, launched
 eagerly on the same buffers and ring (kernalin_ci/bench/kernel_time.py): the kernel-only reference of
-the same kernels, buffers and regime. A reference whose profile fails the
-plausibility check (kernel time above the span, kernel counts that differ) is recorded as invalid and
-shown as such, never as a ratio.
+the same kernels, buffers and regime. A reference whose profile fails the plausibility check (kernel
+time above the span, kernel counts that differ) is recorded as invalid and shown as such, never as a ratio.
 
 An A/A "live run": per triple, the rounds are cut into consecutive runs, each judged at the harness's
 looks and stopped by its rule (at most RUN_CAP rounds), the next starting on the following round, so no

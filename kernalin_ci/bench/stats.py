@@ -17,8 +17,9 @@ Verdict against the region of practical equivalence (ROPE) [1 - rho, 1 + rho]:
 `equivalent` when >= 95% lies inside, else `inconclusive`. rho is fixed by the
 caller (`--rope`) or max(rope_min, FLOOR_MULTIPLE * floor), where the floor is
 the farthest edge of the A/A pair's 95% HDI from 1: how far two identical
-builds appear apart at this number of rounds. docs/statistics.md justifies the
-constants from the H200 traces.
+builds appear apart at this number of rounds; a shape row of a multi-shape run has a
+minimum of at least SHAPE_ROPE_MIN (row_minima). docs/statistics.md justifies the
+constants from the H200 traces and live runs.
 
 This module computes plain estimates; rendering lives elsewhere.
 """

@@ -130,7 +130,7 @@ def print_result(result, out) -> None:
             print(
                 f"  {s.shape}: base {s.base_ms:.4g} ms, head {s.head_ms:.4g} ms, "
                 f"head/base {sv.ratio:.4f} [{sv.hdi[0]:.4f}, {sv.hdi[1]:.4f}] -> {sv.verdict} "
-                f"(inner {s.inner}, {s.timing})",
+                f"(ROPE ±{100 * sv.rope_half_width:.2f}%, inner {s.inner}, {s.timing})",
                 file=out,
             )
     for n in result.notes:
