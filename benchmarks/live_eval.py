@@ -494,7 +494,7 @@ def rejudge(path: str) -> int:
         for run in results["runs"].values():
             run["aa"] = [t for call in run["calls"] for t in aa_trials(call)]
             run["effects"] = [t for call in run["calls"] for t in effect_trials(call)]
-    except (OSError, ValueError, KeyError) as e:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:  # unreadable, not JSON, another shape
         print(f"live_eval: --rejudge {path}: not a recorded run ({type(e).__name__}: {e})", file=sys.stderr)
         return 2
     say(f"{path}: recorded on {results.get('device')}, judged again")

@@ -222,7 +222,7 @@ def test_bad_arguments_exit_2():
     assert r.returncode == 2 and "bad arguments" in r.stderr
 
 
-def test_rejudge_of_the_recorded_h200_run_has_no_false_per_shape_verdict():
+def test_rejudge_of_the_recorded_h200_run_has_no_false_per_shape_verdict(tmp_path):
     """The H200 cold run of 2026-12-04 (benchmarks/data/live_cold_h200.json.gz) judged again from its recorded
     times: under one A/A pair's floor and the 0.5% minimum, 2 of 153 per-shape A/A verdicts said `slower` or
     `faster` (a rope T=1 copy 0.6% faster in every window); the shape minimum (stats.row_minima) leaves none,
@@ -243,3 +243,10 @@ def test_rejudge_of_the_recorded_h200_run_has_no_false_per_shape_verdict():
         [sys.executable, "benchmarks/live_eval.py", "--rejudge", "README.md"], cwd=REPO, capture_output=True, text=True
     )
     assert bad.returncode == 2 and "not a recorded run" in bad.stderr
+    for text in ("[1, 2]", '{"runs": [1]}', '{"runs": {"a": {"calls": [1]}}}'):  # JSON, but no recorded run
+        f = tmp_path / "other.json"
+        f.write_text(text)
+        bad = subprocess.run(
+            [sys.executable, "benchmarks/live_eval.py", "--rejudge", str(f)], cwd=REPO, capture_output=True, text=True
+        )
+        assert bad.returncode == 2 and "not a recorded run" in bad.stderr and "Traceback" not in bad.stderr, text
