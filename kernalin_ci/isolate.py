@@ -140,7 +140,7 @@ def run_task(
         with open(os.open(job_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), "w") as f:
             json.dump(job, f)
         plan, sandbox_env = sandbox.worker_plan(job, device, work, cwd, writable, readonly)
-        argv = [*wrap, *module_argv("kernalin_ci.kernel_worker", cwd=cwd), job_path]
+        argv = [*wrap, *module_argv("kernalin_ci.kernel_worker", cwd=cwd, pycache=plan and plan.pycache), job_path]
         r, w = os.pipe()
         try:  # the parent attaches the sandbox's capped folders before the worker runs
             proc, unready = sandbox.start(

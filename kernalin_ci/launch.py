@@ -43,10 +43,13 @@ def child_path(cwd: str | os.PathLike | None = None) -> list[str]:
     return out
 
 
-def module_argv(module: str, *, cwd: str | os.PathLike | None = None, python: str = sys.executable) -> list[str]:
+def module_argv(
+    module: str, *, cwd: str | os.PathLike | None = None, python: str = sys.executable, pycache: str | None = None
+) -> list[str]:
     """argv that runs `python -m MODULE` from this installation only, in working directory CWD (default:
-    ours); append the module's arguments."""
-    return [python, "-I", "-u", "-c", _BOOT, json.dumps(child_path(cwd)), module]
+    ours); append the module's arguments. PYCACHE: the folder it reads bytecode from (`-X pycache_prefix`)."""
+    prefix = ["-X", f"pycache_prefix={pycache}"] if pycache else []
+    return [python, "-I", *prefix, "-u", "-c", _BOOT, json.dumps(child_path(cwd)), module]
 
 
 # For an image where kernalin-ci is installed (the docker runner): no -I, so the interpreter keeps every

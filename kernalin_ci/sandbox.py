@@ -40,6 +40,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kernalin_ci import bytecode
 from kernalin_ci.errors import UsageError
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -226,6 +227,7 @@ class Plan:
     job: str | None = None  # the job's capped tmpfs (prepare(disk=...))
     folders: list = field(default_factory=list)  # a kernel worker's CappedFolders (worker_plan): its parent
     # attaches them before the worker runs (Handshake) and end_worker copies back what it added to shared ones
+    pycache: str | None = None  # a kernel worker's `-X pycache_prefix` (worker_plan: kernalin_ci/bytecode.py)
 
 
 def prepare(
@@ -799,6 +801,11 @@ def worker_plan(
                 _warned.append(why)
                 print(f"kernalin-ci: kernel workers run without a sandbox: {why}", file=sys.stderr)
             return None, {}
+    pycache = bytecode.worker_prefix()  # torch's bytecode, compiled once by a trusted child: read-only here
+    if pycache and (os.geteuid() != 0 or _others_can_read(pycache)):
+        readonly.append(os.path.realpath(pycache))
+    else:
+        pycache = None
     settings.extra_ro = [*readonly, os.path.realpath(workdir)]  # its job file: read-only too
     cache = compile_cache((device, *readonly))
     # each a tmpfs of its cap in the sandbox; the run's Triton cache too, seeded from and copied back to it
@@ -811,6 +818,7 @@ def worker_plan(
         capped=[(f.path, f.cap) for f in folders],
     )
     plan.folders = folders
+    plan.pycache = pycache
     plan.argv_prefix[1:1] = ["--chdir", here]
     env = {
         "HOME": plan.home,

@@ -224,3 +224,61 @@ def test_workers_of_the_same_code_share_a_compile_cache_and_other_code_gets_its_
     finally:
         for p in plans:
             sandbox.end_worker(p)
+
+
+BYTECODE_ENTRY = """import json, os, sys
+
+import torch
+
+
+def entry(q, k, positions):
+    cached = torch.__spec__.cached or ""
+    got = {"prefix": sys.pycache_prefix, "cached": cached, "exists": os.path.exists(cached)}
+    plant = os.path.join(sys.pycache_prefix or "/nonexistent", "planted.pyc")
+    for name, path in (("plant", plant), ("overwrite", cached)):
+        try:
+            with open(path, "ab") as f:
+                f.write(b"x")
+            got[name] = "written"
+        except OSError as e:
+            got[name] = type(e).__name__
+    raise RuntimeError("ATTACK" + json.dumps(got) + "ATTACK")
+"""
+
+
+def test_a_sandboxed_worker_reads_torch_from_bytecode_it_cannot_change(open_dir):
+    """The sandbox cannot write .pyc files into the Python installation; where it has none, every worker
+    compiled torch from source (3 s per worker on the H200). The parent compiles a worker's imports once
+    into its bytecode cache (kernalin_ci/bytecode.py) and the worker reads them there, read-only: a
+    kernel can neither plant bytecode nor change what the next worker imports."""
+    cache = open_dir / "bytecode"
+    kernel = open_dir / "probe.py"
+    kernel.write_text(BYTECODE_ENTRY)
+    dims = {"D": 64, "Hq": 2, "Hkv": 1, "T": 3, "positions": [0, 1, 2]}
+    case = json.dumps({"name": "p", "dims": dims, "dtype": "float32", "seed": 1})
+    env = dict(os.environ, KERNALIN_SANDBOX="on", KERNALIN_BYTECODE_CACHE=str(cache))
+    argv = [sys.executable, "-m", "kernalin_ci", "verify", "--op", "rope", "--entry", f"{kernel}:entry"]
+    argv += ["--only", "dynamic", "--case", case]
+    p = subprocess.run(argv, cwd=open_dir, env=env, capture_output=True, text=True, timeout=300)
+    out = p.stdout + p.stderr
+    assert "ATTACK" in out, out[-3000:]
+    got = json.loads(out.split("ATTACK")[1].replace("\\'", "'"))
+    assert got["prefix"] == str(cache), got
+    assert got["cached"].startswith(str(cache) + os.sep) and got["exists"], got  # compiled before the worker ran
+    assert got["plant"] != "written" and got["overwrite"] != "written", got
+    assert not (cache / "planted.pyc").exists()
+    assert "compiling the kernel workers' bytecode" in p.stderr
+    again = subprocess.run(argv, cwd=open_dir, env=env, capture_output=True, text=True, timeout=300)
+    assert "ATTACK" in again.stdout + again.stderr and "compiling" not in again.stderr  # once per installation
+
+
+def test_no_bytecode_cache_when_it_is_off(open_dir, monkeypatch):
+    from kernalin_ci import bytecode, sandbox
+
+    monkeypatch.setenv(sandbox.ENV_WORKER_SANDBOX, "on")
+    monkeypatch.setenv(bytecode.ENV, "off")
+    plan, _ = sandbox.worker_plan({}, "cpu", str(open_dir), str(open_dir))
+    try:
+        assert plan is not None and plan.pycache is None
+    finally:
+        sandbox.end_worker(plan)

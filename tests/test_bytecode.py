@@ -1,0 +1,29 @@
+"""kernalin_ci/bytecode.py: where the installation already holds its bytecode, nothing is compiled and
+workers read it there; where it does not (an image installed without .pyc files), the parent compiles a
+worker's imports once into its own cache (the sandboxed worker side: tests/hostile/test_worker_sandbox.py)."""
+
+import py_compile
+import sys
+
+from kernalin_ci import bytecode
+
+
+def test_an_installation_without_bytecode_is_seen(tmp_path, monkeypatch):
+    pkg = tmp_path / "kbfake"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(bytecode, "SAMPLE", (("kbfake", ("__init__.py",)),))
+    monkeypatch.setattr(bytecode, "_ready", {})
+    monkeypatch.delenv(bytecode.ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert not bytecode.installed_bytecode()
+    py_compile.compile(str(pkg / "__init__.py"), doraise=True)  # what pip does on install
+    assert bytecode.installed_bytecode()
+    assert bytecode.worker_prefix() is None and not (tmp_path / "cache").exists()  # nothing to do
+
+
+def test_the_key_names_this_python(monkeypatch):
+    key = bytecode.installation_key()
+    monkeypatch.setattr(sys, "version", sys.version + " (another build)")
+    assert bytecode.installation_key() != key
