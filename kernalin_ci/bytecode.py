@@ -130,11 +130,11 @@ def worker_prefix() -> str | None:
 
 
 def _warm(path: str) -> str | None:
+    marker = os.path.join(path, f".ready-{installation_key()}")
+    if os.path.exists(marker):  # compiled before (the folder may be read-only here: a shared, made one)
+        return path
     os.makedirs(path, mode=0o755, exist_ok=True)
     os.chmod(path, 0o755)  # the sandbox's user reads it (kernalin-ci as root hands workers another uid)
-    marker = os.path.join(path, f".ready-{installation_key()}")
-    if os.path.exists(marker):
-        return path
     with open(os.path.join(path, ".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another kernalin-ci may be compiling it right now: wait for it
         if os.path.exists(marker):

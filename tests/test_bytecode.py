@@ -27,3 +27,21 @@ def test_the_key_names_this_python(monkeypatch):
     key = bytecode.installation_key()
     monkeypatch.setattr(sys, "version", sys.version + " (another build)")
     assert bytecode.installation_key() != key
+
+
+def test_a_compiled_cache_on_a_read_only_file_system_is_used_as_it_is(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    cache = tmp_path / "bytecode"
+    cache.mkdir()
+    (cache / f".ready-{bytecode.installation_key()}").write_text("")
+
+    def read_only(*a, **k):  # a cache bound read-only (a shared one, made beforehand): nothing can change it
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(os, "chmod", read_only)
+    monkeypatch.setattr(os, "makedirs", read_only)
+    monkeypatch.setenv(bytecode.ENV, str(cache))
+    monkeypatch.setattr(bytecode, "_ready", {})
+    assert bytecode.worker_prefix() == str(cache)
