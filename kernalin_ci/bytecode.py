@@ -6,12 +6,14 @@ so it cannot write the `.pyc` files Python caches compiled modules in. Where the
 modules from source again: on the H200 3.1-3.5 s of each worker's start, on every verify's critical path
 (docs/verification.md).
 
-So the parent keeps a bytecode cache of its own: once per installation (Python, torch, Triton and
-kernalin-ci versions) a trusted child (no pull request code: isolated mode, its working directory a
-fresh temporary folder) imports what a worker imports with `-X pycache_prefix=DIR`, which writes their
-bytecode under DIR. Sandboxed workers start with the same prefix and see DIR read-only: they read the
-bytecode and can change none of it. `KERNALIN_BYTECODE_CACHE` names DIR (default
-`$XDG_CACHE_HOME/kernalin-ci/bytecode`, `~/.cache` without it) or `off`.
+So the parent keeps a bytecode cache of its own: once per installation (this Python and the installed
+torch, Triton and kernalin-ci) a trusted child (no pull-request code: isolated mode, its working
+directory a fresh temporary folder) imports what a worker imports with `-X pycache_prefix=DIR`, which
+writes their bytecode under DIR. Sandboxed workers start with the same prefix and see DIR read-only: they
+read the bytecode and can change none of it. Where the installation holds its own bytecode (pip compiles
+it on install) none of this is done. `KERNALIN_BYTECODE_CACHE` names DIR and uses it in any case
+(default, only where the installation has none: `$XDG_CACHE_HOME/kernalin-ci/bytecode`, `~/.cache`
+without XDG_CACHE_HOME), or is `off`.
 """
 
 from __future__ import annotations
