@@ -1,0 +1,184 @@
+"""Do profilers see what CUDA events see on graph-replayed micro-kernels? (docs/statistics.md, issue 12)
+
+kv_append (benchmarks/kernels/kv_append.py) at T=1 with num_warps 4 (the base), 1 and 8; CUDA graphs of
+100, 200 and 400 launches on fixed inputs, each replay after an L2 flush, the graphs in a random order.
+Three instruments time the same replays:
+- `events`: CUDA events around each replay; the slope over the graph lengths is the cost per launch;
+- `ncu-graph`: Nsight Compute, each replay as one workload (`--graph-profiling graph`), its
+  `gpu__time_duration`; slope as above;
+- `ncu-node`: Nsight Compute, each kernel of a 100-launch graph profiled alone (`--graph-profiling node`).
+Prints per instrument the time per launch of each variant and the variants' ratios to the base.
+
+    python3 benchmarks/graph_profilers.py          # one GPU, ncu on PATH; about 40 s on an H200
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib.util
+import io
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WARPS = (4, 1, 8)
+LENGTHS = (100, 200, 400)
+METRIC = "gpu__time_duration.sum"
+
+
+def load(nw: int, tmp: str):
+    with open(os.path.join(ROOT, "benchmarks", "kernels", "kv_append.py")) as f:
+        src = f.read().replace("NUM_WARPS = 4", f"NUM_WARPS = {nw}")
+    path = os.path.join(tmp, f"kv_nw{nw}.py")
+    with open(path, "w") as f:
+        f.write(src)
+    spec = importlib.util.spec_from_file_location(f"kv_nw{nw}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.append
+
+
+def replays(mode: str, lengths: tuple[int, ...], reps: int) -> dict:
+    """In the child: build the graphs, replay them; events -> their times (ns); else NVTX-marked replays."""
+    import torch
+
+    T, H, D, S = 1, 8, 128, 32768
+    key = torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16)
+    val = torch.randn_like(key)
+    kc = torch.zeros(S, H, D, device="cuda", dtype=torch.bfloat16)
+    vc = torch.zeros_like(kc)
+    slots = torch.tensor([1234], device="cuda", dtype=torch.int64)
+    graphs = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for nw in WARPS:
+            fn = load(nw, tmp)
+            for _ in range(3):
+                fn(key, val, kc, vc, slots)
+            torch.cuda.synchronize()
+            for n in lengths:
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    for _ in range(n):
+                        fn(key, val, kc, vc, slots)
+                graphs[f"{nw}/{n}"] = g
+    flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+    order, log, times = list(graphs), [], {k: [] for k in graphs}
+    for k in order:
+        graphs[k].replay()  # warm-up, outside any range
+    torch.cuda.synchronize()
+    rng = random.Random(0)
+    for _ in range(reps):
+        rng.shuffle(order)
+        for k in order:
+            flush.zero_()
+            torch.cuda.synchronize()
+            if mode == "events":
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                graphs[k].replay()
+                e.record()
+                torch.cuda.synchronize()
+                times[k].append(s.elapsed_time(e) * 1e6)
+            else:
+                torch.cuda.nvtx.range_push("kref")
+                graphs[k].replay()
+                torch.cuda.nvtx.range_pop()
+                torch.cuda.synchronize()
+            log.append(k)
+    return {"times": times, "log": log}
+
+
+def child(mode: str, lengths: tuple[int, ...], reps: int, ncu: list[str] | None = None) -> dict:
+    argv = [sys.executable, os.path.abspath(__file__), "--child", mode, "--lengths", ",".join(map(str, lengths))]
+    argv += ["--reps", str(reps)]
+    with tempfile.TemporaryDirectory() as tmp:
+        log = os.path.join(tmp, "ncu.csv")
+        if ncu:
+            argv = [*ncu, "--log-file", log, *argv]
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=ROOT)
+        got = [ln for ln in p.stdout.splitlines() if ln.startswith("PROBE ")]
+        if p.returncode != 0 or not got:
+            raise SystemExit(f"graph_profilers: {mode} failed: {(p.stdout + p.stderr)[-800:]}")
+        out = json.loads(got[0][6:])
+        if ncu:
+            with open(log, errors="replace") as f:
+                out["durations"] = parse(f.read())
+    return out
+
+
+def parse(text: str) -> list[float]:
+    rows = [ln for ln in text.splitlines() if ln.startswith('"')]
+    got = {}
+    for r in csv.DictReader(io.StringIO("\n".join(rows))):
+        if r.get("Metric Name") == METRIC:
+            got[int(r["ID"])] = float(r["Metric Value"].replace(",", ""))
+    return [got[i] for i in sorted(got)]
+
+
+def per_launch(medians: dict[str, float], lengths: tuple[int, ...]) -> dict[int, float]:
+    lo, hi = lengths[0], lengths[-1]
+    return {nw: (medians[f"{nw}/{hi}"] - medians[f"{nw}/{lo}"]) / (hi - lo) for nw in WARPS}
+
+
+def row(name: str, t: dict[int, float], note: str) -> str:
+    b = t[4]
+    return f"| {name} | {t[4]:.0f} | {t[1]:.0f} | {t[8]:.0f} | {t[1] / b:.4f} | {t[8] / b:.4f} | {note} |"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
+    ap.add_argument("--child", choices=("events", "ncu"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    lengths = tuple(int(x) for x in args.lengths.split(","))
+    if args.child:
+        print("PROBE " + json.dumps(replays(args.child, lengths, args.reps)), flush=True)
+        return 0
+    ncu = shutil.which("ncu")
+    if ncu is None:
+        print("graph_profilers: needs a GPU and Nsight Compute (`ncu` on PATH)", file=sys.stderr)
+        return 2
+    base = [ncu, "--csv", "--print-units", "base", "--clock-control", "none", "--cache-control", "none"]
+    base += ["--target-processes", "all", "--nvtx", "--nvtx-include", "kref/", "--metrics", METRIC]
+    ev = child("events", lengths, args.reps)
+    gr = child("ncu", lengths, args.reps, [*base, "--graph-profiling", "graph"])
+    nd = child("ncu", lengths[:1], 2, [*base, "--graph-profiling", "node"])
+    print("| instrument | base ns/launch | num_warps 1 | num_warps 8 | ratio nw1 | ratio nw8 | per replay besides |")
+    print("|---|---|---|---|---|---|---|")
+    med = {k: statistics.median(v) for k, v in ev["times"].items()}
+    t = per_launch(med, lengths)
+    print(
+        row("CUDA events (slope)", t, f"{min(med[f'{nw}/{lengths[0]}'] - lengths[0] * t[nw] for nw in WARPS):.0f} ns")
+    )
+    by: dict[str, list[float]] = {}
+    for k, d in zip(gr["log"], gr["durations"]):
+        by.setdefault(k, []).append(d)
+    if len(gr["durations"]) == len(gr["log"]):
+        med = {k: statistics.median(v) for k, v in by.items()}
+        t = per_launch(med, lengths)
+        icpt = min(med[f"{nw}/{lengths[0]}"] - lengths[0] * t[nw] for nw in WARPS)
+        print(row("ncu, graph workloads (slope)", t, f"{icpt:.0f} ns"))
+    else:
+        print(f"| ncu, graph workloads | {len(gr['durations'])} profiled, {len(gr['log'])} replayed | | | | | |")
+    n0 = lengths[0]
+    if len(nd["durations"]) == n0 * len(nd["log"]):
+        per: dict[str, list[float]] = {}
+        for i, k in enumerate(nd["log"]):
+            per.setdefault(k, []).extend(nd["durations"][i * n0 : (i + 1) * n0])
+        t = {nw: statistics.mean(per[f"{nw}/{n0}"]) for nw in WARPS}
+        print(row("ncu, each kernel alone (mean)", t, "-"))
+    else:
+        print(f"| ncu, each kernel alone | {len(nd['durations'])} profiled, {n0 * len(nd['log'])} launched | | | | | |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
