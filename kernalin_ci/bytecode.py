@@ -141,12 +141,14 @@ def _warm(path: str) -> str | None:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another kernalin-ci may be compiling it right now: wait for it
         if os.path.exists(marker):
             return path
-        from kernalin_ci.launch import child_path
+        from kernalin_ci.launch import PACKAGE_ROOT
 
         print("kernalin-ci: compiling the kernel workers' bytecode (once per installation)", file=sys.stderr)
         with tempfile.TemporaryDirectory(prefix="kernalin-bytecode-") as cwd:
             argv = [sys.executable, "-I", "-X", f"pycache_prefix={path}", "-c"]
-            boot = f"import sys; sys.path[:0] = {child_path(cwd)!r}\n"
+            # it runs unsandboxed: the installation's own paths only (isolated mode) and kernalin-ci's,
+            # never an entry of this process's sys.path that a checkout could have put there
+            boot = f"import sys; sys.path.insert(0, {PACKAGE_ROOT!r})\n"
             proc = subprocess.run(
                 [*argv, boot + WARM_SOURCE],
                 cwd=cwd,

@@ -45,3 +45,17 @@ def test_a_compiled_cache_on_a_read_only_file_system_is_used_as_it_is(tmp_path, 
     monkeypatch.setenv(bytecode.ENV, str(cache))
     monkeypatch.setattr(bytecode, "_ready", {})
     assert bytecode.worker_prefix() == str(cache)
+
+
+def test_the_compiling_child_imports_nothing_from_a_folder_on_our_path(tmp_path, monkeypatch):
+    """The child that compiles the cache runs outside the sandbox: a folder on this process's sys.path
+    (a checkout on PYTHONPATH) must not give it a `numpy` of its own; it imports from the installation."""
+    shadow = tmp_path / "checkout"
+    shadow.mkdir()
+    marker = tmp_path / "ran"
+    (shadow / "numpy.py").write_text(f"open({str(marker)!r}, 'w').write('shadow numpy ran')\n")
+    monkeypatch.syspath_prepend(str(shadow))
+    monkeypatch.setenv(bytecode.ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(bytecode, "_ready", {})
+    assert bytecode.worker_prefix() == str(tmp_path / "cache")
+    assert not marker.exists()
