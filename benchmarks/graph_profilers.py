@@ -2,14 +2,17 @@
 
 kv_append (benchmarks/kernels/kv_append.py) at T=1 with num_warps 4 (the base), 1 and 8; CUDA graphs of
 100, 200 and 400 launches on fixed inputs, each replay after an L2 flush, the graphs in a random order.
-Three instruments time the same replays:
+Four instruments time the same replays:
 - `events`: CUDA events around each replay; the slope over the graph lengths is the cost per launch;
+- `cupti`: torch.profiler (CUPTI) around the replays: per replay the sum of the kernels' device durations
+  and their span (first start to last end), each as a slope; and the CUDA events taken under it;
 - `ncu-graph`: Nsight Compute, each replay as one workload (`--graph-profiling graph`), its
   `gpu__time_duration`; slope as above;
 - `ncu-node`: Nsight Compute, each kernel of a 100-launch graph profiled alone (`--graph-profiling node`).
-Prints per instrument the time per launch of each variant and the variants' ratios to the base.
+Prints per instrument the time per launch of each variant and the variants' ratios to the base; events
+and cupti run in `--runs` separate processes each (the spread between processes is part of the answer).
 
-    python3 benchmarks/graph_profilers.py          # one GPU, ncu on PATH; about 40 s on an H200
+    python3 benchmarks/graph_profilers.py   # one GPU (the ncu rows need ncu on PATH); about 90 s on an H200
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 WARPS = (4, 1, 8)
 LENGTHS = (100, 200, 400)
 METRIC = "gpu__time_duration.sum"
@@ -46,7 +50,10 @@ def load(nw: int, tmp: str):
 
 
 def replays(mode: str, lengths: tuple[int, ...], reps: int) -> dict:
-    """In the child: build the graphs, replay them; events -> their times (ns); else NVTX-marked replays."""
+    """In the child: build the graphs, replay them; events -> their times (ns); cupti -> the same under
+    torch.profiler, with each replay's kernel sum and span (ns); ncu -> NVTX-marked replays."""
+    import contextlib
+
     import torch
 
     T, H, D, S = 1, 8, 128, 32768
@@ -74,12 +81,46 @@ def replays(mode: str, lengths: tuple[int, ...], reps: int) -> dict:
         graphs[k].replay()  # warm-up, outside any range
     torch.cuda.synchronize()
     rng = random.Random(0)
+    prof = contextlib.nullcontext()
+    if mode == "cupti":
+        from torch.profiler import ProfilerActivity, profile
+
+        prof = profile(activities=[ProfilerActivity.CUDA])
+    with prof:
+        replay_all(graphs, order, flush, mode, reps, rng, times, log)
+    out = {"times": times, "log": log}
+    if mode == "cupti":
+        out.update(cupti_times(prof, log))
+    return out
+
+
+def cupti_times(prof, log: list[str]) -> dict:
+    """The profiled kv_append kernels, in start order, cut into the replays of `log` (each replay of graph
+    `nw/n` holds n of them) -> per replay the kernels' summed device time and their span, in ns."""
+    from kernalin_ci.bench.kernel_time import events_of
+
+    kern = sorted((e.start_ns, e.dur_ns) for e in events_of(prof) if e.device and "_append_kernel" in e.name)
+    sizes = [int(k.split("/")[1]) for k in log]
+    if len(kern) != sum(sizes):
+        return {"error": f"{len(kern)} kernels recorded, {sum(sizes)} launched"}
+    kernel, span, i = [], [], 0
+    for n in sizes:
+        part = kern[i : i + n]
+        i += n
+        kernel.append(float(sum(d for _, d in part)))
+        span.append(float(part[-1][0] + part[-1][1] - part[0][0]))
+    return {"kernel": kernel, "span": span}
+
+
+def replay_all(graphs, order, flush, mode, reps, rng, times, log) -> None:
+    import torch
+
     for _ in range(reps):
         rng.shuffle(order)
         for k in order:
             flush.zero_()
             torch.cuda.synchronize()
-            if mode == "events":
+            if mode in ("events", "cupti"):
                 s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 s.record()
                 graphs[k].replay()
@@ -92,7 +133,6 @@ def replays(mode: str, lengths: tuple[int, ...], reps: int) -> dict:
                 torch.cuda.nvtx.range_pop()
                 torch.cuda.synchronize()
             log.append(k)
-    return {"times": times, "log": log}
 
 
 def child(mode: str, lengths: tuple[int, ...], reps: int, ncu: list[str] | None = None) -> dict:
@@ -132,40 +172,64 @@ def row(name: str, t: dict[int, float], note: str) -> str:
     return f"| {name} | {t[4]:.0f} | {t[1]:.0f} | {t[8]:.0f} | {t[1] / b:.4f} | {t[8] / b:.4f} | {note} |"
 
 
+def slope_row(name: str, series: dict[str, list[float]], lengths: tuple[int, ...]) -> str:
+    """Per-graph medians -> the per-launch slope of each variant, and the intercept (per replay besides)."""
+    med = {k: statistics.median(v) for k, v in series.items()}
+    t = per_launch(med, lengths)
+    icpt = min(med[f"{nw}/{lengths[0]}"] - lengths[0] * t[nw] for nw in WARPS)
+    return row(name, t, f"{icpt:.0f} ns")
+
+
+def by_graph(log: list[str], values: list[float]) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for k, v in zip(log, values):
+        out.setdefault(k, []).append(v)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--runs", type=int, default=3, help="processes per instrument (events, cupti)")
     ap.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
-    ap.add_argument("--child", choices=("events", "ncu"), help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=("events", "cupti", "ncu"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     lengths = tuple(int(x) for x in args.lengths.split(","))
     if args.child:
         print("PROBE " + json.dumps(replays(args.child, lengths, args.reps)), flush=True)
         return 0
-    ncu = shutil.which("ncu")
-    if ncu is None:
-        print("graph_profilers: needs a GPU and Nsight Compute (`ncu` on PATH)", file=sys.stderr)
+    try:
+        import torch
+
+        gpu = torch.cuda.is_available()
+    except ImportError:
+        gpu = False
+    if not gpu:
+        print("graph_profilers: needs a CUDA GPU", file=sys.stderr)
         return 2
-    base = [ncu, "--csv", "--print-units", "base", "--clock-control", "none", "--cache-control", "none"]
-    base += ["--target-processes", "all", "--nvtx", "--nvtx-include", "kref/", "--metrics", METRIC]
-    ev = child("events", lengths, args.reps)
-    gr = child("ncu", lengths, args.reps, [*base, "--graph-profiling", "graph"])
-    nd = child("ncu", lengths[:1], 2, [*base, "--graph-profiling", "node"])
     print("| instrument | base ns/launch | num_warps 1 | num_warps 8 | ratio nw1 | ratio nw8 | per replay besides |")
     print("|---|---|---|---|---|---|---|")
-    med = {k: statistics.median(v) for k, v in ev["times"].items()}
-    t = per_launch(med, lengths)
-    print(
-        row("CUDA events (slope)", t, f"{min(med[f'{nw}/{lengths[0]}'] - lengths[0] * t[nw] for nw in WARPS):.0f} ns")
-    )
-    by: dict[str, list[float]] = {}
-    for k, d in zip(gr["log"], gr["durations"]):
-        by.setdefault(k, []).append(d)
+    for run in range(1, args.runs + 1):
+        ev = child("events", lengths, args.reps)
+        print(slope_row(f"CUDA events (slope), process {run}", ev["times"], lengths))
+    for run in range(1, args.runs + 1):
+        cu = child("cupti", lengths, args.reps)
+        print(slope_row(f"CUDA events under torch.profiler, process {run}", cu["times"], lengths))
+        if "error" in cu:
+            print(f"| CUPTI, process {run} | {cu['error']} | | | | | |")
+            continue
+        print(slope_row(f"CUPTI kernel sum (slope), process {run}", by_graph(cu["log"], cu["kernel"]), lengths))
+        print(slope_row(f"CUPTI span (slope), process {run}", by_graph(cu["log"], cu["span"]), lengths))
+    ncu = shutil.which("ncu")
+    if ncu is None:
+        print("| Nsight Compute | not run: no `ncu` on PATH | | | | | |")
+        return 0
+    base = [ncu, "--csv", "--print-units", "base", "--clock-control", "none", "--cache-control", "none"]
+    base += ["--target-processes", "all", "--nvtx", "--nvtx-include", "kref/", "--metrics", METRIC]
+    gr = child("ncu", lengths, args.reps, [*base, "--graph-profiling", "graph"])
+    nd = child("ncu", lengths[:1], 2, [*base, "--graph-profiling", "node"])
     if len(gr["durations"]) == len(gr["log"]):
-        med = {k: statistics.median(v) for k, v in by.items()}
-        t = per_launch(med, lengths)
-        icpt = min(med[f"{nw}/{lengths[0]}"] - lengths[0] * t[nw] for nw in WARPS)
-        print(row("ncu, graph workloads (slope)", t, f"{icpt:.0f} ns"))
+        print(slope_row("ncu, graph workloads (slope)", by_graph(gr["log"], gr["durations"]), lengths))
     else:
         print(f"| ncu, graph workloads | {len(gr['durations'])} profiled, {len(gr['log'])} replayed | | | | | |")
     n0 = lengths[0]

@@ -176,3 +176,17 @@ def test_the_report_names_the_regime():
     assert "cold L2" in measurement_note(BenchResult.from_json({"rounds": 8, "clock": "cuda-events", "regime": "cold"}))
     older = BenchResult.from_json({"rounds": 8, "clock": "cuda-events"})  # older JSON: nothing invented
     assert "L2" not in measurement_note(older)
+
+
+def test_the_report_says_a_micro_kernels_ratio_is_its_timing_contexts():
+    from kernalin_ci.bench.pair import BenchResult
+    from kernalin_ci.report.text import measurement_note
+
+    def result(clock, base_ms):
+        shape = {"shape": "T=1", "base_ms": base_ms, "verdict": "slower", "ratio": 1.02, "hdi": [1.01, 1.03]}
+        shape |= {"p_faster": 0.0, "p_slower": 1.0, "p_equivalent": 0.0, "rope": [0.99, 1.01], "rounds": 5}
+        return BenchResult.from_json({"rounds": 5, "clock": clock, "shapes": [shape]})
+
+    assert "under 10 us per launch" in measurement_note(result("cuda-events", 0.0017))
+    assert "under 10 us" not in measurement_note(result("cuda-events", 0.2))
+    assert "under 10 us" not in measurement_note(result("cpu-wall-clock", 0.0017))  # not GPU figures at all

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, cli, has_cuda
 
-from kernalin_ci.bench.pair import BenchResult, aa_copy, bench_pair
+from kernalin_ci.bench.pair import BenchResult, ShapeResult, aa_copy, bench_pair, micro_note
 from kernalin_ci.errors import UsageError
 
 ROPE = "benchmarks/kernels/rope.py:rope"
@@ -256,3 +256,12 @@ def test_aa_copy_is_a_separate_tree(tmp_path):
 def test_bench_pair_raises_usage_error_for_unknown_op():
     with pytest.raises(UsageError):
         bench_pair("attention.prefill", ROPE, ROPE, device="cpu")
+
+
+def test_shapes_under_ten_microseconds_per_launch_get_the_micro_kernel_note():
+    short, long = ShapeResult("T=1 Hkv=8 D=128", base_ms=0.0016), ShapeResult("T=256 Hkv=8 D=128", base_ms=0.2)
+    note = micro_note([short, long, ShapeResult("no verdict")])
+    assert note is not None and note.startswith("T=1: 1.6 us per launch") and "T=256" not in note
+    assert "Micro-kernels" in note
+    assert micro_note([short]).startswith("the shape: 1.6 us per launch")
+    assert micro_note([long]) is None and micro_note([]) is None

@@ -110,8 +110,8 @@ def _replay(label, start, kernels, step=100, dur=40, corr=0):
 
 def test_the_reference_drops_the_warm_up_replay_and_marks_implausible_profiles_invalid():
     # instance 0: a warm-up replay that caught 1 of its 2 kernels, then 2 good replays (inner 2)
-    # instance 1: two replays whose kernels overlap (2 x 900 ns in a 1200 ns span: what CUPTI reported for
-    # graph-replayed kernels on the H200), which no stream of serial kernels can do
+    # instance 1: two replays whose kernels overlap (2 x 900 ns in a 1200 ns span: what a range's GPU copy
+    # counted as a kernel once looked like), which no stream of serial kernels can do
     ev = _replay("0/w", 0, 1, corr=1) + _replay("0/0", 4000, 2, corr=2) + _replay("0/1", 8000, 2, corr=3)
     ev += _replay("1/w", 12000, 2, corr=4) + _replay("1/0", 16000, 2, step=300, dur=900, corr=5)
     ev += _replay("1/1", 20000, 2, step=300, dur=900, corr=6)

@@ -6,10 +6,12 @@ before a timed sample). So it is measured inside the benchmark worker, after the
 instance's `inner` launches of one sample are run `k` times more under torch.profiler, each replay
 inside its own `record_function` range, and the device kernels of a replay are summed.
 
-The launches are EAGER (outside any CUDA graph): CUPTI's device durations of graph-replayed kernels are
-wrong on CUDA 13.0 (on the H200 they summed to 1.7-2.0x the span of the replay, impossible for kernels
-that run one after another; docs/statistics.md, "Live evaluation"). Eager launches leave host gaps
-between kernels, which the kernel-only sum leaves out by construction; the span keeps them.
+The launches are EAGER (outside any CUDA graph). A profiled graph replay is no better: CUPTI's durations
+of graph-replayed kernels are plausible on CUDA 13.0 (an earlier reading of 1.7-2.0x the span was this
+module's own attribution error, since fixed), but the profiler changes how the graph runs (on the H200,
+kv_append's 1.53 us per launch became 1.73 us of span; docs/statistics.md, "Micro-kernels"). Eager
+launches leave host gaps between kernels, which the kernel-only sum leaves out by construction; the
+span keeps them.
 
 Attribution of device kernels to ranges (`attribute`): by the profiler's link from a device event
 to the innermost profiled host op it was launched from (`linked_correlation_id`, what
@@ -157,7 +159,7 @@ def implausible(ts: list[RangeTime], inner: int) -> str | None:
     """Why the replays of one instance cannot be a correct profile of `inner` launches on one stream, else
     None: a replay without kernels, kernel counts that differ between replays or are no multiple of
     `inner` (a range that caught part of a replay), kernel time above the span (kernels that run one after
-    another cannot; CUPTI's durations of graph-replayed kernels did). Wall-clock ranges are not checked."""
+    another cannot; a device range counted as a kernel did). Wall-clock ranges are not checked."""
     if not ts:
         return "no replay recorded"
     dev = [t for t in ts if t.method != "wall-clock"]

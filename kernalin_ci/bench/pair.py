@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from kernalin_ci.bench import stats
-from kernalin_ci.bench.regime import DEFAULT_REGIME, REGIMES
+from kernalin_ci.bench.regime import DEFAULT_REGIME, MICRO_US, REGIMES
 from kernalin_ci.bench.render import progress_line
 from kernalin_ci.bench.shapes import bench_cases, split_params
 from kernalin_ci.bench.trace import Trace, from_shapes
@@ -455,6 +455,23 @@ def _finish(result: BenchResult, cases, info: dict, rope, rope_min) -> None:
         )
     if not result.failed and result.clock == "cpu-wall-clock":
         result.notes.append(CLOCK_NOTE["cpu-wall-clock"])
+    if not result.failed and result.clock == "cuda-events" and (note := micro_note(result.shapes)):
+        result.notes.append(note)
+
+
+def micro_note(shapes: list[ShapeResult]) -> str | None:
+    """The note for shapes whose base runs under MICRO_US per launch (None: no such shape)."""
+    short = [s for s in shapes if s.base_ms is not None and s.base_ms * 1e3 < MICRO_US]
+    if not short:
+        return None
+    us = sorted(s.base_ms * 1e3 for s in short)
+    span = f"{us[0]:.1f} us" if len(us) == 1 else f"{us[0]:.1f}-{us[-1]:.1f} us"
+    which = "the shape" if len(shapes) == 1 else ", ".join(s.shape.split(" ")[0] for s in short)
+    return (
+        f"{which}: {span} per launch, under {MICRO_US:g} us: the ratio is this timing context's; other contexts and "
+        "profilers put such kernels' ratios 1-5% apart on an H200, in the same direction for effects of 2% "
+        "or more (docs/statistics.md, Micro-kernels)"
+    )
 
 
 def _compact(dims: dict) -> dict:

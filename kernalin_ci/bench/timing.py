@@ -622,10 +622,10 @@ def timed_rounds(
 
 def _reference(shapes: list[Shape], clock, k: int, rng: random.Random, device: str, emit) -> None:
     """The kernel-only reference (kernalin_ci/bench/kernel_time.py): per shape, every instance's `inner`
-    launches of one sample, launched eagerly (outside any CUDA graph: CUPTI's durations of graph-replayed
-    kernels are not trustworthy) on the same buffers and ring, the inputs restored and the L2 flushed
-    before each replay as before a timed sample, under torch.profiler: a discarded warm-up replay per
-    instance, then `k` replays of each, the instances in a random order each time."""
+    launches of one sample, launched eagerly (outside any CUDA graph: the profiler changes how a graph
+    runs; kernel_time.py) on the same buffers and ring, the inputs restored and the L2 flushed before each
+    replay as before a timed sample, under torch.profiler: a discarded warm-up replay per instance, then
+    `k` replays of each, the instances in a random order each time."""
     from kernalin_ci.bench import kernel_time
 
     for si, sh in enumerate(shapes):
