@@ -11,8 +11,12 @@ Four instruments time the same replays:
 - `ncu-node`: Nsight Compute, each kernel of a 100-launch graph profiled alone (`--graph-profiling node`).
 Prints per instrument the time per launch of each variant and the variants' ratios to the base; events
 and cupti run in `--runs` separate processes each (the spread between processes is part of the answer).
+`--contexts`: CUDA events only, graphs of 288 launches (the benchmark's `inner` there) writing cache slot
+0, 1234 or the last, or a new random slot per launch, in `--runs` processes: the same clock in other
+contexts.
 
-    python3 benchmarks/graph_profilers.py   # one GPU (the ncu rows need ncu on PATH); about 90 s on an H200
+    python3 benchmarks/graph_profilers.py             # one GPU (ncu rows: ncu on PATH); about 90 s on an H200
+    python3 benchmarks/graph_profilers.py --contexts  # about 30 s
 """
 
 from __future__ import annotations
@@ -135,9 +139,63 @@ def replay_all(graphs, order, flush, mode, reps, rng, times, log) -> None:
             log.append(k)
 
 
-def child(mode: str, lengths: tuple[int, ...], reps: int, ncu: list[str] | None = None) -> dict:
+CONTEXT_INNER = 288
+
+
+def contexts(reps: int, seed: int) -> dict:
+    """In the child: kv_append at T=1, graphs of CONTEXT_INNER launches writing one fixed slot or a new
+    random slot per launch, each replay after an L2 flush -> {context: {num_warps: median ns per launch}}."""
+    import torch
+
+    H, D, S = 8, 128, 32768
+    key = torch.randn(1, H, D, device="cuda", dtype=torch.bfloat16)
+    val = torch.randn_like(key)
+    kc = torch.zeros(S, H, D, device="cuda", dtype=torch.bfloat16)
+    vc = torch.zeros_like(kc)
+    fixed = {s: torch.tensor([s], device="cuda", dtype=torch.int64) for s in (0, 1234, S - 1)}
+    perm = torch.randperm(S, generator=torch.Generator().manual_seed(seed))[:CONTEXT_INNER].tolist()
+    ring = [torch.tensor([s], device="cuda", dtype=torch.int64) for s in perm]
+    slots = {f"slot {s}": [t] * CONTEXT_INNER for s, t in fixed.items()}
+    slots["a random slot per launch"] = ring
+    graphs = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for nw in WARPS:
+            fn = load(nw, tmp)
+            for _ in range(3):
+                fn(key, val, kc, vc, fixed[0])
+            torch.cuda.synchronize()
+            for name, ss in slots.items():
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    for t in ss:
+                        fn(key, val, kc, vc, t)
+                graphs[(name, nw)] = g
+    flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+    times: dict = {k: [] for k in graphs}
+    order = list(graphs)
+    for k in order:
+        graphs[k].replay()
+    rng = random.Random(seed)
+    for _ in range(reps):
+        rng.shuffle(order)
+        for k in order:
+            flush.zero_()
+            torch.cuda.synchronize()
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            graphs[k].replay()
+            e.record()
+            torch.cuda.synchronize()
+            times[k].append(s.elapsed_time(e) * 1e6 / CONTEXT_INNER)
+    out: dict = {}
+    for (name, nw), v in times.items():
+        out.setdefault(name, {})[str(nw)] = statistics.median(v)
+    return out
+
+
+def child(mode: str, lengths: tuple[int, ...], reps: int, ncu: list[str] | None = None, seed: int = 0) -> dict:
     argv = [sys.executable, os.path.abspath(__file__), "--child", mode, "--lengths", ",".join(map(str, lengths))]
-    argv += ["--reps", str(reps)]
+    argv += ["--reps", str(reps), "--seed", str(seed)]
     with tempfile.TemporaryDirectory() as tmp:
         log = os.path.join(tmp, "ncu.csv")
         if ncu:
@@ -192,11 +250,14 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--runs", type=int, default=3, help="processes per instrument (events, cupti)")
     ap.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
-    ap.add_argument("--child", choices=("events", "cupti", "ncu"), help=argparse.SUPPRESS)
+    ap.add_argument("--contexts", action="store_true", help="the same clock in other contexts (events only)")
+    ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=("events", "cupti", "ncu", "contexts"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     lengths = tuple(int(x) for x in args.lengths.split(","))
     if args.child:
-        print("PROBE " + json.dumps(replays(args.child, lengths, args.reps)), flush=True)
+        got = contexts(args.reps, args.seed) if args.child == "contexts" else replays(args.child, lengths, args.reps)
+        print("PROBE " + json.dumps(got), flush=True)
         return 0
     try:
         import torch
@@ -207,6 +268,15 @@ def main(argv=None) -> int:
     if not gpu:
         print("graph_profilers: needs a CUDA GPU", file=sys.stderr)
         return 2
+    if args.contexts:
+        head = f"| CUDA events, graphs of {CONTEXT_INNER} launches | base ns/launch | num_warps 1 / base |"
+        print(head + " num_warps 8 / base |")
+        print("|---|---|---|---|")
+        for run in range(1, args.runs + 1):
+            for name, t in child("contexts", lengths, max(args.reps, 15), seed=run).items():
+                b = t["4"]
+                print(f"| {name}, process {run} | {b:.0f} | {t['1'] / b:.4f} | {t['8'] / b:.4f} |")
+        return 0
     print("| instrument | base ns/launch | num_warps 1 | num_warps 8 | ratio nw1 | ratio nw8 | per replay besides |")
     print("|---|---|---|---|---|---|---|")
     for run in range(1, args.runs + 1):
