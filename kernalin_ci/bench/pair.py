@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from kernalin_ci.bench import stats
-from kernalin_ci.bench.regime import DEFAULT_REGIME, MICRO_US, REGIMES
+from kernalin_ci.bench.regime import DEFAULT_REGIME, MICRO_US, REGIMES, is_micro
 from kernalin_ci.bench.render import progress_line
 from kernalin_ci.bench.shapes import bench_cases, split_params
 from kernalin_ci.bench.trace import Trace, from_shapes
@@ -461,7 +461,7 @@ def _finish(result: BenchResult, cases, info: dict, rope, rope_min) -> None:
 
 def micro_note(shapes: list[ShapeResult]) -> str | None:
     """The note for shapes whose base runs under MICRO_US per launch (None: no such shape)."""
-    short = [s for s in shapes if s.base_ms is not None and s.base_ms * 1e3 < MICRO_US]
+    short = [s for s in shapes if is_micro(s.base_ms)]
     if not short:
         return None
     us = sorted(s.base_ms * 1e3 for s in short)

@@ -16,3 +16,8 @@ DEFAULT_REGIME = "cold"  # H200 live evaluation: warm gave 25/360 false per-shap
 # (same direction for effects of 2% or more), of a 0.2 ms attention 0.1-0.4% (docs/statistics.md,
 # "Micro-kernels"). Shapes under it get a note (bench.pair.micro_note); their verdicts stand.
 MICRO_US = 10.0
+
+
+def is_micro(base_ms: float | None) -> bool:
+    """A shape whose base takes `base_ms` per launch (None: not timed) runs under MICRO_US."""
+    return base_ms is not None and base_ms * 1e3 < MICRO_US

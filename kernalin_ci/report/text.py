@@ -12,7 +12,7 @@ import html
 import math
 import re
 
-from kernalin_ci.bench.regime import MICRO_US
+from kernalin_ci.bench.regime import MICRO_US, is_micro
 from kernalin_ci.ops.base import Case
 
 # ---------------------------------------------------------------------------------------- escaping
@@ -228,7 +228,7 @@ def measurement_note(b) -> str:
         parts.append(f"A/A floor {percent(floor, 2)}")
     if b.shapes:
         parts.append(f"{len(b.shapes)} shape{'s' * (len(b.shapes) != 1)}")
-    if b.clock == "cuda-events" and any(s.base_ms is not None and s.base_ms * 1e3 < MICRO_US for s in b.shapes):
+    if b.clock == "cuda-events" and any(is_micro(s.base_ms) for s in b.shapes):
         parts.append(f"under {MICRO_US:g} us per launch: the ratio of this timing context (docs/statistics.md)")
     return " · ".join(parts)
 
