@@ -13,10 +13,12 @@ Prints per instrument the time per launch of each variant and the variants' rati
 and cupti run in `--runs` separate processes each (the spread between processes is part of the answer).
 `--contexts`: CUDA events only, graphs of 288 launches (the benchmark's `inner` there) writing cache slot
 0, 1234 or the last, or a new random slot per launch, in `--runs` processes: the same clock in other
-contexts.
+contexts. `--resident`: the same graphs on slot 0, with 0, 1 or 3 more graphs per variant captured and
+left idle in the process.
 
     python3 benchmarks/graph_profilers.py             # one GPU (ncu rows: ncu on PATH); about 90 s on an H200
     python3 benchmarks/graph_profilers.py --contexts  # about 30 s
+    python3 benchmarks/graph_profilers.py --resident  # about 60 s
 """
 
 from __future__ import annotations
@@ -142,9 +144,11 @@ def replay_all(graphs, order, flush, mode, reps, rng, times, log) -> None:
 CONTEXT_INNER = 288
 
 
-def contexts(reps: int, seed: int) -> dict:
+def contexts(reps: int, seed: int, idle: int = -1) -> dict:
     """In the child: kv_append at T=1, graphs of CONTEXT_INNER launches writing one fixed slot or a new
-    random slot per launch, each replay after an L2 flush -> {context: {num_warps: median ns per launch}}."""
+    random slot per launch, each replay after an L2 flush -> {context: {num_warps: median ns per launch}}.
+    idle >= 0: slot 0 only, and `idle` more graphs of the same launches per variant captured and never
+    replayed (graphs resident in the process)."""
     import torch
 
     H, D, S = 8, 128, 32768
@@ -157,7 +161,9 @@ def contexts(reps: int, seed: int) -> dict:
     ring = [torch.tensor([s], device="cuda", dtype=torch.int64) for s in perm]
     slots = {f"slot {s}": [t] * CONTEXT_INNER for s, t in fixed.items()}
     slots["a random slot per launch"] = ring
-    graphs = {}
+    if idle >= 0:
+        slots = {f"{3 * (idle + 1)} graphs resident": [fixed[0]] * CONTEXT_INNER}
+    graphs, resident = {}, []
     with tempfile.TemporaryDirectory() as tmp:
         for nw in WARPS:
             fn = load(nw, tmp)
@@ -165,11 +171,15 @@ def contexts(reps: int, seed: int) -> dict:
                 fn(key, val, kc, vc, fixed[0])
             torch.cuda.synchronize()
             for name, ss in slots.items():
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g):
-                    for t in ss:
-                        fn(key, val, kc, vc, t)
-                graphs[(name, nw)] = g
+                for i in range(max(idle, 0) + 1):
+                    g = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(g):
+                        for t in ss:
+                            fn(key, val, kc, vc, t)
+                    if i == 0:
+                        graphs[(name, nw)] = g
+                    else:
+                        resident.append(g)
     flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
     times: dict = {k: [] for k in graphs}
     order = list(graphs)
@@ -193,9 +203,11 @@ def contexts(reps: int, seed: int) -> dict:
     return out
 
 
-def child(mode: str, lengths: tuple[int, ...], reps: int, ncu: list[str] | None = None, seed: int = 0) -> dict:
+def child(
+    mode: str, lengths: tuple[int, ...], reps: int, ncu: list[str] | None = None, seed: int = 0, idle: int = -1
+) -> dict:
     argv = [sys.executable, os.path.abspath(__file__), "--child", mode, "--lengths", ",".join(map(str, lengths))]
-    argv += ["--reps", str(reps), "--seed", str(seed)]
+    argv += ["--reps", str(reps), "--seed", str(seed), "--idle", str(idle)]
     with tempfile.TemporaryDirectory() as tmp:
         log = os.path.join(tmp, "ncu.csv")
         if ncu:
@@ -251,12 +263,17 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=3, help="processes per instrument (events, cupti)")
     ap.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
     ap.add_argument("--contexts", action="store_true", help="the same clock in other contexts (events only)")
+    ap.add_argument("--resident", action="store_true", help="with 3, 6 and 12 graphs resident (events only)")
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--idle", type=int, default=-1, help=argparse.SUPPRESS)
     ap.add_argument("--child", choices=("events", "cupti", "ncu", "contexts"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     lengths = tuple(int(x) for x in args.lengths.split(","))
     if args.child:
-        got = contexts(args.reps, args.seed) if args.child == "contexts" else replays(args.child, lengths, args.reps)
+        if args.child == "contexts":
+            got = contexts(args.reps, args.seed, args.idle)
+        else:
+            got = replays(args.child, lengths, args.reps)
         print("PROBE " + json.dumps(got), flush=True)
         return 0
     try:
@@ -268,12 +285,16 @@ def main(argv=None) -> int:
     if not gpu:
         print("graph_profilers: needs a CUDA GPU", file=sys.stderr)
         return 2
-    if args.contexts:
+    if args.contexts or args.resident:
         head = f"| CUDA events, graphs of {CONTEXT_INNER} launches | base ns/launch | num_warps 1 / base |"
         print(head + " num_warps 8 / base |")
         print("|---|---|---|---|")
+        idles = (0, 1, 3) if args.resident else (-1,)
         for run in range(1, args.runs + 1):
-            for name, t in child("contexts", lengths, max(args.reps, 15), seed=run).items():
+            got = {}
+            for idle in idles:
+                got |= child("contexts", lengths, max(args.reps, 15), seed=run, idle=idle)
+            for name, t in got.items():
                 b = t["4"]
                 print(f"| {name}, process {run} | {b:.0f} | {t['1'] / b:.4f} | {t['8'] / b:.4f} |")
         return 0
