@@ -54,6 +54,9 @@ class Gate:
     rope: float = 0.005  # minimum ROPE half-width
     budget_s: float = 30.0  # benchmark budget per kernel pair
     bench: bool = True
+    # head branches (globs) whose own .kernalin.yml decides their gate, read from the BASE configuration only;
+    # never a fork's branch (kernalin_ci/gate/config_source.py)
+    trust_head_config: tuple[str, ...] = ()
 
 
 @dataclass
@@ -293,7 +296,7 @@ def _domain(w: _Where, m: dict, key: str, op: str, params: dict) -> dict:
 
 def _gate(w: _Where, node) -> Gate:
     m = _mapping(w, node, "gate")
-    _known(w, m, "gate", ("fail_on", "rope", "budget_s", "bench"))
+    _known(w, m, "gate", ("fail_on", "rope", "budget_s", "bench", "trust_head_config"))
     g = Gate()
     if "fail_on" in m:
         v = _py(m["fail_on"][1])
@@ -308,6 +311,12 @@ def _gate(w: _Where, node) -> Gate:
     if g.budget_s <= 0:
         raise w.err(m["budget_s"][1], "gate.budget_s", "must be positive")
     g.bench = _scalar(w, m, "gate", "bench", bool, default=g.bench)
+    if "trust_head_config" in m:
+        v = _py(m["trust_head_config"][1])
+        v = [v] if isinstance(v, str) else v
+        if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
+            raise w.err(m["trust_head_config"][1], "gate.trust_head_config", "expected a list of branch names or globs")
+        g.trust_head_config = tuple(v)
     return g
 
 

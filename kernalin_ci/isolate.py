@@ -134,7 +134,8 @@ def run_task(
     installation). This process is made non-dumpable first (the child must not read our /proc/PID/environ)."""
     make_undumpable()
     with tempfile.TemporaryDirectory(prefix="kernalin-job-") as tmp:
-        work = os.path.join(tmp, "work")  # the job file, read-only in the sandbox (tmp keeps others out)
+        os.chmod(tmp, 0o711)  # searchable, not listable: a worker of its own uid (sandbox.UID) reaches its job file
+        work = os.path.join(tmp, "work")  # the job file, read-only in the sandbox
         os.mkdir(work, 0o755)
         job_path = os.path.join(work, "job.json")
         with open(os.open(job_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), "w") as f:

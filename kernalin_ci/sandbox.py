@@ -42,6 +42,7 @@ from pathlib import Path
 
 from kernalin_ci import bytecode
 from kernalin_ci.errors import UsageError
+from kernalin_ci.trust import BUBBLEWRAP, NONE, UID, Isolation
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CGROUP_NAME = "kernalin-ci"
@@ -240,6 +241,8 @@ def prepare(
     disk: int | None = None,
     checkout: Path | None = None,
     capped: list[tuple[str, int]] = (),
+    copies: list[tuple[str, str]] = (),
+    proc: list[str] | None = None,
 ) -> Plan:
     """How to start job JOB_ID inside the sandbox. WRITABLE are bound read-write at the same paths;
     HIDE (the daemon's state folder, its secret files) are masked wherever a bound folder holds them.
@@ -248,7 +251,10 @@ def prepare(
     DISK bytes at JOB_DIR (/job: HOME, TMPDIR and the copy of the CHECKOUT, bound read-only at
     CHECKOUT_DIR, go there; /tmp is a link to JOB_DIR/tmp, or a tmpfs of DISK bytes of its own where a
     read-only path lives under /tmp), so the job cannot use more disk than that. CAPPED ((path, bytes)):
-    a tmpfs of its own at each path (a kernel worker's results: CappedFolder), nothing of the host's."""
+    a tmpfs of its own at each path (a kernel worker's results: CappedFolder), nothing of the host's.
+    COPIES ((source, path)): SOURCE bound read-only at PATH (a readable copy of a folder the job's uid cannot
+    read: `_staged`). PROC: how /proc is made (default a fresh one; inside another sandbox, its own
+    bound read-only: `_bwrap_works`)."""
     bwrap = shutil.which(settings.bwrap) if os.sep not in settings.bwrap else settings.bwrap
     if not bwrap or not os.access(bwrap, os.X_OK):
         raise SandboxError(
@@ -292,7 +298,7 @@ def prepare(
             argv += ["--symlink", os.readlink(p), p]
         elif os.path.isdir(p):
             argv += ["--ro-bind", p, p]
-    argv += ["--proc", "/proc", "--dev", "/dev"]
+    argv += [*(proc or ["--proc", "/proc"]), "--dev", "/dev"]
     for dev in gpu_devices:
         if os.path.exists(dev):
             argv += ["--dev-bind", dev, dev]
@@ -339,8 +345,10 @@ def prepare(
         return out
 
     bound: tuple[str, ...] = SYSTEM_RO
-    for p in ro:  # after /tmp: a Python installation may live under it
-        argv += [*parents(p, bound), "--ro-bind", p, p]
+    # after /tmp (a Python installation may live under it); a folder before what lies inside it, so that a
+    # copy (which leaves hidden entries out) never covers a bind inside it (a checkout's .venv)
+    for source, p in sorted([*((p, p) for p in ro), *copies], key=lambda sp: Path(sp[1]).parts):
+        argv += [*parents(p, bound), "--ro-bind", source, p]
         bound += (p,)
     for h in hide:
         if not h or not os.path.exists(h) or not any(_inside(h, b) for b in bound):
@@ -423,15 +431,26 @@ def describe(plan: Plan) -> str:
 
 # ------------------------------------------------------------------ kernel workers (verify, bench, the Action)
 
-WORKER_MODES = ("auto", "on", "off")
-ENV_WORKER_SANDBOX = "KERNALIN_SANDBOX"  # auto (default) | on | off, for the kernel workers of this process
+WORKER_MODES = ("auto", "on", "uid", "off")
+ENV_WORKER_SANDBOX = "KERNALIN_SANDBOX"  # auto (default) | on | uid | off, for the kernel workers of this process
 ENV_WORKER_DISK = "KERNALIN_SANDBOX_DISK"  # the size of each writable file system of a kernel worker
+ENV_COPY_MAX = "KERNALIN_SANDBOX_COPY_MAX"  # the most a sandbox copies of folders its user cannot read
 WORKER_DISK = "8g"
+COPY_MAX = "1g"
+SANDBOX_UID = 65534  # the bubblewrap sandbox's user when kernalin-ci runs as root (SandboxSettings.user)
+UID_BASE = 0x2A000000  # KERNALIN_SANDBOX=uid: each worker gets a uid of its own from here (no passwd entry)
 FULL_BELOW = 64 * 1024  # a capped folder with less free space than this: its worker reached the cap
 ATTACH_S = 30.0  # how long bubblewrap may take to set a sandbox up
+# what a user can do when the sandbox that kernel code needs cannot be made
+FIXES = (
+    "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap), or, as root, set KERNALIN_SANDBOX=uid "
+    "(an unprivileged uid without namespaces), or set KERNALIN_SANDBOX=off to run kernel code unsandboxed "
+    "(trusted code only; docs/security.md)"
+)
 _probe: dict = {}
 _warned: list = []
 _worker_ids = itertools.count(1)  # next() is atomic: workers start from several threads at once
+_isolation: dict = {}
 
 
 def worker_mode() -> str:
@@ -439,6 +458,16 @@ def worker_mode() -> str:
     if mode not in WORKER_MODES:
         raise SandboxError(f"{ENV_WORKER_SANDBOX}={mode!r}: expected one of {', '.join(WORKER_MODES)}")
     return mode
+
+
+def in_ci() -> str | None:
+    """The CI this process gates in (GitHub Actions, a daemon job), where kernel code is a pull request's and
+    the worker sandbox is required unless KERNALIN_SANDBOX says otherwise; None elsewhere."""
+    if os.environ.get("KERNALIN_DAEMON_JOB"):
+        return "a kernalin-ci daemon job"
+    if os.environ.get("GITHUB_ACTIONS") == "true":
+        return "GitHub Actions"
+    return None
 
 
 def worker_disk() -> int:
@@ -449,6 +478,92 @@ def worker_disk() -> int:
         return parse_size(text)
     except SandboxError as e:
         raise SandboxError(f"{ENV_WORKER_DISK}: {e}") from None
+
+
+def worker_isolation() -> Isolation:
+    """The isolation this process's kernel workers run under (KERNALIN_SANDBOX, decided once per value):
+
+    - `on`: the bubblewrap sandbox, or an error naming the cause and the fixes;
+    - `auto` (the default): the sandbox where bubblewrap can make one; else, in CI (GitHub Actions, a daemon
+      job), the same error: kernel code is a pull request's there; as root elsewhere, an unprivileged uid
+      of its own (`uid`), or that error where it cannot have one: kernel code never runs as root; as
+      another user elsewhere, unsandboxed, said once on stderr;
+    - `uid` (root only): an unprivileged uid of its own per worker, no namespaces (network and the
+      processes of the host visible, nothing of root's readable or writable);
+    - `off`: unsandboxed, as this process's user (trusted code only).
+    Raises SandboxError (a usage error: exit 2) where the mode cannot be had."""
+    mode = worker_mode()
+    if mode not in _isolation:
+        _isolation[mode] = _decide(mode)
+    return _isolation[mode]
+
+
+def _decide(mode: str) -> Isolation:
+    root = os.geteuid() == 0
+    me = os.geteuid()
+    if mode == "off":
+        return Isolation(NONE, me, True, f"{ENV_WORKER_SANDBOX}=off")
+    if mode == "uid":
+        why = _uid_mode_missing()
+        if why:
+            raise SandboxError(f"{ENV_WORKER_SANDBOX}=uid: {why}")
+        return Isolation(UID, UID_BASE, True, f"{ENV_WORKER_SANDBOX}=uid")
+    why = _bwrap_works(SandboxSettings())
+    if why is None:
+        return Isolation(BUBBLEWRAP, SANDBOX_UID if root else me, False, "")
+    ci = in_ci()
+    if mode == "on" or ci:
+        required = f"{ENV_WORKER_SANDBOX}=on" if mode == "on" else f"in {ci} the worker sandbox is required"
+        raise SandboxError(f"kernel code cannot be sandboxed: {why} ({required}): {FIXES}")
+    if root:
+        missing = _uid_mode_missing()
+        if missing:
+            raise SandboxError(
+                f"kernel code would run as root: {why}, and an unprivileged uid cannot be used either ({missing}): "
+                f"{FIXES}"
+            )
+        return Isolation(UID, UID_BASE, True, why)
+    if why not in _warned:
+        _warned.append(why)
+        print(
+            f"kernalin-ci: kernel workers run without a sandbox: {why} (install bubblewrap, or set "
+            f"{ENV_WORKER_SANDBOX}=off to say that this is intended)",
+            file=sys.stderr,
+        )
+    return Isolation(NONE, me, True, why)
+
+
+def _uid_mode_missing() -> str | None:
+    """Why workers cannot run as an unprivileged uid of their own here (None: they can)."""
+    if os.geteuid() != 0:
+        return f"needs root (kernalin-ci runs as uid {os.geteuid()})"
+    if not shutil.which("setpriv"):
+        return "setpriv (util-linux) is not installed"
+    closed = next((p for p in _interpreter_paths() if not _reachable(p)), None)
+    if closed:
+        return f"the Python installation ({closed}) is not readable by other users"
+    return None
+
+
+def _interpreter_paths() -> list[str]:
+    import kernalin_ci
+
+    return [os.path.realpath(sys.executable), os.path.dirname(os.path.realpath(kernalin_ci.__file__))]
+
+
+def _reachable(path: str) -> bool:
+    """Whether a user with no claim on PATH reaches and reads it through its real path (every folder on
+    the way searchable by others, PATH itself readable)."""
+    real = os.path.realpath(path)
+    parts = Path(real).parents
+    return all(_searchable(str(p)) for p in parts) and _others_can_read(real)
+
+
+def _searchable(folder: str) -> bool:
+    try:
+        return bool(os.stat(folder).st_mode & 0o001)
+    except OSError:
+        return False
 
 
 class CappedFolder:
@@ -705,40 +820,51 @@ _SHARED_DIRS = ("/", "/tmp", "/var/tmp", "/dev/shm")  # a file named there is bo
 
 
 def _bwrap_works(settings: SandboxSettings) -> str | None:
-    """None if bubblewrap can start a sandbox here (probed once), else why not."""
+    """None if bubblewrap can start a worker's sandbox here (probed once), else why not. Inside another
+    sandbox (a daemon job's) a fresh /proc cannot be mounted: the sandbox then shows the enclosing
+    sandbox's /proc read-only (`_probe["proc"]`), whose processes are the job's own."""
     if "why" not in _probe:
         bwrap = shutil.which(settings.bwrap)
         if not bwrap:
             _probe["why"] = "bubblewrap is not installed"
         else:
-            import subprocess
-
-            flags = ["--unshare-pid", "--unshare-net"] if os.geteuid() == 0 else ["--unshare-all"]
-            # the sandbox a worker gets, in short: a capped tmpfs the parent opens before the command runs
-            folder, hs = CappedFolder("kernalin-probe-", 1 << 20), Handshake()
-            argv = [bwrap, *flags, "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
-            argv += ["--size", str(folder.cap), "--tmpfs", folder.path, *hs.argv(), "true"]
-            try:
-                p = subprocess.Popen(
-                    argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                    pass_fds=hs.child_fds(), text=True,
-                )  # fmt: skip
-                attached = hs.attach(p, [folder])
-                if attached:
-                    p.kill()
-                err = p.communicate(timeout=30)[1]
-                if p.returncode not in (0, -signal.SIGKILL):  # it failed by itself (not killed here)
-                    _probe["why"] = f"bubblewrap cannot make a sandbox here ({' '.join(err.split())[:200]})"
-                elif attached:
-                    _probe["why"] = f"the parent cannot open the sandbox's results folder: {attached}"
-                else:
-                    _probe["why"] = None
-            except (OSError, subprocess.TimeoutExpired) as e:
-                _probe["why"] = f"bubblewrap cannot run ({e})"
-            finally:
-                hs.close()
-                folder.close()
+            why = None
+            for proc in (["--proc", "/proc"], ["--ro-bind", "/proc", "/proc"]):
+                why = _probe_once(bwrap, proc)
+                if why is None:
+                    _probe["proc"] = proc
+                    break
+            _probe["why"] = why
     return _probe["why"]
+
+
+def _probe_once(bwrap: str, proc: list[str]) -> str | None:
+    """Start the sandbox a worker gets, in short: a capped tmpfs the parent opens before the command runs."""
+    import subprocess
+
+    flags = ["--unshare-pid", "--unshare-net"] if os.geteuid() == 0 else ["--unshare-all"]
+    folder, hs = CappedFolder("kernalin-probe-", 1 << 20), Handshake()
+    argv = [bwrap, *flags, "--ro-bind", "/", "/", *proc, "--dev", "/dev"]
+    argv += ["--size", str(folder.cap), "--tmpfs", folder.path, *hs.argv(), "true"]
+    try:
+        p = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            pass_fds=hs.child_fds(), text=True,
+        )  # fmt: skip
+        attached = hs.attach(p, [folder])
+        if attached:
+            p.kill()
+        err = p.communicate(timeout=30)[1]
+        if p.returncode not in (0, -signal.SIGKILL):  # it failed by itself (not killed here)
+            return f"bubblewrap cannot make a sandbox here ({' '.join(err.split())[:200]})"
+        if attached:
+            return f"the parent cannot open the sandbox's results folder: {attached}"
+        return None
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"bubblewrap cannot run ({e})"
+    finally:
+        hs.close()
+        folder.close()
 
 
 def worker_plan(
@@ -749,65 +875,49 @@ def worker_plan(
     writable: tuple[CappedFolder, ...] = (),
     readonly: tuple[str, ...] = (),
 ) -> tuple[Plan | None, dict]:
-    """How to start a kernel worker: in a sandbox (a Plan, plus the environment it needs), or not (None).
+    """How to start a kernel worker under `worker_isolation()`: a Plan (None: unsandboxed) and the
+    environment it needs.
 
-    The worker sees the system and the Python installation read-only, the folders its job names (the
-    checkout, entry files), WORKDIR (its job file) and READONLY (a profiler's installation) read-only;
-    each of WRITABLE (the folders the parent reads its raw results from) as a tmpfs of the folder's cap
-    (CappedFolder); the Triton cache it shares with this process's workers of the same code
-    (compile_cache) as a tmpfs seeded from it, whose new files the parent copies back after the worker
-    ended; fresh tmpfs for HOME and /tmp; each of KERNALIN_SANDBOX_DISK bytes: nothing of the host is
-    writable; no network; its own PID namespace; the gate's
-    process and every other file of the user (SSH keys, a runner's credentials) do not exist inside.
-    KERNALIN_SANDBOX=off runs it unsandboxed; auto (the default) warns once on stderr where bubblewrap
-    cannot run; on makes that an error."""
-    mode = worker_mode()
-    if mode == "off":
-        return None, {}
-    settings = SandboxSettings(memory=_worker_memory(), tmpfs_size=str(worker_disk()))
-    why = _bwrap_works(settings)
-    if why:
-        if mode == "on":
-            raise SandboxError(f"{ENV_WORKER_SANDBOX}=on: {why}")
-        if why not in _warned:
-            _warned.append(why)
-            print(
-                f"kernalin-ci: kernel workers run without a sandbox: {why} (set {ENV_WORKER_SANDBOX}=off "
-                f"to silence, or install bubblewrap)",
-                file=sys.stderr,
-            )
-        return None, {}
-    from kernalin_ci.launch import child_path
+    In the bubblewrap sandbox the worker sees the system and the Python installation read-only, the
+    folders its job names (the checkout, entry files), WORKDIR (its job file) and READONLY (a profiler's
+    installation) read-only; each of WRITABLE (the folders the parent reads its raw results from) as a
+    tmpfs of the folder's cap (CappedFolder); the Triton cache it shares with this process's workers of
+    the same code (compile_cache) as a tmpfs seeded from it, whose new files the parent copies back after
+    the worker ended; fresh tmpfs for HOME and /tmp; each of KERNALIN_SANDBOX_DISK bytes: nothing of the
+    host is writable; no network; its own PID namespace; the gate's process and every other file of the
+    user (SSH keys, a runner's credentials) do not exist inside. As root its user is uid 65534; a folder
+    that user cannot read is shown as a copy (`_staged`), never skipped.
 
-    worker_id = f"worker-{os.getpid()}-{next(_worker_ids)}"  # its own cgroup: end_worker kills all of it
+    With KERNALIN_SANDBOX=uid (or as root where bubblewrap cannot run) the worker runs as an unprivileged
+    uid of its own (`_uid_plan`)."""
+    iso = worker_isolation()
+    if iso.mode == NONE:
+        return None, {}
     here = os.path.realpath(cwd or os.getcwd())  # relative entries resolve against it, as outside
     rw = {os.path.realpath(f.path) for f in writable}  # named in the job too, but a capped tmpfs (below)
+    from kernalin_ci.launch import child_path
+
     readonly = sorted(
         {os.path.realpath(p) for p in child_path(cwd) if os.path.isdir(p)}
         | (_named_paths(job) - rw)
         | {here}
         | {os.path.realpath(p) for p in readonly if os.path.exists(p)}
     )
-    if os.geteuid() == 0:  # the job drops to an unprivileged uid: it must be able to read what it needs
-        closed = [p for p in readonly if not _others_can_read(p)]
-        if closed:
-            why = (
-                f"{closed[0]} is not readable by uid {settings.user.split(':')[0]}, the sandbox's user when "
-                f"kernalin-ci runs as root"
-            )
-            if mode == "on":
-                raise SandboxError(f"{ENV_WORKER_SANDBOX}=on: {why}")
-            if why not in _warned:
-                _warned.append(why)
-                print(f"kernalin-ci: kernel workers run without a sandbox: {why}", file=sys.stderr)
-            return None, {}
+    if iso.mode == UID:
+        return _uid_plan(readonly, workdir, here, writable)
+    settings = SandboxSettings(memory=_worker_memory(), tmpfs_size=str(worker_disk()))
+    worker_id = f"worker-{os.getpid()}-{next(_worker_ids)}"  # its own cgroup: end_worker kills all of it
+    copies = []
+    if os.geteuid() == 0:  # the job drops to uid 65534: what it cannot read, it sees as a copy
+        copies = [(_staged(p), p) for p in readonly if not _others_can_read(p)]
+        readonly = [p for p in readonly if _others_can_read(p)]
     pycache = bytecode.worker_prefix()  # torch's bytecode, compiled once by a trusted child: read-only here
     if pycache and (os.geteuid() != 0 or _others_can_read(pycache)):
         readonly.append(os.path.realpath(pycache))
     else:
         pycache = None
     settings.extra_ro = [*readonly, os.path.realpath(workdir)]  # its job file: read-only too
-    cache = compile_cache((device, *readonly))
+    cache = compile_cache((device, *readonly, *(p for _, p in copies)))
     # each a tmpfs of its cap in the sandbox; the run's Triton cache too, seeded from and copied back to it
     folders = [*writable, CappedFolder(shared=cache)]
     plan = prepare(
@@ -816,6 +926,8 @@ def worker_plan(
         [],
         gpu_device_nodes(None) if device == "cuda" else [],
         capped=[(f.path, f.cap) for f in folders],
+        copies=copies,
+        proc=_probe.get("proc"),
     )
     plan.folders = folders
     plan.pycache = pycache
@@ -827,6 +939,118 @@ def worker_plan(
         "TRITON_CACHE_DIR": cache,
     }
     return plan, env
+
+
+_stages: dict[str, tuple[tuple, str]] = {}
+_stage_lock = threading.Lock()
+_stage_root: list[str] = []
+
+
+def _staged(path: str) -> str:
+    """A copy of PATH (a file, or a folder without its hidden entries: `.git`, `.env`, ...) that the
+    sandbox's user can read, made where root's sandbox binds it at PATH; the same copy while PATH does not
+    change. SandboxError where the folder is larger than KERNALIN_SANDBOX_COPY_MAX."""
+    limit = parse_size(os.environ.get(ENV_COPY_MAX, "").strip() or COPY_MAX)
+    with _stage_lock:
+        files = _visible_files(path)
+        key = tuple((rel, st.st_size, st.st_mtime_ns) for rel, st in files)
+        old = _stages.get(path)
+        if old is not None and old[0] == key:
+            return old[1]
+        total = sum(st.st_size for _, st in files)
+        if total > limit:
+            raise SandboxError(
+                f"{path} is not readable by uid {SANDBOX_UID}, the sandbox's user when kernalin-ci runs as root, "
+                f"and too large to copy for it ({size_text(total)}, over {ENV_COPY_MAX}={size_text(limit)}): make it "
+                f"readable (chmod -R o+rX), or run kernalin-ci as another user"
+            )
+        if not _stage_root:
+            _stage_root.append(tempfile.mkdtemp(prefix="kernalin-copies-"))
+            atexit.register(shutil.rmtree, _stage_root[0], True)
+        dest = tempfile.mkdtemp(dir=_stage_root[0])
+        os.chmod(dest, 0o755)
+        target = os.path.join(dest, "copy")
+        if os.path.isdir(path):
+            os.mkdir(target, 0o755)
+            for rel, st in files:
+                _mkdirs(target, rel.split(os.sep)[:-1], 0o755)
+                shutil.copyfile(os.path.join(path, rel), os.path.join(target, rel), follow_symlinks=False)
+                os.chmod(os.path.join(target, rel), 0o755 if st.st_mode & 0o111 else 0o644)
+        else:
+            shutil.copyfile(path, target)
+            os.chmod(target, 0o644)
+        if path not in _warned:
+            _warned.append(path)
+            print(
+                f"kernalin-ci: {path} is not readable by uid {SANDBOX_UID} (the sandbox's user as root): kernel "
+                f"workers see a copy of it, hidden files left out ({len(files)} files, {size_text(total)})",
+                file=sys.stderr,
+            )
+        _stages[path] = (key, target)
+        return target
+
+
+def _visible_files(path: str) -> list[tuple[str, os.stat_result]]:
+    """The plain files under PATH (PATH itself for a file) that are not hidden and not under a hidden folder,
+    with their stats; links are not followed."""
+    if not os.path.isdir(path):
+        return [("", os.stat(path))]
+    out = []
+    for folder, dirs, files in os.walk(path):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        for name in files:
+            full = os.path.join(folder, name)
+            st = os.lstat(full)
+            if not name.startswith(".") and stat.S_ISREG(st.st_mode):
+                out.append((os.path.relpath(full, path), st))
+    return out
+
+
+def _uid_plan(readonly: list[str], workdir: str, here: str, writable: tuple[CappedFolder, ...]) -> tuple[Plan, dict]:
+    """KERNALIN_SANDBOX=uid: the worker as a uid of its own (UID_BASE + n, no passwd entry) through setpriv,
+    in a session of its own, killed with its parent. It reads what every user may read, writes only its
+    own HOME/TMPDIR and its results folders (handed to its uid), and `end_worker` kills every process of
+    its uid. No namespaces: it sees the network and the host's processes, and its disk is not capped."""
+    closed = [p for p in [*readonly, workdir] if not _reachable(p)]
+    if closed:
+        raise SandboxError(
+            f"{ENV_WORKER_SANDBOX}=uid: {closed[0]} is not readable by an unprivileged uid (every folder above it "
+            f"must be searchable by others): make it readable, or install bubblewrap"
+        )
+    uid = UID_BASE + (os.getpid() % 4096) * 4096 + next(_worker_ids) % 4096
+    home = tempfile.mkdtemp(prefix="kernalin-uid-")
+    os.chmod(home, 0o700)
+    os.chown(home, uid, uid)
+    for f in writable:
+        os.chown(f.path, uid, uid)
+        os.chmod(f.path, 0o700)
+    setpriv = shutil.which("setpriv")
+    argv = [setpriv, "--reuid", str(uid), "--regid", str(uid), "--clear-groups", "--pdeathsig", "KILL", "--"]
+    plan = Plan(argv, None, {"uid": uid, "network": "host", "home": home}, [], home=home, tmp=home)
+    env = {"HOME": home, "TMPDIR": home, "XDG_CACHE_HOME": f"{home}/.cache", "TRITON_CACHE_DIR": f"{home}/.triton"}
+    return plan, env
+
+
+def _kill_uid(uid: int, wait_s: float = 5.0) -> int:
+    """SIGKILL every process of UID until none is left; how many there were."""
+    seen: set[int] = set()
+    deadline = time.monotonic() + wait_s
+    while True:
+        pids = []
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit():
+                try:
+                    if os.stat(entry.path).st_uid == uid:
+                        pids.append(int(entry.name))
+                except OSError:
+                    continue
+        if not pids or time.monotonic() > deadline:
+            return len(seen)
+        for pid in pids:
+            seen.add(pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.02)
 
 
 _caches: dict[tuple[str, ...], str] = {}
@@ -850,8 +1074,8 @@ def compile_cache(view: tuple[str, ...]) -> str:
 
 
 def workers_sandboxed() -> bool:
-    """Whether kernel workers start in the sandbox here: KERNALIN_SANDBOX is not off and bubblewrap works."""
-    return worker_mode() != "off" and _bwrap_works(SandboxSettings()) is None
+    """Whether kernel workers start in the bubblewrap sandbox here."""
+    return worker_isolation().sandboxed
 
 
 def _others_can_read(path: str) -> bool:
@@ -875,7 +1099,12 @@ def _worker_memory() -> str:
 
 def end_worker(plan: Plan | None) -> None:
     """After a sandboxed worker: kill whatever it left in its cgroup, remove the cgroup; then (nothing of
-    the sandbox runs any more) copy back what it added to its shared folders, and let go of their tmpfs."""
+    the sandbox runs any more) copy back what it added to its shared folders, and let go of their tmpfs.
+    After a worker of its own uid: kill every process of that uid, remove its HOME."""
+    if plan is not None and plan.limits.get("home"):
+        _kill_uid(plan.limits["uid"])
+        shutil.rmtree(plan.limits["home"], ignore_errors=True)
+        return
     if plan is not None and plan.limits.get("cgroup"):
         job_id = Path(plan.limits["cgroup"][0]).name.removeprefix("job-")
         cleanup(job_id)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, cli
 
-from kernalin_ci import config as config_mod
+from kernalin_ci.gate.config_source import gate_config
 from kernalin_ci.gate.diff import affected_kernels, changed_files, resolve_refs, worktrees
 
 EXAMPLE = REPO / "examples" / "decode-kernels"
@@ -56,10 +56,12 @@ def run_gate_cli(repo, *args):
 
 
 def plan(repo, base="main", head="HEAD"):
-    cfg = config_mod.load(repo / ".kernalin.yml")
+    """Each kernel of the configuration that decides (the base's) as the gate plans it."""
     refs = resolve_refs(repo, base, head)
+    cfg, _, dropped = gate_config(repo, None, refs.base, refs.head)
     with worktrees(repo, refs.base, refs.head) as (b, h):
-        return {a.kernel.name: a for a in affected_kernels(cfg, changed_files(repo, refs.base, refs.head), h, b)}
+        changed = changed_files(repo, refs.base, refs.head)
+        return {a.kernel.name: a for a in affected_kernels(cfg, changed, h, b, dropped)}
 
 
 def test_no_kernel_changed_passes_quickly(repo):
@@ -107,15 +109,25 @@ def test_sources_globs_new_and_removed_kernels(repo):
     (repo / ".kernalin.yml").write_text(cfg)
     commit_all(repo, "v2")
     p = plan(repo)
-    assert p["rope"].status == "changed" and p["rope"].reasons == ["kernels/tables.dat changed (sources)"]
+    # the base decides: rope's new `sources` take effect after merge; the kernel the head adds is gated
+    assert p["rope"].status == "unchanged"
     assert p["kv_append_v2"].status == "new"
-    from kernalin_ci.gate.run import removed_kernels
-
-    refs = resolve_refs(repo, "main", "HEAD")
-    with worktrees(repo, refs.base, refs.head) as (b, _h):
-        assert removed_kernels(config_mod.load(repo / ".kernalin.yml"), b, repo / ".kernalin.yml", repo) == [
-            "kv_append"
-        ]
+    assert p["kv_append"].status == "unchanged"  # dropped from the head's configuration, its entry still there
+    git(repo, "rm", "-q", "kernels/kv_cache.py")
+    commit_all(repo, "kv_cache.py is gone")
+    p = plan(repo)
+    assert p["kv_append"].status == "removed" and p["kv_append_v2"].status == "new"
+    git(repo, "checkout", "-qb", "sources", "main")
+    (repo / "kernels/tables.dat").write_text("1 2 3\n")
+    commit_all(repo, "a data file")
+    git(repo, "checkout", "-q", "main")
+    edit(repo / ".kernalin.yml", "    params: {style: neox}\n", "    params: {style: neox}\n    sources: ['kernels/*.dat']\n")
+    commit_all(repo, "rope's sources, on main")
+    git(repo, "checkout", "-q", "sources")
+    git(repo, "rebase", "-q", "main")
+    edit(repo / "kernels/tables.dat", "1 2 3", "4 5 6")
+    commit_all(repo, "the data changes")
+    assert plan(repo)["rope"].reasons == ["kernels/tables.dat changed (sources)"]
 
 
 def test_a_kv_bug_fails_the_gate_and_only_that_kernel_is_checked(repo):

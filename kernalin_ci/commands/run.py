@@ -15,13 +15,24 @@ ORDER = 1
 
 
 def add_arguments(p):
-    p.add_argument("--config", metavar="PATH", help="configuration (default: .kernalin.yml at the repository root)")
+    p.add_argument(
+        "--config",
+        metavar="PATH",
+        help="configuration (default: .kernalin.yml at the repository root); a file in the repository is read "
+        "as committed at the base revision, one outside it is used as it is",
+    )
     p.add_argument(
         "--base",
         metavar="REF",
         help="base revision (default: the PR base in Actions, else the merge base with the default branch)",
     )
     p.add_argument("--head", metavar="REF", help="head revision (default: the PR head in Actions, else HEAD)")
+    p.add_argument(
+        "--head-branch",
+        metavar="NAME",
+        help="the head's branch, matched against the base configuration's gate.trust_head_config (default: the "
+        "PR's head branch in Actions, else the branch --head names or HEAD has checked out)",
+    )
     p.add_argument("--out", metavar="DIR", default="kernalin-out", help="report directory (default kernalin-out)")
     p.add_argument("--device", choices=("cpu", "cuda"))
     p.add_argument("--github", action="store_true", help="also post the check run, annotations and PR comment")
@@ -49,7 +60,6 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from kernalin_ci.gate.diff import repo_root
     from kernalin_ci.gate.run import log, run_gate
     from kernalin_ci.github import actions
     from kernalin_ci.report.writer import step_summary, write_all
@@ -61,8 +71,7 @@ def run(args) -> int:
 
         model = from_cli(args.model)
     device = resolve_device(args.device)
-    start_dir = Path(args.config).resolve().parent if args.config else Path.cwd()
-    repo = repo_root(start_dir)
+    repo = _repo(args.config)
     in_actions = actions.in_actions()
     ctx = actions.context() if in_actions else None
     event_path = os.environ.get("GITHUB_EVENT_PATH") if in_actions else None
@@ -80,6 +89,7 @@ def run(args) -> int:
         gate_overrides=overrides,
         profile=args.profile,
         model=model,
+        head_branch=args.head_branch,
     )
     paths = write_all(report, args.out)
     if os.environ.get("GITHUB_STEP_SUMMARY"):
@@ -94,6 +104,20 @@ def run(args) -> int:
     if poster:
         poster.finish(report)
     return 1 if report.conclusion == "failure" else 0
+
+
+def _repo(config: str | None) -> Path:
+    """The repository: the one holding CONFIG's folder, else the working directory's."""
+    from kernalin_ci.gate.diff import repo_root
+
+    if config:
+        folder = Path(config).resolve().parent
+        if folder.is_dir():
+            try:
+                return repo_root(folder)
+            except UsageError:
+                pass
+    return repo_root(Path.cwd())
 
 
 def gate_overrides(args) -> dict:

@@ -145,6 +145,19 @@ def _validator(schema: dict):
     return _VALIDATORS[id(schema)]
 
 
+def exit_mismatch(report: dict, exit_code: int | None) -> str | None:
+    """Why REPORT cannot be the gate's own (its conclusion and the gate's exit status disagree: the gate exits
+    1 for a failure, 0 otherwise), else None. Such a report is an infrastructure error, never a verdict."""
+    conclusion = report.get("conclusion")
+    expected = 1 if conclusion == "failure" else 0
+    if exit_code == expected:
+        return None
+    return (
+        f"infrastructure error: the gate exited {exit_code} but report.json says {conclusion!r}: "
+        f"the report is not the gate's own and is not trusted"
+    )
+
+
 def _out_too_big(ws: workspace.Workspace, limit: int) -> str | None:
     if ws.out.is_symlink() or not ws.out.is_dir():
         safefile.remove(ws.out)
@@ -177,6 +190,9 @@ def _outcome(res, ws: workspace.Workspace, out_max_bytes: int) -> Outcome:
             report = read_report(ws)
         except BadReport as e:
             return Outcome("error", f"report.json: {e}", exit_code=res.exit_code, log_tail=res.log_tail)
+        mismatch = exit_mismatch(report, res.exit_code)
+        if mismatch:
+            return Outcome("error", mismatch, exit_code=res.exit_code, log_tail=res.log_tail)
         return Outcome(
             "report", report.get("reason", ""), report=report, exit_code=res.exit_code, log_tail=res.log_tail
         )

@@ -3,7 +3,8 @@
 A kernel is affected when its entry file, one of its `sources` globs, or any
 repository module its entry imports (followed transitively) changed between
 base and head. A kernel whose entry file does not exist at base is new (verify
-only); a kernel configured at base but not at head is removed (noted).
+only); a kernel the head's configuration no longer lists and whose entry is gone
+at head is removed (noted).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class Refs:
     repo: str | None = None  # owner/name, from the Actions event
     pr: int | None = None
     fork: bool = False
+    head_branch: str | None = None  # the head's branch name (the event's, or the one checked out)
 
 
 def default_branch(repo: Path) -> str:
@@ -84,7 +86,9 @@ def event_refs(event_path: str | None) -> dict:
         "head": pr["head"]["sha"],
         "pr": pr.get("number"),
         "repo": base_repo,
-        "fork": bool(head_repo and base_repo and head_repo != base_repo),
+        # a deleted fork has no head repository: never the base's own
+        "fork": not (head_repo and base_repo and head_repo == base_repo),
+        "head_branch": pr.get("head", {}).get("ref"),
     }
 
 
@@ -99,10 +103,14 @@ def _push_refs(ev: dict) -> dict:
     return {"base": before, "head": after, "repo": repo.get("full_name")}
 
 
-def resolve_refs(repo: Path, base: str | None, head: str | None, event_path: str | None = None) -> Refs:
+def resolve_refs(
+    repo: Path, base: str | None, head: str | None, event_path: str | None = None, head_branch: str | None = None
+) -> Refs:
     ev = event_refs(event_path)
     head_label = head or ev.get("head") or "HEAD"
     head_sha = _commit(repo, head_label)
+    if head_branch is None:
+        head_branch = ev["head_branch"] if "head_branch" in ev else _branch(repo, head_label)
     if base:
         base_label, base_sha = base, _commit(repo, base)
     elif ev.get("base"):
@@ -111,7 +119,21 @@ def resolve_refs(repo: Path, base: str | None, head: str | None, event_path: str
         branch = default_branch(repo)
         base_sha = git(repo, "merge-base", branch, head_sha).strip()
         base_label = f"merge-base({branch}, {head_label})"
-    return Refs(base_sha, head_sha, base_label, head_label, ev.get("repo"), ev.get("pr"), ev.get("fork", False))
+    return Refs(
+        base_sha, head_sha, base_label, head_label, ev.get("repo"), ev.get("pr"), ev.get("fork", False), head_branch
+    )
+
+
+def _branch(repo: Path, ref: str) -> str | None:
+    """The local branch REF names (HEAD: the branch checked out), else None."""
+    r = subprocess.run(
+        ["git", "rev-parse", "--symbolic-full-name", "--verify", "--quiet", ref],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+    )
+    name = r.stdout.strip()
+    return name.removeprefix("refs/heads/") if r.returncode == 0 and name.startswith("refs/heads/") else None
 
 
 def _commit(repo: Path, ref: str) -> str:
@@ -131,7 +153,7 @@ def changed_files(repo: Path, base: str, head: str) -> list[str]:
 @dataclass
 class Affected:
     kernel: Kernel
-    status: str  # "changed" | "new" | "unchanged"
+    status: str  # "changed" | "new" | "unchanged" | "removed"
     reasons: list[str] = field(default_factory=list)
 
 
@@ -210,10 +232,17 @@ def imported_files(root: Path, path: Path, seen: set | None = None) -> set[str]:
     return found
 
 
-def affected_kernels(cfg: Config, changed: list[str], head_root: Path, base_root: Path) -> list[Affected]:
+def affected_kernels(
+    cfg: Config, changed: list[str], head_root: Path, base_root: Path, dropped: set[str] = frozenset()
+) -> list[Affected]:
+    """Each kernel of CFG: new, changed, unchanged, or removed (DROPPED from the head's configuration and
+    its entry gone at head too)."""
     out = []
     changed_set = set(changed)
     for k in cfg.kernels:
+        if k.name in dropped and not _entry_exists(k, head_root):
+            out.append(Affected(k, "removed", ["removed from the configuration, its entry gone"]))
+            continue
         entry_at_base = _entry_exists(k, base_root)
         if not entry_at_base:
             out.append(Affected(k, "new", ["the entry does not exist at base"]))

@@ -16,13 +16,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kernalin_ci import config as config_mod
+from kernalin_ci import sandbox
 from kernalin_ci.config import Config
 from kernalin_ci.errors import InternalError, UsageError, describe, log_text, write_log
 from kernalin_ci.explain.render import explain_lines
 from kernalin_ci.findings import VerifyResult
+from kernalin_ci.gate.config_source import gate_config, override_changes
 from kernalin_ci.gate.diff import Refs, affected_kernels, changed_files, resolve_refs, worktrees
 from kernalin_ci.progress import ProgressEvent, ProgressSink, TerminalSink
 from kernalin_ci.report.model import KernelReport, PipelineReport, Report
+from kernalin_ci.report.text import config_change_text, config_origin_text, isolation_text
+from kernalin_ci.trust import FILE, HEAD, ConfigOrigin
 
 if TYPE_CHECKING:
     from kernalin_ci.throughput.bench import ModelResult
@@ -95,24 +99,29 @@ def run_gate(
     gate_overrides: dict | None = None,
     profile: bool = False,
     model=None,
+    head_branch: str | None = None,
 ) -> Report:
     """Run the whole gate and return the Report (the caller writes it out and posts it).
     gate_overrides: fields of config.Gate that replace the configuration's (e.g. the Action's fail-on).
     profile: Nsight Compute for the changed kernels where `ncu` is on PATH (kernalin_ci.explain).
     model: a ModelSpec (`--model`) in place of the configuration's `model:` shapes, serving points and price;
-    the kernels in its places are the configuration's `model.kernels`, else found (config.place_kernels)."""
+    the kernels in its places are the configuration's `model.kernels`, else found (config.place_kernels).
+    The configuration is the base revision's (gate/config_source.py); head_branch: the head's branch, for the
+    base's gate.trust_head_config (default: the Actions event's, else the branch checked out)."""
     t0 = time.perf_counter()
     progress = gate_sink(progress)
-    cfg_path = Path(config_path) if config_path else repo / config_mod.DEFAULT_FILE
-    cfg = config_mod.load(cfg_path)
+    refs = resolve_refs(repo, base, head, event_path, head_branch)
+    cfg, origin, dropped = gate_config(
+        repo, config_path, refs.base, refs.head, head_branch=refs.head_branch, fork=refs.fork
+    )
     if gate_overrides:
+        origin.changes += override_changes(cfg.gate, gate_overrides)
         cfg.gate = replace(cfg.gate, **gate_overrides)
     if model is not None:
         if cfg.model is not None:
             model.kernels = dict(cfg.model.kernels)
             model.budget_s = model.budget_s or cfg.model.budget_s
         cfg.model = config_mod.place_kernels(model, cfg)
-    refs = resolve_refs(repo, base, head, event_path)
     if on_start:
         on_start(refs)
     changed = changed_files(repo, refs.base, refs.head)
@@ -121,6 +130,11 @@ def run_gate(
         f"{len(changed)} files changed",
         progress,
     )
+    log(f"configuration: {config_origin_text(origin)}", progress)
+    for c in origin.changes:
+        log(f"    {config_change_text(c)}", progress)
+    isolation = sandbox.worker_isolation()
+    log(f"kernel code runs {isolation_text(isolation)}", progress)
     report = Report(
         conclusion="success",
         reason="",
@@ -130,11 +144,14 @@ def run_gate(
         policy=asdict(cfg.gate) | {"fail_on": list(cfg.gate.fail_on)},
         repo=refs.repo,
         pr=refs.pr,
-        reproduce=reproduce_command(cfg_path, repo, refs, device),
+        reproduce=reproduce_command(config_path, origin, repo, refs, device),
+        configuration=origin,
+        isolation=isolation,
     )
     with worktrees(repo, refs.base, refs.head) as (base_root, head_root):
-        plan = affected_kernels(cfg, changed, head_root, base_root)
-        report.removed = removed_kernels(cfg, base_root, cfg_path, repo)
+        plan = affected_kernels(cfg, changed, head_root, base_root, dropped)
+        report.removed = [a.kernel.name for a in plan if a.status == "removed"]
+        plan = [a for a in plan if a.status != "removed"]
         todo = [a for a in plan if a.status != "unchanged"]
         log(
             f"{len(todo)} of {len(plan)} kernels affected"
@@ -403,22 +420,6 @@ def check_model(
     return res
 
 
-def removed_kernels(cfg: Config, base_root: Path, cfg_path: Path, repo: Path) -> list[str]:
-    try:
-        rel = cfg_path.resolve().relative_to(repo.resolve())
-    except ValueError:
-        return []
-    base_cfg_path = base_root / rel
-    if not base_cfg_path.is_file():
-        return []
-    try:
-        base_cfg = config_mod.load(base_cfg_path)
-    except UsageError:
-        return []
-    names = {k.name for k in cfg.kernels}
-    return [k.name for k in base_cfg.kernels if k.name not in names]
-
-
 def _relativise(verification: VerifyResult | None, head_root: Path) -> None:
     """Finding locations inside the head worktree become repository-relative paths."""
     if not verification:
@@ -455,13 +456,13 @@ def summary_line(kr: KernelReport) -> str:
     return "; ".join(parts)
 
 
-def reproduce_command(cfg_path: Path, repo: Path, refs: Refs, device: str) -> str:
+def reproduce_command(config_path: str | None, origin: ConfigOrigin, repo: Path, refs: Refs, device: str) -> str:
     parts = ["kernalin-ci", "run"]
-    try:
-        rel = cfg_path.resolve().relative_to(repo.resolve())
-        if str(rel) != config_mod.DEFAULT_FILE:
-            parts += ["--config", str(rel)]
-    except ValueError:
-        parts += ["--config", str(cfg_path)]
+    if origin.source == FILE:
+        parts += ["--config", origin.path]
+    elif origin.path != config_mod.DEFAULT_FILE:
+        parts += ["--config", origin.path]
     parts += ["--base", refs.base, "--head", refs.head, "--device", device]
+    if origin.source == HEAD and refs.head_branch:
+        parts += ["--head-branch", refs.head_branch]
     return " ".join(shlex.quote(p) for p in parts)

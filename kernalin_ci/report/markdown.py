@@ -19,16 +19,20 @@ from kernalin_ci.findings import BUG_CLASSES, Finding, Notice
 from kernalin_ci.report.chart import posterior_chart
 from kernalin_ci.report.model import KernelReport, PipelineReport, Report
 from kernalin_ci.report.text import (
+    SPEED_TRUST,
     benchmark_ok,
     bug_classes,
     case_summary,
     clip,
     code,
     code_block,
+    config_change_text,
+    config_origin_text,
     coverage_text,
     effect,
     hdi_text,
     html_text,
+    isolation_text,
     location_text,
     mass_sentence,
     md,
@@ -188,6 +192,30 @@ def _context(report: Report) -> str:
     if report.seconds:
         parts.append(f"{report.seconds:.0f} s")
     return "<sub>" + " · ".join(parts) + "</sub>"
+
+
+def _trust(report: Report) -> str:
+    """Where the gate's configuration came from, what this pull request changes in it (a notice, louder where
+    a change loosens the gate), the isolation its kernel code ran under, and which verdicts it can sway."""
+    out = []
+    origin = report.configuration
+    if origin is not None and origin.changes:
+        lines = [f"> - {md(config_change_text(c))}" for c in origin.changes]
+        head = [c for c in origin.changes if c.by == "head"]
+        if head and origin.source == "base":
+            lines.insert(0, "> This pull request changes the gate's configuration; it takes effect after merge.")
+        kind = "WARNING" if origin.loosened else "NOTE"
+        out.append(f"> [!{kind}]\n" + "\n".join(lines) + "\n")
+    parts = []
+    if origin is not None:
+        parts.append(f"configuration: {md(config_origin_text(origin))}")
+    if report.isolation is not None:
+        parts.append(f"kernel code ran {md(isolation_text(report.isolation))}")
+    if checked_kernels(report) and any(k.benchmark is not None for k in report.kernels):
+        parts.append(md(SPEED_TRUST))
+    if parts:
+        out.append("<sub>" + " · ".join(parts) + "</sub>\n")
+    return "\n".join(out) + ("\n" if out else "")
 
 
 TABLE_HEADER = (
@@ -514,7 +542,7 @@ def _fill(budget: _Budget, sections: list[_Section], others: list[str]) -> None:
 def render_markdown(report: Report, *, limit: int = COMMENT_LIMIT) -> str:
     """The PR comment for REPORT, at most LIMIT characters (the default leaves room under GitHub's
     65536 for the sticky-comment marker)."""
-    top = f"### {headline(report, markdown=True)}\n\n{_context(report)}\n\n"
+    top = f"### {headline(report, markdown=True)}\n\n{_context(report)}\n\n{_trust(report)}"
     footer = _footer(report)
     items = (
         _failing(report)

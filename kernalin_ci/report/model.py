@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from kernalin_ci.findings import VerifyResult, known
+from kernalin_ci.trust import ConfigOrigin, Isolation
 
 if TYPE_CHECKING:
     from kernalin_ci.bench.pair import BenchResult
@@ -94,12 +95,16 @@ class Report:
     environment: dict = field(default_factory=dict)  # gpu, torch, triton, python, kernalin_ci (history)
     schema: int = SCHEMA_VERSION
     model: ModelResult | None = None  # decode tokens/s and $/Mtok, base against head (docs/tokens.md); None: no model
+    configuration: ConfigOrigin | None = None  # where the deciding configuration came from, how the PR's differs
+    isolation: Isolation | None = None  # what kernel code ran under (docs/security.md)
 
     def to_json(self) -> dict:
-        d = asdict(replace(self, kernels=[], pipelines=[], model=None))
+        d = asdict(replace(self, kernels=[], pipelines=[], model=None, configuration=None, isolation=None))
         d["kernels"] = [k.to_json() for k in self.kernels]
         d["pipelines"] = [p.to_json() for p in self.pipelines]
         d["model"] = self.model.to_json() if self.model is not None else None
+        d["configuration"] = self.configuration.to_json() if self.configuration is not None else None
+        d["isolation"] = self.isolation.to_json() if self.isolation is not None else None
         return d
 
     @classmethod
@@ -113,6 +118,9 @@ class Report:
             from kernalin_ci.throughput.bench import ModelResult
 
             d["model"] = ModelResult.from_json(d["model"])
+        c, i = d.get("configuration"), d.get("isolation")
+        d["configuration"] = ConfigOrigin.from_json(c) if isinstance(c, dict) else None
+        d["isolation"] = Isolation.from_json(i) if isinstance(i, dict) else None
         return cls(**d)
 
     @property

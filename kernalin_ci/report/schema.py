@@ -353,6 +353,42 @@ MODEL = {
 
 _ref = {"type": "object", "properties": {"ref": _str_or_null, "sha": _str_or_null}}
 
+# where the deciding configuration came from, how the pull request's differs (kernalin_ci.trust.ConfigOrigin)
+CONFIGURATION = {
+    "type": ["object", "null"],
+    "required": ["source", "path", "changes"],
+    "properties": {
+        "source": {"enum": ["base", "head", "file"]},
+        "path": {"type": "string"},
+        "revision": _str_or_null,
+        "why": {"type": "string"},
+        "changes": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["what", "loosens", "by"],
+                "properties": {
+                    "what": {"type": "string"},
+                    "loosens": {"type": "boolean"},
+                    "by": {"enum": ["head", "command line"]},
+                },
+            },
+        },
+    },
+}
+
+# the isolation kernel code ran under (kernalin_ci.trust.Isolation)
+ISOLATION = {
+    "type": ["object", "null"],
+    "required": ["mode"],
+    "properties": {
+        "mode": {"enum": ["bubblewrap", "uid", "none"]},
+        "uid": {"type": ["integer", "null"]},
+        "network": {"type": "boolean"},
+        "why": {"type": "string"},
+    },
+}
+
 REPORT_SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "$id": "kernalin-ci/report.json",
@@ -373,8 +409,11 @@ REPORT_SCHEMA = {
                 "rope": _num,
                 "budget_s": _num,
                 "bench": {"type": "boolean"},
+                "trust_head_config": {"type": "array", "items": {"type": "string"}},
             },
         },
+        "configuration": CONFIGURATION,
+        "isolation": ISOLATION,
         "kernels": {"type": "array", "items": KERNEL},
         "pipelines": {"type": "array", "items": PIPELINE},
         "removed": {"type": "array", "items": {"type": "string"}},

@@ -332,3 +332,41 @@ def notice_text(n) -> str:
     """A Notice in one line: 'structural:interpret at k.py:12: could not verify ...' (the CLI and JUnit)."""
     loc = location_text(n.location)
     return f"{n.check}{' at ' + loc if loc else ''}: {n.message}"
+
+
+# ---------------------------------------------------------------------------------------- trust
+
+
+def config_origin_text(origin) -> str:
+    """Where the gate's configuration came from (a trust.ConfigOrigin), in one line:
+    '.kernalin.yml at base 1a2b3c4d5e6f (the base revision's: ...)'."""
+    if origin.source == "file":
+        return f"{origin.path} ({origin.why})"
+    at = f" {origin.revision[:12]}" if origin.revision else ""
+    return f"{origin.path} at {origin.source}{at} ({origin.why})"
+
+
+def config_change_text(change) -> str:
+    """One difference from the deciding configuration (a trust.ConfigChange)."""
+    by = "this pull request changes" if change.by == "head" else "the command line overrides"
+    return f"{by} {change.what}" + (" (LOOSENS the gate)" if change.loosens else "")
+
+
+def isolation_text(iso) -> str:
+    """The isolation kernel code ran under (a trust.Isolation), as 'sandboxed by bubblewrap as uid 65534
+    without network' / 'as uid N, without a sandbox (why): ...' / 'UNSANDBOXED (why)'."""
+    if iso is None:
+        return "under an isolation this report does not record"
+    net = "without network" if not iso.network else "with the network"
+    if iso.mode == "bubblewrap":
+        return f"sandboxed by bubblewrap as uid {iso.uid} {net}"
+    if iso.mode == "uid":
+        return f"as the unprivileged uid {iso.uid} without a sandbox ({iso.why}): {net}, other processes visible"
+    as_root = " AS ROOT" if iso.uid == 0 else f" as uid {iso.uid}" if iso.uid is not None else ""
+    return f"UNSANDBOXED{as_root} ({iso.why})"
+
+
+SPEED_TRUST = (
+    "Speed verdicts are measured by the pull request's own code (base and head are timed in one worker) and "
+    "can be influenced by it; correctness verdicts are judged by the gate from raw results."
+)

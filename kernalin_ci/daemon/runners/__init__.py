@@ -121,10 +121,10 @@ def job_env(req: RunRequest, *, home: str, tmp: str, visible: str | None) -> dic
             "PYTHONUNBUFFERED": "1",
             "PYTHONDONTWRITEBYTECODE": "1",
             JOB_MARKER: req.job_id,
-            # the runner isolates the whole job (its sandbox, or a container): no second sandbox inside
-            "KERNALIN_SANDBOX": "off",
         }
     )
+    # the kernel workers inside the job get a sandbox of their own (nested in the local runner's; required in a
+    # job: kernalin_ci/sandbox.py), unless the daemon's runner.env says otherwise
     if visible is not None:
         env["CUDA_VISIBLE_DEVICES"] = visible
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
