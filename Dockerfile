@@ -12,11 +12,15 @@ FROM ${BASE_IMAGE}
 ARG KERNALIN_UID=10001 PIP_INDEX_URL PIP_EXTRA_INDEX_URL PIP_FIND_LINKS PIP_NO_INDEX PIP_TRUSTED_HOST
 
 # git: `kernalin-ci run` diffs revisions and checks them out side by side; safe.directory: a workspace
-# mounted from the host belongs to another user. The gate runs as an unprivileged user.
+# mounted from the host belongs to another user. bubblewrap: the kernel workers' sandbox (docs/security.md;
+# in a container it needs namespaces the engine's default seccomp profile refuses: docs/action.md), and
+# setpriv (util-linux): a kernel worker as an unprivileged uid of its own (KERNALIN_SANDBOX=uid, as root).
+# The gate runs as an unprivileged user.
 RUN set -eux; \
-    if ! command -v git >/dev/null; then \
+    if ! command -v git >/dev/null || ! command -v bwrap >/dev/null || ! command -v setpriv >/dev/null; then \
         apt-get update; \
-        DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends git ca-certificates; \
+        DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+            git ca-certificates bubblewrap util-linux; \
         rm -rf /var/lib/apt/lists/*; \
     fi; \
     git config --system --add safe.directory '*'; \

@@ -435,6 +435,7 @@ WORKER_MODES = ("auto", "on", "uid", "off")
 ENV_WORKER_SANDBOX = "KERNALIN_SANDBOX"  # auto (default) | on | uid | off, for the kernel workers of this process
 ENV_WORKER_DISK = "KERNALIN_SANDBOX_DISK"  # the size of each writable file system of a kernel worker
 ENV_COPY_MAX = "KERNALIN_SANDBOX_COPY_MAX"  # the most a sandbox copies of folders its user cannot read
+ENV_BWRAP = "KERNALIN_BWRAP"  # the bubblewrap binary kernel workers use (a name on PATH or a path; default bwrap)
 WORKER_DISK = "8g"
 COPY_MAX = "1g"
 SANDBOX_UID = 65534  # the bubblewrap sandbox's user when kernalin-ci runs as root (SandboxSettings.user)
@@ -508,7 +509,7 @@ def _decide(mode: str) -> Isolation:
         if why:
             raise SandboxError(f"{ENV_WORKER_SANDBOX}=uid: {why}")
         return Isolation(UID, UID_BASE, True, f"{ENV_WORKER_SANDBOX}=uid")
-    why = _bwrap_works(SandboxSettings())
+    why = _bwrap_works(_worker_settings())
     if why is None:
         return Isolation(BUBBLEWRAP, SANDBOX_UID if root else me, False, "")
     ci = in_ci()
@@ -531,6 +532,12 @@ def _decide(mode: str) -> Isolation:
             file=sys.stderr,
         )
     return Isolation(NONE, me, True, why)
+
+
+def _worker_settings() -> SandboxSettings:
+    return SandboxSettings(
+        memory=_worker_memory(), tmpfs_size=str(worker_disk()), bwrap=os.environ.get(ENV_BWRAP, "").strip() or "bwrap"
+    )
 
 
 def _uid_mode_missing() -> str | None:
@@ -820,22 +827,24 @@ _SHARED_DIRS = ("/", "/tmp", "/var/tmp", "/dev/shm")  # a file named there is bo
 
 
 def _bwrap_works(settings: SandboxSettings) -> str | None:
-    """None if bubblewrap can start a worker's sandbox here (probed once), else why not. Inside another
-    sandbox (a daemon job's) a fresh /proc cannot be mounted: the sandbox then shows the enclosing
-    sandbox's /proc read-only (`_probe["proc"]`), whose processes are the job's own."""
-    if "why" not in _probe:
+    """None if bubblewrap can start a worker's sandbox here (probed once per binary), else why not. Inside
+    another sandbox (a daemon job's) a fresh /proc cannot be mounted: the sandbox then shows the enclosing
+    sandbox's /proc read-only (`_proc_args`), whose processes are the job's own."""
+    if settings.bwrap not in _probe:
         bwrap = shutil.which(settings.bwrap)
-        if not bwrap:
-            _probe["why"] = "bubblewrap is not installed"
-        else:
-            why = None
+        found: tuple[str | None, list[str] | None] = (f"bubblewrap ({settings.bwrap}) is not installed", None)
+        if bwrap:
             for proc in (["--proc", "/proc"], ["--ro-bind", "/proc", "/proc"]):
-                why = _probe_once(bwrap, proc)
-                if why is None:
-                    _probe["proc"] = proc
+                found = (_probe_once(bwrap, proc), proc)
+                if found[0] is None:
                     break
-            _probe["why"] = why
-    return _probe["why"]
+        _probe[settings.bwrap] = found
+    return _probe[settings.bwrap][0]
+
+
+def _proc_args(settings: SandboxSettings) -> list[str] | None:
+    """How the worker's sandbox gets its /proc (after _bwrap_works found that it can)."""
+    return _probe[settings.bwrap][1] if settings.bwrap in _probe else None
 
 
 def _probe_once(bwrap: str, proc: list[str]) -> str | None:
@@ -905,7 +914,7 @@ def worker_plan(
     )
     if iso.mode == UID:
         return _uid_plan(readonly, workdir, here, writable)
-    settings = SandboxSettings(memory=_worker_memory(), tmpfs_size=str(worker_disk()))
+    settings = _worker_settings()
     worker_id = f"worker-{os.getpid()}-{next(_worker_ids)}"  # its own cgroup: end_worker kills all of it
     copies = []
     if os.geteuid() == 0:  # the job drops to uid 65534: what it cannot read, it sees as a copy
@@ -927,7 +936,7 @@ def worker_plan(
         gpu_device_nodes(None) if device == "cuda" else [],
         capped=[(f.path, f.cap) for f in folders],
         copies=copies,
-        proc=_probe.get("proc"),
+        proc=_proc_args(settings),
     )
     plan.folders = folders
     plan.pycache = pycache

@@ -99,10 +99,14 @@ def test_missing_file(tmp_path):
 
 def test_run_with_bad_config_exits_2_with_one_line(tmp_path):
     (tmp_path / "bad.yml").write_text("kernels:\n  - name: a\n    op: nope\n    entry: a.py:f\n")
-    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
-    r = cli("run", "--config", str(tmp_path / "bad.yml"), "--device", "cpu", cwd=tmp_path)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid"]
+    subprocess.run([*git, "init", "-q"], cwd=tmp_path, check=True)
+    subprocess.run([*git, "add", "-A"], cwd=tmp_path, check=True)
+    subprocess.run([*git, "commit", "-qm", "base"], cwd=tmp_path, check=True)
+    r = cli("run", "--config", str(tmp_path / "bad.yml"), "--base", "HEAD", "--device", "cpu", cwd=tmp_path)
     assert r.returncode == 2
-    assert r.stderr.strip().count("\n") == 0 and "bad.yml:3: kernels[0].op" in r.stderr
+    # the configuration as committed at base, named as git names it: REV:PATH:LINE
+    assert r.stderr.strip().count("\n") == 0 and ":bad.yml:3: kernels[0].op" in r.stderr
 
 
 def test_init_writes_a_starter_that_parses(tmp_path):

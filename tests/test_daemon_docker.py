@@ -131,16 +131,18 @@ def test_the_job_runs_sandboxed_and_the_container_is_removed(world, make_daemon,
     assert host["NetworkMode"] == "none" and host["ReadonlyRootfs"] is True
     assert host["Memory"] == 1024**3 and host["MemorySwap"] == 1024**3 and host["PidsLimit"] == 256
     assert host["CapDrop"] == ["ALL"] and "no-new-privileges" in host["SecurityOpt"]
+    # root with only what handing each kernel worker a uid of its own takes (KERNALIN_SANDBOX=uid)
+    assert sorted(host["CapAdd"]) == ["CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID", "SETUID"]
     mounts = {m["Destination"]: m["RW"] for m in c.attrs["Mounts"]}
     assert mounts == {"/repo": False, "/job/kernalin.yml": False}  # nothing of the host is writable
     assert host["Tmpfs"] == {"/tmp": f"rw,exec,nosuid,size={8 << 30}"}  # the disk cap (runner.disk_max_bytes)
-    assert c.attrs["Config"]["User"] not in ("", "0", "root", "0:0")
+    assert c.attrs["Config"]["User"] == "0:0" and "KERNALIN_SANDBOX=uid" in c.attrs["Config"]["Env"]
     job = wait_job(lambda p: get_json(d.url + p), job_id, timeout=120)
     assert job["state"] == "done" and job["conclusion"] == "failure"
     assert containers_of(docker_client, job_id) == []
     probe = json.loads((d.settings.jobs_dir / job_id / "out" / "probe.json").read_text())
     assert probe["repo"] == "Read-only file system" and probe["root"] == "Read-only file system"
-    assert probe["tmp"] == "writable" and probe["net"] != "open" and probe["uid"] != 0
+    assert probe["tmp"] == "writable" and probe["net"] != "open"
     assert probe["config"] == "version: 1\nkernels: []\n"  # the base's configuration, not the PR's
     assert not any(k.startswith(("KERNALIN_GITHUB", "KERNALIN_WEBHOOK", "GITHUB")) for k in probe["env"])
     assert WEBHOOK_SECRET not in json.dumps(probe["env"])
@@ -201,8 +203,31 @@ def test_the_real_gate_in_the_kernalin_image(world, make_daemon):
         ("kv_append", "changed", "pass")
     ]
     assert report["device"] == "cpu" and report["head"]["sha"] == head
+    assert report["isolation"]["mode"] == "uid" and report["isolation"]["uid"] >= 0x2A000000
     (run,) = [r for r in world.standin.check_runs("acme/gate") if r["external_id"] == job["id"]]
     assert run["conclusion"] == "success"
+
+
+def test_a_kernel_cannot_forge_the_posted_conclusion_in_the_container(world, make_daemon):
+    """Issue 29, attack 2 through the docker runner: the broken kernel's module starts a detached process that
+    rewrites out/report.json to a success. The worker runs as a uid of its own: the gate's out/ is root's, and
+    what the worker left is killed with its uid."""
+    from hostile.forge_report import BAD, CONFIG, GOOD, KERNEL, REWRITER
+
+    repo = world.add_repo("acme/forge", {".kernalin.yml": CONFIG, "kernels/kv_cache.py": KERNEL})
+    head = repo.commit({"kernels/kv_cache.py": REWRITER + KERNEL.replace(GOOD, BAD)}, "a helper", branch="pr-2")
+    d = make_daemon(command=None, timeout_s=900, docker={"memory": "4g", "pids": 1024})
+    status, answer = deliver(
+        d.url + "/webhook", "pull_request", world.pull_request("acme/forge", 2, head, repo.main), WEBHOOK_SECRET
+    )
+    assert status == 202
+    job = wait_job(lambda p: get_json(d.url + p), answer["jobs"][0], timeout=900)
+    assert job["state"] == "done" and job["conclusion"] == "failure", job
+    out = d.settings.jobs_dir / job["id"] / "out"
+    assert json.loads((out / "report.json").read_text())["conclusion"] == "failure"
+    assert not (out / "report.json.forged").exists()
+    (run,) = [r for r in world.standin.check_runs("acme/forge") if r["external_id"] == job["id"]]
+    assert run["conclusion"] == "failure"
 
 
 def test_a_link_the_job_puts_in_out_is_never_followed(world, make_daemon, tmp_path):

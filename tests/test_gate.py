@@ -121,7 +121,11 @@ def test_sources_globs_new_and_removed_kernels(repo):
     (repo / "kernels/tables.dat").write_text("1 2 3\n")
     commit_all(repo, "a data file")
     git(repo, "checkout", "-q", "main")
-    edit(repo / ".kernalin.yml", "    params: {style: neox}\n", "    params: {style: neox}\n    sources: ['kernels/*.dat']\n")
+    edit(
+        repo / ".kernalin.yml",
+        "    params: {style: neox}\n",
+        "    params: {style: neox}\n    sources: ['kernels/*.dat']\n",
+    )
     commit_all(repo, "rope's sources, on main")
     git(repo, "checkout", "-q", "sources")
     git(repo, "rebase", "-q", "main")

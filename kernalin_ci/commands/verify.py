@@ -8,7 +8,7 @@ import textwrap
 from kernalin_ci.commands._common import parse_params, resolve_device, write_json
 from kernalin_ci.ops import NAMES
 from kernalin_ci.ops.base import DTYPES
-from kernalin_ci.report.text import finding_text, not_checked_text, notice_text
+from kernalin_ci.report.text import finding_text, isolation_text, not_checked_text, notice_text
 
 NAME = "verify"
 HELP = "verify one kernel entry: structural and multi-position dynamic checks"
@@ -64,8 +64,13 @@ def run(args) -> int:
         progress=not args.quiet,
         raw_domain=parse_cli(args.domain),
     )
-    write_json(result.to_json(), args.json)
-    print_result(result, sys.stderr if args.json == "-" else sys.stdout)
+    from kernalin_ci.sandbox import worker_isolation
+
+    isolation = worker_isolation()  # decided before the first worker started: the same answer
+    write_json({**result.to_json(), "isolation": isolation.to_json()}, args.json)
+    out = sys.stderr if args.json == "-" else sys.stdout
+    print_result(result, out)
+    print(f"  kernel code ran {isolation_text(isolation)}", file=out)
     return 1 if result.findings else 0
 
 

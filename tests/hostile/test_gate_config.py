@@ -93,7 +93,7 @@ def test_the_workflows_overrides_are_reported_and_a_dropped_kernel_is_still_gate
     (repo / "kernels/rope.py").write_text(rope.replace(*BUGGY_ROPE))
     cfg = ONLY_ROPE.replace(
         "  - name: rope\n    op: rope\n    entry: kernels/rope.py:rope\n    params: {style: neox}\n"
-        '    domain: {head_dim: 64, num_q_heads: 4, num_kv_heads: 2, dtype: float32}\n',
+        "    domain: {head_dim: 64, num_q_heads: 4, num_kv_heads: 2, dtype: float32}\n",
         "",
     )
     assert "name: rope" not in cfg

@@ -1,8 +1,13 @@
 """The docker runner: the job in a container of the kernalin image, through the Docker SDK.
 
-The container has no network, a read-only root file system, no capabilities, no new privileges,
-memory (swap included) and pid limits, and runs as the daemon's own uid (a daemon running as root
-uses the image's own unprivileged user instead, or runner.docker.user). Everything the job writes
+The container has no network, a read-only root file system, no new privileges, memory (swap included)
+and pid limits. The gate runs as the container's root with only the capabilities it needs to hand
+each kernel worker an unprivileged uid of its own and to clean up after it (KERNALIN_SANDBOX=uid,
+kernalin_ci/sandbox.py: bubblewrap cannot make namespaces under the engine's default seccomp
+profile): the pull request's code never shares a uid with the gate, so it can neither write the
+gate's files (its report, the next worker's job) nor signal or trace it. With runner.docker.user
+set, the job runs as that user instead (and needs runner.env KERNALIN_SANDBOX set by the operator:
+`off` runs kernel code as that same user, trusted repositories only). Everything the job writes
 lives on one tmpfs, /tmp, of `runner.disk_max_bytes` (the disk cap; its pages count against the
 memory limit too): the checkout, mounted read-only at /repo, is cloned to /tmp/repo (the gate makes
 git worktrees, which need a writable repository), HOME is /tmp/home and out/ is /tmp/out. Nothing of
@@ -17,7 +22,6 @@ does inside is not.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 
@@ -95,7 +99,11 @@ class DockerRunner:
             if req.slot.device == "cuda"
             else None
         )
-        user = s.user or (f"{os.getuid()}:{os.getgid()}" if os.getuid() != 0 else None)
+        user = s.user or "0:0"
+        env.setdefault("KERNALIN_SANDBOX", "uid")  # a kernel worker per uid (runner.env may say otherwise)
+        # root without the rest of root's capabilities: enough to switch a worker's uid, give it its folders, read
+        # what it wrote and kill what it left; nothing else (no mounts, no raw sockets, no ptrace)
+        caps = [] if s.user else ["CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETUID", "SETGID"]
         return self.client.containers.create(
             s.image,
             entrypoint=["sleep", "infinity"],  # the job is an exec (run()); this only keeps /tmp mounted
@@ -111,6 +119,7 @@ class DockerRunner:
             read_only=True,
             tmpfs={"/tmp": f"rw,exec,nosuid,size={self.disk_max_bytes}"},
             cap_drop=["ALL"],
+            cap_add=caps,
             security_opt=["no-new-privileges"],
             device_requests=gpu,
             labels={LABEL: req.job_id},
