@@ -52,9 +52,17 @@ def main(argv: list[str]) -> int:
         if job.get("device") == "cuda":
             require_cuda()
         elif os.environ.get("TRITON_INTERPRET") == "1":
-            from kernalin_ci.runtime.interp_patches import int1_comparisons
+            from kernalin_ci.runtime.interp_patches import (
+                autotune_first_config,
+                int1_comparisons,
+                libdevice_math,
+                unsupported_constructs,
+            )
 
             int1_comparisons()  # the interpreter's int32-typed comparison results (runtime/interp_patches.py)
+            autotune_first_config()  # no benchmarking of autotune configs without a GPU
+            unsupported_constructs()  # inline PTX: the case is not checked, not the kernel's error
+            libdevice_math()  # libdevice calls with a tl.math counterpart
         target = TASKS[job["task"]]
         mod, _, fn = target.partition(":")
         getattr(importlib.import_module(mod), fn)(job, emit)

@@ -58,6 +58,11 @@ def faithful_bf16() -> str | None:
     return _bf16_state["reason"]
 
 
+def note_unfaithful(why: str) -> None:
+    """Record a construct the interpreter cannot run (the case that launched it is not checked)."""
+    _unfaithful.append(why)
+
+
 def take_unfaithful() -> str | None:
     """The first bfloat16 construct the interpreter cannot run faithfully since the last call (or None); clears."""
     why = _unfaithful[0] if _unfaithful else None

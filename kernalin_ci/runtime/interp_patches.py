@@ -12,6 +12,20 @@ patched and `skip_self_copy()` returns False; callers then skip the huge case.
 `pid < H`) although the values are booleans; splatting such a scalar to a block (`(pid < H) & mask`)
 then makes an int32 block of ones and `tl.load` rejects it ("mask has unsupported dtype"). Compiled,
 the comparison is an i1 and the kernel runs; the patch types boolean comparison results as int1.
+
+`autotune_first_config()`: an autotuned kernel left with several configs (after `prune_configs_by`)
+benchmarks them, which under the interpreter asks for a GPU driver and raises ("0 active drivers").
+Timing an interpreted kernel means nothing, so the patch makes every config time the same: the first
+config left after pruning runs, as the structural capture checks the first config.
+
+`unsupported_constructs()`: inline PTX (`tl.inline_asm_elementwise`) and external calls the interpreter
+cannot run raise NotImplementedError there; the patch first records why (interp_bf16.note_unfaithful),
+so that a case launching one is *not checked (interpreter)*, never the kernel's error.
+
+`libdevice_math()`: the interpreter (3.9) cannot call libdevice (`libdevice.exp2(x)` fails with "cannot
+convert None ... to tensor"). The patch gives the libdevice functions that have an exact counterpart
+in `tl.math` (exp, exp2, log, cos, sqrt, rsqrt, erf, fma, ... and the fast_* variants) that counterpart,
+and tanh its definition through exp; any other libdevice call records why before it fails (not checked).
 """
 
 from __future__ import annotations
@@ -116,3 +130,127 @@ def int1_comparisons() -> bool:
         compare._kernalin = True
         setattr(builder, name, compare)
     return patched
+
+
+def autotune_first_config() -> bool:
+    """Under the interpreter, an autotuner with several configs runs the first one left after pruning
+    instead of benchmarking them (see the module doc); idempotent. False when this Triton has no
+    `Autotuner._bench` (nothing patched)."""
+    try:
+        from triton.runtime.autotuner import Autotuner
+    except ImportError:
+        return False
+    original = getattr(Autotuner, "_bench", None)
+    if original is None:
+        return False
+    if getattr(original, "_kernalin", False):
+        return True
+
+    def same_time(self, *args, config, **kwargs):
+        return 0.0  # min() over equal timings keeps the first config
+
+    same_time._kernalin = True
+    Autotuner._bench = same_time
+    return True
+
+
+_NOT_IN_INTERPRETER = {
+    "create_inline_asm": "the Triton interpreter cannot run inline PTX (tl.inline_asm_elementwise)",
+    "create_extern_elementwise": "the Triton interpreter cannot run this external (libdevice) call",
+}
+
+
+def unsupported_constructs() -> bool:
+    """Record the constructs the interpreter refuses before it raises (see the module doc); idempotent."""
+    try:
+        from triton.runtime import interpreter
+    except ImportError:
+        return False
+    from kernalin_ci.runtime.interp_bf16 import note_unfaithful
+
+    builder = getattr(interpreter, "InterpreterBuilder", None)
+    patched = False
+    for name, why in _NOT_IN_INTERPRETER.items():
+        original = getattr(builder, name, None)
+        if original is None:
+            continue
+        patched = True
+        if getattr(original, "_kernalin", False):
+            continue
+
+        def refuse(self, *args, _original=original, _why=why):
+            note_unfaithful(_why)
+            return _original(self, *args)
+
+        refuse._kernalin = True
+        setattr(builder, name, refuse)
+    return patched
+
+
+_LIBDEVICE_SAME = (
+    "exp",
+    "exp2",
+    "log",
+    "log2",
+    "cos",
+    "sin",
+    "sqrt",
+    "sqrt_rn",
+    "rsqrt",
+    "floor",
+    "ceil",
+    "erf",
+    "fma",
+    "div_rn",
+    "abs",
+)
+_LIBDEVICE_AS = {"fast_expf": "exp", "fast_logf": "log", "fast_dividef": "div_rn", "fabs": "abs"}
+
+
+def libdevice_math() -> bool:
+    """Under the interpreter, libdevice calls that have a tl.math counterpart run it (see the module doc);
+    idempotent. False when this Triton has no libdevice module (nothing patched)."""
+    import importlib
+
+    import triton.language as tl
+
+    from kernalin_ci.runtime.interp_bf16 import note_unfaithful
+
+    modules = []
+    for name in ("triton.language.extra.libdevice", "triton.language.extra.cuda.libdevice"):
+        try:
+            modules.append(importlib.import_module(name))
+        except ImportError:
+            continue
+    if not modules:
+        return False
+
+    def same(target):
+        def call(*args, **kwargs):
+            return getattr(tl.math, target)(*args)
+
+        call._kernalin = True
+        return call
+
+    def tanh(x, **kwargs):
+        return 2.0 / (1.0 + tl.math.exp(-2.0 * x)) - 1.0
+
+    tanh._kernalin = True
+    for mod in modules:
+        for name, member in vars(mod).copy().items():
+            if name.startswith("_") or not callable(member) or getattr(member, "_kernalin", False):
+                continue
+            target = name if name in _LIBDEVICE_SAME else _LIBDEVICE_AS.get(name)
+            if target is not None and hasattr(tl.math, target):
+                setattr(mod, name, same(target))
+            elif name == "tanh":
+                setattr(mod, name, tanh)
+            elif getattr(member, "__module__", "").startswith("triton.language.extra"):
+
+                def refuse(*args, _original=member, _name=name, **kwargs):
+                    note_unfaithful(f"the Triton interpreter cannot run libdevice.{_name}")
+                    return _original(*args, **kwargs)
+
+                refuse._kernalin = True
+                setattr(mod, name, refuse)
+    return True

@@ -80,6 +80,10 @@ def verify_structural(
         # TRITON_INTERPRET=0: the child compiles the kernels (it never launches them)
         outcome = run_task(job, "cpu", timeout_s, env={"TRITON_INTERPRET": "0"}, writable=(folder,))
         bad = folder.full()  # the worker filled its results folder to its cap
+        if bad is None and outcome.status == "internal-error":
+            # the user's code made capture, compilation or packing fail in a way we did not foresee: the
+            # analysis did not run, and that is all it says (the dynamic verdict stands)
+            return [], [], StructuralStatus("not-analysed", f"the structural worker failed: {outcome.detail}")
         if bad is None:
             outcome.raise_for_error("structural")
         done = [e for e in outcome.events if e.get("event") == "structural-done"]
@@ -113,7 +117,10 @@ def verify_structural(
         )
     seconds = done[0].get("seconds")
     seconds = {k: v for k, v in seconds.items() if k in ("capture", "compile")} if isinstance(seconds, dict) else {}
-    out = analyse(op_name, mat, root, {k: float(v) for k, v in seconds.items() if isinstance(v, (int, float))})
+    try:
+        out = analyse(op_name, mat, root, {k: float(v) for k, v in seconds.items() if isinstance(v, (int, float))})
+    except Exception as e:  # an IR or capture our analysis does not foresee: not analysed, never exit 3
+        return [], [], StructuralStatus("not-analysed", f"the analysis failed: {analysis_failure(e)}")
     return (
         [Finding.from_json(f) for f in out["findings"]],
         [Notice.from_json(n) for n in out["notices"]],
@@ -121,4 +128,16 @@ def verify_structural(
     )
 
 
-__all__ = ["verify_structural", "analysis_of", "TASK"]
+def analysis_failure(e: BaseException) -> str:
+    """One line for an unexpected exception of the analysis: its type, message and where in kernalin-ci
+    it was raised (for a bug report)."""
+    import traceback
+
+    frames = traceback.extract_tb(e.__traceback__)
+    ours = [f for f in frames if "kernalin_ci" in f.filename]
+    where = f" at {ours[-1].filename.rsplit('kernalin_ci', 1)[-1].lstrip('/')}:{ours[-1].lineno}" if ours else ""
+    msg = " ".join(str(e).split())[:200]
+    return f"{type(e).__name__}: {msg}{where} (a kernalin-ci limitation: please report it)"
+
+
+__all__ = ["verify_structural", "analysis_of", "analysis_failure", "TASK"]

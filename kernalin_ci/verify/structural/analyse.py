@@ -15,7 +15,7 @@ def analyse(op_name: str, mat, root: str | None = None, seconds: dict | None = N
     """Findings, notices, kernels and status of one entry from its material (material.Material) as plain
     data; source paths under `root` (default: the current directory) are made relative to it."""
     from kernalin_ci.ops import get_op
-    from kernalin_ci.verify.structural import analysis_of
+    from kernalin_ci.verify.structural import analysis_failure, analysis_of
     from kernalin_ci.verify.structural.abstract_values import InterpError
     from kernalin_ci.verify.structural.common import StructuralFindings, check_bounds, check_precision
     from kernalin_ci.verify.structural.dataflow import KernelView, line_of, link_views
@@ -57,6 +57,12 @@ def analyse(op_name: str, mat, root: str | None = None, seconds: dict | None = N
             at = line_of(e.op, la) if e.op is not None else None
             rep.notice("structural:interpret", f"could not verify kernel {la.kernel}: {e}", where=at or where)
             unfollowed.append(f"kernel {la.kernel} could not be followed: {e}")
+            complete = False
+            continue
+        except Exception as e:  # an IR our interpreter does not foresee: this kernel is not analysed
+            why = analysis_failure(e)
+            rep.notice("structural:interpret", f"could not verify kernel {la.kernel}: {why}", where=where)
+            unfollowed.append(f"kernel {la.kernel} could not be followed: {why}")
             complete = False
             continue
         finally:

@@ -323,6 +323,11 @@ class LaunchRecorder:
                 kargs.append(KernelArg(name, "constexpr", _plain(v)))
             elif isinstance(value, torch.Tensor):
                 info, off = self.registry.find(value)
+                if info is not None and value.element_size() != info.elsize:
+                    raise CaptureError(
+                        f"kernel {jit.fn.__name__} reads {info.name} ({info.dtype}) through argument {name} as "
+                        f"{_dtype_name(value)}: memory reinterpreted with another element size is not followed"
+                    )
                 if info is None:
                     self.registry.n_scratch += 1
                     nm = f"scratch{self.registry.n_scratch}"
@@ -425,8 +430,17 @@ class LaunchRecorder:
 
 
 def _plain(v):
-    if isinstance(v, (int, float, bool, str)) or v is None:
+    """A constexpr as builtin data the parent can load (torch.load weights_only): an enum member as its
+    value, a subclass of int, float or str (IntEnum, a str enum) as the builtin, anything else as its repr."""
+    import enum
+
+    if isinstance(v, enum.Enum):
+        return _plain(v.value)
+    if v is None or type(v) in (int, float, bool, str):
         return v
+    for kind in (bool, int, float, str):
+        if isinstance(v, kind):
+            return kind(v)
     if isinstance(v, (tuple, list)):
         return [_plain(x) for x in v]
     return repr(v)

@@ -92,6 +92,11 @@ class Interp:
 
     def _bind_args(self, fn: Function) -> dict:
         rt = self.launch.runtime_args
+        for a in rt:
+            if self.launch.signature.get(a.name, "").startswith("tensordesc"):
+                raise InterpError(
+                    f"argument {a.name} is a tensor descriptor (TMA): its loads and stores are not followed"
+                )
         if len(rt) != len(fn.args):
             raise InterpError(f"the kernel's IR has {len(fn.args)} arguments, the launch {len(rt)}")
         env = {}
