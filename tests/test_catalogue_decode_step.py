@@ -120,3 +120,18 @@ def test_catalogue_on_the_gpu(path):
             assert cat["bug_class"] in got, (kind, got)
     probe = _verify(path, cat["params"], "cuda", "--probe", "pos0")
     assert probe.returncode == (1 if cat["pos0"] == "caught" else 0), probe.stdout[-3000:] + probe.stderr[-2000:]
+
+
+def test_power_of_two_kernel_passes_by_default():
+    """A correct fused step that takes only power-of-two head dims passes the default verify on the CPU
+    (whose loop is at D 40): the loop runs at the nearest head dim it takes, and the head dims it refuses
+    are reported as unsupported, not checked (issue 30, item 1)."""
+    r = cli("verify", "--op", OP, "--entry", "tests/kernels/decode_step_pow2.py:entry", "--json", "-", "--quiet")
+    res = json.loads(r.stdout)
+    assert r.returncode == 0, res["findings"]
+    refused = {n["shape"].split()[0]: n for n in res["not_checked"]}
+    assert set(refused) == {"D=40", "D=80", "D=96"}, refused
+    assert refused["D=40"]["reason"] == "unsupported" and refused["D=40"]["instead"].startswith("D=64")
+    assert "power of two" in refused["D=40"]["error"]
+    assert res["coverage"]["head_dims"] == [64, 128, 256]
+    assert res["structural"]["status"] == "analysed"

@@ -40,7 +40,14 @@ PARAMS = tuple(p for p in ROPE_PARAMS if p.name in ("style", "base", "rotary_dim
     Param("block_size", 16, int, "slots per cache block", check=positive),
     paged.LAYOUT,
     Param("steps", 64, int, "decode steps of each loop case", check=positive),
-    Param("head_dim", None, int, "pin D for every case (default: 40 on the CPU, 128 and 80 on a GPU)", check=positive),
+    Param(
+        "head_dim",
+        None,
+        int,
+        "pin D for every case (default: 40 on the CPU, 128 and 80 on a GPU, moved to a head dim the kernel "
+        "takes when it refuses one)",
+        check=positive,
+    ),
     Param("num_q_heads", None, int, "pin Hq", check=positive),
     Param("num_kv_heads", None, int, "pin Hkv", check=positive),
 )
@@ -51,6 +58,7 @@ class DecodeStep(Op):
     params = PARAMS
     written = ("k_cache", "v_cache")
     structural = "decode_step"
+    domain_axes = ("head_dim", "num_q_heads", "num_kv_heads", "dtype", "block_size")
 
     def _dims(
         self, params: Params, hq: int, hkv: int, D: int, start_lens: list[int], steps: int, **extra: Any
@@ -91,6 +99,11 @@ class DecodeStep(Op):
 
     def probe(self, params: Params, dtype: str | None) -> Case:
         return Case("pos0-probe", self._dims(params, 8, 2, 64, [0], 1, poison=False), dtype or "float32", 0, ("probe",))
+
+    def shape_case(self, params: Params, dtype: str) -> Case:
+        """A short loop (4 steps, one sequence starting empty, one across a block boundary): the small case
+        kernalin_ci.domain moves to each head dim, head count, dtype or block size, and probes a shape with."""
+        return Case("shape", self._dims(params, 4, 2, 64, [0, 17], 4, stale=True), dtype, 40, ("shape",))
 
     def validate_case(self, case: Case) -> str | None:
         d = case.dims

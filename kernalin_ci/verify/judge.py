@@ -191,8 +191,8 @@ class CaseResult:
 class CaseReader:
     """Reads the dynamic worker's case-done events of one worker group (a shard): loads each result
     file (or, for a loop case, each step's part: verify/pipeline.py), judges it, and checks every claim
-    the worker makes about a case against what the parent knows. A loop case is never moved to another
-    shape (its steps are judged as they arrive, at its own). A claim the parent cannot accept is a BadResult:
+    the worker makes about a case against what the parent knows. A loop case moved to another shape says
+    so in each part, and its steps are judged at that shape. A claim the parent cannot accept is a BadResult:
     - "not checked (interpreter)": only on the CPU;
     - "not checked (unsupported)": only at a shape outside the declared domain, and not at a shape a
       case of this group already ran at (the kernel takes it: its error there is a finding);
@@ -204,6 +204,7 @@ class CaseReader:
         self.memo: dict = {}  # case name -> its Expected (stale-result: a repeat compared with its original)
         self.ran_shapes: set[str] = set()
         self.loops: dict = {}  # case index -> its LoopReader (an op that drives a loop: decode_step)
+        self.loop_cases: dict = {}  # case index -> the case its parts ran as (moved to another shape, or not)
 
     def _loop(self, index: int, case: Case):
         """The LoopReader of a case the op runs as a loop of calls (Op.loop_judge), None for one call."""
@@ -221,8 +222,13 @@ class CaseReader:
         return list(loop.found) if loop is not None else []
 
     def part(self, index: int, case: Case, ev: dict, results: str) -> None:
-        """One step of a loop case (a case-part event), judged as it arrives."""
-        loop = self._loop(index, case)
+        """One step of a loop case (a case-part event), judged as it arrives; at the shape the part says
+        it ran at (`ran`: one of the case's alternatives), the same for every part of the case."""
+        ran = self._moved(case, ev["ran"]) if ev.get("ran") is not None else case
+        if index in self.loop_cases and self.loop_cases[index].to_json() != ran.to_json():
+            raise BadResult("the parts of a loop case ran at different shapes")
+        self.loop_cases[index] = ran
+        loop = self._loop(index, ran)
         if loop is None:
             raise BadResult("a case-part event: this op's cases are one call each")
         loop.part(index, ev, results)
@@ -235,10 +241,10 @@ class CaseReader:
         ran = self._ran(case, ev.get("ran"), nc)
         if status in ("ok", "raised", "cuda-error") and nc is not None and ev.get("ran") is None:
             raise BadResult("a case that ran at its own shape, said to be not checked")
-        loop = self._loop(index, case)
+        loop = self._loop(index, self.loop_cases.get(index, ran))
         if loop is not None and (status in ("ok", "raised") or loop.step):
-            if ev.get("ran") is not None:  # its parts were judged as the case was planned
-                raise BadResult("a loop case said to have run at another shape")
+            if self.loop_cases.get(index, ran).to_json() != ran.to_json():  # its parts were judged at another
+                raise BadResult("a loop case said to have run at another shape than its parts")
             if loop.found or status == "ok":
                 found = loop.finish()
                 self.ran_shapes.add(key(shape_of(self.op, ran, self.params)))
@@ -295,6 +301,16 @@ class CaseReader:
                 f"'unsupported' claimed for the shape {_text(nc.get('shape'))[:60]!r}, the case has {shape_text(shape)}"
             )
         return nc
+
+    def _moved(self, case: Case, moved) -> Case:
+        """A case moved to one of its alternative shapes (BadResult for any other)."""
+        from kernalin_ci.domain import alternatives, with_shape
+
+        for alt in alternatives(self.op, case, self.params, self.domain, self.main_dtype):
+            c = with_shape(case, alt, self.params)
+            if c.to_json() == moved:
+                return c
+        raise BadResult("a case moved to a shape that is not one of its alternatives")
 
     def _ran(self, case: Case, moved, nc: dict | None) -> Case:
         """The case as it ran: as planned, or moved to one of its alternative shapes."""

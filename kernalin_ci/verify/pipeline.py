@@ -250,20 +250,23 @@ def raw_out(out: Any) -> Any:
 
 
 def hand_back_parts(
-    emit: Callable[[dict[str, Any]], None], results: str, index: int
-) -> Callable[[int, dict[str, Any], float], None]:
-    """A step's raw result as part file `case-<index>-<step>.pt` and a `case-part` event naming it."""
+    emit: Callable[[dict[str, Any]], None], results: str, index: int, planned: Any = None
+) -> Callable[..., None]:
+    """A step's raw result as part file `case-<index>-<step>.pt` and a `case-part` event naming it. A case
+    run at another shape than `planned` (the kernel refused its own: verify/support.py) says so in each
+    part (`ran`), so that the parent judges its steps at the shape they ran at."""
 
-    def hand_back(step: int, raw: dict[str, Any], seconds: float) -> None:
-        emit(
-            {
-                "event": "case-part",
-                "index": index,
-                "part": step,
-                "seconds": seconds,
-                "file": exchange.save(results, exchange.part_name(index, step), raw),
-            }
-        )
+    def hand_back(step: int, raw: dict[str, Any], seconds: float, ran: Any = None) -> None:
+        ev = {
+            "event": "case-part",
+            "index": index,
+            "part": step,
+            "seconds": seconds,
+            "file": exchange.save(results, exchange.part_name(index, step), raw),
+        }
+        if ran is not None and planned is not None and ran.to_json() != planned.to_json():
+            ev["ran"] = ran.to_json()
+        emit(ev)
 
     return hand_back
 

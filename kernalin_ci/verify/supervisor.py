@@ -236,6 +236,13 @@ def run_cases(
             if outcome.status == "refused":
                 progress.note(f"worker stopped: {state['refused']}")
                 break
+            shown = run.findings or (i is not None and hasattr(read_case, "partial") and read_case.partial(i))
+            if outcome.status == "internal-error" and i is not None and shown:
+                # the kernel already misbehaved in this run (a stray write, an error): a worker failing in a
+                # later case or step is the process it corrupted (the interpreter writes out of bounds into the
+                # worker's own memory), so that case crashed; with no finding yet it is our bug (exit 3)
+                outcome.status = "crashed"
+                outcome.detail = f"the worker failed after the kernel's earlier findings: {outcome.detail}"
             outcome.raise_for_error(task)
             if outcome.status == "ok":
                 break
