@@ -182,21 +182,35 @@ class StructuralStatus:
     status: str
     cause: str | None = None
     shape: str | None = None  # the capture shape the kernels were analysed at
+    # analysed: the properties proved of the kernels (docs/structural.md), and those the analysis could not
+    # verify, each "property: why" (a gap is never a pass of that property)
+    proved: list[str] = field(default_factory=list)
+    gaps: list[str] = field(default_factory=list)
 
     def __post_init__(self):
         if self.status not in STRUCTURAL_STATUSES:
             raise ValueError(f"unknown structural status {self.status!r}")
 
     def to_json(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        for key in ("proved", "gaps"):  # absent when empty: a result without them reads as before
+            if not d[key]:
+                del d[key]
+        return d
 
     @classmethod
     def from_json(cls, d: dict) -> StructuralStatus:
-        return cls(**known(cls, d))
+        d = known(cls, d)
+        return cls(**{**d, "proved": list(d.get("proved") or []), "gaps": list(d.get("gaps") or [])})
 
     def summary(self) -> str:
         if self.status == "analysed":
-            return "analysed" + (f" at {self.shape}" if self.shape else "")
+            text = "analysed" + (f" at {self.shape}" if self.shape else "")
+            if self.proved:
+                text += "; proved: " + ", ".join(self.proved)
+            if self.gaps:
+                text += "; not verified: " + "; ".join(self.gaps)
+            return text
         if self.status == "not-analysed":
             return f"not analysed ({self.cause})"
         return "not run"

@@ -240,6 +240,8 @@ def _verification_cell(item) -> str:
         cell += f" · {plural(len(v.not_checked), 'shape')} not checked"
     if v.structural.status == "not-analysed":
         cell += " · **structure not analysed**"
+    elif v.structural.gaps:
+        cell += f" · **{plural(len(v.structural.gaps), 'structural gap')}**"
     return cell
 
 
@@ -380,9 +382,14 @@ def _domain_lines(item) -> list[str]:
         return []
     lines = []
     st = structural_text(v)
-    if st:
-        bold = v.structural.status == "not-analysed"
-        lines.append(f"- **Structural:** {'**' if bold else ''}{md(clip(st, 600))}{'**' if bold else ''}.")
+    if st and v.structural.status == "analysed":
+        shape = f" at {v.structural.shape}" if v.structural.shape else ""
+        lines.append(f"- **Structural:** analysed{md(shape)}.")
+        if v.structural.proved:
+            lines.append(f"  - proved: {md(clip(', '.join(v.structural.proved), 500))}")
+        lines += [f"  - **not verified:** {md(clip(g, 300))}" for g in v.structural.gaps[:10]]
+    elif st:
+        lines.append(f"- **Structural:** **{md(clip(st, 600))}**.")
     cov = coverage_text(v)
     if cov:
         lines.append(f"- **Coverage:** {md(cov)}.")

@@ -90,7 +90,14 @@ NOT_CHECKED = {
 STRUCTURAL = {
     "type": "object",
     "required": ["status"],
-    "properties": {"status": {"enum": list(STRUCTURAL_STATUSES)}, "cause": _str_or_null, "shape": _str_or_null},
+    "properties": {
+        "status": {"enum": list(STRUCTURAL_STATUSES)},
+        "cause": _str_or_null,
+        "shape": _str_or_null,
+        # since issue 30: what the analysis proved and could not verify (older reports have neither)
+        "proved": {"type": "array", "items": {"type": "string"}},
+        "gaps": {"type": "array", "items": {"type": "string"}},
+    },
 }
 
 VERIFICATION = {

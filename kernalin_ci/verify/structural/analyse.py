@@ -17,7 +17,12 @@ def analyse(op_name: str, mat, root: str | None = None, seconds: dict | None = N
     from kernalin_ci.ops import get_op
     from kernalin_ci.verify.structural import analysis_failure, analysis_of
     from kernalin_ci.verify.structural.abstract_values import InterpError
-    from kernalin_ci.verify.structural.common import StructuralFindings, check_bounds, check_precision
+    from kernalin_ci.verify.structural.common import (
+        COMMON_PROPERTIES,
+        StructuralFindings,
+        check_bounds,
+        check_precision,
+    )
     from kernalin_ci.verify.structural.dataflow import KernelView, line_of, link_views
     from kernalin_ci.verify.structural.interpreter import Interp
     from kernalin_ci.verify.structural.ir import ParseError, parse_module
@@ -95,10 +100,21 @@ def analyse(op_name: str, mat, root: str | None = None, seconds: dict | None = N
             check_bounds(view, rep)
             check_precision(view, rep)
     times["analyse"] = time.perf_counter() - t3
-    return _result(rep, kernels, times, root, not_analysed="; ".join(unfollowed) or None, shape=mat.label)
+    proved = [*COMMON_PROPERTIES, *(p for p in analysis.properties if p not in rep.gaps)] if complete else []
+    return _result(
+        rep, kernels, times, root, not_analysed="; ".join(unfollowed) or None, shape=mat.label, proved=proved
+    )
 
 
-def _result(rep, kernels, times, root, not_analysed: str | None = None, shape: str | None = None) -> dict:
+def _result(
+    rep,
+    kernels,
+    times,
+    root,
+    not_analysed: str | None = None,
+    shape: str | None = None,
+    proved: list[str] | None = None,
+) -> dict:
     base = os.path.realpath(root or os.getcwd()) + os.sep
     for item in rep.findings + rep.notices:
         if item.location is not None:
@@ -108,7 +124,13 @@ def _result(rep, kernels, times, root, not_analysed: str | None = None, shape: s
     status = (
         {"status": "not-analysed", "cause": not_analysed, "shape": None}
         if not_analysed
-        else {"status": "analysed", "cause": None, "shape": shape}
+        else {
+            "status": "analysed",
+            "cause": None,
+            "shape": shape,
+            "proved": list(proved or []),
+            "gaps": [f"{prop}: {why}" for prop, why in rep.gaps.items()],
+        }
     )
     return {
         "findings": [f.to_json() for f in rep.findings],

@@ -304,7 +304,8 @@ def check_exps(view: KernelView, exps: Exps, rep: StructuralFindings, scale: flo
             )
             continue
         if len(neg.atoms) != 1:
-            rep.notice(
+            rep.gap(
+                "softmax max subtraction",
                 "structural:softmax-max",
                 f"{name}: could not verify the max subtraction: the exp argument subtracts {len(neg.atoms)} terms",
                 op,
@@ -340,7 +341,8 @@ def check_exps(view: KernelView, exps: Exps, rep: StructuralFindings, scale: flo
                 view,
             )
         else:
-            rep.notice(
+            rep.gap(
+                "softmax max subtraction",
                 "structural:softmax-max",
                 f"{name}: could not verify that the value subtracted in exp is the max of the scores",
                 op,
@@ -421,7 +423,8 @@ def _check_scale(view: KernelView, op: IROp, pos: LF, rep: StructuralFindings, s
     name = kname(view)
     terms = {a: c for a, c in pos.atoms.items() if not _additive_mask(view.graph, a)}
     if len(terms) != 1:
-        rep.notice(
+        rep.gap(
+            "softmax scale",
             "structural:softmax-scale",
             f"{name}: could not verify the scale: the exp argument adds {len(terms)} score terms",
             op,
@@ -433,7 +436,8 @@ def _check_scale(view: KernelView, op: IROp, pos: LF, rep: StructuralFindings, s
     # decode_step: keys an earlier launch rotated and stored are followed back to k
     keys = ({"k_cache"}, {"k"}) if getattr(view.capture, "op", None) == "decode_step" else ({"k_cache"},)
     if f is None or not any({"q"} | ks <= tensors for ks in keys):
-        rep.notice(
+        rep.gap(
+            "softmax scale",
             "structural:softmax-scale",
             f"{name}: could not verify the scale: the scores are not recognised as a product of q and k",
             op,

@@ -240,7 +240,8 @@ def check_addressing(cap, views: list, rep: StructuralFindings, model: Attention
                 continue
             seqs = {b for b, _ in qrows}
             if len(seqs) != 1:
-                rep.notice(
+                rep.gap(
+                    "KV addressing",
                     "structural:kv-addressing",
                     f"{kname(view)}: could not verify the KV addressing of a program that serves several sequences",
                     where=(view.launch.path, view.launch.line),
@@ -289,7 +290,8 @@ def check_addressing(cap, views: list, rep: StructuralFindings, model: Attention
                         view,
                     )
                 elif len(expect) > 1:
-                    rep.notice(
+                    rep.gap(
+                        "KV addressing",
                         "structural:kv-addressing",
                         f"{kname(view)}: could not verify which query head reads which KV "
                         f"head in a program that serves several KV heads",
@@ -459,7 +461,7 @@ def check_output_coverage(cap, views: list, rep: StructuralFindings, out_name: s
             written[np.clip(e, 0, info.numel - 1)] = True
             last = (view, acc.op)
     if last is None:
-        rep.notice("structural:output", "could not verify the output: no kernel stores to it")
+        rep.gap("output coverage", "structural:output", "could not verify the output: no kernel stores to it")
         return
     if not written.all():
         co = info.coords(np.flatnonzero(~written))

@@ -43,6 +43,7 @@ class StructuralFindings:
         self.findings: list[Finding] = []
         self.notices: list[Notice] = []
         self._seen: set = set()
+        self.gaps: dict[str, str] = {}  # property of Analysis.properties -> why it could not be verified
 
     def finding(
         self, check: str, bug_class: str, message: str, op: IROp | None = None, view=None, where: tuple | None = None
@@ -70,6 +71,14 @@ class StructuralFindings:
         self._seen.add(key)
         self.notices.append(Notice(check=_check_id(check), message=message, location=Location(*loc) if loc else None))
 
+    def gap(
+        self, prop: str, check: str, message: str, op: IROp | None = None, view=None, where: tuple | None = None
+    ) -> None:
+        """A property the analysis could not verify: a notice, and the property is reported as a gap (never
+        as proved) in the result's structural status."""
+        self.notice(check, message, op, view, where)
+        self.gaps.setdefault(prop, message)
+
     def has(self, bug_class: str) -> bool:
         return any(f.bug_class == bug_class for f in self.findings)
 
@@ -79,11 +88,18 @@ class Analysis:
     """One op's structural analysis (the module an op names in `Op.structural` defines `ANALYSIS`):
     `model(capture)` is what the interpreter tracks for the op, `analyze(capture, views, report, model)`
     runs its checks once every kernel was followed. `store_bounds`: False where `analyze` judges the
-    write set itself (the common bounds check then looks at loads only)."""
+    write set itself (the common bounds check then looks at loads only). `properties`: what the analysis
+    proves of a kernel it follows whole; each one it cannot verify it reports with `StructuralFindings.gap`
+    (the result lists the properties proved and the gaps, docs/structural.md)."""
 
     model: Callable[[Any], Any]
     analyze: Callable[[Any, list, StructuralFindings, Any], None]
     store_bounds: bool = True
+    properties: tuple[str, ...] = ()
+
+
+# what every followed kernel gets (check_bounds, check_precision)
+COMMON_PROPERTIES = ("memory bounds", "accumulation precision")
 
 
 def kname(view: KernelView) -> str:

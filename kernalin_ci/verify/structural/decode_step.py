@@ -68,7 +68,8 @@ def analyze(cap, views: list, rep: StructuralFindings, model: DecodeStepModel) -
         ("softmax", "no exp of scores read from k_cache"),
     ):
         if not parts[part]:
-            rep.notice(
+            rep.gap(
+                part,
                 "structural:decode-step",
                 f"{part}: not analysed ({why})",
                 where=(views[0].launch.path, views[0].launch.line),
@@ -110,7 +111,8 @@ def analyze(cap, views: list, rep: StructuralFindings, model: DecodeStepModel) -
             skip_angles=rep.has("precision"),
         )
     else:
-        rep.notice(
+        rep.gap(
+            "rotation of q",
             "structural:decode-step",
             "q's rotation: not analysed (the rotated q is never stored: it feeds the "
             "scores inside the kernel, where no linear form of it survives; the dynamic "
@@ -432,4 +434,9 @@ def _check_new_token_twice(cap, views, rep, bs, slots) -> str | None:
     return path
 
 
-ANALYSIS = Analysis(DecodeStepModel, analyze, store_bounds=True)
+ANALYSIS = Analysis(
+    DecodeStepModel,
+    analyze,
+    store_bounds=True,
+    properties=("rotation", "rotation of q", "cache store", "step order", "softmax"),
+)

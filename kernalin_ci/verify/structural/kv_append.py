@@ -158,7 +158,8 @@ def analyze(cap, views: list, rep: StructuralFindings, model: KvModel) -> None:
         ]
         if unfollowed:
             view, sop = unfollowed[0]
-            rep.notice(
+            rep.gap(
+                f"stored values of {cache}",
                 "structural:kv-values",
                 f"could not verify {len(unfollowed)} stored element(s) of {cache}: the value is "
                 f"not a single element of key or value",
@@ -447,4 +448,16 @@ def _feeds(a, b, depth=0) -> bool:
     return any(o.owner is a or (o.owner is not None and _feeds(a, o.owner, depth + 1)) for o in b.operands)
 
 
-ANALYSIS = Analysis(KvModel, analyze, store_bounds=False)
+ANALYSIS = Analysis(
+    KvModel,
+    analyze,
+    store_bounds=False,
+    properties=(
+        "stored values of k_cache",
+        "stored values of v_cache",
+        "padding skipped",
+        "coverage",
+        "no stray writes",
+        "64-bit offsets",
+    ),
+)

@@ -196,10 +196,17 @@ def analyze(cap, views: list, rep: StructuralFindings, model: RopeModel) -> None
             )
     _low_precision_table(cap, views, rep)
     table_wrong = _check_tables(cap, views, rep, positions)
+    if table_wrong or rep.has("precision"):
+        rep.gap(
+            "angles (positions, frequencies)",
+            "structural:rope",
+            "the angles were not compared with the definition: the cos/sin table or the angle's precision is "
+            "already wrong (a finding)",
+        )
     for src in ("q", "k"):
         out_name = cap.outputs.get(src)
         if out_name is None:
-            rep.notice("structural:rope", f"could not verify rope output {src}")
+            rep.gap(f"rotation values of {src}", "structural:rope", f"could not verify rope output {src}")
             continue
         _check_output(
             cap,
@@ -420,7 +427,8 @@ def check_rotation(
         cls, why = _explain_angles(lanes, positions, t, theta, r)
         flag("angle-" + cls, cls, f"{src}[{t}]: {why}", lanes[0][3], None)
     if opaque:
-        rep.notice(
+        rep.gap(
+            f"rotation values of {src}",
             "structural:rope-values",
             f"could not verify {opaque} element(s) of {src}'s output: their value is not "
             f"a linear form of the input the analysis can follow",
@@ -492,4 +500,15 @@ def _explain_angles(lanes, positions, t, theta, r) -> tuple[str, str]:
     )
 
 
-ANALYSIS = Analysis(RopeModel, analyze)
+ANALYSIS = Analysis(
+    RopeModel,
+    analyze,
+    properties=(
+        "rotation values of q",
+        "rotation values of k",
+        "angles (positions, frequencies)",
+        "passthrough",
+        "addressing",
+        "output coverage",
+    ),
+)
