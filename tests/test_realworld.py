@@ -97,10 +97,11 @@ def test_mutant_is_caught(k, variant, outcomes):
 
 
 def test_manifest_is_complete():
-    """All four ops, ten kernels or more; each names its distribution's sha256 and license, an adapter
-    that exists, a one-place mutant in one of its files, and bug classes from the vocabulary."""
-    assert {k.op for k in KERNELS} == {"attention.decode", "attention.decode_paged", "rope", "kv_append"}
-    assert len(KERNELS) >= 10
+    """All five ops (a whole decode step run as decode_step among them), twelve kernels or more from five
+    distributions; each names its distribution's sha256 and license, an adapter that exists, a one-place
+    mutant in one of its files, and bug classes from the vocabulary."""
+    assert {k.op for k in KERNELS} == {"attention.decode", "attention.decode_paged", "rope", "kv_append", "decode_step"}
+    assert len(KERNELS) >= 12 and len({k.dist.key for k in KERNELS}) >= 5
     for k in KERNELS:
         assert len(k.dist.sha256) == 64 and k.dist.license, k.id
         assert (corpus.REPO / k.adapter.split(":")[0]).is_file(), k.adapter

@@ -227,6 +227,8 @@ class Outcome:
     error: str = ""
     device: str = "cpu"
     not_checked: list[str] = field(default_factory=list)  # cases kernalin-ci reported as not checked, and why
+    proved: list[str] = field(default_factory=list)  # structural properties proved (issue 30, item 4)
+    gaps: list[str] = field(default_factory=list)  # structural properties not verified, with why
 
 
 def verify(
@@ -284,6 +286,7 @@ def verify(
     not_checked = [
         f"{n.get('shape')}: {n.get('reason')} ({n.get('error', '')[:120]})" for n in res.get("not_checked", [])
     ]
+    st = res.get("structural") if isinstance(res.get("structural"), dict) else {}
     return Outcome(
         k.id,
         variant,
@@ -294,6 +297,8 @@ def verify(
         seconds,
         device=device,
         not_checked=not_checked,
+        proved=list(st.get("proved") or []),
+        gaps=list(st.get("gaps") or []),
     )
 
 

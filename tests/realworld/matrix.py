@@ -24,7 +24,9 @@ def row(k: corpus.Kernel, orig: corpus.Outcome, mut: corpus.Outcome) -> str:
         word = corpus.judge(k, o).word
         return f"{word}: {', '.join(o.classes)}" if o.classes else word
 
-    structural = "ran" if orig.structural == "ran" else "not analysed"
+    structural = "not analysed"
+    if orig.structural == "ran":
+        structural = f"ran: {len(orig.proved)} proved" + (f", {len(orig.gaps)} not verified" if orig.gaps else "")
     if corpus.triton_too_new(k):
         structural = "n/a"
     return (
@@ -66,6 +68,9 @@ def main(argv=None) -> int:
         j = corpus.judge(k, o)
         notes += [f"- {k.id} ({o.variant}): {p}" for p in j.problems + j.known]
         notes += [f"- {k.id} ({o.variant}): not checked: {n}" for n in o.not_checked]
+        if o.variant == "original" and o.proved:
+            notes.append(f"- {k.id}: structural proved: {', '.join(o.proved)}")
+        notes += [f"- {k.id} ({o.variant}): structural not verified: {g[:200]}" for g in o.gaps]
     notes += [f"- {k.id}: true finding [{r['bug_class']}]: {r['why']}" for k in kernels for r in k.true_findings]
     if notes:
         print("\n" + "\n".join(notes))
