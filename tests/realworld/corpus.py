@@ -162,12 +162,13 @@ def download(dist: Dist, cache: Path = CACHE) -> Path:
 
 
 def extract(dist: Dist, members: set[str], cache: Path = CACHE) -> Path:
-    """Extract the named members of the distribution into cache/src/<package-version>/."""
-    archive = download(dist, cache)
+    """Extract the named members of the distribution into cache/src/<package-version>/ (nothing is
+    downloaded when they are all there: a machine without the network needs only src/ and mutants/)."""
     root = cache / "src" / dist.key
     missing = [m for m in sorted(members) if not (root / m).is_file()]
     if not missing:
         return root
+    archive = download(dist, cache)
     if archive.name.endswith(".tar.gz"):
         with tarfile.open(archive) as tf:
             prefix = tf.getnames()[0].split("/")[0] + "/"
