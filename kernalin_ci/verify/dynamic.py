@@ -57,12 +57,8 @@ def run_case(op: Op, fn, case: Case, params: dict, device: str, poison: bool = T
     """One call of the entry on `case`; its raw result (verify/exchange.py), judged by the parent. For an
     op that drives its own loop of calls (Op.drive: decode_step), each call's raw result goes to
     `hand_back` as a part, and the number of parts is returned."""
-    if hand_back is not None:  # each part says which case it belongs to (a case moved to another shape)
-        parts_of = hand_back
-
-        def hand_back(step, raw, seconds):
-            parts_of(step, raw, seconds, case)
-
+    if hasattr(hand_back, "running"):  # each part says which case it belongs to (a case moved to another shape)
+        hand_back.running = case
     try:
         parts = op.drive(fn, case, params, device, poison, hand_back)
     except Exception as e:  # the user's kernel: any exception is its error

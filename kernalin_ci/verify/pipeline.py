@@ -254,9 +254,11 @@ def hand_back_parts(
 ) -> Callable[..., None]:
     """A step's raw result as part file `case-<index>-<step>.pt` and a `case-part` event naming it. A case
     run at another shape than `planned` (the kernel refused its own: verify/support.py) says so in each
-    part (`ran`), so that the parent judges its steps at the shape they ran at."""
+    part (`ran`: `hand_back.running`, set by the caller), so that the parent judges its steps at the shape
+    they ran at."""
 
-    def hand_back(step: int, raw: dict[str, Any], seconds: float, ran: Any = None) -> None:
+    def hand_back(step: int, raw: dict[str, Any], seconds: float) -> None:
+        ran = hand_back.running  # type: ignore[attr-defined]
         ev = {
             "event": "case-part",
             "index": index,
@@ -268,6 +270,7 @@ def hand_back_parts(
             ev["ran"] = ran.to_json()
         emit(ev)
 
+    hand_back.running = planned  # type: ignore[attr-defined]  # the case being run (verify.dynamic.run_case sets it)
     return hand_back
 
 
