@@ -347,7 +347,7 @@ def gate_only(tmp_path, github_standin):
         ({"fail_on": "finding,faster"}, "--fail-on 'finding,faster': expected a comma-separated list"),
         ({"budget": "0"}, "--budget-s 0: must be positive"),
         ({"budget": "soon"}, "argument --budget-s: invalid float value: 'soon'"),
-        ({"config": "missing.yml"}, "missing.yml: configuration file not found"),
+        ({"config": "missing.yml"}, "missing.yml: no configuration at base"),
     ],
 )
 def test_bad_inputs_fail_the_step_with_one_line(gate_only, inputs, message):

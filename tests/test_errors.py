@@ -85,8 +85,11 @@ def test_a_configuration_error_exits_2_on_one_line(tmp_path):
     (tmp_path / ".kernalin.yml").write_text(
         "version: 1\nkernels:\n  - name: x\n    op: no.such.op\n    entry: k.py:f\n"
     )
-    subprocess.run(["git", "init", "-q", "-b", "main"], cwd=tmp_path, check=True)
-    r = cli("run", "--config", str(tmp_path / ".kernalin.yml"), "--device", "cpu", cwd=tmp_path)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid"]
+    subprocess.run([*git, "init", "-q", "-b", "main"], cwd=tmp_path, check=True)
+    subprocess.run([*git, "add", "-A"], cwd=tmp_path, check=True)
+    subprocess.run([*git, "commit", "-qm", "base"], cwd=tmp_path, check=True)
+    r = cli("run", "--config", str(tmp_path / ".kernalin.yml"), "--base", "main", "--device", "cpu", cwd=tmp_path)
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip().count("\n") == 0 and "unknown op 'no.such.op'" in r.stderr
 
