@@ -288,6 +288,27 @@ def work(settings, slot, *, burst: bool = False) -> None:
     job_class = _own_job_class()
     queue = Queue(settings.queue.name, connection=redis, serializer=JSONSerializer, job_class=job_class)
     name = f"{socket.gethostname()}.{slot.name}.{os.getpid()}"
-    Worker([queue], connection=redis, name=name, serializer=JSONSerializer, job_class=job_class).work(
-        burst=burst, logging_level="WARNING", with_scheduler=False
-    )
+    _bounded_unsubscribe(Worker)(
+        [queue], connection=redis, name=name, serializer=JSONSerializer, job_class=job_class
+    ).work(burst=burst, logging_level="WARNING", with_scheduler=False)
+
+
+def _bounded_unsubscribe(worker_class):
+    """WORKER_CLASS whose teardown does not wait up to a minute: redis-py 8.2's PubSubWorkerThread.stop() joins
+    the thread, which may be inside a read RQ gave 60 s (the unsubscribe reply came before the stop), so a
+    `--burst` worker hung for that long at its end about one time in two."""
+
+    class Worker(worker_class):
+        def unsubscribe(self):
+            thread = getattr(self, "pubsub_thread", None)
+            if not thread:
+                return
+            self.pubsub.unsubscribe()
+            try:
+                thread.stop(timeout=1)
+            except TypeError:  # redis-py before 8.2: stop() only clears the flag
+                thread.stop()
+            thread.join(timeout=1)
+            self.pubsub.close()
+
+    return Worker
