@@ -253,8 +253,11 @@ def prepare(
     read-only path lives under /tmp), so the job cannot use more disk than that. CAPPED ((path, bytes)):
     a tmpfs of its own at each path (a kernel worker's results: CappedFolder), nothing of the host's.
     COPIES ((source, path)): SOURCE bound read-only at PATH (a readable copy of a folder the job's uid cannot
-    read: `_staged`). PROC: how /proc is made (default a fresh one; inside another sandbox, its own
-    bound read-only: `_bwrap_works`)."""
+    read: `_staged`). PROC: how /proc is made (default a fresh one of the sandbox's own PID namespace;
+    inside another sandbox, where no fresh one can be mounted, that sandbox's /proc, and its PID namespace
+    with it: CUDA reads and writes /proc/<its pid>, which must be its own: `_bwrap_works`). Its other
+    processes are out of reach all the same: the worker has no capability in their user namespace, and the
+    gate is non-dumpable; /proc/sys stays covered read-only as the enclosing sandbox made it.)"""
     bwrap = shutil.which(settings.bwrap) if os.sep not in settings.bwrap else settings.bwrap
     if not bwrap or not os.access(bwrap, os.X_OK):
         raise SandboxError(
@@ -272,6 +275,8 @@ def prepare(
         # no user namespace; the job then drops to an unprivileged uid for real, on the host too
         uid, gid = _user(settings.user)
         argv = [bwrap, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+        if proc is not None and proc[0] != "--proc":  # inside another sandbox: its PID namespace (below)
+            argv.remove("--unshare-pid")
         if setpriv:
             argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
             for p in [*writable, *([checkout] if checkout else [])]:  # the job's own files, owned by its uid
@@ -289,6 +294,8 @@ def prepare(
     else:  # an unprivileged daemon: a user namespace, the job's uid is the daemon's outside it
         uid, gid = os.geteuid(), os.getegid()
         argv = [bwrap, "--unshare-all"]
+        if proc is not None and proc[0] != "--proc":  # inside another sandbox: its PID namespace (below)
+            argv = [bwrap, "--unshare-user", "--unshare-ipc", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
     argv += ["--die-with-parent", "--new-session"]
     cg_dirs, why = create_cgroup(job_id, memory, settings.pids)
     if why:
@@ -448,6 +455,7 @@ FIXES = (
     "(an unprivileged uid without namespaces), or set KERNALIN_SANDBOX=off to run kernel code unsandboxed "
     "(trusted code only; docs/security.md)"
 )
+NESTED = "inside another sandbox (a daemon job's): the job's PID namespace and /proc, shared"
 _probe: dict = {}
 _warned: list = []
 _worker_ids = itertools.count(1)  # next() is atomic: workers start from several threads at once
@@ -509,9 +517,11 @@ def _decide(mode: str) -> Isolation:
         if why:
             raise SandboxError(f"{ENV_WORKER_SANDBOX}=uid: {why}")
         return Isolation(UID, UID_BASE, True, f"{ENV_WORKER_SANDBOX}=uid")
-    why = _bwrap_works(_worker_settings())
+    settings = _worker_settings()
+    why = _bwrap_works(settings)
     if why is None:
-        return Isolation(BUBBLEWRAP, SANDBOX_UID if root else me, False, "")
+        nested = (_proc_args(settings) or ["--proc"])[0] != "--proc"
+        return Isolation(BUBBLEWRAP, SANDBOX_UID if root else me, False, NESTED if nested else "")
     ci = in_ci()
     if mode == "on" or ci:
         required = f"{ENV_WORKER_SANDBOX}=on" if mode == "on" else f"in {ci} the worker sandbox is required"
@@ -828,13 +838,15 @@ _SHARED_DIRS = ("/", "/tmp", "/var/tmp", "/dev/shm")  # a file named there is bo
 
 def _bwrap_works(settings: SandboxSettings) -> str | None:
     """None if bubblewrap can start a worker's sandbox here (probed once per binary), else why not. Inside
-    another sandbox (a daemon job's) a fresh /proc cannot be mounted: the sandbox then shows the enclosing
-    sandbox's /proc read-only (`_proc_args`), whose processes are the job's own."""
+    another sandbox (a daemon job's) a fresh /proc cannot be mounted: the worker's sandbox then keeps the
+    enclosing sandbox's PID namespace and its /proc (`_proc_args`): the processes it sees
+    are the job's own, and the job's first process kills what outlives a worker (daemon/jobwrap.py)."""
     if settings.bwrap not in _probe:
         bwrap = shutil.which(settings.bwrap)
         found: tuple[str | None, list[str] | None] = (f"bubblewrap ({settings.bwrap}) is not installed", None)
         if bwrap:
-            for proc in (["--proc", "/proc"], ["--ro-bind", "/proc", "/proc"]):
+            # the enclosing /proc writable: CUDA writes to its own /proc/self (read-only: error 304, seen on an H100)
+            for proc in (["--proc", "/proc"], ["--bind", "/proc", "/proc"]):
                 found = (_probe_once(bwrap, proc), proc)
                 if found[0] is None:
                     break
@@ -852,6 +864,8 @@ def _probe_once(bwrap: str, proc: list[str]) -> str | None:
     import subprocess
 
     flags = ["--unshare-pid", "--unshare-net"] if os.geteuid() == 0 else ["--unshare-all"]
+    if proc[0] != "--proc":  # the enclosing sandbox's /proc: its PID namespace too
+        flags = ["--unshare-net"] if os.geteuid() == 0 else ["--unshare-user", "--unshare-net"]
     folder, hs = CappedFolder("kernalin-probe-", 1 << 20), Handshake()
     argv = [bwrap, *flags, "--ro-bind", "/", "/", *proc, "--dev", "/dev"]
     argv += ["--size", str(folder.cap), "--tmpfs", folder.path, *hs.argv(), "true"]

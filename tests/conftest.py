@@ -42,4 +42,9 @@ def cli(*args, cwd=None, timeout=900, env=None):
     )
 
 
-from kernalin_ci.testing.pytest_fixtures import github_standin, make_github_standin  # noqa: E402,F401
+try:  # the GitHub stand-in needs the test extras (PyJWT, ...); a GPU machine running `-m gpu` may have only torch
+    from kernalin_ci.testing.pytest_fixtures import github_standin, make_github_standin  # noqa: E402,F401
+except ImportError as e:  # tests that use the stand-in then error with this reason (fixture not found)
+    if not os.environ.get("KERNALIN_TESTS_WITHOUT_EXTRAS"):
+        raise
+    print(f"conftest: no GitHub stand-in ({e})", file=sys.stderr)

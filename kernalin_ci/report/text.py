@@ -359,7 +359,7 @@ def isolation_text(iso) -> str:
         return "under an isolation this report does not record"
     net = "without network" if not iso.network else "with the network"
     if iso.mode == "bubblewrap":
-        return f"sandboxed by bubblewrap as uid {iso.uid} {net}"
+        return f"sandboxed by bubblewrap as uid {iso.uid} {net}" + (f" ({iso.why})" if iso.why else "")
     if iso.mode == "uid":
         return f"as the unprivileged uid {iso.uid} without a sandbox ({iso.why}): {net}, other processes visible"
     as_root = " AS ROOT" if iso.uid == 0 else f" as uid {iso.uid}" if iso.uid is not None else ""
