@@ -17,17 +17,19 @@
 # Each gate prints its seconds and the demo its total; the benchmark budgets are in the example's .kernalin.yml.
 # Usage: examples/demo.sh [OUT_DIR [PR...]]   (device: cuda when visible, else the CPU interpreter;
 #        set KERNALIN_DEVICE=cpu|cuda to choose; PR names, e.g. exp2-softmax-step, gate only those)
+# OUT_DIR (default kernalin-demo/, git-ignored) gets one report folder per pull request and the example
+# repository itself (OUT_DIR/repo, made anew on every run), kept so that the reproduce commands printed in
+# the reports can be run there; nothing else is written.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=$(mkdir -p "${1:-kernalin-demo}" && cd "${1:-kernalin-demo}" && pwd)
 py=$(command -v python || command -v python3)
 device=${KERNALIN_DEVICE:-$("$py" -c 'import torch; print("cuda" if torch.cuda.is_available() else "cpu")')}
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-
-cp -r "$here/decode-kernels" "$work/repo"
-rm -rf "$work/repo/prs"
-cd "$work/repo"
+repo="$out/repo"
+rm -rf "$repo"
+cp -r "$here/decode-kernels" "$repo"
+rm -rf "$repo/prs"
+cd "$repo"
 git init -q -b main
 git add -A
 git -c user.name=demo -c user.email=demo@example.invalid commit -qm "base: five decode kernels"
@@ -75,5 +77,5 @@ sys.exit(1 if bad or not checked else 0)
 PY
   elif [ "$rc" != "$want" ]; then status=1; fi
 done
-echo "== ${#prs[@]} gates in $(( $(date +%s) - demo_start )) s"
+echo "== ${#prs[@]} gates in $(( $(date +%s) - demo_start )) s; the example repository (for the reproduce commands): $repo"
 exit $status
