@@ -49,8 +49,8 @@ def edit(path: Path, old: str, new: str):
     path.write_text(text.replace(old, new))
 
 
-def run_gate_cli(repo, *args):
-    r = cli("run", "--device", "cpu", "--quiet", "--out", str(repo / "out"), *args, cwd=repo)
+def run_gate_cli(repo, *args, env=None):
+    r = cli("run", "--device", "cpu", "--quiet", "--out", str(repo / "out"), *args, cwd=repo, env=env)
     report = json.loads((repo / "out" / "report.json").read_text()) if (repo / "out/report.json").exists() else None
     return r, report
 
@@ -137,8 +137,9 @@ def test_sources_globs_new_and_removed_kernels(repo):
 def test_a_kv_bug_fails_the_gate_and_only_that_kernel_is_checked(repo):
     git(repo, "checkout", "-qb", "pr")
     edit(repo / "kernels/kv_cache.py", "    if slot >= 0:\n", "    if slot >= -1:\n")
-    commit_all(repo, "kv: also handle slot -1")
-    r, report = run_gate_cli(repo, "--base", "main", "--model", "qwen2.5-7b")
+    head = commit_all(repo, "kv: also handle slot -1")
+    actions = {"GITHUB_ACTIONS": "true", "GITHUB_EVENT_NAME": "push", "GITHUB_REPOSITORY": "acme/k", "GITHUB_SHA": head}
+    r, report = run_gate_cli(repo, "--base", "main", "--model", "qwen2.5-7b", env=actions)
     assert r.returncode == 1, r.stderr
     assert report["conclusion"] == "failure" and "kv_append" in report["reason"]
     m = report["model"]  # --model in place of the configuration's llama-3.1-8b; kv_append is in the step
@@ -151,6 +152,22 @@ def test_a_kv_bug_fails_the_gate_and_only_that_kernel_is_checked(repo):
     assert all(by[n]["verification"] is None for n in ("decode_attention", "paged_attention", "rope"))
     assert git(repo, "worktree", "list").count("\n") == 0  # base and head worktrees are gone
     assert "kv_append" in (repo / "out/report.md").read_text()
+    # the findings on the terminal and the CI log, as pytest's short summary; in Actions also annotations
+    findings = kv["verification"]["findings"]
+    units = [u for u in report["kernels"] + report["pipelines"] if u["verification"]]
+    everything = [f for u in units for f in u["verification"]["findings"]]
+    out = r.stdout.splitlines()
+    assert out[0].startswith(f"==== short summary: {len(everything)} findings"), r.stdout
+    f = next(f for f in findings if f["bug_class"] == "kv-padding" and f["location"])
+    where = f"{f['location']['path']}:{f['location']['line']}"
+    assert any(line.startswith(f"FAIL {where} [kv-padding] kv_append: ") for line in out), r.stdout
+    assert all(f"     reproduce: {f['reproduce']}" in out for f in everything if f["reproduce"])
+    annotations = [line for line in out if line.startswith("::error ")]
+    assert len(annotations) == len([f for f in everything if f["location"]])
+    assert f"::error file={f['location']['path']},line={f['location']['line']},title=kv_append%3A kv-padding" in (
+        "\n".join(annotations)
+    )
+    assert all("\n" not in a.split("::", 2)[2] for a in annotations)
 
 
 # every optional dependency (pyproject's extras, less the core ones) and the module it installs

@@ -163,3 +163,17 @@ def test_step_summary_appends_and_stays_under_1_mib(tmp_path):
     data = summary.read_bytes()
     assert len(data) <= actions.STEP_SUMMARY_MAX_BYTES and data.decode("utf-8").endswith("job's output.*\n")
     assert actions.append_step_summary("nothing", env={}) is False
+
+
+def test_workflow_command_annotations_are_escaped_per_githubs_rules():
+    from kernalin_ci.github.client import Annotation
+    from kernalin_ci.github.workflow_commands import MAX_PER_STEP, command, commands
+
+    a = Annotation("dir,a/k:1%.py", 7, 7, "50% off\r\nline two\n::error::injected", title="k: a, b")
+    line = command(a)
+    assert line == (
+        "::error file=dir%2Ca/k%3A1%25.py,line=7,title=k%3A a%2C b::50%25 off%0D%0Aline two%0A::error::injected"
+    )
+    assert "\n" not in line and "\r" not in line  # one line: the message cannot start a command of its own
+    many = commands([Annotation("k.py", i + 1, i + 1, "m") for i in range(MAX_PER_STEP + 3)])
+    assert len(many) == MAX_PER_STEP + 1 and many[-1].startswith("kernalin-ci: 3 more findings are not annotated")

@@ -101,8 +101,10 @@ def run(args) -> int:
         actions.set_output("verdict", verdict_output(report))
         actions.set_output("report", str(Path(paths["report.json"]).resolve()))
     log(f"{report.conclusion}: {report.reason} ({report.seconds:.0f} s); report in {args.out}/")
-    if poster:
-        poster.finish(report)
+    annotated = poster.finish(report) if poster else 0
+    from kernalin_ci.gate.summary import emit
+
+    emit(report, sys.stdout, annotate=in_actions and not annotated)  # the findings, where a CI log shows them
     return 1 if report.conclusion == "failure" else 0
 
 
@@ -173,13 +175,14 @@ class _Poster:
         for w in self.started.warnings:
             print(f"kernalin-ci run: warning: {w}", file=sys.stderr)
 
-    def finish(self, report) -> None:
+    def finish(self, report) -> int:
+        """Post the results; how many findings got an annotation on the check run."""
         from kernalin_ci.gate.post import publication
         from kernalin_ci.github.errors import GitHubError
         from kernalin_ci.github.publish import publish
 
         if self.client is None:
-            return
+            return 0
         pub = publication(report, self.repo, self.sha, self.pr, details_url=self.ctx.run_url if self.ctx else None)
         try:
             res = publish(self.client, pub, check_run_id=self.started.check_run_id if self.started else None)
@@ -188,6 +191,7 @@ class _Poster:
                 f"kernalin-ci run: warning: posting to GitHub failed: {e} (the report is in the output directory)",
                 file=sys.stderr,
             )
-            return
+            return 0
         for w in res.warnings:
             print(f"kernalin-ci run: warning: {w}", file=sys.stderr)
+        return res.annotations_posted if res.check_run is not None else 0
