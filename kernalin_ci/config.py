@@ -32,6 +32,7 @@ class Kernel:
     bench: dict = field(default_factory=dict)  # benchmark shapes/params for the harness
     timeout: float | None = None
     tune: dict = field(default_factory=dict)  # `kernalin-ci tune`'s search space (docs/tune.md)
+    where: str = ""  # where the entry is set, for messages: "kernels[0].entry (.kernalin.yml:9)"
 
     @property
     def entry_file(self) -> str | None:
@@ -242,7 +243,8 @@ def _kernel(w: _Where, node, key: str, taken: set) -> Kernel:
     timeout = _scalar(w, m, key, "timeout", float)
     if timeout is not None and timeout <= 0:
         raise w.err(m["timeout"][1], f"{key}.timeout", "must be positive")
-    return Kernel(name, op, entry, params, domain, sources, dtype, bench, timeout, _tune(w, m, key))
+    where = f"{key}.entry ({w.path}:{m['entry'][1].start_mark.line + 1})"
+    return Kernel(name, op, entry, params, domain, sources, dtype, bench, timeout, _tune(w, m, key), where)
 
 
 def _tune(w: _Where, m: dict, key: str) -> dict:
@@ -345,13 +347,15 @@ def _pipeline(w: _Where, node, key: str, cfg: Config) -> Pipeline:
 STARTER = """\
 # kernalin-ci configuration (docs/config.md). Every kernel listed here is verified
 # and benchmarked when a pull request changes its entry file, its `sources`, or a
-# repository module its entry imports.
+# repository module its entry imports. The kernel below is an example: edit its name, op
+# and entry to name your own (`kernalin-ci run` says so while its entry file does not exist).
 version: 1
 
 kernels:
   - name: decode_attention            # unique name
-    op: attention.decode              # attention.decode | attention.decode_paged | rope | kv_append | custom
-    entry: kernels/attention.py:entry # file.py:function (relative to the repository root) or module:function
+    op: attention.decode              # the op: attention.decode | attention.decode_paged | rope |
+                                      #   kv_append | decode_step | custom (docs/ops.md)
+    entry: kernels/attention.py:entry # EDIT: file.py:function (relative to the repository root) or module:function
     params: {}                        # op params (see docs/ops.md), e.g. {block_size: 16} or {style: gptj}
     # domain: {head_dim: [64, 128], dtype: [float16, bfloat16]}  # the shapes your model uses (default: found)
     sources: ["kernels/common/*.py"]  # more files that count as this kernel (globs); optional

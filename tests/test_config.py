@@ -1,5 +1,6 @@
 """.kernalin.yml parsing: the starter parses; every error names file, line and key (exit 2)."""
 
+import json
 import subprocess
 
 import pytest
@@ -115,3 +116,35 @@ def test_init_writes_a_starter_that_parses(tmp_path):
     assert load(tmp_path / ".kernalin.yml").kernels[0].name == "decode_attention"
     r = cli("init", cwd=tmp_path)
     assert r.returncode == 2 and "exists" in r.stderr
+
+
+def test_the_starter_lists_every_op():
+    from kernalin_ci.ops import NAMES
+
+    start = STARTER.index("    op: ")
+    listed = STARTER[start : STARTER.index("entry:", start)].replace("#", " ").replace("|", " ").split()
+    assert [op for op in NAMES if op not in listed] == []
+
+
+def test_the_untouched_starter_fails_with_a_line_that_says_what_to_edit(tmp_path):
+    def git(*args):
+        subprocess.run(
+            ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", *args],
+            cwd=tmp_path,
+            check=True,
+            capture_output=True,
+        )
+
+    git("init", "-q", "-b", "main")
+    assert cli("init", cwd=tmp_path).returncode == 0
+    git("add", "-A")
+    git("commit", "-qm", "kernalin-ci init")
+    r = cli("run", "--base", "HEAD", "--device", "cpu", "--quiet", "--out", str(tmp_path / "out"), cwd=tmp_path)
+    assert r.returncode == 1, r.stderr
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    error = report["kernels"][0]["error"]
+    line = next(i for i, text in enumerate(STARTER.splitlines(), 1) if text.strip().startswith("entry:"))
+    start = "entry kernels/attention.py:entry: kernels/attention.py does not exist at head; edit kernels[0].entry ("
+    assert error.startswith(start) and f"{tmp_path}/.kernalin.yml:{line})" in error, error
+    assert "kernalin-gate-" not in error and "kernalin-gate-" not in r.stderr + r.stdout  # no temporary checkout
+    assert f"ERROR decode_attention: {error}" in r.stdout.splitlines()

@@ -120,3 +120,34 @@ def test_the_flag_is_named_only_when_the_user_passed_it(tmp_path):
     )
     e = UsageError("dtype float16: outside the declared domain (dtype float32)", setting="dtype")
     assert str(e).startswith("dtype float16")  # as a gate or daemon reports it: no flag was given there
+
+
+def _mistakes(tmp_path):
+    """User mistakes found by trying each command with bad paths and values: each was an internal error
+    (exit 3) once. (command line, the start of the one line it must print)"""
+    (tmp_path / "notes.txt").write_text("not a database\n")
+    (tmp_path / "a-file").write_text("x\n")
+    (tmp_path / "a-folder").mkdir()
+    entry = "checks/rope/correct_neox.py:entry"
+    return [
+        (["history", "--store", str(tmp_path / "notes.txt")], "history "),
+        (["history", "--store", str(tmp_path / "a-folder")], "history "),
+        (["history", "--store", str(tmp_path / "a-file" / "h.db")], "history "),
+        (["dashboard", "--store", str(tmp_path / "notes.txt"), "--out", str(tmp_path / "site")], "history "),
+        (["dashboard", "--store", str(tmp_path / "h.db"), "--out", str(tmp_path / "a-file")], "--out "),
+        (["run", "--out", str(tmp_path / "a-file")], "--out "),
+        (["verify", "--op", "rope", "--entry", entry, "--timeout", "-1"], "argument --timeout: must be a positive"),
+        (["pipeline", "--kv-append", entry, "--attention", entry, "--timeout", "0"], "argument --timeout"),
+        (["bench", "--op", "rope", "--base", entry, "--head", entry, "--timeout", "-1"], "argument --timeout"),
+        (["bench", "--op", "rope", "--base", entry, "--head", entry, "--reps", "0"], "argument --reps"),
+        (["catalogue", "--op", "rope", "--markdown", str(tmp_path / "a-folder")], "--markdown "),
+        (["tune", "--op", "rope", "--entry", entry, "--out", str(tmp_path / "a-file")], "--out "),
+    ]
+
+
+def test_user_mistakes_are_one_line_and_exit_2_never_3(tmp_path):
+    for args, start in _mistakes(tmp_path):
+        r = cli(*args)
+        line = r.stderr.strip()
+        assert r.returncode == 2 and line.count("\n") == 0, (args, r.returncode, r.stderr)
+        assert line.startswith(f"kernalin-ci {args[0]}: error: {start}".rstrip()), (args, line)

@@ -63,3 +63,54 @@ def write_json(obj, dest: str | None) -> None:
                 f.write(text)
         except OSError as e:
             raise UsageError(f"--json {dest}: {e.strerror}") from None
+
+
+def positive_seconds(text: str) -> float:
+    """argparse type of a --timeout: a positive number of seconds (a bad value: argparse's one line, exit 2)."""
+    import argparse
+    import math
+
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not (math.isfinite(v) and v > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return v
+
+
+def at_least_one(text: str) -> int:
+    """argparse type of a count that must be at least 1 (--reps)."""
+    import argparse
+
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
+    return v
+
+
+def output_dir(path: str, flag: str = "--out"):
+    """The folder PATH, made if needed (before any work, so a bad --out costs nothing): a file in its
+    place, or a folder that cannot be made, is a UsageError naming FLAG."""
+    from pathlib import Path
+
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{flag} {path}: exists and is not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"{flag} {path}: cannot make the folder: {e.strerror or e}") from None
+    return out
+
+
+def write_text(path: str, text: str, flag: str) -> None:
+    """Write TEXT to the file PATH a user named with FLAG (--markdown): an OSError is one line."""
+    try:
+        with open(path, "w") as f:
+            f.write(text)
+    except OSError as e:
+        raise UsageError(f"{flag} {path}: {e.strerror or e}") from None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from kernalin_ci.bench.regime import DEFAULT_REGIME, REGIMES
-from kernalin_ci.commands._common import parse_params, resolve_device, write_json
+from kernalin_ci.commands._common import at_least_one, parse_params, positive_seconds, resolve_device, write_json
 from kernalin_ci.commands.compare import fraction
 from kernalin_ci.errors import UsageError
 from kernalin_ci.ops import NAMES
@@ -38,7 +38,9 @@ def add_arguments(p):
     p.add_argument("--max-rounds", type=int, metavar="N", help="stop after N rounds at the latest")
     p.add_argument("--rope", metavar="FRACTION", help="fix the ROPE half-width (0.01 = +-1%%)")
     p.add_argument("--rope-min", metavar="FRACTION", help="smallest ROPE half-width (default 0.005)")
-    p.add_argument("--reps", type=int, metavar="N", help="samples per instance per round (default 5; 3 on cpu)")
+    p.add_argument(
+        "--reps", type=at_least_one, metavar="N", help="samples per instance per round (default 5; 3 on cpu)"
+    )
     p.add_argument(
         "--l2-flush",
         dest="l2_flush",
@@ -55,7 +57,9 @@ def add_arguments(p):
         f"(default: {DEFAULT_REGIME})",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the inputs and of the timing order")
-    p.add_argument("--timeout", type=float, metavar="S", help="seconds without progress before the run is killed")
+    p.add_argument(
+        "--timeout", type=positive_seconds, metavar="S", help="seconds without progress before the run is killed"
+    )
     p.add_argument("--json", metavar="PATH|-", help="write the verdict JSON")
     p.add_argument("--trace", metavar="PATH", help="save the raw trace (.npz or .json, the compare format)")
     p.add_argument(

@@ -6,7 +6,7 @@ import os
 import sys
 from pathlib import Path
 
-from kernalin_ci.commands._common import resolve_device, write_json
+from kernalin_ci.commands._common import resolve_device, write_json, write_text
 from kernalin_ci.errors import UsageError
 
 NAME = "catalogue"
@@ -42,6 +42,9 @@ def run(args) -> int:
     kernels = cat.discover(Path(args.dir) if args.dir else cat.default_dir(), args.op)
     if not kernels:
         raise UsageError("no catalogue kernels found")
+    for flag, dest in (("--json", args.json), ("--markdown", args.markdown)):
+        if dest and dest != "-" and Path(dest).is_dir():  # before the minutes of work, not after
+            raise UsageError(f"{flag} {dest}: is a folder")
     print(f"catalogue: {len(kernels)} kernels x {', '.join(kinds)} on {device}", file=sys.stderr)
     done = [0]
 
@@ -55,7 +58,7 @@ def run(args) -> int:
     write_json({"device": device, "kinds": list(kinds), "rows": [cat.row_json(r) for r in rows]}, args.json)
     print(text, file=sys.stderr if args.json == "-" else sys.stdout)
     if args.markdown:
-        Path(args.markdown).write_text(text + "\n")
+        write_text(args.markdown, text + "\n", "--markdown")
     return 1 if any(r.mismatches() for r in rows) else 0
 
 

@@ -24,9 +24,11 @@ def add_arguments(p):
 
 
 def run(args) -> int:
+    from kernalin_ci.commands._common import output_dir
     from kernalin_ci.dashboard import assets
     from kernalin_ci.dashboard.site import build_site
     from kernalin_ci.errors import UsageError
+    from kernalin_ci.report.text import plural
 
     if args.fetch_assets:
         path = assets.fetch_chartjs()
@@ -35,6 +37,7 @@ def run(args) -> int:
             return 0
     if not args.out:
         raise UsageError("--out DIR is required")
+    output_dir(args.out)
     assets.chartjs()  # before anything is read: say what to install
     store = open_from(args)
     try:
@@ -46,5 +49,8 @@ def run(args) -> int:
         pages = build_site(store, args.out, args.repo, ancestry_for(args, store))
     finally:
         store.close()
-    print(f"kernalin-ci dashboard: {len(pages)} pages in {args.out}/ (open {args.out}/index.html)", file=sys.stderr)
+    print(
+        f"kernalin-ci dashboard: {plural(len(pages), 'page')} in {args.out}/ (open {args.out}/index.html)",
+        file=sys.stderr,
+    )
     return 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from kernalin_ci.commands._common import parse_params, resolve_device, write_json
+from kernalin_ci.commands._common import parse_params, positive_seconds, resolve_device, write_json
 from kernalin_ci.commands.verify import print_result
 from kernalin_ci.ops.base import DTYPES
 
@@ -22,7 +22,7 @@ def add_arguments(p):
     p.add_argument("--dtype", choices=DTYPES, default="float32")
     p.add_argument("--steps", type=int, default=64, help="decode steps (default 64)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout", type=float, metavar="S", help="seconds the whole loop may go without a step")
+    p.add_argument("--timeout", type=positive_seconds, metavar="S", help="seconds the whole loop may go without a step")
     p.add_argument("--json", metavar="PATH|-")
     p.add_argument("--quiet", action="store_true")
 

@@ -6,7 +6,7 @@ import os
 import sys
 from pathlib import Path
 
-from kernalin_ci.commands._common import resolve_device
+from kernalin_ci.commands._common import output_dir, resolve_device
 from kernalin_ci.errors import UsageError
 
 NAME = "run"
@@ -65,6 +65,7 @@ def run(args) -> int:
     from kernalin_ci.report.writer import step_summary, write_all
 
     overrides = gate_overrides(args)  # bad values fail before anything runs
+    output_dir(args.out)
     model = None
     if args.model is not None:
         from kernalin_ci.throughput.spec import from_cli

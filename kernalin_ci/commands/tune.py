@@ -6,7 +6,7 @@ import os
 import sys
 from pathlib import Path
 
-from kernalin_ci.commands._common import parse_params, resolve_device
+from kernalin_ci.commands._common import at_least_one, output_dir, parse_params, positive_seconds, resolve_device
 from kernalin_ci.errors import UsageError
 from kernalin_ci.ops import NAMES
 
@@ -49,10 +49,14 @@ def add_arguments(p):
     p.add_argument("--finalists", type=int, default=3, metavar="N", help="configs in the final race (default 3)")
     p.add_argument("--rope", metavar="FRACTION", help="fix the ROPE half-width (0.01 = +-1%%)")
     p.add_argument("--rope-min", metavar="FRACTION", help="smallest ROPE half-width (default 0.005)")
-    p.add_argument("--reps", type=int, metavar="N", help="samples per instance per round (default 5; 1 on cpu)")
+    p.add_argument(
+        "--reps", type=at_least_one, metavar="N", help="samples per instance per round (default 5; 1 on cpu)"
+    )
     p.add_argument("--jobs", type=int, metavar="N", help="candidates verified at once (default 4 on a GPU, 1 on cpu)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout", type=float, metavar="S", help="seconds without progress before a worker is killed")
+    p.add_argument(
+        "--timeout", type=positive_seconds, metavar="S", help="seconds without progress before a worker is killed"
+    )
     p.add_argument("--out", metavar="DIR", default=".", help="where tune.json, tune.md and tune.patch go (default .)")
     p.add_argument(
         "--write", action="store_true", help="apply the chosen config to the source (tune.patch is written either way)"
@@ -128,9 +132,7 @@ def run(args) -> int:
     for flag, v in (("--finalists", args.finalists), ("--reps", args.reps), ("--jobs", args.jobs)):
         if v is not None and v < 1:
             raise UsageError(f"{flag} must be at least 1")
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out}: not a directory")
+    out = output_dir(args.out)
     if (args.pr is not None or args.base is not None) and not args.github:
         raise UsageError("--pr and --base go with --github")
     dest = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import textwrap
 
-from kernalin_ci.commands._common import parse_params, resolve_device, write_json
+from kernalin_ci.commands._common import parse_params, positive_seconds, resolve_device, write_json
 from kernalin_ci.ops import NAMES
 from kernalin_ci.ops.base import DTYPES
 from kernalin_ci.report.text import finding_text, isolation_text, not_checked_text, notice_text
@@ -40,7 +40,10 @@ def add_arguments(p):
     )
     p.add_argument("--case", metavar="JSON", help="run exactly this case (from a finding's reproduce command)")
     p.add_argument(
-        "--timeout", type=float, metavar="S", help="seconds one case may take (default 600 on the CPU, 180 on a GPU)"
+        "--timeout",
+        type=positive_seconds,
+        metavar="S",
+        help="seconds one case may take (default 600 on the CPU, 180 on a GPU)",
     )
     p.add_argument("--json", metavar="PATH|-", help="write the result as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress lines")

@@ -245,7 +245,18 @@ def affected_kernels(
             continue
         entry_at_base = _entry_exists(k, base_root)
         if not entry_at_base:
-            out.append(Affected(k, "new", ["the entry does not exist at base"]))
+            gone = missing_entry(k, head_root)
+            out.append(
+                Affected(
+                    k,
+                    "new",
+                    [
+                        f"{k.entry_file} exists neither at base nor at head"
+                        if gone
+                        else "the entry does not exist at base"
+                    ],
+                )
+            )
             continue
         reasons = []
         files = kernel_files(k, head_root) | kernel_files(k, base_root)
@@ -256,6 +267,18 @@ def affected_kernels(
                 reasons.append(f"{f} changed (sources)")
         out.append(Affected(k, "changed" if reasons else "unchanged", reasons))
     return out
+
+
+def missing_entry(k: Kernel, head_root: Path) -> str | None:
+    """Why K cannot be checked at head when its entry file is not there (the untouched `kernalin-ci init`
+    template's example, a typo, a file the pull request removed): what to edit; None when it is there (or the
+    entry names a module, which may be installed rather than in the repository)."""
+    if not k.entry_file or (head_root / k.entry_file).is_file():
+        return None
+    return (
+        f"entry {k.entry}: {k.entry_file} does not exist at head; edit {k.where or 'the kernel entry'} "
+        "to name your kernel's file and function (path/to/file.py:function, from the repository root)"
+    )
 
 
 def _entry_exists(k: Kernel, root: Path) -> bool:

@@ -211,8 +211,12 @@ def check_kernel(
     profile: bool = False,
 ) -> None:
     from kernalin_ci import explain
+    from kernalin_ci.gate.diff import missing_entry
     from kernalin_ci.verify import verify
 
+    kr.error = missing_entry(k, head_root)  # before a worker says "file not found" in a temporary checkout
+    if kr.error:
+        return
     try:
         vr = verify(
             k.op,

@@ -164,4 +164,11 @@ def open_store(url: str) -> HistoryStore:
         url = url[len("sqlite://") :]
     if not url:
         raise UsageError("history: an empty location")
-    return SQLiteHistory(url)
+    try:
+        return SQLiteHistory(url)
+    except sqlite3.DatabaseError as e:  # a file that is not SQLite, a folder, a database of another program
+        if "locked" in str(e):
+            raise
+        raise UsageError(f"history {url}: not a history database ({e})") from None
+    except OSError as e:  # its folder cannot be made (a file is in the way, no permission)
+        raise UsageError(f"history {url}: cannot open it: {e.strerror or e}") from None
