@@ -131,3 +131,34 @@ def _forget_tree_modules(before: set[str], dirs: list[Path], keep: bool) -> None
             continue
         if f.startswith(roots):
             del sys.modules[name]
+
+
+def signature_mismatch(fn: Callable, names: list[str]) -> str | None:
+    """Whether FN can be called with the keyword arguments NAMES (an op's inputs, in the op's order): None
+    when it can (or when its signature cannot be read: a builtin, an odd callable), else what is wrong,
+    e.g. "missing q, k (the entry has no parameter of that name); unexpected query, key (the op passes no
+    argument of that name)". Defaults and **kwargs are honoured: an entry may take more than the op passes
+    when those have defaults, and anything at all with **kwargs."""
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+    accepted = {p.name for p in params if p.kind in named}
+    required = [
+        p.name
+        for p in params
+        if p.default is inspect.Parameter.empty
+        and (p.kind in named or p.kind is inspect.Parameter.POSITIONAL_ONLY)
+        and not (p.kind in named and p.name in names)
+    ]
+    missing = [] if takes_any else [n for n in names if n not in accepted]
+    parts = []
+    if missing:
+        parts.append(f"missing {', '.join(missing)} (the entry has no parameter of that name)")
+    if required:
+        parts.append(f"unexpected {', '.join(required)} (required by the entry, but no input of that name)")
+    return "; ".join(parts) or None

@@ -151,3 +151,15 @@ def test_user_mistakes_are_one_line_and_exit_2_never_3(tmp_path):
         line = r.stderr.strip()
         assert r.returncode == 2 and line.count("\n") == 0, (args, r.returncode, r.stderr)
         assert line.startswith(f"kernalin-ci {args[0]}: error: {start}".rstrip()), (args, line)
+
+
+def test_an_entry_with_the_wrong_keyword_names_is_one_line_before_any_case(tmp_path):
+    (tmp_path / "rope.py").write_text("def rope(query, key, positions):\n    return query, key\n")
+    r = cli("verify", "--op", "rope", "--entry", f"{tmp_path}/rope.py:rope", "--device", "cpu", "--only", "dynamic")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.strip() == (
+        f"kernalin-ci verify: error: entry {tmp_path}/rope.py:rope: does not take the inputs of op rope "
+        "(q, k, positions): missing q, k (the entry has no parameter of that name); unexpected query, key "
+        "(required by the entry, but no input of that name)"
+    ), r.stderr
+    assert r.stdout == ""  # no case ran, no "unsupported, not checked" lines

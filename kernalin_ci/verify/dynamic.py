@@ -175,6 +175,21 @@ class Interpreter:
         return {"not_checked": {"reason": "interpreter", "error": why}}
 
 
+def check_signature(op: Op, fn, entry: str, cases: list[Case], params: dict) -> None:
+    """Before any case: the entry must take the op's inputs by name (docs/ops.md). A mismatch is the
+    user's to fix, one line and exit 2 (the worker hands the UsageError back), never a finding per case."""
+    from kernalin_ci.entry import signature_mismatch
+    from kernalin_ci.errors import UsageError
+
+    small = next((c for c in cases if "huge" not in c.tags), None)
+    if small is None:
+        return
+    names = list(op.inputs(small, params, "cpu", poison=False))
+    why = signature_mismatch(fn, names)
+    if why:
+        raise UsageError(f"entry {entry}: does not take the inputs of op {op.name} ({', '.join(names)}): {why}")
+
+
 def run_job(job: dict, emit) -> None:
     """Worker task 'verify-dynamic': run cases[start:]; per case a raw result file and one event."""
     from kernalin_ci.domain import Domain
@@ -186,6 +201,7 @@ def run_job(job: dict, emit) -> None:
     op = get_op(job["op"], root=job.get("root"))
     fn = load_entry(job["entry"], job.get("root"))
     cases = [Case.from_json(c) for c in job["cases"]]
+    check_signature(op, fn, job["entry"], cases, job["params"])
     lazy_ok = job["device"] != "cpu" or skip_self_copy()
     device, params, results = job["device"], job["params"], job["results"]
     main_dtype = job.get("main_dtype") or (cases[0].dtype if cases else "float32")
