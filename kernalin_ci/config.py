@@ -52,7 +52,7 @@ class Pipeline:
 @dataclass
 class Gate:
     fail_on: tuple[str, ...] = ("finding", "slower")
-    rope: float = 0.005  # minimum ROPE half-width
+    rope: float = 0.005  # `gate.margin`: the smallest equivalence margin (the statistics' ROPE half-width)
     budget_s: float = 30.0  # benchmark budget per kernel pair
     bench: bool = True
     # head branches (globs) whose own .kernalin.yml decides their gate, read from the BASE configuration only;
@@ -296,9 +296,21 @@ def _domain(w: _Where, m: dict, key: str, op: str, params: dict) -> dict:
     return raw
 
 
+def deprecated(notice: UsageError) -> None:
+    """An old key that still works: one line on stderr ('FILE:LINE: KEY: deprecated: ...')."""
+    import sys
+
+    print(f"kernalin-ci: warning: {notice}", file=sys.stderr)
+
+
 def _gate(w: _Where, node) -> Gate:
     m = _mapping(w, node, "gate")
-    _known(w, m, "gate", ("fail_on", "rope", "budget_s", "bench", "trust_head_config"))
+    _known(w, m, "gate", ("fail_on", "margin", "budget_s", "bench", "trust_head_config", "rope"))
+    if "rope" in m:  # the old name of gate.margin
+        if "margin" in m:
+            raise w.err(m["rope"][0], "gate.rope", "the old name of gate.margin: keep one of the two")
+        deprecated(w.err(m["rope"][0], "gate.rope", "deprecated: rename it gate.margin (the equivalence margin)"))
+        m["margin"] = m.pop("rope")
     g = Gate()
     if "fail_on" in m:
         v = _py(m["fail_on"][1])
@@ -306,9 +318,9 @@ def _gate(w: _Where, node) -> Gate:
         if not isinstance(v, list) or any(x not in FAIL_ON for x in v):
             raise w.err(m["fail_on"][1], "gate.fail_on", f"expected a list of {', '.join(FAIL_ON)}")
         g.fail_on = tuple(v)
-    g.rope = _scalar(w, m, "gate", "rope", float, default=g.rope)
+    g.rope = _scalar(w, m, "gate", "margin", float, default=g.rope)
     if not 0 <= g.rope < 0.5:
-        raise w.err(m["rope"][1], "gate.rope", "a fraction in [0, 0.5), e.g. 0.005 for +-0.5%")
+        raise w.err(m["margin"][1], "gate.margin", "a fraction in [0, 0.5), e.g. 0.005 for +-0.5%")
     g.budget_s = _scalar(w, m, "gate", "budget_s", float, default=g.budget_s)
     if g.budget_s <= 0:
         raise w.err(m["budget_s"][1], "gate.budget_s", "must be positive")
@@ -365,7 +377,7 @@ kernels:
 
 gate:
   fail_on: [finding, slower]          # also: inconclusive, not-analysed
-  rope: 0.005                         # smallest region of practical equivalence (+-0.5%)
+  margin: 0.005                       # equivalence margin: head/base within +-0.5% counts as equivalent
   budget_s: 30                        # benchmark time per kernel pair (seconds of GPU time)
   bench: true                         # false: verify only
 

@@ -174,7 +174,7 @@ def test_usage_errors_are_raised_before_anything_runs(params, budget, needle):
 
 
 def test_usage_errors_exit_2_on_the_command_line():
-    r = cli("bench", "--op", "rope", "--base", ROPE, "--head", ROPE, "--device", "cpu", "--rope", "1.5")
+    r = cli("bench", "--op", "rope", "--base", ROPE, "--head", ROPE, "--device", "cpu", "--margin", "1.5")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
     r = cli(
         "bench", "--op", "rope", "--base", ROPE, "--head", "nope/missing.py:fn", "--device", "cpu", "--max-rounds", "1"

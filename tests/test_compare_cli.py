@@ -58,11 +58,17 @@ def test_many_traces_one_line_each_in_order(tmp_path, attn):
 def test_json_trace_and_fixed_rope(tmp_path, attn):
     p = tmp_path / "t.json"
     p.write_text(json.dumps({"base": attn[:40, 0].tolist(), "head": attn[:40, 2].tolist()}))
-    r = cli("compare", str(p), "--rope", "0.02", "--json", "-")
+    r = cli("compare", str(p), "--margin", "0.02", "--json", "-")
     assert r.returncode == 0, r.stderr
     obj = json.loads(r.stdout)
     assert obj["verdict"] == "equivalent" and obj["rope"] == pytest.approx([0.98, 1.02])
     assert obj["rope_source"] == "fixed"
+    assert "margin ±2%" in r.stderr and "ROPE" not in r.stderr  # the equivalence margin, in users' words
+    old = cli("compare", str(p), "--rope", "0.02", "--json", "-")  # the old name still works, with a warning
+    assert json.loads(old.stdout) == obj
+    assert old.stderr.splitlines()[0] == (
+        "kernalin-ci compare: warning: --rope is deprecated: use --margin (the equivalence margin)"
+    )
 
 
 def test_slower_still_exits_zero(tmp_path, attn):
@@ -128,11 +134,12 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, attn):
         assert r.stdout == "", what  # nothing judged when one input is bad
 
 
-def test_bad_rope_is_exit_2(tmp_path, attn):
+def test_bad_margin_is_exit_2(tmp_path, attn):
     good = write(tmp_path / "good.npz", base=attn[:10, 0], head=attn[:10, 1])
     for value in ("2", "-0.1", "abc"):
-        r = cli("compare", good, "--rope", value)
+        r = cli("compare", good, "--margin", value)
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+        assert r.stderr.startswith(f"kernalin-ci compare: error: --margin {value}: expected a fraction"), r.stderr
 
 
 def test_npz_is_a_real_zip_with_named_arrays(tmp_path, attn):

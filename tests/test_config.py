@@ -22,7 +22,7 @@ kernels:
     params: {block_size: 32}
 gate:
   fail_on: [finding, slower, inconclusive]
-  rope: 0.01
+  margin: 0.01
   budget_s: 12
 pipelines:
   - name: loop
@@ -72,7 +72,7 @@ def test_full_config():
             "kernels:\n  - name: a\n    op: rope\n    entry: a.py:f\ngate:\n  fail_on: [faster]\n",
             "k.yml:6: gate.fail_on",
         ),
-        ("kernels:\n  - name: a\n    op: rope\n    entry: a.py:f\ngate:\n  rope: 2\n", "k.yml:6: gate.rope"),
+        ("kernels:\n  - name: a\n    op: rope\n    entry: a.py:f\ngate:\n  margin: 2\n", "k.yml:6: gate.margin"),
         (
             "kernels:\n  - name: a\n    op: rope\n    entry: a.py:f\npipelines:\n  - name: p\n    kv_append: a\n"
             "    attention: a\n",
@@ -148,3 +148,13 @@ def test_the_untouched_starter_fails_with_a_line_that_says_what_to_edit(tmp_path
     assert error.startswith(start) and f"{tmp_path}/.kernalin.yml:{line})" in error, error
     assert "kernalin-gate-" not in error and "kernalin-gate-" not in r.stderr + r.stdout  # no temporary checkout
     assert f"ERROR decode_attention: {error}" in r.stdout.splitlines()
+
+
+def test_gate_rope_is_the_old_name_of_gate_margin(capsys):
+    text = "kernels:\n  - name: a\n    op: rope\n    entry: a.py:f\ngate:\n  rope: 0.02\n"
+    assert parse(text, "k.yml").gate.rope == 0.02  # still works
+    assert capsys.readouterr().err == (
+        "kernalin-ci: warning: k.yml:6: gate.rope: deprecated: rename it gate.margin (the equivalence margin)\n"
+    )
+    with pytest.raises(UsageError, match="k.yml:6: gate.rope: the old name of gate.margin"):
+        parse(text + "  margin: 0.01\n", "k.yml")

@@ -36,8 +36,8 @@ def repo(tmp_path):
     r = tmp_path / "repo"
     shutil.copytree(EXAMPLE, r, ignore=shutil.ignore_patterns("prs"))
     cfg = (r / ".kernalin.yml").read_text()
-    assert "  rope: 0.005\n" in cfg
-    (r / ".kernalin.yml").write_text(cfg.replace("  rope: 0.005\n", "  rope: 0.005\n  bench: false\n"))
+    assert "  margin: 0.005\n" in cfg
+    (r / ".kernalin.yml").write_text(cfg.replace("  margin: 0.005\n", "  margin: 0.005\n  bench: false\n"))
     git(r, "init", "-q", "-b", "main")
     commit_all(r, "base")
     return r

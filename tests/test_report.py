@@ -309,7 +309,7 @@ def test_table_shows_verification_and_benchmark_per_kernel():
         "head/base",
         "95% HDI",
         "P(faster)",
-        "ROPE",
+        "margin",
     ]
     assert [row[1] for row in rows[1:]] == ["decode_attention", "rope_neox", "kv_append_v2", "decode_loop"]
     assert row_of(rows, "decode_attention")[4] == "3 findings: softmax-no-max, kv-mask, non-finite"
@@ -348,8 +348,8 @@ def test_verdict_phrases_for_humans():
         p_equivalent=0.006,
         rope=(0.995, 1.005),
     )
-    assert verdict_phrase(b) == "faster: 3.1% (95% HDI 2.7%..3.5%), P(faster) 99.4%, ROPE ±0.5%"
-    assert mass_sentence(b) == "99.4% of the posterior mass sits below the ROPE (head faster)."
+    assert verdict_phrase(b) == "faster: 3.1% (95% HDI 2.7%..3.5%), P(faster) 99.4%, margin ±0.5%"
+    assert mass_sentence(b) == "99.4% of the posterior mass sits below the equivalence margin (head faster)."
     slow = replace(
         b,
         verdict="slower",
@@ -360,17 +360,18 @@ def test_verdict_phrases_for_humans():
         p_equivalent=0.03,
         rope=(0.9975, 1.0025),
     )
-    assert verdict_phrase(slow) == "slower: 0.42% (95% HDI 0.31%..0.55%), P(slower) 97.0%, ROPE ±0.25%"
+    assert verdict_phrase(slow) == "slower: 0.42% (95% HDI 0.31%..0.55%), P(slower) 97.0%, margin ±0.25%"
     eq = replace(
         b, verdict="equivalent", ratio=0.9998, hdi=(0.9991, 1.0004), p_faster=0.0, p_slower=0.0, p_equivalent=1.0
     )
-    assert verdict_phrase(eq) == "equivalent: -0.02% (95% HDI -0.09%..+0.04%), P(equivalent) >99.9%, ROPE ±0.5%"
-    assert mass_sentence(eq) == ">99.9% of the posterior mass sits inside the ROPE."
+    assert verdict_phrase(eq) == "equivalent: -0.02% (95% HDI -0.09%..+0.04%), P(equivalent) >99.9%, margin ±0.5%"
+    assert mass_sentence(eq) == ">99.9% of the posterior mass sits inside the equivalence margin."
     inc = replace(
         b, verdict="inconclusive", ratio=0.996, hdi=(0.990, 1.002), p_faster=0.4, p_slower=0.0, p_equivalent=0.6
     )
     assert verdict_phrase(inc) == (
-        "inconclusive: -0.4% (95% HDI -1.0%..+0.2%), P(faster) 40.0%, P(equivalent) 60.0%, P(slower) <0.1%, ROPE ±0.5%"
+        "inconclusive: -0.4% (95% HDI -1.0%..+0.2%), P(faster) 40.0%, P(equivalent) 60.0%, P(slower) <0.1%, "
+        "margin ±0.5%"
     )
     # the comment phrases the real verdict the same way, next to its chart
     r = gate_report()
@@ -378,6 +379,9 @@ def test_verdict_phrases_for_humans():
     md = render_markdown(r)
     assert f"**Benchmark:** {verdict_phrase(real)}. {mass_sentence(real)}" in md
     assert verdict_phrase(real).startswith("faster: 2.61% (95% HDI 2.58%..2.63%), P(faster) >99.9%")
+    # the margin column is spelled out under the table, and nothing a person reads says ROPE
+    assert "<sub>margin: the equivalence margin, a change of head/base within ±margin counts as equivalent" in md
+    assert "ROPE" not in md.replace("(the region of practical equivalence", "")
 
 
 # ---------------------------------------------------------------------------------------- chart

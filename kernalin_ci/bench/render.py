@@ -10,7 +10,7 @@ from kernalin_ci.report.text import verdict_words
 def verdict_line(v: Verdict, label: str = "") -> str:
     """One line per verdict for `bench` and `compare`: the verdict in capitals (a column to scan),
     head/base, the verdict's figures in the report's own words (kernalin_ci.report.text.verdict_words),
-    where the ROPE came from, and the rounds."""
+    where the equivalence margin came from, and the rounds."""
     words = verdict_words(v)
     floor = f", A/A floor {100 * v.floor:.2f}%" if v.floor is not None else ""
     src = {"fixed": "fixed", "minimum": "minimum", "floor": "from the floor"}.get(v.rope_source, v.rope_source)

@@ -114,3 +114,52 @@ def write_text(path: str, text: str, flag: str) -> None:
             f.write(text)
     except OSError as e:
         raise UsageError(f"{flag} {path}: {e.strerror or e}") from None
+
+
+def add_margin_arguments(p, fixed_help: str = "") -> None:
+    """--margin and --margin-min: the equivalence margin of the benchmark verdicts (the statistics' region of
+    practical equivalence, docs/statistics.md), and their old names --rope / --rope-min, which still work
+    with one warning on stderr."""
+    import argparse
+
+    p.add_argument(
+        "--margin",
+        metavar="FRACTION",
+        help="fix the equivalence margin: a change of head/base within +-FRACTION counts as equivalent "
+        "(0.01 = +-1%%)" + fixed_help,
+    )
+    p.add_argument("--margin-min", metavar="FRACTION", help="smallest equivalence margin (default 0.005 = +-0.5%%)")
+
+    class Deprecated(argparse.Action):
+        def __call__(self, parser, namespace, values, option_string=None):
+            new = "--margin" if self.dest == "margin" else "--margin-min"
+            print(
+                f"{parser.prog}: warning: {option_string} is deprecated: use {new} (the equivalence margin)",
+                file=sys.stderr,
+            )
+            setattr(namespace, self.dest, values)
+
+    p.add_argument("--rope", dest="margin", metavar="FRACTION", action=Deprecated, help=argparse.SUPPRESS)
+    p.add_argument("--rope-min", dest="margin_min", metavar="FRACTION", action=Deprecated, help=argparse.SUPPRESS)
+
+
+def margins(args) -> tuple[float | None, float]:
+    """(--margin or None, --margin-min or the default) as fractions: the `rope` and `rope_min` of the
+    statistics (kernalin_ci.bench.stats)."""
+    from kernalin_ci.bench.stats import ROPE_MIN
+
+    return (
+        fraction(args.margin, "margin") if args.margin is not None else None,
+        fraction(args.margin_min, "margin_min") if args.margin_min is not None else ROPE_MIN,
+    )
+
+
+def fraction(text: str, setting: str) -> float:
+    """A margin as written: a fraction in [0, 1) (UsageError naming SETTING otherwise)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise UsageError(f"{setting} {text}: expected a fraction such as 0.01", setting=setting) from None
+    if not 0.0 <= v < 1.0:
+        raise UsageError(f"{setting} {text}: expected a fraction in [0, 1), e.g. 0.01 for +-1%", setting=setting)
+    return v

@@ -5,8 +5,15 @@ from __future__ import annotations
 import sys
 
 from kernalin_ci.bench.regime import DEFAULT_REGIME, REGIMES
-from kernalin_ci.commands._common import at_least_one, parse_params, positive_seconds, resolve_device, write_json
-from kernalin_ci.commands.compare import fraction
+from kernalin_ci.commands._common import (
+    add_margin_arguments,
+    at_least_one,
+    margins,
+    parse_params,
+    positive_seconds,
+    resolve_device,
+    write_json,
+)
 from kernalin_ci.errors import UsageError
 from kernalin_ci.ops import NAMES
 
@@ -36,8 +43,7 @@ def add_arguments(p):
         help="timing budget; rounds stop earlier once a verdict is reached (default 30)",
     )
     p.add_argument("--max-rounds", type=int, metavar="N", help="stop after N rounds at the latest")
-    p.add_argument("--rope", metavar="FRACTION", help="fix the ROPE half-width (0.01 = +-1%%)")
-    p.add_argument("--rope-min", metavar="FRACTION", help="smallest ROPE half-width (default 0.005)")
+    add_margin_arguments(p)
     p.add_argument(
         "--reps", type=at_least_one, metavar="N", help="samples per instance per round (default 5; 3 on cpu)"
     )
@@ -72,7 +78,6 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from kernalin_ci.bench import stats
     from kernalin_ci.bench.pair import DEFAULT_BUDGET_S, bench_pair
     from kernalin_ci.bench.trace import save_trace
 
@@ -90,8 +95,8 @@ def run(args) -> int:
         parse_params(args.param),
         device,
         budget_s=args.budget_s if args.budget_s is not None else DEFAULT_BUDGET_S,
-        rope_min=fraction(args.rope_min) if args.rope_min is not None else stats.ROPE_MIN,
-        rope=fraction(args.rope) if args.rope is not None else None,
+        rope_min=margins(args)[1],
+        rope=margins(args)[0],
         reps=args.reps,
         l2_flush=args.l2_flush,
         max_rounds=args.max_rounds,
@@ -134,7 +139,7 @@ def print_result(result, out) -> None:
             print(
                 f"  {s.shape}: base {s.base_ms:.4g} ms, head {s.head_ms:.4g} ms, "
                 f"head/base {sv.ratio:.4f} [{sv.hdi[0]:.4f}, {sv.hdi[1]:.4f}] -> {sv.verdict} "
-                f"(ROPE ±{100 * sv.rope_half_width:.2f}%, inner {s.inner}, {s.timing})",
+                f"(margin ±{100 * sv.rope_half_width:.2f}%, inner {s.inner}, {s.timing})",
                 file=out,
             )
     for n in result.notes:
@@ -143,7 +148,6 @@ def print_result(result, out) -> None:
 
 def run_model(args, device: str) -> int:
     """--model: the kernel pair in its place in a decode step of the model (docs/tokens.md)."""
-    from kernalin_ci.bench import stats
     from kernalin_ci.bench.shapes import split_params
     from kernalin_ci.ops import get_op
     from kernalin_ci.ops.base import resolve_params
@@ -173,8 +177,8 @@ def run_model(args, device: str) -> int:
         args.head_root,
         device,
         budget_s=args.budget_s if args.budget_s is not None else (spec.budget_s or 30.0),
-        rope_min=fraction(args.rope_min) if args.rope_min is not None else stats.ROPE_MIN,
-        rope=fraction(args.rope) if args.rope is not None else None,
+        rope_min=margins(args)[1],
+        rope=margins(args)[0],
         reps=args.reps,
         l2_flush=args.l2_flush if args.l2_flush is not None else True,
         max_rounds=args.max_rounds,

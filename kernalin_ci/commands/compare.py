@@ -5,21 +5,12 @@ from __future__ import annotations
 import json
 import sys
 
+from kernalin_ci.commands._common import add_margin_arguments, margins
 from kernalin_ci.errors import UsageError
 
 NAME = "compare"
 HELP = "judge timing traces (base vs head, interleaved rounds) with a Bayesian bootstrap against the noise floor"
 ORDER = 30
-
-
-def fraction(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise UsageError(f"expected a fraction such as 0.01, got {text!r}") from None
-    if not 0.0 <= v < 1.0:
-        raise UsageError(f"expected a fraction in [0, 1), got {text!r}")
-    return v
 
 
 def add_arguments(p):
@@ -29,13 +20,7 @@ def add_arguments(p):
         metavar="TRACE",
         help=".npz or .json with arrays base, head [rounds, reps] (optional base2)",
     )
-    p.add_argument(
-        "--rope",
-        metavar="FRACTION",
-        help="fix the ROPE half-width (0.01 = +-1%%); default: the "
-        "larger of --rope-min and a multiple of the A/A floor",
-    )
-    p.add_argument("--rope-min", metavar="FRACTION", default=None, help="smallest ROPE half-width (default 0.005)")
+    add_margin_arguments(p, "; default: the larger of --margin-min and a multiple of the A/A floor")
     p.add_argument("--shapes", action="store_true", help="also judge every shape of a multi-shape trace")
     p.add_argument("--json", metavar="PATH|-", help="one JSON verdict object per line, in the order given")
     p.add_argument("--quiet", action="store_true", help="no human-readable lines")
@@ -46,8 +31,7 @@ def run(args) -> int:
     from kernalin_ci.bench.render import verdict_line
     from kernalin_ci.bench.trace import load_trace
 
-    rope = fraction(args.rope) if args.rope is not None else None
-    rope_min = fraction(args.rope_min) if args.rope_min is not None else stats.ROPE_MIN
+    rope, rope_min = margins(args)
     traces = [load_trace(p) for p in args.traces]
     # a multi-shape trace is judged as the benchmark judged it: overall and per shape by one function, one floor
     multi = [i for i, t in enumerate(traces) if t.per_shape is not None and t.per_shape["base"].shape[1] > 1]

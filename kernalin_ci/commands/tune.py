@@ -6,7 +6,15 @@ import os
 import sys
 from pathlib import Path
 
-from kernalin_ci.commands._common import at_least_one, output_dir, parse_params, positive_seconds, resolve_device
+from kernalin_ci.commands._common import (
+    add_margin_arguments,
+    at_least_one,
+    margins,
+    output_dir,
+    parse_params,
+    positive_seconds,
+    resolve_device,
+)
 from kernalin_ci.errors import UsageError
 from kernalin_ci.ops import NAMES
 
@@ -47,8 +55,7 @@ def add_arguments(p):
         help="time for the race (screening and final rounds; default 120 on a GPU, 60 on the CPU)",
     )
     p.add_argument("--finalists", type=int, default=3, metavar="N", help="configs in the final race (default 3)")
-    p.add_argument("--rope", metavar="FRACTION", help="fix the ROPE half-width (0.01 = +-1%%)")
-    p.add_argument("--rope-min", metavar="FRACTION", help="smallest ROPE half-width (default 0.005)")
+    add_margin_arguments(p)
     p.add_argument(
         "--reps", type=at_least_one, metavar="N", help="samples per instance per round (default 5; 1 on cpu)"
     )
@@ -120,9 +127,7 @@ def target_from_args(args):
 
 
 def run(args) -> int:
-    from kernalin_ci.bench import stats
     from kernalin_ci.commands._common import write_json
-    from kernalin_ci.commands.compare import fraction
     from kernalin_ci.tune import patch as patch_mod
     from kernalin_ci.tune import render
     from kernalin_ci.tune.run import tune
@@ -149,8 +154,8 @@ def run(args) -> int:
         spec,
         device,
         budget_s=args.budget_s,
-        rope_min=fraction(args.rope_min) if args.rope_min is not None else stats.ROPE_MIN,
-        rope=fraction(args.rope) if args.rope is not None else None,
+        rope_min=margins(args)[1],
+        rope=margins(args)[0],
         finalists=args.finalists,
         reps=args.reps,
         seed=args.seed,

@@ -166,7 +166,7 @@ def _gate_changes(base: Gate, head: Gate) -> list[ConfigChange]:
         parts = ([f"drops {', '.join(dropped)}"] if dropped else []) + ([f"adds {', '.join(added)}"] if added else [])
         out.append(ConfigChange(f"gate.fail_on: {'; '.join(parts)}", loosens=bool(dropped)))
     if head.rope != base.rope:
-        out.append(ConfigChange(f"gate.rope: {base.rope:g} -> {head.rope:g}", loosens=head.rope > base.rope))
+        out.append(ConfigChange(f"gate.margin: {base.rope:g} -> {head.rope:g}", loosens=head.rope > base.rope))
     if head.budget_s != base.budget_s:
         out.append(
             ConfigChange(

@@ -89,7 +89,7 @@ def posterior_chart(v) -> str | None:
     top = max(bars)
     y_max = min(100, max(1, math.ceil(top * 1.1)))
     band = [float(y_max) if rlo - 1e-12 <= k * step <= rhi + 1e-12 else 0.0 for k in range(first, first + count)]
-    title = f"Posterior of head/base (bars, % of mass); line: ROPE {rope_text([rlo, rhi])}"
+    title = f"Posterior of head/base (bars, % of mass); line: equivalence margin {rope_text([rlo, rhi])}"
     lines = [
         "```mermaid",
         "%%{init: "

@@ -52,7 +52,7 @@ def _benchmark_text(k: KernelReport) -> str | None:
         parts.append(
             f"benchmark ratio {v.ratio:.6f}, 95% HDI [{v.hdi[0]:.6f}, {v.hdi[1]:.6f}], "
             f"P(faster) {v.p_faster:.4f}, P(equivalent) {v.p_equivalent:.4f}, "
-            f"P(slower) {v.p_slower:.4f}, ROPE [{v.rope[0]:.6f}, {v.rope[1]:.6f}]"
+            f"P(slower) {v.p_slower:.4f}, equivalence margin [{v.rope[0]:.6f}, {v.rope[1]:.6f}]"
         )
     elif b is not None and b.error:
         parts.append(f"benchmark failed, no verdict: {b.error}")

@@ -19,6 +19,7 @@ from kernalin_ci.findings import BUG_CLASSES, Finding, Notice
 from kernalin_ci.report.chart import posterior_chart
 from kernalin_ci.report.model import KernelReport, PipelineReport, Report
 from kernalin_ci.report.text import (
+    MARGIN_LEGEND,
     SPEED_TRUST,
     benchmark_ok,
     bug_classes,
@@ -219,7 +220,7 @@ def _trust(report: Report) -> str:
 
 
 TABLE_HEADER = (
-    "| | kernel | op | change | verification | benchmark | head/base | 95% HDI | P(faster) | ROPE |\n"
+    "| | kernel | op | change | verification | benchmark | head/base | 95% HDI | P(faster) | margin |\n"
     "|:-:|---|---|---|---|---|--:|--:|--:|--:|"
 )
 
@@ -559,6 +560,8 @@ def render_markdown(report: Report, *, limit: int = COMMENT_LIMIT) -> str:
     rows = [_row(x) for x in items]
     fixed = len(top) + len(footer) + NOTE_RESERVE + 4
     table = _table(rows, limit - fixed) + "\n\n" if rows else ""
+    if any(isinstance(x, KernelReport) and benchmark_ok(x.benchmark) for x in items):
+        table += f"<sub>{MARGIN_LEGEND}</sub>\n\n"
     budget = _Budget(limit - fixed - len(table))
     sections = [_kernel_section(x) if isinstance(x, KernelReport) else _pipeline_section(x) for x in items]
     throughput = markdown_section(report.model)  # decode tokens/s and $/Mtok (report/tokens.py)

@@ -103,8 +103,18 @@ def prob(p: float) -> str:
     return f"{100 * p:.1f}%"
 
 
+# The statistics' region of practical equivalence (a ROPE), in users' words: the equivalence margin, the
+# change of head/base within which base and head count as equivalent (docs/statistics.md). Code and JSON
+# keep the statistical name (`rope`); everything a person reads says "margin".
+MARGIN_WORDS = "equivalence margin"
+MARGIN_LEGEND = (
+    "margin: the equivalence margin, a change of head/base within ±margin counts as equivalent "
+    "(the region of practical equivalence of docs/statistics.md)"
+)
+
+
 def rope_text(rope) -> str:
-    """ROPE [lo, hi] as ratios -> '±0.5%' (its half-width, trailing zeros dropped)."""
+    """The margin [lo, hi] as ratios -> '±0.5%' (its half-width, trailing zeros dropped)."""
     lo, hi = rope
     if not _finite(lo, hi):
         return "n/a"
@@ -159,7 +169,7 @@ def effect(v) -> str:
 
 
 def verdict_phrase(v) -> str:
-    """Verdict V for humans, e.g. 'faster: 3.1% (95% HDI 2.7%..3.5%), P(faster) 99.4%, ROPE ±0.5%'.
+    """Verdict V for humans, e.g. 'faster: 3.1% (95% HDI 2.7%..3.5%), P(faster) 99.4%, margin ±0.5%'.
 
     Effects are changes of the head's time against the base's: 'faster: 3.1%' is a ratio of 0.969.
     """
@@ -167,7 +177,7 @@ def verdict_phrase(v) -> str:
 
 
 def verdict_words(v) -> str:
-    """Verdict V's figures, its name left out: '3.1% (95% HDI 2.7%..3.5%), P(faster) 99.4%, ROPE ±0.5%'.
+    """Verdict V's figures, its name left out: '3.1% (95% HDI 2.7%..3.5%), P(faster) 99.4%, margin ±0.5%'.
     The one wording of a benchmark verdict: `verdict_phrase` (report.md, JUnit, the PR comment) and the
     `bench`/`compare` lines (kernalin_ci.bench.render, the verdict in its own column) use it."""
     r = v.ratio
@@ -177,35 +187,35 @@ def verdict_words(v) -> str:
         d = _decimals(1 - r, 1 - lo, 1 - hi, apart=(lo, hi))
         return (
             f"{percent(1 - r, d)} (95% HDI {percent(1 - hi, d)}..{percent(1 - lo, d)}), "
-            f"P(faster) {prob(v.p_faster)}, ROPE {rope}"
+            f"P(faster) {prob(v.p_faster)}, margin {rope}"
         )
     if v.verdict == "slower":
         d = _decimals(r - 1, lo - 1, hi - 1, apart=(lo, hi))
         return (
             f"{percent(r - 1, d)} (95% HDI {percent(lo - 1, d)}..{percent(hi - 1, d)}), "
-            f"P(slower) {prob(v.p_slower)}, ROPE {rope}"
+            f"P(slower) {prob(v.p_slower)}, margin {rope}"
         )
     d = _decimals(r - 1, lo - 1, hi - 1, apart=(lo, hi))
     span = f"{signed_percent(r - 1, d)} (95% HDI {signed_percent(lo - 1, d)}..{signed_percent(hi - 1, d)})"
     if v.verdict == "equivalent":
-        return f"{span}, P(equivalent) {prob(v.p_equivalent)}, ROPE {rope}"
+        return f"{span}, P(equivalent) {prob(v.p_equivalent)}, margin {rope}"
     return (
         f"{span}, P(faster) {prob(v.p_faster)}, P(equivalent) {prob(v.p_equivalent)}, "
-        f"P(slower) {prob(v.p_slower)}, ROPE {rope}"
+        f"P(slower) {prob(v.p_slower)}, margin {rope}"
     )
 
 
 def mass_sentence(v) -> str:
-    """Where verdict V's posterior mass sits relative to the ROPE, e.g. '99.4% of the posterior mass sits
-    below the ROPE.' (below = head faster)."""
+    """Where verdict V's posterior mass sits relative to the equivalence margin, e.g. '99.4% of the
+    posterior mass sits below the equivalence margin.' (below = head faster)."""
     pf, ps, pe = v.p_faster, v.p_slower, v.p_equivalent
     if pf >= 0.5:
-        return f"{prob(pf)} of the posterior mass sits below the ROPE (head faster)."
+        return f"{prob(pf)} of the posterior mass sits below the equivalence margin (head faster)."
     if ps >= 0.5:
-        return f"{prob(ps)} of the posterior mass sits above the ROPE (head slower)."
+        return f"{prob(ps)} of the posterior mass sits above the equivalence margin (head slower)."
     if pe >= 0.5:
-        return f"{prob(pe)} of the posterior mass sits inside the ROPE."
-    return f"The posterior mass is split: {prob(pf)} below the ROPE, {prob(pe)} inside, {prob(ps)} above."
+        return f"{prob(pe)} of the posterior mass sits inside the equivalence margin."
+    return f"The posterior mass is split: {prob(pf)} below the equivalence margin, {prob(pe)} inside, {prob(ps)} above."
 
 
 def measurement_note(b) -> str:

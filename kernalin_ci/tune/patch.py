@@ -189,7 +189,7 @@ def _params_to_write(result) -> dict | str:
         if any(v in ("slower", "inconclusive") for v in verdicts):
             return f"{cand.label} is not faster or equivalent on every shape ({', '.join(verdicts)})"
         if "faster" not in verdicts:
-            return f"{cand.label} is equivalent to the current config within the ROPE: nothing to gain"
+            return f"{cand.label} is equivalent to the current config within the equivalence margin: nothing to gain"
     return dict(cand.params)
 
 

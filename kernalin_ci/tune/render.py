@@ -36,8 +36,8 @@ HEADER = [
     "ms",
     "reference ms",
     "best vs reference (ratio, 95% HDI)",
-    "ROPE",
-    "equivalent within the ROPE",
+    "equivalence margin",
+    "equivalent within the margin",
 ]
 
 
