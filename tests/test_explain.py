@@ -370,3 +370,20 @@ def test_a_profiler_wraps_the_worker_inside_the_worker_sandbox(tmp_path, monkeyp
     assert (out / "shm").read_text() == "yes\n"  # POSIX shared memory, the sandbox's own
     if os.geteuid() == 0:
         assert (out / "uid").read_text().strip() == "65534"
+
+
+def test_the_gate_on_the_cpu_times_nothing_and_says_so_once(compiled):
+    """On the CPU the gate compares the compiled code and stops there: no interpreter timing (it never
+    gates), no verdict, one note; none of a GPU's figures (occupancy, % of peak) in the explanation."""
+    from kernalin_ci.explain import untimed_on_cpu
+    from kernalin_ci.explain.gate import CPU_NOT_TIMED, ExplainPlan
+
+    cases, s, _, _ = compiled
+    ident = compare(s["base"], s["warps"], cases)
+    plan = ExplainPlan(cases, ident, s["base"], s["warps"], provenance.environment("cpu"), [c.name for c in cases])
+    kr = KernelReport("decode_attention", OP, "kernels/attention.py:decode", "changed")
+    untimed_on_cpu(kr, plan)
+    assert kr.benchmark is None and kr.bench_verdict is None and kr.benchmark_note == CPU_NOT_TIMED
+    lines = explain_lines(kr.explain)
+    assert lines[0] == f"compiled code: identical at 0 of {len(cases)} benchmark shapes"
+    assert not any("occupancy" in ln or "peak" in ln or "inconclusive" in ln for ln in lines), lines

@@ -70,3 +70,38 @@ def test_verify_reports_each_case_to_the_sink_it_is_given():
     first = cases[0]
     assert first.text.startswith(f"  rope [1/{r.cases_run}] {first.data['case']}: ok (")
     assert first.data["findings"] == 0 and first.data["label"] == "rope"
+
+
+def test_long_work_is_never_silent_in_a_ci_log_nor_on_a_terminal():
+    import re
+    import time
+
+    # a CI log: plain lines, no control characters, the activity repeated after each heartbeat of silence
+    log = io.StringIO()
+    sink = TerminalSink(stream=log, heartbeat_s=0.3)
+    sink.event(ProgressEvent("gate", "kernalin-ci run: compiling", level="step", activity=True))
+    time.sleep(1.05)
+    sink.event(ProgressEvent("gate", "kernalin-ci run: done", level="step"))
+    time.sleep(0.5)  # the work is over: no more heartbeats
+    lines = log.getvalue().splitlines()
+    assert lines[0] == "kernalin-ci run: compiling" and lines[-1] == "kernalin-ci run: done", lines
+    beats = lines[1:-1]
+    assert 2 <= len(beats) <= 4 and all(
+        re.fullmatch(r"kernalin-ci run: compiling \(still working, \d s\)", b) for b in beats
+    )
+    assert not re.search(r"[\x00-\x09\x0b-\x1f]", log.getvalue())
+    # a terminal: the activity is a status line at the bottom, redrawn in place with its time; a case line
+    # takes its place and the status line comes back under it
+    tty = _Tty()
+    sink = TerminalSink(stream=tty, heartbeat_s=0.3)
+    sink.event(ProgressEvent("start", "  rope 3 cases in 1 worker", activity=True))
+    time.sleep(0.4)
+    sink.event(ProgressEvent("case", "  rope [1/3] a: ok (0.1 s)"))
+    time.sleep(0.4)
+    sink.flush()
+    text = tty.getvalue()
+    assert "\n" not in text.split("  rope [1/3] a: ok (0.1 s)")[0]  # no status line left behind above the case
+    assert re.search(r"\r  rope 3 cases in 1 worker \(0 s\)\x1b\[K\r\x1b\[K  rope \[1/3\] a: ok \(0.1 s\)\n", text), (
+        text
+    )
+    assert text.endswith("\n") and text.count("  rope 3 cases in 1 worker (") >= 2

@@ -352,9 +352,15 @@ def _run(job: dict, result: BenchResult, cases, device: str, timeout_s: float, p
     sink = sink_for(progress)
     on_raw = progress if callable(progress) and not isinstance(progress, ProgressSink) else None
 
+    def working(text: str) -> None:
+        sink.event(ProgressEvent("bench-setup", f"  bench: {text}", {"note": text}, activity=True))
+
+    working(f"starting the worker: base and head at {len(cases)} shape{'s' * (len(cases) != 1)}")
+
     def on_event(ev):
         kind = ev.get("event")
         if kind == "setup":
+            working(f"setting up the shapes: {ev['label']} ready")
             info["inner"][ev["shape"]] = ev["inner"]
             info["timing"][ev["shape"]] = ev["timing"]
             info["copies"][ev["shape"]] = ev.get("copies")

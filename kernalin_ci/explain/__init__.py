@@ -10,6 +10,6 @@ Explanation on the Report, and its report.json object), gate.py (the gate's call
 
 from __future__ import annotations
 
-from kernalin_ci.explain.gate import finish_kernel, plan_kernel
+from kernalin_ci.explain.gate import finish_kernel, plan_kernel, untimed_on_cpu
 
-__all__ = ["plan_kernel", "finish_kernel"]
+__all__ = ["plan_kernel", "finish_kernel", "untimed_on_cpu"]

@@ -164,6 +164,20 @@ def plan_kernel(kr, k, op_name: str, params: dict, device: str, base_root, head_
     return plan
 
 
+CPU_NOT_TIMED = (
+    "not timed on the CPU: the Triton interpreter's wall-clock time measures Python, not the kernel, and never "
+    "gates (a GPU runner times it)"
+)
+
+
+def untimed_on_cpu(kr, plan: ExplainPlan | None) -> None:
+    """The gate on the CPU: no timing (docs/config.md), said once in the note; the explanation is the
+    compiled-code comparison alone (which shapes differ, and how), none of a GPU's figures."""
+    kr.benchmark_note = CPU_NOT_TIMED
+    if plan is not None:  # else the comparison could not start, and kr.explain says why
+        kr.explain = Explanation(plan.ident, peak=[], provenance=Provenance(plan.env_start))
+
+
 def finish_kernel(
     kr, plan: ExplainPlan, k, op_name: str, params: dict, device: str, head_root, profile: bool = False
 ) -> None:

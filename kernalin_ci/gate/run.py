@@ -37,6 +37,13 @@ def log(msg: str, progress=None) -> None:
     gate_sink(progress).event(ProgressEvent("gate", f"kernalin-ci run: {msg}", {"message": msg}, level="step"))
 
 
+def working(msg: str, progress=None) -> None:
+    """A step of the gate that takes a while: said at once, then repeated with its elapsed time while nothing
+    else is said (kernalin_ci.progress)."""
+    text = f"kernalin-ci run: {msg}"
+    gate_sink(progress).event(ProgressEvent("gate", text, {"message": msg}, level="step", activity=True))
+
+
 def gate_sink(progress) -> ProgressSink:
     """The gate's sink: a sink as it is; True/None the terminal; False the terminal with --quiet (its steps)."""
     if isinstance(progress, ProgressSink):
@@ -250,8 +257,12 @@ def check_kernel(
 
         _, op_params = resolve_domain(get_op(k.op), k.params, k.domain)  # one declared value pins the shape
         params = {**op_params, **{kk: v for kk, v in k.bench.items() if kk != "regime"}}
+        working(f"    {k.name}: compiling base and head at the benchmark shapes", progress)
         plan = explain.plan_kernel(kr, k, k.op, params, device, base_root, head_root)  # docs/benchmarking.md
         if plan is not None and plan.skip_timing:
+            return
+        if device != "cuda":  # interpreter wall-clock never gates: not timed, said once (docs/config.md)
+            explain.untimed_on_cpu(kr, plan)
             return
         res = bench_pair(
             k.op,
@@ -275,9 +286,6 @@ def check_kernel(
             explain.finish_kernel(kr, plan, k, k.op, params, device, head_root, profile)
     except UsageError as e:
         kr.error = f"benchmark: {e}"
-        return
-    if device != "cuda":
-        kr.benchmark_note = "CPU interpreter wall-clock timings: reported, never gating"
 
 
 def check_pipeline(p, members: dict, cfg: Config, device: str, head_root: Path, progress) -> PipelineReport:

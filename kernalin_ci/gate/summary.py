@@ -29,7 +29,7 @@ def summary_lines(report: Report) -> list[str]:
             lines.append(f"ERROR {item.name}: {' '.join(str(error).split())}")
         for f in v.findings if v is not None else []:
             n_findings += 1
-            where = location_text(f.location) or (v.entry or item.name)
+            where = location_text(f.location) or f"entry {v.entry or item.name}"
             lines.append(f"FAIL {where} [{f.bug_class}] {item.name}: {reason(f)} ({f.check})")
             if f.reproduce:
                 lines.append(f"     reproduce: {f.reproduce}")

@@ -136,6 +136,10 @@ def verify(
                 return reproduce_command(op_name, entry, raw_params, device, c, raw_domain)
 
             groups = shard(cases, DYNAMIC_WORKERS[device])
+            prog.start(
+                f"{len(cases)} case{'s' * (len(cases) != 1)} in {len(groups)} worker{'s' * (len(groups) != 1)}"
+                + (" beside the structural analysis" if pending is not None else "")
+            )
             env = threads_each(len(groups) + (pending is not None))
             # the parent judges every case (verify/judge.py): import torch while the workers start, with a
             # worker's share of the cores (its float64 references run beside the workers' processes)

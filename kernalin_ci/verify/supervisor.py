@@ -37,6 +37,13 @@ class Progress:
         data = {"label": self.label, "index": index, "total": self.total, "case": name, "seconds": seconds}
         self.sink.event(ProgressEvent("case", text, data | {"findings": n_findings, "note": note}))
 
+    def start(self, text: str) -> None:
+        """The work that starts now (the workers starting up: seconds before the first case ends), repeated
+        with its elapsed time while nothing else is said (kernalin_ci.progress)."""
+        self.sink.event(
+            ProgressEvent("start", f"  {self.label} {text}", {"label": self.label, "note": text}, activity=True)
+        )
+
     def note(self, text: str) -> None:
         self.sink.event(ProgressEvent("note", f"  {self.label} {text}", {"label": self.label, "note": text}))
 
