@@ -104,6 +104,8 @@ def test_multi_shape_trace_round_trips(tmp_path, attn):
 def bad_cases(tmp_path, attn):
     corrupt = tmp_path / "corrupt.npz"
     corrupt.write_bytes(b"PK\x03\x04 not really a zip")
+    text = tmp_path / "notes.npz"
+    text.write_text("base and head, from my notes\n")
     ragged = tmp_path / "ragged.json"
     ragged.write_text('{"base": [[1, 2], [3]], "head": [[1, 2], [3, 4]]}')
     nan_head = attn[:10, 1].copy()
@@ -121,6 +123,7 @@ def bad_cases(tmp_path, attn):
         "empty": (write(tmp_path / "empty.npz", base=np.zeros((0, 3)), head=np.zeros((0, 3))), "empty"),
         "corrupt": (str(corrupt), "not a readable"),
         "ragged": (str(ragged), "not an array of numbers"),
+        "text": (str(text), "is not one"),  # numpy's own advice (allow_pickle) is no help here
     }
 
 
@@ -131,6 +134,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, attn):
         assert r.returncode == 2, (what, r.stdout, r.stderr)
         assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, (what, r.stderr)
         assert needle in r.stderr and Path(path).name in r.stderr, (what, r.stderr)
+        assert "allow_pickle" not in r.stderr, (what, r.stderr)
         assert r.stdout == "", what  # nothing judged when one input is bad
 
 

