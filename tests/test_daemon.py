@@ -16,7 +16,6 @@ import pytest
 from kernalin_ci.daemon import webhook
 from kernalin_ci.daemon.app import Daemon, wait_for
 from kernalin_ci.daemon.deliver import deliver, get_json
-from kernalin_ci.daemon.metrics import rss_bytes
 from kernalin_ci.daemon.runners.local import marked_pids
 from kernalin_ci.github.client import sticky_marker
 from kernalin_ci.report.badge import badge_endpoint, badge_svg
@@ -539,6 +538,14 @@ _SAMPLE = (
 )
 
 
+def rss_bytes() -> int:
+    """This process's resident set size, from /proc (what the daemon's process collector reads)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
 def parse_metrics(text: str) -> dict[str, float]:
     """Prometheus text format 0.0.4, strictly: HELP/TYPE lines before a family's samples, every sample valid."""
     import re
@@ -557,6 +564,9 @@ def parse_metrics(text: str) -> dict[str, float]:
             name = re.match(r"[a-zA-Z_:][a-zA-Z0-9_:]*", line).group(0)
             assert any(name == t or name.startswith(t + "_") for t in typed), f"{name} before its TYPE"
             key, value = line.rsplit(" ", 1)
+            if "{" in key:  # labels have no order: sorted, for the lookups below
+                labels = re.findall(r'[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*"', key[key.index("{") :])
+                key = name + "{" + ",".join(sorted(labels)) + "}"
             samples[key] = float(value)
     return samples
 
@@ -573,12 +583,15 @@ def test_healthz_and_metrics(world, make_daemon):
     assert m["kernalin_ci_queue_depth"] == 0 and m['kernalin_ci_jobs{state="done"}'] == 1
     assert m['kernalin_ci_gpu_busy{slot="cpu0"}'] == 0
     assert m['kernalin_ci_job_duration_seconds_count{outcome="report"}'] == 1
-    assert m['kernalin_ci_job_duration_seconds_bucket{outcome="report",le="+Inf"}'] == 1
+    assert m['kernalin_ci_job_duration_seconds_bucket{le="+Inf",outcome="report"}'] == 1
     assert m['kernalin_ci_webhook_deliveries_total{event="pull_request",status="202"}'] == 1
     assert m['kernalin_ci_webhook_deliveries_total{event="pull_request",status="400"}'] == 1
     assert m["kernalin_ci_webhook_ack_seconds_count"] == 2
     assert m['kernalin_ci_posts_total{result="posted"}'] == 1
     assert 0 < m["kernalin_ci_process_resident_memory_bytes"] == pytest.approx(rss_bytes(), rel=0.5)
+    assert (
+        m["kernalin_ci_process_cpu_seconds_total"] > 0 and m["kernalin_ci_process_open_fds"] > 0
+    )  # prometheus_client's
 
 
 def test_badges_show_the_newest_result_into_the_default_branch(world, make_daemon):

@@ -179,6 +179,7 @@ OPTIONAL_MODULES = {
     "redis": "redis",
     "pytest": "pytest",
     "jsonschema": "jsonschema",
+    "prometheus_client": "prometheus_client",
     "cmarkgfm": "cmarkgfm",
     "openapi-schema-validator": "openapi_schema_validator",
     "mypy": "mypy",

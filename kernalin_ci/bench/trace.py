@@ -108,7 +108,9 @@ def load_trace(path: str) -> Trace:
             arrays = {k: raw[k] for k in raw if k in ARRAYS or k.endswith("_shapes")}
         else:
             if not zipfile.is_zipfile(path):  # np.load would take it for a pickle and advise allow_pickle
-                raise UsageError(f"{path}: not a readable .npz or .json trace (a .npz is a zip archive: this file is not one)")
+                raise UsageError(
+                    f"{path}: not a readable .npz or .json trace (a .npz is a zip archive: this file is not one)"
+                )
             with np.load(path, allow_pickle=False) as z:
                 arrays = {k: z[k] for k in z.files if k in ARRAYS or k.endswith("_shapes")}
                 meta = json.loads(str(z["meta"])) if "meta" in z.files else {}

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from kernalin_ci.daemon import gpus
-from kernalin_ci.daemon.metrics import Metrics, rss_bytes
+from kernalin_ci.daemon.metrics import Metrics
 from kernalin_ci.daemon.model import STATES
 from kernalin_ci.daemon.poster import Poster
 from kernalin_ci.daemon.runners import get_runner
@@ -179,7 +179,6 @@ class Daemon:
                 "queue_depth": [({}, counts["queued"])],
                 "jobs": [({"state": s}, counts[s]) for s in STATES],
                 "gpu_busy": [({"slot": k}, v) for k, v in sorted(busy.items())],
-                "process_resident_memory_bytes": [({}, rss_bytes())],
             }
         )
 
