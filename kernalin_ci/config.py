@@ -8,13 +8,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
+from kernalin_ci import yamlcheck
+from kernalin_ci.bench.regime import REGIMES
 from kernalin_ci.errors import UsageError
 from kernalin_ci.ops import NAMES as OP_NAMES
 from kernalin_ci.ops import get_op
 from kernalin_ci.ops.base import DTYPES, resolve_params
-from kernalin_ci.throughput.spec import ModelSpec
+from kernalin_ci.throughput.spec import MODEL_SCHEMA, ModelSpec
 
 FAIL_ON = ("finding", "slower", "inconclusive", "not-analysed")
 DEFAULT_FILE = ".kernalin.yml"
@@ -72,53 +72,108 @@ class Config:
         return next((k for k in self.kernels if k.name == name), None)
 
 
-class _Where:
-    """file:line: key -- for error messages."""
-
-    def __init__(self, path: str):
-        self.path = path
-
-    def err(self, node, key: str, msg: str) -> UsageError:
-        line = node.start_mark.line + 1 if node is not None else 1
-        return UsageError(f"{self.path}:{line}: {key}: {msg}")
-
-
-def _py(node):
-    return yaml.safe_load(yaml.serialize(node)) if node is not None else None
-
-
-def _mapping(w: _Where, node, key: str) -> dict:
-    if not isinstance(node, yaml.MappingNode):
-        raise w.err(node, key, "expected a mapping")
-    out = {}
-    for k, v in node.value:
-        if not isinstance(k, yaml.ScalarNode):
-            raise w.err(k, key, "keys must be plain strings")
-        if k.value in out:
-            raise w.err(k, f"{key}.{k.value}" if key else k.value, "duplicate key")
-        out[k.value] = (k, v)
-    return out
-
-
-def _known(w: _Where, m: dict, key: str, allowed: tuple[str, ...]) -> None:
-    for name, (knode, _) in m.items():
-        if name not in allowed:
-            raise w.err(knode, f"{key}.{name}" if key else name, f"unknown key (allowed: {', '.join(allowed)})")
-
-
-def _scalar(w: _Where, m: dict, key: str, name: str, kind, default=None, required=False):
-    if name not in m:
-        if required:
-            anchor = next(iter(m.values()))[0] if m else None
-            raise w.err(anchor, f"{key}.{name}", "required")
-        return default
-    knode, v = m[name]
-    val = _py(v)
-    if kind is float and isinstance(val, int) and not isinstance(val, bool):
-        val = float(val)
-    if not isinstance(val, kind) or (kind is not bool and isinstance(val, bool)):
-        raise w.err(v, f"{key}.{name}", f"expected {getattr(kind, '__name__', kind)}, got {val!r}")
-    return val
+_IDENT = "^[A-Za-z_][A-Za-z0-9_]*$"
+# `.kernalin.yml` as a schema (docs/config.md); what it cannot say is checked in `parse` below
+KERNEL_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "op": {"enum": list(OP_NAMES), "x-message": "unknown op {value!r} (ops: " + ", ".join(OP_NAMES) + ")"},
+        "entry": {
+            "type": "string",
+            "pattern": "^.+:[A-Za-z_][A-Za-z0-9_]*$",
+            "x-message": "expected 'path/to/file.py:function' or 'module:function'",
+        },
+        "params": {"type": "object"},
+        "domain": {"type": "object"},
+        "sources": {
+            "type": "array",
+            "items": {"type": "string", "x-message": "expected a list of glob strings"},
+            "x-message": "expected a list of glob strings",
+        },
+        "dtype": {"enum": list(DTYPES), "x-message": "must be one of " + ", ".join(DTYPES)},
+        "bench": {"type": "object", "properties": {"regime": {"enum": list(REGIMES)}}},
+        "timeout": {"type": "number", "exclusiveMinimum": 0, "x-message": "must be positive"},
+        "tune": {
+            "type": "object",
+            "properties": {
+                "params": {
+                    "type": "object",
+                    "propertyNames": {"pattern": _IDENT, "x-message": "{value!r}: expected an entry keyword name"},
+                    "additionalProperties": {
+                        "type": "array",
+                        "minItems": 1,
+                        "x-message": "expected a non-empty list of candidate values",
+                    },
+                },
+                "autotune": {
+                    "type": ["string", "boolean"],
+                    "not": {"const": True},
+                    "x-message": "expected a kernel name or false",
+                },
+            },
+            "additionalProperties": False,
+        },
+    },
+    "required": ["name", "op", "entry"],
+    "additionalProperties": False,
+}
+_MARGIN = {
+    "type": "number",
+    "minimum": 0,
+    "exclusiveMaximum": 0.5,
+    "x-message": "a fraction in [0, 0.5), e.g. 0.005 for +-0.5%",
+}
+GATE_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "fail_on": {
+            "type": ["array", "string"],
+            "items": {"enum": list(FAIL_ON), "x-message": "expected a list of " + ", ".join(FAIL_ON)},
+            "if": {"type": "string"},
+            "then": {"enum": list(FAIL_ON), "x-message": "expected a list of " + ", ".join(FAIL_ON)},
+            "x-message": "expected a list of " + ", ".join(FAIL_ON),
+        },
+        "margin": _MARGIN,
+        "budget_s": {"type": "number", "exclusiveMinimum": 0, "x-message": "must be positive"},
+        "bench": {"type": "boolean"},
+        "trust_head_config": {
+            "type": ["array", "string"],
+            "items": {"type": "string", "minLength": 1, "x-message": "expected a list of branch names or globs"},
+            "minLength": 1,
+            "x-message": "expected a list of branch names or globs",
+        },
+        "rope": _MARGIN,  # the old name of margin (a warning)
+    },
+    "additionalProperties": False,
+}
+PIPELINE_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "kv_append": {"type": "string"},
+        "attention": {"type": "string"},
+        "rope": {"type": "string"},
+        "steps": {"type": "integer", "minimum": 1, "x-message": "must be >= 1"},
+    },
+    "required": ["name", "kv_append", "attention"],
+    "additionalProperties": False,
+}
+SCHEMA = {
+    "type": "object",
+    "x-message": "expected a mapping with a 'kernels' list",
+    "properties": {
+        "version": {"const": 1, "x-message": "only version 1 is known"},
+        "kernels": {"type": "array", "minItems": 1, "items": KERNEL_SCHEMA, "x-message": "expected a non-empty list"},
+        "gate": GATE_SCHEMA,
+        "pipelines": {"type": "array", "items": PIPELINE_SCHEMA, "x-message": "expected a list"},
+        "model": MODEL_SCHEMA,
+        "daemon": {},  # `kernalin-ci serve`'s (kernalin_ci/daemon/workspace.py reads it); the gate ignores it
+    },
+    "required": ["kernels"],
+    "x-required": "a list of kernels",
+    "additionalProperties": False,
+}
 
 
 def load(path: str | Path) -> Config:
@@ -129,48 +184,34 @@ def load(path: str | Path) -> Config:
 
 
 def parse(text: str, path: str = DEFAULT_FILE) -> Config:
-    w = _Where(path)
-    try:
-        root = yaml.compose(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = mark.line + 1 if mark else 1
-        raise UsageError(f"{path}:{line}: not valid YAML: {getattr(e, 'problem', None) or e}") from None
-    if root is None:
-        raise UsageError(f"{path}:1: empty configuration (expected a 'kernels' list)")
-    top = _mapping(w, root, "")
-    # `daemon:` belongs to `kernalin-ci serve` (kernalin_ci/daemon/workspace.py reads it); the gate ignores it
-    _known(w, top, "", ("version", "kernels", "gate", "pipelines", "model", "daemon"))
-    if "version" in top and _py(top["version"][1]) != 1:
-        raise w.err(top["version"][1], "version", "only version 1 is known")
-    if "kernels" not in top:
-        raise w.err(root, "kernels", "required (a list of kernels)")
-    knode = top["kernels"][1]
-    if not isinstance(knode, yaml.SequenceNode) or not knode.value:
-        raise w.err(knode, "kernels", "expected a non-empty list")
+    doc = yamlcheck.parse(text, path, empty="empty configuration (expected a 'kernels' list)")
+    if isinstance(doc.data, dict) and isinstance(doc.data.get("gate"), dict) and "rope" in doc.data["gate"]:
+        if "margin" in doc.data["gate"]:
+            raise doc.error(("gate", "rope"), "the old name of gate.margin: keep one of the two", key=True)
+        deprecated(doc.error(("gate", "rope"), "deprecated: rename it gate.margin (the equivalence margin)", key=True))
+    yamlcheck.check(doc, SCHEMA)
+    d = doc.data
     kernels: list[Kernel] = []
-    for i, item in enumerate(knode.value):
-        kernels.append(_kernel(w, item, f"kernels[{i}]", {k.name for k in kernels}))
+    for i, item in enumerate(d["kernels"]):
+        kernels.append(_kernel(doc, i, item, {k.name for k in kernels}))
     cfg = Config(path, kernels)
-    if "gate" in top:
-        cfg.gate = _gate(w, top["gate"][1])
-    if "pipelines" in top:
-        pnode = top["pipelines"][1]
-        if not isinstance(pnode, yaml.SequenceNode):
-            raise w.err(pnode, "pipelines", "expected a list")
-        for i, item in enumerate(pnode.value):
-            cfg.pipelines.append(_pipeline(w, item, f"pipelines[{i}]", cfg))
-    if "model" in top:
-        cfg.model = _model(w, top["model"][1], cfg)
+    if d.get("gate") is not None:
+        cfg.gate = _gate(d["gate"])
+    for i, item in enumerate(d.get("pipelines") or []):
+        cfg.pipelines.append(_pipeline(doc, i, item, cfg))
+    if "model" in d:
+        from kernalin_ci.throughput.spec import parse_model
+
+        spec = parse_model(doc, ("model",))
+        cfg.model = place_kernels(spec, cfg, lambda key, msg: doc.error(("model", *key.split(".")[1:]), msg))
     return cfg
 
 
-def _model(w: _Where, node, cfg: Config) -> ModelSpec:
-    """`model:` (docs/tokens.md), its `kernels` resolved to the configuration's kernels (place_kernels)."""
-    from kernalin_ci.throughput.spec import parse_node
+def deprecated(notice: UsageError) -> None:
+    """An old key that still works: one line on stderr ('FILE:LINE: KEY: deprecated: ...')."""
+    import sys
 
-    spec = parse_node(node, w.path)
-    return place_kernels(spec, cfg, lambda key, msg: w.err(node, key, msg))
+    print(f"kernalin-ci: warning: {notice}", file=sys.stderr)
 
 
 def place_kernels(spec: ModelSpec, cfg: Config, err=None) -> ModelSpec:
@@ -206,154 +247,75 @@ def place_kernels(spec: ModelSpec, cfg: Config, err=None) -> ModelSpec:
     return spec
 
 
-def _kernel(w: _Where, node, key: str, taken: set) -> Kernel:
-    m = _mapping(w, node, key)
-    _known(w, m, key, ("name", "op", "entry", "params", "domain", "sources", "dtype", "bench", "timeout", "tune"))
-    name = _scalar(w, m, key, "name", str, required=True)
-    if name in taken:
-        raise w.err(m["name"][1], f"{key}.name", f"duplicate kernel name {name!r}")
-    op = _scalar(w, m, key, "op", str, required=True)
-    if op not in OP_NAMES:
-        raise w.err(m["op"][1], f"{key}.op", f"unknown op {op!r} (ops: {', '.join(OP_NAMES)})")
-    entry = _scalar(w, m, key, "entry", str, required=True)
-    if ":" not in entry or not entry.rpartition(":")[2].isidentifier():
-        raise w.err(m["entry"][1], f"{key}.entry", "expected 'path/to/file.py:function' or 'module:function'")
-    params = _scalar(w, m, key, "params", dict, default={}) or {}
+def _kernel(doc: yamlcheck.Document, i: int, m: dict, taken: set) -> Kernel:
+    at = ("kernels", i)
+    if m["name"] in taken:
+        raise doc.error((*at, "name"), f"duplicate kernel name {m['name']!r}")
+    op = m["op"]
+    params = m.get("params") or {}
     try:
         resolve_params(op, get_op(op).params, params)
     except UsageError as e:
-        raise w.err(m["params"][1] if "params" in m else node, f"{key}.params", str(e)) from None
-    domain = _domain(w, m, key, op, params)
-    sources = _scalar(w, m, key, "sources", list, default=[]) or []
-    if not all(isinstance(s, str) for s in sources):
-        raise w.err(m["sources"][1], f"{key}.sources", "expected a list of glob strings")
-    dtype = _scalar(w, m, key, "dtype", str)
-    if dtype is not None and dtype not in DTYPES:
-        raise w.err(m["dtype"][1], f"{key}.dtype", f"must be one of {', '.join(DTYPES)}")
+        raise doc.error((*at, "params") if "params" in m else at, str(e)) from None
+    domain = _domain(doc, at, m, op, params)
+    dtype = m.get("dtype")
     if dtype is not None and domain.get("dtype") and dtype not in _as_list(domain["dtype"]):
-        raise w.err(m["dtype"][1], f"{key}.dtype", f"{dtype} is outside the declared domain.dtype")
-    bench = _scalar(w, m, key, "bench", dict, default={}) or {}
-    if "regime" in bench:
-        from kernalin_ci.bench.regime import REGIMES
-
-        if bench["regime"] not in REGIMES:
-            raise w.err(
-                m["bench"][1], f"{key}.bench.regime", f"must be one of {', '.join(REGIMES)}, got {bench['regime']!r}"
-            )
-    timeout = _scalar(w, m, key, "timeout", float)
-    if timeout is not None and timeout <= 0:
-        raise w.err(m["timeout"][1], f"{key}.timeout", "must be positive")
-    where = f"{key}.entry ({w.path}:{m['entry'][1].start_mark.line + 1})"
-    return Kernel(name, op, entry, params, domain, sources, dtype, bench, timeout, _tune(w, m, key), where)
-
-
-def _tune(w: _Where, m: dict, key: str) -> dict:
-    """kernels[i].tune: {params: {NAME: [values]}, autotune: KERNEL | false} (docs/tune.md)."""
-    if "tune" not in m:
-        return {}
-    items = _mapping(w, m["tune"][1], f"{key}.tune")
-    _known(w, items, f"{key}.tune", ("params", "autotune"))
-    out: dict = {}
-    if "params" in items:
-        pm = _mapping(w, items["params"][1], f"{key}.tune.params")
-        out["params"] = {}
-        for name, (knode, vnode) in pm.items():
-            vals = _py(vnode)
-            if not name.isidentifier():
-                raise w.err(knode, f"{key}.tune.params.{name}", "expected an entry keyword name")
-            if not isinstance(vals, list) or not vals:
-                raise w.err(vnode, f"{key}.tune.params.{name}", "expected a non-empty list of candidate values")
-            out["params"][name] = vals
-    if "autotune" in items:
-        v = _py(items["autotune"][1])
-        if not (isinstance(v, str) or v is False):
-            raise w.err(items["autotune"][1], f"{key}.tune.autotune", "expected a kernel name or false")
-        out["autotune"] = v
-    return out
+        raise doc.error((*at, "dtype"), f"{dtype} is outside the declared domain.dtype")
+    tune = dict(m.get("tune") or {})
+    where = f"kernels[{i}].entry ({doc.path}:{doc.line((*at, 'entry'))})"
+    timeout = float(m["timeout"]) if m.get("timeout") is not None else None
+    return Kernel(
+        m["name"], op, m["entry"], params, domain, list(m.get("sources") or []), dtype,
+        dict(m.get("bench") or {}), timeout, tune, where,
+    )  # fmt: skip
 
 
 def _as_list(v) -> list:
     return v if isinstance(v, list) else [v]
 
 
-def _domain(w: _Where, m: dict, key: str, op: str, params: dict) -> dict:
+def _domain(doc: yamlcheck.Document, at: tuple, m: dict, op: str, params: dict) -> dict:
     """kernels[i].domain: validated here, each error at the line of the offending key."""
     from kernalin_ci import domain as domain_mod
 
-    if "domain" not in m:
+    raw = m.get("domain") or {}
+    if not raw:
         return {}
-    node = m["domain"][1]
-    items = _mapping(w, node, f"{key}.domain")
-    raw = {k: _py(v) for k, (_, v) in items.items()}
     try:
         domain_mod.resolve(get_op(op), params, raw, where="")
     except UsageError as e:
-        bad = next((k for k in items if str(e).startswith(f" {k}:")), None)
-        at = items[bad][1] if bad else node
-        raise w.err(
-            at, f"{key}.domain" + (f".{bad}" if bad else ""), str(e).split(":", 1)[1].strip() if bad else str(e).strip()
-        ) from None
+        bad = next((k for k in raw if str(e).startswith(f" {k}:")), None)
+        if bad:
+            raise doc.error((*at, "domain", bad), str(e).split(":", 1)[1].strip()) from None
+        raise doc.error((*at, "domain"), str(e).strip()) from None
     return raw
 
 
-def deprecated(notice: UsageError) -> None:
-    """An old key that still works: one line on stderr ('FILE:LINE: KEY: deprecated: ...')."""
-    import sys
-
-    print(f"kernalin-ci: warning: {notice}", file=sys.stderr)
-
-
-def _gate(w: _Where, node) -> Gate:
-    m = _mapping(w, node, "gate")
-    _known(w, m, "gate", ("fail_on", "margin", "budget_s", "bench", "trust_head_config", "rope"))
-    if "rope" in m:  # the old name of gate.margin
-        if "margin" in m:
-            raise w.err(m["rope"][0], "gate.rope", "the old name of gate.margin: keep one of the two")
-        deprecated(w.err(m["rope"][0], "gate.rope", "deprecated: rename it gate.margin (the equivalence margin)"))
-        m["margin"] = m.pop("rope")
+def _gate(m: dict) -> Gate:
     g = Gate()
     if "fail_on" in m:
-        v = _py(m["fail_on"][1])
-        v = [v] if isinstance(v, str) else v
-        if not isinstance(v, list) or any(x not in FAIL_ON for x in v):
-            raise w.err(m["fail_on"][1], "gate.fail_on", f"expected a list of {', '.join(FAIL_ON)}")
-        g.fail_on = tuple(v)
-    g.rope = _scalar(w, m, "gate", "margin", float, default=g.rope)
-    if not 0 <= g.rope < 0.5:
-        raise w.err(m["margin"][1], "gate.margin", "a fraction in [0, 0.5), e.g. 0.005 for +-0.5%")
-    g.budget_s = _scalar(w, m, "gate", "budget_s", float, default=g.budget_s)
-    if g.budget_s <= 0:
-        raise w.err(m["budget_s"][1], "gate.budget_s", "must be positive")
-    g.bench = _scalar(w, m, "gate", "bench", bool, default=g.bench)
+        g.fail_on = tuple(_as_list(m["fail_on"]))
+    g.rope = float(m.get("margin", m.get("rope", g.rope)))
+    g.budget_s = float(m.get("budget_s", g.budget_s))
+    g.bench = m.get("bench", g.bench)
     if "trust_head_config" in m:
-        v = _py(m["trust_head_config"][1])
-        v = [v] if isinstance(v, str) else v
-        if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
-            raise w.err(m["trust_head_config"][1], "gate.trust_head_config", "expected a list of branch names or globs")
-        g.trust_head_config = tuple(v)
+        g.trust_head_config = tuple(_as_list(m["trust_head_config"]))
     return g
 
 
-def _pipeline(w: _Where, node, key: str, cfg: Config) -> Pipeline:
-    m = _mapping(w, node, key)
-    _known(w, m, key, ("name", "kv_append", "attention", "rope", "steps"))
-    name = _scalar(w, m, key, "name", str, required=True)
+def _pipeline(doc: yamlcheck.Document, i: int, m: dict, cfg: Config) -> Pipeline:
+    at = ("pipelines", i)
     roles = {"kv_append": "kv_append", "attention": "attention.decode_paged", "rope": "rope"}
-    refs = {}
     for role, op in roles.items():
-        ref = _scalar(w, m, key, role, str, required=role != "rope")
+        ref = m.get(role)
         if ref is None:
             continue
         k = cfg.kernel(ref)
         if k is None:
-            raise w.err(m[role][1], f"{key}.{role}", f"no kernel named {ref!r}")
+            raise doc.error((*at, role), f"no kernel named {ref!r}")
         if k.op != op:
-            raise w.err(m[role][1], f"{key}.{role}", f"kernel {ref!r} is {k.op}, expected {op}")
-        refs[role] = ref
-    steps = _scalar(w, m, key, "steps", int, default=64)
-    if steps < 1:
-        raise w.err(m["steps"][1], f"{key}.steps", "must be >= 1")
-    return Pipeline(name, refs["kv_append"], refs["attention"], refs.get("rope"), steps)
+            raise doc.error((*at, role), f"kernel {ref!r} is {k.op}, expected {op}")
+    return Pipeline(m["name"], m["kv_append"], m["attention"], m.get("rope"), int(m.get("steps", 64)))
 
 
 STARTER = """\

@@ -158,3 +158,14 @@ def test_gate_rope_is_the_old_name_of_gate_margin(capsys):
     )
     with pytest.raises(UsageError, match="k.yml:6: gate.rope: the old name of gate.margin"):
         parse(text + "  margin: 0.01\n", "k.yml")
+
+
+def test_the_first_error_in_the_file_is_reported_and_keys_are_plain_strings():
+    text = "kernels:\n  - name: a\n    op: rope\n    entry: a.py\n    timeout: 0\n  - name: b\n    colour: red\n"
+    with pytest.raises(UsageError) as e:
+        parse(text, "k.yml")
+    assert str(e.value) == "k.yml:4: kernels[0].entry: expected 'path/to/file.py:function' or 'module:function'"
+    with pytest.raises(UsageError, match=r"^k.yml:5: kernels\[0\].op: duplicate key$"):
+        parse("kernels:\n  - name: a\n    op: rope\n    entry: a.py:f\n    op: rope\n", "k.yml")
+    with pytest.raises(UsageError, match=r"^k.yml:1: kernels: expected a non-empty list$"):
+        parse("kernels: {a: 1}\n", "k.yml")

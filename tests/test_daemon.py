@@ -16,6 +16,7 @@ import pytest
 from kernalin_ci.daemon import webhook
 from kernalin_ci.daemon.app import Daemon, wait_for
 from kernalin_ci.daemon.deliver import deliver, get_json
+from kernalin_ci.daemon.metrics import rss_bytes
 from kernalin_ci.daemon.runners.local import marked_pids
 from kernalin_ci.github.client import sticky_marker
 from kernalin_ci.report.badge import badge_endpoint, badge_svg
@@ -538,14 +539,6 @@ _SAMPLE = (
 )
 
 
-def rss_bytes() -> int:
-    """This process's resident set size, from /proc (what the daemon's process collector reads)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
-
-
 def parse_metrics(text: str) -> dict[str, float]:
     """Prometheus text format 0.0.4, strictly: HELP/TYPE lines before a family's samples, every sample valid."""
     import re
@@ -635,7 +628,7 @@ def test_configuration_errors_name_the_key_and_exit_2(tmp_path):
 
     cfg = tmp_path / "daemon.yml"
     for text, expected in [
-        ("runner: {backend: podman}\n", "runner.backend: must be one of local, docker"),
+        ("runner:\n  backend: podman\n", ":2: runner.backend: must be one of local, docker"),  # file:line: key
         ("gpus: many\n", "gpus: expected auto, cpu"),
         ("listen: 8080\n", "listen: expected HOST:PORT"),
         ("runner: {env: {GITHUB_TOKEN: x}}\n", "runner.env.GITHUB_TOKEN: secrets are never"),

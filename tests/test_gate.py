@@ -178,7 +178,6 @@ OPTIONAL_MODULES = {
     "rq": "rq",
     "redis": "redis",
     "pytest": "pytest",
-    "jsonschema": "jsonschema",
     "prometheus_client": "prometheus_client",
     "cmarkgfm": "cmarkgfm",
     "openapi-schema-validator": "openapi_schema_validator",

@@ -76,7 +76,7 @@ def test_presets_are_the_published_shapes_and_the_section_overrides_them():
         ("model: {preset: mistral-7b, layers: 0}", "model.layers", "positive integer"),
         ("model: {preset: mistral-7b, dtype: int8}", "model.dtype", "must be one of"),
         ("model: {preset: mistral-7b, serving: []}", "model.serving", "non-empty list"),
-        ("model: {preset: mistral-7b, serving: [{batch: 4}]}", "model.serving[0]", "{batch: N, context: N}"),
+        ("model: {preset: mistral-7b, serving: [{batch: 4}]}", "model.serving[0].context", "{batch: N, context: N}"),
         ("model: {preset: mistral-7b, gpu_price_per_hour: 0}", "model.gpu_price_per_hour", "positive number"),
         ("model: {preset: mistral-7b, kernels: {attention: r}}", "model.kernels.attention", "is rope"),
         ("model: {preset: mistral-7b, kernels: {attention: nope}}", "model.kernels.attention", "no kernel named"),

@@ -8,6 +8,7 @@ from prometheus_client's process collector.
 
 from __future__ import annotations
 
+import os
 import threading
 
 from prometheus_client import (
@@ -101,3 +102,16 @@ class Metrics:
         with self._lock:
             self._gauges.values = gauges
             return generate_latest(self.registry).decode()
+
+
+def rss_bytes(pid: int | None = None) -> int:
+    """Resident set size of PID (default: this process), from /proc: what the process collector reports for
+    the daemon itself (benchmarks/daemon_load.py reads a daemon's from outside)."""
+    try:
+        with open(f"/proc/{pid or os.getpid()}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0

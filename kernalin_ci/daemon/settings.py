@@ -17,8 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
+from kernalin_ci import yamlcheck
 from kernalin_ci.errors import UsageError
 from kernalin_ci.sandbox import SandboxError, SandboxSettings, parse_size
 
@@ -178,112 +177,77 @@ class Settings:
         return [os.path.abspath(p) for p in paths if p]
 
 
-_KEYS = {
-    "": (
-        "listen",
-        "public_url",
-        "state_dir",
-        "webhook",
-        "github",
-        "queue",
-        "gpus",
-        "cpu_slots",
-        "runner",
-        "retries",
-        "posting",
-        "policy",
-        "badges",
-        "retention_days",
-        "http",
-        "history",
-    ),
-    "http": ("max_connections", "request_deadline_s", "max_buffered_bytes"),
-    "webhook": ("path", "max_body_bytes", "secret_file"),
-    "github": (
-        "api_url",
-        "app_id",
-        "private_key_file",
-        "check_name",
-        "clone_url",
-        "retry",
-        "min_write_interval_s",
-        "min_request_interval_s",
-    ),
-    "github.retry": ("attempts", "base_delay_s", "budget_s"),
-    "queue": ("backend", "redis_url", "name", "result_key_file"),
-    "runner": (
-        "backend",
-        "timeout_s",
-        "command",
-        "env",
-        "docker",
-        "sandbox",
-        "log_max_bytes",
-        "out_max_bytes",
-        "disk_max_bytes",
-    ),
-    "runner.sandbox": ("enabled", "memory", "pids", "tmpfs_size", "user", "bwrap", "extra_ro"),
-    "runner.docker": ("image", "memory", "pids", "tmpfs_size", "url", "user"),
-    "retries": ("attempts", "base_delay_s", "max_delay_s"),
-    "posting": ("attempts", "base_delay_s", "max_delay_s"),
-    "policy": ("fork_label",),
-    "badges": ("private_repos",),
-    "history": ("enabled", "url"),
+_POS_INT = {"type": "integer", "exclusiveMinimum": 0}
+_POS = {"type": "number", "exclusiveMinimum": 0}
+_STR = {"type": "string"}
+_BACKOFF = {
+    "type": "object",
+    "properties": {"attempts": _POS_INT, "base_delay_s": _POS, "max_delay_s": _POS},
+    "additionalProperties": False,
 }
 
 
-class _Reader:
-    """Typed access to one mapping of the YAML; errors name the file and the dotted key."""
-
-    def __init__(self, where: str, data, key: str):
-        self.where, self.key = where, key
-        if data is None:
-            data = {}
-        if not isinstance(data, dict):
-            raise self.err(key, "expected a mapping")
-        for k in data:
-            if k not in _KEYS[key]:
-                raise self.err(self.dot(k), f"unknown key (allowed: {', '.join(_KEYS[key])})")
-        self.data = data
-
-    def dot(self, name: str) -> str:
-        return f"{self.key}.{name}" if self.key else name
-
-    def err(self, key: str, msg: str) -> UsageError:
-        return UsageError(f"{self.where}: {key or '(top level)'}: {msg}")
-
-    def sub(self, name: str) -> _Reader:
-        return _Reader(self.where, self.data.get(name), self.dot(name))
-
-    def get(self, name: str, kind, default):
-        if name not in self.data or self.data[name] is None:
-            return default
-        v = self.data[name]
-        if kind is float and isinstance(v, int) and not isinstance(v, bool):
-            v = float(v)
-        if not isinstance(v, kind) or (kind is not bool and isinstance(v, bool)):
-            raise self.err(self.dot(name), f"expected {getattr(kind, '__name__', 'a number')}, got {v!r}")
-        return v
-
-    def positive(self, name: str, kind, default):
-        v = self.get(name, kind, default)
-        if v is not None and v <= 0:
-            raise self.err(self.dot(name), "must be positive")
-        return v
-
-    def choice(self, name: str, choices: tuple[str, ...], default: str) -> str:
-        v = self.get(name, str, default)
-        if v not in choices:
-            raise self.err(self.dot(name), f"must be one of {', '.join(choices)}, not {v!r}")
-        return v
+def _section(**properties) -> dict:
+    return {"type": "object", "properties": properties, "additionalProperties": False}
 
 
-def _backoff(r: _Reader, default: Backoff) -> Backoff:
-    return Backoff(
-        r.positive("attempts", int, default.attempts),
-        r.positive("base_delay_s", float, default.base_delay_s),
-        r.positive("max_delay_s", float, default.max_delay_s),
-    )
+# the daemon's YAML as a schema (docs/daemon.md); what it cannot say (HOST:PORT, GPUs, sizes, secrets in the
+# job environment) is checked in `parse`
+SCHEMA = _section(
+    listen={"type": ["string", "integer"]},
+    public_url=_STR,
+    state_dir=_STR,
+    webhook=_section(path=_STR, max_body_bytes=_POS_INT, secret_file=_STR),
+    github=_section(
+        api_url=_STR,
+        app_id={"type": ["integer", "string"]},
+        private_key_file=_STR,
+        check_name=_STR,
+        clone_url=_STR,
+        retry=_section(attempts=_POS_INT, base_delay_s=_POS, budget_s=_POS),
+        min_write_interval_s={"type": "number"},
+        min_request_interval_s={"type": "number"},
+    ),
+    queue=_section(backend={"enum": ["sqlite", "redis"]}, redis_url=_STR, name=_STR, result_key_file=_STR),
+    gpus={},
+    cpu_slots=_POS_INT,
+    runner=_section(
+        backend={"enum": ["local", "docker"]},
+        timeout_s=_POS,
+        command={
+            "type": "array",
+            "minItems": 1,
+            "items": _STR,
+            "x-message": "expected a non-empty list of strings",
+        },
+        env={
+            "type": "object",
+            "propertyNames": {"pattern": r"^[A-Za-z_]\w*$", "x-message": "{value!r}: expected NAME: value"},
+            "additionalProperties": {"type": ["string", "integer", "number"], "x-message": "expected NAME: value"},
+        },
+        docker=_section(image=_STR, memory=_STR, pids=_POS_INT, tmpfs_size=_STR, url=_STR, user=_STR),
+        sandbox=_section(
+            enabled={"type": "boolean"},
+            memory=_STR,
+            pids=_POS_INT,
+            tmpfs_size=_STR,
+            user={"type": "string", "pattern": r"^\d+(:\d+)?$", "x-message": "expected uid[:gid] (numbers)"},
+            bwrap=_STR,
+            extra_ro={"type": "array", "items": _STR},
+        ),
+        log_max_bytes=_POS_INT,
+        out_max_bytes=_POS_INT,
+        disk_max_bytes=_POS_INT,
+    ),
+    retries=_BACKOFF,
+    posting=_BACKOFF,
+    policy=_section(fork_label=_STR),
+    badges=_section(private_repos={"type": "boolean"}),
+    retention_days=_POS,
+    http=_section(max_connections=_POS_INT, request_deadline_s=_POS, max_buffered_bytes=_POS_INT),
+    history=_section(enabled={"type": "boolean"}, url=_STR),
+)
+SCHEMA["x-message"] = "expected a mapping"
 
 
 def _read_secret_file(path: str, what: str) -> str:
@@ -293,131 +257,154 @@ def _read_secret_file(path: str, what: str) -> str:
         raise UsageError(f"cannot read the {what} file {path}: {e.strerror}") from None
 
 
-def parse(data, where: str = "daemon.yml", env: Mapping[str, str] | None = None) -> Settings:
-    """Settings from a parsed YAML mapping and ENV (default os.environ); the environment wins."""
-    env = os.environ if env is None else env
-    top = _Reader(where, data, "")
-    s = Settings(path=where)
-    s.listen = str(env.get(ENV_LISTEN) or top.get("listen", (str, int), s.listen))
-    if not re.fullmatch(r"[^:\s]*:\d{1,5}", s.listen) or not 0 <= s.host_port[1] < 65536:
-        raise top.err("listen", f"expected HOST:PORT, got {s.listen!r}")
-    s.public_url = (top.get("public_url", str, None) or "").rstrip("/") or None
-    s.state_dir = env.get(ENV_STATE_DIR) or top.get("state_dir", str, s.state_dir)
-    s.gpus = top.data.get("gpus", "auto")
-    _check_gpus(top, s.gpus)
-    s.cpu_slots = top.positive("cpu_slots", int, s.cpu_slots)
-    s.retention_days = top.positive("retention_days", float, s.retention_days)
+def _unset(value):
+    """A key written with no value (`public_url:`) means its default: left out, at every level."""
+    if isinstance(value, dict):
+        return {k: _unset(v) for k, v in value.items() if v is not None}
+    return value
 
-    wh = top.sub("webhook")
-    s.webhook_path = wh.get("path", str, s.webhook_path)
+
+def parse(data, where: str = "daemon.yml", env: Mapping[str, str] | None = None) -> Settings:
+    """Settings from the daemon's YAML (a yamlcheck.Document: errors name its lines) or a parsed mapping
+    (named WHERE), and ENV (default os.environ); the environment wins."""
+    env = os.environ if env is None else env
+    doc = data if isinstance(data, yamlcheck.Document) else yamlcheck.Document(where, data)
+    doc.data = _unset(doc.data if doc.data is not None else {})
+    yamlcheck.check(doc, SCHEMA)
+    d = doc.data
+
+    def sec(*keys) -> dict:
+        out = d
+        for k in keys:
+            out = out.get(k) or {}
+        return out
+
+    s = Settings(path=doc.path)
+    s.listen = str(env.get(ENV_LISTEN) or d.get("listen", s.listen))
+    if not re.fullmatch(r"[^:\s]*:\d{1,5}", s.listen) or not 0 <= s.host_port[1] < 65536:
+        raise doc.error(("listen",), f"expected HOST:PORT, got {s.listen!r}")
+    s.public_url = (d.get("public_url") or "").rstrip("/") or None
+    s.state_dir = env.get(ENV_STATE_DIR) or d.get("state_dir", s.state_dir)
+    s.gpus = d.get("gpus", "auto")
+    v = s.gpus
+    if not (
+        v in ("auto", "cpu")
+        or (isinstance(v, int) and not isinstance(v, bool) and v > 0)
+        or (isinstance(v, list) and v and all(isinstance(x, (int, str)) and not isinstance(x, bool) for x in v))
+    ):
+        raise doc.error(("gpus",), f"expected auto, cpu, a count or a list of GPU indexes/UUIDs, got {v!r}")
+    s.cpu_slots = d.get("cpu_slots", s.cpu_slots)
+    s.retention_days = float(d.get("retention_days", s.retention_days))
+
+    wh = sec("webhook")
+    s.webhook_path = wh.get("path", s.webhook_path)
     if not s.webhook_path.startswith("/"):
-        raise wh.err("webhook.path", "must start with /")
-    s.max_body_bytes = wh.positive("max_body_bytes", int, s.max_body_bytes)
-    secret_file = env.get(ENV_WEBHOOK_SECRET_FILE) or wh.get("secret_file", str, None)
+        raise doc.error(("webhook", "path"), "must start with /")
+    s.max_body_bytes = wh.get("max_body_bytes", s.max_body_bytes)
+    secret_file = env.get(ENV_WEBHOOK_SECRET_FILE) or wh.get("secret_file")
     secret = env.get(ENV_WEBHOOK_SECRET) or (_read_secret_file(secret_file, "webhook secret") if secret_file else "")
     s.secrets.webhook = secret.strip().encode()
     if secret_file:
         s.secrets.files.append(secret_file)
 
-    gh = top.sub("github")
-    g = s.github
-    g.api_url = (env.get(ENV_API_URL) or gh.get("api_url", str, g.api_url)).rstrip("/")
-    app_id = env.get(ENV_APP_ID) or gh.get("app_id", (int, str), None)
+    gh, g = sec("github"), s.github
+    g.api_url = (env.get(ENV_API_URL) or gh.get("api_url", g.api_url)).rstrip("/")
+    app_id = env.get(ENV_APP_ID) or gh.get("app_id")
     if app_id is not None:
         try:
             g.app_id = int(app_id)
         except ValueError:
-            raise gh.err("github.app_id", f"must be a number, not {app_id!r}") from None
-    key_file = env.get(ENV_APP_KEY_PATH) or gh.get("private_key_file", str, None)
+            raise doc.error(("github", "app_id"), f"must be a number, not {app_id!r}") from None
+    key_file = env.get(ENV_APP_KEY_PATH) or gh.get("private_key_file")
     s.secrets.app_private_key = env.get(ENV_APP_KEY) or (
         _read_secret_file(key_file, "GitHub App private key") if key_file else ""
     )
     if key_file:
         s.secrets.files.append(key_file)
-    g.check_name = gh.get("check_name", str, g.check_name)
-    g.clone_url = gh.get("clone_url", str, g.clone_url)
+    g.check_name = gh.get("check_name", g.check_name)
+    g.clone_url = gh.get("clone_url", g.clone_url)
     try:
         g.clone_url.format(repo="o/n", owner="o", name="n")
     except (KeyError, IndexError, ValueError) as e:
-        raise gh.err("github.clone_url", f"bad template ({e}); use {{repo}}, {{owner}}, {{name}}") from None
-    rt = gh.sub("retry")
-    g.retry_attempts = rt.positive("attempts", int, g.retry_attempts)
-    g.retry_base_delay_s = rt.positive("base_delay_s", float, g.retry_base_delay_s)
-    g.retry_budget_s = rt.positive("budget_s", float, g.retry_budget_s)
-    g.min_write_interval_s = gh.get("min_write_interval_s", float, g.min_write_interval_s)
-    g.min_request_interval_s = gh.get("min_request_interval_s", float, g.min_request_interval_s)
+        raise doc.error(("github", "clone_url"), f"bad template ({e}); use {{repo}}, {{owner}}, {{name}}") from None
+    rt = sec("github", "retry")
+    g.retry_attempts = rt.get("attempts", g.retry_attempts)
+    g.retry_base_delay_s = float(rt.get("base_delay_s", g.retry_base_delay_s))
+    g.retry_budget_s = float(rt.get("budget_s", g.retry_budget_s))
+    g.min_write_interval_s = float(gh.get("min_write_interval_s", g.min_write_interval_s))
+    g.min_request_interval_s = float(gh.get("min_request_interval_s", g.min_request_interval_s))
 
-    q = top.sub("queue")
-    s.queue.backend = q.choice("backend", ("sqlite", "redis"), s.queue.backend)
-    s.queue.redis_url = env.get(ENV_REDIS_URL) or q.get("redis_url", str, s.queue.redis_url)
-    s.queue.name = q.get("name", str, s.queue.name)
-    key_file = env.get(ENV_RESULT_KEY_FILE) or q.get("result_key_file", str, None)
+    q = sec("queue")
+    s.queue.backend = q.get("backend", s.queue.backend)
+    s.queue.redis_url = env.get(ENV_REDIS_URL) or q.get("redis_url", s.queue.redis_url)
+    s.queue.name = q.get("name", s.queue.name)
+    key_file = env.get(ENV_RESULT_KEY_FILE) or q.get("result_key_file")
     result_key = env.get(ENV_RESULT_KEY) or (_read_secret_file(key_file, "result key") if key_file else "")
     s.secrets.result_key = result_key.strip().encode()
     if key_file and not env.get(ENV_RESULT_KEY):
         s.secrets.files.append(key_file)
 
-    h = top.sub("http")
+    h = sec("http")
     s.http = HttpSettings(
-        h.positive("max_connections", int, s.http.max_connections),
-        h.positive("request_deadline_s", float, s.http.request_deadline_s),
-        h.positive("max_buffered_bytes", int, s.http.max_buffered_bytes),
+        h.get("max_connections", s.http.max_connections),
+        float(h.get("request_deadline_s", s.http.request_deadline_s)),
+        h.get("max_buffered_bytes", s.http.max_buffered_bytes),
     )
 
-    r = top.sub("runner")
-    s.runner.backend = r.choice("backend", ("local", "docker"), s.runner.backend)
-    s.runner.timeout_s = r.positive("timeout_s", float, s.runner.timeout_s)
-    cmd = r.get("command", list, None)
-    if cmd is not None and (not cmd or not all(isinstance(a, str) for a in cmd)):
-        raise r.err("runner.command", "expected a non-empty list of strings")
-    s.runner.command = cmd
-    job_env = r.get("env", dict, {})
-    for k, v in job_env.items():
-        if not isinstance(k, str) or not isinstance(v, (str, int, float)) or not re.fullmatch(r"[A-Za-z_]\w*", k):
-            raise r.err(f"runner.env.{k}", "expected NAME: value")
+    r = sec("runner")
+    s.runner.backend = r.get("backend", s.runner.backend)
+    s.runner.timeout_s = float(r.get("timeout_s", s.runner.timeout_s))
+    s.runner.command = r.get("command")
+    for k in r.get("env", {}):
         if k in SECRET_ENV or k.startswith("KERNALIN_GITHUB_"):
-            raise r.err(f"runner.env.{k}", "secrets are never passed to jobs")
-    s.runner.env = {k: str(v) for k, v in job_env.items()}
-    s.runner.log_max_bytes = r.positive("log_max_bytes", int, s.runner.log_max_bytes)
-    s.runner.out_max_bytes = r.positive("out_max_bytes", int, s.runner.out_max_bytes)
-    s.runner.disk_max_bytes = r.positive("disk_max_bytes", int, s.runner.disk_max_bytes)
-    d = r.sub("docker")
+            raise doc.error(("runner", "env", k), "secrets are never passed to jobs", key=True)
+    s.runner.env = {k: str(v) for k, v in r.get("env", {}).items()}
+    s.runner.log_max_bytes = r.get("log_max_bytes", s.runner.log_max_bytes)
+    s.runner.out_max_bytes = r.get("out_max_bytes", s.runner.out_max_bytes)
+    s.runner.disk_max_bytes = r.get("disk_max_bytes", s.runner.disk_max_bytes)
+    dk, dflt_docker = sec("runner", "docker"), DockerSettings()
     s.runner.docker = DockerSettings(
-        d.get("image", str, s.runner.docker.image),
-        d.get("memory", str, "16g"),
-        d.positive("pids", int, 4096),
-        d.get("tmpfs_size", str, "8g"),
-        d.get("url", str, None),
-        d.get("user", str, None),
+        dk.get("image", dflt_docker.image),
+        dk.get("memory", dflt_docker.memory),
+        dk.get("pids", dflt_docker.pids),
+        dk.get("tmpfs_size", dflt_docker.tmpfs_size),
+        dk.get("url"),
+        dk.get("user"),
     )
-    b, dflt = r.sub("sandbox"), SandboxSettings()
+    b, dflt = sec("runner", "sandbox"), SandboxSettings()
     s.runner.sandbox = SandboxSettings(
-        b.get("enabled", bool, dflt.enabled),
-        b.get("memory", str, dflt.memory),
-        b.positive("pids", int, dflt.pids),
-        b.get("tmpfs_size", str, dflt.tmpfs_size),
-        b.get("user", str, dflt.user),
-        b.get("bwrap", str, dflt.bwrap),
-        [str(x) for x in b.get("extra_ro", list, [])],
+        b.get("enabled", dflt.enabled),
+        b.get("memory", dflt.memory),
+        b.get("pids", dflt.pids),
+        b.get("tmpfs_size", dflt.tmpfs_size),
+        b.get("user", dflt.user),
+        b.get("bwrap", dflt.bwrap),
+        [str(x) for x in b.get("extra_ro", [])],
     )
     for key in ("memory", "tmpfs_size"):
         try:
             parse_size(getattr(s.runner.sandbox, key))
         except SandboxError as e:
-            raise b.err(f"runner.sandbox.{key}", str(e)) from None
-    if not re.fullmatch(r"\d+(:\d+)?", s.runner.sandbox.user):
-        raise b.err("runner.sandbox.user", "expected uid[:gid] (numbers)")
+            raise doc.error(("runner", "sandbox", key), str(e)) from None
 
-    s.retries = _backoff(top.sub("retries"), s.retries)
-    s.posting = _backoff(top.sub("posting"), s.posting)
-    s.fork_label = top.sub("policy").get("fork_label", str, s.fork_label)
-    s.private_badges = top.sub("badges").get("private_repos", bool, False)
-    hi = top.sub("history")
-    s.history = hi.get("enabled", bool, s.history)
-    s.history_url = env.get(ENV_HISTORY_URL) or hi.get("url", str, None)
+    s.retries = _backoff(sec("retries"), s.retries)
+    s.posting = _backoff(sec("posting"), s.posting)
+    s.fork_label = sec("policy").get("fork_label", s.fork_label)
+    s.private_badges = sec("badges").get("private_repos", False)
+    hi = sec("history")
+    s.history = hi.get("enabled", s.history)
+    s.history_url = env.get(ENV_HISTORY_URL) or hi.get("url")
     if s.history_url and not s.history_url.startswith(("postgresql://", "postgres://", "sqlite://")):
-        raise hi.err("history.url", "expected postgresql://USER@HOST/DB or sqlite:///PATH")
+        raise doc.error(("history", "url"), "expected postgresql://USER@HOST/DB or sqlite:///PATH")
     return s
+
+
+def _backoff(m: dict, default: Backoff) -> Backoff:
+    return Backoff(
+        m.get("attempts", default.attempts),
+        float(m.get("base_delay_s", default.base_delay_s)),
+        float(m.get("max_delay_s", default.max_delay_s)),
+    )
 
 
 def parse_gpus(text: str):
@@ -435,35 +422,14 @@ def parse_gpus(text: str):
     return [int(t) if t.isdigit() else t for t in items]
 
 
-def _check_gpus(top: _Reader, v) -> None:
-    ok = (
-        v in ("auto", "cpu")
-        or (isinstance(v, int) and not isinstance(v, bool) and v > 0)
-        or (isinstance(v, list) and v and all(isinstance(x, (int, str)) and not isinstance(x, bool) for x in v))
-    )
-    if not ok:
-        raise top.err("gpus", f"expected auto, cpu, a count or a list of GPU indexes/UUIDs, got {v!r}")
-
-
 def load(path: str | os.PathLike | None = None, env: Mapping[str, str] | None = None) -> Settings:
     """Settings from PATH (else $KERNALIN_DAEMON_CONFIG, else defaults) and the environment."""
     env = os.environ if env is None else env
     path = path or env.get(ENV_CONFIG)
     if not path:
         return parse({}, "(defaults)", env)
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise UsageError(f"{p}: cannot read the daemon configuration: {e.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        raise UsageError(
-            f"{p}:{mark.line + 1 if mark else 1}: not valid YAML: {getattr(e, 'problem', None) or e}"
-        ) from None
-    return parse(data, str(p), env)
+    doc = yamlcheck.load(path, "daemon configuration", empty=None)  # empty: the defaults
+    return parse(doc, str(path), env)
 
 
 def require_serving_secrets(s: Settings) -> None:

@@ -6,7 +6,6 @@ Read from `.kernalin.yml` (`model:`) or from `--model PRESET|path.yml` (the same
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -131,136 +130,122 @@ def presets_text() -> str:
     return ", ".join(PRESETS)
 
 
-class _Errors:
-    """Where an error is: 'file:line: key: message' (a YAML node gives the line) or 'where: key: message'."""
+_POSITIVE_INT = {"type": "integer", "minimum": 1, "x-message": "expected a positive integer, got {value!r}"}
+_POSITIVE = {"type": "number", "exclusiveMinimum": 0, "x-message": "expected a positive number, got {value!r}"}
+# `model:` and a --model file (docs/tokens.md) as a schema; presets and the shapes' arithmetic in parse_model
+MODEL_SCHEMA = {
+    "type": "object",
+    "x-message": "expected a mapping (docs/tokens.md)",
+    "properties": {
+        "preset": {"type": "string"},
+        **{k: _POSITIVE_INT for k in SHAPE_KEYS},
+        "dtype": {
+            "enum": list(MODEL_DTYPES),
+            "x-message": f"must be one of {', '.join(MODEL_DTYPES)}, got {{value!r}}",
+        },
+        "serving": {
+            "type": "array",
+            "minItems": 1,
+            "x-message": "expected a non-empty list of {{batch, context}}",
+            "items": {
+                "type": "object",
+                "properties": {"batch": _POSITIVE_INT, "context": _POSITIVE_INT},
+                "required": ["batch", "context"],
+                "x-required": "a serving point is {batch: N, context: N}",
+                "additionalProperties": False,
+                "x-message": "expected {{batch: N, context: N}}, got {value!r}",
+            },
+        },
+        "gpu_price_per_hour": _POSITIVE,
+        "kernels": {
+            "type": "object",
+            "propertyNames": {
+                "enum": list(ROLES),
+                "x-message": f"{{value!r}}: unknown role (roles: {', '.join(ROLES)})",
+            },
+            "additionalProperties": {"type": "string"},
+            "x-message": f"expected a mapping of role to kernel name (roles: {', '.join(ROLES)})",
+        },
+        "budget_s": _POSITIVE,
+    },
+    "additionalProperties": False,
+}
 
-    def __init__(self, path: str):
-        self.path = path
 
-    def err(self, node, key: str, msg: str) -> UsageError:
-        line = node.start_mark.line + 1 if node is not None and hasattr(node, "start_mark") else 1
-        return UsageError(f"{self.path}:{line}: {key}: {msg}")
+def parse_model(doc, at: tuple = (), shown: tuple | None = None, allow_kernels: bool = True) -> ModelSpec:
+    """The model at AT of DOC (a kernalin_ci.yamlcheck.Document: the `model:` section, or a whole --model
+    file, whose keys SHOWN names `model.KEY`) -> ModelSpec."""
+    from kernalin_ci import yamlcheck
 
+    yamlcheck.check(doc, MODEL_SCHEMA, at, shown)
+    items = doc.data
+    for part in at:
+        items = items[part]
+    path = doc.path
 
-def _int(e: _Errors, node, key: str, value) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise e.err(node, key, f"expected a positive integer, got {value!r}")
-    return value
+    def err(key: str | None, msg: str):
+        where = (*at, key) if key else tuple(at)
+        return doc.error(where, msg, shown=shown and (*shown, *where[len(at) :]))
 
-
-def _positive(e: _Errors, node, key: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise e.err(node, key, f"expected a positive number, got {value!r}")
-    return float(value)
-
-
-def parse_node(node, path: str, key: str = "model", allow_kernels: bool = True) -> ModelSpec:
-    """A YAML mapping node (the `model:` section, or a --model file) -> ModelSpec."""
-    import yaml
-
-    e = _Errors(path)
-    if not isinstance(node, yaml.MappingNode):
-        raise e.err(node, key, "expected a mapping (docs/tokens.md)")
-    items: dict = {}
-    for k, v in node.value:
-        name = k.value if isinstance(k, yaml.ScalarNode) else None
-        if name not in KEYS:
-            raise e.err(k, f"{key}.{name}", f"unknown key (allowed: {', '.join(KEYS)})")
-        if name in items:
-            raise e.err(k, f"{key}.{name}", "duplicate key")
-        items[name] = (v, yaml.safe_load(yaml.serialize(v)))
     if "kernels" in items and not allow_kernels:
-        raise e.err(items["kernels"][0], f"{key}.kernels", "only in .kernalin.yml (the kernels are named there)")
+        raise err("kernels", "only in .kernalin.yml (the kernels are named there)")
     base: dict = {}
     name = "custom"
     if "preset" in items:
-        pnode, preset = items["preset"]
-        if not isinstance(preset, str) or preset.lower() not in PRESETS:
-            raise e.err(pnode, f"{key}.preset", f"unknown preset {preset!r} (presets: {presets_text()})")
+        preset = items["preset"]
+        if preset.lower() not in PRESETS:
+            raise err("preset", f"unknown preset {preset!r} (presets: {presets_text()})")
         name = preset.lower()
         base = dict(PRESETS[name])
-    for k in (*SHAPE_KEYS, "dtype"):
-        if k in items:
-            base[k] = items[k][1]
+    base.update({k: items[k] for k in (*SHAPE_KEYS, "dtype") if k in items})
     missing = [k for k in SHAPE_KEYS if k not in base]
     if missing:
-        raise e.err(node, key, f"missing {', '.join(missing)} (or name a preset: {presets_text()})")
-    where = {k: items[k][0] if k in items else node for k in (*SHAPE_KEYS, "dtype")}
-    vals = {k: _int(e, where[k], f"{key}.{k}", base[k]) for k in SHAPE_KEYS}
-    dtype = base.get("dtype", "bfloat16")
-    if dtype not in MODEL_DTYPES:
-        raise e.err(where["dtype"], f"{key}.dtype", f"must be one of {', '.join(MODEL_DTYPES)}, got {dtype!r}")
+        raise err(None, f"missing {', '.join(missing)} (or name a preset: {presets_text()})")
+    vals = {k: base[k] for k in SHAPE_KEYS}
     if vals["num_heads"] % vals["num_kv_heads"]:
-        raise e.err(
-            where["num_kv_heads"],
-            f"{key}.num_kv_heads",
+        raise err(
+            "num_kv_heads" if "num_kv_heads" in items else None,
             f"num_heads {vals['num_heads']} is not a multiple of num_kv_heads {vals['num_kv_heads']}",
         )
     if vals["head_dim"] % 2:
-        raise e.err(where["head_dim"], f"{key}.head_dim", f"must be even (rotary pairs), got {vals['head_dim']}")
-    spec = ModelSpec(name=name, dtype=dtype, source=base.get("source", "") if name != "custom" else path, **vals)
+        raise err("head_dim" if "head_dim" in items else None, f"must be even (rotary pairs), got {vals['head_dim']}")
+    spec = ModelSpec(
+        name=name, dtype=base.get("dtype", "bfloat16"), source=base.get("source", "") if name != "custom" else path,
+        **vals,
+    )  # fmt: skip
     if name != "custom" and any(k in items for k in SHAPE_KEYS):
         spec.name = f"{name} (modified)"
         spec.source = f"{PRESETS[name]['source']}, with {path}"
     if "serving" in items:
-        spec.serving = _serving(e, items["serving"][0], items["serving"][1], f"{key}.serving")
+        spec.serving = []
+        for i, item in enumerate(items["serving"]):
+            p = ServingPoint(item["batch"], item["context"])
+            if p in spec.serving:
+                where = (*at, "serving", i)
+                raise doc.error(where, f"duplicate serving point ({p.label})", shown=shown and (*shown, "serving", i))
+            spec.serving.append(p)
     if "gpu_price_per_hour" in items:
-        pnode, price = items["gpu_price_per_hour"]
-        spec.price_per_hour = _positive(e, pnode, f"{key}.gpu_price_per_hour", price)
-        spec.price_source = f"{path}: {key}.gpu_price_per_hour"
+        spec.price_per_hour = float(items["gpu_price_per_hour"])
+        spec.price_source = f"{path}: {yamlcheck.dotted((*(shown or at), 'gpu_price_per_hour'))}"
     if "budget_s" in items:
-        spec.budget_s = _positive(e, items["budget_s"][0], f"{key}.budget_s", items["budget_s"][1])
+        spec.budget_s = float(items["budget_s"])
     if "kernels" in items:
-        knode, kernels = items["kernels"]
-        if not isinstance(kernels, dict) or not all(isinstance(v, str) for v in kernels.values()):
-            raise e.err(
-                knode, f"{key}.kernels", f"expected a mapping of role to kernel name (roles: {', '.join(ROLES)})"
-            )
-        bad = [r for r in kernels if r not in ROLES]
-        if bad:
-            raise e.err(knode, f"{key}.kernels.{bad[0]}", f"unknown role (roles: {', '.join(ROLES)})")
-        spec.kernels = dict(kernels)
+        spec.kernels = dict(items["kernels"])
     return spec
-
-
-def _serving(e: _Errors, node, value, key: str) -> list[ServingPoint]:
-    import yaml
-
-    if not isinstance(value, list) or not value:
-        raise e.err(node, key, "expected a non-empty list of {batch, context}")
-    out = []
-    for i, (item_node, item) in enumerate(zip(node.value if isinstance(node, yaml.SequenceNode) else [], value)):
-        k = f"{key}[{i}]"
-        if not isinstance(item, dict) or set(item) != {"batch", "context"}:
-            raise e.err(item_node, k, f"expected {{batch: N, context: N}}, got {item!r}")
-        p = ServingPoint(
-            _int(e, item_node, f"{k}.batch", item["batch"]), _int(e, item_node, f"{k}.context", item["context"])
-        )
-        if p in out:
-            raise e.err(item_node, k, f"duplicate serving point ({p.label})")
-        out.append(p)
-    return out
 
 
 def from_cli(value: str) -> ModelSpec:
     """--model PRESET|path.yml -> ModelSpec (UsageError: one line)."""
-    import yaml
+    from kernalin_ci import yamlcheck
 
     if value.lower() in PRESETS:
-        return parse_node(yaml.compose(f"preset: {value.lower()}"), f"--model {value}")
+        doc = yamlcheck.parse(f"preset: {value.lower()}", f"--model {value}", empty="")
+        return parse_model(doc, shown=("model",))
     p = Path(value)
     if not p.is_file():
         raise UsageError(f"--model {value!r}: neither a preset ({presets_text()}) nor a file")
-    try:
-        node = yaml.compose(p.read_text())
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        raise UsageError(
-            f"{p}:{mark.line + 1 if mark else 1}: not valid YAML: {getattr(err, 'problem', None) or err}"
-        ) from None
-    if node is None:
-        raise UsageError(f"{p}:1: empty model file (expected the keys of docs/tokens.md)")
-    return parse_node(node, str(p), key="model", allow_kernels=False)
+    doc = yamlcheck.load(p, "model file", empty="empty model file (expected the keys of docs/tokens.md)")
+    return parse_model(doc, shown=("model",), allow_kernels=False)
 
 
 def tiny(spec: ModelSpec) -> ModelSpec:
