@@ -163,4 +163,3 @@ def test_an_entry_with_the_wrong_keyword_names_is_one_line_before_any_case(tmp_p
         "(required by the entry, but no input of that name)"
     ), r.stderr
     assert r.stdout == ""  # no case ran, no "unsupported, not checked" lines
-

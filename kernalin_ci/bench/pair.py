@@ -355,8 +355,7 @@ def _run(job: dict, result: BenchResult, cases, device: str, timeout_s: float, p
     def working(text: str) -> None:
         sink.event(ProgressEvent("bench-setup", f"  bench: {text}", {"note": text}, activity=True))
 
-    working(f"starting the worker: base and head at {len(cases)} shape{'s' * (len(cases) != 1)}")
-
+    # said once the worker has loaded both entries (a user's mistake before that is the one line of its error)
     def on_event(ev):
         kind = ev.get("event")
         if kind == "setup":

@@ -224,6 +224,7 @@ def check_kernel(
     kr.error = missing_entry(k, head_root)  # before a worker says "file not found" in a temporary checkout
     if kr.error:
         return
+    working(f"    {k.name}: verifying at head (starting the workers)", progress)
     try:
         vr = verify(
             k.op,
@@ -264,6 +265,7 @@ def check_kernel(
         if device != "cuda":  # interpreter wall-clock never gates: not timed, said once (docs/config.md)
             explain.untimed_on_cpu(kr, plan)
             return
+        working(f"    {k.name}: benchmarking base against head (starting the worker)", progress)
         res = bench_pair(
             k.op,
             k.entry,

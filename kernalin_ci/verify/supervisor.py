@@ -22,10 +22,11 @@ class Progress:
     """One event per finished case (long interpreter runs need a pulse), to a ProgressSink (kernalin_ci.progress:
     `progress` is True, False or a sink)."""
 
-    def __init__(self, progress, total: int, label: str, indices: list[int] | None = None):
+    def __init__(self, progress, total: int, label: str, indices: list[int] | None = None, pending=None):
         self.sink: ProgressSink = sink_for(progress)
         self.total, self.label = total, label
         self.indices = indices  # a shard's case i is case indices[i] of the whole list
+        self._pending: list = [] if pending is None else pending  # the start line, until a case starts
 
     def case_done(self, index: int, name: str, seconds: float, n_findings: int, note: str = "") -> None:
         if self.indices is not None:
@@ -38,8 +39,16 @@ class Progress:
         self.sink.event(ProgressEvent("case", text, data | {"findings": n_findings, "note": note}))
 
     def start(self, text: str) -> None:
-        """The work that starts now (the workers starting up: seconds before the first case ends), repeated
-        with its elapsed time while nothing else is said (kernalin_ci.progress)."""
+        """The work that starts: said when the first case starts (a worker loaded the entry and took its
+        signature: a user's mistake before that is the one line of its error), then repeated with its
+        elapsed time while nothing else is said (kernalin_ci.progress)."""
+        self._pending[:] = [text]
+
+    def case_started(self) -> None:
+        try:
+            text = self._pending.pop()  # once, whichever worker starts first
+        except IndexError:
+            return
         self.sink.event(
             ProgressEvent("start", f"  {self.label} {text}", {"label": self.label, "note": text}, activity=True)
         )
@@ -49,7 +58,7 @@ class Progress:
 
     def subset(self, indices: list[int]) -> Progress:
         """The same events for a shard of the cases, numbered as in the whole list."""
-        return Progress(self.sink, self.total, self.label, indices)
+        return Progress(self.sink, self.total, self.label, indices, self._pending)
 
 
 def threads_each(workers: int) -> dict | None:
@@ -174,6 +183,7 @@ def run_cases(
                     return refuse(f"an event {kind!r} out of turn (case {i}; case {state['due']} was due)")
                 if kind == "case-start":
                     state["in_flight"] = i
+                    progress.case_started()
                     return True
                 if kind == "case-part":  # a case handed back in parts (the pipeline's steps)
                     try:
