@@ -10,13 +10,15 @@ from pathlib import Path
 
 from kernalin_ci import yamlcheck
 from kernalin_ci.bench.regime import REGIMES
+from kernalin_ci.cuda import spec as cuda_spec
+from kernalin_ci.cuda.spec import CudaSpec
 from kernalin_ci.errors import UsageError
 from kernalin_ci.ops import NAMES as OP_NAMES
 from kernalin_ci.ops import get_op
 from kernalin_ci.ops.base import DTYPES, resolve_params
 from kernalin_ci.throughput.spec import MODEL_SCHEMA, ModelSpec
 
-FAIL_ON = ("finding", "slower", "inconclusive", "not-analysed")
+FAIL_ON = ("finding", "slower", "inconclusive", "not-analysed", "not-checked")
 DEFAULT_FILE = ".kernalin.yml"
 
 
@@ -33,6 +35,7 @@ class Kernel:
     timeout: float | None = None
     tune: dict = field(default_factory=dict)  # `kernalin-ci tune`'s search space (docs/tune.md)
     where: str = ""  # where the entry is set, for messages: "kernels[0].entry (.kernalin.yml:9)"
+    cuda: CudaSpec | None = None  # a CUDA C++ kernel's sources and build flags (docs/cuda.md)
 
     @property
     def entry_file(self) -> str | None:
@@ -112,6 +115,24 @@ KERNEL_SCHEMA = {
                     "x-message": "expected a kernel name or false",
                 },
             },
+            "additionalProperties": False,
+        },
+        "cuda": {  # a CUDA C++ kernel (docs/cuda.md); cuda_spec.parse checks the paths
+            "type": "object",
+            "properties": {
+                "sources": {
+                    "type": ["array", "string"],
+                    "minItems": 1,
+                    "items": {"type": "string"},
+                    "x-message": "expected a non-empty list of .cu files or globs",
+                },
+                "flags": {
+                    "type": ["array", "string"],
+                    "items": {"type": "string"},
+                    "x-message": "expected a list of compiler flags",
+                },
+            },
+            "required": ["sources"],
             "additionalProperties": False,
         },
     },
@@ -264,9 +285,16 @@ def _kernel(doc: yamlcheck.Document, i: int, m: dict, taken: set) -> Kernel:
     tune = dict(m.get("tune") or {})
     where = f"kernels[{i}].entry ({doc.path}:{doc.line((*at, 'entry'))})"
     timeout = float(m["timeout"]) if m.get("timeout") is not None else None
+    cuda = None
+    if "cuda" in m:
+        try:
+            cuda = cuda_spec.parse(m["cuda"], f"kernels[{i}].cuda")
+        except UsageError as e:
+            where_, _, msg = str(e).partition(": ")
+            raise doc.error((*at, "cuda", where_.rpartition(".")[2]), msg) from None
     return Kernel(
         m["name"], op, m["entry"], params, domain, list(m.get("sources") or []), dtype,
-        dict(m.get("bench") or {}), timeout, tune, where,
+        dict(m.get("bench") or {}), timeout, tune, where, cuda,
     )  # fmt: skip
 
 
@@ -333,12 +361,13 @@ kernels:
     params: {}                        # op params (see docs/ops.md), e.g. {block_size: 16} or {style: gptj}
     # domain: {head_dim: [64, 128], dtype: [float16, bfloat16]}  # the shapes your model uses (default: found)
     sources: ["kernels/common/*.py"]  # more files that count as this kernel (globs); optional
+    # cuda: {sources: [csrc/attention.cu], flags: [-O3, -Icsrc/include]}  # a CUDA C++ kernel (docs/cuda.md)
     # dtype: bfloat16                 # verify every case in one dtype (default: float32 + fp16/bf16 sweep)
     # bench: {batch: 64, kv_len: 8192}  # benchmark shape params (default: the op's decode shapes);
     #                                   # regime: warm | cold (docs/benchmarking.md)
 
 gate:
-  fail_on: [finding, slower]          # also: inconclusive, not-analysed
+  fail_on: [finding, slower]          # also: inconclusive, not-analysed, not-checked
   margin: 0.005                       # equivalence margin: head/base within +-0.5% counts as equivalent
   budget_s: 30                        # benchmark time per kernel pair (seconds of GPU time)
   bench: true                         # false: verify only

@@ -53,6 +53,13 @@ BUG_CLASSES: dict[str, str] = {
     "kv-unrotated": "keys written to the cache before the rotation (the cache holds k, not R(position) k)",
     "rope-value": "the rotation applied to v (values are stored or attended rotated)",
     "new-token-twice": "the new token enters the softmax twice (read back from the cache and taken from registers)",
+    # CUDA C++ (docs/cuda.md): the build, and what Compute Sanitizer sees (Triton kernels too)
+    "build-error": "the kernel's CUDA sources do not compile",
+    "shared-race": "threads of a block access the same shared memory without a barrier between (a missing "
+    "__syncthreads between tiles, a race on a shared buffer)",
+    "barrier-divergence": "a barrier (__syncthreads, __syncwarp) reached by only some of the threads it waits for",
+    "uninitialized-read": "a read of device memory nothing wrote: garbage or a stale result enters the output",
+    "warp-reduction": "a warp-shuffle reduction combines the wrong lanes (a wrong offset or width, a partial mask)",
 }
 
 
@@ -80,7 +87,7 @@ class Finding:
     location: Location | None = None
     case: dict | None = None
     reproduce: str | None = None
-    kind: str = "dynamic"  # "dynamic" | "structural"
+    kind: str = "dynamic"  # "dynamic" | "structural" | "sanitizer" (Compute Sanitizer) | "build" (CUDA sources)
 
     def __post_init__(self):
         if self.bug_class not in BUG_CLASSES:
@@ -150,7 +157,8 @@ class Coverage:
 @dataclass
 class NotChecked:
     """Cases that did not run, and why. reason: "unsupported" (the kernel refused a shape nobody
-    declared: its own error is in `error`) or "interpreter" (the CPU interpreter cannot run it)."""
+    declared: its own error is in `error`), "interpreter" (the CPU interpreter cannot run it) or
+    "needs-gpu" (a CUDA C++ kernel on a host without a GPU: docs/cuda.md)."""
 
     shape: str  # e.g. "D=80 float32 Hq=8 Hkv=2"
     reason: str
@@ -166,6 +174,8 @@ class NotChecked:
         return cls(**known(cls, d))
 
     def summary(self) -> str:
+        if self.reason == "needs-gpu":
+            return f"{self.shape}: not checked (needs a GPU)"
         done = f"checked at {self.instead} instead" if self.instead else "not checked"
         what = f"{self.shape}: {self.reason}, {done}"
         return what + (f": {self.error}" if self.error else "")
@@ -216,6 +226,41 @@ class StructuralStatus:
         return "not run"
 
 
+SANITIZER_STATUSES = ("checked", "not-checked", "not-run")
+
+
+@dataclass
+class SanitizerStatus:
+    """Whether Compute Sanitizer ran over the kernel's cases (kernalin_ci/cuda/sanitizer.py): "checked" (its
+    findings are among the result's, kind "sanitizer"), "not-checked" (`cause`: no GPU, no compute-sanitizer)
+    or "not-run" (not asked for). `tools`: per tool, {"seconds", "errors", "status"}; `cases`: the cases run."""
+
+    status: str = "not-run"
+    cause: str | None = None
+    tools: dict = field(default_factory=dict)
+    cases: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def __post_init__(self):
+        if self.status not in SANITIZER_STATUSES:
+            raise ValueError(f"unknown sanitizer status {self.status!r}")
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> SanitizerStatus:
+        return cls(**known(cls, d))
+
+    def summary(self) -> str:
+        if self.status == "checked":
+            tools = ", ".join(f"{t} {v.get('seconds', 0):.1f} s" for t, v in self.tools.items())
+            return f"checked ({len(self.cases)} case{'s' * (len(self.cases) != 1)}; {tools})"
+        if self.status == "not-checked":
+            return f"not checked ({self.cause})"
+        return "not run"
+
+
 @dataclass
 class VerifyResult:
     op: str
@@ -231,14 +276,31 @@ class VerifyResult:
     # a verification that could not run (the gate's pipeline whose entry did not load, a bug of ours):
     # it fails, and report.json holds only its verdict, findings and this error
     error: str | None = None
+    # a CUDA C++ kernel's build (kernalin_ci/cuda/build.py: status, sources, compiler, seconds), else None
+    build: dict | None = None
+    sanitizer: SanitizerStatus = field(default_factory=SanitizerStatus)
+
+    @property
+    def needs_gpu(self) -> bool:
+        """Whether some of its dynamic cases were not checked for want of a GPU (a CUDA kernel on the CPU)."""
+        return any(n.reason == "needs-gpu" for n in self.not_checked)
 
     @property
     def verdict(self) -> str:
-        return "fail" if self.findings or self.error else "pass"
+        """fail (a finding or an error), not-checked (no finding, but cases that need a GPU did not run: never a
+        pass), or pass."""
+        if self.findings or self.error:
+            return "fail"
+        return "not-checked" if self.needs_gpu else "pass"
 
     def to_json(self) -> dict:
         if self.error is not None:
             return {"verdict": self.verdict, "findings": [f.to_json() for f in self.findings], "error": self.error}
+        extra: dict = {}
+        if self.build is not None:
+            extra["build"] = self.build
+        if self.sanitizer.status != "not-run":
+            extra["sanitizer"] = self.sanitizer.to_json()
         return {
             "op": self.op,
             "entry": self.entry,
@@ -251,6 +313,7 @@ class VerifyResult:
             "coverage": self.coverage.to_json(),
             "not_checked": [n.to_json() for n in self.not_checked],
             "structural": self.structural.to_json(),
+            **extra,
         }
 
     @classmethod
@@ -269,4 +332,6 @@ class VerifyResult:
             not_checked=[NotChecked.from_json(n) for n in d.get("not_checked") or []],
             structural=StructuralStatus.from_json(d.get("structural") or {"status": "not-run"}),
             error=d.get("error"),
+            build=d.get("build"),
+            sanitizer=SanitizerStatus.from_json(d.get("sanitizer") or {}),
         )

@@ -25,6 +25,8 @@ TASKS = {
     "explain-compile": "kernalin_ci.explain.compiled:run_job",
     "explain-env": "kernalin_ci.explain.provenance:run_job",
     "explain-profile": "kernalin_ci.explain.profile:run_job",
+    "cuda-build": "kernalin_ci.cuda.task:run_job",
+    "verify-launch": "kernalin_ci.verify.dynamic:run_launch_job",
 }
 # Tasks whose worker ends right after its last event, skipping the interpreter's teardown (torch and the
 # CUDA context: 0.6-0.9 s on the H200, on every verify's critical path). Not the others: a profiler that

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kernalin_ci import bytecode
+from kernalin_ci.cuda import caches as cuda_caches
 from kernalin_ci.errors import UsageError
 from kernalin_ci.trust import BUBBLEWRAP, NONE, UID, Isolation
 
@@ -914,9 +915,10 @@ def worker_plan(
     With KERNALIN_SANDBOX=uid (or as root where bubblewrap cannot run) the worker runs as an unprivileged
     uid of its own (`_uid_plan`)."""
     iso = worker_isolation()
-    if iso.mode == NONE:
-        return None, {}
     here = os.path.realpath(cwd or os.getcwd())  # relative entries resolve against it, as outside
+    if iso.mode == NONE:  # Triton's own cache; the CUDA builds (torch extensions, ...) per view still
+        named = _named_paths(job) - {os.path.realpath(f.path) for f in writable}
+        return None, cuda_caches.cache_env(compile_cache((device, NONE, here, *sorted(named))))
     rw = {os.path.realpath(f.path) for f in writable}  # named in the job too, but a capped tmpfs (below)
     from kernalin_ci.launch import child_path
 
@@ -960,6 +962,7 @@ def worker_plan(
         "TMPDIR": plan.tmp,
         "XDG_CACHE_HOME": f"{plan.home}/.cache",
         "TRITON_CACHE_DIR": cache,
+        **cuda_caches.cache_env(cache),  # torch extensions, CuPy, NVRTC: built once per view, as Triton's kernels
     }
     return plan, env
 
@@ -1081,7 +1084,8 @@ _caches_lock = threading.Lock()
 
 
 def compile_cache(view: tuple[str, ...]) -> str:
-    """The Triton cache (compiled kernels, the launcher and driver stubs gcc builds) shared by this
+    """The Triton cache (compiled kernels, the launcher and driver stubs gcc builds; and the CUDA builds of
+    kernalin_ci/cuda/caches.py: torch extensions, CuPy, NVRTC, PTX) shared by this
     process's sandboxed workers that see the same files (VIEW: the device and every folder bound into the
     worker). Each worker would otherwise compile all of it again in an empty cache: seconds per worker on
     a GPU. Code a worker runs can write to the cache, so it can poison it only for workers that run the

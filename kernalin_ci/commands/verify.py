@@ -45,6 +45,20 @@ def add_arguments(p):
         metavar="S",
         help="seconds one case may take (default 600 on the CPU, 180 on a GPU)",
     )
+    p.add_argument(
+        "--cuda-source",
+        action="append",
+        metavar="FILE",
+        help="a CUDA C++ source the entry builds (repeatable): the kernel is built once before the checks; "
+        "without a GPU its dynamic cases are not checked (docs/cuda.md)",
+    )
+    p.add_argument("--cuda-flag", action="append", metavar="FLAG", help="a compiler flag of the CUDA sources (repeatable)")
+    p.add_argument(
+        "--sanitizer",
+        choices=("on", "off"),
+        default="on",
+        help="Compute Sanitizer over a few cases on a GPU (default on; docs/cuda.md)",
+    )
     p.add_argument("--json", metavar="PATH|-", help="write the result as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
 
@@ -66,6 +80,8 @@ def run(args) -> int:
         timeout_s=args.timeout,
         progress=not args.quiet,
         raw_domain=parse_cli(args.domain),
+        cuda=cuda_spec(args.cuda_source, args.cuda_flag),
+        sanitizer=args.sanitizer == "on",
     )
     from kernalin_ci.sandbox import worker_isolation
 
@@ -77,9 +93,22 @@ def run(args) -> int:
     return 1 if result.findings else 0
 
 
+def cuda_spec(sources: list[str] | None, flags: list[str] | None):
+    """--cuda-source / --cuda-flag as a CudaSpec (None: not a CUDA kernel)."""
+    from kernalin_ci.cuda.spec import CudaSpec
+    from kernalin_ci.errors import UsageError
+
+    if not sources:
+        if flags:
+            raise UsageError("cuda_flag: needs --cuda-source (the sources the flags build)", setting="cuda_flag")
+        return None
+    return CudaSpec(tuple(sources), tuple(flags or ()))
+
+
 def print_result(result, out) -> None:
-    head = (
-        "PASS" if not result.findings else f"FAIL  {len(result.findings)} finding" + "s" * (len(result.findings) != 1)
+    n = len(result.findings)
+    head = {"pass": "PASS", "not-checked": "NOT CHECKED"}.get(
+        result.verdict, f"FAIL  {n} finding" + "s" * (n != 1)
     )
     print(
         f"{head}  {result.op} {result.entry} "
@@ -93,5 +122,10 @@ def print_result(result, out) -> None:
     for n in result.not_checked:
         print(f"  not checked: {not_checked_text(n)}", file=out)
     print(f"  structural: {result.structural.summary()}", file=out)
+    if result.build is not None:
+        b = result.build
+        print(f"  CUDA build: {b['status']} ({', '.join(b['sources'])}; {b['seconds']:.1f} s)", file=out)
+    if result.sanitizer.status != "not-run":
+        print(f"  Compute Sanitizer: {result.sanitizer.summary()}", file=out)
     for n in result.notices:
         print(f"  note: {notice_text(n)}", file=out)

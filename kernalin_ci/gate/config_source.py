@@ -188,7 +188,7 @@ def _gate_changes(base: Gate, head: Gate) -> list[ConfigChange]:
 
 def _kernel_changes(base: Kernel, head: Kernel) -> list[ConfigChange]:
     out = []
-    for name in ("entry", "op", "params", "domain", "dtype", "sources", "timeout", "bench", "tune"):
+    for name in ("entry", "op", "params", "domain", "dtype", "sources", "timeout", "bench", "tune", "cuda"):
         a, b = getattr(base, name), getattr(head, name)
         if a == b:
             continue
@@ -205,6 +205,8 @@ def _kernel_field_loosens(name: str, a, b) -> bool:
         return a is None and b is not None
     if name == "sources":
         return not set(a) <= set(b)
+    if name == "cuda":  # fewer CUDA sources (or none): a change to the dropped ones no longer selects the kernel
+        return b is None or (a is not None and not set(a.sources) <= set(b.sources))
     if name in ("params", "op"):  # another op variant: what is checked changes
         return True
     if name == "timeout":

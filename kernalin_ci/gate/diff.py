@@ -1,7 +1,8 @@
 """git diff -> the kernels a change affects, and base/head checkouts side by side.
 
-A kernel is affected when its entry file, one of its `sources` globs, or any
-repository module its entry imports (followed transitively) changed between
+A kernel is affected when its entry file, one of its `sources` globs, any
+repository module its entry imports (followed transitively), or one of its CUDA
+sources or the repository headers they include (`cuda:`, followed transitively) changed between
 base and head. A kernel whose entry file does not exist at base is new (verify
 only); a kernel the head's configuration no longer lists and whose entry is gone
 at head is removed (noted).
@@ -158,8 +159,13 @@ class Affected:
 
 
 def kernel_files(k: Kernel, root: Path) -> set[str]:
-    """Repository-relative files that make up kernel k in the tree at `root`."""
+    """Repository-relative files that make up kernel k in the tree at `root`: its entry, the repository
+    modules the entry imports, and a CUDA kernel's sources with every header they include."""
     files: set[str] = set()
+    if k.cuda is not None:
+        from kernalin_ci.cuda.includes import kernel_files as cuda_files
+
+        files |= cuda_files(root, k.cuda)
     entry = k.entry_file
     if entry:
         files.add(os.path.normpath(entry))

@@ -62,6 +62,8 @@ def judge(kr: KernelReport, cfg: Config, device: str) -> list[str]:
         failed.append("finding")
     if v and v.structural.status == "not-analysed" and "not-analysed" in fail_on:
         failed.append("not-analysed")
+    if v and v.needs_gpu and "not-checked" in fail_on:  # a CUDA kernel's cases on a host without a GPU
+        failed.append("not-checked")
     verdict = kr.bench_verdict
     if verdict and device == "cuda":  # interpreter wall-clock timings never gate (docs/config.md)
         if verdict == "slower" and "slower" in fail_on:
@@ -84,6 +86,9 @@ def conclude(report: Report) -> tuple[str, str]:
         return "failure", "failed: " + "; ".join(parts)
     if not checked:
         return "success", "no kernel changed"
+    unchecked = [k.name for k in checked if k.verification and k.verification.needs_gpu]
+    if unchecked:  # never a pass: what could not run here is said, and fails where fail_on has not-checked
+        return "neutral", f"not checked (needs a GPU): {', '.join(unchecked)}; nothing else failed"
     faster = [k.name for k in checked if k.bench_verdict == "faster"]
     msg = f"{len(checked)} kernel{'s' * (len(checked) != 1)} verified"
     if faster:
@@ -236,6 +241,7 @@ def check_kernel(
             timeout_s=k.timeout,
             progress=progress,
             raw_domain=k.domain,
+            cuda=k.cuda,
         )
         kr.verification = vr
     except UsageError as e:  # the kernel's entry cannot be loaded at head: that fails this kernel
@@ -249,6 +255,9 @@ def check_kernel(
         return
     if vr.findings:
         kr.benchmark_note = "not benchmarked: verification failed"
+        return
+    if vr.needs_gpu:
+        kr.benchmark_note = "not benchmarked: a CUDA C++ kernel needs a GPU"
         return
     from kernalin_ci.bench.pair import bench_pair
 
@@ -452,7 +461,8 @@ def summary_line(kr: KernelReport) -> str:
         return f"ERROR {kr.error}"
     v = kr.verification or VerifyResult(kr.op, kr.entry)
     n = len(v.findings)
-    parts = [f"verification {'FAIL (' + str(n) + ' findings)' if n else 'pass'}"]
+    word = {"fail": f"FAIL ({n} findings)", "not-checked": "NOT CHECKED (needs a GPU)"}.get(v.verdict, "pass")
+    parts = [f"verification {word}"]
     if v.not_checked:
         parts.append(f"{len(v.not_checked)} shape{'s' * (len(v.not_checked) != 1)} not checked")
     if v.structural.status == "not-analysed":

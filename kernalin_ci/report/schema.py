@@ -6,7 +6,7 @@ their names, types and meanings for a given `schema` version.
 
 from __future__ import annotations
 
-from kernalin_ci.findings import BUG_CLASSES, STRUCTURAL_STATUSES
+from kernalin_ci.findings import BUG_CLASSES, SANITIZER_STATUSES, STRUCTURAL_STATUSES
 from kernalin_ci.report.model import SCHEMA_VERSION
 
 _num = {"type": "number"}
@@ -42,7 +42,7 @@ FINDING = {
         "location": LOCATION,
         "case": CASE,
         "reproduce": _str_or_null,
-        "kind": {"enum": ["dynamic", "structural"]},
+        "kind": {"enum": ["dynamic", "structural", "sanitizer", "build"]},
     },
 }
 
@@ -79,7 +79,7 @@ NOT_CHECKED = {
     "required": ["shape", "reason", "error", "cases"],
     "properties": {
         "shape": {"type": "string"},
-        "reason": {"enum": ["unsupported", "interpreter"]},
+        "reason": {"enum": ["unsupported", "interpreter", "needs-gpu"]},
         "error": {"type": "string"},
         "cases": {"type": "array", "items": {"type": "string"}},
         "instead": _str_or_null,
@@ -106,7 +106,7 @@ VERIFICATION = {
     "properties": {
         "op": {"type": "string"},
         "entry": {"type": "string"},
-        "verdict": {"enum": ["pass", "fail"]},
+        "verdict": {"enum": ["pass", "fail", "not-checked"]},
         "cases_run": {"type": "integer", "minimum": 0},
         "seconds": _num,
         "device": {"type": "string"},
@@ -116,6 +116,23 @@ VERIFICATION = {
         "not_checked": {"type": "array", "items": NOT_CHECKED},
         "structural": STRUCTURAL,
         "error": {"type": "string"},
+        # since issue 31: a CUDA C++ kernel's build, and Compute Sanitizer's run (older reports have neither)
+        "build": {
+            "type": "object",
+            "required": ["status"],
+            "properties": {"status": {"enum": ["built", "cached", "failed", "no-compiler", "no-sources"]}},
+        },
+        "sanitizer": {
+            "type": "object",
+            "required": ["status"],
+            "properties": {
+                "status": {"enum": list(SANITIZER_STATUSES)},
+                "cause": _str_or_null,
+                "tools": {"type": "object"},
+                "cases": {"type": "array", "items": {"type": "string"}},
+                "seconds": _num,
+            },
+        },
     },
 }
 

@@ -16,8 +16,18 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from kernalin_ci import domain as domain_mod
+from kernalin_ci.cuda.spec import CudaSpec
 from kernalin_ci.errors import UsageError
-from kernalin_ci.findings import Coverage, Finding, NotChecked, Notice, StructuralStatus, VerifyResult
+from kernalin_ci.findings import (
+    Coverage,
+    Finding,
+    Location,
+    NotChecked,
+    Notice,
+    SanitizerStatus,
+    StructuralStatus,
+    VerifyResult,
+)
 from kernalin_ci.ops import get_op
 from kernalin_ci.ops.base import Case, resolve_params
 from kernalin_ci.progress import ProgressSink
@@ -88,7 +98,12 @@ def verify(
     timeout_s: float | None = None,
     progress: bool | ProgressSink = True,
     raw_domain: dict | None = None,
+    cuda: CudaSpec | None = None,
+    sanitizer: bool | None = None,
 ) -> VerifyResult:
+    """Run the entry's checks. CUDA: the kernel's CUDA C++ sources and flags (a CUDA kernel: built once before
+    the checks start; on a host without a GPU its dynamic cases are not checked, docs/cuda.md). SANITIZER:
+    Compute Sanitizer over a few cases (default: on a GPU, where compute-sanitizer is installed)."""
     op = get_op(op_name)
     dom, plan_params = domain_mod.resolve(op, raw_params, raw_domain)
     params = resolve_params(op_name, op.params, plan_params)
@@ -99,9 +114,16 @@ def verify(
     t0 = time.perf_counter()
     result = VerifyResult(op=op_name, entry=entry, device=device)
     timeout_s = timeout_s or DEFAULT_TIMEOUT[device]
+    if cuda is not None:  # built once, before any worker of the checks starts (kernalin_ci/cuda/task.py)
+        if not cuda_build(result, cuda, entry, op_name, params, device, root, timeout_s, main_dtype, progress):
+            result.seconds = time.perf_counter() - t0
+            return result
     structural = None
     if only in (None, "structural") and not probe and not case_json:
-        from kernalin_ci.verify.structural import verify_structural as structural
+        if cuda is not None:
+            result.structural = StructuralStatus("not-analysed", NO_STRUCTURAL_CUDA)
+        else:
+            from kernalin_ci.verify.structural import verify_structural as structural
     # The structural worker compiles while the dynamic worker launches: two processes, so the
     # wall time is the longer of the two instead of their sum (each child imports torch and Triton).
     with ThreadPoolExecutor(max_workers=1) as pool:
@@ -120,6 +142,20 @@ def verify(
                 cases = [op.probe(params, dtype)]
             else:
                 cases = domain_mod.plan(op, params, dom, op.cases(params, device, plan_dtype), main_dtype)
+            if cuda is not None and device != "cuda":  # nothing of a CUDA kernel runs without a GPU
+                result.not_checked = _not_checked(
+                    op, params, cases, [(c.name, {"reason": "needs-gpu", "error": NEEDS_GPU}) for c in cases]
+                )
+                result.sanitizer = SanitizerStatus("not-checked", "needs a GPU")
+                cases = []
+            sanitized = None
+            if device == "cuda" and sanitizer is not False and not probe and not case_json and cases:
+                from kernalin_ci.cuda import sanitizer as sanitizer_mod
+
+                sanitized = ThreadPoolExecutor(max_workers=1)
+                pending_sanitizer = sanitized.submit(
+                    sanitizer_mod.check, op_name, entry, params, cases, device, root, timeout_s
+                )
             prog = Progress(progress, len(cases), op_name)
             job = {
                 "op": op_name,
@@ -150,7 +186,7 @@ def verify(
 
                 return CaseReader(op, params, dom, main_dtype, device, poison=not probe, root=root)
 
-            with ThreadPoolExecutor(max_workers=len(groups)) as shards:
+            with ThreadPoolExecutor(max_workers=max(1, len(groups))) as shards:
                 runs = [
                     shards.submit(
                         run_cases,
@@ -179,7 +215,12 @@ def verify(
             result.findings += found
             result.cases_run += sum(p.done for p in parts)
             result.coverage = domain_mod.coverage(op, ran, params)
-            result.not_checked = _not_checked(op, params, cases, refused)
+            result.not_checked += _not_checked(op, params, cases, refused)
+            if sanitized is not None:
+                found, notices, result.sanitizer = pending_sanitizer.result()
+                sanitized.shutdown()
+                result.findings += found
+                result.notices += notices
             if cases and not ran and any(n.reason == "unsupported" for n in result.not_checked):
                 first = result.not_checked[0]
                 result.findings.append(
@@ -200,6 +241,47 @@ def verify(
     result.findings = dedupe(result.findings)
     result.seconds = time.perf_counter() - t0
     return result
+
+
+NEEDS_GPU = "a CUDA C++ kernel runs only on a GPU"
+NO_STRUCTURAL_CUDA = "CUDA C++ kernel: no structural analysis of CUDA code yet"
+
+
+def cuda_build(result: VerifyResult, spec, entry, op_name, params, device, root, timeout_s, dtype, progress) -> bool:
+    """Build a CUDA kernel once before its checks (kernalin_ci/cuda/task.py) and record it on RESULT; False when
+    its sources do not compile (a `build-error` finding: nothing else can run)."""
+    from kernalin_ci.cuda import task as cuda_task
+
+    Progress(progress, 1, op_name).note("building the CUDA sources once for every worker")
+    build, seconds = cuda_task.build(spec, entry, op_name, params, device, root, timeout_s, dtype)
+    result.build = {
+        "status": build.status,
+        "sources": build.sources,
+        "compiler": build.compiler,
+        "arch": build.arch,
+        "key": build.key[:24],
+        "seconds": round(seconds, 3),
+    }
+    if build.status == "failed":
+        where = build.error_location()
+        path = where and (where[0] if os.path.isabs(where[0]) else os.path.join(root or os.getcwd(), where[0]))
+        first = next(
+            (ln for ln in build.log.splitlines() if "error" in ln), build.log.splitlines()[0] if build.log else ""
+        )
+        result.findings.append(
+            Finding(
+                "cuda-build",
+                "build-error",
+                f"{build.failed or 'the CUDA sources'} does not compile (nvcc -ptx -arch={build.arch}): "
+                f"{first.strip()[:300]}",
+                Location(path, where[1]) if where else None,
+                kind="build",
+            )
+        )
+        return False
+    if build.status in ("no-compiler", "no-sources"):
+        result.notices.append(Notice("cuda-build", f"CUDA sources not built: {build.log}", kind="build"))
+    return True
 
 
 def _warm_torch(share: int) -> None:

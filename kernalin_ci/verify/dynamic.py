@@ -278,3 +278,27 @@ def run_job(job: dict, emit) -> None:
         else:
             ev.update(status="not-run", **outcome.event_fields())
         emit(ev)
+
+
+def run_launch_job(job: dict, emit) -> None:
+    """Worker task 'verify-launch': launch the entry once on each case, nothing checked here (a tool that wraps
+    the worker watches the launches: Compute Sanitizer, kernalin_ci/cuda/sanitizer.py). No poison and no guard
+    zones: each input is an allocation of its own, so the tool sees an access past it."""
+    from kernalin_ci.entry import load_entry
+    from kernalin_ci.ops import get_op
+
+    op = get_op(job["op"], root=job.get("root"))
+    fn = load_entry(job["entry"], job.get("root"))
+    for i, c in enumerate(job["cases"]):
+        case = Case.from_json(c)
+        emit({"event": "case-start", "index": i})
+        t0 = time.perf_counter()
+        ev = {"event": "case-done", "index": i, "status": "ok"}
+        try:
+            launch(op, fn, case, job["params"], job["device"])
+        except CudaContextLost as e:
+            emit({**ev, "status": "cuda-error", "error": str(e), "seconds": time.perf_counter() - t0})
+            return
+        except EntryRaised as e:
+            ev.update(status="raised", error=str(e))
+        emit({**ev, "seconds": time.perf_counter() - t0})
