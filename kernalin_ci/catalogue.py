@@ -18,7 +18,8 @@ from kernalin_ci.errors import UsageError
 from kernalin_ci.findings import BUG_CLASSES
 from kernalin_ci.ops import NAMES
 
-KINDS = ("probe", "dynamic", "structural")
+KINDS = ("probe", "dynamic", "structural", "sanitizer")
+CUDA_DIR = "cuda"  # checks/cuda/OP/*.py: the CUDA C++ catalogue (docs/cuda.md)
 
 
 @dataclass
@@ -30,10 +31,19 @@ class CatalogueKernel:
     params: dict
     modelled_on: str | None
     style: str | None
+    cuda: dict | None = None  # a CUDA C++ kernel's sources and flags, relative to the CUDA catalogue's folder
+    dynamic: str | None = None  # "racy": a race that normal runs may or may not show (no expectation)
+    sanitizer: str | None = None  # "caught" | "missed": what Compute Sanitizer must report (None: no expectation)
 
     @property
     def name(self) -> str:
-        return f"{Path(self.path).parent.name}/{Path(self.path).stem}"
+        p = Path(self.path)
+        return f"{CUDA_DIR + '/' if self.cuda else ''}{p.parent.name}/{p.stem}"
+
+    @property
+    def root(self) -> str | None:
+        """The folder a CUDA kernel's sources and flags are relative to (None for a Triton kernel)."""
+        return str(Path(self.path).parent.parent) if self.cuda else None
 
     @property
     def is_bug(self) -> bool:
@@ -47,6 +57,7 @@ class Cell:
     notices: int = 0
     seconds: float = 0.0
     error: str | None = None
+    not_checked: str | None = None  # why this kind could not run here (needs a GPU, n/a yet): no verdict
 
 
 @dataclass
@@ -62,7 +73,9 @@ class Row:
         if kind == "probe":
             return k.pos0 == "caught"
         if kind == "dynamic":
-            return True
+            return None if k.dynamic == "racy" else True
+        if kind == "sanitizer":
+            return {"caught": True, "missed": False}.get(k.sanitizer or "")
         return None  # structural: judged by the structural coverage table, not per file
 
     def mismatches(self) -> list[str]:
@@ -71,6 +84,10 @@ class Row:
             want = self.expected(kind)
             if cell.error:
                 out.append(f"{kind}: {cell.error}")
+            elif cell.not_checked:
+                continue
+            elif kind == "sanitizer" and not self.kernel.is_bug and cell.caught:
+                out.append("sanitizer: a false finding on a correct kernel")
             elif kind == "structural" and not self.kernel.is_bug and cell.caught:
                 out.append("structural: a false finding on a correct kernel")
             elif want is not None and cell.caught != want:
@@ -92,7 +109,7 @@ def discover(root: Path, ops: list[str] | None = None) -> list[CatalogueKernel]:
     if not root.is_dir():
         raise UsageError(f"catalogue directory not found: {root}")
     kernels = []
-    for path in sorted(root.glob("*/*.py")):
+    for path in sorted([*root.glob("*/*.py"), *root.glob(f"{CUDA_DIR}/*/*.py")]):
         if path.name.startswith("_"):
             continue
         meta = read_meta(path)
@@ -121,22 +138,43 @@ def read_meta(path: Path) -> CatalogueKernel:
     if bug is not None and d.get("pos0") not in ("caught", "missed"):
         raise UsageError(f"{path}: CATALOGUE pos0 must be 'caught' or 'missed' for a bug kernel")
     return CatalogueKernel(
-        str(path), d["op"], bug, d.get("pos0"), dict(d.get("params") or {}), d.get("modelled_on"), d.get("style")
+        str(path),
+        d["op"],
+        bug,
+        d.get("pos0"),
+        dict(d.get("params") or {}),
+        d.get("modelled_on"),
+        d.get("style"),
+        d.get("cuda"),
+        d.get("dynamic"),
+        d.get("sanitizer"),
     )
 
 
 def run_one(kernel: CatalogueKernel, kind: str, device: str) -> Cell:
+    from kernalin_ci.cuda.spec import CudaSpec
     from kernalin_ci.verify import verify
 
     entry = f"{kernel.path}:entry"
+    cuda = CudaSpec.from_json(kernel.cuda)
+    if cuda is not None and kind == "structural":
+        return Cell(False, not_checked="n/a yet (no structural analysis of CUDA code)")
     try:
+        common = {"progress": False, "root": kernel.root, "cuda": cuda}
         if kind == "probe":
-            r = verify(kernel.op, entry, kernel.params, device, probe=True, progress=False)
+            r = verify(kernel.op, entry, kernel.params, device, probe=True, sanitizer=False, **common)
+        elif kind == "dynamic":
+            r = verify(kernel.op, entry, kernel.params, device, only=kind, sanitizer=False, **common)
         else:
-            r = verify(kernel.op, entry, kernel.params, device, only=kind, progress=False)
+            r = verify(kernel.op, entry, kernel.params, device, only=kind, **common)
     except UsageError as e:
         return Cell(False, error=str(e))
-    return Cell(bool(r.findings), sorted({f.bug_class for f in r.findings}), len(r.notices), r.seconds)
+    found = [f for f in r.findings if kind != "sanitizer" or f.kind in ("sanitizer", "build")]
+    if not found and kind == "sanitizer" and r.sanitizer.status != "checked":
+        return Cell(False, not_checked=f"not checked ({r.sanitizer.cause})", seconds=r.seconds)
+    if not found and r.needs_gpu:
+        return Cell(False, not_checked="not checked (needs a GPU)", seconds=r.seconds)
+    return Cell(bool(found), sorted({f.bug_class for f in found}), len(r.notices), r.seconds)
 
 
 def matrix(

@@ -8,7 +8,7 @@ import pytest
 
 from kernalin_ci import catalogue as cat
 
-KERNELS = cat.discover(cat.default_dir())
+KERNELS = [k for k in cat.discover(cat.default_dir()) if k.cuda is None]  # CUDA C++: tests/test_cuda_catalogue.py
 IDS = [k.name for k in KERNELS]
 
 

@@ -18,7 +18,10 @@ def add_arguments(p):
     p.add_argument("--dir", metavar="DIR", help="catalogue directory (default: the checks/ beside the package)")
     p.add_argument("--op", action="append", metavar="OP", help="only this op (repeatable)")
     p.add_argument(
-        "--kinds", default=None, help="comma-separated subset of probe,dynamic,structural (default: all available)"
+        "--kinds",
+        default=None,
+        help="comma-separated subset of probe,dynamic,structural,sanitizer (default: all available; sanitizer "
+        "on a GPU only)",
     )
     p.add_argument("--device", choices=("cpu", "cuda"))
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="kernels verified at once")
@@ -35,7 +38,7 @@ def run(args) -> int:
     from kernalin_ci.verify.supervisor import threads_each
 
     os.environ.update(threads_each(args.jobs) or {})  # each job's workers get their share of the cores
-    kinds = tuple(args.kinds.split(",")) if args.kinds else available_kinds()
+    kinds = tuple(args.kinds.split(",")) if args.kinds else available_kinds(device)
     for k in kinds:
         if k not in cat.KINDS:
             raise UsageError(f"--kinds: {k!r} is not one of {', '.join(cat.KINDS)}")
@@ -62,14 +65,17 @@ def run(args) -> int:
     return 1 if any(r.mismatches() for r in rows) else 0
 
 
-def available_kinds() -> tuple[str, ...]:
-    return ("probe", "dynamic", "structural")
+def available_kinds(device: str = "cpu") -> tuple[str, ...]:
+    """Compute Sanitizer needs a GPU: on the CPU it is left out unless asked for."""
+    return ("probe", "dynamic", "structural", "sanitizer") if device == "cuda" else ("probe", "dynamic", "structural")
 
 
 def _cell(row, kind) -> str:
     c = row.cells[kind]
     if c.error:
         return "error"
+    if c.not_checked:
+        return c.not_checked
     if not c.caught:
         return "pass" if not row.kernel.is_bug else "missed"
     label = "caught" if row.kernel.is_bug else "FLAGGED"
@@ -77,18 +83,28 @@ def _cell(row, kind) -> str:
 
 
 def render(rows, kinds) -> str:
-    titles = {"probe": "pos-0 probe", "dynamic": "dynamic", "structural": "structural"}
+    titles = {
+        "probe": "pos-0 probe",
+        "dynamic": "dynamic",
+        "structural": "structural",
+        "sanitizer": "Compute Sanitizer",
+    }
     head = ["kernel", "bug class", *(titles[k] for k in kinds), "as labelled"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [f"`{r.kernel.name}`", r.kernel.bug_class or "(correct)"]
         cells += [_cell(r, k) for k in kinds]
-        cells.append("yes" if not r.mismatches() else "NO")
+        unjudged = all(r.cells[k].not_checked for k in kinds if k != "structural")
+        cells.append("NO" if r.mismatches() else "not checked here" if unjudged else "yes")
         lines.append("| " + " | ".join(cells) + " |")
     bugs = [r for r in rows if r.kernel.is_bug]
     summary = [f"{len(rows)} kernels ({len(rows) - len(bugs)} correct, {len(bugs)} with a bug)."]
     for k in kinds:
         caught = sum(r.cells[k].caught for r in bugs)
         false = sum(r.cells[k].caught for r in rows if not r.kernel.is_bug)
-        summary.append(f"{k}: caught {caught} of {len(bugs)} bugs, {false} false findings on correct kernels.")
+        unchecked = sum(bool(r.cells[k].not_checked) for r in rows)
+        summary.append(
+            f"{k}: caught {caught} of {len(bugs)} bugs, {false} false findings on correct kernels"
+            + (f", {unchecked} not checked." if unchecked else ".")
+        )
     return "\n".join(lines) + "\n\n" + " ".join(summary)

@@ -32,7 +32,9 @@ def add_arguments(p):
         choices=DTYPES,
         help="run every case in this dtype (default: float32 cases plus a float16/bfloat16 sweep)",
     )
-    p.add_argument("--only", choices=("dynamic", "structural"), help="run only one kind of check")
+    p.add_argument(
+        "--only", choices=("dynamic", "structural", "sanitizer"), help="run only one kind of check (sanitizer: GPU)"
+    )
     p.add_argument(
         "--probe",
         choices=("pos0",),
@@ -52,7 +54,12 @@ def add_arguments(p):
         help="a CUDA C++ source the entry builds (repeatable): the kernel is built once before the checks; "
         "without a GPU its dynamic cases are not checked (docs/cuda.md)",
     )
-    p.add_argument("--cuda-flag", action="append", metavar="FLAG", help="a compiler flag of the CUDA sources (repeatable)")
+    p.add_argument(
+        "--cuda-flag",
+        action="append",
+        metavar="FLAG",
+        help="a compiler flag of the CUDA sources (repeatable; --cuda-flag=-I.)",
+    )
     p.add_argument(
         "--sanitizer",
         choices=("on", "off"),
@@ -107,9 +114,7 @@ def cuda_spec(sources: list[str] | None, flags: list[str] | None):
 
 def print_result(result, out) -> None:
     n = len(result.findings)
-    head = {"pass": "PASS", "not-checked": "NOT CHECKED"}.get(
-        result.verdict, f"FAIL  {n} finding" + "s" * (n != 1)
-    )
+    head = {"pass": "PASS", "not-checked": "NOT CHECKED"}.get(result.verdict, f"FAIL  {n} finding" + "s" * (n != 1))
     print(
         f"{head}  {result.op} {result.entry} "
         f"({plural(result.cases_run, 'case')} on {result.device}, {result.seconds:.1f} s)",

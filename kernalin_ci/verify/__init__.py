@@ -132,7 +132,7 @@ def verify(
             if structural
             else None
         )
-        if only in (None, "dynamic") or probe or case_json:
+        if only in (None, "dynamic", "sanitizer") or probe or case_json:
             if case_json:
                 cases = [Case.from_json(case_json)]
                 problem = op.validate_case(cases[0])
@@ -149,13 +149,19 @@ def verify(
                 result.sanitizer = SanitizerStatus("not-checked", "needs a GPU")
                 cases = []
             sanitized = None
-            if device == "cuda" and sanitizer is not False and not probe and not case_json and cases:
+            on_gpu_run = sanitizer is not False and device == "cuda" and not probe and not case_json
+            wanted = only == "sanitizer" or on_gpu_run
+            if wanted and device != "cuda":
+                result.sanitizer = SanitizerStatus("not-checked", "needs a GPU")
+            elif wanted and cases:  # beside the dynamic workers (kernalin_ci/cuda/sanitizer.py)
                 from kernalin_ci.cuda import sanitizer as sanitizer_mod
 
                 sanitized = ThreadPoolExecutor(max_workers=1)
                 pending_sanitizer = sanitized.submit(
                     sanitizer_mod.check, op_name, entry, params, cases, device, root, timeout_s
                 )
+            if only == "sanitizer":
+                cases = []
             prog = Progress(progress, len(cases), op_name)
             job = {
                 "op": op_name,

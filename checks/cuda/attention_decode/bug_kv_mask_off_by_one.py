@@ -1,0 +1,49 @@
+"""Contiguous decode attention that attends position kv_len too (CUDA C++)
+
+Parent: correct_online_smem.py. Injected bug, decode_attention.cuh under BUG_KV_MASK_OFF_BY_ONE: `len = kv_len + 1`.
+Bug class: kv-mask. Modelled on microsoft/onnxruntime-genai PR #2354 (as the Triton catalogue's bug_kv_mask_off_by_one.py).
+pos-0 probe: caught (the zero key at position 1 takes half of the softmax).
+"""
+
+import ctypes
+from pathlib import Path
+
+import torch
+
+from kernalin_ci.cuda import nvrtc
+
+CATALOGUE = {
+    "op": "attention.decode",
+    "bug_class": "kv-mask",
+    "pos0": "caught",
+    "params": {},
+    "modelled_on": "https://github.com/microsoft/onnxruntime-genai/pull/2354",
+    "style": "CUDA C++, mask off by one",
+    "cuda": {"sources": ["attention_decode_paged/paged_decode.cu"], "flags": ["-Icommon", "-DBUG_KV_MASK_OFF_BY_ONE"]},
+}
+
+HERE = Path(__file__).resolve().parent
+DTYPE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
+
+def _kernel(name):
+    defines = [f for f in CATALOGUE["cuda"]["flags"] if f.startswith("-D")]
+    return nvrtc.load(HERE.parent / "attention_decode_paged/paged_decode.cu", options=defines, include_dirs=[HERE.parent / "common"]).kernel(name)
+
+
+def _i64(n):
+    return ctypes.c_int64(n)
+
+
+def entry(q, k_cache, v_cache, kv_lens, scale):
+    B, Hq, D = q.shape
+    if D > 256:
+        raise ValueError(f"head dim {D}: this kernel takes at most 256")
+    out = torch.empty_like(q)
+    _kernel("contiguous_decode")(
+        (B * Hq,), (128,),
+        [q, k_cache, v_cache, kv_lens, out, Hq, k_cache.shape[1], D, float(scale),
+         _i64(q.stride(0)), _i64(q.stride(1)),
+         _i64(k_cache.stride(0)), _i64(k_cache.stride(1)), _i64(k_cache.stride(2)), DTYPE[q.dtype]],
+    )
+    return out
