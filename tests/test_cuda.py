@@ -1,0 +1,216 @@
+"""CUDA C++ kernels on a host without a GPU (docs/cuda.md): the `cuda:` configuration, the diff following
+`#include "..."`, PTX built once per source hash with the registry's nvcc, the verdict "not checked (needs a GPU)"
+(never a pass) and the gate's neutral conclusion, gated by `fail_on: [not-checked]`; every kernel of the CUDA
+catalogue compiles to PTX with nvcc and with NVRTC. The GPU half is tests/test_cuda_gpu.py."""
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import CHECKS, cli
+
+from kernalin_ci import catalogue as cat
+from kernalin_ci import config
+from kernalin_ci.cuda import toolchain
+from kernalin_ci.cuda.build import build_ptx
+from kernalin_ci.cuda.includes import included_files, kernel_files
+from kernalin_ci.cuda.spec import CudaSpec
+from kernalin_ci.errors import UsageError
+
+CUDA = CHECKS / "cuda"
+CUDA_KERNELS = [k for k in cat.discover(CHECKS) if k.cuda]
+needs_nvcc = pytest.mark.skipif(toolchain.nvcc() is None, reason="no CUDA compiler (pip install '.[cuda]')")
+
+
+def git(repo, *args):
+    return subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", *args],
+        cwd=repo,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+
+
+# the barrier between tiles in the shared attention header (the line a pull request drops)
+BARRIER = "        __syncthreads();  // every thread is done with this tile's scores before the next tile writes them\n"
+
+CONFIG = """\
+kernels:
+  - name: paged_decode
+    op: attention.decode_paged
+    entry: attention_decode_paged/correct_online_smem.py:entry
+    params: {block_size: 16}
+    cuda: {sources: [attention_decode_paged/paged_decode.cu], flags: [-Icommon]}
+gate: {bench: false}
+"""
+
+
+@pytest.fixture
+def cuda_repo(tmp_path):
+    """A repository holding the CUDA catalogue's paged decode kernel (its .cu, the shared headers, the entry)."""
+    r = tmp_path / "repo"
+    (r / "attention_decode_paged").mkdir(parents=True)
+    shutil.copytree(CUDA / "common", r / "common")
+    for name in ("paged_decode.cu", "correct_online_smem.py"):
+        shutil.copy(CUDA / "attention_decode_paged" / name, r / "attention_decode_paged" / name)
+    (r / ".kernalin.yml").write_text(CONFIG)
+    git(r, "init", "-q", "-b", "main")
+    git(r, "add", "-A")
+    git(r, "commit", "-qm", "base")
+    return r
+
+
+# ------------------------------------------------------------------ configuration and diff
+
+
+def test_cuda_key_is_read_and_its_errors_name_line_and_key():
+    k = config.parse(CONFIG).kernels[0]
+    assert k.cuda == CudaSpec(("attention_decode_paged/paged_decode.cu",), ("-Icommon",))
+    assert k.cuda.include_dirs() == ["common"]
+    bad = CONFIG.replace("cuda: {sources: [attention_decode_paged/paged_decode.cu],", "cuda: {sources: [],")
+    with pytest.raises(UsageError, match=r"^\.kernalin\.yml:6: kernels\[0\]\.cuda\.sources: expected a non-empty"):
+        config.parse(bad)
+    with pytest.raises(UsageError, match=r"kernels\[0\]\.cuda\.flag: unknown key"):
+        config.parse(CONFIG.replace("flags:", "flag:"))
+    with pytest.raises(UsageError, match="not a path inside the repository"):
+        config.parse(CONFIG.replace("[attention_decode_paged/paged_decode.cu]", "[../x.cu]"))
+
+
+def test_headers_are_followed_transitively_inside_the_repository(tmp_path):
+    (tmp_path / "inc").mkdir()
+    (tmp_path / "k.cu").write_text('#include "a.cuh"\n#include <cuda_fp16.h>\n// #include "commented.cuh"\n')
+    (tmp_path / "a.cuh").write_text('#pragma once\n#include "b.cuh"\n')
+    (tmp_path / "inc" / "b.cuh").write_text('#include "../k.cu"\n#include "/etc/hostname"\n')  # a cycle; outside
+    (tmp_path / "commented.cuh").write_text("")
+    found = included_files(tmp_path, tmp_path / "k.cu", ["inc"])
+    assert found == {(tmp_path / "a.cuh").resolve(), (tmp_path / "inc" / "b.cuh").resolve()}
+    spec = CudaSpec(("*.cu",), ("-I", "inc"))
+    assert kernel_files(tmp_path, spec) == {"k.cu", "a.cuh", "inc/b.cuh"}
+
+
+def test_a_changed_header_changes_the_cuda_kernel(cuda_repo):
+    from kernalin_ci.gate.diff import affected_kernels, changed_files, worktrees
+
+    header = cuda_repo / "common" / "decode_attention.cuh"
+    header.write_text(header.read_text().replace("#define TILE 32", "#define TILE 64"))
+    git(cuda_repo, "commit", "-qam", "bigger tiles")
+    cfg = config.parse(CONFIG)
+    with worktrees(cuda_repo, "main~1", "main") as (base, head):
+        changed = changed_files(cuda_repo, "main~1", "main")
+        [a] = affected_kernels(cfg, changed, head, base)
+    assert a.status == "changed" and a.reasons == ["common/decode_attention.cuh changed"]
+
+
+# ------------------------------------------------------------------ the build
+
+
+@needs_nvcc
+def test_ptx_is_built_once_per_source_hash(tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(CUDA / "common", src / "common")
+    shutil.copy(CUDA / "rope" / "rope.cu", src / "rope.cu")
+    spec = CudaSpec(("rope.cu",), ("-Icommon", "-O3"))
+    cache = str(tmp_path / "cache")
+    first = build_ptx(spec, src, cache)
+    assert first.status == "built" and first.sources == ["rope.cu"], first.log
+    assert ".entry rope(" in Path(first.ptx[0]).read_text()
+    again = build_ptx(spec, src, cache)
+    assert again.status == "cached" and again.key == first.key and again.seconds < first.seconds
+    (src / "common" / "kernalin_cuda.cuh").write_text((src / "common" / "kernalin_cuda.cuh").read_text() + "\n// x\n")
+    changed = build_ptx(spec, src, cache)
+    assert changed.status == "built" and changed.key != first.key  # an included header is part of the key
+    (src / "rope.cu").write_text((src / "rope.cu").read_text().replace("const int half", "const int half = oops;"))
+    broken = build_ptx(spec, src, cache)
+    assert broken.status == "failed" and broken.error_location()[0] == "rope.cu", broken.log
+
+
+@needs_nvcc
+@pytest.mark.parametrize("kernel", CUDA_KERNELS, ids=[k.name for k in CUDA_KERNELS])
+def test_every_cuda_catalogue_kernel_compiles_to_ptx(kernel, tmp_path):
+    spec = CudaSpec.from_json(kernel.cuda)
+    res = build_ptx(spec, Path(kernel.root), str(tmp_path))
+    assert res.status == "built", res.log
+
+
+def test_every_cuda_catalogue_kernel_compiles_with_nvrtc():
+    pytest.importorskip("cuda.bindings.nvrtc", reason="no cuda-python (pip install '.[cuda]')")
+    from kernalin_ci.cuda import nvrtc
+
+    sources = {src for k in CUDA_KERNELS for src in CudaSpec.from_json(k.cuda).files(Path(k.root))}
+    assert len(sources) == 4  # the bug variants are -D flags of these (compiled by nvcc above)
+    for src in sorted(sources):
+        ptx = nvrtc.compile_source(src, "compute_80", (), [CUDA / "common"])
+        assert b".visible .entry" in ptx, src
+
+
+def test_the_catalogue_has_every_op_and_its_cuda_only_bugs():
+    ops = {k.op for k in CUDA_KERNELS}
+    assert ops == {"rope", "kv_append", "attention.decode", "attention.decode_paged", "decode_step"}
+    for op in ops:
+        assert any(not k.is_bug for k in CUDA_KERNELS if k.op == op), op
+    classes = {k.bug_class for k in CUDA_KERNELS}
+    assert {"shared-race", "warp-reduction", "step-order", "unmasked-load", "softmax-no-max"} <= classes
+
+
+# ------------------------------------------------------------------ verify and the gate without a GPU
+
+
+@needs_nvcc
+def test_verify_on_the_cpu_says_not_checked_and_never_passes(tmp_path):
+    kernel = next(k for k in CUDA_KERNELS if k.name == "cuda/rope/correct_neox")
+    args = ["verify", "--op", "rope", "--entry", f"{kernel.path}:entry", "--device", "cpu", "--quiet", "--json", "-"]
+    args += ["--cuda-source", "rope/rope.cu", "--cuda-flag=-Icommon"]
+    r = cli(*args, cwd=kernel.root)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["verdict"] == "not-checked" and out["cases_run"] == 0 and out["findings"] == []
+    assert out["build"]["status"] == "built" and out["build"]["sources"] == ["rope/rope.cu"]
+    assert {n["reason"] for n in out["not_checked"]} == {"needs-gpu"}
+    assert sum(len(n["cases"]) for n in out["not_checked"]) >= 8
+    assert out["sanitizer"]["status"] == "not-checked" and out["sanitizer"]["cause"] == "needs a GPU"
+    assert out["structural"]["status"] == "not-analysed"
+    assert "not checked (needs a GPU)" in r.stderr and "NOT CHECKED" in r.stderr
+
+
+@needs_nvcc
+def test_a_source_that_does_not_compile_is_a_build_error_finding(tmp_path):
+    shutil.copytree(CUDA / "common", tmp_path / "common")
+    text = (CUDA / "rope" / "rope.cu").read_text().replace("sincosf(pos * theta", "sincosf(pos * thetta")
+    (tmp_path / "rope.cu").write_text(text)
+    (tmp_path / "entry.py").write_text("def entry(q, k, positions):\n    return q, k\n")
+    r = cli("verify", "--op", "rope", "--entry", "entry.py:entry", "--device", "cpu", "--quiet", "--json", "-",
+            "--cuda-source", "rope.cu", "--cuda-flag=-Icommon", cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 1, r.stderr
+    [f] = json.loads(r.stdout)["findings"]
+    line = next(i for i, s in enumerate(text.splitlines(), 1) if "thetta" in s)
+    assert (f["bug_class"], f["kind"], f["location"]["line"]) == ("build-error", "build", line)
+    assert f["location"]["path"].endswith("rope.cu") and 'identifier "thetta" is undefined' in f["message"]
+
+
+@needs_nvcc
+def test_the_gate_on_the_cpu_is_neutral_and_fails_with_fail_on_not_checked(cuda_repo):
+    header = cuda_repo / "common" / "decode_attention.cuh"
+    text = header.read_text()
+    barrier = BARRIER
+    assert barrier in text
+    git(cuda_repo, "checkout", "-qb", "pr")
+    header.write_text(text.replace(barrier, ""))  # the PR drops the barrier between tiles
+    git(cuda_repo, "commit", "-qam", "drop a barrier")
+    out = cuda_repo / "out"
+    r = cli("run", "--device", "cpu", "--quiet", "--base", "main", "--out", str(out), cwd=cuda_repo)
+    assert r.returncode == 0, r.stderr
+    report = json.loads((out / "report.json").read_text())
+    assert report["conclusion"] == "neutral", report["reason"]
+    assert report["reason"].startswith("not checked (needs a GPU): paged_decode")
+    [k] = report["kernels"]
+    assert k["status"] == "changed" and k["reasons"] == ["common/decode_attention.cuh changed"]
+    assert k["verification"]["verdict"] == "not-checked" and k["failed_by"] == []
+    assert "not checked (needs a GPU)" in (out / "report.md").read_text()
+    r = cli("run", "--device", "cpu", "--quiet", "--base", "main", "--out", str(out), "--fail-on",
+            "finding,not-checked", cwd=cuda_repo)  # fmt: skip
+    assert r.returncode == 1, r.stderr
+    report = json.loads((out / "report.json").read_text())
+    assert report["conclusion"] == "failure" and report["kernels"][0]["failed_by"] == ["not-checked"]
