@@ -42,7 +42,7 @@ def outcomes(request):
         if item.module.__name__ == __name__ and hasattr(item, "callspec")
     ]
     pool = ThreadPoolExecutor(JOBS)
-    futures = {(k.id, v): pool.submit(corpus.verify, k, v) for k, v in wanted}
+    futures = {(k.id, v): pool.submit(corpus.verify, k, v, k.device or "cpu") for k, v in wanted}
     yield futures
     pool.shutdown(cancel_futures=True)
     done = {key: f.result() for key, f in futures.items() if f.done() and not f.exception()}
@@ -74,6 +74,8 @@ def _params(variant: str):
             if expected
             else []
         )
+        if k.device == "cuda":  # a CUDA C++ kernel runs on a GPU only (docs/cuda.md)
+            marks.append(pytest.mark.gpu)
         yield pytest.param(k, variant, id=k.id, marks=marks)
 
 

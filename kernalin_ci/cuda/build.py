@@ -152,3 +152,43 @@ def build_ptx(spec: CudaSpec, root: Path, cache: str) -> BuildResult:
     if result.status in ("built", "failed"):  # a missing compiler is not the sources' result: not kept
         done.write_text(json.dumps(result.to_json()))
     return result
+
+
+def build_shared(sources: list, flags=(), arch: str | None = None) -> str:
+    """A shared library of SOURCES (a launcher of your own with `extern "C"` functions, called through ctypes:
+    docs/cuda.md) built with nvcc for ARCH (default: the GPU torch sees, e.g. sm_90), once per hash of the
+    sources, every header they include from FLAGS' -I folders, the flags and the compiler, into the run's
+    CUDA cache (caches.py). Raises RuntimeError with the compiler's output when it does not build."""
+    from kernalin_ci.cuda.caches import cache_dir
+
+    compiler = toolchain.nvcc()
+    if compiler is None:
+        raise RuntimeError("no CUDA compiler (pip install 'kernalin-ci[cuda]', or set KERNALIN_NVCC)")
+    if arch is None:
+        import torch
+
+        major, minor = torch.cuda.get_device_capability()
+        arch = f"sm_{major}{minor}"
+    paths = [Path(s).resolve() for s in sources]
+    spec = CudaSpec(tuple(str(p) for p in paths), tuple(flags))
+    h = hashlib.sha256(json.dumps([toolchain.nvcc_version(compiler), arch, list(flags)]).encode())
+    files = set(paths)
+    for p in paths:
+        files |= included_files(Path("/"), p, [str(Path(d).resolve()) for d in spec.include_dirs()])
+    for p in sorted(files):
+        h.update(str(p).encode() + b"\0" + hashlib.sha256(p.read_bytes()).digest())
+    folder = Path(cache_dir()) / f"lib-{h.hexdigest()[:24]}"
+    target = folder / f"{paths[0].stem}.so"
+    if target.is_file():
+        return str(target)
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f"{paths[0].stem}.{os.getpid()}.so"
+    argv = [compiler, "-shared", "-Xcompiler", "-fPIC", f"-arch={arch}", *flags, "-o", str(tmp), *map(str, paths)]
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"nvcc took more than {TIMEOUT_S:g} s building {paths[0].name}") from None
+    if p.returncode != 0:
+        raise RuntimeError(f"{paths[0].name} does not build: {(p.stderr + p.stdout).strip()[:3000]}")
+    os.replace(tmp, target)
+    return str(target)

@@ -65,6 +65,11 @@ class Kernel:
     true_findings: tuple[dict, ...] = ()  # a real bug of the public kernel: [{"why", match keys}], each seen
     needs_triton_below: str | None = None  # the kernel uses a construct later Triton versions removed
     notes: str = ""
+    # a CUDA C++ kernel: {"sources": [our launcher .cu], "include": its headers' folder inside the distribution,
+    # "flags": [...]}; verified with --cuda-source / --cuda-flag (docs/cuda.md); device "cuda": runs on a GPU only
+    cuda: dict | None = None
+    domain: dict = field(default_factory=dict)  # --domain KEY=V,... (the shapes the launcher was built for)
+    device: str | None = None
 
 
 MATCH_KEYS = ("bug_class", "kind", "dtype", "case")  # a rule's "device" (cpu | cuda) limits where it applies
@@ -242,9 +247,16 @@ def verify(
 ) -> Outcome:
     """Run `kernalin-ci verify` on the original or the mutant of one kernel; parse its JSON."""
     entry = k.adapter
+    tree = cache / "src"
     if variant == "mutant":  # each mutant's bug shows in float32; the dtype sweep would only add time
-        entry = str(mutant_tree(k, cache) / "adapters" / Path(k.adapter).name)
-        extra = ("--dtype", "float32", *extra)
+        root = mutant_tree(k, cache)
+        entry = str(root / "adapters" / Path(k.adapter).name)
+        tree = root / "src"
+        extra = ("--dtype", (k.domain.get("dtype") or "float32"), *extra)
+    extra = (*extra, *cuda_args(k, tree, (REPO / entry.rpartition(":")[0]).parent))
+    for key, value in k.domain.items():
+        if variant != "mutant" or key != "dtype":
+            extra = (*extra, "--domain", f"{key}={','.join(map(str, value)) if isinstance(value, list) else value}")
     cmd = [
         sys.executable,
         "-m",
@@ -301,6 +313,20 @@ def verify(
         proved=list(st.get("proved") or []),
         gaps=list(st.get("gaps") or []),
     )
+
+
+def cuda_args(k: Kernel, tree: Path, adapters: Path) -> tuple[str, ...]:
+    """--cuda-source/--cuda-flag of a CUDA kernel: our launchers (the copies beside the adapter that runs) and the
+    headers of the tree it runs against (the originals, or the mutant's)."""
+    if not k.cuda:
+        return ()
+    out: tuple[str, ...] = ()
+    for src in k.cuda["sources"]:  # relative to the repository, where verify runs (the cache lives inside it)
+        out += ("--cuda-source", os.path.relpath(adapters / Path(src).name, REPO))
+    include = os.path.relpath(tree / k.dist.key / k.cuda["include"], REPO)
+    for flag in [*k.cuda.get("flags", []), f"-I{include}"]:
+        out += (f"--cuda-flag={flag}",)
+    return out
 
 
 def structural_status(res: dict) -> str:
@@ -366,7 +392,7 @@ def judge(k: Kernel, o: Outcome) -> Judgement:
     for r in rules:  # a cause that no longer shows has been fixed: its rule must go
         if not any(matches(f, r) for f in o.findings if f not in true):
             problems.append(f"known cause no longer seen (fixed? remove it from the manifest): {r['cause'][:120]}")
-    if o.structural != "ran":
+    if o.structural != "ran" and not k.cuda:  # CUDA C++: no structural analysis yet (docs/cuda.md)
         problems.append(f"structural analysis did not run: {o.structural}")
     for r in k.true_findings:
         if not any(matches(f, r) for f in true):
