@@ -152,7 +152,7 @@ def read_meta(path: Path) -> CatalogueKernel:
 
 
 def run_one(kernel: CatalogueKernel, kind: str, device: str) -> Cell:
-    from kernalin_ci.cuda.spec import CudaSpec
+    from kernalin_ci.cuda.sources import CudaSpec
     from kernalin_ci.verify import verify
 
     entry = f"{kernel.path}:entry"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from kernalin_ci import yamlcheck
 from kernalin_ci.bench.regime import REGIMES
-from kernalin_ci.cuda import spec as cuda_spec
-from kernalin_ci.cuda.spec import CudaSpec
+from kernalin_ci.cuda import sources as cuda_spec
+from kernalin_ci.cuda.sources import CudaSpec
 from kernalin_ci.errors import UsageError
 from kernalin_ci.ops import NAMES as OP_NAMES
 from kernalin_ci.ops import get_op

@@ -16,7 +16,7 @@ from kernalin_ci import config
 from kernalin_ci.cuda import toolchain
 from kernalin_ci.cuda.build import build_ptx
 from kernalin_ci.cuda.includes import included_files, kernel_files
-from kernalin_ci.cuda.spec import CudaSpec
+from kernalin_ci.cuda.sources import CudaSpec
 from kernalin_ci.errors import UsageError
 
 CUDA = CHECKS / "cuda"

@@ -102,7 +102,7 @@ def run(args) -> int:
 
 def cuda_spec(sources: list[str] | None, flags: list[str] | None):
     """--cuda-source / --cuda-flag as a CudaSpec (None: not a CUDA kernel)."""
-    from kernalin_ci.cuda.spec import CudaSpec
+    from kernalin_ci.cuda.sources import CudaSpec
     from kernalin_ci.errors import UsageError
 
     if not sources:

@@ -1,6 +1,6 @@
 """CUDA C++ kernels: what kernalin-ci needs to gate them, apart from the rest.
 
-- `spec.py`: a kernel's CUDA sources and build flags (`cuda:` in .kernalin.yml, `verify --cuda-source`);
+- `sources.py`: a kernel's CUDA sources and build flags (`cuda:` in .kernalin.yml, `verify --cuda-source`);
 - `includes.py`: the repository headers a source includes (`#include "..."`, followed transitively), for the diff;
 - `toolchain.py`: where the CUDA compiler and Compute Sanitizer are (the `nvidia-cuda-nvcc` package, CUDA_HOME, PATH);
 - `build.py`: PTX of the sources, built once per source hash into a cache the run's workers share;
@@ -14,6 +14,6 @@ The rest of the package reaches this one through a few hooks: the configuration'
 kernel files, `verify(cuda=...)` and the worker sandbox's cache environment (docs/cuda.md).
 """
 
-from kernalin_ci.cuda.spec import CudaSpec
+from kernalin_ci.cuda.sources import CudaSpec
 
 __all__ = ["CudaSpec"]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from kernalin_ci.cuda import toolchain
 from kernalin_ci.cuda.includes import included_files
-from kernalin_ci.cuda.spec import CudaSpec
+from kernalin_ci.cuda.sources import CudaSpec
 
 DEFAULT_ARCH = "compute_80"
 TIMEOUT_S = 600.0

@@ -22,7 +22,7 @@ from pathlib import Path
 from kernalin_ci.cuda.caches import cache_dir
 from kernalin_ci.cuda.includes import INCLUDE
 
-_modules: dict[str, Module] = {}
+_modules: dict[str, CudaModule] = {}
 _lock = threading.Lock()
 
 
@@ -89,7 +89,7 @@ def compile_source(path: str | Path, arch: str, options=(), include_dirs=()) -> 
         nvrtc.nvrtcDestroyProgram(prog)
 
 
-def load(path: str | Path, options=(), include_dirs=()) -> Module:
+def load(path: str | Path, options=(), include_dirs=()) -> CudaModule:
     """The module of the source at PATH compiled for the current GPU: from this process's memory, else the disk
     cache, else NVRTC."""
     import torch
@@ -115,11 +115,11 @@ def load(path: str | Path, options=(), include_dirs=()) -> Module:
             tmp = cached.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_bytes(image)
             os.replace(tmp, cached)
-        _modules[key] = Module(image)
+        _modules[key] = CudaModule(image)
         return _modules[key]
 
 
-class Module:
+class CudaModule:
     """A loaded cubin (in torch's CUDA context)."""
 
     def __init__(self, image: bytes):
@@ -133,18 +133,18 @@ class Module:
             dev = _check(driver.cuDeviceGet(torch.cuda.current_device()), "cuDeviceGet")
             _check(driver.cuCtxSetCurrent(_check(driver.cuDevicePrimaryCtxRetain(dev), "retain")), "cuCtxSetCurrent")
         self.handle = _check(driver.cuModuleLoadData(image), "cuModuleLoadData")
-        self._kernels: dict[str, Kernel] = {}
+        self._kernels: dict[str, CudaKernel] = {}
 
-    def kernel(self, name: str) -> Kernel:
+    def kernel(self, name: str) -> CudaKernel:
         if name not in self._kernels:
             from cuda.bindings import driver
 
-            self._kernels[name] = Kernel(name, _check(driver.cuModuleGetFunction(self.handle, name.encode()), name))
+            self._kernels[name] = CudaKernel(name, _check(driver.cuModuleGetFunction(self.handle, name.encode()), name))
         return self._kernels[name]
 
 
-class Kernel:
-    """A kernel of a Module: call it with the grid, the block and its arguments (tensors are passed as their
+class CudaKernel:
+    """A kernel of a CudaModule: call it with the grid, the block and its arguments (tensors are passed as their
     data pointers, ints as int32, floats as float32; a ctypes value, e.g. ctypes.c_int64(n), as its own type)."""
 
     def __init__(self, name: str, handle):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from kernalin_ci.cuda.build import BuildResult, build_ptx
 from kernalin_ci.cuda.caches import cache_dir
-from kernalin_ci.cuda.spec import CudaSpec
+from kernalin_ci.cuda.sources import CudaSpec
 
 
 def build(

@@ -16,7 +16,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from kernalin_ci import domain as domain_mod
-from kernalin_ci.cuda.spec import CudaSpec
+from kernalin_ci.cuda.sources import CudaSpec
 from kernalin_ci.errors import UsageError
 from kernalin_ci.findings import (
     Coverage,
