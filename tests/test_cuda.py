@@ -153,6 +153,8 @@ def test_the_catalogue_has_every_op_and_its_cuda_only_bugs():
         assert any(not k.is_bug for k in CUDA_KERNELS if k.op == op), op
     classes = {k.bug_class for k in CUDA_KERNELS}
     assert {"shared-race", "warp-reduction", "step-order", "unmasked-load", "softmax-no-max"} <= classes
+    for k in CUDA_KERNELS:
+        assert not k.is_bug or (k.modelled_on or "").startswith("https://"), k.name  # the public fix it models
 
 
 # ------------------------------------------------------------------ verify and the gate without a GPU

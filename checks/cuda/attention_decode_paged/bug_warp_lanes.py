@@ -2,7 +2,8 @@
 
 Parent: correct_online_smem.py. Injected bug, decode_attention.cuh under BUG_WARP_LANES: the butterfly starts at offset 8
 instead of 16, so each lane holds the sum of its 16-lane half: every score is a partial dot product.
-Bug class: warp-reduction. A bug class of CUDA C++ (no Triton counterpart); no public fix named.
+Bug class: warp-reduction. Modelled on CFD-GO/TCLB PR #287 (a warp reduction whose sum only some lanes held, used on
+all of them).
 pos-0 probe: missed (kv_len 1: the softmax weight is 1 whatever the score).
 """
 
@@ -19,7 +20,7 @@ CATALOGUE = {
     "bug_class": "warp-reduction",
     "pos0": "missed",
     "params": {"block_size": 16},
-    "modelled_on": None,
+    "modelled_on": "https://github.com/CFD-GO/TCLB/pull/287",
     "style": "CUDA C++, shuffle over the wrong lanes",
     "cuda": {"sources": ["attention_decode_paged/paged_decode.cu"], "flags": ["-Icommon", "-DBUG_WARP_LANES"]},
 }

@@ -2,7 +2,8 @@
 
 Parent: correct_persistent_queue.py. Injected bug, fused_step.cu under BUG_QUEUE_SKIP: `atomicAdd(next_item, 1) + 1`: the
 first sequence is never appended nor attended (its output and its new slot keep what they held).
-Bug class: kv-coverage. A bug of persistent kernels; no public fix named.
+Bug class: kv-coverage. Modelled on ROCm/aotriton PR #181 (a persistent kernel's atomic tile counter that left some
+tiles never executed, their outputs unwritten).
 pos-0 probe: caught (the probe's only sequence is skipped).
 """
 
@@ -20,7 +21,7 @@ CATALOGUE = {
     "bug_class": "kv-coverage",
     "pos0": "caught",
     "params": {"block_size": 16},
-    "modelled_on": None,
+    "modelled_on": "https://github.com/ROCm/aotriton/pull/181",
     "style": "CUDA C++, persistent, queue off by one",
     "cuda": {"sources": ["decode_step/fused_step.cu"], "flags": ["-Icommon", "-DBUG_QUEUE_SKIP"]},
 }

@@ -7,6 +7,8 @@ from _flashinfer import call, half_only, library, ptr
 
 import kernalin_ci
 
+library("flashinfer_rope.cu")  # built when the entry loads (the build worker's load: once per source hash)
+
 
 def entry(q, k, positions):
     half_only(q, k)

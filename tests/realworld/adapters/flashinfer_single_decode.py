@@ -10,6 +10,8 @@ import ctypes
 import torch
 from _flashinfer import call, half_only, library, ptr
 
+library("flashinfer_decode.cu")  # built when the entry loads (the build worker's load: once per source hash)
+
 
 def entry(q, k_cache, v_cache, kv_lens, scale):
     half_only(q, k_cache, v_cache)
