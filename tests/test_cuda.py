@@ -216,3 +216,52 @@ def test_the_gate_on_the_cpu_is_neutral_and_fails_with_fail_on_not_checked(cuda_
     assert r.returncode == 1, r.stderr
     report = json.loads((out / "report.json").read_text())
     assert report["conclusion"] == "failure" and report["kernels"][0]["failed_by"] == ["not-checked"]
+
+
+# ------------------------------------------------------------------ Compute Sanitizer's reports (it runs on a GPU)
+
+REPORT = """\
+========= COMPUTE-SANITIZER
+========= Error: Race reported between Write access at paged_decode+0x1d0 in /src/decode_attention.cuh:83
+=========     and Read access at paged_decode+0x2a0 in /src/decode_attention.cuh:88 [1024 hazards]
+=========     and Read access at paged_decode+0x2f0 in /src/decode_attention.cuh:88 [960 hazards]
+=========
+========= Warning: Race reported between Write access at paged_decode+0x100 in /src/decode_attention.cuh:70
+=========     and Write access at paged_decode+0x100 in /src/decode_attention.cuh:70 [32 hazards]
+=========
+========= RACECHECK SUMMARY: 2 hazards displayed (1 error, 1 warning)
+"""
+MEMCHECK = """\
+========= COMPUTE-SANITIZER
+========= Invalid __global__ write of size 2 bytes
+=========     at append16+0x210 in /src/kv_append.cu:31
+=========     by thread (5,0,0) in block (3,0,0)
+=========     Address 0x7f00001ffffe is out of bounds
+=========
+========= Invalid __global__ read of size 4 bytes
+=========     at rope+0x90 in /src/rope.cu:12
+=========     by thread (0,0,0) in block (0,0,0)
+=========
+========= ERROR SUMMARY: 2 errors
+"""
+
+
+def test_sanitizer_reports_map_to_bug_classes():
+    from kernalin_ci.cuda.sanitizer import findings, parse
+
+    errors, warnings = parse("racecheck", REPORT)
+    [race] = findings(errors, ["tiles"])
+    assert (race.bug_class, race.kind, race.check) == ("shared-race", "sanitizer", "sanitizer:racecheck")
+    assert (race.location.path, race.location.line) == ("/src/decode_attention.cuh", 83)
+    assert "(1984 reports)" in race.message and "in paged_decode" in race.message
+    assert len(warnings) == 1  # a benign hazard: a notice, never a finding
+    errors, _ = parse("memcheck", MEMCHECK)
+    by_class = {f.bug_class: f for f in findings(errors, ["slots"])}
+    assert set(by_class) == {"stray-write", "unmasked-load"}
+    assert by_class["stray-write"].location.line == 31 and "block (3,0,0)" in by_class["stray-write"].message
+    assert parse("initcheck", "========= Uninitialized __global__ memory read of size 4 bytes\n")[0][0].bug_class == (
+        "uninitialized-read"
+    )
+    sync = "========= Barrier error detected. Divergent thread(s) in block\n=========     at k+0x10 in /s/k.cu:9\n"
+    assert parse("synccheck", sync)[0][0].bug_class == "barrier-divergence"
+    assert parse("memcheck", "========= Program hit cudaErrorInvalidValue on CUDA API call to cudaFree.\n")[0] == []

@@ -27,17 +27,17 @@ TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
 CASES = 2  # cases per kernel: the first two of its plan (not the huge ones)
 PREFIX = re.compile(r"^=+ ?")
 WHERE = re.compile(r"(?:in|at) (?P<path>/?[^\s:()]+\.(?:cu|cuh|h|hpp|cpp|cc|py)):(?P<line>\d+)")
-KERNEL = re.compile(r"(?:at (?:0x[0-9a-f]+ in )?)(?P<name>[A-Za-z_][\w:<>]*)(?:\(|\+0x)")
+KERNEL = re.compile(r"(?:at (?:0x[0-9a-f]+ in )?)(?P<name>[A-Za-z_][\w:<>, ]*?)(?:\(|\+0x)")
 HAZARDS = re.compile(r"\[(\d+) hazards?\]")
 # the first words of an error, per tool -> bug class (the first that matches)
 CLASSES: dict[str, list[tuple[re.Pattern, str]]] = {
     "memcheck": [
-        (re.compile(r"Invalid __(global|shared|local)__ read"), "unmasked-load"),
-        (re.compile(r"Invalid __(global|shared|local)__ (write|atomic)"), "stray-write"),
-        (re.compile(r"Out-of-range Shared or Local Address|Misaligned|Invalid"), "cuda-error"),
+        (re.compile(r"^Invalid __(global|shared|local)__ read"), "unmasked-load"),
+        (re.compile(r"^Invalid __(global|shared|local)__ (write|atomic)"), "stray-write"),
+        (re.compile(r"^(Out-of-range Shared or Local Address|Misaligned|Invalid )"), "cuda-error"),
     ],
     "racecheck": [(re.compile(r"^Error: Race reported|^ERROR: Potential \w+ hazard"), "shared-race")],
-    "initcheck": [(re.compile(r"Uninitialized"), "uninitialized-read")],
+    "initcheck": [(re.compile(r"^Uninitialized"), "uninitialized-read")],
     "synccheck": [
         (re.compile(r"Barrier error|Invalid __syncwarp|Invalid arguments|divergent", re.I), "barrier-divergence")
     ],
@@ -54,8 +54,12 @@ class Error:
     path: str | None = None
     line: int | None = None
     kernel: str | None = None
-    count: int = 1
+    hazards: int = 0  # racecheck: the "[N hazards]" of its lines, summed
     detail: list[str] = field(default_factory=list)
+
+    @property
+    def count(self) -> int:
+        return self.hazards or 1
 
     @property
     def bug_class(self) -> str | None:
@@ -106,7 +110,7 @@ def parse(tool: str, text: str) -> tuple[list[Error], list[Error]]:
             current.kernel = k["name"]
         h = HAZARDS.search(body)
         if h:
-            current.count = int(h[1])
+            current.hazards += int(h[1])
     return errors, warnings
 
 
