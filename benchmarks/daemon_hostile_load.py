@@ -1,15 +1,22 @@
 """What clients without the webhook secret can make `kernalin-ci serve` hold (issue 13, attack 9).
 
-A real serve process on loopback (default settings: http.max_connections 64, request_deadline_s 10,
-max_buffered_bytes 64 MiB), then, each bounded in time:
+A real serve process on loopback (default settings: http.max_connections 1024, request_deadline_s 10,
+max_buffered_bytes 64 MiB; --max-connections N sets the first), then, each bounded in time:
 
-    slow     N clients (default 300) each trickle one header byte every 0.5 s for --seconds
-    bodies   M clients (default 40) each send a 24 MiB body at once (a wrong signature)
+    slow       N clients (default 300) each trickle one header byte every 0.5 s for --seconds
+    bodies     M clients (default 40) each send a 24 MiB body at once (a wrong signature)
+    reconnect  R clients (default 400) trickle like the slow ones and reconnect as soon as they are
+               cut, while D signed deliveries (default 200) arrive at a steady --rate per second
+               (each given GitHub's 10 s)
 
 Prints the daemon's threads and RSS before and at their peak, how many slow clients were cut off,
-how the bodies were answered, and how long a /healthz took in the middle of each.
+how the bodies were answered, how long a /healthz took in the middle of each, and for the signed
+deliveries the share answered 2xx within 2 s and their p50/p99 latency.
 
     python benchmarks/daemon_hostile_load.py [--slow 300] [--bodies 40] [--seconds 15]
+                                              [--reconnecting 400] [--deliveries 200] [--rate 10]
+                                              [--max-connections N]
+    (a scenario whose count is 0 is skipped)
 """
 
 from __future__ import annotations
@@ -24,8 +31,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from kernalin_ci.testing.daemon_world import ServeProcess, World, fake_gate_command
+from kernalin_ci.testing.daemon_world import WEBHOOK_SECRET, ServeProcess, World, fake_gate_command
 from kernalin_ci.testing.github_standin import GitHubStandIn
+from kernalin_ci.testing.hostile_http import ReconnectingSlowClients, signed_deliveries, summary
 
 
 def threads(pid: int) -> int:
@@ -125,32 +133,64 @@ def large_bodies(daemon, n: int, size: int) -> dict:
     return {"peak_threads": peak.threads, "peak_rss": peak.rss, "answers": counts, "healthz_s": health}
 
 
+def reconnecting(daemon, n: int, deliveries: int, rate: float) -> dict:
+    peak = Peak(daemon.pid)
+    with ReconnectingSlowClients(daemon.url, n) as attack:
+        time.sleep(3)  # every client connected and trickling
+        results = signed_deliveries(daemon.url, WEBHOOK_SECRET, deliveries, rate)
+    peak.stop()
+    return {
+        **summary(results, within_s=2.0),
+        "connects": attack.connects,
+        "cuts": attack.cuts,
+        "peak_threads": peak.threads,
+        "peak_rss": peak.rss,
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--slow", type=int, default=300)
     ap.add_argument("--bodies", type=int, default=40)
     ap.add_argument("--body-mib", type=int, default=24)
     ap.add_argument("--seconds", type=float, default=15)
+    ap.add_argument("--reconnecting", type=int, default=400)
+    ap.add_argument("--deliveries", type=int, default=200)
+    ap.add_argument("--rate", type=float, default=10, help="signed deliveries per second")
+    ap.add_argument("--max-connections", type=int, help="http.max_connections (default: the daemon's)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp, GitHubStandIn() as standin:
         world = World(Path(tmp) / "world", standin).start()
         world.add_repo("acme/kernels", {".kernalin.yml": "version: 1\nkernels: []\n"})
-        cfg = world.daemon_config(Path(tmp) / "state", runner={"command": fake_gate_command(Path(tmp))})
+        limits = {"max_connections": args.max_connections} if args.max_connections else {}
+        cfg = world.daemon_config(Path(tmp) / "state", runner={"command": fake_gate_command()}, http=limits)
         daemon = ServeProcess(world, cfg).start()
         try:
             time.sleep(1)
             print(f"idle: {threads(daemon.pid)} threads, RSS {rss_mib(daemon.pid):.1f} MiB")
-            s = slow_clients(daemon, args.slow, args.seconds)
-            print(
-                f"{args.slow} slow clients for {args.seconds:g} s: peak {s['peak_threads']} threads, RSS "
-                f"{s['peak_rss']:.1f} MiB; {s['cut']} cut off; /healthz in {s['healthz_s']:.2f} s"
-            )
-            time.sleep(1)
-            b = large_bodies(daemon, args.bodies, args.body_mib * 1024 * 1024)
-            print(
-                f"{args.bodies} x {args.body_mib} MiB bodies: peak {b['peak_threads']} threads, RSS "
-                f"{b['peak_rss']:.1f} MiB; answers {b['answers']}; /healthz in {b['healthz_s']:.2f} s"
-            )
+            if args.slow:
+                s = slow_clients(daemon, args.slow, args.seconds)
+                print(
+                    f"{args.slow} slow clients for {args.seconds:g} s: peak {s['peak_threads']} threads, RSS "
+                    f"{s['peak_rss']:.1f} MiB; {s['cut']} cut off; /healthz in {s['healthz_s']:.2f} s"
+                )
+                time.sleep(1)
+            if args.bodies:
+                b = large_bodies(daemon, args.bodies, args.body_mib * 1024 * 1024)
+                print(
+                    f"{args.bodies} x {args.body_mib} MiB bodies: peak {b['peak_threads']} threads, RSS "
+                    f"{b['peak_rss']:.1f} MiB; answers {b['answers']}; /healthz in {b['healthz_s']:.2f} s"
+                )
+                time.sleep(1)
+            if args.reconnecting and args.deliveries:
+                r = reconnecting(daemon, args.reconnecting, args.deliveries, args.rate)
+                print(
+                    f"{args.reconnecting} reconnecting slow clients, {r['n']} signed deliveries at {args.rate:g}/s: "
+                    f"{r['ok_within']} ({100 * r['share']:.1f} %) answered 2xx within 2 s, {r['unanswered']} not "
+                    f"within 10 s; latency p50 {r['p50_s']:.3f} s, p99 {r['p99_s']:.3f} s; statuses {r['statuses']}; "
+                    f"{r['connects']} attacker connections, {r['cuts']} cut; peak {r['peak_threads']} threads, "
+                    f"RSS {r['peak_rss']:.1f} MiB"
+                )
             print(f"after: {threads(daemon.pid)} threads, RSS {rss_mib(daemon.pid):.1f} MiB")
         finally:
             daemon.stop()

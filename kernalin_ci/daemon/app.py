@@ -101,9 +101,7 @@ class Daemon:
         else:
             self.scheduler.start()
         self.server = Server(self.settings.host_port, self)
-        t = threading.Thread(
-            target=self.server.serve_forever, kwargs={"poll_interval": 0.2}, name="kernalin-http", daemon=True
-        )
+        t = threading.Thread(target=self.server.serve_forever, name="kernalin-http", daemon=True)
         t.start()
         h = threading.Thread(target=self._housekeeping, name="kernalin-housekeeping", daemon=True)
         h.start()

@@ -1,4 +1,4 @@
-"""The daemon's HTTP server (standard library, a thread per connection, bounded).
+"""The daemon's HTTP front: one asyncio loop holds the connections, a few threads answer them.
 
     POST /webhook                     GitHub App deliveries (path: settings.webhook_path)
     GET  /healthz                     200 {"status": "ok", ...} while the store answers
@@ -7,29 +7,48 @@
     GET  /jobs/ID                     one job's state and timings (JSON)
     GET  /dashboard[/OWNER/REPO]      the history dashboard (read-only; kernalin_ci/dashboard)
 
+A connection costs a socket and a small buffer, never a thread: the loop reads each request whole
+(h11 parses HTTP/1.1; the request line and headers may take at most MAX_HEAD_BYTES), then hands it
+to one of HANDLER_THREADS threads (`Routes`), which answer it from the store. So clients that send
+their request slowly, or never finish it, hold no thread, and a signed delivery is answered as soon
+as its bytes are in (docs/security.md: "HTTP front").
+
 A delivery is answered in the order: 413 (too big: not even read), 411 (no length), 401 (no
 or a wrong X-Hub-Signature-256, checked on the raw bytes before anything is parsed), 400
 (missing headers, malformed JSON, not the event's shape), then 200 for a replayed delivery
 id, 202 for everything recorded. Nothing but the store is touched before the answer.
 
 What a client without the webhook secret can hold is bounded (settings.http): at most
-`max_connections` connections are handled at once (more wait in the kernel's listen backlog,
-not in threads); each request must arrive whole within `request_deadline_s` (a watchdog shuts
-the socket down after it, however slowly the bytes trickle in); request bodies in memory never
-add up to more than `max_buffered_bytes` (a body that does not fit is answered 503). Anything
-malformed is a 4xx, never a 500: a 500 means the store failed.
+`max_connections` connections are open at once; when all are taken, the one that has waited longest
+for its client is cut to make room, one still waiting for a request's head first (a real sender's
+request arrives in milliseconds; a slow one never finishes; a sender may write the head and the body
+apart), and while none is waiting (all are being answered) further clients wait in the kernel's
+listen backlog. Each request must arrive, and be answered, whole within `request_deadline_s` of the
+connection starting to wait for it (idle keep-alive time counts), however slowly its bytes trickle.
+Request bodies held at once never add up to more than `max_buffered_bytes` (one that does not fit
+is answered 503, from its Content-Length, before any of it is read). After an answer that closes the
+connection, what the client still sends is read and dropped (at most DRAIN_BYTES, within the
+deadline), so that it reads the answer rather than a reset. Anything malformed is a 4xx, never a
+500: a 500 means the store failed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
+import resource
 import socket
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from email.utils import formatdate
+from http import HTTPStatus
 from urllib.parse import parse_qs, urlsplit
+
+import h11
 
 from kernalin_ci.daemon import webhook
 from kernalin_ci.daemon.metrics import CONTENT_TYPE as METRICS_TYPE
@@ -39,76 +58,43 @@ _BADGE = re.compile(r"/badge/([A-Za-z0-9_.-]+)/([A-Za-z0-9_.-]+)\.(svg|json)")
 _JOB = re.compile(r"/jobs/(kci-[0-9a-f]{1,40})")
 _DASHBOARD = re.compile(r"/dashboard(?:/([A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+))?/?")
 _ASSET = re.compile(r"/dashboard/assets/([a-z.]+)")
-DRAIN_BYTES = 4 * 1024 * 1024  # read (and drop) at most this much of a body that is too big
 _DELIVERY = re.compile(r"[A-Za-z0-9._-]{1,100}")
-_LENGTH = re.compile(r"[0-9]{1,15}")
-CUT_AFTER_S = 2.0  # when every slot is taken, a connection still reading its request after this may be cut
+HANDLER_THREADS = 8  # requests answered at once (each a store transaction or a page rendered)
+MAX_HEAD_BYTES = 16 * 1024  # a request's line and headers
+READ_BYTES = 64 * 1024  # one read from a socket
+DRAIN_BYTES = 4 * 1024 * 1024  # read (and drop) at most this much of a request that is refused
+OWN_FILES = 256  # open files the daemon keeps for itself beside its connections (store, jobs, pipes)
+BACKLOG = 1024  # a burst of deliveries waits in the kernel's backlog, not in SYN retries
 
 
-class Deadlines:
-    """A watchdog thread: a connection past its deadline has its socket shut down, which ends any
-    read or write blocked on it (a per-read timeout alone lets a client send one byte at a time).
-    It also knows which connections are still reading their request, and since when: when every
-    slot is taken, the one that has been reading longest is cut to make room (a real sender's
-    request arrives in milliseconds; a slow one never finishes)."""
+@dataclass(frozen=True)
+class HttpRequest:
+    method: str  # GET, HEAD, POST, ...
+    target: str  # the path and the query, as sent
+    headers: dict[str, str]  # names in lower case; the first of a repeated header
+    body: bytes | bytearray = b""
+    received: float = 0.0  # time.perf_counter() when its head had arrived
 
-    def __init__(self):
-        self._due: dict[socket.socket, float] = {}
-        self._reading: dict[socket.socket, float] = {}
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        threading.Thread(target=self._run, name="kernalin-http-deadlines", daemon=True).start()
-
-    def arm(self, sock: socket.socket, seconds: float) -> None:
-        """SOCK starts reading a request, which must be done (and answered) within SECONDS."""
-        with self._lock:
-            self._due[sock] = time.monotonic() + seconds
-            self._reading[sock] = time.monotonic()
-
-    def read(self, sock: socket.socket) -> None:
-        """SOCK's request has arrived whole: it is being handled, no longer a candidate to cut."""
-        with self._lock:
-            self._reading.pop(sock, None)
-
-    def disarm(self, sock: socket.socket) -> None:
-        with self._lock:
-            self._due.pop(sock, None)
-            self._reading.pop(sock, None)
-
-    def cut_slowest(self, min_age_s: float) -> bool:
-        """Shut down the connection that has been reading its request longest, if that is more than
-        MIN_AGE_S (a burst of real deliveries waiting for the CPU is not cut); whether one was."""
-        with self._lock:
-            if not self._reading:
-                return False
-            sock = min(self._reading, key=self._reading.get)
-            if time.monotonic() - self._reading[sock] < min_age_s:
-                return False
-            del self._reading[sock]
-            self._due.pop(sock, None)
-        _shut(sock)
-        return True
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.2):
-            now = time.monotonic()
-            with self._lock:
-                late = [sk for sk, t in self._due.items() if t <= now]
-                for sk in late:
-                    del self._due[sk]
-                    self._reading.pop(sk, None)
-            for sk in late:
-                _shut(sk)
+    @property
+    def path(self) -> str:
+        return urlsplit(self.target).path
 
 
-def _shut(sock: socket.socket) -> None:
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    body: bytes
+    ctype: str = "application/json"
+    headers: dict[str, str] = field(default_factory=dict)
+    close: bool = False  # close the connection after this answer
+
+
+def answer(
+    status: int, body: bytes | str | dict, ctype: str = "application/json", headers=None, close: bool = False
+) -> Answer:
+    if isinstance(body, dict):
+        body = json.dumps(body) + "\n"
+    return Answer(status, body.encode() if isinstance(body, str) else body, ctype, headers or {}, close)
 
 
 def _fix_mmap_threshold(nbytes: int = 1 << 20) -> None:
@@ -121,6 +107,30 @@ def _fix_mmap_threshold(nbytes: int = 1 << 20) -> None:
         ctypes.CDLL(None).mallopt(-3, nbytes)  # M_MMAP_THRESHOLD
     except (OSError, AttributeError):
         pass
+
+
+def _connections_that_fit(wanted: int) -> int:
+    """Raise the soft limit on open files (up to the hard one) so that WANTED connections fit beside
+    the daemon's own files; how many fit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = wanted + OWN_FILES
+    if soft != resource.RLIM_INFINITY and soft < need:
+        raised = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+            soft = raised
+        except (ValueError, OSError):
+            pass
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return wanted
+    fit = max(1, soft - OWN_FILES)
+    log.warning(
+        "http.max_connections %d: only %d fit under the open files limit %d (raise it: LimitNOFILE=, ulimit -n)",
+        wanted,
+        fit,
+        soft,
+    )
+    return fit
 
 
 class ByteBudget:
@@ -142,147 +152,323 @@ class ByteBudget:
             self.used -= n
 
 
-class Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 1024  # a burst of deliveries waits in the kernel's backlog, not in SYN retries
+class _Conn:
+    __slots__ = ("sock", "task")
 
-    def __init__(self, address, daemon):
-        class _H(Handler):
-            app = daemon
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.task: asyncio.Task | None = None
 
+
+class Server:
+    """Listens on ADDRESS (bound at once); `serve_forever` runs the loop in the calling thread until
+    `shutdown` (from another thread)."""
+
+    def __init__(self, address: tuple[str, int], daemon):
         limits = daemon.settings.http
-        self.deadline_s = limits.request_deadline_s
-        self.deadlines = Deadlines()
         self.budget = ByteBudget(limits.max_buffered_bytes)
-        self._slots = threading.BoundedSemaphore(limits.max_connections)
-        self._closing = False
+        self.routes = Routes(daemon, self.budget)
+        self.deadline_s = limits.request_deadline_s
+        self.max_connections = _connections_that_fit(limits.max_connections)
+        self._sock = socket.create_server(address, backlog=BACKLOG)
+        if hasattr(socket, "TCP_DEFER_ACCEPT"):  # Linux: a client is accepted once its first bytes are in
+            self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, max(1, int(self.deadline_s)))
+        self._sock.setblocking(False)
+        self.server_address = self._sock.getsockname()
+        self._pool = ThreadPoolExecutor(HANDLER_THREADS, thread_name_prefix="kernalin-http-answer")
+        self._loop = asyncio.new_event_loop()
+        self._open: set[_Conn] = set()
+        # connections waiting for their client, longest first: for a request's head (or after an answer),
+        # and for the rest of a request whose head has come (a sender may write the head and the body apart)
+        self._waiting: dict[_Conn, None] = {}
+        self._waiting_body: dict[_Conn, None] = {}
+        self._room = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._ran = threading.Event()
+        self._done = threading.Event()
         _fix_mmap_threshold()
-        super().__init__(address, _H)
 
-    def process_request(self, request, client_address):
-        # Wait for a free slot before taking the connection on: the accept loop pauses and further
-        # clients queue in the kernel's backlog, so threads (and their memory) stay bounded.
-        while not self._slots.acquire(timeout=0.01):
-            self.deadlines.cut_slowest(CUT_AFTER_S)
-            if self._closing:
-                self.shutdown_request(request)
-                return
+    # -- lifecycle --------------------------------------------------------------------------------
+    def serve_forever(self) -> None:
+        self._ran.set()
         try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._slots.release()
-            raise
-
-    def process_request_thread(self, request, client_address):
-        try:
-            super().process_request_thread(request, client_address)
+            self._loop.run_until_complete(self._serve())
         finally:
-            self.deadlines.disarm(request)
-            self._slots.release()
+            self._done.set()
 
     def shutdown(self) -> None:
-        self._closing = True
-        super().shutdown()
-        self.deadlines.stop()
+        self._loop.call_soon_threadsafe(self._stopping.set)
+        if self._ran.is_set():
+            self._done.wait(30)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def server_close(self) -> None:
+        self._sock.close()
+        if not self._loop.is_running():
+            self._loop.close()
+
+    async def _serve(self) -> None:
+        accepting = asyncio.ensure_future(self._accept())
+        await self._stopping.wait()
+        accepting.cancel()
+        tasks = [accepting] + [c.task for c in self._open if c.task]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- connections ------------------------------------------------------------------------------
+    async def _accept(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            while len(self._open) >= self.max_connections and self._longest_waiting() is None:
+                await self._freed()  # every connection is being answered: the next client waits in the backlog
+            try:
+                sock, _ = await loop.sock_accept(self._sock)
+            except OSError as e:  # out of file descriptors, or the client gave up: try again shortly
+                log.warning("accept: %s", e)
+                await asyncio.sleep(0.1)
+                continue
+            while len(self._open) >= self.max_connections:
+                longest = self._longest_waiting()
+                if longest is not None:
+                    self._cut(longest)
+                else:
+                    await self._freed()
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = _Conn(sock)
+            self._open.add(conn)
+            conn.task = loop.create_task(self._connection(conn))
+            await asyncio.sleep(0)  # let the connections run between two accepts
+
+    async def _freed(self) -> None:
+        """Until a connection ends."""
+        self._room.clear()
+        await self._room.wait()
+
+    def _longest_waiting(self) -> _Conn | None:
+        """The connection to cut when every one is taken: the one that has waited longest for a request's
+        head, else the one that has waited longest for the rest of its request (a real sender's request
+        arrives in milliseconds, a slow one never finishes)."""
+        for waiting in (self._waiting, self._waiting_body):
+            if waiting:
+                return next(iter(waiting))
+        return None
+
+    def _cut(self, conn: _Conn) -> None:
+        self._busy(conn)
+        self._open.discard(conn)
+        if conn.task:
+            conn.task.cancel()
+
+    def _wait(self, conn: _Conn, body: bool = False) -> None:
+        """CONN waits for its client from now on, for a request's head or (BODY) the rest of the request:
+        the last one of its kind to cut."""
+        self._busy(conn)
+        (self._waiting_body if body else self._waiting)[conn] = None
+
+    def _busy(self, conn: _Conn) -> None:
+        """CONN no longer waits for its client (it is being answered, or it ended)."""
+        self._waiting.pop(conn, None)
+        self._waiting_body.pop(conn, None)
+
+    async def _connection(self, conn: _Conn) -> None:
+        h = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
+        try:
+            while True:
+                self._wait(conn)
+                try:
+                    keep = await asyncio.wait_for(self._exchange(conn, h), self.deadline_s)
+                except asyncio.TimeoutError:
+                    return
+                if not keep:
+                    return
+                h.start_next_cycle()
+        except (OSError, h11.LocalProtocolError):
+            pass  # the client went away, or broke the protocol after its answer
+        finally:
+            self._busy(conn)
+            self._open.discard(conn)
+            conn.sock.close()
+            self._room.set()
+
+    async def _exchange(self, conn: _Conn, h: h11.Connection) -> bool:
+        """One request and its answer on CONN; whether the connection stays open for another."""
+        try:
+            event = await self._next(conn, h)
+            if not isinstance(event, h11.Request):
+                return False
+            received = time.perf_counter()
+            headers: dict[str, str] = {}
+            for name, value in event.headers:
+                headers.setdefault(name.decode("latin-1"), value.decode("latin-1"))
+            head = HttpRequest(event.method.decode("latin-1"), event.target.decode("latin-1"), headers, b"", received)
+            refused = self.routes.refuse(head)
+            if refused is not None:
+                await self._send(conn, h, head, refused)
+                return False
+            reserved = int(headers.get("content-length", "0")) if head.method == "POST" else 0  # refuse() took it
+            unread = head.method != "POST" and (
+                "transfer-encoding" in headers or headers.get("content-length", "0") != "0"
+            )
+            try:
+                request = head if unread else await self._read_body(conn, h, head, reserved)
+            except BaseException:
+                self.budget.give(reserved)
+                raise
+            self._busy(conn)  # being answered: no longer a candidate to cut
+            reply = await self._answer(request, reserved)
+            del request  # the budget has its bytes back: so has the memory, before the answer goes out
+        except h11.RemoteProtocolError as e:  # malformed: 400 (431 for too long a head), never a 500
+            if h.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
+                return False
+            refusal = answer(e.error_status_hint, {"error": f"malformed request: {e}"}, close=True)
+            await self._send(conn, h, HttpRequest("GET", "/", {}), refusal)
+            return False
+        if unread:  # a body nobody reads (a GET's): the connection ends after the answer
+            reply = Answer(reply.status, reply.body, reply.ctype, reply.headers, close=True)
+        await self._send(conn, h, head, reply)
+        return not reply.close and h.our_state is h11.DONE and h.their_state is h11.DONE
+
+    async def _next(self, conn: _Conn, h: h11.Connection):
+        loop = asyncio.get_running_loop()
+        while True:
+            event = h.next_event()
+            if event is not h11.NEED_DATA:
+                return event
+            h.receive_data(await loop.sock_recv(conn.sock, READ_BYTES))
+
+    async def _read_body(self, conn: _Conn, h: h11.Connection, head: HttpRequest, n: int) -> HttpRequest:
+        self._wait(conn, body=True)
+        if n and h.they_are_waiting_for_100_continue:
+            await asyncio.get_running_loop().sock_sendall(
+                conn.sock, h.send(h11.InformationalResponse(status_code=100, headers=[], reason=b"Continue"))
+            )
+        body = bytearray(n)  # one allocation of the announced size (h11 holds the client to it), filled in place
+        got = 0
+        while True:
+            event = await self._next(conn, h)
+            if isinstance(event, h11.Data):
+                body[got : got + len(event.data)] = event.data
+                got += len(event.data)
+            elif isinstance(event, h11.EndOfMessage):
+                return HttpRequest(head.method, head.target, head.headers, body, head.received)
+            else:
+                raise h11.RemoteProtocolError("the body ended early")
+
+    async def _answer(self, request: HttpRequest, reserved: int) -> Answer:
+        """REQUEST's answer from a handler thread, which gives the body's RESERVED bytes back."""
+
+        def run() -> Answer:
+            try:
+                return self.routes.answer(request)
+            finally:
+                self.budget.give(reserved)
+
+        future = self._pool.submit(run)
+        try:
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            if future.cancelled():  # never ran: give its bytes back here
+                self.budget.give(reserved)
+            raise
+
+    async def _send(self, conn: _Conn, h: h11.Connection, head: HttpRequest, reply: Answer) -> None:
+        headers = [
+            ("Content-Type", reply.ctype),
+            ("Content-Length", str(len(reply.body))),
+            ("Server", "kernalin-ci"),
+            ("Date", formatdate(usegmt=True)),
+            *reply.headers.items(),
+        ]
+        if reply.close:
+            headers.append(("Connection", "close"))
+        data = h.send(h11.Response(status_code=reply.status, headers=headers, reason=HTTPStatus(reply.status).phrase))
+        if head.method != "HEAD":
+            data += h.send(h11.Data(data=reply.body))
+        data += h.send(h11.EndOfMessage())
+        loop = asyncio.get_running_loop()
+        await loop.sock_sendall(conn.sock, data)
+        if reply.close or h.our_state is not h11.DONE:
+            await self._drain(conn)
+
+    async def _drain(self, conn: _Conn) -> None:
+        """The answer is out and the connection ends: read what the client still sends (at most
+        DRAIN_BYTES), so that closing does not reset the connection before the client has read it."""
+        self._wait(conn)
+        try:
+            conn.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            return
+        loop, left = asyncio.get_running_loop(), DRAIN_BYTES
+        while left > 0:
+            data = await loop.sock_recv(conn.sock, min(READ_BYTES, left))
+            if not data:
+                return
+            left -= len(data)
 
 
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server_version = "kernalin-ci"
-    timeout = 10  # per read; the whole request has the server's deadline (Deadlines)
-    disable_nagle_algorithm = True
-    app = None  # the Daemon
+class Routes:
+    """The answers, in a handler thread: from a whole request to its answer."""
 
-    def handle_one_request(self):
-        self.server.deadlines.arm(self.connection, self.server.deadline_s)  # idle keep-alive time counts too
-        super().handle_one_request()
+    def __init__(self, daemon, budget: ByteBudget):
+        self.app, self.budget = daemon, budget
 
-    def log_message(self, format, *args):  # requests are counted in /metrics, not logged one by one
-        pass
+    def refuse(self, head: HttpRequest) -> Answer | None:
+        """The answer that refuses HEAD before its body is read (and, for a delivery that may come in,
+        its bytes taken from the budget), or None. In the loop's thread: no store, no waiting."""
+        if head.method in ("GET", "HEAD"):
+            return None
+        if head.method != "POST":
+            return answer(501, {"error": f"unsupported method {head.method}"}, close=True)
+        if head.path != self.app.settings.webhook_path:
+            return answer(404, {"error": "not found"}, close=True)
+        status, body = self._admit(head)
+        if status is None:
+            return None
+        self._count(head, status, None)
+        return answer(status, body, close=True)
 
-    # -- answers ----------------------------------------------------------------------------------
-    def _send(
-        self,
-        status: int,
-        body: bytes | str | dict,
-        ctype: str = "application/json",
-        headers: dict | None = None,
-        close: bool = False,
-    ) -> None:
-        if isinstance(body, dict):
-            body = json.dumps(body) + "\n"
-        data = body.encode() if isinstance(body, str) else body
-        self.send_response(status)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(data)))
-        for k, v in (headers or {}).items():
-            self.send_header(k, v)
-        if close:
-            self.send_header("Connection", "close")
-            self.close_connection = True
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(data)
+    def _admit(self, head: HttpRequest) -> tuple[int | None, dict]:
+        length = head.headers.get("content-length")
+        if length is None or "transfer-encoding" in head.headers:
+            return 411, {"error": "a Content-Length header is required"}
+        n = int(length)  # h11 has checked that it is a number
+        limit = self.app.settings.max_body_bytes
+        if n > limit:
+            return 413, {"error": f"the body is larger than {limit} bytes"}
+        if not self.budget.take(n):
+            return 503, {"error": "too many request bodies in flight; try again"}
+        return None, {}
+
+    def answer(self, req: HttpRequest) -> Answer:
+        try:
+            return self.post(req) if req.method == "POST" else self.get(req)
+        except Exception as e:  # a bug or the store: a 500 that says which, the traceback in the log
+            log.exception("%s %s failed", req.method, req.path)
+            return answer(500, {"error": f"internal error: {type(e).__name__}"}, close=True)
+
+    def _count(self, req: HttpRequest, status: int, event: str | None) -> None:
+        m = self.app.metrics  # counted before the answer goes out: a client that reads /metrics next sees it
+        m.observe("webhook_ack_seconds", time.perf_counter() - req.received)
+        m.inc("webhook_deliveries_total", {"event": event or "-", "status": str(status)})
 
     # -- POST -------------------------------------------------------------------------------------
-    def do_POST(self):
-        t0 = time.perf_counter()
-        if urlsplit(self.path).path != self.app.settings.webhook_path:
-            return self._send(404, {"error": "not found"}, close=True)
+    def post(self, req: HttpRequest) -> Answer:
         try:
-            status, answer, event = self._delivery()
+            status, body, event = self._signed(req)
         except Exception as e:  # the store failed: GitHub shows the delivery as failed and can redeliver it
             log.exception("delivery failed")
-            status, answer, event = 500, {"error": f"internal error: {type(e).__name__}"}, None
-        m = self.app.metrics  # counted before the answer goes out: a client that reads /metrics next sees it
-        m.observe("webhook_ack_seconds", time.perf_counter() - t0)
-        m.inc("webhook_deliveries_total", {"event": event or "-", "status": str(status)})
-        self._send(status, answer, close=status >= 400)
+            status, body, event = 500, {"error": f"internal error: {type(e).__name__}"}, None
+        self._count(req, status, event)
+        return answer(status, body, close=status >= 400)
 
-    def _delivery(self) -> tuple[int, dict, str | None]:
+    def _signed(self, req: HttpRequest) -> tuple[int, dict, str | None]:
         settings = self.app.settings
-        length = self.headers.get("Content-Length")
-        if length is None:
-            return 411, {"error": "a Content-Length header is required"}, None
-        if not _LENGTH.fullmatch(length.strip()):
-            return 400, {"error": "a malformed Content-Length header"}, None
-        n = int(length)
-        if n > settings.max_body_bytes:
-            self._discard(min(n, DRAIN_BYTES))  # so the client reads the answer rather than a reset
-            return 413, {"error": f"the body is larger than {settings.max_body_bytes} bytes"}, None
-        budget = self.server.budget
-        if not budget.take(n):
-            self._discard(min(n, DRAIN_BYTES))
-            return 503, {"error": "too many request bodies in flight; try again"}, None
-        try:
-            return self._signed(self._read_body(n))
-        finally:
-            budget.give(n)
-
-    def _read_body(self, n: int) -> bytes | bytearray:
-        body = bytearray(n)  # one allocation of the announced size, filled in place
-        view, got = memoryview(body), 0
-        try:
-            while got < n:
-                k = self.rfile.readinto(view[got : got + 65536])
-                if not k:
-                    break
-                got += k
-        except OSError:
-            pass
-        view.release()
-        self.server.deadlines.read(self.connection)
-        return body if got == n else body[:got]
-
-    def _signed(self, body: bytes) -> tuple[int, dict, str | None]:
-        settings = self.app.settings
-        if len(body) != int(self.headers["Content-Length"]):
-            return 400, {"error": "the body ended early"}, None
-        if not webhook.signature_ok(settings.secrets.webhook, body, self.headers.get(webhook.SIGNATURE_HEADER)):
+        body = req.body  # bytes or the bytearray it was read into: hmac and json take both, uncopied
+        if not webhook.signature_ok(settings.secrets.webhook, body, req.headers.get(webhook.SIGNATURE_HEADER.lower())):
             return 401, {"error": f"missing or wrong {webhook.SIGNATURE_HEADER}"}, None
-        event = self.headers.get("X-GitHub-Event", "")
-        delivery = self.headers.get("X-GitHub-Delivery", "")
+        event = req.headers.get("x-github-event", "")
+        delivery = req.headers.get("x-github-delivery", "")
         if not event or not _DELIVERY.fullmatch(event) or not _DELIVERY.fullmatch(delivery):
             return 400, {"error": "missing or malformed X-GitHub-Event / X-GitHub-Delivery"}, event or None
         try:
@@ -316,32 +502,21 @@ class Handler(BaseHTTPRequestHandler):
         note = accepted.note or intents.note
         return 202, {"status": "ignored", "delivery": delivery, "jobs": [], "note": note}, event
 
-    def _discard(self, n: int) -> None:
-        try:
-            while n > 0:
-                chunk = self.rfile.read(min(n, 65536))
-                if not chunk:
-                    return
-                n -= len(chunk)
-        except OSError:
-            pass
-
     # -- GET --------------------------------------------------------------------------------------
-    def do_GET(self):
-        self.server.deadlines.read(self.connection)
-        url = urlsplit(self.path)
+    def get(self, req: HttpRequest) -> Answer:
+        url = urlsplit(req.target)
         path = url.path
         if path == "/healthz":
             try:
                 depth = self.app.store.queue_depth()
             except Exception as e:  # the store is what health means here
-                return self._send(503, {"status": "unhealthy", "error": type(e).__name__})
+                return answer(503, {"status": "unhealthy", "error": type(e).__name__})
             posting = self.app.poster.health()
             if posting:  # results are not reaching GitHub
-                return self._send(503, {"status": "unhealthy", "error": posting, "queue_depth": depth})
-            return self._send(200, {"status": "ok", "queue_depth": depth, "slots": self.app.slot_names()})
+                return answer(503, {"status": "unhealthy", "error": posting, "queue_depth": depth})
+            return answer(200, {"status": "ok", "queue_depth": depth, "slots": self.app.slot_names()})
         if path == "/metrics":
-            return self._send(200, self.app.render_metrics(), METRICS_TYPE)
+            return answer(200, self.app.render_metrics(), METRICS_TYPE)
         m = _BADGE.fullmatch(path)
         if m:
             return self._badge(f"{m.group(1)}/{m.group(2)}", m.group(3), parse_qs(url.query).get("branch", [None])[0])
@@ -351,40 +526,38 @@ class Handler(BaseHTTPRequestHandler):
         if m:
             job = self.app.store.job(m.group(1))
             if job is None or not self.app.visible(job.spec.repo):
-                return self._send(404, {"error": "no such job"})
-            return self._send(200, job.public())
-        return self._send(404, {"error": "not found"})
+                return answer(404, {"error": "no such job"})
+            return answer(200, job.public())
+        return answer(404, {"error": "not found"})
 
-    do_HEAD = do_GET
-
-    def _dashboard(self, path: str):
+    def _dashboard(self, path: str) -> Answer:
         from kernalin_ci.dashboard import assets, site
         from kernalin_ci.errors import UsageError
 
         history = self.app.history
         if history is None:
-            return self._send(404, {"error": "the history is off (history.enabled: false)"})
+            return answer(404, {"error": "the history is off (history.enabled: false)"})
         m = _ASSET.fullmatch(path)
         if m:
             try:
                 data = assets.asset(m.group(1))
             except UsageError as e:  # Chart.js was not fetched at install time
-                return self._send(503, {"error": str(e)})
+                return answer(503, {"error": str(e)})
             if data is None:
-                return self._send(404, {"error": "not found"})
+                return answer(404, {"error": "not found"})
             kind = {"js": "text/javascript", "css": "text/css"}[m.group(1).rpartition(".")[2]]
-            return self._send(200, data, f"{kind}; charset=utf-8", {"Cache-Control": "max-age=3600"})
+            return answer(200, data, f"{kind}; charset=utf-8", {"Cache-Control": "max-age=3600"})
         m = _DASHBOARD.fullmatch(path)
         if m is None:
-            return self._send(404, {"error": "not found"})
+            return answer(404, {"error": "not found"})
         html = "text/html; charset=utf-8"
         if m.group(1) is None:
             names = [r for r in history.repos() if self.app.visible(r)]
             listing = [(r, f"/dashboard/{r}", len(history.runs(r))) for r in names]
-            return self._send(200, site.index_page(listing, assets="/dashboard/assets/"), html)
+            return answer(200, site.index_page(listing, assets="/dashboard/assets/"), html)
         repo = m.group(1)
         if not self.app.visible(repo):
-            return self._send(404, {"error": "unknown repository"})
+            return answer(404, {"error": "unknown repository"})
         branch = (self.app.store.repo(repo) or {}).get("default_branch") or "main"
         page = site.repo_page(
             repo,
@@ -394,20 +567,20 @@ class Handler(BaseHTTPRequestHandler):
             index_href="/dashboard",
             ancestry=self.app.recorder.ancestry(repo, branch),
         )
-        return self._send(200, page, html)
+        return answer(200, page, html)
 
-    def _badge(self, repo: str, kind: str, branch: str | None):
+    def _badge(self, repo: str, kind: str, branch: str | None) -> Answer:
         from kernalin_ci.report.badge import badge_endpoint, badge_svg
         from kernalin_ci.report.model import Report
 
         info = self.app.store.repo(repo)
         if info is None or not self.app.visible(repo):
-            return self._send(404, {"error": "unknown repository"})
+            return answer(404, {"error": "unknown repository"})
         job = self.app.store.latest_result(repo, branch or info["default_branch"])
         if job is None or job.outcome is None or job.outcome.report is None:
-            return self._send(404, {"error": f"no gate result for {branch or info['default_branch']} yet"})
+            return answer(404, {"error": f"no gate result for {branch or info['default_branch']} yet"})
         report = Report.from_json(job.outcome.report)
         cache = {"Cache-Control": "no-cache, max-age=60"}
         if kind == "svg":
-            return self._send(200, badge_svg(report), "image/svg+xml; charset=utf-8", cache)
-        return self._send(200, badge_endpoint(report), "application/json", cache)
+            return answer(200, badge_svg(report), "image/svg+xml; charset=utf-8", cache)
+        return answer(200, badge_endpoint(report), "application/json", cache)

@@ -89,7 +89,7 @@ class QueueSettings:
 class HttpSettings:
     """Limits of the HTTP front (server.py): what one unauthenticated client can hold."""
 
-    max_connections: int = 64  # connections handled at once; more wait in the kernel's backlog
+    max_connections: int = 1024  # connections open at once (a socket each, no thread); then the slowest is cut
     request_deadline_s: float = 10.0  # a request (headers and body) must arrive whole within this
     max_buffered_bytes: int = 64 * 1024 * 1024  # request bodies held in memory at once, all connections
 
