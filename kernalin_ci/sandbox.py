@@ -6,9 +6,9 @@ A job runs under bubblewrap (`bwrap`) with
   /proc/<daemon pid>/environ), has no network but its own loopback, and when the sandbox's PID 1 ends
   (the job ended, or the daemon died: `--die-with-parent`) the kernel kills everything left in it;
 - an allowlisted file system: the system (/usr, /etc, /opt; read-only), the Python installation and
-  the kernalin_ci package (read-only); for a daemon's job one size-capped tmpfs (the disk cap) holds
-  everything it writes (its checkout, copied in from a read-only bind, out/, HOME, /tmp; /dev/shm is a
-  tmpfs of the same cap), nothing of the host is writable; a kernel worker gets size-capped tmpfs
+  the kernalin_ci package (read-only); for a daemon's job one disk cap holds everything it writes: a
+  size-capped tmpfs for its checkout (copied in from a read-only bind), out/, HOME and /tmp, and the
+  rest of the cap for /dev/shm (`shm_share`), nothing of the host is writable; a kernel worker gets size-capped tmpfs
   for HOME, /tmp, /dev/shm and each folder it hands results back in (CappedFolder), nothing of the
   host writable either. bwrap's own root and /dev are read-only. The daemon's state folder (database,
   other jobs) and the credential files it reads are never bound, so nothing there exists inside;
@@ -53,6 +53,7 @@ SYSTEM_RO = ("/usr", "/etc", "/opt", "/bin", "/sbin", "/lib", "/lib32", "/lib64"
 # GPU device nodes: /dev in the sandbox is a fresh minimal one, these are added to it
 JOB_DIR = "/job"  # prepare(disk=...): the job's capped tmpfs inside the sandbox
 CHECKOUT_DIR = "/checkout"  # prepare(checkout=...): the host's checkout, read-only, copied into JOB_DIR
+SHM_SHARE_MAX = 64 << 20  # a daemon job's /dev/shm: this much of its disk cap at most (Docker's own default size)
 GPU_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
 
 
@@ -248,11 +249,13 @@ def prepare(
     """How to start job JOB_ID inside the sandbox. WRITABLE are bound read-write at the same paths;
     HIDE (the daemon's state folder, its secret files) are masked wherever a bound folder holds them.
 
-    With DISK (the daemon's jobs), nothing of the host is writable: the job's files live on one tmpfs of
-    DISK bytes at JOB_DIR (/job: HOME, TMPDIR and the copy of the CHECKOUT, bound read-only at
-    CHECKOUT_DIR, go there; /tmp is a link to JOB_DIR/tmp, or a tmpfs of DISK bytes of its own where a
-    read-only path lives under /tmp), so the job cannot use more disk than that. CAPPED ((path, bytes)):
-    a tmpfs of its own at each path (a kernel worker's results: CappedFolder), nothing of the host's.
+    With DISK (the daemon's jobs), nothing of the host is writable and the job writes at most DISK bytes
+    in all: its files live on one tmpfs at JOB_DIR (/job: HOME, TMPDIR and the copy of the CHECKOUT,
+    bound read-only at CHECKOUT_DIR, go there; /tmp is a relative link to JOB_DIR/tmp, so a read-only
+    path under /tmp, a Python installation, is bound inside it), and /dev/shm, which POSIX shared
+    memory needs as a file system of its own, is a tmpfs of `shm_share(DISK)`; JOB_DIR gets the rest.
+    CAPPED ((path, bytes)): a tmpfs of its own at each path (a kernel worker's results: CappedFolder),
+    nothing of the host's.
     COPIES ((source, path)): SOURCE bound read-only at PATH (a readable copy of a folder the job's uid cannot
     read: `_staged`). PROC: how /proc is made (default a fresh one of the sandbox's own PID namespace;
     inside another sandbox, where no fresh one can be mounted, that sandbox's /proc, and its PID namespace
@@ -312,13 +315,12 @@ def prepare(
             argv += ["--dev-bind", dev, dev]
     # the job's own scratch space, writable by its uid (every process in the sandbox is the job's); /dev/shm
     # too (POSIX shared memory: a profiler and its injected library talk through it)
-    shm = disk if disk is not None else tmpfs
+    shm = shm_share(disk) if disk is not None else tmpfs
     argv += ["--perms", "1777", "--size", str(shm), "--tmpfs", "/dev/shm"]
     if disk is not None:
-        tmp_own = any(_inside(p, "/tmp") for p in ro)
-        argv += ["--perms", "1777", "--size", str(disk), "--tmpfs", JOB_DIR, "--chdir", JOB_DIR]
-        argv += ["--perms", "1777", "--size", str(disk), "--tmpfs", "/tmp"] if tmp_own else []
-        argv += ["--symlink", f"{JOB_DIR}/tmp", "/tmp"] if not tmp_own else []
+        # relative: bubblewrap follows it when it binds a read-only path under /tmp (a Python installation)
+        argv += ["--perms", "1777", "--size", str(disk - shm), "--tmpfs", JOB_DIR, "--chdir", JOB_DIR]
+        argv += ["--perms", "1777", "--dir", f"{JOB_DIR}/tmp", "--symlink", f"{JOB_DIR.lstrip('/')}/tmp", "/tmp"]
         if checkout is not None:
             argv += ["--ro-bind", str(checkout), CHECKOUT_DIR]
     else:
@@ -340,7 +342,7 @@ def prepare(
             "--dir",
             "/sandbox/home",
         ]
-    made: set[str] = set()
+    made: set[str] = {"/tmp"} if disk is not None else set()  # /tmp: the link made above, left as it is
 
     def parents(p, bound) -> list[str]:
         # the folders above a bind exist only in the sandbox's tmpfs: make them searchable by the job's uid
@@ -399,6 +401,12 @@ def prepare(
     return Plan(argv, preexec, limits, not_enforced, home=f"{JOB_DIR}/home", tmp=f"{JOB_DIR}/tmp", job=JOB_DIR)
 
 
+def shm_share(disk: int) -> int:
+    """The part of a daemon job's disk cap DISK that is its /dev/shm (an eighth, at most SHM_SHARE_MAX): the
+    rest holds everything else it writes, so that the two together never exceed DISK."""
+    return min(disk // 8, SHM_SHARE_MAX)
+
+
 def _inside(path: str, folder: str) -> bool:
     p, f = os.path.realpath(path), os.path.realpath(folder)
     return p == f or p.startswith(f.rstrip(os.sep) + os.sep)
@@ -428,7 +436,11 @@ def describe(plan: Plan) -> str:
     lim = plan.limits
     parts = [f"bubblewrap, uid {lim['uid']}, no network, PID namespace"]
     if lim.get("disk") is not None:
-        parts.append(f"disk {size_text(lim['disk'])} (a tmpfs for the checkout, out/, HOME and /tmp)")
+        shm = shm_share(lim["disk"])
+        parts.append(
+            f"disk {size_text(lim['disk'])} in all (a tmpfs of {size_text(lim['disk'] - shm)} for the checkout, "
+            f"out/, HOME and /tmp, {size_text(shm)} for /dev/shm)"
+        )
     else:
         parts.append(f"tmpfs {lim['tmpfs'] >> 20} MiB for HOME and /tmp")
     if lim["memory"] is not None:

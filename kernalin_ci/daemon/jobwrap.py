@@ -6,10 +6,11 @@ The job's files live on the sandbox's own size-capped tmpfs JOB (the disk cap): 
 checkout (bound read-only at CHECKOUT) to JOB/repo, makes JOB/out, JOB/home and JOB/tmp, runs COMMAND
 in JOB/repo, then kills every other process left in the sandbox (nothing of the job outlives its
 gate: out/ holds what the gate alone left), then writes to file descriptor FD one JSON line
-(`{"free": the least free space of JOB's and /tmp's file systems, sampled while COMMAND ran and at
-its end}`) and `out/` as a tar stream (daemon/outstream.py), and exits with COMMAND's exit code (125:
-the checkout could not be copied). The daemon reads FD only up to its caps;
-everything here runs as the job, so the daemon trusts none of it beyond what the caps allow.
+(`{"free": the least free space of the job's file systems (JOB's, /tmp's, /dev/shm's:
+sandbox.prepare), sampled while COMMAND ran and at its end}`) and `out/` as a tar stream
+(daemon/outstream.py), and exits with COMMAND's exit code (125: the checkout could not be copied).
+The daemon reads FD only up to its caps; everything here runs as the job, so the daemon trusts none
+of it beyond what the caps allow.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from kernalin_ci.daemon.outstream import pack
 
 COPY_FAILED = 125
 SAMPLE_S = 0.2
+SPACES = ("/tmp", "/dev/shm")  # written by the job besides JOB (/tmp may be a link into it)
 
 
 def free_bytes(*paths: str) -> int:
@@ -107,7 +109,7 @@ def main(argv: list[str]) -> int:
         ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
     stream = os.fdopen(fd, "wb")
     repo, out = os.path.join(job, "repo"), os.path.join(job, "out")
-    least = free_bytes(job, "/tmp")
+    least = free_bytes(job, *SPACES)
     try:
         for d in ("out", "home", "tmp"):
             os.makedirs(os.path.join(job, d), exist_ok=True)
@@ -117,14 +119,14 @@ def main(argv: list[str]) -> int:
         print(f"kernalin-ci daemon: cannot copy the checkout into the job's disk: {detail}", file=sys.stderr)
         code = COPY_FAILED
     else:
-        code, seen = run(command, repo, lambda: free_bytes(job, "/tmp"))
+        code, seen = run(command, repo, lambda: free_bytes(job, *SPACES))
         least = min(least, seen)
     left = reap()
     if left:
         print(f"kernalin-ci daemon: {left} processes of the job outlived its command: killed", file=sys.stderr)
     sys.stdout.flush()
     try:
-        stream.write(json.dumps({"free": min(least, free_bytes(job, "/tmp"))}).encode() + b"\n")
+        stream.write(json.dumps({"free": min(least, free_bytes(job, *SPACES))}).encode() + b"\n")
         if os.path.isdir(out):
             pack(out, stream)
         stream.close()

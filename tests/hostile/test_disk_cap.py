@@ -1,9 +1,12 @@
 """Issue 13, attack 8 (disk): a pull request's job tries to fill the host's disk through the local runner.
 
-The job's files live on its sandbox's own tmpfs of `runner.disk_max_bytes` (sandbox.prepare(disk=...)),
-and out/ comes back through a pipe the daemon reads only up to its caps (daemon/outstream.py). Without
-that, out/ and the checkout were host folders bound into the sandbox: the attack below wrote twice the
-cap into each. The docker runner's test is tests/test_daemon_docker.py (where an engine is up)."""
+The job's files live on its sandbox's own tmpfs, /dev/shm on another, and the two share
+`runner.disk_max_bytes` (sandbox.prepare(disk=...), sandbox.shm_share); out/ comes back through a pipe
+the daemon reads only up to its caps (daemon/outstream.py). Without that, out/ and the checkout were
+host folders bound into the sandbox: the attack below wrote twice the cap into each; then (issue 29)
+/dev/shm, and /tmp where the Python installation lives under /tmp (a fresh clone with its venv there),
+each had a tmpfs of the whole cap. The docker runner's test is tests/test_daemon_docker.py (where an
+engine is up)."""
 
 from __future__ import annotations
 
@@ -57,7 +60,8 @@ def test_a_job_cannot_fill_the_hosts_disk(tmp_path, world, serve):  # noqa: F811
     job_dir = state / "jobs" / job["id"]
     log = (job_dir / "job.log").read_text()
     found = json.loads(log.split("DISK-ATTACK ", 1)[1].splitlines()[0])
-    # every write stopped at the cap: together they got less than the cap through (the checkout is there too)
+    # every write stopped at the cap: together they got less than the cap through (the checkout is there too),
+    # wherever this checkout and its Python installation live (under /tmp or not)
     assert sum(f["written"] for f in found.values()) <= CAP, found
     assert all(f["error"] == "No space left on device" for f in found.values()), found
     assert tree_size(job_dir) <= CAP + (1 << 20)  # what reached the host: out/ (at most the cap) and job.log

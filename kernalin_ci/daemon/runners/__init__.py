@@ -88,11 +88,12 @@ DISK_FULL_BELOW = 64 * 1024
 
 
 def disk_full_message(cap: int) -> str:
-    from kernalin_ci.sandbox import size_text
+    from kernalin_ci.sandbox import shm_share, size_text
 
     return (
         f"disk cap {size_text(cap)} reached (runner.disk_max_bytes): the job filled its writable space "
-        f"(its checkout, out/, HOME and /tmp); nothing of it reached the host's disk"
+        f"(its checkout, out/, HOME and /tmp, or /dev/shm, which has {size_text(shm_share(cap))} of the cap); "
+        f"nothing of it reached the host's disk"
     )
 
 

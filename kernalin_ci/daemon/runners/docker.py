@@ -8,16 +8,16 @@ profile): the pull request's code never shares a uid with the gate, so it can ne
 gate's files (its report, the next worker's job) nor signal or trace it. With runner.docker.user
 set, the job runs as that user instead (and needs runner.env KERNALIN_SANDBOX set by the operator:
 `off` runs kernel code as that same user, trusted repositories only). Everything the job writes
-lives on one tmpfs, /tmp, of `runner.disk_max_bytes` (the disk cap; its pages count against the
-memory limit too): the checkout, mounted read-only at /repo, is cloned to /tmp/repo (the gate makes
-git worktrees, which need a writable repository), HOME is /tmp/home and out/ is /tmp/out. Nothing of
-the job is on the host's disk while it runs, its output included: the container's main process only
-sleeps (so the engine logs nothing) and the job runs as an exec whose output is streamed into
-job.log up to its cap. Afterwards /tmp/out is read back through an exec's tar stream, up to
-`runner.out_max_bytes` (daemon/outstream.py), and the container is removed. A GPU slot becomes a
-device request for that one GPU. Past the timeout the container is killed. Engine failures (no
-engine, no image, a refused create) are infrastructure errors, retried by the daemon; what the job
-does inside is not.
+counts against `runner.disk_max_bytes` (the disk cap; its pages count against the memory limit too):
+/dev/shm is `sandbox.shm_share` of it, the rest one tmpfs, /tmp, for all else: the checkout, mounted
+read-only at /repo, is cloned to /tmp/repo (the gate makes git worktrees, which need a writable
+repository), HOME is /tmp/home and out/ is /tmp/out. Nothing of the job is on the host's disk while
+it runs, its output included: the container's main process only sleeps (so the engine logs nothing)
+and the job runs as an exec whose output is streamed into job.log up to its cap. Afterwards /tmp/out
+is read back through an exec's tar stream, up to `runner.out_max_bytes` (daemon/outstream.py), and
+the container is removed. A GPU slot becomes a device request for that one GPU. Past the timeout the
+container is killed. Engine failures (no engine, no image, a refused create) are infrastructure
+errors, retried by the daemon; what the job does inside is not.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from kernalin_ci.daemon.runners import (
 )
 from kernalin_ci.daemon.settings import DockerSettings
 from kernalin_ci.launch import image_module_argv
+from kernalin_ci.sandbox import shm_share
 
 LABEL = "kernalin-ci.job"
 OUT = "/tmp/out"  # the job's out/, on its capped tmpfs
@@ -117,7 +118,8 @@ class DockerRunner:
             memswap_limit=s.memory,
             pids_limit=s.pids,
             read_only=True,
-            tmpfs={"/tmp": f"rw,exec,nosuid,size={self.disk_max_bytes}"},
+            tmpfs={"/tmp": f"rw,exec,nosuid,size={self.disk_max_bytes - shm_share(self.disk_max_bytes)}"},
+            shm_size=shm_share(self.disk_max_bytes),
             cap_drop=["ALL"],
             cap_add=caps,
             security_opt=["no-new-privileges"],
@@ -207,10 +209,10 @@ class DockerRunner:
         """After the job: whether it filled its disk, and its out/ read back into req.out (up to the caps)."""
         api = self.client.api
         free = None
-        probe = api.exec_create(container.id, ["stat", "-f", "-c", "%a %S", "/tmp"], user="")["Id"]
+        probe = api.exec_create(container.id, ["stat", "-f", "-c", "%a %S", "/tmp", "/dev/shm"], user="")["Id"]
         try:
-            blocks, size = api.exec_start(probe).split()
-            free = int(blocks) * int(size)
+            spaces = [line.split() for line in api.exec_start(probe).decode().splitlines()]
+            free = min(int(blocks) * int(size) for blocks, size in spaces)
         except ValueError:
             pass
         error = None
