@@ -179,6 +179,7 @@ OPTIONAL_MODULES = {
     "redis": "redis",
     "pytest": "pytest",
     "prometheus_client": "prometheus_client",
+    "h11": "h11",  # the daemon's HTTP front (kernalin_ci/daemon/server.py)
     "cmarkgfm": "cmarkgfm",
     "openapi-schema-validator": "openapi_schema_validator",
     "mypy": "mypy",
