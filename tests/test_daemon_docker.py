@@ -135,7 +135,8 @@ def test_the_job_runs_sandboxed_and_the_container_is_removed(world, make_daemon,
     assert sorted(host["CapAdd"]) == ["CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID", "SETUID"]
     mounts = {m["Destination"]: m["RW"] for m in c.attrs["Mounts"]}
     assert mounts == {"/repo": False, "/job/kernalin.yml": False}  # nothing of the host is writable
-    assert host["Tmpfs"] == {"/tmp": f"rw,exec,nosuid,size={8 << 30}"}  # the disk cap (runner.disk_max_bytes)
+    # the disk cap (runner.disk_max_bytes): /tmp and /dev/shm share it
+    assert host["Tmpfs"] == {"/tmp": f"rw,exec,nosuid,size={(8 << 30) - (64 << 20)}"} and host["ShmSize"] == 64 << 20
     assert c.attrs["Config"]["User"] == "0:0" and "KERNALIN_SANDBOX=uid" in c.attrs["Config"]["Env"]
     job = wait_job(lambda p: get_json(d.url + p), job_id, timeout=120)
     assert job["state"] == "done" and job["conclusion"] == "failure"
