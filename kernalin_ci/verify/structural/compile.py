@@ -81,3 +81,27 @@ def ttir(launch) -> str:
         raise CompileError(f"{type(e).__name__}: {msg[-400:]}") from None
     _CACHE[key] = text
     return text
+
+
+_PTX_CACHE: dict[str, str] = {}
+
+
+def ptx(launch) -> str:
+    """The PTX text of one captured launch for sm_90 (the whole `triton.compile`, cached), for the PTX
+    engine. Raises CompileError with a one-line cause."""
+    src = _source(launch)
+    opts = launch.options.__dict__ if launch.options is not None else {}
+    key = launch.path + src.hash() + repr(sorted(opts.items()))
+    if key in _PTX_CACHE:
+        return _PTX_CACHE[key]
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    try:
+        import triton
+
+        kernel = triton.compile(src, target=_target(), options=dict(opts))
+        text = kernel.asm["ptx"]
+    except Exception as e:  # a kernel that does not compile for sm_90
+        msg = " ".join(str(e).split())
+        raise CompileError(f"{type(e).__name__}: {msg[-400:]}") from None
+    _PTX_CACHE[key] = text
+    return text

@@ -1,0 +1,207 @@
+"""What every property query shares: the domain's constraints, the contract's, and the verdict's form.
+
+A query is built from terms of the trace plus the frame: each shape symbol in its range, each block index
+below its grid size, each loop's iteration constraint, and for every index-tensor element the query
+mentions the contract's bounds on it (kv_lens in [1, capacity], block-table entries valid blocks, slots
+valid or -1 and pairwise distinct, positions below max_position, and the decode step's relations between
+them). `Result` is a property's verdict: proved (with the domain it holds for), violated (with a concrete
+counterexample: symbol values, index values, the lane), or not proved (with the cause).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from kernalin_ci.ptx import solver
+from kernalin_ci.ptx import terms as T
+from kernalin_ci.ptx.executor import Access, Trace, expr_term
+from kernalin_ci.ptx.facts import Expr, LaunchFacts, TensorFacts
+from kernalin_ci.ptx.syntax import Instr
+
+_TAGS = itertools.count()
+
+
+@dataclass
+class Contract:
+    """The op's facts the properties check against (names of the launch's tensors; empty when absent)."""
+
+    op: str
+    caches: dict[str, str] = field(default_factory=dict)  # cache tensor -> the input it copies (kv_append)
+    slots: str = ""  # slot_mapping
+    block_size: int = 0
+
+
+@dataclass
+class Result:
+    name: str
+    status: str  # "proved" | "violated" | "not-proved"
+    domain: str
+    bug_class: str | None = None
+    where: Instr | None = None
+    cause: str = ""
+    lane: int | None = None
+    counterexample: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {
+            "property": self.name,
+            "status": self.status,
+            "domain": self.domain,
+            "bug_class": self.bug_class,
+            "line": self.where.line if self.where else None,
+            "file": self.where.file if self.where else None,
+            "cause": self.cause,
+            "lane": self.lane,
+            "counterexample": self.counterexample,
+        }
+
+
+class Context:
+    def __init__(self, facts: LaunchFacts, contract: Contract, trace: Trace, symbols: dict[str, T.Term]):
+        self.facts = facts
+        self.contract = contract
+        self.trace = trace
+        self.symbols = symbols
+        self.domain = facts.domain_text()
+        self._resolved: dict[int, T.Term] = {}
+
+    # ------------------------------------------------------------ terms
+
+    def expr(self, e: Expr) -> T.Term:
+        return expr_term(e, self.symbols, 64)
+
+    def path(self, a: Access) -> T.Term:
+        key = id(a.cond)
+        c = self._resolved.get(key)
+        if c is None:
+            c = self.trace.resolve(T.and_(*a.cond))
+            self._resolved[key] = c
+        return T.and_(c, a.guard)
+
+    def lane_is(self, a: Access) -> T.Term:
+        """Names the lane in a counterexample (a disjunct per lane)."""
+        return T.cmp("eq", T.sym("__lane", 32), T.const(a.lane, 32))
+
+    def program_vars(self, trace: Trace) -> list[T.Term]:
+        return [self.symbols[f"ctaid.{x}"] for x in "xyz"] + [lp.k for lp in trace.loops.values()]
+
+    def program_frame(self, trace: Trace) -> list[T.Term]:
+        out = []
+        for x, g in zip("xyz", self.facts.grid):
+            cta = T.zext(self.symbols[f"ctaid.{x}"], 64)
+            out.append(T.cmp("ult", cta, self.expr(g)))
+        for lp in trace.loops.values():
+            out.append(self.trace.resolve(lp.constraint))
+        return out
+
+    def frame(self) -> list[T.Term]:
+        out = []
+        for s in self.facts.symbols.values():
+            v = self.symbols[s.name]
+            out += [T.cmp("ule", T.const(s.lo, 64), v), T.cmp("ule", v, T.const(s.hi, 64))]
+        return out + self.program_frame(self.trace)
+
+    # ------------------------------------------------------------ queries
+
+    def query(self) -> solver.Query:
+        q = solver.Query()
+        q.add(*self.frame())
+        return q
+
+    def ask(self, cond: T.Term, extra: list | None = None) -> solver.Answer:
+        q = self.query()
+        q.add(cond, *(extra or []))
+        return self.finish(q)
+
+    def finish(self, q: solver.Query) -> solver.Answer:
+        """Add the contract's constraints on every index element the query mentions, then decide."""
+        done: set[int] = set()
+        slots_seen: list[T.Term] = []
+        while True:
+            new = [t for t, _ in q.tr.selects if id(t) not in done]
+            if not new:
+                break
+            for t in new:
+                done.add(id(t))
+                for c in self.index_constraints(t, slots_seen):
+                    q.add(c)
+        return q.check()
+
+    def index_constraints(self, t: T.Term, slots_seen: list[T.Term]) -> list[T.Term]:
+        name, off = t.args
+        info = self.facts.tensors.get(name)
+        if info is None or info.value_range is None:
+            return []
+        inside = T.and_(
+            T.cmp("sle", T.const(0, 64), off),
+            T.cmp("slt", off, T.bv("mul", self.expr(info.extent), T.const(info.elsize, 64))),
+            T.cmp("eq", T.bv("urem", off, T.const(info.elsize, 64)), T.const(0, 64)),
+        )
+        v = T.sext(t, 64)
+        lo, hi = (self.expr(x) for x in info.value_range)
+        ok = T.and_(T.cmp("sle", lo, v), T.cmp("sle", v, hi))
+        if info.allow_negative_one:
+            ok = T.or_(ok, T.cmp("eq", v, T.const(-1, 64)))
+        out = [T.or_(T.not_(inside), ok)]
+        if name in self.facts.distinct:
+            for other in slots_seen:
+                if other.args[0] == name:
+                    ov = T.sext(other, 64)
+                    differ = T.not_(T.cmp("eq", off, other.args[1]))
+                    out.append(T.or_(T.not_(differ), T.cmp("slt", v, T.const(0, 64)), T.not_(T.cmp("eq", v, ov))))
+            slots_seen.append(t)
+        return out
+
+    # ------------------------------------------------------------ verdicts
+
+    def result(self, what: str, ans: solver.Answer, cls: str, ins: Instr | None, group: list[Access], *_) -> Result:
+        if ans.status == "unsat":
+            return Result(what, "proved", self.domain, where=ins)
+        if ans.status == "sat":
+            return Result(what, "violated", self.domain, cls, ins, lane=_lane(ans, group), counterexample=self.readable(ans.model))
+        return Result(what, "not-proved", self.domain, where=ins, cause=f"the solver gave up ({ans.cause or 'unknown'})")
+
+    def readable(self, model: dict[str, int]) -> dict:
+        """Symbol values, and index values by element ("block_tables[1, 3]": 5)."""
+        out: dict = {}
+        for k, v in model.items():
+            if k.startswith("select:"):
+                name, off = k[7:].split("@")
+                info = self.facts.tensors.get(name)
+                if info is None:
+                    continue
+                out[f"{name}[{_coords(info, int(off) // info.elsize, model, self.facts)}]"] = v
+            elif k.startswith(("ctaid.",)) or k in self.facts.symbols or k.startswith("k"):
+                out[k] = T.signed(v, 64) if k in self.facts.symbols else v
+        return out
+
+
+def _lane(ans: solver.Answer, group: list[Access]) -> int | None:
+    return ans.model.get("__lane") if group else None
+
+
+def _coords(info: TensorFacts, elem: int, model: dict, facts: LaunchFacts) -> str:
+    values = {s: model.get(s, facts.symbols[s].captured) for s in facts.symbols}
+    strides = [st.at(values) for st in info.strides]
+    order = sorted(range(len(strides)), key=lambda d: -strides[d])
+    idx = [0] * len(strides)
+    rest = elem
+    for d in order:
+        s = max(strides[d], 1)
+        idx[d], rest = divmod(rest, s)
+    return ", ".join(str(i) for i in idx)
+
+
+def decode(ctx: Context, info: TensorFacts, off: T.Term, tag: str) -> tuple[list[T.Term], T.Term]:
+    """Coordinates of the element at byte offset `off` of a tensor: fresh symbols, and the constraint
+    tying them to the offset (each below its dimension; strides as the tensor has them)."""
+    n = next(_TAGS)
+    coords = [T.sym(f"{tag}_{n}_{d}", 64) for d in range(len(info.shape))]
+    flat = T.const(0, 64)
+    conds = []
+    for c, size, stride in zip(coords, info.shape, info.strides):
+        flat = T.bv("add", flat, T.bv("mul", c, ctx.expr(stride)))
+        conds.append(T.cmp("ult", c, ctx.expr(size)))
+    conds.append(T.cmp("eq", off, T.bv("mul", flat, T.const(info.elsize, 64))))
+    return coords, T.and_(*conds)

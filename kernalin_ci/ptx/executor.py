@@ -1,0 +1,719 @@
+"""The symbolic executor: every thread of one block, in lockstep, over symbolic data.
+
+Model (docs/structural.md, "The PTX engine"):
+- The lanes of one block are enumerated (`%tid.x` is a constant per lane: a complete case split over the
+  block's threads); the block indices `%ctaid.*` are symbols bounded by the grid, so one run covers every
+  program of the launch. Kernel parameters are terms from the launch facts; a pointer is a base symbol
+  `ptr:<tensor>` plus its byte offset.
+- A register holds one term (the same in every lane: computed once) or a tuple of terms, one per lane.
+- Loads: an index tensor's element is `select(tensor, offset)` (the same symbol for every read of that
+  element); a data tensor's element is `load(tensor, offset, bits)`. Every global load and store is
+  recorded (`Access`) with its lane, guard (the instruction predicate, the lane's activity and the path
+  condition) and address; the properties are proved over these records.
+- Branches: a condition that is the same in every lane forks the path condition; one that differs between
+  lanes splits the lanes' activity masks. States meeting at an instruction are merged (if-then-else of
+  their values), so the paths do not multiply.
+- Loops (a backward branch): the body is executed once, for a symbolic iteration `k`: induction variables
+  (`r = r + step`, step invariant) are `init + k * step`, every other loop-carried register is a `phi` atom
+  of the iteration; the latch condition at iteration k - 1 constrains k (`loopinv`), loop counters do not
+  wrap. The exit continues with the body's final values and the negated latch condition.
+- Shared memory: a block-wide map from concrete byte addresses to terms; warp shuffles read the source
+  lane's register; barriers are no-ops in lockstep. Local memory: per lane, concrete addresses or havoc.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kernalin_ci.ptx import terms as T
+from kernalin_ci.ptx.facts import LaunchFacts
+from kernalin_ci.ptx.semantics import Unsupported, alu, as_bits, fit, types_of
+from kernalin_ci.ptx.syntax import Instr, Kernel, Mem
+
+Val = T.Term | tuple  # one term for all lanes, or one per lane
+
+MAX_STATES = 64
+MAX_STEPS = 200_000
+NO_ALU = {"mov", "ld", "st", "bra", "ret", "exit", "bar", "barrier", "shfl", "cp", "membar", "fence", "cvta"}
+
+
+@dataclass
+class Access:
+    kind: str  # "ld" | "st"
+    instr: Instr
+    lane: int
+    guard: T.Term  # bool: executes (predicate and lane activity), within the path condition `cond`
+    cond: tuple  # the path condition's conjuncts
+    tensor: str  # the tensor addressed (`global:NAME` for a module table)
+    offset: T.Term  # byte offset from the tensor's element 0 (64-bit)
+    size: int  # bytes
+    value: T.Term  # loaded term, or stored bits
+    order: int  # program order of the access within its lane
+
+
+@dataclass(eq=False)
+class Loop:
+    id: int
+    header: int
+    latch: int
+    k: T.Term
+    ivs: dict  # reg -> (init Val, step Val)
+    phis: dict  # reg -> (init Val, phi Val)
+    latch_conds: list = field(default_factory=list)  # the back edge's condition, per path reaching the latch
+    updates: list = field(default_factory=list)  # {reg: Val at the latch}, per path
+    no_wrap: list = field(default_factory=list)  # bool terms: counters without overflow
+    constraint: T.Term = T.TRUE
+
+
+@dataclass
+class Trace:
+    kernel: Kernel
+    lanes: int
+    accesses: list[Access]
+    loops: dict[int, Loop]
+    ends: list[tuple]  # the path conditions of the states that returned
+    symbols: dict[str, T.Term]  # name -> term of the launch's symbols (ctaid, shape symbols)
+    instrs_run: int = 0
+    results: dict = field(default_factory=dict)  # per instruction index: Val of its destination (dataflow)
+
+    def resolve(self, t: T.Term) -> T.Term:
+        """t with every `loopinv` atom replaced by its loop's constraint."""
+        table = {T.mk("loopinv", (i,), "bool", 1): lp.constraint for i, lp in self.loops.items()}
+        return T.substitute(t, table)
+
+
+@dataclass
+class State:
+    index: int
+    regs: dict
+    cond: tuple
+    active: tuple  # per lane: bool term
+    smem: dict
+    local: list  # per lane: {address: term} or None (havocked)
+    loops: tuple = ()
+    order: int = 0
+
+
+def lane_of(v: Val, lane: int) -> T.Term:
+    return v if isinstance(v, T.Term) else v[lane]
+
+
+def pack(vals: list) -> Val:
+    first = vals[0]
+    if all(v is first for v in vals):
+        return first
+    return tuple(vals)
+
+
+class Executor:
+    def __init__(self, kernel: Kernel, facts: LaunchFacts, symbols: dict[str, T.Term]):
+        self.k = kernel
+        self.facts = facts
+        self.n = kernel.threads or facts.block_threads or 128
+        self.symbols = symbols
+        self.accesses: list[Access] = []
+        self.loops: dict[int, Loop] = {}
+        self.ends: list[tuple] = []
+        self.steps = 0
+        self.results: dict[int, Val] = {}
+        self.back_edges = self._back_edges()
+        self.params = self._param_terms()
+
+    # ---------------------------------------------------------------- setup
+
+    def _back_edges(self) -> dict[int, int]:
+        """Loop header index -> index of its last backward branch."""
+        out: dict[int, int] = {}
+        for ins in self.k.instrs:
+            if ins.opcode == "bra":
+                target = self.k.labels.get(ins.operands[0])
+                if target is None:
+                    raise Unsupported(f"branch to unknown label {ins.operands[0]}")
+                if target <= ins.index:
+                    out[target] = max(out.get(target, -1), ins.index)
+        return out
+
+    def _param_terms(self) -> dict[str, T.Term]:
+        out: dict[str, T.Term] = {}
+        for i, p in enumerate(self.k.params):
+            f = self.facts.params[i] if i < len(self.facts.params) else None
+            w = 8 * p.size if p.size in (1, 2, 4, 8) else 64
+            if f is not None and f.kind == "pointer" and f.tensor:
+                base = T.sym(f"ptr:{f.tensor}", 64)
+                out[p.name] = T.bv("add", base, expr_term(f.byte_offset, self.symbols, 64))
+            elif f is not None and f.kind == "int" and f.value is not None:
+                out[p.name] = fit(expr_term(f.value, self.symbols, max(w, 64)), w)
+            elif f is not None and f.kind == "float" and isinstance(f.value, float):
+                ft = T.mk("fparam", (f.name or p.name, f.value), "f", w)
+                out[p.name] = T.bits(ft)
+            else:
+                out[p.name] = T.sym(f"param:{p.name}", w)
+        return out
+
+    # ---------------------------------------------------------------- run
+
+    def run(self) -> Trace:
+        lanes = self.n
+        start = State(0, {}, (), tuple([T.TRUE] * lanes), {}, [{} for _ in range(lanes)])
+        work: list[State] = [start]
+        while work:
+            work.sort(key=lambda s: s.index)
+            s = work.pop(0)
+            same = [w for w in work if w.index == s.index and w.loops == s.loops]
+            for w in same:
+                work.remove(w)
+                s = merge(s, w, lanes)
+            work.extend(self._go(s))
+            if len(work) > MAX_STATES:
+                raise Unsupported("too many paths")
+        return Trace(self.k, lanes, self.accesses, self.loops, self.ends, self.symbols, self.steps, self.results)
+
+    def _go(self, s: State) -> list[State]:
+        """Run s until it forks, meets a join point (a label) or ends."""
+        instrs = self.k.instrs
+        labelled = set(self.k.labels.values())
+        first = True
+        while True:
+            if s.index >= len(instrs):
+                self.ends.append(s.cond)
+                return []
+            if s.index in labelled and not first:
+                return [s]  # a join point: let other states arrive first
+            first = False
+            if s.index in self.back_edges and not any(lp.header == s.index for lp in s.loops):
+                self._enter_loop(s)
+            ins = instrs[s.index]
+            self.steps += 1
+            if self.steps > MAX_STEPS:
+                raise Unsupported("the kernel is too long to follow")
+            if ins.opcode in ("ret", "exit") and ins.guard is None:
+                self.ends.append(s.cond)
+                return []
+            if ins.opcode == "bra":
+                return self._branch(s, ins)
+            self._exec(s, ins)
+            s.index += 1
+
+    # ---------------------------------------------------------------- control flow
+
+    def _guard(self, s: State, ins: Instr) -> Val:
+        """Per lane: the instruction executes (its predicate and the lane's activity)."""
+        if ins.guard is None:
+            return pack(list(s.active))
+        p = s.regs.get(ins.guard[0], T.FALSE)
+        vals = []
+        for lane in range(self.n):
+            g = lane_of(p, lane)
+            vals.append(T.and_(s.active[lane], T.not_(g) if ins.guard[1] else g))
+        return pack(vals)
+
+    def _branch(self, s: State, ins: Instr) -> list[State]:
+        target = self.k.labels[ins.operands[0]]
+        back = target <= ins.index
+        if ins.guard is None:
+            taken: Val = T.TRUE
+        else:
+            p = s.regs.get(ins.guard[0], T.FALSE)
+            taken = T.not_(p) if ins.guard[1] and isinstance(p, T.Term) else p
+            if not isinstance(p, T.Term):
+                taken = pack([T.not_(x) if ins.guard[1] else x for x in p])
+        if back:
+            loop = next((lp for lp in reversed(s.loops) if lp.header == target), None)
+            if loop is None:
+                raise Unsupported("a backward branch into a loop not entered at its header")
+            if not isinstance(taken, T.Term):
+                raise Unsupported("a loop whose back edge differs between lanes")
+            loop.latch_conds.append(taken)
+            loop.updates.append({r: s.regs.get(r) for r in loop.phis} | {r: s.regs.get(r) for r in loop.ivs})
+            if taken is T.TRUE:
+                return []
+            s.cond = s.cond + (T.not_(taken),)
+            s.loops = tuple(lp for lp in s.loops if lp is not loop)
+            s.index += 1
+            return [s]
+        if isinstance(taken, T.Term):  # the same in every lane: the path forks
+            out = []
+            for cond, index in ((taken, target), (T.not_(taken), ins.index + 1)):
+                if cond is T.FALSE:
+                    continue
+                t = clone(s)
+                t.cond = s.cond + ((cond,) if cond is not T.TRUE else ())
+                t.index = index
+                out.append(t)
+            return out
+        # lanes diverge: split their activity
+        a = clone(s)
+        a.active = tuple(T.and_(act, lane_of(taken, i)) for i, act in enumerate(s.active))
+        a.index = target
+        b = clone(s)
+        b.active = tuple(T.and_(act, T.not_(lane_of(taken, i))) for i, act in enumerate(s.active))
+        b.index = ins.index + 1
+        return [x for x in (a, b) if any(v is not T.FALSE for v in x.active)]
+
+    def _enter_loop(self, s: State) -> None:
+        header, latch = s.index, self.back_edges[s.index]
+        body = self.k.instrs[header : latch + 1]
+        lid = len(self.loops)
+        k = T.sym(f"k{lid}", 64)
+        written: dict[str, list[Instr]] = {}
+        for ins in body:
+            for d in dests(ins):
+                written.setdefault(d, []).append(ins)
+        inner_targets = [
+            (ins.index, self.k.labels[ins.operands[0]])
+            for ins in body
+            if ins.opcode == "bra" and header < self.k.labels[ins.operands[0]] <= latch
+        ]
+        loop = Loop(lid, header, latch, k, {}, {})
+        for reg, ws in written.items():
+            init = s.regs.get(reg)
+            if init is None:
+                continue
+            step = _induction(reg, ws, written, inner_targets)
+            if step is not None:
+                sv = self._operand(s, step, ws[0])
+                loop.ivs[reg] = (init, sv)
+                w = lane_of(init, 0).width
+                kk = T.extract(k, 0, w) if w < 64 else k
+                s.regs[reg] = pack([T.bv("add", lane_of(init, i), T.bv("mul", kk, lane_of(sv, i))) for i in range(self.n)])
+            else:
+                w = lane_of(init, 0)
+                sort, width = ("bool", 1) if w.sort == "bool" else ("bv", w.width if w.sort == "bv" else w.width)
+                phi = pack([T.mk("phi", (lid, reg, i if not isinstance(init, T.Term) else -1), sort, width) for i in range(self.n)])
+                loop.phis[reg] = (init, phi)
+                s.regs[reg] = phi
+        s.smem = {}
+        s.local = [None] * self.n
+        s.loops = s.loops + (loop,)
+        s.cond = s.cond + (T.mk("loopinv", (lid,), "bool", 1),)
+        self.loops[lid] = loop
+
+    def finish_loops(self) -> None:
+        """Each loop's constraint on its iteration k: k == 0, or the back edge was taken at k - 1."""
+        for lp in self.loops.values():
+            k = lp.k
+            prev = {k: T.bv("add", k, T.const(-1, 64))}
+            conds = []
+            for c in lp.latch_conds:
+                if any(x.op in ("phi", "fresh") for x in T.walk(c)):
+                    conds = [T.TRUE]
+                    break
+                conds.append(T.substitute(c, prev))
+            wrap = []
+            for reg, (init, step) in lp.ivs.items():
+                i0, s0 = lane_of(init, 0), lane_of(step, 0)
+                if isinstance(init, T.Term) and isinstance(step, T.Term) and i0.width == 32 and i0.sort == "bv":
+                    wide = T.bv("add", T.sext(i0, 64), T.bv("mul", k, T.sext(s0, 64)))
+                    narrow = T.bv("add", i0, T.bv("mul", T.extract(k, 0, 32), s0))
+                    wrap.append(T.cmp("eq", wide, T.sext(narrow, 64)))
+            lp.no_wrap = wrap
+            first = T.cmp("eq", k, T.const(0, 64))
+            lp.constraint = T.and_(T.or_(first, T.or_(*conds) if conds else T.FALSE), *wrap)
+
+    # ---------------------------------------------------------------- instructions
+
+    def _operand(self, s: State, tok, ins: Instr) -> Val:
+        if isinstance(tok, str):
+            if tok.startswith("%"):
+                if tok in s.regs:
+                    return s.regs[tok]
+                special = self._special(tok)
+                if special is not None:
+                    return special
+                return T.fresh(f"undefined {tok}", _reg_width(tok))
+            return self._immediate(tok, ins)
+        raise Unsupported(f"operand {tok!r}")
+
+    def _special(self, tok: str) -> Val | None:
+        if tok == "%tid.x":
+            return tuple(T.const(i, 32) for i in range(self.n))
+        if tok in ("%tid.y", "%tid.z"):
+            return T.const(0, 32)
+        if tok == "%laneid":
+            return tuple(T.const(i % 32, 32) for i in range(self.n))
+        if tok.startswith("%ctaid.") or tok.startswith("%nctaid."):
+            return self.symbols[tok[1:]]
+        if tok == "%ntid.x":
+            return T.const(self.n, 32)
+        if tok in ("%ntid.y", "%ntid.z"):
+            return T.const(1, 32)
+        return None
+
+    def _immediate(self, tok: str, ins: Instr) -> T.Term:
+        tys = types_of(ins.mods)
+        w = 64 if tys and tys[-1][1:] == "64" else 32
+        if tys and tys[-1][1:] == "16":
+            w = 16
+        if tok.startswith(("0f", "0F")):
+            return T.const(int(tok[2:], 16), 32)
+        if tok.startswith(("0d", "0D")):
+            return T.const(int(tok[2:], 16), 64)
+        try:
+            return T.const(int(tok, 0), w)
+        except ValueError:
+            pass
+        if tok in self.k.globals:
+            g = self.k.globals[tok]
+            return T.const(0, w) if g.space in ("shared", "local") else T.sym(f"global:{tok}", 64)
+        if tok in self.params:
+            return self.params[tok]
+        raise Unsupported(f"operand {tok!r}")
+
+    def _set(self, s: State, ins: Instr, reg: str, v: Val) -> None:
+        if ins.guard is not None or not all(a is T.TRUE for a in s.active):
+            g = self._guard(s, ins)
+            old = s.regs.get(reg)
+            if old is not None:
+                v = pack(
+                    [
+                        _ite(lane_of(g, i), lane_of(v, i), lane_of(old, i))
+                        for i in range(self.n)
+                    ]
+                )
+        s.regs[reg] = v
+
+    def _exec(self, s: State, ins: Instr) -> None:
+        op = ins.opcode
+        if op in ("bar", "barrier", "membar", "fence") or (op == "cp" and "async" in ins.mods and "shared" not in ins.mods):
+            return
+        if op in ("ret", "exit"):
+            raise Unsupported("a predicated return")
+        if op == "mov":
+            return self._mov(s, ins)
+        if op == "ld":
+            return self._ld(s, ins)
+        if op == "st":
+            return self._st(s, ins)
+        if op == "cp":
+            return self._cp_async(s, ins)
+        if op == "shfl":
+            return self._shfl(s, ins)
+        if op in ("mma", "wgmma", "ldmatrix", "stmatrix", "atom", "red", "call", "vote", "match", "tex"):
+            raise Unsupported(f"instruction {op}")
+        outs = ins.operands[0]
+        srcs = [self._operand(s, t, ins) for t in ins.operands[1:]]
+        if "|" in str(outs):
+            raise Unsupported("setp with two destinations")
+        if all(isinstance(v, T.Term) for v in srcs):
+            r: Val = alu(ins, srcs)
+        else:
+            r = pack([alu(ins, [lane_of(v, i) for v in srcs]) for i in range(self.n)])
+        self._set(s, ins, outs, r)
+        self.results[ins.index] = s.regs[outs]
+
+    def _mov(self, s: State, ins: Instr) -> None:
+        d, src = ins.operands[0], ins.operands[1]
+        if isinstance(d, tuple):  # unpack: mov.b32 {%lo, %hi}, %r
+            v = self._operand(s, src, ins)
+            parts = [(_reg_width(r), r) for r in d]
+            pos = 0
+            for w, r in parts:
+                self._set(s, ins, r, _lanes(v, self.n, lambda x, p=pos, w=w: T.extract(as_bits(x, x.width), p, w)))
+                pos += w
+            return
+        if isinstance(src, tuple):  # pack: mov.b32 %r, {%lo, %hi}
+            vals = [self._operand(s, r, ins) for r in src]
+            v = pack([T.concat([as_bits(lane_of(x, i), _reg_width(r)) for x, r in zip(vals, src)]) for i in range(self.n)])
+        else:
+            v = self._operand(s, src, ins)
+        self._set(s, ins, d, v)
+        self.results[ins.index] = s.regs[d]
+
+    def _address(self, s: State, m: Mem, ins: Instr) -> Val:
+        if m.base.startswith("%"):
+            base = self._operand(s, m.base, ins)
+        else:
+            base = self._immediate(m.base, ins)
+        return _lanes(base, self.n, lambda b: T.bv("add", b, T.const(m.offset, b.width)))
+
+    def _space(self, ins: Instr) -> str:
+        for sp in ("global", "shared", "local", "param", "const"):
+            if sp in ins.mods:
+                return sp
+        return "global"
+
+    def _ld(self, s: State, ins: Instr) -> None:
+        space = self._space(ins)
+        d, m = ins.operands[0], ins.operands[1]
+        regs = list(d) if isinstance(d, tuple) else [d]
+        tys = types_of(ins.mods)
+        w = int(tys[-1][1:]) if tys and tys[-1] not in ("f16", "bf16") else 16
+        if space == "param":
+            v = self.params.get(m.base)
+            if v is None:
+                raise Unsupported(f"parameter {m.base}")
+            self._set(s, ins, regs[0], fit(v, w) if v.sort == "bv" else v)
+            return
+        addr = self._address(s, m, ins)
+        guard = self._guard(s, ins)
+        for j, reg in enumerate(regs):
+            vals = []
+            for lane in range(self.n):
+                a = T.bv("add", lane_of(addr, lane), T.const(j * w // 8, lane_of(addr, lane).width))
+                g = lane_of(guard, lane)
+                if space == "shared":
+                    v = _read_map(s.smem, a, w) if g is not T.FALSE else T.const(0, w)
+                elif space == "local":
+                    v = _read_map(s.local[lane], a, w) if s.local[lane] is not None else T.fresh("local", w)
+                else:
+                    v = self._global_load(s, ins, lane, g, a, w)
+                vals.append(v)
+            self._set(s, ins, reg, pack(vals))
+
+    def _global_load(self, s: State, ins: Instr, lane: int, g: T.Term, a: T.Term, w: int) -> T.Term:
+        tensor, off = split_base(a)
+        if tensor.startswith("global:"):
+            return T.fresh(f"table {tensor[7:]}", w)  # a library constant table (libdevice): not checked
+        info = self.facts.tensors.get(tensor)
+        if info is not None and info.index:
+            v = T.select(tensor, off, 8 * info.elsize)
+            v = fit(v, w) if info.elsize * 8 != w else v
+        else:
+            v = T.load(tensor, off, w)
+        if g is not T.FALSE:
+            s.order += 1
+            self.accesses.append(Access("ld", ins, lane, g, s.cond, tensor, off, w // 8, v, s.order))
+        return v
+
+    def _st(self, s: State, ins: Instr) -> None:
+        space = self._space(ins)
+        m, src = ins.operands[0], ins.operands[1]
+        regs = list(src) if isinstance(src, tuple) else [src]
+        tys = types_of(ins.mods)
+        w = int(tys[-1][1:]) if tys and tys[-1] not in ("f16", "bf16") else 16
+        addr = self._address(s, m, ins)
+        guard = self._guard(s, ins)
+        if space == "global":
+            s.order += 1
+        for j, reg in enumerate(regs):
+            v = self._operand(s, reg, ins)
+            for lane in range(self.n):
+                g = lane_of(guard, lane)
+                if g is T.FALSE:
+                    continue
+                a = T.bv("add", lane_of(addr, lane), T.const(j * w // 8, lane_of(addr, lane).width))
+                x = as_bits(lane_of(v, lane), w)
+                if space == "shared":
+                    _write_map(s.smem, a, x, g, w)
+                elif space == "local":
+                    if s.local[lane] is not None and T.is_const(a):
+                        _write_map(s.local[lane], a, x, g, w)
+                    else:
+                        s.local[lane] = None
+                else:
+                    tensor, off = split_base(a)
+                    self.accesses.append(Access("st", ins, lane, g, s.cond, tensor, off, w // 8, x, s.order))
+
+    def _cp_async(self, s: State, ins: Instr) -> None:
+        """cp.async.*.shared.global [smem], [gmem], bytes(, src-bytes): a global load into shared memory."""
+        dst, src, size = ins.operands[0], ins.operands[1], int(ins.operands[2], 0)
+        srcsize = self._operand(s, ins.operands[3], ins) if len(ins.operands) > 3 else None
+        daddr, gaddr = self._address(s, dst, ins), self._address(s, src, ins)
+        guard = self._guard(s, ins)
+        for lane in range(self.n):
+            g = lane_of(guard, lane)
+            if srcsize is not None:
+                g = T.and_(g, T.not_(T.cmp("eq", as_bits(lane_of(srcsize, lane), 32), T.const(0, 32))))
+            for j in range(0, size, 4):
+                a = T.bv("add", lane_of(gaddr, lane), T.const(j, 64))
+                v = self._global_load(s, ins, lane, g, a, 32) if g is not T.FALSE else T.const(0, 32)
+                da = T.bv("add", lane_of(daddr, lane), T.const(j, 32))
+                _write_map(s.smem, da, T.ite(g, v, T.const(0, 32)), T.TRUE, 32)
+
+    def _shfl(self, s: State, ins: Instr) -> None:
+        mode = ins.mods[1] if ins.mods[0] == "sync" else ins.mods[0]
+        d = ins.operands[0]
+        dreg = d.split("|")[0]
+        a = self._operand(s, ins.operands[1], ins)
+        b = self._operand(s, ins.operands[2], ins)
+        c = self._operand(s, ins.operands[3], ins)
+        vals = []
+        for lane in range(self.n):
+            bl, cl = lane_of(b, lane), lane_of(c, lane)
+            if not (T.is_const(bl) and T.is_const(cl)):
+                raise Unsupported("a shuffle with a lane that is not known")
+            bv_, cv = T.value(bl) & 31, T.value(cl)
+            seg_mask = (cv >> 8) & 31
+            max_lane = (lane % 32 & seg_mask) | (cv & 31 & ~seg_mask)
+            base = lane - lane % 32
+            li = lane % 32
+            if mode == "bfly":
+                j = li ^ bv_
+                ok = j <= max_lane
+            elif mode == "idx":
+                j = bv_
+                ok = j <= max_lane
+            elif mode == "down":
+                j = li + bv_
+                ok = j <= max_lane
+            elif mode == "up":
+                j = li - bv_
+                ok = j >= (li & seg_mask)
+            else:
+                raise Unsupported(f"shfl.{mode}")
+            vals.append(lane_of(a, base + j) if ok and base + j < self.n else lane_of(a, lane))
+        self._set(s, ins, dreg, pack(vals))
+
+
+# -------------------------------------------------------------------- helpers
+
+
+def dests(ins: Instr) -> list[str]:
+    if ins.opcode in ("st", "bra", "bar", "barrier", "ret", "exit", "membar", "fence") or not ins.operands:
+        return []
+    if ins.opcode == "cp":
+        return []
+    d = ins.operands[0]
+    if isinstance(d, tuple):
+        return [x for x in d if x.startswith("%")]
+    if isinstance(d, str) and d.startswith("%"):
+        return [x for x in d.split("|")]
+    return []
+
+
+def _induction(reg: str, writes: list[Instr], written: dict, inner_targets: list) -> str | None:
+    """The step operand when reg is updated once per iteration as reg = reg + step (step invariant)."""
+    if len(writes) != 1:
+        return None
+    ins = writes[0]
+    if ins.opcode != "add" or ins.guard is not None or any(t[0] == "f" for t in types_of(ins.mods)):
+        return None
+    if any(b < ins.index < t for b, t in inner_targets):
+        return None  # conditional: under a branch inside the body
+    a, b = ins.operands[1], ins.operands[2]
+    step = b if a == reg else a if b == reg else None
+    if step is None or (isinstance(step, str) and step in written):
+        return None
+    return step
+
+
+def _reg_width(r: str) -> int:
+    if r.startswith("%rd"):
+        return 64
+    if r.startswith("%rs"):
+        return 16
+    if r.startswith("%p"):
+        return 1
+    return 32
+
+
+def _lanes(v: Val, n: int, fn) -> Val:
+    if isinstance(v, T.Term):
+        return fn(v)
+    return pack([fn(x) for x in v])
+
+
+def _ite(c: T.Term, a: T.Term, b: T.Term) -> T.Term:
+    if a.sort == "f" or b.sort == "f":
+        from kernalin_ci.ptx.semantics import as_float
+
+        w = a.width if a.sort == "f" else b.width
+        return T.fite(c, as_float(a, w), as_float(b, w))
+    if a.sort == "bool" or b.sort == "bool":
+        if a.sort != b.sort:
+            return T.ite(c, as_bits(a, 1), as_bits(b, 1))
+        return T.or_(T.and_(c, a), T.and_(T.not_(c), b)) if a is not b else a
+    if a.width != b.width:
+        b = fit(b, a.width)
+    return T.ite(c, a, b)
+
+
+def _read_map(mem: dict, a: T.Term, w: int) -> T.Term:
+    if not T.is_const(a):
+        raise Unsupported("a shared or local memory address that is not known")
+    addr = T.value(a)
+    hit = mem.get(addr)
+    if hit is not None and hit.width == w:
+        return hit
+    if hit is not None and hit.width > w:
+        return T.extract(hit, 0, w)
+    parts, pos = [], 0
+    while pos < w:
+        x = mem.get(addr + pos // 8)
+        if x is None:
+            return T.fresh("uninitialised shared memory", w)
+        parts.append(x)
+        pos += x.width
+    if pos != w:
+        return T.fresh("shared memory", w)
+    return T.concat(parts)
+
+
+def _write_map(mem: dict, a: T.Term, x: T.Term, g: T.Term, w: int) -> None:
+    if not T.is_const(a):
+        raise Unsupported("a shared or local memory address that is not known")
+    addr = T.value(a)
+    if g is not T.TRUE:
+        old = mem.get(addr)
+        x = T.ite(g, x, old if old is not None and old.width == w else T.fresh("shared memory", w))
+    mem[addr] = x
+
+
+def split_base(a: T.Term) -> tuple[str, T.Term]:
+    """An address as (tensor, byte offset): the one pointer symbol of its sum, and the rest."""
+    atoms: list[T.Term] = []
+    stack = [a]
+    while stack:
+        x = stack.pop()
+        if x.op == "add":
+            stack.extend(x.args)
+        else:
+            atoms.append(x)
+    bases = [x for x in atoms if x.op == "sym" and x.args[0].startswith(("ptr:", "global:"))]
+    if len(bases) != 1:
+        raise Unsupported("an address that is not one pointer parameter plus an offset")
+    rest = [x for x in atoms if x is not bases[0]]
+    for x in rest:
+        if any(y.op == "sym" and y.args[0].startswith(("ptr:", "global:")) for y in T.walk(x)):
+            raise Unsupported("an address computed from a pointer in a way the engine does not follow")
+    off = T.const(0, 64)
+    for x in rest:
+        off = T.bv("add", off, x)
+    name = bases[0].args[0]
+    return (name[4:] if name.startswith("ptr:") else name), off
+
+
+def expr_term(e, symbols: dict[str, T.Term], w: int) -> T.Term:
+    """A facts.Expr as a bit-vector term of width w over the shape symbols."""
+    out = T.const(0, w)
+    for mono, c in e.terms:
+        p = T.const(c, w)
+        for name in mono:
+            p = T.bv("mul", p, fit(symbols[name], w))
+        out = T.bv("add", out, p)
+    return out
+
+
+def clone(s: State) -> State:
+    return State(s.index, dict(s.regs), s.cond, s.active, dict(s.smem), [dict(x) if x is not None else None for x in s.local], s.loops, s.order)
+
+
+def merge(a: State, b: State, lanes: int) -> State:
+    """Two states at the same instruction as one: values chosen by which path each lane came by."""
+    n = 0
+    while n < min(len(a.cond), len(b.cond)) and a.cond[n] is b.cond[n]:
+        n += 1
+    ca, cb = T.and_(*a.cond[n:]), T.and_(*b.cond[n:])
+    sel = [T.and_(ca, a.active[i]) for i in range(lanes)]
+    regs = {}
+    for r in set(a.regs) | set(b.regs):
+        x, y = a.regs.get(r), b.regs.get(r)
+        if x is None or y is None or x is y:
+            regs[r] = x if y is None else y if x is None else x
+            continue
+        regs[r] = pack([_ite(sel[i], lane_of(x, i), lane_of(y, i)) for i in range(lanes)])
+    active = tuple(T.or_(T.and_(ca, a.active[i]), T.and_(cb, b.active[i])) for i in range(lanes))
+    smem = {}
+    for addr in set(a.smem) | set(b.smem):
+        x, y = a.smem.get(addr), b.smem.get(addr)
+        smem[addr] = x if x is y or y is None else y if x is None else T.ite(ca, x, fit(y, x.width))
+    local = [None if x is None or y is None or x != y else x for x, y in zip(a.local, b.local)]
+    cond = a.cond[:n] + ((T.or_(ca, cb),) if T.or_(ca, cb) is not T.TRUE else ())
+    return State(a.index, regs, cond, active, smem, local, a.loops, max(a.order, b.order))
+
+
+def execute(kernel: Kernel, facts: LaunchFacts, symbols: dict[str, T.Term]) -> Trace:
+    ex = Executor(kernel, facts, symbols)
+    trace = ex.run()
+    ex.finish_loops()
+    return trace

@@ -1,0 +1,177 @@
+"""Memory properties, proved over every access the executor recorded, for every value of the domain.
+
+- `bounds`: every global load and store that executes stays inside its tensor (`unmasked-load` for a load,
+  `stray-write` for a store).
+- `cache_stores`: a KV cache store writes, bit for bit, the element of `key`/`value` of the token whose
+  slot it lands in, at that token's head and dim; never for a padding token (slot -1); an address right in
+  64-bit arithmetic but not in the kernel's is `offset-overflow` (`kv-source`, `kv-padding`, `kv-slot`).
+
+Each property is one or a few SMT queries: "is there a lane, a program, a shape of the domain and index
+values allowed by the contract where the access does what it must not?" `unsat` proves the property;
+`sat` gives the counterexample.
+"""
+
+from __future__ import annotations
+
+from kernalin_ci.ptx import terms as T
+from kernalin_ci.ptx.context import Context, Result, decode
+from kernalin_ci.ptx.executor import Access, Trace
+
+
+def bounds(trace: Trace, ctx: Context) -> list[Result]:
+    out = []
+    by_instr: dict[tuple, list[Access]] = {}
+    for a in trace.accesses:
+        if a.tensor.startswith("global:"):
+            continue
+        by_instr.setdefault((a.kind, a.instr.index, a.tensor), []).append(a)
+    for (kind, _, tensor), group in sorted(by_instr.items(), key=lambda kv: kv[0][1]):
+        info = ctx.facts.tensors.get(tensor)
+        ins = group[0].instr
+        what = f"{'load from' if kind == 'ld' else 'store to'} {tensor} in bounds"
+        if info is None:
+            out.append(Result(what, "not-proved", ctx.domain, cause=f"{tensor} is not a tensor of the launch", where=ins))
+            continue
+        limit = T.bv("mul", ctx.expr(info.extent), T.const(info.elsize, 64))
+        bad = []
+        classes: dict[tuple, list[tuple[Access, int]]] = {}
+        for a in _distinct(group):
+            u, c = _split(a.offset)
+            classes.setdefault((id(u), id(a.guard), a.cond), []).append((a, c))
+        for members in classes.values():
+            # lanes at U + c: the lowest and the highest c bound them all
+            (lo_a, lo), (hi_a, hi) = min(members, key=lambda m: m[1]), max(members, key=lambda m: m[1])
+            u = _split(lo_a.offset)[0]
+            first = T.bv("add", u, T.const(lo, 64))
+            end = T.bv("add", u, T.const(hi + hi_a.size, 64))
+            bad.append(T.and_(ctx.path(lo_a), T.cmp("slt", first, T.const(0, 64)), ctx.lane_is(lo_a)))
+            bad.append(T.and_(ctx.path(hi_a), T.cmp("ult", limit, end), ctx.lane_is(hi_a)))
+        ans = ctx.ask(T.or_(*bad))
+        cls = "unmasked-load" if kind == "ld" else "stray-write"
+        out.append(ctx.result(what, ans, cls, ins, group, lambda a: a.offset, tensor))
+    return out
+
+
+def _distinct(group: list[Access]) -> list[Access]:
+    seen: dict[tuple, Access] = {}
+    for a in group:
+        seen.setdefault((id(a.guard), id(a.offset), a.cond), a)
+    return list(seen.values())
+
+
+def _split(off: T.Term) -> tuple[T.Term, int]:
+    if off.op == "add" and T.is_const(off.args[1]):
+        return off.args[0], T.value(off.args[1])
+    if T.is_const(off):
+        return T.const(0, 64), T.value(off)
+    return off, 0
+
+
+def _fold_lanes(group: list[Access]) -> list[tuple]:
+    """Accesses whose lanes differ only by constants in their store and source offsets, as one access
+    with the constants as symbols (`__c`, `__s`) taking each lane's pair: one decoding instead of one per
+    lane. (access, source offset, store offset, which-lane condition) per class."""
+    classes: dict[tuple, list[tuple[Access, int, int]]] = {}
+    for a in group:
+        s_off = source_element(a.value)[1]
+        us, cs = _split(s_off)
+        ud, cd = _split(a.offset)
+        classes.setdefault((id(us), id(ud), id(a.guard), a.cond), []).append((a, cs, cd))
+    out = []
+    for n, members in enumerate(classes.values()):
+        a = members[0][0]
+        us, _ = _split(source_element(a.value)[1])
+        ud, _ = _split(a.offset)
+        cs_, cd_ = T.sym(f"__s{n}", 64), T.sym(f"__c{n}", 64)
+        which = _lane_pairs(cs_, cd_, [(cs, cd, m.lane) for m, cs, cd in members])
+        out.append((a, T.bv("add", us, cs_), T.bv("add", ud, cd_), which))
+    return out
+
+
+def _lane_pairs(cs_: T.Term, cd_: T.Term, pairs: list[tuple[int, int, int]]) -> T.Term:
+    """cs_, cd_ take one lane's (source, store) constants. When every lane's pair lies on one line
+    cd = cs + b and the cs are an arithmetic progression, that is said in two linear facts instead of a
+    disjunction over the lanes (the same set of pairs, decided much faster)."""
+    lane = T.sym("__lane", 32)
+    cs_vals = sorted({p[0] for p in pairs})
+    b = pairs[0][1] - pairs[0][0]
+    if len(cs_vals) == len(pairs) and all(cd - cs == b for cs, cd, _ in pairs) and len(cs_vals) > 2:
+        step = cs_vals[1] - cs_vals[0]
+        if all(y - x == step for x, y in zip(cs_vals, cs_vals[1:])) and step > 0:
+            lo, hi = cs_vals[0], cs_vals[-1]
+            return T.and_(
+                T.cmp("sle", T.const(lo, 64), cs_),
+                T.cmp("sle", cs_, T.const(hi, 64)),
+                T.cmp("eq", T.bv("urem", T.bv("add", cs_, T.const(-lo, 64)), T.const(step, 64)), T.const(0, 64)),
+                T.cmp("eq", cd_, T.bv("add", cs_, T.const(b, 64))),
+            )
+    return T.or_(
+        *(
+            T.and_(T.cmp("eq", cs_, T.const(cs, 64)), T.cmp("eq", cd_, T.const(cd, 64)), T.cmp("eq", lane, T.const(ln, 32)))
+            for cs, cd, ln in pairs
+        )
+    )
+
+
+def source_element(value: T.Term) -> tuple[str, T.Term] | None:
+    """The (tensor, byte offset) a stored value was loaded from, when it is a plain copy."""
+    if value.op == "ite":
+        for side in value.args[1:]:
+            if not T.is_const(side):
+                return source_element(side)
+        return None
+    if value.op == "load":
+        return value.args[0], value.args[1]
+    if value.op == "fbitsof" and value.args[0].op == "fbits":
+        return source_element(value.args[0].args[0])
+    return None
+
+
+def cache_stores(trace: Trace, ctx: Context) -> list[Result]:
+    """KV append's contract on every store into a cache (contract.caches: cache -> source tensor)."""
+    c = ctx.contract
+    out = []
+    stores = [a for a in trace.accesses if a.kind == "st" and a.tensor in c.caches]
+    groups: dict[tuple, list[Access]] = {}
+    for a in stores:
+        groups.setdefault((a.instr.index, a.tensor), []).append(a)
+    for (_, cache), group in sorted(groups.items()):
+        ins = group[0].instr
+        src_name = c.caches[cache]
+        what = f"store to {cache} writes {src_name} of the token owning the slot"
+        wrong = [a for a in group if (s := source_element(a.value)) is None or s[0] != src_name]
+        if wrong:
+            a = wrong[0]
+            s = source_element(a.value)
+            cause = f"stores {s[0]}" if s else "stores a value that is not a copy of an input element"
+            out.append(Result(what, "violated", ctx.domain, "kv-source", ins, cause=cause, lane=a.lane))
+            continue
+        src = ctx.facts.tensors[src_name]
+        dst = ctx.facts.tensors[cache]
+        padded, wrong_slot = [], []
+        for folded in _fold_lanes(_distinct(group)):
+            a, s_off, d_off, which = folded
+            (t, h, d), src_ok = decode(ctx, src, s_off, "src")
+            slot = T.select(c.slots, T.bv("mul", t, T.const(ctx.facts.tensors[c.slots].elsize, 64)), 64)
+            slot = T.sext(slot, 64) if slot.width < 64 else slot
+            (blk, sl, hc, dc), dst_ok = decode(ctx, dst, d_off, "dst")
+            base = T.and_(ctx.path(a), src_ok, which)
+            padded.append(T.and_(base, T.cmp("slt", slot, T.const(0, 64))))
+            right = T.and_(
+                T.cmp("eq", T.bv("add", T.bv("mul", blk, T.const(c.block_size, 64)), sl), slot),
+                T.cmp("eq", hc, h),
+                T.cmp("eq", dc, d),
+            )
+            wrong_slot.append(T.and_(base, dst_ok, T.cmp("sle", T.const(0, 64), slot), T.not_(right)))
+        ans = ctx.ask(T.or_(*padded))
+        if ans.status != "unsat":
+            out.append(ctx.result(f"no store to {cache} for a padding token", ans, "kv-padding", ins, group))
+            continue
+        ans = ctx.ask(T.or_(*wrong_slot))
+        if ans.status == "sat":
+            small = ctx.ask(T.or_(*wrong_slot), extra=[T.cmp("ult", T.bv("mul", ctx.expr(dst.extent), T.const(1, 64)), T.const(1 << 31, 64))])
+            cls = "offset-overflow" if small.status == "unsat" else "kv-slot"
+        else:
+            cls = "kv-slot"
+        out.append(ctx.result(what, ans, cls, ins, group))
+    return out

@@ -1,0 +1,252 @@
+"""The SMT front: bit-vector and boolean terms to z3 (as exact integer arithmetic), a query's verdict.
+
+z3 (the `z3-solver` package, an optional extra: `pip install 'kernalin-ci[ptx]'`) decides each query;
+without it every property is "not analysed (no solver)". Translation (Translator): `sym` -> an integer;
+`select(tensor, offset)` -> an uninterpreted function of the tensor applied to the offset (every read of
+one element is the same value); `load`, `phi`, `fresh`, float bits and float comparisons -> an unknown of
+their sort, one per distinct term. A query is "can these conditions all hold?": `unsat` is a proof that
+they cannot, `sat` comes with a model (the counterexample), `unknown` (the time limit) is never a proof.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kernalin_ci.ptx import terms as T
+
+TIMEOUT_MS = 10_000
+
+
+def available() -> bool:
+    try:
+        import z3  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@dataclass
+class Answer:
+    status: str  # "unsat" (proved: the conditions never hold), "sat" (a counterexample), "unknown"
+    model: dict[str, int] = field(default_factory=dict)  # symbol name -> value; "select:tensor@offset" -> value
+    cause: str = ""
+
+
+class Translator:
+    """Terms to z3 over the integers: a bit-vector term of width w is its unsigned value in [0, 2^w), each
+    operation exact modulo 2^w through a bounded integer witness (`a + b - 2^w * o`, o in {0, 1}). Address
+    arithmetic (sums, products by constants, divisions by constants) is then linear integer arithmetic,
+    which the solver decides far faster than bit-blasted multiplications."""
+
+    def __init__(self):
+        import z3
+
+        self.z3 = z3
+        self.memo: dict[int, Any] = {}
+        self.funcs: dict[tuple, Any] = {}
+        self.unknowns: dict[int, Any] = {}
+        self.selects: list[tuple[T.Term, Any]] = []  # every select term met, for the contract's constraints
+        self.syms: dict[str, Any] = {}
+        self.side: list = []  # the witnesses' bounds, added to every query with the translated terms
+        self.n = 0
+
+    def __call__(self, t: T.Term):
+        key = id(t)
+        r = self.memo.get(key)
+        if r is None:
+            r = self._tr(t)
+            self.memo[key] = r
+        return r
+
+    def _int(self, what: str, lo: int, hi: int):
+        self.n += 1
+        v = self.z3.Int(f"{what}{self.n}")
+        self.side.append(self.z3.And(v >= lo, v < hi))
+        return v
+
+    def _unknown(self, t: T.Term):
+        z3 = self.z3
+        v = self.unknowns.get(id(t))
+        if v is None:
+            if t.sort == "bool":
+                v = z3.Bool(f"u{len(self.unknowns)}_{t.op}")
+            else:
+                v = self._int(f"u_{t.op}_", 0, 1 << t.width)
+            self.unknowns[id(t)] = v
+        return v
+
+    def _mod(self, x, w: int, lo: int, hi: int):
+        """x modulo 2^w, knowing lo <= x // 2^w < hi."""
+        if lo == 0 and hi == 1:
+            return x
+        o = self._int("o", lo, hi)
+        r = x - (1 << w) * o
+        self.side.append(self.z3.And(r >= 0, r < (1 << w)))
+        return r
+
+    def signed(self, x, w: int):
+        return self.z3.If(x >= (1 << (w - 1)), x - (1 << w), x)
+
+    def _tr(self, t: T.Term):
+        z3 = self.z3
+        op, a, w = t.op, t.args, t.width
+        if op == "const":
+            return z3.IntVal(a[0])
+        if op == "true":
+            return z3.BoolVal(True)
+        if op == "false":
+            return z3.BoolVal(False)
+        if op == "sym":
+            v = self.syms.get(a[0])
+            if v is None:
+                v = z3.Int(a[0])
+                self.syms[a[0]] = v
+                self.side.append(z3.And(v >= 0, v < (1 << w)))
+            return v
+        if op == "select":
+            f = self.funcs.get((a[0], w))
+            if f is None:
+                f = z3.Function(f"sel_{a[0]}", z3.IntSort(), z3.IntSort())
+                self.funcs[(a[0], w)] = f
+            self.selects.append((t, None))
+            v = f(self(a[1]))
+            self.side.append(z3.And(v >= 0, v < (1 << w)))
+            return v
+        if t.sort == "f" or op in ("load", "phi", "fresh", "fbitsof", "f2i", "fcmp", "ftest", "loopinv"):
+            return self._unknown(t)
+        x = [self(y) if isinstance(y, T.Term) else y for y in a]
+        if t.sort == "bool":
+            if op == "and":
+                return z3.And(*x)
+            if op == "or":
+                return z3.Or(*x)
+            if op == "not":
+                return z3.Not(x[0])
+            if op == "eq":
+                return x[0] == x[1]
+            if op == "ult":
+                return x[0] < x[1]
+            if op == "ule":
+                return x[0] <= x[1]
+            if op == "slt":
+                return self.signed(x[0], a[0].width) < self.signed(x[1], a[1].width)
+            if op == "sle":
+                return self.signed(x[0], a[0].width) <= self.signed(x[1], a[1].width)
+            if op == "ite":
+                return z3.If(x[0], x[1], x[2])
+            return self._unknown(t)
+        if op == "add":
+            return self._mod(x[0] + x[1], w, 0, 2)
+        if op == "sub":
+            return self._mod(x[0] - x[1], w, -1, 1)
+        if op == "mul":
+            if T.is_const(a[1]):
+                c = T.value(a[1])
+                return self._mod(x[0] * c, w, 0, max(c, 1))
+            return self._mod(x[0] * x[1], w, 0, 1 << w)
+        if op == "ite":
+            return z3.If(x[0], x[1], x[2])
+        if op == "zext" or op == "concat" and len(x) == 1:
+            return x[0]
+        if op == "sext":
+            iw = a[0].width
+            return z3.If(x[0] >= (1 << (iw - 1)), x[0] + ((1 << w) - (1 << iw)), x[0])
+        if op == "extract":
+            lo = a[1]
+            v = x[0]
+            if lo:
+                v = self._div(v, 1 << lo, a[0].width - lo)
+            return self._mod(v, w, 0, 1 << max(a[0].width - lo - w, 0)) if a[0].width - lo > w else v
+        if op == "concat":
+            total, pos = 0, 0
+            for part, v in zip(a, x):
+                total = total + v * (1 << pos)
+                pos += part.width
+            return total
+        if op in ("udiv", "urem") and T.is_const(a[1]) and T.value(a[1]) > 0:
+            c = T.value(a[1])
+            q = self._div(x[0], c, w)
+            return q if op == "udiv" else x[0] - c * q
+        if op in ("lshr", "shl") and T.is_const(a[1]):
+            c = T.value(a[1])
+            if c >= w:
+                return z3.IntVal(0)
+            return self._div(x[0], 1 << c, w - c) if op == "lshr" else self._mod(x[0] * (1 << c), w, 0, 1 << c)
+        if op == "and" and T.is_const(a[1]) and (T.value(a[1]) + 1) & T.value(a[1]) == 0:
+            m = T.value(a[1]) + 1
+            return x[0] - m * self._div(x[0], m, w)
+        if op in ("umin", "umax", "smin", "smax"):
+            if op[0] == "u":
+                less = x[0] < x[1]
+            else:
+                less = self.signed(x[0], w) < self.signed(x[1], w)
+            return z3.If(less, x[0], x[1]) if op.endswith("min") else z3.If(less, x[1], x[0])
+        if op in ("sdiv", "srem") and T.is_const(a[1]) and 0 < T.signed(T.value(a[1]), w):
+            c = T.signed(T.value(a[1]), w)
+            sv = self.signed(x[0], w)
+            q = self._int("q", -(1 << w), 1 << w)  # truncating division
+            r = sv - c * q
+            self.side.append(z3.If(sv >= 0, z3.And(r >= 0, r < c), z3.And(r <= 0, r > -c)))
+            res = q if op == "sdiv" else r
+            return z3.If(res >= 0, res, res + (1 << w))
+        return self._unknown(t)
+
+    def _div(self, x, c: int, w: int):
+        """floor(x / c) for 0 <= x (a witness q with q * c <= x < (q + 1) * c)."""
+        q = self._int("d", 0, 1 << w)
+        self.side.append(self.z3.And(q * c <= x, x < q * c + c))
+        return q
+
+
+class Query:
+    """Conditions over one translator; `check()` gives an Answer."""
+
+    def __init__(self):
+        import z3
+
+        self.z3 = z3
+        self.tr = Translator()
+        self.solver = z3.Solver()
+        self.solver.set("timeout", TIMEOUT_MS)
+
+    def add(self, *conds: T.Term | Any) -> None:
+        for c in conds:
+            self.solver.add(self.tr(c) if isinstance(c, T.Term) else c)
+        self._flush()
+
+    def _flush(self) -> None:
+        for c in self.tr.side:
+            self.solver.add(c)
+        self.tr.side = []
+
+    def check(self, extra: list | None = None) -> Answer:
+        z3 = self.z3
+        self.solver.push()
+        for c in extra or []:
+            self.solver.add(self.tr(c) if isinstance(c, T.Term) else c)
+        self._flush()
+        r = self.solver.check()
+        try:
+            if r == z3.unsat:
+                return Answer("unsat")
+            if r == z3.sat:
+                return Answer("sat", self._model(self.solver.model()))
+            return Answer("unknown", cause=str(self.solver.reason_unknown()))
+        finally:
+            self.solver.pop()
+
+    def _model(self, m) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for name, v in self.tr.syms.items():
+            val = m.eval(v, model_completion=True)
+            out[name] = val.as_long()
+        seen = set()
+        for t, _ in self.tr.selects:
+            if id(t) in seen:
+                continue
+            seen.add(id(t))
+            off = m.eval(self.tr(t.args[1]), model_completion=True).as_long()
+            val = m.eval(self.tr(t), model_completion=True).as_long()
+            out[f"select:{t.args[0]}@{T.signed(off, 64)}"] = T.signed(val, t.width)
+        return out

@@ -1,0 +1,203 @@
+"""The PTX engine's launch facts from a structural capture (parent side: plain data in, plain data out).
+
+The capture records one call at concrete sizes; the worker also records a *twin* call whose batch and
+cache sizes differ (`TWINS`: a third sequence or more tokens, a larger cache) while head count, head dim
+and dtype stay, so the kernels compile the same. A tensor dimension that differs between the two calls is
+a shape symbol (B, T, S, NB, W); every other size is a constant of the compiled kernel. Each integer
+launch argument and grid size is then an expression over the symbols that gives its value in both calls
+(a stride `Hkv * S * D`, a grid `B`), or a constant when both calls passed the same value; one that no
+expression explains makes the facts fail (the kernel is then not analysed by the PTX engine).
+"""
+
+from __future__ import annotations
+
+import math
+
+from kernalin_ci.ptx.context import Contract
+from kernalin_ci.ptx.facts import Expr, LaunchFacts, ParamFacts, ShapeSymbol, TensorFacts
+
+MAX_POSITION = 131072
+INDEX = ("kv_lens", "block_tables", "slot_mapping", "positions")
+# (tensor, dim) -> the symbol's name, where the op's contract names it
+NAMES = {
+    ("q", 0): "B",
+    ("key", 0): "T",
+    ("k", 0): "B",
+    ("positions", 0): "B",
+    ("slot_mapping", 0): "T",
+    ("kv_lens", 0): "B",
+    ("block_tables", 0): "B",
+    ("block_tables", 1): "W",
+}
+RANGES = {"B": (1, 4096), "T": (1, 65536), "NB": (1, 1 << 21)}
+
+
+class FactsError(Exception):
+    """The capture does not give this kernel's launch facts (one line: why)."""
+
+
+def twin_dims(op_name: str, dims: dict) -> dict | None:
+    """The twin capture call's dims: the batch and the cache grow, nothing the kernel specialises on."""
+    d = dict(dims)
+    if op_name in ("attention.decode", "attention.decode_paged"):
+        d["kv_lens"] = list(d["kv_lens"]) + [150]
+    elif op_name == "kv_append":
+        d["T"], d["num_blocks"] = d["T"] + 2, d["num_blocks"] + 2
+    elif op_name == "rope":
+        d["T"], d["positions"] = d["T"] + 1, list(d["positions"]) + [500]
+    elif op_name == "decode_step":
+        d["start_lens"] = list(d["start_lens"]) + [40]
+    else:
+        return None
+    return d
+
+
+def _symbol_name(op_name: str, tensor: str, dim: int) -> str:
+    if tensor in ("k_cache", "v_cache") and dim == 0:
+        return "B" if op_name == "attention.decode" else "NB"
+    if tensor in ("k_cache", "v_cache") and dim == 2 and op_name == "attention.decode":
+        return "S"
+    if tensor == "q" and op_name == "rope":
+        return "T"
+    if op_name == "rope" and (tensor, dim) in (("k", 0), ("positions", 0)):
+        return "T"
+    return NAMES.get((tensor, dim), f"{tensor}.shape[{dim}]")
+
+
+def _strides(shape: tuple[Expr, ...], captured: tuple[int, ...], strides: tuple[int, ...]) -> tuple[Expr, ...] | None:
+    """Symbolic strides when the tensor is a (permuted) contiguous layout of its shape, else None."""
+    order = sorted(range(len(strides)), key=lambda d: (-strides[d], -d))
+    out: list[Expr] = [Expr.of(0)] * len(strides)
+    acc, acc_v = Expr.of(1), 1
+    for d in reversed(order):
+        if strides[d] != acc_v and captured[d] != 1:
+            return None
+        out[d] = acc
+        acc, acc_v = acc * shape[d], acc_v * captured[d]
+    return tuple(out)
+
+
+def build(op_name: str, op_params: dict, cap, launch, twin: dict | None, n_params: int, max_position: int | None):
+    """(LaunchFacts, Contract) of one captured launch."""
+    max_pos = int(max_position or op_params.get("max_position") or MAX_POSITION)
+    bs = int(op_params.get("block_size") or 16)
+    twin_t = (twin or {}).get("tensors", {})
+    pairs: dict[tuple[int, int], str] = {}
+    values1: dict[str, int] = {}
+    values2: dict[str, int] = {}
+    tensors: dict[str, TensorFacts] = {}
+    for name, info in cap.tensors.items():
+        other = twin_t.get(name)
+        shape: list[Expr] = []
+        for d, n in enumerate(info.shape):
+            m = other[0][d] if other and len(other[0]) == len(info.shape) else n
+            if m == n:
+                shape.append(Expr.of(int(n)))
+                continue
+            sym = pairs.setdefault((int(n), int(m)), _symbol_name(op_name, name, d))
+            values1[sym], values2[sym] = int(n), int(m)
+            shape.append(Expr.of(sym))
+        strides = _strides(tuple(shape), info.shape, info.strides)
+        if strides is None:
+            if other and tuple(other[1]) != tuple(info.strides):
+                raise FactsError(f"tensor {name}: its strides do not follow its shape")
+            strides = tuple(Expr.of(int(s)) for s in info.strides)
+        tensors[name] = TensorFacts(name, info.dtype, info.elsize, tuple(shape), strides, role=info.role)
+    symbols = {}
+    for s, v in values1.items():
+        lo, hi = RANGES.get(s, (1, 1 << 16))
+        if s == "S":
+            hi = max_pos
+        elif s == "W":
+            hi = -(-max_pos // bs)
+        symbols[s] = ShapeSymbol(s, lo, hi, v)
+    _index_ranges(op_name, tensors, bs, max_pos)
+    candidates = _candidates(tensors)
+    args = [a for a in launch.args if launch.signature.get(a.name) not in ("constexpr", None)]
+    twin_args = _twin_launch(twin, launch)
+    params: list[ParamFacts] = []
+    for a in args:
+        if a.kind == "pointer":
+            params.append(ParamFacts("pointer", a.tensor, Expr.of(int(a.byte_offset)), name=a.name))
+        elif a.kind in ("int", "bool"):
+            v1 = int(a.value)
+            v2 = twin_args.get(a.name, v1) if twin_args is not None else v1
+            params.append(ParamFacts("int", value=_explain(a.name, v1, v2, candidates, values1, values2), name=a.name))
+        elif a.kind == "float":
+            params.append(ParamFacts("float", value=float(a.value), name=a.name))
+        else:
+            params.append(ParamFacts("unknown", name=a.name))
+    while len(params) < n_params:
+        params.append(ParamFacts("unknown"))
+    grid2 = twin_args.get("__grid") if twin_args is not None else None
+    grid = tuple(
+        _explain("the grid", int(g), int(grid2[i]) if grid2 else int(g), candidates, values1, values2, grid=True)
+        for i, g in enumerate(launch.grid)
+    )
+    facts = LaunchFacts(launch.kernel, params, grid, tensors, symbols, distinct=("slot_mapping",))
+    contract = Contract(op_name, block_size=bs, slots="slot_mapping" if "slot_mapping" in tensors else "")
+    if op_name == "kv_append":
+        contract.caches = {"k_cache": "key", "v_cache": "value"}
+    return facts, contract
+
+
+def _index_ranges(op_name: str, tensors: dict[str, TensorFacts], bs: int, max_pos: int) -> None:
+    from dataclasses import replace
+
+    cache = tensors.get("k_cache")
+    for name in INDEX:
+        t = tensors.get(name)
+        if t is None:
+            continue
+        lo, hi, neg = Expr.of(0), None, False
+        if name == "kv_lens":
+            lo = Expr.of(1)
+            if op_name == "attention.decode" and cache is not None:
+                hi = cache.shape[2]
+            elif "block_tables" in tensors:
+                hi = tensors["block_tables"].shape[1] * bs
+        elif name == "block_tables" and cache is not None:
+            hi = cache.shape[0] + (-1)
+        elif name == "slot_mapping" and cache is not None:
+            hi = cache.shape[0] * bs + (-1)
+            neg = op_name == "kv_append"
+        elif name == "positions":
+            hi = Expr.of(max_pos - 1)
+            if op_name == "decode_step" and "block_tables" in tensors:
+                hi = tensors["block_tables"].shape[1] * bs + (-1)
+        tensors[name] = replace(t, index=True, value_range=(lo, hi) if hi is not None else None, allow_negative_one=neg)
+
+
+def _candidates(tensors: dict[str, TensorFacts]) -> list[Expr]:
+    out: list[Expr] = []
+    for t in tensors.values():
+        for e in (*t.shape, *t.strides):
+            if e.constant is None and e not in out:
+                out.append(e)
+    return out
+
+
+def _explain(what: str, v1: int, v2: int, cands: list[Expr], s1: dict, s2: dict, grid: bool = False) -> Expr:
+    if v1 == v2:
+        return Expr.of(v1)
+    for e in cands:
+        if e.at(s1) == v1 and e.at(s2) == v2:
+            return e
+    if grid:
+        for e in cands:
+            for c in (2, 4, 8, 16, 32, 64, 128):
+                if math.ceil(e.at(s1) / c) == v1 and math.ceil(e.at(s2) / c) == v2:
+                    raise FactsError(f"{what}: a grid of cdiv({e}, {c}) programs is not followed yet")
+    raise FactsError(f"launch argument {what} ({v1}, then {v2} in the twin call) is no size of the tensors")
+
+
+def _twin_launch(twin: dict | None, launch) -> dict | None:
+    if not twin:
+        return None
+    launches = twin.get("launches", [])
+    if launch.index >= len(launches):
+        return None
+    t = launches[launch.index]
+    if t.get("kernel") != launch.kernel:
+        return None
+    return dict(t.get("args", {})) | {"__grid": list(t.get("grid", []))}
