@@ -18,7 +18,7 @@ from kernalin_ci.errors import UsageError
 from kernalin_ci.findings import BUG_CLASSES
 from kernalin_ci.ops import NAMES
 
-KINDS = ("probe", "dynamic", "structural", "sanitizer")
+KINDS = ("probe", "dynamic", "structural", "sanitizer", "ptx")
 CUDA_DIR = "cuda"  # checks/cuda/OP/*.py: the CUDA C++ catalogue (docs/cuda.md)
 
 
@@ -76,7 +76,7 @@ class Row:
             return None if k.dynamic == "racy" else True
         if kind == "sanitizer":
             return {"caught": True, "missed": False}.get(k.sanitizer or "")
-        return None  # structural: judged by the structural coverage table, not per file
+        return None  # structural, ptx: judged by the coverage tables (per op, per class), not per file
 
     def mismatches(self) -> list[str]:
         out = []
@@ -88,8 +88,8 @@ class Row:
                 continue
             elif kind == "sanitizer" and not self.kernel.is_bug and cell.caught:
                 out.append("sanitizer: a false finding on a correct kernel")
-            elif kind == "structural" and not self.kernel.is_bug and cell.caught:
-                out.append("structural: a false finding on a correct kernel")
+            elif kind in ("structural", "ptx") and not self.kernel.is_bug and cell.caught:
+                out.append(f"{kind}: a false finding on a correct kernel")
             elif want is not None and cell.caught != want:
                 out.append(
                     f"{kind}: {'caught' if cell.caught else 'missed'}, catalogue says {'caught' if want else 'missed'}"
@@ -157,7 +157,7 @@ def run_one(kernel: CatalogueKernel, kind: str, device: str) -> Cell:
 
     entry = f"{kernel.path}:entry"
     cuda = CudaSpec.from_json(kernel.cuda)
-    if cuda is not None and kind == "structural":
+    if cuda is not None and kind in ("structural", "ptx"):
         return Cell(False, not_checked="n/a yet (no structural analysis of CUDA code)")
     try:
         common = {"progress": False, "root": kernel.root, "cuda": cuda}
@@ -165,6 +165,10 @@ def run_one(kernel: CatalogueKernel, kind: str, device: str) -> Cell:
             r = verify(kernel.op, entry, kernel.params, device, probe=True, sanitizer=False, **common)
         elif kind == "dynamic":
             r = verify(kernel.op, entry, kernel.params, device, only=kind, sanitizer=False, **common)
+        elif kind == "ptx":
+            r = verify(
+                kernel.op, entry, kernel.params, device, only="structural", engine="ptx", sanitizer=False, **common
+            )
         else:
             r = verify(kernel.op, entry, kernel.params, device, only=kind, **common)
     except UsageError as e:

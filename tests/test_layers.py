@@ -15,6 +15,7 @@ EVERYTHING = {
 # what each part must never import (its first name below kernalin_ci)
 FORBIDDEN = {
     "runtime": EVERYTHING - {"runtime", "lazy"},  # poisoning, interpreter patches, CUDA errors, rows
+    "ptx": EVERYTHING - {"ptx"},  # the PTX engine: plain data in and out, plugged in by verify/structural
     "ops": {
         "verify",
         "bench",

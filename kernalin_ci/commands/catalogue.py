@@ -20,8 +20,8 @@ def add_arguments(p):
     p.add_argument(
         "--kinds",
         default=None,
-        help="comma-separated subset of probe,dynamic,structural,sanitizer (default: all available; sanitizer "
-        "on a GPU only)",
+        help="comma-separated subset of probe,dynamic,structural,sanitizer,ptx (default: all available but ptx; "
+        "sanitizer on a GPU only; ptx: the PTX engine)",
     )
     p.add_argument("--device", choices=("cpu", "cuda"))
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="kernels verified at once")
@@ -88,6 +88,7 @@ def render(rows, kinds) -> str:
         "dynamic": "dynamic",
         "structural": "structural",
         "sanitizer": "Compute Sanitizer",
+        "ptx": "PTX engine",
     }
     head = ["kernel", "bug class", *(titles[k] for k in kinds), "as labelled"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

@@ -36,6 +36,13 @@ def add_arguments(p):
         "--only", choices=("dynamic", "structural", "sanitizer"), help="run only one kind of check (sanitizer: GPU)"
     )
     p.add_argument(
+        "--engine",
+        choices=("ttir", "ptx"),
+        default="ttir",
+        help="structural engine: ttir (the TTIR at the capture shape, default) or ptx (symbolic over PTX, "
+        "every shape of the domain; needs z3-solver)",
+    )
+    p.add_argument(
         "--probe",
         choices=("pos0",),
         help="run only the single demo probe most tools use (batch 1, kv_len 1 / position 0 / slot 0)",
@@ -89,6 +96,7 @@ def run(args) -> int:
         raw_domain=parse_cli(args.domain),
         cuda=cuda_spec(args.cuda_source, args.cuda_flag),
         sanitizer=args.sanitizer == "on",
+        engine=args.engine,
     )
     from kernalin_ci.sandbox import worker_isolation
 

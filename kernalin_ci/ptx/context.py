@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from kernalin_ci.ptx import solver
 from kernalin_ci.ptx import terms as T
-from kernalin_ci.ptx.executor import Access, Trace, expr_term
+from kernalin_ci.ptx.executor import PtxAccess, PtxTrace, expr_term
 from kernalin_ci.ptx.facts import Expr, LaunchFacts, TensorFacts
 from kernalin_ci.ptx.syntax import Instr
 
@@ -58,7 +58,7 @@ class Result:
 
 
 class Context:
-    def __init__(self, facts: LaunchFacts, contract: Contract, trace: Trace, symbols: dict[str, T.Term]):
+    def __init__(self, facts: LaunchFacts, contract: Contract, trace: PtxTrace, symbols: dict[str, T.Term]):
         self.facts = facts
         self.contract = contract
         self.trace = trace
@@ -71,7 +71,7 @@ class Context:
     def expr(self, e: Expr) -> T.Term:
         return expr_term(e, self.symbols, 64)
 
-    def path(self, a: Access) -> T.Term:
+    def path(self, a: PtxAccess) -> T.Term:
         key = id(a.cond)
         c = self._resolved.get(key)
         if c is None:
@@ -79,14 +79,14 @@ class Context:
             self._resolved[key] = c
         return T.and_(c, a.guard)
 
-    def lane_is(self, a: Access) -> T.Term:
+    def lane_is(self, a: PtxAccess) -> T.Term:
         """Names the lane in a counterexample (a disjunct per lane)."""
         return T.cmp("eq", T.sym("__lane", 32), T.const(a.lane, 32))
 
-    def program_vars(self, trace: Trace) -> list[T.Term]:
+    def program_vars(self, trace: PtxTrace) -> list[T.Term]:
         return [self.symbols[f"ctaid.{x}"] for x in "xyz"] + [lp.k for lp in trace.loops.values()]
 
-    def program_frame(self, trace: Trace) -> list[T.Term]:
+    def program_frame(self, trace: PtxTrace) -> list[T.Term]:
         out = []
         for x, g in zip("xyz", self.facts.grid):
             cta = T.zext(self.symbols[f"ctaid.{x}"], 64)
@@ -155,12 +155,19 @@ class Context:
 
     # ------------------------------------------------------------ verdicts
 
-    def result(self, what: str, ans: solver.Answer, cls: str, ins: Instr | None, group: list[Access], *_) -> Result:
+    def result(self, what: str, ans: solver.Answer, cls: str, ins: Instr | None, group: list[PtxAccess], *_) -> Result:
         if ans.status == "unsat":
             return Result(what, "proved", self.domain, where=ins)
+        if ans.status == "sat" and ans.approximated:
+            cause = f"a counterexample through operations not modelled exactly ({', '.join(ans.approximated)})"
+            return Result(what, "not-proved", self.domain, where=ins, cause=cause)
         if ans.status == "sat":
-            return Result(what, "violated", self.domain, cls, ins, lane=_lane(ans, group), counterexample=self.readable(ans.model))
-        return Result(what, "not-proved", self.domain, where=ins, cause=f"the solver gave up ({ans.cause or 'unknown'})")
+            return Result(
+                what, "violated", self.domain, cls, ins, lane=_lane(ans, group), counterexample=self.readable(ans.model)
+            )
+        return Result(
+            what, "not-proved", self.domain, where=ins, cause=f"the solver gave up ({ans.cause or 'unknown'})"
+        )
 
     def readable(self, model: dict[str, int]) -> dict:
         """Symbol values, and index values by element ("block_tables[1, 3]": 5)."""
@@ -177,7 +184,7 @@ class Context:
         return out
 
 
-def _lane(ans: solver.Answer, group: list[Access]) -> int | None:
+def _lane(ans: solver.Answer, group: list[PtxAccess]) -> int | None:
     return ans.model.get("__lane") if group else None
 
 

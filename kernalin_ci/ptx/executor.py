@@ -3,12 +3,12 @@
 Model (docs/structural.md, "The PTX engine"):
 - The lanes of one block are enumerated (`%tid.x` is a constant per lane: a complete case split over the
   block's threads); the block indices `%ctaid.*` are symbols bounded by the grid, so one run covers every
-  program of the launch. Kernel parameters are terms from the launch facts; a pointer is a base symbol
+  program of the launch. PtxKernel parameters are terms from the launch facts; a pointer is a base symbol
   `ptr:<tensor>` plus its byte offset.
 - A register holds one term (the same in every lane: computed once) or a tuple of terms, one per lane.
 - Loads: an index tensor's element is `select(tensor, offset)` (the same symbol for every read of that
   element); a data tensor's element is `load(tensor, offset, bits)`. Every global load and store is
-  recorded (`Access`) with its lane, guard (the instruction predicate, the lane's activity and the path
+  recorded (`PtxAccess`) with its lane, guard (the instruction predicate, the lane's activity and the path
   condition) and address; the properties are proved over these records.
 - Branches: a condition that is the same in every lane forks the path condition; one that differs between
   lanes splits the lanes' activity masks. States meeting at an instruction are merged (if-then-else of
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from kernalin_ci.ptx import terms as T
 from kernalin_ci.ptx.facts import LaunchFacts
 from kernalin_ci.ptx.semantics import Unsupported, alu, as_bits, fit, types_of
-from kernalin_ci.ptx.syntax import Instr, Kernel, Mem
+from kernalin_ci.ptx.syntax import Instr, Mem, PtxKernel
 
 Val = T.Term | tuple  # one term for all lanes, or one per lane
 
@@ -38,7 +38,7 @@ NO_ALU = {"mov", "ld", "st", "bra", "ret", "exit", "bar", "barrier", "shfl", "cp
 
 
 @dataclass
-class Access:
+class PtxAccess:
     kind: str  # "ld" | "st"
     instr: Instr
     lane: int
@@ -66,10 +66,10 @@ class Loop:
 
 
 @dataclass
-class Trace:
-    kernel: Kernel
+class PtxTrace:
+    kernel: PtxKernel
     lanes: int
-    accesses: list[Access]
+    accesses: list[PtxAccess]
     loops: dict[int, Loop]
     ends: list[tuple]  # the path conditions of the states that returned
     symbols: dict[str, T.Term]  # name -> term of the launch's symbols (ctaid, shape symbols)
@@ -106,12 +106,12 @@ def pack(vals: list) -> Val:
 
 
 class Executor:
-    def __init__(self, kernel: Kernel, facts: LaunchFacts, symbols: dict[str, T.Term]):
+    def __init__(self, kernel: PtxKernel, facts: LaunchFacts, symbols: dict[str, T.Term]):
         self.k = kernel
         self.facts = facts
         self.n = kernel.threads or facts.block_threads or 128
         self.symbols = symbols
-        self.accesses: list[Access] = []
+        self.accesses: list[PtxAccess] = []
         self.loops: dict[int, Loop] = {}
         self.ends: list[tuple] = []
         self.steps = 0
@@ -152,7 +152,7 @@ class Executor:
 
     # ---------------------------------------------------------------- run
 
-    def run(self) -> Trace:
+    def run(self) -> PtxTrace:
         lanes = self.n
         start = State(0, {}, (), tuple([T.TRUE] * lanes), {}, [{} for _ in range(lanes)])
         work: list[State] = [start]
@@ -166,7 +166,7 @@ class Executor:
             work.extend(self._go(s))
             if len(work) > MAX_STATES:
                 raise Unsupported("too many paths")
-        return Trace(self.k, lanes, self.accesses, self.loops, self.ends, self.symbols, self.steps, self.results)
+        return PtxTrace(self.k, lanes, self.accesses, self.loops, self.ends, self.symbols, self.steps, self.results)
 
     def _go(self, s: State) -> list[State]:
         """Run s until it forks, meets a join point (a label) or ends."""
@@ -275,11 +275,18 @@ class Executor:
                 loop.ivs[reg] = (init, sv)
                 w = lane_of(init, 0).width
                 kk = T.extract(k, 0, w) if w < 64 else k
-                s.regs[reg] = pack([T.bv("add", lane_of(init, i), T.bv("mul", kk, lane_of(sv, i))) for i in range(self.n)])
+                s.regs[reg] = pack(
+                    [T.bv("add", lane_of(init, i), T.bv("mul", kk, lane_of(sv, i))) for i in range(self.n)]
+                )
             else:
                 w = lane_of(init, 0)
                 sort, width = ("bool", 1) if w.sort == "bool" else ("bv", w.width if w.sort == "bv" else w.width)
-                phi = pack([T.mk("phi", (lid, reg, i if not isinstance(init, T.Term) else -1), sort, width) for i in range(self.n)])
+                phi = pack(
+                    [
+                        T.mk("phi", (lid, reg, i if not isinstance(init, T.Term) else -1), sort, width)
+                        for i in range(self.n)
+                    ]
+                )
                 loop.phis[reg] = (init, phi)
                 s.regs[reg] = phi
         s.smem = {}
@@ -300,7 +307,7 @@ class Executor:
                     break
                 conds.append(T.substitute(c, prev))
             wrap = []
-            for reg, (init, step) in lp.ivs.items():
+            for init, step in lp.ivs.values():
                 i0, s0 = lane_of(init, 0), lane_of(step, 0)
                 if isinstance(init, T.Term) and isinstance(step, T.Term) and i0.width == 32 and i0.sort == "bv":
                     wide = T.bv("add", T.sext(i0, 64), T.bv("mul", k, T.sext(s0, 64)))
@@ -364,17 +371,14 @@ class Executor:
             g = self._guard(s, ins)
             old = s.regs.get(reg)
             if old is not None:
-                v = pack(
-                    [
-                        _ite(lane_of(g, i), lane_of(v, i), lane_of(old, i))
-                        for i in range(self.n)
-                    ]
-                )
+                v = pack([_ite(lane_of(g, i), lane_of(v, i), lane_of(old, i)) for i in range(self.n)])
         s.regs[reg] = v
 
     def _exec(self, s: State, ins: Instr) -> None:
         op = ins.opcode
-        if op in ("bar", "barrier", "membar", "fence") or (op == "cp" and "async" in ins.mods and "shared" not in ins.mods):
+        if op in ("bar", "barrier", "membar", "fence") or (
+            op == "cp" and "async" in ins.mods and "shared" not in ins.mods
+        ):
             return
         if op in ("ret", "exit"):
             raise Unsupported("a predicated return")
@@ -413,7 +417,9 @@ class Executor:
             return
         if isinstance(src, tuple):  # pack: mov.b32 %r, {%lo, %hi}
             vals = [self._operand(s, r, ins) for r in src]
-            v = pack([T.concat([as_bits(lane_of(x, i), _reg_width(r)) for x, r in zip(vals, src)]) for i in range(self.n)])
+            v = pack(
+                [T.concat([as_bits(lane_of(x, i), _reg_width(r)) for x, r in zip(vals, src)]) for i in range(self.n)]
+            )
         else:
             v = self._operand(s, src, ins)
         self._set(s, ins, d, v)
@@ -472,7 +478,7 @@ class Executor:
             v = T.load(tensor, off, w)
         if g is not T.FALSE:
             s.order += 1
-            self.accesses.append(Access("ld", ins, lane, g, s.cond, tensor, off, w // 8, v, s.order))
+            self.accesses.append(PtxAccess("ld", ins, lane, g, s.cond, tensor, off, w // 8, v, s.order))
         return v
 
     def _st(self, s: State, ins: Instr) -> None:
@@ -502,7 +508,7 @@ class Executor:
                         s.local[lane] = None
                 else:
                     tensor, off = split_base(a)
-                    self.accesses.append(Access("st", ins, lane, g, s.cond, tensor, off, w // 8, x, s.order))
+                    self.accesses.append(PtxAccess("st", ins, lane, g, s.cond, tensor, off, w // 8, x, s.order))
 
     def _cp_async(self, s: State, ins: Instr) -> None:
         """cp.async.*.shared.global [smem], [gmem], bytes(, src-bytes): a global load into shared memory."""
@@ -685,7 +691,16 @@ def expr_term(e, symbols: dict[str, T.Term], w: int) -> T.Term:
 
 
 def clone(s: State) -> State:
-    return State(s.index, dict(s.regs), s.cond, s.active, dict(s.smem), [dict(x) if x is not None else None for x in s.local], s.loops, s.order)
+    return State(
+        s.index,
+        dict(s.regs),
+        s.cond,
+        s.active,
+        dict(s.smem),
+        [dict(x) if x is not None else None for x in s.local],
+        s.loops,
+        s.order,
+    )
 
 
 def merge(a: State, b: State, lanes: int) -> State:
@@ -712,7 +727,7 @@ def merge(a: State, b: State, lanes: int) -> State:
     return State(a.index, regs, cond, active, smem, local, a.loops, max(a.order, b.order))
 
 
-def execute(kernel: Kernel, facts: LaunchFacts, symbols: dict[str, T.Term]) -> Trace:
+def execute(kernel: PtxKernel, facts: LaunchFacts, symbols: dict[str, T.Term]) -> PtxTrace:
     ex = Executor(kernel, facts, symbols)
     trace = ex.run()
     ex.finish_loops()

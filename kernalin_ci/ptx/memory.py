@@ -15,12 +15,12 @@ from __future__ import annotations
 
 from kernalin_ci.ptx import terms as T
 from kernalin_ci.ptx.context import Context, Result, decode
-from kernalin_ci.ptx.executor import Access, Trace
+from kernalin_ci.ptx.executor import PtxAccess, PtxTrace
 
 
-def bounds(trace: Trace, ctx: Context) -> list[Result]:
+def bounds(trace: PtxTrace, ctx: Context) -> list[Result]:
     out = []
-    by_instr: dict[tuple, list[Access]] = {}
+    by_instr: dict[tuple, list[PtxAccess]] = {}
     for a in trace.accesses:
         if a.tensor.startswith("global:"):
             continue
@@ -30,11 +30,13 @@ def bounds(trace: Trace, ctx: Context) -> list[Result]:
         ins = group[0].instr
         what = f"{'load from' if kind == 'ld' else 'store to'} {tensor} in bounds"
         if info is None:
-            out.append(Result(what, "not-proved", ctx.domain, cause=f"{tensor} is not a tensor of the launch", where=ins))
+            out.append(
+                Result(what, "not-proved", ctx.domain, cause=f"{tensor} is not a tensor of the launch", where=ins)
+            )
             continue
         limit = T.bv("mul", ctx.expr(info.extent), T.const(info.elsize, 64))
         bad = []
-        classes: dict[tuple, list[tuple[Access, int]]] = {}
+        classes: dict[tuple, list[tuple[PtxAccess, int]]] = {}
         for a in _distinct(group):
             u, c = _split(a.offset)
             classes.setdefault((id(u), id(a.guard), a.cond), []).append((a, c))
@@ -48,12 +50,19 @@ def bounds(trace: Trace, ctx: Context) -> list[Result]:
             bad.append(T.and_(ctx.path(hi_a), T.cmp("ult", limit, end), ctx.lane_is(hi_a)))
         ans = ctx.ask(T.or_(*bad))
         cls = "unmasked-load" if kind == "ld" else "stray-write"
+        if ans.status == "sat" and ctx.ask(T.or_(*bad), extra=small_tensors(ctx)).status == "unsat":
+            cls = "offset-overflow"  # only past 2^31 elements: 32-bit offset arithmetic wraps
         out.append(ctx.result(what, ans, cls, ins, group, lambda a: a.offset, tensor))
     return out
 
 
-def _distinct(group: list[Access]) -> list[Access]:
-    seen: dict[tuple, Access] = {}
+def small_tensors(ctx: Context) -> list[T.Term]:
+    """Every tensor under 2^31 elements: what a violation that needs more is due to (a 32-bit offset)."""
+    return [T.cmp("ult", ctx.expr(t.extent), T.const(1 << 31, 64)) for t in ctx.facts.tensors.values()]
+
+
+def _distinct(group: list[PtxAccess]) -> list[PtxAccess]:
+    seen: dict[tuple, PtxAccess] = {}
     for a in group:
         seen.setdefault((id(a.guard), id(a.offset), a.cond), a)
     return list(seen.values())
@@ -67,11 +76,11 @@ def _split(off: T.Term) -> tuple[T.Term, int]:
     return off, 0
 
 
-def _fold_lanes(group: list[Access]) -> list[tuple]:
+def _fold_lanes(group: list[PtxAccess]) -> list[tuple]:
     """Accesses whose lanes differ only by constants in their store and source offsets, as one access
     with the constants as symbols (`__c`, `__s`) taking each lane's pair: one decoding instead of one per
     lane. (access, source offset, store offset, which-lane condition) per class."""
-    classes: dict[tuple, list[tuple[Access, int, int]]] = {}
+    classes: dict[tuple, list[tuple[PtxAccess, int, int]]] = {}
     for a in group:
         s_off = source_element(a.value)[1]
         us, cs = _split(s_off)
@@ -107,7 +116,9 @@ def _lane_pairs(cs_: T.Term, cd_: T.Term, pairs: list[tuple[int, int, int]]) -> 
             )
     return T.or_(
         *(
-            T.and_(T.cmp("eq", cs_, T.const(cs, 64)), T.cmp("eq", cd_, T.const(cd, 64)), T.cmp("eq", lane, T.const(ln, 32)))
+            T.and_(
+                T.cmp("eq", cs_, T.const(cs, 64)), T.cmp("eq", cd_, T.const(cd, 64)), T.cmp("eq", lane, T.const(ln, 32))
+            )
             for cs, cd, ln in pairs
         )
     )
@@ -127,12 +138,12 @@ def source_element(value: T.Term) -> tuple[str, T.Term] | None:
     return None
 
 
-def cache_stores(trace: Trace, ctx: Context) -> list[Result]:
+def cache_stores(trace: PtxTrace, ctx: Context) -> list[Result]:
     """KV append's contract on every store into a cache (contract.caches: cache -> source tensor)."""
     c = ctx.contract
     out = []
     stores = [a for a in trace.accesses if a.kind == "st" and a.tensor in c.caches]
-    groups: dict[tuple, list[Access]] = {}
+    groups: dict[tuple, list[PtxAccess]] = {}
     for a in stores:
         groups.setdefault((a.instr.index, a.tensor), []).append(a)
     for (_, cache), group in sorted(groups.items()):
@@ -169,7 +180,7 @@ def cache_stores(trace: Trace, ctx: Context) -> list[Result]:
             continue
         ans = ctx.ask(T.or_(*wrong_slot))
         if ans.status == "sat":
-            small = ctx.ask(T.or_(*wrong_slot), extra=[T.cmp("ult", T.bv("mul", ctx.expr(dst.extent), T.const(1, 64)), T.const(1 << 31, 64))])
+            small = ctx.ask(T.or_(*wrong_slot), extra=small_tensors(ctx))
             cls = "offset-overflow" if small.status == "unsat" else "kv-slot"
         else:
             cls = "kv-slot"

@@ -31,6 +31,7 @@ class Answer:
     status: str  # "unsat" (proved: the conditions never hold), "sat" (a counterexample), "unknown"
     model: dict[str, int] = field(default_factory=dict)  # symbol name -> value; "select:tensor@offset" -> value
     cause: str = ""
+    approximated: tuple[str, ...] = ()  # operations not modelled exactly: a "sat" is then no counterexample
 
 
 class Translator:
@@ -50,6 +51,7 @@ class Translator:
         self.syms: dict[str, Any] = {}
         self.side: list = []  # the witnesses' bounds, added to every query with the translated terms
         self.n = 0
+        self.approximated: set[str] = set()  # operations translated as unknowns (a model may then be spurious)
 
     def __call__(self, t: T.Term):
         key = id(t)
@@ -135,6 +137,7 @@ class Translator:
                 return self.signed(x[0], a[0].width) <= self.signed(x[1], a[1].width)
             if op == "ite":
                 return z3.If(x[0], x[1], x[2])
+            self.approximated.add(op)
             return self._unknown(t)
         if op == "add":
             return self._mod(x[0] + x[1], w, 0, 2)
@@ -176,6 +179,11 @@ class Translator:
         if op == "and" and T.is_const(a[1]) and (T.value(a[1]) + 1) & T.value(a[1]) == 0:
             m = T.value(a[1]) + 1
             return x[0] - m * self._div(x[0], m, w)
+        if op == "and" and T.is_const(a[1]):
+            hi_mask = (~T.value(a[1])) & T.mask(w)  # x & ~(m - 1) for m a power of two: m * floor(x / m)
+            if (hi_mask + 1) & hi_mask == 0:
+                m = hi_mask + 1
+                return m * self._div(x[0], m, w)
         if op in ("umin", "umax", "smin", "smax"):
             if op[0] == "u":
                 less = x[0] < x[1]
@@ -190,6 +198,13 @@ class Translator:
             self.side.append(z3.If(sv >= 0, z3.And(r >= 0, r < c), z3.And(r <= 0, r > -c)))
             res = q if op == "sdiv" else r
             return z3.If(res >= 0, res, res + (1 << w))
+        if op == "ashr" and T.is_const(a[1]):
+            c = min(T.value(a[1]), w - 1)
+            sv = self.signed(x[0], w)
+            q = self._int("q", -(1 << w), 1 << w)
+            self.side.append(z3.And(q * (1 << c) <= sv, sv < q * (1 << c) + (1 << c)))
+            return z3.If(q >= 0, q, q + (1 << w))
+        self.approximated.add(op)
         return self._unknown(t)
 
     def _div(self, x, c: int, w: int):
@@ -231,7 +246,7 @@ class Query:
             if r == z3.unsat:
                 return Answer("unsat")
             if r == z3.sat:
-                return Answer("sat", self._model(self.solver.model()))
+                return Answer("sat", self._model(self.solver.model()), approximated=tuple(sorted(self.tr.approximated)))
             return Answer("unknown", cause=str(self.solver.reason_unknown()))
         finally:
             self.solver.pop()

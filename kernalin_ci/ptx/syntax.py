@@ -20,7 +20,7 @@ class PtxSyntaxError(Exception):
 
 
 @dataclass(frozen=True)
-class Param:
+class PtxParam:
     name: str
     type: str  # "u64", "u32", "f32", "b8" ...
     pointer: bool  # declared `.ptr` (LLVM marks global pointers so); a u64 without it may be one too
@@ -62,9 +62,9 @@ class Global:
 
 
 @dataclass
-class Kernel:
+class PtxKernel:
     name: str
-    params: list[Param]
+    params: list[PtxParam]
     instrs: list[Instr]
     labels: dict[str, int]  # label -> index of the next instruction
     threads: int  # threads per block (.reqntid / .maxntid), 0 when the PTX does not say
@@ -75,8 +75,12 @@ class Kernel:
         return next(i for i, p in enumerate(self.params) if p.name == name)
 
 
-_PARAM = re.compile(r"\.param\s+(?:\.align\s+\d+\s+)?\.(\w+)\s+(\.ptr\s+)?(?:\.\w+\s+|\.align\s+\d+\s+)*([A-Za-z_$][\w$]*)(\[\d+\])?")
-_GLOBAL = re.compile(r"^(?:\.extern\s+|\.visible\s+)?\.(global|shared|local|const)\s+(?:\.align\s+\d+\s+)?\.(\w+)\s+([\w$]+)\[(\d*)\]\s*(?:=\s*\{([^}]*)\})?")
+_PARAM = re.compile(
+    r"\.param\s+(?:\.align\s+\d+\s+)?\.(\w+)\s+(\.ptr\s+)?(?:\.\w+\s+|\.align\s+\d+\s+)*([A-Za-z_$][\w$]*)(\[\d+\])?"
+)
+_GLOBAL = re.compile(
+    r"^(?:\.extern\s+|\.visible\s+)?\.(global|shared|local|const)\s+(?:\.align\s+\d+\s+)?\.(\w+)\s+([\w$]+)\[(\d*)\]\s*(?:=\s*\{([^}]*)\})?"
+)
 _LOC = re.compile(r"^\.loc\s+(\d+)\s+(\d+)\s+(\d+)")
 _FILE = re.compile(r'^\.file\s+(\d+)\s+"([^"]*)"(?:\s*,\s*"([^"]*)")?')
 _LABEL = re.compile(r"^([$\w.]+):\s*(?://\s*(.*))?$")
@@ -124,7 +128,7 @@ def _operand(tok: str):
     return tok
 
 
-def parse(text: str) -> Kernel:
+def parse(text: str) -> PtxKernel:
     """The first `.entry` kernel of a PTX module."""
     files: dict[int, str] = {}
     for line in text.splitlines():
@@ -152,7 +156,7 @@ def parse(text: str) -> Kernel:
         i += 1
     if name is None:
         raise PtxSyntaxError("no .entry kernel in the PTX")
-    params: list[Param] = []
+    params: list[PtxParam] = []
     i += 1
     while i < len(lines):
         s = _strip_comment(lines[i]).strip()
@@ -161,7 +165,7 @@ def parse(text: str) -> Kernel:
         m = _PARAM.search(s)
         if m:
             n = int(m.group(4)[1:-1]) if m.group(4) else 1
-            params.append(Param(m.group(3), m.group(1), bool(m.group(2)), type_size(m.group(1)) * n))
+            params.append(PtxParam(m.group(3), m.group(1), bool(m.group(2)), type_size(m.group(1)) * n))
         i += 1
     threads = 0
     instrs: list[Instr] = []
@@ -215,7 +219,7 @@ def parse(text: str) -> Kernel:
                 instrs.append(_instr(stmt, len(instrs), file, line_no))
     if not started:
         raise PtxSyntaxError(f"kernel {name}: no body")
-    return Kernel(name, params, instrs, labels, threads, globals_, notes)
+    return PtxKernel(name, params, instrs, labels, threads, globals_, notes)
 
 
 def _instr(stmt: str, index: int, file: str, line: int) -> Instr:

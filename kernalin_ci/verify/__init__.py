@@ -100,6 +100,7 @@ def verify(
     raw_domain: dict | None = None,
     cuda: CudaSpec | None = None,
     sanitizer: bool | None = None,
+    engine: str = "ttir",
 ) -> VerifyResult:
     """Run the entry's checks. CUDA: the kernel's CUDA C++ sources and flags (a CUDA kernel: built once before
     the checks start; on a host without a GPU its dynamic cases are not checked, docs/cuda.md). SANITIZER:
@@ -128,7 +129,17 @@ def verify(
     # wall time is the longer of the two instead of their sum (each child imports torch and Triton).
     with ThreadPoolExecutor(max_workers=1) as pool:
         pending = (
-            pool.submit(structural, op_name, entry, params, device=device, root=root, timeout_s=timeout_s, domain=dom)
+            pool.submit(
+                structural,
+                op_name,
+                entry,
+                params,
+                device=device,
+                root=root,
+                timeout_s=timeout_s,
+                domain=dom,
+                engine=engine,
+            )
             if structural
             else None
         )

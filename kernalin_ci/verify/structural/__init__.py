@@ -48,8 +48,11 @@ def verify_structural(
     root: str | None = None,
     timeout_s: float = 600.0,
     domain=None,
+    engine: str = "ttir",
 ) -> tuple[list[Finding], list[Notice], StructuralStatus]:
     """Structural findings, notices and status for one entry. `device` is unused: nothing is launched.
+    engine: "ttir" (the abstract interpreter of the TTIR, at the capture shape) or "ptx" (the symbolic
+    engine over PTX, kernalin_ci/ptx: properties for every shape of the domain).
 
     The worker captures and compiles (task.py) and hands back only the material (material.py); this
     process checks it, parses, interprets and analyses it (analyse.py). Material that is missing,
@@ -75,6 +78,7 @@ def verify_structural(
         "params": params,
         "domain": domain.to_json() if domain is not None else {},
         "results": folder.path,
+        "engine": engine,
     }
     try:
         # TRITON_INTERPRET=0: the child compiles the kernels (it never launches them)
@@ -117,8 +121,14 @@ def verify_structural(
         )
     seconds = done[0].get("seconds")
     seconds = {k: v for k, v in seconds.items() if k in ("capture", "compile")} if isinstance(seconds, dict) else {}
+    seconds = {k: float(v) for k, v in seconds.items() if isinstance(v, (int, float))}
     try:
-        out = analyse(op_name, mat, root, {k: float(v) for k, v in seconds.items() if isinstance(v, (int, float))})
+        if engine == "ptx":
+            from kernalin_ci.verify.structural.ptx_run import analyse_ptx
+
+            out = analyse_ptx(op_name, mat, params, root, seconds, domain)
+        else:
+            out = analyse(op_name, mat, root, seconds)
     except Exception as e:  # an IR or capture our analysis does not foresee: not analysed, never exit 3
         return [], [], StructuralStatus("not-analysed", f"the analysis failed: {analysis_failure(e)}")
     return (

@@ -19,6 +19,9 @@ The material (a dict):
   outputs    {op output name: tensor name}
   kwargs     {name: tensor or scalar}: the capture call's arguments (the analyses read kv_lens, ...)
   notes      [str]: what the capture could not follow
+  twin       None, or the twin call of the PTX engine (ptx_facts.twin_dims): {tensors: {name: [shape,
+             strides]}, launches: [{kernel, grid, args: {name: int}}]}; each launch then also has its
+             `ptx` text ("" when the PTX engine was not asked for)
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from kernalin_ci.verify.exchange import BadResult
 FILE = "structural.pt"
 MAX_FILE_BYTES = 1 << 30  # the material of a capture call is a few MiB; more is not read
 MAX_LAUNCHES = 256
-KEYS = frozenset({"shape", "refused", "tensors", "launches", "outputs", "kwargs", "notes"})
+KEYS = frozenset({"shape", "refused", "tensors", "launches", "outputs", "kwargs", "notes", "twin"})
 ROLES = frozenset({"input", "written", "output", "scratch"})
 ARG_KINDS = frozenset({"pointer", "int", "float", "bool", "constexpr", "none", "other"})
 SCALARS = (int, float, bool, str, type(None))
@@ -47,15 +50,25 @@ class Material:
     capture: object | None  # capture.Capture
     texts: list[str]
     label: str | None = None  # the shape captured at, e.g. 'D=48 float16 Hq=6 Hkv=2'
+    ptx: list[str] | None = None  # each launch's PTX text (the PTX engine), "" where not compiled
+    twin: dict | None = None  # the twin call (ptx_facts.twin_dims), for the PTX engine's shape symbols
 
 
 # ------------------------------------------------------------------ child side
 
 
-def pack(shape: int | None, refused: list[str], cap=None, texts: list[str] | None = None) -> dict:
-    """The material of a capture (capture.Capture) at capture shape `shape`, with its launches' TTIR."""
+def pack(
+    shape: int | None,
+    refused: list[str],
+    cap=None,
+    texts: list[str] | None = None,
+    ptx: list[str] | None = None,
+    twin: dict | None = None,
+) -> dict:
+    """The material of a capture (capture.Capture) at capture shape `shape`, with its launches' TTIR (and
+    PTX, and the twin call, for the PTX engine)."""
     raw: dict = {"shape": shape, "refused": list(refused), "tensors": {}, "launches": [], "outputs": {}}
-    raw["kwargs"], raw["notes"] = {}, []
+    raw["kwargs"], raw["notes"], raw["twin"] = {}, [], twin
     if cap is None:
         return raw
     for name, info in cap.tensors.items():
@@ -74,7 +87,7 @@ def pack(shape: int | None, refused: list[str], cap=None, texts: list[str] | Non
             "also": list(info.also),
             "origin": origin,
         }
-    for la, text in zip(cap.launches, texts or []):
+    for i, (la, text) in enumerate(zip(cap.launches, texts or [])):
         raw["launches"].append(
             {
                 "kernel": la.kernel,
@@ -95,6 +108,7 @@ def pack(shape: int | None, refused: list[str], cap=None, texts: list[str] | Non
                 "signature": {str(k): str(v) for k, v in la.signature.items()},
                 "autotuned": bool(la.autotuned),
                 "ttir": text,
+                "ptx": (ptx or [])[i] if i < len(ptx or []) else "",
             }
         )
     raw["outputs"] = dict(cap.outputs)
@@ -157,7 +171,7 @@ def load(directory: str, named, cases: list, op_name: str, params: dict) -> Mate
     shape = _int(raw["shape"], "shape", 0, n_shapes - 1)
     _need(len(refused) == shape, f"captured at shape {shape} after {len(refused)} refusals")
     tensors = _tensors(raw["tensors"])
-    launches, texts = _launches(raw["launches"], tensors)
+    launches, texts, ptx = _launches(raw["launches"], tensors)
     outputs = raw["outputs"]
     _need(
         isinstance(outputs, dict)
@@ -177,7 +191,31 @@ def load(directory: str, named, cases: list, op_name: str, params: dict) -> Mate
 
     case = cases[shape]
     cap = Capture(op_name, dict(params), case.dims, case.dtype, tensors, launches, dict(outputs), dict(kwargs), notes)
-    return Material(shape, refused, cap, texts, shape_label(case))
+    return Material(shape, refused, cap, texts, shape_label(case), ptx, _twin(raw["twin"]))
+
+
+def _twin(t):
+    if t is None:
+        return None
+    _need(isinstance(t, dict) and set(t) == {"tensors", "launches"}, "twin: expected tensors and launches")
+    tensors = t["tensors"]
+    _need(isinstance(tensors, dict) and len(tensors) <= 256, "twin: tensors")
+    for name, v in tensors.items():
+        _need(isinstance(name, str) and isinstance(v, list) and len(v) == 2, "twin: a tensor's shape and strides")
+        _ints(v[0], "twin: shape", 0)
+        _ints(v[1], "twin: strides")
+    launches = t["launches"]
+    _need(isinstance(launches, list) and len(launches) <= MAX_LAUNCHES, "twin: launches")
+    for la in launches:
+        _need(isinstance(la, dict) and set(la) == {"kernel", "grid", "args"}, "twin: a launch")
+        _str(la["kernel"], "twin: kernel", 256)
+        _ints(la["grid"], "twin: grid", 0)
+        _need(
+            isinstance(la["args"], dict)
+            and all(isinstance(k, str) and type(v) in (int, bool) for k, v in la["args"].items()),
+            "twin: a launch's integer arguments",
+        )
+    return t
 
 
 def _tensors(d) -> dict:
@@ -230,7 +268,7 @@ def _launches(items, tensors: dict) -> tuple[list, list[str]]:
     from kernalin_ci.verify.structural.capture import KernelArg, Launch
 
     _need(isinstance(items, list) and 0 < len(items) <= MAX_LAUNCHES, f"launches: expected 1..{MAX_LAUNCHES}")
-    launches, texts = [], []
+    launches, texts, ptx = [], [], []
     for i, d in enumerate(items):
         what = f"launch {i}"
         _need(isinstance(d, dict), f"{what}: expected a dict")
@@ -274,4 +312,5 @@ def _launches(items, tensors: dict) -> tuple[list, list[str]]:
             )
         )
         texts.append(_str(d.get("ttir"), f"{what}: ttir", MAX_FILE_BYTES))
-    return launches, texts
+        ptx.append(_str(d.get("ptx", ""), f"{what}: ptx", MAX_FILE_BYTES))
+    return launches, texts, ptx

@@ -14,11 +14,12 @@ import os
 import time
 
 
-def capture_material(op_name: str, fn, params: dict, domain=None) -> tuple[dict, dict]:
+def capture_material(op_name: str, fn, params: dict, domain=None, engine: str = "ttir") -> tuple[dict, dict]:
     """Capture the entry (already loaded) at the first capture shape it accepts and compile its kernels
     to TTIR: (the material, material.pack; seconds spent). A capture the kernel refuses, or a kernel that
     does not compile or whose TTIR does not parse, moves on to the next candidate shape (the declared
-    domain first); each refusal is recorded."""
+    domain first); each refusal is recorded. engine "ptx": also each kernel's PTX and the twin call
+    (ptx_facts.twin_dims), for the PTX engine."""
     from kernalin_ci.ops import get_op
     from kernalin_ci.verify.structural import material
     from kernalin_ci.verify.structural.capture import CaptureError, capture_at, capture_cases, shape_label
@@ -51,8 +52,49 @@ def capture_material(op_name: str, fn, params: dict, domain=None) -> tuple[dict,
             continue
         finally:
             times["compile"] += time.perf_counter() - t1
-        return material.pack(index, refused, cap, texts), times
+        ptx, twin = _for_ptx(op, fn, params, case, cap, times) if engine == "ptx" else (None, None)
+        return material.pack(index, refused, cap, texts, ptx, twin), times
     return material.pack(None, refused), times
+
+
+def _for_ptx(op, fn, params: dict, case, cap, times: dict) -> tuple[list[str], dict | None]:
+    """Each launch's PTX ("" where it does not compile: the PTX engine says so), and the twin call."""
+    from dataclasses import replace
+
+    from kernalin_ci.verify.structural.capture import CaptureError, capture_at
+    from kernalin_ci.verify.structural.compile import CompileError, ptx
+    from kernalin_ci.verify.structural.ptx_facts import twin_dims
+
+    t0 = time.perf_counter()
+    texts = []
+    for la in cap.launches:
+        try:
+            texts.append(ptx(la))
+        except CompileError:
+            texts.append("")
+    times["compile"] += time.perf_counter() - t0
+    dims = twin_dims(op.name, case.dims)
+    if dims is None:
+        return texts, None
+    t1 = time.perf_counter()
+    try:
+        other = capture_at(op, fn, params, replace(case, dims=dims))
+    except CaptureError:
+        return texts, None
+    finally:
+        times["capture"] += time.perf_counter() - t1
+    twin = {
+        "tensors": {n: [list(map(int, t.shape)), list(map(int, t.strides))] for n, t in other.tensors.items()},
+        "launches": [
+            {
+                "kernel": la.kernel,
+                "grid": [int(g) for g in la.grid],
+                "args": {a.name: a.value for a in la.args if a.kind in ("int", "bool")},
+            }
+            for la in other.launches
+        ],
+    }
+    return texts, twin
 
 
 def run_job(job: dict, emit) -> None:
@@ -67,7 +109,9 @@ def run_job(job: dict, emit) -> None:
     t0 = time.perf_counter()
     fn = load_entry(job["entry"], job.get("root"))
     emit({"event": "structural-start"})
-    raw, seconds = capture_material(job["op"], fn, job["params"], Domain.from_json(job.get("domain")))
+    raw, seconds = capture_material(
+        job["op"], fn, job["params"], Domain.from_json(job.get("domain")), job.get("engine", "ttir")
+    )
     name = material.save(job["results"], raw)
     seconds["total"] = round(time.perf_counter() - t0, 4)
     emit({"event": "structural-done", "file": name, "seconds": seconds})

@@ -1,0 +1,83 @@
+"""The PTX engine in the structural pipeline (parent side): material in, findings, notices and status out.
+
+The worker hands back each launch's PTX and a twin call (material.py, task.py: engine "ptx");
+ptx_facts.py turns them into launch facts; kernalin_ci.ptx proves the properties. A violated property is
+a finding whose message carries the counterexample (block, lane, shape symbols, index values); a property
+the engine cannot decide, or a kernel it cannot follow, is a notice and makes the status "not analysed"
+for that kernel, never a pass. The proved properties, with their domain, are listed in the result.
+"""
+
+from __future__ import annotations
+
+import time
+
+from kernalin_ci.verify.structural.analyse import _result
+from kernalin_ci.verify.structural.common import StructuralFindings
+
+OPS = ("kv_append", "attention.decode", "attention.decode_paged", "rope", "decode_step")
+
+
+def analyse_ptx(
+    op_name: str, mat, params: dict, root: str | None = None, seconds: dict | None = None, domain=None
+) -> dict:
+    from kernalin_ci import ptx as engine
+    from kernalin_ci.ptx import solver
+    from kernalin_ci.verify.structural import ptx_facts
+    from kernalin_ci.verify.structural.ptx_facts import FactsError
+
+    rep = StructuralFindings()
+    times = {"capture": 0.0, "compile": 0.0, **(seconds or {}), "prove": 0.0}
+    if op_name not in OPS:
+        return _result(rep, [], times, root, not_analysed=f"no PTX properties for op {op_name}")
+    if not solver.available():
+        return _result(rep, [], times, root, not_analysed="no solver (the PTX engine needs z3-solver)")
+    cap = mat.capture
+    if cap is None:
+        return _result(rep, [], times, root, not_analysed=mat.refused[0] if mat.refused else "no capture call")
+    kernels, unfollowed, proved = [], [], []
+    max_position = getattr(domain, "max_position", None)
+    for la, text in zip(cap.launches, mat.ptx or [""] * len(cap.launches)):
+        where = (la.path, la.line)
+        if not text:
+            unfollowed.append(f"kernel {la.kernel}: no PTX")
+            continue
+        t0 = time.perf_counter()
+        try:
+            from kernalin_ci.ptx.syntax import PtxSyntaxError, parse
+
+            n_params = len(parse(text).params)
+            facts, contract = ptx_facts.build(op_name, params, cap, la, mat.twin, n_params, max_position)
+        except (FactsError, PtxSyntaxError) as e:
+            rep.notice("structural:ptx-facts", f"PTX engine: kernel {la.kernel} not analysed: {e}", where=where)
+            unfollowed.append(f"kernel {la.kernel}: {e}")
+            continue
+        out = engine.analyse(text, facts, contract)
+        times["prove"] += time.perf_counter() - t0
+        kernels.append({"kernel": la.kernel, "seconds": {k: round(v, 4) for k, v in out.seconds.items()}})
+        if out.not_analysed:
+            rep.notice(
+                "structural:ptx-engine", f"PTX engine: kernel {la.kernel} not analysed: {out.not_analysed}", where=where
+            )
+            unfollowed.append(f"kernel {la.kernel}: {out.not_analysed}")
+            continue
+        for r in out.results:
+            at = (r.where.file, r.where.line) if r.where is not None and r.where.file else where
+            if r.status == "proved":
+                proved.append(f"{la.kernel}: {r.name}")
+            elif r.status == "violated":
+                check = "structural:ptx-bounds" if r.name.endswith("in bounds") else "structural:ptx-cache-store"
+                rep.finding(check, r.bug_class or "stray-write", _message(r), where=at)
+            else:
+                rep.notice("structural:ptx-proof", f"PTX engine: not proved: {r.name} ({r.cause})", where=at)
+    res = _result(rep, kernels, times, root, not_analysed="; ".join(unfollowed) or None, shape=mat.label)
+    res["proved"] = proved
+    if proved and res["status"]["status"] == "analysed":
+        res["status"]["shape"] = f"{mat.label}; PTX: {len(proved)} properties proved"
+    return res
+
+
+def _message(r) -> str:
+    cx = ", ".join(f"{k}={v}" for k, v in r.counterexample.items() if not k.startswith("k"))
+    lane = f", thread {r.lane}" if r.lane is not None else ""
+    more = f": {r.cause}" if r.cause else ""
+    return f"PTX engine: violated: {r.name}{more} (counterexample{lane}: {cx or 'any'}; domain {r.domain})"

@@ -1,0 +1,130 @@
+"""The PTX engine (kernalin_ci/ptx) on real Triton PTX compiled here for sm_90, no GPU: the parser, the
+solver's exact arithmetic, and the properties proved or violated with a counterexample."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("z3")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _capture(path: str):
+    """(op name, params, capture, twin) of a catalogue kernel, as the structural worker makes them."""
+    os.environ["TRITON_INTERPRET"] = "0"
+    from kernalin_ci.catalogue import read_meta
+    from kernalin_ci.entry import load_entry
+    from kernalin_ci.ops import get_op
+    from kernalin_ci.ops.base import resolve_params
+    from kernalin_ci.verify.structural.capture import capture_at, capture_cases
+    from kernalin_ci.verify.structural.ptx_facts import twin_dims
+
+    meta = read_meta(ROOT / path)
+    op = get_op(meta.op)
+    params = resolve_params(meta.op, op.params, meta.params)
+    fn = load_entry(str(ROOT / path) + ":entry", None)
+    case = capture_cases(op, params)[0]
+    cap = capture_at(op, fn, params, case)
+    other = capture_at(op, fn, params, replace(case, dims=twin_dims(meta.op, case.dims)))
+    twin = {
+        "tensors": {n: [list(t.shape), list(t.strides)] for n, t in other.tensors.items()},
+        "launches": [
+            {"kernel": la.kernel, "grid": list(la.grid), "args": {a.name: a.value for a in la.args if a.kind == "int"}}
+            for la in other.launches
+        ],
+    }
+    return meta.op, params, cap, twin
+
+
+def _analyse(path: str):
+    from kernalin_ci import ptx as engine
+    from kernalin_ci.ptx.syntax import parse
+    from kernalin_ci.verify.structural.compile import ptx
+    from kernalin_ci.verify.structural.ptx_facts import build
+
+    op_name, params, cap, twin = _capture(path)
+    la = cap.launches[0]
+    text = ptx(la)
+    facts, contract = build(op_name, params, cap, la, twin, len(parse(text).params), None)
+    return engine.analyse(text, facts, contract), facts
+
+
+def test_the_parser_reads_a_triton_kernel_with_its_parameters_guards_and_lines():
+    from kernalin_ci.ptx.syntax import Mem, parse
+    from kernalin_ci.verify.structural.compile import ptx
+
+    _, _, cap, _ = _capture("checks/kv_append/correct_per_token.py")
+    k = parse(ptx(cap.launches[0]))
+    assert k.name == "_kv_append_token_kernel" and k.threads == 128
+    # 5 pointers and 12 integers of the launch, then Triton's two scratch pointers
+    assert [p.type for p in k.params[:6]] == ["u64"] * 5 + ["u32"] and len(k.params) == 19
+    stores = [i for i in k.instrs if i.opcode == "st"]
+    assert len(stores) == 2 and all(i.guard is not None and isinstance(i.operands[0], Mem) for i in stores)
+    assert {i.line for i in stores} == {43, 44} and stores[0].file.endswith("correct_per_token.py")
+    assert any(i.opcode == "bra" and i.guard == ("%p1", True) for i in k.instrs)  # `if slot < 0: return`
+
+
+def test_the_solver_computes_modulo_the_register_width():
+    """96 * x wraps in 32 bits: it is below 2^31 for every x < 2^20 only because x is small."""
+    from kernalin_ci.ptx import solver
+    from kernalin_ci.ptx import terms as T
+
+    x = T.sym("x", 32)
+    prod = T.bv("mul", x, T.const(96, 32))
+    small = T.cmp("ult", x, T.const(1 << 20, 32))
+    q = solver.Query()
+    q.add(small, T.cmp("slt", prod, T.const(0, 32)))
+    assert q.check().status == "unsat"
+    q = solver.Query()
+    q.add(T.cmp("slt", prod, T.const(0, 32)))
+    ans = q.check()
+    assert ans.status == "sat" and (ans.model["x"] * 96) & 0x80000000
+
+
+def test_a_correct_kv_append_is_proved_for_every_shape_of_the_domain():
+    out, facts = _analyse("checks/kv_append/correct_per_token.py")
+    assert out.not_analysed is None
+    assert {r.status for r in out.results} == {"proved"}, [(r.name, r.status, r.cause) for r in out.results]
+    names = {r.name for r in out.results}
+    assert "store to k_cache writes key of the token owning the slot" in names
+    assert "store to v_cache in bounds" in names
+    assert set(facts.symbols) == {"T", "NB"}  # the batch and the cache are symbols, not the capture's sizes
+
+
+@pytest.mark.parametrize(
+    "path, cls, slot",
+    [
+        ("checks/kv_append/bug_padding_not_skipped.py", "kv-padding", -1),
+        ("checks/kv_append/bug_value_from_key.py", "kv-source", None),
+        ("checks/kv_append/bug_offset_int32.py", "offset-overflow", None),
+    ],
+)
+def test_a_kv_append_bug_is_a_violation_with_a_counterexample(path, cls, slot):
+    out, _ = _analyse(path)
+    violated = [r for r in out.results if r.status == "violated"]
+    assert cls in {r.bug_class for r in violated}
+    if slot is not None:
+        r = next(r for r in violated if r.bug_class == cls)
+        assert any(k.startswith("slot_mapping[") and v == slot for k, v in r.counterexample.items())
+
+
+def test_verify_engine_ptx_runs_the_engine_in_the_structural_worker():
+    from kernalin_ci.verify import verify
+
+    r = verify(
+        "kv_append",
+        str(ROOT / "checks/kv_append/bug_padding_not_skipped.py") + ":entry",
+        {},
+        "cpu",
+        only="structural",
+        engine="ptx",
+        progress=False,
+    )
+    assert r.structural.status == "analysed"
+    assert {f.bug_class for f in r.findings} == {"kv-padding", "stray-write"}
+    assert all(f.check.startswith("structural:ptx-") and "slot_mapping[" in f.message for f in r.findings)
