@@ -30,6 +30,14 @@ class Contract:
     caches: dict[str, str] = field(default_factory=dict)  # cache tensor -> the input it copies (kv_append)
     slots: str = ""  # slot_mapping
     block_size: int = 0
+    query: str = ""  # attention: q, the caches it reads, kv_lens, the block table ("" when contiguous)
+    kcache: str = ""
+    vcache: str = ""
+    lens: str = ""
+    table: str = ""
+    group: int = 1  # query heads per KV head
+    output: str = ""  # the attention output tensor
+    scale: float = 0.0  # the softmax scale of the call
 
 
 @dataclass
@@ -100,6 +108,9 @@ class Context:
         for s in self.facts.symbols.values():
             v = self.symbols[s.name]
             out += [T.cmp("ule", T.const(s.lo, 64), v), T.cmp("ule", v, T.const(s.hi, 64))]
+        for t in self.facts.tensors.values():
+            if t.extent.constant is None:
+                out.append(T.cmp("ule", self.expr(t.extent), T.const(t.max_elements, 64)))
         return out + self.program_frame(self.trace)
 
     # ------------------------------------------------------------ queries
@@ -129,21 +140,19 @@ class Context:
         return q.check()
 
     def index_constraints(self, t: T.Term, slots_seen: list[T.Term]) -> list[T.Term]:
+        """The contract's bounds on one index element. They hold for every read, in bounds or not: each
+        index read is proved in bounds by its own property, so the others may assume it (a read out of
+        bounds is reported there)."""
         name, off = t.args
         info = self.facts.tensors.get(name)
         if info is None or info.value_range is None:
             return []
-        inside = T.and_(
-            T.cmp("sle", T.const(0, 64), off),
-            T.cmp("slt", off, T.bv("mul", self.expr(info.extent), T.const(info.elsize, 64))),
-            T.cmp("eq", T.bv("urem", off, T.const(info.elsize, 64)), T.const(0, 64)),
-        )
         v = T.sext(t, 64)
         lo, hi = (self.expr(x) for x in info.value_range)
         ok = T.and_(T.cmp("sle", lo, v), T.cmp("sle", v, hi))
         if info.allow_negative_one:
             ok = T.or_(ok, T.cmp("eq", v, T.const(-1, 64)))
-        out = [T.or_(T.not_(inside), ok)]
+        out = [ok]
         if name in self.facts.distinct:
             for other in slots_seen:
                 if other.args[0] == name:
@@ -200,10 +209,11 @@ def _coords(info: TensorFacts, elem: int, model: dict, facts: LaunchFacts) -> st
     return ", ".join(str(i) for i in idx)
 
 
-def decode(ctx: Context, info: TensorFacts, off: T.Term, tag: str) -> tuple[list[T.Term], T.Term]:
-    """Coordinates of the element at byte offset `off` of a tensor: fresh symbols, and the constraint
-    tying them to the offset (each below its dimension; strides as the tensor has them)."""
-    n = next(_TAGS)
+def decode(ctx: Context, info: TensorFacts, off: T.Term, tag: str, shared: bool = False) -> tuple[list[T.Term], T.Term]:
+    """Coordinates of the element at byte offset `off` of a tensor: symbols, and the constraint tying
+    them to the offset (each below its dimension; strides as the tensor has them). shared: the same
+    symbols for every call with this tag (per-lane alternatives of one disjunction)."""
+    n = 0 if shared else next(_TAGS)
     coords = [T.sym(f"{tag}_{n}_{d}", 64) for d in range(len(info.shape))]
     flat = T.const(0, 64)
     conds = []
@@ -212,3 +222,64 @@ def decode(ctx: Context, info: TensorFacts, off: T.Term, tag: str) -> tuple[list
         conds.append(T.cmp("ult", c, ctx.expr(size)))
     conds.append(T.cmp("eq", off, T.bv("mul", flat, T.const(info.elsize, 64))))
     return coords, T.and_(*conds)
+
+
+def lanes_as_one(formulas: list[T.Term]) -> T.Term:
+    """Or(formulas), said as few templates: per-lane formulas that differ only in constants become one
+    formula with those constants as symbols (`__h<n>`), plus the finite choice of their per-lane values.
+    The same set of models; the solver then reasons about the shared structure once, not once per lane."""
+    groups: dict[object, list[T.Term]] = {}
+    sigs: dict[int, object] = {}
+    for f in formulas:
+        if f is T.FALSE:
+            continue
+        groups.setdefault(_shape(f, sigs), []).append(f)
+    out = []
+    for members in groups.values():
+        if len(members) == 1:
+            out.append(members[0])
+            continue
+        holes: list[tuple[T.Term, list[int]]] = []
+        template = _antiunify(members, holes, {})
+        choices = {tuple(v[i] for _, v in holes) for i in range(len(members))}
+        rows = [
+            T.and_(*(T.cmp("eq", h, T.const(x, h.width)) for (h, _), x in zip(holes, row))) for row in sorted(choices)
+        ]
+        pick = T.or_(*rows)
+        out.append(T.and_(template, pick))
+    return T.or_(*out)
+
+
+def _shape(t: T.Term, memo: dict) -> object:
+    r = memo.get(id(t))
+    if r is None:
+        if t.op == "const":
+            r = ("C", t.width)
+        else:
+            r = (t.op, t.width, tuple(_shape(a, memo) if isinstance(a, T.Term) else a for a in t.args))
+        memo[id(t)] = hash(r)
+        r = hash(r)
+    return r
+
+
+def _antiunify(ts: list[T.Term], holes: list, memo: dict) -> T.Term:
+    first = ts[0]
+    if all(t is first for t in ts):
+        return first
+    key = tuple(id(t) for t in ts)
+    if key in memo:
+        return memo[key]
+    if first.op == "const":
+        h = T.sym(f"__h{next(_TAGS)}", first.width)
+        holes.append((h, [T.value(t) for t in ts]))
+        r = h
+    else:
+        args = []
+        for i, a in enumerate(first.args):
+            if isinstance(a, T.Term):
+                args.append(_antiunify([t.args[i] for t in ts], holes, memo))
+            else:
+                args.append(a)
+        r = T.mk(first.op, tuple(args), first.sort, first.width)
+    memo[key] = r
+    return r

@@ -222,7 +222,14 @@ class Executor:
             if loop is None:
                 raise Unsupported("a backward branch into a loop not entered at its header")
             if not isinstance(taken, T.Term):
-                raise Unsupported("a loop whose back edge differs between lanes")
+                # lanes leave at different iterations (libdevice's argument reduction): the iteration k
+                # is left unconstrained and each lane's exit keeps it active where its own test fails
+                loop.latch_conds.append(T.TRUE)
+                loop.updates.append({r: s.regs.get(r) for r in loop.phis} | {r: s.regs.get(r) for r in loop.ivs})
+                s.active = tuple(T.and_(act, T.not_(lane_of(taken, i))) for i, act in enumerate(s.active))
+                s.loops = tuple(lp for lp in s.loops if lp is not loop)
+                s.index += 1
+                return [s] if any(v is not T.FALSE for v in s.active) else []
             loop.latch_conds.append(taken)
             loop.updates.append({r: s.regs.get(r) for r in loop.phis} | {r: s.regs.get(r) for r in loop.ivs})
             if taken is T.TRUE:
@@ -315,7 +322,8 @@ class Executor:
                     wrap.append(T.cmp("eq", wide, T.sext(narrow, 64)))
             lp.no_wrap = wrap
             first = T.cmp("eq", k, T.const(0, 64))
-            lp.constraint = T.and_(T.or_(first, T.or_(*conds) if conds else T.FALSE), *wrap)
+            bounded = T.cmp("ult", k, T.const(1 << 40, 64))  # no loop runs 2^40 times
+            lp.constraint = T.and_(T.or_(first, T.or_(*conds) if conds else T.FALSE), bounded, *wrap)
 
     # ---------------------------------------------------------------- instructions
 
@@ -338,8 +346,10 @@ class Executor:
             return T.const(0, 32)
         if tok == "%laneid":
             return tuple(T.const(i % 32, 32) for i in range(self.n))
-        if tok.startswith("%ctaid.") or tok.startswith("%nctaid."):
+        if tok.startswith("%ctaid."):
             return self.symbols[tok[1:]]
+        if tok.startswith("%nctaid."):
+            return fit(expr_term(self.facts.grid["xyz".index(tok[-1])], self.symbols, 64), 32)
         if tok == "%ntid.x":
             return T.const(self.n, 32)
         if tok in ("%ntid.y", "%ntid.z"):

@@ -58,6 +58,16 @@ class Expr:
             total += p
         return total
 
+    def pin(self, values: dict[str, int]) -> Expr:
+        """The expression with these symbols replaced by their values."""
+        out = Expr.of(0)
+        for m, c in self.terms:
+            p = Expr.of(c)
+            for s in m:
+                p = p * (values[s] if s in values else s)
+            out = out + p
+        return out
+
     @property
     def symbols(self) -> set[str]:
         return {s for m, _ in self.terms for s in m}
@@ -101,6 +111,7 @@ class TensorFacts:
     value_range: tuple[Expr, Expr] | None = None  # index values in [lo, hi] (inclusive), when the contract bounds them
     allow_negative_one: bool = False  # -1 also allowed (a padding slot)
     role: str = "input"  # "input" | "written" | "output" | "scratch"
+    max_elements: int = 1 << 31  # the domain holds tensors up to this size (elements from element 0)
 
     @property
     def extent(self) -> Expr:
@@ -143,13 +154,18 @@ class LaunchFacts:
     relations: list[IndexRelation] = field(default_factory=list)
     distinct: tuple[str, ...] = ()  # index tensors whose entries >= 0 are pairwise distinct
     block_threads: int = 0  # threads per block when the PTX does not declare it
+    note: str = ""  # a restriction of the domain, in words
 
     def domain_text(self) -> str:
         """The domain a proof holds for, in words."""
-        parts = [f"{s.name} in [{s.lo}, {s.hi}]" for s in self.symbols.values()]
+        parts = [
+            f"{s.name} in [{s.lo}, {s.hi}]" if s.lo < s.hi else f"{s.name} = {s.lo}" for s in self.symbols.values()
+        ]
+        big = sorted(t.name for t in self.tensors.values() if t.max_elements > 1 << 31)
+        parts.append("tensors under 2^31 elements" + (f" ({', '.join(big)}: under 2^36)" if big else ""))
         for t in self.tensors.values():
             if t.index and t.value_range is not None:
                 lo, hi = t.value_range
                 extra = " or -1" if t.allow_negative_one else ""
                 parts.append(f"every {t.name} entry in [{lo}, {hi}]{extra}")
-        return ", ".join(parts)
+        return ", ".join(parts + ([self.note] if self.note else []))

@@ -14,7 +14,7 @@ values allowed by the contract where the access does what it must not?" `unsat` 
 from __future__ import annotations
 
 from kernalin_ci.ptx import terms as T
-from kernalin_ci.ptx.context import Context, Result, decode
+from kernalin_ci.ptx.context import Context, Result, decode, lanes_as_one
 from kernalin_ci.ptx.executor import PtxAccess, PtxTrace
 
 
@@ -48,9 +48,10 @@ def bounds(trace: PtxTrace, ctx: Context) -> list[Result]:
             end = T.bv("add", u, T.const(hi + hi_a.size, 64))
             bad.append(T.and_(ctx.path(lo_a), T.cmp("slt", first, T.const(0, 64)), ctx.lane_is(lo_a)))
             bad.append(T.and_(ctx.path(hi_a), T.cmp("ult", limit, end), ctx.lane_is(hi_a)))
-        ans = ctx.ask(T.or_(*bad))
+        bad_any = lanes_as_one(bad)
+        ans = ctx.ask(bad_any)
         cls = "unmasked-load" if kind == "ld" else "stray-write"
-        if ans.status == "sat" and ctx.ask(T.or_(*bad), extra=small_tensors(ctx)).status == "unsat":
+        if ans.status == "sat" and ctx.ask(bad_any, extra=small_tensors(ctx)).status == "unsat":
             cls = "offset-overflow"  # only past 2^31 elements: 32-bit offset arithmetic wraps
         out.append(ctx.result(what, ans, cls, ins, group, lambda a: a.offset, tensor))
     return out
@@ -74,54 +75,6 @@ def _split(off: T.Term) -> tuple[T.Term, int]:
     if T.is_const(off):
         return T.const(0, 64), T.value(off)
     return off, 0
-
-
-def _fold_lanes(group: list[PtxAccess]) -> list[tuple]:
-    """Accesses whose lanes differ only by constants in their store and source offsets, as one access
-    with the constants as symbols (`__c`, `__s`) taking each lane's pair: one decoding instead of one per
-    lane. (access, source offset, store offset, which-lane condition) per class."""
-    classes: dict[tuple, list[tuple[PtxAccess, int, int]]] = {}
-    for a in group:
-        s_off = source_element(a.value)[1]
-        us, cs = _split(s_off)
-        ud, cd = _split(a.offset)
-        classes.setdefault((id(us), id(ud), id(a.guard), a.cond), []).append((a, cs, cd))
-    out = []
-    for n, members in enumerate(classes.values()):
-        a = members[0][0]
-        us, _ = _split(source_element(a.value)[1])
-        ud, _ = _split(a.offset)
-        cs_, cd_ = T.sym(f"__s{n}", 64), T.sym(f"__c{n}", 64)
-        which = _lane_pairs(cs_, cd_, [(cs, cd, m.lane) for m, cs, cd in members])
-        out.append((a, T.bv("add", us, cs_), T.bv("add", ud, cd_), which))
-    return out
-
-
-def _lane_pairs(cs_: T.Term, cd_: T.Term, pairs: list[tuple[int, int, int]]) -> T.Term:
-    """cs_, cd_ take one lane's (source, store) constants. When every lane's pair lies on one line
-    cd = cs + b and the cs are an arithmetic progression, that is said in two linear facts instead of a
-    disjunction over the lanes (the same set of pairs, decided much faster)."""
-    lane = T.sym("__lane", 32)
-    cs_vals = sorted({p[0] for p in pairs})
-    b = pairs[0][1] - pairs[0][0]
-    if len(cs_vals) == len(pairs) and all(cd - cs == b for cs, cd, _ in pairs) and len(cs_vals) > 2:
-        step = cs_vals[1] - cs_vals[0]
-        if all(y - x == step for x, y in zip(cs_vals, cs_vals[1:])) and step > 0:
-            lo, hi = cs_vals[0], cs_vals[-1]
-            return T.and_(
-                T.cmp("sle", T.const(lo, 64), cs_),
-                T.cmp("sle", cs_, T.const(hi, 64)),
-                T.cmp("eq", T.bv("urem", T.bv("add", cs_, T.const(-lo, 64)), T.const(step, 64)), T.const(0, 64)),
-                T.cmp("eq", cd_, T.bv("add", cs_, T.const(b, 64))),
-            )
-    return T.or_(
-        *(
-            T.and_(
-                T.cmp("eq", cs_, T.const(cs, 64)), T.cmp("eq", cd_, T.const(cd, 64)), T.cmp("eq", lane, T.const(ln, 32))
-            )
-            for cs, cd, ln in pairs
-        )
-    )
 
 
 def source_element(value: T.Term) -> tuple[str, T.Term] | None:
@@ -160,13 +113,12 @@ def cache_stores(trace: PtxTrace, ctx: Context) -> list[Result]:
         src = ctx.facts.tensors[src_name]
         dst = ctx.facts.tensors[cache]
         padded, wrong_slot = [], []
-        for folded in _fold_lanes(_distinct(group)):
-            a, s_off, d_off, which = folded
-            (t, h, d), src_ok = decode(ctx, src, s_off, "src")
+        for a in _distinct(group):
+            (t, h, d), src_ok = decode(ctx, src, source_element(a.value)[1], "src", shared=True)
             slot = T.select(c.slots, T.bv("mul", t, T.const(ctx.facts.tensors[c.slots].elsize, 64)), 64)
             slot = T.sext(slot, 64) if slot.width < 64 else slot
-            (blk, sl, hc, dc), dst_ok = decode(ctx, dst, d_off, "dst")
-            base = T.and_(ctx.path(a), src_ok, which)
+            (blk, sl, hc, dc), dst_ok = decode(ctx, dst, a.offset, "dst", shared=True)
+            base = T.and_(ctx.path(a), src_ok, ctx.lane_is(a))
             padded.append(T.and_(base, T.cmp("slt", slot, T.const(0, 64))))
             right = T.and_(
                 T.cmp("eq", T.bv("add", T.bv("mul", blk, T.const(c.block_size, 64)), sl), slot),
@@ -174,13 +126,14 @@ def cache_stores(trace: PtxTrace, ctx: Context) -> list[Result]:
                 T.cmp("eq", dc, d),
             )
             wrong_slot.append(T.and_(base, dst_ok, T.cmp("sle", T.const(0, 64), slot), T.not_(right)))
-        ans = ctx.ask(T.or_(*padded))
+        padded, wrong_slot = lanes_as_one(padded), lanes_as_one(wrong_slot)
+        ans = ctx.ask(padded)
         if ans.status != "unsat":
             out.append(ctx.result(f"no store to {cache} for a padding token", ans, "kv-padding", ins, group))
             continue
-        ans = ctx.ask(T.or_(*wrong_slot))
+        ans = ctx.ask(wrong_slot)
         if ans.status == "sat":
-            small = ctx.ask(T.or_(*wrong_slot), extra=small_tensors(ctx))
+            small = ctx.ask(wrong_slot, extra=small_tensors(ctx))
             cls = "offset-overflow" if small.status == "unsat" else "kv-slot"
         else:
             cls = "kv-slot"

@@ -15,7 +15,7 @@ from typing import Any
 
 from kernalin_ci.ptx import terms as T
 
-TIMEOUT_MS = 10_000
+TIMEOUT_MS = 10_000  # per query: past it, the property is not proved (never a pass)
 
 
 def available() -> bool:

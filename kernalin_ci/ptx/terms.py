@@ -351,6 +351,12 @@ def or_(*xs: Term) -> Term:
                 out.append(y)
     if not out:
         return FALSE
+    if len(out) == 2:  # (A and p) or (A and not p) == A: two paths of one split meeting again
+        a, b = (set(x.args) if x.op == "and" else {x} for x in out)
+        diff_a, diff_b = a - b, b - a
+        if len(diff_a) == 1 and len(diff_b) == 1 and not_(next(iter(diff_a))) is next(iter(diff_b)):
+            keep = [y for y in (out[0].args if out[0].op == "and" else (out[0],)) if y in b]
+            return and_(*keep)
     if len(out) == 1:
         return out[0]
     return mk("or", tuple(out), "bool", 1)
@@ -363,8 +369,15 @@ def bool_to_bv(p: Term, w: int) -> Term:
 # ------------------------------------------------------------------ floats
 
 
+FCOMMUTATIVE = {"fadd", "fmul", "fmax", "fmin"}
+
+
 def fop(op: str, *args: Term, w: int = 32) -> Term:
-    """A float operation; constants fold (in float32 where w == 32, through numpy)."""
+    """A float operation; constants fold (in float32 where w == 32, through numpy). The operands of a
+    commutative operation are put in a fixed order, so that the lanes of a butterfly reduction, which
+    combine the same values in mirrored order, hold the same term."""
+    if op in FCOMMUTATIVE | {"ffma"} and len(args) >= 2 and id(args[1]) < id(args[0]):
+        args = (args[1], args[0], *args[2:])
     if all(a.op == "fconst" for a in args) and op in _FFOLD:
         import numpy as np
 
@@ -463,6 +476,8 @@ def _subst(t: Term, table: dict, memo: dict) -> Term:
 
 def rebuild(t: Term, args: tuple) -> Term:
     op = t.op
+    if t.sort == "bool" and op in ("and", "or"):
+        return and_(*args) if op == "and" else or_(*args)
     if op in _FOLD:
         return bv(op, args[0], args[1])
     if op in ("eq", "ult", "ule", "slt", "sle"):

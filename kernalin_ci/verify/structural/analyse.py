@@ -141,9 +141,10 @@ def _result(
     }
 
 
-def analyze_entry(op_name: str, fn, params: dict, root: str | None = None, domain=None) -> dict:
+def analyze_entry(op_name: str, fn, params: dict, root: str | None = None, domain=None, engine: str = "ttir") -> dict:
     """Capture, hand over and analyse one entry in this process (the catalogue's own kernels: tests and
-    benchmarks/structural_bench.py), through the same material file a worker writes."""
+    benchmarks/structural_bench.py, benchmarks/ptx_bench.py), through the same material file a worker
+    writes; engine "ptx": the PTX engine (ptx_run.py)."""
     import tempfile
 
     from kernalin_ci.ops import get_op
@@ -153,8 +154,12 @@ def analyze_entry(op_name: str, fn, params: dict, root: str | None = None, domai
 
     if analysis_of(get_op(op_name)) is None:
         return analyse(op_name, material.Material(None, [], None, []), root)
-    raw, seconds = capture_material(op_name, fn, params, domain)
+    raw, seconds = capture_material(op_name, fn, params, domain, engine)
     with tempfile.TemporaryDirectory(prefix="kernalin-structural-") as d:
         name = material.save(d, raw)
         mat = material.load(d, name, capture_cases(get_op(op_name), params, domain), op_name, params)
+    if engine == "ptx":
+        from kernalin_ci.verify.structural.ptx_run import analyse_ptx
+
+        return analyse_ptx(op_name, mat, params, root, seconds, domain)
     return analyse(op_name, mat, root, seconds)

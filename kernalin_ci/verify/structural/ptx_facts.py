@@ -12,6 +12,7 @@ expression explains makes the facts fail (the kernel is then not analysed by the
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from kernalin_ci.ptx.context import Contract
 from kernalin_ci.ptx.facts import Expr, LaunchFacts, ParamFacts, ShapeSymbol, TensorFacts
@@ -78,7 +79,20 @@ def _strides(shape: tuple[Expr, ...], captured: tuple[int, ...], strides: tuple[
 
 
 def build(op_name: str, op_params: dict, cap, launch, twin: dict | None, n_params: int, max_position: int | None):
-    """(LaunchFacts, Contract) of one captured launch."""
+    """(LaunchFacts, Contract) of one captured launch. When the twin call does not explain a launch
+    argument or the grid (an entry passing a size computed its own way), the facts are those of the
+    capture call alone: every size a constant, the domain saying so."""
+    try:
+        return _build(op_name, op_params, cap, launch, twin, n_params, max_position)
+    except FactsError as e:
+        if twin is None:
+            raise
+        facts, contract = _build(op_name, op_params, cap, launch, None, n_params, max_position)
+        facts.note = f"at the capture call's sizes only ({e})"
+        return facts, contract
+
+
+def _build(op_name: str, op_params: dict, cap, launch, twin: dict | None, n_params: int, max_position: int | None):
     max_pos = int(max_position or op_params.get("max_position") or MAX_POSITION)
     bs = int(op_params.get("block_size") or 16)
     twin_t = (twin or {}).get("tensors", {})
@@ -112,6 +126,10 @@ def build(op_name: str, op_params: dict, cap, launch, twin: dict | None, n_param
             hi = -(-max_pos // bs)
         symbols[s] = ShapeSymbol(s, lo, hi, v)
     _index_ranges(op_name, tensors, bs, max_pos)
+    if op_name in ("kv_append", "decode_step"):  # their contract: slot offsets in 64-bit (offset-overflow)
+        for name in ("k_cache", "v_cache"):
+            if name in tensors:
+                tensors[name] = replace(tensors[name], max_elements=1 << 36)
     candidates = _candidates(tensors)
     args = [a for a in launch.args if launch.signature.get(a.name) not in ("constexpr", None)]
     twin_args = _twin_launch(twin, launch)
@@ -134,16 +152,40 @@ def build(op_name: str, op_params: dict, cap, launch, twin: dict | None, n_param
         _explain("the grid", int(g), int(grid2[i]) if grid2 else int(g), candidates, values1, values2, grid=True)
         for i, g in enumerate(launch.grid)
     )
+    # A cache capacity (S, W) multiplies the batch index in the kernel's offsets: kept symbolic it makes
+    # every query non-linear. It is held at the domain's largest value, so that kv_len still takes every
+    # value up to max_position; the domain says so.
+    pinned = {s: symbols[s].hi for s in ("S", "W") if s in symbols}
+    if pinned:
+        tensors = {
+            n: replace(
+                t,
+                shape=tuple(e.pin(pinned) for e in t.shape),
+                strides=tuple(e.pin(pinned) for e in t.strides),
+                value_range=tuple(e.pin(pinned) for e in t.value_range) if t.value_range else None,
+            )
+            for n, t in tensors.items()
+        }
+        params = [replace(p, value=p.value.pin(pinned)) if isinstance(p.value, Expr) else p for p in params]
+        grid = tuple(g.pin(pinned) for g in grid)
+        symbols = {n: (replace(s, lo=s.hi) if n in pinned else s) for n, s in symbols.items()}
     facts = LaunchFacts(launch.kernel, params, grid, tensors, symbols, distinct=("slot_mapping",))
     contract = Contract(op_name, block_size=bs, slots="slot_mapping" if "slot_mapping" in tensors else "")
     if op_name == "kv_append":
         contract.caches = {"k_cache": "key", "v_cache": "value"}
+    if op_name in ("attention.decode", "attention.decode_paged", "decode_step") and "q" in cap.tensors:
+        hq = cap.tensors["q"].shape[1]
+        hkv = cap.tensors["k_cache"].shape[2 if op_name != "attention.decode" else 1]
+        contract.query, contract.kcache, contract.vcache, contract.lens = "q", "k_cache", "v_cache", "kv_lens"
+        contract.table = "block_tables" if "block_tables" in tensors else ""
+        contract.group = max(hq // max(hkv, 1), 1)
+        contract.output = cap.outputs.get("out", "")
+        scale = cap.kwargs.get("scale")
+        contract.scale = float(scale) if isinstance(scale, (int, float)) else 0.0
     return facts, contract
 
 
 def _index_ranges(op_name: str, tensors: dict[str, TensorFacts], bs: int, max_pos: int) -> None:
-    from dataclasses import replace
-
     cache = tensors.get("k_cache")
     for name in INDEX:
         t = tensors.get(name)

@@ -65,8 +65,7 @@ def analyse_ptx(
             if r.status == "proved":
                 proved.append(f"{la.kernel}: {r.name}")
             elif r.status == "violated":
-                check = "structural:ptx-bounds" if r.name.endswith("in bounds") else "structural:ptx-cache-store"
-                rep.finding(check, r.bug_class or "stray-write", _message(r), where=at)
+                rep.finding(_check(r), r.bug_class or "stray-write", _message(r), where=at)
             else:
                 rep.notice("structural:ptx-proof", f"PTX engine: not proved: {r.name} ({r.cause})", where=at)
     res = _result(rep, kernels, times, root, not_analysed="; ".join(unfollowed) or None, shape=mat.label)
@@ -74,6 +73,17 @@ def analyse_ptx(
     if proved and res["status"]["status"] == "analysed":
         res["status"]["shape"] = f"{mat.label}; PTX: {len(proved)} properties proved"
     return res
+
+
+def _check(r) -> str:
+    """The check id of a violated property (written whole: grep finds it here)."""
+    if r.name.endswith("in bounds"):
+        return "structural:ptx-bounds"
+    if r.bug_class in ("softmax-no-max", "scale", "online-rescale", "softmax-no-normalize", "split-combine"):
+        return "structural:ptx-softmax"
+    if r.bug_class in ("stride", "gqa-mapping", "paged-index", "kv-mask", "unmasked-load"):
+        return "structural:ptx-kv-reads"
+    return "structural:ptx-cache-store"
 
 
 def _message(r) -> str:

@@ -1,0 +1,303 @@
+"""Softmax properties, read from the float dataflow graph of the executed kernel (no solver needed).
+
+Every exponential in the PTX is `ex2.approx(x)`. Its argument is put in linear form over atoms (a masked
+score `selp(mask, s, -inf)`, a max, a loop-carried value, a product q_i * k_i of two loaded elements);
+kernel float parameters (the scale) count as constants with their launch values.
+- max subtracted (`softmax-no-max`): the argument is c * (R - M) with M a max (a `max.f32` tree, through
+  shuffles and shared memory, or a running max carried by a loop) one of whose operands is R itself, so
+  that R - M <= 0; an M over the same scores scaled differently is `scale`.
+- scale (`scale`): the q·k products reach the exponent with the factor scale * log2(e).
+- rescale (`online-rescale`): in a loop that carries a running max, every carried accumulation of
+  exponentials is multiplied by an `ex2` of (old max - new max) before anything is added to it.
+- normalised (`softmax-no-normalize`): a stored output computed from exponentials is divided by a sum of
+  exponentials (`div`, or a product by `rcp`).
+"""
+
+from __future__ import annotations
+
+import math
+
+from kernalin_ci.ptx import terms as T
+from kernalin_ci.ptx.context import Context, Result
+from kernalin_ci.ptx.executor import PtxTrace, lane_of
+
+LOG2E = 1.0 / math.log(2.0)
+Form = dict  # monomial (tuple of atoms) -> coefficient; () is the constant
+
+
+def as_float(x: T.Term) -> T.Term:
+    if x.sort == "f":
+        return x
+    if x.op == "fbitsof":
+        return x.args[0]
+    return T.fbits(x, x.width)
+
+
+def _phi(t: T.Term) -> T.Term | None:
+    return t.args[0] if t.op == "fbits" and t.args[0].op == "phi" else None
+
+
+class Graph:
+    def __init__(self, trace: PtxTrace):
+        self.trace = trace
+        self.forms: dict[int, Form] = {}
+        self.has_exp: dict[int, bool] = {}
+
+    def update(self, phi_atom: T.Term) -> list[T.Term]:
+        """The values a loop-carried float takes at the back edge (one per path)."""
+        lid, reg, lane = _phi(phi_atom).args
+        out = []
+        for upd in self.trace.loops[lid].updates:
+            v = upd.get(reg)
+            if v is not None:
+                out.append(as_float(lane_of(v, max(lane, 0))))
+        return out
+
+    def form(self, t: T.Term) -> Form:
+        f = self.forms.get(id(t))
+        if f is None:
+            f = self._form(t)
+            self.forms[id(t)] = f
+        return f
+
+    def _form(self, t: T.Term) -> Form:
+        op, a = t.op, t.args
+        if op == "fconst":
+            return {(): a[0]}
+        if op == "fparam":
+            return {(): a[1]}
+        if op == "fadd":
+            return _add(self.form(a[0]), self.form(a[1]), 1.0)
+        if op == "fsub":
+            return _add(self.form(a[0]), self.form(a[1]), -1.0)
+        if op == "fneg":
+            return {m: -c for m, c in self.form(a[0]).items()}
+        if op == "fmul":
+            return _mul(self.form(a[0]), self.form(a[1]), t)
+        if op == "ffma":
+            return _add(_mul(self.form(a[0]), self.form(a[1]), t), self.form(a[2]), 1.0)
+        if op == "fcvt" and t.width >= 32:
+            return self.form(a[0])
+        return {(t,): 1.0}
+
+    def exps(self, roots: list[T.Term]) -> list[T.Term]:
+        seen: set[int] = set()
+        out = []
+        stack = list(roots)
+        while stack:
+            x = stack.pop()
+            if id(x) in seen:
+                continue
+            seen.add(id(x))
+            if x.op == "ex2":
+                out.append(x)
+            if _phi(x) is not None:
+                stack.extend(self.update(x))
+            stack.extend(y for y in x.args if isinstance(y, T.Term))
+        return out
+
+    def involves_exp(self, t: T.Term) -> bool:
+        r = self.has_exp.get(id(t))
+        if r is None:
+            r = bool(self.exps([t]))
+            self.has_exp[id(t)] = r
+        return r
+
+    def max_operands(self, t: T.Term, seen: set | None = None) -> list[T.Term]:
+        """The values a max takes the maximum of (through max trees and running maxima)."""
+        seen = set() if seen is None else seen
+        if id(t) in seen:
+            return []
+        seen.add(id(t))
+        if t.op == "fmax":
+            return [x for y in t.args for x in [y, *self.max_operands(y, seen)]]
+        if t.op == "fite":
+            return self.max_operands(t.args[1], seen) + self.max_operands(t.args[2], seen)
+        if _phi(t) is not None:
+            return [x for u in self.update(t) for x in [u, *self.max_operands(u, seen)]]
+        return []
+
+
+def _add(f: Form, g: Form, k: float) -> Form:
+    out = dict(f)
+    for m, c in g.items():
+        out[m] = out.get(m, 0.0) + k * c
+    return {m: c for m, c in out.items() if c != 0.0}
+
+
+def _mul(f: Form, g: Form, t: T.Term) -> Form:
+    out: Form = {}
+    for m1, c1 in f.items():
+        for m2, c2 in g.items():
+            m = tuple(sorted(m1 + m2, key=id))
+            if len(m) > 2:
+                return {(t,): 1.0}
+            out[m] = out.get(m, 0.0) + c1 * c2
+    return out
+
+
+def _close(a: float, b: float, rel: float = 1e-4) -> bool:
+    return abs(a - b) <= rel * max(abs(a), abs(b))
+
+
+def _proportional(f: Form, g: Form) -> float | None:
+    """k with f == k * g (same monomials), else None."""
+    if set(f) != set(g) or not f:
+        return None
+    m0 = next(iter(f))
+    if g[m0] == 0:
+        return None
+    k = f[m0] / g[m0]
+    return k if all(_close(f[m], k * g[m]) for m in f) else None
+
+
+def check(trace: PtxTrace, ctx: Context) -> list[Result]:
+    g = Graph(trace)
+    out_name = ctx.contract.output
+    stores = [a for a in trace.accesses if a.kind == "st" and a.tensor in ctx.facts.tensors]
+    roots = [as_float(a.value) for a in stores]
+    exps = g.exps(roots)
+    if not exps:
+        return []
+    results = [_max_subtracted(g, exps, ctx)]
+    results += _rescaled(g, trace, ctx)
+    outs = [a for a in stores if a.tensor == out_name]
+    if outs:
+        results.append(_normalised(g, outs, ctx))
+    return results
+
+
+def _score_exp(g: Graph, e: T.Term) -> tuple[str, object]:
+    """("ok", None), ("no-max", None), ("scale", k) or ("skip", None) for one exponential."""
+    f = g.form(e.args[0])
+    if set(f) <= {()}:
+        return "skip", None
+    for m, c in f.items():
+        if len(m) != 1 or c >= 0:
+            continue
+        rest = _add(f, {m: c}, -1.0)  # f without -c * M
+        rest.pop((), None)
+        if not rest:
+            continue
+        scaled = {k: v / -c for k, v in rest.items()}
+        for leaf in g.max_operands(m[0]):
+            k = _proportional(scaled, {x: y for x, y in g.form(leaf).items() if x != ()})
+            if k is not None and _close(k, 1.0, 1e-3):
+                return "ok", None
+            if k is not None and k > 0:
+                return "scale", k
+    return "no-max", None
+
+
+def _max_subtracted(g: Graph, exps: list[T.Term], ctx: Context) -> Result:
+    what = "every exponential is exp(s - m) with m a max over s"
+    for e in exps:
+        verdict, k = _score_exp(g, e)
+        if verdict == "no-max":
+            return Result(what, "violated", ctx.domain, "softmax-no-max", cause="an exponent with no max subtracted")
+        if verdict == "scale":
+            cause = f"the max is taken over the scores scaled by another factor ({k:.4g}x)"
+            return Result(what, "violated", ctx.domain, "scale", cause=cause)
+    scale = _scale(g, exps, ctx)
+    return scale or Result(what, "proved", ctx.domain)
+
+
+def _scale(g: Graph, exps: list[T.Term], ctx: Context) -> Result | None:
+    want = ctx.contract.scale * LOG2E
+    if not want:
+        return None
+    for e in exps:
+        for m, c in g.form(e.args[0]).items():
+            if len(m) == 2 and c > 0 and not _close(c, want, 2e-3):
+                cause = f"q.k reaches the exponent times {c:.6g}, not scale * log2(e) = {want:.6g}"
+                return Result("the scale multiplies q.k once", "violated", ctx.domain, "scale", cause=cause)
+            if len(m) == 1 and c > 0 and m[0].op == "fite":
+                for mm, cc in g.form(m[0].args[1]).items():
+                    if len(mm) == 2 and not _close(c * cc, want, 2e-3):
+                        cause = f"q.k reaches the exponent times {c * cc:.6g}, not scale * log2(e) = {want:.6g}"
+                        return Result("the scale multiplies q.k once", "violated", ctx.domain, "scale", cause=cause)
+    return None
+
+
+def _rescaled(g: Graph, trace: PtxTrace, ctx: Context) -> list[Result]:
+    out = []
+    for lp in trace.loops.values():
+        phis = {reg: phi for reg, (_, phi) in lp.phis.items()}
+        running = []
+        for reg, phi in phis.items():
+            atom = T.fbits(lane_of(phi, 0), 32) if lane_of(phi, 0).sort == "bv" else None
+            if atom is None:
+                continue
+            if any(u.op == "fmax" and atom in g.max_operands(u) for u in g.update(atom)):
+                running.append(atom)
+        if not running:
+            continue
+        what = "every accumulation of exponentials is rescaled when the running max changes"
+        bad = None
+        for reg, phi in phis.items():
+            for lane in range(trace.lanes if not isinstance(phi, T.Term) else 1):
+                atom = T.fbits(lane_of(phi, lane), 32)
+                if atom in running:
+                    continue
+                for u in g.update(atom):
+                    if not g.involves_exp(u) or not _uses(u, atom):
+                        continue
+                    if not _only_rescaled(u, atom, running):
+                        bad = reg
+        out.append(
+            Result(what, "violated", ctx.domain, "online-rescale", cause=f"{bad} is not rescaled")
+            if bad
+            else Result(what, "proved", ctx.domain)
+        )
+    return out
+
+
+def _uses(t: T.Term, atom: T.Term) -> bool:
+    return any(x is atom for x in T.walk(t))
+
+
+def _rescale_factor(x: T.Term, running: list[T.Term]) -> bool:
+    while x.op == "fcvt":
+        x = x.args[0]
+    return x.op == "ex2" and any(_uses(x, m) for m in running)
+
+
+def _only_rescaled(t: T.Term, atom: T.Term, running: list[T.Term]) -> bool:
+    """Every occurrence of atom in t is a factor of a product with an ex2 of the running max."""
+    seen: set[int] = set()
+    stack = [t]
+    while stack:
+        x = stack.pop()
+        if id(x) in seen or x is atom:
+            continue
+        seen.add(id(x))
+        if x.op in ("fmul", "ffma") and atom in x.args[:2]:
+            other = x.args[1] if x.args[0] is atom else x.args[0]
+            if not _rescale_factor(other, running):
+                return False
+            stack.extend(x.args[2:])
+            continue
+        if any(y is atom for y in x.args):
+            return False
+        stack.extend(y for y in x.args if isinstance(y, T.Term))
+    return True
+
+
+def _normalised(g: Graph, stores: list, ctx: Context) -> Result:
+    what = "the output is divided by a sum of the exponentials"
+    for a in stores:
+        f = as_float(a.value)
+        if not g.involves_exp(f):
+            continue
+        if not _divides_by_exp_sum(g, f):
+            return Result(what, "violated", ctx.domain, "softmax-no-normalize", a.instr, lane=a.lane)
+    return Result(what, "proved", ctx.domain)
+
+
+def _divides_by_exp_sum(g: Graph, f: T.Term) -> bool:
+    for x in T.walk(f):
+        if x.op == "fdiv" and g.involves_exp(x.args[1]):
+            return True
+        if x.op == "rcp" and g.involves_exp(x.args[0]):
+            return True
+    return False
