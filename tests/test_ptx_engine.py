@@ -128,3 +128,104 @@ def test_verify_engine_ptx_runs_the_engine_in_the_structural_worker():
     assert r.structural.status == "analysed"
     assert {f.bug_class for f in r.findings} == {"kv-padding", "stray-write"}
     assert all(f.check.startswith("structural:ptx-") and "slot_mapping[" in f.message for f in r.findings)
+
+
+@pytest.mark.parametrize(
+    "path, cls",
+    [
+        ("checks/attention_decode/correct_online_softmax.py", None),
+        ("checks/attention_decode/bug_softmax_no_max.py", "softmax-no-max"),
+        ("checks/attention_decode/bug_online_no_rescale.py", "online-rescale"),
+        ("checks/attention_decode/bug_softmax_no_normalize.py", "softmax-no-normalize"),
+        ("checks/attention_decode/bug_scale_after_max.py", "scale"),
+    ],
+)
+def test_the_softmax_is_read_from_the_float_dataflow_of_the_ptx(path, cls):
+    """The softmax properties alone (the K/V read proofs take the solver tens of seconds: ptx_bench.py)."""
+    from dataclasses import replace as dc_replace
+
+    from kernalin_ci import ptx as engine
+    from kernalin_ci.ptx.syntax import parse
+    from kernalin_ci.verify.structural.compile import ptx
+    from kernalin_ci.verify.structural.ptx_facts import build
+
+    op_name, params, cap, twin = _capture(path)
+    la = cap.launches[0]
+    text = ptx(la)
+    facts, contract = build(op_name, params, cap, la, twin, len(parse(text).params), None)
+    out = engine.analyse(text, facts, dc_replace(contract, query=""))
+    soft = [r for r in out.results if r.name.startswith(("every exponential", "every accumulation", "the output is"))]
+    assert soft and all(r.status != "not-proved" for r in soft)
+    found = {r.bug_class for r in soft if r.status == "violated"}
+    assert found == ({cls} if cls else set()), [(r.name, r.status, r.cause) for r in soft]
+
+
+# ---------------------------------------------------------------- a CUDA C++ kernel, compiled by NVRTC
+
+
+def _nvrtc_ptx(defines: tuple[str, ...] = ()) -> str:
+    """tests/cuda/kv_append.cu compiled to PTX for sm_90 by NVRTC (the nvidia-cuda-nvrtc wheel; no GPU)."""
+    import ctypes
+    import glob
+
+    import nvidia.cuda_nvrtc
+
+    found = [p for d in nvidia.cuda_nvrtc.__path__ for p in glob.glob(f"{d}/lib/libnvrtc.so*")]
+    lib = ctypes.CDLL(found[0])
+    src = (ROOT / "tests/cuda/kv_append.cu").read_bytes()
+    prog = ctypes.c_void_p()
+    assert lib.nvrtcCreateProgram(ctypes.byref(prog), src, b"kv_append.cu", 0, None, None) == 0
+    opts = [b"--gpu-architecture=compute_90", b"-lineinfo", *(f"-D{d}".encode() for d in defines)]
+    assert lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts)) == 0
+    n = ctypes.c_size_t()
+    lib.nvrtcGetPTXSize(prog, ctypes.byref(n))
+    buf = ctypes.create_string_buffer(n.value)
+    lib.nvrtcGetPTX(prog, buf)
+    return buf.value.decode()
+
+
+def _cuda_facts():
+    """The launch facts of kv_append.cu, written by hand: plain data, nothing from Triton."""
+    from kernalin_ci.ptx.context import Contract
+    from kernalin_ci.ptx.facts import Expr, LaunchFacts, ParamFacts, ShapeSymbol, TensorFacts
+
+    E = Expr.of
+    row = (E("T"), E(2), E(48))
+    strides = (E(96), E(48), E(1))
+    cache_shape, cache_strides = (E("NB"), E(16), E(2), E(48)), (E(1536), E(96), E(48), E(1))
+    big = 1 << 36
+    tensors = {
+        "key": TensorFacts("key", "float16", 2, row, strides),
+        "value": TensorFacts("value", "float16", 2, row, strides),
+        "k_cache": TensorFacts("k_cache", "float16", 2, cache_shape, cache_strides, role="written", max_elements=big),
+        "v_cache": TensorFacts("v_cache", "float16", 2, cache_shape, cache_strides, role="written", max_elements=big),
+        "slot_mapping": TensorFacts(
+            "slot_mapping", "int64", 8, (E("T"),), (E(1),), True, (E(0), E("NB") * 16 + (-1)), True
+        ),
+    }
+    params = [ParamFacts("pointer", n) for n in ("key", "value", "k_cache", "v_cache", "slot_mapping")]
+    params += [ParamFacts("int", value=E(96)), ParamFacts("int", value=E(16))]
+    symbols = {"T": ShapeSymbol("T", 1, 65536, 5), "NB": ShapeSymbol("NB", 1, 1 << 21, 7)}
+    facts = LaunchFacts("kv_append", params, (E("T"), E(1), E(1)), tensors, symbols, distinct=("slot_mapping",))
+    facts.block_threads = 128
+    contract = Contract("kv_append", {"k_cache": "key", "v_cache": "value"}, "slot_mapping", 16)
+    return facts, contract
+
+
+@pytest.mark.parametrize(
+    "defines, cls",
+    [((), None), (("SKIP_PADDING=0",), "kv-padding"), (("OFFSET_T=int",), "offset-overflow")],
+)
+def test_a_cuda_kernel_compiled_by_nvrtc_is_analysed_from_the_same_facts(defines, cls):
+    pytest.importorskip("nvidia.cuda_nvrtc")
+    from kernalin_ci import ptx as engine
+
+    facts, contract = _cuda_facts()
+    out = engine.analyse(_nvrtc_ptx(defines), facts, contract)
+    assert out.not_analysed is None
+    violated = {r.bug_class for r in out.results if r.status == "violated"}
+    if cls is None:
+        assert {r.status for r in out.results} == {"proved"}, [(r.name, r.status, r.cause) for r in out.results]
+        assert len(out.results) == 7  # slot, key, value loads; both stores in bounds; both caches' contract
+    else:
+        assert cls in violated

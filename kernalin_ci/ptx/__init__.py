@@ -64,6 +64,7 @@ def analyse(ptx: str, facts: LaunchFacts, contract: Contract) -> KernelAnalysis:
         out.results += memory.cache_stores(trace, ctx)
     if contract.query:
         out.results += attention_reads.kv_reads(trace, ctx)
+    if contract.output:
         out.results += softmax.check(trace, ctx)
     out.seconds = {"parse": t1 - t0, "execute": t2 - t1, "prove": time.perf_counter() - t2}
     return out

@@ -80,12 +80,15 @@ class Context:
         return expr_term(e, self.symbols, 64)
 
     def path(self, a: PtxAccess) -> T.Term:
-        key = id(a.cond)
-        c = self._resolved.get(key)
+        c = self._resolved.get(id(a.cond))
         if c is None:
             c = self.trace.resolve(T.and_(*a.cond))
-            self._resolved[key] = c
-        return T.and_(c, a.guard)
+            self._resolved[id(a.cond)] = c
+        g = self._resolved.get(id(a.guard))
+        if g is None:
+            g = self.trace.resolve(a.guard) if any(x.op == "lanecont" for x in T.walk(a.guard)) else a.guard
+            self._resolved[id(a.guard)] = g
+        return T.and_(c, g)
 
     def lane_is(self, a: PtxAccess) -> T.Term:
         """Names the lane in a counterexample (a disjunct per lane)."""
@@ -241,13 +244,38 @@ def lanes_as_one(formulas: list[T.Term]) -> T.Term:
             continue
         holes: list[tuple[T.Term, list[int]]] = []
         template = _antiunify(members, holes, {})
-        choices = {tuple(v[i] for _, v in holes) for i in range(len(members))}
-        rows = [
-            T.and_(*(T.cmp("eq", h, T.const(x, h.width)) for (h, _), x in zip(holes, row))) for row in sorted(choices)
-        ]
-        pick = T.or_(*rows)
-        out.append(T.and_(template, pick))
+        choices = sorted({tuple(v[i] for _, v in holes) for i in range(len(members))})
+        out.append(T.and_(template, _pick(holes, choices)))
     return T.or_(*out)
+
+
+def _pick(holes: list, rows: list[tuple], runs: bool = True) -> T.Term:
+    """The holes take one row of values: runs of rows in arithmetic progression (the lanes of a tile)
+    are one index r each (h = base + step * r, 0 <= r < n), the rest one disjunct per row."""
+    runs: list[list[tuple]] = []
+    for row in rows:
+        run = runs[-1] if runs else None
+        if run and (len(run) < 2 or _diff(run[-1], row) == _diff(run[-2], run[-1])):
+            run.append(row)
+        else:
+            runs.append([row])
+    out = []
+    for run in runs:
+        if len(run) < 3 or not runs:
+            out += [T.and_(*(T.cmp("eq", h, T.const(x, h.width)) for (h, _), x in zip(holes, row))) for row in run]
+            continue
+        r = T.sym(f"__r{next(_TAGS)}", 64)
+        step = _diff(run[0], run[1])
+        eqs = [T.cmp("ult", r, T.const(len(run), 64))]
+        for (h, _), base, d in zip(holes, run[0], step):
+            rw = T.extract(r, 0, h.width) if h.width < 64 else r
+            eqs.append(T.cmp("eq", h, T.bv("add", T.const(base, h.width), T.bv("mul", rw, T.const(d, h.width)))))
+        out.append(T.and_(*eqs))
+    return T.or_(*out)
+
+
+def _diff(a: tuple, b: tuple) -> tuple:
+    return tuple(y - x for x, y in zip(a, b))
 
 
 def _shape(t: T.Term, memo: dict) -> object:

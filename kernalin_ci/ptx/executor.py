@@ -63,6 +63,8 @@ class Loop:
     updates: list = field(default_factory=list)  # {reg: Val at the latch}, per path
     no_wrap: list = field(default_factory=list)  # bool terms: counters without overflow
     constraint: T.Term = T.TRUE
+    lane_conds: list = field(default_factory=list)  # a back edge that differs between lanes: per lane
+    lane_constraint: dict = field(default_factory=dict)  # lane -> the lane is still iterating at k
 
 
 @dataclass
@@ -77,8 +79,12 @@ class PtxTrace:
     results: dict = field(default_factory=dict)  # per instruction index: Val of its destination (dataflow)
 
     def resolve(self, t: T.Term) -> T.Term:
-        """t with every `loopinv` atom replaced by its loop's constraint."""
+        """t with every `loopinv` atom replaced by its loop's constraint, and every `lanecont` atom by
+        its lane's (a loop whose lanes leave at different iterations)."""
         table = {T.mk("loopinv", (i,), "bool", 1): lp.constraint for i, lp in self.loops.items()}
+        for i, lp in self.loops.items():
+            for lane in range(self.lanes):
+                table[T.mk("lanecont", (i, lane), "bool", 1)] = lp.lane_constraint.get(lane, T.TRUE)
         return T.substitute(t, table)
 
 
@@ -109,7 +115,7 @@ class Executor:
     def __init__(self, kernel: PtxKernel, facts: LaunchFacts, symbols: dict[str, T.Term]):
         self.k = kernel
         self.facts = facts
-        self.n = kernel.threads or facts.block_threads or 128
+        self.n = facts.block_threads or kernel.threads or 128  # the launch's block, else what the PTX says
         self.symbols = symbols
         self.accesses: list[PtxAccess] = []
         self.loops: dict[int, Loop] = {}
@@ -225,6 +231,7 @@ class Executor:
                 # lanes leave at different iterations (libdevice's argument reduction): the iteration k
                 # is left unconstrained and each lane's exit keeps it active where its own test fails
                 loop.latch_conds.append(T.TRUE)
+                loop.lane_conds.append(taken)
                 loop.updates.append({r: s.regs.get(r) for r in loop.phis} | {r: s.regs.get(r) for r in loop.ivs})
                 s.active = tuple(T.and_(act, T.not_(lane_of(taken, i))) for i, act in enumerate(s.active))
                 s.loops = tuple(lp for lp in s.loops if lp is not loop)
@@ -322,6 +329,18 @@ class Executor:
                     wrap.append(T.cmp("eq", wide, T.sext(narrow, 64)))
             lp.no_wrap = wrap
             first = T.cmp("eq", k, T.const(0, 64))
+            for lane in range(self.n):  # a lane iterates at k when its own back edge was taken at k - 1
+                taken = [lane_of(c, lane) for c in lp.lane_conds]
+                if taken and not any(x.op in ("phi", "fresh") for c in taken for x in T.walk(c)):
+                    own_wrap = []
+                    for init, step in lp.ivs.values():
+                        i0, s0 = lane_of(init, lane), lane_of(step, lane)
+                        if not isinstance(init, T.Term) and i0.sort == "bv" and i0.width == 32:
+                            wide = T.bv("add", T.sext(i0, 64), T.bv("mul", k, T.sext(s0, 64)))
+                            narrow = T.bv("add", i0, T.bv("mul", T.extract(k, 0, 32), s0))
+                            own_wrap.append(T.cmp("eq", wide, T.sext(narrow, 64)))
+                    cont = T.or_(first, *(T.substitute(c, prev) for c in taken))
+                    lp.lane_constraint[lane] = T.and_(cont, *own_wrap)
             bounded = T.cmp("ult", k, T.const(1 << 40, 64))  # no loop runs 2^40 times
             lp.constraint = T.and_(T.or_(first, T.or_(*conds) if conds else T.FALSE), bounded, *wrap)
 
@@ -392,7 +411,7 @@ class Executor:
             return
         if op in ("ret", "exit"):
             raise Unsupported("a predicated return")
-        if op == "mov":
+        if op == "mov" or op == "cvta":  # cvta.to.global: a generic address to a global one, the same here
             return self._mov(s, ins)
         if op == "ld":
             return self._ld(s, ins)
@@ -488,6 +507,7 @@ class Executor:
             v = T.load(tensor, off, w)
         if g is not T.FALSE:
             s.order += 1
+            g = T.and_(g, *(T.mk("lanecont", (lp.id, lane), "bool", 1) for lp in s.loops))
             self.accesses.append(PtxAccess("ld", ins, lane, g, s.cond, tensor, off, w // 8, v, s.order))
         return v
 
@@ -518,6 +538,7 @@ class Executor:
                         s.local[lane] = None
                 else:
                     tensor, off = split_base(a)
+                    g = T.and_(g, *(T.mk("lanecont", (lp.id, lane), "bool", 1) for lp in s.loops))
                     self.accesses.append(PtxAccess("st", ins, lane, g, s.cond, tensor, off, w // 8, x, s.order))
 
     def _cp_async(self, s: State, ins: Instr) -> None:

@@ -115,6 +115,11 @@ class Graph:
             return self.max_operands(t.args[1], seen) + self.max_operands(t.args[2], seen)
         if _phi(t) is not None:
             return [x for u in self.update(t) for x in [u, *self.max_operands(u, seen)]]
+        if t.op == "fmul":  # max(x) * c == max(x * c) for a positive constant c (the scale)
+            for x, c in ((t.args[0], t.args[1]), (t.args[1], t.args[0])):
+                k = self.form(c)
+                if set(k) == {()} and k[()] > 0:
+                    return [T.fop("fmul", y, c) for y in self.max_operands(x, seen)]
         return []
 
 
@@ -224,7 +229,7 @@ def _rescaled(g: Graph, trace: PtxTrace, ctx: Context) -> list[Result]:
     for lp in trace.loops.values():
         phis = {reg: phi for reg, (_, phi) in lp.phis.items()}
         running = []
-        for reg, phi in phis.items():
+        for phi in phis.values():
             atom = T.fbits(lane_of(phi, 0), 32) if lane_of(phi, 0).sort == "bv" else None
             if atom is None:
                 continue

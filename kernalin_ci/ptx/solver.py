@@ -10,12 +10,16 @@ they cannot, `sat` comes with a model (the counterexample), `unknown` (the time 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from kernalin_ci.ptx import terms as T
 
-TIMEOUT_MS = 10_000  # per query: past it, the property is not proved (never a pass)
+# Per query, the solver's work is bounded by a resource count (deterministic, whatever the machine's load)
+# and, as a backstop, by wall time: past either, the property is not proved (never a pass).
+RLIMIT = 20_000_000
+TIMEOUT_MS = 60_000
 
 
 def available() -> bool:
@@ -224,6 +228,7 @@ class Query:
         self.tr = Translator()
         self.solver = z3.Solver()
         self.solver.set("timeout", TIMEOUT_MS)
+        self.solver.set("rlimit", RLIMIT)
 
     def add(self, *conds: T.Term | Any) -> None:
         for c in conds:
@@ -242,6 +247,9 @@ class Query:
             self.solver.add(self.tr(c) if isinstance(c, T.Term) else c)
         self._flush()
         r = self.solver.check()
+        if os.environ.get("KERNALIN_PTX_STATS"):
+            st = self.solver.statistics()
+            print("query", r, dict(zip(st.keys(), [st.get_key_value(k) for k in st.keys()])).get("rlimit count"))
         try:
             if r == z3.unsat:
                 return Answer("unsat")

@@ -195,6 +195,8 @@ def bv(op: str, a: Term, b: Term) -> Term:
             return a
         if c == mask(w) and op == "and":
             return a
+        if op == "and" and a.op == "or" and is_const(a.args[1]) and value(a.args[1]) & c == 0:
+            return bv("and", a.args[0], b)  # (x | k) & m == x & m when k & m == 0
         if op == "sub":
             return bv("add", a, const(-c, w))
         if op == "add" and a.op == "add" and is_const(a.args[1]):
