@@ -229,3 +229,11 @@ def test_a_cuda_kernel_compiled_by_nvrtc_is_analysed_from_the_same_facts(defines
         assert len(out.results) == 7  # slot, key, value loads; both stores in bounds; both caches' contract
     else:
         assert cls in violated
+
+
+def test_rope_reads_are_proved_against_the_pairing_of_the_configured_style():
+    """A gptj kernel checked as neox (the file's params say neox) rotates (i, i xor 1): rope-pairing."""
+    out, _ = _analyse("checks/rope/bug_pairing_style_ignored.py")
+    by_class = {r.bug_class for r in out.results if r.status == "violated"}
+    assert by_class == {"rope-pairing"}
+    assert any(r.status == "proved" and "reads q of its own token and head" in r.name for r in out.results)

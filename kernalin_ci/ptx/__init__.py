@@ -6,7 +6,8 @@ expressions over shape symbols, which tensors are index tensors and the contract
 the op's contract (context.Contract). Modules: syntax.py (the parser), terms.py (symbolic values),
 semantics.py (instruction arithmetic), executor.py (every lane of a block, symbolic blocks, data, loops),
 solver.py (z3), context.py (the domain's constraints, verdicts), memory.py (memory properties),
-attention_reads.py (attention's K/V reads), softmax.py (the softmax, from the float dataflow).
+attention_reads.py (attention's K/V reads), softmax.py (the softmax, from the float dataflow),
+rope_reads.py (what each rotated element reads).
 Nothing here imports the rest of kernalin_ci: verify/structural/ptx_*.py plugs it in.
 """
 
@@ -30,7 +31,7 @@ class KernelAnalysis:
 
 def analyse(ptx: str, facts: LaunchFacts, contract: Contract) -> KernelAnalysis:
     """Parse, execute and prove the contract's properties of one kernel launch."""
-    from kernalin_ci.ptx import attention_reads, memory, softmax, solver, terms
+    from kernalin_ci.ptx import attention_reads, memory, rope_reads, softmax, solver, terms
     from kernalin_ci.ptx.context import Context
     from kernalin_ci.ptx.executor import execute
     from kernalin_ci.ptx.semantics import Unsupported
@@ -66,5 +67,7 @@ def analyse(ptx: str, facts: LaunchFacts, contract: Contract) -> KernelAnalysis:
         out.results += attention_reads.kv_reads(trace, ctx)
     if contract.output:
         out.results += softmax.check(trace, ctx)
+    if contract.rotations:
+        out.results += rope_reads.rope_reads(trace, ctx)
     out.seconds = {"parse": t1 - t0, "execute": t2 - t1, "prove": time.perf_counter() - t2}
     return out

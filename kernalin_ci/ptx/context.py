@@ -37,6 +37,9 @@ class Contract:
     table: str = ""
     group: int = 1  # query heads per KV head
     output: str = ""  # the attention output tensor
+    rotations: dict[str, str] = field(default_factory=dict)  # rope: rotated output -> the input it rotates
+    rotary_dim: int = 0
+    style: str = "neox"
     scale: float = 0.0  # the softmax scale of the call
 
 

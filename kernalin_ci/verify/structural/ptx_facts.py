@@ -182,6 +182,10 @@ def _build(op_name: str, op_params: dict, cap, launch, twin: dict | None, n_para
         contract.output = cap.outputs.get("out", "")
         scale = cap.kwargs.get("scale")
         contract.scale = float(scale) if isinstance(scale, (int, float)) else 0.0
+    if op_name == "rope":
+        contract.rotations = {cap.outputs[x]: x for x in ("q", "k") if x in cap.outputs and x in tensors}
+        contract.rotary_dim = int(op_params.get("rotary_dim") or cap.tensors["q"].shape[-1])
+        contract.style = str(op_params.get("style") or "neox")
     return facts, contract
 
 
