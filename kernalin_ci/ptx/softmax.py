@@ -37,7 +37,7 @@ def _phi(t: T.Term) -> T.Term | None:
     return t.args[0] if t.op == "fbits" and t.args[0].op == "phi" else None
 
 
-class Graph:
+class FloatGraph:
     def __init__(self, trace: PtxTrace):
         self.trace = trace
         self.forms: dict[int, Form] = {}
@@ -157,7 +157,7 @@ def _proportional(f: Form, g: Form) -> float | None:
 
 
 def check(trace: PtxTrace, ctx: Context) -> list[Result]:
-    g = Graph(trace)
+    g = FloatGraph(trace)
     out_name = ctx.contract.output
     stores = [a for a in trace.accesses if a.kind == "st" and a.tensor in ctx.facts.tensors]
     roots = [as_float(a.value) for a in stores]
@@ -172,7 +172,7 @@ def check(trace: PtxTrace, ctx: Context) -> list[Result]:
     return results
 
 
-def _score_exp(g: Graph, e: T.Term) -> tuple[str, object]:
+def _score_exp(g: FloatGraph, e: T.Term) -> tuple[str, object]:
     """("ok", None), ("no-max", None), ("scale", k) or ("skip", None) for one exponential."""
     f = g.form(e.args[0])
     if set(f) <= {()}:
@@ -194,7 +194,7 @@ def _score_exp(g: Graph, e: T.Term) -> tuple[str, object]:
     return "no-max", None
 
 
-def _max_subtracted(g: Graph, exps: list[T.Term], ctx: Context) -> Result:
+def _max_subtracted(g: FloatGraph, exps: list[T.Term], ctx: Context) -> Result:
     what = "every exponential is exp(s - m) with m a max over s"
     for e in exps:
         verdict, k = _score_exp(g, e)
@@ -207,7 +207,7 @@ def _max_subtracted(g: Graph, exps: list[T.Term], ctx: Context) -> Result:
     return scale or Result(what, "proved", ctx.domain)
 
 
-def _scale(g: Graph, exps: list[T.Term], ctx: Context) -> Result | None:
+def _scale(g: FloatGraph, exps: list[T.Term], ctx: Context) -> Result | None:
     want = ctx.contract.scale * LOG2E
     if not want:
         return None
@@ -224,7 +224,7 @@ def _scale(g: Graph, exps: list[T.Term], ctx: Context) -> Result | None:
     return None
 
 
-def _rescaled(g: Graph, trace: PtxTrace, ctx: Context) -> list[Result]:
+def _rescaled(g: FloatGraph, trace: PtxTrace, ctx: Context) -> list[Result]:
     out = []
     for lp in trace.loops.values():
         phis = {reg: phi for reg, (_, phi) in lp.phis.items()}
@@ -288,7 +288,7 @@ def _only_rescaled(t: T.Term, atom: T.Term, running: list[T.Term]) -> bool:
     return True
 
 
-def _normalised(g: Graph, stores: list, ctx: Context) -> Result:
+def _normalised(g: FloatGraph, stores: list, ctx: Context) -> Result:
     what = "the output is divided by a sum of the exponentials"
     for a in stores:
         f = as_float(a.value)
@@ -299,7 +299,7 @@ def _normalised(g: Graph, stores: list, ctx: Context) -> Result:
     return Result(what, "proved", ctx.domain)
 
 
-def _divides_by_exp_sum(g: Graph, f: T.Term) -> bool:
+def _divides_by_exp_sum(g: FloatGraph, f: T.Term) -> bool:
     for x in T.walk(f):
         if x.op == "fdiv" and g.involves_exp(x.args[1]):
             return True
