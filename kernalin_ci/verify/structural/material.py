@@ -34,7 +34,8 @@ from kernalin_ci.verify.exchange import BadResult
 FILE = "structural.pt"
 MAX_FILE_BYTES = 1 << 30  # the material of a capture call is a few MiB; more is not read
 MAX_LAUNCHES = 256
-KEYS = frozenset({"shape", "refused", "tensors", "launches", "outputs", "kwargs", "notes", "twin"})
+KEYS = frozenset({"shape", "refused", "tensors", "launches", "outputs", "kwargs", "notes"})
+OPTIONAL = frozenset({"twin"})  # the PTX engine's (engine "ptx")
 ROLES = frozenset({"input", "written", "output", "scratch"})
 ARG_KINDS = frozenset({"pointer", "int", "float", "bool", "constexpr", "none", "other"})
 SCALARS = (int, float, bool, str, type(None))
@@ -161,7 +162,7 @@ def load(directory: str, named, cases: list, op_name: str, params: dict) -> Mate
 
     n_shapes = len(cases)
     raw = exchange.load(directory, FILE, named, MAX_FILE_BYTES)
-    _need(isinstance(raw, dict) and set(raw) == KEYS, "not a dict of " + ", ".join(sorted(KEYS)))
+    _need(isinstance(raw, dict) and KEYS <= set(raw) <= KEYS | OPTIONAL, "not a dict of " + ", ".join(sorted(KEYS)))
     refused = raw["refused"]
     _need(isinstance(refused, list) and len(refused) <= n_shapes, "refused: expected a list of texts")
     refused = [_str(r, "refused") for r in refused]
@@ -191,7 +192,7 @@ def load(directory: str, named, cases: list, op_name: str, params: dict) -> Mate
 
     case = cases[shape]
     cap = Capture(op_name, dict(params), case.dims, case.dtype, tensors, launches, dict(outputs), dict(kwargs), notes)
-    return Material(shape, refused, cap, texts, shape_label(case), ptx, _twin(raw["twin"]))
+    return Material(shape, refused, cap, texts, shape_label(case), ptx, _twin(raw.get("twin")))
 
 
 def _twin(t):
