@@ -126,12 +126,12 @@ class Context:
         q.add(*self.frame())
         return q
 
-    def ask(self, cond: T.Term, extra: list | None = None) -> solver.Answer:
+    def ask(self, cond: T.Term, extra: list | None = None) -> solver.SolverAnswer:
         q = self.query()
         q.add(cond, *(extra or []))
         return self.finish(q)
 
-    def finish(self, q: solver.Query) -> solver.Answer:
+    def finish(self, q: solver.Query) -> solver.SolverAnswer:
         """Add the contract's constraints on every index element the query mentions, then decide."""
         done: set[int] = set()
         slots_seen: list[T.Term] = []
@@ -170,7 +170,9 @@ class Context:
 
     # ------------------------------------------------------------ verdicts
 
-    def result(self, what: str, ans: solver.Answer, cls: str, ins: Instr | None, group: list[PtxAccess], *_) -> Result:
+    def result(
+        self, what: str, ans: solver.SolverAnswer, cls: str, ins: Instr | None, group: list[PtxAccess], *_
+    ) -> Result:
         if ans.status == "unsat":
             return Result(what, "proved", self.domain, where=ins)
         if ans.status == "sat" and ans.approximated:
@@ -199,7 +201,7 @@ class Context:
         return out
 
 
-def _lane(ans: solver.Answer, group: list[PtxAccess]) -> int | None:
+def _lane(ans: solver.SolverAnswer, group: list[PtxAccess]) -> int | None:
     return ans.model.get("__lane") if group else None
 
 

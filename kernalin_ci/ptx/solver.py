@@ -31,7 +31,7 @@ def available() -> bool:
 
 
 @dataclass
-class Answer:
+class SolverAnswer:
     status: str  # "unsat" (proved: the conditions never hold), "sat" (a counterexample), "unknown"
     model: dict[str, int] = field(default_factory=dict)  # symbol name -> value; "select:tensor@offset" -> value
     cause: str = ""
@@ -219,7 +219,7 @@ class Translator:
 
 
 class Query:
-    """Conditions over one translator; `check()` gives an Answer."""
+    """Conditions over one translator; `check()` gives an SolverAnswer."""
 
     def __init__(self):
         import z3
@@ -240,7 +240,7 @@ class Query:
             self.solver.add(c)
         self.tr.side = []
 
-    def check(self, extra: list | None = None) -> Answer:
+    def check(self, extra: list | None = None) -> SolverAnswer:
         z3 = self.z3
         self.solver.push()
         for c in extra or []:
@@ -252,10 +252,12 @@ class Query:
             print("query", r, dict(zip(st.keys(), [st.get_key_value(k) for k in st.keys()])).get("rlimit count"))
         try:
             if r == z3.unsat:
-                return Answer("unsat")
+                return SolverAnswer("unsat")
             if r == z3.sat:
-                return Answer("sat", self._model(self.solver.model()), approximated=tuple(sorted(self.tr.approximated)))
-            return Answer("unknown", cause=str(self.solver.reason_unknown()))
+                return SolverAnswer(
+                    "sat", self._model(self.solver.model()), approximated=tuple(sorted(self.tr.approximated))
+                )
+            return SolverAnswer("unknown", cause=str(self.solver.reason_unknown()))
         finally:
             self.solver.pop()
 
