@@ -55,6 +55,7 @@ def main(argv: list[str]) -> int:
             require_cuda()
         elif os.environ.get("TRITON_INTERPRET") == "1":
             from kernalin_ci.runtime.interp_patches import (
+                aliased_builtins,
                 autotune_first_config,
                 int1_comparisons,
                 libdevice_math,
@@ -65,6 +66,7 @@ def main(argv: list[str]) -> int:
             autotune_first_config()  # no benchmarking of autotune configs without a GPU
             unsupported_constructs()  # inline PTX: the case is not checked, not the kernel's error
             libdevice_math()  # libdevice calls with a tl.math counterpart
+            aliased_builtins()  # `tl_exp2 = tl.exp2` in a kernel's module
         target = TASKS[job["task"]]
         mod, _, fn = target.partition(":")
         getattr(importlib.import_module(mod), fn)(job, emit)

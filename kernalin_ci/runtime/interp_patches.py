@@ -22,10 +22,18 @@ config left after pruning runs, as the structural capture checks the first confi
 cannot run raise NotImplementedError there; the patch first records why (interp_bf16.note_unfaithful),
 so that a case launching one is *not checked (interpreter)*, never the kernel's error.
 
+`aliased_builtins()`: the interpreter gives the language's builtins (`tl.exp2`) its own semantics only
+where a kernel reaches them through the `triton.language` module; a builtin the kernel's module holds
+under another name (`tl_exp2 = tl.exp2`, as LMDeploy's kernels do) raises "Did you forget to add
+@triton.jit ?". Compiled, it is the same builtin; the patch gives such aliases the interpreter's
+semantics too.
+
 `libdevice_math()`: the interpreter (3.9) cannot call libdevice (`libdevice.exp2(x)` fails with "cannot
 convert None ... to tensor"). The patch gives the libdevice functions that have an exact counterpart
 in `tl.math` (exp, exp2, log, cos, sqrt, rsqrt, erf, fma, ... and the fast_* variants) that counterpart,
-and tanh its definition through exp; any other libdevice call records why before it fails (not checked).
+tanh its definition through exp, and pow its definition through exp2 and log2 in float64 (negative bases
+with whole exponents, 0^0 = 1), rounded once to the result dtype; any other libdevice call records why
+before it fails (not checked).
 """
 
 from __future__ import annotations
@@ -187,6 +195,54 @@ def unsupported_constructs() -> bool:
     return patched
 
 
+class _Globals:
+    """A function's globals dict as an object (getattr/setattr/delattr), for the interpreter's patch scope."""
+
+    def __init__(self, namespace: dict):
+        object.__setattr__(self, "_ns", namespace)
+
+    def __getattr__(self, name):
+        try:
+            return self._ns[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __setattr__(self, name, value):
+        self._ns[name] = value
+
+    def __delattr__(self, name):
+        del self._ns[name]
+
+
+def aliased_builtins() -> bool:
+    """Under the interpreter, a language builtin a kernel's module holds under another name
+    (`tl_exp2 = tl.exp2`) runs like `tl.exp2` (see the module doc); idempotent. False when the interpreter's
+    internals differ (nothing patched)."""
+    try:
+        from triton.runtime import interpreter
+    except ImportError:
+        return False
+    original = getattr(interpreter, "_patch_lang", None)
+    patch_attr = getattr(interpreter, "_patch_attr", None)
+    if original is None or patch_attr is None:
+        return False
+    if getattr(original, "_kernalin", False):
+        return True
+    import triton.language as tl
+
+    def patch_lang(fn):
+        scope = original(fn)
+        namespace = _Globals(fn.__globals__)
+        for name, value in list(fn.__globals__.items()):
+            if tl.core.is_builtin(value):
+                patch_attr(namespace, name, value, interpreter.interpreter_builder, scope)
+        return scope
+
+    patch_lang._kernalin = True
+    interpreter._patch_lang = patch_lang
+    return True
+
+
 _LIBDEVICE_SAME = (
     "exp",
     "exp2",
@@ -236,6 +292,17 @@ def libdevice_math() -> bool:
         return 2.0 / (1.0 + tl.math.exp(-2.0 * x)) - 1.0
 
     tanh._kernalin = True
+
+    def pow(x, y, **kwargs):  # noqa: A001 (libdevice's name): x^y in float64, rounded once to the result dtype
+        dtype = next((a.dtype for a in (x, y) if isinstance(a, tl.tensor)), tl.float32)
+        xd, yd = tl.cast(x, tl.float64), tl.cast(y, tl.float64)
+        r = tl.math.exp2(yd * tl.math.log2(tl.abs(xd)))
+        whole = tl.math.floor(yd) == yd
+        odd = whole & (tl.math.floor(yd * 0.5) * 2.0 != yd)
+        r = tl.where(xd < 0, tl.where(whole, tl.where(odd, -r, r), float("nan")), r)
+        return tl.cast(tl.where(yd == 0, 1.0, r), dtype)
+
+    pow._kernalin = True
     for mod in modules:
         for name, member in vars(mod).copy().items():
             if name.startswith("_") or not callable(member) or getattr(member, "_kernalin", False):
@@ -245,6 +312,8 @@ def libdevice_math() -> bool:
                 setattr(mod, name, same(target))
             elif name == "tanh":
                 setattr(mod, name, tanh)
+            elif name == "pow":
+                setattr(mod, name, pow)
             elif getattr(member, "__module__", "").startswith("triton.language.extra"):
 
                 def refuse(*args, _original=member, _name=name, **kwargs):

@@ -1026,4 +1026,13 @@ _HANDLERS = {
 for _name, _fn in _INT_BINOPS.items():
     _HANDLERS[_name] = _int_binop(_fn)
 
-_NOOPS = {"tt.assert", "tt.print", "gpu.barrier", "tt.debug_barrier", "tt.reduce.return", "tt.scan.return"}
+# llvm.intr.assume (tl.assume) only tells the compiler a fact: ignoring it loses no value the analysis follows
+_NOOPS = {
+    "tt.assert",
+    "tt.print",
+    "gpu.barrier",
+    "tt.debug_barrier",
+    "tt.reduce.return",
+    "tt.scan.return",
+    "llvm.intr.assume",
+}

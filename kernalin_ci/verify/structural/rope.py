@@ -301,10 +301,17 @@ def _check_tables(cap, views, rep, positions) -> bool:
 
 def _check_output(cap, views, rep, src, out_name, names, style, base, positions, skip_angles) -> None:
     oinfo = cap.tensors[out_name]
+    shape = tuple(oinfo.shape)
+    lead = len(shape) - 3  # an output allocated with leading unit dims ([1, T, H, D]) and returned as [T, H, D]
+    if lead < 0 or any(n != 1 for n in shape[:lead]):
+        rep.gap(
+            f"rotation values of {src}", "structural:rope", f"rope output {src} is shaped {list(shape)}, not [T, H, D]"
+        )
+        return
     forms = stored_forms(views, out_name, names)
-    rows = {oinfo.coord(e): forms.get(e) for e in range(oinfo.numel)}
+    rows = {oinfo.coord(e)[lead:]: forms.get(e) for e in range(oinfo.numel)}
     in_place = out_name == src or oinfo.init == f"copy:{src}"
-    check_rotation(cap, views, rep, src, rows, oinfo.shape, in_place, style, base, positions, skip_angles)
+    check_rotation(cap, views, rep, src, rows, shape[lead:], in_place, style, base, positions, skip_angles)
 
 
 def check_rotation(
