@@ -215,3 +215,24 @@ def test_pipeline_names_an_attention_entry_that_writes_the_cache():
     assert r.returncode == 1, r.stdout + r.stderr
     found = json.loads(r.stdout)["findings"]
     assert [(f["check"], f["bug_class"]) for f in found] == [("pipeline-attention", "input-modified")], found
+
+
+POW2 = str(KERNELS / "pipeline_pow2.py")
+
+
+def test_pipeline_runs_where_power_of_two_kernels_take_the_shape():
+    """The decode pipeline has a shape domain (issue 30, item 2): unpinned, it runs its loop at D 64 and a
+    short loop at each other usual head dim; the head dims the members refuse are unsupported, not checked.
+    Pinned, the head dim is declared: an entry's error there is a finding."""
+    args = ("pipeline", "--kv-append", f"{POW2}:kv_append", "--attention", f"{POW2}:attention", "--device", "cpu")
+    r = cli(*args, "--steps", "2", "--quiet", "--json", "-")
+    res = json.loads(r.stdout)
+    assert r.returncode == 0, res["findings"]
+    refused = {n["shape"].split()[0]: n for n in res["not_checked"]}
+    assert set(refused) == {"D=80", "D=96"}, refused
+    assert refused["D=80"]["reason"] == "unsupported" and "power of two" in refused["D=80"]["error"]
+    assert res["coverage"]["head_dims"] == [64, 128, 256]
+    r = cli(*args, "--steps", "2", "--param", "head_dim=80", "--quiet", "--json", "-")
+    res = json.loads(r.stdout)
+    assert r.returncode == 1 and [f["bug_class"] for f in res["findings"]] == ["entry-error"], res["findings"]
+    assert "declared head dim 80" in res["findings"][0]["message"]

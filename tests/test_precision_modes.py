@@ -112,7 +112,7 @@ def _worker_steps(task: str, entries: tuple, params_json: str, case_json: str) -
     if task == "verify-dynamic":
         job.update(op="decode_step", entry=entries[0][1], poison=True, domain=Domain().to_json(), main_dtype="float32")
     else:
-        job.update(entries=dict(entries), dtype="float32", seed=0, steps=3)
+        job.update(entries=dict(entries), dtype="float32", seed=0)
     events: list = []
     with folder:
         outcome = run_task(job, "cpu", 300, lambda ev: events.append(ev) or True, writable=(folder,))
@@ -214,10 +214,10 @@ def test_decode_pipeline_judges_a_tf32_attention_entry_at_the_tf32_tolerance(tmp
         "attention.decode_paged": f"{PAGED_KERNEL.relative_to(REPO)}:attention",
     }
     params = pipeline_params(entries, {})
-    case = Case("decode-loop", {"steps": 3}, "float32", 0)
+    case = Case("decode-loop", {"steps": 3, "D": 64, "instead": []}, "float32", 0)
     raws = _worker_steps("verify-pipeline", tuple(entries.items()), json.dumps(params), json.dumps(case.to_json()))
     for device, ttir, notes in (("cuda", [_paged_ttir(64)], 1), ("cpu", [_paged_ttir(64)], 0)):
-        read = PipelineReader(params, "float32", 0, 3, device, False, root=str(REPO))
+        read = PipelineReader(params, "float32", 0, device, False, root=str(REPO))
         r = _judge_loop(read, case, list(raws), ttir, tmp_path)
         assert r.findings == [] and len(r.notices) == notes, (device, r.findings, r.notices)
         assert all("at tests/kernels/tf32_paged.py:" in n.message for n in r.notices)

@@ -374,23 +374,26 @@ def verify_pipeline(
     label = "+".join(r for r in ROLES if entries.get(r))
     t0 = time.perf_counter()
     result = VerifyResult(op="decode-pipeline", entry=label, device=device)
-    prog = Progress(progress, 1, "decode-pipeline")
 
     def on_step(step: int) -> None:
         if (step + 1) % 8 == 0:
             prog.note(f"step {step + 1}/{steps}")
 
-    def repro(_case):
+    def repro(case):
         parts = ["kernalin-ci", "pipeline"]
         for role, flag in (("kv_append", "--kv-append"), ("attention.decode_paged", "--attention"), ("rope", "--rope")):
             if entries.get(role):
                 parts += [flag, entries[role]]
-        for k, v in raw_params.items():
+        pins = {**raw_params, "head_dim": case.dims["D"]} if not params.get("head_dim") else raw_params
+        for k, v in pins.items():
             parts += ["--param", f"{k}={v}"]
-        parts += ["--device", device, "--dtype", dtype, "--steps", str(steps), "--seed", str(seed)]
+        parts += ["--device", device, "--dtype", dtype, "--steps", str(case.dims["steps"]), "--seed", str(seed)]
         return " ".join(shlex.quote(p) for p in parts)
 
-    case = Case("decode-loop", {"steps": steps, "start_lengths": list(_start_lengths())}, dtype, seed)
+    from kernalin_ci.verify.pipeline import PipelineReader, pipeline_cases
+
+    cases = pipeline_cases(params, steps, dtype, seed)
+    prog = Progress(progress, len(cases), "decode-pipeline")
     job = {
         "entries": {k: v for k, v in entries.items() if v},
         "root": root,
@@ -398,24 +401,30 @@ def verify_pipeline(
         "device": device,
         "dtype": dtype,
         "seed": seed,
-        "steps": steps,
     }
-    from kernalin_ci.verify.pipeline import PipelineReader
-
     _warm_torch(2)
-    reader = PipelineReader(params, dtype, seed, steps, device, bool(entries.get("rope")), on_step, root)
-    run = run_cases("verify-pipeline", job, [case], device, timeout_s or DEFAULT_TIMEOUT[device], prog, repro, reader)
+    reader = PipelineReader(params, dtype, seed, device, bool(entries.get("rope")), on_step, root)
+    run = run_cases("verify-pipeline", job, cases, device, timeout_s or DEFAULT_TIMEOUT[device], prog, repro, reader)
     result.findings = dedupe(run.findings)
+    if not reader.ran_dims and not run.findings and any(nc["reason"] == "unsupported" for _, nc in run.not_checked):
+        error = next(nc["error"] for _, nc in run.not_checked if nc["reason"] == "unsupported")
+        result.findings.append(
+            Finding(
+                "dynamic check domain",
+                "entry-error",
+                f"the entries raised at every head dim tried ({', '.join(str(c.dims['D']) for c in cases)}): {error}",
+            )
+        )
     result.notices = run.notices
     result.cases_run = run.done
+    result.coverage = Coverage(head_dims=sorted(reader.ran_dims), dtypes=[dtype] if reader.ran_dims else [])
+    grouped: dict[tuple, NotChecked] = {}
+    for name, nc in run.not_checked:
+        k = (nc.get("shape", ""), nc["reason"], nc.get("error", ""), nc.get("instead"))
+        grouped.setdefault(k, NotChecked(k[0], k[1], k[2], [], k[3])).cases.append(name)
+    result.not_checked = list(grouped.values())
     result.seconds = time.perf_counter() - t0
     return result
-
-
-def _start_lengths():
-    from kernalin_ci.verify.pipeline import START_LENGTHS
-
-    return START_LENGTHS
 
 
 __all__ = ["verify", "reproduce_command", "VerifyResult", "Notice", "StructuralStatus", "Coverage"]

@@ -30,7 +30,7 @@ from kernalin_ci.findings import Finding, Notice
 from kernalin_ci.lazy import torch
 from kernalin_ci.ops import attention_common as ac
 from kernalin_ci.ops import paged
-from kernalin_ci.ops.base import TOLERANCE, generator, randn, torch_dtype
+from kernalin_ci.ops.base import TOLERANCE, Case, generator, randn, torch_dtype
 from kernalin_ci.ops.rope import rotate
 from kernalin_ci.runtime.poison import bits, fill_canary, is_canary
 from kernalin_ci.runtime.rows import row_errors
@@ -257,7 +257,7 @@ def hand_back_parts(
     part (`ran`: `hand_back.running`, set by the caller), so that the parent judges its steps at the shape
     they ran at."""
 
-    def hand_back(step: int, raw: dict[str, Any], seconds: float) -> None:
+    def hand_back(step: int, raw: dict[str, Any], seconds: float, **fields: Any) -> None:
         ran = hand_back.running  # type: ignore[attr-defined]
         ev = {
             "event": "case-part",
@@ -265,6 +265,7 @@ def hand_back_parts(
             "part": step,
             "seconds": seconds,
             "file": exchange.save(results, exchange.part_name(index, step), raw),
+            **fields,
         }
         if ran is not None and planned is not None and ran.to_json() != planned.to_json():
             ev["ran"] = ran.to_json()
@@ -514,26 +515,67 @@ def _output_fingerprints(
 # --------------------------------------------------------------------------- the decode pipeline check
 
 
-def _pipeline_shape(params: dict[str, Any]) -> LoopShape:
+USUAL_HEAD_DIMS = (64, 128, 80, 96, 256)  # the main loop's D first (unpinned), then the short loops'
+SHAPE_STEPS = 2  # steps of the short loop at each other usual head dim
+
+
+def _pipeline_shape(params: dict[str, Any], D: int | None = None) -> LoopShape:
     return LoopShape(
         params.get("num_q_heads") or 4,
         params.get("num_kv_heads") or 2,
-        params.get("head_dim") or 64,
+        D or params.get("head_dim") or USUAL_HEAD_DIMS[0],
         list(START_LENGTHS),
         params["block_size"],
         paged.layout_of(params),
     )
 
 
+def pipeline_cases(params: dict[str, Any], steps: int, dtype: str, seed: int) -> list[Case]:
+    """The pipeline's shape domain (docs/ops.md): the decode loop at the pinned head dim, else at D 64 with
+    the other usual head dims, nearest first, as the shapes it moves to when an entry refuses D 64, and a
+    short loop at each of those. A pinned head dim is declared: an entry's error there is a finding."""
+    pinned = params.get("head_dim")
+    main = pinned or USUAL_HEAD_DIMS[0]
+    others = [] if pinned else sorted(USUAL_HEAD_DIMS[1:], key=lambda d: (abs(d - main), d))
+    cases = [
+        Case(
+            "decode-loop",
+            {"steps": steps, "start_lengths": list(START_LENGTHS), "D": main, "instead": others},
+            dtype,
+            seed,
+        )
+    ]
+    short = min(SHAPE_STEPS, steps)
+    cases += [
+        Case(
+            f"shape-D{d}",
+            {"steps": short, "start_lengths": list(START_LENGTHS), "D": d, "instead": []},
+            dtype,
+            seed,
+            ("shape",),
+        )
+        for d in USUAL_HEAD_DIMS[1:]
+        if not pinned
+    ]
+    return cases
+
+
+def shape_text(params: dict[str, Any], D: int, dtype: str) -> str:
+    sh = _pipeline_shape(params, D)
+    return f"D={D} Hq={sh.Hq} Hkv={sh.Hkv} {dtype} block_size={sh.block_size}"
+
+
 def _rope_params(params: dict[str, Any]) -> dict[str, Any]:
     return {k: params.get(k) for k in ("style", "base", "rotary_dim")}
 
 
-def drive_pipeline(fns: dict, params: dict, dtype: str, device: str, seed: int, steps: int, hand_back) -> int:
+def drive_pipeline(
+    fns: dict, params: dict, dtype: str, device: str, seed: int, steps: int, hand_back, D: int | None = None
+) -> int:
     """In the worker: each step, B decode tokens plus one padding token (slot -1) that must change
-    nothing, through rope (when given), kv_append and attention; handed back: the rope outputs, both
-    caches after kv_append and after attention, the attention output."""
-    s = init_state(_pipeline_shape(params), dtype, device, seed, steps)
+    nothing, through rope (when given), kv_append and attention, at head dim D; handed back: the rope
+    outputs, both caches after kv_append and after attention, the attention output."""
+    s = init_state(_pipeline_shape(params, D), dtype, device, seed, steps)
     rope_fn = fns.get("rope")
 
     def run_step(st: Step) -> dict[str, Any]:
@@ -572,10 +614,10 @@ def drive_pipeline(fns: dict, params: dict, dtype: str, device: str, seed: int, 
     return drive_loop(s, run_step, dtype, steps, hand_back, padding=1)
 
 
-def pipeline_judge(params: dict, dtype: str, seed: int, steps: int, rope: bool) -> LoopJudge:
-    """In the parent: the pipeline's steps judged (each member's own output inside the step)."""
+def pipeline_judge(params: dict, dtype: str, seed: int, steps: int, rope: bool, D: int | None = None) -> LoopJudge:
+    """In the parent: the pipeline's steps at head dim D judged (each member's own output inside the step)."""
     tol = 2 * TOLERANCE[dtype]
-    shape = _pipeline_shape(params)
+    shape = _pipeline_shape(params, D)
     rp = _rope_params(params) if rope else None
 
     def step_check(st: Step, raw: dict[str, Any], s: dict[str, Any]) -> StepResult:
@@ -622,46 +664,119 @@ def pipeline_judge(params: dict, dtype: str, seed: int, steps: int, rope: bool) 
 
 
 class PipelineReader:
-    """The pipeline's reader for run_cases: its one case, handed back in parts (LoopReader)."""
+    """The pipeline's reader for run_cases: each case (pipeline_cases) handed back in parts, one LoopReader
+    per case, judged at the head dim the parts ran at (the case's own; a part of the main loop moved to one
+    of its other head dims says which: `D`). A head dim the worker says the entries refused (an entry raised before
+    the first step was handed back) is *unsupported, not checked*, accepted only where nothing is pinned
+    and no loop has run at that head dim (there the error is the kernel's: a finding)."""
 
     def __init__(
         self,
         params: dict,
         dtype: str,
         seed: int,
-        steps: int,
         device: str,
         rope: bool,
         on_step=None,
         root: str | None = None,
     ):
-        self.device = device
-        self.loop = LoopReader(pipeline_judge(params, dtype, seed, steps, rope), on_step, device, root)
+        self.params, self.dtype, self.seed, self.device, self.rope = params, dtype, seed, device, rope
+        self.on_step, self.root = on_step, root
+        self.loops: dict[int, tuple[int, LoopReader]] = {}  # case index -> (D, its reader)
+        self.ran_dims: list[int] = []  # head dims a loop ran at, in order
+
+    def _candidates(self, case) -> list[int]:
+        return [case.dims["D"], *case.dims.get("instead", [])]
+
+    def _loop(self, index: int, case, D: Any) -> LoopReader:
+        if type(D) is not int or D not in self._candidates(case):
+            raise BadResult(f"case {case.name}: parts said to have run at head dim {str(D)[:20]}")
+        if index in self.loops:
+            if self.loops[index][0] != D:
+                raise BadResult(f"case {case.name}: its parts ran at different head dims")
+            return self.loops[index][1]
+        judge = pipeline_judge(self.params, self.dtype, self.seed, case.dims["steps"], self.rope, D)
+        loop = LoopReader(judge, self.on_step if index == 0 else None, self.device, self.root)
+        self.loops[index] = (D, loop)
+        return loop
 
     def part(self, index: int, case, ev: dict, results: str) -> None:
-        self.loop.part(index, ev, results)
+        self._loop(index, case, ev.get("D", case.dims["D"])).part(index, ev, results)
 
     def partial(self, index: int) -> list[Finding]:
-        return list(self.loop.found)
+        return list(self.loops[index][1].found) if index in self.loops else []
+
+    def _with_dim(self, case, D: int):
+        from kernalin_ci.ops.base import Case
+
+        return Case(case.name, {**case.dims, "D": D, "instead": []}, case.dtype, case.seed, case.tags)
 
     def __call__(self, index: int, case, ev: dict, results: str):
         from kernalin_ci.verify.judge import CaseResult, _text
 
         status = ev.get("status")
-        if status == "not-run" and isinstance(ev.get("not_checked"), dict) and self.loop.step == 0:
+        if status == "not-run" and isinstance(ev.get("not_checked"), dict) and index not in self.loops:
             nc = ev["not_checked"]
             if nc.get("reason") != "interpreter" or self.device != "cpu":
                 raise BadResult(f"'not checked ({_text(nc.get('reason'))[:20]})' claimed on {self.device}")
             return CaseResult(None, [], [], {"reason": "interpreter", "error": _text(nc.get("error"))})
-        if self.loop.found:
-            return CaseResult(case, self.loop.found, self.loop.notices)
+        refused = ev.get("refused") or []
+        if not isinstance(refused, list) or not all(isinstance(r, dict) for r in refused):
+            raise BadResult("a malformed list of refused head dims")
+        cand = self._candidates(case)
+        dims = [r.get("D") for r in refused]
+        if dims != cand[: len(dims)]:
+            raise BadResult(f"case {case.name}: head dims said to be refused out of order: {str(dims)[:60]}")
+        errors = [_text(r.get("error")) for r in refused]
+        if refused and self.params.get("head_dim"):  # declared: the entry's error is a finding
+            return CaseResult(
+                case,
+                [
+                    Finding(
+                        "pipeline", "entry-error", f"an entry raised at the declared head dim {dims[0]}: {errors[0]}"
+                    )
+                ],
+            )
+        for D, err in zip(dims, errors):
+            if D in self.ran_dims:  # the entries take this head dim: the error is the kernel's
+                return CaseResult(
+                    case,
+                    [Finding("pipeline", "entry-error", f"an entry raised at head dim {D}, where a loop ran: {err}")],
+                )
+        ran_d = self.loops[index][0] if index in self.loops else None
+        nc = None
+        if refused:
+            nc = {
+                "shape": shape_text(self.params, dims[0], self.dtype),
+                "reason": "unsupported",
+                "error": errors[0],
+            }
+            if ran_d is not None:
+                nc["instead"] = shape_text(self.params, ran_d, self.dtype)
+        if status == "refused":
+            if ran_d is not None or len(dims) != len(cand):
+                raise BadResult(f"case {case.name}: said to be refused at every head dim, but not so")
+            return CaseResult(None, [], [], nc)
+        if ran_d is None:
+            if status == "raised":
+                return CaseResult(
+                    case, [Finding("pipeline", "entry-error", f"an entry raised {_text(ev.get('error'))}")]
+                )
+            raise BadResult(f"case {case.name} ended with no step handed back (status {_text(status)[:40]!r})")
+        loop = self.loops[index][1]
+        ran = self._with_dim(case, ran_d)
+        if ran_d not in self.ran_dims:
+            self.ran_dims.append(ran_d)
+        if loop.found:
+            return CaseResult(ran, loop.found, loop.notices, nc)
         if status == "raised":
-            return CaseResult(case, [Finding("pipeline", "entry-error", f"an entry raised {_text(ev.get('error'))}")])
+            return CaseResult(
+                ran, [Finding("pipeline", "entry-error", f"an entry raised {_text(ev.get('error'))}")], [], nc
+            )
         if status == "ok":
-            return CaseResult(case, self.loop.finish(), self.loop.notices)
+            return CaseResult(ran, loop.finish(), loop.notices, nc)
         raise BadResult(
-            f"the pipeline ended after {self.loop.step} of {self.loop.judge.steps} steps "
-            f"(status {_text(status)[:40]!r})"
+            f"the pipeline ended after {loop.step} of {loop.judge.steps} steps (status {_text(status)[:40]!r})"
         )
 
 
@@ -754,37 +869,50 @@ def _sync(device):
 
 
 def run_job(job: dict, emit) -> None:
-    """Worker task 'verify-pipeline': one case, handed back one step at a time (case-part events)."""
+    """Worker task 'verify-pipeline': each case from `start` on, handed back one step at a time (case-part
+    events naming the head dim they ran at). A loop whose entries raise before its first step is handed
+    back is refused at that head dim; the main loop then moves to the next of its `instead` head dims."""
     from kernalin_ci.entry import load_entry
     from kernalin_ci.verify.dynamic import Interpreter
 
     fns = {role: load_entry(spec, job.get("root")) for role, spec in job["entries"].items() if spec}
     interp = Interpreter(job["device"] == "cpu")
-    emit({"event": "case-start", "index": 0})
-    t0 = time.perf_counter()
-    unfaithful = interp.cannot_run(job["dtype"])
-    if unfaithful:
-        emit({"event": "case-done", "index": 0, "seconds": 0.0, "status": "not-run", **unfaithful})
-        return
-    ev: dict = {"status": "ok"}
-    try:
-        drive_pipeline(
-            fns,
-            job["params"],
-            job["dtype"],
-            job["device"],
-            job["seed"],
-            job["steps"],
-            hand_back_parts(emit, job["results"], 0),
+    for index in range(job.get("start", 0), len(job["cases"])):
+        dims = job["cases"][index]["dims"]
+        emit({"event": "case-start", "index": index})
+        t0 = time.perf_counter()
+        unfaithful = interp.cannot_run(job["dtype"])
+        if unfaithful:
+            emit({"event": "case-done", "index": index, "seconds": 0.0, "status": "not-run", **unfaithful})
+            continue
+        ev: dict = {"status": "refused"}
+        refused: list[dict] = []
+        for D in [dims["D"], *dims.get("instead", [])]:
+            hand_back = hand_back_parts(emit, job["results"], index)
+            parts = [0]
+
+            def counted(step, raw, seconds, _hand_back=hand_back, _parts=parts, _D=D):
+                _parts[0] += 1
+                _hand_back(step, raw, seconds, **({"D": _D} if _D != dims["D"] else {}))
+
+            try:
+                drive_pipeline(fns, job["params"], job["dtype"], job["device"], job["seed"], dims["steps"], counted, D)
+                ev = {"status": "ok"}
+            except Exception as e:
+                error = f"{type(e).__name__}: {' '.join(str(e).split())[:400]}"
+                unfaithful = interp.after_case()  # the interpreter's error, not the entry's: not checked
+                if parts[0] == 0 and not unfaithful:
+                    refused.append({"D": D, "error": error})
+                    continue
+                ev = {"status": "raised", "error": error}
+            break
+        unfaithful = unfaithful or interp.after_case()
+        emit(
+            {
+                "event": "case-done",
+                "index": index,
+                "seconds": time.perf_counter() - t0,
+                "refused": refused,
+                **({"status": "not-run", **unfaithful} if unfaithful else ev),
+            }
         )
-    except Exception as e:
-        ev = {"status": "raised", "error": f"{type(e).__name__}: {' '.join(str(e).split())[:400]}"}
-    unfaithful = interp.after_case()
-    emit(
-        {
-            "event": "case-done",
-            "index": 0,
-            "seconds": time.perf_counter() - t0,
-            **({"status": "not-run", **unfaithful} if unfaithful else ev),
-        }
-    )
