@@ -240,6 +240,29 @@ def test_a_kernel_whose_structure_is_not_analysed_can_fail_the_gate():
     assert conclude(report)[1] == "1 kernel verified; structure not analysed: a"
 
 
+def test_a_structural_gap_fails_the_gate_that_requires_the_analysis():
+    """`not-analysed` in fail_on requires the analysis in whole: a kernel analysed with a property it could
+    not verify (a gap) fails it too; by default the gap is shown, not gating (issue 30, item 3)."""
+    from kernalin_ci.config import Config, Gate, Kernel
+    from kernalin_ci.findings import StructuralStatus, VerifyResult
+    from kernalin_ci.gate.run import conclude, judge
+    from kernalin_ci.report.model import KernelReport, Report
+
+    v = VerifyResult(OP, "a.py:entry", structural=StructuralStatus("analysed", proved=["memory bounds"]))
+    kr = KernelReport("a", OP, "a.py:entry", "changed", verification=v)
+    kernels = [Kernel("a", OP, "a.py:entry")]
+    strict = Config("k.yml", kernels, Gate(fail_on=("finding", "not-analysed")))
+    assert judge(kr, strict, "cpu") == []  # analysed in whole
+    v.structural.gaps = ["softmax scale: the scores are not recognised as a product of q and k"]
+    assert judge(kr, Config("k.yml", kernels), "cpu") == []
+    kr.failed_by = judge(kr, strict, "cpu")
+    assert kr.failed_by == ["not-analysed"]
+    report = Report("success", "", {}, {}, "cpu", {}, kernels=[kr])
+    assert conclude(report) == ("failure", "failed: a (not-analysed)")
+    kr.failed_by = []
+    assert conclude(report)[1] == "1 kernel verified; structure partly analysed (properties not verified): a"
+
+
 @pytest.mark.slow
 def test_verify_end_to_end_reports_coverage_and_what_was_not_checked():
     """The whole plan on the CPU (about half a minute): D=80 and 96 refused and shown, no finding."""

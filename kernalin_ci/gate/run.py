@@ -60,8 +60,8 @@ def judge(kr: KernelReport, cfg: Config, device: str) -> list[str]:
         failed.append("error")
     if v and v.findings and "finding" in fail_on:
         failed.append("finding")
-    if v and v.structural.status == "not-analysed" and "not-analysed" in fail_on:
-        failed.append("not-analysed")
+    if v and (v.structural.status == "not-analysed" or v.structural.gaps) and "not-analysed" in fail_on:
+        failed.append("not-analysed")  # in whole, or in part: a property that could not be checked (a gap)
     if v and v.needs_gpu and "not-checked" in fail_on:  # a CUDA kernel's cases on a host without a GPU
         failed.append("not-checked")
     verdict = kr.bench_verdict
@@ -96,6 +96,9 @@ def conclude(report: Report) -> tuple[str, str]:
     blind = [k.name for k in checked if k.verification and k.verification.structural.status == "not-analysed"]
     if blind:
         msg += f"; structure not analysed: {', '.join(blind)}"
+    partly = [k.name for k in checked if k.verification and k.verification.structural.gaps]
+    if partly:
+        msg += f"; structure partly analysed (properties not verified): {', '.join(partly)}"
     return "success", msg
 
 
