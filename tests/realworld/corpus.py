@@ -1,7 +1,8 @@
 """The real-world corpus: public production Triton kernels, fetched at test time, behind our own adapters.
 
 `manifest.json` names each kernel (distribution, sha256, the files it needs, license, op, params, adapter)
-and one single-bug mutant. Nothing of the kernels' code lives in this repository: `fetch()` downloads
+and one single-bug mutant (one line's find/replace; `occurrence` picks one where the line recurs).
+Nothing of the kernels' code lives in this repository: `fetch()` downloads
 each distribution with `pip download --no-deps` into `.cache/realworld/` (git-ignored), checks its
 sha256 and extracts the named members. `mutant_tree()` copies a kernel's extracted files and applies its
 mutant (one find/replace) into `mutants/<kernel>/src/`, beside a copy of the adapters: an adapter loads
@@ -48,6 +49,7 @@ class Mutant:
     replace: str
     bug_class: str  # the finding class kernalin-ci must report
     models: str  # the real bug it is modelled on
+    occurrence: int = 0  # 0: `find` occurs exactly once; n: replace its n-th occurrence (the line recurs)
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,11 @@ def load_manifest(path: Path = MANIFEST) -> list[Kernel]:
             )
         )
     return kernels
+
+
+def ci_subset(path: Path = MANIFEST) -> list[str]:
+    """The kernel ids tests/test_realworld.py runs by default (the manifest's `ci`)."""
+    return list(json.loads(path.read_text()).get("ci", []))
 
 
 def bug_classes() -> set[str]:
@@ -212,10 +219,14 @@ def mutant_tree(k: Kernel, cache: Path = CACHE) -> Path:
     for m in k.files:
         _write(dst / m, (src / m).read_bytes())
     text = (src / k.mutant.file).read_text()
-    n = text.count(k.mutant.find)
-    if n != 1:
-        raise RuntimeError(f"{k.id}: mutant text occurs {n} times in {k.mutant.file} (must be once)")
-    (dst / k.mutant.file).write_text(text.replace(k.mutant.find, k.mutant.replace))
+    n, nth = text.count(k.mutant.find), k.mutant.occurrence
+    if (nth == 0 and n != 1) or n < nth:
+        want = "once" if nth == 0 else f"at least {nth} times"
+        raise RuntimeError(f"{k.id}: mutant text occurs {n} times in {k.mutant.file} (must be {want})")
+    at = -1
+    for _ in range(max(nth, 1)):
+        at = text.index(k.mutant.find, at + 1)
+    (dst / k.mutant.file).write_text(text[:at] + k.mutant.replace + text[at + len(k.mutant.find) :])
     return root
 
 

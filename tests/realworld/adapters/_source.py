@@ -4,7 +4,8 @@ The tree is the `src/` folder beside this file's folder when there is one (a mut
 `.cache/realworld/mutants/<kernel>/` holds `src/` with the mutated files and `adapters/`, a copy of
 these adapters), else the extracted originals in `.cache/realworld/src/`. `stubs` stands in for the few
 package utilities a module imports (our own few lines, e.g. `is_hip`), so no serving stack has to be
-installed; they are removed from `sys.modules` again once the module is loaded.
+installed; they are removed from `sys.modules` again once the module is loaded. `package` names the
+package a module's relative imports resolve against (`from .utils import ...`: stub `package.utils`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ def source_root() -> Path:
     return beside if beside.is_dir() else HERE.parents[2] / ".cache" / "realworld" / "src"
 
 
-def load(dist: str, member: str, stubs: dict[str, dict] | None = None) -> types.ModuleType:
+def load(dist: str, member: str, stubs: dict[str, dict] | None = None, package: str = "") -> types.ModuleType:
     path = source_root() / dist / member
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: run `python tests/realworld/fetch.py` first")
@@ -39,6 +40,8 @@ def load(dist: str, member: str, stubs: dict[str, dict] | None = None) -> types.
     name = "_realworld_" + member.replace("/", "_").removesuffix(".py")
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
+    if package:
+        module.__package__ = package
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)

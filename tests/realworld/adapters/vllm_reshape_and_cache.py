@@ -1,0 +1,63 @@
+"""kv_append entry for vLLM's Triton reshape_and_cache_flash (vllm 0.34.0,
+vllm/v1/attention/ops/triton_reshape_and_cache_flash.py): one program per token and tile of its
+Hkv x D elements, writing key and value into the paged caches at the token's slot; padding tokens (slot
+-1) are skipped by the kernel itself.
+
+The cache is vLLM's flash layout [num_blocks, block_size, Hkv, D]: our NHD cache as it is. The adapter
+launches the kernel with the launcher's grid, strides and constants for an unquantized cache on a
+Hopper GPU (TILE_SIZE up to 2048, 16 warps, 10 stages): the launcher itself asks the CUDA runtime for
+the device's capability, which the CPU interpreter has not. The module imports vLLM's platform object,
+its Triton re-export and two quantization helpers; the stand-ins are our own lines.
+"""
+
+import torch
+import triton
+import triton.language as tl
+from _source import load
+
+_m = load(
+    "vllm-0.34.0",
+    "vllm/v1/attention/ops/triton_reshape_and_cache_flash.py",
+    stubs={
+        "vllm.model_executor.layers.quantization.utils.quant_utils": {
+            "FP8_DTYPE": torch.float8_e4m3fn,
+            "get_fp8_min_max": lambda: (-448.0, 448.0),
+        },
+        "vllm.platforms": {"current_platform": None},
+        "vllm.triton_utils": {"tl": tl, "triton": triton},
+        "vllm.v1.kv_cache_interface": {"KVQuantMode": None, "is_quantized_kv_cache": lambda dtype: False},
+    },
+)
+
+
+def entry(key, value, k_cache, v_cache, slot_mapping):
+    num_heads, head_size = key.shape[1], key.shape[2]
+    n = num_heads * head_size
+    one = torch.ones((), dtype=torch.float32, device=key.device)
+    tile = min(2048, triton.next_power_of_2(n))
+    _m.reshape_and_cache_kernel_flash[(slot_mapping.shape[0], triton.cdiv(n, tile))](
+        key_ptr=key,
+        value_ptr=value,
+        key_cache_ptr=k_cache,
+        value_cache_ptr=v_cache,
+        slot_mapping_ptr=slot_mapping,
+        k_scale=one,
+        v_scale=one,
+        key_stride=key.stride(0),
+        value_stride=value.stride(0),
+        block_stride=k_cache.stride(0),
+        head_stride=k_cache.stride(2),
+        dim_stride_k=0,
+        dim_stride_v=0,
+        page_stride=k_cache.stride(1),
+        num_heads=num_heads,
+        head_size=head_size,
+        block_size=k_cache.shape[1],
+        x=1,
+        USE_HEAD_MAJOR_LAYOUT=False,
+        INTERLEAVED_V_PACK_FACTOR=0,
+        FP8_KV_CACHE=False,
+        TILE_SIZE=tile,
+        num_warps=16,
+        num_stages=10,
+    )
