@@ -891,9 +891,11 @@ def run_job(job: dict, emit) -> None:
             hand_back = hand_back_parts(emit, job["results"], index)
             parts = [0]
 
-            def counted(step, raw, seconds, _hand_back=hand_back, _parts=parts, _D=D):
+            moved = {"D": D} if D != dims["D"] else {}  # a part of a moved loop says where it ran
+
+            def counted(step, raw, seconds, _hand_back=hand_back, _parts=parts, _moved=moved):
                 _parts[0] += 1
-                _hand_back(step, raw, seconds, **({"D": _D} if _D != dims["D"] else {}))
+                _hand_back(step, raw, seconds, **_moved)
 
             try:
                 drive_pipeline(fns, job["params"], job["dtype"], job["device"], job["seed"], dims["steps"], counted, D)
