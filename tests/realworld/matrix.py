@@ -4,6 +4,7 @@
 
 Fetches the corpus first (tests/realworld/fetch.py). Exit code 0 when every original is as the manifest
 expects (clean, its documented true finding, or findings of a known cause) and every mutant is caught.
+The CUDA C++ kernels (manifest `device: cuda`) run only with --device cuda.
 """
 
 from __future__ import annotations
@@ -50,6 +51,10 @@ def main(argv=None) -> int:
             print(f"matrix: unknown kernel id(s): {', '.join(sorted(unknown))}", file=sys.stderr)
             return 2
         kernels = [k for k in kernels if k.id in wanted]
+    gpu_only = [k.id for k in kernels if k.device == "cuda" and args.device != "cuda"]
+    if gpu_only:  # CUDA C++ kernels run on a GPU only (docs/cuda.md), as in tests/test_realworld.py
+        print(f"matrix: left out (GPU only, --device cuda): {', '.join(gpu_only)}", file=sys.stderr)
+        kernels = [k for k in kernels if k.id not in gpu_only]
     if args.jobs < 1:
         print("matrix: --jobs must be at least 1", file=sys.stderr)
         return 2
