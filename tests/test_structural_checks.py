@@ -139,4 +139,6 @@ def test_entry_without_kernels_is_not_analysed(analyze, tmp_path):
 
 def test_a_correct_kernel_is_analysed_at_the_first_shape(analyze):
     cat, res = analyze(FIX / "rope_correct_neox.py")
-    assert res["status"] == {"status": "analysed", "cause": None, "shape": "D=48 float32 Hq=6 Hkv=2"}
+    st = res["status"]
+    assert (st["status"], st["cause"], st["shape"]) == ("analysed", None, "D=48 float32 Hq=6 Hkv=2"), st
+    assert st["gaps"] == [] and "rotation values of q" in st["proved"], st
