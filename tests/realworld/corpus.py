@@ -391,7 +391,8 @@ def judge(k: Kernel, o: Outcome) -> Judgement:
         return Judgement("MISSED", [f"mutant ({k.mutant.models}) not reported as {k.mutant.bug_class}"], [])
     problems, known = [], []
     rules = [r for r in k.known_false if r.get("device", o.device) == o.device]
-    true = [f for f in o.findings if any(matches(f, r) for r in k.true_findings)]
+    true_rules = [r for r in k.true_findings if r.get("device", o.device) == o.device]  # some show on one device only
+    true = [f for f in o.findings if any(matches(f, r) for r in true_rules)]
     for f in o.findings:
         if f in true:
             continue
@@ -405,7 +406,7 @@ def judge(k: Kernel, o: Outcome) -> Judgement:
             problems.append(f"known cause no longer seen (fixed? remove it from the manifest): {r['cause'][:120]}")
     if o.structural != "ran" and not k.cuda:  # CUDA C++: no structural analysis yet (docs/cuda.md)
         problems.append(f"structural analysis did not run: {o.structural}")
-    for r in k.true_findings:
+    for r in true_rules:
         if not any(matches(f, r) for f in true):
             problems.append(f"the documented true finding is gone: [{r['bug_class']}] {r['why'][:80]}")
     word = "true finding" if true else "clean"
