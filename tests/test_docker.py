@@ -89,9 +89,15 @@ def test_catalogue_ships_in_the_image(docker_client, kernalin_image):
     )
     assert r.exit_code in (0, 1), r.output  # 1: a catch-matrix mismatch; the catalogue was found and run
     rows = json.loads(r.stdout)["rows"]
-    shipped = {f"{CHECKS_IN_IMAGE}/kv_append/{p.name}" for p in (REPO / "checks" / "kv_append").glob("*.py")}
+    shipped = {
+        f"{CHECKS_IN_IMAGE}/{folder}/{p.name}"
+        for folder in ("kv_append", "cuda/kv_append")  # the Triton catalogue and the CUDA C++ one
+        for p in (REPO / "checks" / folder).glob("*.py")
+    }
     assert {row["path"] for row in rows} == shipped
     assert all(row["results"]["structural"]["error"] is None for row in rows), r.output
+    cuda = [row for row in rows if "/cuda/" in row["path"]]
+    assert cuda and all(row["results"]["structural"]["not_checked"] for row in cuda), r.output
 
 
 def git(cwd: Path, *args: str) -> str:

@@ -193,6 +193,7 @@ OPTIONAL_MODULES = {
     "nvidia-cuda-nvcc": "nvidia",
     "nvidia-cuda-nvrtc": "nvidia",
     "nvidia-cuda-cccl": "nvidia",
+    "z3-solver": "z3",  # the ptx extra: the PTX engine's solver (verify --engine ptx)
 }
 
 

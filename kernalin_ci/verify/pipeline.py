@@ -762,7 +762,10 @@ class PipelineReader:
                 return CaseResult(
                     case, [Finding("pipeline", "entry-error", f"an entry raised {_text(ev.get('error'))}")]
                 )
-            raise BadResult(f"case {case.name} ended with no step handed back (status {_text(status)[:40]!r})")
+            raise BadResult(
+                f"case {case.name}: the pipeline ended after 0 of {case.dims['steps']} steps, no step handed back"
+                f" (status {_text(status)[:40]!r})"
+            )
         loop = self.loops[index][1]
         ran = self._with_dim(case, ran_d)
         if ran_d not in self.ran_dims:
