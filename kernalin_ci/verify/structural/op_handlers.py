@@ -10,17 +10,17 @@ import numpy as np
 
 from kernalin_ci.verify.structural.abstract_values import (
     _ELSIZE,
-    FV,
     INV_MASK,
-    IV,
     IVBIT,
     MAX_TERMS,
     PID,
     POS,
-    PV,
     SRC_MASK,
     ExpEvent,
+    FloatValue,
     InterpError,
+    IntValue,
+    PointerValue,
     SumEvent,
     _as_fv,
     _bcast_to,
@@ -65,7 +65,7 @@ def _join(interp, op, ins, env):
     a, b = ins
     if type(a) is not type(b):
         raise InterpError("join of different kinds", op)
-    if isinstance(a, FV):
+    if isinstance(a, FloatValue):
         shape = a.c.shape
         terms = [
             (
@@ -83,11 +83,11 @@ def _join(interp, op, ins, env):
             )
             for bb, i, c in b.terms
         ]
-        return FV(np.stack([a.c, b.c], -1), np.stack([a.lin, b.lin], -1), terms, np.stack([a.tags, b.tags], -1))
-    if isinstance(a, IV):
-        return IV(np.stack([a.v, b.v], -1), np.stack([a.tags, b.tags], -1), np.stack([a.unk, b.unk], -1))
-    if isinstance(a, PV):
-        return PV(
+        return FloatValue(np.stack([a.c, b.c], -1), np.stack([a.lin, b.lin], -1), terms, np.stack([a.tags, b.tags], -1))
+    if isinstance(a, IntValue):
+        return IntValue(np.stack([a.v, b.v], -1), np.stack([a.tags, b.tags], -1), np.stack([a.unk, b.unk], -1))
+    if isinstance(a, PointerValue):
+        return PointerValue(
             np.stack([np.broadcast_to(a.t, a.off.shape), np.broadcast_to(b.t, b.off.shape)], -1),
             np.stack([a.off, b.off], -1),
             np.stack([a.tags, b.tags], -1),
@@ -108,9 +108,9 @@ def _cat(interp, op, ins, env):
 
 
 def _map_concat(a, b):
-    if isinstance(a, IV) and isinstance(b, IV):
-        return IV(np.concatenate([a.v, b.v]), np.concatenate([a.tags, b.tags]), np.concatenate([a.unk, b.unk]))
-    if isinstance(a, FV) and isinstance(b, FV):
+    if isinstance(a, IntValue) and isinstance(b, IntValue):
+        return IntValue(np.concatenate([a.v, b.v]), np.concatenate([a.tags, b.tags]), np.concatenate([a.unk, b.unk]))
+    if isinstance(a, FloatValue) and isinstance(b, FloatValue):
         sa, sb = a.c.shape, b.c.shape
         terms = [
             (
@@ -128,7 +128,9 @@ def _map_concat(a, b):
             )
             for bb, i, c in b.terms
         ]
-        return FV(np.concatenate([a.c, b.c]), np.concatenate([a.lin, b.lin]), terms, np.concatenate([a.tags, b.tags]))
+        return FloatValue(
+            np.concatenate([a.c, b.c]), np.concatenate([a.lin, b.lin]), terms, np.concatenate([a.tags, b.tags])
+        )
     raise InterpError("cat of unsupported values")
 
 
@@ -137,7 +139,7 @@ def _map_concat(a, b):
 
 def _ints(interp, op, ins):
     for x in ins:
-        if not isinstance(x, IV):
+        if not isinstance(x, IntValue):
             raise InterpError(f"{op.name} on a non-integer value", op)
     return ins
 
@@ -165,7 +167,7 @@ def _int_binop(fn):
             over = (res.astype(np.int64) != exact) & ~unk
             if over.any():
                 interp.trace.overflow.append((op, interp.pid))
-        return IV(res, a.tags | b.tags, unk)
+        return IntValue(res, a.tags | b.tags, unk)
 
     return h
 
@@ -263,14 +265,14 @@ def _cmpi(interp, op, ins, env):
         bits = _bits(op.operands[0].type)
         if bits < 64:
             av, bv = av & ((1 << bits) - 1), bv & ((1 << bits) - 1)
-    return IV(_CMP[pred](av, bv), a.tags | b.tags, a.unk | b.unk)
+    return IntValue(_CMP[pred](av, bv), a.tags | b.tags, a.unk | b.unk)
 
 
 def _int_cast(interp, op, ins, env):
     a = ins[0]
-    if isinstance(a, FV):
+    if isinstance(a, FloatValue):
         raise InterpError(f"{op.name} on a float", op)
-    if not isinstance(a, IV):
+    if not isinstance(a, IntValue):
         raise InterpError(f"{op.name} on a pointer", op)
     t = op.result.type
     src_bits = _bits(op.operands[0].type)
@@ -278,22 +280,22 @@ def _int_cast(interp, op, ins, env):
     if op.name == "arith.extui" and src_bits < 64:
         v = v & ((1 << src_bits) - 1) if src_bits > 1 else v & 1
     v = _wrap(v, _bits(t))
-    return IV(v, a.tags, a.unk)
+    return IntValue(v, a.tags, a.unk)
 
 
 # --------------------------------------------------------------------------- float ops
 
 
-def _fv(x, shape=None) -> FV:
+def _fv(x, shape=None) -> FloatValue:
     return _as_fv(x, shape)
 
 
-def _merge_shape(a: FV, b: FV):
+def _merge_shape(a: FloatValue, b: FloatValue):
     shape = np.broadcast_shapes(a.c.shape, b.c.shape)
     return _as_fv(a, shape), _as_fv(b, shape), shape
 
 
-def _limit_terms(f: FV) -> FV:
+def _limit_terms(f: FloatValue) -> FloatValue:
     if len(f.terms) <= MAX_TERMS:
         return f
     merged: dict = {}
@@ -305,12 +307,12 @@ def _limit_terms(f: FV) -> FV:
             merged[key] = (b, i, c)
     terms = list(merged.values())
     if len(terms) <= MAX_TERMS:
-        return FV(f.c, f.lin, terms, f.tags)
+        return FloatValue(f.c, f.lin, terms, f.tags)
     # too many atoms per lane: opaque where any coefficient is non-zero
     nz = np.zeros(f.c.shape, dtype=bool)
     for _, _, c in terms:
         nz |= c != 0
-    return FV(f.c, f.lin & ~nz, [], f.tags)
+    return FloatValue(f.c, f.lin & ~nz, [], f.tags)
 
 
 def _addf(interp, op, ins, env, sign=1.0):
@@ -331,15 +333,15 @@ def _addf(interp, op, ins, env, sign=1.0):
         lin = lin | absorb
         terms = [(bb, i, np.where(absorb, 0.0, cf)) for bb, i, cf in terms]
         tags = np.where(absorb, tags & np.uint64(POS) | np.where(ia, a.tags, b.tags), tags)
-    return _limit_terms(FV(c, lin, terms, tags))
+    return _limit_terms(FloatValue(c, lin, terms, tags))
 
 
 def _subf(interp, op, ins, env):
     return _addf(interp, op, ins, env, -1.0)
 
 
-def _scale(f: FV, k: np.ndarray) -> FV:
-    return FV(f.c * k, f.lin.copy(), [(b, i, c * k) for b, i, c in f.terms], f.tags)
+def _scale(f: FloatValue, k: np.ndarray) -> FloatValue:
+    return FloatValue(f.c * k, f.lin.copy(), [(b, i, c * k) for b, i, c in f.terms], f.tags)
 
 
 def _mulf(interp, op, ins, env):
@@ -365,7 +367,7 @@ def _mulf(interp, op, ins, env):
     tags = np.where(zero, tags & ~SRC_MASK & ~INV_MASK, tags)
     # 0 * garbage stays garbage
     lin = lin & ~((ka & (a.c == 0) & inv_b) | (kb & (b.c == 0) & inv_a))
-    return _limit_terms(FV(c, lin, terms, tags))
+    return _limit_terms(FloatValue(c, lin, terms, tags))
 
 
 def _divf(interp, op, ins, env):
@@ -380,7 +382,7 @@ def _divf(interp, op, ins, env):
         kk = ka & kb
         c = np.where(kk, np.divide(a.c, b.c), s.c)
     lin = lin | kk
-    return FV(c, lin, [(bb, i, np.where(lin & ~kk, cf, 0.0)) for bb, i, cf in s.terms], a.tags | b.tags)
+    return FloatValue(c, lin, [(bb, i, np.where(lin & ~kk, cf, 0.0)) for bb, i, cf in s.terms], a.tags | b.tags)
 
 
 def _negf(interp, op, ins, env):
@@ -394,7 +396,7 @@ def _unary(fn):
         k = a.known()
         with np.errstate(all="ignore"):
             c = np.where(k, fn(np.where(k, a.c, 0.0)), 0.0)
-        res = FV(c, k.copy(), [], a.tags.copy())
+        res = FloatValue(c, k.copy(), [], a.tags.copy())
         if op.name in ("math.exp", "math.exp2") or "exp" in op.attrs.get("symbol", ""):
             interp.trace.exps.append(ExpEvent(op, interp.pid, a, res))
         return res
@@ -422,36 +424,36 @@ def _minmax(fn, ident):
             b.tags | (a.tags & np.uint64(POS)),
             np.where(b_id, a.tags | (b.tags & np.uint64(POS)), a.tags | b.tags),
         )
-        return FV(c, lin, terms, tags)
+        return FloatValue(c, lin, terms, tags)
 
     return h
 
 
 def _select(interp, op, ins, env):
     cnd, a, b = ins
-    if not isinstance(cnd, IV):
+    if not isinstance(cnd, IntValue):
         raise InterpError("select on a non-boolean condition", op)
-    if isinstance(a, PV) or isinstance(b, PV):
-        if not (isinstance(a, PV) and isinstance(b, PV)):
+    if isinstance(a, PointerValue) or isinstance(b, PointerValue):
+        if not (isinstance(a, PointerValue) and isinstance(b, PointerValue)):
             raise InterpError("select between a pointer and a non-pointer", op)
         shape = np.broadcast_shapes(a.off.shape, b.off.shape, cnd.v.shape)
         cv = np.broadcast_to(cnd.v.astype(bool), shape)
         if np.broadcast_to(cnd.unk, shape).any():
             raise InterpError("select between pointers on an unknown condition", op)
-        return PV(
+        return PointerValue(
             np.where(cv, np.broadcast_to(a.t, shape), np.broadcast_to(b.t, shape)),
             np.where(cv, a.off, b.off),
             np.where(cv, a.tags, b.tags) | cnd.tags,
             a.esize,
             a.pointee,
         )
-    if isinstance(a, IV) and isinstance(b, IV):
+    if isinstance(a, IntValue) and isinstance(b, IntValue):
         shape = np.broadcast_shapes(a.v.shape, b.v.shape, cnd.v.shape)
         cv = np.broadcast_to(cnd.v.astype(bool), shape)
         cu = np.broadcast_to(cnd.unk, shape)
         v = np.where(cv, a.v, b.v)
         unk = np.where(cv, a.unk, b.unk) | (cu & (np.broadcast_to(a.v, shape) != np.broadcast_to(b.v, shape)))
-        return IV(v, np.where(cv, a.tags, b.tags) | np.where(cu, a.tags | b.tags, np.uint64(0)), unk)
+        return IntValue(v, np.where(cv, a.tags, b.tags) | np.where(cu, a.tags | b.tags, np.uint64(0)), unk)
     a, b = _fv(a), _fv(b)
     shape = np.broadcast_shapes(a.c.shape, b.c.shape, cnd.v.shape)
     a, b = _as_fv(a, shape), _as_fv(b, shape)
@@ -464,7 +466,7 @@ def _select(interp, op, ins, env):
     ]
     tags = np.where(cu, a.tags | b.tags, np.where(cv, a.tags, b.tags))
     tags = tags | np.where(cu, cnd.tags, np.uint64(0)).astype(np.uint64)
-    return _limit_terms(FV(c, lin, terms, tags))
+    return _limit_terms(FloatValue(c, lin, terms, tags))
 
 
 def _cmpf(interp, op, ins, env):
@@ -489,23 +491,23 @@ def _cmpf(interp, op, ins, env):
     k = a.known() & b.known()
     with np.errstate(all="ignore"):
         v = fns.get(pred, np.equal)(a.c, b.c)
-    return IV(np.where(k, v, False), (a.tags | b.tags) & ~np.uint64(POS), ~k)
+    return IntValue(np.where(k, v, False), (a.tags | b.tags) & ~np.uint64(POS), ~k)
 
 
 def _fcast(interp, op, ins, env):
     a = ins[0]
-    if isinstance(a, FV):
+    if isinstance(a, FloatValue):
         if op.result.type.elem in ("f16", "bf16"):
             k = a.known()
             c = np.where(k, a.c.astype(np.float16).astype(np.float64) if op.result.type.elem == "f16" else a.c, a.c)
-            return FV(c, a.lin, a.terms, a.tags)
+            return FloatValue(c, a.lin, a.terms, a.tags)
         return a
     raise InterpError(f"{op.name} of a non-float", op)
 
 
 def _itof(interp, op, ins, env):
     a = ins[0]
-    if not isinstance(a, IV):
+    if not isinstance(a, IntValue):
         raise InterpError(f"{op.name} of a non-integer", op)
     v = a.v.astype(np.int64)
     if op.name == "arith.uitofp":
@@ -517,7 +519,7 @@ def _itof(interp, op, ins, env):
         c = c.astype(np.float16).astype(np.float64)
     elif op.result.type.elem == "f32":
         c = c.astype(np.float32).astype(np.float64)
-    return FV(c, ~a.unk, [], a.tags.copy())
+    return FloatValue(c, ~a.unk, [], a.tags.copy())
 
 
 def _ftoi(interp, op, ins, env):
@@ -525,7 +527,7 @@ def _ftoi(interp, op, ins, env):
     k = a.known()
     with np.errstate(all="ignore"):
         v = np.where(k, np.trunc(np.nan_to_num(a.c)), 0).astype(np.int64)
-    return IV(_wrap(v, _bits(op.result.type)), a.tags & ~np.uint64(POS), ~k)
+    return IntValue(_wrap(v, _bits(op.result.type)), a.tags & ~np.uint64(POS), ~k)
 
 
 def _fma(interp, op, ins, env):
@@ -592,7 +594,7 @@ def _extern(interp, op, ins, env):
         k = a.known() & b.known()
         with np.errstate(all="ignore"):
             c = np.where(k, fn(a.c, b.c), 0.0)
-        return FV(c, k, [], a.tags | b.tags)
+        return FloatValue(c, k, [], a.tags | b.tags)
     if base == "fma" and len(ins) == 3:
         return _fma(interp, op, ins, env)
     fn = _EXTERN.get(base)
@@ -601,11 +603,13 @@ def _extern(interp, op, ins, env):
         tags = np.uint64(0)
         shape = op.result.type.shape
         for x in ins:
-            if isinstance(x, (FV, IV)):
+            if isinstance(x, (FloatValue, IntValue)):
                 tags = tags | np.broadcast_to(x.tags, shape)
         if op.result.type.is_float:
-            return FV.opaque(shape, tags)
-        return IV(np.zeros(shape, dtype=np.int64), np.broadcast_to(tags, shape).copy(), np.ones(shape, dtype=bool))
+            return FloatValue.opaque(shape, tags)
+        return IntValue(
+            np.zeros(shape, dtype=np.int64), np.broadcast_to(tags, shape).copy(), np.ones(shape, dtype=bool)
+        )
     return _unary(fn)(interp, op, ins, env)  # exps are recorded through their symbol
 
 
@@ -660,21 +664,25 @@ def _reduce(interp, op, ins, env):
             shape = r.type.shape
             tags = np.uint64(0)
             for x in ins:
-                tags = tags | _reduce_tags(np.broadcast_to(x.tags, x.c.shape if isinstance(x, FV) else x.v.shape), axis)
+                tags = tags | _reduce_tags(
+                    np.broadcast_to(x.tags, x.c.shape if isinstance(x, FloatValue) else x.v.shape), axis
+                )
             if r.type.is_float:
-                outs.append(FV.opaque(shape, tags))
+                outs.append(FloatValue.opaque(shape, tags))
             else:
                 outs.append(
-                    IV(np.zeros(shape, dtype=np.int64), np.broadcast_to(tags, shape).copy(), np.ones(shape, dtype=bool))
+                    IntValue(
+                        np.zeros(shape, dtype=np.int64), np.broadcast_to(tags, shape).copy(), np.ones(shape, dtype=bool)
+                    )
                 )
         return outs
     fn, ident = _RED_FN[comb]
     x = ins[0]
     if comb == "addf":
         _record_sum(interp, op, 0, x)
-    if isinstance(x, IV):
+    if isinstance(x, IntValue):
         v = x.v.astype(np.int64) if x.v.dtype != bool else x.v
-        return IV(np.asarray(fn(v, axis=axis)), _reduce_tags(x.tags, axis), np.any(x.unk, axis=axis))
+        return IntValue(np.asarray(fn(v, axis=axis)), _reduce_tags(x.tags, axis), np.any(x.unk, axis=axis))
     x = _fv(x)
     k = x.known()
     with np.errstate(all="ignore"):
@@ -685,11 +693,11 @@ def _reduce(interp, op, ins, env):
     if comb in ("addf",) and interp.linear and x.terms and x.c.shape[axis] <= 2:
         # a sum of two lanes (e.g. a pairwise rotation written as a reduction): keep it affine
         pass
-    return FV(np.where(allk, c, 0.0), allk, [], tags)
+    return FloatValue(np.where(allk, c, 0.0), allk, [], tags)
 
 
 def _record_sum(interp, op, k, x):
-    if isinstance(x, FV):
+    if isinstance(x, FloatValue):
         pos = (x.tags & np.uint64(POS)) != 0
         if pos.any() and not pos.all():
             interp.trace.sums.append(SumEvent(op, interp.pid, op.operands[k], x))
@@ -698,7 +706,7 @@ def _record_sum(interp, op, k, x):
 def _dot(interp, op, ins, env):
     a, b = _fv(ins[0]), _fv(ins[1])
     _record_sum(interp, op, 0, a)
-    c = _fv(ins[2]) if len(ins) > 2 else FV.const(0.0, op.result.type.shape)
+    c = _fv(ins[2]) if len(ins) > 2 else FloatValue.const(0.0, op.result.type.shape)
     if a.c.ndim != 2 or b.c.ndim != 2:
         raise InterpError("batched tt.dot is not supported", op)
     ka, kb = a.known(), b.known()
@@ -729,7 +737,7 @@ def _dot(interp, op, ins, env):
     allk = ka.all(axis=1)[:, None] & kb.all(axis=0)[None, :]
     with np.errstate(all="ignore"):
         val = np.where(allk, np.where(ka, a.c, 0) @ np.where(kb, b.c, 0), 0.0)
-    res = FV(val, allk, [], out_tags)
+    res = FloatValue(val, allk, [], out_tags)
     return _addf(interp, op, [res, c], env)
 
 
@@ -740,7 +748,7 @@ def _for(interp, op, ins, env):
     lb, ub, step = ins[:3]
     init = ins[3:]
     for x in (lb, ub, step):
-        if not isinstance(x, IV) or x.unk.any():
+        if not isinstance(x, IntValue) or x.unk.any():
             raise InterpError("loop bounds depend on values the analysis does not know", op)
     lo, hi, st = int(lb.v), int(ub.v), int(step.v)
     if st <= 0:
@@ -751,7 +759,7 @@ def _for(interp, op, ins, env):
     k = 0
     for i in range(lo, hi, st):
         interp.iters.append(k)
-        ivv = IV(np.array(i, dtype=np.int64), np.array(tag, dtype=np.uint64), np.zeros((), dtype=bool))
+        ivv = IntValue(np.array(i, dtype=np.int64), np.array(tag, dtype=np.uint64), np.zeros((), dtype=bool))
         term = interp._run_block(body, env, [ivv] + carried)
         interp.iters.pop()
         if term is None and not carried:
@@ -782,7 +790,7 @@ def _br(interp, op, ins, env):
         label, n = targets[0]
         return _Terminator("branch", (label, list(ins[:n])))
     cnd = ins[0]
-    if not isinstance(cnd, IV) or cnd.unk.any():
+    if not isinstance(cnd, IntValue) or cnd.unk.any():
         raise InterpError("a branch depends on values the analysis does not know", op)
     (l1, n1), (l2, n2) = targets[0], targets[1]
     rest = ins[1:]
@@ -793,7 +801,7 @@ def _br(interp, op, ins, env):
 
 def _if(interp, op, ins, env):
     cnd = ins[0]
-    if not isinstance(cnd, IV) or cnd.unk.any():
+    if not isinstance(cnd, IntValue) or cnd.unk.any():
         raise InterpError("a branch depends on values the analysis does not know", op)
     taken = bool(cnd.v)
     region = op.regions[0] if taken else (op.regions[1] if len(op.regions) > 1 else None)
@@ -813,7 +821,7 @@ def _while(interp, op, ins, env):
         if term is None or term.kind != "condition":
             raise InterpError("scf.while without scf.condition", op)
         cnd, rest = term.values[0], term.values[1:]
-        if not isinstance(cnd, IV) or cnd.unk.any():
+        if not isinstance(cnd, IntValue) or cnd.unk.any():
             raise InterpError("a while loop depends on values the analysis does not know", op)
         if not bool(cnd.v):
             return rest
@@ -843,37 +851,37 @@ def _constant(interp, op, ins, env):
     if v is None:
         raise InterpError("non-uniform dense constant", op)
     if t.is_float:
-        return FV.const(v, t.shape)
+        return FloatValue.const(v, t.shape)
     if t.elem == "i1":
-        return IV.const(bool(v), t.shape, bool)
-    return IV.const(int(v), t.shape)
+        return IntValue.const(bool(v), t.shape, bool)
+    return IntValue.const(int(v), t.shape)
 
 
 def _pid(interp, op, ins, env):
     ax = attr_int(op, "axis", 0)
-    return IV(np.array(interp.pid[ax], dtype=np.int64), np.array(PID[ax], dtype=np.uint64), np.zeros((), bool))
+    return IntValue(np.array(interp.pid[ax], dtype=np.int64), np.array(PID[ax], dtype=np.uint64), np.zeros((), bool))
 
 
 def _nprog(interp, op, ins, env):
     ax = attr_int(op, "axis", 0)
-    return IV.const(interp.launch.grid[ax])
+    return IntValue.const(interp.launch.grid[ax])
 
 
 def _make_range(interp, op, ins, env):
     s, e = attr_int(op, "start", 0), attr_int(op, "end", 0)
     n = e - s
-    return IV(np.arange(s, e, dtype=np.int64), _u64((n,)), np.zeros((n,), dtype=bool))
+    return IntValue(np.arange(s, e, dtype=np.int64), _u64((n,)), np.zeros((n,), dtype=bool))
 
 
 def _addptr(interp, op, ins, env):
     p, o = ins
-    if not isinstance(p, PV) or not isinstance(o, IV):
+    if not isinstance(p, PointerValue) or not isinstance(o, IntValue):
         raise InterpError("pointer arithmetic on values the analysis cannot follow", op)
     if o.unk.any():
         # an offset loaded from memory the kernels computed: cannot follow
         raise InterpError("a pointer offset depends on values the analysis does not know", op)
     shape = np.broadcast_shapes(p.off.shape, o.v.shape)
-    return PV(
+    return PointerValue(
         np.broadcast_to(p.t, shape).copy(),
         p.off + o.v.astype(np.int64) * p.esize,
         np.broadcast_to(p.tags, shape) | np.broadcast_to(o.tags, shape),
@@ -885,17 +893,17 @@ def _addptr(interp, op, ins, env):
 def _bitcast(interp, op, ins, env):
     a = ins[0]
     rt = op.result.type
-    if isinstance(a, PV) and rt.is_ptr:
-        return PV(a.t, a.off, a.tags, _ELSIZE.get(rt.pointee, a.esize), rt.pointee)
-    if isinstance(a, FV) and rt.is_float:
+    if isinstance(a, PointerValue) and rt.is_ptr:
+        return PointerValue(a.t, a.off, a.tags, _ELSIZE.get(rt.pointee, a.esize), rt.pointee)
+    if isinstance(a, FloatValue) and rt.is_float:
         return a
-    if isinstance(a, IV) and rt.is_int:
+    if isinstance(a, IntValue) and rt.is_int:
         return a
     shape = rt.shape
     tags = np.broadcast_to(getattr(a, "tags", np.uint64(0)), shape).copy()
     if rt.is_float:
-        return FV.opaque(shape, tags)
-    return IV(np.zeros(shape, dtype=np.int64), tags, np.ones(shape, dtype=bool))
+        return FloatValue.opaque(shape, tags)
+    return IntValue(np.zeros(shape, dtype=np.int64), tags, np.ones(shape, dtype=bool))
 
 
 def _load(interp, op, ins, env):
@@ -909,35 +917,35 @@ def _store(interp, op, ins, env):
 def _atomic(interp, op, ins, env):
     # treated as a load and a store of an opaque value
     ptr = ins[0]
-    if not isinstance(ptr, PV):
+    if not isinstance(ptr, PointerValue):
         raise InterpError("atomic through a non-pointer", op)
     shape = ptr.off.shape
-    mask_in = [ins[-1]] if len(ins) > 2 and isinstance(ins[-1], IV) else []
+    mask_in = [ins[-1]] if len(ins) > 2 and isinstance(ins[-1], IntValue) else []
     old = interp.load(op, [ptr] + mask_in)
     val = ins[1] if len(ins) > 1 else old
     interp.store(op, [ptr, val] + mask_in)
     if op.result.type.is_float:
-        return FV.opaque(shape, np.broadcast_to(getattr(val, "tags", np.uint64(0)), shape))
-    return IV(np.zeros(shape, dtype=np.int64), _u64(shape), np.ones(shape, dtype=bool))
+        return FloatValue.opaque(shape, np.broadcast_to(getattr(val, "tags", np.uint64(0)), shape))
+    return IntValue(np.zeros(shape, dtype=np.int64), _u64(shape), np.ones(shape, dtype=bool))
 
 
 def _scan(interp, op, ins, env):
     axis = attr_int(op, "axis", 0)
     comb = combiner(op)
     x = ins[0]
-    if isinstance(x, IV) and comb == "addi":
-        return IV(np.cumsum(x.v, axis=axis), x.tags, np.logical_or.accumulate(x.unk, axis=axis))
+    if isinstance(x, IntValue) and comb == "addi":
+        return IntValue(np.cumsum(x.v, axis=axis), x.tags, np.logical_or.accumulate(x.unk, axis=axis))
     x = _fv(x)
     shape = x.c.shape
     tags = np.bitwise_or.accumulate(x.tags, axis=axis)
-    return FV.opaque(shape, tags)
+    return FloatValue.opaque(shape, tags)
 
 
 def _fv_or_iv_unary(fn_f):
     def h(interp, op, ins, env):
-        if isinstance(ins[0], IV):
+        if isinstance(ins[0], IntValue):
             a = ins[0]
-            return IV(np.abs(a.v), a.tags, a.unk)
+            return IntValue(np.abs(a.v), a.tags, a.unk)
         return _unary(fn_f)(interp, op, ins, env)
 
     return h
