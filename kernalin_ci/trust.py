@@ -1,7 +1,7 @@
 """What a report says about trust: where the gate's configuration came from, how the configuration of
 the pull request differs from it, and the isolation the kernel code ran under (docs/security.md).
 
-Plain data, no kernalin_ci imports: the gate fills these in (gate/config_source.py, sandbox.py), the
+Plain data, no kernalin_ci imports: the gate fills these in (gate/config_source.py, sandbox/isolation.py), the
 Report carries them (report/model.py) and the renderers word them (report/text.py).
 """
 

@@ -28,8 +28,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kernalin_ci.testing.github_standin import READ_ONLY_PERMISSIONS, WRITE_PERMISSIONS
 from kernalin_ci.testing.payloads import pull_request_event
+from kernalin_ci.testing.standin_state import READ_ONLY_PERMISSIONS, WRITE_PERMISSIONS
 
 REPO = Path(__file__).resolve().parent.parent
 ACTION = REPO / "action.yml"

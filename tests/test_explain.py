@@ -346,7 +346,7 @@ def test_a_profiler_wraps_the_worker_inside_the_worker_sandbox(tmp_path, monkeyp
 
     monkeypatch.setenv(sandbox.ENV_WORKER_SANDBOX, "auto")
     if not sandbox.workers_sandboxed():
-        pytest.skip(f"no worker sandbox here: {sandbox._bwrap_works(sandbox.SandboxSettings())}")
+        pytest.skip(f"no worker sandbox here: {sandbox.bwrap_works(sandbox.SandboxSettings())}")
     monkeypatch.setenv(sandbox.ENV_WORKER_SANDBOX, "on")
     folder = sandbox.CappedFolder("kernalin-test-out-")  # the wrapper writes folder.path, we read folder.view
     request.addfinalizer(folder.close)

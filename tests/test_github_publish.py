@@ -20,8 +20,8 @@ from kernalin_ci.github import (
     sticky_marker,
 )
 from kernalin_ci.github.auth import enterprise_api_url, token_client
-from kernalin_ci.testing.github_standin import NOT_ACCESSIBLE, READ_ONLY_PERMISSIONS, WRITE_PERMISSIONS
 from kernalin_ci.testing.pytest_fixtures import github_standin, make_github_standin  # noqa: F401
+from kernalin_ci.testing.standin_state import NOT_ACCESSIBLE, READ_ONLY_PERMISSIONS, WRITE_PERMISSIONS
 
 REPO = "acme/kernels"
 PR = 7

@@ -14,9 +14,10 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from github import Auth, Github
 
-from kernalin_ci.testing.github_standin import NOT_ACCESSIBLE, READ_ONLY_PERMISSIONS, GitHubStandIn
+from kernalin_ci.testing.github_standin import GitHubStandIn
 from kernalin_ci.testing.openapi import OpenAPI
 from kernalin_ci.testing.pytest_fixtures import github_standin, make_github_standin  # noqa: F401
+from kernalin_ci.testing.standin_state import NOT_ACCESSIBLE, READ_ONLY_PERMISSIONS
 
 REPO = "acme/kernels"
 HEAD = "8d3f0c1e2b4a5968778695a4b3c2d1e0f9a8b7c6"

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kernalin_ci.verify.structural.ir import parse_constant, parse_module, parse_type
+from kernalin_ci.verify.structural.ir import parse_constant, parse_type
+from kernalin_ci.verify.structural.ir_parser import parse_module
 
 FIX = Path(__file__).resolve().parent / "structural_fixtures"
 

@@ -13,6 +13,7 @@
     outstream.py a job's out/ from a tar stream, read up to its caps, links and escapes refused
     gpus.py      slots: GPUs by UUID, or CPU slots (the Triton interpreter)
     poster.py    check runs and the sticky comment, idempotent by external_id = job id
+    recorder.py  history: merged pull requests -> runs in the history store (a thread)
     github_app.py  App installation clients, read-only fetch tokens
     metrics.py   Prometheus text format
     settings.py  the YAML file + environment; secrets from env or files

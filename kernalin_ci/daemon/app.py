@@ -60,7 +60,7 @@ class Daemon:
         self.dispatcher = None
         self.history = self.recorder = None
         if settings.history:
-            from kernalin_ci.history.recorder import Recorder
+            from kernalin_ci.daemon.recorder import Recorder
             from kernalin_ci.history.store import open_store
 
             self.history = open_store(settings.history_location)

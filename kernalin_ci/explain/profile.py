@@ -1,7 +1,7 @@
 """`--profile`: Nsight Compute metrics of the changed kernels, base and head side by side.
 
 Each side runs in its own worker child under `ncu`, inside the same worker sandbox as every kernel worker
-(kernalin_ci/sandbox.py): ncu is the command that starts the worker there (isolate.run_task's `wrap`), its
+(kernalin_ci/sandbox/): ncu is the command that starts the worker there (isolate.run_task's `wrap`), its
 installation bound read-only, its CSV written to a folder the parent made. Task "explain-profile": the
 entry is called once to compile and warm up, then once more inside an NVTX range `kernalin`, the only range
 ncu profiles. The metrics: DRAM throughput (% of peak), achieved occupancy, L2 hit rate, duration.
@@ -185,7 +185,7 @@ def nsight(
     sandboxed = sandbox.workers_sandboxed()
     if sandboxed and counters_admin_only():
         return {"status": NOT_PROFILED, "cause": ADMIN_ONLY, "sandboxed": True}
-    closed = [d for d in install_dirs(shutil.which("ncu") or "") if not sandbox._others_can_read(d)]
+    closed = [d for d in install_dirs(shutil.which("ncu") or "") if not sandbox.others_can_read(d)]
     if sandboxed and os.geteuid() == 0 and closed:  # the worker would start without the sandbox instead
         return {
             "status": NOT_PROFILED,

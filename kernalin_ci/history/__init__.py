@@ -6,5 +6,4 @@ gitbranch.py     the Action's backend: a JSON file on a data branch, pushed with
 changepoints.py  change points of a series (ruptures' PELT), as commit ranges
 ancestry.py      the runs in the order of the default branch's commit graph; commits off the branch
 series.py        runs -> per kernel and shape series with their change points
-recorder.py      the daemon's side: merged pull requests -> runs in the store
 """

@@ -35,7 +35,7 @@ TF32_TOLERANCE = 1.5e-2
 @functools.lru_cache(maxsize=256)
 def tf32_dots(ttir: str) -> tuple[Location, ...]:
     """Source locations of the float32 tl.dot ops that take TF32 inputs in one kernel's TTIR."""
-    from kernalin_ci.verify.structural.ir import parse_module
+    from kernalin_ci.verify.structural.ir_parser import parse_module
 
     module = parse_module(ttir)
     found = []

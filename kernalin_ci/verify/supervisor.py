@@ -8,12 +8,16 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
 from kernalin_ci.findings import Finding, Notice
 from kernalin_ci.isolate import run_task
 from kernalin_ci.ops.base import Case
 from kernalin_ci.progress import ProgressEvent, ProgressSink, sink_for
 from kernalin_ci.sandbox import CappedFolder
+
+if TYPE_CHECKING:
+    from kernalin_ci.verify.judge import CaseResult
 
 MAX_RESTARTS = 8
 
@@ -112,6 +116,19 @@ def bad_result(message: str, case: Case | None = None, repro=None) -> Finding:
     )
 
 
+class ResultReader(Protocol):
+    """What run_cases reads a worker's results with (verify/judge.py's CaseReader, verify/pipeline.py's reader)."""
+
+    def __call__(self, index: int, case: Case, ev: dict, results: str) -> CaseResult:
+        """A case-done event -> the case's result (results: the folder the worker wrote its files into)."""
+
+    def part(self, index: int, case: Case, ev: dict, results: str) -> None:
+        """A case-part event: one part of a case handed back in parts (a BadResult where it has none)."""
+
+    def partial(self, index: int) -> list[Finding]:
+        """The findings of the parts of case INDEX judged so far (the worker died in it)."""
+
+
 def run_cases(
     task: str,
     job: dict,
@@ -120,7 +137,7 @@ def run_cases(
     timeout_s: float,
     progress: Progress,
     repro,
-    read_case,
+    read_case: ResultReader,
     on_other_event=None,
     env: dict | None = None,
 ) -> CasesRun:
@@ -129,7 +146,7 @@ def run_cases(
     The parent knows which cases it asked for, in which order: each case-start and case-done event
     must name the case due next. `read_case(index, case, event, results_dir)` turns a case-done event
     into a CaseResult (verify/judge.py; results_dir is the private directory the worker writes its
-    result files into); `read_case.part(...)`, where it exists, reads a case handed back in parts, and
+    result files into); `read_case.part(...)` reads a case handed back in parts, and
     `read_case.partial(index)` gives the findings of the parts judged before the worker died. A
     result the parent cannot accept is a `bad-result` finding for that case; an event out of turn or a
     malformed one is one too and stops that worker; so is a case that ends with no result, and a file
@@ -187,8 +204,6 @@ def run_cases(
                     return True
                 if kind == "case-part":  # a case handed back in parts (the pipeline's steps)
                     try:
-                        if not hasattr(read_case, "part"):
-                            raise BadResult("a case-part event: this task hands back whole cases")
                         read_case.part(i, cases[i], ev, folder.view)
                         return True
                     except BadResult as e:
@@ -253,7 +268,7 @@ def run_cases(
             if outcome.status == "refused":
                 progress.note(f"worker stopped: {state['refused']}")
                 break
-            shown = run.findings or (i is not None and hasattr(read_case, "partial") and read_case.partial(i))
+            shown = run.findings or (i is not None and read_case.partial(i))
             if outcome.status == "internal-error" and i is not None and shown:
                 # the kernel already misbehaved in this run (a stray write, an error): a worker failing in a
                 # later case or step is the process it corrupted (the interpreter writes out of bounds into the
@@ -276,7 +291,7 @@ def run_cases(
                     break
                 kind = outcome.status if outcome.status == "timeout" else "crashed"
                 # the steps of a loop case already judged keep their findings (a stray write, then the crash)
-                partial = read_case.partial(i) if hasattr(read_case, "partial") else []
+                partial = read_case.partial(i)
                 record(i, None, [*partial, Finding("isolation", kind, f"case {cases[i].name!r}: {outcome.ended()}")])
                 start = i + 1
             else:  # "restart": the CUDA context was lost after the last case reported

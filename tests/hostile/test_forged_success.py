@@ -35,7 +35,7 @@ def test_a_report_that_disagrees_with_the_gates_exit_is_never_a_verdict():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(sandbox._bwrap_works(sandbox.SandboxSettings()) is not None, reason="bubblewrap cannot run here")
+@pytest.mark.skipif(sandbox.bwrap_works(sandbox.SandboxSettings()) is not None, reason="bubblewrap cannot run here")
 @pytest.mark.parametrize("nested", ["sandboxed", "off"])
 def test_a_kernel_cannot_forge_the_posted_conclusion(tmp_path, github_standin, nested):
     assert GOOD in KERNEL

@@ -22,7 +22,7 @@ import pytest
 from kernalin_ci import sandbox
 
 ROOT = os.geteuid() == 0
-HAVE_SANDBOX = sandbox._bwrap_works(sandbox.SandboxSettings()) is None
+HAVE_SANDBOX = sandbox.bwrap_works(sandbox.SandboxSettings()) is None
 
 # the kernel reports who it ran as and what it could reach, through the error verify prints
 ENTRY = """import json, os
@@ -87,7 +87,7 @@ def test_as_root_without_bubblewrap_kernel_code_never_runs_as_root(closed_dir):
     folder, marker = closed_dir
     folder.chmod(0o755)
     p, saw = verify(folder, marker, KERNALIN_BWRAP="/nonexistent/bwrap")
-    if sandbox._uid_mode_missing() is None:  # an unprivileged uid of its own
+    if sandbox.uid_mode_missing() is None:  # an unprivileged uid of its own
         assert saw is not None and saw["uid"] >= sandbox.UID_BASE, p.stdout + p.stderr
         assert saw["token"] is None and saw["parent_token"] in ("PermissionError", False)
     else:  # or a refusal that says why and what to do

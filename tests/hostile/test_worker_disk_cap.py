@@ -20,7 +20,7 @@ import pytest
 
 from kernalin_ci import sandbox
 
-NO_SANDBOX = sandbox._bwrap_works(sandbox.SandboxSettings())  # why bubblewrap cannot make a worker's sandbox here
+NO_SANDBOX = sandbox.bwrap_works(sandbox.SandboxSettings())  # why bubblewrap cannot make a worker's sandbox here
 pytestmark = pytest.mark.skipif(NO_SANDBOX is not None, reason=f"no worker sandbox here: {NO_SANDBOX}")
 
 CAP = 8 << 20

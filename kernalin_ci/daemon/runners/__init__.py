@@ -125,7 +125,7 @@ def job_env(req: RunRequest, *, home: str, tmp: str, visible: str | None) -> dic
         }
     )
     # the kernel workers inside the job get a sandbox of their own (nested in the local runner's; required in a
-    # job: kernalin_ci/sandbox.py), unless the daemon's runner.env says otherwise
+    # job: kernalin_ci/sandbox/), unless the daemon's runner.env says otherwise
     if visible is not None:
         env["CUDA_VISIBLE_DEVICES"] = visible
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"

@@ -3,7 +3,7 @@
 The container has no network, a read-only root file system, no new privileges, memory (swap included)
 and pid limits. The gate runs as the container's root with only the capabilities it needs to hand
 each kernel worker an unprivileged uid of its own and to clean up after it (KERNALIN_SANDBOX=uid,
-kernalin_ci/sandbox.py: bubblewrap cannot make namespaces under the engine's default seccomp
+kernalin_ci/sandbox/: bubblewrap cannot make namespaces under the engine's default seccomp
 profile): the pull request's code never shares a uid with the gate, so it can neither write the
 gate's files (its report, the next worker's job) nor signal or trace it. With runner.docker.user
 set, the job runs as that user instead (and needs runner.env KERNALIN_SANDBOX set by the operator:

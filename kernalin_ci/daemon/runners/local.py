@@ -1,6 +1,6 @@
 """The local runner: the job's command as a subprocess in the job's checkout, inside the sandbox.
 
-By default the job runs under bubblewrap (kernalin_ci/sandbox.py): its own PID, network and
+By default the job runs under bubblewrap (kernalin_ci/sandbox/): its own PID, network and
 user namespaces, an allowlisted read-only file system, an unprivileged uid, and a cgroup with
 memory and process caps. Nothing of the host is writable: the job's files (its checkout, copied in
 by daemon/jobwrap.py, out/, HOME, /tmp) live on the sandbox's tmpfs of runner.disk_max_bytes, and

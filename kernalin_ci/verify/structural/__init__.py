@@ -7,11 +7,11 @@ kernel to TTIR for sm_90 on the CPU, and hands back that raw material
 runs the op's analyses (analyse.py), so the worker decides no finding.
 
 Modules: capture.py (launch recording), compile.py (TTIR), material.py (what
-the worker hands back), ir.py (the TTIR parser), abstract_values.py,
-interpreter.py and op_handlers.py (the abstract interpreter: its value types,
+the worker hands back), ir.py and ir_parser.py (TTIR as data, its parser), abstract_values.py,
+interpreter.py, op_handlers.py and arith_handlers.py (the abstract interpreter: its value types,
 the interpreter and its memory, one handler per op), dataflow.py (def-use,
 loops, reductions, linear forms), common.py (every kernel), attention.py (with
-attention_graph.py: the IR-graph checks, attention_memory.py: the memory-access
+attention_graph.py: the IR-graph checks on attention_values.py's values, attention_memory.py: the memory-access
 checks), rope.py, kv_append.py, decode_step.py (one per analysis), task.py (the
 worker task), analyse.py (the parent's analysis). docs/structural.md has the
 checks and the catch matrix.

@@ -16,7 +16,7 @@ that data may be garbage (INV: read past the valid region, out of bounds, or
 uninitialised), and the POS label, set on lanes that belong to an invalid
 position (the op's model decides which positions are invalid; see
 `attention.py`). Integer values carry SRC bits too (an offset computed from a
-loaded slot), and PID/IV bits (derived from a program id / loop counter).
+loaded slot), and PID/IV bits (derived from a program id / loop counter: IVBIT).
 
 The interpreter records every load and store (tensor, element offsets, mask,
 value) and every exp; the analyses work on those records and on the IR graph.
@@ -65,7 +65,7 @@ def _u64(shape, v=0):
 
 
 @dataclass
-class IV:
+class IntValue:
     """Integers and booleans (i1): concrete values; `unk` lanes are unknown."""
 
     v: np.ndarray
@@ -74,11 +74,11 @@ class IV:
 
     @staticmethod
     def const(x, shape=(), dtype=np.int64, tags=0):
-        return IV(np.full(shape, x, dtype=dtype), _u64(shape, tags), np.zeros(shape, dtype=bool))
+        return IntValue(np.full(shape, x, dtype=dtype), _u64(shape, tags), np.zeros(shape, dtype=bool))
 
 
 @dataclass
-class PV:
+class PointerValue:
     """Pointers: tensor index per lane (-1 unknown) and byte offset from that tensor's element 0."""
 
     t: np.ndarray
@@ -89,7 +89,10 @@ class PV:
 
 
 @dataclass
-class FV:
+class FloatValue:
+    """Floats, per lane: `c` where `lin` (plus the affine `terms`: (atom block, index, coefficient)), else
+    opaque."""
+
     c: np.ndarray
     lin: np.ndarray
     terms: list
@@ -97,11 +100,13 @@ class FV:
 
     @staticmethod
     def const(x, shape=()):
-        return FV(np.full(shape, float(x)), np.ones(shape, dtype=bool), [], _u64(shape))
+        return FloatValue(np.full(shape, float(x)), np.ones(shape, dtype=bool), [], _u64(shape))
 
     @staticmethod
     def opaque(shape, tags):
-        return FV(np.zeros(shape), np.zeros(shape, dtype=bool), [], np.broadcast_to(tags, shape).astype(np.uint64))
+        return FloatValue(
+            np.zeros(shape), np.zeros(shape, dtype=bool), [], np.broadcast_to(tags, shape).astype(np.uint64)
+        )
 
     def known(self) -> np.ndarray:
         k = self.lin.copy()
@@ -129,8 +134,8 @@ class Access:
 class ExpEvent:
     op: IROp
     program: tuple
-    arg: FV
-    result: FV
+    arg: FloatValue
+    result: FloatValue
 
 
 @dataclass
@@ -141,7 +146,7 @@ class SumEvent:
     op: IROp
     program: tuple
     operand: Value
-    value: FV
+    value: FloatValue
 
 
 @dataclass
@@ -200,11 +205,11 @@ _ROUND = {
 }
 
 
-def _round(v: FV, elem: str) -> FV:
+def _round(v: FloatValue, elem: str) -> FloatValue:
     """Known lanes take the value the GPU computes in the result's precision."""
     with np.errstate(all="ignore"):
         c = np.where(v.lin, _ROUND[elem](v.c), v.c)
-    return FV(c, v.lin, v.terms, v.tags)
+    return FloatValue(c, v.lin, v.terms, v.tags)
 
 
 class _Terminator:
@@ -219,24 +224,24 @@ def _span(info) -> int:
 
 
 def _mask(m, shape) -> np.ndarray:
-    if isinstance(m, IV):
+    if isinstance(m, IntValue):
         return np.broadcast_to(m.v.astype(bool) & ~m.unk, shape).copy() | np.broadcast_to(m.unk, shape)
     raise InterpError("mask is not a boolean")
 
 
-def _as_fv(x, shape=None) -> FV:
-    if isinstance(x, FV):
+def _as_fv(x, shape=None) -> FloatValue:
+    if isinstance(x, FloatValue):
         if shape is None:
             return x
-        return FV(
+        return FloatValue(
             _bcast_to(x.c, shape),
             _bcast_to(x.lin, shape),
             [(b, _bcast_to(i, shape), _bcast_to(c, shape)) for b, i, c in x.terms],
             _bcast_to(x.tags, shape),
         )
-    if isinstance(x, IV):
+    if isinstance(x, IntValue):
         s = shape if shape is not None else x.v.shape
-        return FV(_bcast_to(x.v.astype(np.float64), s), _bcast_to(~x.unk, s), [], _bcast_to(x.tags, s))
+        return FloatValue(_bcast_to(x.v.astype(np.float64), s), _bcast_to(~x.unk, s), [], _bcast_to(x.tags, s))
     raise InterpError("expected a float value")
 
 
@@ -244,14 +249,14 @@ def _as_fv(x, shape=None) -> FV:
 
 
 def _map_value(x, fn):
-    if isinstance(x, IV):
-        return IV(fn(x.v), fn(x.tags), fn(x.unk))
-    if isinstance(x, PV):
+    if isinstance(x, IntValue):
+        return IntValue(fn(x.v), fn(x.tags), fn(x.unk))
+    if isinstance(x, PointerValue):
         t = np.broadcast_to(x.t, x.off.shape)
-        return PV(fn(t), fn(x.off), fn(np.broadcast_to(x.tags, x.off.shape)), x.esize, x.pointee)
-    if isinstance(x, FV):
+        return PointerValue(fn(t), fn(x.off), fn(np.broadcast_to(x.tags, x.off.shape)), x.esize, x.pointee)
+    if isinstance(x, FloatValue):
         shape = x.c.shape
-        return FV(
+        return FloatValue(
             fn(x.c),
             fn(x.lin),
             [(b, fn(_bcast_to(i, shape)), fn(_bcast_to(c, shape))) for b, i, c in x.terms],

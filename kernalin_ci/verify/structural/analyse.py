@@ -25,7 +25,8 @@ def analyse(op_name: str, mat, root: str | None = None, seconds: dict | None = N
     )
     from kernalin_ci.verify.structural.dataflow import KernelView, line_of, link_views
     from kernalin_ci.verify.structural.interpreter import Interp
-    from kernalin_ci.verify.structural.ir import ParseError, parse_module
+    from kernalin_ci.verify.structural.ir import ParseError
+    from kernalin_ci.verify.structural.ir_parser import parse_module
 
     rep = StructuralFindings()
     times = {"capture": 0.0, "compile": 0.0, **(seconds or {}), "parse": 0.0, "interpret": 0.0, "analyse": 0.0}

@@ -31,7 +31,6 @@ from kernalin_ci.verify.structural.attention_graph import (
     check_normalize,
     check_partials,
     check_rescale,
-    exps_of,
 )
 from kernalin_ci.verify.structural.attention_memory import (
     AttentionModel,
@@ -40,6 +39,7 @@ from kernalin_ci.verify.structural.attention_memory import (
     check_masks,
     check_output_coverage,
 )
+from kernalin_ci.verify.structural.attention_values import exps_of
 from kernalin_ci.verify.structural.common import Analysis, StructuralFindings, kname
 
 # --------------------------------------------------------------------------- entry point

@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 from kernalin_ci.verify.structural.abstract_values import INV_MASK, POS
-from kernalin_ci.verify.structural.attention_graph import Exps, _dims
+from kernalin_ci.verify.structural.attention_values import Exps, dims
 from kernalin_ci.verify.structural.common import StructuralFindings, kname
 from kernalin_ci.verify.structural.dataflow import KernelView, peel
 from kernalin_ci.verify.structural.ir import IROp
@@ -214,7 +214,7 @@ def check_addressing(cap, views: list, rep: StructuralFindings, model: Attention
     """Each program's K/V reads belong to its own sequence and KV head and cover every position once.
 
     Returns True when a read of the wrong sequence or head was found (later findings would be echoes)."""
-    B, Hq, Hkv, D = _dims(cap)
+    B, Hq, Hkv, D = dims(cap)
     ratio = Hq // Hkv
     lens = model.lens
     qinfo = cap.tensors["q"]

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kernalin_ci.verify.structural.abstract_values import FV, IV
+from kernalin_ci.verify.structural.abstract_values import FloatValue, IntValue
 from kernalin_ci.verify.structural.ir import IROp, Value
 
 TRANSPARENT = {
@@ -285,12 +285,12 @@ class Graph:
         if not self.static(v):
             return None
         rv = self.values.get(v)
-        if isinstance(rv, FV):
+        if isinstance(rv, FloatValue):
             k = rv.known()
             if k.all() and rv.c.size and np.all(rv.c == rv.c.reshape(-1)[0]):
                 return float(rv.c.reshape(-1)[0])
             return None
-        if isinstance(rv, IV):
+        if isinstance(rv, IntValue):
             if not rv.unk.any() and rv.v.size and np.all(rv.v == rv.v.reshape(-1)[0]):
                 return float(rv.v.reshape(-1)[0])
         return None

@@ -30,6 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from kernalin_ci.verify.structural import attention, rope
+from kernalin_ci.verify.structural.abstract_values import FloatValue
 from kernalin_ci.verify.structural.common import Analysis, StructuralFindings, kname
 from kernalin_ci.verify.structural.kv_append import check_widths
 
@@ -186,7 +187,7 @@ def _lane_atoms(view, acc, k: int) -> list:
     """[(tensor name, element)] the stored value of lane k (flat index) is a linear form of."""
     val = acc.value
     out = []
-    if not hasattr(val, "terms"):
+    if not isinstance(val, FloatValue):
         return out
     for bid, idx, coef in val.terms:
         if coef.reshape(-1)[k] == 0:

@@ -11,15 +11,15 @@ from kernalin_ci.verify.structural.abstract_values import (
     _ELSIZE,
     _NP_INT,
     _ROUND,
-    FV,
-    IV,
     MAX_STEPS,
     MAX_TENSORS,
     POS,
-    PV,
     Access,
+    FloatValue,
     InterpError,
+    IntValue,
     LaunchTrace,
+    PointerValue,
     _as_fv,
     _bcast_to,
     _mask,
@@ -107,7 +107,7 @@ class Interp:
     def _arg_value(self, a, t: Type):
         if a.kind == "pointer":
             ti = self.index[a.tensor]
-            return PV(
+            return PointerValue(
                 np.array(ti, dtype=np.int16),
                 np.array(a.byte_offset, dtype=np.int64),
                 _u64(()),
@@ -115,11 +115,11 @@ class Interp:
                 t.pointee,
             )
         if a.kind in ("int", "bool"):
-            return IV(
+            return IntValue(
                 np.array(int(a.value), dtype=np.int64 if a.kind == "int" else bool), _u64(()), np.zeros((), dtype=bool)
             )
         if a.kind == "float":
-            return FV.const(a.value)
+            return FloatValue.const(a.value)
         raise InterpError(f"unsupported kernel argument {a.name} ({a.kind})")
 
     def _run_function(self, fn: Function, env, args_vals):
@@ -164,9 +164,9 @@ class Interp:
         if not isinstance(out, (list, tuple)):
             out = [out]
         for r, v in zip(op.results, out):
-            if isinstance(v, FV) and r.type.elem in _ROUND:
+            if isinstance(v, FloatValue) and r.type.elem in _ROUND:
                 v = _round(v, r.type.elem)
-            elif isinstance(v, IV) and v.tags.size:
+            elif isinstance(v, IntValue) and v.tags.size:
                 # the provenance of every integer value, over all programs (width checks need it)
                 self.trace.int_tags[r] = self.trace.int_tags.get(r, 0) | int(np.bitwise_or.reduce(v.tags.reshape(-1)))
             env[r] = v
@@ -180,7 +180,7 @@ class Interp:
     # ------------------------------------------------------------------ loads and stores
     def load(self, op: IROp, ins):
         ptr = ins[0]
-        if not isinstance(ptr, PV):
+        if not isinstance(ptr, PointerValue):
             raise InterpError("load through a non-pointer (block pointers and descriptors are not supported)", op)
         shape = ptr.off.shape
         mask = _mask(ins[1], shape) if len(ins) > 1 else np.ones(shape, dtype=bool)
@@ -219,7 +219,7 @@ class Interp:
         npdt = _NP_INT.get(rtype.elem, np.int64)
         sh = self.shadow.get(t)
         if info.is_float:
-            return IV(np.zeros(shape, dtype=np.int64), _u64(shape, src_bit(t)), np.ones(shape, dtype=bool))
+            return IntValue(np.zeros(shape, dtype=np.int64), _u64(shape, src_bit(t)), np.ones(shape, dtype=bool))
         vals, ok = info.read(np.where(mask & inb, ptr.off, 0), npdt)
         v = vals.astype(np.int64 if npdt is not np.bool_ else bool)
         unk = mask & ~inb
@@ -234,7 +234,7 @@ class Interp:
             tags = np.where(mask, tags, _bcast_to(other.tags, shape))
         else:
             unk = unk | ~mask
-        return IV(v, tags, unk)
+        return IntValue(v, tags, unk)
 
     def _load_float(self, t, info, elem, mask, inb, other, shape, acc, ptr):
         tags = _u64(shape, src_bit(t))
@@ -317,11 +317,11 @@ class Interp:
         else:
             lin = lin & mask
             tags = tags | np.where(~mask, np.uint64(inv_bit(t)), np.uint64(0))
-        return FV(c, lin, terms, tags)
+        return FloatValue(c, lin, terms, tags)
 
     def store(self, op: IROp, ins):
         ptr, val = ins[0], ins[1]
-        if not isinstance(ptr, PV):
+        if not isinstance(ptr, PointerValue):
             raise InterpError("store through a non-pointer (block pointers and descriptors are not supported)", op)
         shape = ptr.off.shape
         mask = _mask(ins[2], shape) if len(ins) > 2 else np.ones(shape, dtype=bool)
@@ -332,15 +332,15 @@ class Interp:
         info = self.infos[t]
         elem = np.floor_divide(ptr.off, info.elsize)
         inb = info.in_bounds(elem) & (np.mod(ptr.off, info.elsize) == 0)
-        if isinstance(val, FV):
-            val = FV(
+        if isinstance(val, FloatValue):
+            val = FloatValue(
                 _bcast_to(val.c, shape),
                 _bcast_to(val.lin, shape),
                 [(b, _bcast_to(i, shape), _bcast_to(cf, shape)) for b, i, cf in val.terms],
                 _bcast_to(val.tags, shape),
             )
-        elif isinstance(val, IV):
-            val = IV(_bcast_to(val.v, shape), _bcast_to(val.tags, shape), _bcast_to(val.unk, shape))
+        elif isinstance(val, IntValue):
+            val = IntValue(_bcast_to(val.v, shape), _bcast_to(val.tags, shape), _bcast_to(val.unk, shape))
         acc = Access("store", op, self.pid, tidx, elem, ptr.off, mask.copy(), inb, val, tuple(self.iters))
         self.trace.accesses.append(acc)
         sh = self._shadow(t)
@@ -349,7 +349,7 @@ class Interp:
         if e.size:
             e = np.clip(e, 0, sh["written"].size - 1)
             np.add.at(sh["written"], e, 1)
-            if isinstance(val, FV):
+            if isinstance(val, FloatValue):
                 sh["tags"][e] = val.tags[w]
                 kn = val.known()[w]
                 sh["known"][e] = kn

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kernalin_ci.verify.structural.abstract_values import FloatValue
 from kernalin_ci.verify.structural.common import Analysis, StructuralFindings, kname
 from kernalin_ci.verify.structural.rope import stored_forms
 
@@ -295,7 +296,7 @@ def _stray_stores(cap, views, rep, names, padding) -> None:
 def _tokens_of(cap, view, acc, lanes) -> set:
     val = acc.value
     out = set()
-    if not hasattr(val, "terms"):
+    if not isinstance(val, FloatValue):
         return out
     for bid, idx, coef in val.terms:
         bt, be, _ = view.trace.blocks[bid]

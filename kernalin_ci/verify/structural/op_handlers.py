@@ -4,32 +4,25 @@ abstract). `_HANDLERS` maps op names to them; an op with no handler raises Inter
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from kernalin_ci.verify.structural.abstract_values import (
     _ELSIZE,
-    FV,
     INV_MASK,
-    IV,
     IVBIT,
-    MAX_TERMS,
     PID,
     POS,
-    PV,
-    SRC_MASK,
-    ExpEvent,
+    FloatValue,
     InterpError,
+    IntValue,
+    PointerValue,
     SumEvent,
-    _as_fv,
     _bcast_to,
-    _bits,
     _map_value,
     _Terminator,
     _u64,
-    _wrap,
 )
+from kernalin_ci.verify.structural.arith_handlers import ARITH_HANDLERS, _addf, _fv
 from kernalin_ci.verify.structural.ir import IROp, attr_int, parse_constant
 
 
@@ -65,7 +58,7 @@ def _join(interp, op, ins, env):
     a, b = ins
     if type(a) is not type(b):
         raise InterpError("join of different kinds", op)
-    if isinstance(a, FV):
+    if isinstance(a, FloatValue):
         shape = a.c.shape
         terms = [
             (
@@ -83,11 +76,11 @@ def _join(interp, op, ins, env):
             )
             for bb, i, c in b.terms
         ]
-        return FV(np.stack([a.c, b.c], -1), np.stack([a.lin, b.lin], -1), terms, np.stack([a.tags, b.tags], -1))
-    if isinstance(a, IV):
-        return IV(np.stack([a.v, b.v], -1), np.stack([a.tags, b.tags], -1), np.stack([a.unk, b.unk], -1))
-    if isinstance(a, PV):
-        return PV(
+        return FloatValue(np.stack([a.c, b.c], -1), np.stack([a.lin, b.lin], -1), terms, np.stack([a.tags, b.tags], -1))
+    if isinstance(a, IntValue):
+        return IntValue(np.stack([a.v, b.v], -1), np.stack([a.tags, b.tags], -1), np.stack([a.unk, b.unk], -1))
+    if isinstance(a, PointerValue):
+        return PointerValue(
             np.stack([np.broadcast_to(a.t, a.off.shape), np.broadcast_to(b.t, b.off.shape)], -1),
             np.stack([a.off, b.off], -1),
             np.stack([a.tags, b.tags], -1),
@@ -108,9 +101,9 @@ def _cat(interp, op, ins, env):
 
 
 def _map_concat(a, b):
-    if isinstance(a, IV) and isinstance(b, IV):
-        return IV(np.concatenate([a.v, b.v]), np.concatenate([a.tags, b.tags]), np.concatenate([a.unk, b.unk]))
-    if isinstance(a, FV) and isinstance(b, FV):
+    if isinstance(a, IntValue) and isinstance(b, IntValue):
+        return IntValue(np.concatenate([a.v, b.v]), np.concatenate([a.tags, b.tags]), np.concatenate([a.unk, b.unk]))
+    if isinstance(a, FloatValue) and isinstance(b, FloatValue):
         sa, sb = a.c.shape, b.c.shape
         terms = [
             (
@@ -128,485 +121,10 @@ def _map_concat(a, b):
             )
             for bb, i, c in b.terms
         ]
-        return FV(np.concatenate([a.c, b.c]), np.concatenate([a.lin, b.lin]), terms, np.concatenate([a.tags, b.tags]))
+        return FloatValue(
+            np.concatenate([a.c, b.c]), np.concatenate([a.lin, b.lin]), terms, np.concatenate([a.tags, b.tags])
+        )
     raise InterpError("cat of unsupported values")
-
-
-# --------------------------------------------------------------------------- integer ops
-
-
-def _ints(interp, op, ins):
-    for x in ins:
-        if not isinstance(x, IV):
-            raise InterpError(f"{op.name} on a non-integer value", op)
-    return ins
-
-
-def _int_binop(fn):
-    def h(interp, op, ins, env):
-        a, b = _ints(interp, op, ins)
-        t = op.result.type
-        bits = _bits(t)
-        unsigned = op.name.endswith("ui") and not op.name.endswith("divsi")
-        av, bv = a.v.astype(np.int64), b.v.astype(np.int64)
-        with np.errstate(all="ignore"):
-            exact, bad = fn(av, bv, bits)
-        unk = a.unk | b.unk | bad
-        res = _wrap(exact, bits, unsigned)
-        if bits == 1 and op.name in ("arith.andi", "arith.ori"):
-            # a known false (and) / true (or) decides the lane, whatever the other side: `d < D & (m > -inf)`
-            # with m data is false past the head dim
-            dom = op.name == "arith.ori"
-            known = [~x.unk & ((v & 1).astype(bool) == dom) for x, v in ((a, av), (b, bv))]
-            decided = np.broadcast_to(known[0], unk.shape) | np.broadcast_to(known[1], unk.shape)
-            unk = unk & ~decided
-            res = np.where(decided, dom, res)
-        if bits == 32 and op.name in ("arith.muli", "arith.addi", "arith.subi", "arith.shli"):
-            over = (res.astype(np.int64) != exact) & ~unk
-            if over.any():
-                interp.trace.overflow.append((op, interp.pid))
-        return IV(res, a.tags | b.tags, unk)
-
-    return h
-
-
-def _divsi(a, b, bits):
-    bad = b == 0
-    bb = np.where(bad, 1, b)
-    q = np.floor_divide(a, bb)
-    r = a - q * bb
-    q = np.where((r != 0) & ((a < 0) != (bb < 0)), q + 1, q)
-    return q, bad
-
-
-def _remsi(a, b, bits):
-    q, bad = _divsi(a, b, bits)
-    bb = np.where(bad, 1, b)
-    return a - q * bb, bad
-
-
-def _floordiv(a, b, bits):
-    bad = b == 0
-    return np.floor_divide(a, np.where(bad, 1, b)), bad
-
-
-def _ceildiv(a, b, bits):
-    bad = b == 0
-    return -np.floor_divide(-a, np.where(bad, 1, b)), bad
-
-
-def _udiv(a, b, bits):
-    m = (1 << bits) - 1 if bits < 64 else -1
-    au, bu = (a & m, b & m) if bits < 64 else (a, b)
-    bad = bu == 0
-    return np.floor_divide(au, np.where(bad, 1, bu)), bad
-
-
-def _urem(a, b, bits):
-    m = (1 << bits) - 1 if bits < 64 else -1
-    au, bu = (a & m, b & m) if bits < 64 else (a, b)
-    bad = bu == 0
-    return np.mod(au, np.where(bad, 1, bu)), bad
-
-
-def _ok(fn):
-    return lambda a, b, bits: (fn(a, b, bits), np.zeros(np.broadcast(a, b).shape, dtype=bool))
-
-
-def _shrui(a, b, bits):
-    m = (1 << bits) - 1 if bits < 64 else None
-    au = a & m if m is not None else a
-    return np.right_shift(au, np.clip(b, 0, 63))
-
-
-_INT_BINOPS = {
-    "arith.addi": _ok(lambda a, b, n: a + b),
-    "arith.subi": _ok(lambda a, b, n: a - b),
-    "arith.muli": _ok(lambda a, b, n: a * b),
-    "arith.divsi": _divsi,
-    "arith.remsi": _remsi,
-    "arith.divui": _udiv,
-    "arith.remui": _urem,
-    "arith.floordivsi": _floordiv,
-    "arith.ceildivsi": _ceildiv,
-    "arith.andi": _ok(lambda a, b, n: a & b),
-    "arith.ori": _ok(lambda a, b, n: a | b),
-    "arith.xori": _ok(lambda a, b, n: a ^ b),
-    "arith.shli": _ok(lambda a, b, n: np.left_shift(a, np.clip(b, 0, 63))),
-    "arith.shrsi": _ok(lambda a, b, n: np.right_shift(a, np.clip(b, 0, 63))),
-    "arith.shrui": _ok(_shrui),
-    "arith.maxsi": _ok(lambda a, b, n: np.maximum(a, b)),
-    "arith.minsi": _ok(lambda a, b, n: np.minimum(a, b)),
-    "arith.maxui": _ok(lambda a, b, n: np.maximum(a, b)),
-    "arith.minui": _ok(lambda a, b, n: np.minimum(a, b)),
-}
-
-_CMP = {
-    "eq": np.equal,
-    "ne": np.not_equal,
-    "slt": np.less,
-    "sle": np.less_equal,
-    "sgt": np.greater,
-    "sge": np.greater_equal,
-    "ult": np.less,
-    "ule": np.less_equal,
-    "ugt": np.greater,
-    "uge": np.greater_equal,
-}
-
-
-def _cmpi(interp, op, ins, env):
-    a, b = _ints(interp, op, ins)
-    pred = op.attrs.get("predicate", "eq")
-    av, bv = a.v.astype(np.int64), b.v.astype(np.int64)
-    if pred.startswith("u"):
-        bits = _bits(op.operands[0].type)
-        if bits < 64:
-            av, bv = av & ((1 << bits) - 1), bv & ((1 << bits) - 1)
-    return IV(_CMP[pred](av, bv), a.tags | b.tags, a.unk | b.unk)
-
-
-def _int_cast(interp, op, ins, env):
-    a = ins[0]
-    if isinstance(a, FV):
-        raise InterpError(f"{op.name} on a float", op)
-    if not isinstance(a, IV):
-        raise InterpError(f"{op.name} on a pointer", op)
-    t = op.result.type
-    src_bits = _bits(op.operands[0].type)
-    v = a.v.astype(np.int64)
-    if op.name == "arith.extui" and src_bits < 64:
-        v = v & ((1 << src_bits) - 1) if src_bits > 1 else v & 1
-    v = _wrap(v, _bits(t))
-    return IV(v, a.tags, a.unk)
-
-
-# --------------------------------------------------------------------------- float ops
-
-
-def _fv(x, shape=None) -> FV:
-    return _as_fv(x, shape)
-
-
-def _merge_shape(a: FV, b: FV):
-    shape = np.broadcast_shapes(a.c.shape, b.c.shape)
-    return _as_fv(a, shape), _as_fv(b, shape), shape
-
-
-def _limit_terms(f: FV) -> FV:
-    if len(f.terms) <= MAX_TERMS:
-        return f
-    merged: dict = {}
-    for b, i, c in f.terms:
-        key = (b, i.tobytes())
-        if key in merged:
-            merged[key] = (b, i, merged[key][2] + c)
-        else:
-            merged[key] = (b, i, c)
-    terms = list(merged.values())
-    if len(terms) <= MAX_TERMS:
-        return FV(f.c, f.lin, terms, f.tags)
-    # too many atoms per lane: opaque where any coefficient is non-zero
-    nz = np.zeros(f.c.shape, dtype=bool)
-    for _, _, c in terms:
-        nz |= c != 0
-    return FV(f.c, f.lin & ~nz, [], f.tags)
-
-
-def _addf(interp, op, ins, env, sign=1.0):
-    a, b, shape = _merge_shape(_fv(ins[0]), _fv(ins[1]))
-    terms = list(a.terms) + [(bb, i, sign * c) for bb, i, c in b.terms]
-    with np.errstate(all="ignore"):
-        c = a.c + sign * b.c
-    lin = a.lin & b.lin
-    tags = a.tags | b.tags
-    # an infinite constant absorbs any finite value: -inf - m is -inf (unless m may be garbage)
-    ka, kb = a.known(), b.known()
-    inv_a, inv_b = (a.tags & INV_MASK) != 0, (b.tags & INV_MASK) != 0
-    ia = ka & np.isinf(a.c) & ~inv_b & ~(kb & np.isinf(b.c))
-    ib = kb & np.isinf(b.c) & ~inv_a & ~(ka & np.isinf(a.c))
-    absorb = ia | ib
-    if absorb.any():
-        c = np.where(ia, a.c, np.where(ib, sign * b.c, c))
-        lin = lin | absorb
-        terms = [(bb, i, np.where(absorb, 0.0, cf)) for bb, i, cf in terms]
-        tags = np.where(absorb, tags & np.uint64(POS) | np.where(ia, a.tags, b.tags), tags)
-    return _limit_terms(FV(c, lin, terms, tags))
-
-
-def _subf(interp, op, ins, env):
-    return _addf(interp, op, ins, env, -1.0)
-
-
-def _scale(f: FV, k: np.ndarray) -> FV:
-    return FV(f.c * k, f.lin.copy(), [(b, i, c * k) for b, i, c in f.terms], f.tags)
-
-
-def _mulf(interp, op, ins, env):
-    a, b, shape = _merge_shape(_fv(ins[0]), _fv(ins[1]))
-    ka, kb = a.known(), b.known()
-    inv_a = (a.tags & INV_MASK) != 0
-    inv_b = (b.tags & INV_MASK) != 0
-    with np.errstate(all="ignore"):
-        sa = _scale(b, np.where(ka, a.c, 0.0))  # a known: a.c * b
-        sb = _scale(a, np.where(kb & ~ka, b.c, 0.0))
-    terms = [(bb, i, np.where(ka, c, 0.0)) for bb, i, c in sa.terms] + [
-        (bb, i, np.where(kb & ~ka, c, 0.0)) for bb, i, c in sb.terms
-    ]
-    with np.errstate(all="ignore"):
-        c = np.where(ka, sa.c, np.where(kb, sb.c, 0.0))
-    lin = (ka & b.lin) | (kb & a.lin)
-    tags = a.tags | b.tags
-    # 0 * x: a known zero, unless x may be garbage (0 * NaN)
-    zero = (ka & (a.c == 0) & ~inv_b) | (kb & (b.c == 0) & ~inv_a)
-    lin = lin | zero
-    c = np.where(zero, 0.0, c)
-    terms = [(bb, i, np.where(zero, 0.0, cf)) for bb, i, cf in terms]
-    tags = np.where(zero, tags & ~SRC_MASK & ~INV_MASK, tags)
-    # 0 * garbage stays garbage
-    lin = lin & ~((ka & (a.c == 0) & inv_b) | (kb & (b.c == 0) & inv_a))
-    return _limit_terms(FV(c, lin, terms, tags))
-
-
-def _divf(interp, op, ins, env):
-    a, b, shape = _merge_shape(_fv(ins[0]), _fv(ins[1]))
-    kb = b.known()
-    with np.errstate(all="ignore"):
-        inv = np.where(kb & (b.c != 0), 1.0 / np.where(b.c == 0, 1.0, b.c), 0.0)
-    s = _scale(a, inv)
-    lin = a.lin & kb & (b.c != 0)
-    ka = a.known()
-    with np.errstate(all="ignore"):
-        kk = ka & kb
-        c = np.where(kk, np.divide(a.c, b.c), s.c)
-    lin = lin | kk
-    return FV(c, lin, [(bb, i, np.where(lin & ~kk, cf, 0.0)) for bb, i, cf in s.terms], a.tags | b.tags)
-
-
-def _negf(interp, op, ins, env):
-    a = _fv(ins[0])
-    return _scale(a, np.full(a.c.shape, -1.0))
-
-
-def _unary(fn):
-    def h(interp, op, ins, env):
-        a = _fv(ins[0])
-        k = a.known()
-        with np.errstate(all="ignore"):
-            c = np.where(k, fn(np.where(k, a.c, 0.0)), 0.0)
-        res = FV(c, k.copy(), [], a.tags.copy())
-        if op.name in ("math.exp", "math.exp2") or "exp" in op.attrs.get("symbol", ""):
-            interp.trace.exps.append(ExpEvent(op, interp.pid, a, res))
-        return res
-
-    return h
-
-
-def _minmax(fn, ident):
-    def h(interp, op, ins, env):
-        a, b, shape = _merge_shape(_fv(ins[0]), _fv(ins[1]))
-        ka, kb = a.known(), b.known()
-        with np.errstate(all="ignore"):
-            c = fn(a.c, b.c)
-        both = ka & kb
-        # max(x, -inf) is x: the identity passes the other operand through
-        a_id = ka & (a.c == ident)
-        b_id = kb & (b.c == ident) & ~a_id
-        c = np.where(both, c, np.where(a_id, b.c, np.where(b_id, a.c, 0.0)))
-        lin = both | (a_id & b.lin) | (b_id & a.lin)
-        terms = [(bb, i, np.where(a_id & ~both, cf, 0.0)) for bb, i, cf in b.terms] + [
-            (bb, i, np.where(b_id & ~both, cf, 0.0)) for bb, i, cf in a.terms
-        ]
-        tags = np.where(
-            a_id,
-            b.tags | (a.tags & np.uint64(POS)),
-            np.where(b_id, a.tags | (b.tags & np.uint64(POS)), a.tags | b.tags),
-        )
-        return FV(c, lin, terms, tags)
-
-    return h
-
-
-def _select(interp, op, ins, env):
-    cnd, a, b = ins
-    if not isinstance(cnd, IV):
-        raise InterpError("select on a non-boolean condition", op)
-    if isinstance(a, PV) or isinstance(b, PV):
-        if not (isinstance(a, PV) and isinstance(b, PV)):
-            raise InterpError("select between a pointer and a non-pointer", op)
-        shape = np.broadcast_shapes(a.off.shape, b.off.shape, cnd.v.shape)
-        cv = np.broadcast_to(cnd.v.astype(bool), shape)
-        if np.broadcast_to(cnd.unk, shape).any():
-            raise InterpError("select between pointers on an unknown condition", op)
-        return PV(
-            np.where(cv, np.broadcast_to(a.t, shape), np.broadcast_to(b.t, shape)),
-            np.where(cv, a.off, b.off),
-            np.where(cv, a.tags, b.tags) | cnd.tags,
-            a.esize,
-            a.pointee,
-        )
-    if isinstance(a, IV) and isinstance(b, IV):
-        shape = np.broadcast_shapes(a.v.shape, b.v.shape, cnd.v.shape)
-        cv = np.broadcast_to(cnd.v.astype(bool), shape)
-        cu = np.broadcast_to(cnd.unk, shape)
-        v = np.where(cv, a.v, b.v)
-        unk = np.where(cv, a.unk, b.unk) | (cu & (np.broadcast_to(a.v, shape) != np.broadcast_to(b.v, shape)))
-        return IV(v, np.where(cv, a.tags, b.tags) | np.where(cu, a.tags | b.tags, np.uint64(0)), unk)
-    a, b = _fv(a), _fv(b)
-    shape = np.broadcast_shapes(a.c.shape, b.c.shape, cnd.v.shape)
-    a, b = _as_fv(a, shape), _as_fv(b, shape)
-    cv = np.broadcast_to(cnd.v.astype(bool), shape)
-    cu = np.broadcast_to(cnd.unk, shape)
-    c = np.where(cv, a.c, b.c)
-    lin = np.where(cv, a.lin, b.lin) & ~cu
-    terms = [(bb, i, np.where(cv & ~cu, cf, 0.0)) for bb, i, cf in a.terms] + [
-        (bb, i, np.where(~cv & ~cu, cf, 0.0)) for bb, i, cf in b.terms
-    ]
-    tags = np.where(cu, a.tags | b.tags, np.where(cv, a.tags, b.tags))
-    tags = tags | np.where(cu, cnd.tags, np.uint64(0)).astype(np.uint64)
-    return _limit_terms(FV(c, lin, terms, tags))
-
-
-def _cmpf(interp, op, ins, env):
-    a, b, shape = _merge_shape(_fv(ins[0]), _fv(ins[1]))
-    pred = op.attrs.get("predicate", "oeq")
-    fns = {
-        "oeq": np.equal,
-        "ueq": np.equal,
-        "one": np.not_equal,
-        "une": np.not_equal,
-        "olt": np.less,
-        "ult": np.less,
-        "ole": np.less_equal,
-        "ule": np.less_equal,
-        "ogt": np.greater,
-        "ugt": np.greater,
-        "oge": np.greater_equal,
-        "uge": np.greater_equal,
-        "ord": lambda x, y: ~(np.isnan(x) | np.isnan(y)),
-        "uno": lambda x, y: np.isnan(x) | np.isnan(y),
-    }
-    k = a.known() & b.known()
-    with np.errstate(all="ignore"):
-        v = fns.get(pred, np.equal)(a.c, b.c)
-    return IV(np.where(k, v, False), (a.tags | b.tags) & ~np.uint64(POS), ~k)
-
-
-def _fcast(interp, op, ins, env):
-    a = ins[0]
-    if isinstance(a, FV):
-        if op.result.type.elem in ("f16", "bf16"):
-            k = a.known()
-            c = np.where(k, a.c.astype(np.float16).astype(np.float64) if op.result.type.elem == "f16" else a.c, a.c)
-            return FV(c, a.lin, a.terms, a.tags)
-        return a
-    raise InterpError(f"{op.name} of a non-float", op)
-
-
-def _itof(interp, op, ins, env):
-    a = ins[0]
-    if not isinstance(a, IV):
-        raise InterpError(f"{op.name} of a non-integer", op)
-    v = a.v.astype(np.int64)
-    if op.name == "arith.uitofp":
-        bits = _bits(op.operands[0].type)
-        if 1 < bits < 64:
-            v = v & ((1 << bits) - 1)
-    c = v.astype(np.float64)
-    if op.result.type.elem == "f16":
-        c = c.astype(np.float16).astype(np.float64)
-    elif op.result.type.elem == "f32":
-        c = c.astype(np.float32).astype(np.float64)
-    return FV(c, ~a.unk, [], a.tags.copy())
-
-
-def _ftoi(interp, op, ins, env):
-    a = _fv(ins[0])
-    k = a.known()
-    with np.errstate(all="ignore"):
-        v = np.where(k, np.trunc(np.nan_to_num(a.c)), 0).astype(np.int64)
-    return IV(_wrap(v, _bits(op.result.type)), a.tags & ~np.uint64(POS), ~k)
-
-
-def _fma(interp, op, ins, env):
-    prod = _mulf(interp, op, ins[:2], env)
-    return _addf(interp, op, [prod, ins[2]], env)
-
-
-def _clampf(interp, op, ins, env):
-    lo = _minmax(np.maximum, -np.inf)(interp, op, [ins[0], ins[1]], env)
-    return _minmax(np.minimum, np.inf)(interp, op, [lo, ins[2]], env)
-
-
-_EXTERN = {
-    "exp": np.exp,
-    "exp2": np.exp2,
-    "log": np.log,
-    "log2": np.log2,
-    "sqrt": np.sqrt,
-    "rsqrt": lambda x: 1 / np.sqrt(x),
-    "sin": np.sin,
-    "cos": np.cos,
-    "tanh": np.tanh,
-    "fabs": np.abs,
-    "floor": np.floor,
-    "ceil": np.ceil,
-    "log10": np.log10,
-    "exp10": lambda x: 10.0**x,
-    "erf": np.vectorize(math.erf),
-    "round": np.round,
-    "trunc": np.trunc,
-    "rint": np.rint,
-}
-
-
-def _extern(interp, op, ins, env):
-    sym = op.attrs.get("symbol", "").strip('"')
-    base = (
-        sym.replace("__nv_", "").rstrip("f")
-        if sym.endswith("f") and sym not in ("__nv_erf",)
-        else sym.replace("__nv_", "")
-    )
-    base = {
-        "expf": "exp",
-        "exp2f": "exp2",
-        "powf": "pow",
-        "fast_powf": "pow",
-        "fast_expf": "exp",
-        "fast_exp2f": "exp2",
-        "fast_logf": "log",
-        "fast_log2f": "log2",
-        "fast_sinf": "sin",
-        "fast_cosf": "cos",
-    }.get(sym.replace("__nv_", ""), base)
-    if base in ("pow", "fmax", "fmin", "fmod", "atan2", "hypot") and len(ins) == 2:
-        fn = {
-            "pow": np.power,
-            "fmax": np.fmax,
-            "fmin": np.fmin,
-            "fmod": np.fmod,
-            "atan2": np.arctan2,
-            "hypot": np.hypot,
-        }[base]
-        a, b, shape = _merge_shape(_fv(ins[0]), _fv(ins[1]))
-        k = a.known() & b.known()
-        with np.errstate(all="ignore"):
-            c = np.where(k, fn(a.c, b.c), 0.0)
-        return FV(c, k, [], a.tags | b.tags)
-    if base == "fma" and len(ins) == 3:
-        return _fma(interp, op, ins, env)
-    fn = _EXTERN.get(base)
-    if fn is None or len(ins) != 1:
-        # an unknown library function: opaque result, provenance kept
-        tags = np.uint64(0)
-        shape = op.result.type.shape
-        for x in ins:
-            if isinstance(x, (FV, IV)):
-                tags = tags | np.broadcast_to(x.tags, shape)
-        if op.result.type.is_float:
-            return FV.opaque(shape, tags)
-        return IV(np.zeros(shape, dtype=np.int64), np.broadcast_to(tags, shape).copy(), np.ones(shape, dtype=bool))
-    return _unary(fn)(interp, op, ins, env)  # exps are recorded through their symbol
 
 
 # --------------------------------------------------------------------------- reductions and dot
@@ -660,21 +178,25 @@ def _reduce(interp, op, ins, env):
             shape = r.type.shape
             tags = np.uint64(0)
             for x in ins:
-                tags = tags | _reduce_tags(np.broadcast_to(x.tags, x.c.shape if isinstance(x, FV) else x.v.shape), axis)
+                tags = tags | _reduce_tags(
+                    np.broadcast_to(x.tags, x.c.shape if isinstance(x, FloatValue) else x.v.shape), axis
+                )
             if r.type.is_float:
-                outs.append(FV.opaque(shape, tags))
+                outs.append(FloatValue.opaque(shape, tags))
             else:
                 outs.append(
-                    IV(np.zeros(shape, dtype=np.int64), np.broadcast_to(tags, shape).copy(), np.ones(shape, dtype=bool))
+                    IntValue(
+                        np.zeros(shape, dtype=np.int64), np.broadcast_to(tags, shape).copy(), np.ones(shape, dtype=bool)
+                    )
                 )
         return outs
     fn, ident = _RED_FN[comb]
     x = ins[0]
     if comb == "addf":
         _record_sum(interp, op, 0, x)
-    if isinstance(x, IV):
+    if isinstance(x, IntValue):
         v = x.v.astype(np.int64) if x.v.dtype != bool else x.v
-        return IV(np.asarray(fn(v, axis=axis)), _reduce_tags(x.tags, axis), np.any(x.unk, axis=axis))
+        return IntValue(np.asarray(fn(v, axis=axis)), _reduce_tags(x.tags, axis), np.any(x.unk, axis=axis))
     x = _fv(x)
     k = x.known()
     with np.errstate(all="ignore"):
@@ -685,11 +207,11 @@ def _reduce(interp, op, ins, env):
     if comb in ("addf",) and interp.linear and x.terms and x.c.shape[axis] <= 2:
         # a sum of two lanes (e.g. a pairwise rotation written as a reduction): keep it affine
         pass
-    return FV(np.where(allk, c, 0.0), allk, [], tags)
+    return FloatValue(np.where(allk, c, 0.0), allk, [], tags)
 
 
 def _record_sum(interp, op, k, x):
-    if isinstance(x, FV):
+    if isinstance(x, FloatValue):
         pos = (x.tags & np.uint64(POS)) != 0
         if pos.any() and not pos.all():
             interp.trace.sums.append(SumEvent(op, interp.pid, op.operands[k], x))
@@ -698,7 +220,7 @@ def _record_sum(interp, op, k, x):
 def _dot(interp, op, ins, env):
     a, b = _fv(ins[0]), _fv(ins[1])
     _record_sum(interp, op, 0, a)
-    c = _fv(ins[2]) if len(ins) > 2 else FV.const(0.0, op.result.type.shape)
+    c = _fv(ins[2]) if len(ins) > 2 else FloatValue.const(0.0, op.result.type.shape)
     if a.c.ndim != 2 or b.c.ndim != 2:
         raise InterpError("batched tt.dot is not supported", op)
     ka, kb = a.known(), b.known()
@@ -729,7 +251,7 @@ def _dot(interp, op, ins, env):
     allk = ka.all(axis=1)[:, None] & kb.all(axis=0)[None, :]
     with np.errstate(all="ignore"):
         val = np.where(allk, np.where(ka, a.c, 0) @ np.where(kb, b.c, 0), 0.0)
-    res = FV(val, allk, [], out_tags)
+    res = FloatValue(val, allk, [], out_tags)
     return _addf(interp, op, [res, c], env)
 
 
@@ -740,7 +262,7 @@ def _for(interp, op, ins, env):
     lb, ub, step = ins[:3]
     init = ins[3:]
     for x in (lb, ub, step):
-        if not isinstance(x, IV) or x.unk.any():
+        if not isinstance(x, IntValue) or x.unk.any():
             raise InterpError("loop bounds depend on values the analysis does not know", op)
     lo, hi, st = int(lb.v), int(ub.v), int(step.v)
     if st <= 0:
@@ -751,7 +273,7 @@ def _for(interp, op, ins, env):
     k = 0
     for i in range(lo, hi, st):
         interp.iters.append(k)
-        ivv = IV(np.array(i, dtype=np.int64), np.array(tag, dtype=np.uint64), np.zeros((), dtype=bool))
+        ivv = IntValue(np.array(i, dtype=np.int64), np.array(tag, dtype=np.uint64), np.zeros((), dtype=bool))
         term = interp._run_block(body, env, [ivv] + carried)
         interp.iters.pop()
         if term is None and not carried:
@@ -782,7 +304,7 @@ def _br(interp, op, ins, env):
         label, n = targets[0]
         return _Terminator("branch", (label, list(ins[:n])))
     cnd = ins[0]
-    if not isinstance(cnd, IV) or cnd.unk.any():
+    if not isinstance(cnd, IntValue) or cnd.unk.any():
         raise InterpError("a branch depends on values the analysis does not know", op)
     (l1, n1), (l2, n2) = targets[0], targets[1]
     rest = ins[1:]
@@ -793,7 +315,7 @@ def _br(interp, op, ins, env):
 
 def _if(interp, op, ins, env):
     cnd = ins[0]
-    if not isinstance(cnd, IV) or cnd.unk.any():
+    if not isinstance(cnd, IntValue) or cnd.unk.any():
         raise InterpError("a branch depends on values the analysis does not know", op)
     taken = bool(cnd.v)
     region = op.regions[0] if taken else (op.regions[1] if len(op.regions) > 1 else None)
@@ -813,7 +335,7 @@ def _while(interp, op, ins, env):
         if term is None or term.kind != "condition":
             raise InterpError("scf.while without scf.condition", op)
         cnd, rest = term.values[0], term.values[1:]
-        if not isinstance(cnd, IV) or cnd.unk.any():
+        if not isinstance(cnd, IntValue) or cnd.unk.any():
             raise InterpError("a while loop depends on values the analysis does not know", op)
         if not bool(cnd.v):
             return rest
@@ -843,37 +365,37 @@ def _constant(interp, op, ins, env):
     if v is None:
         raise InterpError("non-uniform dense constant", op)
     if t.is_float:
-        return FV.const(v, t.shape)
+        return FloatValue.const(v, t.shape)
     if t.elem == "i1":
-        return IV.const(bool(v), t.shape, bool)
-    return IV.const(int(v), t.shape)
+        return IntValue.const(bool(v), t.shape, bool)
+    return IntValue.const(int(v), t.shape)
 
 
 def _pid(interp, op, ins, env):
     ax = attr_int(op, "axis", 0)
-    return IV(np.array(interp.pid[ax], dtype=np.int64), np.array(PID[ax], dtype=np.uint64), np.zeros((), bool))
+    return IntValue(np.array(interp.pid[ax], dtype=np.int64), np.array(PID[ax], dtype=np.uint64), np.zeros((), bool))
 
 
 def _nprog(interp, op, ins, env):
     ax = attr_int(op, "axis", 0)
-    return IV.const(interp.launch.grid[ax])
+    return IntValue.const(interp.launch.grid[ax])
 
 
 def _make_range(interp, op, ins, env):
     s, e = attr_int(op, "start", 0), attr_int(op, "end", 0)
     n = e - s
-    return IV(np.arange(s, e, dtype=np.int64), _u64((n,)), np.zeros((n,), dtype=bool))
+    return IntValue(np.arange(s, e, dtype=np.int64), _u64((n,)), np.zeros((n,), dtype=bool))
 
 
 def _addptr(interp, op, ins, env):
     p, o = ins
-    if not isinstance(p, PV) or not isinstance(o, IV):
+    if not isinstance(p, PointerValue) or not isinstance(o, IntValue):
         raise InterpError("pointer arithmetic on values the analysis cannot follow", op)
     if o.unk.any():
         # an offset loaded from memory the kernels computed: cannot follow
         raise InterpError("a pointer offset depends on values the analysis does not know", op)
     shape = np.broadcast_shapes(p.off.shape, o.v.shape)
-    return PV(
+    return PointerValue(
         np.broadcast_to(p.t, shape).copy(),
         p.off + o.v.astype(np.int64) * p.esize,
         np.broadcast_to(p.tags, shape) | np.broadcast_to(o.tags, shape),
@@ -885,17 +407,17 @@ def _addptr(interp, op, ins, env):
 def _bitcast(interp, op, ins, env):
     a = ins[0]
     rt = op.result.type
-    if isinstance(a, PV) and rt.is_ptr:
-        return PV(a.t, a.off, a.tags, _ELSIZE.get(rt.pointee, a.esize), rt.pointee)
-    if isinstance(a, FV) and rt.is_float:
+    if isinstance(a, PointerValue) and rt.is_ptr:
+        return PointerValue(a.t, a.off, a.tags, _ELSIZE.get(rt.pointee, a.esize), rt.pointee)
+    if isinstance(a, FloatValue) and rt.is_float:
         return a
-    if isinstance(a, IV) and rt.is_int:
+    if isinstance(a, IntValue) and rt.is_int:
         return a
     shape = rt.shape
     tags = np.broadcast_to(getattr(a, "tags", np.uint64(0)), shape).copy()
     if rt.is_float:
-        return FV.opaque(shape, tags)
-    return IV(np.zeros(shape, dtype=np.int64), tags, np.ones(shape, dtype=bool))
+        return FloatValue.opaque(shape, tags)
+    return IntValue(np.zeros(shape, dtype=np.int64), tags, np.ones(shape, dtype=bool))
 
 
 def _load(interp, op, ins, env):
@@ -909,38 +431,28 @@ def _store(interp, op, ins, env):
 def _atomic(interp, op, ins, env):
     # treated as a load and a store of an opaque value
     ptr = ins[0]
-    if not isinstance(ptr, PV):
+    if not isinstance(ptr, PointerValue):
         raise InterpError("atomic through a non-pointer", op)
     shape = ptr.off.shape
-    mask_in = [ins[-1]] if len(ins) > 2 and isinstance(ins[-1], IV) else []
+    mask_in = [ins[-1]] if len(ins) > 2 and isinstance(ins[-1], IntValue) else []
     old = interp.load(op, [ptr] + mask_in)
     val = ins[1] if len(ins) > 1 else old
     interp.store(op, [ptr, val] + mask_in)
     if op.result.type.is_float:
-        return FV.opaque(shape, np.broadcast_to(getattr(val, "tags", np.uint64(0)), shape))
-    return IV(np.zeros(shape, dtype=np.int64), _u64(shape), np.ones(shape, dtype=bool))
+        return FloatValue.opaque(shape, np.broadcast_to(getattr(val, "tags", np.uint64(0)), shape))
+    return IntValue(np.zeros(shape, dtype=np.int64), _u64(shape), np.ones(shape, dtype=bool))
 
 
 def _scan(interp, op, ins, env):
     axis = attr_int(op, "axis", 0)
     comb = combiner(op)
     x = ins[0]
-    if isinstance(x, IV) and comb == "addi":
-        return IV(np.cumsum(x.v, axis=axis), x.tags, np.logical_or.accumulate(x.unk, axis=axis))
+    if isinstance(x, IntValue) and comb == "addi":
+        return IntValue(np.cumsum(x.v, axis=axis), x.tags, np.logical_or.accumulate(x.unk, axis=axis))
     x = _fv(x)
     shape = x.c.shape
     tags = np.bitwise_or.accumulate(x.tags, axis=axis)
-    return FV.opaque(shape, tags)
-
-
-def _fv_or_iv_unary(fn_f):
-    def h(interp, op, ins, env):
-        if isinstance(ins[0], IV):
-            a = ins[0]
-            return IV(np.abs(a.v), a.tags, a.unk)
-        return _unary(fn_f)(interp, op, ins, env)
-
-    return h
+    return FloatValue.opaque(shape, tags)
 
 
 _HANDLERS = {
@@ -974,57 +486,10 @@ _HANDLERS = {
     "cf.br": _br,
     "cf.cond_br": _br,
     "tt.call": _call,
-    "arith.cmpi": _cmpi,
-    "arith.cmpf": _cmpf,
-    "arith.select": _select,
-    "arith.extsi": _int_cast,
-    "arith.extui": _int_cast,
-    "arith.trunci": _int_cast,
-    "arith.index_cast": _int_cast,
-    "arith.index_castui": _int_cast,
-    "arith.addf": _addf,
-    "arith.subf": _subf,
-    "arith.mulf": _mulf,
-    "arith.divf": _divf,
-    "tt.precise_divf": _divf,
-    "arith.negf": _negf,
-    "arith.maxnumf": _minmax(np.fmax, -np.inf),
-    "arith.maximumf": _minmax(np.maximum, -np.inf),
-    "arith.minnumf": _minmax(np.fmin, np.inf),
-    "arith.minimumf": _minmax(np.minimum, np.inf),
-    "arith.extf": _fcast,
-    "arith.truncf": _fcast,
-    "tt.fp_to_fp": _fcast,
-    "arith.sitofp": _itof,
-    "arith.uitofp": _itof,
-    "arith.fptosi": _ftoi,
-    "arith.fptoui": _ftoi,
     "arith.bitcast": _bitcast,
     "tt.bitcast": _bitcast,
-    "math.exp": _unary(np.exp),
-    "math.exp2": _unary(np.exp2),
-    "math.log": _unary(np.log),
-    "math.log2": _unary(np.log2),
-    "math.sqrt": _unary(np.sqrt),
-    "tt.precise_sqrt": _unary(np.sqrt),
-    "math.rsqrt": _unary(lambda x: 1.0 / np.sqrt(x)),
-    "math.sin": _unary(np.sin),
-    "math.cos": _unary(np.cos),
-    "math.tanh": _unary(np.tanh),
-    "math.absf": _unary(np.abs),
-    "math.absi": _fv_or_iv_unary(np.abs),
-    "math.floor": _unary(np.floor),
-    "math.ceil": _unary(np.ceil),
-    "math.erf": _unary(np.vectorize(math.erf)),
-    "math.fma": _fma,
-    "tt.clampf": _clampf,
-    "tt.extern_elementwise": _extern,
-    "tt.mulhiui": _int_binop(
-        lambda a, b, n: (((a & 0xFFFFFFFF) * (b & 0xFFFFFFFF)) >> 32, np.zeros(np.broadcast(a, b).shape, dtype=bool))
-    ),
+    **ARITH_HANDLERS,
 }
-for _name, _fn in _INT_BINOPS.items():
-    _HANDLERS[_name] = _int_binop(_fn)
 
 # llvm.intr.assume (tl.assume) only tells the compiler a fact: ignoring it loses no value the analysis follows
 _NOOPS = {

@@ -24,6 +24,7 @@ import math
 
 import numpy as np
 
+from kernalin_ci.verify.structural.abstract_values import FloatValue
 from kernalin_ci.verify.structural.common import LOW, Analysis, StructuralFindings, kname
 from kernalin_ci.verify.structural.dataflow import KernelView, peel
 
@@ -138,7 +139,7 @@ def stored_forms(views: list, tensor: str, names: list):
             if not m.any():
                 continue
             val = acc.value
-            if not hasattr(val, "terms"):
+            if not isinstance(val, FloatValue):
                 continue
             elems = acc.elem[m]
             lin = val.lin[m]

@@ -24,7 +24,8 @@ def capture_material(op_name: str, fn, params: dict, domain=None, engine: str = 
     from kernalin_ci.verify.structural import material
     from kernalin_ci.verify.structural.capture import CaptureError, capture_at, capture_cases, shape_label
     from kernalin_ci.verify.structural.compile import CompileError, ttir
-    from kernalin_ci.verify.structural.ir import ParseError, parse_module
+    from kernalin_ci.verify.structural.ir import ParseError
+    from kernalin_ci.verify.structural.ir_parser import parse_module
 
     times = {"capture": 0.0, "compile": 0.0}
     op = get_op(op_name)

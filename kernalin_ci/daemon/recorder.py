@@ -1,4 +1,4 @@
-"""The daemon's side of history: a pull request merged into the default branch (a `pull_request.closed`
+"""The daemon's history recorder: a pull request merged into the default branch (a `pull_request.closed`
 delivery with `merged: true`, recorded in the job store with the delivery) becomes a Run of its merge
 commit, from the newest gate result of the PR's head commit. A thread does it after the delivery is
 answered; a history database that is down is tried again later, nothing is lost (the merge stays

@@ -1,0 +1,112 @@
+"""What a user with no claim on a path can read (the sandbox's uid 65534 as root, a worker of its own uid),
+and KERNALIN_SANDBOX=uid: a kernel worker as an unprivileged uid of its own, without namespaces
+(`uid_plan`, `kill_uid`)."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from kernalin_ci.sandbox.bwrap import Plan
+from kernalin_ci.sandbox.capped import CappedFolder
+from kernalin_ci.sandbox.options import ENV_WORKER_SANDBOX, SandboxError
+
+UID_BASE = 0x2A000000  # KERNALIN_SANDBOX=uid: each worker gets a uid of its own from here (no passwd entry)
+_uids = itertools.count(1)  # next() is atomic: workers start from several threads at once
+
+
+def uid_mode_missing() -> str | None:
+    """Why workers cannot run as an unprivileged uid of their own here (None: they can)."""
+    if os.geteuid() != 0:
+        return f"needs root (kernalin-ci runs as uid {os.geteuid()})"
+    if not shutil.which("setpriv"):
+        return "setpriv (util-linux) is not installed"
+    closed = next((p for p in _interpreter_paths() if not _reachable(p)), None)
+    if closed:
+        return f"the Python installation ({closed}) is not readable by other users"
+    return None
+
+
+def _interpreter_paths() -> list[str]:
+    import kernalin_ci
+
+    return [os.path.realpath(sys.executable), os.path.dirname(os.path.realpath(kernalin_ci.__file__))]
+
+
+def _reachable(path: str) -> bool:
+    """Whether a user with no claim on PATH reaches and reads it through its real path (every folder on
+    the way searchable by others, PATH itself readable)."""
+    real = os.path.realpath(path)
+    parts = Path(real).parents
+    return all(_searchable(str(p)) for p in parts) and others_can_read(real)
+
+
+def _searchable(folder: str) -> bool:
+    try:
+        return bool(os.stat(folder).st_mode & 0o001)
+    except OSError:
+        return False
+
+
+def others_can_read(path: str) -> bool:
+    """Whether a user with no claim on PATH can read it (o+r, and o+x for a folder). The folders above a
+    bound path are the sandbox's own (0755) unless bound themselves, when they are checked too."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return bool(st.st_mode & 0o004) and (not os.path.isdir(path) or bool(st.st_mode & 0o001))
+
+
+def uid_plan(readonly: list[str], workdir: str, here: str, writable: tuple[CappedFolder, ...]) -> tuple[Plan, dict]:
+    """KERNALIN_SANDBOX=uid: the worker as a uid of its own (UID_BASE + n, no passwd entry) through setpriv,
+    in a session of its own, killed with its parent. It reads what every user may read, writes only its
+    own HOME/TMPDIR and its results folders (handed to its uid), and `end_worker` kills every process of
+    its uid. No namespaces: it sees the network and the host's processes, and its disk is not capped."""
+    closed = [p for p in [*readonly, workdir] if not _reachable(p)]
+    if closed:
+        raise SandboxError(
+            f"{ENV_WORKER_SANDBOX}=uid: {closed[0]} is not readable by an unprivileged uid (every folder above it "
+            f"must be searchable by others): make it readable, or install bubblewrap"
+        )
+    uid = UID_BASE + (os.getpid() % 4096) * 4096 + next(_uids) % 4096
+    home = tempfile.mkdtemp(prefix="kernalin-uid-")
+    os.chmod(home, 0o700)
+    os.chown(home, uid, uid)
+    for f in writable:
+        os.chown(f.path, uid, uid)
+        os.chmod(f.path, 0o700)
+    setpriv = shutil.which("setpriv")
+    argv = [setpriv, "--reuid", str(uid), "--regid", str(uid), "--clear-groups", "--pdeathsig", "KILL", "--"]
+    plan = Plan(argv, None, {"uid": uid, "network": "host", "home": home}, [], home=home, tmp=home)
+    env = {"HOME": home, "TMPDIR": home, "XDG_CACHE_HOME": f"{home}/.cache", "TRITON_CACHE_DIR": f"{home}/.triton"}
+    return plan, env
+
+
+def kill_uid(uid: int, wait_s: float = 5.0) -> int:
+    """SIGKILL every process of UID until none is left; how many there were."""
+    seen: set[int] = set()
+    deadline = time.monotonic() + wait_s
+    while True:
+        pids = []
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit():
+                try:
+                    if os.stat(entry.path).st_uid == uid:
+                        pids.append(int(entry.name))
+                except OSError:
+                    continue
+        if not pids or time.monotonic() > deadline:
+            return len(seen)
+        for pid in pids:
+            seen.add(pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.02)
