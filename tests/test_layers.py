@@ -148,6 +148,7 @@ def test_no_two_helper_modules_share_a_name():
         "errors.py",  # the errors of the package it sits in
         "model.py",  # the data model of its package
         "render.py",  # the text of its package
+        "result.py",  # the typed result of its package's run (a leaf: what the report holds)
         "run.py",  # a command / the run of its package
         "post.py",  # the GitHub posting of its package (the gate's results, tune's suggestions)
         "store.py",  # the storage of its package

@@ -29,7 +29,7 @@ from kernalin_ci.report.text import config_change_text, config_origin_text, isol
 from kernalin_ci.trust import FILE, HEAD, ConfigOrigin
 
 if TYPE_CHECKING:
-    from kernalin_ci.throughput.bench import ModelResult
+    from kernalin_ci.throughput.result import ModelResult
 
 
 def log(msg: str, progress=None) -> None:
