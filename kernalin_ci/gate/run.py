@@ -25,7 +25,13 @@ from kernalin_ci.gate.config_source import gate_config, override_changes
 from kernalin_ci.gate.diff import Refs, affected_kernels, changed_files, resolve_refs, worktrees
 from kernalin_ci.progress import ProgressEvent, ProgressSink, TerminalSink
 from kernalin_ci.report.model import KernelReport, PipelineReport, Report
-from kernalin_ci.report.text import config_change_text, config_origin_text, isolation_text
+from kernalin_ci.report.text import (
+    benchmark_summary,
+    config_change_text,
+    config_origin_text,
+    faster_text,
+    isolation_text,
+)
 from kernalin_ci.trust import FILE, HEAD, ConfigOrigin
 
 if TYPE_CHECKING:
@@ -92,7 +98,7 @@ def conclude(report: Report) -> tuple[str, str]:
     faster = [k.name for k in checked if k.bench_verdict == "faster"]
     msg = f"{len(checked)} kernel{'s' * (len(checked) != 1)} verified"
     if faster:
-        msg += f"; faster: {', '.join(faster)}"
+        msg += f"; {faster_text(faster)}"
     blind = [k.name for k in checked if k.verification and k.verification.structural.status == "not-analysed"]
     if blind:
         msg += f"; structure not analysed: {', '.join(blind)}"
@@ -472,7 +478,7 @@ def summary_line(kr: KernelReport) -> str:
         parts.append(f"structural: not analysed ({v.structural.cause})")
     v = kr.benchmark.verdict if kr.benchmark else None
     if v:
-        parts.append(f"benchmark {v.verdict} (ratio {v.ratio:.4f})")
+        parts.append(benchmark_summary(v))
     elif kr.benchmark_note:
         parts.append(kr.benchmark_note)
     from kernalin_ci.explain.render import explain_summary

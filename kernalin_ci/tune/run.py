@@ -28,7 +28,7 @@ import numpy as np
 from kernalin_ci.bench import stats
 from kernalin_ci.errors import UsageError
 from kernalin_ci.progress import ProgressEvent, ProgressSink, sink_for
-from kernalin_ci.report.text import finding_line
+from kernalin_ci.report.text import finding_line, not_shown_faster_text
 from kernalin_ci.tune import race
 from kernalin_ci.tune.space import Candidate, Space, TuneSpec, build_space, candidate_source
 
@@ -432,10 +432,7 @@ def _race(
     else:
         result.stopped = r.stopped  # settled | budget | rounds | none
     if held is not None:
-        verdicts = ", ".join(j.vs_reference[held].verdict for j in result.judgements)
-        result.notes.append(
-            f"{result.label(held)} leads on median time but is not shown faster than the current "
-            f"config on every shape ({verdicts}): the current config stays"
-        )
+        verdicts = [j.vs_reference[held].verdict for j in result.judgements]
+        result.notes.append(not_shown_faster_text(result.label(held), verdicts))
     if not result.judgements and alive:
         result.notes.append("the race produced no judgement (the benchmark failed before the final rounds)")
