@@ -19,7 +19,6 @@ import numpy as np
 
 from kernalin_ci.bench import stats
 from kernalin_ci.bench.regime import DEFAULT_REGIME, MICRO_US, REGIMES, is_micro
-from kernalin_ci.bench.render import progress_line
 from kernalin_ci.bench.result import CLOCK_NOTE, BenchResult, ShapeResult
 from kernalin_ci.bench.shapes import bench_cases, split_params
 from kernalin_ci.bench.trace import from_shapes
@@ -28,7 +27,7 @@ from kernalin_ci.errors import UsageError
 from kernalin_ci.isolate import run_task
 from kernalin_ci.ops import get_op
 from kernalin_ci.ops.base import resolve_params
-from kernalin_ci.progress import ProgressEvent, ProgressSink, sink_for
+from kernalin_ci.progress import BenchRound, BenchSetup, ProgressSink, sink_for
 
 DEFAULT_BUDGET_S = 30.0
 DEFAULT_REPS = {"cuda": 5, "cpu": 3}
@@ -205,7 +204,7 @@ def _run(job: dict, result: BenchResult, cases, device: str, timeout_s: float, p
     on_raw = progress if callable(progress) and not isinstance(progress, ProgressSink) else None
 
     def working(text: str) -> None:
-        sink.event(ProgressEvent("bench-setup", f"  bench: {text}", {"note": text}, activity=True))
+        sink.event(BenchSetup(text))
 
     # said once the worker has loaded both entries (a user's mistake before that is the one line of its error)
     def on_event(ev):
@@ -231,15 +230,8 @@ def _run(job: dict, result: BenchResult, cases, device: str, timeout_s: float, p
             result.bench_seconds = ev["elapsed"]
             state["where"] = f"round {ev['round'] + 1}"
             v = stats.Verdict.from_json(ev["verdict"]) if ev.get("verdict") else None
-            sink.event(
-                ProgressEvent(
-                    "bench-round",
-                    progress_line(ev["round"], ev["elapsed"], v, result.clock or ""),
-                    {"round": ev["round"], "seconds": ev["elapsed"], "verdict": ev.get("verdict")},
-                    transient=True,
-                    keep=stats.is_look(ev["round"]) or ev["round"] % 50 == 0,
-                )
-            )
+            look = stats.is_look(ev["round"]) or ev["round"] % 50 == 0
+            sink.event(BenchRound(ev["round"], ev["elapsed"], result.clock or "", v, look))
         elif kind == "reference":
             keys = ("shape", "kernel_ms", "span_ms", "kernels", "method", "launch", "invalid")
             result.reference.append({k: ev[k] for k in keys})

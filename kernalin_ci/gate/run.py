@@ -23,7 +23,7 @@ from kernalin_ci.explain.render import explain_lines
 from kernalin_ci.findings import VerifyResult
 from kernalin_ci.gate.config_source import gate_config, override_changes
 from kernalin_ci.gate.diff import Refs, affected_kernels, changed_files, resolve_refs, worktrees
-from kernalin_ci.progress import ProgressEvent, ProgressSink, TerminalSink
+from kernalin_ci.progress import GateStep, KernelExplained, ProgressSink, TerminalSink
 from kernalin_ci.report.model import KernelReport, PipelineReport, Report
 from kernalin_ci.report.text import (
     benchmark_summary,
@@ -40,14 +40,13 @@ if TYPE_CHECKING:
 
 def log(msg: str, progress=None) -> None:
     """A step of the gate (shown even with --quiet), to the gate's sink (`gate_sink`)."""
-    gate_sink(progress).event(ProgressEvent("gate", f"kernalin-ci run: {msg}", {"message": msg}, level="step"))
+    gate_sink(progress).event(GateStep(msg))
 
 
 def working(msg: str, progress=None) -> None:
     """A step of the gate that takes a while: said at once, then repeated with its elapsed time while nothing
     else is said (kernalin_ci.progress)."""
-    text = f"kernalin-ci run: {msg}"
-    gate_sink(progress).event(ProgressEvent("gate", text, {"message": msg}, level="step", activity=True))
+    gate_sink(progress).event(GateStep(msg, working=True))
 
 
 def gate_sink(progress) -> ProgressSink:
@@ -201,9 +200,7 @@ def run_gate(
             kr.seconds = time.perf_counter() - kt
             log(f"    {k.name}: {summary_line(kr)}", progress)
             for line in explain_lines(kr.explain):
-                progress.event(
-                    ProgressEvent("explain", f"kernalin-ci run:       {line}", {"kernel": k.name, "line": line})
-                )
+                progress.event(KernelExplained(k.name, line))
         for p in cfg.pipelines:
             members = {"kv_append": p.kv_append, "attention.decode_paged": p.attention, "rope": p.rope}
             names = [n for n in members.values() if n]

@@ -22,7 +22,7 @@ from kernalin_ci.bench.trace import geometric_mean_over_shapes
 from kernalin_ci.entry import parse_entry
 from kernalin_ci.errors import UsageError
 from kernalin_ci.isolate import run_task
-from kernalin_ci.progress import ProgressEvent, ProgressSink, sink_for
+from kernalin_ci.progress import ModelRound, ProgressSink, sink_for
 from kernalin_ci.throughput import cost
 from kernalin_ci.throughput.result import ModelResult
 from kernalin_ci.throughput.spec import FUSED, ROLE_OPS, SEPARATE, ModelSpec
@@ -223,13 +223,7 @@ def _drive(job: dict, result: ModelResult, timeout_s: float, progress) -> None:
             state["where"] = f"round {ev['round'] + 1}"
             v = ev.get("verdict")
             if v and (stats.is_look(ev["round"]) or ev["round"] % 50 == 0):
-                text = (
-                    f"  model round {ev['round']} ({ev['elapsed']:.1f} s): step head/base {v['ratio']:.4f} "
-                    f"[{v['hdi'][0]:.4f}, {v['hdi'][1]:.4f}] -> {v['verdict']}"
-                )
-                sink.event(
-                    ProgressEvent("model-round", text, {"round": ev["round"], "seconds": ev["elapsed"], "verdict": v})
-                )
+                sink.event(ModelRound(ev["round"], ev["elapsed"], stats.Verdict.from_json(v)))
         elif kind == "stopped":
             result.stopped = ev["reason"]
         elif kind == "bench-error":

@@ -27,7 +27,7 @@ import numpy as np
 
 from kernalin_ci.bench import stats
 from kernalin_ci.errors import UsageError
-from kernalin_ci.progress import ProgressEvent, ProgressSink, sink_for
+from kernalin_ci.progress import ProgressSink, TuneStep, sink_for
 from kernalin_ci.report.text import finding_line, not_shown_faster_text
 from kernalin_ci.tune import race
 from kernalin_ci.tune.space import Candidate, Space, TuneSpec, build_space, candidate_source
@@ -142,7 +142,7 @@ def tune(
     sink = sink_for(progress)
 
     def say(text: str) -> None:
-        sink.event(ProgressEvent("tune", text, {"message": text}))
+        sink.event(TuneStep(text))
 
     budget_s = budget_s if budget_s is not None else DEFAULT_BUDGET_S[device]
     if budget_s <= 0:
