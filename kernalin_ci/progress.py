@@ -99,14 +99,85 @@ class ModelRound:
 
 
 @dataclass(frozen=True)
-class TuneStep:
-    """A line of `kernalin-ci tune` (the space, each verification, the race's rungs)."""
+class TuneStarted:
+    """`kernalin-ci tune` starts: its candidates, the values of each tuned param, the autotune configs."""
 
-    message: str
+    target: str
+    candidates: int
+    params: dict  # param -> the values the candidates take
+    device: str
+    autotune: tuple[int, str] | None = None  # (configs, kernel) of a tuned @triton.autotune kernel
+
+
+@dataclass(frozen=True)
+class CandidateVerified:
+    """One candidate verified: `finding` is its first finding's line (None: no finding), `ran` whether any
+    case ran."""
+
+    name: str
+    label: str
+    seconds: float
+    finding: str | None = None
+    ran: bool = True
+
+
+@dataclass(frozen=True)
+class TuneVerified:
+    """Every candidate verified: how many pass, were dropped, were not checked."""
+
+    passed: int
+    candidates: int
+    dropped: int
+    unchecked: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class CandidateDropped:
+    """A candidate leaves the field (a finding, or outputs that disagree in the race): why, in one line."""
+
+    label: str
+    why: str
+    raced: bool = True  # False: not checked as well as the current config, so never raced
+
+
+@dataclass(frozen=True)
+class RaceSetUp:
+    """The race's benchmark worker set up its instances."""
+
+    instances: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class RaceRung:
+    """A rung of the race: screening (`final` False: `kept` of `configs` go on) or the final rounds against the
+    reference."""
+
+    final: bool
+    configs: int
+    kept: int
+    rounds: int
+    seconds: float
+    budget_s: float
+    reference: str
 
 
 ProgressEvent = (
-    GateStep | KernelExplained | CasesStarted | CaseDone | WorkerNote | BenchSetup | BenchRound | ModelRound | TuneStep
+    GateStep
+    | KernelExplained
+    | CasesStarted
+    | CaseDone
+    | WorkerNote
+    | BenchSetup
+    | BenchRound
+    | ModelRound
+    | TuneStarted
+    | CandidateVerified
+    | TuneVerified
+    | CandidateDropped
+    | RaceSetUp
+    | RaceRung
 )
 
 
@@ -194,7 +265,7 @@ class TerminalSink:
                 f"  model round {ev.round} ({ev.seconds:.1f} s): step head/base {v.ratio:.4f} "
                 f"[{v.hdi[0]:.4f}, {v.hdi[1]:.4f}] -> {v.verdict}"
             )
-        return Line(ev.message)  # TuneStep
+        return Line(_tune_text(ev))
 
     def event(self, ev: ProgressEvent) -> None:
         ln = self.line(ev)
@@ -249,6 +320,37 @@ class TerminalSink:
             if self._open:
                 print(file=self.stream or sys.stderr, flush=True)
                 self._open = None
+
+
+def _tune_text(ev) -> str:
+    """The lines of `kernalin-ci tune` (TerminalSink.line)."""
+    if isinstance(ev, TuneStarted):
+        space = [f"{k} in {v}" for k, v in ev.params.items()]
+        if ev.autotune:
+            space.append(f"{ev.autotune[0]} autotune configs of {ev.autotune[1]}")
+        return f"tune {ev.target}: {ev.candidates} candidates ({'; '.join(space)}) on {ev.device}"
+    if isinstance(ev, CandidateVerified):
+        status = f"FAIL: {ev.finding}" if ev.finding else "ok" if ev.ran else "nothing ran"
+        return f"  verify {ev.name} ({ev.label}): {status} ({ev.seconds:.1f} s)"
+    if isinstance(ev, TuneVerified):
+        unchecked = f", {ev.unchecked} not checked" if ev.unchecked else ""
+        return (
+            f"verified: {ev.passed} of {ev.candidates} candidates pass, {ev.dropped} dropped{unchecked} "
+            f"({ev.seconds:.1f} s)"
+        )
+    if isinstance(ev, CandidateDropped):
+        return f"  {'dropped' if ev.raced else 'not raced'} {ev.label}: {ev.why}"
+    if isinstance(ev, RaceSetUp):
+        return f"  benchmark set up for the race: {ev.instances} instances ({ev.seconds:.1f} s)"
+    if ev.final:  # RaceRung
+        return (
+            f"  final race of {ev.configs} configs and {ev.reference}: {ev.rounds} rounds "
+            f"({ev.seconds:.1f} of {ev.budget_s:g} s budget)"
+        )
+    return (
+        f"  screening {ev.configs} configs: {ev.rounds} rounds, kept {ev.kept} "
+        f"({ev.seconds:.1f} of {ev.budget_s:g} s budget)"
+    )
 
 
 class CollectSink:
