@@ -1,16 +1,18 @@
 """Progress: what a long run says while it works (the gate, verify, bench, the model benchmark, tune), through
-one sink, as criterion.rs's Report does. A producer words each event once (its `text`) and hands it to a
-`ProgressSink`; the sink decides where it goes. `TerminalSink` is the CLI's: the stderr lines it has
-always printed. `sink_for(progress)` turns the `progress` argument of verify(), bench_pair(),
+one sink, as criterion.rs's Report does. A producer hands a typed event (one dataclass per kind: `GateStep`,
+`CaseDone`, `BenchRound`, ...; plain data, no wording) to a `ProgressSink`; the sink decides where it goes and
+how it reads. `TerminalSink` is the CLI's: it words each kind of event once (`TerminalSink.line`), the stderr
+lines it has always printed. `sink_for(progress)` turns the `progress` argument of verify(), bench_pair(),
 bench_model(), tune() and run_gate() (True, False/None, or a sink) into a sink.
 
-Levels: a "step" (the gate's own lines: which kernel, its summary) shows even with --quiet; a "detail" (a
-case done, a benchmark round, a tune candidate) only without it.
+Levels: a step (`GateStep`: the gate's own lines, which kernel, its summary) shows even with --quiet; every
+other event (a case done, a benchmark round, a tune candidate) only without it.
 
-Long work is never silent, and fits both a terminal and a CI log: an event marked `activity` names the work
-that goes on from then (starting the workers, compiling base and head); until the next line, `TerminalSink`
-redraws it in place once a second with its elapsed time on a terminal, and off a terminal (a CI log: plain
-lines, no control characters) repeats it with its elapsed time after every HEARTBEAT_S of silence.
+Long work is never silent, and fits both a terminal and a CI log: an activity (`GateStep` with `working`,
+`CasesStarted`, `BenchSetup`) names the work that goes on from then (starting the workers, compiling base and
+head); until the next line, `TerminalSink` redraws it in place once a second with its elapsed time on a
+terminal, and off a terminal (a CI log: plain lines, no control characters) repeats it with its elapsed time
+after every HEARTBEAT_S of silence.
 """
 
 from __future__ import annotations
@@ -18,23 +20,178 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)
-class ProgressEvent:
-    kind: str  # what happened: "case", "note", "bench-round", "model-round", "gate", "tune", ...
-    text: str  # the line for a person (its one wording)
-    data: dict = field(default_factory=dict)  # the same as plain data, for sinks that are not a terminal
-    level: str = "detail"  # "step" | "detail"
-    # a line the next one replaces on a terminal (a benchmark round); off a terminal a transient line is
-    # printed only when `keep` (the rounds the stopping rule looks at)
+class GateStep:
+    """A step of the gate: which kernel, its summary, what it starts (shown with --quiet too). `working`: long
+    work goes on from it (an activity)."""
+
+    message: str
+    working: bool = False
+
+
+@dataclass(frozen=True)
+class KernelExplained:
+    """One line of a kernel's explanation (kernalin_ci.explain), after the gate's summary of that kernel."""
+
+    kernel: str
+    line: str
+
+
+@dataclass(frozen=True)
+class CasesStarted:
+    """verify's workers took their first case (`what`: how many cases in how many workers); an activity."""
+
+    label: str  # the op, or the pipeline
+    what: str
+
+
+@dataclass(frozen=True)
+class CaseDone:
+    """One case of verify finished (`index` counts from 0 in the whole list of `total`)."""
+
+    label: str
+    index: int
+    total: int
+    case: str
+    seconds: float
+    findings: int
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class WorkerNote:
+    """Something verify's worker supervisor says (a worker stopped, restarted)."""
+
+    label: str
+    note: str
+
+
+@dataclass(frozen=True)
+class BenchSetup:
+    """What the benchmark sets up (the shapes, one by one); an activity."""
+
+    what: str
+
+
+@dataclass(frozen=True)
+class BenchRound:
+    """A benchmark round done: its number, the seconds timed so far, the clock and the verdict so far (a
+    kernalin_ci.bench.stats.Verdict, or None before there is one). `look`: a round the stopping rule looks at."""
+
+    round: int
+    seconds: float
+    clock: str
+    verdict: Any = None
+    look: bool = True
+
+
+@dataclass(frozen=True)
+class ModelRound:
+    """A round of the model benchmark the stopping rule looks at: the step time's verdict so far (a Verdict)."""
+
+    round: int
+    seconds: float
+    verdict: Any
+
+
+@dataclass(frozen=True)
+class TuneStarted:
+    """`kernalin-ci tune` starts: its candidates, the values of each tuned param, the autotune configs."""
+
+    target: str
+    candidates: int
+    params: dict  # param -> the values the candidates take
+    device: str
+    autotune: tuple[int, str] | None = None  # (configs, kernel) of a tuned @triton.autotune kernel
+
+
+@dataclass(frozen=True)
+class CandidateVerified:
+    """One candidate verified: `finding` is its first finding's line (None: no finding), `ran` whether any
+    case ran."""
+
+    name: str
+    label: str
+    seconds: float
+    finding: str | None = None
+    ran: bool = True
+
+
+@dataclass(frozen=True)
+class TuneVerified:
+    """Every candidate verified: how many pass, were dropped, were not checked."""
+
+    passed: int
+    candidates: int
+    dropped: int
+    unchecked: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class CandidateDropped:
+    """A candidate leaves the field (a finding, or outputs that disagree in the race): why, in one line."""
+
+    label: str
+    why: str
+    raced: bool = True  # False: not checked as well as the current config, so never raced
+
+
+@dataclass(frozen=True)
+class RaceSetUp:
+    """The race's benchmark worker set up its instances."""
+
+    instances: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class RaceRung:
+    """A rung of the race: screening (`final` False: `kept` of `configs` go on) or the final rounds against the
+    reference."""
+
+    final: bool
+    configs: int
+    kept: int
+    rounds: int
+    seconds: float
+    budget_s: float
+    reference: str
+
+
+ProgressEvent = (
+    GateStep
+    | KernelExplained
+    | CasesStarted
+    | CaseDone
+    | WorkerNote
+    | BenchSetup
+    | BenchRound
+    | ModelRound
+    | TuneStarted
+    | CandidateVerified
+    | TuneVerified
+    | CandidateDropped
+    | RaceSetUp
+    | RaceRung
+)
+
+
+@dataclass(frozen=True)
+class Line:
+    """How the terminal shows an event: its text, whether it is a step of the gate (else a detail), the work
+    that goes on from it (`activity`), and a line the next replaces on a terminal (`transient`; off a terminal
+    printed only when `keep`)."""
+
+    text: str
+    step: bool = False
+    activity: bool = False
     transient: bool = False
     keep: bool = True
-    # the work that goes on from this line on: a sink may repeat it with its elapsed time while nothing else
-    # is said (TerminalSink: HEARTBEAT_S off a terminal, every second on one)
-    activity: bool = False
 
 
 HEARTBEAT_S = 10.0  # off a terminal: a "still working" line after this much silence, at most one per period
@@ -75,33 +232,69 @@ class TerminalSink:
         self._said = time.monotonic()  # when the last line (or heartbeat) was written
         self._ticker: threading.Thread | None = None
 
+    def line(self, ev: ProgressEvent) -> Line:
+        """EV in the CLI's words: the one wording of each kind of progress event."""
+        if isinstance(ev, GateStep):
+            return Line(f"kernalin-ci run: {ev.message}", step=True, activity=ev.working)
+        if isinstance(ev, KernelExplained):
+            return Line(f"kernalin-ci run:       {ev.line}")
+        if isinstance(ev, CasesStarted):
+            return Line(f"  {ev.label} {ev.what}", activity=True)
+        if isinstance(ev, CaseDone):
+            n = ev.findings
+            status = "ok" if n == 0 else f"FAIL ({n} finding{'s' * (n != 1)})"
+            if ev.note:
+                status = ev.note if n == 0 else f"{status}; {ev.note}"
+            return Line(f"  {ev.label} [{ev.index + 1}/{ev.total}] {ev.case}: {status} ({ev.seconds:.1f} s)")
+        if isinstance(ev, WorkerNote):
+            return Line(f"  {ev.label} {ev.note}")
+        if isinstance(ev, BenchSetup):
+            return Line(f"  bench: {ev.what}", activity=True)
+        if isinstance(ev, BenchRound):
+            text = f"  bench round {ev.round} ({ev.seconds:.1f} s {ev.clock})"
+            if ev.verdict is not None:
+                v = ev.verdict
+                text += (
+                    f": head/base {v.ratio:.4f} [{v.hdi[0]:.4f}, {v.hdi[1]:.4f}]  P(faster) {v.p_faster:.2f}  "
+                    f"P(eq) {v.p_equivalent:.2f}  P(slower) {v.p_slower:.2f}  -> {v.verdict}"
+                )
+            return Line(text, transient=True, keep=ev.look)
+        if isinstance(ev, ModelRound):
+            v = ev.verdict
+            return Line(
+                f"  model round {ev.round} ({ev.seconds:.1f} s): step head/base {v.ratio:.4f} "
+                f"[{v.hdi[0]:.4f}, {v.hdi[1]:.4f}] -> {v.verdict}"
+            )
+        return Line(_tune_text(ev))
+
     def event(self, ev: ProgressEvent) -> None:
-        if self.quiet and ev.level != "step":
+        ln = self.line(ev)
+        if self.quiet and not ln.step:
             return
         out = self.stream or sys.stderr
         tty = out.isatty()
         with self._lock:
-            if ev.activity:
-                self._activity = (ev.text, time.monotonic())
+            if ln.activity:
+                self._activity = (ln.text, time.monotonic())
                 if self._ticker is None:
                     self._ticker = threading.Thread(target=self._tick, name="progress-heartbeat", daemon=True)
                     self._ticker.start()
-            elif ev.transient or ev.level == "step":
+            elif ln.transient or ln.step:
                 self._activity = None  # a live display of its own, or the gate's next step: that work is over
-            if tty and (ev.transient or ev.activity):
-                if ev.activity and self._open == "transient":
+            if tty and (ln.transient or ln.activity):
+                if ln.activity and self._open == "transient":
                     print(file=out)  # keep the last round on screen
-                print("\r" + ev.text + "\033[K", end="", file=out, flush=True)
-                self._open = "activity" if ev.activity else "transient"
+                print("\r" + ln.text + "\033[K", end="", file=out, flush=True)
+                self._open = "activity" if ln.activity else "transient"
                 return
-            if ev.transient and not ev.keep:
+            if ln.transient and not ln.keep:
                 return
             if self._open == "transient":
                 print(file=out)
             elif self._open == "activity":  # the status line gives way, and is redrawn under this line
                 print("\r\033[K", end="", file=out)
             self._open = None
-            print(ev.text, file=out, flush=True)
+            print(ln.text, file=out, flush=True)
             self._said = time.monotonic()
 
     def _tick(self) -> None:
@@ -127,6 +320,37 @@ class TerminalSink:
             if self._open:
                 print(file=self.stream or sys.stderr, flush=True)
                 self._open = None
+
+
+def _tune_text(ev) -> str:
+    """The lines of `kernalin-ci tune` (TerminalSink.line)."""
+    if isinstance(ev, TuneStarted):
+        space = [f"{k} in {v}" for k, v in ev.params.items()]
+        if ev.autotune:
+            space.append(f"{ev.autotune[0]} autotune configs of {ev.autotune[1]}")
+        return f"tune {ev.target}: {ev.candidates} candidates ({'; '.join(space)}) on {ev.device}"
+    if isinstance(ev, CandidateVerified):
+        status = f"FAIL: {ev.finding}" if ev.finding else "ok" if ev.ran else "nothing ran"
+        return f"  verify {ev.name} ({ev.label}): {status} ({ev.seconds:.1f} s)"
+    if isinstance(ev, TuneVerified):
+        unchecked = f", {ev.unchecked} not checked" if ev.unchecked else ""
+        return (
+            f"verified: {ev.passed} of {ev.candidates} candidates pass, {ev.dropped} dropped{unchecked} "
+            f"({ev.seconds:.1f} s)"
+        )
+    if isinstance(ev, CandidateDropped):
+        return f"  {'dropped' if ev.raced else 'not raced'} {ev.label}: {ev.why}"
+    if isinstance(ev, RaceSetUp):
+        return f"  benchmark set up for the race: {ev.instances} instances ({ev.seconds:.1f} s)"
+    if ev.final:  # RaceRung
+        return (
+            f"  final race of {ev.configs} configs and {ev.reference}: {ev.rounds} rounds "
+            f"({ev.seconds:.1f} of {ev.budget_s:g} s budget)"
+        )
+    return (
+        f"  screening {ev.configs} configs: {ev.rounds} rounds, kept {ev.kept} "
+        f"({ev.seconds:.1f} of {ev.budget_s:g} s budget)"
+    )
 
 
 class CollectSink:

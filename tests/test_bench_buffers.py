@@ -170,7 +170,7 @@ def test_the_regime_in_kernalin_yml():
 
 
 def test_the_report_names_the_regime():
-    from kernalin_ci.bench.pair import BenchResult
+    from kernalin_ci.bench.result import BenchResult
     from kernalin_ci.report.text import measurement_note
 
     assert "cold L2" in measurement_note(BenchResult.from_json({"rounds": 8, "clock": "cuda-events", "regime": "cold"}))
@@ -179,7 +179,7 @@ def test_the_report_names_the_regime():
 
 
 def test_the_report_says_a_micro_kernels_ratio_is_its_timing_contexts():
-    from kernalin_ci.bench.pair import BenchResult
+    from kernalin_ci.bench.result import BenchResult
     from kernalin_ci.report.text import measurement_note
 
     def result(clock, base_ms):

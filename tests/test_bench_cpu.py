@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, cli, has_cuda
 
-from kernalin_ci.bench.pair import BenchResult, ShapeResult, aa_copy, bench_pair, micro_note
+from kernalin_ci.bench.pair import aa_copy, bench_pair, micro_note
+from kernalin_ci.bench.result import BenchResult, ShapeResult
 from kernalin_ci.errors import UsageError
 
 ROPE = "benchmarks/kernels/rope.py:rope"

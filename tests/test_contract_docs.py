@@ -227,7 +227,7 @@ def test_verify_json_fields_are_documented():
 
 
 def test_compare_and_bench_json_fields_are_documented():
-    from kernalin_ci.bench.pair import BenchResult
+    from kernalin_ci.bench.result import BenchResult
     from kernalin_ci.bench.stats import Verdict
 
     v = Verdict("faster", 0.97, (0.96, 0.98), 0.99, 0.0, 0.01, (0.995, 1.005), 20, "minimum")

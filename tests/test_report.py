@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from cmarkgfm.cmark import Options
 
-from kernalin_ci.bench.pair import BenchResult, ShapeResult
+from kernalin_ci.bench.result import BenchResult, ShapeResult
 from kernalin_ci.bench.stats import Verdict, compare_trace
 from kernalin_ci.findings import Finding, Location, Notice, VerifyResult
 from kernalin_ci.gate.run import conclude

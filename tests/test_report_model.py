@@ -8,7 +8,7 @@ import json
 import jsonschema
 from test_report import gate_report
 
-from kernalin_ci.bench.pair import BenchResult, ShapeResult
+from kernalin_ci.bench.result import BenchResult, ShapeResult
 from kernalin_ci.bench.stats import Verdict
 from kernalin_ci.findings import VerifyResult
 from kernalin_ci.history.model import run_from_report

@@ -28,7 +28,8 @@ from kernalin_ci.report.tokens import change, dollars, rate, text_lines
 from kernalin_ci.report.writer import report_json
 from kernalin_ci.throughput import cost
 from kernalin_ci.throughput import step as st
-from kernalin_ci.throughput.bench import NOT_MEASURED_CPU, ModelResult, Role, bench_model
+from kernalin_ci.throughput.bench import NOT_MEASURED_CPU, Role, bench_model
+from kernalin_ci.throughput.result import ModelResult
 from kernalin_ci.throughput.spec import PRESETS, ModelSpec, ServingPoint, from_cli
 
 REPO = Path(__file__).resolve().parent.parent

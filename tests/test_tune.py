@@ -11,6 +11,7 @@ import pytest
 from conftest import REPO, cli
 
 from kernalin_ci.errors import UsageError
+from kernalin_ci.progress import TerminalSink
 from kernalin_ci.testing.pytest_fixtures import github_standin  # noqa: F401
 from kernalin_ci.tune import patch, race
 from kernalin_ci.tune.space import TuneSpec, build_space
@@ -222,7 +223,8 @@ def test_the_race_sets_every_shape_up_once_for_screening_and_the_final_rounds(tm
     assert result.final_rounds >= stats.MIN_ROUNDS
     assert setup["rounds"] == rung["rounds"] + result.final_rounds  # all of them in that one worker
     assert set(result.timed) == set(field) and len(result.judgements) == shapes
-    assert sum(line.startswith("  benchmark set up for the race: 4 instances") for line in said) == 1
+    lines = [TerminalSink().line(ev).text for ev in said]
+    assert sum(line.startswith("  benchmark set up for the race: 4 instances") for line in lines) == 1
 
 
 # ---------------------------------------------------------------- the race's decision code

@@ -7,7 +7,6 @@ import io
 
 import pytest
 
-from kernalin_ci.bench.render import verdict_line
 from kernalin_ci.bench.stats import Verdict
 from kernalin_ci.commands.verify import print_result
 from kernalin_ci.findings import Finding, Location, NotChecked, Notice, VerifyResult
@@ -18,6 +17,7 @@ from kernalin_ci.report.text import (
     finding_text,
     not_checked_text,
     notice_text,
+    verdict_line,
     verdict_phrase,
     verdict_words,
 )

@@ -115,8 +115,7 @@ def run(args) -> int:
 
 
 def print_result(result, out) -> None:
-    from kernalin_ci.bench.render import verdict_line
-    from kernalin_ci.report.text import mass_sentence
+    from kernalin_ci.report.text import mass_sentence, shape_line, verdict_line
 
     if result.failed:
         print(
@@ -135,13 +134,7 @@ def print_result(result, out) -> None:
     )
     for s in result.shapes:
         if s.verdict is not None:
-            sv = s.verdict
-            print(
-                f"  {s.shape}: base {s.base_ms:.4g} ms, head {s.head_ms:.4g} ms, "
-                f"head/base {sv.ratio:.4f} [{sv.hdi[0]:.4f}, {sv.hdi[1]:.4f}] -> {sv.verdict} "
-                f"(margin ±{100 * sv.rope_half_width:.2f}%, inner {s.inner}, {s.timing})",
-                file=out,
-            )
+            print(f"  {shape_line(s)}", file=out)
     for n in result.notes:
         print(f"  note: {n}", file=out)
 

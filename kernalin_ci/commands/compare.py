@@ -28,8 +28,8 @@ def add_arguments(p):
 
 def run(args) -> int:
     from kernalin_ci.bench import stats
-    from kernalin_ci.bench.render import verdict_line
     from kernalin_ci.bench.trace import load_trace
+    from kernalin_ci.report.text import verdict_line
 
     rope, rope_min = margins(args)
     traces = [load_trace(p) for p in args.traces]

@@ -23,25 +23,30 @@ from kernalin_ci.explain.render import explain_lines
 from kernalin_ci.findings import VerifyResult
 from kernalin_ci.gate.config_source import gate_config, override_changes
 from kernalin_ci.gate.diff import Refs, affected_kernels, changed_files, resolve_refs, worktrees
-from kernalin_ci.progress import ProgressEvent, ProgressSink, TerminalSink
+from kernalin_ci.progress import GateStep, KernelExplained, ProgressSink, TerminalSink
 from kernalin_ci.report.model import KernelReport, PipelineReport, Report
-from kernalin_ci.report.text import config_change_text, config_origin_text, isolation_text
+from kernalin_ci.report.text import (
+    benchmark_summary,
+    config_change_text,
+    config_origin_text,
+    faster_text,
+    isolation_text,
+)
 from kernalin_ci.trust import FILE, HEAD, ConfigOrigin
 
 if TYPE_CHECKING:
-    from kernalin_ci.throughput.bench import ModelResult
+    from kernalin_ci.throughput.result import ModelResult
 
 
 def log(msg: str, progress=None) -> None:
     """A step of the gate (shown even with --quiet), to the gate's sink (`gate_sink`)."""
-    gate_sink(progress).event(ProgressEvent("gate", f"kernalin-ci run: {msg}", {"message": msg}, level="step"))
+    gate_sink(progress).event(GateStep(msg))
 
 
 def working(msg: str, progress=None) -> None:
     """A step of the gate that takes a while: said at once, then repeated with its elapsed time while nothing
     else is said (kernalin_ci.progress)."""
-    text = f"kernalin-ci run: {msg}"
-    gate_sink(progress).event(ProgressEvent("gate", text, {"message": msg}, level="step", activity=True))
+    gate_sink(progress).event(GateStep(msg, working=True))
 
 
 def gate_sink(progress) -> ProgressSink:
@@ -92,7 +97,7 @@ def conclude(report: Report) -> tuple[str, str]:
     faster = [k.name for k in checked if k.bench_verdict == "faster"]
     msg = f"{len(checked)} kernel{'s' * (len(checked) != 1)} verified"
     if faster:
-        msg += f"; faster: {', '.join(faster)}"
+        msg += f"; {faster_text(faster)}"
     blind = [k.name for k in checked if k.verification and k.verification.structural.status == "not-analysed"]
     if blind:
         msg += f"; structure not analysed: {', '.join(blind)}"
@@ -195,9 +200,7 @@ def run_gate(
             kr.seconds = time.perf_counter() - kt
             log(f"    {k.name}: {summary_line(kr)}", progress)
             for line in explain_lines(kr.explain):
-                progress.event(
-                    ProgressEvent("explain", f"kernalin-ci run:       {line}", {"kernel": k.name, "line": line})
-                )
+                progress.event(KernelExplained(k.name, line))
         for p in cfg.pipelines:
             members = {"kv_append": p.kv_append, "attention.decode_paged": p.attention, "rope": p.rope}
             names = [n for n in members.values() if n]
@@ -472,7 +475,7 @@ def summary_line(kr: KernelReport) -> str:
         parts.append(f"structural: not analysed ({v.structural.cause})")
     v = kr.benchmark.verdict if kr.benchmark else None
     if v:
-        parts.append(f"benchmark {v.verdict} (ratio {v.ratio:.4f})")
+        parts.append(benchmark_summary(v))
     elif kr.benchmark_note:
         parts.append(kr.benchmark_note)
     from kernalin_ci.explain.render import explain_summary

@@ -25,6 +25,7 @@ from kernalin_ci.report.text import (
     notice_text,
     plural,
     structural_text,
+    verdict_exact,
     verdict_phrase,
     xml_text,
 )
@@ -49,11 +50,7 @@ def _benchmark_text(k: KernelReport) -> str | None:
     if benchmark_ok(b):
         m, v = measurement_note(b), b.verdict
         parts.append(f"benchmark: {verdict_phrase(v)}. {mass_sentence(v)}" + (f" ({m})" if m else ""))
-        parts.append(
-            f"benchmark ratio {v.ratio:.6f}, 95% HDI [{v.hdi[0]:.6f}, {v.hdi[1]:.6f}], "
-            f"P(faster) {v.p_faster:.4f}, P(equivalent) {v.p_equivalent:.4f}, "
-            f"P(slower) {v.p_slower:.4f}, equivalence margin [{v.rope[0]:.6f}, {v.rope[1]:.6f}]"
-        )
+        parts.append(verdict_exact(v))
     elif b is not None and b.error:
         parts.append(f"benchmark failed, no verdict: {b.error}")
     if k.benchmark_note:

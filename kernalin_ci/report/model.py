@@ -11,9 +11,9 @@ from kernalin_ci.findings import VerifyResult, known
 from kernalin_ci.trust import ConfigOrigin, Isolation
 
 if TYPE_CHECKING:
-    from kernalin_ci.bench.pair import BenchResult
+    from kernalin_ci.bench.result import BenchResult
     from kernalin_ci.explain.model import Explanation
-    from kernalin_ci.throughput.bench import ModelResult
+    from kernalin_ci.throughput.result import ModelResult
 
 SCHEMA_VERSION = 1
 
@@ -47,7 +47,7 @@ class KernelReport:
 
     @classmethod
     def from_json(cls, d: dict) -> KernelReport:
-        from kernalin_ci.bench.pair import BenchResult
+        from kernalin_ci.bench.result import BenchResult
         from kernalin_ci.explain.model import Explanation
 
         d = _verification_of(known(cls, d))
@@ -115,7 +115,7 @@ class Report:
         d["kernels"] = [KernelReport.from_json(k) for k in d.get("kernels", [])]
         d["pipelines"] = [PipelineReport.from_json(p) for p in d.get("pipelines", [])]
         if isinstance(d.get("model"), dict):
-            from kernalin_ci.throughput.bench import ModelResult
+            from kernalin_ci.throughput.result import ModelResult
 
             d["model"] = ModelResult.from_json(d["model"])
         c, i = d.get("configuration"), d.get("isolation")

@@ -179,7 +179,7 @@ def verdict_phrase(v) -> str:
 def verdict_words(v) -> str:
     """Verdict V's figures, its name left out: '3.1% (95% HDI 2.7%..3.5%), P(faster) 99.4%, margin ±0.5%'.
     The one wording of a benchmark verdict: `verdict_phrase` (report.md, JUnit, the PR comment) and the
-    `bench`/`compare` lines (kernalin_ci.bench.render, the verdict in its own column) use it."""
+    `bench`/`compare` lines (`verdict_line`, the verdict in its own column) use it."""
     r = v.ratio
     lo, hi = v.hdi
     rope = rope_text(v.rope)
@@ -203,6 +203,72 @@ def verdict_words(v) -> str:
         f"{span}, P(faster) {prob(v.p_faster)}, P(equivalent) {prob(v.p_equivalent)}, "
         f"P(slower) {prob(v.p_slower)}, margin {rope}"
     )
+
+
+def verdict_line(v, label: str = "") -> str:
+    """One line per verdict for `bench` and `compare`: the verdict in capitals (a column to scan),
+    head/base, the verdict's figures in the report's own words (`verdict_words`), where the equivalence
+    margin came from, and the rounds."""
+    words = verdict_words(v)
+    floor = f", A/A floor {100 * v.floor:.2f}%" if v.floor is not None else ""
+    src = {"fixed": "fixed", "minimum": "minimum", "floor": "from the floor"}.get(v.rope_source, v.rope_source)
+    head = f"{label}  " if label else ""
+    return f"{head}{v.verdict.upper():12s} head/base {v.ratio:.4f}: {words} ({src}{floor}); {v.rounds} rounds"
+
+
+def verdict_interval(v, digits: int = 4) -> str:
+    """Verdict V's head/base and 95% HDI as bare ratios, '0.9690 [0.9650, 0.9730]': the compact lines (a
+    shape of `bench`, tune's table)."""
+    return f"{v.ratio:.{digits}f} [{v.hdi[0]:.{digits}f}, {v.hdi[1]:.{digits}f}]"
+
+
+def shape_line(s) -> str:
+    """A ShapeResult with a verdict in one line for `bench`: 'long-ctx: base 0.1 ms, head 0.09 ms, head/base
+    0.9690 [0.9650, 0.9730] -> faster (margin ±0.50%, inner 8, cuda-graph)'."""
+    v = s.verdict
+    return (
+        f"{s.shape}: base {s.base_ms:.4g} ms, head {s.head_ms:.4g} ms, "
+        f"head/base {verdict_interval(v)} -> {v.verdict} "
+        f"(margin ±{100 * v.rope_half_width:.2f}%, inner {s.inner}, {s.timing})"
+    )
+
+
+def verdict_exact(v) -> str:
+    """Verdict V's figures unrounded for machines that read text (JUnit's): 'benchmark ratio 0.969000, 95% HDI
+    [...], P(faster) 0.3000, P(equivalent) 0.5000, P(slower) 0.2000, equivalence margin [...]'."""
+    return (
+        f"benchmark ratio {v.ratio:.6f}, 95% HDI [{v.hdi[0]:.6f}, {v.hdi[1]:.6f}], "
+        f"P(faster) {v.p_faster:.4f}, P(equivalent) {v.p_equivalent:.4f}, "
+        f"P(slower) {v.p_slower:.4f}, equivalence margin [{v.rope[0]:.6f}, {v.rope[1]:.6f}]"
+    )
+
+
+def benchmark_summary(v) -> str:
+    """Verdict V in the gate's line per kernel: 'benchmark faster (ratio 0.9690)'."""
+    return f"benchmark {v.verdict} (ratio {v.ratio:.4f})"
+
+
+def faster_text(names: list[str]) -> str:
+    """The kernels shown faster, in the gate's conclusion: 'faster: attn, rope'."""
+    return f"faster: {', '.join(names)}"
+
+
+def not_shown_faster_text(label: str, verdicts: list[str]) -> str:
+    """tune: why a candidate that leads on median time does not replace the current config."""
+    return (
+        f"{label} leads on median time but is not shown faster than the current "
+        f"config on every shape ({', '.join(verdicts)}): the current config stays"
+    )
+
+
+def not_written_text(label: str, verdicts: list[str]) -> str | None:
+    """tune --write: why a chosen candidate's verdicts against the current config write nothing (None: they
+    do: faster on some shape, equivalent or faster on all)."""
+    if any(v in ("slower", "inconclusive") for v in verdicts):
+        return f"{label} is not faster or equivalent on every shape ({', '.join(verdicts)})"
+    if "faster" not in verdicts:
+        return f"{label} is equivalent to the current config within the equivalence margin: nothing to gain"
+    return None
 
 
 def mass_sentence(v) -> str:

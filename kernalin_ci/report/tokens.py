@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from kernalin_ci.report.text import code, md, prob
 
 if TYPE_CHECKING:
-    from kernalin_ci.throughput.bench import ModelResult
+    from kernalin_ci.throughput.result import ModelResult
 
 NOT_MEASURED = "tokens/s: not measured"
 

@@ -32,7 +32,7 @@ def benchmark():
     """benchmark.json's verdict, typed (kernalin_ci.bench imports numpy: only when there is one)."""
     if not Path("benchmark.json").exists():
         return None
-    from kernalin_ci.bench.pair import BenchResult
+    from kernalin_ci.bench.result import BenchResult
 
     return BenchResult.from_json(json.loads(Path("benchmark.json").read_text()))
 

@@ -22,9 +22,10 @@ from kernalin_ci.bench.trace import geometric_mean_over_shapes
 from kernalin_ci.entry import parse_entry
 from kernalin_ci.errors import UsageError
 from kernalin_ci.isolate import run_task
-from kernalin_ci.progress import ProgressEvent, ProgressSink, sink_for
+from kernalin_ci.progress import ModelRound, ProgressSink, sink_for
 from kernalin_ci.throughput import cost
-from kernalin_ci.throughput.spec import FUSED, ROLE_OPS, SEPARATE, ModelSpec, ServingPoint
+from kernalin_ci.throughput.result import ModelResult
+from kernalin_ci.throughput.spec import FUSED, ROLE_OPS, SEPARATE, ModelSpec
 
 DEFAULT_TIMEOUT_S = {"cuda": 300.0, "cpu": 600.0}
 NOT_MEASURED_CPU = "no GPU: the decode step is timed on a GPU only"
@@ -40,95 +41,6 @@ class Role:
     base_entry: str
     head_entry: str
     params: dict = field(default_factory=dict)  # the op's resolved params
-
-
-@dataclass
-class ModelResult:
-    """The JSON of docs/tokens.md ("model" in report.json, `kernalin-ci bench --model --json`)."""
-
-    spec: ModelSpec
-    device: str
-    roles: dict = field(default_factory=dict)  # role -> kernel name, or "torch" where no kernel is configured
-    measured: bool = False
-    reason: str | None = None  # why nothing was measured
-    mode: str | None = None  # "full" | "per-layer"
-    mode_why: str | None = None
-    layers_built: int | None = None
-    points: list = field(default_factory=list)
-    verdict: stats.Verdict | None = None  # geometric mean over the serving points (step time)
-    rounds: int = 0
-    stopped: str = ""
-    seconds: float = 0.0
-    bench_seconds: float = 0.0
-    setup_seconds: float = 0.0
-    error: str | None = None
-    error_kind: str | None = None
-    notes: list = field(default_factory=list)
-    instances: dict = field(default_factory=dict)  # name -> [rounds, points, reps] ms per step
-
-    @property
-    def failed(self) -> bool:
-        return self.error is not None
-
-    def to_json(self) -> dict:
-        s = self.spec
-        return {
-            "model": s.name,
-            "shape": s.shape(),
-            "source": s.source,
-            "price_per_hour": s.price_per_hour,
-            "price_source": s.price_source,
-            "device": self.device,
-            "kernels": self.roles,
-            "measured": self.measured,
-            "reason": self.reason,
-            "mode": self.mode,
-            "mode_why": self.mode_why,
-            "layers_built": self.layers_built,
-            "points": self.points,
-            "verdict": self.verdict.to_json() if self.verdict else None,
-            "rounds": self.rounds,
-            "stopped": self.stopped,
-            "seconds": self.seconds,
-            "bench_seconds": self.bench_seconds,
-            "setup_seconds": self.setup_seconds,
-            "error": self.error,
-            "error_kind": self.error_kind,
-            "notes": self.notes,
-        }
-
-    @classmethod
-    def from_json(cls, d: dict) -> ModelResult:
-        """The typed result of a report.json's `model` (its spec: the name, shape, price and serving points
-        that object holds; the step times are not in report.json)."""
-        points = list(d.get("points") or [])
-        spec = ModelSpec(
-            name=d.get("model") or "",
-            **(d.get("shape") or {}),
-            serving=[ServingPoint(p["batch"], p["context"]) for p in points],
-            **{k: d[k] for k in ("price_per_hour", "price_source", "source") if k in d},
-        )
-        v = d.get("verdict")
-        return cls(
-            spec,
-            d.get("device") or "",
-            roles=dict(d.get("kernels") or {}),
-            measured=bool(d.get("measured")),
-            reason=d.get("reason"),
-            mode=d.get("mode"),
-            mode_why=d.get("mode_why"),
-            layers_built=d.get("layers_built"),
-            points=points,
-            verdict=stats.Verdict.from_json(v) if isinstance(v, dict) else None,
-            rounds=d.get("rounds", 0),
-            stopped=d.get("stopped", ""),
-            seconds=d.get("seconds", 0.0),
-            bench_seconds=d.get("bench_seconds", 0.0),
-            setup_seconds=d.get("setup_seconds", 0.0),
-            error=d.get("error"),
-            error_kind=d.get("error_kind"),
-            notes=list(d.get("notes") or []),
-        )
 
 
 def not_measured(spec: ModelSpec, device: str, reason: str, roles: dict | None = None) -> ModelResult:
@@ -311,13 +223,7 @@ def _drive(job: dict, result: ModelResult, timeout_s: float, progress) -> None:
             state["where"] = f"round {ev['round'] + 1}"
             v = ev.get("verdict")
             if v and (stats.is_look(ev["round"]) or ev["round"] % 50 == 0):
-                text = (
-                    f"  model round {ev['round']} ({ev['elapsed']:.1f} s): step head/base {v['ratio']:.4f} "
-                    f"[{v['hdi'][0]:.4f}, {v['hdi'][1]:.4f}] -> {v['verdict']}"
-                )
-                sink.event(
-                    ProgressEvent("model-round", text, {"round": ev["round"], "seconds": ev["elapsed"], "verdict": v})
-                )
+                sink.event(ModelRound(ev["round"], ev["elapsed"], stats.Verdict.from_json(v)))
         elif kind == "stopped":
             result.stopped = ev["reason"]
         elif kind == "bench-error":

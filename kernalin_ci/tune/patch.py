@@ -15,6 +15,8 @@ import difflib
 from dataclasses import dataclass
 from pathlib import Path
 
+from kernalin_ci.report.text import not_written_text
+
 
 @dataclass
 class Patch:
@@ -186,10 +188,9 @@ def _params_to_write(result) -> dict | str:
     cand = next(c for c in result.space.candidates if c.name == chosen)
     if result.reference == "current":
         verdicts = [j.vs_reference[chosen].verdict for j in result.judgements if chosen in j.vs_reference]
-        if any(v in ("slower", "inconclusive") for v in verdicts):
-            return f"{cand.label} is not faster or equivalent on every shape ({', '.join(verdicts)})"
-        if "faster" not in verdicts:
-            return f"{cand.label} is equivalent to the current config within the equivalence margin: nothing to gain"
+        why = not_written_text(cand.label, verdicts)
+        if why is not None:
+            return why
     return dict(cand.params)
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from kernalin_ci.report.text import verdict_interval
+
 
 def _verdict_cell(j, name: str) -> str:
     v = j.vs_reference.get(name)
     if v is None:
         return "reference"
-    return f"{v.verdict} {v.ratio:.3f} [{v.hdi[0]:.3f}, {v.hdi[1]:.3f}]"
+    return f"{v.verdict} {verdict_interval(v, 3)}"
 
 
 def rows(result) -> list[list[str]]:

@@ -27,8 +27,17 @@ import numpy as np
 
 from kernalin_ci.bench import stats
 from kernalin_ci.errors import UsageError
-from kernalin_ci.progress import ProgressEvent, ProgressSink, sink_for
-from kernalin_ci.report.text import finding_line
+from kernalin_ci.progress import (
+    CandidateDropped,
+    CandidateVerified,
+    ProgressSink,
+    RaceRung,
+    RaceSetUp,
+    TuneStarted,
+    TuneVerified,
+    sink_for,
+)
+from kernalin_ci.report.text import finding_line, not_shown_faster_text
 from kernalin_ci.tune import race
 from kernalin_ci.tune.space import Candidate, Space, TuneSpec, build_space, candidate_source
 
@@ -141,8 +150,7 @@ def tune(
     t0 = time.perf_counter()
     sink = sink_for(progress)
 
-    def say(text: str) -> None:
-        sink.event(ProgressEvent("tune", text, {"message": text}))
+    say = sink.event
 
     budget_s = budget_s if budget_s is not None else DEFAULT_BUDGET_S[device]
     if budget_s <= 0:
@@ -152,7 +160,16 @@ def tune(
     root = str(Path(target.root).resolve())
     space = build_space(spec, target.entry, root, device, timeout_s or 120.0, discovered)
     result = TuneResult(target, device, space, budget_s=budget_s)
-    say(f"tune {target.name or target.entry}: {len(space.candidates)} candidates ({_space_text(space)}) on {device}")
+    auto = space.autotuned
+    say(
+        TuneStarted(
+            target.name or target.entry,
+            len(space.candidates),
+            _param_values(space),
+            device,
+            (len(auto["configs"]), auto["kernel"]) if auto else None,
+        )
+    )
     with tempfile.TemporaryDirectory(prefix="kernalin-tune-") as tmp:
         os.chmod(tmp, 0o755)  # read by the kernel workers' sandbox user (uid 65534 under root)
         entries = {"current": target.entry}
@@ -167,16 +184,12 @@ def tune(
         current_ok = any(c.passed for c in result.checked if c.candidate.name == "current")
         dropped = len(result.dropped)
         unchecked = sum(c.passed is None and c.candidate.name != "current" for c in result.checked)
-        say(
-            f"verified: {len(survivors)} of {len(space.candidates)} candidates pass, {dropped} dropped"
-            + (f", {unchecked} not checked" if unchecked else "")
-            + f" ({result.verify_seconds:.1f} s)"
-        )
+        say(TuneVerified(len(survivors), len(space.candidates), dropped, unchecked, result.verify_seconds))
         for c in result.dropped:
-            say(f"  dropped {c.candidate.label}: {c.finding_lines()[0] if c.findings else c.note}")
+            say(CandidateDropped(c.candidate.label, c.finding_lines()[0] if c.findings else c.note))
         for c in result.checked:
             if c.passed is None and c.candidate.name != "current":
-                say(f"  not raced {c.candidate.label}: {c.note}")
+                say(CandidateDropped(c.candidate.label, c.note, raced=False))
         if not current_ok:
             cur = next(c for c in result.checked if c.candidate.name == "current")
             result.notes.append(
@@ -212,13 +225,6 @@ def tune(
     return result
 
 
-def _space_text(space: Space) -> str:
-    parts = [f"{k} in {v}" for k, v in _param_values(space).items()]
-    if space.autotuned:
-        parts.append(f"{len(space.autotuned['configs'])} autotune configs of {space.autotuned['kernel']}")
-    return "; ".join(parts)
-
-
 def _param_values(space: Space) -> dict:
     out: dict = {}
     for c in space.candidates:
@@ -252,19 +258,14 @@ def _verify_all(
             raw_domain=target.domain or None,
         )
         seconds = time.perf_counter() - t
-        say(f"  verify {c.name} ({c.label}): {_status(r)} ({seconds:.1f} s)")
+        first = finding_line(r.findings[0]) if r.findings else None
+        say(CandidateVerified(c.name, c.label, seconds, first, r.cases_run > 0))
         return r, seconds
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         raw = list(pool.map(one, todo))
     current = raw[0][0]
     return [judge_verification(c, r, sec, current if c.name != "current" else None) for c, (r, sec) in zip(todo, raw)]
-
-
-def _status(r) -> str:
-    if r.findings:
-        return f"FAIL: {finding_line(r.findings[0])}"
-    return "ok" if r.cases_run else "nothing ran"
 
 
 def judge_verification(c: Candidate, r, seconds: float = 0.0, current=None) -> Checked:
@@ -357,7 +358,7 @@ def _race(
         elif kind == "setup-done":
             result.race_setup["workers"] = result.race_setup.get("workers", 0) + 1
             result.race_setup["seconds"] = result.race_setup.get("seconds", 0.0) + ev["seconds"]
-            say(f"  benchmark set up for the race: {len(field_) + 1} instances ({ev['seconds']:.1f} s)")
+            say(RaceSetUp(len(field_) + 1, ev["seconds"]))
         elif kind == "round":
             times = {config.get(n, n): t for n, t in ev["times"].items()}
             result.timed += [n for n in times if n != "base2" and n not in result.timed]
@@ -369,22 +370,16 @@ def _race(
             kept = [config.get(n, n) for n in ev["kept"]]
             if ev["phase"] == "screen":
                 result.rungs.append({"field": before, "rounds": ev["rounds"], "kept": kept})
-                say(
-                    f"  screening {len(before)} configs: {ev['rounds']} rounds, kept {len(kept)} "
-                    f"({ev['elapsed']:.1f} of {budget_s:g} s budget)"
-                )
+                say(RaceRung(False, len(before), len(kept), ev["rounds"], ev["elapsed"], budget_s, reference))
             else:
-                say(
-                    f"  final race of {len(before)} configs and {reference}: {ev['rounds']} rounds "
-                    f"({ev['elapsed']:.1f} of {budget_s:g} s budget)"
-                )
+                say(RaceRung(True, len(before), len(kept), ev["rounds"], ev["elapsed"], budget_s, reference))
             alive = [n for n in alive if n in kept]
         elif kind == "dropped":
             bad = config.get(ev["name"], ev["name"])
             ck = next(c for c in result.checked if c.candidate.name == bad)
             ck.passed = False
             ck.note = f"outputs disagree with {reference} in the benchmark: {ev['message']}"
-            say(f"  dropped {ck.candidate.label}: {ck.note}")
+            say(CandidateDropped(ck.candidate.label, ck.note))
             alive = [n for n in alive if n != bad]
         elif kind == "stopped":
             tally[:] = ev.get("tally") or []
@@ -432,10 +427,7 @@ def _race(
     else:
         result.stopped = r.stopped  # settled | budget | rounds | none
     if held is not None:
-        verdicts = ", ".join(j.vs_reference[held].verdict for j in result.judgements)
-        result.notes.append(
-            f"{result.label(held)} leads on median time but is not shown faster than the current "
-            f"config on every shape ({verdicts}): the current config stays"
-        )
+        verdicts = [j.vs_reference[held].verdict for j in result.judgements]
+        result.notes.append(not_shown_faster_text(result.label(held), verdicts))
     if not result.judgements and alive:
         result.notes.append("the race produced no judgement (the benchmark failed before the final rounds)")

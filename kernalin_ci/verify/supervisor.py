@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 from kernalin_ci.findings import Finding, Notice
 from kernalin_ci.isolate import run_task
 from kernalin_ci.ops.base import Case
-from kernalin_ci.progress import ProgressEvent, ProgressSink, sink_for
+from kernalin_ci.progress import CaseDone, CasesStarted, ProgressSink, WorkerNote, sink_for
 from kernalin_ci.sandbox import CappedFolder
 
 if TYPE_CHECKING:
@@ -35,12 +35,7 @@ class Progress:
     def case_done(self, index: int, name: str, seconds: float, n_findings: int, note: str = "") -> None:
         if self.indices is not None:
             index = self.indices[index]
-        status = "ok" if n_findings == 0 else f"FAIL ({n_findings} finding{'s' * (n_findings != 1)})"
-        if note:
-            status = note if n_findings == 0 else f"{status}; {note}"
-        text = f"  {self.label} [{index + 1}/{self.total}] {name}: {status} ({seconds:.1f} s)"
-        data = {"label": self.label, "index": index, "total": self.total, "case": name, "seconds": seconds}
-        self.sink.event(ProgressEvent("case", text, data | {"findings": n_findings, "note": note}))
+        self.sink.event(CaseDone(self.label, index, self.total, name, seconds, n_findings, note))
 
     def start(self, text: str) -> None:
         """The work that starts: said when the first case starts (a worker loaded the entry and took its
@@ -53,12 +48,10 @@ class Progress:
             text = self._pending.pop()  # once, whichever worker starts first
         except IndexError:
             return
-        self.sink.event(
-            ProgressEvent("start", f"  {self.label} {text}", {"label": self.label, "note": text}, activity=True)
-        )
+        self.sink.event(CasesStarted(self.label, text))
 
     def note(self, text: str) -> None:
-        self.sink.event(ProgressEvent("note", f"  {self.label} {text}", {"label": self.label, "note": text}))
+        self.sink.event(WorkerNote(self.label, text))
 
     def subset(self, indices: list[int]) -> Progress:
         """The same events for a shard of the cases, numbered as in the whole list."""
