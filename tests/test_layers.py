@@ -33,6 +33,7 @@ FORBIDDEN = {
         "catalogue",
         "config",
         "isolate",
+        "jobs",
         "kernel_worker",
         "testing",
     },

@@ -27,6 +27,7 @@ import numpy as np
 
 from kernalin_ci.bench import stats
 from kernalin_ci.errors import UsageError
+from kernalin_ci.jobs import RaceSchedule
 from kernalin_ci.progress import ProgressEvent, ProgressSink, sink_for
 from kernalin_ci.report.text import finding_line
 from kernalin_ci.tune import race
@@ -405,12 +406,12 @@ def _race(
         timeout_s=timeout_s,
         progress=on_event,
         extra=[(n, entries[n], root) for n in field_[2:]],
-        race={
-            "finalists": finalists,
-            "screen_rounds": SCREEN_ROUNDS,
-            "final_chunks": list(FINAL_CHUNKS),
-            "min_final_rounds": stats.MIN_ROUNDS,
-        },
+        race=RaceSchedule(
+            finalists=finalists,
+            screen_rounds=SCREEN_ROUNDS,
+            final_chunks=tuple(FINAL_CHUNKS),
+            min_final_rounds=stats.MIN_ROUNDS,
+        ),
     )
     result.clock = r.clock
     result.shapes = [{"shape": s.shape, "dims": s.dims, "dtype": s.dtype} for s in r.shapes]

@@ -28,6 +28,7 @@ from kernalin_ci.findings import (
     StructuralStatus,
     VerifyResult,
 )
+from kernalin_ci.jobs import DynamicJob, PipelineJob
 from kernalin_ci.ops import get_op
 from kernalin_ci.ops.base import Case, resolve_params
 from kernalin_ci.progress import ProgressSink
@@ -174,16 +175,9 @@ def verify(
             if only == "sanitizer":
                 cases = []
             prog = Progress(progress, len(cases), op_name)
-            job = {
-                "op": op_name,
-                "entry": entry,
-                "root": root,
-                "params": params,
-                "device": device,
-                "poison": not probe,
-                "domain": dom.to_json(),
-                "main_dtype": main_dtype,
-            }
+            job = DynamicJob(
+                op=op_name, entry=entry, root=root, params=params, poison=not probe, domain=dom, main_dtype=main_dtype
+            )
 
             def repro(c):
                 return reproduce_command(op_name, entry, raw_params, device, c, raw_domain)
@@ -207,7 +201,6 @@ def verify(
                 runs = [
                     shards.submit(
                         run_cases,
-                        "verify-dynamic",
                         job,
                         [cases[i] for i in g],
                         device,
@@ -394,17 +387,10 @@ def verify_pipeline(
 
     cases = pipeline_cases(params, steps, dtype, seed)
     prog = Progress(progress, len(cases), "decode-pipeline")
-    job = {
-        "entries": {k: v for k, v in entries.items() if v},
-        "root": root,
-        "params": params,
-        "device": device,
-        "dtype": dtype,
-        "seed": seed,
-    }
+    job = PipelineJob(entries={k: v for k, v in entries.items() if v}, root=root, params=params, dtype=dtype, seed=seed)
     _warm_torch(2)
     reader = PipelineReader(params, dtype, seed, device, bool(entries.get("rope")), on_step, root)
-    run = run_cases("verify-pipeline", job, cases, device, timeout_s or DEFAULT_TIMEOUT[device], prog, repro, reader)
+    run = run_cases(job, cases, device, timeout_s or DEFAULT_TIMEOUT[device], prog, repro, reader)
     result.findings = dedupe(run.findings)
     if not reader.ran_dims and not run.findings and any(nc["reason"] == "unsupported" for _, nc in run.not_checked):
         error = next(nc["error"] for _, nc in run.not_checked if nc["reason"] == "unsupported")
