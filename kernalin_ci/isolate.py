@@ -17,6 +17,7 @@ import threading
 from dataclasses import dataclass, field
 
 from kernalin_ci import sandbox
+from kernalin_ci.device import DEVICES
 from kernalin_ci.jobs import WorkerJob
 from kernalin_ci.launch import make_undumpable, module_argv
 
@@ -105,11 +106,7 @@ def passes(name: str) -> bool:
 
 def child_env(device: str, extra: dict | None = None) -> dict:
     """The kernel worker's environment: the allowlisted part of ours, the device's Triton mode set."""
-    env = {k: v for k, v in os.environ.items() if passes(k)}
-    if device == "cpu":
-        env["TRITON_INTERPRET"] = "1"
-    else:
-        env.pop("TRITON_INTERPRET", None)
+    env = DEVICES[device].worker_env({k: v for k, v in os.environ.items() if passes(k)})
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # silences Triton 3.9's warning; keeps its default
     env.update(extra or {})
     return env

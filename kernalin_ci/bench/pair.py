@@ -23,6 +23,7 @@ from kernalin_ci.bench.regime import DEFAULT_REGIME, MICRO_US, REGIMES, is_micro
 from kernalin_ci.bench.render import progress_line
 from kernalin_ci.bench.shapes import bench_cases, split_params
 from kernalin_ci.bench.trace import Trace, from_shapes
+from kernalin_ci.device import DEVICES
 from kernalin_ci.entry import parse_entry
 from kernalin_ci.errors import UsageError
 from kernalin_ci.isolate import run_task
@@ -32,8 +33,6 @@ from kernalin_ci.ops.base import resolve_params
 from kernalin_ci.progress import ProgressEvent, ProgressSink, sink_for
 
 DEFAULT_BUDGET_S = 30.0
-DEFAULT_REPS = {"cuda": 5, "cpu": 3}
-DEFAULT_TIMEOUT_S = {"cuda": 180.0, "cpu": 600.0}
 L2_FLUSH_DEFAULT = True  # docs/benchmarking.md: decided from the H200 measurement of benchmarks/gpu_bench.py
 COPY_LIMIT_BYTES = 256 << 20
 SKIP_DIRS = {"__pycache__", "venv", "env", "node_modules", "build", "dist"}  # and every hidden folder (.git, .venv)
@@ -239,7 +238,7 @@ def bench_pair(
         cases = [c for c in cases if c.name in shapes]
     if budget_s <= 0:
         raise UsageError("budget_s: must be positive", setting="budget_s")
-    reps = reps or DEFAULT_REPS[device]
+    reps = reps or DEVICES[device].bench_reps
     if reps < 1:
         raise UsageError("reps: must be at least 1", setting="reps")
     l2_flush = L2_FLUSH_DEFAULT if l2_flush is None else l2_flush
@@ -287,7 +286,7 @@ def bench_pair(
             reference=reference,
         )
         job = RaceJob.of(bench, race) if race else bench
-        info = _run(job, result, cases, device, timeout_s or DEFAULT_TIMEOUT_S[device], progress)
+        info = _run(job, result, cases, device, timeout_s or DEVICES[device].bench_timeout_s, progress)
     _finish(result, cases, info, rope, rope_min)
     result.seconds = time.perf_counter() - t_start
     return result

@@ -17,7 +17,7 @@ Regimes (`regime`): `warm` times `inner` back-to-back launches on the same input
 after one L2 flush per sample (launches 2..inner find the inputs in L2); `cold`
 gives every input tensor enough copies to span COLD_L2_MULTIPLE x the L2, and at least enough for
 COLD_L2_MULTIPLE x the L2 of the bytes a launch moves by the op's model (a kernel that touches a few
-rows of a large cache); at most `inner` copies, COLD_MAX_BYTES in all. Launch j of a sample reads copy
+rows of a large cache); at most `inner` copies, the device's `cold_max_bytes` in all. Launch j of a sample reads copy
 j mod n of each, so every launch reads memory that is not in L2.
 
 Setup (`setup`), once per worker: per shape the inputs (op.inputs, once), every instance bound to
@@ -66,6 +66,7 @@ import torch
 
 from kernalin_ci.bench import stats
 from kernalin_ci.bench.regime import REGIMES
+from kernalin_ci.device import CPU, CUDA, DEVICES
 from kernalin_ci.entry import load_entry
 from kernalin_ci.jobs import BenchJob, Emit, TimedJob
 from kernalin_ci.ops import get_op
@@ -74,11 +75,9 @@ from kernalin_ci.runtime.cuda_errors import CUDA_ERROR
 from kernalin_ci.runtime.poison import bits
 from kernalin_ci.runtime.rows import row_errors
 
-TARGET_SAMPLE_S = {"cuda": 1e-3, "cpu": 5e-3}
 MAX_INNER = 10000
 L2_FLUSH_BYTES = 256 << 20  # several times the L2 of any current GPU (H100: 50 MB, H200: 60 MB)
 COLD_L2_MULTIPLE = 2  # cold: each input tensor's copies span at least this many L2 sizes
-COLD_MAX_BYTES = {"cuda": 4 << 30, "cpu": 256 << 20}  # cold: all copies of one shape's inputs, at most
 DEFAULT_L2_BYTES = {"cuda": 50 << 20, "cpu": 32 << 20}  # when the device does not say (the CPU never does)
 
 
@@ -161,7 +160,7 @@ class SharedInputs:
         if regime != "cold":
             return {k: 1 for k in self.copies}
         sizes = {k: v[0].numel() * v[0].element_size() for k, v in self.copies.items()}
-        n = cold_copies(sizes, launches, l2_bytes(device), COLD_MAX_BYTES[device], touched)
+        n = cold_copies(sizes, launches, l2_bytes(device), DEVICES[device].cold_max_bytes, touched)
         for k, c in self.copies.items():
             c += [c[0].clone() for _ in range(n[k] - 1)]
         self.ring = [{**self.kw, **{k: c[j % len(c)] for k, c in self.copies.items()}} for j in range(launches)]
@@ -342,7 +341,7 @@ class CudaClock:
                 r.graph_check = r.check_ret = None
             torch.cuda.synchronize()
         per_launch = self._per_launch(runners[0], timing)
-        inner = max(1, min(MAX_INNER, math.ceil(TARGET_SAMPLE_S["cuda"] / max(per_launch, 1e-9))))
+        inner = max(1, min(MAX_INNER, math.ceil(CUDA.sample_s / max(per_launch, 1e-9))))
         copies = inputs.make_ring(regime, inner, "cuda", touched)
         pool = torch.cuda.graph_pool_handle()  # one pool per shape: identical code, identical addresses
         for r in runners:
@@ -409,7 +408,7 @@ class CpuClock:
         t0 = time.perf_counter()
         runners[0].call()
         per_launch = time.perf_counter() - t0
-        inner = max(1, min(MAX_INNER, math.ceil(TARGET_SAMPLE_S["cpu"] / max(per_launch, 1e-9))))
+        inner = max(1, min(MAX_INNER, math.ceil(CPU.sample_s / max(per_launch, 1e-9))))
         copies = inputs.make_ring(regime, inner, "cpu", touched)
         for r in runners:
             r.inner = inner

@@ -17,8 +17,9 @@ from pathlib import Path
 import numpy as np
 
 from kernalin_ci.bench import stats
-from kernalin_ci.bench.pair import DEFAULT_REPS, aa_copy
+from kernalin_ci.bench.pair import aa_copy
 from kernalin_ci.bench.trace import geometric_mean_over_shapes
+from kernalin_ci.device import DEVICES
 from kernalin_ci.entry import parse_entry
 from kernalin_ci.errors import UsageError
 from kernalin_ci.isolate import run_task
@@ -27,7 +28,6 @@ from kernalin_ci.progress import ProgressEvent, ProgressSink, sink_for
 from kernalin_ci.throughput import cost
 from kernalin_ci.throughput.spec import FUSED, ROLE_OPS, SEPARATE, ModelSpec, ServingPoint
 
-DEFAULT_TIMEOUT_S = {"cuda": 300.0, "cpu": 600.0}
 NOT_MEASURED_CPU = "no GPU: the decode step is timed on a GPU only"
 
 
@@ -243,7 +243,7 @@ def bench_model(
         parse_entry(r.base_entry), parse_entry(r.head_entry)
     base_root = str(Path(base_root or os.getcwd()).resolve())
     head_root = str(Path(head_root or os.getcwd()).resolve())
-    reps = reps or DEFAULT_REPS[device]
+    reps = reps or DEVICES[device].bench_reps
     result = ModelResult(spec, device, roles=role_names(roles))
     with tempfile.TemporaryDirectory(prefix="kernalin-model-aa-") as tmp:
         os.chmod(tmp, 0o755)  # read by the kernel workers' sandbox user (uid 65534 under root)
@@ -274,7 +274,7 @@ def bench_model(
             rope_min=rope_min,
             mode=mode,
         )
-        _drive(job, device, result, timeout_s or DEFAULT_TIMEOUT_S[device], progress)
+        _drive(job, device, result, timeout_s or DEVICES[device].model_timeout_s, progress)
     _finish(result, rope, rope_min)
     result.seconds = time.perf_counter() - t_start
     return result
