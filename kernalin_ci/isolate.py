@@ -17,6 +17,8 @@ import threading
 from dataclasses import dataclass, field
 
 from kernalin_ci import sandbox
+from kernalin_ci.device import DEVICES
+from kernalin_ci.jobs import WorkerJob
 from kernalin_ci.launch import make_undumpable, module_argv
 
 
@@ -104,18 +106,14 @@ def passes(name: str) -> bool:
 
 def child_env(device: str, extra: dict | None = None) -> dict:
     """The kernel worker's environment: the allowlisted part of ours, the device's Triton mode set."""
-    env = {k: v for k, v in os.environ.items() if passes(k)}
-    if device == "cpu":
-        env["TRITON_INTERPRET"] = "1"
-    else:
-        env.pop("TRITON_INTERPRET", None)
+    env = DEVICES[device].worker_env({k: v for k, v in os.environ.items() if passes(k)})
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # silences Triton 3.9's warning; keeps its default
     env.update(extra or {})
     return env
 
 
 def run_task(
-    job: dict,
+    job: WorkerJob,
     device: str,
     timeout_s: float,
     on_event=None,
@@ -125,22 +123,24 @@ def run_task(
     wrap: tuple[str, ...] = (),
     readonly: tuple[str, ...] = (),
 ) -> ChildOutcome:
-    """Run job (a dict with 'task') in `python -m kernalin_ci.kernel_worker` (isolated: launch.module_argv), in
-    the worker sandbox where bubblewrap can make one (sandbox.worker_plan); call on_event per event (when
-    it returns False, the child is killed: status "refused"). `writable`: the folders the parent made for
-    the worker's results, the only ones it may write (sandboxed, each a tmpfs of its cap that the parent
-    reads through the folder's `view`: sandbox.CappedFolder). `wrap`: a command that starts the
-    worker (a profiler: `ncu ARGS`), inside the sandbox with it; `readonly`: folders it needs (its
-    installation). This process is made non-dumpable first (the child must not read our /proc/PID/environ)."""
+    """Run JOB's task (`job.TASK`, kernalin_ci/jobs.py) on DEVICE in `python -m kernalin_ci.kernel_worker`
+    (isolated: launch.module_argv), in the worker sandbox where bubblewrap can make one
+    (sandbox.worker_plan); call on_event per event (when it returns False, the child is killed: status
+    "refused"). `writable`: the folders the parent made for the worker's results, the only ones it may
+    write (sandboxed, each a tmpfs of its cap that the parent reads through the folder's `view`:
+    sandbox.CappedFolder). `wrap`: a command that starts the worker (a profiler: `ncu ARGS`), inside the
+    sandbox with it; `readonly`: folders it needs (its installation). This process is made non-dumpable
+    first (the child must not read our /proc/PID/environ)."""
     make_undumpable()
     with tempfile.TemporaryDirectory(prefix="kernalin-job-") as tmp:
         os.chmod(tmp, 0o711)  # searchable, not listable: a worker of its own uid (sandbox.UID) reaches its job file
         work = os.path.join(tmp, "work")  # the job file, read-only in the sandbox
         os.mkdir(work, 0o755)
         job_path = os.path.join(work, "job.json")
+        sent = job.to_json()
         with open(os.open(job_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), "w") as f:
-            json.dump(job, f)
-        plan, sandbox_env = sandbox.worker_plan(job, device, work, cwd, writable, readonly)
+            json.dump({"task": job.TASK, "device": device, "job": sent}, f)
+        plan, sandbox_env = sandbox.worker_plan(sent, device, work, cwd, writable, readonly)
         argv = [*wrap, *module_argv("kernalin_ci.kernel_worker", cwd=cwd, pycache=plan and plan.pycache), job_path]
         r, w = os.pipe()
         try:  # the parent attaches the sandbox's capped folders before the worker runs

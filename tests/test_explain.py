@@ -343,6 +343,7 @@ def test_a_profiler_wraps_the_worker_inside_the_worker_sandbox(tmp_path, monkeyp
     wrapper (sh) records who and where it ran, then starts the worker, whose events still arrive."""
     from kernalin_ci import sandbox
     from kernalin_ci.isolate import run_task
+    from kernalin_ci.jobs import EnvJob
 
     monkeypatch.setenv(sandbox.ENV_WORKER_SANDBOX, "auto")
     if not sandbox.workers_sandboxed():
@@ -357,7 +358,7 @@ def test_a_profiler_wraps_the_worker_inside_the_worker_sandbox(tmp_path, monkeyp
         'touch /dev/shm/k && echo yes > "$0/shm"; shift; exec "$@"'
     )
     o = run_task(
-        {"task": "explain-env", "device": "cpu"},
+        EnvJob(),
         "cpu",
         120,
         writable=(folder,),

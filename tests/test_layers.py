@@ -49,6 +49,8 @@ SHIPPED_NEVER = {"testing"}  # excluded from the wheel (pyproject.toml): nothing
 ALLOWED = {
     ("ops/decode_step.py", "verify"): "the decode_step op's loop (state, driver, judge) is verify/pipeline.py's",
     ("sandbox/workers.py", "cuda"): "each worker view gets its own CUDA build caches (cuda/caches.py)",
+    ("jobs.py", "cuda"): "a job carries the CudaSpec of cuda/sources.py (plain data)",
+    ("jobs.py", "throughput"): "a model-bench job carries the ModelSpec of throughput/spec.py (plain data)",
 }
 
 

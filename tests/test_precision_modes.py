@@ -94,25 +94,35 @@ def _paged_ttir(D: int, ieee: bool = False, gqa_bug: bool = False) -> str:
 def _worker_steps(task: str, entries: tuple, params_json: str, case_json: str) -> tuple:
     """A 3-step decode loop run by the real worker (its own process, the Triton interpreter): each step's raw
     result as it handed it back."""
-    from kernalin_ci.domain import Domain
     from kernalin_ci.isolate import run_task
+    from kernalin_ci.jobs import CasesJob, DynamicJob, PipelineJob
+    from kernalin_ci.ops.base import Case
     from kernalin_ci.sandbox import CappedFolder
     from kernalin_ci.verify import exchange
 
     folder = CappedFolder("kernalin-test-results-")  # the worker writes folder.path, we read folder.view
-    job = {
-        "task": task,
-        "root": str(REPO),
-        "params": json.loads(params_json),
-        "device": "cpu",
-        "cases": [json.loads(case_json)],
-        "start": 0,
-        "results": folder.path,
-    }
+    params, cases = json.loads(params_json), (Case.from_json(case_json),)
+    job: CasesJob
     if task == "verify-dynamic":
-        job.update(op="decode_step", entry=entries[0][1], poison=True, domain=Domain().to_json(), main_dtype="float32")
+        job = DynamicJob(
+            op="decode_step",
+            entry=entries[0][1],
+            root=str(REPO),
+            params=params,
+            main_dtype="float32",
+            cases=cases,
+            results=folder.path,
+        )
     else:
-        job.update(entries=dict(entries), dtype="float32", seed=0)
+        job = PipelineJob(
+            entries=dict(entries),
+            root=str(REPO),
+            params=params,
+            dtype="float32",
+            seed=0,
+            cases=cases,
+            results=folder.path,
+        )
     events: list = []
     with folder:
         outcome = run_task(job, "cpu", 300, lambda ev: events.append(ev) or True, writable=(folder,))

@@ -56,13 +56,16 @@ def test_progress_of_a_shard_numbers_cases_as_in_the_whole_list(capsys):
 
 def test_sharded_run_reports_every_case_and_finding_in_case_order(monkeypatch):
     """Three workers at once (as on a GPU) give the same result as one."""
+    import dataclasses
+
     from conftest import KERNELS
 
     import kernalin_ci.verify as v
+    from kernalin_ci.device import CPU, DEVICES
 
     entry = f"{KERNELS / 'torch_attention.py'}:gqa_modulo"
     one = v.verify("attention.decode", entry, {}, "cpu", only="dynamic", progress=False)
-    monkeypatch.setitem(v.DYNAMIC_WORKERS, "cpu", 3)
+    monkeypatch.setitem(DEVICES, "cpu", dataclasses.replace(CPU, dynamic_workers=3))
     three = v.verify("attention.decode", entry, {}, "cpu", only="dynamic", progress=False)
     assert three.cases_run == one.cases_run == 15
     assert [f.to_json() for f in three.findings] == [f.to_json() for f in one.findings]

@@ -304,13 +304,25 @@ def test_the_timed_rounds_are_the_benchmark_loop_around_the_step(mode):
     """The loop a GPU runs (task._run, device-generic) on the CPU wall clock with torch places: the rounds
     come from the kernel benchmark's own loop (timing.timed_rounds), every instance agrees each round, and an
     instance that computes something else stops the benchmark."""
+    from kernalin_ci.bench import stats
     from kernalin_ci.bench.timing import BenchAbort
+    from kernalin_ci.jobs import ModelJob
     from kernalin_ci.throughput import task
 
     k = st.Kernels(attention=_paged_attention, attention_op="attention.decode_paged", block_size=8)
-    job = {"device": "cpu", "reps": 2, "budget_s": 600, "max_rounds": 2, "seed": 0, "mode": mode}
+    job = ModelJob(
+        spec=TINY,
+        reps=2,
+        budget_s=600,
+        max_rounds=2,
+        seed=0,
+        l2_flush=True,
+        rope=None,
+        rope_min=stats.ROPE_MIN,
+        mode=mode,
+    )
     events = []
-    task._run(TINY, [("base", k), ("head", k), ("base2", k)], job, events.append)
+    task._run(TINY, [("base", k), ("head", k), ("base2", k)], job, "cpu", events.append)
     kinds = [e["event"] for e in events]
     assert kinds.count("round") == 2 and events[-1] == {**events[-1], "event": "stopped", "reason": "max-rounds"}
     parts = [e["part"] for e in events if e["event"] == "setup"]
@@ -325,7 +337,7 @@ def test_the_timed_rounds_are_the_benchmark_loop_around_the_step(mode):
 
     wrong = st.Kernels(attention=scaled, attention_op="attention.decode_paged", block_size=8)
     with pytest.raises(BenchAbort, match="head and base disagree on batch 3, context 21 \\(round 1"):
-        task._run(TINY, [("base", k), ("head", wrong)], job, lambda e: None)
+        task._run(TINY, [("base", k), ("head", wrong)], job, "cpu", lambda e: None)
 
 
 def test_block_layers_reads_far_more_than_the_l2():

@@ -22,16 +22,16 @@ from kernalin_ci.bench.regime import DEFAULT_REGIME, MICRO_US, REGIMES, is_micro
 from kernalin_ci.bench.result import CLOCK_NOTE, BenchResult, ShapeResult
 from kernalin_ci.bench.shapes import bench_cases, split_params
 from kernalin_ci.bench.trace import from_shapes
+from kernalin_ci.device import DEVICES
 from kernalin_ci.entry import parse_entry
 from kernalin_ci.errors import UsageError
 from kernalin_ci.isolate import run_task
+from kernalin_ci.jobs import BenchJob, Instance, RaceJob, RaceSchedule
 from kernalin_ci.ops import get_op
 from kernalin_ci.ops.base import resolve_params
 from kernalin_ci.progress import BenchRound, BenchSetup, ProgressSink, sink_for
 
 DEFAULT_BUDGET_S = 30.0
-DEFAULT_REPS = {"cuda": 5, "cpu": 3}
-DEFAULT_TIMEOUT_S = {"cuda": 180.0, "cpu": 600.0}
 L2_FLUSH_DEFAULT = True  # docs/benchmarking.md: decided from the H200 measurement of benchmarks/gpu_bench.py
 COPY_LIMIT_BYTES = 256 << 20
 SKIP_DIRS = {"__pycache__", "venv", "env", "node_modules", "build", "dist"}  # and every hidden folder (.git, .venv)
@@ -60,7 +60,7 @@ def bench_pair(
     shapes: list[str] | None = None,
     regime: str | None = None,
     reference: int = 0,
-    race: dict | None = None,
+    race: RaceSchedule | None = None,
 ) -> BenchResult:
     """Benchmark head against base; the gate and `kernalin-ci bench` call this.
 
@@ -89,7 +89,7 @@ def bench_pair(
         cases = [c for c in cases if c.name in shapes]
     if budget_s <= 0:
         raise UsageError("budget_s: must be positive", setting="budget_s")
-    reps = reps or DEFAULT_REPS[device]
+    reps = reps or DEVICES[device].bench_reps
     if reps < 1:
         raise UsageError("reps: must be at least 1", setting="reps")
     l2_flush = L2_FLUSH_DEFAULT if l2_flush is None else l2_flush
@@ -115,32 +115,29 @@ def bench_pair(
         if note:
             result.notes.append(note)
         instances = [
-            {"name": "base", "entry": base_entry, "root": base_root},
-            {"name": "head", "entry": head_entry, "root": head_root},
-            {"name": "base2", "entry": base2_entry, "root": base2_root},
+            Instance(name="base", entry=base_entry, root=base_root),
+            Instance(name="head", entry=head_entry, root=head_root),
+            Instance(name="base2", entry=base2_entry, root=base2_root),
         ]
-        instances += [{"name": n, "entry": e, "root": str(Path(r or os.getcwd()).resolve())} for n, e, r in extra]
-        job = {
-            "task": "tune-race" if race else "bench",
-            "op": op,
-            "params": resolved,
-            "device": device,
-            "cases": [c.to_json() for c in cases],
-            "instances": instances,
-            "reps": reps,
-            "budget_s": budget_s,
-            "max_rounds": max_rounds,
-            "adaptive": adaptive,
-            "seed": seed,
-            "l2_flush": l2_flush,
-            "regime": regime,
-            "rope": rope,
-            "rope_min": rope_min,
-            "reference": reference,
-        }
-        if race:
-            job["race"] = race
-        info = _run(job, result, cases, device, timeout_s or DEFAULT_TIMEOUT_S[device], progress)
+        instances += [Instance(name=n, entry=e, root=str(Path(r or os.getcwd()).resolve())) for n, e, r in extra]
+        bench = BenchJob(
+            op=op,
+            params=resolved,
+            cases=tuple(cases),
+            instances=tuple(instances),
+            reps=reps,
+            budget_s=budget_s,
+            max_rounds=max_rounds,
+            adaptive=adaptive,
+            seed=seed,
+            l2_flush=l2_flush,
+            regime=regime,
+            rope=rope,
+            rope_min=rope_min,
+            reference=reference,
+        )
+        job = RaceJob.of(bench, race) if race else bench
+        info = _run(job, result, cases, device, timeout_s or DEVICES[device].bench_timeout_s, progress)
     _finish(result, cases, info, rope, rope_min)
     result.seconds = time.perf_counter() - t_start
     return result
@@ -192,9 +189,10 @@ def _copy_tree(src: Path, dest: Path) -> bool:
     return True
 
 
-def _run(job: dict, result: BenchResult, cases, device: str, timeout_s: float, progress) -> dict:
+def _run(job: BenchJob, result: BenchResult, cases, device: str, timeout_s: float, progress) -> dict:
     """Drive the child; fill result's rounds, trace and error. -> per-shape inner and timing."""
-    names = [i["name"] for i in job["instances"]]
+    names = [i.name for i in job.instances]
+    race = isinstance(job, RaceJob)  # a race's rounds time part of the instances: its caller reads them
     times = {n: [] for n in names}
     orders = []
     labels = [c.name for c in cases]
@@ -222,7 +220,7 @@ def _run(job: dict, result: BenchResult, cases, device: str, timeout_s: float, p
         elif kind == "note":
             result.notes.append(ev["message"])
         elif kind == "round":
-            if job["task"] == "bench":  # a race's rounds time part of the instances: its caller reads them
+            if not race:
                 for n in names:
                     times[n].append(ev["times"][n])
                 orders.append(ev["order"])
@@ -248,11 +246,11 @@ def _run(job: dict, result: BenchResult, cases, device: str, timeout_s: float, p
     if outcome.status in ("timeout", "crashed") and result.error is None:
         result.error_kind = outcome.status
         result.error = f"the benchmark child {outcome.detail} while {state['where']}" + outcome.last_output()
-    if result.rounds and job["task"] == "bench":
+    if result.rounds and not race:
         result.instances = {n: np.asarray(times[n], dtype=np.float64) for n in names}
         result.orders = np.asarray(orders, dtype=np.int8)
         meta = {
-            "op": job["op"],
+            "op": job.op,
             "base": result.base,
             "head": result.head,
             "device": device,
@@ -261,10 +259,10 @@ def _run(job: dict, result: BenchResult, cases, device: str, timeout_s: float, p
             "shapes": labels,
             "inner": [info["inner"].get(i) for i in range(len(labels))],
             "timing": [info["timing"].get(i) for i in range(len(labels))],
-            "reps": job["reps"],
+            "reps": job.reps,
             "l2_flush": result.l2_flush,
             "regime": result.regime,
-            "seed": job["seed"],
+            "seed": job.seed,
             "copies": [info["copies"].get(i) for i in range(len(labels))],
             "same_output_addresses": [info["same_addresses"].get(i) for i in range(len(labels))],
         }

@@ -17,7 +17,7 @@ Regimes (`regime`): `warm` times `inner` back-to-back launches on the same input
 after one L2 flush per sample (launches 2..inner find the inputs in L2); `cold`
 gives every input tensor enough copies to span COLD_L2_MULTIPLE x the L2, and at least enough for
 COLD_L2_MULTIPLE x the L2 of the bytes a launch moves by the op's model (a kernel that touches a few
-rows of a large cache); at most `inner` copies, COLD_MAX_BYTES in all. Launch j of a sample reads copy
+rows of a large cache); at most `inner` copies, the device's `cold_max_bytes` in all. Launch j of a sample reads copy
 j mod n of each, so every launch reads memory that is not in L2.
 
 Setup (`setup`), once per worker: per shape the inputs (op.inputs, once), every instance bound to
@@ -66,18 +66,18 @@ import torch
 
 from kernalin_ci.bench import stats
 from kernalin_ci.bench.regime import REGIMES
+from kernalin_ci.device import CPU, CUDA, DEVICES
 from kernalin_ci.entry import load_entry
+from kernalin_ci.jobs import BenchJob, Emit, TimedJob
 from kernalin_ci.ops import get_op
 from kernalin_ci.ops.base import TOLERANCE, Case, Op
 from kernalin_ci.runtime.cuda_errors import CUDA_ERROR
 from kernalin_ci.runtime.poison import bits
 from kernalin_ci.runtime.rows import row_errors
 
-TARGET_SAMPLE_S = {"cuda": 1e-3, "cpu": 5e-3}
 MAX_INNER = 10000
 L2_FLUSH_BYTES = 256 << 20  # several times the L2 of any current GPU (H100: 50 MB, H200: 60 MB)
 COLD_L2_MULTIPLE = 2  # cold: each input tensor's copies span at least this many L2 sizes
-COLD_MAX_BYTES = {"cuda": 4 << 30, "cpu": 256 << 20}  # cold: all copies of one shape's inputs, at most
 DEFAULT_L2_BYTES = {"cuda": 50 << 20, "cpu": 32 << 20}  # when the device does not say (the CPU never does)
 
 
@@ -160,7 +160,7 @@ class SharedInputs:
         if regime != "cold":
             return {k: 1 for k in self.copies}
         sizes = {k: v[0].numel() * v[0].element_size() for k, v in self.copies.items()}
-        n = cold_copies(sizes, launches, l2_bytes(device), COLD_MAX_BYTES[device], touched)
+        n = cold_copies(sizes, launches, l2_bytes(device), DEVICES[device].cold_max_bytes, touched)
         for k, c in self.copies.items():
             c += [c[0].clone() for _ in range(n[k] - 1)]
         self.ring = [{**self.kw, **{k: c[j % len(c)] for k, c in self.copies.items()}} for j in range(launches)]
@@ -341,7 +341,7 @@ class CudaClock:
                 r.graph_check = r.check_ret = None
             torch.cuda.synchronize()
         per_launch = self._per_launch(runners[0], timing)
-        inner = max(1, min(MAX_INNER, math.ceil(TARGET_SAMPLE_S["cuda"] / max(per_launch, 1e-9))))
+        inner = max(1, min(MAX_INNER, math.ceil(CUDA.sample_s / max(per_launch, 1e-9))))
         copies = inputs.make_ring(regime, inner, "cuda", touched)
         pool = torch.cuda.graph_pool_handle()  # one pool per shape: identical code, identical addresses
         for r in runners:
@@ -408,7 +408,7 @@ class CpuClock:
         t0 = time.perf_counter()
         runners[0].call()
         per_launch = time.perf_counter() - t0
-        inner = max(1, min(MAX_INNER, math.ceil(TARGET_SAMPLE_S["cpu"] / max(per_launch, 1e-9))))
+        inner = max(1, min(MAX_INNER, math.ceil(CPU.sample_s / max(per_launch, 1e-9))))
         copies = inputs.make_ring(regime, inner, "cpu", touched)
         for r in runners:
             r.inner = inner
@@ -444,20 +444,19 @@ class Shape:
         return self.inputs.master
 
 
-def run_job(job: dict, emit) -> None:
+def run_job(job: BenchJob, device: str, emit: Emit) -> None:
     """Worker task "bench": emits setup / round / stopped events (or bench-error)."""
-    guarded(job, emit, _run)
+    guarded(job, device, emit, _run)
 
 
-def guarded(job: dict, emit, body) -> None:
+def guarded(job: BenchJob, device: str, emit: Emit, body: Callable[..., None]) -> None:
     """Load the job's op, entries and cases and run `body(job, emit, op, params, device, fns, cases)`; a
     benchmark that cannot finish (outputs disagree, an entry raised, out of memory, a CUDA error) ends
     with a bench-error event."""
-    device = job["device"]
-    op = get_op(job["op"], root=job["instances"][0]["root"])
-    params = job["params"]
-    fns = [(i["name"], load_entry(i["entry"], i.get("root"))) for i in job["instances"]]
-    cases = [Case.from_json(c) for c in job["cases"]]
+    op = get_op(job.op, root=job.instances[0].root)
+    params = job.params
+    fns = [(i.name, load_entry(i.entry, i.root)) for i in job.instances]
+    cases = list(job.cases)
     try:
         body(job, emit, op, params, device, fns, cases)
     except BenchAbort as e:
@@ -471,15 +470,15 @@ def guarded(job: dict, emit, body) -> None:
         emit({"event": "bench-error", "kind": "cuda-error", "message": f"{type(e).__name__}: {msg}"})
 
 
-def setup(job: dict, emit, op, params, device, fns, cases) -> tuple:
+def setup(job: BenchJob, emit: Emit, op, params, device, fns, cases) -> tuple:
     """Once per benchmark worker: the clock, and per shape the shared inputs (op.inputs, once) and every
     instance bound to them and prepared by the clock (warm-up, CUDA graphs, inner, cold copies); emits a
     setup event per shape and setup-done. -> (clock, [Shape])."""
-    clock = (CudaClock if device == "cuda" else CpuClock)(job.get("l2_flush", True))
-    regime = job.get("regime", "warm")
+    clock = (CudaClock if device == "cuda" else CpuClock)(job.l2_flush)
+    regime = job.regime
     if regime not in REGIMES:
         raise BenchAbort("usage", f"regime must be one of {', '.join(REGIMES)}, got {regime!r}")
-    seed = int(job.get("seed", 0))
+    seed = job.seed
     shapes: list[Shape] = []
     t_setup = time.perf_counter()
     for si, case in enumerate(cases):
@@ -516,12 +515,12 @@ def new_inputs(op, params, device, sh: Shape, rnd: int, seed: int) -> None:
     sh.inputs.load()
 
 
-def _run(job, emit, op, params, device, fns, cases) -> None:
+def _run(job: BenchJob, emit: Emit, op, params, device, fns, cases) -> None:
     clock, shapes = setup(job, emit, op, params, device, fns, cases)
-    seed = int(job.get("seed", 0))
+    seed = job.seed
     exact = op.exact  # kv_append: whole caches, bit for bit
     names = [n for n, _ in fns]
-    reps = int(job["reps"])
+    reps = job.reps
 
     def prepare(si: int, rnd: int) -> None:
         new_inputs(op, params, device, shapes[si], rnd, seed)
@@ -531,8 +530,8 @@ def _run(job, emit, op, params, device, fns, cases) -> None:
         return clock.time_shape(shapes[si], order, reps)
 
     def on_stop(rng: random.Random) -> None:
-        if job.get("reference"):
-            _reference(shapes, clock, int(job["reference"]), rng, device, emit)
+        if job.reference:
+            _reference(shapes, clock, job.reference, rng, device, emit)
 
     timed_rounds(names, len(shapes), prepare, time_shape, job, lambda times: _verdict(times, names, job), emit, on_stop)
 
@@ -562,7 +561,7 @@ def timed_rounds(
     n_shapes: int,
     prepare: Callable[[int, int], None],
     time_shape: Callable[[int, list[int]], dict[str, list[float]]],
-    job: dict,
+    job: TimedJob,
     verdict: Callable[[dict], stats.Verdict | None],
     emit,
     on_stop: Callable[[random.Random], None] | None = None,
@@ -573,10 +572,10 @@ def timed_rounds(
     (time_instances: warm-up sample, `reps` samples). After every round: the `round` event (times
     [shapes][reps] per instance, the orders, the elapsed seconds, `verdict(times)`), and at a look the
     adaptive stop; at the end `on_stop(the order's random generator)`, then the `stopped` event."""
-    budget = float(job["budget_s"])
-    max_rounds = job.get("max_rounds") or 1 << 30
-    adaptive = job.get("adaptive", True)
-    order_rng = random.Random(int(job.get("seed", 0)))
+    budget = float(job.budget_s)
+    max_rounds = job.max_rounds or 1 << 30
+    adaptive = job.adaptive
+    order_rng = random.Random(job.seed)
     times: dict[str, list] = {n: [] for n in names}  # per instance: list of [S, reps] per round
     elapsed = 0.0
     rnd = 0
@@ -698,7 +697,7 @@ def disagreements(op, sh: Shape, exact: bool, active: list[int] | None = None) -
     return bad
 
 
-def _verdict(times: dict, names: list[str], job: dict):
+def _verdict(times: dict, names: list[str], job: TimedJob):
     """The overall verdict after this round, from the same function that decides the final verdicts."""
     if len(names) < 2:
         return None
@@ -706,7 +705,5 @@ def _verdict(times: dict, names: list[str], job: dict):
 
     arr = {n: np.asarray(times[n], dtype=np.float64) for n in names}
     base2 = arr[names[2]] if len(names) > 2 else None
-    overall, _ = stats.compare_run(
-        arr[names[0]], arr[names[1]], base2, rope=job.get("rope"), rope_min=job.get("rope_min", stats.ROPE_MIN)
-    )
+    overall, _ = stats.compare_run(arr[names[0]], arr[names[1]], base2, rope=job.rope, rope_min=job.rope_min)
     return overall

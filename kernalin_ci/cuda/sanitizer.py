@@ -178,20 +178,12 @@ def check(
 
 def _run_tool(tool, binary, op, entry, params, cases, root, timeout_s) -> tuple[list[Error], list[Error], dict]:
     from kernalin_ci.isolate import run_task
+    from kernalin_ci.jobs import LaunchJob
     from kernalin_ci.sandbox import CappedFolder
 
     t0 = time.perf_counter()
     with CappedFolder("kernalin-sanitizer-") as folder:
-        job = {
-            "task": "verify-launch",
-            "op": op,
-            "entry": entry,
-            "root": root,
-            "params": params,
-            "device": "cuda",
-            "cases": [c.to_json() for c in cases],
-            "results": folder.path,
-        }
+        job = LaunchJob(op=op, entry=entry, root=root, params=params, cases=tuple(cases), results=folder.path)
         log = os.path.join(folder.path, "report.txt")
         outcome = run_task(
             job,

@@ -17,6 +17,7 @@ from pathlib import Path
 from kernalin_ci.cuda.build import BuildResult, build_ptx
 from kernalin_ci.cuda.caches import cache_dir
 from kernalin_ci.cuda.sources import CudaSpec
+from kernalin_ci.jobs import BuildJob, Emit
 
 
 def build(
@@ -34,16 +35,7 @@ def build(
     from kernalin_ci.isolate import run_task
 
     t0 = time.perf_counter()
-    job = {
-        "task": "cuda-build",
-        "cuda": spec.to_json(),
-        "entry": entry,
-        "op": op,
-        "params": params,
-        "device": device,
-        "dtype": dtype,
-        "root": root or os.getcwd(),
-    }
+    job = BuildJob(cuda=spec, entry=entry, op=op, params=params, dtype=dtype, root=root or os.getcwd())
     outcome = run_task(job, device, timeout_s, cwd=root)
     outcome.raise_for_error("cuda-build")
     found = next((e for e in outcome.events if e.get("event") == "cuda-build"), None)
@@ -54,17 +46,15 @@ def build(
     return res, time.perf_counter() - t0
 
 
-def run_job(job: dict, emit) -> None:
+def run_job(job: BuildJob, device: str, emit: Emit) -> None:
     """Worker task 'cuda-build'."""
-    spec = CudaSpec.from_json(job["cuda"])
-    root = Path(job["root"])
-    res = build_ptx(spec, root, cache_dir())
+    res = build_ptx(job.cuda, Path(job.root), cache_dir())
     emit({"event": "cuda-build", **res.to_json()})
-    if job["device"] == "cuda" and res.status != "failed":
+    if device == "cuda" and res.status != "failed":
         emit({"event": "cuda-warm", **warm(job)})
 
 
-def warm(job: dict) -> dict:
+def warm(job: BuildJob) -> dict:
     """Load the entry and launch it once at the op's pos-0 probe (its builds land in the cache); what it
     raised, if anything (not judged: the checks launch every case again)."""
     import torch
@@ -74,10 +64,10 @@ def warm(job: dict) -> dict:
 
     t0 = time.perf_counter()
     try:
-        fn = load_entry(job["entry"], job["root"])
-        op = get_op(job["op"], root=job["root"])
-        case = op.probe(job["params"], job.get("dtype") or "float32")
-        fn(**op.inputs(case, job["params"], "cuda", poison=False))
+        fn = load_entry(job.entry, job.root)
+        op = get_op(job.op, root=job.root)
+        case = op.probe(job.params, job.dtype or "float32")
+        fn(**op.inputs(case, job.params, "cuda", poison=False))
         torch.cuda.synchronize()
         return {"seconds": time.perf_counter() - t0, "error": None}
     except Exception as e:  # the user's code: reported by the checks that follow, not here

@@ -28,6 +28,7 @@ from kernalin_ci.explain.code import (
     ptxas_resources,
     sass_instructions,
 )
+from kernalin_ci.jobs import CompileJob, Emit
 
 ARCH = 90  # the capture's target (kernalin_ci.verify.structural.capture.TARGET)
 _COMPILED: dict = {}
@@ -227,20 +228,18 @@ def describe_launch(la) -> dict:
     }
 
 
-def run_job(job: dict, emit) -> None:
+def run_job(job: CompileJob, emit: Emit) -> None:
     """Worker task 'explain-compile'."""
     os.environ["TRITON_INTERPRET"] = "0"  # compile, never interpret (set before the entry imports Triton)
     from kernalin_ci.entry import load_entry
     from kernalin_ci.ops import get_op
-    from kernalin_ci.ops.base import Case
     from kernalin_ci.verify.structural.capture import CaptureError, capture_at
 
-    op = get_op(job["op"], root=job.get("root"))
-    params = job["params"]
-    fn = load_entry(job["entry"], job.get("root"))
+    op = get_op(job.op, root=job.root)
+    params = job.params
+    fn = load_entry(job.entry, job.root)
     emit({"event": "explain-toolchain", **toolchain()})
-    for i, cj in enumerate(job["cases"]):
-        case = Case.from_json(cj)
+    for i, case in enumerate(job.cases):
         host = HostOps()
 
         def entry(host=host, **kw):

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 
 from kernalin_ci.findings import known
 from kernalin_ci.isolate import run_task
+from kernalin_ci.jobs import CompileJob
 
 EQUIVALENT = "equivalent (identical compiled code)"
 CODE_KEYS = ("ttgir", "ptx", "sass")
@@ -36,14 +37,7 @@ def compile_side(op: str, entry: str, root: str, params: dict, cases: list, time
 
     t0 = time.perf_counter()
     side = SideCompile(shapes=[None] * len(cases))
-    job = {
-        "task": "explain-compile",
-        "op": op,
-        "entry": entry,
-        "root": root,
-        "params": params,
-        "cases": [c.to_json() for c in cases],
-    }
+    job = CompileJob(op=op, entry=entry, root=root, params=params, cases=tuple(cases))
 
     def on_event(ev):
         if ev.get("event") == "explain-toolchain":

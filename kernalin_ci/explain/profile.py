@@ -21,6 +21,8 @@ import os
 import re
 import shutil
 
+from kernalin_ci.jobs import Emit, ProfileJob
+
 METRICS = {
     "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram_throughput_pct",
     "sm__warps_active.avg.pct_of_peak_sustained_active": "achieved_occupancy_pct",
@@ -41,17 +43,16 @@ DENIED = (
 )
 
 
-def run_job(job: dict, emit) -> None:
+def run_job(job: ProfileJob, emit: Emit) -> None:
     """Worker task 'explain-profile' (in the child, under ncu)."""
     import torch
 
     from kernalin_ci.entry import load_entry
     from kernalin_ci.ops import get_op
-    from kernalin_ci.ops.base import Case
 
-    op = get_op(job["op"], root=job.get("root"))
-    fn = load_entry(job["entry"], job.get("root"))
-    kw = op.inputs(Case.from_json(job["case"]), job["params"], "cuda", poison=False)
+    op = get_op(job.op, root=job.root)
+    fn = load_entry(job.entry, job.root)
+    kw = op.inputs(job.case, job.params, "cuda", poison=False)
     fn(**kw)
     torch.cuda.synchronize()
     torch.cuda.nvtx.range_push("kernalin")
@@ -123,15 +124,7 @@ def profile_side(op: str, entry: str, root: str, params: dict, case, timeout_s: 
     from kernalin_ci.sandbox import CappedFolder
 
     ncu = shutil.which("ncu")
-    job = {
-        "task": "explain-profile",
-        "op": op,
-        "entry": entry,
-        "root": root,
-        "params": params,
-        "case": case.to_json(),
-        "device": "cuda",
-    }
+    job = ProfileJob(op=op, entry=entry, root=root, params=params, case=case)
     with CappedFolder("kernalin-ncu-") as out:  # ncu writes out.path, this process reads out.view
         o = run_task(
             job,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import platform
 
 from kernalin_ci.isolate import run_task
+from kernalin_ci.jobs import Emit, EnvJob
 
 NA = "not available"
 # NVML clock-event (throttle) reason bits
@@ -149,14 +150,14 @@ def facts(measure_copy: bool) -> dict:
     return out
 
 
-def run_job(job: dict, emit) -> None:
+def run_job(job: EnvJob, emit: Emit) -> None:
     """Worker task 'explain-env'."""
-    emit({"event": "explain-env", **facts(bool(job.get("copy")))})
+    emit({"event": "explain-env", **facts(job.copy)})
 
 
 def environment(device: str, measure_copy: bool = False, timeout_s: float = 120.0) -> dict:
     """The facts of a fresh worker on `device` (parent side); {"error": ...} if it could not run."""
-    out = run_task({"task": "explain-env", "device": device, "copy": measure_copy}, device, timeout_s)
+    out = run_task(EnvJob(copy=measure_copy), device, timeout_s)
     ev = next((e for e in out.events if e.get("event") == "explain-env"), None)
     if ev is None:
         return {"error": f"the environment worker {out.status}: {out.detail}"}

@@ -17,17 +17,18 @@ from pathlib import Path
 import numpy as np
 
 from kernalin_ci.bench import stats
-from kernalin_ci.bench.pair import DEFAULT_REPS, aa_copy
+from kernalin_ci.bench.pair import aa_copy
 from kernalin_ci.bench.trace import geometric_mean_over_shapes
+from kernalin_ci.device import DEVICES
 from kernalin_ci.entry import parse_entry
 from kernalin_ci.errors import UsageError
 from kernalin_ci.isolate import run_task
+from kernalin_ci.jobs import EntryAt, ModelInstance, ModelJob
 from kernalin_ci.progress import ModelRound, ProgressSink, sink_for
 from kernalin_ci.throughput import cost
 from kernalin_ci.throughput.result import ModelResult
 from kernalin_ci.throughput.spec import FUSED, ROLE_OPS, SEPARATE, ModelSpec
 
-DEFAULT_TIMEOUT_S = {"cuda": 300.0, "cpu": 600.0}
 NOT_MEASURED_CPU = "no GPU: the decode step is timed on a GPU only"
 
 
@@ -154,45 +155,45 @@ def bench_model(
         parse_entry(r.base_entry), parse_entry(r.head_entry)
     base_root = str(Path(base_root or os.getcwd()).resolve())
     head_root = str(Path(head_root or os.getcwd()).resolve())
-    reps = reps or DEFAULT_REPS[device]
+    reps = reps or DEVICES[device].bench_reps
     result = ModelResult(spec, device, roles=role_names(roles))
     with tempfile.TemporaryDirectory(prefix="kernalin-model-aa-") as tmp:
         os.chmod(tmp, 0o755)  # read by the kernel workers' sandbox user (uid 65534 under root)
         base2 = {}
         for r in roles:
             entry, root, note = aa_copy(r.base_entry, base_root, os.path.join(tmp, r.role))
-            base2[r.role] = {"entry": entry, "root": root}
+            base2[r.role] = EntryAt(entry=entry, root=root)
             if note and note not in result.notes:
                 result.notes.append(note)
-        instances = [
-            {"name": "base", "roles": {r.role: {"entry": r.base_entry, "root": base_root} for r in roles}},
-            {"name": "head", "roles": {r.role: {"entry": r.head_entry, "root": head_root} for r in roles}},
-            {"name": "base2", "roles": base2},
-        ]
-        job = {
-            "task": "model-bench",
-            "device": device,
-            "params": params,
-            "spec": spec.to_json(),
-            "instances": instances,
-            **layout,
-            "reps": reps,
-            "budget_s": budget_s,
-            "max_rounds": max_rounds,
-            "seed": seed,
-            "l2_flush": l2_flush,
-            "rope": rope,
-            "rope_min": rope_min,
-            "mode": mode,
-        }
-        _drive(job, result, timeout_s or DEFAULT_TIMEOUT_S[device], progress)
+        instances = (
+            ModelInstance(name="base", roles={r.role: EntryAt(entry=r.base_entry, root=base_root) for r in roles}),
+            ModelInstance(name="head", roles={r.role: EntryAt(entry=r.head_entry, root=head_root) for r in roles}),
+            ModelInstance(name="base2", roles=base2),
+        )
+        job = ModelJob(
+            params=params,
+            spec=spec,
+            instances=instances,
+            attention_op=layout["attention_op"],
+            block_size=layout["block_size"],
+            layout=layout["layout"],
+            reps=reps,
+            budget_s=budget_s,
+            max_rounds=max_rounds,
+            seed=seed,
+            l2_flush=l2_flush,
+            rope=rope,
+            rope_min=rope_min,
+            mode=mode,
+        )
+        _drive(job, device, result, timeout_s or DEVICES[device].model_timeout_s, progress)
     _finish(result, rope, rope_min)
     result.seconds = time.perf_counter() - t_start
     return result
 
 
-def _drive(job: dict, result: ModelResult, timeout_s: float, progress) -> None:
-    names = [i["name"] for i in job["instances"]]
+def _drive(job: ModelJob, device: str, result: ModelResult, timeout_s: float, progress) -> None:
+    names = [i.name for i in job.instances]
     times: dict = {n: [] for n in names}
     state = {"where": "setting up"}
     sink = sink_for(progress)
@@ -231,7 +232,7 @@ def _drive(job: dict, result: ModelResult, timeout_s: float, progress) -> None:
         if on_raw is not None:
             on_raw(ev)
 
-    outcome = run_task(job, job["device"], timeout_s, on_event)
+    outcome = run_task(job, device, timeout_s, on_event)
     outcome.raise_for_error("model-bench")
     if outcome.status in ("timeout", "crashed") and result.error is None:
         result.error_kind = outcome.status

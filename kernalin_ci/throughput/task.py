@@ -35,6 +35,7 @@ from kernalin_ci.bench.timing import (
 )
 from kernalin_ci.bench.trace import geometric_mean_over_shapes
 from kernalin_ci.entry import load_entry
+from kernalin_ci.jobs import Emit, EntryAt, ModelJob
 from kernalin_ci.ops.base import TOLERANCE
 from kernalin_ci.runtime.cuda_errors import CUDA_ERROR
 from kernalin_ci.runtime.rows import row_errors
@@ -45,28 +46,27 @@ HEADROOM_BYTES = 4 << 30  # activations, graph pools, cuBLAS workspaces, the L2 
 FREE_FRACTION = 0.9
 
 
-def load_kernels(roles: dict, job: dict) -> st.Kernels:
-    fns = {role: load_entry(r["entry"], r.get("root")) for role, r in roles.items()}
+def load_kernels(roles: dict[str, EntryAt], job: ModelJob) -> st.Kernels:
+    fns = {role: load_entry(r.entry, r.root) for role, r in roles.items()}
     return st.Kernels(
         attention=fns.get("attention"),
         rope=fns.get("rope"),
         kv_append=fns.get("kv_append"),
         decode_step=fns.get("decode_step"),
-        attention_op=job.get("attention_op"),
-        block_size=int(job.get("block_size") or 16),
-        layout=job.get("layout") or "nhd",
+        attention_op=job.attention_op,
+        block_size=job.block_size,
+        layout=job.layout,
     )
 
 
-def run_job(job: dict, emit) -> None:
-    device = job["device"]
-    instances = [(i["name"], load_kernels(i["roles"], job)) for i in job["instances"]]
-    spec = ModelSpec.from_json(job["spec"])
+def run_job(job: ModelJob, device: str, emit: Emit) -> None:
+    instances = [(i.name, load_kernels(i.roles, job)) for i in job.instances]
+    spec = job.spec
     try:
         if device == "cpu":
             _cpu_check(spec, instances, job, emit)
         else:
-            _run(spec, instances, job, emit)
+            _run(spec, instances, job, device, emit)
     except BenchAbort as e:
         emit({"event": "bench-error", "kind": e.kind, "message": str(e)})
     except torch.cuda.OutOfMemoryError as e:
@@ -108,13 +108,13 @@ def agreement(spec: ModelSpec, label: str, outs: list[tuple[str, dict]]) -> None
             )
 
 
-def _cpu_check(spec: ModelSpec, instances, job, emit) -> None:
+def _cpu_check(spec: ModelSpec, instances, job: ModelJob, emit: Emit) -> None:
     small = tiny(spec)
     point = small.serving[0]
     t0 = time.perf_counter()
     k0 = instances[0][1]
-    w = st.build_weights(small, small.layers, "cpu", int(job.get("seed", 0)))
-    pi = st.build_point(small, point, k0, small.layers, "cpu", int(job.get("seed", 0)))
+    w = st.build_weights(small, small.layers, "cpu", job.seed)
+    pi = st.build_point(small, point, k0, small.layers, "cpu", job.seed)
     outs = []
     for name, k in instances:
         outs.append((name, _call(name, functools.partial(st.full_step, small, w, pi, k))))
@@ -154,15 +154,14 @@ def choose_mode(
     return mode, built, why
 
 
-def _run(spec: ModelSpec, instances, job, emit) -> None:
+def _run(spec: ModelSpec, instances, job: ModelJob, device: str, emit: Emit) -> None:
     """The timed benchmark (run_job calls it on a GPU only; the loop itself is device-generic)."""
-    device = job["device"]
-    seed = int(job.get("seed", 0))
+    seed = job.seed
     points = spec.serving
-    clock = CudaClock(job.get("l2_flush", True)) if device == "cuda" else CpuClock()
+    clock = CudaClock(job.l2_flush) if device == "cuda" else CpuClock()
     k0 = instances[0][1]
-    free = torch.cuda.mem_get_info()[0] if device == "cuda" else int(job.get("free_bytes", 1 << 40))
-    mode, built, why = choose_mode(spec, points, k0, job.get("mode", "auto"), free)
+    free = torch.cuda.mem_get_info()[0] if device == "cuda" else 1 << 40
+    mode, built, why = choose_mode(spec, points, k0, job.mode, free)
     t_setup = time.perf_counter()
     w = st.build_weights(spec, built, device, seed)
     emit({"event": "mode", "mode": mode, "layers_built": built, "why": why})
@@ -216,7 +215,7 @@ def _run(spec: ModelSpec, instances, job, emit) -> None:
         return time_instances(
             names,
             order,
-            int(job["reps"]),
+            job.reps,
             clock.warm_sample,
             lambda i: sum(part.multiplier * clock.sample(part.runners[i]) for part in parts),
         )
@@ -224,11 +223,9 @@ def _run(spec: ModelSpec, instances, job, emit) -> None:
     timed_rounds(names, len(shapes), prepare, time_shape, job, lambda times: _verdict(times, names, job), emit)
 
 
-def _verdict(times: dict, names: list[str], job: dict):
+def _verdict(times: dict, names: list[str], job: ModelJob):
     if len(names) < 2:
         return None
     arr = {n: geometric_mean_over_shapes(np.asarray(times[n], dtype=np.float64)) for n in names}
     base2 = arr[names[2]] if len(names) > 2 else None
-    return stats.compare_trace(
-        arr[names[0]], arr[names[1]], base2, rope=job.get("rope"), rope_min=job.get("rope_min", stats.ROPE_MIN)
-    )
+    return stats.compare_trace(arr[names[0]], arr[names[1]], base2, rope=job.rope, rope_min=job.rope_min)

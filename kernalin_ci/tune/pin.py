@@ -15,6 +15,8 @@ import json
 import os
 from pathlib import Path
 
+from kernalin_ci.jobs import DiscoverJob, Emit
+
 
 def autotuners(fn, root: str) -> dict:
     """name -> Autotuner object reachable from the entry: its module's globals, and the globals of
@@ -54,17 +56,17 @@ def config_json(c) -> dict:
     return out
 
 
-def discover_job(job: dict, emit) -> None:
+def discover_job(job: DiscoverJob, emit: Emit) -> None:
     """Worker task: the autotuned kernels the entry reaches, with their configs."""
     from kernalin_ci.entry import load_entry
 
-    fn = load_entry(job["entry"], job["root"])
+    fn = load_entry(job.entry, job.root)
     kernels = []
-    for name, at in sorted(autotuners(fn, job["root"]).items()):
+    for name, at in sorted(autotuners(fn, job.root).items()):
         code = base_function(at).__code__
         path = code.co_filename
         try:
-            path = str(Path(path).resolve().relative_to(Path(job["root"]).resolve()))
+            path = str(Path(path).resolve().relative_to(Path(job.root).resolve()))
         except ValueError:
             pass
         kernels.append(

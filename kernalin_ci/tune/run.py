@@ -26,7 +26,9 @@ from pathlib import Path
 import numpy as np
 
 from kernalin_ci.bench import stats
+from kernalin_ci.device import DEVICES
 from kernalin_ci.errors import UsageError
+from kernalin_ci.jobs import RaceSchedule
 from kernalin_ci.progress import (
     CandidateDropped,
     CandidateVerified,
@@ -41,12 +43,9 @@ from kernalin_ci.report.text import finding_line, not_shown_faster_text
 from kernalin_ci.tune import race
 from kernalin_ci.tune.space import Candidate, Space, TuneSpec, build_space, candidate_source
 
-DEFAULT_BUDGET_S = {"cuda": 120.0, "cpu": 60.0}
 FINALISTS = 3
 SCREEN_ROUNDS = 2
 FINAL_CHUNKS = (10, 20, 40, 80, 160)  # rounds per final chunk: the race looks after each
-VERIFY_JOBS = {"cuda": 4, "cpu": 1}
-DEFAULT_REPS = {"cuda": 5, "cpu": 1}
 
 
 @dataclass
@@ -152,7 +151,7 @@ def tune(
 
     say = sink.event
 
-    budget_s = budget_s if budget_s is not None else DEFAULT_BUDGET_S[device]
+    budget_s = budget_s if budget_s is not None else DEVICES[device].tune_budget_s
     if budget_s <= 0:
         raise UsageError("--budget-s must be positive")
     if finalists < 1:
@@ -178,7 +177,9 @@ def tune(
             path.write_text(candidate_source(target.entry, root, c))
             entries[c.name] = f"{path}:entry"
         t_verify = time.perf_counter()
-        result.checked = _verify_all(target, space, entries, root, device, timeout_s, jobs or VERIFY_JOBS[device], say)
+        result.checked = _verify_all(
+            target, space, entries, root, device, timeout_s, jobs or DEVICES[device].tune_verify_jobs, say
+        )
         result.verify_seconds = time.perf_counter() - t_verify
         survivors = [c.candidate.name for c in result.checked if c.passed and c.candidate.name != "current"]
         current_ok = any(c.passed for c in result.checked if c.candidate.name == "current")
@@ -216,7 +217,7 @@ def tune(
                 rope,
                 rope_min,
                 finalists,
-                reps or DEFAULT_REPS[device],
+                reps or DEVICES[device].tune_reps,
                 seed,
                 timeout_s,
                 say,
@@ -400,12 +401,12 @@ def _race(
         timeout_s=timeout_s,
         progress=on_event,
         extra=[(n, entries[n], root) for n in field_[2:]],
-        race={
-            "finalists": finalists,
-            "screen_rounds": SCREEN_ROUNDS,
-            "final_chunks": list(FINAL_CHUNKS),
-            "min_final_rounds": stats.MIN_ROUNDS,
-        },
+        race=RaceSchedule(
+            finalists=finalists,
+            screen_rounds=SCREEN_ROUNDS,
+            final_chunks=tuple(FINAL_CHUNKS),
+            min_final_rounds=stats.MIN_ROUNDS,
+        ),
     )
     result.clock = r.clock
     result.shapes = [{"shape": s.shape, "dims": s.dims, "dtype": s.dtype} for s in r.shapes]

@@ -37,23 +37,24 @@ import numpy as np
 
 from kernalin_ci.bench import stats
 from kernalin_ci.bench.timing import BenchAbort, disagreements, guarded, mismatch_text, new_inputs, setup
+from kernalin_ci.jobs import Emit, RaceJob
 from kernalin_ci.tune import race
 
 REFERENCE, AA = "base", "base2"  # the benchmark's names of the current config and its A/A copy
 
 
-def run_job(job: dict, emit) -> None:
-    guarded(job, emit, _race)
+def run_job(job: RaceJob, device: str, emit: Emit) -> None:
+    guarded(job, device, emit, _race)
 
 
-def _race(job, emit, op, params, device, fns, cases) -> None:
+def _race(job: RaceJob, emit: Emit, op, params, device, fns, cases) -> None:
     t0 = time.perf_counter()
     clock, shapes = setup(job, emit, op, params, device, fns, cases)
-    plan = job["race"]
+    plan = job.race
     names = [n for n, _ in fns]
     index = {n: i for i, n in enumerate(names)}
-    seed, reps, budget = int(job.get("seed", 0)), int(job["reps"]), float(job["budget_s"])
-    rope, rope_min = job.get("rope"), job.get("rope_min", stats.ROPE_MIN)
+    seed, reps, budget = job.seed, job.reps, float(job.budget_s)
+    rope, rope_min = job.rope, job.rope_min
     order_rng = random.Random(seed)
     field = [n for n in names if n not in (REFERENCE, AA)]
     state = {"round": 0, "rounds_s": 0.0}  # rounds run, seconds spent in them
@@ -112,8 +113,8 @@ def _race(job, emit, op, params, device, fns, cases) -> None:
         keep = {REFERENCE, AA, *field}
         return {name: np.asarray(t, dtype=np.float64) for name, t in got.items() if name in keep}
 
-    finalists = int(plan["finalists"])
-    n_rounds = int(plan["screen_rounds"])
+    finalists = plan.finalists
+    n_rounds = plan.screen_rounds
     first = True
     while len(field) > finalists and (first or elapsed() < budget / 2):  # screening: half the budget
         first = False
@@ -134,13 +135,13 @@ def _race(job, emit, op, params, device, fns, cases) -> None:
         n_rounds *= 2
     reason = "rounds"
     acc: dict[str, np.ndarray] = {}
-    for chunk in plan["final_chunks"]:
+    for chunk in plan.final_chunks:
         if not field:
             reason = "none"
             break
         done = len(acc[REFERENCE]) if acc else 0
         before = list(field)
-        times = rounds(int(chunk), "final", budget, max(1, int(plan["min_final_rounds"]) - done))
+        times = rounds(chunk, "final", budget, max(1, plan.min_final_rounds - done))
         acc = {n: np.concatenate([acc[n], t]) if n in acc else t for n, t in times.items()}
         acc = {n: acc[n] for n in (REFERENCE, AA, *field)}
         emit(

@@ -129,6 +129,7 @@ def _literal(node):
 def discover_autotune(entry: str, root: str, device: str, timeout_s: float) -> list[dict]:
     """The autotuned kernels the entry reaches (run in a worker child)."""
     from kernalin_ci.isolate import run_task
+    from kernalin_ci.jobs import DiscoverJob
 
     out: list = []
 
@@ -137,7 +138,7 @@ def discover_autotune(entry: str, root: str, device: str, timeout_s: float) -> l
             out.extend(ev["kernels"])
 
     outcome = run_task(
-        {"task": "tune-discover", "entry": entry, "root": root, "device": device, "params": {}},
+        DiscoverJob(entry=entry, root=root),
         device,
         timeout_s,
         on_event,

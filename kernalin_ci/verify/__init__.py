@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from kernalin_ci import domain as domain_mod
 from kernalin_ci.cuda.sources import CudaSpec
+from kernalin_ci.device import DEVICES
 from kernalin_ci.errors import UsageError
 from kernalin_ci.findings import (
     Coverage,
@@ -28,16 +29,11 @@ from kernalin_ci.findings import (
     StructuralStatus,
     VerifyResult,
 )
+from kernalin_ci.jobs import DynamicJob, PipelineJob
 from kernalin_ci.ops import get_op
 from kernalin_ci.ops.base import Case, resolve_params
 from kernalin_ci.progress import ProgressSink
 from kernalin_ci.verify.supervisor import Progress, run_cases, shard, threads_each
-
-DEFAULT_TIMEOUT = {"cpu": 600.0, "cuda": 180.0}
-# Dynamic workers per entry. On a GPU, one per dtype: each pays its own torch import and CUDA
-# start (about 4 s on the H200) at the same time and compiles only its dtype's specialisations.
-# On the CPU the interpreter already keeps the cores busy.
-DYNAMIC_WORKERS = {"cpu": 1, "cuda": 3}
 
 
 def reproduce_command(
@@ -114,7 +110,7 @@ def verify(
     main_dtype = plan_dtype or "float32"
     t0 = time.perf_counter()
     result = VerifyResult(op=op_name, entry=entry, device=device)
-    timeout_s = timeout_s or DEFAULT_TIMEOUT[device]
+    timeout_s = timeout_s or DEVICES[device].verify_timeout_s
     if cuda is not None:  # built once, before any worker of the checks starts (kernalin_ci/cuda/task.py)
         if not cuda_build(result, cuda, entry, op_name, params, device, root, timeout_s, main_dtype, progress):
             result.seconds = time.perf_counter() - t0
@@ -174,21 +170,14 @@ def verify(
             if only == "sanitizer":
                 cases = []
             prog = Progress(progress, len(cases), op_name)
-            job = {
-                "op": op_name,
-                "entry": entry,
-                "root": root,
-                "params": params,
-                "device": device,
-                "poison": not probe,
-                "domain": dom.to_json(),
-                "main_dtype": main_dtype,
-            }
+            job = DynamicJob(
+                op=op_name, entry=entry, root=root, params=params, poison=not probe, domain=dom, main_dtype=main_dtype
+            )
 
             def repro(c):
                 return reproduce_command(op_name, entry, raw_params, device, c, raw_domain)
 
-            groups = shard(cases, DYNAMIC_WORKERS[device])
+            groups = shard(cases, DEVICES[device].dynamic_workers)
             prog.start(
                 f"{len(cases)} case{'s' * (len(cases) != 1)} in {len(groups)} worker{'s' * (len(groups) != 1)}"
                 + (" beside the structural analysis" if pending is not None else "")
@@ -207,7 +196,6 @@ def verify(
                 runs = [
                     shards.submit(
                         run_cases,
-                        "verify-dynamic",
                         job,
                         [cases[i] for i in g],
                         device,
@@ -394,17 +382,10 @@ def verify_pipeline(
 
     cases = pipeline_cases(params, steps, dtype, seed)
     prog = Progress(progress, len(cases), "decode-pipeline")
-    job = {
-        "entries": {k: v for k, v in entries.items() if v},
-        "root": root,
-        "params": params,
-        "device": device,
-        "dtype": dtype,
-        "seed": seed,
-    }
+    job = PipelineJob(entries={k: v for k, v in entries.items() if v}, root=root, params=params, dtype=dtype, seed=seed)
     _warm_torch(2)
     reader = PipelineReader(params, dtype, seed, device, bool(entries.get("rope")), on_step, root)
-    run = run_cases("verify-pipeline", job, cases, device, timeout_s or DEFAULT_TIMEOUT[device], prog, repro, reader)
+    run = run_cases(job, cases, device, timeout_s or DEVICES[device].verify_timeout_s, prog, repro, reader)
     result.findings = dedupe(run.findings)
     if not reader.ran_dims and not run.findings and any(nc["reason"] == "unsupported" for _, nc in run.not_checked):
         error = next(nc["error"] for _, nc in run.not_checked if nc["reason"] == "unsupported")

@@ -14,6 +14,7 @@ from contextlib import nullcontext
 
 import torch
 
+from kernalin_ci.jobs import DynamicJob, Emit, LaunchJob
 from kernalin_ci.ops.base import Case, Expected, Op
 from kernalin_ci.runtime.cuda_errors import CUDA_ERROR
 from kernalin_ci.runtime.interp_bf16 import faithful_bf16, take_unfaithful
@@ -190,31 +191,30 @@ def check_signature(op: Op, fn, entry: str, cases: list[Case], params: dict) -> 
         raise UsageError(f"entry {entry}: does not take the inputs of op {op.name} ({', '.join(names)}): {why}")
 
 
-def run_job(job: dict, emit) -> None:
+def run_job(job: DynamicJob, device: str, emit: Emit) -> None:
     """Worker task 'verify-dynamic': run cases[start:]; per case a raw result file and one event."""
-    from kernalin_ci.domain import Domain
     from kernalin_ci.entry import load_entry
     from kernalin_ci.ops import get_op
     from kernalin_ci.verify.pipeline import hand_back_parts
     from kernalin_ci.verify.support import Support
 
-    op = get_op(job["op"], root=job.get("root"))
-    fn = load_entry(job["entry"], job.get("root"))
-    cases = [Case.from_json(c) for c in job["cases"]]
-    check_signature(op, fn, job["entry"], cases, job["params"])
-    lazy_ok = job["device"] != "cpu" or skip_self_copy()
-    device, params, results = job["device"], job["params"], job["results"]
-    main_dtype = job.get("main_dtype") or (cases[0].dtype if cases else "float32")
+    op = get_op(job.op, root=job.root)
+    fn = load_entry(job.entry, job.root)
+    cases = list(job.cases)
+    check_signature(op, fn, job.entry, cases, job.params)
+    lazy_ok = device != "cpu" or skip_self_copy()
+    params, results = job.params, job.results
+    main_dtype = job.main_dtype or (cases[0].dtype if cases else "float32")
     support = Support(
         op,
         params,
-        Domain.from_json(job.get("domain")),
+        job.domain,
         main_dtype,
         lambda c, p: launch(op, fn, c, p, device),
         unfaithful=lambda: take_unfaithful() if device == "cpu" else None,
     )
     interp = Interpreter(device == "cpu")
-    for i in range(job.get("start", 0), len(cases)):
+    for i in range(job.start, len(cases)):
         case = cases[i]
         emit({"event": "case-start", "index": i})
         t0 = time.perf_counter()
@@ -245,7 +245,7 @@ def run_job(job: dict, emit) -> None:
                     c,
                     p,
                     device,
-                    poison=job.get("poison", True),
+                    poison=job.poison,
                     hand_back=hand_back_parts(emit, results, i, case),
                 ),
             )
@@ -280,22 +280,21 @@ def run_job(job: dict, emit) -> None:
         emit(ev)
 
 
-def run_launch_job(job: dict, emit) -> None:
+def run_launch_job(job: LaunchJob, device: str, emit: Emit) -> None:
     """Worker task 'verify-launch': launch the entry once on each case, nothing checked here (a tool that wraps
     the worker watches the launches: Compute Sanitizer, kernalin_ci/cuda/sanitizer.py). No poison and no guard
     zones: each input is an allocation of its own, so the tool sees an access past it."""
     from kernalin_ci.entry import load_entry
     from kernalin_ci.ops import get_op
 
-    op = get_op(job["op"], root=job.get("root"))
-    fn = load_entry(job["entry"], job.get("root"))
-    for i, c in enumerate(job["cases"]):
-        case = Case.from_json(c)
+    op = get_op(job.op, root=job.root)
+    fn = load_entry(job.entry, job.root)
+    for i, case in enumerate(job.cases):
         emit({"event": "case-start", "index": i})
         t0 = time.perf_counter()
         ev = {"event": "case-done", "index": i, "status": "ok"}
         try:
-            launch(op, fn, case, job["params"], job["device"])
+            launch(op, fn, case, job.params, device)
         except CudaContextLost as e:
             emit({**ev, "status": "cuda-error", "error": str(e), "seconds": time.perf_counter() - t0})
             return

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kernalin_ci.findings import Finding, Notice
+from kernalin_ci.jobs import Emit, PipelineJob
 from kernalin_ci.lazy import torch
 from kernalin_ci.ops import attention_common as ac
 from kernalin_ci.ops import paged
@@ -871,27 +872,27 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def run_job(job: dict, emit) -> None:
+def run_job(job: PipelineJob, device: str, emit: Emit) -> None:
     """Worker task 'verify-pipeline': each case from `start` on, handed back one step at a time (case-part
     events naming the head dim they ran at). A loop whose entries raise before its first step is handed
     back is refused at that head dim; the main loop then moves to the next of its `instead` head dims."""
     from kernalin_ci.entry import load_entry
     from kernalin_ci.verify.dynamic import Interpreter
 
-    fns = {role: load_entry(spec, job.get("root")) for role, spec in job["entries"].items() if spec}
-    interp = Interpreter(job["device"] == "cpu")
-    for index in range(job.get("start", 0), len(job["cases"])):
-        dims = job["cases"][index]["dims"]
+    fns = {role: load_entry(spec, job.root) for role, spec in job.entries.items() if spec}
+    interp = Interpreter(device == "cpu")
+    for index in range(job.start, len(job.cases)):
+        dims = job.cases[index].dims
         emit({"event": "case-start", "index": index})
         t0 = time.perf_counter()
-        unfaithful = interp.cannot_run(job["dtype"])
+        unfaithful = interp.cannot_run(job.dtype)
         if unfaithful:
             emit({"event": "case-done", "index": index, "seconds": 0.0, "status": "not-run", **unfaithful})
             continue
         ev: dict = {"status": "refused"}
         refused: list[dict] = []
         for D in [dims["D"], *dims.get("instead", [])]:
-            hand_back = hand_back_parts(emit, job["results"], index)
+            hand_back = hand_back_parts(emit, job.results, index)
             parts = [0]
 
             moved = {"D": D} if D != dims["D"] else {}  # a part of a moved loop says where it ran
@@ -901,7 +902,7 @@ def run_job(job: dict, emit) -> None:
                 _hand_back(step, raw, seconds, **_moved)
 
             try:
-                drive_pipeline(fns, job["params"], job["dtype"], job["device"], job["seed"], dims["steps"], counted, D)
+                drive_pipeline(fns, job.params, job.dtype, device, job.seed, dims["steps"], counted, D)
                 ev = {"status": "ok"}
             except Exception as e:
                 error = f"{type(e).__name__}: {' '.join(str(e).split())[:400]}"

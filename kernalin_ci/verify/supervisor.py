@@ -6,12 +6,14 @@ parallel workers (`shard`, `threads_each`); one progress line per finished case 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from kernalin_ci.findings import Finding, Notice
 from kernalin_ci.isolate import run_task
+from kernalin_ci.jobs import CasesJob
 from kernalin_ci.ops.base import Case
 from kernalin_ci.progress import CaseDone, CasesStarted, ProgressSink, WorkerNote, sink_for
 from kernalin_ci.sandbox import CappedFolder
@@ -123,8 +125,7 @@ class ResultReader(Protocol):
 
 
 def run_cases(
-    task: str,
-    job: dict,
+    job: CasesJob,
     cases: list[Case],
     device: str,
     timeout_s: float,
@@ -134,7 +135,8 @@ def run_cases(
     on_other_event=None,
     env: dict | None = None,
 ) -> CasesRun:
-    """Drive worker children over all cases, restarting after a hang or crash.
+    """Drive worker children over all cases, restarting after a hang or crash. JOB: the task's job, its
+    cases, start and results folder filled in here for each worker.
 
     The parent knows which cases it asked for, in which order: each case-start and case-done event
     must name the case due next. `read_case(index, case, event, results_dir)` turns a case-done event
@@ -228,7 +230,7 @@ def run_cases(
                 return True
 
             outcome = run_task(
-                {**job, "task": task, "cases": [c.to_json() for c in cases], "start": start, "results": folder.path},
+                dataclasses.replace(job, cases=tuple(cases), start=start, results=folder.path),
                 device,
                 timeout_s,
                 on_event,
@@ -268,7 +270,7 @@ def run_cases(
                 # worker's own memory), so that case crashed; with no finding yet it is our bug (exit 3)
                 outcome.status = "crashed"
                 outcome.detail = f"the worker failed after the kernel's earlier findings: {outcome.detail}"
-            outcome.raise_for_error(task)
+            outcome.raise_for_error(job.TASK)
             if outcome.status == "ok":
                 break
             if outcome.status in ("timeout", "crashed"):

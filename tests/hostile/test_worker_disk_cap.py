@@ -136,6 +136,7 @@ def test_a_shared_folder_is_a_capped_copy_and_only_new_plain_files_come_back(ope
     afterwards only the plain files it added come back, at most the cap (a real sandbox; the wrapper
     script plays the worker)."""
     from kernalin_ci.isolate import run_task
+    from kernalin_ci.jobs import EnvJob
 
     monkeypatch.setenv(sandbox.ENV_WORKER_SANDBOX, "on")
     shared = open_dir / "cache"
@@ -147,7 +148,7 @@ def test_a_shared_folder_is_a_capped_copy_and_only_new_plain_files_come_back(ope
     )
     with sandbox.CappedFolder(cap=1 << 20, shared=str(shared)) as folder:
         run_task(
-            {"task": "explain-env", "device": "cpu"},
+            EnvJob(),
             "cpu",
             60,
             writable=(folder,),

@@ -29,8 +29,6 @@ from kernalin_ci.ops.base import Op
 if TYPE_CHECKING:
     from kernalin_ci.verify.structural.common import Analysis
 
-TASK = "verify-structural"
-
 
 def analysis_of(op: Op) -> Analysis | None:
     """The structural analysis the op names (`Op.structural`), or None when it has none."""
@@ -58,7 +56,9 @@ def verify_structural(
     process checks it, parses, interprets and analyses it (analyse.py). Material that is missing,
     unreadable, oversized or malformed, and files no event named, are `bad-result` findings, with the
     status "not analysed (bad result: ...)"; a worker that hangs or dies is "not analysed" as before."""
+    from kernalin_ci.domain import Domain
     from kernalin_ci.isolate import run_task
+    from kernalin_ci.jobs import StructuralJob
     from kernalin_ci.sandbox import CappedFolder
     from kernalin_ci.verify import exchange
     from kernalin_ci.verify.exchange import BadResult
@@ -70,16 +70,15 @@ def verify_structural(
     if op.structural is None:
         return [], [], StructuralStatus("not-analysed", f"no structural checks for op {op_name}")
     folder = CappedFolder("kernalin-structural-")  # the worker writes folder.path, this process reads folder.view
-    job = {
-        "task": TASK,
-        "op": op_name,
-        "entry": entry,
-        "root": root,
-        "params": params,
-        "domain": domain.to_json() if domain is not None else {},
-        "results": folder.path,
-        "engine": engine,
-    }
+    job = StructuralJob(
+        op=op_name,
+        entry=entry,
+        root=root,
+        params=params,
+        domain=domain if domain is not None else Domain(),
+        results=folder.path,
+        engine=engine,
+    )
     try:
         # TRITON_INTERPRET=0: the child compiles the kernels (it never launches them)
         outcome = run_task(job, "cpu", timeout_s, env={"TRITON_INTERPRET": "0"}, writable=(folder,))
@@ -150,4 +149,4 @@ def analysis_failure(e: BaseException) -> str:
     return f"{type(e).__name__}: {msg}{where} (a kernalin-ci limitation: please report it)"
 
 
-__all__ = ["verify_structural", "analysis_of", "analysis_failure", "TASK"]
+__all__ = ["verify_structural", "analysis_of", "analysis_failure"]

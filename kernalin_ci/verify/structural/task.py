@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 import time
 
+from kernalin_ci.jobs import Emit, StructuralJob
+
 
 def capture_material(op_name: str, fn, params: dict, domain=None, engine: str = "ttir") -> tuple[dict, dict]:
     """Capture the entry (already loaded) at the first capture shape it accepts and compile its kernels
@@ -98,21 +100,18 @@ def _for_ptx(op, fn, params: dict, case, cap, times: dict) -> tuple[list[str], d
     return texts, twin
 
 
-def run_job(job: dict, emit) -> None:
+def run_job(job: StructuralJob, emit: Emit) -> None:
     """Worker task 'verify-structural'."""
     # kernels are compiled, never interpreted: `triton.jit` must give JITFunctions (set before the entry
     # imports Triton; the parent sets it in the environment too)
     os.environ["TRITON_INTERPRET"] = "0"
-    from kernalin_ci.domain import Domain
     from kernalin_ci.entry import load_entry
     from kernalin_ci.verify.structural import material
 
     t0 = time.perf_counter()
-    fn = load_entry(job["entry"], job.get("root"))
+    fn = load_entry(job.entry, job.root)
     emit({"event": "structural-start"})
-    raw, seconds = capture_material(
-        job["op"], fn, job["params"], Domain.from_json(job.get("domain")), job.get("engine", "ttir")
-    )
-    name = material.save(job["results"], raw)
+    raw, seconds = capture_material(job.op, fn, job.params, job.domain, job.engine)
+    name = material.save(job.results, raw)
     seconds["total"] = round(time.perf_counter() - t0, 4)
     emit({"event": "structural-done", "file": name, "seconds": seconds})
