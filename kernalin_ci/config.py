@@ -239,7 +239,7 @@ def place_kernels(spec: ModelSpec, cfg: Config, err=None) -> ModelSpec:
     """Resolve `spec.kernels` (place -> kernel name) against the configuration's kernels, one per place: the one
     named, else the only kernel of the place's op (attention: decode_paged before decode), else none (torch).
     `err(key, message)` makes the UsageError (default: one naming --model, whose spec names no kernel)."""
-    from kernalin_ci.throughput.spec import ROLE_OPS
+    from kernalin_ci.ops.roles import ROLES, role_ops
 
     if err is None:
 
@@ -248,7 +248,8 @@ def place_kernels(spec: ModelSpec, cfg: Config, err=None) -> ModelSpec:
 
     named = dict(spec.kernels)
     resolved: dict[str, str] = {}
-    for role, ops in ROLE_OPS.items():
+    for role in ROLES:
+        ops = role_ops(role)
         if role in named:
             k = cfg.kernel(named[role])
             if k is None:
@@ -333,8 +334,10 @@ def _gate(m: dict) -> Gate:
 
 def _pipeline(doc: yamlcheck.Document, i: int, m: dict, cfg: Config) -> Pipeline:
     at = ("pipelines", i)
-    roles = {"kv_append": "kv_append", "attention": "attention.decode_paged", "rope": "rope"}
-    for role, op in roles.items():
+    from kernalin_ci.ops.roles import PIPELINE, pipeline_op
+
+    for role in PIPELINE:
+        op = pipeline_op(role)
         ref = m.get(role)
         if ref is None:
             continue

@@ -174,3 +174,66 @@ def test_no_two_helper_modules_share_a_name():
         if path.name not in same_role:
             seen.setdefault(path.name, []).append(path.relative_to(PKG).as_posix())
     assert {name: files for name, files in seen.items() if len(files) > 1} == {}
+
+
+OP_NAMED = re.compile(r"^(op|op_name|\w+_op|op_\w+)$")  # an identifier that holds an op's name
+
+
+def op_name_comparisons(pkg: Path, names: tuple[str, ...]) -> list[str]:
+    """`FILE:LINE` of every comparison with an op's name outside ops/: a literal dotted op name anywhere in a
+    comparison (attention.decode_paged), or any op name compared with something that names an op (`cap.op`,
+    `op_name`, `getattr(x, "op")`). What an op is belongs to its Op's attributes (paged_cache, rotates, ...)."""
+
+    def literals(node: ast.expr) -> list[str]:
+        items = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+        return [x.value for x in items if isinstance(x, ast.Constant) and isinstance(x.value, str)]
+
+    def names_an_op(node: ast.expr) -> bool:
+        for x in ast.walk(node):
+            ident = x.id if isinstance(x, ast.Name) else x.attr if isinstance(x, ast.Attribute) else None
+            if isinstance(x, ast.Call) and isinstance(x.func, ast.Name) and x.func.id == "getattr":
+                ident = next(iter(literals(x.args[1])), None) if len(x.args) > 1 else None
+            if ident and OP_NAMED.match(ident):
+                return True
+        return False
+
+    found = []
+    for path in sorted(pkg.rglob("*.py")):
+        rel = path.relative_to(pkg).as_posix()
+        if rel.startswith("ops/"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.Compare):
+                continue
+            sides = [node.left, *node.comparators]
+            for i, side in enumerate(sides):
+                ops = [s for s in literals(side) if s in names]
+                others = sides[:i] + sides[i + 1 :]
+                if any("." in s for s in ops) or (ops and any(names_an_op(o) for o in others)):
+                    found.append(f"{rel}:{node.lineno}")
+                    break
+    return found
+
+
+def test_no_code_outside_ops_compares_op_names():
+    """Adding an op touches ops/ only: code elsewhere asks the Op what it is (a paged cache, a rotation, its place
+    in the decode step: ops/roles.py) instead of comparing its name."""
+    from kernalin_ci.ops import NAMES
+
+    assert op_name_comparisons(PKG, NAMES) == []
+
+
+def test_an_op_name_comparison_is_found(tmp_path):
+    pkg = tmp_path / "kernalin_ci"
+    (pkg / "ops").mkdir(parents=True)
+    (pkg / "ops" / "a.py").write_text('ok = op == "rope"\n')
+    (pkg / "b.py").write_text(
+        'x = cap.op == "attention.decode_paged"\n'
+        'y = op_name in ("kv_append", "decode_step")\n'
+        'z = getattr(view.capture, "op", None) == "decode_step"\n'
+        'w = "attention.decode" != kind\n'
+        'fine = "rope" in gate\n'
+        'also_fine = role == "rope"\n'
+    )
+    names = ("attention.decode", "attention.decode_paged", "rope", "kv_append", "decode_step", "custom")
+    assert op_name_comparisons(pkg, names) == ["b.py:1", "b.py:2", "b.py:3", "b.py:4"]

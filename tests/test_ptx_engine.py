@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from kernalin_ci.ops import get_op
+
 pytest.importorskip("z3")
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -19,10 +21,8 @@ def _capture(path: str):
     os.environ["TRITON_INTERPRET"] = "0"
     from kernalin_ci.catalogue import read_meta
     from kernalin_ci.entry import load_entry
-    from kernalin_ci.ops import get_op
     from kernalin_ci.ops.base import resolve_params
     from kernalin_ci.verify.structural.capture import capture_at, capture_cases
-    from kernalin_ci.verify.structural.ptx_facts import twin_dims
 
     meta = read_meta(ROOT / path)
     op = get_op(meta.op)
@@ -30,7 +30,7 @@ def _capture(path: str):
     fn = load_entry(str(ROOT / path) + ":entry", None)
     case = capture_cases(op, params)[0]
     cap = capture_at(op, fn, params, case)
-    other = capture_at(op, fn, params, replace(case, dims=twin_dims(meta.op, case.dims)))
+    other = capture_at(op, fn, params, replace(case, dims=op.capture_twin(case.dims)))
     twin = {
         "tensors": {n: [list(t.shape), list(t.strides)] for n, t in other.tensors.items()},
         "launches": [
@@ -50,7 +50,7 @@ def _analyse(path: str):
     op_name, params, cap, twin = _capture(path)
     la = cap.launches[0]
     text = ptx(la)
-    facts, contract = build(op_name, params, cap, la, twin, len(parse(text).params), None)
+    facts, contract = build(get_op(op_name), params, cap, la, twin, len(parse(text).params), None)
     return engine.analyse(text, facts, contract), facts
 
 
@@ -152,7 +152,7 @@ def test_the_softmax_is_read_from_the_float_dataflow_of_the_ptx(path, cls):
     op_name, params, cap, twin = _capture(path)
     la = cap.launches[0]
     text = ptx(la)
-    facts, contract = build(op_name, params, cap, la, twin, len(parse(text).params), None)
+    facts, contract = build(get_op(op_name), params, cap, la, twin, len(parse(text).params), None)
     out = engine.analyse(text, facts, dc_replace(contract, query=""))
     soft = [r for r in out.results if r.name.startswith(("every exponential", "every accumulation", "the output is"))]
     assert soft and all(r.status != "not-proved" for r in soft)

@@ -144,16 +144,17 @@ def run_model(args, device: str) -> int:
     from kernalin_ci.bench.shapes import split_params
     from kernalin_ci.ops import get_op
     from kernalin_ci.ops.base import resolve_params
+    from kernalin_ci.ops.roles import ROLES, role_ops
     from kernalin_ci.report.tokens import text_lines
     from kernalin_ci.throughput.bench import Role, bench_model
-    from kernalin_ci.throughput.spec import ROLE_OPS, from_cli
+    from kernalin_ci.throughput.spec import from_cli
 
     spec = from_cli(args.model)
-    role = next((r for r, ops in ROLE_OPS.items() if args.op in ops), None)
+    role = get_op(args.op).decode_role
     if role is None:
         raise UsageError(
             f"--model: op {args.op} has no place in the decode step (ops: "
-            f"{', '.join(op for ops in ROLE_OPS.values() for op in ops)})"
+            f"{', '.join(op for r in ROLES for op in role_ops(r))})"
         )
     op_params, shape_params = split_params(parse_params(args.param))
     if shape_params:

@@ -29,9 +29,10 @@ def add_arguments(p):
 
 def run(args) -> int:
     device = resolve_device(args.device)
+    from kernalin_ci.ops.roles import PIPELINE, pipeline_op
     from kernalin_ci.verify import verify_pipeline
 
-    entries = {"kv_append": args.kv_append, "attention.decode_paged": args.attention, "rope": args.rope}
+    entries = {pipeline_op(role): getattr(args, role) for role in PIPELINE}
     result = verify_pipeline(
         entries,
         parse_params(args.param),

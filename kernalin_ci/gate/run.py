@@ -23,6 +23,7 @@ from kernalin_ci.explain.render import explain_lines
 from kernalin_ci.findings import VerifyResult
 from kernalin_ci.gate.config_source import gate_config, override_changes
 from kernalin_ci.gate.diff import Refs, affected_kernels, changed_files, resolve_refs, worktrees
+from kernalin_ci.ops.roles import PIPELINE, pipeline_op
 from kernalin_ci.progress import GateStep, KernelExplained, ProgressSink, TerminalSink
 from kernalin_ci.report.model import KernelReport, PipelineReport, Report
 from kernalin_ci.report.text import (
@@ -202,7 +203,7 @@ def run_gate(
             for line in explain_lines(kr.explain):
                 progress.event(KernelExplained(k.name, line))
         for p in cfg.pipelines:
-            members = {"kv_append": p.kv_append, "attention.decode_paged": p.attention, "rope": p.rope}
+            members = {pipeline_op(role): getattr(p, role) for role in PIPELINE}
             names = [n for n in members.values() if n]
             if not any(results[n].status in ("changed", "new") for n in names):
                 continue
@@ -369,8 +370,8 @@ def check_model(
     from kernalin_ci.domain import resolve as resolve_domain
     from kernalin_ci.ops import get_op
     from kernalin_ci.ops.base import resolve_params
+    from kernalin_ci.ops.roles import FUSED
     from kernalin_ci.throughput.bench import NOT_MEASURED_CPU, Role, bench_model, not_measured, role_names, unplaced
-    from kernalin_ci.throughput.spec import FUSED
 
     spec = cfg.model
     if spec is None:

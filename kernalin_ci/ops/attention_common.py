@@ -196,6 +196,8 @@ class AttentionOp(Op):
     """What both attention ops answer alike: shape rules, benchmark shapes, the capture call, the analysis."""
 
     structural = "attention"
+    decode_role = "attention"
+    attends = True
 
     def validate_case(self, case: Case) -> str | None:
         return validate_dims(case.dims)
@@ -238,3 +240,7 @@ class AttentionOp(Op):
             capture_case({"Hq": hq, "Hkv": hkv, "D": D, "kv_lens": [37, 100], "scale": 0.7 * D**-0.5, "tail": "zeros"})
             for D in capture_head_dims(params)
         ]
+
+    def capture_twin(self, dims: dict[str, Any]) -> dict[str, Any] | None:
+        """A third sequence, longer than the others."""
+        return {**dims, "kv_lens": [*dims["kv_lens"], 150]}

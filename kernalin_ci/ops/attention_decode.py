@@ -15,6 +15,8 @@ class AttentionDecode(ac.AttentionOp):
     name = "attention.decode"
     params = ac.SHAPE_PARAMS
     written = ()
+    # the contiguous caches are [B, Hkv, S, D]: one row of blocks per sequence, S slots each
+    shape_symbols = {("k_cache", 0): "B", ("v_cache", 0): "B", ("k_cache", 2): "S", ("v_cache", 2): "S"}
     domain_axes = ("head_dim", "num_q_heads", "num_kv_heads", "dtype")
 
     def cases(self, params: Params, device: str, dtype: str | None) -> list[Case]:

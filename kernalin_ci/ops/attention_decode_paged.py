@@ -18,6 +18,7 @@ class AttentionDecodePaged(ac.AttentionOp):
         (Param("block_size", 16, int, "tokens per KV-cache block", check=positive),) + ac.SHAPE_PARAMS + (paged.LAYOUT,)
     )
     written = ()
+    paged_cache = True
     domain_axes = ("head_dim", "num_q_heads", "num_kv_heads", "dtype", "block_size")
 
     def cases(self, params: Params, device: str, dtype: str | None) -> list[Case]:

@@ -160,6 +160,28 @@ class Op(ABC):
     # the shape axes of kernalin_ci.domain.AXES this op's cases vary (a `domain:` may declare them);
     # empty: the user's own cases are the domain, and an error in any of them is a finding
     domain_axes: tuple[str, ...] = ()
+    # What the op is, for the code outside ops/ that must know (it never compares op names: tests/test_layers.py).
+    # The op's place in a decode step (ops/roles.py): "attention", "rope", "kv_append", or "decode_step" (all
+    # three in one entry); None: it has none (custom)
+    decode_role: str | None = None
+    # True: k_cache and v_cache are paged, [num_blocks, block_size, Hkv, D] in the op's `layout` (ops/paged.py);
+    # False: contiguous [B, Hkv, S, D] caches, or none
+    paged_cache: bool = False
+    # True: the op rotates q and k at `positions` (rope; decode_step, before it attends)
+    rotates: bool = False
+    # True: the op attends q over the caches up to kv_lens into `out` (the attention ops, decode_step)
+    attends: bool = False
+    # True: the op writes new tokens into the caches at `slot_mapping` (kv_append, decode_step)
+    appends: bool = False
+    # True: slot_mapping may hold -1, a padding token the entry must skip (kv_append)
+    padding_slots: bool = False
+    # cache -> the input whose rows its new slots hold unchanged, as the PTX engine's store property checks
+    # them (kv_append); empty: the op's own analysis judges its stores (decode_step stores rotated keys)
+    cache_copies: dict[str, str] = {}
+    # (input, dim) -> the name of that size in the op's contract, where it differs from the usual one
+    # (kernalin_ci.verify.structural.ptx_facts.SYMBOLS: B sequences, T tokens, NB cache blocks, W blocks per
+    # sequence), e.g. rope's q is [T, Hq, D] and a contiguous cache [B, Hkv, S, D]
+    shape_symbols: dict[tuple[str, int], str] = {}
 
     def __init__(self, root: str | None = None) -> None:
         self.root = root
@@ -195,6 +217,12 @@ class Op(ABC):
         """Small calls for the structural capture, in preference order (the next is tried when a call
         is refused). Empty: the op has no structural capture."""
         return []
+
+    def capture_twin(self, dims: dict[str, Any]) -> dict[str, Any] | None:
+        """The dims of the structural capture's twin call (the PTX engine's shape symbols): the batch and the
+        caches of capture call `dims` grown, nothing the kernels specialise on (heads, head dim, dtype)
+        changed. None: no twin."""
+        return None
 
     # ---------------------------------------------------------------- one call
 

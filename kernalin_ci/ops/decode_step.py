@@ -58,6 +58,11 @@ class DecodeStep(Op):
     params = PARAMS
     written = ("k_cache", "v_cache")
     structural = "decode_step"
+    decode_role = "decode_step"
+    paged_cache = True
+    rotates = True
+    attends = True
+    appends = True
     domain_axes = ("head_dim", "num_q_heads", "num_kv_heads", "dtype", "block_size")
 
     def _dims(
@@ -253,6 +258,10 @@ class DecodeStep(Op):
             )
             for D in capture_head_dims(params)
         ]
+
+    def capture_twin(self, dims: dict[str, Any]) -> dict[str, Any] | None:
+        """A fourth sequence, 40 tokens in."""
+        return {**dims, "start_lens": [*dims["start_lens"], 40]}
 
 
 OP_CLASS = DecodeStep

@@ -47,6 +47,11 @@ class KvAppend(Op):
     name = "kv_append"
     params = PARAMS
     written = ("k_cache", "v_cache")
+    decode_role = "kv_append"
+    paged_cache = True
+    appends = True
+    padding_slots = True
+    cache_copies = {"k_cache": "key", "v_cache": "value"}
     domain_axes = ("head_dim", "num_kv_heads", "dtype", "block_size")
     exact = True  # `check`: the whole caches, bit for bit
     structural = "kv_append"
@@ -318,6 +323,10 @@ class KvAppend(Op):
         return [
             capture_case({"T": 5, "Hkv": hkv, "D": D, "num_blocks": 7, "padding": 2}) for D in capture_head_dims(params)
         ]
+
+    def capture_twin(self, dims: dict[str, Any]) -> dict[str, Any] | None:
+        """Two more tokens, two more cache blocks."""
+        return {**dims, "T": dims["T"] + 2, "num_blocks": dims["num_blocks"] + 2}
 
 
 OP_CLASS = KvAppend

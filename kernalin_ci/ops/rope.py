@@ -119,6 +119,9 @@ class Rope(Op):
     name = "rope"
     params = PARAMS
     written = ("q", "k")  # in-place kernels may return q and k themselves
+    decode_role = "rope"
+    rotates = True
+    shape_symbols = {("q", 0): "T", ("k", 0): "T", ("positions", 0): "T"}  # q, k: [T, H, D], a row per token
     domain_axes = ("head_dim", "num_q_heads", "num_kv_heads", "dtype")
     structural = "rope"
 
@@ -319,6 +322,10 @@ class Rope(Op):
             # float32: the precision a float32 model needs (angles, a cos/sin table) is visible there
             cases.append(capture_case({"T": 3, "Hq": hq, "Hkv": hkv, "D": D, "positions": [1000, 7, 33]}, "float32"))
         return cases
+
+    def capture_twin(self, dims: dict[str, Any]) -> dict[str, Any] | None:
+        """One more token, at a position of its own."""
+        return {**dims, "T": dims["T"] + 1, "positions": [*dims["positions"], 500]}
 
 
 OP_CLASS = Rope

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from kernalin_ci.ops.roles import FUSED
 from kernalin_ci.report.text import code, md, prob
 
 if TYPE_CHECKING:
@@ -66,7 +67,7 @@ def how_text(m: ModelResult) -> str:
 
 def kernels_text(m: ModelResult) -> str:
     return ", ".join(
-        f"{name} (decode_step: rope, kv_append and attention)" if role == "decode_step" else f"{role} {name}"
+        f"{name} (decode_step: rope, kv_append and attention)" if role == FUSED else f"{role} {name}"
         for role, name in m.roles.items()
     )
 

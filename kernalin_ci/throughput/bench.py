@@ -24,10 +24,12 @@ from kernalin_ci.entry import parse_entry
 from kernalin_ci.errors import UsageError
 from kernalin_ci.isolate import run_task
 from kernalin_ci.jobs import EntryAt, ModelInstance, ModelJob
+from kernalin_ci.ops import get_op
+from kernalin_ci.ops.roles import FUSED, SEPARATE, role_ops
 from kernalin_ci.progress import ModelRound, ProgressSink, sink_for
 from kernalin_ci.throughput import cost
 from kernalin_ci.throughput.result import ModelResult
-from kernalin_ci.throughput.spec import FUSED, ROLE_OPS, SEPARATE, ModelSpec
+from kernalin_ci.throughput.spec import ModelSpec
 
 NOT_MEASURED_CPU = "no GPU: the decode step is timed on a GPU only"
 
@@ -53,7 +55,7 @@ def unplaced(roles: list[Role]) -> dict[str, str]:
     """Kernels whose place this step cannot give them -> why (torch does that work instead)."""
     have = {r.role: r for r in roles}
     att, app = have.get("attention"), have.get("kv_append")
-    if app and att and att.op == "attention.decode":
+    if app and att and not get_op(att.op).paged_cache:
         return {
             "kv_append": f"{att.kernel} (attention.decode) reads a contiguous cache, {app.kernel} writes a paged one"
         }
@@ -86,10 +88,9 @@ def check_roles(spec: ModelSpec, roles: list[Role]) -> tuple[dict, dict]:
             f"not with {others}"
         )
     for r in roles:
-        if r.op not in ROLE_OPS[r.role]:
-            raise UsageError(
-                f"model: the {r.role} place takes {' or '.join(ROLE_OPS[r.role])}, not {r.kernel} ({r.op})"
-            )
+        takes = role_ops(r.role)
+        if r.op not in takes:
+            raise UsageError(f"model: the {r.role} place takes {' or '.join(takes)}, not {r.kernel} ({r.op})")
         for pin, want in (
             ("head_dim", spec.head_dim),
             ("num_q_heads", spec.num_heads),
@@ -98,7 +99,7 @@ def check_roles(spec: ModelSpec, roles: list[Role]) -> tuple[dict, dict]:
             got = r.params.get(pin)
             if got is not None and int(got) != want:
                 raise UsageError(f"model: {r.kernel} pins {pin}={got}, the model has {want}")
-        if r.op == "rope" and r.params.get("max_position") is not None:
+        if r.params.get("max_position") is not None:  # rope's
             longest = max(p.context for p in spec.serving)
             if longest >= int(r.params["max_position"]):
                 raise UsageError(
@@ -109,7 +110,7 @@ def check_roles(spec: ModelSpec, roles: list[Role]) -> tuple[dict, dict]:
     layout = {"attention_op": att.op if att else None, "block_size": 16, "layout": "nhd"}
     app = by.get("kv_append")
     # a paged cache: the paged attention's, the decode_step's, or the kv_append kernel's with the torch attention
-    cache = att if att and att.op == "attention.decode_paged" else (fused or app) if not att else None
+    cache = att if att and get_op(att.op).paged_cache else (fused or app) if not att else None
     if cache:
         layout["block_size"] = int(cache.params.get("block_size") or 16)
         layout["layout"] = cache.params.get("layout") or "nhd"

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from kernalin_ci.errors import UsageError
+from kernalin_ci.ops.roles import ROLES  # the gated kernels' places in the step (docs/tokens.md)
 
 # Shapes of public model families, from each model's published config.json on the Hugging Face Hub
 # (the repository named in `source`): num_hidden_layers, hidden_size, num_attention_heads,
@@ -63,17 +64,6 @@ PRESETS: dict[str, dict] = {
 }
 SHAPE_KEYS = ("layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size", "vocab_size")
 MODEL_DTYPES = ("bfloat16", "float16", "float32")
-# The gated kernels' places in the step. `decode_step` is the fused place: one entry that rotates, appends
-# and attends, in place of the rope, kv_append and attention places (docs/tokens.md).
-SEPARATE = ("attention", "rope", "kv_append")
-FUSED = "decode_step"
-ROLES = (*SEPARATE, FUSED)
-ROLE_OPS = {
-    "attention": ("attention.decode_paged", "attention.decode"),
-    "rope": ("rope",),
-    "kv_append": ("kv_append",),
-    FUSED: ("decode_step",),
-}
 KEYS = ("preset", *SHAPE_KEYS, "dtype", "serving", "gpu_price_per_hour", "kernels", "budget_s")
 
 # The default price: an on-demand H200 (one GPU, per hour, USD) as published by a GPU cloud;

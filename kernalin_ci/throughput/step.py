@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from kernalin_ci.ops import get_op
 from kernalin_ci.ops.base import torch_dtype
 from kernalin_ci.throughput.spec import ModelSpec, ServingPoint
 
@@ -43,7 +44,7 @@ class Kernels:
     rope: object | None = None
     kv_append: object | None = None
     decode_step: object | None = None  # the fused place: rope, kv_append and attention in one entry
-    attention_op: str | None = None  # "attention.decode_paged" | "attention.decode" | None (torch SDPA)
+    attention_op: str | None = None  # the attention kernel's op (attention.decode_paged or .decode); None: torch
     block_size: int = 16
     layout: str = "nhd"
 
@@ -51,9 +52,9 @@ class Kernels:
     def paged(self) -> bool:
         """A paged cache for a paged attention kernel, a decode_step kernel, or a kv_append kernel with the torch
         attention."""
-        return self.attention_op == "attention.decode_paged" or (
-            self.attention_op is None and (self.kv_append is not None or self.decode_step is not None)
-        )
+        if self.attention_op is not None:
+            return get_op(self.attention_op).paged_cache
+        return self.kv_append is not None or self.decode_step is not None
 
 
 @dataclass

@@ -347,19 +347,20 @@ def verify_pipeline(
     progress: bool | ProgressSink = True,
 ) -> VerifyResult:
     """The decode-pipeline check over kv_append + attention.decode_paged (+ rope) entries."""
-    from kernalin_ci.verify.pipeline import ROLES
+    from kernalin_ci.ops.roles import PIPELINE, PIPELINE_REQUIRED, pipeline_op
 
-    for role in ("kv_append", "attention.decode_paged"):
-        if not entries.get(role):
-            raise UsageError(f"pipeline: an entry for {role} is required")
-    for role in entries:
-        if role not in ROLES:
-            raise UsageError(f"pipeline: {role!r} is not a pipeline role ({', '.join(ROLES)})")
+    roles = {pipeline_op(role): role for role in PIPELINE}  # the members' ops, in the step's order
+    for role in PIPELINE_REQUIRED:
+        if not entries.get(pipeline_op(role)):
+            raise UsageError(f"pipeline: an entry for {pipeline_op(role)} is required")
+    for op in entries:
+        if op not in roles:
+            raise UsageError(f"pipeline: {op!r} is not a pipeline role ({', '.join(roles)})")
     if steps < 1:
         raise UsageError("steps: must be at least 1 (the pipeline's decode steps)", setting="steps")
     params = pipeline_params(entries, raw_params)
     dtype = dtype or "float32"
-    label = "+".join(r for r in ROLES if entries.get(r))
+    label = "+".join(op for op in roles if entries.get(op))
     t0 = time.perf_counter()
     result = VerifyResult(op="decode-pipeline", entry=label, device=device)
 
@@ -369,9 +370,9 @@ def verify_pipeline(
 
     def repro(case):
         parts = ["kernalin-ci", "pipeline"]
-        for role, flag in (("kv_append", "--kv-append"), ("attention.decode_paged", "--attention"), ("rope", "--rope")):
-            if entries.get(role):
-                parts += [flag, entries[role]]
+        for op, role in roles.items():  # the command's flags: --kv-append, --attention, --rope
+            if entries.get(op):
+                parts += ["--" + role.replace("_", "-"), entries[op]]
         pins = {**raw_params, "head_dim": case.dims["D"]} if not params.get("head_dim") else raw_params
         for k, v in pins.items():
             parts += ["--param", f"{k}={v}"]
@@ -384,7 +385,7 @@ def verify_pipeline(
     prog = Progress(progress, len(cases), "decode-pipeline")
     job = PipelineJob(entries={k: v for k, v in entries.items() if v}, root=root, params=params, dtype=dtype, seed=seed)
     _warm_torch(2)
-    reader = PipelineReader(params, dtype, seed, device, bool(entries.get("rope")), on_step, root)
+    reader = PipelineReader(params, dtype, seed, device, bool(entries.get(pipeline_op("rope"))), on_step, root)
     run = run_cases(job, cases, device, timeout_s or DEVICES[device].verify_timeout_s, prog, repro, reader)
     result.findings = dedupe(run.findings)
     if not reader.ran_dims and not run.findings and any(nc["reason"] == "unsupported" for _, nc in run.not_checked):

@@ -32,6 +32,7 @@ from kernalin_ci.lazy import torch
 from kernalin_ci.ops import attention_common as ac
 from kernalin_ci.ops import paged
 from kernalin_ci.ops.base import TOLERANCE, Case, generator, randn, torch_dtype
+from kernalin_ci.ops.roles import pipeline_op
 from kernalin_ci.ops.rope import rotate
 from kernalin_ci.runtime.poison import bits, fill_canary, is_canary
 from kernalin_ci.runtime.rows import row_errors
@@ -39,7 +40,6 @@ from kernalin_ci.verify import exchange
 from kernalin_ci.verify.exchange import BadResult, plain
 from kernalin_ci.verify.precision import TF32_TOLERANCE, launched_ttir, recorded_launches, tf32_notice
 
-ROLES = ("kv_append", "attention.decode_paged", "rope")
 START_LENGTHS = (1, 9, 30, 47)
 
 
@@ -577,7 +577,7 @@ def drive_pipeline(
     nothing, through rope (when given), kv_append and attention, at head dim D; handed back: the rope
     outputs, both caches after kv_append and after attention, the attention output."""
     s = init_state(_pipeline_shape(params, D), dtype, device, seed, steps)
-    rope_fn = fns.get("rope")
+    rope_fn, kv_append, attention = (fns.get(pipeline_op(role)) for role in ("rope", "kv_append", "attention"))
 
     def run_step(st: Step) -> dict[str, Any]:
         B = len(st.kv_lens)
@@ -588,7 +588,7 @@ def drive_pipeline(
             q_in, k_in = rope_fn(q=q_in, k=k_in, positions=pos.to(device))
             _sync(device)
             raw["q"], raw["k"] = plain(q_in), plain(k_in)
-        fns["kv_append"](
+        kv_append(
             key=k_in,
             value=st.v.to(device),
             k_cache=s["k_cache"],
@@ -599,7 +599,7 @@ def drive_pipeline(
         # copies: on the CPU plain() keeps the live cache, which attention could still change
         raw["k_cache_append"], raw["v_cache_append"] = plain(s["k_cache"].clone()), plain(s["v_cache"].clone())
         with launches(device) as launched:  # the attention entry's kernels: their TF32 dots
-            out = fns["attention.decode_paged"](
+            out = attention(
                 q=q_in[:B],
                 k_cache=s["k_cache"],
                 v_cache=s["v_cache"],

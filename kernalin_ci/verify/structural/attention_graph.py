@@ -15,6 +15,7 @@ from kernalin_ci.verify.structural.attention_values import (
     exps_of,
     is_exp_sum,
     max_like,
+    rotated_in_step,
     score_factor,
     upper_bound,
 )
@@ -192,7 +193,7 @@ def _check_scale(view: KernelView, op: IROp, pos: LF, rep: StructuralFindings, s
     ((s, c),) = terms.items()
     f, tensors = score_factor(view, s)
     # decode_step: keys an earlier launch rotated and stored are followed back to k
-    keys = ({"k_cache"}, {"k"}) if getattr(view.capture, "op", None) == "decode_step" else ({"k_cache"},)
+    keys = ({"k_cache"}, {"k"}) if rotated_in_step(view) else ({"k_cache"},)
     if f is None or not any({"q"} | ks <= tensors for ks in keys):
         rep.gap(
             "softmax scale",

@@ -10,7 +10,7 @@ import numpy as np
 
 from kernalin_ci.verify.structural.abstract_values import INV_MASK, POS
 from kernalin_ci.verify.structural.attention_values import Exps, dims
-from kernalin_ci.verify.structural.common import StructuralFindings, kname
+from kernalin_ci.verify.structural.common import StructuralFindings, kname, op_of
 from kernalin_ci.verify.structural.dataflow import KernelView, peel
 from kernalin_ci.verify.structural.ir import IROp
 
@@ -22,10 +22,10 @@ class AttentionModel:
 
     linear = False
 
-    def __init__(self, cap):
+    def __init__(self, cap, lens: list | None = None):
         self.cap = cap
-        self.paged = cap.op == "attention.decode_paged"
-        self.lens = [int(x) for x in cap.kwargs["kv_lens"].tolist()]
+        self.paged = op_of(cap).paged_cache
+        self.lens = lens if lens is not None else [int(x) for x in cap.kwargs["kv_lens"].tolist()]
         if self.paged:
             self.bs = int(cap.params["block_size"])
             tables = cap.kwargs["block_tables"].tolist()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+from kernalin_ci.verify.structural.common import op_of
 from kernalin_ci.verify.structural.dataflow import (
     LF,
     MAX_KINDS,
@@ -191,7 +192,7 @@ def score_factor(view: KernelView, v: Value, depth: int = 0):
         return (fa * fb if fa is not None and fb is not None else None), ta | tb
     if reduce_kind(op) == "addf":
         return score_factor(view, op.operands[0], depth + 1)
-    if getattr(view.capture, "op", None) == "decode_step":
+    if rotated_in_step(view):
         # a fused decode step scores a rotated q (x cos - y sin, halves of the head dim kept apart): the
         # rotation keeps the norm, so its cos/sin coefficients count as 1 and the halves' partial scores,
         # alike in factor, add up to the score (RoPE's checks judge the rotation itself)
@@ -209,8 +210,14 @@ def dims(cap):
     q = cap.kwargs["q"]
     kc = cap.kwargs["k_cache"]
     Hq = q.shape[1]
-    Hkv = kc.shape[2] if cap.op in ("attention.decode_paged", "decode_step") else kc.shape[1]
+    Hkv = kc.shape[2] if op_of(cap).paged_cache else kc.shape[1]
     return q.shape[0], Hq, Hkv, q.shape[2]
+
+
+def rotated_in_step(view) -> bool:
+    """The op rotates q and k in the step it attends in (decode_step): its scores are of rotated q and k."""
+    op = op_of(view.capture)
+    return op is not None and op.rotates
 
 
 # --------------------------------------------------------------------------- the exps

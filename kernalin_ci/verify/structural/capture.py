@@ -488,7 +488,7 @@ def _capture_once(
     writable = set(op.written_names(params))
     for name, v in kw.items():
         if isinstance(v, torch.Tensor):
-            registry.add(name, _logical(op.name, params, name, v), "written" if name in writable else "input")
+            registry.add(name, _logical(op, params, name, v), "written" if name in writable else "input")
     snapshot = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
     moves = HostMoves({k: v for k, v in kw.items() if isinstance(v, torch.Tensor)})
     recorder = LaunchRecorder(registry, snapshot, moves, all_configs)
@@ -520,7 +520,7 @@ def _capture_once(
         else:
             info.also = tuple(set(info.also) | {f"{oname}_out"}) if oname not in ("k_cache", "v_cache") else info.also
         outputs[oname] = info.name
-    logical = {k: _logical(op.name, params, k, v) for k, v in kw.items()}
+    logical = {k: _logical(op, params, k, v) for k, v in kw.items()}
     return Capture(
         op.name,
         dict(params),
@@ -534,9 +534,9 @@ def _capture_once(
     )
 
 
-def _logical(op_name: str, params: dict, name: str, v):
+def _logical(op: Op, params: dict, name: str, v):
     """The analyses see a paged cache in nhd order whatever its layout: a permuted view of the same memory."""
-    if op_name in ("attention.decode_paged", "kv_append", "decode_step") and name in ("k_cache", "v_cache"):
+    if op.paged_cache and name in ("k_cache", "v_cache"):
         from kernalin_ci.ops.paged import layout_of, nhd
 
         return nhd(v, layout_of(params))

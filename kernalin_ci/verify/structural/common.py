@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 
 from kernalin_ci.findings import Finding, Location, Notice
+from kernalin_ci.ops import get_op
+from kernalin_ci.ops.base import Op
 from kernalin_ci.verify.structural.dataflow import (
     KernelView,
     alternatives,
@@ -26,6 +28,12 @@ from kernalin_ci.verify.structural.dataflow import (
 from kernalin_ci.verify.structural.ir import IROp
 
 LOW = ("f16", "bf16", "f8")
+
+
+def op_of(cap: Any) -> Op | None:
+    """The op a capture is of (what it is: a paged cache, a rotation, ...; kernalin_ci/ops), None without one."""
+    name = getattr(cap, "op", None)
+    return get_op(name) if name else None
 
 
 def _check_id(check: str) -> str:

@@ -42,20 +42,6 @@ class DecodeStepModel(attention.AttentionModel):
 
     linear = True
 
-    def __init__(self, cap, lens: list | None = None):
-        self.cap = cap
-        self.paged = True
-        self.lens = lens if lens is not None else [int(x) for x in cap.kwargs["kv_lens"].tolist()]
-        self.bs = int(cap.params["block_size"])
-        self.owner, self.tail = {}, set()
-        for b, row in enumerate(cap.kwargs["block_tables"].tolist()):
-            need = -(-self.lens[b] // self.bs)
-            for i, blk in enumerate(row):
-                if i < need:
-                    self.owner[int(blk)] = (b, i)
-                else:
-                    self.tail.add(int(blk))
-
 
 def analyze(cap, views: list, rep: StructuralFindings, model: DecodeStepModel) -> None:
     names = list(cap.tensors)

@@ -19,7 +19,7 @@ The material (a dict):
   outputs    {op output name: tensor name}
   kwargs     {name: tensor or scalar}: the capture call's arguments (the analyses read kv_lens, ...)
   notes      [str]: what the capture could not follow
-  twin       None, or the twin call of the PTX engine (ptx_facts.twin_dims): {tensors: {name: [shape,
+  twin       None, or the twin call of the PTX engine (Op.capture_twin): {tensors: {name: [shape,
              strides]}, launches: [{kernel, grid, args: {name: int}}]}; each launch then also has its
              `ptx` text ("" when the PTX engine was not asked for)
 """
@@ -52,7 +52,7 @@ class Material:
     texts: list[str]
     label: str | None = None  # the shape captured at, e.g. 'D=48 float16 Hq=6 Hkv=2'
     ptx: list[str] | None = None  # each launch's PTX text (the PTX engine), "" where not compiled
-    twin: dict | None = None  # the twin call (ptx_facts.twin_dims), for the PTX engine's shape symbols
+    twin: dict | None = None  # the twin call (Op.capture_twin), for the PTX engine's shape symbols
 
 
 # ------------------------------------------------------------------ child side

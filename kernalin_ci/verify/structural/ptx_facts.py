@@ -14,13 +14,15 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from kernalin_ci.ops.base import Op
 from kernalin_ci.ptx.context import Contract
 from kernalin_ci.ptx.facts import Expr, LaunchFacts, ParamFacts, ShapeSymbol, TensorFacts
 
 MAX_POSITION = 131072
 INDEX = ("kv_lens", "block_tables", "slot_mapping", "positions")
-# (tensor, dim) -> the symbol's name, where the op's contract names it
-NAMES = {
+# (tensor, dim) -> the symbol's usual name, where an op's contract names it (an op may name some otherwise:
+# Op.shape_symbols)
+SYMBOLS = {
     ("q", 0): "B",
     ("key", 0): "T",
     ("k", 0): "B",
@@ -29,6 +31,8 @@ NAMES = {
     ("kv_lens", 0): "B",
     ("block_tables", 0): "B",
     ("block_tables", 1): "W",
+    ("k_cache", 0): "NB",
+    ("v_cache", 0): "NB",
 }
 RANGES = {"B": (1, 4096), "T": (1, 65536), "NB": (1, 1 << 21)}
 
@@ -37,32 +41,8 @@ class FactsError(Exception):
     """The capture does not give this kernel's launch facts (one line: why)."""
 
 
-def twin_dims(op_name: str, dims: dict) -> dict | None:
-    """The twin capture call's dims: the batch and the cache grow, nothing the kernel specialises on."""
-    d = dict(dims)
-    if op_name in ("attention.decode", "attention.decode_paged"):
-        d["kv_lens"] = list(d["kv_lens"]) + [150]
-    elif op_name == "kv_append":
-        d["T"], d["num_blocks"] = d["T"] + 2, d["num_blocks"] + 2
-    elif op_name == "rope":
-        d["T"], d["positions"] = d["T"] + 1, list(d["positions"]) + [500]
-    elif op_name == "decode_step":
-        d["start_lens"] = list(d["start_lens"]) + [40]
-    else:
-        return None
-    return d
-
-
-def _symbol_name(op_name: str, tensor: str, dim: int) -> str:
-    if tensor in ("k_cache", "v_cache") and dim == 0:
-        return "B" if op_name == "attention.decode" else "NB"
-    if tensor in ("k_cache", "v_cache") and dim == 2 and op_name == "attention.decode":
-        return "S"
-    if tensor == "q" and op_name == "rope":
-        return "T"
-    if op_name == "rope" and (tensor, dim) in (("k", 0), ("positions", 0)):
-        return "T"
-    return NAMES.get((tensor, dim), f"{tensor}.shape[{dim}]")
+def _symbol_name(op: Op, tensor: str, dim: int) -> str:
+    return op.shape_symbols.get((tensor, dim)) or SYMBOLS.get((tensor, dim), f"{tensor}.shape[{dim}]")
 
 
 def _strides(shape: tuple[Expr, ...], captured: tuple[int, ...], strides: tuple[int, ...]) -> tuple[Expr, ...] | None:
@@ -78,21 +58,21 @@ def _strides(shape: tuple[Expr, ...], captured: tuple[int, ...], strides: tuple[
     return tuple(out)
 
 
-def build(op_name: str, op_params: dict, cap, launch, twin: dict | None, n_params: int, max_position: int | None):
+def build(op: Op, op_params: dict, cap, launch, twin: dict | None, n_params: int, max_position: int | None):
     """(LaunchFacts, Contract) of one captured launch. When the twin call does not explain a launch
     argument or the grid (an entry passing a size computed its own way), the facts are those of the
     capture call alone: every size a constant, the domain saying so."""
     try:
-        return _build(op_name, op_params, cap, launch, twin, n_params, max_position)
+        return _build(op, op_params, cap, launch, twin, n_params, max_position)
     except FactsError as e:
         if twin is None:
             raise
-        facts, contract = _build(op_name, op_params, cap, launch, None, n_params, max_position)
+        facts, contract = _build(op, op_params, cap, launch, None, n_params, max_position)
         facts.note = f"at the capture call's sizes only ({e})"
         return facts, contract
 
 
-def _build(op_name: str, op_params: dict, cap, launch, twin: dict | None, n_params: int, max_position: int | None):
+def _build(op: Op, op_params: dict, cap, launch, twin: dict | None, n_params: int, max_position: int | None):
     max_pos = int(max_position or op_params.get("max_position") or MAX_POSITION)
     bs = int(op_params.get("block_size") or 16)
     twin_t = (twin or {}).get("tensors", {})
@@ -108,7 +88,7 @@ def _build(op_name: str, op_params: dict, cap, launch, twin: dict | None, n_para
             if m == n:
                 shape.append(Expr.of(int(n)))
                 continue
-            sym = pairs.setdefault((int(n), int(m)), _symbol_name(op_name, name, d))
+            sym = pairs.setdefault((int(n), int(m)), _symbol_name(op, name, d))
             values1[sym], values2[sym] = int(n), int(m)
             shape.append(Expr.of(sym))
         strides = _strides(tuple(shape), info.shape, info.strides)
@@ -125,8 +105,8 @@ def _build(op_name: str, op_params: dict, cap, launch, twin: dict | None, n_para
         elif s == "W":
             hi = -(-max_pos // bs)
         symbols[s] = ShapeSymbol(s, lo, hi, v)
-    _index_ranges(op_name, tensors, bs, max_pos)
-    if op_name in ("kv_append", "decode_step"):  # their contract: slot offsets in 64-bit (offset-overflow)
+    _index_ranges(op, tensors, bs, max_pos)
+    if op.appends:  # the contract of an op that appends: slot offsets in 64-bit (offset-overflow)
         for name in ("k_cache", "v_cache"):
             if name in tensors:
                 tensors[name] = replace(tensors[name], max_elements=1 << 36)
@@ -170,26 +150,27 @@ def _build(op_name: str, op_params: dict, cap, launch, twin: dict | None, n_para
         grid = tuple(g.pin(pinned) for g in grid)
         symbols = {n: (replace(s, lo=s.hi) if n in pinned else s) for n, s in symbols.items()}
     facts = LaunchFacts(launch.kernel, params, grid, tensors, symbols, distinct=("slot_mapping",))
-    contract = Contract(op_name, block_size=bs, slots="slot_mapping" if "slot_mapping" in tensors else "")
-    if op_name == "kv_append":
-        contract.caches = {"k_cache": "key", "v_cache": "value"}
-    if op_name in ("attention.decode", "attention.decode_paged", "decode_step") and "q" in cap.tensors:
+    contract = Contract(op.name, block_size=bs, slots="slot_mapping" if "slot_mapping" in tensors else "")
+    if op.cache_copies:
+        contract.caches = dict(op.cache_copies)
+    if op.attends and "q" in cap.tensors:
         hq = cap.tensors["q"].shape[1]
-        hkv = cap.tensors["k_cache"].shape[2 if op_name != "attention.decode" else 1]
+        hkv = cap.tensors["k_cache"].shape[2 if op.paged_cache else 1]
         contract.query, contract.kcache, contract.vcache, contract.lens = "q", "k_cache", "v_cache", "kv_lens"
         contract.table = "block_tables" if "block_tables" in tensors else ""
         contract.group = max(hq // max(hkv, 1), 1)
         contract.output = cap.outputs.get("out", "")
         scale = cap.kwargs.get("scale")
         contract.scale = float(scale) if isinstance(scale, (int, float)) else 0.0
-    if op_name == "rope":
-        contract.rotations = {cap.outputs[x]: x for x in ("q", "k") if x in cap.outputs and x in tensors}
+    rotations = {cap.outputs[x]: x for x in ("q", "k") if x in cap.outputs and x in tensors}
+    if op.rotates and rotations:  # rope hands the rotated q and k back; a decode step keeps them inside
+        contract.rotations = rotations
         contract.rotary_dim = int(op_params.get("rotary_dim") or cap.tensors["q"].shape[-1])
         contract.style = str(op_params.get("style") or "neox")
     return facts, contract
 
 
-def _index_ranges(op_name: str, tensors: dict[str, TensorFacts], bs: int, max_pos: int) -> None:
+def _index_ranges(op: Op, tensors: dict[str, TensorFacts], bs: int, max_pos: int) -> None:
     cache = tensors.get("k_cache")
     for name in INDEX:
         t = tensors.get(name)
@@ -198,7 +179,7 @@ def _index_ranges(op_name: str, tensors: dict[str, TensorFacts], bs: int, max_po
         lo, hi, neg = Expr.of(0), None, False
         if name == "kv_lens":
             lo = Expr.of(1)
-            if op_name == "attention.decode" and cache is not None:
+            if not op.paged_cache and cache is not None:  # a contiguous cache: its capacity S
                 hi = cache.shape[2]
             elif "block_tables" in tensors:
                 hi = tensors["block_tables"].shape[1] * bs
@@ -206,10 +187,10 @@ def _index_ranges(op_name: str, tensors: dict[str, TensorFacts], bs: int, max_po
             hi = cache.shape[0] + (-1)
         elif name == "slot_mapping" and cache is not None:
             hi = cache.shape[0] * bs + (-1)
-            neg = op_name == "kv_append"
+            neg = op.padding_slots
         elif name == "positions":
             hi = Expr.of(max_pos - 1)
-            if op_name == "decode_step" and "block_tables" in tensors:
+            if "block_tables" in tensors:  # the new token's position in a paged cache (decode_step)
                 hi = tensors["block_tables"].shape[1] * bs + (-1)
         tensors[name] = replace(t, index=True, value_range=(lo, hi) if hi is not None else None, allow_negative_one=neg)
 

@@ -14,8 +14,6 @@ import time
 from kernalin_ci.verify.structural.analyse import _result
 from kernalin_ci.verify.structural.common import StructuralFindings
 
-OPS = ("kv_append", "attention.decode", "attention.decode_paged", "rope", "decode_step")
-
 
 def analyse_ptx(
     op_name: str, mat, params: dict, root: str | None = None, seconds: dict | None = None, domain=None
@@ -27,7 +25,10 @@ def analyse_ptx(
 
     rep = StructuralFindings()
     times = {"capture": 0.0, "compile": 0.0, **(seconds or {}), "prove": 0.0}
-    if op_name not in OPS:
+    from kernalin_ci.ops import get_op
+
+    op = get_op(op_name)
+    if op.structural is None:  # an op with no structural analysis has no PTX properties either
         return _result(rep, [], times, root, not_analysed=f"no PTX properties for op {op_name}")
     if not solver.available():
         return _result(rep, [], times, root, not_analysed="no solver (the PTX engine needs z3-solver)")
@@ -46,7 +47,7 @@ def analyse_ptx(
             from kernalin_ci.ptx.syntax import PtxSyntaxError, parse
 
             n_params = len(parse(text).params)
-            facts, contract = ptx_facts.build(op_name, params, cap, la, mat.twin, n_params, max_position)
+            facts, contract = ptx_facts.build(op, params, cap, la, mat.twin, n_params, max_position)
         except (FactsError, PtxSyntaxError) as e:
             rep.notice("structural:ptx-facts", f"PTX engine: kernel {la.kernel} not analysed: {e}", where=where)
             unfollowed.append(f"kernel {la.kernel}: {e}")

@@ -21,7 +21,7 @@ def capture_material(op_name: str, fn, params: dict, domain=None, engine: str = 
     to TTIR: (the material, material.pack; seconds spent). A capture the kernel refuses, or a kernel that
     does not compile or whose TTIR does not parse, moves on to the next candidate shape (the declared
     domain first); each refusal is recorded. engine "ptx": also each kernel's PTX and the twin call
-    (ptx_facts.twin_dims), for the PTX engine."""
+    (Op.capture_twin), for the PTX engine."""
     from kernalin_ci.ops import get_op
     from kernalin_ci.verify.structural import material
     from kernalin_ci.verify.structural.capture import CaptureError, capture_at, capture_cases, shape_label
@@ -66,7 +66,6 @@ def _for_ptx(op, fn, params: dict, case, cap, times: dict) -> tuple[list[str], d
 
     from kernalin_ci.verify.structural.capture import CaptureError, capture_at
     from kernalin_ci.verify.structural.compile import CompileError, ptx
-    from kernalin_ci.verify.structural.ptx_facts import twin_dims
 
     t0 = time.perf_counter()
     texts = []
@@ -76,7 +75,7 @@ def _for_ptx(op, fn, params: dict, case, cap, times: dict) -> tuple[list[str], d
         except CompileError:
             texts.append("")
     times["compile"] += time.perf_counter() - t0
-    dims = twin_dims(op.name, case.dims)
+    dims = op.capture_twin(case.dims)
     if dims is None:
         return texts, None
     t1 = time.perf_counter()
