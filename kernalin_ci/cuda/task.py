@@ -58,10 +58,20 @@ def run_job(job: dict, emit) -> None:
     """Worker task 'cuda-build'."""
     spec = CudaSpec.from_json(job["cuda"])
     root = Path(job["root"])
-    res = build_ptx(spec, root, cache_dir())
+    res = build_ptx(spec, root, cache_dir(), gpu_arch() if job["device"] == "cuda" else None)
     emit({"event": "cuda-build", **res.to_json()})
     if job["device"] == "cuda" and res.status != "failed":
         emit({"event": "cuda-warm", **warm(job)})
+
+
+def gpu_arch() -> str | None:
+    """compute_XY of the GPU in use (None where torch sees none)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability()
+    return f"compute_{major}{minor}"
 
 
 def warm(job: dict) -> dict:
