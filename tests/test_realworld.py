@@ -182,3 +182,14 @@ def test_cuda_kernel_builds_for_an_h100_with_the_flags_verify_gets(k, tmp_path):
     assert res.status == "built" and res.arch == "compute_90", res.log
     ptx = Path(res.ptx[0]).read_text()
     assert ".target sm_90" in ptx and ".visible .entry" in ptx
+
+
+def test_a_cuda_kernel_this_toolchain_cannot_build_is_not_checked_never_failed_nor_passed():
+    k = CUDA_KERNELS[0]
+    error = {"bug_class": "build-error", "kind": "build", "message": 'fastdiv.cuh(39): error: expected a ";"'}
+    for variant in ("original", "mutant"):
+        j = corpus.judge(k, corpus.Outcome(k.id, variant, 1, ["build-error"], [error], "not analysed", device="cuda"))
+        assert j.not_checked.startswith("not checked (the CUDA toolchain here does not build it: fastdiv.cuh(39)")
+        assert not j.problems and j.word == "not built"
+    j = corpus.judge(k, corpus.Outcome(k.id, "mutant", 1, ["wrong-output"], [], "not analysed", device="cuda"))
+    assert not j.not_checked and j.word == "MISSED"  # what builds is judged as before
