@@ -1,14 +1,17 @@
 """Every GPU part of CUDA C++ support (docs/cuda.md) in one unattended run; results as JSON under $OUT.
 
-    OUT=/some/dir python3 benchmarks/cuda_gpu.py [PART ...]       # from the repository root, on the GPU machine
+    OUT=/some/dir python3 benchmarks/cuda_gpu.py [--deadline-s S] [PART ...]   # from the repository root, on the GPU
 
-Parts (default: all, in this order; each prints its wall time; each fits a 10-minute command on an H100/H200):
+Parts (default: all, in this order; each prints its wall time). --deadline-s (default 530) bounds the whole run:
+each part gets what is left, a part still running then is stopped (its process group killed) and says so, and
+the parts after it say "not run (deadline)": the run fits a 10-minute command with its results written.
 
 - `env`: what the machine has (python, torch, Triton, cupy, cuda-bindings/NVRTC, nvcc, ninja, compute-sanitizer,
   bubblewrap, pytest) and what is missing -> env.json;
 - `tests`: `pytest tests/test_cuda_gpu.py` (five ways of launching CUDA code, the CUDA catalogue's matrix with
-  Compute Sanitizer, a dropped barrier gated end to end, the sanitizer on a Triton kernel) -> tests.json
-  (written by the tests) and the matrix as catalogue.md;
+  Compute Sanitizer, a dropped barrier and a correct change gated end to end, the sanitizer on a Triton kernel)
+  -> tests.json (written by the tests: every result, and every failing command's exit code and output),
+  tests-output.txt (pytest's whole output) and the matrix as catalogue.md;
 - `timing`: `kernalin-ci verify` wall time of CUDA C++ kernels against Triton kernels of the same op (twice each,
   sanitizer off), the build's share, and Compute Sanitizer's cost per tool -> timing.json;
 - `realworld`: the real-world corpus's CUDA kernels (FlashInfer) on the GPU, originals and mutants ->
@@ -20,11 +23,13 @@ A log of every command (its last lines) goes to log.txt. Exit code 0 when every 
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -33,8 +38,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 OUT = Path(os.environ.get("OUT") or ROOT / "cuda-gpu-out")
-PARTS = ("env", "tests", "timing", "realworld")
+PARTS = ("env", "tests", "realworld", "timing")
 LOG: list[str] = []
+DEADLINE = [float("inf")]  # time.monotonic() by which every command must have ended (--deadline-s)
 
 
 def log(text: str) -> None:
@@ -42,9 +48,26 @@ def log(text: str) -> None:
     LOG.append(text)
 
 
+def left() -> float:
+    return DEADLINE[0] - time.monotonic()
+
+
 def run(cmd: list[str], cwd: Path = ROOT, timeout: float = 900, env: dict | None = None) -> subprocess.CompletedProcess:
+    """CMD to its end, or until TIMEOUT or the run's deadline (then its whole process group is killed: exit 124)."""
     t0 = time.perf_counter()
-    r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+    limit = max(1.0, min(timeout, left()))
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})},
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=limit)
+        code = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        code, err = 124, err + f"\n(stopped after {limit:.0f} s: the run's deadline)"
+    r = subprocess.CompletedProcess(cmd, code, out, err)
     tail = "\n".join((r.stdout + "\n" + r.stderr).strip().splitlines()[-15:])
     log(f"$ {' '.join(cmd)}  (exit {r.returncode}, {time.perf_counter() - t0:.1f} s)\n{tail}")
     return r
@@ -126,6 +149,7 @@ def part_tests() -> bool:
         timeout=3000,
         env={"KERNALIN_CUDA_OUT": str(OUT)},
     )
+    (OUT / "tests-output.txt").write_text(r.stdout[-2_000_000:] + "\n" + r.stderr[-1_000_000:])
     path = OUT / "tests.json"
     if path.is_file():
         rows = json.loads(path.read_text()).get("cuda catalogue") or []
@@ -216,12 +240,16 @@ def verify_once(name: str, *extra: str) -> dict:
 
 def part_timing() -> bool:
     rows = []
-    for name in VERIFIES:
-        for i in range(2):
-            row = verify_once(name, "--sanitizer", "off")
-            row["run"] = i + 1
-            rows.append(row)
+    for name in VERIFIES:  # once each: the build's share is in build_s, the rest is the verify once built
+        if left() < 30:
+            log(f"timing: {name} not run (deadline)")
+            continue
+        row = verify_once(name, "--sanitizer", "off")
+        row["run"] = 1
+        rows.append(row)
     for name in ("paged attention triton", "paged attention cuda nvrtc"):
+        if left() < 30:
+            continue
         row = verify_once(name, "--only", "sanitizer")
         row["run"] = "sanitizer only"
         rows.append(row)
@@ -243,7 +271,7 @@ def part_timing() -> bool:
             )
     write("timing.json", {"rows": rows, "summary": summary})
     log(json.dumps(summary, indent=1))
-    return all("error" not in r for r in rows)
+    return len(rows) == len(VERIFIES) + 2 and all("error" not in r for r in rows)
 
 
 # ------------------------------------------------------------------ realworld
@@ -255,15 +283,21 @@ def part_realworld() -> bool:
 
     ids = [k.id for k in corpus.load_manifest() if k.device == "cuda"]
     r = run(
-        [sys.executable, "tests/realworld/matrix.py", "--device", "cuda", "--jobs", "2", "--only", ",".join(ids),
+        [sys.executable, "tests/realworld/matrix.py", "--device", "cuda", "--jobs", "3", "--only", ",".join(ids),
          "--json", str(OUT / "realworld.json")],
         timeout=3000,
     )  # fmt: skip
+    (OUT / "realworld.md").write_text(r.stdout + "\n" + r.stderr[-20_000:])
     return r.returncode == 0
 
 
 def main(argv: list[str]) -> int:
-    parts = argv or list(PARTS)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--deadline-s", type=float, default=530.0, help="the whole run's time (default 530)")
+    ap.add_argument("parts", nargs="*")
+    args = ap.parse_args(argv)
+    DEADLINE[0] = time.monotonic() + args.deadline_s
+    parts = args.parts or list(PARTS)
     unknown = [p for p in parts if p not in PARTS]
     if unknown:
         print(f"cuda_gpu: unknown part {unknown[0]!r} (parts: {', '.join(PARTS)})", file=sys.stderr)
@@ -277,6 +311,10 @@ def main(argv: list[str]) -> int:
         log(f"CUDA_HOME={os.environ['CUDA_HOME']} (from {nvcc})")
     ok = True
     for part in parts:
+        if left() < 20:
+            log(f"== part {part}: not run (deadline)")
+            ok = False
+            continue
         t0 = time.perf_counter()
         try:
             passed = globals()[f"part_{part}"]()

@@ -77,6 +77,7 @@ PASS_NAMES = frozenset(
         "OPENBLAS_NUM_THREADS",
         "KERNALIN_DAEMON_JOB",
         "KERNALIN_CHECKS",
+        "KERNALIN_NVCC",  # the CUDA compiler the workers build with (kernalin_ci/cuda/toolchain.py)
     }
 )
 PASS_PREFIXES = ("LC_", "TRITON_", "CUDA_", "NVIDIA_", "PYTORCH_", "TORCH_")

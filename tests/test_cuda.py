@@ -35,7 +35,7 @@ def git(repo, *args):
 
 
 # the barrier between tiles in the shared attention header (the line a pull request drops)
-BARRIER = "        __syncthreads();  // every thread is done with this tile's scores before the next tile writes them\n"
+BARRIER = "        __syncthreads();  // all threads are done with the values before the next keys overwrite them\n"
 
 CONFIG = """\
 kernels:
@@ -44,13 +44,17 @@ kernels:
     entry: attention_decode_paged/correct_online_smem.py:entry
     params: {block_size: 16}
     cuda: {sources: [attention_decode_paged/paged_decode.cu], flags: [-Icommon]}
-gate: {bench: false}
+gate: {budget_s: 10}
 """
+# a correct pull request to the same header (the values' loop unrolled: the same sums in the same order)
+VALUES_LOOP = "            for (int j = 0; j < nv; ++j) a += p[j] * sm.kv[j][d];\n"
+UNROLLED = "#pragma unroll 4\n" + VALUES_LOOP
 
 
 @pytest.fixture
 def cuda_repo(tmp_path):
-    """A repository holding the CUDA catalogue's paged decode kernel (its .cu, the shared headers, the entry)."""
+    """An example repository holding the CUDA catalogue's paged decode kernel (its .cu, the shared headers, the
+    entry) gated with benchmarks on; a pull request changes the header (pr_to_cuda_repo)."""
     r = tmp_path / "repo"
     (r / "attention_decode_paged").mkdir(parents=True)
     shutil.copytree(CUDA / "common", r / "common")
@@ -61,6 +65,16 @@ def cuda_repo(tmp_path):
     git(r, "add", "-A")
     git(r, "commit", "-qm", "base")
     return r
+
+
+def pr_to_cuda_repo(repo, old: str, new: str, message: str) -> None:
+    """Branch `pr` of REPO: decode_attention.cuh with OLD replaced by NEW, committed."""
+    header = repo / "common" / "decode_attention.cuh"
+    text = header.read_text()
+    assert old in text
+    git(repo, "checkout", "-qb", "pr")
+    header.write_text(text.replace(old, new))
+    git(repo, "commit", "-qam", message)
 
 
 # ------------------------------------------------------------------ configuration and diff
@@ -194,13 +208,10 @@ def test_a_source_that_does_not_compile_is_a_build_error_finding(tmp_path):
 
 @needs_nvcc
 def test_the_gate_on_the_cpu_is_neutral_and_fails_with_fail_on_not_checked(cuda_repo):
-    header = cuda_repo / "common" / "decode_attention.cuh"
-    text = header.read_text()
-    barrier = BARRIER
-    assert barrier in text
-    git(cuda_repo, "checkout", "-qb", "pr")
-    header.write_text(text.replace(barrier, ""))  # the PR drops the barrier between tiles
-    git(cuda_repo, "commit", "-qam", "drop a barrier")
+    """The pull request tests/test_cuda_gpu.py gates end to end on a GPU (a barrier dropped), on the CPU: the diff
+    and the build run, and the report says exactly what was not checked (every case, Compute Sanitizer, the
+    benchmark), never a pass."""
+    pr_to_cuda_repo(cuda_repo, BARRIER, "", "drop a barrier")
     out = cuda_repo / "out"
     r = cli("run", "--device", "cpu", "--quiet", "--base", "main", "--out", str(out), cwd=cuda_repo)
     assert r.returncode == 0, r.stderr
@@ -209,8 +220,20 @@ def test_the_gate_on_the_cpu_is_neutral_and_fails_with_fail_on_not_checked(cuda_
     assert report["reason"].startswith("not checked (needs a GPU): paged_decode")
     [k] = report["kernels"]
     assert k["status"] == "changed" and k["reasons"] == ["common/decode_attention.cuh changed"]
-    assert k["verification"]["verdict"] == "not-checked" and k["failed_by"] == []
-    assert "not checked (needs a GPU)" in (out / "report.md").read_text()
+    v = k["verification"]
+    assert v["verdict"] == "not-checked" and v["cases_run"] == 0 and k["failed_by"] == []
+    assert v["build"]["status"] == "built" and v["sanitizer"]["status"] == "not-checked"
+    assert v["sanitizer"]["cause"] == "needs a GPU" and k["benchmark"] is None
+    assert k["benchmark_note"] == "not benchmarked: a CUDA C++ kernel needs a GPU"
+    md = (out / "report.md").read_text()
+    for said in (
+        "**not checked** (needs a GPU)",
+        "- **CUDA build:** built",
+        "- **Compute Sanitizer:** **not checked (needs a GPU)**",
+        "not benchmarked: a CUDA C++ kernel needs a GPU",
+    ):
+        assert said in md, said
+    assert "passed" not in md and "pass ·" not in md
     r = cli("run", "--device", "cpu", "--quiet", "--base", "main", "--out", str(out), "--fail-on",
             "finding,not-checked", cwd=cuda_repo)  # fmt: skip
     assert r.returncode == 1, r.stderr
@@ -265,3 +288,15 @@ def test_sanitizer_reports_map_to_bug_classes():
     sync = "========= Barrier error detected. Divergent thread(s) in block\n=========     at k+0x10 in /s/k.cu:9\n"
     assert parse("synccheck", sync)[0][0].bug_class == "barrier-divergence"
     assert parse("memcheck", "========= Program hit cudaErrorInvalidValue on CUDA API call to cudaFree.\n")[0] == []
+
+
+def test_memcheck_pads_every_allocation_and_the_other_tools_run_plain():
+    """A padding token's write just before the cache lands inside the tensor allocated before it unless memcheck
+    pads each allocation (the first GPU run missed bug_padding_not_skipped so): --padding on memcheck only."""
+    from kernalin_ci.cuda.sanitizer import PADDING, argv
+
+    cmd = argv("/cs", "memcheck", "/log")
+    assert cmd[:3] == ["/cs", "--tool", "memcheck"] and cmd[cmd.index("--padding") + 1] == str(PADDING)
+    assert PADDING >= 8 * 128 * 4  # a whole row of the widest kv_append case (Hkv=8, D=128, float32)
+    for tool in ("racecheck", "initcheck", "synccheck"):
+        assert "--padding" not in argv("/cs", tool, "/log")

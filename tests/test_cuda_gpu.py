@@ -1,7 +1,9 @@
-"""CUDA C++ kernels on a GPU (docs/cuda.md), marked `gpu` (skipped without one; run by benchmarks/cuda_gpu.sh):
+"""CUDA C++ kernels on a GPU (docs/cuda.md), marked `gpu` (skipped without one; run by benchmarks/cuda_gpu.py):
 each way an entry builds and launches CUDA code verifies a correct kv_append kernel with no finding; the CUDA
-catalogue's rows match their labels (pos-0 probe, dynamic checks, Compute Sanitizer); a PR that drops a barrier
-between tiles in an example repository is gated end to end and fails on Compute Sanitizer's race report."""
+catalogue's rows match their labels (pos-0 probe, dynamic checks, Compute Sanitizer); in an example repository,
+a PR that drops a barrier between tiles is gated end to end and fails on Compute Sanitizer's race report, and a
+correct PR to the same kernel is verified, sanitized, benchmarked and commented on (tests/test_cuda.py: the same
+PR on the CPU). Every command's exit code and last output go to tests.json, so a failure says why."""
 
 import json
 import os
@@ -11,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import CHECKS, REPO, cli
-from test_cuda import BARRIER, cuda_repo, git  # noqa: F401  (the example repository fixture)
+from test_cuda import BARRIER, UNROLLED, VALUES_LOOP, cuda_repo, pr_to_cuda_repo  # noqa: F401  (the fixture)
 
 from kernalin_ci import catalogue as cat
 from kernalin_ci.cuda import toolchain
@@ -31,12 +33,27 @@ def record(key: str, value) -> None:
     path.write_text(json.dumps(data, indent=1))
 
 
-def _verify(entry: str, *extra: str, cwd=REPO) -> dict:
+def _verify(entry: str, *extra: str, cwd=REPO, name: str = "") -> dict:
     r = cli(
         "verify", "--op", "kv_append", "--entry", entry, "--device", "cuda", "--quiet", "--json", "-", *extra, cwd=cwd
     )
-    assert r.returncode in (0, 1), r.stderr
+    if r.returncode not in (0, 1):
+        record(f"{name}: failed", {"exit": r.returncode, "stderr": r.stderr[-4000:]})
+    assert r.returncode in (0, 1), r.stderr[-4000:]
     return json.loads(r.stdout)
+
+
+def _gate(repo: Path, name: str, *extra: str) -> tuple[int, dict]:
+    """`kernalin-ci run --device cuda` on REPO's branch pr against main: (exit code, report.json); its exit code and
+    the end of its output are recorded whatever happens (a run that writes no report must say why)."""
+    out = repo / "out"
+    r = cli("run", "--device", "cuda", "--quiet", "--base", "main", "--out", str(out), *extra, cwd=repo)
+    path = out / "report.json"
+    report = json.loads(path.read_text()) if path.is_file() else None
+    md = (out / "report.md").read_text() if (out / "report.md").is_file() else None
+    record(name, {"exit": r.returncode, "stderr": r.stderr[-4000:], "report": report, "report.md": md})
+    assert report is not None, f"no report (exit {r.returncode}): {r.stderr[-3000:]}"
+    return r.returncode, report
 
 
 WAYS = {
@@ -52,10 +69,12 @@ WAYS = {
 def test_each_way_of_launching_cuda_code_verifies(way):
     entry, module = WAYS[way]
     pytest.importorskip(module)
-    res = _verify(entry, "--cuda-source", "checks/cuda/kv_append/kv_append.cu", "--cuda-flag=-Ichecks/cuda/common")
+    res = _verify(
+        entry, "--cuda-source", "checks/cuda/kv_append/kv_append.cu", "--cuda-flag=-Ichecks/cuda/common", name=way
+    )
     record(f"way {way}", res)
     assert res["findings"] == [], res["findings"]
-    assert res["verdict"] == "pass" and res["cases_run"] >= 10
+    assert res["verdict"] == "pass" and res["cases_run"] >= 10, (res["not_checked"], res["notices"])
     assert res["build"]["status"] in ("built", "cached")
     assert res["sanitizer"]["status"] in ("checked", "not-checked")
 
@@ -76,19 +95,30 @@ def test_cuda_catalogue_row_matches_its_label(matrix, name):
 
 @pytest.mark.skipif(toolchain.compute_sanitizer() is None, reason="no compute-sanitizer")
 def test_a_dropped_barrier_is_caught_end_to_end(cuda_repo):  # noqa: F811
-    header = cuda_repo / "common" / "decode_attention.cuh"
-    text = header.read_text()
-    git(cuda_repo, "checkout", "-qb", "pr")
-    header.write_text(text.replace(BARRIER, ""))
-    git(cuda_repo, "commit", "-qam", "drop a barrier")
-    out = cuda_repo / "out"
-    r = cli("run", "--device", "cuda", "--quiet", "--base", "main", "--out", str(out), cwd=cuda_repo)
-    report = json.loads((out / "report.json").read_text())
-    record("gate: a dropped barrier", report)
-    assert r.returncode == 1, r.stderr
+    pr_to_cuda_repo(cuda_repo, BARRIER, "", "drop a barrier")
+    code, report = _gate(cuda_repo, "gate: a dropped barrier")
     [k] = report["kernels"]
-    classes = {f["bug_class"] for f in k["verification"]["findings"] if f["kind"] == "sanitizer"}
-    assert "shared-race" in classes, k["verification"]["findings"]
+    assert code == 1 and report["conclusion"] == "failure", report["reason"]
+    assert k["status"] == "changed" and k["reasons"] == ["common/decode_attention.cuh changed"]
+    v = k["verification"]
+    classes = {f["bug_class"] for f in v["findings"] if f["kind"] == "sanitizer"}
+    assert "shared-race" in classes, v["findings"]
+    assert v["sanitizer"]["status"] == "checked" and k["benchmark_note"] == "not benchmarked: verification failed"
+    assert "racecheck" in (cuda_repo / "out" / "report.md").read_text()
+
+
+@pytest.mark.skipif(toolchain.compute_sanitizer() is None, reason="no compute-sanitizer")
+def test_a_correct_change_is_verified_sanitized_and_benchmarked_end_to_end(cuda_repo):  # noqa: F811
+    pr_to_cuda_repo(cuda_repo, VALUES_LOOP, UNROLLED, "unroll the values' loop")
+    code, report = _gate(cuda_repo, "gate: a correct change", "--fail-on", "finding")
+    [k] = report["kernels"]
+    v = k["verification"]
+    assert v["findings"] == [] and v["verdict"] == "pass" and v["cases_run"] >= 10, v["findings"]
+    assert v["build"]["status"] in ("built", "cached") and v["sanitizer"]["status"] == "checked", v["sanitizer"]
+    assert k["benchmark"] and k["benchmark"]["verdict"], (k["benchmark"], k["benchmark_note"], k.get("error"))
+    assert code == 0 and report["conclusion"] == "success", report["reason"]
+    md = (cuda_repo / "out" / "report.md").read_text()
+    assert "- **Compute Sanitizer:** checked" in md and "- **Benchmark:**" in md
 
 
 def test_the_sanitizer_runs_on_a_triton_kernel_without_false_findings():
@@ -96,6 +126,7 @@ def test_the_sanitizer_runs_on_a_triton_kernel_without_false_findings():
         pytest.skip("no compute-sanitizer")
     r = cli("verify", "--op", "kv_append", "--entry", "checks/kv_append/correct_per_token.py:entry", "--device",
             "cuda", "--only", "sanitizer", "--quiet", "--json", "-")  # fmt: skip
+    assert r.returncode in (0, 1), r.stderr[-3000:]
     res = json.loads(r.stdout)
     record("sanitizer on a Triton kernel", res)
     assert res["sanitizer"]["status"] == "checked", res["sanitizer"]

@@ -86,6 +86,8 @@ def _params(variant: str):
 
 def _check(k: corpus.Kernel, o: corpus.Outcome) -> None:
     j = corpus.judge(k, o)
+    if j.not_checked:  # a CUDA kernel this toolchain cannot build: said, never a pass nor a failure
+        pytest.skip(j.not_checked)
     assert not j.problems, "\n".join(j.problems)
     if j.known:
         raise KnownFalse("; ".join(j.known))
@@ -147,3 +149,47 @@ def test_judgement_flags_unexplained_findings():
         k, corpus.Outcome(k.id, "original", 1, [known["bug_class"]], [known], "not analysed: capture failed")
     )
     assert j.problems and j.word == "STRUCTURAL NOT RUN"
+
+
+CUDA_KERNELS = [k for k in MANIFEST if k.cuda]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("k", CUDA_KERNELS, ids=[k.id for k in CUDA_KERNELS])
+def test_cuda_kernel_builds_for_an_h100_with_the_flags_verify_gets(k, tmp_path):
+    """The PTX of our launcher over FlashInfer's headers, for sm_90, with exactly the --cuda-flag list
+    `corpus.verify` passes (the vendored CCCL first, then FlashInfer's headers): what the GPU run's build does,
+    without a GPU. A toolchain that cannot build it is said (skip with the compiler's first error), as the GPU
+    test says "not checked" then."""
+    from kernalin_ci.cuda import toolchain
+    from kernalin_ci.cuda.build import build_ptx
+    from kernalin_ci.cuda.sources import CudaSpec
+
+    if toolchain.nvcc() is None:
+        pytest.skip("not checked (no CUDA compiler: pip install '.[cuda]')")
+    corpus.fetch([k])
+    args = corpus.cuda_args(k, corpus.CACHE / "src", corpus.REPO / Path(k.adapter).parent)
+    sources = tuple(args[i + 1] for i, a in enumerate(args) if a == "--cuda-source")
+    flags = tuple(a.split("=", 1)[1] for a in args if a.startswith("--cuda-flag="))
+    vendored = [f for f in flags if "/cccl/" in f]
+    assert vendored and flags.index(vendored[0]) < flags.index(next(f for f in flags if f.endswith("/data/include")))
+    assert "fast_mod_div" in (corpus.REPO / vendored[0][2:] / "cuda" / "__cmath" / "fast_modulo_division.h").read_text()
+    res = build_ptx(CudaSpec(sources, (*flags, "-arch=sm_90")), corpus.REPO, str(tmp_path))
+    if res.status == "failed":
+        first = next((ln for ln in res.log.splitlines() if "error" in ln), res.log[:200])
+        version = toolchain.nvcc_version(res.compiler)
+        pytest.skip(f"not checked (the CUDA toolchain here, {version}, does not build it: {first})")
+    assert res.status == "built" and res.arch == "compute_90", res.log
+    ptx = Path(res.ptx[0]).read_text()
+    assert ".target sm_90" in ptx and ".visible .entry" in ptx
+
+
+def test_a_cuda_kernel_this_toolchain_cannot_build_is_not_checked_never_failed_nor_passed():
+    k = CUDA_KERNELS[0]
+    error = {"bug_class": "build-error", "kind": "build", "message": 'fastdiv.cuh(39): error: expected a ";"'}
+    for variant in ("original", "mutant"):
+        j = corpus.judge(k, corpus.Outcome(k.id, variant, 1, ["build-error"], [error], "not analysed", device="cuda"))
+        assert j.not_checked.startswith("not checked (the CUDA toolchain here does not build it: fastdiv.cuh(39)")
+        assert not j.problems and j.word == "not built"
+    j = corpus.judge(k, corpus.Outcome(k.id, "mutant", 1, ["wrong-output"], [], "not analysed", device="cuda"))
+    assert not j.not_checked and j.word == "MISSED"  # what builds is judged as before

@@ -70,11 +70,11 @@ class BuildResult:
         return (m["path"], int(m["line"])) if m else None
 
 
-def ptx_arch(flags: tuple[str, ...]) -> str:
-    """The virtual architecture to build PTX for: the highest compute_XY (or sm_XY) the flags target, else
-    compute_80 (what every GPU the gate runs on takes)."""
+def ptx_arch(flags: tuple[str, ...], gpu: str | None = None) -> str:
+    """The virtual architecture to build PTX for: the highest compute_XY (or sm_XY) the flags target, else the
+    GPU's in use (GPU: "compute_90" on an H100), else compute_80 (what every GPU the gate runs on takes)."""
     found = [int(m) for m in re.findall(r"(?:compute|sm)_(\d+)", " ".join(flags))]
-    return f"compute_{max(found)}" if found else DEFAULT_ARCH
+    return f"compute_{max(found)}" if found else gpu or DEFAULT_ARCH
 
 
 def build_flags(flags: tuple[str, ...]) -> list[str]:
@@ -106,15 +106,16 @@ def source_key(spec: CudaSpec, root: Path, compiler: str, arch: str) -> tuple[st
     return h.hexdigest(), sources
 
 
-def build_ptx(spec: CudaSpec, root: Path, cache: str) -> BuildResult:
-    """PTX of every source of SPEC at ROOT into CACHE/ptx-KEY/ (built there once; a later call finds it)."""
+def build_ptx(spec: CudaSpec, root: Path, cache: str, gpu: str | None = None) -> BuildResult:
+    """PTX of every source of SPEC at ROOT into CACHE/ptx-KEY/ (built there once; a later call finds it), for
+    the architecture of ptx_arch (GPU: the one of the GPU in use, where there is one)."""
     t0 = time.perf_counter()
     compiler = toolchain.nvcc()
     if compiler is None:
         return BuildResult(
             "no-compiler", log="no CUDA compiler (pip install 'kernalin-ci[cuda]', or set KERNALIN_NVCC)"
         )
-    arch = ptx_arch(spec.flags)
+    arch = ptx_arch(spec.flags, gpu)
     key, sources = source_key(spec, root, compiler, arch)
     base = root.resolve()
     rel = [str(s.relative_to(base)) for s in sources]

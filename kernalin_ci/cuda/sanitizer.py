@@ -69,11 +69,17 @@ class Error:
         return None
 
 
+PADDING = 65536  # memcheck: bytes of red zone after every allocation
+
+
 def argv(binary: str, tool: str, log: str) -> list[str]:
-    """The command that wraps a worker: TOOL's report to LOG, API errors (torch's own probing) not reported."""
+    """The command that wraps a worker: TOOL's report to LOG, API errors (torch's own probing) not reported.
+    memcheck pads every allocation (`--padding`): small allocations lie next to each other, so without a pad a
+    write just before one tensor (a padding token's slot -1) lands inside the tensor allocated before it, where
+    no tool can tell it from a legal access."""
     out = [binary, "--tool", tool, "--log-file", log, "--print-limit", "200", "--report-api-errors", "no"]
     if tool == "memcheck":
-        out += ["--leak-check", "no"]
+        out += ["--leak-check", "no", "--padding", str(PADDING)]
     return out
 
 

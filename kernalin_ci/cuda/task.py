@@ -48,10 +48,20 @@ def build(
 
 def run_job(job: BuildJob, device: str, emit: Emit) -> None:
     """Worker task 'cuda-build'."""
-    res = build_ptx(job.cuda, Path(job.root), cache_dir())
+    res = build_ptx(job.cuda, Path(job.root), cache_dir(), gpu_arch() if device == "cuda" else None)
     emit({"event": "cuda-build", **res.to_json()})
     if device == "cuda" and res.status != "failed":
         emit({"event": "cuda-warm", **warm(job)})
+
+
+def gpu_arch() -> str | None:
+    """compute_XY of the GPU in use (None where torch sees none)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability()
+    return f"compute_{major}{minor}"
 
 
 def warm(job: BuildJob) -> dict:

@@ -234,7 +234,8 @@ def _verification_cell(item) -> str:
         return "error (below)"
     if v is None:
         return "—"
-    cell = f"pass · {plural(v.cases_run, 'case')}"
+    word = "**not checked** (needs a GPU)" if v.verdict == "not-checked" else "pass"  # never a pass: docs/cuda.md
+    cell = f"{word} · {plural(v.cases_run, 'case')}"
     if _notices(item):
         cell += f" · {plural(len(_notices(item)), 'notice')}"
     if v.not_checked:
@@ -334,6 +335,8 @@ def _verification_line(item) -> str | None:
         [] if v.error else [plural(v.cases_run, "case"), f"{v.seconds:.1f} s"] + ([md(v.device)] if v.device else [])
     )
     ctx = f" ({', '.join(w for w in where if w)})" if where else ""
+    if not fs and v.verdict == "not-checked":
+        return f"- **Verification:** **not checked** (needs a GPU: no case ran, never a pass){ctx}."
     if not fs:
         return f"- **Verification:** passed{ctx}."
     meaning = "; ".join(
@@ -391,6 +394,7 @@ def _domain_lines(item) -> list[str]:
         lines += [f"  - **not verified:** {md(clip(g, 300))}" for g in v.structural.gaps[:10]]
     elif st:
         lines.append(f"- **Structural:** **{md(clip(st, 600))}**.")
+    lines += _cuda_lines(v)
     cov = coverage_text(v)
     if cov:
         lines.append(f"- **Coverage:** {md(cov)}.")
@@ -403,6 +407,23 @@ def _domain_lines(item) -> list[str]:
         lines += [f"  - {md(clip(t, 500))}" for t in nc[:10]]
         if len(nc) > 10:
             lines.append(f"  - … {len(nc) - 10} more in report.json")
+    return lines
+
+
+def _cuda_lines(v) -> list[str]:
+    """A CUDA C++ kernel's build and Compute Sanitizer's run (docs/cuda.md), where the result has them."""
+    lines = []
+    if v.build:
+        b = v.build
+        sources = ", ".join(b.get("sources") or []) or "no source"
+        lines.append(
+            f"- **CUDA build:** {md(b.get('status', '?'))} ({md(clip(sources, 300))}, {md(b.get('arch', '?'))})."
+        )
+    san = v.sanitizer
+    if san.status == "checked":
+        lines.append(f"- **Compute Sanitizer:** {md(san.summary())}.")
+    elif san.status == "not-checked":
+        lines.append(f"- **Compute Sanitizer:** **{md(san.summary())}**.")
     return lines
 
 

@@ -68,7 +68,9 @@ class Kernel:
     needs_triton_below: str | None = None  # the kernel uses a construct later Triton versions removed
     notes: str = ""
     # a CUDA C++ kernel: {"sources": [our launcher .cu], "include": its headers' folder inside the distribution,
-    # "flags": [...]}; verified with --cuda-source / --cuda-flag (docs/cuda.md); device "cuda": runs on a GPU only
+    # "vendored_include": [folders of the distribution extracted whole and searched before the toolkit's headers:
+    # the CCCL a project ships and builds with], "flags": [...]}; verified with --cuda-source / --cuda-flag
+    # (docs/cuda.md); device "cuda": runs on a GPU only
     cuda: dict | None = None
     domain: dict = field(default_factory=dict)  # --domain KEY=V,... (the shapes the launcher was built for)
     device: str | None = None
@@ -199,12 +201,43 @@ def _write(path: Path, data: bytes) -> None:
     path.write_bytes(data)
 
 
+def extract_tree(dist: Dist, folder: str, cache: Path = CACHE) -> Path:
+    """Extract every member of the distribution below FOLDER (a wheel's vendored headers: more files than a
+    manifest lists one by one) into cache/src/<package-version>/FOLDER; a marker file says it is complete, so a
+    machine without the network needs only src/."""
+    root = cache / "src" / dist.key
+    done = root / folder / ".extracted"
+    if done.is_file():
+        return root / folder
+    archive = download(dist, cache)
+    if not archive.name.endswith(".whl"):
+        raise RuntimeError(f"{dist.key}: vendored folders are read from wheels only")
+    prefix = folder.rstrip("/") + "/"
+    with zipfile.ZipFile(archive) as zf:
+        names = [n for n in zf.namelist() if n.startswith(prefix) and not n.endswith("/")]
+        if not names:
+            raise RuntimeError(f"{dist.key}: no member below {folder}")
+        for n in names:
+            _write(root / n, zf.read(n))
+    done.write_text(f"{len(names)} files\n")
+    return root / folder
+
+
+def vendored_includes(k: Kernel, cache: Path = CACHE) -> list[Path]:
+    """The folders a CUDA kernel's headers are searched in before the toolkit's (always the originals': a mutant
+    changes none of them)."""
+    return [cache / "src" / k.dist.key / f for f in (k.cuda or {}).get("vendored_include", [])]
+
+
 def fetch(kernels: list[Kernel], cache: Path = CACHE) -> None:
     by_dist: dict[str, tuple[Dist, set[str]]] = {}
     for k in kernels:
         by_dist.setdefault(k.dist.key, (k.dist, set()))[1].update(k.files)
     for dist, members in by_dist.values():
         extract(dist, members, cache)
+    for k in kernels:
+        for folder in (k.cuda or {}).get("vendored_include", []):
+            extract_tree(k.dist, folder, cache)
 
 
 def mutant_tree(k: Kernel, cache: Path = CACHE) -> Path:
@@ -264,7 +297,7 @@ def verify(
         entry = str(root / "adapters" / Path(k.adapter).name)
         tree = root / "src"
         extra = ("--dtype", (k.domain.get("dtype") or "float32"), *extra)
-    extra = (*extra, *cuda_args(k, tree, (REPO / entry.rpartition(":")[0]).parent))
+    extra = (*extra, *cuda_args(k, tree, (REPO / entry.rpartition(":")[0]).parent, cache))
     for key, value in k.domain.items():
         if variant != "mutant" or key != "dtype":
             extra = (*extra, "--domain", f"{key}={','.join(map(str, value)) if isinstance(value, list) else value}")
@@ -326,16 +359,18 @@ def verify(
     )
 
 
-def cuda_args(k: Kernel, tree: Path, adapters: Path) -> tuple[str, ...]:
-    """--cuda-source/--cuda-flag of a CUDA kernel: our launchers (the copies beside the adapter that runs) and the
-    headers of the tree it runs against (the originals, or the mutant's)."""
+def cuda_args(k: Kernel, tree: Path, adapters: Path, cache: Path = CACHE) -> tuple[str, ...]:
+    """--cuda-source/--cuda-flag of a CUDA kernel: our launchers (the copies beside the adapter that runs), the
+    vendored headers first (the CCCL the project builds with, ahead of the toolkit's), then the headers of the
+    tree it runs against (the originals, or the mutant's)."""
     if not k.cuda:
         return ()
     out: tuple[str, ...] = ()
     for src in k.cuda["sources"]:  # relative to the repository, where verify runs (the cache lives inside it)
         out += ("--cuda-source", os.path.relpath(adapters / Path(src).name, REPO))
     include = os.path.relpath(tree / k.dist.key / k.cuda["include"], REPO)
-    for flag in [*k.cuda.get("flags", []), f"-I{include}"]:
+    vendored = [f"-I{os.path.relpath(p, REPO)}" for p in vendored_includes(k, cache)]
+    for flag in [*k.cuda.get("flags", []), *vendored, f"-I{include}"]:
         out += (f"--cuda-flag={flag}",)
     return out
 
@@ -366,11 +401,24 @@ def structural_status(res: dict) -> str:
 
 @dataclass
 class Judgement:
-    """What an outcome means against the manifest: `problems` fail the test; `known` are expected causes."""
+    """What an outcome means against the manifest: `problems` fail the test; `known` are expected causes;
+    `not_checked`: why the kernel could not be checked here at all (the test says so and skips)."""
 
     word: str  # one word or two for the matrix cell
     problems: list[str]
     known: list[str]
+    not_checked: str = ""
+
+
+def not_built(k: Kernel, o: Outcome) -> str:
+    """Why a CUDA C++ kernel was not checked: the toolchain here does not build its (unmodified, or one-line
+    mutated) sources: a `build-error` finding names the compiler's first error. Empty when it built."""
+    if not k.cuda:
+        return ""
+    errors = [f for f in o.findings if f.get("bug_class") == "build-error"]
+    if not errors:
+        return ""
+    return f"not checked (the CUDA toolchain here does not build it: {errors[0].get('message', '')[:300]})"
 
 
 def judge(k: Kernel, o: Outcome) -> Judgement:
@@ -385,6 +433,9 @@ def judge(k: Kernel, o: Outcome) -> Judgement:
         return Judgement("cannot run here", [], [why])
     if o.error:
         return Judgement("ERROR", [o.error], [])
+    why = not_built(k, o)
+    if why:
+        return Judgement("not built", [], [], why)
     if o.variant == "mutant":
         if k.mutant.bug_class in o.classes:
             return Judgement("caught", [], [])

@@ -71,7 +71,7 @@ def main(argv=None) -> int:
     for o in outcomes:
         k = next(k for k in kernels if k.id == o.kernel)
         j = corpus.judge(k, o)
-        notes += [f"- {k.id} ({o.variant}): {p}" for p in j.problems + j.known]
+        notes += [f"- {k.id} ({o.variant}): {p}" for p in [*j.problems, *j.known, j.not_checked] if p]
         notes += [f"- {k.id} ({o.variant}): not checked: {n}" for n in o.not_checked]
         if o.variant == "original" and o.proved:
             notes.append(f"- {k.id}: structural proved: {', '.join(o.proved)}")

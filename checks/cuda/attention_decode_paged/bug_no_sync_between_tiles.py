@@ -1,9 +1,10 @@
 """Paged decode attention without the __syncthreads between tiles (CUDA C++ only)
 
 Parent: correct_online_smem.py. Injected bug, decode_attention.cuh under BUG_NO_SYNC_TILES: the barrier at the end of the
-tile loop is gone: a fast warp writes the next tile's scores into the shared buffer while slower threads still read
-this tile's (a write-after-read race). Normal runs mostly give the right output; Compute Sanitizer racecheck reports
-the hazards (issue 31: about 2,000 in such a kernel).
+tile loop is gone: a fast warp loads the next tile's keys into the shared buffer while slower threads still read this
+tile's values from it (a write-after-read race; the other barriers separate every other pair of accesses). Normal runs
+mostly give the right output; Compute Sanitizer racecheck reports the hazards on every sequence longer than one tile
+(issue 31: about 2,000 in such a kernel).
 Bug class: shared-race. Modelled on NVIDIA/cuml PR #6578 (a missing barrier after a reduction in shared memory: the next
 loop iteration overwrote it while thread 0 still read it). pos-0 probe: missed (one tile).
 """

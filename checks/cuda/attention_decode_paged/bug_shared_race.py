@@ -2,7 +2,7 @@
 
 Parent: correct_online_smem.py. Injected bug, decode_attention.cuh under BUG_SHARED_RACE: the __syncthreads between the
 warps' score writes to shared memory and every thread's reads of them is gone: a thread may read another warp's score
-before it lands (or the previous tile's).
+before it lands (or the previous tile's), and the tile's values may overwrite keys a slower warp still scores.
 Bug class: shared-race. Modelled on sgl-project/sglang PR #37663 (no barrier between shared-memory stores and the
 reads of other threads: stale data read). Compute Sanitizer racecheck sees the hazards;
 the outputs are wrong only when the timing says so (dynamic: no expectation).

@@ -1,8 +1,10 @@
 // One query row against a sequence's cached keys and values: tiled online softmax, one block of 128 threads
 // (4 warps) per (sequence, query head). Each tile of TILE keys is loaded into shared memory, each warp scores
 // its keys (a warp-shuffle dot product), every thread updates the running max and sum from the tile's scores,
-// and thread i accumulates output dims i and i + 128 from the values. Used by the paged and the contiguous
-// decode kernels and by the fused decode step (checks/cuda/*).
+// then the tile's values are loaded into the same shared buffer and thread i accumulates output dims i and
+// i + 128 from them. Three barriers per tile: keys loaded; scores written; values loaded; and a fourth at the
+// end, before the next tile's keys overwrite the values. Used by the paged and the contiguous decode kernels and
+// by the fused decode step (checks/cuda/*).
 //
 // Injected bugs (one -D flag each, see the bug_*.py files): BUG_SOFTMAX_NO_MAX, BUG_NO_RESCALE,
 // BUG_UNMASKED_TAIL, BUG_KV_MASK_OFF_BY_ONE, BUG_WARP_LANES, BUG_SHARED_RACE, BUG_NO_SYNC_TILES.
@@ -30,7 +32,7 @@ struct KvLayout {
 };
 
 struct AttendSmem {
-    float k[TILE][MAXD + 1];
+    float kv[TILE][MAXD + 1];  // the tile's keys, then its values
     float scores[TILE];
     float q[MAXD];
 };
@@ -52,14 +54,14 @@ __device__ void attend(AttendSmem& sm, const void* k_cache, const void* v_cache,
         const int n = min(TILE, len - t0);
         for (int e = tid; e < TILE * D; e += THREADS) {
             const int j = e / D, d = e % D;
-            sm.k[j][d] = j < n ? ld(k_cache, kv.at(b, g, t0 + j) + d, dt) : 0.f;
+            sm.kv[j][d] = j < n ? ld(k_cache, kv.at(b, g, t0 + j) + d, dt) : 0.f;
         }
-        __syncthreads();
+        __syncthreads();  // the keys are in place before anyone scores them
         for (int j = warp; j < TILE; j += THREADS / 32) {
             float s = 0.f;
 #pragma unroll
             for (int i = 0; i < MAXD / 32; ++i)
-                if (lane + 32 * i < D) s += qreg[i] * sm.k[j][lane + 32 * i];
+                if (lane + 32 * i < D) s += qreg[i] * sm.kv[j][lane + 32 * i];
 #ifdef BUG_WARP_LANES
             for (int offset = 8; offset > 0; offset >>= 1) s += __shfl_xor_sync(0xffffffffu, s, offset);  // half-warps
 #else
@@ -68,7 +70,7 @@ __device__ void attend(AttendSmem& sm, const void* k_cache, const void* v_cache,
             if (lane == 0) sm.scores[j] = j < n ? s * scale : NEG_INF;
         }
 #ifndef BUG_SHARED_RACE
-        __syncthreads();  // the scores are written before anyone reads them
+        __syncthreads();  // the scores are written (and the keys read) before anyone reads them (or loads values)
 #endif
         float tile_max = NEG_INF;
         for (int j = 0; j < TILE; ++j) tile_max = fmaxf(tile_max, sm.scores[j]);
@@ -92,6 +94,11 @@ __device__ void attend(AttendSmem& sm, const void* k_cache, const void* v_cache,
 #else
         const int nv = n;
 #endif
+        for (int e = tid; e < TILE * D; e += THREADS) {  // the values into the buffer the keys were in
+            const int j = e / D, d = e % D;
+            sm.kv[j][d] = j < nv ? ld(v_cache, kv.at(b, g, t0 + j) + d, dt) : 0.f;
+        }
+        __syncthreads();  // the values are in place before anyone accumulates them
 #pragma unroll
         for (int r = 0; r < MAXD / THREADS; ++r) {
             const int d = tid + r * THREADS;
@@ -101,12 +108,12 @@ __device__ void attend(AttendSmem& sm, const void* k_cache, const void* v_cache,
 #else
             float a = acc[r] * alpha;
 #endif
-            for (int j = 0; j < nv; ++j) a += p[j] * ld(v_cache, kv.at(b, g, t0 + j) + d, dt);
+            for (int j = 0; j < nv; ++j) a += p[j] * sm.kv[j][d];
             acc[r] = a;
         }
         m = m_new;
 #ifndef BUG_NO_SYNC_TILES
-        __syncthreads();  // every thread is done with this tile's scores before the next tile writes them
+        __syncthreads();  // all threads are done with the values before the next keys overwrite them
 #endif
     }
 #pragma unroll

@@ -3,7 +3,9 @@
 Parent: correct_per_token.py. Injected bug, kv_append.cu under BUG_PADDING_NOT_SKIPPED: the `if (slot < 0) return;` is gone;
 slot -1 lands on offset block_size - 1 of block -1: the row just before the cache.
 Bug class: kv-padding. Modelled on vllm-project/vllm PR #13922 (as the Triton catalogue's bug_padding_not_skipped.py).
-pos-0 probe: missed (no padding token). Compute Sanitizer: memcheck sees the write before the cache's allocation.
+pos-0 probe: missed (no padding token). Compute Sanitizer: memcheck sees the write before the cache's allocation: it
+lands in the red zone memcheck pads the allocation before it with (kernalin_ci/cuda/sanitizer.py, `--padding`);
+without the pad it lands inside that allocation, and the first GPU run's memcheck did not see it.
 """
 
 import ctypes

@@ -1,7 +1,11 @@
 """FlashInfer's CUDA kernels behind our own launchers (flashinfer_decode.cu, flashinfer_rope.cu): built with nvcc
 for this GPU against the headers of the fetched distribution (the mutant's when the adapter runs from a mutant
 tree: _source.source_root()), once per source hash (kernalin_ci.cuda.build.build_shared), and called through
-ctypes on torch's current stream."""
+ctypes on torch's current stream.
+
+FlashInfer builds against the CCCL it ships (flashinfer/data/cccl), searched before the toolkit's (its JIT puts
+it first with -I): its headers use what the toolkit's CCCL may not have yet (`cuda::fast_mod_div` is in CCCL 3.5
+and 3.6, not in nvcc 13.0's CCCL 3.0), so we do the same (manifest `vendored_include`)."""
 
 from __future__ import annotations
 
@@ -10,22 +14,28 @@ import functools
 from pathlib import Path
 
 import torch
-from _source import source_root
+from _source import originals_root, source_root
 
 from kernalin_ci.cuda.build import build_shared
 
 HERE = Path(__file__).resolve().parent
 DIST = "flashinfer-python-0.7.2.post1"
 FLAGS = ("-std=c++17", "-O3", "-DNDEBUG", "--expt-relaxed-constexpr")
+VENDORED = ("flashinfer/data/cccl/libcudacxx/include",)  # the manifest's vendored_include
 
 
 def include_dir() -> Path:
     return source_root() / DIST / "flashinfer" / "data" / "include"
 
 
+def include_flags() -> tuple[str, ...]:
+    """-I of the vendored CCCL (first: ahead of the toolkit's), then of FlashInfer's headers."""
+    return (*(f"-I{originals_root() / DIST / v}" for v in VENDORED), f"-I{include_dir()}")
+
+
 @functools.cache
 def library(source: str) -> ctypes.CDLL:
-    return ctypes.CDLL(build_shared([HERE / source], (*FLAGS, f"-I{include_dir()}")))
+    return ctypes.CDLL(build_shared([HERE / source], (*FLAGS, *include_flags())))
 
 
 def ptr(t: torch.Tensor) -> ctypes.c_void_p:

@@ -20,7 +20,15 @@ HERE = Path(__file__).resolve().parent
 
 def source_root() -> Path:
     beside = HERE.parent / "src"
-    return beside if beside.is_dir() else HERE.parents[2] / ".cache" / "realworld" / "src"
+    return beside if beside.is_dir() else originals_root()
+
+
+def originals_root() -> Path:
+    """The extracted originals (`.cache/realworld/src/`), from an adapter in the repository or in a mutant's tree
+    (`.cache/realworld/mutants/<kernel>/adapters/`): what no mutant changes (vendored headers) is read there."""
+    if (HERE.parent / "src").is_dir():
+        return HERE.parents[2] / "src"
+    return HERE.parents[2] / ".cache" / "realworld" / "src"
 
 
 def load(dist: str, member: str, stubs: dict[str, dict] | None = None, package: str = "") -> types.ModuleType:
