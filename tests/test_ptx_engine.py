@@ -4,6 +4,7 @@ solver's exact arithmetic, and the properties proved or violated with a countere
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -84,6 +85,25 @@ def test_the_solver_computes_modulo_the_register_width():
     q.add(T.cmp("slt", prod, T.const(0, 32)))
     ans = q.check()
     assert ans.status == "sat" and (ans.model["x"] * 96) & 0x80000000
+
+
+def test_the_solver_keeps_wraps_only_where_a_declared_range_allows_them():
+    """Address arithmetic within the symbols' declared ranges gets no wrap witness (the solver's case
+    splits); beyond them the wrap is still exact: 96 * x + y wraps in 32 bits for a large x."""
+    from kernalin_ci.ptx import solver
+    from kernalin_ci.ptx import terms as T
+
+    x, y = T.sym("x", 32), T.sym("y", 32)
+    addr = T.bv("add", T.bv("mul", x, T.const(96, 32)), y)
+    negative = T.cmp("slt", addr, T.const(0, 32))
+    q = solver.Query({"x": (0, (1 << 20) - 1), "y": (0, 95)})
+    q.add(negative)
+    assert q.check().status == "unsat"
+    assert not re.search(r"\bo\d+\b", q.solver.sexpr())  # no wrap witness (o<n>) at all
+    q = solver.Query({"y": (0, 95)})
+    q.add(negative)
+    ans = q.check()
+    assert ans.status == "sat" and (ans.model["x"] * 96 + ans.model["y"]) & 0x80000000
 
 
 def test_a_correct_kv_append_is_proved_for_every_shape_of_the_domain():

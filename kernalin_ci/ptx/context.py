@@ -20,6 +20,9 @@ from kernalin_ci.ptx.facts import Expr, LaunchFacts, TensorFacts
 from kernalin_ci.ptx.syntax import Instr
 
 _TAGS = itertools.count()
+# The values each template symbol (`__h<n>`, `__r<n>`, see lanes_as_one) takes: bounds for the solver's
+# intervals (the symbols are constrained to those values anyway).
+_HOLE_BOUNDS: dict[str, tuple[int, int]] = {}
 
 
 @dataclass
@@ -122,7 +125,7 @@ class Context:
     # ------------------------------------------------------------ queries
 
     def query(self) -> solver.Query:
-        q = solver.Query()
+        q = solver.Query({s.name: (s.lo, s.hi) for s in self.facts.symbols.values()} | _HOLE_BOUNDS)
         q.add(*self.frame())
         return q
 
@@ -270,6 +273,7 @@ def _pick(holes: list, rows: list[tuple], runs: bool = True) -> T.Term:
             out += [T.and_(*(T.cmp("eq", h, T.const(x, h.width)) for (h, _), x in zip(holes, row))) for row in run]
             continue
         r = T.sym(f"__r{next(_TAGS)}", 64)
+        _HOLE_BOUNDS[r.args[0]] = (0, len(run) - 1)
         step = _diff(run[0], run[1])
         eqs = [T.cmp("ult", r, T.const(len(run), 64))]
         for (h, _), base, d in zip(holes, run[0], step):
@@ -305,6 +309,7 @@ def _antiunify(ts: list[T.Term], holes: list, memo: dict) -> T.Term:
     if first.op == "const":
         h = T.sym(f"__h{next(_TAGS)}", first.width)
         holes.append((h, [T.value(t) for t in ts]))
+        _HOLE_BOUNDS[h.args[0]] = (min(holes[-1][1]), max(holes[-1][1]))
         r = h
     else:
         args = []

@@ -97,11 +97,30 @@ class FloatGraph:
         return out
 
     def involves_exp(self, t: T.Term) -> bool:
+        """Whether an ex2 is reachable from t: the walk stops at the first ex2 or at a term already known
+        to reach one; when none is reachable, none is from any term the walk met either."""
         r = self.has_exp.get(id(t))
-        if r is None:
-            r = bool(self.exps([t]))
-            self.has_exp[id(t)] = r
-        return r
+        if r is not None:
+            return r
+        seen: set[int] = set()
+        stack = [t]
+        while stack:
+            x = stack.pop()
+            if id(x) in seen:
+                continue
+            seen.add(id(x))
+            known = self.has_exp.get(id(x))
+            if known is False:
+                continue
+            if x.op == "ex2" or known:
+                self.has_exp[id(t)] = True
+                return True
+            if _phi(x) is not None:
+                stack.extend(self.update(x))
+            stack.extend(y for y in x.args if isinstance(y, T.Term))
+        for i in seen:
+            self.has_exp[i] = False
+        return False
 
     def max_operands(self, t: T.Term, seen: set | None = None) -> list[T.Term]:
         """The values a max takes the maximum of (through max trees and running maxima)."""

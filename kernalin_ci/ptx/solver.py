@@ -42,10 +42,17 @@ class Translator:
     """Terms to z3 over the integers: a bit-vector term of width w is its unsigned value in [0, 2^w), each
     operation exact modulo 2^w through a bounded integer witness (`a + b - 2^w * o`, o in {0, 1}). Address
     arithmetic (sums, products by constants, divisions by constants) is then linear integer arithmetic,
-    which the solver decides far faster than bit-blasted multiplications."""
+    which the solver decides far faster than bit-blasted multiplications.
 
-    def __init__(self):
+    Every term also gets an interval of its value (`span`), from the symbols' declared ranges (`bounds`)
+    and the operations: an operation whose result provably stays in [0, 2^w) needs no wrap witness, and a
+    witness' range is only the wraps that can happen. Fewer witnesses, fewer case splits for the solver."""
+
+    def __init__(self, bounds: dict[str, tuple[int, int]] | None = None):
         import z3
+
+        self.bounds = bounds or {}
+        self.spans: dict[int, tuple[int, int]] = {}
 
         self.z3 = z3
         self.memo: dict[int, Any] = {}
@@ -82,6 +89,67 @@ class Translator:
             self.unknowns[id(t)] = v
         return v
 
+    def span(self, t: T.Term) -> tuple[int, int]:
+        """Inclusive bounds on a bit-vector term's unsigned value (sound, not tight)."""
+        r = self.spans.get(id(t))
+        if r is None:
+            r = self._span(t)
+            self.spans[id(t)] = r
+        return r
+
+    def _span(self, t: T.Term) -> tuple[int, int]:
+        op, a, w = t.op, t.args, t.width
+        full = (0, (1 << w) - 1)
+        if t.sort != "bv":
+            return full
+        if op == "const":
+            return (a[0], a[0])
+        if op == "sym":
+            lo, hi = self.bounds.get(a[0], full)
+            return (max(lo, 0), min(hi, full[1]))
+        if op == "ite":
+            (l1, h1), (l2, h2) = self.span(a[1]), self.span(a[2])
+            return (min(l1, l2), max(h1, h2))
+        if op == "extract":
+            lo, hi = self.span(a[0])
+            lo, hi = lo >> a[1], hi >> a[1]
+            return (lo, hi) if hi <= full[1] else full
+        if op in ("zext", "add", "sub", "mul", "udiv", "urem", "lshr", "shl", "and", "sext", "umin", "umax"):
+            x = [self.span(y) if isinstance(y, T.Term) else None for y in a]
+        else:
+            return full
+        if op == "zext":
+            return x[0]
+        if op == "sext":
+            return x[0] if x[0][1] < (1 << (a[0].width - 1)) else full
+        if op == "add":
+            r = (x[0][0] + x[1][0], x[0][1] + x[1][1])
+        elif op == "sub":
+            r = (x[0][0] - x[1][1], x[0][1] - x[1][0])
+        elif op == "mul":
+            r = (x[0][0] * x[1][0], x[0][1] * x[1][1])
+        elif op in ("udiv", "lshr") and T.is_const(a[1]):
+            c = T.value(a[1]) if op == "udiv" else 1 << min(T.value(a[1]), w)
+            r = (x[0][0] // c, x[0][1] // c) if c > 0 else full
+        elif op == "shl" and T.is_const(a[1]) and T.value(a[1]) < w:
+            r = (x[0][0] << T.value(a[1]), x[0][1] << T.value(a[1]))
+        elif op == "urem" and T.is_const(a[1]) and T.value(a[1]) > 0:
+            r = (0, min(T.value(a[1]) - 1, x[0][1])) if x[0][1] >= T.value(a[1]) else x[0]
+        elif op == "and":
+            r = (0, min(x[0][1], x[1][1]))
+        elif op == "umin":
+            r = (min(x[0][0], x[1][0]), min(x[0][1], x[1][1]))
+        elif op == "umax":
+            r = (max(x[0][0], x[1][0]), max(x[0][1], x[1][1]))
+        else:
+            return full
+        return r if 0 <= r[0] and r[1] <= full[1] else full
+
+    def _wrap(self, x, t: T.Term, lo: int, hi: int):
+        """x (the exact result of t's operation, in [lo, hi]) modulo 2^w."""
+        w = t.width
+        return self._mod(x, w, lo >> w, (hi >> w) + 1)
+
     def _mod(self, x, w: int, lo: int, hi: int):
         """x modulo 2^w, knowing lo <= x // 2^w < hi."""
         if lo == 0 and hi == 1:
@@ -108,7 +176,8 @@ class Translator:
             if v is None:
                 v = z3.Int(a[0])
                 self.syms[a[0]] = v
-                self.side.append(z3.And(v >= 0, v < (1 << w)))
+                lo, hi = self.span(t)
+                self.side.append(z3.And(v >= lo, v <= hi))
             return v
         if op == "select":
             f = self.funcs.get((a[0], w))
@@ -143,15 +212,15 @@ class Translator:
                 return z3.If(x[0], x[1], x[2])
             self.approximated.add(op)
             return self._unknown(t)
-        if op == "add":
-            return self._mod(x[0] + x[1], w, 0, 2)
-        if op == "sub":
-            return self._mod(x[0] - x[1], w, -1, 1)
-        if op == "mul":
+        if op in ("add", "sub", "mul"):
+            (l0, h0), (l1, h1) = self.span(a[0]), self.span(a[1])
+            if op == "add":
+                return self._wrap(x[0] + x[1], t, l0 + l1, h0 + h1)
+            if op == "sub":
+                return self._wrap(x[0] - x[1], t, l0 - h1, h0 - l1)
             if T.is_const(a[1]):
-                c = T.value(a[1])
-                return self._mod(x[0] * c, w, 0, max(c, 1))
-            return self._mod(x[0] * x[1], w, 0, 1 << w)
+                return self._wrap(x[0] * T.value(a[1]), t, l0 * l1, h0 * h1)
+            return self._wrap(x[0] * x[1], t, l0 * l1, h0 * h1)
         if op == "ite":
             return z3.If(x[0], x[1], x[2])
         if op == "zext" or op == "concat" and len(x) == 1:
@@ -164,7 +233,9 @@ class Translator:
             v = x[0]
             if lo:
                 v = self._div(v, 1 << lo, a[0].width - lo)
-            return self._mod(v, w, 0, 1 << max(a[0].width - lo - w, 0)) if a[0].width - lo > w else v
+            if a[0].width - lo <= w or self.span(a[0])[1] >> lo < (1 << w):
+                return v
+            return self._mod(v, w, 0, 1 << max(a[0].width - lo - w, 0))
         if op == "concat":
             total, pos = 0, 0
             for part, v in zip(a, x):
@@ -179,7 +250,10 @@ class Translator:
             c = T.value(a[1])
             if c >= w:
                 return z3.IntVal(0)
-            return self._div(x[0], 1 << c, w - c) if op == "lshr" else self._mod(x[0] * (1 << c), w, 0, 1 << c)
+            if op == "lshr":
+                return self._div(x[0], 1 << c, w - c)
+            lo, hi = self.span(a[0])
+            return self._wrap(x[0] * (1 << c), t, lo << c, hi << c)
         if op == "and" and T.is_const(a[1]) and (T.value(a[1]) + 1) & T.value(a[1]) == 0:
             m = T.value(a[1]) + 1
             return x[0] - m * self._div(x[0], m, w)
@@ -221,11 +295,11 @@ class Translator:
 class Query:
     """Conditions over one translator; `check()` gives an SolverAnswer."""
 
-    def __init__(self):
+    def __init__(self, bounds: dict[str, tuple[int, int]] | None = None):
         import z3
 
         self.z3 = z3
-        self.tr = Translator()
+        self.tr = Translator(bounds)
         self.solver = z3.Solver()
         self.solver.set("timeout", TIMEOUT_MS)
         self.solver.set("rlimit", RLIMIT)
