@@ -119,6 +119,16 @@ def softmax_v(s: Any, V: Any, feat: Features, heads: Any, normalize: bool = True
     return torch.einsum("hl,hld->hd", p, V)
 
 
+def underflow_slack(ref: Any, dtype: Any) -> Any:
+    """Per output row, the relative error that rounding the output to `dtype` may add where the row is so
+    small that its elements fall below the dtype's normal range (a sink that takes nearly all the mass:
+    float16 keeps ~1e-7 absolute there). Zero for rows of ordinary size."""
+    spacing = torch.finfo(dtype).smallest_normal * torch.finfo(dtype).eps
+    rows = ref.reshape(-1, ref.shape[-1])
+    norm = rows.norm(dim=-1).clamp_min(1e-300)
+    return (spacing * math.sqrt(rows.shape[-1]) / norm).to(torch.float64)
+
+
 def plan_cases(params: Params, base: dict[str, Any], dtype: str) -> list[Case]:
     """The cases where each active feature matters (added to the plan; main dtype)."""
     cases = []

@@ -29,6 +29,7 @@ from kernalin_ci.findings import (
     VerifyResult,
 )
 from kernalin_ci.ops import get_op
+from kernalin_ci.ops.attention_features import FEATURE_NAMES
 from kernalin_ci.ops.base import Case, resolve_params
 from kernalin_ci.progress import ProgressSink
 from kernalin_ci.verify.supervisor import Progress, run_cases, shard, threads_each
@@ -350,6 +351,9 @@ def pipeline_params(entries: dict, raw_params: dict) -> dict:
     unknown = set(raw_params) - used
     if unknown:
         raise UsageError(f"pipeline: unknown param {sorted(unknown)[0]!r} (params: {', '.join(sorted(used))})")
+    features = [n for n in FEATURE_NAMES if merged.get(n)]
+    if features:  # the loop's reference is plain attention (docs/ops.md, "Attention features")
+        raise UsageError(f"pipeline: param {features[0]} is an attention feature the decode loop does not take yet")
     merged.setdefault("style", "neox")
     merged.setdefault("base", 10000.0)
     return merged
