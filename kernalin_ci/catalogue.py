@@ -34,6 +34,9 @@ class CatalogueKernel:
     cuda: dict | None = None  # a CUDA C++ kernel's sources and flags, relative to the CUDA catalogue's folder
     dynamic: str | None = None  # "racy": a race that normal runs may or may not show (no expectation)
     sanitizer: str | None = None  # "caught" | "missed": what Compute Sanitizer must report (None: no expectation)
+    # "not-analysed": its params switch on what the structural analysis does not model (an attention
+    # feature); its structural cell must say so (not checked), never pass or catch
+    structural: str | None = None
 
     @property
     def name(self) -> str:
@@ -84,6 +87,8 @@ class Row:
             want = self.expected(kind)
             if cell.error:
                 out.append(f"{kind}: {cell.error}")
+            elif kind == "structural" and self.kernel.structural == "not-analysed" and not cell.not_checked:
+                out.append("structural: analysed, catalogue says not-analysed")
             elif cell.not_checked:
                 continue
             elif kind == "sanitizer" and not self.kernel.is_bug and cell.caught:
@@ -135,6 +140,8 @@ def read_meta(path: Path) -> CatalogueKernel:
     bug = d.get("bug_class")
     if bug is not None and bug not in BUG_CLASSES:
         raise UsageError(f"{path}: CATALOGUE bug_class {bug!r} is not in the vocabulary")
+    if d.get("structural") not in (None, "not-analysed"):
+        raise UsageError(f"{path}: CATALOGUE structural must be 'not-analysed' when given")
     if bug is not None and d.get("pos0") not in ("caught", "missed"):
         raise UsageError(f"{path}: CATALOGUE pos0 must be 'caught' or 'missed' for a bug kernel")
     return CatalogueKernel(
@@ -148,6 +155,7 @@ def read_meta(path: Path) -> CatalogueKernel:
         d.get("cuda"),
         d.get("dynamic"),
         d.get("sanitizer"),
+        d.get("structural"),
     )
 
 
@@ -176,6 +184,9 @@ def run_one(kernel: CatalogueKernel, kind: str, device: str) -> Cell:
     found = [f for f in r.findings if kind != "sanitizer" or f.kind in ("sanitizer", "build")]
     if not found and kind == "sanitizer" and r.sanitizer.status != "checked":
         return Cell(False, not_checked=f"not checked ({r.sanitizer.cause})", seconds=r.seconds)
+    if kind == "structural" and r.structural.status == "not-analysed":
+        cause = f"not analysed ({r.structural.cause})"
+        return Cell(bool(found), sorted({f.bug_class for f in found}), len(r.notices), r.seconds, not_checked=cause)
     if not found and r.needs_gpu:
         return Cell(False, not_checked="not checked (needs a GPU)", seconds=r.seconds)
     return Cell(bool(found), sorted({f.bug_class for f in found}), len(r.notices), r.seconds)

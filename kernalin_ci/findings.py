@@ -34,6 +34,11 @@ BUG_CLASSES: dict[str, str] = {
     "gqa-mapping": "query head h reads a KV head other than h // (Hq // Hkv)",
     "stride": "a tensor indexed with the wrong stride (batch stride ignored, another tensor's strides)",
     "paged-index": "paged KV addressing wrong (block table lookup, block size, in-block offset)",
+    # attention features (docs/ops.md, "Attention features")
+    "window-mask": "sliding window wrong: a key at its edge kept or dropped (window off by one, not applied)",
+    "soft-cap": "logit soft-cap wrong: applied before the scale, or not applied",
+    "alibi": "ALiBi bias wrong: another head's slope, the wrong sign, or none",
+    "attention-sink": "attention sink wrong: another head's sink, missing from the denominator, or counted twice",
     # rope
     "rope-pairing": "rotation pairs the wrong dimensions (neox and gptj swapped, wrong half)",
     "rope-sign": "a sign of the rotation is flipped",

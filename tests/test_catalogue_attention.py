@@ -89,7 +89,11 @@ def test_header_catalogue_and_entry(path):
         elif isinstance(node, ast.ImportFrom):
             assert node.module in ALLOWED_IMPORTS, node.module
     entry = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "entry")
-    assert [a.arg for a in entry.args.args] == SIGNATURE[op]
+    args = [a.arg for a in entry.args.args]
+    assert args[: len(SIGNATURE[op])] == SIGNATURE[op]
+    assert args[len(SIGNATURE[op]) :] in ([], ["alibi_slopes", "sinks"]), "the feature inputs, optional, last"
+    if args != SIGNATURE[op]:  # a feature kernel's structural cell says what it does not analyse
+        assert cat.get("structural") == "not-analysed"
 
 
 def test_bug_classes_cover_the_attention_vocabulary():

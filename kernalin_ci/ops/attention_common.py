@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any, TypeGuard
 
 from kernalin_ci.lazy import torch
+from kernalin_ci.ops import attention_features as af
 from kernalin_ci.ops.base import (
     DTYPE_BYTES,
     Case,
@@ -29,6 +30,7 @@ SHAPE_PARAMS = (
     Param("num_q_heads", None, int, "pin Hq (default: cases vary Hq/Hkv over 1, 4, 6, 8)", check=positive),
     Param("num_kv_heads", None, int, "pin Hkv (default: cases vary it)", check=positive),
 )
+FEATURE_PARAMS = af.FEATURE_PARAMS
 
 TILES = (16, 32, 64, 128, 256)
 
@@ -63,7 +65,7 @@ def plan(params: Params, device: str, dtype: str | None) -> list[Case]:
         return {"Hq": hq, "Hkv": hkv, "D": D, "kv_lens": list(lens), "scale": D**-0.5, **extra}
 
     long = long_length(device)
-    cases = [
+    cases: list[Case] = [
         Case("tiles", dims(8, 2, D64, tile_lengths()), main, 1, ("tiles",)),
         Case("gqa-1", dims(4, 4, D128, [1, 33, 64, 200], scale=0.7 * D128**-0.5), main, 2),
         Case("gqa-8", dims(16, 2, D64, [5, 17, 129, 300]), main, 3),
@@ -73,6 +75,7 @@ def plan(params: Params, device: str, dtype: str | None) -> list[Case]:
         Case("fresh-inputs", dims(4, 4, D128, [1, 33, 64, 200], scale=0.7 * D128**-0.5), main, 7, ("repeat-of:gqa-1",)),
         Case("long", dims(8, 2, D64, [long, long * 3 // 5 + 3]), main, 8, ("long",)),
     ]
+    cases += af.plan_cases(params, cases[0].dims, main)  # none unless a feature param is on
     if dtype is None:  # dtype sweep on a smaller set
         for i, dt in enumerate(("float16", "bfloat16")):
             cases.append(Case(f"gqa-8-{dt}", dims(16, 2, D64, [5, 17, 129, 300]), dt, 20 + i))
@@ -111,14 +114,24 @@ def attend(
     scale: float,
     hmap: list[int],
     normalize: bool = True,
+    feat: af.Features | None = None,
+    cap_first: bool = False,
 ) -> torch.Tensor:
-    """The definition in float64: q [B, Hq, D]; keys[b], values[b]: [Hkv, L_b, D]."""
+    """The definition in float64: q [B, Hq, D]; keys[b], values[b]: [Hkv, L_b, D], the sequence's whole
+    history (the query is its last position). `feat`: the attention features (window, soft-cap, ALiBi,
+    sinks); `cap_first`: the soft-cap applied before the scale (a bug's fingerprint)."""
     q = q.to(torch.float64)
     out = torch.empty_like(q)
     idx = torch.tensor(hmap)
+    heads = torch.arange(q.shape[1])
     for b in range(q.shape[0]):
         K = keys[b].to(torch.float64)[idx]  # [Hq, L, D]
         V = values[b].to(torch.float64)[idx]
+        if feat is not None and not feat.off:
+            raw = torch.einsum("hd,hld->hl", q[b], K)
+            s = af.scores(raw if cap_first else scale * raw, K.shape[1], feat, heads, cap_first, scale)
+            out[b] = af.softmax_v(s, V, feat, heads, normalize)
+            continue
         s = scale * torch.einsum("hd,hld->hl", q[b], K)
         if normalize:
             p = torch.softmax(s, dim=-1)
@@ -157,31 +170,36 @@ def fingerprints(
     Hkv: int,
     D: int,
     tail_finite: bool,
+    feat: af.Features | None = None,
 ) -> list[tuple[str, dict[str, Any]]]:
-    """Alternative outputs that known bugs would produce. `keys_of(b, L)` gives [Hkv, L, D]."""
+    """Alternative outputs that known bugs would produce. `keys_of(b, L)` gives [Hkv, L, D]. With attention
+    features on, each feature's own bugs come first (a wrong window, the cap before the scale, ...)."""
     B = len(kv_lens)
     good = head_map(Hq, Hkv)
     K = [keys_of(b, L) for b, L in enumerate(kv_lens)]
     V = [values_of(b, L) for b, L in enumerate(kv_lens)]
     fps = []
+    if feat is not None and not feat.off:
+        for cls, wrong, cap_first in af.variants(feat, Hq, Hkv):
+            fps.append((cls, {"out": attend(q, K, V, scale, good, feat=wrong, cap_first=cap_first)}))
     if Hq != Hkv:
-        fps.append(("gqa-mapping", {"out": attend(q, K, V, scale, [h % Hkv for h in range(Hq)])}))
-    fps.append(("softmax-no-normalize", {"out": attend(q, K, V, scale, good, normalize=False)}))
-    fps.append(("scale", {"out": attend(q, K, V, 1.0, good)}))
-    fps.append(("scale", {"out": attend(q, K, V, scale * scale, good)}))
+        fps.append(("gqa-mapping", {"out": attend(q, K, V, scale, [h % Hkv for h in range(Hq)], feat=feat)}))
+    fps.append(("softmax-no-normalize", {"out": attend(q, K, V, scale, good, normalize=False, feat=feat)}))
+    fps.append(("scale", {"out": attend(q, K, V, 1.0, good, feat=feat)}))
+    fps.append(("scale", {"out": attend(q, K, V, scale * scale, good, feat=feat)}))
     if not math.isclose(scale, D**-0.5):
-        fps.append(("scale", {"out": attend(q, K, V, D**-0.5, good)}))
+        fps.append(("scale", {"out": attend(q, K, V, D**-0.5, good, feat=feat)}))
     if tail_finite:
         K1 = [keys_of(b, L + 1) for b, L in enumerate(kv_lens)]
         V1 = [values_of(b, L + 1) for b, L in enumerate(kv_lens)]
-        fps.append(("kv-mask", {"out": attend(q, K1, V1, scale, good)}))
+        fps.append(("kv-mask", {"out": attend(q, K1, V1, scale, good, feat=feat)}))
     Km = [keys_of(b, max(L - 1, 1)) for b, L in enumerate(kv_lens)]
     Vm = [values_of(b, max(L - 1, 1)) for b, L in enumerate(kv_lens)]
-    fps.append(("kv-mask", {"out": attend(q, Km, Vm, scale, good)}))
+    fps.append(("kv-mask", {"out": attend(q, Km, Vm, scale, good, feat=feat)}))
     if B > 1:
         K0 = [keys_of(0, L) for L in kv_lens]
         V0 = [values_of(0, L) for L in kv_lens]
-        fps.append(("stride", {"out": attend(q, K0, V0, scale, good)}))
+        fps.append(("stride", {"out": attend(q, K0, V0, scale, good, feat=feat)}))
     return fps
 
 
@@ -198,6 +216,10 @@ class AttentionOp(Op):
     structural = "attention"
     decode_role = "attention"
     attends = True
+
+    def unanalysed(self, params: Params) -> list[str]:
+        """The attention features switched on: the structural analysis does not model them."""
+        return [f"{af.FEATURE_NAMES[n]} (param {n})" for n in af.active(params)]
 
     def validate_case(self, case: Case) -> str | None:
         return validate_dims(case.dims)

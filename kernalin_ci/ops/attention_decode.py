@@ -7,13 +7,14 @@ from typing import Any
 from kernalin_ci.findings import Finding
 from kernalin_ci.lazy import torch
 from kernalin_ci.ops import attention_common as ac
+from kernalin_ci.ops import attention_features as af
 from kernalin_ci.ops.base import Case, Expected, Params, Tensors, generator, randn
 from kernalin_ci.runtime.poison import fill_canary
 
 
 class AttentionDecode(ac.AttentionOp):
     name = "attention.decode"
-    params = ac.SHAPE_PARAMS
+    params = ac.SHAPE_PARAMS + ac.FEATURE_PARAMS
     written = ()
     # the contiguous caches are [B, Hkv, S, D]: one row of blocks per sequence, S slots each
     shape_symbols = {("k_cache", 0): "B", ("v_cache", 0): "B", ("k_cache", 2): "S", ("v_cache", 2): "S"}
@@ -45,6 +46,7 @@ class AttentionDecode(ac.AttentionOp):
             "v_cache": v.to(device),
             "kv_lens": torch.tensor(lens, dtype=torch.int32, device=device),
             "scale": float(d["scale"]),
+            **af.extra_inputs(case, params, Hq, device),
         }
 
     def outputs(self, ret: Any, kw: Tensors) -> Tensors:
@@ -56,7 +58,10 @@ class AttentionDecode(ac.AttentionOp):
         Hq, Hkv = q.shape[1], kw["k_cache"].shape[1]
         K = [kw["k_cache"][b, :, :L] for b, L in enumerate(lens)]
         V = [kw["v_cache"][b, :, :L] for b, L in enumerate(lens)]
-        return Expected({"out": ac.attend(q, K, V, kw["scale"], ac.head_map(Hq, Hkv))})
+        feat = af.Features.of(params, kw)
+        out = ac.attend(q, K, V, kw["scale"], ac.head_map(Hq, Hkv), feat=feat)
+        slack = {"out": af.underflow_slack(out, q.dtype)} if feat.sinks is not None else {}
+        return Expected({"out": out}, row_slack=slack)
 
     def fingerprints(self, kw: Tensors, params: Params, case: Case) -> list[tuple[str, Tensors]]:
         S = kw["k_cache"].shape[2]
@@ -71,6 +76,7 @@ class AttentionDecode(ac.AttentionOp):
             kw["k_cache"].shape[1],
             q.shape[2],
             tail_finite=case.dims.get("tail", "nan") != "nan",
+            feat=af.Features.of(params, kw),
         )
 
     def properties(self, case: Case, kw: Tensors, outs: Tensors, params: Params) -> list[Finding]:

@@ -7,6 +7,7 @@ from typing import Any
 from kernalin_ci.findings import Finding
 from kernalin_ci.lazy import torch
 from kernalin_ci.ops import attention_common as ac
+from kernalin_ci.ops import attention_features as af
 from kernalin_ci.ops import paged
 from kernalin_ci.ops.base import Case, Expected, Param, Params, Tensors, generator, positive, randn
 from kernalin_ci.runtime.poison import fill_canary
@@ -15,7 +16,10 @@ from kernalin_ci.runtime.poison import fill_canary
 class AttentionDecodePaged(ac.AttentionOp):
     name = "attention.decode_paged"
     params = (
-        (Param("block_size", 16, int, "tokens per KV-cache block", check=positive),) + ac.SHAPE_PARAMS + (paged.LAYOUT,)
+        (Param("block_size", 16, int, "tokens per KV-cache block", check=positive),)
+        + ac.SHAPE_PARAMS
+        + (paged.LAYOUT,)
+        + ac.FEATURE_PARAMS
     )
     written = ()
     paged_cache = True
@@ -100,6 +104,7 @@ class AttentionDecodePaged(ac.AttentionOp):
             "block_tables": tables.to(device),
             "kv_lens": torch.tensor(lens, dtype=torch.int32, device=device),
             "scale": float(d["scale"]),
+            **af.extra_inputs(case, params, Hq, device),
         }
 
     def outputs(self, ret: Any, kw: Tensors) -> Tensors:
@@ -125,7 +130,10 @@ class AttentionDecodePaged(ac.AttentionOp):
         Hq, Hkv = q.shape[1], kc.shape[2]
         K = [self._gather(kc, tb, b, L) for b, L in enumerate(lens)]
         V = [self._gather(vc, tb, b, L) for b, L in enumerate(lens)]
-        return Expected({"out": ac.attend(q, K, V, kw["scale"], ac.head_map(Hq, Hkv))})
+        feat = af.Features.of(params, kw)
+        out = ac.attend(q, K, V, kw["scale"], ac.head_map(Hq, Hkv), feat=feat)
+        slack = {"out": af.underflow_slack(out, q.dtype)} if feat.sinks is not None else {}
+        return Expected({"out": out}, row_slack=slack)
 
     def fingerprints(self, kw: Tensors, params: Params, case: Case) -> list[tuple[str, Tensors]]:
         q, tb = kw["q"], kw["block_tables"]
@@ -140,6 +148,7 @@ class AttentionDecodePaged(ac.AttentionOp):
             kc.shape[2],
             q.shape[2],
             tail_finite=case.dims.get("tail", "nan") != "nan",
+            feat=af.Features.of(params, kw),
         )
         # the block size confused with another power of two (a tile size)
         bs = kc.shape[1]
@@ -163,7 +172,8 @@ class AttentionDecodePaged(ac.AttentionOp):
                 V.append(vc[blk, j % bs].permute(1, 0, 2))
             if ok:
                 hm = ac.head_map(q.shape[1], kc.shape[2])
-                fps.append(("paged-index", {"out": ac.attend(q, K, V, kw["scale"], hm)}))
+                feat = af.Features.of(params, kw)
+                fps.append(("paged-index", {"out": ac.attend(q, K, V, kw["scale"], hm, feat=feat)}))
         return fps
 
     def properties(self, case: Case, kw: Tensors, outs: Tensors, params: Params) -> list[Finding]:

@@ -213,6 +213,11 @@ class Op(ABC):
         """Bytes moved and FLOPs of one call of `case` by the op's definition; None: no model."""
         return None
 
+    def unanalysed(self, params: Params) -> list[str]:
+        """What these params switch on that the op's structural analysis does not model, each named (the
+        structural status says "not analysed for" each: never a silent pass). Empty: all of it is."""
+        return []
+
     def capture_cases(self, params: Params) -> list[Case]:
         """Small calls for the structural capture, in preference order (the next is tried when a call
         is refused). Empty: the op has no structural capture."""

@@ -31,6 +31,7 @@ from kernalin_ci.findings import (
 )
 from kernalin_ci.jobs import DynamicJob, PipelineJob
 from kernalin_ci.ops import get_op
+from kernalin_ci.ops.attention_features import FEATURE_NAMES
 from kernalin_ci.ops.base import Case, resolve_params
 from kernalin_ci.progress import ProgressSink
 from kernalin_ci.verify.supervisor import Progress, run_cases, shard, threads_each
@@ -117,8 +118,11 @@ def verify(
             return result
     structural = None
     if only in (None, "structural") and not probe and not case_json:
+        unmodelled = op.unanalysed(params)
         if cuda is not None:
             result.structural = StructuralStatus("not-analysed", NO_STRUCTURAL_CUDA)
+        elif unmodelled:  # its checks would judge the kernel by a definition without these features
+            result.structural = StructuralStatus("not-analysed", not_modelled(unmodelled))
         else:
             from kernalin_ci.verify.structural import verify_structural as structural
     # The structural worker compiles while the dynamic worker launches: two processes, so the
@@ -252,6 +256,12 @@ NEEDS_GPU = "a CUDA C++ kernel runs only on a GPU"
 NO_STRUCTURAL_CUDA = "CUDA C++ kernel: no structural analysis of CUDA code yet"
 
 
+def not_modelled(features: list[str]) -> str:
+    """The structural status's cause when the params switch on what the op's analysis does not model."""
+    them = "them" if len(features) > 1 else "it"
+    return f"not analysed for {', '.join(features)}: the structural analysis does not model {them}"
+
+
 def cuda_build(result: VerifyResult, spec, entry, op_name, params, device, root, timeout_s, dtype, progress) -> bool:
     """Build a CUDA kernel once before its checks (kernalin_ci/cuda/task.py) and record it on RESULT; False when
     its sources do not compile (a `build-error` finding: nothing else can run)."""
@@ -329,6 +339,9 @@ def pipeline_params(entries: dict, raw_params: dict) -> dict:
     unknown = set(raw_params) - used
     if unknown:
         raise UsageError(f"pipeline: unknown param {sorted(unknown)[0]!r} (params: {', '.join(sorted(used))})")
+    features = [n for n in FEATURE_NAMES if merged.get(n)]
+    if features:  # the loop's reference is plain attention (docs/ops.md, "Attention features")
+        raise UsageError(f"pipeline: param {features[0]} is an attention feature the decode loop does not take yet")
     merged.setdefault("style", "neox")
     merged.setdefault("base", 10000.0)
     return merged

@@ -1,0 +1,164 @@
+"""The attention features of both attention ops (docs/ops.md, "Attention features"): the float64
+definition against independent formulations, the params' validation, the structural status that names
+them, and the catalogue's feature kernels at the cases where each feature matters (real Triton kernels
+under the interpreter, one case each)."""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import CHECKS
+
+from kernalin_ci.errors import UsageError
+from kernalin_ci.ops import attention_common as ac
+from kernalin_ci.ops import attention_features as af
+from kernalin_ci.ops import get_op
+from kernalin_ci.ops.base import resolve_params
+from kernalin_ci.verify import pipeline_params, verify
+
+ALL = {"window": 40, "logit_cap": 20.0, "alibi": True, "sinks": True}
+
+
+def _qkv(seed=0, Hq=4, Hkv=2, L=9, D=8, std=1.0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, Hq, D, generator=g, dtype=torch.float64) * std
+    k = torch.randn(Hkv, L, D, generator=g, dtype=torch.float64) * std
+    v = torch.randn(Hkv, L, D, generator=g, dtype=torch.float64)
+    return q, k, v, ac.head_map(Hq, Hkv)
+
+
+def test_features_off_is_plain_attention():
+    q, k, v, hm = _qkv()
+    assert torch.equal(ac.attend(q, [k], [v], 0.3, hm, feat=af.Features()), ac.attend(q, [k], [v], 0.3, hm))
+
+
+def test_window_is_attention_over_the_last_window_keys():
+    q, k, v, hm = _qkv(L=9)
+    for w in (1, 3, 9, 20):
+        got = ac.attend(q, [k], [v], 0.3, hm, feat=af.Features(window=w))
+        want = ac.attend(q, [k[:, -w:]], [v[:, -w:]], 0.3, hm)
+        assert torch.allclose(got, want, atol=1e-12), w
+
+
+def test_cap_follows_the_scale_and_bounds_the_scores():
+    q, k, v, hm = _qkv(std=8.0)
+    cap, scale = 2.0, 0.5
+    raw = torch.einsum("hd,hld->hl", q[0], k[hm])
+    s = cap * torch.tanh(scale * raw / cap)
+    want = torch.einsum("hl,hld->hd", torch.softmax(s, -1), v[hm])
+    got = ac.attend(q, [k], [v], scale, hm, feat=af.Features(cap=cap))[0]
+    assert torch.allclose(got, want, atol=1e-12)
+    before = ac.attend(q, [k], [v], scale, hm, feat=af.Features(cap=cap), cap_first=True)[0]
+    assert not torch.allclose(before, want, atol=1e-3)  # the bug's fingerprint differs where scores saturate
+
+
+def test_sink_is_a_key_with_a_zero_value():
+    q, k, v, hm = _qkv(Hq=4, Hkv=2)
+    sinks = torch.tensor([0.5, -1.0, 3.0, 0.0], dtype=torch.float64)
+    got = ac.attend(q, [k], [v], 0.3, hm, feat=af.Features(sinks=sinks))[0]
+    s = 0.3 * torch.einsum("hd,hld->hl", q[0], k[hm])
+    p = torch.softmax(torch.cat([s, sinks[:, None]], -1), -1)[:, :-1]
+    assert torch.allclose(got, torch.einsum("hl,hld->hd", p, v[hm]), atol=1e-12)
+
+
+def test_alibi_slopes_and_bias():
+    assert af.alibi_slopes(8) == [2.0**-i for i in range(1, 9)]
+    s12 = af.alibi_slopes(12)  # Press et al.: the 8 slopes of 8 heads, then every other of 16 heads
+    assert s12[:8] == af.alibi_slopes(8) and s12[8:] == af.alibi_slopes(16)[0::2][:4]
+    q, k, v, hm = _qkv(Hq=4, Hkv=2, L=6)
+    slopes = torch.tensor(af.alibi_slopes(4), dtype=torch.float64)
+    got = ac.attend(q, [k], [v], 0.3, hm, feat=af.Features(slopes=slopes))[0]
+    s = 0.3 * torch.einsum("hd,hld->hl", q[0], k[hm]) + slopes[:, None] * (torch.arange(6.0) - 5)[None, :]
+    assert torch.allclose(got, torch.einsum("hl,hld->hd", torch.softmax(s, -1), v[hm]), atol=1e-12)
+
+
+@pytest.mark.parametrize("op", ["attention.decode", "attention.decode_paged"])
+def test_defaults_leave_the_contract_unchanged(op):
+    o = get_op(op)
+    params = resolve_params(op, o.params, {})
+    assert not af.active(params) and o.unanalysed(params) == []
+    names = [c.name for c in o.cases(params, "cpu", None)]
+    assert not {"window-edge", "cap-saturation", "sink-dominates", "alibi-ends"} & set(names)
+    kw = o.inputs(o.probe(params, "float32"), params, "cpu", poison=False)
+    assert "alibi_slopes" not in kw and "sinks" not in kw
+
+
+def test_each_feature_adds_its_edge_cases_and_inputs():
+    o = get_op("attention.decode")
+    params = resolve_params(o.name, o.params, ALL)
+    cases = {c.name: c for c in o.cases(params, "cpu", "float32")}
+    assert {39, 40, 41} <= set(cases["window-edge"].dims["kv_lens"])
+    assert cases["cap-saturation"].dims["qk_std"] == pytest.approx(math.sqrt(160.0))
+    kw = o.inputs(cases["alibi-ends"], params, "cpu")
+    assert kw["alibi_slopes"].tolist() == pytest.approx(af.alibi_slopes(16))
+    assert kw["sinks"].shape == (16,) and kw["sinks"].dtype == torch.float32
+
+
+@pytest.mark.parametrize(
+    "param, line",
+    [
+        ("window=0", "op attention.decode: param window=0: must be positive"),
+        ("logit_cap=nan", "op attention.decode: param logit_cap='nan' is not a valid float"),
+        ("logit_cap=-3", "op attention.decode: param logit_cap=-3.0: must be positive"),
+        ("sinks=maybe", "op attention.decode: param sinks='maybe' is not a valid bool"),
+    ],
+)
+def test_a_bad_feature_value_is_one_line_and_exit_2(param, line):
+    r = subprocess.run(
+        [sys.executable, "-m", "kernalin_ci", "verify", "--op", "attention.decode", "--entry",
+         f"{CHECKS / 'attention_decode' / 'correct_features.py'}:entry", "--param", param, "--device", "cpu"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [f"kernalin-ci verify: error: {line}"]
+
+
+def test_the_decode_pipeline_refuses_a_feature():
+    with pytest.raises(UsageError, match="param window is an attention feature"):
+        pipeline_params({"kv_append": "a:b", "attention.decode_paged": "c:d"}, {"window": 8})
+
+
+def test_the_structural_status_names_each_feature_switched_on():
+    entry = f"{CHECKS / 'attention_decode' / 'correct_features.py'}:entry"
+    r = verify("attention.decode", entry, {"window": 8, "sinks": True}, "cpu", only="structural", progress=False)
+    assert r.structural.status == "not-analysed" and not r.findings
+    assert r.structural.cause == (
+        "not analysed for sliding window (param window), attention sinks (param sinks): "
+        "the structural analysis does not model them"
+    )
+
+
+def _case(op, params, name):
+    o = get_op(op)
+    return next(c for c in o.cases(resolve_params(op, o.params, params), "cpu", "float32") if c.name == name)
+
+
+# (op, file, params, the case where the bug shows, the class it must be named with; None: correct)
+FEATURE_KERNELS = [
+    ("attention.decode", "correct_features", ALL, "window-edge", None),
+    ("attention.decode", "correct_features", ALL, "sink-dominates", None),
+    ("attention.decode", "bug_window_one_too_wide", ALL, "window-edge", "window-mask"),
+    ("attention.decode", "bug_softcap_before_scale", {**ALL, "sinks": False}, "cap-saturation", "soft-cap"),
+    ("attention.decode", "bug_alibi_slope_kv_head", ALL, "alibi-ends", "alibi"),
+    ("attention.decode", "bug_sink_every_tile", ALL, "sink-dominates", "wrong-output"),
+    ("attention.decode_paged", "correct_features_paged", {"block_size": 16, **ALL}, "window-edge", None),
+    ("attention.decode_paged", "bug_sink_kv_head", {"block_size": 16, **ALL}, "alibi-ends", "attention-sink"),
+]
+
+
+@pytest.mark.parametrize(
+    "op, name, params, case, cls", FEATURE_KERNELS, ids=[f"{k[1]}-{k[3]}" for k in FEATURE_KERNELS]
+)
+def test_feature_kernel_at_its_edge_case(op, name, params, case, cls):
+    folder = op.replace(".", "_")
+    entry = f"{CHECKS / folder / name}.py:entry"
+    c = _case(op, params, case)
+    r = verify(op, entry, params, "cpu", case_json=json.dumps(c.to_json()), progress=False)
+    assert r.cases_run == 1
+    if cls is None:
+        assert not r.findings, [f.message for f in r.findings]
+    else:
+        assert cls in {f.bug_class for f in r.findings}, [(f.bug_class, f.message) for f in r.findings]
