@@ -34,6 +34,8 @@ class CatalogueKernel:
     cuda: dict | None = None  # a CUDA C++ kernel's sources and flags, relative to the CUDA catalogue's folder
     dynamic: str | None = None  # "racy": a race that normal runs may or may not show (no expectation)
     sanitizer: str | None = None  # "caught" | "missed": what Compute Sanitizer must report (None: no expectation)
+    # "not analysed": the structural analysis reports this kernel's feature as not analysed (no catch expected)
+    structural: str | None = None
 
     @property
     def name(self) -> str:
@@ -148,6 +150,7 @@ def read_meta(path: Path) -> CatalogueKernel:
         d.get("cuda"),
         d.get("dynamic"),
         d.get("sanitizer"),
+        d.get("structural"),
     )
 
 

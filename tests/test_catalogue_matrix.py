@@ -36,7 +36,9 @@ def test_row_matches_its_label(matrix, name):
     row = matrix[name]
     assert not row.mismatches(), row.mismatches()
     if row.kernel.is_bug:
-        assert row.cells["dynamic"].caught and row.cells["structural"].caught
+        assert row.cells["dynamic"].caught
+        # a feature the structural analysis does not follow is said in its status, and labelled in the file
+        assert row.cells["structural"].caught or row.kernel.structural == "not analysed"
         if row.kernel.op == "decode_step":  # step-level bugs are named, by both kinds
             for kind in ("dynamic", "structural"):
                 assert row.kernel.bug_class in row.cells[kind].classes, (kind, row.cells[kind].classes)

@@ -32,6 +32,7 @@ CATALOGUE = {
     "pos0": "missed",
     "params": {"base": 500000.0, "scaling": "llama3", "scaling_factor": 8.0, "original_max_position": 8192},
     "modelled_on": "https://github.com/huggingface/transformers/pull/32330",
+    "structural": "not analysed",
     "style": "neox, unscaled frequencies where Llama-3 scaled inverse frequencies built on the host, angles in the kernel",
 }
 
