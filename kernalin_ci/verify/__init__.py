@@ -341,6 +341,10 @@ def pipeline_params(entries: dict, raw_params: dict) -> dict:
     unknown = set(raw_params) - used
     if unknown:
         raise UsageError(f"pipeline: unknown param {sorted(unknown)[0]!r} (params: {', '.join(sorted(used))})")
+    if merged.get("mrope_section"):
+        raise UsageError(
+            "pipeline: param mrope_section: M-RoPE is not supported in a decode loop (its positions are [S, T])"
+        )
     merged.setdefault("style", "neox")
     merged.setdefault("base", 10000.0)
     return merged
