@@ -34,8 +34,9 @@ class CatalogueKernel:
     cuda: dict | None = None  # a CUDA C++ kernel's sources and flags, relative to the CUDA catalogue's folder
     dynamic: str | None = None  # "racy": a race that normal runs may or may not show (no expectation)
     sanitizer: str | None = None  # "caught" | "missed": what Compute Sanitizer must report (None: no expectation)
-    # "not-analysed": its params switch on what the structural analysis does not model (an attention
-    # feature); its structural cell must say so (not checked), never pass or catch
+    # "not-analysed": its params switch on what the structural analysis does not model (an attention feature,
+    # a scaled RoPE table); the analysis must say so (the whole status, or a gap "not analysed for ..."), never
+    # pass or catch it
     structural: str | None = None
 
     @property
@@ -61,6 +62,12 @@ class Cell:
     seconds: float = 0.0
     error: str | None = None
     not_checked: str | None = None  # why this kind could not run here (needs a GPU, n/a yet): no verdict
+    unanalysed: list[str] = field(default_factory=list)  # structural gaps that say "not analysed for" a feature
+
+    @property
+    def says_not_analysed(self) -> bool:
+        """The structural analysis says it does not analyse a feature: in whole, or as a gap."""
+        return bool(self.unanalysed) or "not analysed for" in (self.not_checked or "")
 
 
 @dataclass
@@ -87,7 +94,7 @@ class Row:
             want = self.expected(kind)
             if cell.error:
                 out.append(f"{kind}: {cell.error}")
-            elif kind == "structural" and self.kernel.structural == "not-analysed" and not cell.not_checked:
+            elif kind == "structural" and self.kernel.structural == "not-analysed" and not cell.says_not_analysed:
                 out.append("structural: analysed, catalogue says not-analysed")
             elif cell.not_checked:
                 continue
@@ -189,7 +196,8 @@ def run_one(kernel: CatalogueKernel, kind: str, device: str) -> Cell:
         return Cell(bool(found), sorted({f.bug_class for f in found}), len(r.notices), r.seconds, not_checked=cause)
     if not found and r.needs_gpu:
         return Cell(False, not_checked="not checked (needs a GPU)", seconds=r.seconds)
-    return Cell(bool(found), sorted({f.bug_class for f in found}), len(r.notices), r.seconds)
+    said = [g for g in r.structural.gaps if "not analysed for" in g] if kind == "structural" else []
+    return Cell(bool(found), sorted({f.bug_class for f in found}), len(r.notices), r.seconds, unanalysed=said)
 
 
 def matrix(

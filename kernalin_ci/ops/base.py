@@ -293,6 +293,12 @@ class Op(ABC):
         """Output `name`'s row `row` (as compared: the last dim is a row), named for a person."""
         return f"{name} row {row}"
 
+    @staticmethod
+    def check_params(params: Params) -> str | None:
+        """What the resolved params say together that no one of them says alone (`resolve_params` makes it a
+        usage error), or None."""
+        return None
+
 
 def resolve_params(op_name: str, specs: tuple[Param, ...], raw: dict[str, Any]) -> Params:
     """Defaults plus validated user values; unknown keys and bad values are UsageErrors."""
@@ -313,7 +319,22 @@ def resolve_params(op_name: str, specs: tuple[Param, ...], raw: dict[str, Any]) 
             if err:
                 raise UsageError(f"op {op_name}: param {p.name}={v!r}: {err}")
         out[p.name] = v
+    problem = _op_check(op_name, out)
+    if problem:
+        raise UsageError(f"op {op_name}: {problem}")
     return out
+
+
+def _op_check(op_name: str, params: Params) -> str | None:
+    """The op's own check of its params together (Op.check_params); None for a name that is not an op."""
+    import importlib
+
+    from kernalin_ci.ops import MODULES
+
+    if op_name not in MODULES:
+        return None
+    op_class: type[Op] = importlib.import_module(f"kernalin_ci.ops.{MODULES[op_name]}").OP_CLASS
+    return op_class.check_params(params)
 
 
 def _coerce(op_name: str, p: Param, v: Any) -> Any:

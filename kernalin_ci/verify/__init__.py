@@ -342,6 +342,10 @@ def pipeline_params(entries: dict, raw_params: dict) -> dict:
     features = [n for n in FEATURE_NAMES if merged.get(n)]
     if features:  # the loop's reference is plain attention (docs/ops.md, "Attention features")
         raise UsageError(f"pipeline: param {features[0]} is an attention feature the decode loop does not take yet")
+    if merged.get("mrope_section"):
+        raise UsageError(
+            "pipeline: param mrope_section: M-RoPE is not supported in a decode loop (its positions are [S, T])"
+        )
     merged.setdefault("style", "neox")
     merged.setdefault("base", 10000.0)
     return merged

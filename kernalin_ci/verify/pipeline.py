@@ -33,7 +33,8 @@ from kernalin_ci.ops import attention_common as ac
 from kernalin_ci.ops import paged
 from kernalin_ci.ops.base import TOLERANCE, Case, generator, randn, torch_dtype
 from kernalin_ci.ops.roles import pipeline_op
-from kernalin_ci.ops.rope import rotate
+from kernalin_ci.ops.rope import PARAMS as ROPE_PARAMS
+from kernalin_ci.ops.rope import spec_of
 from kernalin_ci.runtime.poison import bits, fill_canary, is_canary
 from kernalin_ci.runtime.rows import row_errors
 from kernalin_ci.verify import exchange
@@ -333,9 +334,8 @@ class LoopJudge:
         q_ref, k_ref = st.q[:B].to(torch.float64), st.k[:B].to(torch.float64)
         if rope is not None:
             pos = torch.tensor(st.positions[:B], dtype=torch.int64)
-            r = rope.get("rotary_dim") or sh.D
-            q_ref = rotate(st.q[:B], pos, rope["style"], rope["base"], r)
-            k_ref = rotate(st.k[:B], pos, rope["style"], rope["base"], r)
+            spec = spec_of(rope, sh.D)
+            q_ref, k_ref = spec.rotate(st.q[:B], pos), spec.rotate(st.k[:B], pos)
         kb, vb = s["k_cache"], s["v_cache"]
         res = self.step_check(st, raw, s)
         if res.findings:
@@ -567,7 +567,8 @@ def shape_text(params: dict[str, Any], D: int, dtype: str) -> str:
 
 
 def _rope_params(params: dict[str, Any]) -> dict[str, Any]:
-    return {k: params.get(k) for k in ("style", "base", "rotary_dim")}
+    """The rope params of a loop, a scaled frequency table included (M-RoPE is refused by `pipeline_params`)."""
+    return {p.name: params.get(p.name, p.default) for p in ROPE_PARAMS}
 
 
 def drive_pipeline(
@@ -625,13 +626,13 @@ def pipeline_judge(params: dict, dtype: str, seed: int, steps: int, rope: bool, 
         k_in = st.k
         if rp is not None:
             pos = torch.tensor(st.positions, dtype=torch.int64)
-            r = rp.get("rotary_dim") or shape.D
+            spec = spec_of(rp, shape.D)
             for name, src in (("q", st.q), ("k", st.k)):
                 if tuple(raw[name].shape) != tuple(src.shape):
                     raise BadResult(
                         f"step {st.index}: rope {name} of shape {tuple(raw[name].shape)}, expected {tuple(src.shape)}"
                     )
-                err = row_errors(raw[name].to(torch.float64), rotate(src, pos, rp["style"], rp["base"], r))
+                err = row_errors(raw[name].to(torch.float64), spec.rotate(src, pos))
                 if not bool((err <= tol).all()):
                     return StepResult(
                         [
@@ -831,7 +832,7 @@ def drive_decode_step(
 def decode_step_judge(shape: LoopShape, params: dict[str, Any], dtype: str, seed: int, steps: int) -> LoopJudge:
     """In the parent: the `decode_step` op's steps judged; q, k, v and the index tensors must stay unchanged."""
     rope = _rope_params(params)
-    r = params.get("rotary_dim") or shape.D
+    spec = spec_of(rope, shape.D)
 
     def step_check(st: Step, raw: dict[str, Any], s: dict[str, Any]) -> StepResult:
         pos = torch.tensor(st.positions, dtype=torch.int64)
@@ -856,8 +857,8 @@ def decode_step_judge(shape: LoopShape, params: dict[str, Any], dtype: str, seed
                         )
                     ]
                 )
-        k_rot = rotate(st.k, pos, rope["style"], rope["base"], r)
-        v_rot = rotate(st.v, pos, rope["style"], rope["base"], r)
+        k_rot = spec.rotate(st.k, pos)
+        v_rot = spec.rotate(st.v, pos)
         k_rows = Written(k_rot, exact=False, alternatives=[("kv-unrotated", st.k, True)])
         v_rows = Written(st.v, exact=True, alternatives=[("rope-value", v_rot, False), ("kv-source", k_rot, False)])
         return StepResult([], raw["out"], k_rows, v_rows)

@@ -181,7 +181,16 @@ def analyze(cap, views: list, rep: StructuralFindings, model: RopeModel) -> None
     style = params.get("style", "neox")
     base = float(params.get("base", 10000.0))
     names = list(cap.tensors)
-    positions = [int(x) for x in cap.kwargs["positions"].tolist()]
+    pos = cap.kwargs["positions"]
+    positions = [int(x) for x in (pos if pos.dim() == 1 else pos[0]).tolist()]
+    unanalysed = not_analysed(params)
+    if unanalysed:
+        rep.gap(
+            "angles (positions, frequencies)",
+            "structural:rope",
+            f"not analysed for {unanalysed}: the angles are compared with the plain table only "
+            "(the pairing, signs, pass-through and addressing are)",
+        )
     low = None
     for view in views:
         low = low or (_low_precision_angle(view), view)
@@ -196,7 +205,7 @@ def analyze(cap, views: list, rep: StructuralFindings, model: RopeModel) -> None
                 view,
             )
     _low_precision_table(cap, views, rep)
-    table_wrong = _check_tables(cap, views, rep, positions)
+    table_wrong = False if params.get("mrope_section") else _check_tables(cap, views, rep, positions)
     if table_wrong or rep.has("precision"):
         rep.gap(
             "angles (positions, frequencies)",
@@ -219,8 +228,18 @@ def analyze(cap, views: list, rep: StructuralFindings, model: RopeModel) -> None
             style,
             base,
             positions,
-            skip_angles=table_wrong or rep.has("precision"),
+            skip_angles=table_wrong or rep.has("precision") or bool(unanalysed),
         )
+
+
+def not_analysed(params) -> str:
+    """The rope features whose angles this analysis does not follow ('' for none)."""
+    parts = []
+    if (params.get("scaling") or "none") != "none":
+        parts.append(f"scaled frequency tables (scaling={params['scaling']})")
+    if params.get("mrope_section"):
+        parts.append("M-RoPE sections")
+    return " and ".join(parts)
 
 
 def _low_precision_table(cap, views, rep) -> None:
