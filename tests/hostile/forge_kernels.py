@@ -30,7 +30,7 @@ def _worker():
     """The job (cases, results directory) and the result pipe's fd, from the worker's command line."""
     job_path, fd = sys.argv[-2], int(sys.argv[-1])
     with open(job_path) as f:
-        return json.load(f), fd
+        return json.load(f)["job"], fd  # the job file: {"task", "device", "job"} (kernalin_ci/isolate.py)
 
 
 def _send(fd, *events):

@@ -22,7 +22,7 @@ CLEAN = {
 def _worker():
     job_path, fd = sys.argv[-2], int(sys.argv[-1])
     with open(job_path) as f:
-        return json.load(f), fd
+        return json.load(f)["job"], fd  # the job file: {"task", "device", "job"} (kernalin_ci/isolate.py)
 
 
 def _send_and_exit(fd, event):

@@ -30,7 +30,7 @@ ENTRY = """import json, os, sys
 
 
 def entry(q, k, positions):
-    job = json.load(open(sys.argv[-2]))
+    job = json.load(open(sys.argv[-2]))["job"]
     written, error = 0, None
     try:
         with open(os.path.join(job["results"], "fill.bin"), "wb", buffering=0) as f:
