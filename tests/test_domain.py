@@ -26,6 +26,7 @@ def small(name, D, lens, dtype="float32", hq=8, hkv=2, seed=1, **extra):
 
 def run(entry, cases, domain=None, main_dtype="float32"):
     """The real dynamic worker over `cases`, as verify() drives it; returns (findings, ran, not checked)."""
+    from kernalin_ci.jobs import DynamicJob
     from kernalin_ci.verify import _not_checked
     from kernalin_ci.verify.judge import CaseReader
     from kernalin_ci.verify.supervisor import Progress, run_cases
@@ -33,18 +34,9 @@ def run(entry, cases, domain=None, main_dtype="float32"):
     op = get_op(OP)
     params = resolve_params(OP, op.params, {})
     dom = domain or dm.Domain()
-    job = {
-        "op": OP,
-        "entry": entry,
-        "root": None,
-        "params": params,
-        "device": "cpu",
-        "poison": True,
-        "domain": dom.to_json(),
-        "main_dtype": main_dtype,
-    }
+    job = DynamicJob(op=OP, entry=entry, root=None, params=params, poison=True, domain=dom, main_dtype=main_dtype)
     reader = CaseReader(op, params, dom, main_dtype, "cpu", poison=True, root=None)
-    res = run_cases("verify-dynamic", job, cases, "cpu", 300.0, Progress(False, len(cases), OP), lambda c: "", reader)
+    res = run_cases(job, cases, "cpu", 300.0, Progress(False, len(cases), OP), lambda c: "", reader)
     return res.findings, res.ran, _not_checked(op, params, cases, res.not_checked)
 
 

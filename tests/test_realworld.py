@@ -44,7 +44,7 @@ def outcomes(request):
     wanted = [
         (item.callspec.params["k"], item.callspec.params["variant"])
         for item in request.session.items
-        if item.module.__name__ == __name__ and hasattr(item, "callspec")
+        if item.module.__name__ == __name__ and hasattr(item, "callspec") and "variant" in item.callspec.params
     ]
     pool = ThreadPoolExecutor(JOBS)
     futures = {(k.id, v): pool.submit(corpus.verify, k, v, k.device or "cpu") for k, v in wanted}
