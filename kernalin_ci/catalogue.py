@@ -62,12 +62,12 @@ class Cell:
     seconds: float = 0.0
     error: str | None = None
     not_checked: str | None = None  # why this kind could not run here (needs a GPU, n/a yet): no verdict
-    unanalysed: list[str] = field(default_factory=list)  # structural gaps that say "not analysed for" a feature
+    # what the structural analysis says it does not analyse ("not analysed for" a feature): its whole cause or gaps
+    unanalysed: list[str] = field(default_factory=list)
 
     @property
     def says_not_analysed(self) -> bool:
-        """The structural analysis says it does not analyse a feature: in whole, or as a gap."""
-        return bool(self.unanalysed) or "not analysed for" in (self.not_checked or "")
+        return bool(self.unanalysed)
 
 
 @dataclass
@@ -191,12 +191,21 @@ def run_one(kernel: CatalogueKernel, kind: str, device: str) -> Cell:
     found = [f for f in r.findings if kind != "sanitizer" or f.kind in ("sanitizer", "build")]
     if not found and kind == "sanitizer" and r.sanitizer.status != "checked":
         return Cell(False, not_checked=f"not checked ({r.sanitizer.cause})", seconds=r.seconds)
-    if kind == "structural" and r.structural.status == "not-analysed":
+    whole = kind == "structural" and r.structural.status == "not-analysed"
+    said = [t for t in ([r.structural.cause or ""] if whole else r.structural.gaps) if "not analysed for" in t]
+    said = said if kind == "structural" else []
+    if whole:
         cause = f"not analysed ({r.structural.cause})"
-        return Cell(bool(found), sorted({f.bug_class for f in found}), len(r.notices), r.seconds, not_checked=cause)
+        return Cell(
+            bool(found),
+            sorted({f.bug_class for f in found}),
+            len(r.notices),
+            r.seconds,
+            not_checked=cause,
+            unanalysed=said,
+        )
     if not found and r.needs_gpu:
         return Cell(False, not_checked="not checked (needs a GPU)", seconds=r.seconds)
-    said = [g for g in r.structural.gaps if "not analysed for" in g] if kind == "structural" else []
     return Cell(bool(found), sorted({f.bug_class for f in found}), len(r.notices), r.seconds, unanalysed=said)
 
 
