@@ -47,7 +47,6 @@ FORBIDDEN = {
 SHIPPED_NEVER = {"testing"}  # excluded from the wheel (pyproject.toml): nothing installed may import it
 # Known crossings, each with its reason; the test fails when one is no longer needed.
 ALLOWED = {
-    ("ops/decode_step.py", "verify"): "the decode_step op's loop (state, driver, judge) is verify/pipeline.py's",
     ("sandbox/workers.py", "cuda"): "each worker view gets its own CUDA build caches (cuda/caches.py)",
     ("jobs.py", "cuda"): "a job carries the CudaSpec of cuda/sources.py (plain data)",
     ("jobs.py", "throughput"): "a model-bench job carries the ModelSpec of throughput/spec.py (plain data)",

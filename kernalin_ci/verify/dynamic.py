@@ -54,21 +54,28 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def _raised(e: Exception, device: str) -> Exception:
+    """What an exception the entry raised becomes: CudaContextLost for a CUDA error on a GPU, else EntryRaised."""
+    msg = " ".join(str(e).split())[:400]
+    if device == "cuda" and CUDA_ERROR.search(f"{type(e).__name__} {msg}"):
+        return CudaContextLost(f"{type(e).__name__}: {msg}")
+    return EntryRaised(f"{type(e).__name__}: {msg}")
+
+
 def run_case(op: Op, fn, case: Case, params: dict, device: str, poison: bool = True, hand_back=None) -> dict | int:
-    """One call of the entry on `case`; its raw result (verify/exchange.py), judged by the parent. For an
-    op that drives its own loop of calls (Op.drive: decode_step), each call's raw result goes to
-    `hand_back` as a part, and the number of parts is returned."""
-    if hasattr(hand_back, "running"):  # each part says which case it belongs to (a case moved to another shape)
-        hand_back.running = case
-    try:
-        parts = op.drive(fn, case, params, device, poison, hand_back)
-    except Exception as e:  # the user's kernel: any exception is its error
-        msg = " ".join(str(e).split())[:400]
-        if device == "cuda" and CUDA_ERROR.search(f"{type(e).__name__} {msg}"):
-            raise CudaContextLost(f"{type(e).__name__}: {msg}") from None
-        raise EntryRaised(f"{type(e).__name__}: {msg}") from None
-    if parts is not None:
-        return parts
+    """One call of the entry on `case`; its raw result (verify/exchange.py), judged by the parent. For a
+    case the op runs as a loop of calls (Op.loop: decode_step), each call's raw result goes to `hand_back`
+    as a part, and the number of parts is returned."""
+    loop = op.loop(case, params, poison)
+    if loop is not None:  # a loop of calls: each step's raw result handed back as a part
+        from kernalin_ci.verify.pipeline import drive_op_loop
+
+        if hasattr(hand_back, "running"):  # each part says which case it belongs to (a case moved to another shape)
+            hand_back.running = case
+        try:
+            return drive_op_loop(fn, loop, device, hand_back)
+        except Exception as e:  # the user's kernel: any exception is its error
+            raise _raised(e, device) from None
     kw = op.inputs(case, params, device, poison)
     writable = set(op.written_names(params))
     lazy = writable if "huge" in case.tags else set()
@@ -94,10 +101,7 @@ def run_case(op: Op, fn, case: Case, params: dict, device: str, poison: bool = T
             ret = fn(**kw)
         sync(device)
     except Exception as e:  # the user's kernel: any exception is its error
-        msg = " ".join(str(e).split())[:400]
-        if device == "cuda" and CUDA_ERROR.search(f"{type(e).__name__} {msg}"):
-            raise CudaContextLost(f"{type(e).__name__}: {msg}") from None
-        raise EntryRaised(f"{type(e).__name__}: {msg}") from None
+        raise _raised(e, device) from None
     raw["inputs"] = {k: plain(v) for k, v in kw.items() if isinstance(v, torch.Tensor) and k not in lazy}
     raw["sparse"] = {k: sparse_rows(v) for k, v in kw.items() if isinstance(v, torch.Tensor) and k in lazy}
     raw["guards"] = {k: [plain(flat[:GUARD]), plain(flat[-GUARD:])] for k, flat in guards.items()}
@@ -145,10 +149,7 @@ def launch(op, fn, case: Case, params: dict, device: str) -> None:
         fn(**kw)
         sync(device)
     except Exception as e:
-        msg = " ".join(str(e).split())[:400]
-        if device == "cuda" and CUDA_ERROR.search(f"{type(e).__name__} {msg}"):
-            raise CudaContextLost(f"{type(e).__name__}: {msg}") from None
-        raise EntryRaised(f"{type(e).__name__}: {msg}") from None
+        raise _raised(e, device) from None
 
 
 class Interpreter:
@@ -267,7 +268,7 @@ def run_job(job: DynamicJob, device: str, emit: Emit) -> None:
             ev.update(status="not-run", **unfaithful)
         elif outcome.error is not None:
             ev.update(status="raised", error=outcome.error, **outcome.event_fields())
-        elif isinstance(outcome.result, int):  # handed back in parts (Op.drive)
+        elif isinstance(outcome.result, int):  # handed back in parts (Op.loop)
             ev.update(status="ok", **outcome.event_fields())
         elif outcome.result is not None:
             ev.update(

@@ -207,13 +207,15 @@ class CaseReader:
         self.loop_cases: dict = {}  # case index -> the case its parts ran as (moved to another shape, or not)
 
     def _loop(self, index: int, case: Case):
-        """The LoopReader of a case the op runs as a loop of calls (Op.loop_judge), None for one call."""
+        """The LoopReader of a case the op runs as a loop of calls (Op.loop), None for one call."""
         from kernalin_ci.domain import case_params
-        from kernalin_ci.verify.pipeline import LoopReader
+        from kernalin_ci.verify.pipeline import LoopReader, op_loop_judge
 
         if index not in self.loops:
-            judge = self.op.loop_judge(case, case_params(self.params, case), self.poison)
-            self.loops[index] = LoopReader(judge, device=self.device, root=self.root) if judge is not None else None
+            loop = self.op.loop(case, case_params(self.params, case), self.poison)
+            self.loops[index] = (
+                LoopReader(op_loop_judge(loop), device=self.device, root=self.root) if loop is not None else None
+            )
         return self.loops[index]
 
     def partial(self, index: int) -> list[Finding]:
