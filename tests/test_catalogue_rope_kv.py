@@ -101,7 +101,7 @@ PROBE_SCRIPT = textwrap.dedent("""
     from kernalin_ci.ops.base import resolve_params
     from kernalin_ci.verify.dynamic import run_case
     from kernalin_ci.verify.judge import judge
-    from kernalin_ci.verify.pipeline import op_loop_judge
+    from kernalin_ci.verify.loop_judge import op_loop_judge
     out = {}
     for op_name, path, raw in json.loads(sys.argv[1]):
         op = get_op(op_name)

@@ -155,7 +155,6 @@ def test_no_two_helper_modules_share_a_name():
         "__init__.py",
         "bench.py",  # the `bench` command / the throughput benchmark's parent side
         "catalogue.py",  # the `catalogue` command / the catalogue it runs
-        "pipeline.py",  # the `pipeline` command / the pipeline check it runs
         "decode_step.py",  # an op / its structural analysis
         "kv_append.py",
         "rope.py",

@@ -397,7 +397,7 @@ def verify_pipeline(
         parts += ["--device", device, "--dtype", dtype, "--steps", str(case.dims["steps"]), "--seed", str(seed)]
         return " ".join(shlex.quote(p) for p in parts)
 
-    from kernalin_ci.verify.pipeline import PipelineReader
+    from kernalin_ci.verify.loop_judge import PipelineReader
 
     cases = pipeline_cases(params, steps, dtype, seed)
     prog = Progress(progress, len(cases), "decode-pipeline")

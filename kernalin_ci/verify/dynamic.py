@@ -17,21 +17,18 @@ import torch
 from kernalin_ci.jobs import DynamicJob, Emit, LaunchJob
 from kernalin_ci.ops.base import Case, Expected, Op
 from kernalin_ci.runtime.cuda_errors import CUDA_ERROR
-from kernalin_ci.runtime.interp_bf16 import faithful_bf16, take_unfaithful
+from kernalin_ci.runtime.interp_bf16 import take_unfaithful
 from kernalin_ci.runtime.interp_patches import skip_self_copy
 from kernalin_ci.runtime.poison import fill_canary, poisoned_allocations, prime_cuda_allocator
 from kernalin_ci.verify import exchange
 from kernalin_ci.verify.exchange import GUARD, plain, snapshot, sparse_rows
+from kernalin_ci.verify.loop_drive import drive_op_loop
 from kernalin_ci.verify.precision import launched_ttir, recorded_launches
+from kernalin_ci.verify.support import EntryRaised, Interpreter
 
 
 class CudaContextLost(Exception):
     """A CUDA error poisons the context: the worker reports it and exits."""
-
-
-class EntryRaised(Exception):
-    """The entry raised: an `entry-error` finding, or a shape outside the kernel's domain
-    (kernalin_ci.verify.support decides which to report; the parent checks that claim)."""
 
 
 def guard_inputs(kw: dict, skip: set) -> tuple[dict, dict]:
@@ -68,8 +65,6 @@ def run_case(op: Op, fn, case: Case, params: dict, device: str, poison: bool = T
     as a part, and the number of parts is returned."""
     loop = op.loop(case, params, poison)
     if loop is not None:  # a loop of calls: each step's raw result handed back as a part
-        from kernalin_ci.verify.pipeline import drive_op_loop
-
         if hasattr(hand_back, "running"):  # each part says which case it belongs to (a case moved to another shape)
             hand_back.running = case
         try:
@@ -152,31 +147,6 @@ def launch(op, fn, case: Case, params: dict, device: str) -> None:
         raise _raised(e, device) from None
 
 
-class Interpreter:
-    """On the CPU: makes the Triton interpreter compute bfloat16 on values, and says which cases it
-    still cannot run faithfully. Those are not checked (never a finding): their case-done event
-    carries `not_checked` {"reason": "interpreter", "error": why} (the parent accepts it on the CPU only)."""
-
-    def __init__(self, cpu: bool):
-        self.cpu = cpu
-        self.bf16 = faithful_bf16() if cpu else None  # None: bfloat16 is faithful (or not on the CPU)
-        take_unfaithful()
-
-    def cannot_run(self, dtype: str) -> dict:
-        """case-done fields for a case of this dtype that cannot run faithfully at all ({} if it can)."""
-        return self._fields(self.bf16 if self.cpu and dtype == "bfloat16" else None)
-
-    def after_case(self) -> dict:
-        """case-done fields for the case just run if it used a construct the interpreter cannot emulate."""
-        return self._fields(take_unfaithful() if self.cpu else None)
-
-    @staticmethod
-    def _fields(why: str | None) -> dict:
-        if not why:
-            return {}
-        return {"not_checked": {"reason": "interpreter", "error": why}}
-
-
 def check_signature(op: Op, fn, entry: str, cases: list[Case], params: dict) -> None:
     """Before any case: the entry must take the op's inputs by name (docs/ops.md). A mismatch is the
     user's to fix, one line and exit 2 (the worker hands the UsageError back), never a finding per case."""
@@ -196,7 +166,6 @@ def run_job(job: DynamicJob, device: str, emit: Emit) -> None:
     """Worker task 'verify-dynamic': run cases[start:]; per case a raw result file and one event."""
     from kernalin_ci.entry import load_entry
     from kernalin_ci.ops import get_op
-    from kernalin_ci.verify.pipeline import hand_back_parts
     from kernalin_ci.verify.support import Support
 
     op = get_op(job.op, root=job.root)
@@ -247,7 +216,7 @@ def run_job(job: DynamicJob, device: str, emit: Emit) -> None:
                     p,
                     device,
                     poison=job.poison,
-                    hand_back=hand_back_parts(emit, results, i, case),
+                    hand_back=exchange.hand_back_parts(emit, results, i, case),
                 ),
             )
         except CudaContextLost as e:

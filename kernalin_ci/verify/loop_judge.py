@@ -1,33 +1,24 @@
-"""The decode loop (docs/ops.md), run in the worker and judged in the parent; the loop's model (its
-state, each step's inputs and float64 reference, what a step writes) is ops/decode_loop.py.
+"""The decode loop, the parent's half (ops/decode_loop.py is the loop's model; verify/loop_drive.py the
+worker's half): the same steps are drawn again from the seed and every finding is computed here, from the
+raw parts the worker handed back (one per step, read through `LoopReader`).
 
-One loop serves two ways of doing a step:
-- the decode pipeline check: rope -> kv_append -> attention.decode_paged, three entries, where each
-  member's own output is also checked inside the step;
-- the `decode_step` op (`Op.loop`): one entry that does the whole step, fused or not.
-
-The loop is split across the two processes. In the worker (`drive_loop`, which runs the PR's code)
-each step's entries run and what they produced (outputs, both whole caches) is handed back raw, one
-part file per step (verify/exchange.py); nothing is judged there. In the parent (`LoopJudge`, read
-through `LoopReader`) the same steps are drawn again from the seed and every finding is computed.
-
-This is where a stray KV write that heals itself a step later, or surfaces in
-another sequence's block many steps on, is caught: nothing in either cache may
-change except the slots written this step, every written slot must hold its
-token's key (rotated) and value, and every step's attention output must match
+This is where a stray KV write that heals itself a step later, or surfaces in another sequence's block
+many steps on, is caught: nothing in either cache may change except the slots written this step, every
+written slot must hold its token's key (rotated) and value, and every step's attention output must match
 attention over the reference's own history.
+
+Two judges of a step: the `decode_step` op's loop (`op_loop_judge`: its inputs must stay unchanged) and
+the decode pipeline's (`pipeline_judge`: each member's own output inside the step, `PipelineReader` over
+its cases and head dims).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 from kernalin_ci.findings import Finding, Notice
-from kernalin_ci.jobs import Emit, PipelineJob
 from kernalin_ci.lazy import torch
 from kernalin_ci.ops import paged
 from kernalin_ci.ops.base import TOLERANCE, Case
@@ -48,193 +39,13 @@ from kernalin_ci.ops.decode_loop import (
     step_arguments,
     step_writes,
 )
-from kernalin_ci.ops.roles import pipeline_op
 from kernalin_ci.ops.rope import spec_of
 from kernalin_ci.runtime.poison import bits, is_canary
 from kernalin_ci.runtime.rows import row_errors
 from kernalin_ci.verify import exchange
-from kernalin_ci.verify.exchange import BadResult, plain
-from kernalin_ci.verify.precision import TF32_TOLERANCE, launched_ttir, recorded_launches, tf32_notice
-
-HandBack = Callable[[int, dict[str, Any], float], None]
-
-
-# --------------------------------------------------------------------------- the worker's half
-
-
-def drive_loop(loop: DecodeLoop, s: LoopState, run_step: Callable[[Step], dict[str, Any]], hand_back: HandBack) -> int:
-    """Run the loop's steps from state `s`; `run_step` calls the entries and returns what they produced (CPU
-    tensors, the caches after the step as `k_cache`, `v_cache`), which `hand_back(step, raw, seconds)`
-    writes out. Nothing is judged here. An entry that raises ends the loop (the exception goes up).
-    Returns the number of steps handed back."""
-    for index in range(loop.steps):
-        t0 = time.perf_counter()
-        st = next_step(s, index, loop.dtype, loop.padding)
-        raw = run_step(st)
-        s.lens = list(st.kv_lens)
-        hand_back(index, raw, time.perf_counter() - t0)
-    return loop.steps
-
-
-def launches(device: str) -> Any:
-    """A block that records the compiled kernels launched in it (on a GPU: their TTIR is handed back as
-    `ttir`, verify/precision.py); on the CPU nothing is recorded."""
-    return recorded_launches() if device == "cuda" else nullcontext()
-
-
-def raw_out(out: Any) -> Any:
-    """The step's output as handed back: a CPU tensor, or the name of what came back instead."""
-    return plain(out) if isinstance(out, torch.Tensor) else type(out).__name__
-
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def drive_op_loop(fn: Callable[..., Any], loop: DecodeLoop, device: str, hand_back: HandBack) -> int:
-    """An op's loop case (`Op.loop`: the decode_step op), one entry doing the whole step with the step's
-    arguments; handed back: its inputs as the call left them, both caches, the output."""
-    s = init_state(loop, device)
-
-    def run_step(st: Step) -> dict[str, Any]:
-        kw = step_arguments(s, st, device)
-        with launches(device) as launched:
-            out = fn(**kw)
-            _sync(device)
-        return {
-            **{n: plain(kw[n]) for n in (*STEP_INPUTS, "k_cache", "v_cache")},
-            "out": raw_out(out),
-            "ttir": launched_ttir(launched),
-        }
-
-    return drive_loop(loop, s, run_step, hand_back)
-
-
-def drive_pipeline(fns: dict[str, Any], loop: DecodeLoop, device: str, hand_back: HandBack) -> int:
-    """The pipeline's loop: each step, B decode tokens plus one padding token (slot -1) that must change
-    nothing, through rope (when given), kv_append and attention; handed back: the rope outputs, both caches
-    after kv_append and after attention, the attention output."""
-    s = init_state(loop, device)
-    rope_fn, kv_append, attention = (fns.get(pipeline_op(role)) for role in ("rope", "kv_append", "attention"))
-
-    def run_step(st: Step) -> dict[str, Any]:
-        B = len(st.kv_lens)
-        raw: dict[str, Any] = {}
-        q_in, k_in = st.q.to(device), st.k.to(device)
-        if rope_fn is not None:
-            pos = torch.tensor(st.positions, dtype=torch.int64)
-            q_in, k_in = rope_fn(q=q_in, k=k_in, positions=pos.to(device))
-            _sync(device)
-            raw["q"], raw["k"] = plain(q_in), plain(k_in)
-        kv_append(
-            key=k_in,
-            value=st.v.to(device),
-            k_cache=s.k_cache,
-            v_cache=s.v_cache,
-            slot_mapping=torch.tensor(st.slots, dtype=torch.int64, device=device),
-        )
-        _sync(device)
-        # copies: on the CPU plain() keeps the live cache, which attention could still change
-        raw["k_cache_append"], raw["v_cache_append"] = plain(s.k_cache.clone()), plain(s.v_cache.clone())
-        with launches(device) as launched:  # the attention entry's kernels: their TF32 dots
-            out = attention(
-                q=q_in[:B],
-                k_cache=s.k_cache,
-                v_cache=s.v_cache,
-                block_tables=s.tables,
-                kv_lens=torch.tensor(st.kv_lens, dtype=torch.int32, device=device),
-                scale=s.scale,
-            )
-            _sync(device)
-        raw["k_cache"], raw["v_cache"], raw["out"] = plain(s.k_cache), plain(s.v_cache), raw_out(out)
-        raw["ttir"] = launched_ttir(launched)
-        return raw
-
-    return drive_loop(loop, s, run_step, hand_back)
-
-
-def hand_back_parts(
-    emit: Callable[[dict[str, Any]], None], results: str, index: int, planned: Any = None
-) -> Callable[..., None]:
-    """A step's raw result as part file `case-<index>-<step>.pt` and a `case-part` event naming it. A case
-    run at another shape than `planned` (the kernel refused its own: verify/support.py) says so in each
-    part (`ran`: `hand_back.running`, set by the caller), so that the parent judges its steps at the shape
-    they ran at."""
-
-    def hand_back(step: int, raw: dict[str, Any], seconds: float, **fields: Any) -> None:
-        ran = hand_back.running  # type: ignore[attr-defined]
-        ev = {
-            "event": "case-part",
-            "index": index,
-            "part": step,
-            "seconds": seconds,
-            "file": exchange.save(results, exchange.part_name(index, step), raw),
-            **fields,
-        }
-        if ran is not None and planned is not None and ran.to_json() != planned.to_json():
-            ev["ran"] = ran.to_json()
-        emit(ev)
-
-    hand_back.running = planned  # type: ignore[attr-defined]  # the case being run (verify.dynamic.run_case sets it)
-    return hand_back
-
-
-def run_job(job: PipelineJob, device: str, emit: Emit) -> None:
-    """Worker task 'verify-pipeline': each case from `start` on, handed back one step at a time (case-part
-    events naming the head dim they ran at). A loop whose entries raise before its first step is handed
-    back is refused at that head dim; the main loop then moves to the next of its `instead` head dims."""
-    from kernalin_ci.entry import load_entry
-    from kernalin_ci.verify.dynamic import Interpreter
-
-    fns = {role: load_entry(spec, job.root) for role, spec in job.entries.items() if spec}
-    rope = bool(fns.get(pipeline_op("rope")))
-    interp = Interpreter(device == "cpu")
-    for index in range(job.start, len(job.cases)):
-        dims = job.cases[index].dims
-        emit({"event": "case-start", "index": index})
-        t0 = time.perf_counter()
-        unfaithful = interp.cannot_run(job.dtype)
-        if unfaithful:
-            emit({"event": "case-done", "index": index, "seconds": 0.0, "status": "not-run", **unfaithful})
-            continue
-        ev: dict = {"status": "refused"}
-        refused: list[dict] = []
-        for D in [dims["D"], *dims.get("instead", [])]:
-            hand_back = hand_back_parts(emit, job.results, index)
-            parts = [0]
-
-            moved = {"D": D} if D != dims["D"] else {}  # a part of a moved loop says where it ran
-
-            def counted(step, raw, seconds, _hand_back=hand_back, _parts=parts, _moved=moved):
-                _parts[0] += 1
-                _hand_back(step, raw, seconds, **_moved)
-
-            try:
-                loop = pipeline_loop(job.params, job.dtype, job.seed, dims["steps"], rope, D)
-                drive_pipeline(fns, loop, device, counted)
-                ev = {"status": "ok"}
-            except Exception as e:
-                error = f"{type(e).__name__}: {' '.join(str(e).split())[:400]}"
-                unfaithful = interp.after_case()  # the interpreter's error, not the entry's: not checked
-                if parts[0] == 0 and not unfaithful:
-                    refused.append({"D": D, "error": error})
-                    continue
-                ev = {"status": "raised", "error": error}
-            break
-        unfaithful = unfaithful or interp.after_case()
-        emit(
-            {
-                "event": "case-done",
-                "index": index,
-                "seconds": time.perf_counter() - t0,
-                "refused": refused,
-                **({"status": "not-run", **unfaithful} if unfaithful else ev),
-            }
-        )
-
-
-# --------------------------------------------------------------------------- the parent's half
+from kernalin_ci.verify.exchange import BadResult, worker_text
+from kernalin_ci.verify.precision import TF32_TOLERANCE, tf32_notice
+from kernalin_ci.verify.supervisor import CaseResult
 
 
 @dataclass
@@ -606,14 +417,12 @@ class PipelineReader:
         return Case(case.name, {**case.dims, "D": D, "instead": []}, case.dtype, case.seed, case.tags)
 
     def __call__(self, index: int, case, ev: dict, results: str):
-        from kernalin_ci.verify.judge import CaseResult, _text
-
         status = ev.get("status")
         if status == "not-run" and isinstance(ev.get("not_checked"), dict) and index not in self.loops:
             nc = ev["not_checked"]
             if nc.get("reason") != "interpreter" or self.device != "cpu":
-                raise BadResult(f"'not checked ({_text(nc.get('reason'))[:20]})' claimed on {self.device}")
-            return CaseResult(None, [], [], {"reason": "interpreter", "error": _text(nc.get("error"))})
+                raise BadResult(f"'not checked ({worker_text(nc.get('reason'))[:20]})' claimed on {self.device}")
+            return CaseResult(None, [], [], {"reason": "interpreter", "error": worker_text(nc.get("error"))})
         refused = ev.get("refused") or []
         if not isinstance(refused, list) or not all(isinstance(r, dict) for r in refused):
             raise BadResult("a malformed list of refused head dims")
@@ -621,7 +430,7 @@ class PipelineReader:
         dims = [r.get("D") for r in refused]
         if dims != cand[: len(dims)]:
             raise BadResult(f"case {case.name}: head dims said to be refused out of order: {str(dims)[:60]}")
-        errors = [_text(r.get("error")) for r in refused]
+        errors = [worker_text(r.get("error")) for r in refused]
         if refused and self.params.get("head_dim"):  # declared: the entry's error is a finding
             return CaseResult(
                 case,
@@ -654,11 +463,11 @@ class PipelineReader:
         if ran_d is None:
             if status == "raised":
                 return CaseResult(
-                    case, [Finding("pipeline", "entry-error", f"an entry raised {_text(ev.get('error'))}")]
+                    case, [Finding("pipeline", "entry-error", f"an entry raised {worker_text(ev.get('error'))}")]
                 )
             raise BadResult(
                 f"case {case.name}: the pipeline ended after 0 of {case.dims['steps']} steps, no step handed back"
-                f" (status {_text(status)[:40]!r})"
+                f" (status {worker_text(status)[:40]!r})"
             )
         loop = self.loops[index][1]
         ran = self._with_dim(case, ran_d)
@@ -668,10 +477,10 @@ class PipelineReader:
             return CaseResult(ran, loop.found, loop.notices, nc)
         if status == "raised":
             return CaseResult(
-                ran, [Finding("pipeline", "entry-error", f"an entry raised {_text(ev.get('error'))}")], [], nc
+                ran, [Finding("pipeline", "entry-error", f"an entry raised {worker_text(ev.get('error'))}")], [], nc
             )
         if status == "ok":
             return CaseResult(ran, loop.finish(), loop.notices, nc)
         raise BadResult(
-            f"the pipeline ended after {loop.step} of {loop.judge.steps} steps (status {_text(status)[:40]!r})"
+            f"the pipeline ended after {loop.step} of {loop.judge.steps} steps (status {worker_text(status)[:40]!r})"
         )
