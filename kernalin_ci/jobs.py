@@ -83,7 +83,7 @@ class DynamicJob(CasesJob):
 
 @dataclass(frozen=True, kw_only=True)
 class PipelineJob(CasesJob):
-    """verify/pipeline.py: the decode loop of the pipeline check, per case, one step at a time."""
+    """verify/loop_drive.py: the decode loop of the pipeline check, per case, one step at a time."""
 
     TASK = "verify-pipeline"
     entries: dict[str, str]  # role -> entry

@@ -57,7 +57,7 @@ def _verify_dynamic(job: DynamicJob, device: str, emit: Emit) -> None:
 
 
 def _verify_pipeline(job: PipelineJob, device: str, emit: Emit) -> None:
-    from kernalin_ci.verify.pipeline import run_job
+    from kernalin_ci.verify.loop_drive import run_job
 
     run_job(job, device, emit)
 

@@ -101,6 +101,7 @@ PROBE_SCRIPT = textwrap.dedent("""
     from kernalin_ci.ops.base import resolve_params
     from kernalin_ci.verify.dynamic import run_case
     from kernalin_ci.verify.judge import judge
+    from kernalin_ci.verify.loop_judge import op_loop_judge
     out = {}
     for op_name, path, raw in json.loads(sys.argv[1]):
         op = get_op(op_name)
@@ -108,12 +109,13 @@ PROBE_SCRIPT = textwrap.dedent("""
         os.environ["KERNALIN_PARAMS"] = json.dumps(params)
         fn = load_entry(path + ":entry")
         case = op.probe(params, None)
-        loop = op.loop_judge(case, params, False)
+        loop = op.loop(case, params, False)
         if loop is not None:  # a loop of calls (decode_step): each step judged as the parent does
+            loop_judge = op_loop_judge(loop)
             found = []
             def hand_back(step, raw, seconds):
                 if not found:
-                    found.extend(loop.step(step, {k: (v.clone() if hasattr(v, "clone") else v)
+                    found.extend(loop_judge.step(step, {k: (v.clone() if hasattr(v, "clone") else v)
                                                   for k, v in raw.items()}))
             run_case(op, fn, case, params, "cpu", poison=False, hand_back=hand_back)
         else:

@@ -147,7 +147,7 @@ def _decode_step_parts(fn_name: str) -> tuple:
 def _judge_loop(read, case, raws: list, ttir: list, results: Path):
     """The parent reading the steps as a GPU worker would hand them back (the same tensors, with the TTIR of
     the kernel it launched): part files and case-part events, then the case-done event."""
-    from kernalin_ci.verify.pipeline import hand_back_parts
+    from kernalin_ci.verify.exchange import hand_back_parts
 
     events: list = []
     hand_back = hand_back_parts(events.append, str(results), 0)
@@ -217,7 +217,7 @@ def test_decode_pipeline_judges_a_tf32_attention_entry_at_the_tf32_tolerance(tmp
     """The pipeline's reader: the attention entry's TTIR handed back with each step gives the TF32 notice."""
     from kernalin_ci.ops.base import Case
     from kernalin_ci.verify import pipeline_params
-    from kernalin_ci.verify.pipeline import PipelineReader
+    from kernalin_ci.verify.loop_judge import PipelineReader
 
     entries = {
         "kv_append": f"{(KERNELS / 'triton_kv_append.py').relative_to(REPO)}:entry",

@@ -26,6 +26,7 @@ from kernalin_ci.lazy import torch
 
 if TYPE_CHECKING:
     from kernalin_ci.ops.bench_shapes import BenchRequest
+    from kernalin_ci.ops.decode_loop import DecodeLoop
 
 DTYPES = ("float32", "float16", "bfloat16")
 
@@ -243,24 +244,10 @@ class Op(ABC):
     def outputs(self, ret: Any, kw: Tensors) -> Tensors:
         """The entry's outputs by name, from its return value (or its written inputs)."""
 
-    def drive(
-        self,
-        fn: Callable[..., Any],
-        case: Case,
-        params: Params,
-        device: str,
-        poison: bool,
-        hand_back: Callable[[int, dict[str, Any], float], None],
-    ) -> int | None:
-        """In the worker: a stateful op's own dynamic run of `case`, many calls of `fn` (the decode_step
-        loop), each call's raw result handed back as one part (`hand_back(step, raw, seconds)`); returns
-        the number of parts. None: the case is the one call verify.dynamic makes. Nothing is judged here:
-        the parent judges the parts with `loop_judge`."""
-        return None
-
-    def loop_judge(self, case: Case, params: Params, poison: bool) -> Any:
-        """In the parent: the judge of a case that `drive` runs (verify.pipeline.LoopJudge), None for an
-        op whose cases are one call."""
+    def loop(self, case: Case, params: Params, poison: bool) -> DecodeLoop | None:
+        """A stateful op's case run as a decode loop of calls (ops/decode_loop.py: the decode_step op), one
+        call of the entry per step, each step's raw result handed back as one part and judged by the parent
+        (kernalin_ci.verify's loop_drive.py and loop_judge.py). None: the case is one call."""
         return None
 
     def written_names(self, params: Params) -> tuple[str, ...]:

@@ -4,16 +4,15 @@ Rotate q and k at `positions`, write the rotated k and v into the paged caches a
 `slot_mapping`, then paged decode attention over `kv_lens`, which include the new
 token. One launch or several, fused or not: the contract is the step.
 
-Every case is a decode loop (`drive` in the worker hands back each step's raw
-tensors; `loop_judge` in the parent judges them): many steps on ragged sequences,
-the output of each step against float64 attention over the reference's own
-history, and both whole caches diffed after each step (kernalin_ci.verify.pipeline,
-shared with the composed rope -> kv_append -> attention pipeline check).
+Every case is a decode loop (`loop`; the loop's model is ops/decode_loop.py, shared
+with the composed rope -> kv_append -> attention pipeline check): many steps on ragged
+sequences, the output of each step against float64 attention over the reference's own
+history, and both whole caches diffed after each step (the worker runs it, the parent
+judges it: kernalin_ci.verify's loop_drive.py and loop_judge.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from kernalin_ci.lazy import torch
@@ -33,6 +32,7 @@ from kernalin_ci.ops.base import (
     valid_dims,
 )
 from kernalin_ci.ops.bench_shapes import BenchRequest, len_label, ragged_lens
+from kernalin_ci.ops.decode_loop import DecodeLoop, LoopShape, init_state, next_step, rope_params, step_arguments
 from kernalin_ci.ops.rope import PARAMS as ROPE_PARAMS
 from kernalin_ci.ops.rope import rotate
 
@@ -122,11 +122,11 @@ class DecodeStep(Op):
             return "start_lens must be a non-empty list of lengths >= 0"
         return None
 
-    def _shape(self, case: Case, params: Params) -> Any:
-        from kernalin_ci.verify.pipeline import LoopShape
-
+    def loop(self, case: Case, params: Params, poison: bool) -> DecodeLoop:
+        """Every case is a decode loop (ops/decode_loop.py), one call of the entry per step. Without poison
+        (the probe, a capture) zeros everywhere outside the history."""
         d = case.dims
-        return LoopShape(
+        shape = LoopShape(
             d["Hq"],
             d["Hkv"],
             d["D"],
@@ -134,63 +134,16 @@ class DecodeStep(Op):
             int(params["block_size"]),
             paged.layout_of(params),
             int(d.get("free_blocks", 5)),
-            bool(d.get("stale", False)),
-            bool(d.get("poison", True)),
+            bool(d.get("stale", False)) and poison,
+            bool(d.get("poison", True)) and poison,
         )
-
-    def drive(
-        self,
-        fn: Callable[..., Any],
-        case: Case,
-        params: Params,
-        device: str,
-        poison: bool,
-        hand_back: Callable[[int, dict[str, Any], float], None],
-    ) -> int | None:
-        from kernalin_ci.verify.pipeline import drive_decode_step
-
-        steps: int = drive_decode_step(
-            fn,
-            self._loop_shape(case, params, poison),
-            case.dtype,
-            device,
-            case.seed,
-            int(case.dims["steps"]),
-            hand_back,
-        )
-        return steps
-
-    def loop_judge(self, case: Case, params: Params, poison: bool) -> Any:
-        from kernalin_ci.verify.pipeline import decode_step_judge
-
-        return decode_step_judge(
-            self._loop_shape(case, params, poison), params, case.dtype, case.seed, int(case.dims["steps"])
-        )
-
-    def _loop_shape(self, case: Case, params: Params, poison: bool) -> Any:
-        shape = self._shape(case, params)
-        if not poison:
-            shape.poison, shape.stale = False, False
-        return shape
+        return DecodeLoop(shape, case.dtype, case.seed, int(d["steps"]), rope_params(params))
 
     def inputs(self, case: Case, params: Params, device: str, poison: bool = True) -> Tensors:
         """The first step of the case's loop (what the structural capture and a single call see)."""
-        from kernalin_ci.verify.pipeline import init_state, next_step
-
-        s = init_state(self._loop_shape(case, params, poison), case.dtype, device, case.seed, int(case.dims["steps"]))
-        st = next_step(s, 0, case.dtype)
-        return {
-            "q": st.q.to(device),
-            "k": st.k.to(device),
-            "v": st.v.to(device),
-            "positions": torch.tensor(st.positions, dtype=torch.int64, device=device),
-            "k_cache": s["k_cache"],
-            "v_cache": s["v_cache"],
-            "slot_mapping": torch.tensor(st.slots, dtype=torch.int64, device=device),
-            "block_tables": s["tables"],
-            "kv_lens": torch.tensor(st.kv_lens, dtype=torch.int32, device=device),
-            "scale": float(s["scale"]),
-        }
+        loop = self.loop(case, params, poison)
+        s = init_state(loop, device)
+        return step_arguments(s, next_step(s, 0, case.dtype), device)
 
     def outputs(self, ret: Any, kw: Tensors) -> Tensors:
         return {"out": ret, "k_cache": kw["k_cache"], "v_cache": kw["v_cache"]}

@@ -33,6 +33,7 @@ from kernalin_ci.jobs import DynamicJob, PipelineJob
 from kernalin_ci.ops import get_op
 from kernalin_ci.ops.attention_features import FEATURE_NAMES
 from kernalin_ci.ops.base import Case, resolve_params
+from kernalin_ci.ops.decode_loop import pipeline_cases
 from kernalin_ci.progress import ProgressSink
 from kernalin_ci.verify.supervisor import Progress, run_cases, shard, threads_each
 
@@ -396,7 +397,7 @@ def verify_pipeline(
         parts += ["--device", device, "--dtype", dtype, "--steps", str(case.dims["steps"]), "--seed", str(seed)]
         return " ".join(shlex.quote(p) for p in parts)
 
-    from kernalin_ci.verify.pipeline import PipelineReader, pipeline_cases
+    from kernalin_ci.verify.loop_judge import PipelineReader
 
     cases = pipeline_cases(params, steps, dtype, seed)
     prog = Progress(progress, len(cases), "decode-pipeline")

@@ -17,21 +17,18 @@ import torch
 from kernalin_ci.jobs import DynamicJob, Emit, LaunchJob
 from kernalin_ci.ops.base import Case, Expected, Op
 from kernalin_ci.runtime.cuda_errors import CUDA_ERROR
-from kernalin_ci.runtime.interp_bf16 import faithful_bf16, take_unfaithful
+from kernalin_ci.runtime.interp_bf16 import take_unfaithful
 from kernalin_ci.runtime.interp_patches import skip_self_copy
 from kernalin_ci.runtime.poison import fill_canary, poisoned_allocations, prime_cuda_allocator
 from kernalin_ci.verify import exchange
 from kernalin_ci.verify.exchange import GUARD, plain, snapshot, sparse_rows
+from kernalin_ci.verify.loop_drive import drive_op_loop
 from kernalin_ci.verify.precision import launched_ttir, recorded_launches
+from kernalin_ci.verify.support import EntryRaised, Interpreter
 
 
 class CudaContextLost(Exception):
     """A CUDA error poisons the context: the worker reports it and exits."""
-
-
-class EntryRaised(Exception):
-    """The entry raised: an `entry-error` finding, or a shape outside the kernel's domain
-    (kernalin_ci.verify.support decides which to report; the parent checks that claim)."""
 
 
 def guard_inputs(kw: dict, skip: set) -> tuple[dict, dict]:
@@ -54,21 +51,26 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def _raised(e: Exception, device: str) -> Exception:
+    """What an exception the entry raised becomes: CudaContextLost for a CUDA error on a GPU, else EntryRaised."""
+    msg = " ".join(str(e).split())[:400]
+    if device == "cuda" and CUDA_ERROR.search(f"{type(e).__name__} {msg}"):
+        return CudaContextLost(f"{type(e).__name__}: {msg}")
+    return EntryRaised(f"{type(e).__name__}: {msg}")
+
+
 def run_case(op: Op, fn, case: Case, params: dict, device: str, poison: bool = True, hand_back=None) -> dict | int:
-    """One call of the entry on `case`; its raw result (verify/exchange.py), judged by the parent. For an
-    op that drives its own loop of calls (Op.drive: decode_step), each call's raw result goes to
-    `hand_back` as a part, and the number of parts is returned."""
-    if hasattr(hand_back, "running"):  # each part says which case it belongs to (a case moved to another shape)
-        hand_back.running = case
-    try:
-        parts = op.drive(fn, case, params, device, poison, hand_back)
-    except Exception as e:  # the user's kernel: any exception is its error
-        msg = " ".join(str(e).split())[:400]
-        if device == "cuda" and CUDA_ERROR.search(f"{type(e).__name__} {msg}"):
-            raise CudaContextLost(f"{type(e).__name__}: {msg}") from None
-        raise EntryRaised(f"{type(e).__name__}: {msg}") from None
-    if parts is not None:
-        return parts
+    """One call of the entry on `case`; its raw result (verify/exchange.py), judged by the parent. For a
+    case the op runs as a loop of calls (Op.loop: decode_step), each call's raw result goes to `hand_back`
+    as a part, and the number of parts is returned."""
+    loop = op.loop(case, params, poison)
+    if loop is not None:  # a loop of calls: each step's raw result handed back as a part
+        if hasattr(hand_back, "running"):  # each part says which case it belongs to (a case moved to another shape)
+            hand_back.running = case
+        try:
+            return drive_op_loop(fn, loop, device, hand_back)
+        except Exception as e:  # the user's kernel: any exception is its error
+            raise _raised(e, device) from None
     kw = op.inputs(case, params, device, poison)
     writable = set(op.written_names(params))
     lazy = writable if "huge" in case.tags else set()
@@ -94,10 +96,7 @@ def run_case(op: Op, fn, case: Case, params: dict, device: str, poison: bool = T
             ret = fn(**kw)
         sync(device)
     except Exception as e:  # the user's kernel: any exception is its error
-        msg = " ".join(str(e).split())[:400]
-        if device == "cuda" and CUDA_ERROR.search(f"{type(e).__name__} {msg}"):
-            raise CudaContextLost(f"{type(e).__name__}: {msg}") from None
-        raise EntryRaised(f"{type(e).__name__}: {msg}") from None
+        raise _raised(e, device) from None
     raw["inputs"] = {k: plain(v) for k, v in kw.items() if isinstance(v, torch.Tensor) and k not in lazy}
     raw["sparse"] = {k: sparse_rows(v) for k, v in kw.items() if isinstance(v, torch.Tensor) and k in lazy}
     raw["guards"] = {k: [plain(flat[:GUARD]), plain(flat[-GUARD:])] for k, flat in guards.items()}
@@ -145,35 +144,7 @@ def launch(op, fn, case: Case, params: dict, device: str) -> None:
         fn(**kw)
         sync(device)
     except Exception as e:
-        msg = " ".join(str(e).split())[:400]
-        if device == "cuda" and CUDA_ERROR.search(f"{type(e).__name__} {msg}"):
-            raise CudaContextLost(f"{type(e).__name__}: {msg}") from None
-        raise EntryRaised(f"{type(e).__name__}: {msg}") from None
-
-
-class Interpreter:
-    """On the CPU: makes the Triton interpreter compute bfloat16 on values, and says which cases it
-    still cannot run faithfully. Those are not checked (never a finding): their case-done event
-    carries `not_checked` {"reason": "interpreter", "error": why} (the parent accepts it on the CPU only)."""
-
-    def __init__(self, cpu: bool):
-        self.cpu = cpu
-        self.bf16 = faithful_bf16() if cpu else None  # None: bfloat16 is faithful (or not on the CPU)
-        take_unfaithful()
-
-    def cannot_run(self, dtype: str) -> dict:
-        """case-done fields for a case of this dtype that cannot run faithfully at all ({} if it can)."""
-        return self._fields(self.bf16 if self.cpu and dtype == "bfloat16" else None)
-
-    def after_case(self) -> dict:
-        """case-done fields for the case just run if it used a construct the interpreter cannot emulate."""
-        return self._fields(take_unfaithful() if self.cpu else None)
-
-    @staticmethod
-    def _fields(why: str | None) -> dict:
-        if not why:
-            return {}
-        return {"not_checked": {"reason": "interpreter", "error": why}}
+        raise _raised(e, device) from None
 
 
 def check_signature(op: Op, fn, entry: str, cases: list[Case], params: dict) -> None:
@@ -195,7 +166,6 @@ def run_job(job: DynamicJob, device: str, emit: Emit) -> None:
     """Worker task 'verify-dynamic': run cases[start:]; per case a raw result file and one event."""
     from kernalin_ci.entry import load_entry
     from kernalin_ci.ops import get_op
-    from kernalin_ci.verify.pipeline import hand_back_parts
     from kernalin_ci.verify.support import Support
 
     op = get_op(job.op, root=job.root)
@@ -246,7 +216,7 @@ def run_job(job: DynamicJob, device: str, emit: Emit) -> None:
                     p,
                     device,
                     poison=job.poison,
-                    hand_back=hand_back_parts(emit, results, i, case),
+                    hand_back=exchange.hand_back_parts(emit, results, i, case),
                 ),
             )
         except CudaContextLost as e:
@@ -267,7 +237,7 @@ def run_job(job: DynamicJob, device: str, emit: Emit) -> None:
             ev.update(status="not-run", **unfaithful)
         elif outcome.error is not None:
             ev.update(status="raised", error=outcome.error, **outcome.event_fields())
-        elif isinstance(outcome.result, int):  # handed back in parts (Op.drive)
+        elif isinstance(outcome.result, int):  # handed back in parts (Op.loop)
             ev.update(status="ok", **outcome.event_fields())
         elif outcome.result is not None:
             ev.update(

@@ -18,7 +18,7 @@ A raw result (a dict):
                   ship (the 2^31-element caches): the non-zero rows of its first dimension
   guards          {name: [before, after]}: the canary guards just before and after each input
   ttir            [str]: the TTIR of each compiled kernel the call launched (CUDA: TF32 dots; a
-                  decode loop's step part carries its own, verify/pipeline.py)
+                  decode loop's step part carries its own, verify/loop_drive.py)
   before, expected, row_slack, tolerance: only for an op whose inputs and reference are the
                   user's own code (`Op.user_code`): the inputs before the call and that reference
 """
@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
+from typing import Any
 
 from kernalin_ci.lazy import torch
 
@@ -104,7 +106,38 @@ def save(directory: str, name: str, raw: dict) -> str:
     return name
 
 
+def hand_back_parts(
+    emit: Callable[[dict[str, Any]], None], results: str, index: int, planned: Any = None
+) -> Callable[..., None]:
+    """A case handed back in parts (a decode loop, verify/loop_drive.py): each step's raw result as part file
+    `case-<index>-<step>.pt` and a `case-part` event naming it. A case run at another shape than `planned`
+    (the kernel refused its own: verify/support.py) says so in each part (`ran`: `hand_back.running`, set by
+    the caller), so that the parent judges its steps at the shape they ran at."""
+
+    def hand_back(step: int, raw: dict[str, Any], seconds: float, **fields: Any) -> None:
+        ran = hand_back.running  # type: ignore[attr-defined]
+        ev = {
+            "event": "case-part",
+            "index": index,
+            "part": step,
+            "seconds": seconds,
+            "file": save(results, part_name(index, step), raw),
+            **fields,
+        }
+        if ran is not None and planned is not None and ran.to_json() != planned.to_json():
+            ev["ran"] = ran.to_json()
+        emit(ev)
+
+    hand_back.running = planned  # type: ignore[attr-defined]  # the case being run (verify.dynamic.run_case sets it)
+    return hand_back
+
+
 # ------------------------------------------------------------------ parent side
+
+
+def worker_text(v: object) -> str:
+    """A text the worker sent (an error, a reason), as one line of at most 500 characters."""
+    return " ".join(str(v).split())[:500]
 
 
 def load(directory: str, name: str, named, max_bytes: int = MAX_FILE_BYTES) -> dict:

@@ -10,16 +10,16 @@ the kernel produced; it cannot say whether that is right.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from kernalin_ci.findings import Finding, Notice
 from kernalin_ci.lazy import torch
 from kernalin_ci.ops.base import Case, Expected, Op
 from kernalin_ci.runtime.poison import bits, fill_canary, is_canary
 from kernalin_ci.verify import exchange
-from kernalin_ci.verify.exchange import GUARD, BadResult
+from kernalin_ci.verify.exchange import GUARD, BadResult, worker_text
+from kernalin_ci.verify.loop_judge import LoopReader, op_loop_judge
 from kernalin_ci.verify.precision import TF32_TOLERANCE, tf32_notice
 from kernalin_ci.verify.reference import NotATensor, check_reference
+from kernalin_ci.verify.supervisor import CaseResult
 
 
 def judge(
@@ -178,19 +178,9 @@ def _tolerance(v) -> float | None:
     return v
 
 
-@dataclass
-class CaseResult:
-    """The parent's reading of one case-done event: the case as it ran, its findings and notices."""
-
-    ran: Case | None  # None: not run (not checked)
-    findings: list[Finding] = field(default_factory=list)
-    notices: list[Notice] = field(default_factory=list)
-    not_checked: dict | None = None  # {"shape", "reason", "error", "instead"}
-
-
 class CaseReader:
     """Reads the dynamic worker's case-done events of one worker group (a shard): loads each result
-    file (or, for a loop case, each step's part: verify/pipeline.py), judges it, and checks every claim
+    file (or, for a loop case, each step's part: verify/loop_judge.py), judges it, and checks every claim
     the worker makes about a case against what the parent knows. A loop case moved to another shape says
     so in each part, and its steps are judged at that shape. A claim the parent cannot accept is a BadResult:
     - "not checked (interpreter)": only on the CPU;
@@ -207,13 +197,14 @@ class CaseReader:
         self.loop_cases: dict = {}  # case index -> the case its parts ran as (moved to another shape, or not)
 
     def _loop(self, index: int, case: Case):
-        """The LoopReader of a case the op runs as a loop of calls (Op.loop_judge), None for one call."""
+        """The LoopReader of a case the op runs as a loop of calls (Op.loop), None for one call."""
         from kernalin_ci.domain import case_params
-        from kernalin_ci.verify.pipeline import LoopReader
 
         if index not in self.loops:
-            judge = self.op.loop_judge(case, case_params(self.params, case), self.poison)
-            self.loops[index] = LoopReader(judge, device=self.device, root=self.root) if judge is not None else None
+            loop = self.op.loop(case, case_params(self.params, case), self.poison)
+            self.loops[index] = (
+                LoopReader(op_loop_judge(loop), device=self.device, root=self.root) if loop is not None else None
+            )
         return self.loops[index]
 
     def partial(self, index: int) -> list[Finding]:
@@ -265,14 +256,15 @@ class CaseReader:
             return CaseResult(ran, found, notices, nc)
         if status == "raised":
             return CaseResult(
-                ran, [Finding("call", "entry-error", f"the entry raised {_text(ev.get('error'))}")], [], nc
+                ran, [Finding("call", "entry-error", f"the entry raised {worker_text(ev.get('error'))}")], [], nc
             )
         if status == "cuda-error":
-            return CaseResult(ran, [Finding("call", "cuda-error", _text(ev.get("error")))], [], nc)
+            return CaseResult(ran, [Finding("call", "cuda-error", worker_text(ev.get("error")))], [], nc)
         if status == "not-run" and nc is not None and ev.get("ran") is None:
             return CaseResult(None, [], [], nc)
         raise BadResult(
-            f"a case-done event with status {_text(status)[:40]!r}" + (" and no reason" if status == "not-run" else "")
+            f"a case-done event with status {worker_text(status)[:40]!r}"
+            + (" and no reason" if status == "not-run" else "")
         )
 
     def _note(self, case: Case, nc, status) -> dict | None:
@@ -298,7 +290,8 @@ class CaseReader:
             raise BadResult(f"'unsupported' claimed at {shape_text(shape)}, where an earlier case ran")
         if nc.get("shape") != shape_text(shape):
             raise BadResult(
-                f"'unsupported' claimed for the shape {_text(nc.get('shape'))[:60]!r}, the case has {shape_text(shape)}"
+                f"'unsupported' claimed for the shape {worker_text(nc.get('shape'))[:60]!r}, "
+                f"the case has {shape_text(shape)}"
             )
         return nc
 
@@ -330,7 +323,3 @@ class CaseReader:
                     break
                 return c
         raise BadResult("a case moved to a shape that is not one of its alternatives")
-
-
-def _text(v) -> str:
-    return " ".join(str(v).split())[:500]

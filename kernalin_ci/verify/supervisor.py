@@ -9,7 +9,7 @@ import contextlib
 import dataclasses
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from kernalin_ci.findings import Finding, Notice
 from kernalin_ci.isolate import run_task
@@ -17,9 +17,6 @@ from kernalin_ci.jobs import CasesJob
 from kernalin_ci.ops.base import Case
 from kernalin_ci.progress import CaseDone, CasesStarted, ProgressSink, WorkerNote, sink_for
 from kernalin_ci.sandbox import CappedFolder
-
-if TYPE_CHECKING:
-    from kernalin_ci.verify.judge import CaseResult
 
 MAX_RESTARTS = 8
 
@@ -111,8 +108,19 @@ def bad_result(message: str, case: Case | None = None, repro=None) -> Finding:
     )
 
 
+@dataclass
+class CaseResult:
+    """The parent's reading of one case-done event: the case as it ran, its findings and notices."""
+
+    ran: Case | None  # None: not run (not checked)
+    findings: list[Finding] = field(default_factory=list)
+    notices: list[Notice] = field(default_factory=list)
+    not_checked: dict | None = None  # {"shape", "reason", "error", "instead"}
+
+
 class ResultReader(Protocol):
-    """What run_cases reads a worker's results with (verify/judge.py's CaseReader, verify/pipeline.py's reader)."""
+    """What run_cases reads a worker's results with (verify/judge.py's CaseReader, verify/loop_judge.py's
+    PipelineReader)."""
 
     def __call__(self, index: int, case: Case, ev: dict, results: str) -> CaseResult:
         """A case-done event -> the case's result (results: the folder the worker wrote its files into)."""

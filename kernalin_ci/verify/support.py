@@ -9,8 +9,10 @@ The rule that tells "unsupported" from "a bug": when the entry raises on a case,
 - otherwise the shape is outside the kernel's domain: the case is "unsupported, not checked", with
   the kernel's own error, and runs at the nearest shape the kernel takes instead (one axis moved,
   then two), so its lengths and positions are still checked.
+A case the CPU interpreter cannot run faithfully (`Interpreter`: bfloat16, a construct it cannot emulate)
+is "not checked (interpreter)", whatever it showed.
 The worker only reports these outcomes (a `CaseOutcome` per case); the parent turns them into findings and
-checks each claim it can (verify/judge.py, CaseReader).
+checks each claim it can (verify/judge.py, CaseReader; verify/loop_judge.py, PipelineReader).
 """
 
 from __future__ import annotations
@@ -23,7 +25,13 @@ from typing import Any
 
 from kernalin_ci.domain import Domain, alternatives, case_params, key, shape_of, shape_text, with_shape
 from kernalin_ci.ops.base import Case
-from kernalin_ci.verify.dynamic import EntryRaised
+from kernalin_ci.runtime.interp_bf16 import faithful_bf16, take_unfaithful
+
+
+class EntryRaised(Exception):
+    """The entry raised (verify/dynamic.py): an `entry-error` finding, or a shape outside the kernel's domain
+    (`Support` decides which to report; the parent checks that claim)."""
+
 
 PROBE_BUDGET = 12  # new probe launches per refused case while looking for a shape the kernel takes
 TOTAL_PROBES = 48  # and per worker: an entry that refuses everything costs a bounded number of launches
@@ -132,3 +140,28 @@ class Support:
         p = case_params(self.params, case)
         os.environ["KERNALIN_PARAMS"] = json.dumps(p)  # what current_params() gives the entry
         return fn(case, p)
+
+
+class Interpreter:
+    """On the CPU: makes the Triton interpreter compute bfloat16 on values, and says which cases it
+    still cannot run faithfully. Those are not checked (never a finding): their case-done event
+    carries `not_checked` {"reason": "interpreter", "error": why} (the parent accepts it on the CPU only)."""
+
+    def __init__(self, cpu: bool):
+        self.cpu = cpu
+        self.bf16 = faithful_bf16() if cpu else None  # None: bfloat16 is faithful (or not on the CPU)
+        take_unfaithful()
+
+    def cannot_run(self, dtype: str) -> dict:
+        """case-done fields for a case of this dtype that cannot run faithfully at all ({} if it can)."""
+        return self._fields(self.bf16 if self.cpu and dtype == "bfloat16" else None)
+
+    def after_case(self) -> dict:
+        """case-done fields for the case just run if it used a construct the interpreter cannot emulate."""
+        return self._fields(take_unfaithful() if self.cpu else None)
+
+    @staticmethod
+    def _fields(why: str | None) -> dict:
+        if not why:
+            return {}
+        return {"not_checked": {"reason": "interpreter", "error": why}}

@@ -1,0 +1,335 @@
+"""The decode loop (docs/ops.md): what it is, with no process side. Many steps on several sequences of
+different lengths over one paged cache; each step appends one token per sequence (its key rotated when
+the step rotates) and attends over each sequence's whole history.
+
+The loop's model, shared by its two front doors (docs/architecture.md, "The decode loop"):
+- the `decode_step` op (ops/decode_step.py): one entry does the whole step, called with `step_arguments`;
+- the decode pipeline check (`pipeline_cases`): rope -> kv_append -> attention.decode_paged, three
+  entries, each member's own output also checked inside the step.
+
+Here: a loop's shape and case (`LoopShape`, `DecodeLoop`), where it stands between steps (`LoopState`: both
+caches and the float64 history), each step's inputs drawn again from the seed (`next_step`), the float64
+reference of a step (`rotated`, `advance`, `attend_history`), what a step must write into each cache
+(`Written`, `step_writes`) and the outputs a step-level bug would produce (`output_fingerprints`).
+verify/loop_drive.py runs the loop in the worker; verify/loop_judge.py judges its steps in the parent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kernalin_ci.lazy import torch
+from kernalin_ci.ops import attention_common as ac
+from kernalin_ci.ops import paged
+from kernalin_ci.ops.base import Case, generator, randn, torch_dtype
+from kernalin_ci.ops.rope import PARAMS as ROPE_PARAMS
+from kernalin_ci.ops.rope import spec_of
+from kernalin_ci.runtime.poison import fill_canary
+
+# the arguments of a step by the decode_step contract (docs/ops.md) that the step must leave unchanged
+STEP_INPUTS = ("q", "k", "v", "positions", "slot_mapping", "block_tables", "kv_lens")
+
+
+@dataclass
+class LoopShape:
+    """The sequences and heads of one decode loop. `start_lens`: the prefill lengths (0: the first step
+    writes position 0). `stale`: the free slots of the sequences' own blocks hold finite stale data (a
+    block recycled from a finished request) instead of the canary; free blocks always hold the canary.
+    `poison` False: zeros everywhere outside the history (the pos-0 probe)."""
+
+    Hq: int
+    Hkv: int
+    D: int
+    start_lens: list[int]
+    block_size: int
+    layout: str = "nhd"
+    free_blocks: int = 5
+    stale: bool = False
+    poison: bool = True
+
+
+@dataclass
+class DecodeLoop:
+    """One loop case: its shape, dtype, seed and number of steps; `rope`: the rope params when the step
+    rotates q and k (None: it does not); `padding`: tokens per step at slot -1, which must change nothing."""
+
+    shape: LoopShape
+    dtype: str
+    seed: int
+    steps: int
+    rope: dict[str, Any] | None
+    padding: int = 0
+
+
+@dataclass
+class LoopState:
+    """Where a loop stands between steps: the sequences' lengths, their block tables, both caches (in the
+    shape's layout, on the loop's device) and the float64 history of each sequence ([Hkv, L, D])."""
+
+    shape: LoopShape
+    g: torch.Generator  # draws every step's inputs, in order
+    lens: list[int]
+    tables: torch.Tensor  # [B, blocks per sequence] int32, on the loop's device
+    tables_cpu: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    ref_k: list[torch.Tensor]
+    ref_v: list[torch.Tensor]
+    scale: float
+
+
+@dataclass
+class Step:
+    """One step's inputs (CPU tensors, in the loop's dtype) and where they go."""
+
+    index: int
+    q: torch.Tensor  # [n, Hq, D]
+    k: torch.Tensor  # [n, Hkv, D]
+    v: torch.Tensor  # [n, Hkv, D]
+    positions: list[int]  # [n]
+    slots: list[int]  # [n], -1 for padding
+    kv_lens: list[int]  # [B], including this step's token
+
+
+@dataclass
+class Written:
+    """What a step must have written into one cache: per token, the row its slot must hold, either bit for
+    bit (`exact`) or within the tolerance of a float64 row; `alternatives`: (bug class, rows) a known
+    bug would have written instead."""
+
+    rows: torch.Tensor
+    exact: bool
+    alternatives: list[tuple[str, torch.Tensor, bool]] = field(default_factory=list)
+
+
+def init_state(loop: DecodeLoop, device: str) -> LoopState:
+    """Block tables, caches holding each sequence's prefill, and the float64 history."""
+    shape, dtype = loop.shape, loop.dtype
+    g = generator(loop.seed)
+    bs, D, Hkv = shape.block_size, shape.D, shape.Hkv
+    lens = list(shape.start_lens)
+    B = len(lens)
+    per_seq = -(-(max(lens) + loop.steps) // bs)
+    num_blocks = B * per_seq + shape.free_blocks
+    perm = torch.randperm(num_blocks, generator=g)
+    tables = perm[: B * per_seq].reshape(B, per_seq).to(torch.int32)
+    cshape = (num_blocks, bs, Hkv, D)
+    k_cache = torch.empty(cshape, dtype=torch_dtype(dtype))
+    v_cache = torch.empty(cshape, dtype=torch_dtype(dtype))
+    for t in (k_cache, v_cache):
+        if shape.poison:
+            fill_canary(t)
+        else:
+            t.zero_()
+    if shape.stale:  # the sequences' own blocks: finite data left by an earlier request
+        own = tables.reshape(-1).long()
+        for t in (k_cache, v_cache):
+            t[own] = (torch.randn((len(own), bs, Hkv, D), generator=g, dtype=torch.float64) * 2.0).to(t.dtype)
+    ref_k = []
+    ref_v = []
+    for b, L in enumerate(lens):  # the prefill: history already in the cache
+        kb, vb = randn((L, Hkv, D), g, dtype, "cpu"), randn((L, Hkv, D), g, dtype, "cpu")
+        j = torch.arange(L)
+        blk = tables[b, j // bs].long()
+        k_cache[blk, j % bs] = kb
+        v_cache[blk, j % bs] = vb
+        ref_k.append(kb.to(torch.float64).permute(1, 0, 2))
+        ref_v.append(vb.to(torch.float64).permute(1, 0, 2))
+    return LoopState(
+        shape,
+        g,
+        lens,
+        tables.to(device),
+        tables,
+        paged.from_nhd(k_cache, shape.layout).to(device),
+        paged.from_nhd(v_cache, shape.layout).to(device),
+        ref_k,
+        ref_v,
+        0.9 * D**-0.5,
+    )
+
+
+def next_step(s: LoopState, index: int, dtype: str, padding: int = 0) -> Step:
+    """The step's random q, k, v (plus `padding` tokens at slot -1) at the sequences' current lengths."""
+    sh = s.shape
+    g, bs, lens, tables = s.g, sh.block_size, s.lens, s.tables_cpu
+    n = len(lens) + padding
+    q = randn((n, sh.Hq, sh.D), g, dtype, "cpu")
+    k = randn((n, sh.Hkv, sh.D), g, dtype, "cpu")
+    v = randn((n, sh.Hkv, sh.D), g, dtype, "cpu")
+    slots = [int(tables[b, L // bs]) * bs + L % bs for b, L in enumerate(lens)] + [-1] * padding
+    return Step(index, q, k, v, list(lens) + [0] * padding, slots, [L + 1 for L in lens])
+
+
+def step_arguments(s: LoopState, st: Step, device: str) -> dict[str, Any]:
+    """The step's arguments by the decode_step contract (docs/ops.md), the caches as the loop left them."""
+    return {
+        "q": st.q.to(device),
+        "k": st.k.to(device),
+        "v": st.v.to(device),
+        "positions": torch.tensor(st.positions, dtype=torch.int64, device=device),
+        "k_cache": s.k_cache,
+        "v_cache": s.v_cache,
+        "slot_mapping": torch.tensor(st.slots, dtype=torch.int64, device=device),
+        "block_tables": s.tables,
+        "kv_lens": torch.tensor(st.kv_lens, dtype=torch.int32, device=device),
+        "scale": s.scale,
+    }
+
+
+def step_writes(st: Step, rope: dict[str, Any], D: int) -> tuple[Written, Written]:
+    """What a whole step (rotate, then append) writes at its slots of k_cache and v_cache: the new keys
+    rotated at their positions and the new values; and what a known bug writes instead (the key not
+    rotated, the value rotated, the key written as the value)."""
+    spec = spec_of(rope, D)
+    pos = torch.tensor(st.positions, dtype=torch.int64)
+    k_rot = spec.rotate(st.k, pos)
+    v_rot = spec.rotate(st.v, pos)
+    k_rows = Written(k_rot, exact=False, alternatives=[("kv-unrotated", st.k, True)])
+    v_rows = Written(st.v, exact=True, alternatives=[("rope-value", v_rot, False), ("kv-source", k_rot, False)])
+    return k_rows, v_rows
+
+
+# --------------------------------------------------------------------------- the float64 reference of a step
+
+
+def rotated(st: Step, B: int, rope: dict[str, Any] | None, D: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The step's q and k of the B sequences in float64, rotated at their positions when the step rotates."""
+    if rope is None:
+        return st.q[:B].to(torch.float64), st.k[:B].to(torch.float64)
+    pos = torch.tensor(st.positions[:B], dtype=torch.int64)
+    spec = spec_of(rope, D)
+    return spec.rotate(st.q[:B], pos), spec.rotate(st.k[:B], pos)
+
+
+def advance(s: LoopState, st: Step, k_ref: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The step's tokens appended to the float64 history (their keys `k_ref`), each sequence one longer;
+    returns the history before the step."""
+    old_k, old_v = [x.clone() for x in s.ref_k], [x.clone() for x in s.ref_v]
+    for b in range(len(st.kv_lens)):
+        s.ref_k[b] = torch.cat([s.ref_k[b], k_ref[b][:, None, :]], dim=1)
+        s.ref_v[b] = torch.cat([s.ref_v[b], st.v[b].to(torch.float64)[:, None, :]], dim=1)
+    s.lens = list(st.kv_lens)
+    return old_k, old_v
+
+
+def attend_history(s: LoopState, q_ref: torch.Tensor) -> torch.Tensor:
+    """Attention of the step's queries over each sequence's float64 history (the step's token included)."""
+    return ac.attend(q_ref, s.ref_k, s.ref_v, s.scale, ac.head_map(s.shape.Hq, s.shape.Hkv))
+
+
+def output_fingerprints(
+    s: LoopState,
+    st: Step,
+    q_ref: torch.Tensor,
+    k_ref: torch.Tensor,
+    old_k: list[torch.Tensor],
+    old_v: list[torch.Tensor],
+    kb: torch.Tensor,
+    vb: torch.Tensor,
+    rope: dict[str, Any] | None,
+) -> list[tuple[str, torch.Tensor]]:
+    """Outputs a step-level bug would produce (`s` advanced past the step, `old_k`/`old_v` its history before,
+    `kb`/`vb` the caches before): the new token attended from the slot's contents before this step's write
+    (`step-order`), the new token counted twice (`new-token-twice`), then the attention fingerprints
+    (kv-mask, scale, gqa-mapping, ...) over the reference history."""
+    sh = s.shape
+    B = len(st.kv_lens)
+    bs = sh.block_size
+    hmap = ac.head_map(sh.Hq, sh.Hkv)
+    kprev, vprev = paged.nhd(kb, sh.layout).to("cpu"), paged.nhd(vb, sh.layout).to("cpu")
+    stale_k, stale_v, twice_k, twice_v = [], [], [], []
+    for b in range(B):
+        blk, off = divmod(st.slots[b], bs)
+        sk = kprev[blk, off].to(torch.float64)[:, None, :]
+        sv = vprev[blk, off].to(torch.float64)[:, None, :]
+        stale_k.append(torch.cat([old_k[b], sk], dim=1))
+        stale_v.append(torch.cat([old_v[b], sv], dim=1))
+        twice_k.append(torch.cat([s.ref_k[b], k_ref[b][:, None, :]], dim=1))
+        twice_v.append(torch.cat([s.ref_v[b], st.v[b].to(torch.float64)[:, None, :]], dim=1))
+    scale = s.scale
+    fps = [
+        ("step-order", ac.attend(q_ref, stale_k, stale_v, scale, hmap)),
+        ("new-token-twice", ac.attend(q_ref, twice_k, twice_v, scale, hmap)),
+    ]
+    if rope is not None:  # q left unrotated, or rotated at position 0
+        fps.append(("rope-position", ac.attend(st.q[:B].to(torch.float64), s.ref_k, s.ref_v, scale, hmap)))
+    for cls, alt in ac.fingerprints(
+        q_ref,
+        lambda b, L: s.ref_k[b][:, :L],
+        lambda b, L: s.ref_v[b][:, :L],
+        st.kv_lens,
+        scale,
+        sh.Hq,
+        sh.Hkv,
+        sh.D,
+        tail_finite=False,
+    ):
+        fps.append((cls, alt["out"]))
+    return fps
+
+
+def rope_params(params: dict[str, Any]) -> dict[str, Any]:
+    """The rope params of a loop, a scaled frequency table included (M-RoPE is refused by `pipeline_params`)."""
+    return {p.name: params.get(p.name, p.default) for p in ROPE_PARAMS}
+
+
+# --------------------------------------------------------------------------- the decode pipeline's loops
+
+START_LENGTHS = (1, 9, 30, 47)
+USUAL_HEAD_DIMS = (64, 128, 80, 96, 256)  # the main loop's D first (unpinned), then the short loops'
+SHAPE_STEPS = 2  # steps of the short loop at each other usual head dim
+
+
+def pipeline_shape(params: dict[str, Any], D: int | None = None) -> LoopShape:
+    return LoopShape(
+        params.get("num_q_heads") or 4,
+        params.get("num_kv_heads") or 2,
+        D or params.get("head_dim") or USUAL_HEAD_DIMS[0],
+        list(START_LENGTHS),
+        params["block_size"],
+        paged.layout_of(params),
+    )
+
+
+def pipeline_loop(
+    params: dict[str, Any], dtype: str, seed: int, steps: int, rope: bool, D: int | None = None
+) -> DecodeLoop:
+    """The pipeline's loop at head dim D: one padding token per step; rotated when a rope entry is given."""
+    return DecodeLoop(pipeline_shape(params, D), dtype, seed, steps, rope_params(params) if rope else None, padding=1)
+
+
+def pipeline_cases(params: dict[str, Any], steps: int, dtype: str, seed: int) -> list[Case]:
+    """The pipeline's shape domain (docs/ops.md): the decode loop at the pinned head dim, else at D 64 with
+    the other usual head dims, nearest first, as the shapes it moves to when an entry refuses D 64, and a
+    short loop at each of those. A pinned head dim is declared: an entry's error there is a finding."""
+    pinned = params.get("head_dim")
+    main = pinned or USUAL_HEAD_DIMS[0]
+    others = [] if pinned else sorted(USUAL_HEAD_DIMS[1:], key=lambda d: (abs(d - main), d))
+    cases = [
+        Case(
+            "decode-loop",
+            {"steps": steps, "start_lengths": list(START_LENGTHS), "D": main, "instead": others},
+            dtype,
+            seed,
+        )
+    ]
+    short = min(SHAPE_STEPS, steps)
+    cases += [
+        Case(
+            f"shape-D{d}",
+            {"steps": short, "start_lengths": list(START_LENGTHS), "D": d, "instead": []},
+            dtype,
+            seed,
+            ("shape",),
+        )
+        for d in USUAL_HEAD_DIMS[1:]
+        if not pinned
+    ]
+    return cases
+
+
+def pipeline_shape_text(params: dict[str, Any], D: int, dtype: str) -> str:
+    sh = pipeline_shape(params, D)
+    return f"D={D} Hq={sh.Hq} Hkv={sh.Hkv} {dtype} block_size={sh.block_size}"
