@@ -64,7 +64,7 @@ from collections.abc import Callable
 
 import torch
 
-from kernalin_ci.bench import stats
+from kernalin_ci.bench import kernel_time, stats
 from kernalin_ci.bench.regime import REGIMES
 from kernalin_ci.device import CPU, CUDA, DEVICES
 from kernalin_ci.entry import load_entry
@@ -625,7 +625,6 @@ def _reference(shapes: list[Shape], clock, k: int, rng: random.Random, device: s
     runs; kernel_time.py) on the same buffers and ring, the inputs restored and the L2 flushed before each
     replay as before a timed sample, under torch.profiler: a discarded warm-up replay per instance, then
     `k` replays of each, the instances in a random order each time."""
-    from kernalin_ci.bench import kernel_time
 
     for si, sh in enumerate(shapes):
         plan = kernel_time.replay_plan(len(sh.runners), k, rng)

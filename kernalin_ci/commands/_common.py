@@ -6,6 +6,7 @@ import ctypes
 import json
 import sys
 
+from kernalin_ci.bench.stats import ROPE_MIN
 from kernalin_ci.errors import UsageError
 
 
@@ -146,7 +147,6 @@ def add_margin_arguments(p, fixed_help: str = "") -> None:
 def margins(args) -> tuple[float | None, float]:
     """(--margin or None, --margin-min or the default) as fractions: the `rope` and `rope_min` of the
     statistics (kernalin_ci.bench.stats)."""
-    from kernalin_ci.bench.stats import ROPE_MIN
 
     return (
         fraction(args.margin, "margin") if args.margin is not None else None,

@@ -30,11 +30,13 @@ def add_arguments(p):
 
 
 def run(args) -> int:
+    # deferred: keeps the CLI's startup light (`--help` loads every command module)
     from kernalin_ci import catalogue as cat
 
     device = resolve_device(args.device)
     if args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, not {args.jobs}")
+    # deferred: keeps the CLI's startup light (`--help` loads every command module)
     from kernalin_ci.verify.supervisor import threads_each
 
     os.environ.update(threads_each(args.jobs) or {})  # each job's workers get their share of the cores

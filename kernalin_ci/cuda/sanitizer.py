@@ -22,6 +22,9 @@ from dataclasses import dataclass, field
 
 from kernalin_ci.cuda import toolchain
 from kernalin_ci.findings import Finding, Location, Notice, SanitizerStatus
+from kernalin_ci.isolate import run_task
+from kernalin_ci.jobs import LaunchJob
+from kernalin_ci.sandbox import CappedFolder
 
 TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
 CASES = 2  # cases per kernel: the first two of its plan (not the huge ones)
@@ -183,9 +186,6 @@ def check(
 
 
 def _run_tool(tool, binary, op, entry, params, cases, root, timeout_s) -> tuple[list[Error], list[Error], dict]:
-    from kernalin_ci.isolate import run_task
-    from kernalin_ci.jobs import LaunchJob
-    from kernalin_ci.sandbox import CappedFolder
 
     t0 = time.perf_counter()
     with CappedFolder("kernalin-sanitizer-") as folder:

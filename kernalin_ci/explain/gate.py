@@ -12,12 +12,15 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from kernalin_ci.bench.shapes import bench_cases, split_params
 from kernalin_ci.explain import peak as peak_mod
 from kernalin_ci.explain import provenance
 from kernalin_ci.explain.identity import EQUIVALENT, Identity, SideCompile, compare, compile_side, why_changed
 from kernalin_ci.explain.model import Explanation, Provenance
 from kernalin_ci.explain.profile import nsight
 from kernalin_ci.explain.recheck import recheck, smallest
+from kernalin_ci.ops import get_op
+from kernalin_ci.ops.base import resolve_params
 
 ENV_CHANGED = "inconclusive: environment changed"
 _COPY: dict = {}  # device -> measured copy GB/s, once per gate process
@@ -41,9 +44,6 @@ class ExplainPlan:
 def before_bench(
     op_name: str, entry: str, op_params: dict, bench_params: dict, device: str, base_root: str, head_root: str
 ) -> ExplainPlan:
-    from kernalin_ci.bench.shapes import bench_cases
-    from kernalin_ci.ops import get_op
-    from kernalin_ci.ops.base import resolve_params
 
     resolved = resolve_params(op_name, get_op(op_name).params, op_params)
     cases = bench_cases(op_name, resolved, device, bench_params)
@@ -70,8 +70,6 @@ def after_bench(
     plan: ExplainPlan, kr, k, op_name: str, op_params: dict, device: str, head_root: str, profile: bool = False
 ) -> Explanation:
     """Fill the explanation after timing; may turn the verdict inconclusive or fail the kernel."""
-    from kernalin_ci.ops import get_op
-    from kernalin_ci.ops.base import resolve_params
 
     op = get_op(op_name)
     params = resolve_params(op_name, op.params, op_params)
@@ -150,7 +148,6 @@ def _regime(bench) -> dict:
 
 def plan_kernel(kr, k, op_name: str, params: dict, device: str, base_root, head_root) -> ExplainPlan | None:
     """Before timing: the plan, or None (kr.explain says why) when the explanation could not start."""
-    from kernalin_ci.bench.shapes import split_params
 
     op_params, bench_params = split_params(params)
     try:
@@ -181,7 +178,6 @@ def untimed_on_cpu(kr, plan: ExplainPlan | None) -> None:
 def finish_kernel(
     kr, plan: ExplainPlan, k, op_name: str, params: dict, device: str, head_root, profile: bool = False
 ) -> None:
-    from kernalin_ci.bench.shapes import split_params
 
     op_params, _ = split_params(params)
     try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 
+from kernalin_ci import __version__
 from kernalin_ci.report.model import Report
 
 RECORD_VERSION = 1
@@ -179,8 +180,6 @@ def environment(device: str) -> dict:
     the GPU's name from nvidia-smi (the first device CUDA_VISIBLE_DEVICES shows)."""
     import platform
     from importlib import metadata
-
-    from kernalin_ci import __version__
 
     env: dict = {"python": platform.python_version(), "kernalin_ci": __version__}
     for pkg in ("torch", "triton"):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from kernalin_ci import bytecode
 from kernalin_ci.cuda import caches as cuda_caches
+from kernalin_ci.launch import child_path
 from kernalin_ci.sandbox.bwrap import Plan, gpu_device_nodes, prepare
 from kernalin_ci.sandbox.capped import CappedFolder
 from kernalin_ci.sandbox.cgroup import cleanup
@@ -55,7 +56,6 @@ def worker_plan(
         named = _named_paths(job) - {os.path.realpath(f.path) for f in writable}
         return None, cuda_caches.cache_env(compile_cache((device, NONE, here, *sorted(named))))
     rw = {os.path.realpath(f.path) for f in writable}  # named in the job too, but a capped tmpfs (below)
-    from kernalin_ci.launch import child_path
 
     readonly = sorted(
         {os.path.realpath(p) for p in child_path(cwd) if os.path.isdir(p)}
