@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TextIO, TypeVar
 
+from kernalin_ci.device import DEVICES
 from kernalin_ci.errors import UsageError
 from kernalin_ci.jobs import (
     BenchJob,
@@ -183,7 +184,7 @@ def main(argv: list[str]) -> int:
     try:
         job = task.job.from_json(sent["job"])
         os.environ["KERNALIN_PARAMS"] = json.dumps(job.params)
-        if device == "cuda":
+        if DEVICES[device].gpu:
             require_cuda()
         elif os.environ.get("TRITON_INTERPRET") == "1":
             int1_comparisons()  # the interpreter's int32-typed comparison results (runtime/interp_patches.py)

@@ -239,8 +239,8 @@ def test_an_op_name_comparison_is_found(tmp_path):
     assert op_name_comparisons(pkg, names) == ["b.py:1", "b.py:2", "b.py:3", "b.py:4"]
 
 
-# Being moved out of verify/ by another change of issue 34 (the decode loop): their function-level imports
-# are left to it. Each entry fails the test below once its file no longer needs it.
+# Being moved out of verify/ by another change of issue 34 (the decode loop): their device comparisons and
+# function-level imports are left to it. Each entry fails the tests below once its file no longer needs it.
 IN_MOTION = {
     "verify/pipeline.py": "the decode loop, moving to ops/ (issue 34, item 3)",
     "verify/dynamic.py": "the decode loop's worker side (issue 34, item 3)",
@@ -288,8 +288,8 @@ def test_an_import_inside_a_function_says_why():
     CLI's startup, an optional dependency, an import cycle)."""
     found = undeclared_deferred_imports(PKG)
     assert {f: ls for f, ls in found.items() if f not in IN_MOTION} == {}
-    stale = set(IN_MOTION) - set(found)
-    assert not stale, f"no longer needed in IN_MOTION: {sorted(stale)}"
+    stale = set(IN_MOTION) - set(found) - set(device_name_comparisons(PKG))
+    assert not stale, f"no longer needed in IN_MOTION (neither rule needs it): {sorted(stale)}"
 
 
 def test_an_undeclared_deferred_import_is_found(tmp_path):
@@ -313,3 +313,61 @@ def test_an_undeclared_deferred_import_is_found(tmp_path):
         "        import kernalin_ci.q\n"  # 15: a nested function too
     )
     assert undeclared_deferred_imports(pkg) == {"a.py": [5, 13, 15]}
+
+
+DEVICE_NAMES = ("cpu", "cuda")
+
+
+def device_name_comparisons(pkg: Path) -> dict[str, list[int]]:
+    """{file: [line, ...]} of every comparison of a device with a device's name ("cpu", "cuda") outside
+    device.py: a name literal on one side, something that names a device (`device`, `self.device`,
+    `req.slot.device`, `dev.name`) on another."""
+
+    def literals(node: ast.expr) -> list[str]:
+        items = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+        return [x.value for x in items if isinstance(x, ast.Constant) and isinstance(x.value, str)]
+
+    def names_a_device(node: ast.expr) -> bool:
+        for x in ast.walk(node):
+            ident = x.id if isinstance(x, ast.Name) else x.attr if isinstance(x, ast.Attribute) else ""
+            if "device" in ident.lower() or ident == "dev":
+                return True
+        return False
+
+    found: dict[str, list[int]] = {}
+    for path in sorted(pkg.rglob("*.py")):
+        rel = path.relative_to(pkg).as_posix()
+        if rel == "device.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.Compare):
+                continue
+            sides = [node.left, *node.comparators]
+            for i, side in enumerate(sides):
+                if any(s in DEVICE_NAMES for s in literals(side)) and any(
+                    names_a_device(o) for o in sides[:i] + sides[i + 1 :]
+                ):
+                    found.setdefault(rel, []).append(node.lineno)
+                    break
+    return {f: sorted(ls) for f, ls in found.items()}
+
+
+def test_no_code_outside_device_py_compares_device_names():
+    """What differs per device is asked of its Device (kernalin_ci/device.py: `gpu`, `interpreted`,
+    `timed`, ...), never of its name: a third device is one more Device, not a hunt for `== "cuda"`."""
+    assert {f: ls for f, ls in device_name_comparisons(PKG).items() if f not in IN_MOTION} == {}
+
+
+def test_a_device_name_comparison_is_found(tmp_path):
+    pkg = tmp_path / "kernalin_ci"
+    pkg.mkdir()
+    (pkg / "device.py").write_text('gpu = name == "cuda"\n')  # device.py itself may
+    (pkg / "b.py").write_text(
+        'a = device == "cuda"\n'
+        'b = "cpu" != self.device\n'
+        'c = req.slot.device in ("cuda",)\n'
+        'd = dev.name == "cpu"\n'
+        'fine = name == "cuda"\n'  # a config key, not a device
+        "also_fine = DEVICES[device].gpu\n"
+    )
+    assert device_name_comparisons(pkg) == {"b.py": [1, 2, 3, 4]}

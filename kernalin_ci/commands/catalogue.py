@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from kernalin_ci.commands._common import resolve_device, write_json, write_text
+from kernalin_ci.device import DEVICES
 from kernalin_ci.errors import UsageError
 
 NAME = "catalogue"
@@ -69,7 +70,9 @@ def run(args) -> int:
 
 def available_kinds(device: str = "cpu") -> tuple[str, ...]:
     """Compute Sanitizer needs a GPU: on the CPU it is left out unless asked for."""
-    return ("probe", "dynamic", "structural", "sanitizer") if device == "cuda" else ("probe", "dynamic", "structural")
+    return (
+        ("probe", "dynamic", "structural", "sanitizer") if DEVICES[device].gpu else ("probe", "dynamic", "structural")
+    )
 
 
 def _cell(row, kind) -> str:

@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from kernalin_ci.cuda import toolchain
+from kernalin_ci.device import DEVICES
 from kernalin_ci.findings import Finding, Location, Notice, SanitizerStatus
 from kernalin_ci.isolate import run_task
 from kernalin_ci.jobs import LaunchJob
@@ -160,7 +161,7 @@ def check(
     tools: tuple[str, ...] = TOOLS,
 ) -> tuple[list[Finding], list[Notice], SanitizerStatus]:
     """Run each tool over CASES (a few of the plan: choose_cases) at once, one worker each."""
-    if device != "cuda":
+    if not DEVICES[device].gpu:
         return [], [], SanitizerStatus("not-checked", "needs a GPU")
     binary = toolchain.compute_sanitizer()
     if binary is None:

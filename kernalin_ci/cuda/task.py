@@ -17,6 +17,7 @@ from pathlib import Path
 from kernalin_ci.cuda.build import BuildResult, build_ptx
 from kernalin_ci.cuda.caches import cache_dir
 from kernalin_ci.cuda.sources import CudaSpec
+from kernalin_ci.device import DEVICES
 from kernalin_ci.entry import load_entry
 from kernalin_ci.isolate import run_task
 from kernalin_ci.jobs import BuildJob, Emit
@@ -50,9 +51,10 @@ def build(
 
 def run_job(job: BuildJob, device: str, emit: Emit) -> None:
     """Worker task 'cuda-build'."""
-    res = build_ptx(job.cuda, Path(job.root), cache_dir(), gpu_arch() if device == "cuda" else None)
+    gpu = DEVICES[device].gpu
+    res = build_ptx(job.cuda, Path(job.root), cache_dir(), gpu_arch() if gpu else None)
     emit({"event": "cuda-build", **res.to_json()})
-    if device == "cuda" and res.status != "failed":
+    if gpu and res.status != "failed":
         emit({"event": "cuda-warm", **warm(job)})
 
 

@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from kernalin_ci.bench.shapes import bench_cases, split_params
+from kernalin_ci.device import DEVICES
 from kernalin_ci.explain import peak as peak_mod
 from kernalin_ci.explain import provenance
 from kernalin_ci.explain.identity import EQUIVALENT, Identity, SideCompile, compare, compile_side, why_changed
@@ -53,7 +54,7 @@ def before_bench(
         base, head = fb.result(), fh.result()
     ident = compare(base, head, cases)
     if device not in _COPY:
-        env = provenance.environment(device, measure_copy=device == "cuda")
+        env = provenance.environment(device, measure_copy=DEVICES[device].gpu)
         _COPY[device] = env.get("copy_gbs")
     else:
         env = provenance.environment(device)
@@ -104,18 +105,18 @@ def after_bench(
             for side, comp in (("base", plan.base), ("head", plan.head)):
                 launches = ((comp.shapes[j] or {}).get("launches") or []) if comp.shapes else []
                 # interpreter times are no GPU figures
-                ms = (s.base_ms if side == "base" else s.head_ms) if device == "cuda" else None
+                ms = (s.base_ms if side == "base" else s.head_ms) if DEVICES[device].timed else None
                 row[side] = peak_mod.shape_peak(
                     t,
                     ms,
                     case.dtype,
                     peaks,
-                    _COPY.get(device) if device == "cuda" else None,
+                    _COPY.get(device) if DEVICES[device].gpu else None,
                     peak_mod.uses_tensor_cores(launches),
                 )
         rows.append(row)
     out.peak = rows
-    if device != "cuda":
+    if not DEVICES[device].timed:
         out.peak_note = "CPU interpreter wall-clock times: % of a GPU's peak is not available on the CPU"
     elif peaks is None:
         out.peak_note = f"GPU {gpu!r} is not in the peak table: shares of peak not available"

@@ -22,6 +22,7 @@ import re
 import shutil
 
 from kernalin_ci import sandbox
+from kernalin_ci.device import DEVICES
 from kernalin_ci.entry import load_entry
 from kernalin_ci.isolate import run_task
 from kernalin_ci.jobs import Emit, ProfileJob
@@ -167,7 +168,7 @@ def nsight(
     """Base and head under Nsight Compute, or why not."""
     if not requested:
         return None
-    if device != "cuda":
+    if not DEVICES[device].gpu:
         return {"status": NOT_PROFILED, "cause": f"Nsight Compute needs a GPU (device {device})"}
     if shutil.which("ncu") is None:
         return {"status": NOT_PROFILED, "cause": "ncu (Nsight Compute) is not on PATH"}

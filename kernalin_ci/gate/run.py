@@ -19,6 +19,7 @@ from kernalin_ci import config as config_mod
 from kernalin_ci import explain, sandbox
 from kernalin_ci.bench.pair import bench_pair
 from kernalin_ci.config import Config
+from kernalin_ci.device import DEVICES
 from kernalin_ci.domain import one_shape
 from kernalin_ci.domain import resolve as resolve_domain
 from kernalin_ci.errors import InternalError, UsageError, describe, log_text, write_log
@@ -80,7 +81,7 @@ def judge(kr: KernelReport, cfg: Config, device: str) -> list[str]:
     if v and v.needs_gpu and "not-checked" in fail_on:  # a CUDA kernel's cases on a host without a GPU
         failed.append("not-checked")
     verdict = kr.bench_verdict
-    if verdict and device == "cuda":  # interpreter wall-clock timings never gate (docs/config.md)
+    if verdict and DEVICES[device].timed:  # interpreter wall-clock timings never gate (docs/config.md)
         if verdict == "slower" and "slower" in fail_on:
             failed.append("slower")
         if verdict == "inconclusive" and "inconclusive" in fail_on:
@@ -278,7 +279,7 @@ def check_kernel(
         plan = explain.plan_kernel(kr, k, k.op, params, device, base_root, head_root)  # docs/benchmarking.md
         if plan is not None and plan.skip_timing:
             return
-        if device != "cuda":  # interpreter wall-clock never gates: not timed, said once (docs/config.md)
+        if not DEVICES[device].timed:  # interpreter wall-clock never gates: not timed, said once (docs/config.md)
             explain.untimed_on_cpu(kr, plan)
             return
         working(f"    {k.name}: benchmarking base against head (starting the worker)", progress)
@@ -406,7 +407,7 @@ def check_model(
         "; ".join(notes)
         if not touched
         else NOT_MEASURED_CPU
-        if device != "cuda"
+        if not DEVICES[device].timed
         else "benchmarks are off (gate.bench: false)"
         if not cfg.gate.bench
         else f"new kernel {', '.join(new)}: nothing to compare against"

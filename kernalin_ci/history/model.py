@@ -12,6 +12,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from kernalin_ci import __version__
+from kernalin_ci.device import DEVICES
 from kernalin_ci.report.model import Report
 
 RECORD_VERSION = 1
@@ -187,7 +188,7 @@ def environment(device: str) -> dict:
             env[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
             env[pkg] = "not installed"
-    env["gpu"] = _gpu_name() if device == "cuda" else "none (CPU interpreter)"
+    env["gpu"] = _gpu_name() if DEVICES[device].gpu else "none (CPU interpreter)"
     return env
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from kernalin_ci import bytecode
 from kernalin_ci.cuda import caches as cuda_caches
+from kernalin_ci.device import DEVICES
 from kernalin_ci.launch import child_path
 from kernalin_ci.sandbox.bwrap import Plan, gpu_device_nodes, prepare
 from kernalin_ci.sandbox.capped import CappedFolder
@@ -84,7 +85,7 @@ def worker_plan(
         settings,
         worker_id,
         [],
-        gpu_device_nodes(None) if device == "cuda" else [],
+        gpu_device_nodes(None) if DEVICES[device].gpu else [],
         capped=[(f.path, f.cap) for f in folders],
         copies=copies,
         proc=proc_args(settings),

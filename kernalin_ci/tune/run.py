@@ -245,7 +245,7 @@ def _verify_all(
     todo = [space.current] + space.candidates
 
     def one(c: Candidate):
-        if c.name == "current" and space.autotuned is not None and device == "cpu":
+        if c.name == "current" and space.autotuned is not None and DEVICES[device].interpreted:
             return None, 0.0
         t = time.perf_counter()
         r = verify(

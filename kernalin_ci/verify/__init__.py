@@ -159,16 +159,16 @@ def verify(
                 cases = [op.probe(params, dtype)]
             else:
                 cases = domain_mod.plan(op, params, dom, op.cases(params, device, plan_dtype), main_dtype)
-            if cuda is not None and device != "cuda":  # nothing of a CUDA kernel runs without a GPU
+            if cuda is not None and not DEVICES[device].gpu:  # nothing of a CUDA kernel runs without a GPU
                 result.not_checked = _not_checked(
                     op, params, cases, [(c.name, {"reason": "needs-gpu", "error": NEEDS_GPU}) for c in cases]
                 )
                 result.sanitizer = SanitizerStatus("not-checked", "needs a GPU")
                 cases = []
             sanitized = None
-            on_gpu_run = sanitizer is not False and device == "cuda" and not probe and not case_json
+            on_gpu_run = sanitizer is not False and DEVICES[device].gpu and not probe and not case_json
             wanted = only == "sanitizer" or on_gpu_run
-            if wanted and device != "cuda":
+            if wanted and not DEVICES[device].gpu:
                 result.sanitizer = SanitizerStatus("not-checked", "needs a GPU")
             elif wanted and cases:  # beside the dynamic workers (kernalin_ci/cuda/sanitizer.py)
                 sanitized = ThreadPoolExecutor(max_workers=1)

@@ -23,6 +23,7 @@ import contextlib
 import functools
 import os
 
+from kernalin_ci.device import DEVICES
 from kernalin_ci.findings import Location, Notice
 from kernalin_ci.verify.exchange import BadResult
 from kernalin_ci.verify.structural.ir_parser import parse_module
@@ -114,7 +115,7 @@ def tf32_notice(ttir: object, device: str, dtype: str, root: str | None, what: s
     texts = [] if ttir is None else ttir
     if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
         raise BadResult("ttir: expected a list of texts")
-    if device != "cuda" or dtype != "float32" or not texts:
+    if not DEVICES[device].gpu or dtype != "float32" or not texts:
         return None
     found = tf32_locations(texts)
     if not found:
