@@ -26,6 +26,8 @@ import sys
 import tempfile
 import threading
 
+from kernalin_ci.launch import PACKAGE_ROOT
+
 ENV = "KERNALIN_BYTECODE_CACHE"
 WARM_TIMEOUT_S = 300
 
@@ -141,7 +143,6 @@ def _warm(path: str) -> str | None:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another kernalin-ci may be compiling it right now: wait for it
         if os.path.exists(marker):
             return path
-        from kernalin_ci.launch import PACKAGE_ROOT
 
         print("kernalin-ci: compiling the kernel workers' bytecode (once per installation)", file=sys.stderr)
         with tempfile.TemporaryDirectory(prefix="kernalin-bytecode-") as cwd:

@@ -14,9 +14,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from kernalin_ci.cuda.sources import CudaSpec
 from kernalin_ci.errors import UsageError
 from kernalin_ci.findings import BUG_CLASSES
 from kernalin_ci.ops import NAMES
+from kernalin_ci.verify import verify
 
 KINDS = ("probe", "dynamic", "structural", "sanitizer", "ptx")
 CUDA_DIR = "cuda"  # checks/cuda/OP/*.py: the CUDA C++ catalogue (docs/cuda.md)
@@ -167,8 +169,6 @@ def read_meta(path: Path) -> CatalogueKernel:
 
 
 def run_one(kernel: CatalogueKernel, kind: str, device: str) -> Cell:
-    from kernalin_ci.cuda.sources import CudaSpec
-    from kernalin_ci.verify import verify
 
     entry = f"{kernel.path}:entry"
     cuda = CudaSpec.from_json(kernel.cuda)

@@ -14,6 +14,7 @@ import pkgutil
 import sys
 import traceback
 
+import kernalin_ci.commands as pkg
 from kernalin_ci import __version__
 from kernalin_ci.errors import EXIT_INTERNAL, EXIT_USAGE, UsageError, describe, log_text, write_log
 
@@ -25,7 +26,6 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _commands():
-    import kernalin_ci.commands as pkg
 
     mods = [
         importlib.import_module(f"kernalin_ci.commands.{m.name}")

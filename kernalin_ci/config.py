@@ -16,7 +16,8 @@ from kernalin_ci.errors import UsageError
 from kernalin_ci.ops import NAMES as OP_NAMES
 from kernalin_ci.ops import get_op
 from kernalin_ci.ops.base import DTYPES, resolve_params
-from kernalin_ci.throughput.spec import MODEL_SCHEMA, ModelSpec
+from kernalin_ci.ops.roles import PIPELINE, ROLES, pipeline_op, role_ops
+from kernalin_ci.throughput.spec import MODEL_SCHEMA, ModelSpec, parse_model
 
 FAIL_ON = ("finding", "slower", "inconclusive", "not-analysed", "not-checked")
 DEFAULT_FILE = ".kernalin.yml"
@@ -221,8 +222,6 @@ def parse(text: str, path: str = DEFAULT_FILE) -> Config:
     for i, item in enumerate(d.get("pipelines") or []):
         cfg.pipelines.append(_pipeline(doc, i, item, cfg))
     if "model" in d:
-        from kernalin_ci.throughput.spec import parse_model
-
         spec = parse_model(doc, ("model",))
         cfg.model = place_kernels(spec, cfg, lambda key, msg: doc.error(("model", *key.split(".")[1:]), msg))
     return cfg
@@ -239,7 +238,6 @@ def place_kernels(spec: ModelSpec, cfg: Config, err=None) -> ModelSpec:
     """Resolve `spec.kernels` (place -> kernel name) against the configuration's kernels, one per place: the one
     named, else the only kernel of the place's op (attention: decode_paged before decode), else none (torch).
     `err(key, message)` makes the UsageError (default: one naming --model, whose spec names no kernel)."""
-    from kernalin_ci.ops.roles import ROLES, role_ops
 
     if err is None:
 
@@ -305,6 +303,7 @@ def _as_list(v) -> list:
 
 def _domain(doc: yamlcheck.Document, at: tuple, m: dict, op: str, params: dict) -> dict:
     """kernels[i].domain: validated here, each error at the line of the offending key."""
+    # deferred: keeps the CLI's startup light (`--help` loads every command module)
     from kernalin_ci import domain as domain_mod
 
     raw = m.get("domain") or {}
@@ -334,7 +333,6 @@ def _gate(m: dict) -> Gate:
 
 def _pipeline(doc: yamlcheck.Document, i: int, m: dict, cfg: Config) -> Pipeline:
     at = ("pipelines", i)
-    from kernalin_ci.ops.roles import PIPELINE, pipeline_op
 
     for role in PIPELINE:
         op = pipeline_op(role)

@@ -2,7 +2,9 @@
 
 `DEVICES[name]` is built from the user's choice (`--device`); its attributes replace the per-device
 tables that each stage kept (timeouts, repetitions, worker counts, the clock's sample length, the cold
-regime's memory, the worker's Triton mode). Plain data; imports nothing of kernalin_ci.
+regime's memory, the worker's Triton mode) and the comparisons with its name: code elsewhere asks the
+Device what it is (`gpu`, `interpreted`, `timed`), never compares its name (tests/test_layers.py).
+Plain data; imports nothing of kernalin_ci.
 """
 
 from __future__ import annotations
@@ -13,7 +15,12 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Device:
     name: str  # "cpu" | "cuda": also torch's name for it
+    gpu: bool  # a CUDA GPU: torch.cuda applies (streams, graphs, synchronize, its memory and errors), and
+    # what needs one can run (compute-sanitizer, Nsight Compute, CUDA C++ kernels, a GPU's device nodes)
     interpreted: bool  # Triton kernels run in its interpreter (TRITON_INTERPRET=1 in the worker)
+    timed: bool  # its wall-clock times measure the kernel: benchmarks may gate, the model benchmark
+    # measures (the interpreter's times are the interpreter's: never a verdict, docs/config.md)
+    l2_bytes: int  # the L2 size assumed when the device does not report one (the CPU never does)
     verify_timeout_s: float  # verify's per-step worker timeout
     dynamic_workers: (
         int  # dynamic verify workers per entry (a GPU: one per dtype; the interpreter keeps the cores busy)
@@ -39,7 +46,10 @@ class Device:
 
 CPU = Device(
     name="cpu",
+    gpu=False,
     interpreted=True,
+    timed=False,
+    l2_bytes=32 << 20,
     verify_timeout_s=600.0,
     dynamic_workers=1,
     bench_reps=3,
@@ -53,7 +63,10 @@ CPU = Device(
 )
 CUDA = Device(
     name="cuda",
+    gpu=True,
     interpreted=False,
+    timed=True,
+    l2_bytes=50 << 20,
     verify_timeout_s=180.0,
     dynamic_workers=3,
     bench_reps=5,

@@ -18,6 +18,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from kernalin_ci.errors import UsageError
+from kernalin_ci.findings import Coverage
 from kernalin_ci.ops.base import DTYPES, Case
 
 # the axes a case's shape is made of (op.domain_axes names the ones an op has), and the case dim of each
@@ -369,7 +370,6 @@ def _head_options(shape: dict, dom: Domain, fixed: set) -> list[dict]:
 
 def coverage(op, cases: list[Case], params: dict):
     """The values the cases that ran actually reached (kernalin_ci.findings.Coverage)."""
-    from kernalin_ci.findings import Coverage
 
     dims, heads, dtypes, blocks, lens, pos = set(), {}, {}, set(), [], []
     for c in cases:

@@ -16,6 +16,8 @@ import os
 import tempfile
 import traceback
 
+from kernalin_ci import __version__
+
 EXIT_OK = 0  # checked and passed, or nothing to check
 EXIT_FAILED = 1  # a finding, or a failed gate
 EXIT_USAGE = 2  # usage, configuration or load error
@@ -63,7 +65,6 @@ def describe(e: BaseException) -> str:
 def log_text(e: BaseException, argv: list[str] | None = None) -> str:
     """What an internal error leaves behind: the command, the version, the traceback, and the
     worker child's traceback when the error came from one."""
-    from kernalin_ci import __version__
 
     lines = [f"kernalin-ci {__version__}: internal error"]
     if argv:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from kernalin_ci import sandbox
 from kernalin_ci.device import DEVICES
+from kernalin_ci.errors import InternalError, UsageError
 from kernalin_ci.jobs import WorkerJob
 from kernalin_ci.launch import make_undumpable, module_argv
 
@@ -34,7 +35,6 @@ class ChildOutcome:
         (exit 2), its unexpected exception becomes an InternalError carrying the child's traceback
         (exit 3). Any other status (ok, timeout, crashed, restart) is the caller's to judge: a kernel
         that hangs or crashes is a finding, not an error."""
-        from kernalin_ci.errors import InternalError, UsageError
 
         if self.status == "usage-error":
             setting = next((e.get("setting") for e in self.events if e.get("event") == "usage-error"), None)

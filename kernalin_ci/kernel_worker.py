@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TextIO, TypeVar
 
+from kernalin_ci.device import DEVICES
+from kernalin_ci.errors import UsageError
 from kernalin_ci.jobs import (
     BenchJob,
     BuildJob,
@@ -32,6 +34,13 @@ from kernalin_ci.jobs import (
     RaceJob,
     StructuralJob,
     WorkerJob,
+)
+from kernalin_ci.runtime.interp_patches import (
+    aliased_builtins,
+    autotune_first_config,
+    int1_comparisons,
+    libdevice_math,
+    unsupported_constructs,
 )
 
 J = TypeVar("J", bound=WorkerJob)
@@ -51,72 +60,84 @@ class Task(Generic[J]):
 
 # The runners, each imported only in the worker that runs it.
 def _verify_dynamic(job: DynamicJob, device: str, emit: Emit) -> None:
+    # deferred: each worker imports only the runner it runs (most import torch)
     from kernalin_ci.verify.dynamic import run_job
 
     run_job(job, device, emit)
 
 
 def _verify_pipeline(job: PipelineJob, device: str, emit: Emit) -> None:
+    # deferred: each worker imports only the runner it runs (most import torch)
     from kernalin_ci.verify.loop_drive import run_job
 
     run_job(job, device, emit)
 
 
 def _verify_structural(job: StructuralJob, device: str, emit: Emit) -> None:
+    # deferred: each worker imports only the runner it runs (most import torch)
     from kernalin_ci.verify.structural.task import run_job
 
     run_job(job, emit)
 
 
 def _verify_launch(job: LaunchJob, device: str, emit: Emit) -> None:
+    # deferred: each worker imports only the runner it runs (most import torch)
     from kernalin_ci.verify.dynamic import run_launch_job
 
     run_launch_job(job, device, emit)
 
 
 def _bench(job: BenchJob, device: str, emit: Emit) -> None:
+    # deferred: each worker imports only the runner it runs (most import torch)
     from kernalin_ci.bench.timing import run_job
 
     run_job(job, device, emit)
 
 
 def _tune_race(job: RaceJob, device: str, emit: Emit) -> None:
+    # deferred: each worker imports only the runner it runs (most import torch)
     from kernalin_ci.tune.schedule import run_job
 
     run_job(job, device, emit)
 
 
 def _model_bench(job: ModelJob, device: str, emit: Emit) -> None:
+    # deferred: each worker imports only the runner it runs (most import torch)
     from kernalin_ci.throughput.task import run_job
 
     run_job(job, device, emit)
 
 
 def _tune_discover(job: DiscoverJob, device: str, emit: Emit) -> None:
+    # deferred: each worker imports only the runner it runs (most import torch)
     from kernalin_ci.tune.pin import discover_job
 
     discover_job(job, emit)
 
 
 def _explain_compile(job: CompileJob, device: str, emit: Emit) -> None:
+    # deferred: each worker imports only the runner it runs (most import torch)
     from kernalin_ci.explain.compiled import run_job
 
     run_job(job, emit)
 
 
 def _explain_env(job: EnvJob, device: str, emit: Emit) -> None:
+    # deferred: each worker imports only the runner it runs (most import torch)
     from kernalin_ci.explain.provenance import run_job
 
     run_job(job, emit)
 
 
 def _explain_profile(job: ProfileJob, device: str, emit: Emit) -> None:
+    # deferred: each worker imports only the runner it runs (most import torch)
     from kernalin_ci.explain.profile import run_job
 
     run_job(job, emit)
 
 
 def _cuda_build(job: BuildJob, device: str, emit: Emit) -> None:
+    # deferred: each worker imports only the runner it runs (most import torch)
     from kernalin_ci.cuda.task import run_job
 
     run_job(job, device, emit)
@@ -159,22 +180,13 @@ def main(argv: list[str]) -> int:
 
     task: Task[Any] = TASKS[sent["task"]]
     device: str = sent["device"]
-    from kernalin_ci.errors import UsageError
 
     try:
         job = task.job.from_json(sent["job"])
         os.environ["KERNALIN_PARAMS"] = json.dumps(job.params)
-        if device == "cuda":
+        if DEVICES[device].gpu:
             require_cuda()
         elif os.environ.get("TRITON_INTERPRET") == "1":
-            from kernalin_ci.runtime.interp_patches import (
-                aliased_builtins,
-                autotune_first_config,
-                int1_comparisons,
-                libdevice_math,
-                unsupported_constructs,
-            )
-
             int1_comparisons()  # the interpreter's int32-typed comparison results (runtime/interp_patches.py)
             autotune_first_config()  # no benchmarking of autotune configs without a GPU
             unsupported_constructs()  # inline PTX: the case is not checked, not the kernel's error
@@ -198,8 +210,6 @@ def main(argv: list[str]) -> int:
 def require_cuda() -> None:
     """The CLI saw a GPU through the driver; this torch must be able to use it."""
     import torch
-
-    from kernalin_ci.errors import UsageError
 
     if not torch.cuda.is_available():
         raise UsageError(

@@ -351,3 +351,125 @@ def test_an_import_cycle_is_found_wherever_the_import_is_written(tmp_path):
     (pkg / "v" / "d.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .e import E\n")
     (pkg / "v" / "e.py").write_text("from kernalin_ci.v import d\nclass E: ...\n")
     assert import_cycles(import_graph(pkg)) == [("kernalin_ci.v.a", "kernalin_ci.v.b", "kernalin_ci.v.c")]
+
+
+def _is_internal(node: ast.Import | ast.ImportFrom) -> bool:
+    if isinstance(node, ast.Import):
+        return any(a.name.split(".")[0] == "kernalin_ci" for a in node.names)
+    return bool(node.level) or (node.module or "").split(".")[0] == "kernalin_ci"
+
+
+def undeclared_deferred_imports(pkg: Path) -> dict[str, list[int]]:
+    """{file: [line, ...]} of every kernalin_ci import inside a function that does not say why it is there:
+    a `# deferred: WHY` comment on the line above it, or above the block of imports it belongs to."""
+    found: dict[str, list[int]] = {}
+    for path in sorted(pkg.rglob("*.py")):
+        lines = path.read_text().splitlines()
+        tree = ast.parse("\n".join(lines), str(path))
+        covered = {
+            n
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Import, ast.ImportFrom))
+            for n in range(node.lineno, (node.end_lineno or node.lineno) + 1)
+        }
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if not isinstance(node, (ast.Import, ast.ImportFrom)) or not _is_internal(node):
+                    continue
+                above = node.lineno - 1
+                while above in covered:  # an import of the same block: its comment heads the block
+                    above -= 1
+                if not (above and lines[above - 1].strip().startswith("# deferred:")):
+                    found.setdefault(path.relative_to(pkg).as_posix(), []).append(node.lineno)
+    return {f: sorted(set(ls)) for f, ls in found.items()}
+
+
+def test_an_import_inside_a_function_says_why():
+    """The import graph is read at the top of each module: a kernalin_ci import inside a function hides an
+    arrow, so it stays there only for a reason written beside it (`# deferred:` torch in the parent, the
+    CLI's startup, an optional dependency, an import cycle)."""
+    found = undeclared_deferred_imports(PKG)
+    assert found == {}
+
+
+def test_an_undeclared_deferred_import_is_found(tmp_path):
+    pkg = tmp_path / "kernalin_ci"
+    pkg.mkdir()
+    (pkg / "a.py").write_text(
+        "from kernalin_ci import top\n"
+        "import json\n"
+        "def f():\n"
+        "    import os\n"  # not ours: not the rule's
+        "    from kernalin_ci.x import y\n"  # 5: no reason
+        "def g():\n"
+        "    # deferred: an import cycle\n"
+        "    from kernalin_ci.x import (\n"
+        "        y,\n"
+        "    )\n"
+        "    from . import z\n"  # the same block: the comment above it holds
+        "\n"
+        "    from .w import v\n"  # 13: another block
+        "    def h():\n"
+        "        import kernalin_ci.q\n"  # 15: a nested function too
+    )
+    assert undeclared_deferred_imports(pkg) == {"a.py": [5, 13, 15]}
+
+
+DEVICE_NAMES = ("cpu", "cuda")
+
+
+def device_name_comparisons(pkg: Path) -> dict[str, list[int]]:
+    """{file: [line, ...]} of every comparison of a device with a device's name ("cpu", "cuda") outside
+    device.py: a name literal on one side, something that names a device (`device`, `self.device`,
+    `req.slot.device`, `dev.name`) on another."""
+
+    def literals(node: ast.expr) -> list[str]:
+        items = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+        return [x.value for x in items if isinstance(x, ast.Constant) and isinstance(x.value, str)]
+
+    def names_a_device(node: ast.expr) -> bool:
+        for x in ast.walk(node):
+            ident = x.id if isinstance(x, ast.Name) else x.attr if isinstance(x, ast.Attribute) else ""
+            if "device" in ident.lower() or ident == "dev":
+                return True
+        return False
+
+    found: dict[str, list[int]] = {}
+    for path in sorted(pkg.rglob("*.py")):
+        rel = path.relative_to(pkg).as_posix()
+        if rel == "device.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.Compare):
+                continue
+            sides = [node.left, *node.comparators]
+            for i, side in enumerate(sides):
+                if any(s in DEVICE_NAMES for s in literals(side)) and any(
+                    names_a_device(o) for o in sides[:i] + sides[i + 1 :]
+                ):
+                    found.setdefault(rel, []).append(node.lineno)
+                    break
+    return {f: sorted(ls) for f, ls in found.items()}
+
+
+def test_no_code_outside_device_py_compares_device_names():
+    """What differs per device is asked of its Device (kernalin_ci/device.py: `gpu`, `interpreted`,
+    `timed`, ...), never of its name: a third device is one more Device, not a hunt for `== "cuda"`."""
+    assert device_name_comparisons(PKG) == {}
+
+
+def test_a_device_name_comparison_is_found(tmp_path):
+    pkg = tmp_path / "kernalin_ci"
+    pkg.mkdir()
+    (pkg / "device.py").write_text('gpu = name == "cuda"\n')  # device.py itself may
+    (pkg / "b.py").write_text(
+        'a = device == "cuda"\n'
+        'b = "cpu" != self.device\n'
+        'c = req.slot.device in ("cuda",)\n'
+        'd = dev.name == "cpu"\n'
+        'fine = name == "cuda"\n'  # a config key, not a device
+        "also_fine = DEVICES[device].gpu\n"
+    )
+    assert device_name_comparisons(pkg) == {"b.py": [1, 2, 3, 4]}

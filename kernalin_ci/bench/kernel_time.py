@@ -35,6 +35,8 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kernalin_ci.device import DEVICES
+
 PREFIX = "kernalin-ref/"
 WARM_UP = "w"  # the label of an instance's discarded first replay
 LAUNCH = "eager"  # how the reference's replays launch their kernels (recorded with it)
@@ -134,8 +136,9 @@ def profile_calls(calls: list[tuple[str, Callable[[], object]]], before, device:
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    gpu = DEVICES[device].gpu
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
+    sync = torch.cuda.synchronize if gpu else (lambda: None)
     with profile(activities=acts) as prof:
         for label, fn in calls:
             before()

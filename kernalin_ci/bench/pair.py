@@ -106,7 +106,7 @@ def bench_pair(
         device=device,
         budget_s=budget_s,
         reps=reps,
-        l2_flush=l2_flush if device == "cuda" else None,
+        l2_flush=l2_flush if DEVICES[device].gpu else None,
         regime=regime,
     )
     with tempfile.TemporaryDirectory(prefix="kernalin-aa-") as tmp:

@@ -64,7 +64,7 @@ from collections.abc import Callable
 
 import torch
 
-from kernalin_ci.bench import stats
+from kernalin_ci.bench import kernel_time, stats
 from kernalin_ci.bench.regime import REGIMES
 from kernalin_ci.device import CPU, CUDA, DEVICES
 from kernalin_ci.entry import load_entry
@@ -78,7 +78,6 @@ from kernalin_ci.runtime.rows import row_errors
 MAX_INNER = 10000
 L2_FLUSH_BYTES = 256 << 20  # several times the L2 of any current GPU (H100: 50 MB, H200: 60 MB)
 COLD_L2_MULTIPLE = 2  # cold: each input tensor's copies span at least this many L2 sizes
-DEFAULT_L2_BYTES = {"cuda": 50 << 20, "cpu": 32 << 20}  # when the device does not say (the CPU never does)
 
 
 class BenchAbort(Exception):
@@ -116,10 +115,11 @@ def refresh(kw: dict, gen: torch.Generator) -> None:
 
 def l2_bytes(device: str) -> int:
     """The device's L2 size (torch.cuda.get_device_properties), else a nominal one."""
-    if device == "cuda":
+    dev = DEVICES[device]
+    if dev.gpu:
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
-        return int(getattr(props, "L2_cache_size", 0) or DEFAULT_L2_BYTES["cuda"])
-    return DEFAULT_L2_BYTES["cpu"]
+        return int(getattr(props, "L2_cache_size", 0) or dev.l2_bytes)
+    return dev.l2_bytes
 
 
 def cold_copies(
@@ -230,7 +230,7 @@ class TimedEntry:
     """An instance's entry bound to its shape's shared inputs; `check()` runs it once, `sample()` times it."""
 
     def __init__(self, name: str, fn, inputs: SharedInputs, device: str):
-        self.name, self.fn, self.inputs, self.device = name, fn, inputs, device
+        self.name, self.fn, self.inputs, self.device = name, fn, inputs, DEVICES[device]
         self.graph_check = self.graph_time = None
         self.check_ret = None
         self.inner = 1
@@ -260,7 +260,7 @@ class TimedEntry:
         return ret
 
     def warm_up(self, calls: int = 3) -> None:
-        if self.device == "cuda":
+        if self.device.gpu:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
@@ -287,7 +287,7 @@ class TimedEntry:
             torch.cuda.synchronize()
             return self.check_ret
         ret = self.call()
-        if self.device == "cuda":
+        if self.device.gpu:
             torch.cuda.synchronize()
         return ret
 
@@ -465,7 +465,7 @@ def guarded(job: BenchJob, device: str, emit: Emit, body: Callable[..., None]) -
         emit({"event": "bench-error", "kind": "out-of-memory", "message": " ".join(str(e).split())[:300]})
     except RuntimeError as e:  # an illegal address in a graph replay poisons the context: report and end
         msg = " ".join(str(e).split())[:300]
-        if device != "cuda" or not CUDA_ERROR.search(f"{type(e).__name__} {msg}"):
+        if not DEVICES[device].gpu or not CUDA_ERROR.search(f"{type(e).__name__} {msg}"):
             raise
         emit({"event": "bench-error", "kind": "cuda-error", "message": f"{type(e).__name__}: {msg}"})
 
@@ -474,7 +474,7 @@ def setup(job: BenchJob, emit: Emit, op, params, device, fns, cases) -> tuple:
     """Once per benchmark worker: the clock, and per shape the shared inputs (op.inputs, once) and every
     instance bound to them and prepared by the clock (warm-up, CUDA graphs, inner, cold copies); emits a
     setup event per shape and setup-done. -> (clock, [Shape])."""
-    clock = (CudaClock if device == "cuda" else CpuClock)(job.l2_flush)
+    clock = (CudaClock if DEVICES[device].gpu else CpuClock)(job.l2_flush)
     regime = job.regime
     if regime not in REGIMES:
         raise BenchAbort("usage", f"regime must be one of {', '.join(REGIMES)}, got {regime!r}")
@@ -625,7 +625,6 @@ def _reference(shapes: list[Shape], clock, k: int, rng: random.Random, device: s
     runs; kernel_time.py) on the same buffers and ring, the inputs restored and the L2 flushed before each
     replay as before a timed sample, under torch.profiler: a discarded warm-up replay per instance, then
     `k` replays of each, the instances in a random order each time."""
-    from kernalin_ci.bench import kernel_time
 
     for si, sh in enumerate(shapes):
         plan = kernel_time.replay_plan(len(sh.runners), k, rng)

@@ -6,6 +6,8 @@ import ctypes
 import json
 import sys
 
+from kernalin_ci.bench.stats import ROPE_MIN
+from kernalin_ci.device import CPU, CUDA, DEVICES
 from kernalin_ci.errors import UsageError
 
 
@@ -27,13 +29,16 @@ def parse_params(items: list[str] | None) -> dict:
 
 
 def resolve_device(requested: str | None) -> str:
-    """Default: cuda when a GPU is visible, else cpu. --device cuda without a GPU is exit 2."""
-    if requested == "cpu":
-        return "cpu"
+    """The name of the run's Device (kernalin_ci/device.py). Default: the GPU when one is visible, else the
+    CPU. An unknown name, or a GPU device without a visible GPU, is exit 2."""
+    if requested is not None and requested not in DEVICES:
+        raise UsageError(f"--device {requested}: expected one of {', '.join(DEVICES)}")
+    if requested is not None and not DEVICES[requested].gpu:
+        return requested
     has_gpu = visible_gpus() > 0
-    if requested == "cuda" and not has_gpu:
-        raise UsageError("--device cuda: no CUDA GPU is visible")
-    return "cuda" if has_gpu else "cpu"
+    if requested is not None and not has_gpu:
+        raise UsageError(f"--device {requested}: no CUDA GPU is visible")
+    return requested or (CUDA if has_gpu else CPU).name
 
 
 def visible_gpus() -> int:
@@ -146,7 +151,6 @@ def add_margin_arguments(p, fixed_help: str = "") -> None:
 def margins(args) -> tuple[float | None, float]:
     """(--margin or None, --margin-min or the default) as fractions: the `rope` and `rope_min` of the
     statistics (kernalin_ci.bench.stats)."""
-    from kernalin_ci.bench.stats import ROPE_MIN
 
     return (
         fraction(args.margin, "margin") if args.margin is not None else None,

@@ -15,7 +15,12 @@ from kernalin_ci.commands._common import (
     write_json,
 )
 from kernalin_ci.errors import UsageError
-from kernalin_ci.ops import NAMES
+from kernalin_ci.ops import NAMES, get_op
+from kernalin_ci.ops.base import resolve_params
+from kernalin_ci.ops.roles import ROLES, role_ops
+from kernalin_ci.report.text import mass_sentence, shape_line, verdict_line
+from kernalin_ci.report.tokens import text_lines
+from kernalin_ci.throughput.spec import from_cli
 
 NAME = "bench"
 HELP = "benchmark a head kernel entry against its base: interleaved rounds, Bayesian bootstrap verdict"
@@ -78,6 +83,7 @@ def add_arguments(p):
 
 
 def run(args) -> int:
+    # deferred: keeps the CLI's startup light (`--help` loads every command module)
     from kernalin_ci.bench.pair import DEFAULT_BUDGET_S, bench_pair
     from kernalin_ci.bench.trace import save_trace
 
@@ -115,7 +121,6 @@ def run(args) -> int:
 
 
 def print_result(result, out) -> None:
-    from kernalin_ci.report.text import mass_sentence, shape_line, verdict_line
 
     if result.failed:
         print(
@@ -141,13 +146,11 @@ def print_result(result, out) -> None:
 
 def run_model(args, device: str) -> int:
     """--model: the kernel pair in its place in a decode step of the model (docs/tokens.md)."""
+    # deferred: keeps the CLI's startup light (`--help` loads every command module)
     from kernalin_ci.bench.shapes import split_params
-    from kernalin_ci.ops import get_op
-    from kernalin_ci.ops.base import resolve_params
-    from kernalin_ci.ops.roles import ROLES, role_ops
-    from kernalin_ci.report.tokens import text_lines
+
+    # deferred: keeps the CLI's startup light (`--help` loads every command module)
     from kernalin_ci.throughput.bench import Role, bench_model
-    from kernalin_ci.throughput.spec import from_cli
 
     spec = from_cli(args.model)
     role = get_op(args.op).decode_role

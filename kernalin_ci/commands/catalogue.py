@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from kernalin_ci.commands._common import resolve_device, write_json, write_text
+from kernalin_ci.device import DEVICES
 from kernalin_ci.errors import UsageError
 
 NAME = "catalogue"
@@ -30,11 +31,13 @@ def add_arguments(p):
 
 
 def run(args) -> int:
+    # deferred: keeps the CLI's startup light (`--help` loads every command module)
     from kernalin_ci import catalogue as cat
 
     device = resolve_device(args.device)
     if args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, not {args.jobs}")
+    # deferred: keeps the CLI's startup light (`--help` loads every command module)
     from kernalin_ci.verify.supervisor import threads_each
 
     os.environ.update(threads_each(args.jobs) or {})  # each job's workers get their share of the cores
@@ -67,7 +70,9 @@ def run(args) -> int:
 
 def available_kinds(device: str = "cpu") -> tuple[str, ...]:
     """Compute Sanitizer needs a GPU: on the CPU it is left out unless asked for."""
-    return ("probe", "dynamic", "structural", "sanitizer") if device == "cuda" else ("probe", "dynamic", "structural")
+    return (
+        ("probe", "dynamic", "structural", "sanitizer") if DEVICES[device].gpu else ("probe", "dynamic", "structural")
+    )
 
 
 def _cell(row, kind) -> str:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import sys
 
+from kernalin_ci.bench import stats
 from kernalin_ci.commands._common import add_margin_arguments, margins
 from kernalin_ci.errors import UsageError
+from kernalin_ci.report.text import verdict_line
 
 NAME = "compare"
 HELP = "judge timing traces (base vs head, interleaved rounds) with a Bayesian bootstrap against the noise floor"
@@ -27,9 +29,8 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from kernalin_ci.bench import stats
+    # deferred: keeps the CLI's startup light (`--help` loads every command module)
     from kernalin_ci.bench.trace import load_trace
-    from kernalin_ci.report.text import verdict_line
 
     rope, rope_min = margins(args)
     traces = [load_trace(p) for p in args.traces]

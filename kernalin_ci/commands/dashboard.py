@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import sys
 
+from kernalin_ci.commands._common import output_dir
 from kernalin_ci.commands.history import add_order, add_store, ancestry_for, open_from
+from kernalin_ci.errors import UsageError
+from kernalin_ci.report.text import plural
 
 NAME = "dashboard"
 HELP = "build the history dashboard as a static site: charts per kernel, change points, verdicts, the badge"
@@ -24,11 +27,9 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from kernalin_ci.commands._common import output_dir
+    # deferred: keeps the CLI's startup light (`--help` loads every command module)
     from kernalin_ci.dashboard import assets
     from kernalin_ci.dashboard.site import build_site
-    from kernalin_ci.errors import UsageError
-    from kernalin_ci.report.text import plural
 
     if args.fetch_assets:
         path = assets.fetch_chartjs()

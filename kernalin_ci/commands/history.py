@@ -59,6 +59,7 @@ def ancestry_for(args, store):
     """A function (repo, runs) -> Ancestry | None: the commit graph to order a repository's runs by."""
     from pathlib import Path
 
+    # deferred: keeps the CLI's startup light (`--help` loads every command module)
     from kernalin_ci.history.ancestry import Ancestry
 
     git_dir = args.git or getattr(store, "repo_dir", None)  # a git: store's own repository
@@ -75,6 +76,7 @@ def ancestry_for(args, store):
 
 def arranged(args, store, repo):
     """REPO's runs in the commit graph's order (ancestry.Order)."""
+    # deferred: keeps the CLI's startup light (`--help` loads every command module)
     from kernalin_ci.history.ancestry import arrange
 
     runs = store.runs(repo)
@@ -111,6 +113,7 @@ def add_arguments(p):
 
 
 def open_from(args):
+    # deferred: keeps the CLI's startup light (`--help` loads every command module)
     from kernalin_ci.history.store import open_store
 
     url = args.store or os.environ.get(ENV_STORE)
@@ -142,6 +145,7 @@ def run(args) -> int:
 
 
 def _record(store, args) -> int:
+    # deferred: keeps the CLI's startup light (`--help` loads every command module)
     from kernalin_ci.history.model import run_from_report
 
     try:
@@ -167,6 +171,7 @@ def _record(store, args) -> int:
 
 
 def _list(store, args) -> int:
+    # deferred: keeps the CLI's startup light (`--help` loads every command module)
     from kernalin_ci.history.series import build
 
     repos = [pick_repo(store, args.repo)] if args.repo else store.repos()
@@ -196,6 +201,7 @@ def _list(store, args) -> int:
 
 
 def _show(store, args) -> int:
+    # deferred: keeps the CLI's startup light (`--help` loads every command module)
     from kernalin_ci.history.series import build
 
     repo = pick_repo(store, args.repo)

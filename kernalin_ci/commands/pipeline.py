@@ -7,6 +7,7 @@ import sys
 from kernalin_ci.commands._common import parse_params, positive_seconds, resolve_device, write_json
 from kernalin_ci.commands.verify import print_result
 from kernalin_ci.ops.base import DTYPES
+from kernalin_ci.ops.roles import PIPELINE, pipeline_op
 
 NAME = "pipeline"
 HELP = "run rope -> kv_append -> paged attention as a many-step decode loop against a float64 reference"
@@ -29,7 +30,7 @@ def add_arguments(p):
 
 def run(args) -> int:
     device = resolve_device(args.device)
-    from kernalin_ci.ops.roles import PIPELINE, pipeline_op
+    # deferred: keeps the CLI's startup light (`--help` loads every command module)
     from kernalin_ci.verify import verify_pipeline
 
     entries = {pipeline_op(role): getattr(args, role) for role in PIPELINE}

@@ -7,7 +7,10 @@ import sys
 from pathlib import Path
 
 from kernalin_ci.commands._common import output_dir, resolve_device
+from kernalin_ci.config import FAIL_ON
 from kernalin_ci.errors import UsageError
+from kernalin_ci.report.writer import step_summary, write_all
+from kernalin_ci.throughput.spec import from_cli
 
 NAME = "run"
 HELP = "the PR gate: verify and benchmark the kernels changed between two revisions, write the report"
@@ -60,16 +63,14 @@ def add_arguments(p):
 
 
 def run(args) -> int:
+    # deferred: keeps the CLI's startup light (`--help` loads every command module)
     from kernalin_ci.gate.run import log, run_gate
     from kernalin_ci.github import actions
-    from kernalin_ci.report.writer import step_summary, write_all
 
     overrides = gate_overrides(args)  # bad values fail before anything runs
     output_dir(args.out)
     model = None
     if args.model is not None:
-        from kernalin_ci.throughput.spec import from_cli
-
         model = from_cli(args.model)
     device = resolve_device(args.device)
     repo = _repo(args.config)
@@ -96,6 +97,7 @@ def run(args) -> int:
     if os.environ.get("GITHUB_STEP_SUMMARY"):
         actions.append_step_summary(step_summary(report))
     if os.environ.get("GITHUB_OUTPUT"):
+        # deferred: keeps the CLI's startup light (`--help` loads every command module)
         from kernalin_ci.gate.post import verdict_output
 
         actions.set_output("conclusion", report.conclusion)
@@ -103,6 +105,7 @@ def run(args) -> int:
         actions.set_output("report", str(Path(paths["report.json"]).resolve()))
     log(f"{report.conclusion}: {report.reason} ({report.seconds:.0f} s); report in {args.out}/")
     annotated = poster.finish(report) if poster else 0
+    # deferred: keeps the CLI's startup light (`--help` loads every command module)
     from kernalin_ci.gate.summary import emit
 
     emit(report, sys.stdout, annotate=in_actions and not annotated)  # the findings, where a CI log shows them
@@ -111,6 +114,7 @@ def run(args) -> int:
 
 def _repo(config: str | None) -> Path:
     """The repository: the one holding CONFIG's folder, else the working directory's."""
+    # deferred: keeps the CLI's startup light (`--help` loads every command module)
     from kernalin_ci.gate.diff import repo_root
 
     if config:
@@ -125,7 +129,6 @@ def _repo(config: str | None) -> Path:
 
 def gate_overrides(args) -> dict:
     """--fail-on / --budget-s -> fields of config.Gate that replace the configuration's."""
-    from kernalin_ci.config import FAIL_ON
 
     out: dict = {}
     if args.fail_on is not None:
@@ -157,6 +160,7 @@ class _Poster:
         self.pr = None
 
     def begin(self, refs) -> None:
+        # deferred: keeps the CLI's startup light (`--help` loads every command module)
         from kernalin_ci.github.auth import client_from_env
         from kernalin_ci.github.publish import begin
 
@@ -178,6 +182,7 @@ class _Poster:
 
     def finish(self, report) -> int:
         """Post the results; how many findings got an annotation on the check run."""
+        # deferred: keeps the CLI's startup light (`--help` loads every command module)
         from kernalin_ci.gate.post import publication
         from kernalin_ci.github.errors import GitHubError
         from kernalin_ci.github.publish import publish

@@ -18,6 +18,7 @@ def add_arguments(p):
 
 def apply_overrides(settings, args) -> None:
     """Command-line options win over the file and the environment."""
+    # deferred: keeps the CLI's startup light (`--help` loads every command module)
     from kernalin_ci.daemon.settings import parse_gpus
 
     if getattr(args, "listen", None):
@@ -35,6 +36,7 @@ def apply_overrides(settings, args) -> None:
 def run(args) -> int:
     import logging
 
+    # deferred: keeps the CLI's startup light (`--help` loads every command module)
     from kernalin_ci.daemon import settings as settings_mod
     from kernalin_ci.daemon.app import Daemon
 
@@ -42,9 +44,11 @@ def run(args) -> int:
     apply_overrides(settings, args)
     settings_mod.require_serving_secrets(settings)
     if settings.queue.backend == "redis":
+        # deferred: keeps the CLI's startup light (`--help` loads every command module)
         from kernalin_ci.daemon.rq_backend import require_key
 
         require_key(settings)
+    # deferred: keeps the CLI's startup light (`--help` loads every command module)
     from kernalin_ci.launch import make_undumpable
 
     make_undumpable()  # a job of the same uid cannot read this process's environment or memory

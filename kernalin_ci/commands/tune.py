@@ -6,6 +6,7 @@ import os
 import sys
 from pathlib import Path
 
+from kernalin_ci import config as config_mod
 from kernalin_ci.commands._common import (
     add_margin_arguments,
     at_least_one,
@@ -14,6 +15,7 @@ from kernalin_ci.commands._common import (
     parse_params,
     positive_seconds,
     resolve_device,
+    write_json,
 )
 from kernalin_ci.errors import UsageError
 from kernalin_ci.ops import NAMES
@@ -82,6 +84,7 @@ def add_arguments(p):
 
 
 def target_from_args(args):
+    # deferred: keeps the CLI's startup light (`--help` loads every command module)
     from kernalin_ci.tune.run import Target
     from kernalin_ci.tune.space import TuneSpec, parse_space_args
 
@@ -90,7 +93,6 @@ def target_from_args(args):
     if args.kernel:
         if args.op or args.entry:
             raise UsageError("give a KERNEL name or --op/--entry, not both")
-        from kernalin_ci import config as config_mod
 
         path = Path(args.config or config_mod.DEFAULT_FILE)
         cfg = config_mod.load(path)
@@ -99,6 +101,7 @@ def target_from_args(args):
             raise UsageError(
                 f"{path}: no kernel named {args.kernel!r} (kernels: {', '.join(x.name for x in cfg.kernels)})"
             )
+        # deferred: keeps the CLI's startup light (`--help` loads every command module)
         from kernalin_ci.bench.shapes import split_params
 
         op_raw, bench_raw = split_params(raw_params)
@@ -110,12 +113,14 @@ def target_from_args(args):
     else:
         if not (args.op and args.entry):
             raise UsageError("give a KERNEL name from .kernalin.yml, or both --op and --entry")
+        # deferred: keeps the CLI's startup light (`--help` loads every command module)
         from kernalin_ci.bench.shapes import split_params
 
         op_raw, bench_raw = split_params(raw_params)
         spec = TuneSpec(space)
         target = Target(args.op, args.entry, os.getcwd(), op_raw, {}, None, bench_raw)
     if args.domain:
+        # deferred: keeps the CLI's startup light (`--help` loads every command module)
         from kernalin_ci.domain import parse_cli
 
         target.domain = {**target.domain, **parse_cli(args.domain)}
@@ -127,7 +132,7 @@ def target_from_args(args):
 
 
 def run(args) -> int:
-    from kernalin_ci.commands._common import write_json
+    # deferred: keeps the CLI's startup light (`--help` loads every command module)
     from kernalin_ci.tune import patch as patch_mod
     from kernalin_ci.tune import render
     from kernalin_ci.tune.run import tune
@@ -142,6 +147,7 @@ def run(args) -> int:
         raise UsageError("--pr and --base go with --github")
     dest = None
     if args.github:  # credentials and the repository are checked before any GPU time is spent
+        # deferred: keeps the CLI's startup light (`--help` loads every command module)
         from kernalin_ci.entry import parse_entry
         from kernalin_ci.tune import post
 
@@ -186,6 +192,7 @@ def run(args) -> int:
 
 def _post(dest, patch, why: str, result, target, out: Path) -> int:
     """--github, after the outputs are written: 0 posted (or nothing to post), 1 when GitHub refused or failed."""
+    # deferred: keeps the CLI's startup light (`--help` loads every command module)
     from kernalin_ci.github.errors import GitHubError
     from kernalin_ci.tune import post
 

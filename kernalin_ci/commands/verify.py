@@ -6,6 +6,8 @@ import sys
 import textwrap
 
 from kernalin_ci.commands._common import parse_params, positive_seconds, resolve_device, write_json
+from kernalin_ci.cuda.sources import CudaSpec
+from kernalin_ci.errors import UsageError
 from kernalin_ci.ops import NAMES
 from kernalin_ci.ops.base import DTYPES
 from kernalin_ci.report.text import finding_text, isolation_text, not_checked_text, notice_text, plural
@@ -79,6 +81,7 @@ def add_arguments(p):
 
 def run(args) -> int:
     device = resolve_device(args.device)
+    # deferred: keeps the CLI's startup light (`--help` loads every command module)
     from kernalin_ci.domain import parse_cli
     from kernalin_ci.verify import verify
 
@@ -98,6 +101,7 @@ def run(args) -> int:
         sanitizer=args.sanitizer == "on",
         engine=args.engine,
     )
+    # deferred: keeps the CLI's startup light (`--help` loads every command module)
     from kernalin_ci.sandbox import worker_isolation
 
     isolation = worker_isolation()  # decided before the first worker started: the same answer
@@ -110,8 +114,6 @@ def run(args) -> int:
 
 def cuda_spec(sources: list[str] | None, flags: list[str] | None):
     """--cuda-source / --cuda-flag as a CudaSpec (None: not a CUDA kernel)."""
-    from kernalin_ci.cuda.sources import CudaSpec
-    from kernalin_ci.errors import UsageError
 
     if not sources:
         if flags:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from kernalin_ci.commands.serve import apply_overrides
+
 NAME = "worker"
 HELP = "take gate jobs from the daemon's Redis queue (RQ), one process per GPU of this host"
 ORDER = 21
@@ -22,7 +24,7 @@ def run(args) -> int:
     import os
     import signal
 
-    from kernalin_ci.commands.serve import apply_overrides
+    # deferred: keeps the CLI's startup light (`--help` loads every command module)
     from kernalin_ci.daemon import gpus
     from kernalin_ci.daemon import settings as settings_mod
     from kernalin_ci.daemon.rq_backend import work

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from kernalin_ci.cuda import toolchain
+from kernalin_ci.cuda.caches import cache_dir
 from kernalin_ci.cuda.includes import included_files
 from kernalin_ci.cuda.sources import CudaSpec
 
@@ -160,7 +161,6 @@ def build_shared(sources: list, flags=(), arch: str | None = None) -> str:
     docs/cuda.md) built with nvcc for ARCH (default: the GPU torch sees, e.g. sm_90), once per hash of the
     sources, every header they include from FLAGS' -I folders, the flags and the compiler, into the run's
     CUDA cache (caches.py). Raises RuntimeError with the compiler's output when it does not build."""
-    from kernalin_ci.cuda.caches import cache_dir
 
     compiler = toolchain.nvcc()
     if compiler is None:

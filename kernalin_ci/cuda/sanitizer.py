@@ -21,7 +21,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from kernalin_ci.cuda import toolchain
+from kernalin_ci.device import DEVICES
 from kernalin_ci.findings import Finding, Location, Notice, SanitizerStatus
+from kernalin_ci.isolate import run_task
+from kernalin_ci.jobs import LaunchJob
+from kernalin_ci.sandbox import CappedFolder
 
 TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
 CASES = 2  # cases per kernel: the first two of its plan (not the huge ones)
@@ -157,7 +161,7 @@ def check(
     tools: tuple[str, ...] = TOOLS,
 ) -> tuple[list[Finding], list[Notice], SanitizerStatus]:
     """Run each tool over CASES (a few of the plan: choose_cases) at once, one worker each."""
-    if device != "cuda":
+    if not DEVICES[device].gpu:
         return [], [], SanitizerStatus("not-checked", "needs a GPU")
     binary = toolchain.compute_sanitizer()
     if binary is None:
@@ -183,9 +187,6 @@ def check(
 
 
 def _run_tool(tool, binary, op, entry, params, cases, root, timeout_s) -> tuple[list[Error], list[Error], dict]:
-    from kernalin_ci.isolate import run_task
-    from kernalin_ci.jobs import LaunchJob
-    from kernalin_ci.sandbox import CappedFolder
 
     t0 = time.perf_counter()
     with CappedFolder("kernalin-sanitizer-") as folder:

@@ -17,7 +17,11 @@ from pathlib import Path
 from kernalin_ci.cuda.build import BuildResult, build_ptx
 from kernalin_ci.cuda.caches import cache_dir
 from kernalin_ci.cuda.sources import CudaSpec
+from kernalin_ci.device import DEVICES
+from kernalin_ci.entry import load_entry
+from kernalin_ci.isolate import run_task
 from kernalin_ci.jobs import BuildJob, Emit
+from kernalin_ci.ops import get_op
 
 
 def build(
@@ -32,7 +36,6 @@ def build(
 ) -> tuple[BuildResult, float]:
     """Build SPEC's sources (and, on a GPU, whatever the entry builds) in a worker; (the PTX build, seconds the
     worker took in all)."""
-    from kernalin_ci.isolate import run_task
 
     t0 = time.perf_counter()
     job = BuildJob(cuda=spec, entry=entry, op=op, params=params, dtype=dtype, root=root or os.getcwd())
@@ -48,9 +51,10 @@ def build(
 
 def run_job(job: BuildJob, device: str, emit: Emit) -> None:
     """Worker task 'cuda-build'."""
-    res = build_ptx(job.cuda, Path(job.root), cache_dir(), gpu_arch() if device == "cuda" else None)
+    gpu = DEVICES[device].gpu
+    res = build_ptx(job.cuda, Path(job.root), cache_dir(), gpu_arch() if gpu else None)
     emit({"event": "cuda-build", **res.to_json()})
-    if device == "cuda" and res.status != "failed":
+    if gpu and res.status != "failed":
         emit({"event": "cuda-warm", **warm(job)})
 
 
@@ -68,9 +72,6 @@ def warm(job: BuildJob) -> dict:
     """Load the entry and launch it once at the op's pos-0 probe (its builds land in the cache); what it
     raised, if anything (not judged: the checks launch every case again)."""
     import torch
-
-    from kernalin_ci.entry import load_entry
-    from kernalin_ci.ops import get_op
 
     t0 = time.perf_counter()
     try:

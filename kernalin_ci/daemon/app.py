@@ -20,15 +20,19 @@ import time
 from pathlib import Path
 
 from kernalin_ci.daemon import gpus
+from kernalin_ci.daemon.github_app import GitHubApp
 from kernalin_ci.daemon.metrics import Metrics
 from kernalin_ci.daemon.model import STATES
 from kernalin_ci.daemon.poster import Poster
+from kernalin_ci.daemon.recorder import Recorder
+from kernalin_ci.daemon.rq_backend import Dispatcher
 from kernalin_ci.daemon.runners import get_runner
 from kernalin_ci.daemon.runners.local import kill_marked
 from kernalin_ci.daemon.scheduler import Scheduler
 from kernalin_ci.daemon.server import Server
 from kernalin_ci.daemon.store import Store
 from kernalin_ci.errors import UsageError
+from kernalin_ci.history.store import open_store
 
 log = logging.getLogger("kernalin_ci.daemon")
 HOUSEKEEPING_S = 3600
@@ -42,8 +46,6 @@ class Daemon:
         self.store = Store(settings.db_path)
         self.metrics = Metrics()
         if github is None and settings.github.app_id is not None:
-            from kernalin_ci.daemon.github_app import GitHubApp
-
             github = GitHubApp(settings)
         self.github = github
         self.runner = runner or get_runner(settings)
@@ -60,9 +62,6 @@ class Daemon:
         self.dispatcher = None
         self.history = self.recorder = None
         if settings.history:
-            from kernalin_ci.daemon.recorder import Recorder
-            from kernalin_ci.history.store import open_store
-
             self.history = open_store(settings.history_location)
             self.recorder = Recorder(self.store, self.history, settings, github)
         self.server: Server | None = None
@@ -93,8 +92,6 @@ class Daemon:
         if self.recorder:
             self.recorder.start()
         if self.redis_mode:
-            from kernalin_ci.daemon.rq_backend import Dispatcher
-
             self.dispatcher = Dispatcher(
                 self.store, self.settings, self.github, self.metrics, on_finished=self.poster.wake.set
             ).start()

@@ -19,6 +19,7 @@ from kernalin_ci.daemon.gpus import Slot
 from kernalin_ci.daemon.model import JobSpec, Outcome
 from kernalin_ci.daemon.runners import Runner, RunRequest, StopReason
 from kernalin_ci.daemon.settings import Settings
+from kernalin_ci.report.schema import REPORT_SCHEMA
 
 log = logging.getLogger("kernalin_ci.daemon")
 
@@ -117,8 +118,6 @@ def read_report(ws: workspace.Workspace) -> dict:
 def check_report(data: bytes | str | dict) -> dict:
     """A report (report.json's bytes, or parsed) that matches the schema; BadReport otherwise."""
     import jsonschema
-
-    from kernalin_ci.report.schema import REPORT_SCHEMA
 
     try:
         report = json.loads(data) if isinstance(data, (bytes, str)) else data

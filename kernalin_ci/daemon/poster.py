@@ -22,8 +22,10 @@ from kernalin_ci.daemon.loop import BackgroundLoop
 from kernalin_ci.daemon.model import CANCELLED
 from kernalin_ci.daemon.store import Job, Store
 from kernalin_ci.errors import UsageError
+from kernalin_ci.gate.post import publication
 from kernalin_ci.github.errors import GitHubError, GitHubUnavailable
 from kernalin_ci.github.publish import Publication, begin, publish
+from kernalin_ci.report.model import Report
 
 log = logging.getLogger("kernalin_ci.daemon")
 
@@ -38,8 +40,6 @@ def _fence(text: str) -> str:
 
 def publication_for(job: Job, settings) -> Publication:
     """What GitHub should show for a finished job."""
-    from kernalin_ci.gate.post import publication
-    from kernalin_ci.report.model import Report
 
     s, o = job.spec, job.outcome
     name, url = settings.github.check_name, details_url(settings, job.id)

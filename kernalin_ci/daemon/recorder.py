@@ -16,6 +16,7 @@ import os
 import shutil
 from pathlib import Path
 
+from kernalin_ci.daemon import workspace
 from kernalin_ci.daemon.loop import BackgroundLoop
 from kernalin_ci.history.ancestry import Ancestry
 from kernalin_ci.history.model import run_from_report
@@ -76,7 +77,6 @@ class Recorder(BackgroundLoop):
     def fetch_graph(self, repo: str, branch: str, spec) -> bool:
         """Bring REPO's commit graph of BRANCH up to date (commits only); False (logged) when it cannot be:
         the dashboard then shows the runs in the order recorded, and says so."""
-        from kernalin_ci.daemon import workspace
 
         d = self.mirror(repo)
         url = workspace.clone_url(self.settings.github.clone_url, repo)

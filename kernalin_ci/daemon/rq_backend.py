@@ -32,11 +32,13 @@ import socket
 import time
 import uuid
 
-from kernalin_ci.daemon.execute import execute
+from kernalin_ci.daemon.execute import BadReport, check_report, execute
 from kernalin_ci.daemon.loop import BackgroundLoop
 from kernalin_ci.daemon.model import OUTCOME_KINDS, JobSpec, Outcome
+from kernalin_ci.daemon.runners import get_runner
 from kernalin_ci.daemon.store import Job, Store
 from kernalin_ci.errors import UsageError
+from kernalin_ci.launch import make_undumpable
 
 log = logging.getLogger("kernalin_ci.daemon")
 POLL_S = 0.5
@@ -192,7 +194,6 @@ class Dispatcher(BackgroundLoop):
 
     def _result(self, rq_job) -> Outcome:
         """The Outcome a worker signed for this RQ job, or an error saying why it is refused."""
-        from kernalin_ci.daemon.execute import BadReport, check_report
 
         result = rq_job.latest_result()
         value = getattr(result, "return_value", None)
@@ -276,9 +277,6 @@ def _own_job_class():
 def work(settings, slot, *, burst: bool = False) -> None:
     """One RQ worker for SLOT, taking jobs until stopped (SIGTERM: after the current job)."""
     from rq import Worker
-
-    from kernalin_ci.daemon.runners import get_runner
-    from kernalin_ci.launch import make_undumpable
 
     require_key(settings)
     make_undumpable()  # a job of the same uid cannot read the key from /proc/PID/mem or environ

@@ -52,6 +52,10 @@ import h11
 
 from kernalin_ci.daemon import webhook
 from kernalin_ci.daemon.metrics import CONTENT_TYPE as METRICS_TYPE
+from kernalin_ci.dashboard import assets, site
+from kernalin_ci.errors import UsageError
+from kernalin_ci.report.badge import badge_endpoint, badge_svg
+from kernalin_ci.report.model import Report
 
 log = logging.getLogger("kernalin_ci.daemon")
 _BADGE = re.compile(r"/badge/([A-Za-z0-9_.-]+)/([A-Za-z0-9_.-]+)\.(svg|json)")
@@ -531,8 +535,6 @@ class Routes:
         return answer(404, {"error": "not found"})
 
     def _dashboard(self, path: str) -> Answer:
-        from kernalin_ci.dashboard import assets, site
-        from kernalin_ci.errors import UsageError
 
         history = self.app.history
         if history is None:
@@ -570,8 +572,6 @@ class Routes:
         return answer(200, page, html)
 
     def _badge(self, repo: str, kind: str, branch: str | None) -> Answer:
-        from kernalin_ci.report.badge import badge_endpoint, badge_svg
-        from kernalin_ci.report.model import Report
 
         info = self.app.store.repo(repo)
         if info is None or not self.app.visible(repo):

@@ -12,9 +12,12 @@ import re
 from html import escape
 from pathlib import Path
 
+from kernalin_ci.dashboard.assets import copy_assets
 from kernalin_ci.history import series as series_mod
 from kernalin_ci.history.ancestry import Ancestry, arrange
 from kernalin_ci.history.model import Run
+from kernalin_ci.report.badge import badge_svg
+from kernalin_ci.report.model import KernelReport, Report
 
 
 def _brief(run: Run) -> dict:
@@ -59,8 +62,6 @@ def page_data(repo: str, runs: list[Run], ancestry: Ancestry | None = None) -> d
 
 def badge_of(run: Run) -> str:
     """The gate badge (report/badge.py) of the newest recorded run."""
-    from kernalin_ci.report.badge import badge_svg
-    from kernalin_ci.report.model import KernelReport, Report
 
     kernels: dict[str, KernelReport] = {}
     for p in run.points:
@@ -142,7 +143,6 @@ def build_site(store, out: str | Path, repos: list[str] | None = None, ancestry_
     """The static site of every repository in STORE (or REPOS) under OUT; the pages written. A single
     repository's page is index.html itself. ANCESTRY_FOR(repo, runs) -> Ancestry | None orders each
     repository's runs by its commit graph (None: as recorded)."""
-    from kernalin_ci.dashboard.assets import copy_assets
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

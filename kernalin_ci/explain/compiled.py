@@ -19,6 +19,7 @@ import subprocess
 import tempfile
 import time
 
+from kernalin_ci.entry import load_entry
 from kernalin_ci.explain.code import (
     digest,
     instruction_mix,
@@ -29,6 +30,9 @@ from kernalin_ci.explain.code import (
     sass_instructions,
 )
 from kernalin_ci.jobs import CompileJob, Emit
+from kernalin_ci.ops import get_op
+from kernalin_ci.verify.structural import capture
+from kernalin_ci.verify.structural.capture import CaptureError, capture_at
 
 ARCH = 90  # the capture's target (kernalin_ci.verify.structural.capture.TARGET)
 _COMPILED: dict = {}
@@ -102,8 +106,6 @@ class HostOps:
         # the recorder's own bookkeeping (canary checks of scratch tensors) is not the entry's work
         from torch.utils._python_dispatch import _disable_current_modes
 
-        from kernalin_ci.verify.structural import capture
-
         self.saved = capture.LaunchRecorder.record
         saved = self.saved
 
@@ -115,7 +117,6 @@ class HostOps:
         return self
 
     def __exit__(self, *exc):
-        from kernalin_ci.verify.structural import capture
 
         capture.LaunchRecorder.record = self.saved
         self.mode.__exit__(*exc)
@@ -231,9 +232,6 @@ def describe_launch(la) -> dict:
 def run_job(job: CompileJob, emit: Emit) -> None:
     """Worker task 'explain-compile'."""
     os.environ["TRITON_INTERPRET"] = "0"  # compile, never interpret (set before the entry imports Triton)
-    from kernalin_ci.entry import load_entry
-    from kernalin_ci.ops import get_op
-    from kernalin_ci.verify.structural.capture import CaptureError, capture_at
 
     op = get_op(job.op, root=job.root)
     params = job.params

@@ -12,12 +12,16 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from kernalin_ci.bench.shapes import bench_cases, split_params
+from kernalin_ci.device import DEVICES
 from kernalin_ci.explain import peak as peak_mod
 from kernalin_ci.explain import provenance
 from kernalin_ci.explain.identity import EQUIVALENT, Identity, SideCompile, compare, compile_side, why_changed
 from kernalin_ci.explain.model import Explanation, Provenance
 from kernalin_ci.explain.profile import nsight
 from kernalin_ci.explain.recheck import recheck, smallest
+from kernalin_ci.ops import get_op
+from kernalin_ci.ops.base import resolve_params
 
 ENV_CHANGED = "inconclusive: environment changed"
 _COPY: dict = {}  # device -> measured copy GB/s, once per gate process
@@ -41,9 +45,6 @@ class ExplainPlan:
 def before_bench(
     op_name: str, entry: str, op_params: dict, bench_params: dict, device: str, base_root: str, head_root: str
 ) -> ExplainPlan:
-    from kernalin_ci.bench.shapes import bench_cases
-    from kernalin_ci.ops import get_op
-    from kernalin_ci.ops.base import resolve_params
 
     resolved = resolve_params(op_name, get_op(op_name).params, op_params)
     cases = bench_cases(op_name, resolved, device, bench_params)
@@ -53,7 +54,7 @@ def before_bench(
         base, head = fb.result(), fh.result()
     ident = compare(base, head, cases)
     if device not in _COPY:
-        env = provenance.environment(device, measure_copy=device == "cuda")
+        env = provenance.environment(device, measure_copy=DEVICES[device].gpu)
         _COPY[device] = env.get("copy_gbs")
     else:
         env = provenance.environment(device)
@@ -70,8 +71,6 @@ def after_bench(
     plan: ExplainPlan, kr, k, op_name: str, op_params: dict, device: str, head_root: str, profile: bool = False
 ) -> Explanation:
     """Fill the explanation after timing; may turn the verdict inconclusive or fail the kernel."""
-    from kernalin_ci.ops import get_op
-    from kernalin_ci.ops.base import resolve_params
 
     op = get_op(op_name)
     params = resolve_params(op_name, op.params, op_params)
@@ -106,18 +105,18 @@ def after_bench(
             for side, comp in (("base", plan.base), ("head", plan.head)):
                 launches = ((comp.shapes[j] or {}).get("launches") or []) if comp.shapes else []
                 # interpreter times are no GPU figures
-                ms = (s.base_ms if side == "base" else s.head_ms) if device == "cuda" else None
+                ms = (s.base_ms if side == "base" else s.head_ms) if DEVICES[device].timed else None
                 row[side] = peak_mod.shape_peak(
                     t,
                     ms,
                     case.dtype,
                     peaks,
-                    _COPY.get(device) if device == "cuda" else None,
+                    _COPY.get(device) if DEVICES[device].gpu else None,
                     peak_mod.uses_tensor_cores(launches),
                 )
         rows.append(row)
     out.peak = rows
-    if device != "cuda":
+    if not DEVICES[device].timed:
         out.peak_note = "CPU interpreter wall-clock times: % of a GPU's peak is not available on the CPU"
     elif peaks is None:
         out.peak_note = f"GPU {gpu!r} is not in the peak table: shares of peak not available"
@@ -150,7 +149,6 @@ def _regime(bench) -> dict:
 
 def plan_kernel(kr, k, op_name: str, params: dict, device: str, base_root, head_root) -> ExplainPlan | None:
     """Before timing: the plan, or None (kr.explain says why) when the explanation could not start."""
-    from kernalin_ci.bench.shapes import split_params
 
     op_params, bench_params = split_params(params)
     try:
@@ -181,7 +179,6 @@ def untimed_on_cpu(kr, plan: ExplainPlan | None) -> None:
 def finish_kernel(
     kr, plan: ExplainPlan, k, op_name: str, params: dict, device: str, head_root, profile: bool = False
 ) -> None:
-    from kernalin_ci.bench.shapes import split_params
 
     op_params, _ = split_params(params)
     try:

@@ -21,7 +21,13 @@ import os
 import re
 import shutil
 
+from kernalin_ci import sandbox
+from kernalin_ci.device import DEVICES
+from kernalin_ci.entry import load_entry
+from kernalin_ci.isolate import run_task
 from kernalin_ci.jobs import Emit, ProfileJob
+from kernalin_ci.ops import get_op
+from kernalin_ci.sandbox import CappedFolder
 
 METRICS = {
     "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram_throughput_pct",
@@ -46,9 +52,6 @@ DENIED = (
 def run_job(job: ProfileJob, emit: Emit) -> None:
     """Worker task 'explain-profile' (in the child, under ncu)."""
     import torch
-
-    from kernalin_ci.entry import load_entry
-    from kernalin_ci.ops import get_op
 
     op = get_op(job.op, root=job.root)
     fn = load_entry(job.entry, job.root)
@@ -120,8 +123,6 @@ def ncu_argv(ncu: str, log: str) -> list[str]:
 
 def profile_side(op: str, entry: str, root: str, params: dict, case, timeout_s: float | None = None) -> dict:
     """One side under ncu, in the worker sandbox -> {"kernels": [...]} or {"error": ...}."""
-    from kernalin_ci.isolate import run_task
-    from kernalin_ci.sandbox import CappedFolder
 
     ncu = shutil.which("ncu")
     job = ProfileJob(op=op, entry=entry, root=root, params=params, case=case)
@@ -167,13 +168,12 @@ def nsight(
     """Base and head under Nsight Compute, or why not."""
     if not requested:
         return None
-    if device != "cuda":
+    if not DEVICES[device].gpu:
         return {"status": NOT_PROFILED, "cause": f"Nsight Compute needs a GPU (device {device})"}
     if shutil.which("ncu") is None:
         return {"status": NOT_PROFILED, "cause": "ncu (Nsight Compute) is not on PATH"}
     if case is None:
         return {"status": NOT_PROFILED, "cause": "no timed shape to profile"}
-    from kernalin_ci import sandbox
 
     sandboxed = sandbox.workers_sandboxed()
     if sandboxed and counters_admin_only():

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 
+from kernalin_ci.errors import UsageError
+from kernalin_ci.verify import verify
+
 
 def smallest(op, params: dict, cases: list):
     """The timed case with the least traffic (the cheapest reference), or the first."""
@@ -19,8 +22,6 @@ def smallest(op, params: dict, cases: list):
 
 def recheck(k, op_name: str, case, device: str, head_root: str) -> dict:
     """Run `case` through the verify worker at head -> {"case", "verdict", "findings", "error"}."""
-    from kernalin_ci.errors import UsageError
-    from kernalin_ci.verify import verify
 
     out = {"case": case.name, "verdict": None, "findings": [], "error": None}
     try:

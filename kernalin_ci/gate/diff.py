@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kernalin_ci.config import Config, Kernel
+from kernalin_ci.cuda.includes import kernel_files as cuda_files
 from kernalin_ci.errors import UsageError
 
 
@@ -163,8 +164,6 @@ def kernel_files(k: Kernel, root: Path) -> set[str]:
     modules the entry imports, and a CUDA kernel's sources with every header they include."""
     files: set[str] = set()
     if k.cuda is not None:
-        from kernalin_ci.cuda.includes import kernel_files as cuda_files
-
         files |= cuda_files(root, k.cuda)
     entry = k.entry_file
     if entry:

@@ -16,14 +16,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kernalin_ci import config as config_mod
-from kernalin_ci import sandbox
+from kernalin_ci import explain, sandbox
+from kernalin_ci.bench.pair import bench_pair
 from kernalin_ci.config import Config
+from kernalin_ci.device import DEVICES
+from kernalin_ci.domain import one_shape
+from kernalin_ci.domain import resolve as resolve_domain
 from kernalin_ci.errors import InternalError, UsageError, describe, log_text, write_log
-from kernalin_ci.explain.render import explain_lines
+from kernalin_ci.explain.gate import failed_by
+from kernalin_ci.explain.render import explain_lines, explain_summary
 from kernalin_ci.findings import VerifyResult
 from kernalin_ci.gate.config_source import gate_config, override_changes
-from kernalin_ci.gate.diff import Refs, affected_kernels, changed_files, resolve_refs, worktrees
-from kernalin_ci.ops.roles import PIPELINE, pipeline_op
+from kernalin_ci.gate.diff import Refs, affected_kernels, changed_files, missing_entry, resolve_refs, worktrees
+from kernalin_ci.history.model import environment
+from kernalin_ci.ops import get_op
+from kernalin_ci.ops.base import resolve_params
+from kernalin_ci.ops.roles import FUSED, PIPELINE, pipeline_op
 from kernalin_ci.progress import GateStep, KernelExplained, ProgressSink, TerminalSink
 from kernalin_ci.report.model import KernelReport, PipelineReport, Report
 from kernalin_ci.report.text import (
@@ -33,7 +41,9 @@ from kernalin_ci.report.text import (
     faster_text,
     isolation_text,
 )
+from kernalin_ci.throughput.bench import NOT_MEASURED_CPU, Role, bench_model, not_measured, role_names, unplaced
 from kernalin_ci.trust import FILE, HEAD, ConfigOrigin
+from kernalin_ci.verify import verify, verify_pipeline
 
 if TYPE_CHECKING:
     from kernalin_ci.throughput.result import ModelResult
@@ -71,12 +81,11 @@ def judge(kr: KernelReport, cfg: Config, device: str) -> list[str]:
     if v and v.needs_gpu and "not-checked" in fail_on:  # a CUDA kernel's cases on a host without a GPU
         failed.append("not-checked")
     verdict = kr.bench_verdict
-    if verdict and device == "cuda":  # interpreter wall-clock timings never gate (docs/config.md)
+    if verdict and DEVICES[device].timed:  # interpreter wall-clock timings never gate (docs/config.md)
         if verdict == "slower" and "slower" in fail_on:
             failed.append("slower")
         if verdict == "inconclusive" and "inconclusive" in fail_on:
             failed.append("inconclusive")
-    from kernalin_ci.explain.gate import failed_by
 
     failed += [x for x in failed_by(kr, fail_on) if x not in failed]
     return failed
@@ -212,7 +221,6 @@ def run_gate(
     for kr in report.kernels:
         _relativise(kr.verification, head_root)
     report.conclusion, report.reason = conclude(report)
-    from kernalin_ci.history.model import environment
 
     report.environment = environment(device)
     report.seconds = time.perf_counter() - t0
@@ -229,9 +237,6 @@ def check_kernel(
     progress: ProgressSink,
     profile: bool = False,
 ) -> None:
-    from kernalin_ci import explain
-    from kernalin_ci.gate.diff import missing_entry
-    from kernalin_ci.verify import verify
 
     kr.error = missing_entry(k, head_root)  # before a worker says "file not found" in a temporary checkout
     if kr.error:
@@ -266,19 +271,15 @@ def check_kernel(
     if vr.needs_gpu:
         kr.benchmark_note = "not benchmarked: a CUDA C++ kernel needs a GPU"
         return
-    from kernalin_ci.bench.pair import bench_pair
 
     try:
-        from kernalin_ci.domain import resolve as resolve_domain
-        from kernalin_ci.ops import get_op
-
         _, op_params = resolve_domain(get_op(k.op), k.params, k.domain)  # one declared value pins the shape
         params = {**op_params, **{kk: v for kk, v in k.bench.items() if kk != "regime"}}
         working(f"    {k.name}: compiling base and head at the benchmark shapes", progress)
         plan = explain.plan_kernel(kr, k, k.op, params, device, base_root, head_root)  # docs/benchmarking.md
         if plan is not None and plan.skip_timing:
             return
-        if device != "cuda":  # interpreter wall-clock never gates: not timed, said once (docs/config.md)
+        if not DEVICES[device].timed:  # interpreter wall-clock never gates: not timed, said once (docs/config.md)
             explain.untimed_on_cpu(kr, plan)
             return
         working(f"    {k.name}: benchmarking base against head (starting the worker)", progress)
@@ -307,9 +308,6 @@ def check_kernel(
 
 
 def check_pipeline(p, members: dict, cfg: Config, device: str, head_root: Path, progress) -> PipelineReport:
-    from kernalin_ci.domain import one_shape
-    from kernalin_ci.ops import get_op
-    from kernalin_ci.verify import verify_pipeline
 
     t0 = time.perf_counter()
     entries = {}
@@ -367,11 +365,6 @@ def check_model(
     The step is built either with the decode_step kernel in its one place or with the separate rope, kv_append
     and attention kernels: the decode_step one when it changed, else the separate ones. A changed kernel that
     the step does not use says so (`reason`, or a note), never silently."""
-    from kernalin_ci.domain import resolve as resolve_domain
-    from kernalin_ci.ops import get_op
-    from kernalin_ci.ops.base import resolve_params
-    from kernalin_ci.ops.roles import FUSED
-    from kernalin_ci.throughput.bench import NOT_MEASURED_CPU, Role, bench_model, not_measured, role_names, unplaced
 
     spec = cfg.model
     if spec is None:
@@ -414,7 +407,7 @@ def check_model(
         "; ".join(notes)
         if not touched
         else NOT_MEASURED_CPU
-        if device != "cuda"
+        if not DEVICES[device].timed
         else "benchmarks are off (gate.bench: false)"
         if not cfg.gate.bench
         else f"new kernel {', '.join(new)}: nothing to compare against"
@@ -479,7 +472,6 @@ def summary_line(kr: KernelReport) -> str:
         parts.append(benchmark_summary(v))
     elif kr.benchmark_note:
         parts.append(kr.benchmark_note)
-    from kernalin_ci.explain.render import explain_summary
 
     ex = explain_summary(kr.explain)
     if ex and not (kr.benchmark_note or "").startswith(ex):

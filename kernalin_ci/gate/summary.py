@@ -45,6 +45,7 @@ def emit(report: Report, out, *, annotate: bool) -> None:
     for line in summary_lines(report):
         print(line, file=out)
     if annotate:
+        # deferred: PyGithub is optional (the github extra)
         from kernalin_ci.gate.post import annotations
         from kernalin_ci.github.workflow_commands import commands
 

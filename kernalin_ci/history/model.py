@@ -11,6 +11,8 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 
+from kernalin_ci import __version__
+from kernalin_ci.device import DEVICES
 from kernalin_ci.report.model import Report
 
 RECORD_VERSION = 1
@@ -180,15 +182,13 @@ def environment(device: str) -> dict:
     import platform
     from importlib import metadata
 
-    from kernalin_ci import __version__
-
     env: dict = {"python": platform.python_version(), "kernalin_ci": __version__}
     for pkg in ("torch", "triton"):
         try:
             env[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
             env[pkg] = "not installed"
-    env["gpu"] = _gpu_name() if device == "cuda" else "none (CPU interpreter)"
+    env["gpu"] = _gpu_name() if DEVICES[device].gpu else "none (CPU interpreter)"
     return env
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Protocol
 
 from kernalin_ci.errors import UsageError
+from kernalin_ci.history.gitbranch import GitBranchHistory
 from kernalin_ci.history.model import Run
 
 
@@ -154,8 +155,6 @@ def open_store(url: str) -> HistoryStore:
     if url.startswith(("postgresql://", "postgres://")):
         return PostgresHistory(url)
     if url.startswith("git:"):
-        from kernalin_ci.history.gitbranch import GitBranchHistory
-
         branch, _, repo_dir = url[4:].partition("@")
         if not branch:
             raise UsageError(f"history {url!r}: expected git:BRANCH or git:BRANCH@REPO_DIR")

@@ -8,6 +8,7 @@ import math
 from collections.abc import Callable
 from typing import Any, TypeGuard
 
+from kernalin_ci.device import DEVICES
 from kernalin_ci.lazy import torch
 from kernalin_ci.ops import attention_features as af
 from kernalin_ci.ops.base import (
@@ -44,7 +45,7 @@ def tile_lengths() -> list[int]:
 
 
 def long_length(device: str) -> int:
-    return 16384 if device == "cuda" else 2048
+    return 2048 if DEVICES[device].interpreted else 16384
 
 
 def plan(params: Params, device: str, dtype: str | None) -> list[Case]:

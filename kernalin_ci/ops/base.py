@@ -316,6 +316,7 @@ def _op_check(op_name: str, params: Params) -> str | None:
     """The op's own check of its params together (Op.check_params); None for a name that is not an op."""
     import importlib
 
+    # deferred: an import cycle (ops imports ops.base)
     from kernalin_ci.ops import MODULES
 
     if op_name not in MODULES:

@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from kernalin_ci.device import DEVICES
 from kernalin_ci.errors import UsageError
 
 GPU_DEFAULTS = {
@@ -24,10 +25,8 @@ CPU_DEFAULTS = {  # one small shape: an interpreted attention call takes a secon
     "attention": [{"batch": 2, "kv_len": 24}],
     "tokens": [{"tokens": 4}],
 }
-MODEL: dict[str, dict[str, Any]] = {
-    "cuda": {"Hq": 32, "Hkv": 8, "D": 128, "dtype": "bfloat16", "num_blocks": 2048},
-    "cpu": {"Hq": 4, "Hkv": 2, "D": 32, "dtype": "float32", "num_blocks": 8},
-}
+GPU_MODEL: dict[str, Any] = {"Hq": 32, "Hkv": 8, "D": 128, "dtype": "bfloat16", "num_blocks": 2048}
+CPU_MODEL: dict[str, Any] = {"Hq": 4, "Hkv": 2, "D": 32, "dtype": "float32", "num_blocks": 8}
 
 
 @dataclass(frozen=True)
@@ -39,7 +38,7 @@ class BenchRequest:
 
     @property
     def model(self) -> dict[str, Any]:
-        return MODEL["cuda" if self.device == "cuda" else "cpu"]
+        return GPU_MODEL if DEVICES[self.device].gpu else CPU_MODEL
 
     @property
     def dtype(self) -> str:
@@ -89,7 +88,7 @@ class BenchRequest:
                     raise UsageError(f"bench shape {s}: unknown keys {sorted(bad)} (use batch, kv_len, tokens)")
                 out.append({k: _ints(k, v)[0] for k, v in s.items()} | {"explicit": True})
             return out
-        defaults = (GPU_DEFAULTS if self.device == "cuda" else CPU_DEFAULTS)[kind]
+        defaults = (GPU_DEFAULTS if DEVICES[self.device].gpu else CPU_DEFAULTS)[kind]
         if kind == "attention" and ("batch" in bench or "kv_len" in bench):
             batches = _ints("batch", bench["batch"]) if "batch" in bench else sorted({d["batch"] for d in defaults})
             lens = _ints("kv_len", bench["kv_len"]) if "kv_len" in bench else sorted({d["kv_len"] for d in defaults})

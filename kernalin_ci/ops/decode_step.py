@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kernalin_ci.device import DEVICES
 from kernalin_ci.lazy import torch
 from kernalin_ci.ops import attention_common as ac
 from kernalin_ci.ops import paged
@@ -83,7 +84,7 @@ class DecodeStep(Op):
         finite wrong output whose cause can be named; without it the same read is the canary."""
         main = dtype or "float32"
         steps = int(params["steps"])
-        if device != "cuda":  # the interpreter: small heads, one loop
+        if DEVICES[device].interpreted:  # the interpreter: small heads, one loop
             return [Case("decode-loop", self._dims(params, 4, 2, 40, [0, 17], steps, stale=True), main, 1)]
         cases = [
             Case("decode-loop", self._dims(params, 8, 2, 128, [0, 5, 17, 63, 200], 2 * steps, stale=True), main, 1),

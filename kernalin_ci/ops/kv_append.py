@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kernalin_ci.device import DEVICES
 from kernalin_ci.findings import Finding
 from kernalin_ci.lazy import torch
 from kernalin_ci.ops import paged
@@ -139,7 +140,7 @@ class KvAppend(Op):
         value = randn((T, Hkv, D), g, case.dtype, "cpu").to(device)
         shape = paged.shape(nb, bs, Hkv, D, paged.layout_of(params))
         if "huge" in case.tags:  # zeros, lazily allocated on the CPU: never resident as a whole
-            if device == "cpu":
+            if not DEVICES[device].gpu:
                 k_cache, v_cache = lazy_zeros(shape, key.dtype), lazy_zeros(shape, key.dtype)
             else:
                 k_cache = torch.zeros(shape, dtype=key.dtype, device=device)

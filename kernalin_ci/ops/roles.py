@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import functools
 
+from kernalin_ci.ops import NAMES, get_op
+
 SEPARATE = ("attention", "rope", "kv_append")
 FUSED = "decode_step"
 ROLES = (*SEPARATE, FUSED)
@@ -21,7 +23,6 @@ PIPELINE_REQUIRED = ("kv_append", "attention")
 @functools.cache
 def role_ops(role: str) -> tuple[str, ...]:
     """The ops that fill place `role`, a paged cache first."""
-    from kernalin_ci.ops import NAMES, get_op
 
     ops = [op for op in (get_op(name) for name in NAMES) if op.decode_role == role]
     return tuple(op.name for op in sorted(ops, key=lambda op: not op.paged_cache))

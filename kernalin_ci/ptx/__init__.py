@@ -16,8 +16,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from kernalin_ci.ptx.context import Contract, Result
+from kernalin_ci.ptx import attention_reads, memory, rope_reads, softmax, solver, terms
+from kernalin_ci.ptx.context import Context, Contract, Result
+from kernalin_ci.ptx.executor import execute
 from kernalin_ci.ptx.facts import LaunchFacts
+from kernalin_ci.ptx.semantics import Unsupported
+from kernalin_ci.ptx.syntax import PtxSyntaxError, parse
 
 
 @dataclass
@@ -31,11 +35,6 @@ class KernelAnalysis:
 
 def analyse(ptx: str, facts: LaunchFacts, contract: Contract) -> KernelAnalysis:
     """Parse, execute and prove the contract's properties of one kernel launch."""
-    from kernalin_ci.ptx import attention_reads, memory, rope_reads, softmax, solver, terms
-    from kernalin_ci.ptx.context import Context
-    from kernalin_ci.ptx.executor import execute
-    from kernalin_ci.ptx.semantics import Unsupported
-    from kernalin_ci.ptx.syntax import PtxSyntaxError, parse
 
     out = KernelAnalysis(facts.kernel)
     if not solver.available():

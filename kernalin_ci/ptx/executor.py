@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from kernalin_ci.ptx import terms as T
 from kernalin_ci.ptx.facts import LaunchFacts
-from kernalin_ci.ptx.semantics import Unsupported, alu, as_bits, fit, types_of
+from kernalin_ci.ptx.semantics import Unsupported, alu, as_bits, as_float, fit, types_of
 from kernalin_ci.ptx.syntax import Instr, Mem, PtxKernel
 
 Val = T.Term | tuple  # one term for all lanes, or one per lane
@@ -642,8 +642,6 @@ def _lanes(v: Val, n: int, fn) -> Val:
 
 def _ite(c: T.Term, a: T.Term, b: T.Term) -> T.Term:
     if a.sort == "f" or b.sort == "f":
-        from kernalin_ci.ptx.semantics import as_float
-
         w = a.width if a.sort == "f" else b.width
         return T.fite(c, as_float(a, w), as_float(b, w))
     if a.sort == "bool" or b.sort == "bool":

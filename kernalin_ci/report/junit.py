@@ -55,6 +55,7 @@ def _benchmark_text(k: KernelReport) -> str | None:
         parts.append(f"benchmark failed, no verdict: {b.error}")
     if k.benchmark_note:
         parts.append(f"benchmark note: {k.benchmark_note}")
+    # deferred: keeps the CLI's startup light (`--help` loads every command module)
     from kernalin_ci.explain.render import explain_lines
 
     parts += [f"why: {line}" for line in explain_lines(k.explain)]

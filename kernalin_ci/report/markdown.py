@@ -460,6 +460,7 @@ def _kernel_section(k: KernelReport) -> _Section:
     err = _error(k)
     if err:
         lines.append(f"- **Error:** {md(clip(err, MESSAGE_MAX))}")
+    # deferred: keeps the CLI's startup light (`--help` loads every command module)
     from kernalin_ci.explain.render import explain_block
 
     extras = [

@@ -47,6 +47,7 @@ class KernelReport:
 
     @classmethod
     def from_json(cls, d: dict) -> KernelReport:
+        # deferred: keeps the CLI's startup light (`--help` loads every command module)
         from kernalin_ci.bench.result import BenchResult
         from kernalin_ci.explain.model import Explanation
 
@@ -115,6 +116,7 @@ class Report:
         d["kernels"] = [KernelReport.from_json(k) for k in d.get("kernels", [])]
         d["pipelines"] = [PipelineReport.from_json(p) for p in d.get("pipelines", [])]
         if isinstance(d.get("model"), dict):
+            # deferred: keeps the CLI's startup light (`--help` loads every command module)
             from kernalin_ci.throughput.result import ModelResult
 
             d["model"] = ModelResult.from_json(d["model"])

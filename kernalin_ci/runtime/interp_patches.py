@@ -39,6 +39,7 @@ before it fails (not checked).
 from __future__ import annotations
 
 from kernalin_ci.lazy import torch
+from kernalin_ci.runtime.interp_bf16 import note_unfaithful
 
 
 def skip_self_copy() -> bool:
@@ -174,7 +175,6 @@ def unsupported_constructs() -> bool:
         from triton.runtime import interpreter
     except ImportError:
         return False
-    from kernalin_ci.runtime.interp_bf16 import note_unfaithful
 
     builder = getattr(interpreter, "InterpreterBuilder", None)
     patched = False
@@ -269,8 +269,6 @@ def libdevice_math() -> bool:
     import importlib
 
     import triton.language as tl
-
-    from kernalin_ci.runtime.interp_bf16 import note_unfaithful
 
     modules = []
     for name in ("triton.language.extra.libdevice", "triton.language.extra.cuda.libdevice"):

@@ -10,6 +10,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import kernalin_ci
 from kernalin_ci.sandbox.cgroup import create_cgroup
 from kernalin_ci.sandbox.job import CHECKOUT_DIR, JOB_DIR, shm_share
 from kernalin_ci.sandbox.options import SandboxError, SandboxSettings, parse_size
@@ -30,7 +31,6 @@ def _user(text: str) -> tuple[int, int]:
 
 def _python_paths() -> list[str]:
     """The Python installation and the kernalin_ci package, wherever they live."""
-    import kernalin_ci
 
     paths = {sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(os.path.realpath(kernalin_ci.__file__)))}
     paths |= {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix)}

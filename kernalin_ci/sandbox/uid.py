@@ -14,6 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import kernalin_ci
 from kernalin_ci.sandbox.bwrap import Plan
 from kernalin_ci.sandbox.capped import CappedFolder
 from kernalin_ci.sandbox.options import ENV_WORKER_SANDBOX, SandboxError
@@ -35,7 +36,6 @@ def uid_mode_missing() -> str | None:
 
 
 def _interpreter_paths() -> list[str]:
-    import kernalin_ci
 
     return [os.path.realpath(sys.executable), os.path.dirname(os.path.realpath(kernalin_ci.__file__))]
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 from kernalin_ci import bytecode
 from kernalin_ci.cuda import caches as cuda_caches
+from kernalin_ci.device import DEVICES
+from kernalin_ci.launch import child_path
 from kernalin_ci.sandbox.bwrap import Plan, gpu_device_nodes, prepare
 from kernalin_ci.sandbox.capped import CappedFolder
 from kernalin_ci.sandbox.cgroup import cleanup
@@ -55,7 +57,6 @@ def worker_plan(
         named = _named_paths(job) - {os.path.realpath(f.path) for f in writable}
         return None, cuda_caches.cache_env(compile_cache((device, NONE, here, *sorted(named))))
     rw = {os.path.realpath(f.path) for f in writable}  # named in the job too, but a capped tmpfs (below)
-    from kernalin_ci.launch import child_path
 
     readonly = sorted(
         {os.path.realpath(p) for p in child_path(cwd) if os.path.isdir(p)}
@@ -84,7 +85,7 @@ def worker_plan(
         settings,
         worker_id,
         [],
-        gpu_device_nodes(None) if device == "cuda" else [],
+        gpu_device_nodes(None) if DEVICES[device].gpu else [],
         capped=[(f.path, f.cap) for f in folders],
         copies=copies,
         proc=proc_args(settings),

@@ -27,6 +27,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from kernalin_ci.daemon.deliver import deliver, get_json
+from kernalin_ci.daemon.settings import parse
 from kernalin_ci.testing.github_standin import GitHubStandIn
 from kernalin_ci.testing.payloads import pull_request_event
 
@@ -202,7 +203,6 @@ class World:
 
 def settings_for(world: World, cfg: dict):
     """Settings as `serve` would build them from CFG and the secret environment."""
-    from kernalin_ci.daemon.settings import parse
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("KERNALIN_")}
     env.update(world.secret_env())

@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+from kernalin_ci.bench.result import BenchResult
+
 out, base, head, device = sys.argv[1:5]
 Path(out).mkdir(parents=True, exist_ok=True)
 Path(out, "env.json").write_text(json.dumps(dict(os.environ)))
@@ -32,7 +34,6 @@ def benchmark():
     """benchmark.json's verdict, typed (kernalin_ci.bench imports numpy: only when there is one)."""
     if not Path("benchmark.json").exists():
         return None
-    from kernalin_ci.bench.result import BenchResult
 
     return BenchResult.from_json(json.loads(Path("benchmark.json").read_text()))
 

@@ -243,7 +243,7 @@ def _drive(job: ModelJob, device: str, result: ModelResult, timeout_s: float, pr
 
 
 def _finish(result: ModelResult, rope, rope_min) -> None:
-    if result.device != "cuda":
+    if not DEVICES[result.device].timed:
         result.reason = NOT_MEASURED_CPU
         return
     inst = result.instances

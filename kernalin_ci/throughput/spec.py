@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from kernalin_ci import yamlcheck
 from kernalin_ci.errors import UsageError
 from kernalin_ci.ops.roles import ROLES  # the gated kernels' places in the step (docs/tokens.md)
 
@@ -165,7 +166,6 @@ MODEL_SCHEMA = {
 def parse_model(doc, at: tuple = (), shown: tuple | None = None, allow_kernels: bool = True) -> ModelSpec:
     """The model at AT of DOC (a kernalin_ci.yamlcheck.Document: the `model:` section, or a whole --model
     file, whose keys SHOWN names `model.KEY`) -> ModelSpec."""
-    from kernalin_ci import yamlcheck
 
     yamlcheck.check(doc, MODEL_SCHEMA, at, shown)
     items = doc.data
@@ -226,7 +226,6 @@ def parse_model(doc, at: tuple = (), shown: tuple | None = None, allow_kernels: 
 
 def from_cli(value: str) -> ModelSpec:
     """--model PRESET|path.yml -> ModelSpec (UsageError: one line)."""
-    from kernalin_ci import yamlcheck
 
     if value.lower() in PRESETS:
         doc = yamlcheck.parse(f"preset: {value.lower()}", f"--model {value}", empty="")

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from kernalin_ci.device import DEVICES
 from kernalin_ci.ops import get_op
 from kernalin_ci.ops.base import torch_dtype
 from kernalin_ci.throughput.spec import ModelSpec, ServingPoint
@@ -103,7 +104,7 @@ def kv_bytes(spec: ModelSpec, point: ServingPoint, kernels: Kernels) -> int:
 
 
 def _randn(shape, gen, dtype, device, scale=1.0) -> torch.Tensor:
-    t = torch.randn(*shape, generator=gen, device=device, dtype=torch.float32 if device == "cpu" else dtype)
+    t = torch.randn(*shape, generator=gen, device=device, dtype=dtype if DEVICES[device].gpu else torch.float32)
     if scale != 1.0:
         t.mul_(scale)
     return t.to(dtype)

@@ -34,6 +34,7 @@ from kernalin_ci.bench.timing import (
     timed_rounds,
 )
 from kernalin_ci.bench.trace import geometric_mean_over_shapes
+from kernalin_ci.device import DEVICES
 from kernalin_ci.entry import load_entry
 from kernalin_ci.jobs import Emit, EntryAt, ModelJob
 from kernalin_ci.ops.base import TOLERANCE
@@ -63,7 +64,7 @@ def run_job(job: ModelJob, device: str, emit: Emit) -> None:
     instances = [(i.name, load_kernels(i.roles, job)) for i in job.instances]
     spec = job.spec
     try:
-        if device == "cpu":
+        if not DEVICES[device].timed:
             _cpu_check(spec, instances, job, emit)
         else:
             _run(spec, instances, job, device, emit)
@@ -73,7 +74,7 @@ def run_job(job: ModelJob, device: str, emit: Emit) -> None:
         emit({"event": "bench-error", "kind": "out-of-memory", "message": " ".join(str(e).split())[:300]})
     except RuntimeError as e:
         msg = " ".join(str(e).split())[:300]
-        if device != "cuda" or not CUDA_ERROR.search(f"{type(e).__name__} {msg}"):
+        if not DEVICES[device].gpu or not CUDA_ERROR.search(f"{type(e).__name__} {msg}"):
             raise
         emit({"event": "bench-error", "kind": "cuda-error", "message": f"{type(e).__name__}: {msg}"})
 
@@ -158,9 +159,10 @@ def _run(spec: ModelSpec, instances, job: ModelJob, device: str, emit: Emit) -> 
     """The timed benchmark (run_job calls it on a GPU only; the loop itself is device-generic)."""
     seed = job.seed
     points = spec.serving
-    clock = CudaClock(job.l2_flush) if device == "cuda" else CpuClock()
+    gpu = DEVICES[device].gpu
+    clock = CudaClock(job.l2_flush) if gpu else CpuClock()
     k0 = instances[0][1]
-    free = torch.cuda.mem_get_info()[0] if device == "cuda" else 1 << 40
+    free = torch.cuda.mem_get_info()[0] if gpu else 1 << 40
     mode, built, why = choose_mode(spec, points, k0, job.mode, free)
     t_setup = time.perf_counter()
     w = st.build_weights(spec, built, device, seed)

@@ -15,6 +15,7 @@ import difflib
 from dataclasses import dataclass
 from pathlib import Path
 
+from kernalin_ci.entry import parse_entry
 from kernalin_ci.report.text import not_written_text
 
 
@@ -132,7 +133,6 @@ def make_patch(result) -> tuple[Patch | None, str]:
     if space.entry_file is None:
         return None, "the entry is not a file in the repository"
     path = root / space.entry_file
-    from kernalin_ci.entry import parse_entry
 
     function = parse_entry(result.target.entry).function
     text = path.read_text()

@@ -15,6 +15,7 @@ import json
 import os
 from pathlib import Path
 
+from kernalin_ci.entry import load_entry
 from kernalin_ci.jobs import DiscoverJob, Emit
 
 
@@ -58,7 +59,6 @@ def config_json(c) -> dict:
 
 def discover_job(job: DiscoverJob, emit: Emit) -> None:
     """Worker task: the autotuned kernels the entry reaches, with their configs."""
-    from kernalin_ci.entry import load_entry
 
     fn = load_entry(job.entry, job.root)
     kernels = []
@@ -84,7 +84,6 @@ def discover_job(job: DiscoverJob, emit: Emit) -> None:
 def load_candidate(entry: str, root: str, params: dict, autotune: dict | None):
     """The candidate entry: the user's entry with keyword values and/or one pinned autotune config.
     autotune: {"kernel": name, "index": i, "config": {...}} (index into the discovered list)."""
-    from kernalin_ci.entry import load_entry
 
     fn = load_entry(entry, root)
     if autotune is not None:

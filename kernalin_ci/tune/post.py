@@ -88,6 +88,7 @@ def repo_from_url(url: str) -> str | None:
 def resolve(root: str, *, pr: int | None = None, base: str | None = None, env: dict | None = None) -> Destination:
     """The pull request to review, or the repository and base branch of a new one; the GitHub client
     (credentials as the rest of the tool: GITHUB_TOKEN or a GitHub App, docs/github.md)."""
+    # deferred: PyGithub is optional (the github extra)
     from kernalin_ci.github import actions
     from kernalin_ci.github.auth import client_from_env
 
@@ -244,6 +245,7 @@ def _pull_request(dest: Destination, patch, path: str, kernel: str, label: str, 
     )
     push = git(top, "push", "--quiet", "--force", REMOTE, f"{commit}:refs/heads/{branch}")
     if push.returncode != 0:
+        # deferred: PyGithub is optional (the github extra)
         from kernalin_ci.github.errors import redact
 
         text = " ".join(redact(push.stderr, dest.client.secrets).split())[:400]

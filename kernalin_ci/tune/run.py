@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from kernalin_ci.bench import stats
+from kernalin_ci.bench.pair import bench_pair
 from kernalin_ci.device import DEVICES
 from kernalin_ci.errors import UsageError
 from kernalin_ci.jobs import RaceSchedule
@@ -42,6 +43,7 @@ from kernalin_ci.progress import (
 from kernalin_ci.report.text import finding_line, not_shown_faster_text
 from kernalin_ci.tune import race
 from kernalin_ci.tune.space import Candidate, Space, TuneSpec, build_space, candidate_source
+from kernalin_ci.verify import verify
 
 FINALISTS = 3
 SCREEN_ROUNDS = 2
@@ -239,12 +241,11 @@ def _param_values(space: Space) -> dict:
 def _verify_all(
     target: Target, space: Space, entries: dict, root: str, device: str, timeout_s, jobs: int, say
 ) -> list[Checked]:
-    from kernalin_ci.verify import verify
 
     todo = [space.current] + space.candidates
 
     def one(c: Candidate):
-        if c.name == "current" and space.autotuned is not None and device == "cpu":
+        if c.name == "current" and space.autotuned is not None and DEVICES[device].interpreted:
             return None, 0.0
         t = time.perf_counter()
         r = verify(
@@ -340,7 +341,6 @@ def _race(
 ) -> None:
     """The race in one benchmark worker (kernalin_ci/tune/schedule.py): set up once, screened, then the
     final rounds, which are judged here (decide) with the same functions the worker stopped on."""
-    from kernalin_ci.bench.pair import bench_pair
 
     reference, first = field_[0], field_[1]
     result.reference = reference

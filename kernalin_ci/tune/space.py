@@ -13,6 +13,8 @@ from pathlib import Path
 
 from kernalin_ci.entry import parse_entry
 from kernalin_ci.errors import UsageError
+from kernalin_ci.isolate import run_task
+from kernalin_ci.jobs import DiscoverJob
 
 MAX_CANDIDATES = 64
 
@@ -128,8 +130,6 @@ def _literal(node):
 
 def discover_autotune(entry: str, root: str, device: str, timeout_s: float) -> list[dict]:
     """The autotuned kernels the entry reaches (run in a worker child)."""
-    from kernalin_ci.isolate import run_task
-    from kernalin_ci.jobs import DiscoverJob
 
     out: list = []
 

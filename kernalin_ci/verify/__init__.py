@@ -16,6 +16,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from kernalin_ci import domain as domain_mod
+from kernalin_ci.cuda import sanitizer as sanitizer_mod
+from kernalin_ci.cuda import task as cuda_task
 from kernalin_ci.cuda.sources import CudaSpec
 from kernalin_ci.device import DEVICES
 from kernalin_ci.errors import UsageError
@@ -34,7 +36,11 @@ from kernalin_ci.ops import get_op
 from kernalin_ci.ops.attention_features import FEATURE_NAMES
 from kernalin_ci.ops.base import Case, resolve_params
 from kernalin_ci.ops.decode_loop import pipeline_cases
+from kernalin_ci.ops.roles import PIPELINE, PIPELINE_REQUIRED, pipeline_op
 from kernalin_ci.progress import ProgressSink
+from kernalin_ci.verify.judge import CaseReader
+from kernalin_ci.verify.loop_judge import PipelineReader
+from kernalin_ci.verify.structural import verify_structural
 from kernalin_ci.verify.supervisor import Progress, run_cases, shard, threads_each
 
 
@@ -125,7 +131,7 @@ def verify(
         elif unmodelled:  # its checks would judge the kernel by a definition without these features
             result.structural = StructuralStatus("not-analysed", not_modelled(unmodelled))
         else:
-            from kernalin_ci.verify.structural import verify_structural as structural
+            structural = verify_structural
     # The structural worker compiles while the dynamic worker launches: two processes, so the
     # wall time is the longer of the two instead of their sum (each child imports torch and Triton).
     with ThreadPoolExecutor(max_workers=1) as pool:
@@ -154,20 +160,18 @@ def verify(
                 cases = [op.probe(params, dtype)]
             else:
                 cases = domain_mod.plan(op, params, dom, op.cases(params, device, plan_dtype), main_dtype)
-            if cuda is not None and device != "cuda":  # nothing of a CUDA kernel runs without a GPU
+            if cuda is not None and not DEVICES[device].gpu:  # nothing of a CUDA kernel runs without a GPU
                 result.not_checked = _not_checked(
                     op, params, cases, [(c.name, {"reason": "needs-gpu", "error": NEEDS_GPU}) for c in cases]
                 )
                 result.sanitizer = SanitizerStatus("not-checked", "needs a GPU")
                 cases = []
             sanitized = None
-            on_gpu_run = sanitizer is not False and device == "cuda" and not probe and not case_json
+            on_gpu_run = sanitizer is not False and DEVICES[device].gpu and not probe and not case_json
             wanted = only == "sanitizer" or on_gpu_run
-            if wanted and device != "cuda":
+            if wanted and not DEVICES[device].gpu:
                 result.sanitizer = SanitizerStatus("not-checked", "needs a GPU")
             elif wanted and cases:  # beside the dynamic workers (kernalin_ci/cuda/sanitizer.py)
-                from kernalin_ci.cuda import sanitizer as sanitizer_mod
-
                 sanitized = ThreadPoolExecutor(max_workers=1)
                 pending_sanitizer = sanitized.submit(
                     sanitizer_mod.check, op_name, entry, params, cases, device, root, timeout_s
@@ -193,7 +197,6 @@ def verify(
             _warm_torch(len(groups) + (pending is not None) + 1)
 
             def reader():  # one per worker group: its memo (stale-result) and the shapes its cases ran at
-                from kernalin_ci.verify.judge import CaseReader
 
                 return CaseReader(op, params, dom, main_dtype, device, poison=not probe, root=root)
 
@@ -266,7 +269,6 @@ def not_modelled(features: list[str]) -> str:
 def cuda_build(result: VerifyResult, spec, entry, op_name, params, device, root, timeout_s, dtype, progress) -> bool:
     """Build a CUDA kernel once before its checks (kernalin_ci/cuda/task.py) and record it on RESULT; False when
     its sources do not compile (a `build-error` finding: nothing else can run)."""
-    from kernalin_ci.cuda import task as cuda_task
 
     Progress(progress, 1, op_name).note("building the CUDA sources once for every worker")
     build, seconds = cuda_task.build(spec, entry, op_name, params, device, root, timeout_s, dtype)
@@ -365,7 +367,6 @@ def verify_pipeline(
     progress: bool | ProgressSink = True,
 ) -> VerifyResult:
     """The decode-pipeline check over kv_append + attention.decode_paged (+ rope) entries."""
-    from kernalin_ci.ops.roles import PIPELINE, PIPELINE_REQUIRED, pipeline_op
 
     roles = {pipeline_op(role): role for role in PIPELINE}  # the members' ops, in the step's order
     for role in PIPELINE_REQUIRED:
@@ -396,8 +397,6 @@ def verify_pipeline(
             parts += ["--param", f"{k}={v}"]
         parts += ["--device", device, "--dtype", dtype, "--steps", str(case.dims["steps"]), "--seed", str(seed)]
         return " ".join(shlex.quote(p) for p in parts)
-
-    from kernalin_ci.verify.loop_judge import PipelineReader
 
     cases = pipeline_cases(params, steps, dtype, seed)
     prog = Progress(progress, len(cases), "decode-pipeline")

@@ -14,7 +14,11 @@ from contextlib import nullcontext
 
 import torch
 
+from kernalin_ci.device import DEVICES
+from kernalin_ci.entry import load_entry, signature_mismatch
+from kernalin_ci.errors import UsageError
 from kernalin_ci.jobs import DynamicJob, Emit, LaunchJob
+from kernalin_ci.ops import get_op
 from kernalin_ci.ops.base import Case, Expected, Op
 from kernalin_ci.runtime.cuda_errors import CUDA_ERROR
 from kernalin_ci.runtime.interp_bf16 import take_unfaithful
@@ -24,7 +28,7 @@ from kernalin_ci.verify import exchange
 from kernalin_ci.verify.exchange import GUARD, plain, snapshot, sparse_rows
 from kernalin_ci.verify.loop_drive import drive_op_loop
 from kernalin_ci.verify.precision import launched_ttir, recorded_launches
-from kernalin_ci.verify.support import EntryRaised, Interpreter
+from kernalin_ci.verify.support import EntryRaised, Interpreter, Support
 
 
 class CudaContextLost(Exception):
@@ -47,14 +51,14 @@ def guard_inputs(kw: dict, skip: set) -> tuple[dict, dict]:
 
 
 def sync(device: str) -> None:
-    if device == "cuda":
+    if DEVICES[device].gpu:
         torch.cuda.synchronize()
 
 
 def _raised(e: Exception, device: str) -> Exception:
     """What an exception the entry raised becomes: CudaContextLost for a CUDA error on a GPU, else EntryRaised."""
     msg = " ".join(str(e).split())[:400]
-    if device == "cuda" and CUDA_ERROR.search(f"{type(e).__name__} {msg}"):
+    if DEVICES[device].gpu and CUDA_ERROR.search(f"{type(e).__name__} {msg}"):
         return CudaContextLost(f"{type(e).__name__}: {msg}")
     return EntryRaised(f"{type(e).__name__}: {msg}")
 
@@ -85,13 +89,13 @@ def run_case(op: Op, fn, case: Case, params: dict, device: str, poison: bool = T
             for k, v in before.items()
             if isinstance(v, (torch.Tensor, int, float, bool, str)) or v is None
         }
-    if poison and device == "cuda":
+    if poison and DEVICES[device].gpu:
         prime_cuda_allocator()
     launched = None
     try:
         with (
             poisoned_allocations() if poison else nullcontext(),
-            recorded_launches() if device == "cuda" else nullcontext() as launched,
+            recorded_launches() if DEVICES[device].gpu else nullcontext() as launched,
         ):
             ret = fn(**kw)
         sync(device)
@@ -150,9 +154,6 @@ def launch(op, fn, case: Case, params: dict, device: str) -> None:
 def check_signature(op: Op, fn, entry: str, cases: list[Case], params: dict) -> None:
     """Before any case: the entry must take the op's inputs by name (docs/ops.md). A mismatch is the
     user's to fix, one line and exit 2 (the worker hands the UsageError back), never a finding per case."""
-    from kernalin_ci.entry import signature_mismatch
-    from kernalin_ci.errors import UsageError
-
     small = next((c for c in cases if "huge" not in c.tags), None)
     if small is None:
         return
@@ -164,15 +165,11 @@ def check_signature(op: Op, fn, entry: str, cases: list[Case], params: dict) -> 
 
 def run_job(job: DynamicJob, device: str, emit: Emit) -> None:
     """Worker task 'verify-dynamic': run cases[start:]; per case a raw result file and one event."""
-    from kernalin_ci.entry import load_entry
-    from kernalin_ci.ops import get_op
-    from kernalin_ci.verify.support import Support
-
     op = get_op(job.op, root=job.root)
     fn = load_entry(job.entry, job.root)
     cases = list(job.cases)
     check_signature(op, fn, job.entry, cases, job.params)
-    lazy_ok = device != "cpu" or skip_self_copy()
+    lazy_ok = not DEVICES[device].interpreted or skip_self_copy()
     params, results = job.params, job.results
     main_dtype = job.main_dtype or (cases[0].dtype if cases else "float32")
     support = Support(
@@ -181,9 +178,9 @@ def run_job(job: DynamicJob, device: str, emit: Emit) -> None:
         job.domain,
         main_dtype,
         lambda c, p: launch(op, fn, c, p, device),
-        unfaithful=lambda: take_unfaithful() if device == "cpu" else None,
+        unfaithful=lambda: take_unfaithful() if DEVICES[device].interpreted else None,
     )
-    interp = Interpreter(device == "cpu")
+    interp = Interpreter(DEVICES[device].interpreted)
     for i in range(job.start, len(cases)):
         case = cases[i]
         emit({"event": "case-start", "index": i})
@@ -254,9 +251,6 @@ def run_launch_job(job: LaunchJob, device: str, emit: Emit) -> None:
     """Worker task 'verify-launch': launch the entry once on each case, nothing checked here (a tool that wraps
     the worker watches the launches: Compute Sanitizer, kernalin_ci/cuda/sanitizer.py). No poison and no guard
     zones: each input is an allocation of its own, so the tool sees an access past it."""
-    from kernalin_ci.entry import load_entry
-    from kernalin_ci.ops import get_op
-
     op = get_op(job.op, root=job.root)
     fn = load_entry(job.entry, job.root)
     for i, case in enumerate(job.cases):

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kernalin_ci.lazy import torch
+from kernalin_ci.runtime.poison import words
 
 GUARD = 16384  # canary elements the child puts before and after every input tensor
 MAX_FILE_BYTES = 8 << 30  # a result larger than this is not read
@@ -88,7 +89,6 @@ def plain(t):
 
 def sparse_rows(t) -> dict:
     """The rows (first dimension) of a huge, mostly zero tensor that hold anything but zeros."""
-    from kernalin_ci.runtime.poison import words
 
     found = []
     step = max(1, (1 << 25) // max(1, t[0].numel()))

@@ -10,9 +10,12 @@ the kernel produced; it cannot say whether that is right.
 
 from __future__ import annotations
 
+from kernalin_ci.device import DEVICES
+from kernalin_ci.domain import alternatives, case_params, key, shape_of, shape_text, with_shape
 from kernalin_ci.findings import Finding, Notice
 from kernalin_ci.lazy import torch
 from kernalin_ci.ops.base import Case, Expected, Op
+from kernalin_ci.runtime.interp_patches import lazy_zeros
 from kernalin_ci.runtime.poison import bits, fill_canary, is_canary
 from kernalin_ci.verify import exchange
 from kernalin_ci.verify.exchange import GUARD, BadResult, worker_text
@@ -108,7 +111,6 @@ def _after_call(raw: dict, kw0: dict, before: dict, lazy: set) -> dict:
 
 def _dense(name: str, s, like) -> torch.Tensor:
     """A huge input from its non-zero rows, zeros elsewhere (never resident as a whole)."""
-    from kernalin_ci.runtime.interp_patches import lazy_zeros
 
     if not isinstance(s, dict) or list(s.get("shape", ())) != list(like.shape):
         raise BadResult(f"input {name}: the sparse form has another shape")
@@ -198,8 +200,6 @@ class CaseReader:
 
     def _loop(self, index: int, case: Case):
         """The LoopReader of a case the op runs as a loop of calls (Op.loop), None for one call."""
-        from kernalin_ci.domain import case_params
-
         if index not in self.loops:
             loop = self.op.loop(case, case_params(self.params, case), self.poison)
             self.loops[index] = (
@@ -225,7 +225,6 @@ class CaseReader:
         loop.part(index, ev, results)
 
     def __call__(self, index: int, case: Case, ev: dict, results: str) -> CaseResult:
-        from kernalin_ci.domain import case_params, key, shape_of
 
         status = ev.get("status")
         nc = self._note(case, ev.get("not_checked"), status)
@@ -268,7 +267,6 @@ class CaseReader:
         )
 
     def _note(self, case: Case, nc, status) -> dict | None:
-        from kernalin_ci.domain import key, shape_of, shape_text
 
         if nc is None:
             return None
@@ -281,7 +279,7 @@ class CaseReader:
         shape = shape_of(self.op, case, self.params)
         nc = {k: nc[k] for k in ("shape", "reason", "error", "instead") if nc.get(k) is not None}
         if nc["reason"] == "interpreter":
-            if self.device != "cpu" or status != "not-run":
+            if not DEVICES[self.device].interpreted or status != "not-run":
                 raise BadResult(f"'not checked (interpreter)' claimed on {self.device} for a case that ran")
             return nc
         if self.domain.declares(tuple(self.op.domain_axes), shape):
@@ -297,8 +295,6 @@ class CaseReader:
 
     def _moved(self, case: Case, moved) -> Case:
         """A case moved to one of its alternative shapes (BadResult for any other)."""
-        from kernalin_ci.domain import alternatives, with_shape
-
         for alt in alternatives(self.op, case, self.params, self.domain, self.main_dtype):
             c = with_shape(case, alt, self.params)
             if c.to_json() == moved:
@@ -307,8 +303,6 @@ class CaseReader:
 
     def _ran(self, case: Case, moved, nc: dict | None) -> Case:
         """The case as it ran: as planned, or moved to one of its alternative shapes."""
-        from kernalin_ci.domain import alternatives, shape_of, shape_text, with_shape
-
         if moved is None:
             if nc is not None and nc.get("instead"):
                 raise BadResult("a case said to run at another shape, with no such case")

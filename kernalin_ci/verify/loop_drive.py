@@ -14,6 +14,7 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from typing import Any
 
+from kernalin_ci.device import DEVICES
 from kernalin_ci.entry import load_entry
 from kernalin_ci.jobs import Emit, PipelineJob
 from kernalin_ci.lazy import torch
@@ -53,7 +54,7 @@ def drive_loop(loop: DecodeLoop, s: LoopState, run_step: Callable[[Step], dict[s
 def launches(device: str) -> Any:
     """A block that records the compiled kernels launched in it (on a GPU: their TTIR is handed back as
     `ttir`, verify/precision.py); on the CPU nothing is recorded."""
-    return recorded_launches() if device == "cuda" else nullcontext()
+    return recorded_launches() if DEVICES[device].gpu else nullcontext()
 
 
 def raw_out(out: Any) -> Any:
@@ -62,7 +63,7 @@ def raw_out(out: Any) -> Any:
 
 
 def _sync(device: str) -> None:
-    if device == "cuda":
+    if DEVICES[device].gpu:
         torch.cuda.synchronize()
 
 
@@ -134,7 +135,7 @@ def run_job(job: PipelineJob, device: str, emit: Emit) -> None:
     back is refused at that head dim; the main loop then moves to the next of its `instead` head dims."""
     fns = {role: load_entry(spec, job.root) for role, spec in job.entries.items() if spec}
     rope = bool(fns.get(pipeline_op("rope")))
-    interp = Interpreter(device == "cpu")
+    interp = Interpreter(DEVICES[device].interpreted)
     for index in range(job.start, len(job.cases)):
         dims = job.cases[index].dims
         emit({"event": "case-start", "index": index})

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from kernalin_ci.device import DEVICES
 from kernalin_ci.findings import Finding, Notice
 from kernalin_ci.lazy import torch
 from kernalin_ci.ops import paged
@@ -420,7 +421,7 @@ class PipelineReader:
         status = ev.get("status")
         if status == "not-run" and isinstance(ev.get("not_checked"), dict) and index not in self.loops:
             nc = ev["not_checked"]
-            if nc.get("reason") != "interpreter" or self.device != "cpu":
+            if nc.get("reason") != "interpreter" or not DEVICES[self.device].interpreted:
                 raise BadResult(f"'not checked ({worker_text(nc.get('reason'))[:20]})' claimed on {self.device}")
             return CaseResult(None, [], [], {"reason": "interpreter", "error": worker_text(nc.get("error"))})
         refused = ev.get("refused") or []

@@ -23,7 +23,10 @@ import contextlib
 import functools
 import os
 
+from kernalin_ci.device import DEVICES
 from kernalin_ci.findings import Location, Notice
+from kernalin_ci.verify.exchange import BadResult
+from kernalin_ci.verify.structural.ir_parser import parse_module
 
 # Row error of a correct attention kernel whose q.k and p.v dots both run on TF32 (operands truncated
 # to 10 mantissa bits), emulated over the default attention cases: 2.3e-3 at most, 1.1e-2 in the
@@ -35,7 +38,6 @@ TF32_TOLERANCE = 1.5e-2
 @functools.lru_cache(maxsize=256)
 def tf32_dots(ttir: str) -> tuple[Location, ...]:
     """Source locations of the float32 tl.dot ops that take TF32 inputs in one kernel's TTIR."""
-    from kernalin_ci.verify.structural.ir_parser import parse_module
 
     module = parse_module(ttir)
     found = []
@@ -109,12 +111,11 @@ def tf32_notice(ttir: object, device: str, dtype: str, root: str | None, what: s
     None when it is not: `ttir` is what the worker handed back (the TTIR texts of the kernels the call
     launched), `device` and `dtype` the parent's own. Paths under `root` are made relative. BadResult
     (verify/exchange.py) when `ttir` is neither absent nor a list of texts."""
-    from kernalin_ci.verify.exchange import BadResult
 
     texts = [] if ttir is None else ttir
     if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
         raise BadResult("ttir: expected a list of texts")
-    if device != "cuda" or dtype != "float32" or not texts:
+    if not DEVICES[device].gpu or dtype != "float32" or not texts:
         return None
     found = tf32_locations(texts)
     if not found:

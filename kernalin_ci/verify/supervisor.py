@@ -17,6 +17,8 @@ from kernalin_ci.jobs import CasesJob
 from kernalin_ci.ops.base import Case
 from kernalin_ci.progress import CaseDone, CasesStarted, ProgressSink, WorkerNote, sink_for
 from kernalin_ci.sandbox import CappedFolder
+from kernalin_ci.verify import exchange
+from kernalin_ci.verify.exchange import BadResult
 
 MAX_RESTARTS = 8
 
@@ -155,8 +157,6 @@ def run_cases(
     malformed one is one too and stops that worker; so is a case that ends with no result, and a file
     no event named.
     """
-    from kernalin_ci.verify import exchange
-    from kernalin_ci.verify.exchange import BadResult
 
     run = CasesRun()
     folder = CappedFolder("kernalin-results-")  # the worker writes folder.path, this process reads folder.view

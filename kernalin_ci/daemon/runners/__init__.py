@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Protocol
 
 from kernalin_ci.daemon.gpus import Slot
+from kernalin_ci.sandbox import shm_share, size_text
 
 JOB_MARKER = "KERNALIN_DAEMON_JOB"  # in every job process's environment: how leftovers are found
 POLL_S = 0.25
@@ -88,7 +89,6 @@ DISK_FULL_BELOW = 64 * 1024
 
 
 def disk_full_message(cap: int) -> str:
-    from kernalin_ci.sandbox import shm_share, size_text
 
     return (
         f"disk cap {size_text(cap)} reached (runner.disk_max_bytes): the job filled its writable space "
@@ -186,6 +186,7 @@ class CappedLog:
 def get_runner(settings) -> Runner:
     """The backend named in settings.runner.backend."""
     if settings.runner.backend == "docker":
+        # deferred: an import cycle (daemon.runners.docker imports daemon.runners)
         from kernalin_ci.daemon.runners.docker import DockerRunner
 
         return DockerRunner(
@@ -194,6 +195,7 @@ def get_runner(settings) -> Runner:
             disk_max_bytes=settings.runner.disk_max_bytes,
             out_max_bytes=settings.runner.out_max_bytes,
         )
+    # deferred: an import cycle (daemon.runners.local imports daemon.runners)
     from kernalin_ci.daemon.runners.local import LocalRunner
 
     return LocalRunner(

@@ -42,6 +42,7 @@ from kernalin_ci.daemon.runners import (
     job_env,
 )
 from kernalin_ci.daemon.settings import DockerSettings
+from kernalin_ci.device import DEVICES
 from kernalin_ci.launch import image_module_argv
 from kernalin_ci.sandbox import shm_share
 
@@ -97,7 +98,7 @@ class DockerRunner:
             volumes[str(config)] = {"bind": "/job/kernalin.yml", "mode": "ro"}
         gpu = (
             [DeviceRequest(device_ids=[req.slot.visible], capabilities=[["gpu"]])]
-            if req.slot.device == "cuda"
+            if DEVICES[req.slot.device].gpu
             else None
         )
         user = s.user or "0:0"

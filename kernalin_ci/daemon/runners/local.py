@@ -37,6 +37,7 @@ from kernalin_ci.daemon.runners import (
     disk_full_message,
     job_env,
 )
+from kernalin_ci.device import DEVICES
 from kernalin_ci.launch import module_argv
 
 
@@ -101,7 +102,7 @@ class LocalRunner:
                         self.sandbox,
                         req.job_id,
                         [],
-                        sandbox.gpu_device_nodes(req.slot.visible) if req.slot.device == "cuda" else [],
+                        sandbox.gpu_device_nodes(req.slot.visible) if DEVICES[req.slot.device].gpu else [],
                         hide=self.hide,
                         disk=self.disk_max_bytes,
                         checkout=req.repo,

@@ -22,9 +22,19 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from kernalin_ci.domain import Domain
 from kernalin_ci.findings import Finding, Notice, StructuralStatus
+from kernalin_ci.isolate import run_task
+from kernalin_ci.jobs import StructuralJob
 from kernalin_ci.ops import get_op
 from kernalin_ci.ops.base import Op
+from kernalin_ci.sandbox import CappedFolder
+from kernalin_ci.verify import exchange
+from kernalin_ci.verify.exchange import BadResult
+from kernalin_ci.verify.structural import material
+from kernalin_ci.verify.structural.analyse import analyse
+from kernalin_ci.verify.structural.capture import capture_cases
+from kernalin_ci.verify.structural.ptx_run import analyse_ptx
 
 if TYPE_CHECKING:
     from kernalin_ci.verify.structural.common import Analysis
@@ -56,15 +66,6 @@ def verify_structural(
     process checks it, parses, interprets and analyses it (analyse.py). Material that is missing,
     unreadable, oversized or malformed, and files no event named, are `bad-result` findings, with the
     status "not analysed (bad result: ...)"; a worker that hangs or dies is "not analysed" as before."""
-    from kernalin_ci.domain import Domain
-    from kernalin_ci.isolate import run_task
-    from kernalin_ci.jobs import StructuralJob
-    from kernalin_ci.sandbox import CappedFolder
-    from kernalin_ci.verify import exchange
-    from kernalin_ci.verify.exchange import BadResult
-    from kernalin_ci.verify.structural import material
-    from kernalin_ci.verify.structural.analyse import analyse
-    from kernalin_ci.verify.structural.capture import capture_cases
 
     op = get_op(op_name)
     if op.structural is None:
@@ -123,8 +124,6 @@ def verify_structural(
     seconds = {k: float(v) for k, v in seconds.items() if isinstance(v, (int, float))}
     try:
         if engine == "ptx":
-            from kernalin_ci.verify.structural.ptx_run import analyse_ptx
-
             out = analyse_ptx(op_name, mat, params, root, seconds, domain)
         else:
             out = analyse(op_name, mat, root, seconds)

@@ -10,23 +10,22 @@ from __future__ import annotations
 import os
 import time
 
+from kernalin_ci.ops import get_op
+from kernalin_ci.verify.structural.abstract_values import InterpError
+from kernalin_ci.verify.structural.capture import capture_cases
+from kernalin_ci.verify.structural.common import COMMON_PROPERTIES, StructuralFindings, check_bounds, check_precision
+from kernalin_ci.verify.structural.dataflow import KernelView, line_of, link_views
+from kernalin_ci.verify.structural.interpreter import Interp
+from kernalin_ci.verify.structural.ir import ParseError
+from kernalin_ci.verify.structural.ir_parser import parse_module
+from kernalin_ci.verify.structural.task import capture_material
+
 
 def analyse(op_name: str, mat, root: str | None = None, seconds: dict | None = None) -> dict:
     """Findings, notices, kernels and status of one entry from its material (material.Material) as plain
     data; source paths under `root` (default: the current directory) are made relative to it."""
-    from kernalin_ci.ops import get_op
+    # deferred: an import cycle (verify.structural imports verify.structural.analyse)
     from kernalin_ci.verify.structural import analysis_failure, analysis_of
-    from kernalin_ci.verify.structural.abstract_values import InterpError
-    from kernalin_ci.verify.structural.common import (
-        COMMON_PROPERTIES,
-        StructuralFindings,
-        check_bounds,
-        check_precision,
-    )
-    from kernalin_ci.verify.structural.dataflow import KernelView, line_of, link_views
-    from kernalin_ci.verify.structural.interpreter import Interp
-    from kernalin_ci.verify.structural.ir import ParseError
-    from kernalin_ci.verify.structural.ir_parser import parse_module
 
     rep = StructuralFindings()
     times = {"capture": 0.0, "compile": 0.0, **(seconds or {}), "parse": 0.0, "interpret": 0.0, "analyse": 0.0}
@@ -148,10 +147,8 @@ def analyze_entry(op_name: str, fn, params: dict, root: str | None = None, domai
     writes; engine "ptx": the PTX engine (ptx_run.py)."""
     import tempfile
 
-    from kernalin_ci.ops import get_op
+    # deferred: an import cycle (verify.structural imports verify.structural.analyse)
     from kernalin_ci.verify.structural import analysis_of, material
-    from kernalin_ci.verify.structural.capture import capture_cases
-    from kernalin_ci.verify.structural.task import capture_material
 
     if analysis_of(get_op(op_name)) is None:
         return analyse(op_name, material.Material(None, [], None, []), root)
@@ -160,6 +157,7 @@ def analyze_entry(op_name: str, fn, params: dict, root: str | None = None, domai
         name = material.save(d, raw)
         mat = material.load(d, name, capture_cases(get_op(op_name), params, domain), op_name, params)
     if engine == "ptx":
+        # deferred: an import cycle (verify.structural.ptx_run imports verify.structural.analyse)
         from kernalin_ci.verify.structural.ptx_run import analyse_ptx
 
         return analyse_ptx(op_name, mat, params, root, seconds, domain)

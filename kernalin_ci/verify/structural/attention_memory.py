@@ -8,10 +8,10 @@ import math
 
 import numpy as np
 
-from kernalin_ci.verify.structural.abstract_values import INV_MASK, POS
+from kernalin_ci.verify.structural.abstract_values import INV_MASK, PID, POS
 from kernalin_ci.verify.structural.attention_values import Exps, dims
 from kernalin_ci.verify.structural.common import StructuralFindings, kname, op_of
-from kernalin_ci.verify.structural.dataflow import KernelView, peel
+from kernalin_ci.verify.structural.dataflow import KernelView, line_of, peel
 from kernalin_ci.verify.structural.ir import IROp
 
 # --------------------------------------------------------------------------- interpreter model
@@ -367,7 +367,6 @@ def check_addressing(cap, views: list, rep: StructuralFindings, model: Attention
 
 def _address_op(load_op: IROp) -> IROp:
     """Where a load's address is computed: the offset's own line when it is not the load's line."""
-    from kernalin_ci.verify.structural.dataflow import line_of
 
     ptr = load_op.operands[0]
     here = line_of(load_op, None)
@@ -395,7 +394,6 @@ def _address_op(load_op: IROp) -> IROp:
 def _head_index_op(view: KernelView, load_op: IROp) -> IROp:
     """The line that computes the KV head index of a K/V load: the division or remainder of a program id on
     its address path (else the load itself)."""
-    from kernalin_ci.verify.structural.abstract_values import PID
 
     pid_bits = PID[0] | PID[1] | PID[2]
     stack, seen = [load_op.operands[0]], set()

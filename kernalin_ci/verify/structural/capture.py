@@ -24,6 +24,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from kernalin_ci.domain import Domain
+from kernalin_ci.ops import get_op
+from kernalin_ci.ops.paged import layout_of, nhd
+from kernalin_ci.runtime.poison import is_canary, poisoned_allocations
+
 if TYPE_CHECKING:
     from kernalin_ci.ops.base import Case, Op
 
@@ -169,8 +174,6 @@ def capture_cases(op: Op, params: dict, domain=None) -> list[Case]:
     then the other dtypes for kernels that refuse it. Nearest the first choice first."""
     from dataclasses import replace
 
-    from kernalin_ci.domain import Domain
-
     domain = domain or Domain()
     pinned = params.get("head_dim")
     head_dims = list(domain.head_dim) or ([pinned] if pinned else [48, 64, 128, 256, 80, 96])
@@ -247,8 +250,6 @@ def _extent_bytes(t) -> int:
 
 def _initial_content(t, kw: dict) -> str:
     import torch
-
-    from kernalin_ci.runtime.poison import is_canary
 
     if t.numel() == 0:
         return "zeros"
@@ -373,6 +374,7 @@ class LaunchRecorder:
 
     def _set_origin(self, info: TensorInfo, t) -> None:
         """A scratch tensor the host filled with an input's elements: a copy, or a gather (host.py)."""
+        # deferred: host.py imports torch: only the capture itself needs it
         from kernalin_ci.verify.structural.host import identity_origin
 
         if info.init.startswith("copy:") and info.init[5:] in self.registry.infos:
@@ -451,7 +453,6 @@ def _plain(v):
 
 def capture(op_name: str, entry_fn, params: dict, domain=None) -> Capture:
     """Run the entry once on the first capture call it accepts and record its launches."""
-    from kernalin_ci.ops import get_op
 
     op = get_op(op_name)
     cases = capture_cases(op, params, domain)
@@ -480,7 +481,7 @@ def _capture_once(
 ) -> Capture:
     import torch
 
-    from kernalin_ci.runtime.poison import poisoned_allocations
+    # deferred: host.py imports torch: only the capture itself needs it
     from kernalin_ci.verify.structural.host import HostMoves
 
     kw = op.capture_inputs(case, params) if inputs is None else inputs
@@ -537,8 +538,6 @@ def _capture_once(
 def _logical(op: Op, params: dict, name: str, v):
     """The analyses see a paged cache in nhd order whatever its layout: a permuted view of the same memory."""
     if op.paged_cache and name in ("k_cache", "v_cache"):
-        from kernalin_ci.ops.paged import layout_of, nhd
-
         return nhd(v, layout_of(params))
     return v
 

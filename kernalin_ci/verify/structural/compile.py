@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 
+from kernalin_ci.verify.structural.capture import TARGET
+
 _CACHE: dict[str, str] = {}
 
 
@@ -28,8 +30,6 @@ def _source(launch):
 
 def _target():
     from triton.backends.compiler import GPUTarget
-
-    from kernalin_ci.verify.structural.capture import TARGET
 
     return GPUTarget(*TARGET)
 

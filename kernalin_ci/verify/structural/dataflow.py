@@ -33,6 +33,7 @@ import numpy as np
 
 from kernalin_ci.verify.structural.abstract_values import FloatValue, IntValue
 from kernalin_ci.verify.structural.ir import IROp, Value
+from kernalin_ci.verify.structural.op_handlers import combiner
 
 TRANSPARENT = {
     "tt.splat",
@@ -59,7 +60,6 @@ def peel(v: Value) -> Value:
 
 
 def reduce_kind(op: IROp) -> str | None:
-    from kernalin_ci.verify.structural.op_handlers import combiner
 
     return combiner(op) if op is not None and op.name == "tt.reduce" else None
 

@@ -32,6 +32,7 @@ import numpy as np
 from kernalin_ci.verify.structural import attention, rope
 from kernalin_ci.verify.structural.abstract_values import FloatValue
 from kernalin_ci.verify.structural.common import Analysis, StructuralFindings, kname
+from kernalin_ci.verify.structural.dataflow import KernelView, link_views
 from kernalin_ci.verify.structural.kv_append import check_widths
 
 CACHES = {"k_cache": "k", "v_cache": "v"}
@@ -134,8 +135,6 @@ def _rotated_q(cap, views, names) -> str | None:
 def _as_query(cap, views, q_rot: str):
     """The capture and views with `q_rot` named q, for attention's analyses."""
     from dataclasses import replace
-
-    from kernalin_ci.verify.structural.dataflow import KernelView, link_views
 
     # both are "q" to the analyses: q_rot is the query the attention reads, and a value followed back into
     # the kernel that stored q_rot is a form of q itself (the scale check asks for a product of q and k)

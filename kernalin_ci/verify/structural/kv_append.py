@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernalin_ci.verify.structural.abstract_values import FloatValue
+from kernalin_ci.verify.structural.abstract_values import INV_MASK, FloatValue
 from kernalin_ci.verify.structural.common import Analysis, StructuralFindings, kname
+from kernalin_ci.verify.structural.dataflow import peel
 from kernalin_ci.verify.structural.rope import stored_forms
 
 CACHES = {"k_cache": "key", "v_cache": "value"}
@@ -204,7 +205,6 @@ def analyze(cap, views: list, rep: StructuralFindings, model: KvModel) -> None:
 def _guard_op(view, store_op):
     """The test that should skip padding tokens: the slot comparison guarding the store (scf.if or an early
     return); None when there is none."""
-    from kernalin_ci.verify.structural.dataflow import peel
 
     def slot_test(v):
         op = peel(v).owner
@@ -227,7 +227,6 @@ def _guard_op(view, store_op):
 
 def _mask_op(store_op):
     """The op computing a store's mask, when the store has one."""
-    from kernalin_ci.verify.structural.dataflow import peel
 
     if len(store_op.operands) < 3:
         return store_op
@@ -237,7 +236,6 @@ def _mask_op(store_op):
 
 def _garbage(view, store_op, elem: int, info) -> bool:
     """Does the value stored at this element carry data read out of bounds or never written?"""
-    from kernalin_ci.verify.structural.abstract_values import INV_MASK
 
     for acc in view.trace.accesses:
         if acc.op is store_op and acc.kind == "store":

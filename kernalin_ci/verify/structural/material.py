@@ -29,7 +29,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kernalin_ci.lazy import torch
+from kernalin_ci.verify import exchange
 from kernalin_ci.verify.exchange import BadResult
+from kernalin_ci.verify.structural.capture import Capture, KernelArg, Launch, TensorInfo, shape_label
 
 FILE = "structural.pt"
 MAX_FILE_BYTES = 1 << 30  # the material of a capture call is a few MiB; more is not read
@@ -158,7 +160,6 @@ def _plain(v, depth: int = 0) -> bool:
 def load(directory: str, named, cases: list, op_name: str, params: dict) -> Material:
     """The material the worker wrote (the event must name FILE), checked field by field; BadResult for
     anything else. `cases`: the capture calls the parent would try (capture.capture_cases), in order."""
-    from kernalin_ci.verify import exchange
 
     n_shapes = len(cases)
     raw = exchange.load(directory, FILE, named, MAX_FILE_BYTES)
@@ -188,7 +189,6 @@ def load(directory: str, named, cases: list, op_name: str, params: dict) -> Mate
     notes = raw["notes"]
     _need(isinstance(notes, list) and len(notes) <= 256, "notes: expected a list of texts")
     notes = [_str(n, "notes") for n in notes]
-    from kernalin_ci.verify.structural.capture import Capture, shape_label
 
     case = cases[shape]
     cap = Capture(op_name, dict(params), case.dims, case.dtype, tensors, launches, dict(outputs), dict(kwargs), notes)
@@ -220,7 +220,6 @@ def _twin(t):
 
 
 def _tensors(d) -> dict:
-    from kernalin_ci.verify.structural.capture import TensorInfo
 
     _need(isinstance(d, dict) and 0 < len(d) <= 256, "tensors: expected tensors by name")
     out = {}
@@ -266,7 +265,6 @@ def _tensors(d) -> dict:
 
 
 def _launches(items, tensors: dict) -> tuple[list, list[str]]:
-    from kernalin_ci.verify.structural.capture import KernelArg, Launch
 
     _need(isinstance(items, list) and 0 < len(items) <= MAX_LAUNCHES, f"launches: expected 1..{MAX_LAUNCHES}")
     launches, texts, ptx = [], [], []

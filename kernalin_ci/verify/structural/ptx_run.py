@@ -11,21 +11,22 @@ from __future__ import annotations
 
 import time
 
+from kernalin_ci import ptx as engine
+from kernalin_ci.ops import get_op
+from kernalin_ci.ptx import solver
+from kernalin_ci.ptx.syntax import PtxSyntaxError, parse
+from kernalin_ci.verify.structural import ptx_facts
 from kernalin_ci.verify.structural.analyse import _result
 from kernalin_ci.verify.structural.common import StructuralFindings
+from kernalin_ci.verify.structural.ptx_facts import FactsError
 
 
 def analyse_ptx(
     op_name: str, mat, params: dict, root: str | None = None, seconds: dict | None = None, domain=None
 ) -> dict:
-    from kernalin_ci import ptx as engine
-    from kernalin_ci.ptx import solver
-    from kernalin_ci.verify.structural import ptx_facts
-    from kernalin_ci.verify.structural.ptx_facts import FactsError
 
     rep = StructuralFindings()
     times = {"capture": 0.0, "compile": 0.0, **(seconds or {}), "prove": 0.0}
-    from kernalin_ci.ops import get_op
 
     op = get_op(op_name)
     if op.structural is None:  # an op with no structural analysis has no PTX properties either
@@ -44,8 +45,6 @@ def analyse_ptx(
             continue
         t0 = time.perf_counter()
         try:
-            from kernalin_ci.ptx.syntax import PtxSyntaxError, parse
-
             n_params = len(parse(text).params)
             facts, contract = ptx_facts.build(op, params, cap, la, mat.twin, n_params, max_position)
         except (FactsError, PtxSyntaxError) as e:

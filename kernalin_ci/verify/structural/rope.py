@@ -24,7 +24,7 @@ import math
 
 import numpy as np
 
-from kernalin_ci.verify.structural.abstract_values import FloatValue
+from kernalin_ci.verify.structural.abstract_values import PID, FloatValue, src_bit
 from kernalin_ci.verify.structural.common import LOW, Analysis, StructuralFindings, kname
 from kernalin_ci.verify.structural.dataflow import KernelView, peel
 
@@ -102,7 +102,6 @@ def _low_precision_angle(view: KernelView):
 
 def _angle_op(view: KernelView, part: str = "angle"):
     """The op computing the angle (the cos operand), or its position / frequency factor, for locations."""
-    from kernalin_ci.verify.structural.abstract_values import PID, src_bit
 
     ops = _cos_sin_ops(view)
     if not ops:

@@ -13,7 +13,14 @@ from __future__ import annotations
 import os
 import time
 
+from kernalin_ci.entry import load_entry
 from kernalin_ci.jobs import Emit, StructuralJob
+from kernalin_ci.ops import get_op
+from kernalin_ci.verify.structural import material
+from kernalin_ci.verify.structural.capture import CaptureError, capture_at, capture_cases, shape_label
+from kernalin_ci.verify.structural.compile import CompileError, ptx, ttir
+from kernalin_ci.verify.structural.ir import ParseError
+from kernalin_ci.verify.structural.ir_parser import parse_module
 
 
 def capture_material(op_name: str, fn, params: dict, domain=None, engine: str = "ttir") -> tuple[dict, dict]:
@@ -22,12 +29,6 @@ def capture_material(op_name: str, fn, params: dict, domain=None, engine: str = 
     does not compile or whose TTIR does not parse, moves on to the next candidate shape (the declared
     domain first); each refusal is recorded. engine "ptx": also each kernel's PTX and the twin call
     (Op.capture_twin), for the PTX engine."""
-    from kernalin_ci.ops import get_op
-    from kernalin_ci.verify.structural import material
-    from kernalin_ci.verify.structural.capture import CaptureError, capture_at, capture_cases, shape_label
-    from kernalin_ci.verify.structural.compile import CompileError, ttir
-    from kernalin_ci.verify.structural.ir import ParseError
-    from kernalin_ci.verify.structural.ir_parser import parse_module
 
     times = {"capture": 0.0, "compile": 0.0}
     op = get_op(op_name)
@@ -63,9 +64,6 @@ def capture_material(op_name: str, fn, params: dict, domain=None, engine: str = 
 def _for_ptx(op, fn, params: dict, case, cap, times: dict) -> tuple[list[str], dict | None]:
     """Each launch's PTX ("" where it does not compile: the PTX engine says so), and the twin call."""
     from dataclasses import replace
-
-    from kernalin_ci.verify.structural.capture import CaptureError, capture_at
-    from kernalin_ci.verify.structural.compile import CompileError, ptx
 
     t0 = time.perf_counter()
     texts = []
@@ -104,8 +102,6 @@ def run_job(job: StructuralJob, emit: Emit) -> None:
     # kernels are compiled, never interpreted: `triton.jit` must give JITFunctions (set before the entry
     # imports Triton; the parent sets it in the environment too)
     os.environ["TRITON_INTERPRET"] = "0"
-    from kernalin_ci.entry import load_entry
-    from kernalin_ci.verify.structural import material
 
     t0 = time.perf_counter()
     fn = load_entry(job.entry, job.root)
