@@ -100,7 +100,7 @@ def replay_case(op, params: dict, mat, counterexample: dict, domain=None):
         m = re.fullmatch(r"(\w+)\[([\d, ]+)\]", k)
         if m:
             index.setdefault(m.group(1), {})[tuple(int(x) for x in m.group(2).split(","))] = int(v)
-        elif not k.startswith(("ctaid.", "k", "__")):
+        elif not k.startswith(("ctaid.", "__")) and not re.fullmatch(r"k\d+", k):
             shape[k] = int(v)
     return op.counterexample_case(cases[mat.shape], params, shape, index)
 
@@ -117,7 +117,7 @@ def _check(r) -> str:
 
 
 def _message(r) -> str:
-    cx = ", ".join(f"{k}={v}" for k, v in r.counterexample.items() if not k.startswith("k"))
+    cx = ", ".join(f"{k}={v}" for k, v in r.counterexample.items() if not re.fullmatch(r"k\d+", k))  # not loop k
     lane = f", thread {r.lane}" if r.lane is not None else ""
     more = f": {r.cause}" if r.cause else ""
     return f"PTX engine: violated: {r.name}{more} (counterexample{lane}: {cx or 'any'}; domain {r.domain})"
