@@ -105,7 +105,9 @@ class Context:
         lo, hi = 0, len(cands)  # the answer's index: cands[hi], or 2^40 when hi == len(cands)
         while lo < hi:
             mid = (lo + hi) // 2
-            if self.ask(T.cmp("ule", T.const(1 << cands[mid], 64), lp.k)).status == "unsat":
+            q = self.query()
+            q.add(T.cmp("ule", T.const(1 << cands[mid], 64), lp.k))
+            if self.finish(q).status == "unsat":
                 hi = mid
             else:
                 lo = mid + 1
