@@ -3,6 +3,7 @@ solver's exact arithmetic, and the properties proved or violated with a countere
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from dataclasses import replace
@@ -17,6 +18,11 @@ pytest.importorskip("z3")
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# Captures, PTX texts and analyses are computed once per module (functools.cache) and shared by the tests that
+# read the same kernel: the suite's time is the engine's, not repeated compilation.
+
+
+@functools.cache
 def _capture(path: str):
     """(op name, params, capture, twin) of a catalogue kernel, as the structural worker makes them."""
     os.environ["TRITON_INTERPRET"] = "0"
@@ -42,8 +48,9 @@ def _capture(path: str):
     return meta.op, params, cap, twin
 
 
-def _analyse(path: str):
-    from kernalin_ci import ptx as engine
+@functools.cache
+def _launch(path: str):
+    """(PTX text, facts, contract) of the first launch of a catalogue kernel."""
     from kernalin_ci.ptx.syntax import parse
     from kernalin_ci.verify.structural.compile import ptx
     from kernalin_ci.verify.structural.ptx_facts import build
@@ -52,15 +59,21 @@ def _analyse(path: str):
     la = cap.launches[0]
     text = ptx(la)
     facts, contract = build(get_op(op_name), params, cap, la, twin, len(parse(text).params), None)
+    return text, facts, contract
+
+
+@functools.cache
+def _analyse(path: str):
+    from kernalin_ci import ptx as engine
+
+    text, facts, contract = _launch(path)
     return engine.analyse(text, facts, contract), facts
 
 
 def test_the_parser_reads_a_triton_kernel_with_its_parameters_guards_and_lines():
     from kernalin_ci.ptx.syntax import Mem, parse
-    from kernalin_ci.verify.structural.compile import ptx
 
-    _, _, cap, _ = _capture("checks/kv_append/correct_per_token.py")
-    k = parse(ptx(cap.launches[0]))
+    k = parse(_launch("checks/kv_append/correct_per_token.py")[0])
     assert k.name == "_kv_append_token_kernel" and k.threads == 128
     # 5 pointers and 12 integers of the launch, then Triton's two scratch pointers
     assert [p.type for p in k.params[:6]] == ["u64"] * 5 + ["u32"] and len(k.params) == 19
@@ -148,6 +161,13 @@ def test_verify_engine_ptx_runs_the_engine_in_the_structural_worker():
     assert r.structural.status == "analysed"
     assert {f.bug_class for f in r.findings} == {"kv-padding", "stray-write"}
     assert all(f.check.startswith("structural:ptx-") and "slot_mapping[" in f.message for f in r.findings)
+    # each counterexample is an op case at the capture shape (the padding slot where the model put it),
+    # replayed through the dynamic checker: the kernel fails there too
+    for f in r.findings:
+        slot = int(re.search(r"slot_mapping\[(\d+)\]=-1", f.message).group(1))
+        assert f.case["dims"]["slots"][slot] == -1 and f.case["dims"]["T"] == 5
+        assert re.search(r"replayed: fails dynamically at case ptx-counterexample-\d+ \(kv-padding", f.message)
+        assert "--case" in f.reproduce
 
 
 @pytest.mark.parametrize(
@@ -165,14 +185,8 @@ def test_the_softmax_is_read_from_the_float_dataflow_of_the_ptx(path, cls):
     from dataclasses import replace as dc_replace
 
     from kernalin_ci import ptx as engine
-    from kernalin_ci.ptx.syntax import parse
-    from kernalin_ci.verify.structural.compile import ptx
-    from kernalin_ci.verify.structural.ptx_facts import build
 
-    op_name, params, cap, twin = _capture(path)
-    la = cap.launches[0]
-    text = ptx(la)
-    facts, contract = build(get_op(op_name), params, cap, la, twin, len(parse(text).params), None)
+    text, facts, contract = _launch(path)
     out = engine.analyse(text, facts, dc_replace(contract, query=""))
     soft = [r for r in out.results if r.name.startswith(("every exponential", "every accumulation", "the output is"))]
     assert soft and all(r.status != "not-proved" for r in soft)
@@ -196,6 +210,7 @@ def _libnvrtc() -> str | None:
     return found[0] if found else None
 
 
+@functools.cache
 def _nvrtc_ptx(defines: tuple[str, ...] = ()) -> str:
     """tests/cuda/kv_append.cu compiled to PTX for sm_90 by NVRTC (no GPU needed)."""
     import ctypes
@@ -267,3 +282,25 @@ def test_rope_reads_are_proved_against_the_pairing_of_the_configured_style():
     by_class = {r.bug_class for r in out.results if r.status == "violated"}
     assert by_class == {"rope-pairing"}
     assert any(r.status == "proved" and "reads q of its own token and head" in r.name for r in out.results)
+
+
+def test_a_counterexample_becomes_the_ops_case_at_its_values():
+    """Op.counterexample_case: the capture case with the model's shape symbols and index entries."""
+    from kernalin_ci.ops.base import resolve_params
+    from kernalin_ci.verify.structural.capture import capture_cases
+
+    op = get_op("kv_append")
+    params = resolve_params("kv_append", op.params, {})
+    case = op.counterexample_case(capture_cases(op, params)[0], params, {"T": 6, "NB": 3}, {"slot_mapping": {(4,): -1}})
+    slots = case.dims["slots"]
+    assert len(slots) == 6 and slots[4] == -1 and case.dims["num_blocks"] == 3
+    valid = [s for s in slots if s >= 0]
+    assert len(set(valid)) == 5 and all(s < 3 * params["block_size"] for s in valid)
+    assert op.validate_case(case) is None
+
+    op = get_op("attention.decode")
+    params = resolve_params("attention.decode", op.params, {})
+    base = capture_cases(op, params)[0]
+    case = op.counterexample_case(base, params, {"B": 3}, {"kv_lens": {(1,): 65}})
+    assert case.dims["kv_lens"] == [base.dims["kv_lens"][0], 65, base.dims["kv_lens"][0]]
+    assert op.validate_case(case) is None

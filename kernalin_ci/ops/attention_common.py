@@ -267,3 +267,16 @@ class AttentionOp(Op):
     def capture_twin(self, dims: dict[str, Any]) -> dict[str, Any] | None:
         """A third sequence, longer than the others."""
         return {**dims, "kv_lens": [*dims["kv_lens"], 150]}
+
+    def counterexample_case(
+        self, case: Case, params: Params, shape: dict[str, int], index: dict[str, dict[tuple[int, ...], int]]
+    ) -> Case | None:
+        """B sequences, the counterexample's kv_lens where it names them, the capture's (cycled) for the
+        others. A block table the counterexample names is not a case's dim: the case builds its own."""
+        lens = list(case.dims["kv_lens"])
+        B = int(shape.get("B", len(lens)))
+        named = {b[0]: int(v) for b, v in index.get("kv_lens", {}).items() if 0 <= b[0] < B}
+        new = [named.get(b, lens[b % len(lens)]) for b in range(B)]
+        if B > 64 or max(new) > 8192:
+            return None  # a counterexample this large is not run here
+        return Case("ptx-counterexample", {**case.dims, "kv_lens": new}, case.dtype, case.seed)

@@ -230,6 +230,14 @@ class Op(ABC):
         changed. None: no twin."""
         return None
 
+    def counterexample_case(
+        self, case: Case, params: Params, shape: dict[str, int], index: dict[str, dict[tuple[int, ...], int]]
+    ) -> Case | None:
+        """The capture case `case` with a PTX counterexample's values (docs/structural.md, "Replay"): `shape`
+        the shape symbols (T, B, NB, ...), `index` the index tensors' entries by coordinates
+        ({"slot_mapping": {(3,): -1}}). None: the op's cases cannot say it (the finding is not replayed)."""
+        return None
+
     # ---------------------------------------------------------------- one call
 
     @abstractmethod

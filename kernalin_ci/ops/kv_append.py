@@ -329,5 +329,21 @@ class KvAppend(Op):
         """Two more tokens, two more cache blocks."""
         return {**dims, "T": dims["T"] + 2, "num_blocks": dims["num_blocks"] + 2}
 
+    def counterexample_case(
+        self, case: Case, params: Params, shape: dict[str, int], index: dict[str, dict[tuple[int, ...], int]]
+    ) -> Case | None:
+        """T tokens in NB blocks, the counterexample's slots where it names them, distinct free slots (from
+        the top of the cache) for the other tokens."""
+        T, nb = int(shape.get("T", case.dims["T"])), int(shape.get("NB", case.dims["num_blocks"]))
+        named = {t[0]: int(v) for t, v in index.get("slot_mapping", {}).items() if 0 <= t[0] < T}
+        capacity = nb * params["block_size"]
+        if T > 4096 or nb * case.dims["Hkv"] * case.dims["D"] * params["block_size"] > HUGE_ELEMENTS:
+            return None  # a counterexample this large is not run here
+        used = {v for v in named.values() if v >= 0}
+        free = (s for s in range(capacity - 1, -1, -1) if s not in used)
+        slots = [named[t] if t in named else next(free) for t in range(T)]
+        dims = {k: v for k, v in case.dims.items() if k not in ("padding", "free_low", "high_slots")}
+        return Case("ptx-counterexample", {**dims, "T": T, "num_blocks": nb, "slots": slots}, case.dtype, case.seed)
+
 
 OP_CLASS = KvAppend

@@ -588,5 +588,20 @@ class Rope(Op):
         """One more token, at a position of its own."""
         return {**dims, "T": dims["T"] + 1, "positions": [*dims["positions"], 500]}
 
+    def counterexample_case(
+        self, case: Case, params: Params, shape: dict[str, int], index: dict[str, dict[tuple[int, ...], int]]
+    ) -> Case | None:
+        """T tokens, the counterexample's positions where it names them, the capture's (cycled) for the
+        others; M-RoPE's [sections, T] positions are not said here."""
+        if "sections" in case.dims:
+            return None
+        pos = list(case.dims["positions"])
+        T = int(shape.get("T", case.dims["T"]))
+        if T > 4096:
+            return None  # a counterexample this large is not run here
+        named = {t[0]: int(v) for t, v in index.get("positions", {}).items() if len(t) == 1 and 0 <= t[0] < T}
+        positions = [named.get(t, pos[t % len(pos)]) for t in range(T)]
+        return Case("ptx-counterexample", {**case.dims, "T": T, "positions": positions}, case.dtype, case.seed)
+
 
 OP_CLASS = Rope

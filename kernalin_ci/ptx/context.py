@@ -79,6 +79,39 @@ class Context:
         self.symbols = symbols
         self.domain = facts.domain_text()
         self._resolved: dict[int, T.Term] = {}
+        self.bounds = self._bounds()
+        for lp in trace.loops.values():
+            self.bounds[lp.k.args[0]] = (0, self._iterations(lp) - 1)
+
+    def _bounds(self) -> dict[str, tuple[int, int]]:
+        """The declared range of every symbol the frame bounds, for the solver's intervals: the shape
+        symbols, each block index below its grid size's largest value, each loop iteration below 2^40
+        (the frame constrains them so; the intervals only spare wrap witnesses)."""
+        out = {s.name: (s.lo, s.hi) for s in self.facts.symbols.values()}
+        highest = {s.name: s.hi for s in self.facts.symbols.values()}
+        for x, g in zip("xyz", self.facts.grid):
+            if all(c >= 0 for _, c in g.terms) and g.symbols <= set(highest):
+                out[f"ctaid.{x}"] = (0, max(g.at(highest) - 1, 0))
+        for lp in self.trace.loops.values():
+            out[lp.k.args[0]] = (0, (1 << 40) - 1)
+        return out
+
+    def _iterations(self, lp) -> int:
+        """A bound on a loop's iterations, proved from the frame (its latch condition against the index
+        values' and shapes' ranges: a loop up to kv_len runs at most capacity / step times): the smallest
+        2^m of a few candidates that k provably stays below, else 2^40. A few small queries per loop; the
+        solver's intervals then see k's real range (no wrap witness for k * step in 32 bits)."""
+        cands = (8, 12, 16, 20, 24, 32)
+        lo, hi = 0, len(cands)  # the answer's index: cands[hi], or 2^40 when hi == len(cands)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            q = self.query()
+            q.add(T.cmp("ule", T.const(1 << cands[mid], 64), lp.k))
+            if self.finish(q).status == "unsat":
+                hi = mid
+            else:
+                lo = mid + 1
+        return 1 << (cands[hi] if hi < len(cands) else 40)
 
     # ------------------------------------------------------------ terms
 
@@ -125,14 +158,28 @@ class Context:
     # ------------------------------------------------------------ queries
 
     def query(self) -> solver.Query:
-        q = solver.Query({s.name: (s.lo, s.hi) for s in self.facts.symbols.values()} | _HOLE_BOUNDS)
+        q = solver.Query(self.bounds | _HOLE_BOUNDS)
         q.add(*self.frame())
         return q
 
     def ask(self, cond: T.Term, extra: list | None = None) -> solver.SolverAnswer:
         q = self.query()
         q.add(cond, *(extra or []))
-        return self.finish(q)
+        ans = self.finish(q)
+        if ans.status == "sat" and not ans.approximated:
+            # a counterexample at the capture call's sizes, where there is one: the dynamic checker then
+            # replays it as that call with the counterexample's index values (one more query, on a bug only)
+            at = [
+                T.cmp("eq", self.symbols[s.name], T.const(s.captured, 64))
+                for s in self.facts.symbols.values()
+                if s.lo < s.hi and s.lo <= s.captured <= s.hi  # a symbol held at one value stays there
+            ]
+            q = self.query()
+            q.add(cond, *(extra or []), *at)
+            small = self.finish(q) if at else ans
+            if small.status == "sat" and not small.approximated:
+                return small
+        return ans
 
     def finish(self, q: solver.Query) -> solver.SolverAnswer:
         """Add the contract's constraints on every index element the query mentions, then decide."""

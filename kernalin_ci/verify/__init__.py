@@ -248,12 +248,61 @@ def verify(
                 )
         if pending is not None:
             found, notices, status = pending.result()
+            if engine == "ptx" and cuda is None:
+                replay(
+                    op, found, params, dom, main_dtype, device, root, timeout_s, entry, op_name, raw_params, raw_domain
+                )
             result.findings += found
             result.notices += notices
             result.structural = status
     result.findings = dedupe(result.findings)
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def replay(
+    op, found: list[Finding], params, dom, main_dtype, device, root, timeout_s, entry, op_name, raw_params, raw_domain
+) -> None:
+    """Run each PTX counterexample (a structural finding carrying its case) through the dynamic checker,
+    and say in the finding whether it failed there (docs/structural.md, "Replay")."""
+    todo = [f for f in found if f.check.startswith("structural:ptx-") and f.case]
+    cases: list[Case] = []
+    owner: dict[str, list[Finding]] = {}
+    by_dims: dict[str, Case] = {}  # findings with the same counterexample share one run
+    for f in todo:
+        key = json.dumps({**f.case, "name": ""}, sort_keys=True)
+        case = by_dims.get(key) or Case.from_json({**f.case, "name": f"ptx-counterexample-{len(by_dims) + 1}"})
+        problem = op.validate_case(case)
+        if problem:
+            f.message += f"; not replayed (the counterexample is no valid case: {problem})"
+            continue
+        f.case = case.to_json()
+        f.reproduce = reproduce_command(op_name, entry, raw_params, device, case, raw_domain)
+        if key not in by_dims:
+            by_dims[key] = case
+            cases.append(case)
+        owner.setdefault(case.name, []).append(f)
+    if not cases:
+        return
+    from kernalin_ci.verify.judge import CaseReader
+
+    job = DynamicJob(op=op_name, entry=entry, root=root, params=params, poison=True, domain=dom, main_dtype=main_dtype)
+    reader = CaseReader(op, params, dom, main_dtype, device, poison=True, root=root)
+    run = run_cases(job, cases, device, timeout_s, Progress(False, len(cases), op_name), lambda c: "", reader)
+    failed: dict[str, list[Finding]] = {}
+    for d in run.findings:
+        failed.setdefault((d.case or {}).get("name", ""), []).append(d)
+    skipped = {name for name, _ in run.not_checked}
+    for name, fs in owner.items():
+        if name in failed:
+            d = failed[name][0]
+            said = f"; replayed: fails dynamically at case {name} ({d.bug_class}: {d.message[:160]})"
+        elif name in skipped:
+            said = f"; not replayed (the dynamic checker did not run case {name})"
+        else:
+            said = f"; replay passed at case {name} (the counterexample did not reproduce)"
+        for f in fs:
+            f.message += said
 
 
 NEEDS_GPU = "a CUDA C++ kernel runs only on a GPU"

@@ -9,6 +9,7 @@ for that kernel, never a pass. The proved properties, with their domain, are lis
 
 from __future__ import annotations
 
+import re
 import time
 
 from kernalin_ci import ptx as engine
@@ -65,7 +66,14 @@ def analyse_ptx(
             if r.status == "proved":
                 proved.append(f"{la.kernel}: {r.name}")
             elif r.status == "violated":
+                n = len(rep.findings)
                 rep.finding(_check(r), r.bug_class or "stray-write", _message(r), where=at)
+                if len(rep.findings) > n:
+                    case = replay_case(op, params, mat, r.counterexample, domain)
+                    if case is not None:
+                        rep.findings[-1].case = case.to_json()
+                    else:  # too large to run, or values the op's cases cannot say (verify replays the others)
+                        rep.findings[-1].message += "; not replayed (no case of the op at these values)"
             else:
                 rep.notice("structural:ptx-proof", f"PTX engine: not proved: {r.name} ({r.cause})", where=at)
     res = _result(rep, kernels, times, root, not_analysed="; ".join(unfollowed) or None, shape=mat.label)
@@ -73,6 +81,27 @@ def analyse_ptx(
     if proved and res["status"]["status"] == "analysed":
         res["status"]["shape"] = f"{mat.label}; PTX: {len(proved)} properties proved"
     return res
+
+
+def replay_case(op, params: dict, mat, counterexample: dict, domain=None):
+    """The op case that replays a counterexample (Op.counterexample_case): the capture case with the
+    counterexample's shape symbols and index values; None when the op's cases cannot say it."""
+    from kernalin_ci.verify.structural.capture import capture_cases
+
+    if mat.shape is None:
+        return None
+    cases = capture_cases(op, params, domain)
+    if mat.shape >= len(cases):
+        return None
+    shape: dict[str, int] = {}
+    index: dict[str, dict[tuple[int, ...], int]] = {}
+    for k, v in counterexample.items():
+        m = re.fullmatch(r"(\w+)\[([\d, ]+)\]", k)
+        if m:
+            index.setdefault(m.group(1), {})[tuple(int(x) for x in m.group(2).split(","))] = int(v)
+        elif not k.startswith(("ctaid.", "__")) and not re.fullmatch(r"k\d+", k):
+            shape[k] = int(v)
+    return op.counterexample_case(cases[mat.shape], params, shape, index)
 
 
 def _check(r) -> str:
@@ -87,7 +116,7 @@ def _check(r) -> str:
 
 
 def _message(r) -> str:
-    cx = ", ".join(f"{k}={v}" for k, v in r.counterexample.items() if not k.startswith("k"))
+    cx = ", ".join(f"{k}={v}" for k, v in r.counterexample.items() if not re.fullmatch(r"k\d+", k))  # not loop k
     lane = f", thread {r.lane}" if r.lane is not None else ""
     more = f": {r.cause}" if r.cause else ""
     return f"PTX engine: violated: {r.name}{more} (counterexample{lane}: {cx or 'any'}; domain {r.domain})"
