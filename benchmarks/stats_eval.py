@@ -485,12 +485,14 @@ def section_sensitivity(sources):
                 )
 
 
-def sequential(b, h, b2, n_max, rope_min=ks.ROPE_MIN, floor_multiple=ks.FLOOR_MULTIPLE, every_round=False):
+def sequential(b, h, b2, n_max, rope_min=ks.ROPE_MIN, floor_multiple=ks.FLOOR_MULTIPLE, every_round=False, prune=False):
     """Adaptive stopping on windows [W, n_max, reps]: the verdict at the first decided look, and its rounds.
 
     Also returns whether any look (decided or not) said faster/slower: the false-alarm
     rate of a rule that stops at the first such look, an upper bound for this one.
     every_round: look after every round from the 5th (not only at stats.looks).
+    prune: judge only the windows still running at each look (the same verdicts and rounds, faster; the
+    any-look alarms then count only looks a window still ran to).
     """
     W = b.shape[0]
     verdict = np.full(W, "inconclusive", dtype=object)
@@ -501,10 +503,15 @@ def sequential(b, h, b2, n_max, rope_min=ks.ROPE_MIN, floor_multiple=ks.FLOOR_MU
     if looks[-1] != n_max:
         looks.append(n_max)  # the budget ends: a last look at whatever was measured
     for n in looks:
-        res = kernalin(b[:, :n], h[:, :n], b2[:, :n], rope_min=rope_min, floor_multiple=floor_multiple)
-        v = res["verdict"]
-        any_alarm |= np.isin(v, ("faster", "slower"))
-        stop = np.array([ks.should_stop(x, src) for x, src in zip(v, res["rope_source"])], dtype=bool)
+        if prune and not open_.any():
+            break
+        sel = np.flatnonzero(open_) if prune else np.arange(W)
+        res = kernalin(b[sel, :n], h[sel, :n], b2[sel, :n], rope_min=rope_min, floor_multiple=floor_multiple)
+        v = np.full(W, "inconclusive", dtype=object)
+        src = np.full(W, "minimum", dtype=object)
+        v[sel], src[sel] = res["verdict"], res["rope_source"]
+        any_alarm[sel] |= np.isin(res["verdict"], ("faster", "slower"))
+        stop = np.array([ks.should_stop(x, y) for x, y in zip(v, src)], dtype=bool)
         dec = open_ & stop
         verdict[dec] = v[dec]
         used[dec] = n
@@ -633,14 +640,14 @@ def section_goals(sources):
                     if tr.kind == "aa":
                         fa[n].append(np.isin(kernalin(b, h, b2)["verdict"], ("faster", "slower")))
                         if n in GOAL_ADAPTIVE_BUDGETS:
-                            v, _, _ = sequential(b, h, b2, n)
+                            v, _, _ = sequential(b, h, b2, n, prune=True)
                             fa_ad[n].append(np.isin(v, ("faster", "slower")))
                         if n == 10:
                             for sign in (1, -1):
                                 hs = h * (1 + GOAL_EFFECT) ** sign
                                 want = "slower" if sign > 0 else "faster"
                                 synth.append(kernalin(b, hs, b2)["verdict"] == want)
-                                synth_ad.append(sequential(b, hs, b2, n)[0] == want)
+                                synth_ad.append(sequential(b, hs, b2, n, prune=True)[0] == want)
                     elif n == 10 and abs(np.log(tr.true_ratio)) >= np.log(1 + GOAL_EFFECT - 0.001):
                         real.append(kernalin(b, h, b2)["verdict"] == expected(tr))
                 n_max = 50
@@ -651,7 +658,8 @@ def section_goals(sources):
                 for kind, heads in (("aa", (h,)), ("2%", (h * (1 + GOAL_EFFECT), h / (1 + GOAL_EFFECT)))):
                     for hs in heads:
                         for how in ("looks", "every"):
-                            delays[kind, how].append(sequential(b, hs, b2, n_max, every_round=how == "every")[1])
+                            every = how == "every"
+                            delays[kind, how].append(sequential(b, hs, b2, n_max, every_round=every, prune=True)[1])
         worst = max(GOAL_BUDGETS, key=lambda n: cat(fa[n]).mean() if fa[n] else -1)
         worst_ad = max(GOAL_ADAPTIVE_BUDGETS, key=lambda n: cat(fa_ad[n]).mean() if fa_ad[n] else -1)
         n_aa = len(cat(fa[5]))
