@@ -5,14 +5,17 @@
 
 Each kernel is verified in a fresh process tree; the peak resident memory is the
 largest of that tree's processes (the CLI and its worker children), read from
-getrusage(RUSAGE_CHILDREN) in a wrapper process. Prints one row per kernel and a
-summary (median, max). Figures: docs/verification.md.
+getrusage(RUSAGE_CHILDREN) in a wrapper process; the CPU seconds are the tree's user +
+system time sampled from /proc (benchmarks/proc_tree.py: the sandboxed workers included),
+what a shared machine's load does not inflate. Prints one row
+per kernel and a summary (median, max) with the load average. Figures: docs/verification.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -20,6 +23,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from proc_tree import TreeSampler  # noqa: E402  (benchmarks/proc_tree.py)
 
 WRAPPER = r"""
 import json, resource, subprocess, sys, time
@@ -51,8 +56,12 @@ def measure(kernel, device: str, kind: str) -> dict:
         cmd += ["--param", f"{k}={v}"]
     if kind != "all":
         cmd += ["--only", kind]
-    out = subprocess.run([sys.executable, "-c", WRAPPER, *cmd], capture_output=True, text=True, cwd=ROOT)
-    m = json.loads(out.stdout)
+    p = subprocess.Popen(
+        [sys.executable, "-c", WRAPPER, *cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
+    )
+    with TreeSampler(p.pid) as tree:
+        stdout, _ = p.communicate()
+    m = json.loads(stdout)
     try:
         res = json.loads(m["stdout"])
     except json.JSONDecodeError:
@@ -65,6 +74,7 @@ def measure(kernel, device: str, kind: str) -> dict:
         "verdict": res.get("verdict"),
         "cases": res.get("cases_run"),
         "seconds": round(m["seconds"], 2),
+        "cpu_seconds": tree.cpu_seconds,
         "peak_rss_mb": round(m["peak_rss_mb"]),
         "error": None if m["rc"] in (0, 1) else m["stderr"][-300:],
     }
@@ -83,20 +93,25 @@ def main() -> int:
     kernels = [k for k in discover(default_dir(), args.op) if args.only == "all" or (args.only == "bug") == k.is_bug]
     kernels = [k for k in kernels if k.cuda is None]  # the CUDA catalogue's timings: benchmarks/cuda_gpu.py timing
     rows = []
-    print(f"{'kernel':48} {'verdict':8} {'cases':>5} {'seconds':>8} {'peak MB':>8}")
+    print(f"{'kernel':48} {'verdict':8} {'cases':>5} {'seconds':>8} {'CPU s':>8} {'peak MB':>8}  load")
     for k in kernels:
         r = measure(k, args.device, args.kind)
+        r["load"] = os.getloadavg()[0]  # the 1-minute load average after the run (a shared machine)
         rows.append(r)
         print(
             f"{r['kernel']:48} {str(r['verdict']):8} {str(r['cases']):>5} {r['seconds']:8.1f} "
-            f"{r['peak_rss_mb']:8d}" + (f"  ERROR {r['error']}" if r["error"] else ""),
+            f"{r['cpu_seconds']:8.1f} {r['peak_rss_mb']:8d}  {r['load']:.1f}"
+            + (f"  ERROR {r['error']}" if r["error"] else ""),
             flush=True,
         )
     secs = [r["seconds"] for r in rows]
+    cpu = [r["cpu_seconds"] for r in rows]
     mem = [r["peak_rss_mb"] for r in rows]
     print(
         f"\n{len(rows)} kernels on {args.device} ({args.kind}): seconds median {statistics.median(secs):.1f}, "
-        f"max {max(secs):.1f}; peak RSS median {statistics.median(mem):.0f} MB, max {max(mem):.0f} MB"
+        f"max {max(secs):.1f}; CPU seconds median {statistics.median(cpu):.1f}, max {max(cpu):.1f}; "
+        f"peak RSS median {statistics.median(mem):.0f} MB, max {max(mem):.0f} MB; "
+        f"load average {min(r['load'] for r in rows):.1f}-{max(r['load'] for r in rows):.1f}"
     )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))

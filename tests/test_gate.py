@@ -1,15 +1,17 @@
 """The PR gate on real git repositories made in temp dirs (base and head commits of the example kernels)."""
 
 import json
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from conftest import REPO, cli
 
 from kernalin_ci.gate.config_source import gate_config
-from kernalin_ci.gate.diff import affected_kernels, changed_files, resolve_refs, worktrees
+from kernalin_ci.gate.diff import COSMETIC, affected_kernels, changed_files, resolve_refs, worktrees
 
 EXAMPLE = REPO / "examples" / "decode-kernels"
 
@@ -79,6 +81,46 @@ def test_no_kernel_changed_passes_quickly(repo):
         "badge.svg",
         "badge.json",
     }
+
+
+def test_a_pr_that_changes_no_code_starts_no_worker(repo, tmp_path):
+    """Comments and formatting in a kernel file and in the module three kernels share, and a README: the
+    same Python syntax trees, so the diff decides before anything runs. torch and triton are shadowed by
+    modules that fail on import: a worker (or the gate itself) importing either would be an error here."""
+    block = tmp_path / "block"
+    for module in ("torch", "triton"):
+        (block / module).mkdir(parents=True)
+        (block / module / "__init__.py").write_text(f"raise ModuleNotFoundError('blocked', name={module!r})\n")
+    blocked = {"PYTHONPATH": str(block)}
+    r = subprocess.run([sys.executable, "-c", "import torch"], env={**os.environ, **blocked}, capture_output=True)
+    assert r.returncode == 1 and b"blocked" in r.stderr  # the shadow works
+    git(repo, "checkout", "-qb", "pr")
+    edit(repo / "kernels/attention.py", "    b = tl.program_id(0)\n", "    b = tl.program_id(0)  # the sequence\n")
+    edit(repo / "kernels/common.py", "import triton\n", "# shared helpers\nimport triton\n\n")
+    edit(
+        repo / "kernels/common.py",
+        "return triton.next_power_of_2(head_dim)",
+        "return (triton.next_power_of_2(head_dim))",
+    )
+    (repo / "README.md").write_text("docs\n")
+    commit_all(repo, "comments, formatting, docs")
+    r, report = run_gate_cli(repo, "--base", "main", env=blocked)
+    assert r.returncode == 0, r.stderr
+    assert report["conclusion"] == "success" and report["reason"] == "no kernel changed"
+    by = {k["name"]: k for k in report["kernels"]}
+    assert all(k["status"] == "unchanged" and k["verification"] is None and not k["error"] for k in by.values())
+    assert by["decode_attention"]["reasons"] == [
+        f"kernels/attention.py: {COSMETIC}",
+        f"kernels/common.py: {COSMETIC}",
+    ]
+    assert by["kv_append"]["reasons"] == []  # imports neither file
+    assert report["pipelines"] == [] and report["model"] is None
+    # a docstring is code (it is the function's __doc__): that change is checked
+    edit(repo / "kernels/common.py", "padded to a power of two", "padded to a power of 2")
+    commit_all(repo, "docstring")
+    p = plan(repo)
+    assert {n for n, a in p.items() if a.status == "changed"} == {"decode_attention", "paged_attention", "rope"}
+    assert p["rope"].reasons == ["kernels/common.py changed"]
 
 
 def test_shared_module_change_affects_every_importer(repo):
@@ -306,7 +348,7 @@ def test_an_internal_error_in_one_kernel_is_recorded_and_the_gate_goes_on(repo):
     cfg = (repo / ".kernalin.yml").read_text()
     (repo / ".kernalin.yml").write_text(cfg[: cfg.index("pipelines:")])  # no pipeline: faster
     edit(repo / "kernels/kv_cache.py", "import triton\n", "import triton\n" + BREAKS_THE_WORKER)
-    edit(repo / "kernels/rope.py", "import torch\n", "import torch  # touched: checked as well\n")
+    edit(repo / "kernels/rope.py", "import torch\n", "import torch\nTOUCHED = True  # checked as well\n")
     commit_all(repo, "kv: breaks the worker; rope: a comment")
     r, report = run_gate_cli(repo, "--base", "main")
     assert r.returncode == 1, r.stderr  # the gate ran to its end and failed that kernel

@@ -3,7 +3,9 @@
 A kernel is affected when its entry file, one of its `sources` globs, any
 repository module its entry imports (followed transitively), or one of its CUDA
 sources or the repository headers they include (`cuda:`, followed transitively) changed between
-base and head. A kernel whose entry file does not exist at base is new (verify
+base and head. A Python file whose syntax tree is the same at base and head (only comments, blank
+lines or formatting changed) does not count: the same program, decided from the diff before any
+worker starts. A kernel whose entry file does not exist at base is new (verify
 only); a kernel the head's configuration no longer lists and whose entry is gone
 at head is removed (noted).
 """
@@ -152,6 +154,24 @@ def changed_files(repo: Path, base: str, head: str) -> list[str]:
     return [line for line in out.splitlines() if line]
 
 
+COSMETIC = "only comments or formatting changed (the same Python syntax tree)"
+
+
+def same_code(base_root: Path, head_root: Path, path: str) -> bool:
+    """Whether PATH is a Python file with the same syntax tree at base and head: only comments, blank lines
+    or formatting changed (positions are not compared; docstrings are code). Read as bytes, so an encoding
+    declaration is honoured; a file missing or not parsing on either side is changed code."""
+    if not path.endswith(".py"):
+        return False
+    trees = []
+    for root in (base_root, head_root):
+        try:
+            trees.append(ast.dump(ast.parse((root / path).read_bytes(), path)))
+        except (OSError, SyntaxError, ValueError):
+            return False
+    return trees[0] == trees[1]
+
+
 @dataclass
 class Affected:
     kernel: Kernel
@@ -243,6 +263,8 @@ def affected_kernels(
     """Each kernel of CFG: new, changed, unchanged, or removed (DROPPED from the head's configuration and
     its entry gone at head too)."""
     out = []
+    cosmetic = {f for f in changed if same_code(base_root, head_root, f)}
+    changed = [f for f in changed if f not in cosmetic]
     changed_set = set(changed)
     for k in cfg.kernels:
         if k.name in dropped and not _entry_exists(k, head_root):
@@ -270,7 +292,11 @@ def affected_kernels(
         for f in changed:
             if k.sources and _matches(f, k.sources) and f"{f} changed" not in reasons:
                 reasons.append(f"{f} changed (sources)")
-        out.append(Affected(k, "changed" if reasons else "unchanged", reasons))
+        if reasons:
+            out.append(Affected(k, "changed", reasons))
+            continue
+        mine = sorted(f for f in cosmetic if f in files or (k.sources and _matches(f, k.sources)))
+        out.append(Affected(k, "unchanged", [f"{f}: {COSMETIC}" for f in mine]))
     return out
 
 

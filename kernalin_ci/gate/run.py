@@ -188,6 +188,9 @@ def run_gate(
             + (f"; removed: {', '.join(report.removed)}" if report.removed else ""),
             progress,
         )
+        for a in plan:
+            if a.status == "unchanged" and a.reasons:  # e.g. a comment: decided from the diff, nothing runs
+                log(f"    {a.kernel.name} unchanged: {'; '.join(a.reasons)}", progress)
         results: dict[str, KernelReport] = {}
         for a in plan:
             k = a.kernel

@@ -506,7 +506,10 @@ def _others(report: Report) -> list[str]:
     out = []
     unchanged = [k for k in report.kernels if k.status == "unchanged"]
     if unchanged:
-        names = ", ".join(f"{_name(k.name)} ({_name(k.op)})" for k in unchanged)
+        names = ", ".join(
+            f"{_name(k.name)} ({_name(k.op)}{': ' + md(clip('; '.join(k.reasons), 500)) if k.reasons else ''})"
+            for k in unchanged
+        )
         out.append(
             f"<details><summary>{plural(len(unchanged), 'unchanged kernel')} (not checked)</summary>"
             f"\n\n{names}\n\n</details>\n\n"
