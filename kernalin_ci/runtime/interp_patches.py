@@ -375,7 +375,12 @@ def fp8_conversions() -> bool:
     if getattr(original, "_kernalin", False):
         return True
     formats = _fp8_formats()
-    wide = {tl.float16: torch.float16, tl.bfloat16: torch.bfloat16, tl.float32: torch.float32, tl.float64: torch.float64}
+    wide = {
+        tl.float16: torch.float16,
+        tl.bfloat16: torch.bfloat16,
+        tl.float32: torch.float32,
+        tl.float64: torch.float64,
+    }
 
     def fp_to_fp(self, src, dst_type, rounding_mode, _original=original):
         src_ty, dst_ty = src.dtype.scalar, dst_type.scalar

@@ -2,6 +2,7 @@
 TRITON_INTERPRET=1 prints, per format, the bytes the kernel stored and the values it read back, for values
 where FP8 conversion goes wrong (the top of a binade, ties, past the largest normal, subnormals), and the
 float32 read back from every one of the 256 bytes, as JSON."""
+
 import json
 import sys
 
@@ -35,8 +36,25 @@ for name, dtype, fmt in (("e4m3", torch.float8_e4m3fn, tl.float8e4nv), ("e5m2", 
     fi = torch.finfo(dtype)
     tiny = fi.smallest_normal * fi.eps  # the smallest subnormal
     x = torch.tensor(
-        [124.9, -31.4, 1.0625, 1.1875, fi.max, fi.max * 1.05, fi.max * 4, -fi.max * 4, 1e30, fi.smallest_normal,
-         fi.smallest_normal * 0.75, tiny, tiny * 0.5, tiny * 0.51, tiny * 1.5, 0.3, -2.7],
+        [
+            124.9,
+            -31.4,
+            1.0625,
+            1.1875,
+            fi.max,
+            fi.max * 1.05,
+            fi.max * 4,
+            -fi.max * 4,
+            1e30,
+            fi.smallest_normal,
+            fi.smallest_normal * 0.75,
+            tiny,
+            tiny * 0.5,
+            tiny * 0.51,
+            tiny * 1.5,
+            0.3,
+            -2.7,
+        ],
         dtype=torch.float32,
     )
     q = torch.empty(x.numel(), dtype=dtype)
