@@ -131,6 +131,7 @@ def _quant(q):
         ("multiplied", "kv-scale"),
         ("other-scale", "kv-scale"),
         ("no-saturation", "kv-saturation"),
+        ("from-key", "kv-source"),
     ],
 )
 def test_append_check_names_scale_and_saturation_bugs(bug, cls):
@@ -158,7 +159,10 @@ def test_append_check_names_scale_and_saturation_bugs(bug, cls):
         return out
 
     _write(kw, p, "k_cache", "key", "k_scale", good)
-    _write(kw, p, "v_cache", "value", "v_scale", good if bug is None else wrong)
+    if bug == "from-key":  # the value cache written from the key, with V's scale
+        _write(kw, p, "v_cache", "key", "v_scale", good)
+    else:
+        _write(kw, p, "v_cache", "value", "v_scale", good if bug is None else wrong)
     findings = op.check(case, before, kw, op.outputs(None, kw), p)
     if cls is None:
         assert not findings, [f.message for f in findings]
@@ -253,3 +257,28 @@ def test_fp8_kernel_at_its_case(op, name, params_, case, cls):
         assert not r.findings, [f.message for f in r.findings]
     else:
         assert cls in {f.bug_class for f in r.findings}, [(f.bug_class, f.message) for f in r.findings]
+
+
+def test_benchmark_rounds_build_fp8_inputs_anew():
+    """A benchmark round does not redraw an FP8 cache and its scales as standard normal (a negative scale, a
+    float8 normal_): with kv_dtype set the op builds each round's inputs anew, and base and head agree bit for
+    bit on them."""
+    from kernalin_ci.bench.pair import bench_pair
+
+    assert get_op("kv_append").redraws(params("kv_append")) is True
+    assert get_op("kv_append").redraws(params("kv_append", **E4M3)) is False
+    assert get_op("attention.decode").redraws(params("attention.decode", **E4M3)) is False
+    entry = "kv_append/correct_fp8_per_head.py:entry"
+    r = bench_pair(
+        "kv_append",
+        entry,
+        entry,
+        str(CHECKS),
+        str(CHECKS),
+        {"tokens": 6, **E4M3},
+        "cpu",
+        reps=2,
+        max_rounds=2,
+        adaptive=False,
+    )
+    assert not r.failed, r.error

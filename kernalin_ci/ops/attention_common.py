@@ -252,6 +252,10 @@ class AttentionOp(Op):
     def check_params(params: Params) -> str | None:
         return kv_quant.check_params(params)
 
+    def redraws(self, params: Params) -> bool:
+        """An FP8 cache and its positive scales are not redrawn (standard normal): each round builds them anew."""
+        return self.redraw_inputs and not kv_quant.spec_of(params)
+
     def validate_case(self, case: Case) -> str | None:
         return validate_dims(case.dims)
 

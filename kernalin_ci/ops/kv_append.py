@@ -63,6 +63,10 @@ class KvAppend(Op):
     def unanalysed(self, params: Params) -> list[str]:
         return kv_quant.unanalysed(params)
 
+    def redraws(self, params: Params) -> bool:
+        """An FP8 cache and its positive scales are not redrawn (standard normal): each round builds them anew."""
+        return self.redraw_inputs and not kv_quant.spec_of(params)
+
     def _dims(
         self, params: Params, T: int, Hkv: int, D: int, num_blocks: int, padding: int, **extra: Any
     ) -> dict[str, Any]:
@@ -284,8 +288,10 @@ class KvAppend(Op):
                     "the previous contents",
                 )
         xo = before[other].to("cpu", torch.float64)[tok]
-        lo, hi = kv_quant.expected_bytes(xo, other_scale, quant)
-        if bool(((g == lo) | (g == hi) | ~bad_cpu).all()):
+        for s_ in (scale, other_scale):  # the other input, divided by either scale
+            lo, hi = kv_quant.expected_bytes(xo, s_, quant)
+            if not bool(((g == lo) | (g == hi) | ~bad_cpu).all()):
+                continue
             return Finding(
                 "kv-written-slots", "kv-source", f"{name}: written from {other!r} instead of {src!r} ({n_bad} tokens)"
             )
