@@ -143,9 +143,8 @@ class AttentionDecodePaged(ac.AttentionOp):
         feat = af.Features.of(params, kw)
         out = ac.attend(q, K, V, kw["scale"], ac.head_map(Hq, Hkv), feat=feat)
         slack = {"out": af.underflow_slack(out, q.dtype)} if feat.sinks is not None else {}
-        quant = kv_quant.spec_of(params)
-        tol = kv_quant.tolerance(quant, q.dtype) if quant else None
-        return Expected({"out": out}, row_slack=slack, tolerance=tol)
+        # an FP8 cache: the stored bytes are read exactly, so the output keeps the compute dtype's tolerance
+        return Expected({"out": out}, row_slack=slack)
 
     def fingerprints(self, kw: Tensors, params: Params, case: Case) -> list[tuple[str, Tensors]]:
         q, tb = kw["q"], kw["block_tables"]

@@ -79,11 +79,6 @@ class KvQuant:
         return float(torch.finfo(self.dtype).max)
 
     @property
-    def unit_roundoff(self) -> float:
-        """Half the spacing of the format's values at 1: 2^-4 (e4m3), 2^-3 (e5m2)."""
-        return 2.0 ** -(MANTISSA[self.kv_dtype] + 1)
-
-    @property
     def label(self) -> str:
         return f"{self.kv_dtype} cache, {'per-head' if self.per_head else 'per-tensor'} scales"
 
@@ -193,16 +188,6 @@ def dequantise(t: Any, scale: Any) -> Any:
     if scale is None:
         return t
     return t.to("cpu").to(torch.float64) * per_head(scale, t.shape[0]).reshape(-1, 1, 1)
-
-
-def tolerance(q: KvQuant, dtype: Any) -> float:
-    """The attention output's tolerance with an FP8 cache: the reference dequantises the stored bytes
-    exactly, and a kernel may round one operand of each product to the format once (q, or the
-    probabilities, for an FP8 matrix unit): a row's relative error from that is at most the format's unit
-    roundoff, added to the compute dtype's tolerance."""
-    from kernalin_ci.ops.base import TOLERANCE
-
-    return TOLERANCE[str(dtype).removeprefix("torch.")] + q.unit_roundoff
 
 
 def read_variants(scales_kv: dict[str, Any], q: KvQuant) -> list[tuple[str, dict[str, Any]]]:
