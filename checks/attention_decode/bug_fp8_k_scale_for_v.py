@@ -1,13 +1,15 @@
 """Decode attention over an FP8 cache that dequantises V with K's scale
 
-Parent: correct_fp8_cache.py. Injected bug, in _decode_online_fp8: the value tile is multiplied by
-`k_scale` where it should be multiplied by `v_scale` (a copy of the key line). Every output is off by
-k_scale / v_scale.
+Parent: correct_fp8_cache.py. Injected bug, in _decode_online_fp8 (a copy of the key line):
+
+    acc = acc * alpha + tl.sum(p[:, None] * (v.to(tl.float32) * k_scale), 0)   # should be: * v_scale
+
+Every output is off by k_scale / v_scale.
 Bug class: kv-scale.
-Modelled on sgl-project/sglang PR #26852 (fused FP8 KV cache write on the aiter backend): review found
+Modelled on https://github.com/sgl-project/sglang/pull/26852 (fused FP8 KV cache write on the aiter backend): review found
 `v_descale = layer.v_scale if layer.v_scale is not None else self.k_scale`, V's descale falling back to
 K's -- harmless only while the two are the same tensor.
-pos-0 probe: missed. The probe passes k_scale = v_scale = 1.0.
+pos0 probe: missed. The probe passes k_scale = v_scale = 1.0.
 """
 import torch
 import triton

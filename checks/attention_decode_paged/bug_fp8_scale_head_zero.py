@@ -1,13 +1,16 @@
 """Paged decode attention over an FP8 cache that reads every head's scale at element 0
 
-Parent: correct_fp8_folded_scales.py. Injected bug, in _paged_online_fp8: the scales are loaded at index 0
-(`sg = 0`) whatever the scale tensors hold, so with per-head scales every KV head is dequantised with KV
-head 0's k_scale and v_scale.
+Parent: correct_fp8_folded_scales.py. Injected bug, in _paged_online_fp8:
+
+    sg = 0      # should be: sg = g if PER_HEAD else 0
+
+The scales are loaded at index 0 whatever the scale tensors hold, so with per-head scales every KV head is
+dequantised with KV head 0's k_scale and v_scale.
 Bug class: kv-scale.
-Modelled on vllm-project/vllm PR #42580 (FP8 KV cache scaling in the Triton attention backend): review
+Modelled on https://github.com/vllm-project/vllm/pull/42580 (FP8 KV cache scaling in the Triton attention backend): review
 found `tl.load(k_scale)` / `tl.load(v_scale)` without an index, right only while the scale is one number,
 although the backend expands the descales to (num_seqs, num_kv_heads).
-pos-0 probe: missed. The probe passes scales of 1.0 for every head.
+pos0 probe: missed. The probe passes scales of 1.0 for every head.
 """
 import torch
 import triton

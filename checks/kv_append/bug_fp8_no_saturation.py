@@ -1,7 +1,7 @@
 """Paged FP8 (e5m2) KV append whose software conversion does not saturate
 
 Parent: correct_fp8_per_head.py (with `kv_dtype: fp8_e5m2`). Injected bug: the quotient is converted to
-e5m2 in integer arithmetic (_to_e5m2_bits: round to nearest even through the float16 bit pattern, as
+e5m2 in integer arithmetic (_quantise: round to nearest even through the float16 bit pattern, as
 software FP8 paths for GPUs without a native conversion do) and nothing clamps it to the largest normal
 57344: a quotient past it is stored as inf (or a NaN byte) instead of 57344. Every other value is the
 correctly rounded one.
@@ -25,17 +25,12 @@ CATALOGUE = {
 
 
 @triton.jit
-def _to_e5m2_bits(x):
-    """float32 -> e5m2 in integer arithmetic: e5m2 is the high byte of float16. The float32 bits below the
-    float16 cut are jammed into a sticky bit, the value truncated to float16, and the float16 bits rounded
-    to nearest even at the byte. Nothing clamps the result to 57344 (the largest normal)."""
-    u = x.to(tl.int32, bitcast=True)
-    u = u | (((u & 0xFFFF) != 0).to(tl.int32) << 16)
-    h = u.to(tl.float32, bitcast=True).to(tl.float16, fp_downcast_rounding="rtz")
-    b = h.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-    mag = b & 0x7FFF
-    r = (mag + 0x7F + ((mag >> 8) & 1)) >> 8
-    return (((b >> 8) & 0x80) | r).to(tl.uint8).to(tl.float8e5, bitcast=True)
+def _quantise(x, scale, DT: tl.constexpr):
+    # e5m2 is float16's high byte: a sticky bit, truncate to float16, round at the byte; nothing clamps to 57344
+    u = (x / scale).to(tl.int32, bitcast=True)
+    h = (u | (((u & 0xFFFF) != 0).to(tl.int32) << 16)).to(tl.float32, bitcast=True)
+    b = h.to(tl.float16, fp_downcast_rounding="rtz").to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    return (((b >> 8) & 0x80) | (((b & 0x7FFF) + 0x7F + ((b >> 8) & 1)) >> 8)).to(tl.uint8).to(DT, bitcast=True)
 
 
 @triton.jit
@@ -61,8 +56,8 @@ def _kv_append_fp8_kernel(key, value, k_cache, v_cache, slot_mapping, k_scale, v
     vs = tl.load(v_scale + sh, mask=hh < num_kv_heads, other=1.0)[:, None]
     k = tl.load(key + t * stride_kt + h * stride_kh + d, mask=mask).to(tl.float32)
     v = tl.load(value + t * stride_vt + h * stride_vh + d, mask=mask).to(tl.float32)
-    kq = _to_e5m2_bits(k / ks)
-    vq = _to_e5m2_bits(v / vs)
+    kq = _quantise(k, ks, k_cache.dtype.element_ty)
+    vq = _quantise(v, vs, v_cache.dtype.element_ty)
     tl.store(k_cache + blk * stride_kcb + off * stride_kcs + h * stride_kch + d, kq, mask=mask)
     tl.store(v_cache + blk * stride_vcb + off * stride_vcs + h * stride_vch + d, vq, mask=mask)
 

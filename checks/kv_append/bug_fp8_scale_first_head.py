@@ -25,6 +25,11 @@ CATALOGUE = {
 
 
 @triton.jit
+def _quantise(x, scale, DT: tl.constexpr):
+    return (x / scale).to(DT)  # round to nearest even, saturating (docs/ops.md, "FP8 KV caches")
+
+
+@triton.jit
 def _kv_append_fp8_kernel(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale,
                           stride_kt, stride_kh, stride_vt, stride_vh,
                           stride_kcb, stride_kcs, stride_kch,
@@ -47,8 +52,8 @@ def _kv_append_fp8_kernel(key, value, k_cache, v_cache, slot_mapping, k_scale, v
     vs = tl.load(v_scale + sh, mask=hh < num_kv_heads, other=1.0)[:, None]
     k = tl.load(key + t * stride_kt + h * stride_kh + d, mask=mask).to(tl.float32)
     v = tl.load(value + t * stride_vt + h * stride_vh + d, mask=mask).to(tl.float32)
-    kq = (k / ks).to(k_cache.dtype.element_ty)
-    vq = (v / vs).to(v_cache.dtype.element_ty)
+    kq = _quantise(k, ks, k_cache.dtype.element_ty)
+    vq = _quantise(v, vs, v_cache.dtype.element_ty)
     tl.store(k_cache + blk * stride_kcb + off * stride_kcs + h * stride_kch + d, kq, mask=mask)
     tl.store(v_cache + blk * stride_vcb + off * stride_vcs + h * stride_vch + d, vq, mask=mask)
 

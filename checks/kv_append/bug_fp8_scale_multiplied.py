@@ -1,7 +1,7 @@
 """Paged FP8 KV append that multiplies by the scale where it should divide
 
-Parent: correct_fp8_per_head.py. Injected bug, in _kv_append_fp8_kernel: `k * ks` and `v * vs` where the
-contract stores key / k_scale (the attention side multiplies the stored value back by the scale).
+Parent: correct_fp8_per_head.py. Injected bug, in _quantise: `x * scale` where the contract stores key / k_scale
+(the attention side multiplies the stored value back by the scale).
 Bug class: kv-scale.
 Modelled on vllm-project/vllm-xpu-kernels PR #475 (concat_and_cache_mla with an FP8 cache): its first root
 cause was the scale direction -- the cache write applied the scale the wrong way round -- next to a missing
@@ -20,6 +20,11 @@ CATALOGUE = {
     "style": "per token, scale multiplied on write",
     "structural": "not-analysed",
 }
+
+
+@triton.jit
+def _quantise(x, scale, DT: tl.constexpr):
+    return (x * scale).to(DT)
 
 
 @triton.jit
@@ -45,8 +50,8 @@ def _kv_append_fp8_kernel(key, value, k_cache, v_cache, slot_mapping, k_scale, v
     vs = tl.load(v_scale + sh, mask=hh < num_kv_heads, other=1.0)[:, None]
     k = tl.load(key + t * stride_kt + h * stride_kh + d, mask=mask).to(tl.float32)
     v = tl.load(value + t * stride_vt + h * stride_vh + d, mask=mask).to(tl.float32)
-    kq = (k * ks).to(k_cache.dtype.element_ty)
-    vq = (v * vs).to(v_cache.dtype.element_ty)
+    kq = _quantise(k, ks, k_cache.dtype.element_ty)
+    vq = _quantise(v, vs, v_cache.dtype.element_ty)
     tl.store(k_cache + blk * stride_kcb + off * stride_kcs + h * stride_kch + d, kq, mask=mask)
     tl.store(v_cache + blk * stride_vcb + off * stride_vcs + h * stride_vch + d, vq, mask=mask)
 
