@@ -52,6 +52,11 @@ BUG_CLASSES: dict[str, str] = {
     "kv-source": "a cache written from the wrong source (V from K, K from V)",
     "kv-coverage": "part of a token's Hkv * D elements never written (only the first head, half of D)",
     "stray-write": "bytes outside the intended write set changed",
+    # FP8 caches (docs/ops.md, "FP8 KV caches")
+    "kv-scale": "an FP8 cache quantised or dequantised with the wrong scale (another head's, the other cache's, "
+    "multiplied where it divides, or none)",
+    "kv-saturation": "a value past the FP8 format's largest normal stored as inf, NaN or another byte instead of "
+    "saturating to that normal",
     "offset-overflow": "32-bit address arithmetic that overflows once a buffer passes 2^31 elements",
     # decode_step (a whole step: rotate, append, attend)
     "step-order": "attention reads the new token's cache slot before this step's write of it lands",

@@ -91,7 +91,8 @@ def test_header_catalogue_and_entry(path):
     entry = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "entry")
     args = [a.arg for a in entry.args.args]
     assert args[: len(SIGNATURE[op])] == SIGNATURE[op]
-    assert args[len(SIGNATURE[op]) :] in ([], ["alibi_slopes", "sinks"]), "the feature inputs, optional, last"
+    fp8 = ["k_scale", "v_scale"] if cat["params"].get("kv_dtype") else []  # FP8 caches: their scales
+    assert args[len(SIGNATURE[op]) :] in (fp8, ["alibi_slopes", "sinks", *fp8]), "the feature inputs, optional, last"
     if args != SIGNATURE[op]:  # a feature kernel's structural cell says what it does not analyse
         assert cat.get("structural") == "not-analysed"
 

@@ -69,7 +69,8 @@ def test_header_and_catalogue(op, path):
     assert doc and doc.splitlines()[0].strip(), "the header needs a title line"
     assert cat["op"] == op
     resolve_params(op, get_op(op).params, cat["params"])  # raises UsageError for a param the op lacks
-    assert [a.arg for a in entry.args.kwonlyargs + entry.args.args] == SIGNATURES[op]
+    fp8 = ["k_scale", "v_scale"] if cat["params"].get("kv_dtype") else []  # an FP8 cache's scales (docs/ops.md)
+    assert [a.arg for a in entry.args.kwonlyargs + entry.args.args] == SIGNATURES[op] + fp8
     if path.name.startswith("correct_"):
         assert cat["bug_class"] is None and cat["pos0"] is None and cat["modelled_on"] is None
     else:
@@ -102,6 +103,8 @@ PROBE_SCRIPT = textwrap.dedent("""
     from kernalin_ci.verify.dynamic import run_case
     from kernalin_ci.verify.judge import judge
     from kernalin_ci.verify.loop_judge import op_loop_judge
+    from kernalin_ci.runtime.interp_patches import fp8_conversions
+    fp8_conversions()  # as the worker does: FP8 casts round and saturate as on the GPU
     out = {}
     for op_name, path, raw in json.loads(sys.argv[1]):
         op = get_op(op_name)

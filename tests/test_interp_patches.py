@@ -53,3 +53,49 @@ def test_libdevice_pow_and_aliased_builtins_run_patched_and_fail_unpatched():
     assert got["exp2"] == [1.0, 2.0, 0.5, 8.0], got
     raw = _run_pow_alias("unpatched")
     assert str(raw["pow"]).startswith("error") and str(raw["exp2"]).startswith("error"), raw
+
+
+def _run_fp8(mode: str) -> dict:
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    p = subprocess.run(
+        [sys.executable, str(KERNELS / "interp_fp8_cast.py"), mode],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def _satfinite(x: list[float], dtype) -> list[int]:
+    """The GPU's cvt.rn.satfinite: round to nearest even, a finite value past the largest normal saturates."""
+    import torch
+
+    top = torch.finfo(dtype).max
+    return torch.tensor(x, dtype=torch.float64).clamp(-top, top).to(dtype).view(torch.uint8).tolist()
+
+
+def test_fp8_conversion_rounds_and_saturates_patched_and_not_unpatched():
+    """fp32 -> float8e4nv / float8e5 -> fp32 in a Triton kernel: patched, the stored bytes are the
+    round-to-nearest-even, saturating conversion (torch's, on the clamped value) and every byte reads back
+    as torch reads it (e4m3's 0x7F is NaN, e5m2's 0x7C inf); unpatched, the interpreter halves the top of a
+    binade (124.9 -> 64 in e4m3), so the same comparison fails."""
+    import torch
+
+    formats = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+    patched = _run_fp8("patched")
+    for name, dtype in formats.items():
+        got = patched[name]
+        assert got["stored"] == _satfinite(got["x"], dtype), name
+        want_read = [str(v) for v in torch.tensor(got["stored"], dtype=torch.uint8).view(dtype).float().tolist()]
+        assert got["read"] == want_read, name
+        every = [str(v) for v in torch.arange(256, dtype=torch.uint8).view(dtype).float().tolist()]
+        assert got["every_byte"] == every, name
+    assert patched["e4m3"]["stored"][0] == 0x70  # 124.9 -> 128
+    assert patched["e5m2"]["stored"][6] == 0x7B  # 4 x the largest normal saturates to it, not inf
+    unpatched = _run_fp8("unpatched")
+    for name, dtype in formats.items():
+        assert unpatched[name]["stored"] != _satfinite(unpatched[name]["x"], dtype), name
+    assert unpatched["e4m3"]["stored"][0] == 0x68  # 64: the carry or-ed into an odd exponent

@@ -646,7 +646,7 @@ def _reference(shapes: list[Shape], clock, k: int, rng: random.Random, device: s
 
 
 def _fresh_inputs(op, params, device, sh: Shape, rnd: int, seed: int) -> None:
-    if op.redraw_inputs:
+    if op.redraws(params):
         refresh(sh.master, sh.gen)
     else:
         c = sh.case

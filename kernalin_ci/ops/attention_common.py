@@ -11,6 +11,7 @@ from typing import Any, TypeGuard
 from kernalin_ci.device import DEVICES
 from kernalin_ci.lazy import torch
 from kernalin_ci.ops import attention_features as af
+from kernalin_ci.ops import kv_quant
 from kernalin_ci.ops.base import (
     DTYPE_BYTES,
     Case,
@@ -31,7 +32,7 @@ SHAPE_PARAMS = (
     Param("num_q_heads", None, int, "pin Hq (default: cases vary Hq/Hkv over 1, 4, 6, 8)", check=positive),
     Param("num_kv_heads", None, int, "pin Hkv (default: cases vary it)", check=positive),
 )
-FEATURE_PARAMS = af.FEATURE_PARAMS
+FEATURE_PARAMS = af.FEATURE_PARAMS + kv_quant.KV_PARAMS
 
 TILES = (16, 32, 64, 128, 256)
 
@@ -77,6 +78,8 @@ def plan(params: Params, device: str, dtype: str | None) -> list[Case]:
         Case("long", dims(8, 2, D64, [long, long * 3 // 5 + 3]), main, 8, ("long",)),
     ]
     cases += af.plan_cases(params, cases[0].dims, main)  # none unless a feature param is on
+    if kv_quant.spec_of(params):  # cache values at the format's largest and smallest normals, subnormals
+        cases.append(Case("fp8-edges", dims(8, 4, D64, [1, 17, 64, 129]), main, 64, ("fp8-edges",)))
     if dtype is None:  # dtype sweep on a smaller set
         for i, dt in enumerate(("float16", "bfloat16")):
             cases.append(Case(f"gqa-8-{dt}", dims(16, 2, D64, [5, 17, 129, 300]), dt, 20 + i))
@@ -106,6 +109,30 @@ def shape_dims(params: Params) -> dict[str, Any]:
 
 def head_map(Hq: int, Hkv: int) -> list[int]:
     return [h // (Hq // Hkv) for h in range(Hq)]
+
+
+def fp8_fingerprints(
+    q: torch.Tensor,
+    keys_of: Callable[[int, int, Any], torch.Tensor],
+    values_of: Callable[[int, int, Any], torch.Tensor],
+    kv_lens: list[int],
+    scale: float,
+    Hq: int,
+    Hkv: int,
+    quant: kv_quant.KvQuant,
+    scales: dict[str, Any],
+    feat: af.Features | None,
+) -> list[tuple[str, dict[str, Any]]]:
+    """What a kernel that dequantises an FP8 cache with the wrong scale computes (`keys_of(b, L, scale)`:
+    [Hkv, L, D] float64 read with that scale): K's scale for V, V's for K, the first head's for every head,
+    none, the scale divided."""
+    good = head_map(Hq, Hkv)
+    out = []
+    for _why, wrong in kv_quant.read_variants(scales, quant):
+        K = [keys_of(b, L, wrong["k_scale"]) for b, L in enumerate(kv_lens)]
+        V = [values_of(b, L, wrong["v_scale"]) for b, L in enumerate(kv_lens)]
+        out.append(("kv-scale", {"out": attend(q, K, V, scale, good, feat=feat)}))
+    return out
 
 
 def attend(
@@ -219,8 +246,16 @@ class AttentionOp(Op):
     attends = True
 
     def unanalysed(self, params: Params) -> list[str]:
-        """The attention features switched on: the structural analysis does not model them."""
-        return [f"{af.FEATURE_NAMES[n]} (param {n})" for n in af.active(params)]
+        """The attention features and an FP8 cache switched on: the structural analysis does not model them."""
+        return [f"{af.FEATURE_NAMES[n]} (param {n})" for n in af.active(params)] + kv_quant.unanalysed(params)
+
+    @staticmethod
+    def check_params(params: Params) -> str | None:
+        return kv_quant.check_params(params)
+
+    def redraws(self, params: Params) -> bool:
+        """An FP8 cache and its positive scales are not redrawn (standard normal): each round builds them anew."""
+        return self.redraw_inputs and not kv_quant.spec_of(params)
 
     def validate_case(self, case: Case) -> str | None:
         return validate_dims(case.dims)
@@ -249,7 +284,8 @@ class AttentionOp(Op):
         e = DTYPE_BYTES[case.dtype]
         lens = [int(x) for x in d["kv_lens"]]
         B, Hq, Hkv, D = len(lens), int(d["Hq"]), int(d["Hkv"]), int(d["D"])
-        read = B * Hq * D * e + 2 * sum(lens) * Hkv * D * e + 4 * B
+        kv_e = 1 if kv_quant.spec_of(params) else e  # an FP8 cache: one byte per element
+        read = B * Hq * D * e + 2 * sum(lens) * Hkv * D * kv_e + 4 * B
         if params.get("block_size"):  # paged: the block-table entries that are used
             bs = int(params["block_size"])
             read += 4 * sum(-(-L // bs) for L in lens)

@@ -8,6 +8,7 @@ from kernalin_ci.findings import Finding
 from kernalin_ci.lazy import torch
 from kernalin_ci.ops import attention_common as ac
 from kernalin_ci.ops import attention_features as af
+from kernalin_ci.ops import kv_quant
 from kernalin_ci.ops.base import Case, Expected, Params, Tensors, generator, randn
 from kernalin_ci.runtime.poison import fill_canary
 
@@ -40,6 +41,16 @@ class AttentionDecode(ac.AttentionOp):
         k = randn((B, Hkv, S, D), g, case.dtype, "cpu", std)
         v = randn((B, Hkv, S, D), g, case.dtype, "cpu")
         _fill_tails(k, v, lens, d.get("tail", "nan"), g, poison)
+        quant = kv_quant.spec_of(params)
+        scales = {}
+        if quant:  # the caches quantised on write, as kv_append stores them (NaN canaries stay canaries)
+            scales = kv_quant.scales(quant, case, Hkv, std, device)
+            if "fp8-edges" in case.tags:
+                for b in range(B):
+                    kv_quant.place_edges(k[b].permute(1, 0, 2), scales["k_scale"], quant)
+                    kv_quant.place_edges(v[b].permute(1, 0, 2), scales["v_scale"], quant)
+            k = kv_quant.quantise(k, scales["k_scale"], quant, 1)
+            v = kv_quant.quantise(v, scales["v_scale"], quant, 1)
         return {
             "q": q.to(device),
             "k_cache": k.to(device),
@@ -47,6 +58,7 @@ class AttentionDecode(ac.AttentionOp):
             "kv_lens": torch.tensor(lens, dtype=torch.int32, device=device),
             "scale": float(d["scale"]),
             **af.extra_inputs(case, params, Hq, device),
+            **scales,
         }
 
     def outputs(self, ret: Any, kw: Tensors) -> Tensors:
@@ -56,20 +68,38 @@ class AttentionDecode(ac.AttentionOp):
         lens = kw["kv_lens"].tolist()
         q = kw["q"]
         Hq, Hkv = q.shape[1], kw["k_cache"].shape[1]
-        K = [kw["k_cache"][b, :, :L] for b, L in enumerate(lens)]
-        V = [kw["v_cache"][b, :, :L] for b, L in enumerate(lens)]
+        ks, vs = kw.get("k_scale"), kw.get("v_scale")
+        K = [kv_quant.dequantise(kw["k_cache"][b, :, :L], ks) for b, L in enumerate(lens)]
+        V = [kv_quant.dequantise(kw["v_cache"][b, :, :L], vs) for b, L in enumerate(lens)]
         feat = af.Features.of(params, kw)
         out = ac.attend(q, K, V, kw["scale"], ac.head_map(Hq, Hkv), feat=feat)
         slack = {"out": af.underflow_slack(out, q.dtype)} if feat.sinks is not None else {}
+        # an FP8 cache: the stored bytes are read exactly, so the output keeps the compute dtype's tolerance
         return Expected({"out": out}, row_slack=slack)
 
     def fingerprints(self, kw: Tensors, params: Params, case: Case) -> list[tuple[str, Tensors]]:
         S = kw["k_cache"].shape[2]
         q = kw["q"]
-        return ac.fingerprints(
+        ks, vs = kw.get("k_scale"), kw.get("v_scale")
+        quant = kv_quant.spec_of(params)
+        fps = []
+        if quant:
+            fps = ac.fp8_fingerprints(
+                q,
+                lambda b, L, s: kv_quant.dequantise(kw["k_cache"][b, :, : min(L, S)], s),
+                lambda b, L, s: kv_quant.dequantise(kw["v_cache"][b, :, : min(L, S)], s),
+                kw["kv_lens"].tolist(),
+                kw["scale"],
+                q.shape[1],
+                kw["k_cache"].shape[1],
+                quant,
+                {"k_scale": ks, "v_scale": vs},
+                af.Features.of(params, kw),
+            )
+        return fps + ac.fingerprints(
             q,
-            lambda b, L: kw["k_cache"][b, :, : min(L, S)],
-            lambda b, L: kw["v_cache"][b, :, : min(L, S)],
+            lambda b, L: kv_quant.dequantise(kw["k_cache"][b, :, : min(L, S)], ks),
+            lambda b, L: kv_quant.dequantise(kw["v_cache"][b, :, : min(L, S)], vs),
             kw["kv_lens"].tolist(),
             kw["scale"],
             q.shape[1],

@@ -8,7 +8,7 @@ from kernalin_ci.findings import Finding
 from kernalin_ci.lazy import torch
 from kernalin_ci.ops import attention_common as ac
 from kernalin_ci.ops import attention_features as af
-from kernalin_ci.ops import paged
+from kernalin_ci.ops import kv_quant, paged
 from kernalin_ci.ops.base import Case, Expected, Param, Params, Tensors, generator, positive, randn
 from kernalin_ci.runtime.poison import fill_canary
 
@@ -89,13 +89,21 @@ class AttentionDecodePaged(ac.AttentionOp):
                 t.copy_(torch.randn(t.shape, generator=g, dtype=torch.float64).mul_(3.0).to(t.dtype))
             else:
                 fill_canary(t)
+        quant = kv_quant.spec_of(params)
+        scales = kv_quant.scales(quant, case, Hkv, std, device) if quant else {}
         for b, L in enumerate(lens):
             kb = randn((L, Hkv, D), g, case.dtype, "cpu", std)
             vb = randn((L, Hkv, D), g, case.dtype, "cpu")
+            if quant and "fp8-edges" in case.tags:
+                kv_quant.place_edges(kb, scales["k_scale"], quant)
+                kv_quant.place_edges(vb, scales["v_scale"], quant)
             j = torch.arange(L)
             blk = tables[b, j // bs].long()
             k[blk, j % bs] = kb
             v[blk, j % bs] = vb
+        if quant:  # the caches quantised on write, as kv_append stores them (NaN canaries stay canaries)
+            k = kv_quant.quantise(k, scales["k_scale"], quant, 2)
+            v = kv_quant.quantise(v, scales["v_scale"], quant, 2)
         lay = paged.layout_of(params)
         return {
             "q": q.to(device),
@@ -105,6 +113,7 @@ class AttentionDecodePaged(ac.AttentionOp):
             "kv_lens": torch.tensor(lens, dtype=torch.int32, device=device),
             "scale": float(d["scale"]),
             **af.extra_inputs(case, params, Hq, device),
+            **scales,
         }
 
     def outputs(self, ret: Any, kw: Tensors) -> Tensors:
@@ -128,20 +137,38 @@ class AttentionDecodePaged(ac.AttentionOp):
         q, tb = kw["q"], kw["block_tables"]
         kc, vc = self._caches(kw, params)
         Hq, Hkv = q.shape[1], kc.shape[2]
-        K = [self._gather(kc, tb, b, L) for b, L in enumerate(lens)]
-        V = [self._gather(vc, tb, b, L) for b, L in enumerate(lens)]
+        ks, vs = kw.get("k_scale"), kw.get("v_scale")
+        K = [kv_quant.dequantise(self._gather(kc, tb, b, L), ks) for b, L in enumerate(lens)]
+        V = [kv_quant.dequantise(self._gather(vc, tb, b, L), vs) for b, L in enumerate(lens)]
         feat = af.Features.of(params, kw)
         out = ac.attend(q, K, V, kw["scale"], ac.head_map(Hq, Hkv), feat=feat)
         slack = {"out": af.underflow_slack(out, q.dtype)} if feat.sinks is not None else {}
+        # an FP8 cache: the stored bytes are read exactly, so the output keeps the compute dtype's tolerance
         return Expected({"out": out}, row_slack=slack)
 
     def fingerprints(self, kw: Tensors, params: Params, case: Case) -> list[tuple[str, Tensors]]:
         q, tb = kw["q"], kw["block_tables"]
         kc, vc = self._caches(kw, params)
-        fps = ac.fingerprints(
+        ks, vs = kw.get("k_scale"), kw.get("v_scale")
+        quant = kv_quant.spec_of(params)
+        fps = []
+        if quant:
+            fps = ac.fp8_fingerprints(
+                q,
+                lambda b, L, s: kv_quant.dequantise(self._gather(kc, tb, b, L), s),
+                lambda b, L, s: kv_quant.dequantise(self._gather(vc, tb, b, L), s),
+                kw["kv_lens"].tolist(),
+                kw["scale"],
+                q.shape[1],
+                kc.shape[2],
+                quant,
+                {"k_scale": ks, "v_scale": vs},
+                af.Features.of(params, kw),
+            )
+        fps += ac.fingerprints(
             q,
-            lambda b, L: self._gather(kc, tb, b, L),
-            lambda b, L: self._gather(vc, tb, b, L),
+            lambda b, L: kv_quant.dequantise(self._gather(kc, tb, b, L), ks),
+            lambda b, L: kv_quant.dequantise(self._gather(vc, tb, b, L), vs),
             kw["kv_lens"].tolist(),
             kw["scale"],
             q.shape[1],
@@ -168,8 +195,8 @@ class AttentionDecodePaged(ac.AttentionOp):
                 if int(blk.min()) < 0 or int(blk.max()) >= kc.shape[0]:
                     ok = False
                     break
-                K.append(kc[blk, j % bs].permute(1, 0, 2))
-                V.append(vc[blk, j % bs].permute(1, 0, 2))
+                K.append(kv_quant.dequantise(kc[blk, j % bs].permute(1, 0, 2), ks))
+                V.append(kv_quant.dequantise(vc[blk, j % bs].permute(1, 0, 2), vs))
             if ok:
                 hm = ac.head_map(q.shape[1], kc.shape[2])
                 feat = af.Features.of(params, kw)

@@ -214,6 +214,11 @@ class Op(ABC):
         """Bytes moved and FLOPs of one call of `case` by the op's definition; None: no model."""
         return None
 
+    def redraws(self, params: Params) -> bool:
+        """Whether a benchmark round may redraw the floating-point inputs in place with these params
+        (`redraw_inputs`, unless the params give the inputs structure a redraw would break)."""
+        return self.redraw_inputs
+
     def unanalysed(self, params: Params) -> list[str]:
         """What these params switch on that the op's structural analysis does not model, each named (the
         structural status says "not analysed for" each: never a silent pass). Empty: all of it is."""

@@ -12,7 +12,7 @@ from typing import Any
 from kernalin_ci.device import DEVICES
 from kernalin_ci.findings import Finding
 from kernalin_ci.lazy import torch
-from kernalin_ci.ops import paged
+from kernalin_ci.ops import kv_quant, paged
 from kernalin_ci.ops.base import (
     DTYPE_BYTES,
     Case,
@@ -38,7 +38,7 @@ PARAMS = (
     Param("head_dim", None, int, "pin D for every case (default: 64 and 128)", check=positive),
     Param("num_kv_heads", None, int, "pin Hkv", check=positive),
     paged.LAYOUT,
-)
+) + kv_quant.KV_PARAMS
 
 HUGE_ELEMENTS = 2**31  # one cache past 2^31 elements: 32-bit offsets overflow
 CHUNK_BLOCKS = 2048
@@ -56,6 +56,17 @@ class KvAppend(Op):
     domain_axes = ("head_dim", "num_kv_heads", "dtype", "block_size")
     exact = True  # `check`: the whole caches, bit for bit
     structural = "kv_append"
+
+    @staticmethod
+    def check_params(params: Params) -> str | None:
+        return kv_quant.check_params(params)
+
+    def unanalysed(self, params: Params) -> list[str]:
+        return kv_quant.unanalysed(params)
+
+    def redraws(self, params: Params) -> bool:
+        """An FP8 cache and its positive scales are not redrawn (standard normal): each round builds them anew."""
+        return self.redraw_inputs and not kv_quant.spec_of(params)
 
     def _dims(
         self, params: Params, T: int, Hkv: int, D: int, num_blocks: int, padding: int, **extra: Any
@@ -86,6 +97,9 @@ class KvAppend(Op):
             # the order of its programs
             Case("free-low-slots", self._dims(params, 23, 2, 64, 13, 6, free_low=2), main, 7),
         ]
+        if kv_quant.spec_of(params):  # the format's largest and smallest normals, subnormals, saturation, ties
+            hkv = params.get("num_kv_heads") or 4
+            cases.append(Case("fp8-edges", self._dims(params, 17, hkv, 64, 7, 2), main, 8, ("fp8-edges",)))
         if dtype is None:
             for i, dt in enumerate(("float16", "bfloat16")):
                 cases.append(Case(f"slots-{dt}", self._dims(params, 37, 2, 64, 23, 5), dt, 10 + i))
@@ -136,18 +150,25 @@ class KvAppend(Op):
         g = generator(case.seed)
         T, Hkv, D, nb, bs = d["T"], d["Hkv"], d["D"], d["num_blocks"], params["block_size"]
         slots = self.slot_mapping(case, params, g)
-        key = randn((T, Hkv, D), g, case.dtype, "cpu").to(device)
-        value = randn((T, Hkv, D), g, case.dtype, "cpu").to(device)
+        key = randn((T, Hkv, D), g, case.dtype, "cpu")
+        value = randn((T, Hkv, D), g, case.dtype, "cpu")
+        quant = kv_quant.spec_of(params)
+        scales = kv_quant.scales(quant, case, Hkv, 1.0, device) if quant else {}
+        if quant and "fp8-edges" in case.tags:
+            kv_quant.place_edges(key, scales["k_scale"], quant)
+            kv_quant.place_edges(value, scales["v_scale"], quant)
+        key, value = key.to(device), value.to(device)
+        cache_dtype = quant.dtype if quant else key.dtype
         shape = paged.shape(nb, bs, Hkv, D, paged.layout_of(params))
         if "huge" in case.tags:  # zeros, lazily allocated on the CPU: never resident as a whole
             if not DEVICES[device].gpu:
-                k_cache, v_cache = lazy_zeros(shape, key.dtype), lazy_zeros(shape, key.dtype)
+                k_cache, v_cache = lazy_zeros(shape, cache_dtype), lazy_zeros(shape, cache_dtype)
             else:
-                k_cache = torch.zeros(shape, dtype=key.dtype, device=device)
-                v_cache = torch.zeros(shape, dtype=key.dtype, device=device)
+                k_cache = torch.zeros(shape, dtype=cache_dtype, device=device)
+                v_cache = torch.zeros(shape, dtype=cache_dtype, device=device)
         else:
-            k_cache = torch.empty(shape, dtype=key.dtype, device=device)
-            v_cache = torch.empty(shape, dtype=key.dtype, device=device)
+            k_cache = torch.empty(shape, dtype=cache_dtype, device=device)
+            v_cache = torch.empty(shape, dtype=cache_dtype, device=device)
             if poison:
                 fill_canary(k_cache), fill_canary(v_cache)
             else:
@@ -158,6 +179,7 @@ class KvAppend(Op):
             "k_cache": k_cache,
             "v_cache": v_cache,
             "slot_mapping": torch.tensor(slots, dtype=torch.int64, device=device),
+            **scales,
         }
 
     def outputs(self, ret: Any, kw: Tensors) -> Tensors:
@@ -178,15 +200,21 @@ class KvAppend(Op):
         pads = [t for t, s in enumerate(slots) if s < 0]
         idx = torch.tensor([slots[t] for t in tok], dtype=torch.int64)
         sources = {"k_cache": ("key", "value"), "v_cache": ("value", "key")}
+        quant = kv_quant.spec_of(params)
         for name, (src, other) in sources.items():
             cache = outs[name]
             dev = cache.device
             b_idx, o_idx = (idx // bs).to(dev), (idx % bs).to(dev)
             got = cache[b_idx, o_idx]  # [n, Hkv, D]
-            want = before[src].to(dev)[tok]
-            bad = bits(got) != bits(want)
-            if bool(bad.any()):
-                findings.append(self._explain_slots(name, got, want, bad, before, src, other, tok, slots))
+            if quant:
+                bad = self._quantised_mismatch(got, before, src, tok, quant)
+                if bool(bad.any()):
+                    findings.append(self._explain_quantised(name, got, bad, before, src, other, tok, slots, quant))
+            else:
+                want = before[src].to(dev)[tok]
+                bad = bits(got) != bits(want)
+                if bool(bad.any()):
+                    findings.append(self._explain_slots(name, got, want, bad, before, src, other, tok, slots))
             # restore the written slots to their previous contents, then the whole cache must match
             if before.get(name) is not None:
                 cache[b_idx, o_idx] = before[name].to(dev)[b_idx, o_idx]
@@ -209,8 +237,87 @@ class KvAppend(Op):
                         break
                 continue
             if bool(changed.any()):
-                findings.append(self._explain_stray(name, cache, changed, before, src, pads, bs))
+                pad_rows = before[src][pads]
+                if quant and pads:  # a padding token's row as a kernel that writes it would store it
+                    pad_rows = kv_quant.quantise(pad_rows, before[self._scale_of(name)], quant, 1).to(dev)
+                findings.append(self._explain_stray(name, cache, changed, pad_rows, pads, bs))
         return findings
+
+    @staticmethod
+    def _scale_of(cache: str) -> str:
+        return "k_scale" if cache == "k_cache" else "v_scale"
+
+    def _quantised_mismatch(self, got: Any, before: Tensors, src: str, tok: list[int], quant: Any) -> Any:
+        """Elements of the written slots [n, Hkv, D] that hold neither FP8 value a correct kernel may store."""
+        x = before[src].to("cpu", torch.float64)[tok]
+        scale = before["k_scale" if src == "key" else "v_scale"]
+        lo, hi = kv_quant.expected_bytes(x, scale, quant)
+        g = bits(got.cpu())
+        return ((g != lo) & (g != hi)).to(got.device)
+
+    def _explain_quantised(
+        self,
+        name: str,
+        got: Any,
+        bad: Any,
+        before: Tensors,
+        src: str,
+        other: str,
+        tok: list[int],
+        slots: list[int],
+        quant: Any,
+    ) -> Finding:
+        """Name what an FP8 cache's wrong slots hold: unwritten, the other input, a wrong scale, or no
+        saturation (every wrong element one whose quotient lies past the largest normal)."""
+        g, bad_cpu = bits(got.cpu()), bad.cpu()
+        bad_tok = bad_cpu.flatten(1).any(1)
+        i = int(bad_tok.nonzero()[0])
+        where = f"token {tok[i]} (slot {slots[tok[i]]})"
+        n_bad = int(bad_tok.sum())
+        x = before[src].to("cpu", torch.float64)[tok]
+        scale, other_scale = before[self._scale_of(name)], before["v_scale" if name == "k_cache" else "k_scale"]
+        prev = before.get(name)
+        if prev is not None:
+            s = torch.tensor([slots[t] for t in tok])
+            bs = prev.shape[1]
+            untouched = g == bits(prev.cpu()[s // bs, s % bs])
+            if bool((untouched | ~bad_cpu).all()):
+                return Finding(
+                    "kv-written-slots",
+                    "kv-coverage",
+                    f"{name}: {n_bad} of {len(tok)} tokens not fully written; e.g. {where}: part of it still holds "
+                    "the previous contents",
+                )
+        xo = before[other].to("cpu", torch.float64)[tok]
+        for s_ in (scale, other_scale):  # the other input, divided by either scale
+            lo, hi = kv_quant.expected_bytes(xo, s_, quant)
+            if not bool(((g == lo) | (g == hi) | ~bad_cpu).all()):
+                continue
+            return Finding(
+                "kv-written-slots", "kv-source", f"{name}: written from {other!r} instead of {src!r} ({n_bad} tokens)"
+            )
+        for what, alt in kv_quant.wrong_scales(x, scale, other_scale, quant):
+            if bool(((g == alt) | ~bad_cpu).all()):
+                return Finding(
+                    "kv-written-slots",
+                    "kv-scale",
+                    f"{name}: {n_bad} of {len(tok)} tokens quantised with {what} ({quant.label}; e.g. {where})",
+                )
+        sat = kv_quant.saturating(x, scale, quant)
+        if bool((sat | ~bad_cpu).all()):
+            first = int(bad_cpu.nonzero()[0][0])
+            return Finding(
+                "kv-written-slots",
+                "kv-saturation",
+                f"{name}: {int(bad_cpu.sum())} values past the {quant.kv_dtype} largest normal ({quant.max:g}) are "
+                f"not saturated to it; e.g. token {tok[first]}: stored {got.cpu()[bad_cpu][0].item()!r}",
+            )
+        return Finding(
+            "kv-written-slots",
+            "kv-slot",
+            f"{name}: {n_bad} of {len(tok)} written slots do not hold their token's {src} quantised to "
+            f"{quant.kv_dtype} (satfinite_rn({src} / {self._scale_of(name)})); e.g. {where}",
+        )
 
     def guard_class(self, name: str, side: str, before: Tensors) -> str | None:
         """A write just before a cache, with padding tokens present, is slot -1 written."""
@@ -263,9 +370,7 @@ class KvAppend(Op):
             f"e.g. {where}, heads {heads_bad}",
         )
 
-    def _explain_stray(
-        self, name: str, cache: Any, changed: Any, before: Tensors, src: str, pads: list[int], bs: int
-    ) -> Finding:
+    def _explain_stray(self, name: str, cache: Any, changed: Any, pad_rows: Any, pads: list[int], bs: int) -> Finding:
         n = int(changed.sum())
         first = [int(x) for x in changed.nonzero()[0]]
         blk, off = first[0], first[1]
@@ -275,7 +380,7 @@ class KvAppend(Op):
         )
         cls = "stray-write"
         if pads:
-            pad_vals = before[src].to(cache.device)[pads]  # [P, Hkv, D]
+            pad_vals = pad_rows.to(cache.device)  # [P, Hkv, D]
             rows = cache[changed.any(-1).any(-1)]  # changed slots [m, Hkv, D]
             for r in rows[:64]:
                 if any(bool((bits(r) == bits(p)).all()) for p in pad_vals):
@@ -315,8 +420,9 @@ class KvAppend(Op):
         cache; no arithmetic."""
         d = case.dims
         row = int(d["Hkv"]) * int(d["D"]) * DTYPE_BYTES[case.dtype]
+        cache_row = row if not kv_quant.spec_of(params) else int(d["Hkv"]) * int(d["D"])  # FP8: one byte
         T, pad = int(d["T"]), int(d.get("padding", 0))
-        return Traffic(2 * T * row + 8 * T, 2 * (T - pad) * row, 0)
+        return Traffic(2 * T * row + 8 * T, 2 * (T - pad) * cache_row, 0)
 
     def capture_cases(self, params: Params) -> list[Case]:
         """Several tokens, two of them padding, in a cache of several blocks."""

@@ -34,6 +34,17 @@ in `tl.math` (exp, exp2, log, cos, sqrt, rsqrt, erf, fma, ... and the fast_* var
 tanh its definition through exp, and pow its definition through exp2 and log2 in float64 (negative bases
 with whole exponents, 0^0 = 1), rounded once to the result dtype; any other libdevice call records why
 before it fails (not checked).
+
+`fp8_conversions()`: the interpreter (3.9) converts to and from FP8 with bit arithmetic that is wrong
+where it matters for an FP8 KV cache: a mantissa that rounds up past its last bit is or-ed into an odd
+exponent instead of carrying (124.9 -> e4m3 gives 64, not 128; every binade's top is halved), ties do
+not go to even, values past the largest normal become NaN or arbitrary bytes instead of saturating,
+subnormals are not rounded, and reading back e4m3's NaN (0x7F) gives 480 and e5m2's inf gives 65536.
+Compiled on an NVIDIA GPU, Triton converts float32 to FP8 with `cvt.rn.satfinite`: round to nearest
+even, a finite value past the largest normal saturates to it (sign kept), NaN stays NaN. The patch
+converts float32/float16/bfloat16/float64 <-> float8e4nv (torch.float8_e4m3fn) and float8e5
+(torch.float8_e5m2) through torch's conversions on values clamped to the format's range, which is
+that rule; the other FP8 formats keep the interpreter's own code.
 """
 
 from __future__ import annotations
@@ -320,4 +331,75 @@ def libdevice_math() -> bool:
 
                 refuse._kernalin = True
                 setattr(mod, name, refuse)
+    return True
+
+
+def _fp8_formats() -> dict:
+    """Triton's FP8 element types this patch converts -> (torch dtype, largest finite value)."""
+    import triton.language as tl
+
+    return {
+        tl.float8e4nv: (torch.float8_e4m3fn, 448.0),
+        tl.float8e5: (torch.float8_e5m2, 57344.0),
+    }
+
+
+def _to_torch(data, src_ty):
+    """An interpreter tensor's data as a torch tensor of its values (bfloat16 is stored as uint16 bits)."""
+    import numpy as np
+    import triton.language as tl
+
+    arr = np.ascontiguousarray(data)
+    if src_ty == tl.bfloat16:
+        return torch.from_numpy(arr.view(np.int16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(arr.copy())
+
+
+def fp8_conversions() -> bool:
+    """Under the interpreter, conversions to and from float8e4nv / float8e5 round to nearest even and
+    saturate as the GPU's `cvt.rn.satfinite` does (see the module doc); idempotent. False when this
+    Triton's interpreter has no `create_fp_to_fp` (nothing patched)."""
+    try:
+        import numpy as np
+        import triton.language as tl
+        from triton.runtime import interpreter
+    except ImportError:
+        return False
+    builder = getattr(interpreter, "InterpreterBuilder", None)
+    handle = getattr(interpreter, "TensorHandle", None)
+    original = getattr(builder, "create_fp_to_fp", None)
+    if original is None or handle is None:
+        return False
+    if getattr(original, "_kernalin", False):
+        return True
+    formats = _fp8_formats()
+    wide = {
+        tl.float16: torch.float16,
+        tl.bfloat16: torch.bfloat16,
+        tl.float32: torch.float32,
+        tl.float64: torch.float64,
+    }
+
+    def fp_to_fp(self, src, dst_type, rounding_mode, _original=original):
+        src_ty, dst_ty = src.dtype.scalar, dst_type.scalar
+        rtz = rounding_mode is not None and "RTZ" in str(rounding_mode)  # tl.cast(..., fp_downcast_rounding='rtz')
+        if dst_ty in formats and src_ty in wide and not rtz:  # round to nearest even, saturating
+            fp8, top = formats[dst_ty]
+            x = _to_torch(src.data, src_ty).to(torch.float64)
+            x = torch.where(torch.isnan(x), x, x.clamp(-top, top))
+            out = x.to(fp8).view(torch.uint8).numpy().reshape(np.shape(src.data))
+            return handle(out, dst_ty)
+        if src_ty in formats and dst_ty in wide:  # exact: every FP8 value is a float16 value
+            fp8 = formats[src_ty][0]
+            raw = np.ascontiguousarray(src.data).view(np.uint8)
+            y = torch.from_numpy(raw.copy()).view(fp8).to(wide[dst_ty])
+            if dst_ty == tl.bfloat16:
+                out = y.view(torch.int16).numpy().view(np.uint16)
+            else:
+                out = y.numpy()
+            return handle(out.reshape(np.shape(src.data)), dst_ty)
+        return _original(self, src, dst_type, rounding_mode)
+
+    fp_to_fp._kernalin = True
+    builder.create_fp_to_fp = fp_to_fp
     return True

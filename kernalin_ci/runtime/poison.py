@@ -27,6 +27,10 @@ def _canaries() -> dict:
         torch.float32: (signed(0x7FC0BEEF, 32), torch.int32),
         torch.float16: (signed(0x7E5B, 16), torch.int16),
         torch.bfloat16: (signed(0x7FDB, 16), torch.int16),
+        # FP8 caches (docs/ops.md, "FP8 KV caches"): e4m3 has one NaN pattern, e5m2 a NaN with payload 01; a
+        # saturating conversion never produces either from a finite value
+        torch.float8_e4m3fn: (0x7F, torch.int8),
+        torch.float8_e5m2: (0x7D, torch.int8),
     }
 
 

@@ -284,8 +284,6 @@ def replay(
         owner.setdefault(case.name, []).append(f)
     if not cases:
         return
-    from kernalin_ci.verify.judge import CaseReader
-
     job = DynamicJob(op=op_name, entry=entry, root=root, params=params, poison=True, domain=dom, main_dtype=main_dtype)
     reader = CaseReader(op, params, dom, main_dtype, device, poison=True, root=root)
     run = run_cases(job, cases, device, timeout_s, Progress(False, len(cases), op_name), lambda c: "", reader)
@@ -394,6 +392,8 @@ def pipeline_params(entries: dict, raw_params: dict) -> dict:
     features = [n for n in FEATURE_NAMES if merged.get(n)]
     if features:  # the loop's reference is plain attention (docs/ops.md, "Attention features")
         raise UsageError(f"pipeline: param {features[0]} is an attention feature the decode loop does not take yet")
+    if merged.get("kv_dtype"):  # the loop builds and checks float caches (docs/ops.md, "FP8 KV caches")
+        raise UsageError("pipeline: param kv_dtype: an FP8 cache is not supported in a decode loop yet")
     if merged.get("mrope_section"):
         raise UsageError(
             "pipeline: param mrope_section: M-RoPE is not supported in a decode loop (its positions are [S, T])"

@@ -18,6 +18,7 @@ from kernalin_ci.ptx import solver
 from kernalin_ci.ptx.syntax import PtxSyntaxError, parse
 from kernalin_ci.verify.structural import ptx_facts
 from kernalin_ci.verify.structural.analyse import _result
+from kernalin_ci.verify.structural.capture import capture_cases
 from kernalin_ci.verify.structural.common import StructuralFindings
 from kernalin_ci.verify.structural.ptx_facts import FactsError
 
@@ -86,8 +87,6 @@ def analyse_ptx(
 def replay_case(op, params: dict, mat, counterexample: dict, domain=None):
     """The op case that replays a counterexample (Op.counterexample_case): the capture case with the
     counterexample's shape symbols and index values; None when the op's cases cannot say it."""
-    from kernalin_ci.verify.structural.capture import capture_cases
-
     if mat.shape is None:
         return None
     cases = capture_cases(op, params, domain)

@@ -1,0 +1,286 @@
+"""FP8 KV caches (docs/ops.md, "FP8 KV caches"): the params and their validation, the quantise-on-write
+definition at the format's edges (saturation, subnormals, ties, a carry into the exponent) against
+hand-computed bytes, the 1-ulp window only where float32 arithmetic reaches a rounding boundary, the
+attention reference that dequantises the stored bytes and its tolerance, the named bugs, the structural
+status, the pipeline's refusal, and the catalogue's FP8 kernels at the cases where FP8 matters (real Triton
+kernels under the interpreter, one case each)."""
+
+import json
+
+import pytest
+import torch
+from conftest import CHECKS
+
+from kernalin_ci.errors import UsageError
+from kernalin_ci.ops import attention_common as ac
+from kernalin_ci.ops import get_op
+from kernalin_ci.ops import kv_quant as kq
+from kernalin_ci.ops.base import TOLERANCE, resolve_params
+from kernalin_ci.runtime.poison import bits, fill_canary, is_canary
+from kernalin_ci.verify import pipeline_params, verify
+from kernalin_ci.verify.reference import check_reference
+
+E4M3 = {"kv_dtype": "fp8_e4m3", "kv_scale": "per-head"}
+E5M2 = {"kv_dtype": "fp8_e5m2", "kv_scale": "per-head"}
+
+
+def params(op, **raw):
+    return resolve_params(op, get_op(op).params, raw)
+
+
+def test_params_off_by_default_and_validated():
+    """Unset, no op gets scales or an FP8 cache; a bad format, a bad scale kind, or kv_scale alone is exit 2."""
+    for op in ("kv_append", "attention.decode", "attention.decode_paged"):
+        p = params(op)
+        assert p["kv_dtype"] is None and p["kv_scale"] is None
+        o = get_op(op)
+        kw = o.inputs(o.probe(p, None), p, "cpu")
+        assert "k_scale" not in kw and kw["k_cache"].dtype == torch.float32
+        for bad, why in (({"kv_dtype": "fp8"}, "must be one of"), ({"kv_scale": "per-head"}, "needs kv_dtype")):
+            with pytest.raises(UsageError, match=why):
+                params(op, **bad)
+        with pytest.raises(UsageError, match="must be one of"):
+            params(op, kv_dtype="fp8_e4m3", kv_scale="per-token")
+    assert kq.spec_of(params("kv_append", kv_dtype="fp8_e5m2")) == kq.KvQuant("fp8_e5m2", False)
+
+
+def test_inputs_carry_fp8_caches_and_scales():
+    """The caches are FP8; per-head scales differ per head and V's are not K's; the probe's scales are 1."""
+    for op in ("kv_append", "attention.decode", "attention.decode_paged"):
+        o = get_op(op)
+        p = params(op, **E4M3)
+        case = next(c for c in o.cases(p, "cpu", None) if c.name == "fp8-edges")
+        kw = o.inputs(case, p, "cpu")
+        hkv = case.dims["Hkv"]
+        assert kw["k_cache"].dtype == torch.float8_e4m3fn and kw["v_cache"].dtype == torch.float8_e4m3fn
+        ks, vs = kw["k_scale"], kw["v_scale"]
+        assert ks.dtype == torch.float32 and ks.shape == (hkv,) and len(set(ks.tolist())) == hkv
+        assert torch.equal(vs, 2 * ks)  # fp8-edges: powers of two
+        probe = o.inputs(o.probe(p, None), p, "cpu")
+        assert probe["k_scale"].tolist() == probe["v_scale"].tolist() == [1.0] * probe["k_scale"].numel()
+        pt = params(op, kv_dtype="fp8_e5m2")
+        kw = o.inputs(o.cases(pt, "cpu", None)[0], pt, "cpu")
+        assert kw["k_scale"].shape == (1,) and kw["k_cache"].dtype == torch.float8_e5m2
+
+
+@pytest.mark.parametrize(
+    "fmt, quotient, byte",
+    [
+        ("fp8_e4m3", 448.0, 0x7E),  # the largest normal
+        ("fp8_e4m3", 470.4, 0x7E),  # past it: saturates (round-to-nearest would give 480, which is NaN's byte)
+        ("fp8_e4m3", -1792.0, 0xFE),  # 4x past it, negative
+        ("fp8_e4m3", 31.5, 0x60),  # the top of a binade rounds into the next: 32
+        ("fp8_e4m3", 4.25, 0x48),  # a tie between 4 and 4.5: to even (4)
+        ("fp8_e4m3", 2.0**-6, 0x08),  # the smallest normal
+        ("fp8_e4m3", 2.0**-9, 0x01),  # the smallest subnormal
+        ("fp8_e4m3", 2.0**-10, 0x00),  # half of it: a tie, to even (0)
+        ("fp8_e4m3", -1.5 * 2.0**-9, 0x82),  # 1.5 of it: a tie, to even (2 subnormal steps)
+        ("fp8_e5m2", 57344.0, 0x7B),
+        ("fp8_e5m2", 70000.0, 0x7B),  # saturates, never inf (0x7C)
+        ("fp8_e5m2", 2.0**-16, 0x01),
+        ("fp8_e5m2", 2.0**-17, 0x00),
+    ],
+)
+def test_quantise_on_write_at_the_edges(fmt, quotient, byte):
+    """satfinite_rn of the quotient, bit for bit; with a power-of-two scale there is exactly one value."""
+    q = kq.KvQuant(fmt, False)
+    scale = torch.tensor([0.25])
+    x = torch.full((1, 1, 1), quotient * 0.25, dtype=torch.float64)
+    lo, hi = kq.expected_bytes(x, scale, q)
+    assert lo.view(torch.uint8).item() == byte and hi.view(torch.uint8).item() == byte
+
+
+def test_one_ulp_only_within_float32_reach_of_a_boundary():
+    """A non-power-of-two scale: a quotient 2^-24 from the tie 4.25 accepts 4 and 4.5; one 2^-10 from it only
+    its own rounding."""
+    q = kq.KvQuant("fp8_e4m3", False)
+    scale = torch.tensor([0.3], dtype=torch.float32)
+    s = float(scale)
+    near = torch.tensor([[[4.25 * (1 + 2.0**-24) * s]]], dtype=torch.float64)
+    lo, hi = kq.expected_bytes(near, scale, q)
+    assert {lo.view(torch.uint8).item(), hi.view(torch.uint8).item()} == {0x48, 0x49}
+    far = torch.tensor([[[4.25 * (1 + 2.0**-10) * s]]], dtype=torch.float64)
+    lo, hi = kq.expected_bytes(far, scale, q)
+    assert lo.item() == hi.item() == 0x49
+
+
+def _append_case(params_, name="fp8-edges"):
+    op = get_op("kv_append")
+    case = next(c for c in op.cases(params_, "cpu", None) if c.name == name)
+    kw = op.inputs(case, params_, "cpu")
+    return op, case, kw
+
+
+def _write(kw, params_, cache, src, scale_name, convert):
+    """Write every non-padding token of `src` into `cache` as `convert(x, scale)` gives it (nhd layout)."""
+    bs = params_["block_size"]
+    for t, s in enumerate(kw["slot_mapping"].tolist()):
+        if s >= 0:
+            kw[cache][s // bs, s % bs] = convert(kw[src][t : t + 1].double(), kw[scale_name])[0]
+
+
+def _quant(q):
+    return lambda x, s: kq.round_to(x / kq.per_head(s, x.shape[1]).reshape(1, -1, 1), q)
+
+
+@pytest.mark.parametrize(
+    "bug, cls",
+    [
+        (None, None),
+        ("first-head", "kv-scale"),
+        ("multiplied", "kv-scale"),
+        ("other-scale", "kv-scale"),
+        ("no-saturation", "kv-saturation"),
+        ("from-key", "kv-source"),
+    ],
+)
+def test_append_check_names_scale_and_saturation_bugs(bug, cls):
+    """The exact check of a written FP8 cache: the correct bytes pass; a known bug is named."""
+    p = params("kv_append", **E5M2)
+    q = kq.spec_of(p)
+    op, case, kw = _append_case(p)
+    before = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+    good = _quant(q)
+
+    def wrong(x, s):
+        hkv = x.shape[1]
+        sh = kq.per_head(s, hkv).reshape(1, -1, 1)
+        if bug == "first-head":
+            return kq.round_to(x / sh[:, :1], q)
+        if bug == "multiplied":
+            return kq.round_to(x * sh, q)
+        if bug == "other-scale":
+            return kq.round_to(x / (sh * 1.0 / 2.0), q)  # K's scale where V's belongs (fp8-edges: V's = 2 K's)
+        out = kq.round_to(x / sh, q)
+        if bug == "no-saturation":
+            past = (x / sh).abs() > q.max
+            out = out.clone()
+            bits(out)[past] = torch.where((x / sh)[past] > 0, 0x7C, -4).to(torch.int8)  # +inf / -inf
+        return out
+
+    _write(kw, p, "k_cache", "key", "k_scale", good)
+    if bug == "from-key":  # the value cache written from the key, with V's scale
+        _write(kw, p, "v_cache", "key", "v_scale", good)
+    else:
+        _write(kw, p, "v_cache", "value", "v_scale", good if bug is None else wrong)
+    findings = op.check(case, before, kw, op.outputs(None, kw), p)
+    if cls is None:
+        assert not findings, [f.message for f in findings]
+    else:
+        assert [f.bug_class for f in findings] == [cls], [(f.bug_class, f.message) for f in findings]
+        assert findings[0].message.startswith("v_cache")
+
+
+def test_fp8_canaries():
+    """Poisoned FP8 tensors hold a NaN byte the saturating conversion never produces, and are seen as such."""
+    for dt in (torch.float8_e4m3fn, torch.float8_e5m2):
+        t = fill_canary(torch.empty(8, dtype=dt))
+        assert bool(is_canary(t).all()) and bool(torch.isnan(t.float()).all())
+        assert not bool(
+            is_canary(
+                kq.round_to(
+                    torch.tensor([1e9, -1e9, 0.0]),
+                    kq.KvQuant("fp8_e4m3" if dt == torch.float8_e4m3fn else "fp8_e5m2", False),
+                )
+            ).any()
+        )
+
+
+@pytest.mark.parametrize("op", ["attention.decode", "attention.decode_paged"])
+def test_attention_reference_dequantises_and_names_the_scale_bugs(op):
+    """The reference equals plain float64 attention over the stored bytes times their head's scale, at the
+    dtype's own tolerance (the bytes are read exactly: an output 1% off fails); an output computed with K's
+    scale for V, or the first head's scale for every head, is a kv-scale finding, the right one passes."""
+    o = get_op(op)
+    p = params(op, **({"block_size": 16} if op.endswith("paged") else {}), **E4M3)
+    case = next(c for c in o.cases(p, "cpu", None) if c.name == "gqa-8")
+    kw = o.inputs(case, p, "cpu")
+    exp = o.reference(kw, p)
+    assert exp.tolerance is None
+    lens = kw["kv_lens"].tolist()
+    hq, hkv = kw["q"].shape[1], case.dims["Hkv"]
+    if op.endswith("paged"):
+        kc, vc, tb = kw["k_cache"], kw["v_cache"], kw["block_tables"]
+
+        def rows(c, b, L):
+            j = torch.arange(L)
+            return c[tb[b, j // 16].long(), j % 16].permute(1, 0, 2)
+    else:
+        kc, vc = kw["k_cache"], kw["v_cache"]
+
+        def rows(c, b, L):
+            return c[b, :, :L]
+
+    def attn(kscale, vscale):
+        K = [rows(kc, b, L).double() * kscale.double().reshape(-1, 1, 1) for b, L in enumerate(lens)]
+        V = [rows(vc, b, L).double() * vscale.double().reshape(-1, 1, 1) for b, L in enumerate(lens)]
+        return ac.attend(kw["q"], K, V, kw["scale"], ac.head_map(hq, hkv))
+
+    assert torch.allclose(exp.tensors["out"], attn(kw["k_scale"], kw["v_scale"]), rtol=1e-12, atol=1e-12)
+    assert check_reference(o, case, kw, {"out": exp.tensors["out"].float()}, p, {}) == []
+    assert check_reference(o, case, kw, {"out": (exp.tensors["out"] * 1.01).float()}, p, {}) != []
+    assert TOLERANCE["float32"] < 0.01
+    for ks, vs in ((kw["k_scale"], kw["k_scale"]), (kw["k_scale"][:1], kw["v_scale"][:1])):
+        found = check_reference(o, case, kw, {"out": attn(ks, vs).float()}, p, {})
+        assert [f.bug_class for f in found] == ["kv-scale"], [f.message for f in found]
+
+
+def test_structural_status_and_pipeline():
+    """The structural analysis says it does not analyse FP8 caches; a decode pipeline refuses kv_dtype."""
+    for op in ("kv_append", "attention.decode", "attention.decode_paged"):
+        assert get_op(op).unanalysed(params(op, **E4M3)) == ["FP8 caches (param kv_dtype=fp8_e4m3)"]
+        assert get_op(op).unanalysed(params(op)) == []
+    with pytest.raises(UsageError, match="kv_dtype: an FP8 cache is not supported in a decode loop"):
+        pipeline_params({"kv_append": "a", "attention.decode_paged": "b"}, {"kv_dtype": "fp8_e4m3"})
+
+
+FP8_KERNELS = [
+    ("kv_append", "correct_fp8_per_head", E4M3, "fp8-edges", None),
+    ("kv_append", "correct_fp8_per_head", E5M2, "fp8-edges", None),
+    ("kv_append", "bug_fp8_scale_first_head", E4M3, "heads", "kv-scale"),
+    ("kv_append", "bug_fp8_scale_multiplied", E4M3, "slots", "kv-scale"),
+    ("kv_append", "bug_fp8_no_saturation", E5M2, "fp8-edges", "kv-saturation"),
+    ("attention.decode", "correct_fp8_cache", E4M3, "fp8-edges", None),
+    ("attention.decode", "bug_fp8_k_scale_for_v", E4M3, "gqa-8", "kv-scale"),
+    ("attention.decode_paged", "correct_fp8_folded_scales", {"block_size": 16, **E5M2}, "fp8-edges", None),
+    ("attention.decode_paged", "bug_fp8_scale_head_zero", {"block_size": 16, **E5M2}, "gqa-8", "kv-scale"),
+]
+
+
+@pytest.mark.parametrize("op, name, params_, case, cls", FP8_KERNELS, ids=[f"{k[1]}-{k[3]}" for k in FP8_KERNELS])
+def test_fp8_kernel_at_its_case(op, name, params_, case, cls):
+    """The catalogue's FP8 kernels, one case each, through the worker (the interpreter's FP8 patch on)."""
+    o = get_op(op)
+    c = next(c for c in o.cases(params(op, **params_), "cpu", None) if c.name == case)
+    entry = f"{CHECKS / op.replace('.', '_') / name}.py:entry"
+    r = verify(op, entry, params_, "cpu", case_json=json.dumps(c.to_json()), progress=False)
+    assert r.cases_run == 1
+    if cls is None:
+        assert not r.findings, [f.message for f in r.findings]
+    else:
+        assert cls in {f.bug_class for f in r.findings}, [(f.bug_class, f.message) for f in r.findings]
+
+
+def test_benchmark_rounds_build_fp8_inputs_anew():
+    """A benchmark round does not redraw an FP8 cache and its scales as standard normal (a negative scale, a
+    float8 normal_): with kv_dtype set the op builds each round's inputs anew, and base and head agree bit for
+    bit on them."""
+    from kernalin_ci.bench.pair import bench_pair
+
+    assert get_op("kv_append").redraws(params("kv_append")) is True
+    assert get_op("kv_append").redraws(params("kv_append", **E4M3)) is False
+    assert get_op("attention.decode").redraws(params("attention.decode", **E4M3)) is False
+    entry = "kv_append/correct_fp8_per_head.py:entry"
+    r = bench_pair(
+        "kv_append",
+        entry,
+        entry,
+        str(CHECKS),
+        str(CHECKS),
+        {"tokens": 6, **E4M3},
+        "cpu",
+        reps=2,
+        max_rounds=2,
+        adaptive=False,
+    )
+    assert not r.failed, r.error
