@@ -6,6 +6,7 @@ import sys
 import textwrap
 
 from kernalin_ci.commands._common import parse_params, positive_seconds, resolve_device, write_json
+from kernalin_ci.errors import UsageError
 from kernalin_ci.ops import NAMES
 from kernalin_ci.ops.base import DTYPES
 from kernalin_ci.report.text import finding_text, isolation_text, not_checked_text, notice_text, plural
@@ -49,6 +50,12 @@ def add_arguments(p):
     )
     p.add_argument("--case", metavar="JSON", help="run exactly this case (from a finding's reproduce command)")
     p.add_argument(
+        "--workload",
+        metavar="FILE",
+        help="the dynamic cases from a FlashInfer-Bench workload file (JSONL of a paged decode definition, "
+        "in its dataset folder): one case per workload, instead of the op's plan",
+    )
+    p.add_argument(
         "--timeout",
         type=positive_seconds,
         metavar="S",
@@ -82,10 +89,17 @@ def run(args) -> int:
     from kernalin_ci.domain import parse_cli
     from kernalin_ci.verify import verify
 
+    params, cases = parse_params(args.param), None
+    if args.workload:
+        from kernalin_ci import workload
+
+        if args.case or args.probe:
+            raise UsageError("--workload: takes the cases from the file; not with --case or --probe")
+        params, cases = workload.for_op(workload.load(args.workload), args.op, params, args.dtype)
     result = verify(
         args.op,
         args.entry,
-        parse_params(args.param),
+        params,
         device,
         dtype=args.dtype,
         only=args.only,
@@ -97,6 +111,7 @@ def run(args) -> int:
         cuda=cuda_spec(args.cuda_source, args.cuda_flag),
         sanitizer=args.sanitizer == "on",
         engine=args.engine,
+        cases=cases,
     )
     from kernalin_ci.sandbox import worker_isolation
 
