@@ -28,7 +28,7 @@ from kernalin_ci.errors import UsageError
 from kernalin_ci.isolate import run_task
 from kernalin_ci.jobs import BenchJob, Instance, RaceJob, RaceSchedule
 from kernalin_ci.ops import get_op
-from kernalin_ci.ops.base import resolve_params
+from kernalin_ci.ops.base import Case, resolve_params
 from kernalin_ci.progress import BenchRound, BenchSetup, ProgressSink, sink_for
 
 DEFAULT_BUDGET_S = 30.0
@@ -61,6 +61,7 @@ def bench_pair(
     regime: str | None = None,
     reference: int = 0,
     race: RaceSchedule | None = None,
+    cases: list[Case] | None = None,
 ) -> BenchResult:
     """Benchmark head against base; the gate and `kernalin-ci bench` call this.
 
@@ -77,6 +78,8 @@ def bench_pair(
     race: the schedule of a tune race (kernalin_ci/tune/schedule.py, worker task "tune-race"): the same
     setup and rounds, over a field of instances that narrows; its rounds reach `progress` (a callable)
     as events and are not judged here (no verdict, no trace).
+    cases: the shapes to time instead of the op's (a FlashInfer-Bench workload file's, kernalin_ci/workload.py);
+    bench params may then set the dtype only.
     Usage problems raise UsageError; a benchmark that cannot finish returns a
     BenchResult with `error` set (outputs disagree, a crash, a hang).
     """
@@ -84,7 +87,13 @@ def bench_pair(
     op_obj = get_op(op)
     op_params, bench_params = split_params(dict(params or {}))
     resolved = resolve_params(op, op_obj.params, op_params)
-    cases = bench_cases(op, resolved, device, bench_params)
+    if cases is None:
+        cases = bench_cases(op, resolved, device, bench_params)
+    elif set(bench_params) - {"dtype"}:
+        shaping = ", ".join(sorted(set(bench_params) - {"dtype"}))
+        raise UsageError(f"bench params {shaping}: the workload gives the shapes", setting="workload")
+    else:
+        cases = [Case(c.name, c.dims, bench_params.get("dtype", c.dtype), c.seed, c.tags) for c in cases]
     if shapes is not None:
         cases = [c for c in cases if c.name in shapes]
     if budget_s <= 0:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from kernalin_ci import workload
 from kernalin_ci.bench.regime import DEFAULT_REGIME, REGIMES
 from kernalin_ci.commands._common import (
     add_margin_arguments,
@@ -79,6 +80,12 @@ def add_arguments(p):
         help="time a decode step of this model with the kernel in its "
         "place instead of the op's shapes; report tokens/s and $/Mtok (docs/tokens.md)",
     )
+    p.add_argument(
+        "--workload",
+        metavar="FILE",
+        help="time the shapes of a FlashInfer-Bench workload file (JSONL of a paged decode definition, in its "
+        "dataset folder) instead of the op's shapes",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
@@ -91,14 +98,19 @@ def run(args) -> int:
     if args.max_rounds is not None and args.max_rounds < 1:
         raise UsageError("--max-rounds must be at least 1")
     if args.model is not None:
+        if args.workload:
+            raise UsageError("--workload: not with --model (the model's serving points give the shapes)")
         return run_model(args, device)
+    params, cases = parse_params(args.param), None
+    if args.workload:
+        params, cases = workload.for_op(workload.load(args.workload), args.op, params)
     result = bench_pair(
         args.op,
         args.base,
         args.head,
         args.base_root,
         args.head_root,
-        parse_params(args.param),
+        params,
         device,
         budget_s=args.budget_s if args.budget_s is not None else DEFAULT_BUDGET_S,
         rope_min=margins(args)[1],
@@ -110,6 +122,7 @@ def run(args) -> int:
         regime=args.regime,
         timeout_s=args.timeout,
         progress=not args.quiet,
+        cases=cases,
     )
     if args.trace and result.trace is not None:
         save_trace(result.trace, args.trace)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import textwrap
 
+from kernalin_ci import workload
 from kernalin_ci.commands._common import parse_params, positive_seconds, resolve_device, write_json
 from kernalin_ci.cuda.sources import CudaSpec
 from kernalin_ci.errors import UsageError
@@ -51,6 +52,12 @@ def add_arguments(p):
     )
     p.add_argument("--case", metavar="JSON", help="run exactly this case (from a finding's reproduce command)")
     p.add_argument(
+        "--workload",
+        metavar="FILE",
+        help="the dynamic cases from a FlashInfer-Bench workload file (JSONL of a paged decode definition, "
+        "in its dataset folder): one case per workload, instead of the op's plan",
+    )
+    p.add_argument(
         "--timeout",
         type=positive_seconds,
         metavar="S",
@@ -85,10 +92,15 @@ def run(args) -> int:
     from kernalin_ci.domain import parse_cli
     from kernalin_ci.verify import verify
 
+    params, cases = parse_params(args.param), None
+    if args.workload:
+        if args.case or args.probe:
+            raise UsageError("--workload: takes the cases from the file; not with --case or --probe")
+        params, cases = workload.for_op(workload.load(args.workload), args.op, params, args.dtype)
     result = verify(
         args.op,
         args.entry,
-        parse_params(args.param),
+        params,
         device,
         dtype=args.dtype,
         only=args.only,
@@ -100,6 +112,7 @@ def run(args) -> int:
         cuda=cuda_spec(args.cuda_source, args.cuda_flag),
         sanitizer=args.sanitizer == "on",
         engine=args.engine,
+        cases=cases,
     )
     # deferred: keeps the CLI's startup light (`--help` loads every command module)
     from kernalin_ci.sandbox import worker_isolation

@@ -23,6 +23,7 @@ class AttentionDecodePaged(ac.AttentionOp):
     )
     written = ()
     paged_cache = True
+    flashinfer_bench = "gqa_paged"
     domain_axes = ("head_dim", "num_q_heads", "num_kv_heads", "dtype", "block_size")
 
     def cases(self, params: Params, device: str, dtype: str | None) -> list[Case]:

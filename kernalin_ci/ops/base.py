@@ -176,6 +176,9 @@ class Op(ABC):
     appends: bool = False
     # True: slot_mapping may hold -1, a padding token the entry must skip (kv_append)
     padding_slots: bool = False
+    # the FlashInfer-Bench op_type whose decode definitions this op shares (kernalin_ci/workload.py: gqa_paged
+    # for attention.decode_paged); None: none
+    flashinfer_bench: str | None = None
     # cache -> the input whose rows its new slots hold unchanged, as the PTX engine's store property checks
     # them (kv_append); empty: the op's own analysis judges its stores (decode_step stores rotated keys)
     cache_copies: dict[str, str] = {}

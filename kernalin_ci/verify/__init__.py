@@ -105,10 +105,13 @@ def verify(
     cuda: CudaSpec | None = None,
     sanitizer: bool | None = None,
     engine: str = "ttir",
+    cases: list[Case] | None = None,
 ) -> VerifyResult:
     """Run the entry's checks. CUDA: the kernel's CUDA C++ sources and flags (a CUDA kernel: built once before
     the checks start; on a host without a GPU its dynamic cases are not checked, docs/cuda.md). SANITIZER:
-    Compute Sanitizer over a few cases (default: on a GPU, where compute-sanitizer is installed)."""
+    Compute Sanitizer over a few cases (default: on a GPU, where compute-sanitizer is installed). CASES: the
+    dynamic cases instead of the op's plan (a FlashInfer-Bench workload file's, kernalin_ci/workload.py)."""
+    given = cases
     op = get_op(op_name)
     dom, plan_params = domain_mod.resolve(op, raw_params, raw_domain)
     params = resolve_params(op_name, op.params, plan_params)
@@ -158,6 +161,11 @@ def verify(
                     raise UsageError(f"case: {problem}", setting="case")
             elif probe:
                 cases = [op.probe(params, dtype)]
+            elif given is not None:
+                cases = list(given)
+                problems = [f"{c.name}: {p}" for c in cases if (p := op.validate_case(c))]
+                if problems:
+                    raise UsageError(f"workload: {problems[0]}", setting="workload")
             else:
                 cases = domain_mod.plan(op, params, dom, op.cases(params, device, plan_dtype), main_dtype)
             if cuda is not None and not DEVICES[device].gpu:  # nothing of a CUDA kernel runs without a GPU

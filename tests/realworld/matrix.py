@@ -28,6 +28,8 @@ def row(k: corpus.Kernel, orig: corpus.Outcome, mut: corpus.Outcome) -> str:
     structural = "not analysed"
     if orig.structural == "ran":
         structural = f"ran: {len(orig.proved)} proved" + (f", {len(orig.gaps)} not verified" if orig.gaps else "")
+    elif orig.structural == corpus.expected_structural(k):  # said: the analysis does not model the feature
+        structural = "not analysed for " + orig.structural.split("not analysed for ", 1)[1].split(":")[0]
     if corpus.triton_too_new(k):
         structural = "n/a"
     return (

@@ -8,6 +8,10 @@ an in-page offset itself. Our cache [num_blocks, block_size, Hkv, D] flattened i
 token j of sequence b has index block_tables[b, j // block_size] * block_size + j % block_size, as the
 paged attention backend builds kv_indices. Splits: SGLang's default maximum of 8 per request. The module
 imports a few package utilities; the stand-ins are our own lines (CUDA, no score modifier).
+
+Served features (docs/ops.md, "Attention features"): the op's `logit_cap` is SGLang's `logit_cap` (a cap of the
+scaled score, in stage 1) and its `sinks` input SGLang's `sinks` (one logit per query head, added to the
+combine's denominator in stage 2), passed through as they are; SGLang's kernel has no window or ALiBi.
 """
 
 import torch
@@ -44,7 +48,7 @@ def kv_indices(block_tables, kv_lens, block_size):
     return indptr, torch.cat(parts).to(torch.int64)
 
 
-def attend(q, k_pool, v_pool, indptr, indices, scale, page_size):
+def attend(q, k_pool, v_pool, indptr, indices, scale, page_size, logit_cap=0.0, sinks=None):
     """SGLang's decode attention over a token pool; returns the output."""
     B, hq, d = q.shape
     attn_logits = torch.empty((B, hq, MAX_KV_SPLITS, d), dtype=torch.float32, device=q.device)
@@ -53,13 +57,15 @@ def attend(q, k_pool, v_pool, indptr, indices, scale, page_size):
     o = torch.empty_like(q)
     _m.decode_attention_fwd(
         q, k_pool, v_pool, o, indptr, indices, attn_logits, attn_lse, num_kv_splits, MAX_KV_SPLITS, scale, 1.0, 1.0,
-        page_size=page_size,
+        logit_cap=logit_cap, sinks=sinks, page_size=page_size,
     )  # fmt: skip
     return o
 
 
-def entry(q, k_cache, v_cache, block_tables, kv_lens, scale):
-    bs = kernalin_ci.current_params()["block_size"]
+def entry(q, k_cache, v_cache, block_tables, kv_lens, scale, sinks=None):
+    params = kernalin_ci.current_params()
+    bs = params["block_size"]
     hkv, d = k_cache.shape[2], k_cache.shape[3]
     indptr, indices = kv_indices(block_tables, kv_lens, bs)
-    return attend(q, k_cache.view(-1, hkv, d), v_cache.view(-1, hkv, d), indptr, indices, scale, bs)
+    cap = params.get("logit_cap") or 0.0
+    return attend(q, k_cache.view(-1, hkv, d), v_cache.view(-1, hkv, d), indptr, indices, scale, bs, cap, sinks)

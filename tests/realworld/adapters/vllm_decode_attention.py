@@ -6,6 +6,10 @@ vLLM's kernel takes the cache as [num_blocks, block_size, Hkv, D] and a block ta
 with `page_size`: our NHD cache and block table as they are. Scratch as vLLM's Triton backend allocates
 it: attn_logits [B, Hq, splits, D + 1] (each split's output and its log-sum-exp), 8 splits. The module
 imports vLLM's platform object and its Triton re-export; the stand-ins are our own lines (CUDA, not ROCm).
+
+Served features (docs/ops.md, "Attention features"): the op's `window` is vLLM's `sliding_window` (the last
+`sliding_window` keys, the query's own included: the same count) and its `logit_cap` vLLM's `logit_cap` (a cap
+of the scaled score), passed through; vLLM's decode kernel has no ALiBi or sinks.
 """
 
 import torch
@@ -32,11 +36,13 @@ NUM_KV_SPLITS = 8
 
 def entry(q, k_cache, v_cache, block_tables, kv_lens, scale):
     B, hq, d = q.shape
-    page_size = kernalin_ci.current_params()["block_size"]
+    params = kernalin_ci.current_params()
+    page_size = params["block_size"]
     o = torch.empty_like(q)
     lse = torch.empty((B, hq), dtype=torch.float32, device=q.device)
     attn_logits = torch.empty((B, hq, NUM_KV_SPLITS, d + 1), dtype=torch.float32, device=q.device)
     _m.decode_attention_fwd(
-        q, k_cache, v_cache, o, lse, block_tables, kv_lens, attn_logits, NUM_KV_SPLITS, scale, page_size
-    )
+        q, k_cache, v_cache, o, lse, block_tables, kv_lens, attn_logits, NUM_KV_SPLITS, scale, page_size,
+        logit_cap=params.get("logit_cap") or 0.0, sliding_window=params.get("window"),
+    )  # fmt: skip
     return o

@@ -9,6 +9,10 @@ the adapter returns as k's output, and its explicit position comes from `seqpos`
 rope op: the adapter passes a zero v and a scratch v cache. The kernel is launched with the launcher's
 grid and constants (the launcher takes an attention-bias object of xformers'); the module's one package
 import, the libdevice lookup, is stood in for by Triton's libdevice.
+
+Scaled frequencies (docs/ops.md, `rope` `scaling`): the kernel divides every angle by `linear_scale` (the op's
+`linear` factor) and, with `use_dynamic_scaling`, scales the frequency table by Llama-3.1's rule from its old
+context length, scale factor and low/high frequency factors (the op's `llama3` params, passed as they are).
 """
 
 import torch
@@ -24,8 +28,22 @@ _m = load(
 )
 
 
+def scaling(params):
+    """linear_scale, use_dynamic_scaling and its four constants, from the op's rope params."""
+    kind, factor = params.get("scaling") or "none", params.get("scaling_factor")
+    if kind == "linear":
+        return factor, False, 0, 0, 0, 0
+    if kind == "llama3":
+        low, high = params.get("low_freq_factor", 1.0), params.get("high_freq_factor", 4.0)
+        return 1.0, True, params["original_max_position"], factor, low, high
+    if kind != "none":
+        raise NotImplementedError(f"xformers rope_padded has no {kind} scaling")
+    return 1.0, False, 0, 0, 0, 0
+
+
 def entry(q, k, positions):
-    base = kernalin_ci.current_params().get("base", 10000.0)
+    params = kernalin_ci.current_params()
+    base = params.get("base", 10000.0)
     T, hq, dim = q.shape
     hkv = k.shape[1]
     dev = q.device
@@ -41,7 +59,7 @@ def entry(q, k, positions):
     n_total_heads = hq + 2 * hkv
     _m._rope_padded_kernel[(1, T, n_total_heads)](
         xq, xk, xv, out_q, cache_k, cache_v, seqstartq, seqstartk, seqlenk,
-        base, 1.0, False, 0, 0, 0, 0,
+        base, *scaling(params),
         None, positions, hq, hq + hkv, 1, dim,
         xq.stride(1), 0, xq.stride(2), xk.stride(1), 0, xk.stride(2), xv.stride(1), 0, xv.stride(2),
         cache_k.stride(1), 0, cache_k.stride(2), cache_v.stride(1), 0, cache_v.stride(2),
