@@ -43,6 +43,9 @@ BUG_CLASSES: dict[str, str] = {
     "causal-mask": "a new token's causal bound wrong: it attends the new tokens after it (drafts see each other), "
     "or misses keys up to its own position",
     "query-start": "a ragged query batch read at the wrong row of query_start_loc: a token taken as another sequence's",
+    # multi-head latent attention (attention.decode_mla)
+    "mla-rope": "MLA: the decoupled RoPE part of the score missing, or read from the wrong columns of the latent "
+    "cache row",
     # rope
     "rope-pairing": "rotation pairs the wrong dimensions (neox and gptj swapped, wrong half)",
     "rope-sign": "a sign of the rotation is flipped",
