@@ -356,7 +356,8 @@ version: 1
 
 kernels:
   - name: decode_attention            # unique name
-    op: attention.decode              # the op: attention.decode | attention.decode_paged | rope |
+    op: attention.decode              # the op: attention.decode | attention.decode_paged |
+                                      #   attention.decode_multi | attention.decode_mla | rope |
                                       #   kv_append | decode_step | custom (docs/ops.md)
     entry: kernels/attention.py:entry # EDIT: file.py:function (relative to the repository root) or module:function
     params: {}                        # op params (see docs/ops.md), e.g. {block_size: 16} or {style: gptj}

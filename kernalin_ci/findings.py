@@ -39,6 +39,13 @@ BUG_CLASSES: dict[str, str] = {
     "soft-cap": "logit soft-cap wrong: applied before the scale, or not applied",
     "alibi": "ALiBi bias wrong: another head's slope, the wrong sign, or none",
     "attention-sink": "attention sink wrong: another head's sink, missing from the denominator, or counted twice",
+    # several query tokens per sequence (attention.decode_multi)
+    "causal-mask": "a new token's causal bound wrong: it attends the new tokens after it (drafts see each other), "
+    "or misses keys up to its own position",
+    "query-start": "a ragged query batch read at the wrong row of query_start_loc: a token taken as another sequence's",
+    # multi-head latent attention (attention.decode_mla)
+    "mla-rope": "MLA: the decoupled RoPE part of the score missing, or read from the wrong columns of the latent "
+    "cache row",
     # rope
     "rope-pairing": "rotation pairs the wrong dimensions (neox and gptj swapped, wrong half)",
     "rope-sign": "a sign of the rotation is flipped",

@@ -11,6 +11,8 @@ from kernalin_ci.ops.base import Op
 MODULES = {
     "attention.decode": "attention_decode",
     "attention.decode_paged": "attention_decode_paged",
+    "attention.decode_multi": "attention_decode_multi",
+    "attention.decode_mla": "attention_decode_mla",
     "rope": "rope",
     "kv_append": "kv_append",
     "decode_step": "decode_step",

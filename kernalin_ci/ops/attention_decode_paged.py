@@ -54,93 +54,19 @@ class AttentionDecodePaged(ac.AttentionOp):
         return Case("shape", ac.shape_dims(params), dtype, 40, ("shape",))
 
     def inputs(self, case: Case, params: Params, device: str, poison: bool = True) -> Tensors:
-        d = case.dims
-        g = generator(case.seed)
-        bs = params["block_size"]
-        lens = d["kv_lens"]
-        B, Hq, Hkv, D = len(lens), d["Hq"], d["Hkv"], d["D"]
-        std = d.get("qk_std", 1.0)
-        tail = d.get("tail", "nan") if poison else "zeros"
-        need = [-(-L // bs) for L in lens]
-        max_blocks = max(need) + 2
-        low = d.get("free_low", 0)  # blocks 0 .. low-1 stay free
-        num_blocks = sum(need) + max(d.get("free_blocks", 7), low + 1)
-        if d.get("arange_tables"):
-            ids = torch.arange(num_blocks)
-        else:
-            ids = low + torch.randperm(num_blocks - low, generator=g)
-            last = sum(need) - 1  # make the highest block id one that is read
-            j = int((ids == num_blocks - 1).nonzero()[0])
-            ids[j], ids[last] = ids[last].clone(), ids[j].clone()
-        if "table_pad" in d:
-            tables = torch.full((B, max_blocks), int(d["table_pad"]), dtype=torch.int32)
-        else:
-            tables = torch.randint(0, num_blocks, (B, max_blocks), generator=g, dtype=torch.int32)
-        pos = 0
-        for b, n in enumerate(need):
-            tables[b, :n] = ids[pos : pos + n].to(torch.int32)
-            pos += n
-        q = randn((B, Hq, D), g, case.dtype, "cpu", std)
-        k = torch.empty((num_blocks, bs, Hkv, D), dtype=q.dtype)
-        v = torch.empty_like(k)
-        for t in (k, v):  # free blocks and slots past kv_len
-            if tail == "zeros":
-                t.zero_()
-            elif tail == "stale":
-                t.copy_(torch.randn(t.shape, generator=g, dtype=torch.float64).mul_(3.0).to(t.dtype))
-            else:
-                fill_canary(t)
-        quant = kv_quant.spec_of(params)
-        scales = kv_quant.scales(quant, case, Hkv, std, device) if quant else {}
-        for b, L in enumerate(lens):
-            kb = randn((L, Hkv, D), g, case.dtype, "cpu", std)
-            vb = randn((L, Hkv, D), g, case.dtype, "cpu")
-            if quant and "fp8-edges" in case.tags:
-                kv_quant.place_edges(kb, scales["k_scale"], quant)
-                kv_quant.place_edges(vb, scales["v_scale"], quant)
-            j = torch.arange(L)
-            blk = tables[b, j // bs].long()
-            k[blk, j % bs] = kb
-            v[blk, j % bs] = vb
-        if quant:  # the caches quantised on write, as kv_append stores them (NaN canaries stay canaries)
-            k = kv_quant.quantise(k, scales["k_scale"], quant, 2)
-            v = kv_quant.quantise(v, scales["v_scale"], quant, 2)
-        lay = paged.layout_of(params)
-        return {
-            "q": q.to(device),
-            "k_cache": paged.from_nhd(k, lay).to(device),
-            "v_cache": paged.from_nhd(v, lay).to(device),
-            "block_tables": tables.to(device),
-            "kv_lens": torch.tensor(lens, dtype=torch.int32, device=device),
-            "scale": float(d["scale"]),
-            **af.extra_inputs(case, params, Hq, device),
-            **scales,
-        }
+        return paged_inputs(case, params, device, poison)
 
     def outputs(self, ret: Any, kw: Tensors) -> Tensors:
         return {"out": ret}
 
-    @staticmethod
-    def _gather(cache: Any, tables: Any, b: int, L: int) -> Any:
-        bs = cache.shape[1]
-        L = min(L, tables.shape[1] * bs)
-        j = torch.arange(L)
-        blk = tables[b, j // bs].long().clamp(0, cache.shape[0] - 1)
-        return cache[blk, j % bs].permute(1, 0, 2)  # [Hkv, L, D]
-
-    @staticmethod
-    def _caches(kw: Tensors, params: Params) -> tuple[Any, Any]:
-        lay = paged.layout_of(params)
-        return paged.nhd(kw["k_cache"], lay), paged.nhd(kw["v_cache"], lay)
-
     def reference(self, kw: Tensors, params: Params) -> Expected:
         lens = kw["kv_lens"].tolist()
         q, tb = kw["q"], kw["block_tables"]
-        kc, vc = self._caches(kw, params)
+        kc, vc = caches(kw, params)
         Hq, Hkv = q.shape[1], kc.shape[2]
         ks, vs = kw.get("k_scale"), kw.get("v_scale")
-        K = [kv_quant.dequantise(self._gather(kc, tb, b, L), ks) for b, L in enumerate(lens)]
-        V = [kv_quant.dequantise(self._gather(vc, tb, b, L), vs) for b, L in enumerate(lens)]
+        K = [kv_quant.dequantise(gather(kc, tb, b, L), ks) for b, L in enumerate(lens)]
+        V = [kv_quant.dequantise(gather(vc, tb, b, L), vs) for b, L in enumerate(lens)]
         feat = af.Features.of(params, kw)
         out = ac.attend(q, K, V, kw["scale"], ac.head_map(Hq, Hkv), feat=feat)
         slack = {"out": af.underflow_slack(out, q.dtype)} if feat.sinks is not None else {}
@@ -149,15 +75,15 @@ class AttentionDecodePaged(ac.AttentionOp):
 
     def fingerprints(self, kw: Tensors, params: Params, case: Case) -> list[tuple[str, Tensors]]:
         q, tb = kw["q"], kw["block_tables"]
-        kc, vc = self._caches(kw, params)
+        kc, vc = caches(kw, params)
         ks, vs = kw.get("k_scale"), kw.get("v_scale")
         quant = kv_quant.spec_of(params)
         fps = []
         if quant:
             fps = ac.fp8_fingerprints(
                 q,
-                lambda b, L, s: kv_quant.dequantise(self._gather(kc, tb, b, L), s),
-                lambda b, L, s: kv_quant.dequantise(self._gather(vc, tb, b, L), s),
+                lambda b, L, s: kv_quant.dequantise(gather(kc, tb, b, L), s),
+                lambda b, L, s: kv_quant.dequantise(gather(vc, tb, b, L), s),
                 kw["kv_lens"].tolist(),
                 kw["scale"],
                 q.shape[1],
@@ -168,8 +94,8 @@ class AttentionDecodePaged(ac.AttentionOp):
             )
         fps += ac.fingerprints(
             q,
-            lambda b, L: kv_quant.dequantise(self._gather(kc, tb, b, L), ks),
-            lambda b, L: kv_quant.dequantise(self._gather(vc, tb, b, L), vs),
+            lambda b, L: kv_quant.dequantise(gather(kc, tb, b, L), ks),
+            lambda b, L: kv_quant.dequantise(gather(vc, tb, b, L), vs),
             kw["kv_lens"].tolist(),
             kw["scale"],
             q.shape[1],
@@ -233,6 +159,88 @@ class AttentionDecodePaged(ac.AttentionOp):
                 k += 1
         kw["block_tables"] = tables.to(torch.int32)
         return kw
+
+
+def gather(cache: Any, tables: Any, b: int, L: int) -> Any:
+    """The first L tokens of sequence b of an nhd cache, read through its block table: [Hkv, L, D]."""
+    bs = cache.shape[1]
+    L = min(L, tables.shape[1] * bs)
+    j = torch.arange(L)
+    blk = tables[b, j // bs].long().clamp(0, cache.shape[0] - 1)
+    return cache[blk, j % bs].permute(1, 0, 2)
+
+
+def caches(kw: Tensors, params: Params) -> tuple[Any, Any]:
+    """The nhd views of the call's k_cache and v_cache."""
+    lay = paged.layout_of(params)
+    return paged.nhd(kw["k_cache"], lay), paged.nhd(kw["v_cache"], lay)
+
+
+def paged_inputs(case: Case, params: Params, device: str, poison: bool, q_rows: int | None = None) -> Tensors:
+    """The paged op's keyword arguments for `case`: block tables, caches holding each sequence's kv_lens[b]
+    tokens, q [q_rows (default B), Hq, D]. attention.decode_multi's q has one row per new token."""
+    d = case.dims
+    g = generator(case.seed)
+    bs = params["block_size"]
+    lens = d["kv_lens"]
+    B, Hq, Hkv, D = len(lens), d["Hq"], d["Hkv"], d["D"]
+    std = d.get("qk_std", 1.0)
+    tail = d.get("tail", "nan") if poison else "zeros"
+    need = [-(-L // bs) for L in lens]
+    max_blocks = max(need) + 2
+    low = d.get("free_low", 0)  # blocks 0 .. low-1 stay free
+    num_blocks = sum(need) + max(d.get("free_blocks", 7), low + 1)
+    if d.get("arange_tables"):
+        ids = torch.arange(num_blocks)
+    else:
+        ids = low + torch.randperm(num_blocks - low, generator=g)
+        last = sum(need) - 1  # make the highest block id one that is read
+        j = int((ids == num_blocks - 1).nonzero()[0])
+        ids[j], ids[last] = ids[last].clone(), ids[j].clone()
+    if "table_pad" in d:
+        tables = torch.full((B, max_blocks), int(d["table_pad"]), dtype=torch.int32)
+    else:
+        tables = torch.randint(0, num_blocks, (B, max_blocks), generator=g, dtype=torch.int32)
+    pos = 0
+    for b, n in enumerate(need):
+        tables[b, :n] = ids[pos : pos + n].to(torch.int32)
+        pos += n
+    q = randn((q_rows or B, Hq, D), g, case.dtype, "cpu", std)
+    k = torch.empty((num_blocks, bs, Hkv, D), dtype=q.dtype)
+    v = torch.empty_like(k)
+    for t in (k, v):  # free blocks and slots past kv_len
+        if tail == "zeros":
+            t.zero_()
+        elif tail == "stale":
+            t.copy_(torch.randn(t.shape, generator=g, dtype=torch.float64).mul_(3.0).to(t.dtype))
+        else:
+            fill_canary(t)
+    quant = kv_quant.spec_of(params)
+    scales = kv_quant.scales(quant, case, Hkv, std, device) if quant else {}
+    for b, L in enumerate(lens):
+        kb = randn((L, Hkv, D), g, case.dtype, "cpu", std)
+        vb = randn((L, Hkv, D), g, case.dtype, "cpu")
+        if quant and "fp8-edges" in case.tags:
+            kv_quant.place_edges(kb, scales["k_scale"], quant)
+            kv_quant.place_edges(vb, scales["v_scale"], quant)
+        j = torch.arange(L)
+        blk = tables[b, j // bs].long()
+        k[blk, j % bs] = kb
+        v[blk, j % bs] = vb
+    if quant:  # the caches quantised on write, as kv_append stores them (NaN canaries stay canaries)
+        k = kv_quant.quantise(k, scales["k_scale"], quant, 2)
+        v = kv_quant.quantise(v, scales["v_scale"], quant, 2)
+    lay = paged.layout_of(params)
+    return {
+        "q": q.to(device),
+        "k_cache": paged.from_nhd(k, lay).to(device),
+        "v_cache": paged.from_nhd(v, lay).to(device),
+        "block_tables": tables.to(device),
+        "kv_lens": torch.tensor(lens, dtype=torch.int32, device=device),
+        "scale": float(d["scale"]),
+        **af.extra_inputs(case, params, Hq, device),
+        **scales,
+    }
 
 
 OP_CLASS = AttentionDecodePaged

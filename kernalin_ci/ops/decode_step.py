@@ -19,7 +19,7 @@ from kernalin_ci.device import DEVICES
 from kernalin_ci.lazy import torch
 from kernalin_ci.ops import attention_common as ac
 from kernalin_ci.ops import paged
-from kernalin_ci.ops.attention_decode_paged import AttentionDecodePaged
+from kernalin_ci.ops.attention_decode_paged import gather
 from kernalin_ci.ops.base import (
     Case,
     Expected,
@@ -163,8 +163,8 @@ class DecodeStep(Op):
         tb = kw["block_tables"].to("cpu")
         K, V = [], []
         for b, L in enumerate(kw["kv_lens"].tolist()):
-            old_k = AttentionDecodePaged._gather(kc, tb, b, L - 1).to(torch.float64)
-            old_v = AttentionDecodePaged._gather(vc, tb, b, L - 1).to(torch.float64)
+            old_k = gather(kc, tb, b, L - 1).to(torch.float64)
+            old_v = gather(vc, tb, b, L - 1).to(torch.float64)
             K.append(torch.cat([old_k, kr[b][:, None, :]], dim=1))
             V.append(torch.cat([old_v, v[b][:, None, :]], dim=1))
         hm = ac.head_map(qr.shape[1], kc.shape[2])
