@@ -33,7 +33,7 @@ def run_one(path: str) -> dict:
     from kernalin_ci.entry import load_entry
     from kernalin_ci.ops import get_op
     from kernalin_ci.ops.base import resolve_params
-    from kernalin_ci.verify.structural.analyse import analyze_entry
+    from kernalin_ci.verify.structural.in_process import analyze_entry
 
     meta = read_meta(Path(path))
     params = resolve_params(meta.op, get_op(meta.op).params, meta.params)

@@ -52,7 +52,7 @@ def run_one(path: str) -> dict:
     from kernalin_ci.entry import load_entry
     from kernalin_ci.ops import get_op
     from kernalin_ci.ops.base import resolve_params
-    from kernalin_ci.verify.structural.analyse import analyze_entry
+    from kernalin_ci.verify.structural.in_process import analyze_entry
 
     cat = catalogue_entry(path)
     op = cat["op"]

@@ -49,7 +49,7 @@ def analyze(monkeypatch):
         from kernalin_ci.entry import load_entry
         from kernalin_ci.ops import get_op
         from kernalin_ci.ops.base import resolve_params
-        from kernalin_ci.verify.structural.analyse import analyze_entry
+        from kernalin_ci.verify.structural.in_process import analyze_entry
 
         cat = catalogue(path)
         params = resolve_params(cat["op"], get_op(cat["op"]).params, cat.get("params") or {})

@@ -20,7 +20,7 @@ def _analyse(monkeypatch, entry: str, op: str, params: dict) -> dict:
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     monkeypatch.setenv("KERNALIN_PARAMS", json.dumps(params))
     from kernalin_ci.entry import load_entry
-    from kernalin_ci.verify.structural.analyse import analyze_entry
+    from kernalin_ci.verify.structural.in_process import analyze_entry
 
     return analyze_entry(op, load_entry(entry, str(ROOT)), params, str(ROOT))
 

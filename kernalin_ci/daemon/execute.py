@@ -17,7 +17,7 @@ from pathlib import Path
 from kernalin_ci.daemon import policy, safefile, workspace
 from kernalin_ci.daemon.gpus import Slot
 from kernalin_ci.daemon.model import JobSpec, Outcome
-from kernalin_ci.daemon.runners import Runner, RunRequest, StopReason
+from kernalin_ci.daemon.runners.protocol import Runner, RunRequest, StopReason
 from kernalin_ci.daemon.settings import Settings
 from kernalin_ci.report.schema import REPORT_SCHEMA
 

@@ -7,18 +7,9 @@ import importlib
 
 from kernalin_ci.errors import UsageError
 from kernalin_ci.ops.base import Op
+from kernalin_ci.ops.names import MODULES, NAMES
 
-MODULES = {
-    "attention.decode": "attention_decode",
-    "attention.decode_paged": "attention_decode_paged",
-    "attention.decode_multi": "attention_decode_multi",
-    "attention.decode_mla": "attention_decode_mla",
-    "rope": "rope",
-    "kv_append": "kv_append",
-    "decode_step": "decode_step",
-    "custom": "custom",
-}
-NAMES = tuple(MODULES)
+__all__ = ["MODULES", "NAMES", "get_op"]
 
 
 def get_op(name: str, root: str | None = None) -> Op:

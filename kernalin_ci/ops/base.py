@@ -13,6 +13,7 @@ carry it and `kernalin-ci verify --case JSON` reproduces exactly that case.
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 from abc import ABC, abstractmethod
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from kernalin_ci.errors import UsageError
 from kernalin_ci.findings import Finding
 from kernalin_ci.lazy import torch
+from kernalin_ci.ops.names import MODULES
 
 if TYPE_CHECKING:
     from kernalin_ci.ops.bench_shapes import BenchRequest
@@ -330,11 +332,6 @@ def resolve_params(op_name: str, specs: tuple[Param, ...], raw: dict[str, Any]) 
 
 def _op_check(op_name: str, params: Params) -> str | None:
     """The op's own check of its params together (Op.check_params); None for a name that is not an op."""
-    import importlib
-
-    # deferred: an import cycle (ops imports ops.base)
-    from kernalin_ci.ops import MODULES
-
     if op_name not in MODULES:
         return None
     op_class: type[Op] = importlib.import_module(f"kernalin_ci.ops.{MODULES[op_name]}").OP_CLASS

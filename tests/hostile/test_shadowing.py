@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from kernalin_ci.daemon.gpus import Slot
-from kernalin_ci.daemon.runners import RunRequest
 from kernalin_ci.daemon.runners.local import LocalRunner
+from kernalin_ci.daemon.runners.protocol import RunRequest
 from kernalin_ci.launch import PACKAGE_ROOT
 from kernalin_ci.testing.daemon_world import git
 

@@ -31,7 +31,7 @@ from docker.types import DeviceRequest
 
 import docker
 from kernalin_ci.daemon import outstream, safefile
-from kernalin_ci.daemon.runners import (
+from kernalin_ci.daemon.runners.protocol import (
     DISK_FULL_BELOW,
     POLL_S,
     CappedLog,

@@ -26,7 +26,7 @@ import time
 
 from kernalin_ci import sandbox
 from kernalin_ci.daemon import outstream, safefile
-from kernalin_ci.daemon.runners import (
+from kernalin_ci.daemon.runners.protocol import (
     DISK_FULL_BELOW,
     JOB_MARKER,
     POLL_S,

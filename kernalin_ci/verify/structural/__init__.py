@@ -19,15 +19,11 @@ checks and the catch matrix.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING
-
 from kernalin_ci.domain import Domain
 from kernalin_ci.findings import Finding, Notice, StructuralStatus
 from kernalin_ci.isolate import run_task
 from kernalin_ci.jobs import StructuralJob
 from kernalin_ci.ops import get_op
-from kernalin_ci.ops.base import Op
 from kernalin_ci.sandbox import CappedFolder
 from kernalin_ci.verify import exchange
 from kernalin_ci.verify.exchange import BadResult
@@ -35,17 +31,8 @@ from kernalin_ci.verify.structural import material
 from kernalin_ci.verify.structural.analyse import analyse
 from kernalin_ci.verify.structural.capture import capture_cases
 from kernalin_ci.verify.structural.ptx_run import analyse_ptx
-
-if TYPE_CHECKING:
-    from kernalin_ci.verify.structural.common import Analysis
-
-
-def analysis_of(op: Op) -> Analysis | None:
-    """The structural analysis the op names (`Op.structural`), or None when it has none."""
-    if op.structural is None:
-        return None
-    analysis: Analysis = importlib.import_module(f"kernalin_ci.verify.structural.{op.structural}").ANALYSIS
-    return analysis
+from kernalin_ci.verify.structural.registry import analysis_of
+from kernalin_ci.verify.structural.result import analysis_failure
 
 
 def verify_structural(
@@ -134,18 +121,6 @@ def verify_structural(
         [Notice.from_json(n) for n in out["notices"]],
         StructuralStatus.from_json(out["status"]),
     )
-
-
-def analysis_failure(e: BaseException) -> str:
-    """One line for an unexpected exception of the analysis: its type, message and where in kernalin-ci
-    it was raised (for a bug report)."""
-    import traceback
-
-    frames = traceback.extract_tb(e.__traceback__)
-    ours = [f for f in frames if "kernalin_ci" in f.filename]
-    where = f" at {ours[-1].filename.rsplit('kernalin_ci', 1)[-1].lstrip('/')}:{ours[-1].lineno}" if ours else ""
-    msg = " ".join(str(e).split())[:200]
-    return f"{type(e).__name__}: {msg}{where} (a kernalin-ci limitation: please report it)"
 
 
 __all__ = ["verify_structural", "analysis_of", "analysis_failure"]

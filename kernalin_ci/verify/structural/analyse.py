@@ -7,43 +7,39 @@ abstractly (interpreter.py, op_handlers.py) and the checks run (common.py and th
 
 from __future__ import annotations
 
-import os
 import time
 
 from kernalin_ci.ops import get_op
 from kernalin_ci.verify.structural.abstract_values import InterpError
-from kernalin_ci.verify.structural.capture import capture_cases
 from kernalin_ci.verify.structural.common import COMMON_PROPERTIES, StructuralFindings, check_bounds, check_precision
 from kernalin_ci.verify.structural.dataflow import KernelView, line_of, link_views
 from kernalin_ci.verify.structural.interpreter import Interp
 from kernalin_ci.verify.structural.ir import ParseError
 from kernalin_ci.verify.structural.ir_parser import parse_module
-from kernalin_ci.verify.structural.task import capture_material
+from kernalin_ci.verify.structural.registry import analysis_of
+from kernalin_ci.verify.structural.result import analysis_failure, structural_result
 
 
 def analyse(op_name: str, mat, root: str | None = None, seconds: dict | None = None) -> dict:
     """Findings, notices, kernels and status of one entry from its material (material.Material) as plain
     data; source paths under `root` (default: the current directory) are made relative to it."""
-    # deferred: an import cycle (verify.structural imports verify.structural.analyse)
-    from kernalin_ci.verify.structural import analysis_failure, analysis_of
-
     rep = StructuralFindings()
     times = {"capture": 0.0, "compile": 0.0, **(seconds or {}), "parse": 0.0, "interpret": 0.0, "analyse": 0.0}
     kernels: list = []
     analysis = analysis_of(get_op(op_name))
     if analysis is None:
-        return _result(rep, kernels, times, root, not_analysed=f"no structural checks for op {op_name}")
+        return structural_result(rep, kernels, times, root, not_analysed=f"no structural checks for op {op_name}")
     cap = mat.capture
     if cap is None:
         more = f" ({len(mat.refused)} shapes tried)" if len(mat.refused) > 1 else ""
-        return _result(
+        return structural_result(
             rep, kernels, times, root, not_analysed=(mat.refused[0] if mat.refused else "no capture call") + more
         )
     t0 = time.perf_counter()
     try:
         modules = [parse_module(text) for text in mat.texts]
     except ParseError as e:
-        return _result(rep, kernels, times, root, not_analysed=f"a kernel's TTIR does not parse: {e}")
+        return structural_result(rep, kernels, times, root, not_analysed=f"a kernel's TTIR does not parse: {e}")
     finally:
         times["parse"] = time.perf_counter() - t0
     for note in cap.notes:
@@ -101,64 +97,6 @@ def analyse(op_name: str, mat, root: str | None = None, seconds: dict | None = N
             check_precision(view, rep)
     times["analyse"] = time.perf_counter() - t3
     proved = [*COMMON_PROPERTIES, *(p for p in analysis.properties if p not in rep.gaps)] if complete else []
-    return _result(
+    return structural_result(
         rep, kernels, times, root, not_analysed="; ".join(unfollowed) or None, shape=mat.label, proved=proved
     )
-
-
-def _result(
-    rep,
-    kernels,
-    times,
-    root,
-    not_analysed: str | None = None,
-    shape: str | None = None,
-    proved: list[str] | None = None,
-) -> dict:
-    base = os.path.realpath(root or os.getcwd()) + os.sep
-    for item in rep.findings + rep.notices:
-        if item.location is not None:
-            p = os.path.realpath(item.location.path)
-            if p.startswith(base):
-                item.location.path = p[len(base) :]
-    status = (
-        {"status": "not-analysed", "cause": not_analysed, "shape": None}
-        if not_analysed
-        else {
-            "status": "analysed",
-            "cause": None,
-            "shape": shape,
-            "proved": list(proved or []),
-            "gaps": [f"{prop}: {why}" for prop, why in rep.gaps.items()],
-        }
-    )
-    return {
-        "findings": [f.to_json() for f in rep.findings],
-        "notices": [n.to_json() for n in rep.notices],
-        "kernels": kernels,
-        "seconds": {k: round(v, 4) for k, v in times.items()},
-        "status": status,
-    }
-
-
-def analyze_entry(op_name: str, fn, params: dict, root: str | None = None, domain=None, engine: str = "ttir") -> dict:
-    """Capture, hand over and analyse one entry in this process (the catalogue's own kernels: tests and
-    benchmarks/structural_bench.py, benchmarks/ptx_bench.py), through the same material file a worker
-    writes; engine "ptx": the PTX engine (ptx_run.py)."""
-    import tempfile
-
-    # deferred: an import cycle (verify.structural imports verify.structural.analyse)
-    from kernalin_ci.verify.structural import analysis_of, material
-
-    if analysis_of(get_op(op_name)) is None:
-        return analyse(op_name, material.Material(None, [], None, []), root)
-    raw, seconds = capture_material(op_name, fn, params, domain, engine)
-    with tempfile.TemporaryDirectory(prefix="kernalin-structural-") as d:
-        name = material.save(d, raw)
-        mat = material.load(d, name, capture_cases(get_op(op_name), params, domain), op_name, params)
-    if engine == "ptx":
-        # deferred: an import cycle (verify.structural.ptx_run imports verify.structural.analyse)
-        from kernalin_ci.verify.structural.ptx_run import analyse_ptx
-
-        return analyse_ptx(op_name, mat, params, root, seconds, domain)
-    return analyse(op_name, mat, root, seconds)

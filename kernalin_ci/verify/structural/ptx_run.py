@@ -17,10 +17,10 @@ from kernalin_ci.ops import get_op
 from kernalin_ci.ptx import solver
 from kernalin_ci.ptx.syntax import PtxSyntaxError, parse
 from kernalin_ci.verify.structural import ptx_facts
-from kernalin_ci.verify.structural.analyse import _result
 from kernalin_ci.verify.structural.capture import capture_cases
 from kernalin_ci.verify.structural.common import StructuralFindings
 from kernalin_ci.verify.structural.ptx_facts import FactsError
+from kernalin_ci.verify.structural.result import structural_result
 
 
 def analyse_ptx(
@@ -32,12 +32,14 @@ def analyse_ptx(
 
     op = get_op(op_name)
     if op.structural is None:  # an op with no structural analysis has no PTX properties either
-        return _result(rep, [], times, root, not_analysed=f"no PTX properties for op {op_name}")
+        return structural_result(rep, [], times, root, not_analysed=f"no PTX properties for op {op_name}")
     if not solver.available():
-        return _result(rep, [], times, root, not_analysed="no solver (the PTX engine needs z3-solver)")
+        return structural_result(rep, [], times, root, not_analysed="no solver (the PTX engine needs z3-solver)")
     cap = mat.capture
     if cap is None:
-        return _result(rep, [], times, root, not_analysed=mat.refused[0] if mat.refused else "no capture call")
+        return structural_result(
+            rep, [], times, root, not_analysed=mat.refused[0] if mat.refused else "no capture call"
+        )
     kernels, unfollowed, proved = [], [], []
     max_position = getattr(domain, "max_position", None)
     for la, text in zip(cap.launches, mat.ptx or [""] * len(cap.launches)):
@@ -77,7 +79,7 @@ def analyse_ptx(
                         rep.findings[-1].message += "; not replayed (no case of the op at these values)"
             else:
                 rep.notice("structural:ptx-proof", f"PTX engine: not proved: {r.name} ({r.cause})", where=at)
-    res = _result(rep, kernels, times, root, not_analysed="; ".join(unfollowed) or None, shape=mat.label)
+    res = structural_result(rep, kernels, times, root, not_analysed="; ".join(unfollowed) or None, shape=mat.label)
     res["proved"] = proved
     if proved and res["status"]["status"] == "analysed":
         res["status"]["shape"] = f"{mat.label}; PTX: {len(proved)} properties proved"
