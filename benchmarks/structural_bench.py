@@ -8,7 +8,8 @@ and prints one row: expected bug class, verdict, findings (class@line),
 notices, and the seconds spent in capture / compile / interpret / analyse.
 Verdicts: "caught" (a finding of the expected class), "other" (findings, none
 of the expected class), "missed" (no finding), "clean" (correct kernel, no
-finding), "FALSE" (correct kernel with a finding).
+finding), "FALSE" (correct kernel with a finding), "not-analysed" (the
+structural status says not analysed, with its cause, as `verify` says it).
 
 Runs entirely on the CPU, with the Triton found in the environment (no GPU, no
 network): on the H200 image this measures Triton 3.6. The user's kernels are
@@ -65,7 +66,9 @@ def run_one(path: str) -> dict:
     res["seconds"]["cpu"] = time.process_time() - c0  # robust to other load on a shared machine
     want = cat.get("bug_class")
     classes = [f["bug_class"] for f in res["findings"]]
-    if want is None:
+    if res["status"]["status"] == "not-analysed":  # said, never a pass (a feature the analysis does not model)
+        verdict = "not-analysed"
+    elif want is None:
         verdict = "FALSE" if classes else "clean"
     elif want in classes:
         verdict = "caught"
@@ -78,6 +81,7 @@ def run_one(path: str) -> dict:
         "verdict": verdict,
         "findings": [(f["bug_class"], (f.get("location") or {}).get("line")) for f in res["findings"]],
         "notices": [n["message"] for n in res["notices"]],
+        "cause": res["status"].get("cause"),
         "kernels": len(res["kernels"]),
         "seconds": res["seconds"],
     }
@@ -155,13 +159,15 @@ def main(argv=None) -> int:
         s = row["seconds"]
         found = ", ".join(f"{c}@{ln}" for c, ln in row["findings"]) or "-"
         print(
-            f"{row['verdict']:7s} {row['file']:58s} expected={str(row['expected']):22s} "
+            f"{row['verdict']:12s} {row['file']:58s} expected={str(row['expected']):22s} "
             f"found=[{found}] notices={len(row['notices'])} "
             f"t={s.get('total', 0):.2f}s cpu={s.get('cpu', 0):.2f}s (capture {s.get('capture', 0):.2f}, "
             f"compile {s.get('compile', 0):.2f}, parse {s.get('parse', 0):.2f}, "
             f"interpret {s.get('interpret', 0):.2f}, analyse {s.get('analyse', 0):.2f})",
             flush=True,
         )
+        if row.get("cause"):
+            print(f"        not analysed: {row['cause'][:200]}")
         for n in row["notices"]:
             print(f"        note: {n[:200]}")
     del t_imports
@@ -174,8 +180,8 @@ def main(argv=None) -> int:
     per_kernel = [r["seconds"]["total"] / max(r["kernels"], 1) for r in rows if r["verdict"] != "ERROR"]
     print(
         f"\n# bug kernels caught with their class: {caught}/{len(bugs)}; "
-        f"correct kernels with a false finding: {false}/{len(good)}; errors: "
-        f"{sum(r['verdict'] == 'ERROR' for r in rows)}"
+        f"correct kernels with a false finding: {false}/{len(good)}; not analysed (said): "
+        f"{sum(r['verdict'] == 'not-analysed' for r in rows)}; errors: {sum(r['verdict'] == 'ERROR' for r in rows)}"
     )
     classes: dict = {}
     for r in bugs:

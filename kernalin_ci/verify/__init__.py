@@ -41,6 +41,7 @@ from kernalin_ci.progress import ProgressSink
 from kernalin_ci.verify.judge import CaseReader
 from kernalin_ci.verify.loop_judge import PipelineReader
 from kernalin_ci.verify.structural import verify_structural
+from kernalin_ci.verify.structural.registry import not_modelled
 from kernalin_ci.verify.supervisor import Progress, run_cases, shard, threads_each
 
 
@@ -128,11 +129,11 @@ def verify(
             return result
     structural = None
     if only in (None, "structural") and not probe and not case_json:
-        unmodelled = op.unanalysed(params)
+        unmodelled = not_modelled(op, params)
         if cuda is not None:
             result.structural = StructuralStatus("not-analysed", NO_STRUCTURAL_CUDA)
         elif unmodelled:  # its checks would judge the kernel by a definition without these features
-            result.structural = StructuralStatus("not-analysed", not_modelled(unmodelled))
+            result.structural = StructuralStatus("not-analysed", unmodelled)
         else:
             structural = verify_structural
     # The structural worker compiles while the dynamic worker launches: two processes, so the
@@ -313,12 +314,6 @@ def replay(
 
 NEEDS_GPU = "a CUDA C++ kernel runs only on a GPU"
 NO_STRUCTURAL_CUDA = "CUDA C++ kernel: no structural analysis of CUDA code yet"
-
-
-def not_modelled(features: list[str]) -> str:
-    """The structural status's cause when the params switch on what the op's analysis does not model."""
-    them = "them" if len(features) > 1 else "it"
-    return f"not analysed for {', '.join(features)}: the structural analysis does not model {them}"
 
 
 def cuda_build(result: VerifyResult, spec, entry, op_name, params, device, root, timeout_s, dtype, progress) -> bool:

@@ -403,10 +403,10 @@ def expected_structural(k: Kernel) -> str:
     """The structural status a kernel must get when its params switch on what the op's analysis does not model
     (an attention feature: the status names each, docs/ops.md); "ran" otherwise."""
     from kernalin_ci.ops import get_op
-    from kernalin_ci.verify import not_modelled
+    from kernalin_ci.verify.structural.registry import not_modelled
 
-    features = get_op(k.op).unanalysed(k.params)
-    return f"not-analysed: {not_modelled(features)}" if features else "ran"
+    cause = not_modelled(get_op(k.op), k.params)
+    return f"not-analysed: {cause}" if cause else "ran"
 
 
 @dataclass
