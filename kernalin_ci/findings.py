@@ -198,6 +198,31 @@ class NotChecked:
         return what + (f": {self.error}" if self.error else "")
 
 
+@dataclass(frozen=True)
+class CaseErrors:
+    """What the judge measured of one case's outputs against the float64 reference, element by element over
+    every output it compared: the largest |out - ref| and |out - ref| / (|ref| + 1e-8) (NaN where an output
+    holds NaN; verify/reference.py, `max_errors`)."""
+
+    max_abs: float
+    max_rel: float
+
+
+@dataclass(frozen=True)
+class CaseVerdict:
+    """One dynamic case's own verdict (verify's findings are deduplicated across cases; this is per case):
+    `ran` False when the case did not run at its own shape (not checked, or moved to another shape), its
+    findings' checks, bug classes and messages as recorded for it, and the errors the judge measured (None: no output
+    compared, e.g. the call raised). In memory only: `verify --trace` writes it (kernalin_ci/workload.py)."""
+
+    case: str
+    ran: bool
+    checks: tuple[str, ...] = ()  # each finding's check, bug class and message, in order
+    bug_classes: tuple[str, ...] = ()
+    messages: tuple[str, ...] = ()
+    errors: CaseErrors | None = None
+
+
 STRUCTURAL_STATUSES = ("analysed", "not-analysed", "not-run")
 
 
@@ -296,6 +321,8 @@ class VerifyResult:
     # a CUDA C++ kernel's build (kernalin_ci/cuda/build.py: status, sources, compiler, seconds), else None
     build: dict | None = None
     sanitizer: SanitizerStatus = field(default_factory=SanitizerStatus)
+    # each dynamic case's own verdict, in case order (not in to_json: report.json is unchanged)
+    cases: list[CaseVerdict] = field(default_factory=list)
 
     @property
     def needs_gpu(self) -> bool:

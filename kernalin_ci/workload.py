@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from kernalin_ci.errors import UsageError
+from kernalin_ci.findings import CaseVerdict
 from kernalin_ci.ops import NAMES, get_op
 from kernalin_ci.ops.base import DTYPES, Case
 
@@ -39,6 +40,7 @@ class Workloads:
     params: dict[str, Any]  # block_size, num_q_heads, num_kv_heads, head_dim
     dtype: str
     cases: list[Case]
+    workloads: list[dict]  # each case's workload object, as the file holds it
 
 
 def _bad(path: Path, what: str) -> UsageError:
@@ -72,7 +74,7 @@ def load(path: str | Path) -> Workloads:
     cases = [
         case_of(path, root, n, t["workload"], definition, params, dtype, seed=i) for i, (n, t) in enumerate(traces)
     ]
-    return Workloads(names[0], str(definition["op_type"]), params, dtype, cases)
+    return Workloads(names[0], str(definition["op_type"]), params, dtype, cases, [t["workload"] for _, t in traces])
 
 
 def dataset_root(path: Path) -> Path:
@@ -213,3 +215,79 @@ def for_op(wl: Workloads, op: str, params: dict[str, Any], dtype: str | None = N
         merged[key] = value
     cases = [Case(c.name, c.dims, dtype or c.dtype, c.seed, c.tags) for c in wl.cases]
     return merged, cases
+
+
+# FlashInfer-Bench's evaluation statuses that a verdict of kernalin-ci maps to (docs/cli.md)
+PASSED, INCORRECT_NUMERICAL, INCORRECT_SHAPE = "PASSED", "INCORRECT_NUMERICAL", "INCORRECT_SHAPE"
+RUNTIME_ERROR, TIMEOUT = "RUNTIME_ERROR", "TIMEOUT"
+RUNTIME_CLASSES = ("entry-error", "crashed", "cuda-error", "bad-result")  # the call did not hand back an output
+SHAPE_CHECK = "output-shape"  # the output is not a tensor of the reference's shape
+NOT_CHECKED = "not checked at its own shape"
+NOT_TIMED = "passed, not timed (a PASSED evaluation needs a latency: --timings)"
+NO_ERRORS = "a finding without a measured error"
+
+
+def status(v: CaseVerdict) -> str:
+    """The evaluation status of a case that ran at its own shape: its worst finding, PASSED without one."""
+    if "timeout" in v.bug_classes:
+        return TIMEOUT
+    if any(c in RUNTIME_CLASSES for c in v.bug_classes):
+        return RUNTIME_ERROR
+    if SHAPE_CHECK in v.checks:
+        return INCORRECT_SHAPE
+    if not v.bug_classes:
+        return PASSED
+    return INCORRECT_NUMERICAL
+
+
+def trace(
+    wl: Workloads,
+    verdicts: list[CaseVerdict],
+    solution: str,
+    environment: dict,
+    timestamp: str,
+    latencies: dict[str, float],
+) -> tuple[list[dict], dict[str, list[str]]]:
+    """One FlashInfer-Bench trace per workload whose case has a true evaluation, and the cases left out by
+    reason. LATENCIES: milliseconds per launch by case name, where a benchmark timed it on a GPU. Correctness
+    holds the judge's measured errors (PASSED and INCORRECT_NUMERICAL, as the schema requires); performance
+    only the latency (PASSED); the reference's latency and the speedup against it are not measured, so absent."""
+    raw = {c.name: w for c, w in zip(wl.cases, wl.workloads)}
+    lines: list[dict] = []
+    left: dict[str, list[str]] = {}
+    for v in verdicts:
+        st = status(v) if v.ran and v.case in raw else None  # None: not checked at its own shape
+        why = NOT_CHECKED if st is None else None
+        if st in (PASSED, INCORRECT_NUMERICAL) and v.errors is None:
+            why = NO_ERRORS  # the schema holds these two statuses to their errors
+        elif st == PASSED and v.case not in latencies:
+            why = NOT_TIMED
+        if why is not None:
+            left.setdefault(why, []).append(v.case)
+            continue
+        evaluation: dict = {
+            "status": st,
+            "environment": environment,
+            "timestamp": timestamp,
+            "log": "\n".join(f"{c}: {m}" for c, m in zip(v.bug_classes, v.messages)),
+        }
+        if st in (PASSED, INCORRECT_NUMERICAL) and v.errors is not None:  # always, as checked above
+            evaluation["correctness"] = {
+                "max_absolute_error": _number(v.errors.max_abs),
+                "max_relative_error": _number(v.errors.max_rel),
+            }
+        if st == PASSED:
+            evaluation["performance"] = {"latency_ms": latencies[v.case]}
+        lines.append(
+            {"definition": wl.definition, "workload": raw[v.case], "solution": solution, "evaluation": evaluation}
+        )
+    return lines, left
+
+
+def _number(x: float) -> float | str:
+    """A float as FlashInfer-Bench writes it: NaN and infinities as the strings "NaN", "Infinity", "-Infinity"."""
+    if math.isnan(x):
+        return "NaN"
+    if math.isinf(x):
+        return "Infinity" if x > 0 else "-Infinity"
+    return x

@@ -122,8 +122,8 @@ PROBE_SCRIPT = textwrap.dedent("""
                                                   for k, v in raw.items()}))
             run_case(op, fn, case, params, "cpu", poison=False, hand_back=hand_back)
         else:
-            found, _ = judge(op, case, params, "cpu", run_case(op, fn, case, params, "cpu", poison=False), {},
-                             poison=False)
+            found, _, _ = judge(op, case, params, "cpu", run_case(op, fn, case, params, "cpu", poison=False), {},
+                                poison=False)
         out[path] = sorted({f.bug_class for f in found})
     print(json.dumps(out))
 """)

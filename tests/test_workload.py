@@ -3,7 +3,9 @@
 The dataset is written in the test with FlashInfer-Bench's own data models (Definition, Workload, Trace of
 flashinfer-bench 0.1.2, fetched from the package registry as the real-world corpus is, sha256 in
 tests/realworld/manifest.json): a paged decode definition and two workloads whose batch lives in a safetensors
-blob. Their cases then run through the real CLI against a real Triton kernel under the interpreter.
+blob. Their cases then run through the real CLI against a real Triton kernel under the interpreter, and the
+traces `verify --trace` writes are read back with FlashInfer-Bench's own reader (json_utils.load_jsonl_file of
+its Trace model, as its TraceSet reads traces/).
 """
 
 from __future__ import annotations
@@ -38,7 +40,10 @@ def fib():
     dist = corpus.Dist(key=DIST, **dists[DIST])
     root = corpus.extract(
         dist,
-        {f"flashinfer_bench/{m}.py" for m in ("utils", "data/utils", "data/definition", "data/workload", "data/trace")},
+        {
+            f"flashinfer_bench/{m}.py"
+            for m in ("utils", "data/utils", "data/definition", "data/workload", "data/trace", "data/json_utils")
+        },
     )
     for name, folder in (("flashinfer_bench", root / "flashinfer_bench"), ("flashinfer_bench.data", None)):
         if name not in sys.modules:
@@ -46,7 +51,10 @@ def fib():
             pkg.__path__ = [str(folder or root / "flashinfer_bench" / "data")]
             sys.modules[name] = pkg
     return types.SimpleNamespace(
-        **{m: importlib.import_module(f"flashinfer_bench.data.{m}") for m in ("definition", "workload", "trace")}
+        **{
+            m: importlib.import_module(f"flashinfer_bench.data.{m}")
+            for m in ("definition", "workload", "trace", "json_utils")
+        }
     )
 
 
@@ -121,6 +129,12 @@ def dataset(fib, root: Path, batches: list[tuple[list[int], list[int]]], page_si
     return path
 
 
+def torch_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def cli(*args, cwd=None):
     return subprocess.run(
         [sys.executable, "-m", "kernalin_ci", *args], capture_output=True, text=True, cwd=cwd, timeout=900
@@ -165,6 +179,74 @@ def test_verify_and_bench_take_the_workload_files_cases(fib, tmp_path):
     ]
 
 
+BUG = f"{CHECKS / 'attention_decode_paged' / 'bug_online_l_not_rescaled.py'}:entry"
+
+
+def read_trace(fib, path: Path) -> list:
+    """The trace file as FlashInfer-Bench reads it: every line validated by its Trace model (a line the schema
+    refuses, e.g. PASSED without performance, raises)."""
+    return fib.json_utils.load_jsonl_file(fib.trace.Trace, path)
+
+
+@pytest.mark.slow
+def test_verify_writes_each_workloads_evaluation_as_a_flashinfer_bench_trace(fib, tmp_path):
+    # kv_len 5 fits one tile: the unrescaled running sum never matters there; kv_lens 5 and 320 need the rescale
+    path = dataset(fib, tmp_path, [([1], [5]), ([1, 20], [5, 16])])
+    trace = tmp_path / "bug.jsonl"
+    r = cli("verify", "--op", "attention.decode_paged", "--entry", BUG, "--workload", str(path), "--device", "cpu",
+            "--only", "dynamic", "--trace", str(trace), "--quiet")  # fmt: skip
+    assert r.returncode == 1, r.stderr[-2000:]
+    assert "trace: 1 workload written" in r.stdout and "1 INCORRECT_NUMERICAL" in r.stdout, r.stdout
+    assert "left out: 1 passed, not timed" in r.stdout, r.stdout
+    (bad,) = read_trace(fib, trace)
+    ev = bad.evaluation
+    assert bad.definition == NAME and bad.solution == BUG and bad.workload.uuid == "00000001-feed-beef"
+    assert ev.status == fib.trace.EvaluationStatus.INCORRECT_NUMERICAL and ev.performance is None
+    # the judge's measured errors: the sum of only the last tile's weights divides, so the output is far off
+    assert 0.01 < ev.correctness.max_absolute_error < 1e3 and 0.05 < ev.correctness.max_relative_error
+    assert "online-rescale" in ev.log or "wrong-output" in ev.log, ev.log
+    assert ev.environment.hardware.endswith("(Triton interpreter)") and "torch" in ev.environment.libs
+    # the workload object is the file's own, key for key
+    assert json.loads(trace.read_text())["workload"] == json.loads(path.read_text().splitlines()[1])["workload"]
+
+    good = tmp_path / "good.jsonl"
+    r = cli("verify", "--op", "attention.decode_paged", "--entry", ENTRY, "--workload", str(path), "--device", "cpu",
+            "--only", "dynamic", "--trace", str(good), "--quiet")  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    # on the CPU nothing is timed: PASSED needs performance, so the passing workloads are left out, and said so
+    assert read_trace(fib, good) == [] and "left out: 2 passed, not timed" in r.stdout, r.stdout
+
+    timings = tmp_path / "bench.json"
+    r = cli("bench", "--op", "attention.decode_paged", "--base", ENTRY, "--head", ENTRY, "--workload", str(path),
+            "--device", "cpu", "--budget-s", "2", "--max-rounds", "2", "--json", str(timings), "--quiet")  # fmt: skip
+    assert r.returncode in (0, 1) and timings.is_file(), r.stderr[-2000:]
+    r = cli("verify", "--op", "attention.decode_paged", "--entry", ENTRY, "--workload", str(path), "--device", "cpu",
+            "--only", "dynamic", "--trace", str(good), "--timings", str(timings))  # fmt: skip
+    assert r.returncode == 2 and "measure the Triton interpreter" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch_cuda(), reason="needs a CUDA GPU")
+def test_a_workload_verified_and_timed_on_a_gpu_is_a_passed_trace_with_its_latency(fib, tmp_path):
+    path = dataset(fib, tmp_path, [([1, 20], [5, 16]), ([9], [1])])
+    timings, trace = tmp_path / "bench.json", tmp_path / "trace.jsonl"
+    r = cli("bench", "--op", "attention.decode_paged", "--base", ENTRY, "--head", ENTRY, "--workload", str(path),
+            "--device", "cuda", "--budget-s", "20", "--json", str(timings), "--quiet")  # fmt: skip
+    assert r.returncode in (0, 1), r.stderr[-2000:]
+    head_ms = {s["shape"]: s["head_ms"] for s in json.loads(timings.read_text())["shapes"] if s.get("head_ms")}
+    r = cli("verify", "--op", "attention.decode_paged", "--entry", ENTRY, "--workload", str(path), "--device", "cuda",
+            "--only", "dynamic", "--trace", str(trace), "--timings", str(timings), "--quiet")  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = read_trace(fib, trace)
+    assert len(lines) == len(head_ms) > 0, r.stdout
+    names = {f"workload-{i}-{t.workload.uuid[:8]}": t for i, t in enumerate(read_trace(fib, path))}
+    for name, ms in head_ms.items():
+        t = next(x for x in lines if x.workload.uuid == names[name].workload.uuid)
+        assert t.evaluation.status == fib.trace.EvaluationStatus.PASSED and t.evaluation.performance.latency_ms == ms
+        assert t.evaluation.correctness.max_relative_error < 0.05  # float16 against the float64 reference
+
+
 def test_bad_workload_input_is_one_line_and_exit_2(fib, tmp_path):
     path = dataset(fib, tmp_path / "ok", [([1], [3])])
     lonely = tmp_path / "lonely.jsonl"
@@ -177,6 +259,11 @@ def test_bad_workload_input_is_one_line_and_exit_2(fib, tmp_path):
         (["--workload", str(tmp_path / "none.jsonl")], "no such file"),
         (["--workload", str(path), "--param", "block_size=1"], "but definition"),
         (["--workload", str(path), "--case", "{}"], "not with --case"),
+        (["--trace", str(tmp_path / "t.jsonl")], "--trace: needs --workload"),
+        (["--workload", str(path), "--trace", str(tmp_path / "no" / "such" / "t.jsonl")], "--trace: cannot write"),
+        (["--workload", str(path), "--trace", str(tmp_path)], "--trace: cannot write"),
+        (["--workload", str(path), "--timings", str(path)], "--timings: only with --trace"),
+        (["--workload", str(path), "--trace", str(tmp_path / "t.jsonl"), "--timings", str(path)], "not a bench"),
     ]
     for extra, says in cases:
         r = cli("verify", "--op", "attention.decode_paged", "--entry", ENTRY, "--device", "cpu", *extra)

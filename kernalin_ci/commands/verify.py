@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import os
+import platform
 import sys
 import textwrap
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
 
 from kernalin_ci import workload
 from kernalin_ci.commands._common import parse_params, positive_seconds, resolve_device, write_json
 from kernalin_ci.cuda.sources import CudaSpec
+from kernalin_ci.device import DEVICES
 from kernalin_ci.errors import UsageError
 from kernalin_ci.ops import NAMES
 from kernalin_ci.ops.base import DTYPES
@@ -58,6 +65,17 @@ def add_arguments(p):
         "in its dataset folder): one case per workload, instead of the op's plan",
     )
     p.add_argument(
+        "--trace",
+        metavar="PATH",
+        help="with --workload: write each workload's evaluation as a FlashInfer-Bench trace (JSONL): status "
+        "and errors per workload; PASSED needs a latency (--timings)",
+    )
+    p.add_argument(
+        "--timings",
+        metavar="BENCH_JSON",
+        help="with --trace: the latencies, from `bench --workload FILE --device cuda --json` of this entry (head)",
+    )
+    p.add_argument(
         "--timeout",
         type=positive_seconds,
         metavar="S",
@@ -92,11 +110,13 @@ def run(args) -> int:
     from kernalin_ci.domain import parse_cli
     from kernalin_ci.verify import verify
 
-    params, cases = parse_params(args.param), None
+    params, cases, wl = parse_params(args.param), None, None
+    latencies = trace_inputs(args, device)
     if args.workload:
         if args.case or args.probe:
             raise UsageError("--workload: takes the cases from the file; not with --case or --probe")
-        params, cases = workload.for_op(workload.load(args.workload), args.op, params, args.dtype)
+        wl = workload.load(args.workload)
+        params, cases = workload.for_op(wl, args.op, params, args.dtype)
     result = verify(
         args.op,
         args.entry,
@@ -122,7 +142,99 @@ def run(args) -> int:
     out = sys.stderr if args.json == "-" else sys.stdout
     print_result(result, out)
     print(f"  kernel code ran {isolation_text(isolation)}", file=out)
+    if wl is not None and args.trace:
+        write_trace(args.trace, wl, result, args.entry, device, latencies, out)
     return 1 if result.findings else 0
+
+
+def trace_inputs(args, device: str) -> dict[str, float]:
+    """Check --trace and --timings before anything runs (bad input: exit 2); the latencies by case name."""
+    if args.timings and not args.trace:
+        raise UsageError("--timings: only with --trace (it gives the trace's latencies)")
+    if not args.trace:
+        return {}
+    if not args.workload:
+        raise UsageError("--trace: needs --workload (a trace line is the evaluation of one workload)")
+    path = Path(args.trace)
+    folder = path.parent
+    if (
+        path.is_dir()
+        or not folder.is_dir()
+        or not os.access(folder, os.W_OK)
+        or (path.exists() and not os.access(path, os.W_OK))
+    ):
+        raise UsageError(f"--trace: cannot write {path}")
+    return latencies_of(args.timings, args.entry, device) if args.timings else {}
+
+
+def latencies_of(timings: str, entry: str, device: str) -> dict[str, float]:
+    """The head's median milliseconds per launch of each shape a `bench --json` result of this entry timed."""
+    # deferred: keeps the CLI's startup light (`--help` loads every command module)
+    from kernalin_ci.bench.result import BenchResult
+
+    try:
+        d = json.loads(Path(timings).read_text())
+        if not isinstance(d, dict) or not {"op", "head", "device", "shapes"} <= set(d):
+            raise ValueError("no op, head, device and shapes")
+        bench = BenchResult.from_json(d)
+    except (OSError, ValueError, AttributeError, TypeError) as e:
+        raise UsageError(f"--timings: {timings}: not a bench --json result ({e})") from None
+    if bench.head != entry:
+        raise UsageError(f"--timings: the benchmark timed head {bench.head or '?'}, not the entry verified {entry}")
+    if bench.device != device:
+        raise UsageError(f"--timings: the benchmark ran on {bench.device or '?'}, this verify on {device}")
+    if not DEVICES[device].timed:
+        raise UsageError(f"--timings: times on {device} measure the Triton interpreter, not the kernel's latency")
+    return {s.shape: s.head_ms for s in bench.shapes if s.head_ms is not None}
+
+
+def write_trace(path: str, wl, result, entry: str, device: str, latencies: dict[str, float], out) -> None:
+    """The trace lines of the workloads verify could give a true evaluation; one line says what was left out."""
+    environment = {"hardware": hardware(device), "libs": libraries()}
+    stamp = datetime.now(timezone.utc).isoformat()
+    lines, left = workload.trace(wl, result.cases, entry, environment, stamp, latencies)
+    try:
+        Path(path).write_text("".join(json.dumps(line, allow_nan=False) + "\n" for line in lines))
+    except OSError as e:
+        raise UsageError(f"--trace: cannot write {path} ({e.strerror})") from None
+    counts: dict[str, int] = {}
+    for line in lines:
+        counts[line["evaluation"]["status"]] = counts.get(line["evaluation"]["status"], 0) + 1
+    said = ", ".join(f"{n} {st}" for st, n in counts.items()) or "none"
+    gone = "; ".join(f"{len(names)} {why}" for why, names in left.items())
+    print(
+        f"  trace: {plural(len(lines), 'workload')} written to {path} ({said})"
+        + (f"; left out: {gone}" if gone else ""),
+        file=out,
+    )
+
+
+def hardware(device: str) -> str:
+    """The hardware the kernels ran on: the GPU's name, else the CPU's model (kernels under the interpreter)."""
+    if DEVICES[device].gpu:
+        import torch  # deferred: torch, only where a trace is written
+
+        return torch.cuda.get_device_name()
+    model = next((ln.split(":", 1)[1].strip() for ln in _cpuinfo() if ln.startswith("model name")), platform.machine())
+    return f"{model or 'CPU'} (Triton interpreter)"
+
+
+def _cpuinfo() -> list[str]:
+    try:
+        return Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return []
+
+
+def libraries() -> dict[str, str]:
+    """The versions of the libraries that ran the kernels, and of kernalin-ci."""
+    found = {}
+    for name in ("torch", "triton", "kernalin-ci"):
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return found
 
 
 def cuda_spec(sources: list[str] | None, flags: list[str] | None):

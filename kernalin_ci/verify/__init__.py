@@ -235,6 +235,7 @@ def verify(
             ran = sorted((c for p in parts for c in p.ran), key=lambda c: order.get(c.name, -1))
             refused = sorted((x for p in parts for x in p.not_checked), key=lambda x: order.get(x[0], -1))
             result.findings += found
+            result.cases = sorted((v for p in parts for v in p.verdicts), key=lambda v: order.get(v.case, -1))
             result.cases_run += sum(p.done for p in parts)
             result.coverage = domain_mod.coverage(op, ran, params)
             result.not_checked += _not_checked(op, params, cases, refused)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from kernalin_ci.device import DEVICES
 from kernalin_ci.domain import alternatives, case_params, key, shape_of, shape_text, with_shape
-from kernalin_ci.findings import Finding, Notice
+from kernalin_ci.findings import CaseErrors, Finding, Notice
 from kernalin_ci.lazy import torch
 from kernalin_ci.ops.base import Case, Expected, Op
 from kernalin_ci.runtime.interp_patches import lazy_zeros
@@ -21,15 +21,16 @@ from kernalin_ci.verify import exchange
 from kernalin_ci.verify.exchange import GUARD, BadResult, worker_text
 from kernalin_ci.verify.loop_judge import LoopReader, op_loop_judge
 from kernalin_ci.verify.precision import TF32_TOLERANCE, tf32_notice
-from kernalin_ci.verify.reference import NotATensor, check_reference
+from kernalin_ci.verify.reference import NotATensor, check_reference, max_errors
 from kernalin_ci.verify.supervisor import CaseResult
 
 
 def judge(
     op: Op, case: Case, params: dict, device: str, raw: dict, memo: dict, poison: bool = True, root: str | None = None
-) -> tuple[list[Finding], list[Notice]]:
-    """Findings and notices for one case that ran (at `case`, with its `params`). BadResult when the
-    raw result is not one of that case: missing or extra tensors, wrong shapes or dtypes."""
+) -> tuple[list[Finding], list[Notice], CaseErrors | None]:
+    """Findings, notices and the outputs' measured errors (None: none compared) for one case that ran (at
+    `case`, with its `params`). BadResult when the raw result is not one of that case: missing or extra
+    tensors, wrong shapes or dtypes."""
     writable = set(op.written_names(params))
     lazy = writable if "huge" in case.tags else set()
     if op.user_code:  # the user's own inputs and reference ran in the worker: their tensors came back
@@ -61,18 +62,19 @@ def judge(
                 )
             )
     if raw.get("outputs_error") is not None:
-        return findings + [Finding("output-shape", "wrong-output", str(raw["outputs_error"])[:400])], []
+        return findings + [Finding("output-shape", "wrong-output", str(raw["outputs_error"])[:400])], [], None
     outs = _outputs(raw, kw)
     notices: list[Notice] = []
     if op.exact:
         findings += op.check(case, before, kw, outs, params)
-        return findings, notices
+        return findings, notices, None
     tf32 = tf32_notice(raw.get("ttir"), device, case.dtype, root)
     if tf32 is not None:
         notices.append(tf32)
+    expected = expected if expected is not None else op.reference(before, params)
     findings += check_reference(op, case, before, outs, params, memo, TF32_TOLERANCE if tf32 else None, expected)
     findings += op.properties(case, before, outs, params)
-    return findings, notices
+    return findings, notices, max_errors(expected, outs)
 
 
 def _guard_findings(op: Op, guards: dict, before: dict) -> list[Finding]:
@@ -242,7 +244,7 @@ class CaseReader:
         if status == "ok":
             raw = exchange.load_case(results, index, ev.get("file"))
             try:
-                found, notices = judge(
+                found, notices, errors = judge(
                     self.op, ran, case_params(self.params, ran), self.device, raw, self.memo, self.poison, self.root
                 )
             except BadResult:
@@ -252,7 +254,7 @@ class CaseReader:
                     f"the result cannot be compared ({type(e).__name__}: {' '.join(str(e).split())[:200]})"
                 ) from None
             self.ran_shapes.add(key(shape_of(self.op, ran, self.params)))
-            return CaseResult(ran, found, notices, nc)
+            return CaseResult(ran, found, notices, nc, errors)
         if status == "raised":
             return CaseResult(
                 ran, [Finding("call", "entry-error", f"the entry raised {worker_text(ev.get('error'))}")], [], nc

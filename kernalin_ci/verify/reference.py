@@ -3,7 +3,9 @@ unwritten (canary) elements, non-finite values, and bug fingerprints."""
 
 from __future__ import annotations
 
-from kernalin_ci.findings import Finding
+import math
+
+from kernalin_ci.findings import CaseErrors, Finding
 from kernalin_ci.lazy import torch
 from kernalin_ci.ops.base import TOLERANCE, Expected, Op
 from kernalin_ci.runtime.poison import is_canary
@@ -113,3 +115,32 @@ def check_reference(
             )
         )
     return findings
+
+
+# the relative error's guard against a zero reference element (FlashInfer-Bench's definition of its errors)
+REL_EPS = 1e-8
+
+
+def max_errors(expected: Expected, outs: dict) -> CaseErrors | None:
+    """The largest absolute and relative error, element by element, of every output compared with its float64
+    reference (an unwritten or non-finite element makes them NaN); None when no output could be compared (not
+    a tensor, another shape) or the reference is exact (a bit-for-bit check has no error figure)."""
+    if expected.exact:
+        return None
+    worst_abs, worst_rel, compared = 0.0, 0.0, False
+    for name, exp in expected.tensors.items():
+        act = outs.get(name)
+        if not isinstance(act, torch.Tensor) or tuple(act.shape) != tuple(exp.shape):
+            return None
+        diff = (act.detach().to("cpu", torch.float64) - exp).abs()
+        if diff.numel() == 0:
+            continue
+        rel = diff / (exp.abs() + REL_EPS)
+        # max() keeps NaN: an output element that is NaN where the reference is not is no small error
+        worst_abs, worst_rel = _worst(worst_abs, float(diff.max())), _worst(worst_rel, float(rel.max()))
+        compared = True
+    return CaseErrors(worst_abs, worst_rel) if compared else None
+
+
+def _worst(a: float, b: float) -> float:
+    return math.nan if math.isnan(a) or math.isnan(b) else max(a, b)

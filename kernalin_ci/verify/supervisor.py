@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from kernalin_ci.findings import Finding, Notice
+from kernalin_ci.findings import CaseErrors, CaseVerdict, Finding, Notice
 from kernalin_ci.isolate import run_task
 from kernalin_ci.jobs import CasesJob
 from kernalin_ci.ops.base import Case
@@ -97,6 +97,7 @@ class CasesRun:
     done: int = 0  # cases finished (run, moved to another shape, or not checked)
     ran: list[Case] = field(default_factory=list)  # the cases as they ran (at the shape they ran at)
     not_checked: list[tuple[str, dict]] = field(default_factory=list)  # (case name, the worker's note)
+    verdicts: list[CaseVerdict] = field(default_factory=list)  # each finished case's own verdict
 
 
 def bad_result(message: str, case: Case | None = None, repro=None) -> Finding:
@@ -118,6 +119,7 @@ class CaseResult:
     findings: list[Finding] = field(default_factory=list)
     notices: list[Notice] = field(default_factory=list)
     not_checked: dict | None = None  # {"shape", "reason", "error", "instead"}
+    errors: CaseErrors | None = None  # the outputs' errors the judge measured (None: none compared)
 
 
 class ResultReader(Protocol):
@@ -165,12 +167,30 @@ def run_cases(
     restarts = 0
     explained = False  # the run ended with a finding that says why the remaining cases did not run
 
-    def record(i: int, ran: Case | None, found: list[Finding], note: str = "", seconds: float = 0.0) -> None:
+    def record(
+        i: int,
+        ran: Case | None,
+        found: list[Finding],
+        note: str = "",
+        seconds: float = 0.0,
+        errors: CaseErrors | None = None,
+    ) -> None:
         """Case i is finished: its findings carry the case as it ran and the command that reruns it."""
         got.add(i)
         for f in found:
             f.case = (ran or cases[i]).to_json()
             f.reproduce = repro(ran or cases[i])
+        moved = ran is not None and ran.to_json() != cases[i].to_json()  # ran at another shape instead
+        run.verdicts.append(
+            CaseVerdict(
+                cases[i].name,
+                not moved and (ran is not None or bool(found)),
+                tuple(f.check for f in found),
+                tuple(f.bug_class for f in found),
+                tuple(f.message for f in found),
+                None if moved else errors,
+            )
+        )
         run.findings.extend(found)
         run.done += 1
         progress.case_done(i, cases[i].name, seconds, len(found), note)
@@ -234,7 +254,7 @@ def run_cases(
                         f"ran at {nc['instead']} instead" if nc.get("instead") else "not checked"
                     )
                 secs = ev.get("seconds")
-                record(i, r.ran, r.findings, note, float(secs) if isinstance(secs, (int, float)) else 0.0)
+                record(i, r.ran, r.findings, note, float(secs) if isinstance(secs, (int, float)) else 0.0, r.errors)
                 return True
 
             outcome = run_task(
