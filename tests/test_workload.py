@@ -236,7 +236,8 @@ def test_a_workload_verified_and_timed_on_a_gpu_is_a_passed_trace_with_its_laten
     assert r.returncode in (0, 1), r.stderr[-2000:]
     head_ms = {s["shape"]: s["head_ms"] for s in json.loads(timings.read_text())["shapes"] if s.get("head_ms")}
     r = cli("verify", "--op", "attention.decode_paged", "--entry", ENTRY, "--workload", str(path), "--device", "cuda",
-            "--only", "dynamic", "--trace", str(trace), "--timings", str(timings), "--quiet")  # fmt: skip
+            "--only", "dynamic", "--sanitizer", "off", "--trace", str(trace), "--timings", str(timings),
+            "--quiet")  # fmt: skip
     assert r.returncode == 0, r.stderr[-2000:]
     lines = read_trace(fib, trace)
     assert len(lines) == len(head_ms) > 0, r.stdout
@@ -244,7 +245,7 @@ def test_a_workload_verified_and_timed_on_a_gpu_is_a_passed_trace_with_its_laten
     for name, ms in head_ms.items():
         t = next(x for x in lines if x.workload.uuid == names[name].workload.uuid)
         assert t.evaluation.status == fib.trace.EvaluationStatus.PASSED and t.evaluation.performance.latency_ms == ms
-        assert t.evaluation.correctness.max_relative_error < 0.05  # float16 against the float64 reference
+        assert t.evaluation.correctness.max_absolute_error < 0.01  # float16 against the float64 reference
 
 
 def test_bad_workload_input_is_one_line_and_exit_2(fib, tmp_path):
