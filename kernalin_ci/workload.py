@@ -247,29 +247,32 @@ def trace(
     environment: dict,
     timestamp: str,
     latencies: dict[str, float],
+    kernel_wide: tuple[str, ...] = (),
 ) -> tuple[list[dict], dict[str, list[str]]]:
     """One FlashInfer-Bench trace per workload whose case has a true evaluation, and the cases left out by
     reason. LATENCIES: milliseconds per launch by case name, where a benchmark timed it on a GPU. Correctness
     holds the judge's measured errors (PASSED and INCORRECT_NUMERICAL, as the schema requires); performance
-    only the latency (PASSED); the reference's latency and the speedup against it are not measured, so absent."""
-    raw = {c.name: w for c, w in zip(wl.cases, wl.workloads)}
+    only the latency (PASSED); the reference's latency and the speedup against it are not measured, so absent.
+    KERNEL_WIDE: the kernel's findings that belong to no workload (structural, Compute Sanitizer), for each log."""
+    by_case = {v.case: v for v in verdicts}
     lines: list[dict] = []
     left: dict[str, list[str]] = {}
-    for v in verdicts:
-        st = status(v) if v.ran and v.case in raw else None  # None: not checked at its own shape
-        why = NOT_CHECKED if st is None else None
-        if st in (PASSED, INCORRECT_NUMERICAL) and v.errors is None:
+    for case, work in zip(wl.cases, wl.workloads):
+        v = by_case.get(case.name)  # None: the case never finished (the run stopped before it)
+        st = status(v) if v is not None and v.ran else None  # None: not checked at its own shape
+        why = NOT_CHECKED if v is None or st is None else None
+        if v is not None and st in (PASSED, INCORRECT_NUMERICAL) and v.errors is None:
             why = NO_ERRORS  # the schema holds these two statuses to their errors
-        elif st == PASSED and v.case not in latencies:
+        elif st == PASSED and case.name not in latencies:
             why = NOT_TIMED
-        if why is not None:
-            left.setdefault(why, []).append(v.case)
+        if v is None or why is not None:
+            left.setdefault(why or NOT_CHECKED, []).append(case.name)
             continue
         evaluation: dict = {
             "status": st,
             "environment": environment,
             "timestamp": timestamp,
-            "log": "\n".join(f"{c}: {m}" for c, m in zip(v.bug_classes, v.messages)),
+            "log": "\n".join([*(f"{c}: {m}" for c, m in zip(v.bug_classes, v.messages)), *kernel_wide]),
         }
         if st in (PASSED, INCORRECT_NUMERICAL) and v.errors is not None:  # always, as checked above
             evaluation["correctness"] = {
@@ -277,10 +280,8 @@ def trace(
                 "max_relative_error": _number(v.errors.max_rel),
             }
         if st == PASSED:
-            evaluation["performance"] = {"latency_ms": latencies[v.case]}
-        lines.append(
-            {"definition": wl.definition, "workload": raw[v.case], "solution": solution, "evaluation": evaluation}
-        )
+            evaluation["performance"] = {"latency_ms": latencies[case.name]}
+        lines.append({"definition": wl.definition, "workload": work, "solution": solution, "evaluation": evaluation})
     return lines, left
 
 

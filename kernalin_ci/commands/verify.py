@@ -192,7 +192,8 @@ def write_trace(path: str, wl, result, entry: str, device: str, latencies: dict[
     """The trace lines of the workloads verify could give a true evaluation; one line says what was left out."""
     environment = {"hardware": hardware(device), "libs": libraries()}
     stamp = datetime.now(timezone.utc).isoformat()
-    lines, left = workload.trace(wl, result.cases, entry, environment, stamp, latencies)
+    kernel_wide = tuple(f"kernel: {f.kind} {f.bug_class}: {f.message}" for f in result.findings if f.kind != "dynamic")
+    lines, left = workload.trace(wl, result.cases, entry, environment, stamp, latencies, kernel_wide)
     try:
         Path(path).write_text("".join(json.dumps(line, allow_nan=False) + "\n" for line in lines))
     except OSError as e:
