@@ -129,12 +129,6 @@ def dataset(fib, root: Path, batches: list[tuple[list[int], list[int]]], page_si
     return path
 
 
-def torch_cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def cli(*args, cwd=None):
     return subprocess.run(
         [sys.executable, "-m", "kernalin_ci", *args], capture_output=True, text=True, cwd=cwd, timeout=900
@@ -226,8 +220,7 @@ def test_verify_writes_each_workloads_evaluation_as_a_flashinfer_bench_trace(fib
     assert len(r.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch_cuda(), reason="needs a CUDA GPU")
+@pytest.mark.gpu  # conftest skips it without a CUDA GPU
 def test_a_workload_verified_and_timed_on_a_gpu_is_a_passed_trace_with_its_latency(fib, tmp_path):
     path = dataset(fib, tmp_path, [([1, 20], [5, 16]), ([9], [1])])
     timings, trace = tmp_path / "bench.json", tmp_path / "trace.jsonl"
