@@ -7,9 +7,10 @@ masks each key against the token's absolute position (context length + its index
 Called as vLLM's backend (vllm/v1/attention/backends/triton_attn.py) calls it, in our own lines: our NHD cache and
 block table as they are, query_start_loc as cu_seqlens_q, kv_lens as seqused_k, causal, no window or soft-cap,
 descales of one per sequence and KV head (1: an unquantised cache), and the split-K scratch of the backend
-(16 softmax segments, the 3D kernel plus its reduce while the batch is under 128 // Hkv query blocks, as at
-decode). The module imports vLLM's env flags, logger, platform object, Triton re-export, the helpers module and
-the KV-quantisation enum; the stand-ins are our own lines (CUDA, not ROCm, batch invariance off).
+(16 softmax segments: the launcher takes the 3D kernel plus its reduce while sequences x query blocks of
+each stay within 128 // Hkv, as in a decode batch of a few sequences, else the 2D kernel). The module imports
+vLLM's env flags, logger, platform object, Triton re-export, the helpers module and the KV-quantisation enum;
+the stand-ins are our own lines (CUDA, not ROCm, batch invariance off).
 """
 
 import enum
