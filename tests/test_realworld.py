@@ -106,11 +106,12 @@ def test_mutant_is_caught(k, variant, outcomes):
 
 
 def test_manifest_is_complete():
-    """All five ops (two whole decode steps run as decode_step among them), twenty kernels or more from
+    """All seven ops (two whole decode steps run as decode_step among them), twenty kernels or more from
     seven projects or more; each names its distribution's sha256 and license, an adapter that exists, a
     one-place mutant in one of its files, and bug classes from the vocabulary. The CI subset names kernels
     of the manifest and covers every op."""
-    ops = {"attention.decode", "attention.decode_paged", "rope", "kv_append", "decode_step"}
+    ops = {"attention.decode", "attention.decode_paged", "attention.decode_multi", "attention.decode_mla", "rope"}
+    ops |= {"kv_append", "decode_step"}
     assert {k.op for k in MANIFEST} == ops
     assert len(MANIFEST) >= 20 and len({k.dist.package for k in MANIFEST}) >= 7
     assert len([k for k in MANIFEST if k.op == "decode_step"]) >= 2

@@ -10,6 +10,10 @@ imports vLLM's platform object and its Triton re-export; the stand-ins are our o
 Served features (docs/ops.md, "Attention features"): the op's `window` is vLLM's `sliding_window` (the last
 `sliding_window` keys, the query's own included: the same count) and its `logit_cap` vLLM's `logit_cap` (a cap
 of the scaled score), passed through; vLLM's decode kernel has no ALiBi or sinks.
+
+FP8 caches (docs/ops.md, "FP8 KV caches"): with `kv_dtype` set the caches are FP8 and the entry gets `k_scale`
+and `v_scale`, passed to vLLM's `k_scale` / `v_scale` as its Triton backend passes the layer's scales; the
+kernel reads one element of each (`tl.load(k_scale)`): per-tensor scales only.
 """
 
 import torch
@@ -34,7 +38,7 @@ _m = load(
 NUM_KV_SPLITS = 8
 
 
-def entry(q, k_cache, v_cache, block_tables, kv_lens, scale):
+def entry(q, k_cache, v_cache, block_tables, kv_lens, scale, k_scale=None, v_scale=None):
     B, hq, d = q.shape
     params = kernalin_ci.current_params()
     page_size = params["block_size"]
@@ -43,6 +47,7 @@ def entry(q, k_cache, v_cache, block_tables, kv_lens, scale):
     attn_logits = torch.empty((B, hq, NUM_KV_SPLITS, d + 1), dtype=torch.float32, device=q.device)
     _m.decode_attention_fwd(
         q, k_cache, v_cache, o, lse, block_tables, kv_lens, attn_logits, NUM_KV_SPLITS, scale, page_size,
-        logit_cap=params.get("logit_cap") or 0.0, sliding_window=params.get("window"),
+        logit_cap=params.get("logit_cap") or 0.0, k_scale=k_scale, v_scale=v_scale,
+        sliding_window=params.get("window"),
     )  # fmt: skip
     return o

@@ -8,6 +8,10 @@ launches the kernel with the launcher's grid, strides and constants for an unqua
 Hopper GPU (TILE_SIZE up to 2048, 16 warps, 10 stages): the launcher itself asks the CUDA runtime for
 the device's capability, which the CPU interpreter has not. The module imports vLLM's platform object,
 its Triton re-export and two quantization helpers; the stand-ins are our own lines.
+
+FP8 caches (docs/ops.md, "FP8 KV caches"): with `kv_dtype` set the caches are FP8 and the entry gets `k_scale`
+and `v_scale`; the launch sets FP8_KV_CACHE as vLLM's launcher does for an fp8 `kv_cache_dtype`, and the kernel
+divides by one element of each scale (`tl.load(k_scale)`): per-tensor scales only.
 """
 
 import torch
@@ -30,10 +34,11 @@ _m = load(
 )
 
 
-def entry(key, value, k_cache, v_cache, slot_mapping):
+def entry(key, value, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=None):
     num_heads, head_size = key.shape[1], key.shape[2]
     n = num_heads * head_size
     one = torch.ones((), dtype=torch.float32, device=key.device)
+    fp8 = k_scale is not None
     tile = min(2048, triton.next_power_of_2(n))
     _m.reshape_and_cache_kernel_flash[(slot_mapping.shape[0], triton.cdiv(n, tile))](
         key_ptr=key,
@@ -41,8 +46,8 @@ def entry(key, value, k_cache, v_cache, slot_mapping):
         key_cache_ptr=k_cache,
         value_cache_ptr=v_cache,
         slot_mapping_ptr=slot_mapping,
-        k_scale=one,
-        v_scale=one,
+        k_scale=k_scale if fp8 else one,
+        v_scale=v_scale if fp8 else one,
         key_stride=key.stride(0),
         value_stride=value.stride(0),
         block_stride=k_cache.stride(0),
@@ -56,7 +61,7 @@ def entry(key, value, k_cache, v_cache, slot_mapping):
         x=1,
         USE_HEAD_MAJOR_LAYOUT=False,
         INTERLEAVED_V_PACK_FACTOR=0,
-        FP8_KV_CACHE=False,
+        FP8_KV_CACHE=fp8,
         TILE_SIZE=tile,
         num_warps=16,
         num_stages=10,
