@@ -25,6 +25,7 @@ from kernalin_ci.ops.base import (
     positive,
 )
 from kernalin_ci.ops.bench_shapes import BenchRequest, len_label, ragged_lens
+from kernalin_ci.runtime.rows import row_errors
 
 # Optional shape params: pin a dimension for kernels specialised to one model.
 SHAPE_PARAMS = (
@@ -133,6 +134,32 @@ def fp8_fingerprints(
         V = [values_of(b, L, wrong["v_scale"]) for b, L in enumerate(kv_lens)]
         out.append(("kv-scale", {"out": attend(q, K, V, scale, good, feat=feat)}))
     return out
+
+
+def reference_out(
+    q: torch.Tensor,
+    K: list[torch.Tensor],
+    V: list[torch.Tensor],
+    scale: float,
+    Hkv: int,
+    feat: af.Features,
+    quantised: bool,
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """The float64 output and its per-row slack (Expected.row_slack) over the caches' float64 keys and values.
+    With sinks: the output's underflow in q's dtype. With an FP8 cache: a kernel may round each dequantised
+    value to q's dtype before its dot (a tensor-core FP8 kernel must), a second rounding the stored bytes do not
+    show; the slack is how far that rounding moves each row (the same definition over the rounded values)."""
+    hmap = head_map(q.shape[1], Hkv)
+    out = attend(q, K, V, scale, hmap, feat=feat)
+    slack = af.underflow_slack(out, q.dtype) if feat.sinks is not None else torch.zeros(out.shape[:-1])
+    if quantised:
+
+        def rounded(ts: list[torch.Tensor]) -> list[torch.Tensor]:
+            return [t.to(q.dtype).to(torch.float64) for t in ts]
+
+        alt = attend(q, rounded(K), rounded(V), scale, hmap, feat=feat)
+        slack = slack.reshape(-1) + row_errors(alt, out)
+    return out, ({"out": slack.reshape(-1).to(torch.float64)} if feat.sinks is not None or quantised else {})
 
 
 def attend(
