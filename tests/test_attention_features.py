@@ -15,9 +15,10 @@ from conftest import CHECKS
 from kernalin_ci.errors import UsageError
 from kernalin_ci.ops import attention_common as ac
 from kernalin_ci.ops import attention_features as af
+from kernalin_ci.ops import decode_loop as dl
 from kernalin_ci.ops import get_op
 from kernalin_ci.ops.base import resolve_params
-from kernalin_ci.verify import pipeline_params, verify
+from kernalin_ci.verify import pipeline_params, verify, verify_pipeline
 
 ALL = {"window": 40, "logit_cap": 20.0, "alibi": True, "sinks": True}
 
@@ -116,9 +117,49 @@ def test_a_bad_feature_value_is_one_line_and_exit_2(param, line):
     assert r.stderr.strip().splitlines() == [f"kernalin-ci verify: error: {line}"]
 
 
-def test_the_decode_pipeline_refuses_a_feature():
-    with pytest.raises(UsageError, match="param window is an attention feature"):
-        pipeline_params({"kv_append": "a:b", "attention.decode_paged": "c:d"}, {"window": 8})
+def test_the_decode_loop_attends_with_the_features_and_crosses_the_window():
+    """The pipeline takes the features: its loop's reference is the attention ops' definition with the
+    features' inputs drawn from the seed, and one sequence's kv_len first passes the window mid-loop."""
+    params = pipeline_params({"kv_append": "a:b", "attention.decode_paged": "c:d"}, {**ALL, "window": 8})
+    loop = dl.pipeline_loop(params, "float32", 0, 6, rope=False)
+    assert loop.features == {"window": 8, "logit_cap": 20.0, "alibi": True, "sinks": True}
+    assert 8 - dl.WINDOW_CROSSING_STEP in loop.shape.start_lens  # kv_len = 8 + 1 at that step
+    s = dl.init_state(loop, "cpu")
+    ref = af.inputs_of(params, loop.shape.Hq, 0, "cpu")
+    assert set(s.extra) == {"alibi_slopes", "sinks"} and all(torch.equal(s.extra[k], ref[k]) for k in ref)
+    st = dl.next_step(s, 0, "float32", loop.padding)
+    q_ref, k_ref = dl.rotated(st, len(s.lens), None, loop.shape.D)
+    dl.advance(s, st, k_ref)
+    want = ac.attend(q_ref, s.ref_k, s.ref_v, s.scale, ac.head_map(4, 2), feat=af.Features.of(params, ref))
+    assert torch.equal(dl.attend_history(s, q_ref), want)
+    with pytest.raises(UsageError, match="kv_dtype"):  # an FP8 cache: still refused
+        pipeline_params({"kv_append": "a:b", "attention.decode_paged": "c:d"}, {"kv_dtype": "fp8_e4m3"})
+
+
+def _pipeline(attention: str, window: int, steps: int):
+    entries = {
+        "kv_append": f"{CHECKS / 'kv_append' / 'correct_per_token.py'}:entry",
+        "attention.decode_paged": attention,
+    }
+    params = {**ALL, "window": window, "block_size": 16, "head_dim": 64}
+    return verify_pipeline(entries, params, "cpu", steps=steps, progress=False)
+
+
+def test_the_feature_kernel_passes_a_decode_pipeline_and_a_window_bug_shows_where_kv_len_passes_it(tmp_path):
+    """The catalogue's paged feature kernel runs a decode pipeline with every feature on (window 60: no
+    sequence starts past it); the same kernel with the window one key too wide (bug_window_one_too_wide.py's
+    bug, in the paged kernel) is caught at step 3, where one sequence's kv_len first passes the window."""
+    correct = CHECKS / "attention_decode_paged" / "correct_features_paged.py"
+    r = _pipeline(f"{correct}:entry", 60, 5)
+    assert r.cases_run == 1 and not r.findings, [f.message for f in r.findings]
+    src = correct.read_text()
+    assert src.count("lo = tl.maximum(kv_len - window, 0)") == 1
+    bug = tmp_path / "window_one_too_wide_paged.py"
+    bug.write_text(src.replace("lo = tl.maximum(kv_len - window, 0)", "lo = tl.maximum(kv_len - window - 1, 0)"))
+    r = _pipeline(f"{bug}:entry", 60, 5)
+    assert [(f.check, f.bug_class) for f in r.findings] == [("pipeline-attention", "wrong-output")], r.findings
+    assert r.findings[0].message.startswith(f"step {dl.WINDOW_CROSSING_STEP}: "), r.findings[0].message
+    assert "(kv_len=61)" in r.findings[0].message
 
 
 def test_the_structural_status_names_each_feature_switched_on():
@@ -162,3 +203,49 @@ def test_feature_kernel_at_its_edge_case(op, name, params, case, cls):
         assert not r.findings, [f.message for f in r.findings]
     else:
         assert cls in {f.bug_class for f in r.findings}, [(f.bug_class, f.message) for f in r.findings]
+
+
+# a decode_step entry: the catalogue's rope and kv_append kernels, then the paged feature attention (whose
+# source, its entry renamed `attention`, comes first in the file)
+STEP = """
+import importlib.util
+
+def _load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+_rope = _load("_step_rope", {rope!r})
+_append = _load("_step_append", {append!r})
+
+def entry(q, k, v, positions, k_cache, v_cache, slot_mapping, block_tables, kv_lens, scale, alibi_slopes=None,
+          sinks=None):
+    q_rot, k_rot = _rope.entry(q, k, positions)
+    _append.entry(k_rot, v, k_cache, v_cache, slot_mapping)
+    return attention(q_rot, k_cache, v_cache, block_tables, kv_lens, scale, alibi_slopes, sinks)
+"""
+
+
+def test_decode_step_takes_the_features_and_a_window_bug_shows_where_kv_len_passes_it(tmp_path):
+    """The decode_step op takes the features: a step composed of the catalogue's kernels with the paged
+    feature attention verifies clean; with the window one key too wide, the loop fails at the step where the
+    sequence added to cross the window first passes it."""
+    params = {**ALL, "window": 60, "steps": 5}
+    src = (CHECKS / "attention_decode_paged" / "correct_features_paged.py").read_text()
+    assert src.count("def entry(") == 1 and src.count("lo = tl.maximum(kv_len - window, 0)") == 1
+    src = src.replace("def entry(", "def attention(")
+    bug = src.replace("lo = tl.maximum(kv_len - window, 0)", "lo = tl.maximum(kv_len - window - 1, 0)")
+    rope, append = CHECKS / "rope" / "correct_neox.py", CHECKS / "kv_append" / "correct_per_token.py"
+    c = _case("decode_step", params, "decode-loop")
+    assert c.dims["start_lens"] == [0, 17, 60 - dl.WINDOW_CROSSING_STEP]
+    found = {}
+    for name, attention in (("correct", src), ("bug", bug)):
+        step = tmp_path / f"step_{name}.py"
+        step.write_text(attention + STEP.format(rope=str(rope), append=str(append)))
+        r = verify("decode_step", f"{step}:entry", params, "cpu", case_json=json.dumps(c.to_json()), progress=False)
+        assert r.cases_run == 1
+        found[name] = r.findings
+    assert not found["correct"], [f.message for f in found["correct"]]
+    assert [f.bug_class for f in found["bug"]] == ["window-mask"], [(f.bug_class, f.message) for f in found["bug"]]
+    assert found["bug"][0].message.startswith(f"step {dl.WINDOW_CROSSING_STEP}: "), found["bug"][0].message

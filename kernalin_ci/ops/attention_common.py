@@ -274,7 +274,7 @@ class AttentionOp(Op):
 
     def unanalysed(self, params: Params) -> list[str]:
         """The attention features and an FP8 cache switched on: the structural analysis does not model them."""
-        return [f"{af.FEATURE_NAMES[n]} (param {n})" for n in af.active(params)] + kv_quant.unanalysed(params)
+        return af.unanalysed(params) + kv_quant.unanalysed(params)
 
     @staticmethod
     def check_params(params: Params) -> str | None:

@@ -1,7 +1,8 @@
 """The served-decode features of both attention ops (docs/ops.md, "Attention features"): a sliding
-window, logit soft-capping, ALiBi slopes and attention sinks. Each is an op param, off by default (every
-existing kernel and case is then unchanged); here are their params, extra inputs, float64 definition,
-the cases at the positions where each matters, and the fingerprints of their known bugs.
+window, logit soft-capping, ALiBi slopes and attention sinks (the decode loops' attention too:
+ops/decode_loop.py). Each is an op param, off by default (every existing kernel and case is then
+unchanged); here are their params, extra inputs, float64 definition, the cases at the positions where
+each matters, and the fingerprints of their known bugs.
 
 Order of the definition, per query head h of sequence b (p = kv_lens[b] - 1, the query's position):
     s_j = scale * <q, k_j>                       the scaled score
@@ -33,6 +34,16 @@ FEATURE_NAMES = {"window": "sliding window", "logit_cap": "soft-cap", "alibi": "
 def active(params: Params) -> list[str]:
     """The feature params switched on, in FEATURE_PARAMS order."""
     return [p.name for p in FEATURE_PARAMS if params.get(p.name)]
+
+
+def of_params(params: Params) -> dict[str, Any]:
+    """The feature params switched on and their values (a decode loop's `features`)."""
+    return {n: params[n] for n in active(params)}
+
+
+def unanalysed(params: Params) -> list[str]:
+    """Each feature switched on, as a structural status names it (the analysis does not model them)."""
+    return [f"{FEATURE_NAMES[n]} (param {n})" for n in active(params)]
 
 
 @dataclass(frozen=True)
@@ -77,14 +88,19 @@ def alibi_slopes(n: int) -> list[float]:
 
 
 def extra_inputs(case: Case, params: Params, Hq: int, device: str) -> Tensors:
+    """A case's alibi_slopes and sinks (`inputs_of` at the case's seed and `sink_shift`)."""
+    return inputs_of(params, Hq, case.seed, device, float(case.dims.get("sink_shift", 0.0)))
+
+
+def inputs_of(params: Params, Hq: int, seed: int, device: str, sink_shift: float = 0.0) -> Tensors:
     """alibi_slopes and sinks (float32 [Hq]) where those params are on. Sinks are drawn from a generator of
     their own (the other inputs keep their draws): N(0, 1), plus `sink_shift` (a sink that dominates)."""
     out: Tensors = {}
     if params.get("alibi"):
         out["alibi_slopes"] = torch.tensor(alibi_slopes(Hq), dtype=torch.float32, device=device)
     if params.get("sinks"):
-        g = generator(case.seed + 7919)
-        s = torch.randn(Hq, generator=g, dtype=torch.float64) + float(case.dims.get("sink_shift", 0.0))
+        g = generator(seed + 7919)
+        s = torch.randn(Hq, generator=g, dtype=torch.float64) + sink_shift
         out["sinks"] = s.to(torch.float32).to(device)
     return out
 

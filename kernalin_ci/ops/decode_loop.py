@@ -9,7 +9,8 @@ The loop's model, shared by its two front doors (docs/architecture.md, "The deco
 
 Here: a loop's shape and case (`LoopShape`, `DecodeLoop`), where it stands between steps (`LoopState`: both
 caches and the float64 history), each step's inputs drawn again from the seed (`next_step`), the float64
-reference of a step (`rotated`, `advance`, `attend_history`), what a step must write into each cache
+reference of a step (`rotated`, `advance`, `attend_history`: with the loop's attention features, as the
+attention ops define them), what a step must write into each cache
 (`Written`, `step_writes`) and the outputs a step-level bug would produce (`output_fingerprints`).
 verify/loop_drive.py runs the loop in the worker; verify/loop_judge.py judges its steps in the parent.
 """
@@ -21,6 +22,7 @@ from typing import Any
 
 from kernalin_ci.lazy import torch
 from kernalin_ci.ops import attention_common as ac
+from kernalin_ci.ops import attention_features as af
 from kernalin_ci.ops import paged
 from kernalin_ci.ops.base import Case, generator, randn, torch_dtype
 from kernalin_ci.ops.rope import PARAMS as ROPE_PARAMS
@@ -52,7 +54,9 @@ class LoopShape:
 @dataclass
 class DecodeLoop:
     """One loop case: its shape, dtype, seed and number of steps; `rope`: the rope params when the step
-    rotates q and k (None: it does not); `padding`: tokens per step at slot -1, which must change nothing."""
+    rotates q and k (None: it does not); `padding`: tokens per step at slot -1, which must change nothing;
+    `features`: the attention feature params switched on (docs/ops.md, "Attention features"; none: plain
+    attention), each step's attention as the attention ops define it, with their extra inputs."""
 
     shape: LoopShape
     dtype: str
@@ -60,6 +64,7 @@ class DecodeLoop:
     steps: int
     rope: dict[str, Any] | None
     padding: int = 0
+    features: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -77,6 +82,8 @@ class LoopState:
     ref_k: list[torch.Tensor]
     ref_v: list[torch.Tensor]
     scale: float
+    extra: dict[str, torch.Tensor]  # the features' extra inputs (alibi_slopes, sinks), on the loop's device
+    feat: af.Features  # the features of each step's attention, with those inputs in float64
 
 
 @dataclass
@@ -126,6 +133,7 @@ def init_state(loop: DecodeLoop, device: str) -> LoopState:
         own = tables.reshape(-1).long()
         for t in (k_cache, v_cache):
             t[own] = (torch.randn((len(own), bs, Hkv, D), generator=g, dtype=torch.float64) * 2.0).to(t.dtype)
+    extra = af.inputs_of(loop.features, shape.Hq, loop.seed, device)  # a generator of their own
     ref_k = []
     ref_v = []
     for b, L in enumerate(lens):  # the prefill: history already in the cache
@@ -147,6 +155,8 @@ def init_state(loop: DecodeLoop, device: str) -> LoopState:
         ref_k,
         ref_v,
         0.9 * D**-0.5,
+        extra,
+        af.Features.of(loop.features, extra),
     )
 
 
@@ -175,6 +185,7 @@ def step_arguments(s: LoopState, st: Step, device: str) -> dict[str, Any]:
         "block_tables": s.tables,
         "kv_lens": torch.tensor(st.kv_lens, dtype=torch.int32, device=device),
         "scale": s.scale,
+        **s.extra,  # the attention features' inputs (alibi_slopes, sinks), as the attention ops take them
     }
 
 
@@ -215,8 +226,9 @@ def advance(s: LoopState, st: Step, k_ref: torch.Tensor) -> tuple[list[torch.Ten
 
 
 def attend_history(s: LoopState, q_ref: torch.Tensor) -> torch.Tensor:
-    """Attention of the step's queries over each sequence's float64 history (the step's token included)."""
-    return ac.attend(q_ref, s.ref_k, s.ref_v, s.scale, ac.head_map(s.shape.Hq, s.shape.Hkv))
+    """Attention of the step's queries over each sequence's float64 history (the step's token included),
+    with the loop's attention features."""
+    return ac.attend(q_ref, s.ref_k, s.ref_v, s.scale, ac.head_map(s.shape.Hq, s.shape.Hkv), feat=s.feat)
 
 
 def output_fingerprints(
@@ -248,13 +260,14 @@ def output_fingerprints(
         stale_v.append(torch.cat([old_v[b], sv], dim=1))
         twice_k.append(torch.cat([s.ref_k[b], k_ref[b][:, None, :]], dim=1))
         twice_v.append(torch.cat([s.ref_v[b], st.v[b].to(torch.float64)[:, None, :]], dim=1))
-    scale = s.scale
+    scale, feat = s.scale, s.feat
     fps = [
-        ("step-order", ac.attend(q_ref, stale_k, stale_v, scale, hmap)),
-        ("new-token-twice", ac.attend(q_ref, twice_k, twice_v, scale, hmap)),
+        ("step-order", ac.attend(q_ref, stale_k, stale_v, scale, hmap, feat=feat)),
+        ("new-token-twice", ac.attend(q_ref, twice_k, twice_v, scale, hmap, feat=feat)),
     ]
     if rope is not None:  # q left unrotated, or rotated at position 0
-        fps.append(("rope-position", ac.attend(st.q[:B].to(torch.float64), s.ref_k, s.ref_v, scale, hmap)))
+        q0 = st.q[:B].to(torch.float64)
+        fps.append(("rope-position", ac.attend(q0, s.ref_k, s.ref_v, scale, hmap, feat=feat)))
     for cls, alt in ac.fingerprints(
         q_ref,
         lambda b, L: s.ref_k[b][:, :L],
@@ -265,6 +278,7 @@ def output_fingerprints(
         sh.Hkv,
         sh.D,
         tail_finite=False,
+        feat=feat,
     ):
         fps.append((cls, alt["out"]))
     return fps
@@ -278,16 +292,36 @@ def rope_params(params: dict[str, Any]) -> dict[str, Any]:
 # --------------------------------------------------------------------------- the decode pipeline's loops
 
 START_LENGTHS = (1, 9, 30, 47)
+WINDOW_CROSSING_STEP = 3  # with a sliding window: the step at which one more sequence first passes it
 USUAL_HEAD_DIMS = (64, 128, 80, 96, 256)  # the main loop's D first (unpinned), then the short loops'
 SHAPE_STEPS = 2  # steps of the short loop at each other usual head dim
 
 
-def pipeline_shape(params: dict[str, Any], D: int | None = None) -> LoopShape:
+def crossing_window(lens: list[int], params: dict[str, Any], steps: int) -> list[int]:
+    """`lens` (a loop's start lengths) and, with a sliding window, one more sequence whose kv_len first passes
+    the window at step WINDOW_CROSSING_STEP (the last step of a shorter loop): a window bug heals nothing,
+    and it shows only from the step where kv_len > window on."""
+    w = params.get("window")
+    if not w:
+        return list(lens)
+    crossing = max(int(w) - min(WINDOW_CROSSING_STEP, steps - 1), 0)  # kv_len at step i: length + i + 1
+    return list(lens) + ([] if crossing in lens else [crossing])
+
+
+def start_lengths(params: dict[str, Any], steps: int) -> list[int]:
+    """The pipeline's start lengths: START_LENGTHS, and a sequence crossing the window (`crossing_window`)."""
+    return crossing_window(list(START_LENGTHS), params, steps)
+
+
+def pipeline_heads(params: dict[str, Any]) -> tuple[int, int]:
+    return params.get("num_q_heads") or 4, params.get("num_kv_heads") or 2
+
+
+def pipeline_shape(params: dict[str, Any], steps: int, D: int | None = None) -> LoopShape:
     return LoopShape(
-        params.get("num_q_heads") or 4,
-        params.get("num_kv_heads") or 2,
+        *pipeline_heads(params),
         D or params.get("head_dim") or USUAL_HEAD_DIMS[0],
-        list(START_LENGTHS),
+        start_lengths(params, steps),
         params["block_size"],
         paged.layout_of(params),
     )
@@ -296,8 +330,17 @@ def pipeline_shape(params: dict[str, Any], D: int | None = None) -> LoopShape:
 def pipeline_loop(
     params: dict[str, Any], dtype: str, seed: int, steps: int, rope: bool, D: int | None = None
 ) -> DecodeLoop:
-    """The pipeline's loop at head dim D: one padding token per step; rotated when a rope entry is given."""
-    return DecodeLoop(pipeline_shape(params, D), dtype, seed, steps, rope_params(params) if rope else None, padding=1)
+    """The pipeline's loop at head dim D: one padding token per step; rotated when a rope entry is given; the
+    attention features of the params."""
+    return DecodeLoop(
+        pipeline_shape(params, steps, D),
+        dtype,
+        seed,
+        steps,
+        rope_params(params) if rope else None,
+        padding=1,
+        features=af.of_params(params),
+    )
 
 
 def pipeline_cases(params: dict[str, Any], steps: int, dtype: str, seed: int) -> list[Case]:
@@ -310,7 +353,7 @@ def pipeline_cases(params: dict[str, Any], steps: int, dtype: str, seed: int) ->
     cases = [
         Case(
             "decode-loop",
-            {"steps": steps, "start_lengths": list(START_LENGTHS), "D": main, "instead": others},
+            {"steps": steps, "start_lengths": start_lengths(params, steps), "D": main, "instead": others},
             dtype,
             seed,
         )
@@ -319,7 +362,7 @@ def pipeline_cases(params: dict[str, Any], steps: int, dtype: str, seed: int) ->
     cases += [
         Case(
             f"shape-D{d}",
-            {"steps": short, "start_lengths": list(START_LENGTHS), "D": d, "instead": []},
+            {"steps": short, "start_lengths": start_lengths(params, short), "D": d, "instead": []},
             dtype,
             seed,
             ("shape",),
@@ -331,5 +374,5 @@ def pipeline_cases(params: dict[str, Any], steps: int, dtype: str, seed: int) ->
 
 
 def pipeline_shape_text(params: dict[str, Any], D: int, dtype: str) -> str:
-    sh = pipeline_shape(params, D)
-    return f"D={D} Hq={sh.Hq} Hkv={sh.Hkv} {dtype} block_size={sh.block_size}"
+    hq, hkv = pipeline_heads(params)
+    return f"D={D} Hq={hq} Hkv={hkv} {dtype} block_size={params['block_size']}"

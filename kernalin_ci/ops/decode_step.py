@@ -18,6 +18,7 @@ from typing import Any
 from kernalin_ci.device import DEVICES
 from kernalin_ci.lazy import torch
 from kernalin_ci.ops import attention_common as ac
+from kernalin_ci.ops import attention_features as af
 from kernalin_ci.ops import paged
 from kernalin_ci.ops.attention_decode_paged import gather
 from kernalin_ci.ops.base import (
@@ -33,7 +34,15 @@ from kernalin_ci.ops.base import (
     valid_dims,
 )
 from kernalin_ci.ops.bench_shapes import BenchRequest, len_label, ragged_lens
-from kernalin_ci.ops.decode_loop import DecodeLoop, LoopShape, init_state, next_step, rope_params, step_arguments
+from kernalin_ci.ops.decode_loop import (
+    DecodeLoop,
+    LoopShape,
+    crossing_window,
+    init_state,
+    next_step,
+    rope_params,
+    step_arguments,
+)
 from kernalin_ci.ops.rope import PARAMS as ROPE_PARAMS
 from kernalin_ci.ops.rope import rotate
 
@@ -51,6 +60,7 @@ PARAMS = tuple(p for p in ROPE_PARAMS if p.name in ("style", "base", "rotary_dim
     ),
     Param("num_q_heads", None, int, "pin Hq", check=positive),
     Param("num_kv_heads", None, int, "pin Hkv", check=positive),
+    *af.FEATURE_PARAMS,  # the step's attention, as the attention ops define them (docs/ops.md)
 )
 
 
@@ -81,27 +91,37 @@ class DecodeStep(Op):
         """Decode loops on ragged sequences (one starts empty: its first token is at position 0), GQA, the
         free blocks canary-filled. `stale`: the free slots of the sequences' own blocks hold finite data
         left by an earlier request, so a step that attends the new token's slot before writing it gives a
-        finite wrong output whose cause can be named; without it the same read is the canary."""
+        finite wrong output whose cause can be named; without it the same read is the canary. With a
+        sliding window, each loop has one more sequence that crosses it mid-loop (`crossing_window`)."""
         main = dtype or "float32"
         steps = int(params["steps"])
+
+        def lens(start: list[int], n: int) -> list[int]:
+            return crossing_window(start, params, n)
+
         if DEVICES[device].interpreted:  # the interpreter: small heads, one loop
-            return [Case("decode-loop", self._dims(params, 4, 2, 40, [0, 17], steps, stale=True), main, 1)]
+            return [Case("decode-loop", self._dims(params, 4, 2, 40, lens([0, 17], steps), steps, stale=True), main, 1)]
+        long = lens([0, 5, 17, 63, 200], 2 * steps)
         cases = [
-            Case("decode-loop", self._dims(params, 8, 2, 128, [0, 5, 17, 63, 200], 2 * steps, stale=True), main, 1),
+            Case("decode-loop", self._dims(params, 8, 2, 128, long, 2 * steps, stale=True), main, 1),
             # D 80: a head dim under a power-of-two tile (a padded tile left unmasked spills past the head)
-            Case("decode-loop-poisoned", self._dims(params, 16, 4, 80, [1, 31, 100], steps), main, 2),
+            Case("decode-loop-poisoned", self._dims(params, 16, 4, 80, lens([1, 31, 100], steps), steps), main, 2),
         ]
         if dtype is None:
             for i, dt in enumerate(("float16", "bfloat16")):
                 cases.append(
                     Case(
                         f"decode-loop-{dt}",
-                        self._dims(params, 8, 2, 128, [0, 5, 17, 63, 200], steps, stale=True),
+                        self._dims(params, 8, 2, 128, lens([0, 5, 17, 63, 200], steps), steps, stale=True),
                         dt,
                         10 + i,
                     )
                 )
         return cases
+
+    def unanalysed(self, params: Params) -> list[str]:
+        """The attention features switched on: the structural analysis does not model them."""
+        return af.unanalysed(params)
 
     def probe(self, params: Params, dtype: str | None) -> Case:
         return Case("pos0-probe", self._dims(params, 8, 2, 64, [0], 1, poison=False), dtype or "float32", 0, ("probe",))
@@ -138,7 +158,9 @@ class DecodeStep(Op):
             bool(d.get("stale", False)) and poison,
             bool(d.get("poison", True)) and poison,
         )
-        return DecodeLoop(shape, case.dtype, case.seed, int(d["steps"]), rope_params(params))
+        return DecodeLoop(
+            shape, case.dtype, case.seed, int(d["steps"]), rope_params(params), features=af.of_params(params)
+        )
 
     def inputs(self, case: Case, params: Params, device: str, poison: bool = True) -> Tensors:
         """The first step of the case's loop (what the structural capture and a single call see)."""
@@ -151,7 +173,7 @@ class DecodeStep(Op):
 
     def reference(self, kw: Tensors, params: Params) -> Expected:
         """One step in float64 from the inputs before the call: q and k rotated, the new token's rotated key
-        and value placed at position kv_len - 1, attention over kv_len positions."""
+        and value placed at position kv_len - 1, attention over kv_len positions (with the features)."""
         D = kw["q"].shape[-1]
         r = params.get("rotary_dim") or D
         pos = kw["positions"].to("cpu")
@@ -168,7 +190,7 @@ class DecodeStep(Op):
             K.append(torch.cat([old_k, kr[b][:, None, :]], dim=1))
             V.append(torch.cat([old_v, v[b][:, None, :]], dim=1))
         hm = ac.head_map(qr.shape[1], kc.shape[2])
-        return Expected({"out": ac.attend(qr, K, V, kw["scale"], hm)})
+        return Expected({"out": ac.attend(qr, K, V, kw["scale"], hm, feat=af.Features.of(params, kw))})
 
     def row_label(self, case: Case, kw: Tensors, name: str, row: int) -> str:
         b, h = divmod(row, case.dims["Hq"])

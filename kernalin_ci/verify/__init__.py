@@ -33,7 +33,6 @@ from kernalin_ci.findings import (
 )
 from kernalin_ci.jobs import DynamicJob, PipelineJob
 from kernalin_ci.ops import get_op
-from kernalin_ci.ops.attention_features import FEATURE_NAMES
 from kernalin_ci.ops.base import Case, resolve_params
 from kernalin_ci.ops.decode_loop import pipeline_cases
 from kernalin_ci.ops.roles import PIPELINE, PIPELINE_REQUIRED, pipeline_op
@@ -393,9 +392,6 @@ def pipeline_params(entries: dict, raw_params: dict) -> dict:
     unknown = set(raw_params) - used
     if unknown:
         raise UsageError(f"pipeline: unknown param {sorted(unknown)[0]!r} (params: {', '.join(sorted(used))})")
-    features = [n for n in FEATURE_NAMES if merged.get(n)]
-    if features:  # the loop's reference is plain attention (docs/ops.md, "Attention features")
-        raise UsageError(f"pipeline: param {features[0]} is an attention feature the decode loop does not take yet")
     if merged.get("kv_dtype"):  # the loop builds and checks float caches (docs/ops.md, "FP8 KV caches")
         raise UsageError("pipeline: param kv_dtype: an FP8 cache is not supported in a decode loop yet")
     if merged.get("mrope_section"):

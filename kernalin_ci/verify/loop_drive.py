@@ -88,8 +88,8 @@ def drive_op_loop(fn: Callable[..., Any], loop: DecodeLoop, device: str, hand_ba
 
 def drive_pipeline(fns: dict[str, Any], loop: DecodeLoop, device: str, hand_back: HandBack) -> int:
     """The pipeline's loop: each step, B decode tokens plus one padding token (slot -1) that must change
-    nothing, through rope (when given), kv_append and attention; handed back: the rope outputs, both caches
-    after kv_append and after attention, the attention output."""
+    nothing, through rope (when given), kv_append and attention (given the features' inputs); handed back:
+    the rope outputs, both caches after kv_append and after attention, the attention output."""
     s = init_state(loop, device)
     rope_fn, kv_append, attention = (fns.get(pipeline_op(role)) for role in ("rope", "kv_append", "attention"))
 
@@ -120,6 +120,7 @@ def drive_pipeline(fns: dict[str, Any], loop: DecodeLoop, device: str, hand_back
                 block_tables=s.tables,
                 kv_lens=torch.tensor(st.kv_lens, dtype=torch.int32, device=device),
                 scale=s.scale,
+                **s.extra,  # the attention features' inputs (alibi_slopes, sinks), as the attention ops pass them
             )
             _sync(device)
         raw["k_cache"], raw["v_cache"], raw["out"] = plain(s.k_cache), plain(s.v_cache), raw_out(out)
