@@ -160,6 +160,8 @@ def test_the_feature_kernel_passes_a_decode_pipeline_and_a_window_bug_shows_wher
     assert [(f.check, f.bug_class) for f in r.findings] == [("pipeline-attention", "wrong-output")], r.findings
     assert r.findings[0].message.startswith(f"step {dl.WINDOW_CROSSING_STEP}: "), r.findings[0].message
     assert "(kv_len=61)" in r.findings[0].message
+    r = _pipeline(f"{CHECKS / 'attention_decode_paged' / 'bug_sink_kv_head.py'}:entry", 60, 2)  # the KV head's sink
+    assert [(f.check, f.bug_class) for f in r.findings] == [("pipeline-attention", "wrong-output")], r.findings
 
 
 def test_the_structural_status_names_each_feature_switched_on():
