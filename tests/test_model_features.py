@@ -21,7 +21,6 @@ from kernalin_ci.throughput.result import ModelResult
 from kernalin_ci.throughput.spec import PRESETS, ModelSpec, ServingPoint, from_cli
 
 REPO = Path(__file__).resolve().parent.parent
-FEATURES = REPO / "checks" / "attention_decode" / "correct_features.py"
 KERNELS = "kernels:\n  - {name: dense, op: attention.decode, entry: k.py:f}\n"
 
 
@@ -123,20 +122,36 @@ def test_the_torch_attention_applies_the_layers_features():
     assert "window" not in TINY.attention_params(1)
 
 
-def test_a_model_window_reaches_a_real_triton_kernel_in_the_step(tmp_path):
+@pytest.mark.parametrize(
+    "op, kernel",
+    [
+        ("attention.decode", REPO / "checks" / "attention_decode" / "correct_features.py"),
+        ("attention.decode_paged", REPO / "checks" / "attention_decode_paged" / "correct_features_paged.py"),
+    ],
+)
+def test_a_model_window_reaches_a_real_triton_kernel_in_the_step(tmp_path, op, kernel):
     """The catalogue's feature kernel in the attention place, in the worker under the interpreter: with the
     model's window it agrees with itself, and a head that ignores the window disagrees, so the base masked."""
     spec = from_cli("mistral-7b-v0.1")  # window 4096 -> 8 keys of the tiny step's 21
-    head = tmp_path / "head"
-    head.mkdir()
-    src = FEATURES.read_text()
+    src = kernel.read_text()
     assert src.count('USE_WINDOW=bool(prm.get("window"))') == 1
-    (head / "k.py").write_text(src.replace('USE_WINDOW=bool(prm.get("window"))', "USE_WINDOW=False"))
-    base = tmp_path / "base"
-    base.mkdir()
-    shutil.copy(FEATURES, base / "k.py")
-    roles = [Role("attention", "attention.decode", "features", "k.py:entry", "k.py:entry", {})]
-    same = bench_model(spec, roles, str(base), str(base), "cpu")
+    for side, text in (("base", src), ("head", src.replace('USE_WINDOW=bool(prm.get("window"))', "USE_WINDOW=False"))):
+        (tmp_path / side).mkdir()
+        (tmp_path / side / "k.py").write_text(text)
+    roles = [Role("attention", op, "features", "k.py:entry", "k.py:entry", {})]
+    base = str(tmp_path / "base")
+    same = bench_model(spec, roles, base, base, "cpu")
     assert same.error is None, same.error
-    r = bench_model(spec, roles, str(base), str(head), "cpu")
+    r = bench_model(spec, roles, base, str(tmp_path / "head"), "cpu")
     assert r.error_kind == "mismatch" and "head and base disagree" in r.error, r.error
+
+
+def test_an_fp8_model_gives_a_real_fp8_kernel_its_cache_and_scales(tmp_path):
+    """kv_dtype: the catalogue's FP8 decode attention (k_scale, v_scale per KV head) runs the step on FP8
+    caches under the interpreter, and the report names the cache."""
+    shutil.copy(REPO / "checks" / "attention_decode" / "correct_fp8_cache.py", tmp_path / "k.py")
+    doc = "preset: llama-3.1-8b\nkv_dtype: fp8_e4m3\n"
+    (tmp_path / "m.yml").write_text(doc)
+    roles = [Role("attention", "attention.decode", "fp8", "k.py:entry", "k.py:entry", {"kv_scale": "per-head"})]
+    r = bench_model(from_cli(str(tmp_path / "m.yml")), roles, str(tmp_path), str(tmp_path), "cpu")
+    assert r.error is None and "KV cache fp8_e4m3" in shape_text(r), r.error
