@@ -4,6 +4,7 @@ carry them, and the step handing them to the attention kernel as its op params."
 from __future__ import annotations
 
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -87,6 +88,9 @@ def test_a_kernel_whose_features_are_not_the_models_is_a_usage_error():
         check_roles(from_cli("llama-3.1-8b"), [att])
     same = Role("attention", "attention.decode", "w", "k.py:f", "k.py:f", {"window": 4096})
     assert "window" not in check_roles(from_cli("mistral-7b-v0.1"), [same])[0]  # the model's, layer by layer
+    scales = Role("attention", "attention.decode", "s", "k.py:f", "k.py:f", {"kv_scale": "per-head"})
+    with pytest.raises(UsageError, match="s has kv_scale=per-head, the model has no kv_dtype"):
+        check_roles(from_cli("gemma-2-2b"), [scales])
     step = Role("decode_step", "decode_step", "fused", "k.py:f", "k.py:f", {})
     with pytest.raises(UsageError, match=r"fused \(decode_step\) takes no attention features"):
         check_roles(from_cli("gemma-2-2b"), [step])
@@ -120,6 +124,7 @@ def test_the_torch_attention_applies_the_layers_features():
             ref = e @ vals[b, h // 2] / (e.sum() + math.exp(float(pi.sinks[h])))
             assert torch.allclose(out0[b, h * D : (h + 1) * D].double(), ref, atol=1e-5)
     assert "window" not in TINY.attention_params(1)
+    assert "KERNALIN_PARAMS" not in os.environ  # the layer's params are the kernels' only while they run
 
 
 @pytest.mark.parametrize(

@@ -89,6 +89,8 @@ def feature_conflicts(spec: ModelSpec, r: Role) -> None:
         if model.get(key) != got:
             want = f"{key}={model[key]}" if key in model else f"no {key}"
             raise UsageError(f"model: {r.kernel} has {key}={got}, the model has {want} (docs/tokens.md)")
+    if r.params.get("kv_scale") is not None and "kv_dtype" not in model:
+        raise UsageError(f"model: {r.kernel} has kv_scale={r.params['kv_scale']}, the model has no kv_dtype")
 
 
 def check_roles(spec: ModelSpec, roles: list[Role]) -> tuple[dict, dict]:

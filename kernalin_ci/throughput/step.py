@@ -17,6 +17,8 @@ Every sequence of a serving point holds `context` tokens and decodes token `cont
 kernel's params) for an `attention.decode_paged` or `decode_step` kernel, or a kv_append kernel with the
 torch attention, contiguous [B, Hkv, S, D] otherwise; blocks are assigned in a random order, as a serving
 engine's pool hands them out.
+The model's attention features (window, logit_cap, sinks, kv_dtype: docs/tokens.md) are each layer's op
+params for its kernels while they run, with the sinks and FP8 scales as arguments; the torch places do them too.
 Weights are N(0, 1/fan_in) so activations stay bounded through any depth; the KV caches hold
 N(0, 1) keys and values. Nothing here reads the kernels' outputs except the agreement check.
 """
@@ -26,6 +28,8 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -231,9 +235,18 @@ def torch_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 
 
-def set_params(params: dict) -> None:
-    """The op params the next kernel call reads (kernalin_ci.current_params())."""
+@contextmanager
+def op_params(params: dict) -> Iterator[None]:
+    """The op params the kernels called inside read (kernalin_ci.current_params()); the previous ones after."""
+    before = os.environ.get("KERNALIN_PARAMS")
     os.environ["KERNALIN_PARAMS"] = json.dumps(params)
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["KERNALIN_PARAMS"]
+        else:
+            os.environ["KERNALIN_PARAMS"] = before
 
 
 def attention_block(
@@ -241,6 +254,13 @@ def attention_block(
 ) -> torch.Tensor:
     """The attention half of layer INDEX up to (not including) the o projection: [B, Hq*D]. The kernels get the
     layer's attention features as op params (ModelSpec.attention_params) and their extra arguments."""
+    with op_params(k.params | spec.attention_params(index)):
+        return _attention(spec, index, layer, cache, pi, k, x)
+
+
+def _attention(
+    spec: ModelSpec, index: int, layer: Layer, cache: Caches, pi: PointInputs, k: Kernels, x: torch.Tensor
+) -> torch.Tensor:
     B, Hq, Hkv, D = pi.point.batch, spec.num_heads, spec.num_kv_heads, spec.head_dim
     xn = rms_norm(x, layer.attn_norm)
     q = torch.mm(xn, layer.wq).view(B, Hq, D)
@@ -248,7 +268,6 @@ def attention_block(
     value = torch.mm(xn, layer.wv).view(B, Hkv, D)
     scale = D**-0.5
     feats = spec.attention_params(index)
-    set_params(k.params | feats)
     extra: dict = {}  # the features' arguments (docs/ops.md)
     if pi.sinks is not None:
         extra["sinks"] = pi.sinks
