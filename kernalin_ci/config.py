@@ -382,7 +382,7 @@ gate:
 #     steps: 64
 
 # model:                              # decode tokens/s and $/Mtok of your model, on a GPU (docs/tokens.md)
-#   preset: llama-3.1-8b              # llama-3.1-8b | llama-3.1-70b | qwen2.5-7b | mistral-7b, or the shape keys
+#   preset: llama-3.1-8b              # a preset (docs/tokens.md: llama-3.1-8b, gemma-2-2b, ...) or the shape keys
 #   serving: [{batch: 1, context: 4096}, {batch: 64, context: 4096}]
 #   gpu_price_per_hour: 3.50          # USD per GPU-hour (default: an on-demand H200)
 """

@@ -50,8 +50,22 @@ def shape_text(m: ModelResult) -> str:
     return (
         f"{s.layers} layers, hidden {s.hidden_size}, heads {s.num_heads}/"
         f"{s.num_kv_heads}, head dim {s.head_dim}, MLP {s.intermediate_size}, "
-        f"vocab {s.vocab_size}, {s.dtype}"
+        f"vocab {s.vocab_size}, {s.dtype}{features_text(m)}"
     )
+
+
+def features_text(m: ModelResult) -> str:
+    """The model's attention features (docs/tokens.md), each as ", ..."; "" for none."""
+    s, out = m.spec, []
+    if s.window is not None:
+        out.append(f"window {s.window}" + (" (layers 0, 2, ...)" if s.window_layers == "even" else ""))
+    if s.logit_cap is not None:
+        out.append(f"logit cap {s.logit_cap:g}")
+    if s.sinks:
+        out.append("sinks")
+    if s.kv_dtype:
+        out.append(f"KV cache {s.kv_dtype}")
+    return "".join(f", {x}" for x in out)
 
 
 def how_text(m: ModelResult) -> str:

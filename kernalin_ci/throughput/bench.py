@@ -74,6 +74,25 @@ def role_names(roles: list[Role]) -> dict:
     return out
 
 
+# The attention ops' feature params (docs/ops.md): in the model step the model's, never a kernel's own
+FEATURE_PARAMS = ("window", "logit_cap", "alibi", "sinks", "kv_dtype")
+
+
+def feature_conflicts(spec: ModelSpec, r: Role) -> None:
+    """UsageError when a kernel's params set an attention feature the model does not have, or another value
+    (a kernel verified with window 40 is no kernel for a model with window 4096)."""
+    model = spec.features()
+    for key in FEATURE_PARAMS:
+        got = r.params.get(key)
+        if got in (None, False):
+            continue
+        if model.get(key) != got:
+            want = f"{key}={model[key]}" if key in model else f"no {key}"
+            raise UsageError(f"model: {r.kernel} has {key}={got}, the model has {want} (docs/tokens.md)")
+    if r.params.get("kv_scale") is not None and "kv_dtype" not in model:
+        raise UsageError(f"model: {r.kernel} has kv_scale={r.params['kv_scale']}, the model has no kv_dtype")
+
+
 def check_roles(spec: ModelSpec, roles: list[Role]) -> tuple[dict, dict]:
     """-> (the worker's params: the union of the roles' params, the cache layout). UsageError when a kernel's
     params cannot serve the model (a pinned head dim or head count, kv_append and attention on different caches)
@@ -105,7 +124,15 @@ def check_roles(spec: ModelSpec, roles: list[Role]) -> tuple[dict, dict]:
                 raise UsageError(
                     f"model: context {longest} is beyond {r.kernel}'s max_position {r.params['max_position']}"
                 )
+        feature_conflicts(spec, r)
         params.update({k: v for k, v in r.params.items() if v is not None or k not in params})
+    for key in FEATURE_PARAMS:  # the model sets them, layer by layer (ModelSpec.attention_params)
+        params.pop(key, None)
+    if fused and spec.features():
+        raise UsageError(
+            f"model: {fused.kernel} (decode_step) takes no attention features; the model sets "
+            + ", ".join(f"{k}={v}" for k, v in spec.features().items())
+        )
     att = by.get("attention")
     layout = {"attention_op": att.op if att else None, "block_size": 16, "layout": "nhd"}
     app = by.get("kv_append")

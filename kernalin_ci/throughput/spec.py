@@ -6,6 +6,7 @@ Read from `.kernalin.yml` (`model:`) or from `--model PRESET|path.yml` (the same
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -62,10 +63,45 @@ PRESETS: dict[str, dict] = {
         "dtype": "bfloat16",
         "source": "mistralai/Mistral-7B-v0.3 config.json",
     },
+    # The decode-path features (docs/tokens.md "Attention features") from the config classes of the pinned
+    # `transformers` 4.56.2 wheel: their documented defaults are these models' configs. No dtype: the `model:`
+    # default (bfloat16) applies, the classes name none.
+    "mistral-7b-v0.1": {
+        "layers": 32,
+        "hidden_size": 4096,
+        "num_heads": 32,
+        "num_kv_heads": 8,
+        "head_dim": 128,
+        "intermediate_size": 14336,
+        "vocab_size": 32000,
+        "window": 4096,
+        "window_layers": "all",
+        "source": "transformers 4.56.2 MistralConfig defaults (its docstring: mistralai/Mistral-7B-v0.1): "
+        "head_dim None -> hidden_size / num_attention_heads, sliding_window 4096 on every layer",
+    },
+    "gemma-2-2b": {
+        "layers": 26,
+        "hidden_size": 2304,
+        "num_heads": 8,
+        "num_kv_heads": 4,
+        "head_dim": 256,
+        "intermediate_size": 9216,
+        "vocab_size": 256000,
+        "window": 4096,
+        "window_layers": "even",
+        "logit_cap": 50.0,
+        "source": "transformers 4.56.2 Gemma2Config defaults (= google/gemma-2-2b config.json): sliding_window "
+        "4096 on layer_types' default 'sliding_attention' layers 0, 2, 4, ..., attn_logit_softcapping 50.0, "
+        "query_pre_attn_scalar 256 = head_dim (so the scale is head_dim^-0.5)",
+    },
 }
 SHAPE_KEYS = ("layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size", "vocab_size")
 MODEL_DTYPES = ("bfloat16", "float16", "float32")
-KEYS = ("preset", *SHAPE_KEYS, "dtype", "serving", "gpu_price_per_hour", "kernels", "budget_s")
+# The decode-path features the attention ops take as params (docs/ops.md "Attention features", "FP8 KV caches")
+FEATURE_KEYS = ("window", "window_layers", "logit_cap", "sinks", "kv_dtype")
+WINDOW_LAYERS = ("all", "even")  # which layers slide: every one, or 0, 2, 4, ... (the others attend everything)
+KV_DTYPES = ("fp8_e4m3", "fp8_e5m2")
+KEYS = ("preset", *SHAPE_KEYS, "dtype", *FEATURE_KEYS, "serving", "gpu_price_per_hour", "kernels", "budget_s")
 
 # The default price: an on-demand H200 (one GPU, per hour, USD) as published by a GPU cloud;
 # override with model.gpu_price_per_hour. docs/tokens.md gives the source and the spread.
@@ -101,9 +137,35 @@ class ModelSpec:
     kernels: dict[str, str] = field(default_factory=dict)  # role -> kernel name (.kernalin.yml only)
     budget_s: float | None = None  # timing budget; default gate.budget_s / --budget-s
     source: str = ""  # where the shapes come from
+    window: int | None = None  # sliding window in keys, the query's own included (docs/ops.md)
+    window_layers: str = "all"  # WINDOW_LAYERS: which layers use the window
+    logit_cap: float | None = None  # attention logit soft-cap
+    sinks: bool = False  # a sink logit per query head
+    kv_dtype: str | None = None  # KV_DTYPES: an FP8 cache (unset: the model's dtype)
 
     def shape(self) -> dict:
-        return {k: getattr(self, k) for k in SHAPE_KEYS} | {"dtype": self.dtype}
+        return {k: getattr(self, k) for k in SHAPE_KEYS} | {"dtype": self.dtype} | self.features()
+
+    def features(self) -> dict:
+        """The features the model sets (no key for one it leaves off)."""
+        d = {k: getattr(self, k) for k in FEATURE_KEYS}
+        if self.window is None:
+            d.pop("window_layers")
+        return {k: v for k, v in d.items() if v not in (None, False)}
+
+    def attention_params(self, layer: int) -> dict:
+        """Layer LAYER's attention op params (docs/ops.md): window (on the layers that slide), logit_cap,
+        sinks, kv_dtype (per-tensor scales)."""
+        p: dict = {}
+        if self.window is not None and (self.window_layers == "all" or layer % 2 == 0):
+            p["window"] = self.window
+        if self.logit_cap is not None:
+            p["logit_cap"] = self.logit_cap
+        if self.sinks:
+            p["sinks"] = True
+        if self.kv_dtype is not None:
+            p["kv_dtype"] = self.kv_dtype
+        return p
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -133,6 +195,17 @@ MODEL_SCHEMA = {
         "dtype": {
             "enum": list(MODEL_DTYPES),
             "x-message": f"must be one of {', '.join(MODEL_DTYPES)}, got {{value!r}}",
+        },
+        "window": _POSITIVE_INT,
+        "window_layers": {
+            "enum": list(WINDOW_LAYERS),
+            "x-message": f"must be one of {', '.join(WINDOW_LAYERS)}, got {{value!r}}",
+        },
+        "logit_cap": _POSITIVE,
+        "sinks": {"type": "boolean", "x-message": "expected true or false, got {value!r}"},
+        "kv_dtype": {
+            "enum": list(KV_DTYPES),
+            "x-message": f"must be one of {', '.join(KV_DTYPES)}, got {{value!r}}",
         },
         "serving": {
             "type": "array",
@@ -187,7 +260,11 @@ def parse_model(doc, at: tuple = (), shown: tuple | None = None, allow_kernels: 
             raise err("preset", f"unknown preset {preset!r} (presets: {presets_text()})")
         name = preset.lower()
         base = dict(PRESETS[name])
-    base.update({k: items[k] for k in (*SHAPE_KEYS, "dtype") if k in items})
+    base.update({k: items[k] for k in (*SHAPE_KEYS, "dtype", *FEATURE_KEYS) if k in items})
+    if "window_layers" in items and base.get("window") is None:
+        raise err("window_layers", "needs window (the sliding window's size)")
+    if "logit_cap" in items and not math.isfinite(float(items["logit_cap"])):
+        raise err("logit_cap", f"expected a positive finite number, got {items['logit_cap']!r}")
     missing = [k for k in SHAPE_KEYS if k not in base]
     if missing:
         raise err(None, f"missing {', '.join(missing)} (or name a preset: {presets_text()})")
@@ -202,8 +279,11 @@ def parse_model(doc, at: tuple = (), shown: tuple | None = None, allow_kernels: 
     spec = ModelSpec(
         name=name, dtype=base.get("dtype", "bfloat16"), source=base.get("source", "") if name != "custom" else path,
         **vals,
+        **{k: base[k] for k in FEATURE_KEYS if k in base},
     )  # fmt: skip
-    if name != "custom" and any(k in items for k in SHAPE_KEYS):
+    if spec.logit_cap is not None:
+        spec.logit_cap = float(spec.logit_cap)
+    if name != "custom" and any(k in items for k in (*SHAPE_KEYS, *FEATURE_KEYS)):
         spec.name = f"{name} (modified)"
         spec.source = f"{PRESETS[name]['source']}, with {path}"
     if "serving" in items:
@@ -237,8 +317,12 @@ def from_cli(value: str) -> ModelSpec:
     return parse_model(doc, shown=("model",), allow_kernels=False)
 
 
+TINY_WINDOW = 8  # the tiny step's window at most: within its 21 keys, so the window masks keys
+
+
 def tiny(spec: ModelSpec) -> ModelSpec:
-    """A small model with the spec's head dim and head ratio, for running the step once on the CPU."""
+    """A small model with the spec's head dim, head ratio and attention features, for running the step once on
+    the CPU (the window shrunk to at most TINY_WINDOW keys so that it masks some at the tiny context)."""
     group = spec.num_heads // spec.num_kv_heads
     hkv = min(spec.num_kv_heads, 2)
     hq = hkv * min(group, 2)
@@ -256,4 +340,9 @@ def tiny(spec: ModelSpec) -> ModelSpec:
         price_per_hour=spec.price_per_hour,
         price_source=spec.price_source,
         source=spec.source,
+        window=min(spec.window, TINY_WINDOW) if spec.window is not None else None,
+        window_layers=spec.window_layers,
+        logit_cap=spec.logit_cap,
+        sinks=spec.sinks,
+        kv_dtype=spec.kv_dtype,
     )

@@ -17,13 +17,19 @@ Every sequence of a serving point holds `context` tokens and decodes token `cont
 kernel's params) for an `attention.decode_paged` or `decode_step` kernel, or a kv_append kernel with the
 torch attention, contiguous [B, Hkv, S, D] otherwise; blocks are assigned in a random order, as a serving
 engine's pool hands them out.
+The model's attention features (window, logit_cap, sinks, kv_dtype: docs/tokens.md) are each layer's op
+params for its kernels while they run, with the sinks and FP8 scales as arguments; the torch places do them too.
 Weights are N(0, 1/fan_in) so activations stay bounded through any depth; the KV caches hold
 N(0, 1) keys and values. Nothing here reads the kernels' outputs except the agreement check.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -32,6 +38,7 @@ import torch.nn.functional as F
 from kernalin_ci.device import DEVICES
 from kernalin_ci.ops import get_op
 from kernalin_ci.ops.base import torch_dtype
+from kernalin_ci.ops.kv_quant import FORMATS
 from kernalin_ci.throughput.spec import ModelSpec, ServingPoint
 
 RMS_EPS = 1e-5
@@ -48,6 +55,7 @@ class Kernels:
     attention_op: str | None = None  # the attention kernel's op (attention.decode_paged or .decode); None: torch
     block_size: int = 16
     layout: str = "nhd"
+    params: dict = field(default_factory=dict)  # the kernels' op params; each layer adds the model's features
 
     @property
     def paged(self) -> bool:
@@ -93,14 +101,19 @@ def cache_blocks(point: ServingPoint, block_size: int) -> tuple[int, int]:
     return per_seq, point.batch * per_seq + 1
 
 
+def cache_dtype(spec: ModelSpec) -> torch.dtype:
+    """The KV caches' dtype: the FP8 format of `kv_dtype`, else the model's."""
+    return getattr(torch, FORMATS[spec.kv_dtype]) if spec.kv_dtype else torch_dtype(spec.dtype)
+
+
 def kv_bytes(spec: ModelSpec, point: ServingPoint, kernels: Kernels) -> int:
-    """Both caches of one layer at this point."""
+    """Both caches of one layer at this point (a byte an element in an FP8 cache)."""
     slots = (
         cache_blocks(point, kernels.block_size)[1] * kernels.block_size
         if kernels.paged
         else point.batch * (point.context + 1)
     )
-    return 2 * slots * spec.num_kv_heads * spec.head_dim * torch_dtype(spec.dtype).itemsize
+    return 2 * slots * spec.num_kv_heads * spec.head_dim * cache_dtype(spec).itemsize
 
 
 def _randn(shape, gen, dtype, device, scale=1.0) -> torch.Tensor:
@@ -155,6 +168,9 @@ class PointInputs:
     kv_lens: torch.Tensor  # [B] int32
     cos: torch.Tensor  # [D/2] float32: the torch rope's angles at this position
     sin: torch.Tensor
+    sinks: torch.Tensor | None = None  # [Hq] float32: the sink logits (model.sinks), shared by the layers
+    k_scale: torch.Tensor | None = None  # [1] or [Hkv] (kv_scale: per-head) float32: the FP8 caches' scales
+    v_scale: torch.Tensor | None = None
     caches: list[Caches] = field(default_factory=list)  # one per built layer
 
 
@@ -190,8 +206,15 @@ def build_point(
         cos=ang.cos().float().to(device),
         sin=ang.sin().float().to(device),
     )
+    if spec.sinks:
+        pi.sinks = torch.randn(spec.num_heads, generator=gen).to(device)
+    cdt = cache_dtype(spec)
+    if spec.kv_dtype:  # N(0, 1) keys and values stored with scale 1 (the FP8 formats hold them)
+        n = Hkv if kernels.params.get("kv_scale") == "per-head" else 1
+        pi.k_scale = torch.ones(n, dtype=torch.float32, device=device)
+        pi.v_scale = torch.ones(n, dtype=torch.float32, device=device)
     for _ in range(n_layers):
-        pi.caches.append(Caches(_randn(shape, dgen, dt, device), _randn(shape, dgen, dt, device)))
+        pi.caches.append(Caches(_randn(shape, dgen, dt, device).to(cdt), _randn(shape, dgen, dt, device).to(cdt)))
     return pi
 
 
@@ -212,16 +235,43 @@ def torch_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 
 
+@contextmanager
+def op_params(params: dict) -> Iterator[None]:
+    """The op params the kernels called inside read (kernalin_ci.current_params()); the previous ones after."""
+    before = os.environ.get("KERNALIN_PARAMS")
+    os.environ["KERNALIN_PARAMS"] = json.dumps(params)
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["KERNALIN_PARAMS"]
+        else:
+            os.environ["KERNALIN_PARAMS"] = before
+
+
 def attention_block(
-    spec: ModelSpec, layer: Layer, cache: Caches, pi: PointInputs, k: Kernels, x: torch.Tensor
+    spec: ModelSpec, index: int, layer: Layer, cache: Caches, pi: PointInputs, k: Kernels, x: torch.Tensor
 ) -> torch.Tensor:
-    """The attention half of a layer up to (not including) the o projection: [B, Hq*D]."""
+    """The attention half of layer INDEX up to (not including) the o projection: [B, Hq*D]. The kernels get the
+    layer's attention features as op params (ModelSpec.attention_params) and their extra arguments."""
+    with op_params(k.params | spec.attention_params(index)):
+        return _attention(spec, index, layer, cache, pi, k, x)
+
+
+def _attention(
+    spec: ModelSpec, index: int, layer: Layer, cache: Caches, pi: PointInputs, k: Kernels, x: torch.Tensor
+) -> torch.Tensor:
     B, Hq, Hkv, D = pi.point.batch, spec.num_heads, spec.num_kv_heads, spec.head_dim
     xn = rms_norm(x, layer.attn_norm)
     q = torch.mm(xn, layer.wq).view(B, Hq, D)
     key = torch.mm(xn, layer.wk).view(B, Hkv, D)
     value = torch.mm(xn, layer.wv).view(B, Hkv, D)
     scale = D**-0.5
+    feats = spec.attention_params(index)
+    extra: dict = {}  # the features' arguments (docs/ops.md)
+    if pi.sinks is not None:
+        extra["sinks"] = pi.sinks
+    quant: dict = {} if pi.k_scale is None else {"k_scale": pi.k_scale, "v_scale": pi.v_scale}
     if k.decode_step is not None:  # the whole attention step in one entry (docs/ops.md, decode_step)
         o = k.decode_step(
             q=q,
@@ -242,36 +292,43 @@ def attention_block(
         q, key = torch_rope(q, pi.cos, pi.sin), torch_rope(key, pi.cos, pi.sin)
     if k.paged:
         if k.kv_append is not None:
-            k.kv_append(key=key, value=value, k_cache=cache.k, v_cache=cache.v, slot_mapping=pi.slots)
+            k.kv_append(key=key, value=value, k_cache=cache.k, v_cache=cache.v, slot_mapping=pi.slots, **quant)
         else:
             bs = k.block_size
             blk, off = pi.slots // bs, pi.slots % bs
+            kq, vq = quantise(key, cache.k, pi.k_scale), quantise(value, cache.v, pi.v_scale)
             if k.layout == "nhd":
-                cache.k[blk, off], cache.v[blk, off] = key, value
+                cache.k[blk, off], cache.v[blk, off] = kq, vq
             else:
-                cache.k[blk, :, off], cache.v[blk, :, off] = key, value
+                cache.k[blk, :, off], cache.v[blk, :, off] = kq, vq
         if k.attention is not None:
             o = k.attention(
-                q=q, k_cache=cache.k, v_cache=cache.v, block_tables=pi.block_tables, kv_lens=pi.kv_lens, scale=scale
-            )
+                q=q, k_cache=cache.k, v_cache=cache.v, block_tables=pi.block_tables, kv_lens=pi.kv_lens, scale=scale,
+                **extra, **quant,
+            )  # fmt: skip
         else:
-            o = torch_paged_attention(q, cache, pi, k.layout, scale)
+            o = torch_attention(q, *gather_paged(cache, pi, k.layout), pi, feats, scale)
     else:
         L = pi.point.context
-        cache.k[:, :, L].copy_(key)
-        cache.v[:, :, L].copy_(value)
+        cache.k[:, :, L].copy_(quantise(key, cache.k, pi.k_scale))
+        cache.v[:, :, L].copy_(quantise(value, cache.v, pi.v_scale))
         if k.attention is not None:
-            o = k.attention(q=q, k_cache=cache.k, v_cache=cache.v, kv_lens=pi.kv_lens, scale=scale)
+            o = k.attention(q=q, k_cache=cache.k, v_cache=cache.v, kv_lens=pi.kv_lens, scale=scale, **extra, **quant)
         else:
-            o = F.scaled_dot_product_attention(q[:, :, None], cache.k, cache.v, scale=scale, enable_gqa=Hq != Hkv)[
-                :, :, 0
-            ]
+            o = torch_attention(q, cache.k, cache.v, pi, feats, scale)
     return o.reshape(B, Hq * D)
 
 
-def torch_paged_attention(q: torch.Tensor, cache: Caches, pi: PointInputs, layout: str, scale: float) -> torch.Tensor:
-    """The torch attention over a paged cache (no attention kernel configured): gather every sequence's
-    context + 1 keys and values through its block table, then SDPA."""
+def quantise(x: torch.Tensor, cache: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """x as the cache stores it: divided by the scale and cast to the FP8 format (saturating), or unchanged."""
+    if scale is None:
+        return x
+    info = torch.finfo(cache.dtype)
+    return (x.float() / scale.view(-1, 1)).clamp(info.min, info.max).to(cache.dtype)
+
+
+def gather_paged(cache: Caches, pi: PointInputs, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every sequence's context + 1 keys and values of a paged cache, through its block table: [B, Hkv, n, D]."""
     n = pi.point.context + 1
     tables = pi.block_tables.long()
 
@@ -281,17 +338,44 @@ def torch_paged_attention(q: torch.Tensor, cache: Caches, pi: PointInputs, layou
             g = g.transpose(2, 3)
         return g.flatten(1, 2)[:, :n].transpose(1, 2)  # [B, Hkv, n, D]
 
-    keys, values = gather(cache.k), gather(cache.v)
-    return F.scaled_dot_product_attention(
-        q[:, :, None], keys, values, scale=scale, enable_gqa=q.shape[1] != keys.shape[1]
-    )[:, :, 0]
+    return gather(cache.k), gather(cache.v)
+
+
+def torch_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, pi: PointInputs, feats: dict, scale: float
+) -> torch.Tensor:
+    """The torch attention (no attention kernel configured) over [B, Hkv, n, D] keys and values, with the layer's
+    features (docs/ops.md): dequantised FP8 caches, the soft-cap, the window, the sinks. Without any: SDPA."""
+    if pi.k_scale is not None:
+        ks, vs = pi.k_scale.view(-1, 1, 1), pi.v_scale.view(-1, 1, 1)
+        keys, values = (keys.float() * ks).to(q.dtype), (values.float() * vs).to(q.dtype)
+    gqa = q.shape[1] != keys.shape[1]
+    if not ({"window", "logit_cap", "sinks"} & feats.keys()):
+        return F.scaled_dot_product_attention(q[:, :, None], keys, values, scale=scale, enable_gqa=gqa)[:, :, 0]
+    group = q.shape[1] // keys.shape[1]
+    kf = keys.float().repeat_interleave(group, dim=1)  # [B, Hq, n, D]
+    vf = values.float().repeat_interleave(group, dim=1)
+    s = torch.einsum("bhd,bhnd->bhn", q.float(), kf) * scale
+    if "logit_cap" in feats:
+        s = feats["logit_cap"] * torch.tanh(s / feats["logit_cap"])
+    n = s.shape[-1]  # every sequence's p is n - 1
+    if "window" in feats:
+        s[..., : max(n - feats["window"], 0)] = -math.inf
+    m = s.amax(-1, keepdim=True)
+    if pi.sinks is not None:
+        m = torch.maximum(m, pi.sinks[None, :, None])
+    p = torch.exp(s - m)
+    den = p.sum(-1)
+    if pi.sinks is not None:
+        den = den + torch.exp(pi.sinks[None, :] - m[..., 0])
+    return (torch.einsum("bhn,bhnd->bhd", p, vf) / den[..., None]).to(q.dtype)
 
 
 def layer_forward(
-    spec: ModelSpec, layer: Layer, cache: Caches, pi: PointInputs, k: Kernels, x: torch.Tensor
+    spec: ModelSpec, index: int, layer: Layer, cache: Caches, pi: PointInputs, k: Kernels, x: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (the layer's output, its attention output [B, Hq*D])."""
-    attn = attention_block(spec, layer, cache, pi, k, x)
+    attn = attention_block(spec, index, layer, cache, pi, k, x)
     h = x + torch.mm(attn, layer.wo)
     gu = torch.mm(rms_norm(h, layer.mlp_norm), layer.w_gate_up)
     inter = spec.intermediate_size
@@ -312,7 +396,7 @@ def full_step(spec: ModelSpec, w: Weights, pi: PointInputs, k: Kernels) -> dict:
     x = embed(w, pi)
     attn0 = None
     for i, layer in enumerate(w.layers):
-        x, attn = layer_forward(spec, layer, pi.caches[i], pi, k, x)
+        x, attn = layer_forward(spec, i, layer, pi.caches[i], pi, k, x)
         attn0 = attn if i == 0 else attn0
     return {"attn0": attn0, "logits": lm_head(w, x)}
 
@@ -322,7 +406,7 @@ def layers_part(spec: ModelSpec, w: Weights, pi: PointInputs, k: Kernels) -> dic
     x = pi.hidden
     attn0 = None
     for i, layer in enumerate(w.layers):
-        x, attn = layer_forward(spec, layer, pi.caches[i], pi, k, x)
+        x, attn = layer_forward(spec, i, layer, pi.caches[i], pi, k, x)
         attn0 = attn if i == 0 else attn0
     return {"attn0": attn0, "hidden": x}
 

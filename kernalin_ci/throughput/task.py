@@ -57,6 +57,7 @@ def load_kernels(roles: dict[str, EntryAt], job: ModelJob) -> st.Kernels:
         attention_op=job.attention_op,
         block_size=job.block_size,
         layout=job.layout,
+        params=dict(job.params),
     )
 
 
