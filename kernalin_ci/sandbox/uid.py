@@ -86,7 +86,10 @@ def uid_plan(readonly: list[str], workdir: str, here: str, writable: tuple[Cappe
     setpriv = shutil.which("setpriv")
     argv = [setpriv, "--reuid", str(uid), "--regid", str(uid), "--clear-groups", "--pdeathsig", "KILL", "--"]
     plan = Plan(argv, None, {"uid": uid, "network": "host", "home": home}, [], home=home, tmp=home)
-    env = {"HOME": home, "TMPDIR": home, "XDG_CACHE_HOME": f"{home}/.cache", "TRITON_CACHE_DIR": f"{home}/.triton"}
+    # the uid has no passwd entry: name it, or getpass.getuser() (torch's compile caches) raises KeyError
+    name = f"kernalin-{uid}"
+    env = {"HOME": home, "TMPDIR": home, "XDG_CACHE_HOME": f"{home}/.cache", "TRITON_CACHE_DIR": f"{home}/.triton",
+           "USER": name, "LOGNAME": name}  # fmt: skip
     return plan, env
 
 

@@ -25,11 +25,15 @@ ROOT = os.geteuid() == 0
 HAVE_SANDBOX = sandbox.bwrap_works(sandbox.SandboxSettings()) is None
 
 # the kernel reports who it ran as and what it could reach, through the error verify prints
-ENTRY = """import json, os
+ENTRY = """import getpass, json, os
 
 
 def entry(q, k, positions):
     got = {"uid": os.getuid(), "token": os.environ.get("GITHUB_TOKEN"), "parent_token": None}
+    try:
+        got["user"] = getpass.getuser()  # what torch's compile caches ask (the uid has no passwd entry)
+    except Exception as e:
+        got["user"] = type(e).__name__
     try:
         got["parent_token"] = "KERNALIN-CANARY" in open(f"/proc/{os.getppid()}/environ", "rb").read().decode()
     except OSError as e:
@@ -49,6 +53,8 @@ def verify(folder: Path, marker: Path, **env) -> tuple[subprocess.CompletedProce
     kernel = folder / "kernel.py"
     kernel.write_text(ENTRY.replace("MARKER", repr(str(marker))))
     full = {k: v for k, v in os.environ.items() if not k.startswith(("KERNALIN_", "GITHUB_"))}
+    for name in ("USER", "LOGNAME", "LNAME", "USERNAME"):  # as in a container (the GPU runner image sets none)
+        full.pop(name, None)
     full.update({"GITHUB_TOKEN": "KERNALIN-CANARY", **env})
     argv = [sys.executable, "-m", "kernalin_ci", "verify", "--op", "rope", "--entry", f"{kernel}:entry"]
     p = subprocess.run(
@@ -90,6 +96,7 @@ def test_as_root_without_bubblewrap_kernel_code_never_runs_as_root(closed_dir):
     if sandbox.uid_mode_missing() is None:  # an unprivileged uid of its own
         assert saw is not None and saw["uid"] >= sandbox.UID_BASE, p.stdout + p.stderr
         assert saw["token"] is None and saw["parent_token"] in ("PermissionError", False)
+        assert saw["user"] == f"kernalin-{saw['uid']}", saw  # not KeyError: getpwuid() knows no such uid
     else:  # or a refusal that says why and what to do
         assert p.returncode == 2 and saw is None and not marker.exists(), p.stdout + p.stderr
         assert "kernel code would run as root" in p.stderr and "apt-get install bubblewrap" in p.stderr
@@ -132,3 +139,30 @@ def test_the_modes_are_checked():
             text=True,
         )
         assert p.returncode == 2 and "KERNALIN_SANDBOX=uid: needs root" in p.stderr
+
+
+PYTHONS = [p for p in (os.path.realpath(sys.executable), "/usr/bin/python3") if os.path.exists(p)]
+
+
+@pytest.mark.skipif(not (ROOT and shutil.which("setpriv")), reason="KERNALIN_SANDBOX=uid needs root and setpriv")
+def test_a_uid_worker_without_a_passwd_entry_still_has_a_user_name(closed_dir):
+    """Found on the H100 image (no USER or LOGNAME in the environment): under KERNALIN_SANDBOX=uid the kernel's
+    getpass.getuser() (torch's compile caches call it) raised KeyError, as the worker's uid has no passwd entry."""
+    from kernalin_ci.sandbox.uid import _reachable, uid_plan
+
+    python = next((p for p in PYTHONS if _reachable(p)), None)
+    if python is None:
+        pytest.skip("no Python installation an unprivileged uid can read")
+    folder, _ = closed_dir
+    folder.chmod(0o755)
+    plan, env = uid_plan([], str(folder), str(folder), ())
+    try:
+        p = subprocess.run(
+            [*plan.argv_prefix, python, "-c", "import getpass, os; print(os.getuid(), getpass.getuser())"],
+            env={"PATH": os.environ["PATH"], **env}, capture_output=True, text=True, timeout=60, cwd=folder,
+        )  # fmt: skip
+    finally:
+        shutil.rmtree(plan.home, ignore_errors=True)
+    assert p.returncode == 0, p.stderr[-2000:]
+    uid, name = p.stdout.split()
+    assert int(uid) >= sandbox.UID_BASE and name == f"kernalin-{uid}", p.stdout + p.stderr
