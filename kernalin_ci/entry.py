@@ -12,6 +12,7 @@ import hashlib
 import importlib
 import importlib.util
 import os
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,6 +48,16 @@ def parse_entry(spec: str) -> EntrySpec:
     if not is_file and not all(part.isidentifier() for part in target.split(".")):
         raise UsageError(f"entry {spec!r}: {target!r} is neither a .py file nor a dotted module name")
     return EntrySpec(spec, target, function, is_file)
+
+
+def _gist(message: str) -> str:
+    """A multi-line error in one line: its first line, and the first later line that names an error (an
+    extension build's message is the compiler's command first, its diagnostic further down)."""
+    lines = [ln.strip() for ln in message.strip().splitlines() if ln.strip()]
+    if not lines:
+        return ""
+    detail = next((ln for ln in lines[1:] if re.search(r"\berror\b", ln, re.IGNORECASE)), None)
+    return f"{lines[0][:400]} ... {detail[:400]}" if detail else lines[0]
 
 
 def load_entry(spec: str | EntrySpec, root: str | Path | None = None) -> Callable:
@@ -104,8 +115,7 @@ def _import_isolated(es: EntrySpec, root: Path, path: Path | None):
     except SystemExit as e:
         raise UsageError(f"entry {es.raw!r}: importing it called exit({e.code})") from None
     except BaseException as e:  # the user's code: any error is a load error
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise UsageError(f"entry {es.raw!r}: importing it raised {type(e).__name__}: {msg}") from None
+        raise UsageError(f"entry {es.raw!r}: importing it raised {type(e).__name__}: {_gist(str(e))}") from None
     finally:
         sys.path[:] = old_path
         _forget_tree_modules(before, [root] + ([path.parent] if path is not None else []), keep=path is not None)

@@ -54,6 +54,13 @@ def test_base_and_head_copies_load_side_by_side(tmp_path):
         ("k.py:nope", "def entry():\n    pass\n", "no function 'nope'"),
         ("k.py:entry", "import not_a_module_anywhere\n", "ModuleNotFoundError"),
         ("k.py:entry", "raise RuntimeError('boom\\nsecond line')\n", "RuntimeError: boom"),
+        # an extension that does not build (torch.utils.cpp_extension): the compiler's diagnostic, not only its command
+        (
+            "k.py:entry",
+            "raise RuntimeError('Error building extension: [1/3] nvcc -c k.cu\\nk.cu(3): error: "
+            'identifier "x" is undefined\\nninja: build stopped\')\n',
+            'k.cu(3): error: identifier "x" is undefined',
+        ),
         ("k.py:entry", "def entry(:\n", "SyntaxError"),
         ("k.py:entry", "entry = 3\n", "not callable"),
         ("nosuch.module:fn", None, "not found"),
