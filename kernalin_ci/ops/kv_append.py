@@ -153,7 +153,7 @@ class KvAppend(Op):
         key = randn((T, Hkv, D), g, case.dtype, "cpu")
         value = randn((T, Hkv, D), g, case.dtype, "cpu")
         quant = kv_quant.spec_of(params)
-        scales = kv_quant.scales(quant, case, Hkv, 1.0, device) if quant else {}
+        scales = kv_quant.scales(quant, case.tags, Hkv, 1.0, device) if quant else {}
         if quant and "fp8-edges" in case.tags:
             kv_quant.place_edges(key, scales["k_scale"], quant)
             kv_quant.place_edges(value, scales["v_scale"], quant)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kernalin_ci.lazy import torch
-from kernalin_ci.ops.base import Case, Param, Params
+from kernalin_ci.ops.base import Param, Params
 from kernalin_ci.runtime.poison import bits, fill_canary
 
 FORMATS = {"fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}  # kv_dtype -> torch dtype name
@@ -98,19 +98,19 @@ def unanalysed(params: Params) -> list[str]:
 # ---------------------------------------------------------------- the scales the checks pass
 
 
-def scales(q: KvQuant, case: Case, hkv: int, std: float, device: str) -> dict[str, Any]:
+def scales(q: KvQuant, tags: tuple[str, ...], hkv: int, std: float, device: str) -> dict[str, Any]:
     """k_scale and v_scale (float32, [1] or [Hkv]). A calibrated scale maps about 4 standard deviations to the
     largest normal, so the tails saturate and small values reach the subnormals. Per head the scales differ
     (1, 1.45, 1.9, ... times the first), and V's are 1.6 times K's, so another head's or the other cache's
     scale shows. The `fp8-edges` cases take powers of two (1, 2, 4, ... times the first; V's twice K's): then
     x / scale is exact in any float arithmetic and a tie is a tie, so rounding to even is held exactly. The
-    pos-0 probe passes 1.0 everywhere, as a demo test (and vLLM without calibration) does."""
+    pos-0 probe passes 1.0 everywhere, as a demo test (and vLLM without calibration) does. `tags`: the case's."""
     n = hkv if q.per_head else 1
     h = torch.arange(n, dtype=torch.float64)
-    if "probe" in case.tags:
+    if "probe" in tags:
         one = torch.ones(n, dtype=torch.float32, device=device)
         return {"k_scale": one, "v_scale": one.clone()}
-    if "fp8-edges" in case.tags:
+    if "fp8-edges" in tags:
         k = 2.0 ** (round(math.log2(4.0 * std / q.max)) + h)
         return {"k_scale": k.to(torch.float32).to(device), "v_scale": (2 * k).to(torch.float32).to(device)}
     k = 4.0 * std / q.max * (1.0 + 0.45 * h)
@@ -160,17 +160,42 @@ def expected_bytes(x: Any, scale: Any, q: KvQuant) -> tuple[Any, Any]:
     return lo, hi
 
 
-def wrong_scales(x: Any, scale: Any, other: Any, q: KvQuant) -> list[tuple[str, Any]]:
-    """(what, bytes) a kernel with a known scale bug stores for rows x [n, Hkv, D]: the first head's scale for
-    every head (per-tensor where per-head is given), the other cache's scale, the scale multiplied."""
-    hkv = x.shape[1]
-    s = per_head(scale, hkv).reshape(1, -1, 1)
+def write_scale_bugs(scale: Any, other: Any, q: KvQuant) -> list[tuple[str, Any]]:
+    """(what, the scale it divides by) for each known quantise-on-write scale bug, given the right `scale` and
+    the other cache's `other`: the first head's scale for every head (per-tensor where per-head is given), the
+    other cache's scale, the value multiplied by the scale instead of divided (its reciprocal, float64)."""
     out = []
-    if q.per_head and hkv > 1:
-        out.append(("the first head's scale for every head (per-tensor where per-head is given)", x / s[:, :1]))
-    out.append(("the other cache's scale", x / per_head(other, hkv).reshape(1, -1, 1)))
-    out.append(("the value multiplied by the scale instead of divided", x * s))
-    return [(what, round_to(v, q).view(torch.int8)) for what, v in out]
+    if q.per_head and scale.numel() > 1:
+        out.append(("the first head's scale for every head (per-tensor where per-head is given)", scale[:1]))
+    out.append(("the other cache's scale", other))
+    out.append(("the value multiplied by the scale instead of divided", 1.0 / scale.detach().double()))
+    return out
+
+
+def wrong_scales(x: Any, scale: Any, other: Any, q: KvQuant) -> list[tuple[str, Any]]:
+    """(what, bytes) a kernel with a known scale bug (`write_scale_bugs`) stores for rows x [n, Hkv, D]."""
+    hkv = x.shape[1]
+    return [
+        (what, round_to(x / per_head(s, hkv).reshape(1, -1, 1), q).view(torch.int8))
+        for what, s in write_scale_bugs(scale, other, q)
+    ]
+
+
+def holds(got: Any, x: Any, scale: Any, q: KvQuant, slack: Any = None) -> bool:
+    """Whether FP8 rows `got` [n, Hkv, D] hold rows x (float64) quantised on write with `scale`: with no
+    `slack`, one of the two values of `expected_bytes` (kv_append's contract); with `slack` [n, Hkv, 1] (an
+    absolute error the value may carry before it is quantised: a fused kernel's own rotation), any value
+    satfinite_rn gives within [x - slack, x + slack] (it is monotone: the two ends bound it)."""
+    g = got.detach().to("cpu")
+    if slack is None:
+        lo, hi = expected_bytes(x, scale, q)
+        b = bits(g)
+        return bool(((b == lo) | (b == hi)).all())
+    s = per_head(scale, x.shape[1]).reshape(1, -1, 1)
+    lo = round_to((x - slack) / s, q).to(torch.float64)
+    hi = round_to((x + slack) / s, q).to(torch.float64)
+    v = g.to(torch.float64)
+    return bool(((v >= lo) & (v <= hi)).all())
 
 
 def saturating(x: Any, scale: Any, q: KvQuant) -> Any:
