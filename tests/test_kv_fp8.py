@@ -260,6 +260,27 @@ def test_the_decode_loop_stores_and_reads_an_fp8_cache():
     assert [c for c, alt in k_rows.alternatives if alt.holds(0, wrong, TOLERANCE["float32"])] == ["kv-scale"]
 
 
+def test_the_decode_step_reference_reads_the_fp8_cache_as_the_loop_does():
+    """decode_step's one-call reference (the first step of its loop) over an FP8 cache equals the loop's own
+    step reference: the cache read with its scales, the new token quantised as it is stored, the FP8 slack."""
+    from kernalin_ci.ops import decode_loop as dl
+
+    o, p = get_op("decode_step"), params("decode_step", **E4M3)
+    case = o.cases(p, "cpu", None)[0]
+    kw = o.inputs(case, p, "cpu")
+    assert kw["k_cache"].dtype == torch.float8_e4m3fn and kw["k_scale"].shape == (case.dims["Hkv"],)
+    exp = o.reference(kw, p)
+    loop = o.loop(case, p, True)
+    s = dl.init_state(loop, "cpu")
+    st = dl.next_step(s, 0, case.dtype)
+    q_ref, k_ref = dl.rotated(st, len(s.lens), loop.rope, loop.shape.D)
+    stored = [s.history(s.stored(x, n), n).permute(1, 0, 2) for x, n in ((k_ref, "k"), (st.v, "v"))]
+    dl.advance(s, st, *stored)
+    want, slack = dl.attend_history(s, q_ref, case.dtype)
+    assert torch.allclose(exp.tensors["out"], want, rtol=1e-12, atol=1e-12)
+    assert torch.allclose(exp.row_slack["out"], slack) and bool((slack > 0).any())
+
+
 def _fp8_pipeline(append: str, fmt: dict):
     entries = {
         "kv_append": f"{CHECKS / 'kv_append' / append}.py:entry",
