@@ -299,6 +299,7 @@ def test_a_decode_pipeline_runs_with_an_fp8_cache():
 def test_a_decode_pipeline_names_an_append_with_the_first_heads_scale():
     r = _fp8_pipeline("bug_fp8_scale_first_head", E4M3)
     assert [(f.check, f.bug_class) for f in r.findings] == [("pipeline-cache", "kv-scale")], r.findings
+    assert "(quantised with the first head's scale for every head" in r.findings[0].message, r.findings[0].message
 
 
 def _fp8_step(path, fmt: dict):
@@ -324,6 +325,7 @@ def test_a_fused_step_appending_with_vs_scale_while_attention_reads_ks_is_caught
     r = _fp8_step(bug, E4M3)
     assert [(f.check, f.bug_class) for f in r.findings] == [("decode-step-cache", "kv-scale")], r.findings
     assert r.findings[0].message.startswith("step 0: k_cache slot"), r.findings[0].message
+    assert r.findings[0].message.endswith("(quantised with the other cache's scale)"), r.findings[0].message
 
 
 FP8_KERNELS = [

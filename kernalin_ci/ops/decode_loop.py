@@ -124,13 +124,15 @@ class Written:
     """What a step must have written into one cache: per token, the row its slot must hold, either bit for
     bit (`exact`) or within the tolerance of a float64 row; with an FP8 cache (`kv`, `scale`) the row
     quantised on write with `scale` (kv_quant.holds: exact is kv_append's contract, else the tolerance is
-    an error before quantising). `alternatives`: (bug class, what) a known bug would have written instead."""
+    an error before quantising). `alternatives`: (bug class, what) a known bug would have written instead;
+    `note`: what that bug did, when its class alone does not say."""
 
     rows: torch.Tensor
     exact: bool
     alternatives: list[tuple[str, Written]] = field(default_factory=list)
     kv: kv_quant.KvQuant | None = None
     scale: torch.Tensor | None = None
+    note: str = ""
 
     def holds(self, t: int, got: torch.Tensor, tol: float) -> bool:
         """Whether `got` (one slot, [Hkv, D] as the cache stores it) holds token t's row."""
@@ -151,8 +153,8 @@ class Written:
         if self.kv is None or self.scale is None or other is None:
             return self
         alts = [
-            ("kv-scale", Written(self.rows, self.exact, kv=self.kv, scale=s))
-            for _, s in kv_quant.write_scale_bugs(self.scale, other, self.kv)
+            ("kv-scale", Written(self.rows, self.exact, kv=self.kv, scale=s, note=f"quantised with {what}"))
+            for what, s in kv_quant.write_scale_bugs(self.scale, other, self.kv)
         ]
         return Written(self.rows, self.exact, self.alternatives + alts, self.kv, self.scale)
 

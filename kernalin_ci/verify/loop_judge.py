@@ -102,7 +102,8 @@ def _cache_diff(
             else:
                 for alt_cls, alt in want.alternatives:
                     if alt.holds(t, got, tol):
-                        cls, why = alt_cls, f"holds what a {alt_cls} bug writes"
+                        note = f" ({alt.note})" if alt.note else ""
+                        cls, why = alt_cls, f"holds what a {alt_cls} bug writes{note}"
                         break
             found.append(Finding(check, cls, f"step {step}: {name} {_slot_name(slot, s)} {why}"))
         changed[b, o] = False
