@@ -328,6 +328,76 @@ def test_a_fused_step_appending_with_vs_scale_while_attention_reads_ks_is_caught
     assert r.findings[0].message.endswith("(quantised with the other cache's scale)"), r.findings[0].message
 
 
+TOKEN_HEAD = {"kv_dtype": "fp8_e4m3", "kv_scale": "per-token-head"}
+
+
+def test_per_token_head_scales_are_kv_appends_only():
+    """kv_append takes per-token-head scales (the kernel computes them); the attention ops, decode_step and a
+    decode pipeline read given scales: one line, exit 2."""
+    o = get_op("kv_append")
+    p = params("kv_append", **TOKEN_HEAD)
+    assert o.written_names(p) == ("k_cache", "v_cache", "k_scale", "v_scale")
+    assert "fp8-edges" not in {c.name for c in o.cases(p, "cpu", None)}
+    for op in ("attention.decode", "attention.decode_paged", "decode_step"):
+        with pytest.raises(UsageError, match="per-token-head: only kv_append takes it"):
+            params(op, **TOKEN_HEAD)
+    with pytest.raises(UsageError, match="per-token-head: only kv_append takes it"):
+        pipeline_params({"kv_append": "a", "attention.decode_paged": "b"}, TOKEN_HEAD)
+
+
+def _token_head_call(o, p, case, write):
+    """kv_append's check of a call that `write(name, x [Hkv, D] float64, slot) -> (fp8 row, scales)` made."""
+    kw = o.inputs(case, p, "cpu")
+    before = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+    bs = p["block_size"]
+    for t, slot in enumerate(kw["slot_mapping"].tolist()):
+        if slot < 0:
+            continue
+        for cache, src, sname in (("k_cache", "key", "k_scale"), ("v_cache", "value", "v_scale")):
+            row, sc = write(cache, kw[src][t].double(), kw)
+            kw[cache][slot // bs, slot % bs] = row
+            kw[sname][slot // bs, slot % bs] = sc
+    return o.check(case, before, kw, o.outputs(None, kw), p)
+
+
+def test_per_token_head_check_holds_the_scales_and_names_a_row_quantised_with_the_other_scale():
+    """A write of each row quantised with its own max |x| / 448 passes; the value quantised with the key's scale
+    is kv-scale, a scale 1 % off is kv-scale, a scale written past the slot a stray write."""
+    o = get_op("kv_append")
+    p = params("kv_append", **TOKEN_HEAD)
+    case = next(c for c in o.cases(p, "cpu", None) if c.name == "odd-heads")
+    q = kq.spec_of(p)
+
+    def right(cache, x, kw):
+        s = kq.token_head_scales(x[None], q)[0]
+        return kq.round_to(x / s.double()[:, None], q), s
+
+    assert _token_head_call(o, p, case, right) == []
+    scales = {}
+
+    def v_with_k_scale(cache, x, kw):
+        row, s = right(cache, x, kw)
+        if cache == "k_cache":
+            scales["k"] = s
+            return row, s
+        return kq.round_to(x / scales["k"].double()[:, None], q), s
+
+    found = _token_head_call(o, p, case, v_with_k_scale)
+    assert [f.bug_class for f in found] == ["kv-scale"], found
+    assert "written slots hold value quantised with the k_scale stored beside it" in found[0].message, found
+    found = _token_head_call(o, p, case, lambda c, x, kw: (right(c, x, kw)[0], right(c, x, kw)[1] * 1.01))
+    assert {f.bug_class for f in found} == {"kv-scale"} and "max |key| / 448" in found[0].message, found
+
+    used = set(o.inputs(case, p, "cpu")["slot_mapping"].tolist())
+    free = next(i for i in range(10**4) if i not in used)
+
+    def stray(cache, x, kw):
+        kw["v_scale"].view(-1, kw["v_scale"].shape[-1])[free, 0] = 1.0  # a slot no token writes
+        return right(cache, x, kw)
+
+    assert [f.bug_class for f in _token_head_call(o, p, case, stray)] == ["stray-write"]
+
+
 FP8_KERNELS = [
     ("kv_append", "correct_fp8_per_head", E4M3, "fp8-edges", None),
     ("kv_append", "correct_fp8_per_head", E5M2, "fp8-edges", None),

@@ -97,6 +97,9 @@ def test_a_kernel_whose_features_are_not_the_models_is_a_usage_error():
     scales = Role("attention", "attention.decode", "s", "k.py:f", "k.py:f", {"kv_scale": "per-head"})
     with pytest.raises(UsageError, match="s has kv_scale=per-head, the model has no kv_dtype"):
         check_roles(from_cli("gemma-2-2b"), [scales])
+    token_head = Role("kv_append", "kv_append", "t", "k.py:f", "k.py:f", {"kv_scale": "per-token-head"})
+    with pytest.raises(UsageError, match="t has kv_scale=per-token-head; the step's attention reads given"):
+        check_roles(from_cli("llama-3.1-8b-fp8-kv"), [token_head])
     step = Role("decode_step", "decode_step", "fused", "k.py:f", "k.py:f", {})
     with pytest.raises(UsageError, match=r"fused \(decode_step\) takes no attention features"):
         check_roles(from_cli("gemma-2-2b"), [step])

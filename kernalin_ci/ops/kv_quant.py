@@ -26,7 +26,13 @@ from kernalin_ci.runtime.poison import bits, fill_canary
 
 FORMATS = {"fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}  # kv_dtype -> torch dtype name
 MANTISSA = {"fp8_e4m3": 3, "fp8_e5m2": 2}
-SCALES = ("per-tensor", "per-head")
+SCALES = ("per-tensor", "per-head", "per-token-head")
+# per-token-head (kv_append only): the kernel computes each (token, KV head) row's scale, its largest |value| over
+# the format's largest normal in float32, at least TOKEN_HEAD_FLOOR (vLLM's _reshape_cache_per_token_head), and
+# stores it in the scale caches k_scale, v_scale [num_blocks, block_size, Hkv]; a GPU's float32 division may be
+# 2 ulp off (Triton's default div.full.f32), so the stored scale is held to SCALE_EPS (relative)
+TOKEN_HEAD_FLOOR = 1e-6
+SCALE_EPS = 2.0**-21
 # A correct kernel divides in float32 (or multiplies by a float32 reciprocal: two roundings), so its
 # quotient is within 2^-22 (relative) of the exact one; where the exact quotient is that close to a rounding
 # boundary of the format, either neighbour is the correctly rounded value of what the kernel computed.
@@ -52,15 +58,22 @@ KV_PARAMS = (
         "kv_scale",
         None,
         str,
-        "FP8 cache scales: per-tensor [1] or per-head [Hkv] (default per-tensor)",
+        "FP8 cache scales: per-tensor [1] or per-head [Hkv] (default per-tensor); kv_append also per-token-head "
+        "(scale caches [num_blocks, block_size, Hkv] the kernel writes)",
         check=_one_of(SCALES),
     ),
 )
 
 
-def check_params(params: Params) -> str | None:
+def check_params(params: Params, token_head: bool = False) -> str | None:
+    """`token_head`: the op takes per-token-head scales (kv_append: it computes and writes them)."""
     if params.get("kv_scale") and not params.get("kv_dtype"):
         return "param kv_scale needs kv_dtype (an FP8 cache format)"
+    if params.get("kv_scale") == "per-token-head" and not token_head:
+        return (
+            "param kv_scale=per-token-head: only kv_append takes it (it computes the scales); "
+            "the attention ops and decode loops read given per-tensor or per-head scales"
+        )
     return None
 
 
@@ -70,6 +83,7 @@ class KvQuant:
 
     kv_dtype: str
     per_head: bool
+    per_token_head: bool = False
 
     @property
     def dtype(self) -> Any:
@@ -81,12 +95,14 @@ class KvQuant:
 
     @property
     def label(self) -> str:
-        return f"{self.kv_dtype} cache, {'per-head' if self.per_head else 'per-tensor'} scales"
+        kind = "per-token-head" if self.per_token_head else "per-head" if self.per_head else "per-tensor"
+        return f"{self.kv_dtype} cache, {kind} scales"
 
 
 def spec_of(params: Params) -> KvQuant | None:
     kv = params.get("kv_dtype")
-    return KvQuant(kv, params.get("kv_scale") == "per-head") if kv else None
+    scale = params.get("kv_scale")
+    return KvQuant(kv, scale == "per-head", scale == "per-token-head") if kv else None
 
 
 def unanalysed(params: Params) -> list[str]:
@@ -117,10 +133,35 @@ def scales(q: KvQuant, tags: tuple[str, ...], hkv: int, std: float, device: str)
     return {"k_scale": k.to(torch.float32).to(device), "v_scale": (1.6 * k).to(torch.float32).to(device)}
 
 
+def scale_caches(cshape: tuple[int, int, int], poison: bool, device: str) -> dict[str, Any]:
+    """Per-token-head scale caches k_scale, v_scale [num_blocks, block_size, Hkv] float32: the canary (or
+    zeros without poison) until the kernel writes a slot's scales."""
+    out = {}
+    for name in ("k_scale", "v_scale"):
+        t = torch.empty(cshape, dtype=torch.float32)
+        out[name] = (fill_canary(t) if poison else t.zero_()).to(device)
+    return out
+
+
+def token_head_scales(x: Any, q: KvQuant) -> Any:
+    """The per-token-head scales [n, Hkv] (float32) of rows x [n, Hkv, D]: max |x| over the row divided by the
+    format's largest normal, in float32 (x's values are exact in float32), at least TOKEN_HEAD_FLOOR."""
+    a = x.detach().to("cpu", torch.float32).abs().amax(-1)
+    return torch.clamp(a / q.max, min=TOKEN_HEAD_FLOOR)
+
+
 def per_head(scale: Any, hkv: int) -> Any:
     """A scale tensor ([1] or [Hkv]) as float64 [Hkv]."""
     s = scale.detach().to("cpu", torch.float64).reshape(-1)
     return s.expand(hkv) if s.numel() == 1 else s
+
+
+def broadcast(scale: Any, x: Any) -> Any:
+    """A scale as float64 broadcastable against rows x [n, Hkv, D]: [1] or [Hkv] (one per head), or [n, Hkv]
+    (one per token and head)."""
+    if scale.dim() == 2:
+        return scale.detach().to("cpu", torch.float64).reshape(x.shape[0], x.shape[1], 1)
+    return per_head(scale, x.shape[1]).reshape(1, -1, 1)
 
 
 # ---------------------------------------------------------------- quantise (kv_append, building caches)
@@ -152,7 +193,7 @@ def expected_bytes(x: Any, scale: Any, q: KvQuant) -> tuple[Any, Any]:
     quotient of x / scale[h] nudged by -QUOTIENT_EPS and +QUOTIENT_EPS (equal except within float32 reach of a
     rounding boundary), as int8 bit patterns. Scales that are all powers of two make the quotient exact in
     any float arithmetic: then there is one value (0 ulp, ties to even)."""
-    s = per_head(scale, x.shape[1]).reshape(1, -1, 1)
+    s = broadcast(scale, x)
     quot = x / s
     eps = 0.0 if bool((torch.frexp(s)[0].abs() == 0.5).all()) else QUOTIENT_EPS
     lo = round_to(quot * (1 - eps), q).view(torch.int8)
