@@ -9,7 +9,7 @@ import json
 
 import pytest
 import torch
-from conftest import CHECKS
+from conftest import CHECKS, REPO
 
 from kernalin_ci.errors import UsageError
 from kernalin_ci.ops import attention_common as ac
@@ -17,11 +17,12 @@ from kernalin_ci.ops import get_op
 from kernalin_ci.ops import kv_quant as kq
 from kernalin_ci.ops.base import TOLERANCE, resolve_params
 from kernalin_ci.runtime.poison import bits, fill_canary, is_canary
-from kernalin_ci.verify import pipeline_params, verify
+from kernalin_ci.verify import pipeline_params, verify, verify_pipeline
 from kernalin_ci.verify.reference import check_reference
 
 E4M3 = {"kv_dtype": "fp8_e4m3", "kv_scale": "per-head"}
 E5M2 = {"kv_dtype": "fp8_e5m2", "kv_scale": "per-head"}
+KERNELS = REPO / "tests" / "kernels"
 
 
 def params(op, **raw):
@@ -225,13 +226,176 @@ def test_attention_reference_dequantises_and_names_the_scale_bugs(op):
         assert [f.bug_class for f in found] == ["kv-scale"], [f.message for f in found]
 
 
-def test_structural_status_and_pipeline():
-    """The structural analysis says it does not analyse FP8 caches; a decode pipeline refuses kv_dtype."""
-    for op in ("kv_append", "attention.decode", "attention.decode_paged"):
+def test_structural_status():
+    """The structural analysis says it does not analyse FP8 caches."""
+    for op in ("kv_append", "attention.decode", "attention.decode_paged", "decode_step"):
         assert get_op(op).unanalysed(params(op, **E4M3)) == ["FP8 caches (param kv_dtype=fp8_e4m3)"]
         assert get_op(op).unanalysed(params(op)) == []
-    with pytest.raises(UsageError, match="kv_dtype: an FP8 cache is not supported in a decode loop"):
-        pipeline_params({"kv_append": "a", "attention.decode_paged": "b"}, {"kv_dtype": "fp8_e4m3"})
+
+
+def test_the_decode_loop_stores_and_reads_an_fp8_cache():
+    """A loop with an FP8 cache: FP8 caches, per-head scales passed to every member, the prefill stored as
+    kv_append quantises it and the history what those bytes dequantise to; a slot holding the token quantised
+    with a wrong scale is named kv-scale, one within the window a correct kernel may store is not."""
+    from kernalin_ci.ops import decode_loop as dl
+
+    p = pipeline_params({"kv_append": "a", "attention.decode_paged": "b"}, {**E4M3, "head_dim": 64})
+    loop = dl.pipeline_loop(p, "float32", 0, 2, rope=False)
+    s = dl.init_state(loop, "cpu")
+    assert s.k_cache.dtype == torch.float8_e4m3fn and s.kv_scales["k_scale"].shape == (2,)
+    st = dl.next_step(s, 0, "float32", loop.padding)
+    assert {"k_scale", "v_scale"} <= set(dl.step_arguments(s, st, "cpu"))
+    ks, vs = s.kv_scales["k_scale"], s.kv_scales["v_scale"]
+    kc = s.k_cache
+    b, L = 1, s.lens[1]
+    j = torch.arange(L)
+    stored = kc[s.tables_cpu[b, j // 16].long(), j % 16]
+    assert torch.equal(stored, kq.quantise(stored.double() * ks[None, :, None].double(), ks, kq.spec_of(p), 1))
+    assert torch.equal(s.ref_k[b], kq.dequantise(stored.permute(1, 0, 2), ks))
+    k_rows, _ = dl.step_writes(s, st, dl.rope_params(p), 64)
+    right = kq.quantise(k_rows.rows[:1], ks, kq.spec_of(p), 1)[0]
+    assert k_rows.holds(0, right, TOLERANCE["float32"])
+    wrong = kq.quantise(k_rows.rows[:1], vs, kq.spec_of(p), 1)[0]
+    assert not k_rows.holds(0, wrong, TOLERANCE["float32"])
+    assert [c for c, alt in k_rows.alternatives if alt.holds(0, wrong, TOLERANCE["float32"])] == ["kv-scale"]
+
+
+def test_the_decode_step_reference_reads_the_fp8_cache_as_the_loop_does():
+    """decode_step's one-call reference (the first step of its loop) over an FP8 cache equals the loop's own
+    step reference: the cache read with its scales, the new token quantised as it is stored, the FP8 slack."""
+    from kernalin_ci.ops import decode_loop as dl
+
+    o, p = get_op("decode_step"), params("decode_step", **E4M3)
+    case = o.cases(p, "cpu", None)[0]
+    kw = o.inputs(case, p, "cpu")
+    assert kw["k_cache"].dtype == torch.float8_e4m3fn and kw["k_scale"].shape == (case.dims["Hkv"],)
+    exp = o.reference(kw, p)
+    loop = o.loop(case, p, True)
+    s = dl.init_state(loop, "cpu")
+    st = dl.next_step(s, 0, case.dtype)
+    q_ref, k_ref = dl.rotated(st, len(s.lens), loop.rope, loop.shape.D)
+    stored = [s.history(s.stored(x, n), n).permute(1, 0, 2) for x, n in ((k_ref, "k"), (st.v, "v"))]
+    dl.advance(s, st, *stored)
+    want, slack = dl.attend_history(s, q_ref, case.dtype)
+    assert torch.allclose(exp.tensors["out"], want, rtol=1e-12, atol=1e-12)
+    assert torch.allclose(exp.row_slack["out"], slack) and bool((slack > 0).any())
+
+
+def _fp8_pipeline(append: str, fmt: dict):
+    entries = {
+        "kv_append": f"{CHECKS / 'kv_append' / append}.py:entry",
+        "attention.decode_paged": f"{CHECKS / 'attention_decode_paged' / 'correct_fp8_folded_scales'}.py:entry",
+    }
+    return verify_pipeline(entries, {**fmt, "head_dim": 64}, "cpu", steps=2, progress=False)
+
+
+def test_a_decode_pipeline_runs_with_an_fp8_cache():
+    """The catalogue's FP8 kv_append and paged attention run a decode pipeline over an e4m3 cache with per-head
+    scales: no finding (e5m2 and per-tensor scales: the fused step below)."""
+    r = _fp8_pipeline("correct_fp8_per_head", E4M3)
+    assert r.cases_run == 1 and not r.findings, [f.message for f in r.findings]
+
+
+def test_a_decode_pipeline_names_an_append_with_the_first_heads_scale():
+    r = _fp8_pipeline("bug_fp8_scale_first_head", E4M3)
+    assert [(f.check, f.bug_class) for f in r.findings] == [("pipeline-cache", "kv-scale")], r.findings
+    assert "(quantised with the first head's scale for every head" in r.findings[0].message, r.findings[0].message
+
+
+def _fp8_step(path, fmt: dict):
+    p = {**fmt, "steps": 3}
+    o = get_op("decode_step")
+    c = o.cases(params("decode_step", **p), "cpu", None)[0]
+    return verify("decode_step", f"{path}:entry", p, "cpu", case_json=json.dumps(c.to_json()), progress=False)
+
+
+def test_a_fused_fp8_decode_step_passes_its_loop():
+    """tests/kernels/decode_step_fp8.py over an e5m2 cache with per-tensor scales: no finding."""
+    r = _fp8_step(KERNELS / "decode_step_fp8.py", {"kv_dtype": "fp8_e5m2"})
+    assert r.cases_run == 1 and not r.findings, [f.message for f in r.findings]
+
+
+def test_a_fused_step_appending_with_vs_scale_while_attention_reads_ks_is_caught(tmp_path):
+    """The fused FP8 step that quantises the new key with V's scale while its attention reads the key with
+    K's: the only check of a fused step is its loop, and the loop names the slot's scale."""
+    src = (KERNELS / "decode_step_fp8.py").read_text()
+    assert src.count("/ ks).to(KC.dtype.element_ty)") == 2
+    bug = tmp_path / "decode_step_fp8_append_v_scale.py"
+    bug.write_text(src.replace("/ ks).to(KC.dtype.element_ty)", "/ vs).to(KC.dtype.element_ty)"))
+    r = _fp8_step(bug, E4M3)
+    assert [(f.check, f.bug_class) for f in r.findings] == [("decode-step-cache", "kv-scale")], r.findings
+    assert r.findings[0].message.startswith("step 0: k_cache slot"), r.findings[0].message
+    assert r.findings[0].message.endswith("(quantised with the other cache's scale)"), r.findings[0].message
+
+
+TOKEN_HEAD = {"kv_dtype": "fp8_e4m3", "kv_scale": "per-token-head"}
+
+
+def test_per_token_head_scales_are_kv_appends_only():
+    """kv_append takes per-token-head scales (the kernel computes them); the attention ops, decode_step and a
+    decode pipeline read given scales: one line, exit 2."""
+    o = get_op("kv_append")
+    p = params("kv_append", **TOKEN_HEAD)
+    assert o.written_names(p) == ("k_cache", "v_cache", "k_scale", "v_scale")
+    assert "fp8-edges" not in {c.name for c in o.cases(p, "cpu", None)}
+    for op in ("attention.decode", "attention.decode_paged", "decode_step"):
+        with pytest.raises(UsageError, match="per-token-head: only kv_append takes it"):
+            params(op, **TOKEN_HEAD)
+    with pytest.raises(UsageError, match="per-token-head: only kv_append takes it"):
+        pipeline_params({"kv_append": "a", "attention.decode_paged": "b"}, TOKEN_HEAD)
+
+
+def _token_head_call(o, p, case, write):
+    """kv_append's check of a call that `write(name, x [Hkv, D] float64, slot) -> (fp8 row, scales)` made."""
+    kw = o.inputs(case, p, "cpu")
+    before = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+    bs = p["block_size"]
+    for t, slot in enumerate(kw["slot_mapping"].tolist()):
+        if slot < 0:
+            continue
+        for cache, src, sname in (("k_cache", "key", "k_scale"), ("v_cache", "value", "v_scale")):
+            row, sc = write(cache, kw[src][t].double(), kw)
+            kw[cache][slot // bs, slot % bs] = row
+            kw[sname][slot // bs, slot % bs] = sc
+    return o.check(case, before, kw, o.outputs(None, kw), p)
+
+
+def test_per_token_head_check_holds_the_scales_and_names_a_row_quantised_with_the_other_scale():
+    """A write of each row quantised with its own max |x| / 448 passes; the value quantised with the key's scale
+    is kv-scale, a scale 1 % off is kv-scale, a scale written past the slot a stray write."""
+    o = get_op("kv_append")
+    p = params("kv_append", **TOKEN_HEAD)
+    case = next(c for c in o.cases(p, "cpu", None) if c.name == "odd-heads")
+    q = kq.spec_of(p)
+
+    def right(cache, x, kw):
+        s = kq.token_head_scales(x[None], q)[0]
+        return kq.round_to(x / s.double()[:, None], q), s
+
+    assert _token_head_call(o, p, case, right) == []
+    scales = {}
+
+    def v_with_k_scale(cache, x, kw):
+        row, s = right(cache, x, kw)
+        if cache == "k_cache":
+            scales["k"] = s
+            return row, s
+        return kq.round_to(x / scales["k"].double()[:, None], q), s
+
+    found = _token_head_call(o, p, case, v_with_k_scale)
+    assert [f.bug_class for f in found] == ["kv-scale"], found
+    assert "written slots hold value quantised with the k_scale stored beside it" in found[0].message, found
+    found = _token_head_call(o, p, case, lambda c, x, kw: (right(c, x, kw)[0], right(c, x, kw)[1] * 1.01))
+    assert {f.bug_class for f in found} == {"kv-scale"} and "max |key| / 448" in found[0].message, found
+
+    used = set(o.inputs(case, p, "cpu")["slot_mapping"].tolist())
+    free = next(i for i in range(10**4) if i not in used)
+
+    def stray(cache, x, kw):
+        kw["v_scale"].view(-1, kw["v_scale"].shape[-1])[free, 0] = 1.0  # a slot no token writes
+        return right(cache, x, kw)
+
+    assert [f.bug_class for f in _token_head_call(o, p, case, stray)] == ["stray-write"]
 
 
 FP8_KERNELS = [

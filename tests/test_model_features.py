@@ -19,7 +19,7 @@ from kernalin_ci.report.tokens import shape_text
 from kernalin_ci.throughput import step as st
 from kernalin_ci.throughput.bench import Role, bench_model, check_roles
 from kernalin_ci.throughput.result import ModelResult
-from kernalin_ci.throughput.spec import PRESETS, ModelSpec, ServingPoint, from_cli
+from kernalin_ci.throughput.spec import PRESETS, SHAPE_KEYS, ModelSpec, ServingPoint, from_cli
 
 REPO = Path(__file__).resolve().parent.parent
 KERNELS = "kernels:\n  - {name: dense, op: attention.decode, entry: k.py:f}\n"
@@ -69,6 +69,12 @@ def test_the_presets_carry_the_cited_features_layer_by_layer():
     for name in ("gemma-2-2b", "mistral-7b-v0.1"):
         assert "transformers 4.56.2" in PRESETS[name]["source"]
         assert name in (REPO / "docs" / "tokens.md").read_text()
+    fp8 = from_cli("llama-3.1-8b-fp8-kv")  # the model card's FP8 cache, per-tensor scales, over llama-3.1-8b's shapes
+    assert fp8.features() == {"kv_dtype": "fp8_e4m3"} and fp8.attention_params(0) == {"kv_dtype": "fp8_e4m3"}
+    assert "amd/Llama-3.1-8B-Instruct-FP8-KV model card" in PRESETS["llama-3.1-8b-fp8-kv"]["source"]
+    assert "amd/Llama-3.1-8B-Instruct-FP8-KV" in (REPO / "docs" / "tokens.md").read_text()
+    base = from_cli("llama-3.1-8b")
+    assert [getattr(fp8, k) for k in SHAPE_KEYS] == [getattr(base, k) for k in SHAPE_KEYS]
     modified = config.parse(KERNELS + "model: {preset: gemma-2-2b, kv_dtype: fp8_e4m3, sinks: true}\n").model
     assert modified.name == "gemma-2-2b (modified)" and modified.features() == {
         "window": 4096, "window_layers": "even", "logit_cap": 50.0, "sinks": True, "kv_dtype": "fp8_e4m3"
@@ -91,6 +97,9 @@ def test_a_kernel_whose_features_are_not_the_models_is_a_usage_error():
     scales = Role("attention", "attention.decode", "s", "k.py:f", "k.py:f", {"kv_scale": "per-head"})
     with pytest.raises(UsageError, match="s has kv_scale=per-head, the model has no kv_dtype"):
         check_roles(from_cli("gemma-2-2b"), [scales])
+    token_head = Role("kv_append", "kv_append", "t", "k.py:f", "k.py:f", {"kv_scale": "per-token-head"})
+    with pytest.raises(UsageError, match="t has kv_scale=per-token-head; the step's attention reads given"):
+        check_roles(from_cli("llama-3.1-8b-fp8-kv"), [token_head])
     step = Role("decode_step", "decode_step", "fused", "k.py:f", "k.py:f", {})
     with pytest.raises(UsageError, match=r"fused \(decode_step\) takes no attention features"):
         check_roles(from_cli("gemma-2-2b"), [step])

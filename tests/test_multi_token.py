@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from conftest import CHECKS, cli
+from conftest import CHECKS, REPO, cli
 
 from kernalin_ci.ops import attention_decode_multi as adm
 from kernalin_ci.ops import get_op
@@ -220,3 +220,49 @@ def test_the_probe_misses_each_bug(name):
     """One sequence, one token, kv_len 1: what the catalogue files say (`pos0: missed`)."""
     r = verify(OP, f"{FOLDER / name}.py:entry", PARAMS, "cpu", probe=True, progress=False)
     assert r.cases_run == 1 and not r.findings, [f.message for f in r.findings]
+
+
+QTILES = REPO / "tests" / "kernels" / "decode_multi_qtiles.py"
+UNIFIED = {**PARAMS, "prefill_chunk": 200}
+UNIFIED_SMALL = {**PARAMS, "prefill_chunk": 100, "num_q_heads": 2, "num_kv_heads": 1}  # a few seconds of CPU
+
+
+def _unified_case(name, params=UNIFIED):
+    op = get_op(OP)
+    return next(c for c in op.cases(resolve_params(OP, op.params, params), "cpu", "float32") if c.name == name)
+
+
+def test_a_unified_kernel_gets_a_mixed_prefill_and_decode_batch():
+    """With prefill_chunk, a mixed ragged batch: a decode at kv_len 1, the chunk of 200 new tokens over a
+    37-token cached prefix (its first at position 37, its last at kv_len - 1), a decode right after it in
+    query_start_loc; without it, no such case (a speculative kernel is held to max_query_len)."""
+    op = get_op(OP)
+    assert "prefill-chunk" not in {c.name for c in op.cases(resolve_params(OP, op.params, PARAMS), "cpu", None)}
+    c = _unified_case("prefill-chunk")
+    assert op.validate_case(c) is None
+    assert c.dims["q_lens"] == [1, 200, 1, 1] and c.dims["kv_lens"] == [1, 237, 2, 130]
+    rows = adm.positions(c.dims["q_lens"], c.dims["kv_lens"])
+    assert rows[0] == (0, 0, 0) and rows[1] == (1, 0, 37) and rows[200] == (1, 199, 236) and rows[201] == (2, 0, 1)
+
+
+def test_the_mixed_batch_catches_a_kernel_sized_for_drafts(tmp_path):
+    """tests/kernels/decode_multi_qtiles.py walks a sequence's new tokens 16 at a time: it passes the mixed
+    batch (a 100-token chunk, 2 query heads: a few seconds). Cut to one query tile per sequence (a launcher
+    sized for drafts) it still passes the drafts' mixed-q-lens case, and the mixed batch shows the chunk's
+    tokens past the first tile never computed."""
+    src = QTILES.read_text()
+    assert src.count("for q0 in range(0, q_len, BLOCK_Q):") == 1
+    bug = tmp_path / "decode_multi_one_qtile.py"
+    bug.write_text(src.replace("for q0 in range(0, q_len, BLOCK_Q):", "for q0 in range(0, BLOCK_Q, BLOCK_Q):"))
+
+    def run(path, case):
+        c = json.dumps(_unified_case(case, UNIFIED_SMALL).to_json())
+        return verify(OP, f"{path}:entry", UNIFIED_SMALL, "cpu", case_json=c, progress=False)
+
+    r = run(QTILES, "prefill-chunk")
+    assert r.cases_run == 1 and not r.findings, [f.message for f in r.findings]
+    r = run(bug, "mixed-q-lens")
+    assert r.cases_run == 1 and not r.findings, [f.message for f in r.findings]
+    r = run(bug, "prefill-chunk")
+    assert [f.bug_class for f in r.findings] == ["unwritten-output"], [(f.bug_class, f.message) for f in r.findings]
+    assert "sequence 1, new token 17 of 100 at position 53" in r.findings[0].message, r.findings[0].message

@@ -144,18 +144,21 @@ def reference_out(
     Hkv: int,
     feat: af.Features,
     quantised: bool,
+    dtype: Any = None,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """The float64 output and its per-row slack (Expected.row_slack) over the caches' float64 keys and values.
-    With sinks: the output's underflow in q's dtype. With an FP8 cache: a kernel may round each dequantised
-    value to q's dtype before its dot (a tensor-core FP8 kernel must), a second rounding the stored bytes do not
-    show; the slack is how far that rounding moves each row (the same definition over the rounded values)."""
+    With sinks: the output's underflow in the kernel's dtype (`dtype`, default q's). With an FP8 cache: a kernel
+    may round each dequantised value to that dtype before its dot (a tensor-core FP8 kernel must), a second
+    rounding the stored bytes do not show; the slack is how far that rounding moves each row (the same
+    definition over the rounded values)."""
+    dtype = dtype or q.dtype
     hmap = head_map(q.shape[1], Hkv)
     out = attend(q, K, V, scale, hmap, feat=feat)
-    slack = af.underflow_slack(out, q.dtype) if feat.sinks is not None else torch.zeros(out.shape[:-1])
+    slack = af.underflow_slack(out, dtype) if feat.sinks is not None else torch.zeros(out.shape[:-1])
     if quantised:
 
         def rounded(ts: list[torch.Tensor]) -> list[torch.Tensor]:
-            return [t.to(q.dtype).to(torch.float64) for t in ts]
+            return [t.to(dtype).to(torch.float64) for t in ts]
 
         alt = attend(q, rounded(K), rounded(V), scale, hmap, feat=feat)
         slack = slack.reshape(-1) + row_errors(alt, out)

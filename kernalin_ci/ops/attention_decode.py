@@ -44,7 +44,7 @@ class AttentionDecode(ac.AttentionOp):
         quant = kv_quant.spec_of(params)
         scales = {}
         if quant:  # the caches quantised on write, as kv_append stores them (NaN canaries stay canaries)
-            scales = kv_quant.scales(quant, case, Hkv, std, device)
+            scales = kv_quant.scales(quant, case.tags, Hkv, std, device)
             if "fp8-edges" in case.tags:
                 for b in range(B):
                     kv_quant.place_edges(k[b].permute(1, 0, 2), scales["k_scale"], quant)

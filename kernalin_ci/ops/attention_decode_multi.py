@@ -8,7 +8,9 @@ the new tokens. Everything else is attention.decode_paged, per token.
 
 Its bugs are where one token per sequence hides them: a draft that sees the drafts after it, a position off
 by one, a token taken as another sequence's (the wrong row of query_start_loc), a causal bound taken from the
-batch's longest query. None shows at the pos-0 probe (one sequence, one token).
+batch's longest query. None shows at the pos-0 probe (one sequence, one token). A unified kernel (param
+`prefill_chunk`) also takes a mixed batch: one sequence's prefill chunk of hundreds of new tokens beside
+one-token decodes, where a kernel sized for drafts (q_len within one tile) leaves the chunk's later tokens out.
 """
 
 from __future__ import annotations
@@ -30,7 +32,16 @@ MAX_QUERY_LEN = Param(
     "the most new tokens of one sequence in a call (draft tokens + 1); cases use 1 to this many",
     check=positive,
 )
+PREFILL_CHUNK = Param(
+    "prefill_chunk",
+    None,
+    int,
+    "a unified kernel: the cases add a mixed batch where one sequence's prefill chunk of this many new tokens "
+    "(over its cached prefix) sits beside one-token decodes",
+    check=positive,
+)
 UNANALYSED = "several query tokens per sequence (the analysis models one query token)"
+PREFILL_PREFIX = 37  # the chunk's cached prefix: the chunk starts mid-block, and crosses blocks and tiles
 
 
 def positions(q_lens: list[int], kv_lens: list[int]) -> list[tuple[int, int, int]]:
@@ -56,7 +67,7 @@ class AttentionDecodeMulti(Op):
     params = (
         (Param("block_size", 16, int, "tokens per KV-cache block", check=positive),)
         + ac.SHAPE_PARAMS
-        + (paged.LAYOUT, MAX_QUERY_LEN)
+        + (paged.LAYOUT, MAX_QUERY_LEN, PREFILL_CHUNK)
     )
     written = ()
     paged_cache = True
@@ -125,6 +136,13 @@ class AttentionDecodeMulti(Op):
                 ("free-low-blocks",),
             )
         )
+        chunk = params.get("prefill_chunk")
+        if chunk:
+            # a unified kernel's mixed batch: a decode with kv_len 1, the chunk (its first new token at position
+            # PREFILL_PREFIX, its last at kv_len - 1), a decode right after it in query_start_loc, a longer decode
+            d = dims(8, 2, D64, [1, PREFILL_PREFIX + chunk, 2, 130], [1])
+            d["q_lens"] = [1, chunk, 1, 1]
+            cases.append(Case("prefill-chunk", d, main, 11, ("prefill",)))
         if dtype is None:
             for i, dt in enumerate(("float16", "bfloat16")):
                 cases.append(Case(f"mixed-q-lens-{dt}", dict(cases[0].dims), dt, 20 + i, ("drafts",)))

@@ -214,7 +214,7 @@ def paged_inputs(case: Case, params: Params, device: str, poison: bool, q_rows: 
         else:
             fill_canary(t)
     quant = kv_quant.spec_of(params)
-    scales = kv_quant.scales(quant, case, Hkv, std, device) if quant else {}
+    scales = kv_quant.scales(quant, case.tags, Hkv, std, device) if quant else {}
     for b, L in enumerate(lens):
         kb = randn((L, Hkv, D), g, case.dtype, "cpu", std)
         vb = randn((L, Hkv, D), g, case.dtype, "cpu")

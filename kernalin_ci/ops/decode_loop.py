@@ -1,6 +1,8 @@
 """The decode loop (docs/ops.md): what it is, with no process side. Many steps on several sequences of
 different lengths over one paged cache; each step appends one token per sequence (its key rotated when
-the step rotates) and attends over each sequence's whole history.
+the step rotates) and attends over each sequence's whole history. With an FP8 cache (param kv_dtype,
+docs/ops.md "FP8 KV caches") the append quantises each token on write with the loop's scales and attention
+dequantises: the history is then the stored bytes read with those scales.
 
 The loop's model, shared by its two front doors (docs/architecture.md, "The decode loop"):
 - the `decode_step` op (ops/decode_step.py): one entry does the whole step, called with `step_arguments`;
@@ -23,11 +25,12 @@ from typing import Any
 from kernalin_ci.lazy import torch
 from kernalin_ci.ops import attention_common as ac
 from kernalin_ci.ops import attention_features as af
-from kernalin_ci.ops import paged
+from kernalin_ci.ops import kv_quant, paged
 from kernalin_ci.ops.base import Case, generator, randn, torch_dtype
 from kernalin_ci.ops.rope import PARAMS as ROPE_PARAMS
 from kernalin_ci.ops.rope import spec_of
-from kernalin_ci.runtime.poison import fill_canary
+from kernalin_ci.runtime.poison import bits, fill_canary
+from kernalin_ci.runtime.rows import row_errors
 
 # the arguments of a step by the decode_step contract (docs/ops.md) that the step must leave unchanged
 STEP_INPUTS = ("q", "k", "v", "positions", "slot_mapping", "block_tables", "kv_lens")
@@ -65,12 +68,14 @@ class DecodeLoop:
     rope: dict[str, Any] | None
     padding: int = 0
     features: dict[str, Any] = field(default_factory=dict)
+    kv: kv_quant.KvQuant | None = None  # an FP8 cache (None: the caches are in the loop's dtype)
 
 
 @dataclass
 class LoopState:
     """Where a loop stands between steps: the sequences' lengths, their block tables, both caches (in the
-    shape's layout, on the loop's device) and the float64 history of each sequence ([Hkv, L, D])."""
+    shape's layout, on the loop's device) and the float64 history of each sequence ([Hkv, L, D]); with an FP8
+    cache its format `kv` and scales `kv_scales` (k_scale, v_scale on the loop's device; else empty)."""
 
     shape: LoopShape
     g: torch.Generator  # draws every step's inputs, in order
@@ -84,6 +89,21 @@ class LoopState:
     scale: float
     extra: dict[str, torch.Tensor]  # the features' extra inputs (alibi_slopes, sinks), on the loop's device
     feat: af.Features  # the features of each step's attention, with those inputs in float64
+    kv: kv_quant.KvQuant | None = None
+    kv_scales: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def stored(self, rows: torch.Tensor, cache: str) -> torch.Tensor:
+        """Rows [n, Hkv, D] as the cache `cache` ('k' or 'v') stores them: quantised with its scale (FP8),
+        else unchanged. On the CPU."""
+        if self.kv is None:
+            return rows
+        return kv_quant.quantise(rows, self.kv_scales[f"{cache}_scale"], self.kv, 1)
+
+    def history(self, rows: torch.Tensor, cache: str) -> torch.Tensor:
+        """Stored rows [n, Hkv, D] as float64 history [Hkv, n, D]: dequantised with the cache's scale (FP8)."""
+        t = rows.to("cpu").permute(1, 0, 2)
+        scale = self.kv_scales.get(f"{cache}_scale") if self.kv is not None else None
+        return kv_quant.dequantise(t, scale).to(torch.float64)
 
 
 @dataclass
@@ -102,16 +122,47 @@ class Step:
 @dataclass
 class Written:
     """What a step must have written into one cache: per token, the row its slot must hold, either bit for
-    bit (`exact`) or within the tolerance of a float64 row; `alternatives`: (bug class, rows) a known
-    bug would have written instead."""
+    bit (`exact`) or within the tolerance of a float64 row; with an FP8 cache (`kv`, `scale`) the row
+    quantised on write with `scale` (kv_quant.holds: exact is kv_append's contract, else the tolerance is
+    an error before quantising). `alternatives`: (bug class, what) a known bug would have written instead;
+    `note`: what that bug did, when its class alone does not say."""
 
     rows: torch.Tensor
     exact: bool
-    alternatives: list[tuple[str, torch.Tensor, bool]] = field(default_factory=list)
+    alternatives: list[tuple[str, Written]] = field(default_factory=list)
+    kv: kv_quant.KvQuant | None = None
+    scale: torch.Tensor | None = None
+    note: str = ""
+
+    def holds(self, t: int, got: torch.Tensor, tol: float) -> bool:
+        """Whether `got` (one slot, [Hkv, D] as the cache stores it) holds token t's row."""
+        want = self.rows[t]
+        if self.kv is not None:
+            assert self.scale is not None
+            x = want.to(torch.float64)[None]
+            slack = None if self.exact else tol * x.abs().amax(-1, keepdim=True)
+            return kv_quant.holds(got[None], x, self.scale, self.kv, slack)
+        if self.exact:
+            return not bool((bits(got) != bits(want.to(got.device, got.dtype))).any())
+        err = row_errors(got.detach().to("cpu", torch.float64), want.to(torch.float64))
+        return bool((err <= tol).all())
+
+    def with_scale_bugs(self, other: torch.Tensor | None) -> Written:
+        """With an FP8 cache: also the rows quantised with each known wrong scale (kv_quant.write_scale_bugs,
+        `other`: the other cache's scale) as kv-scale alternatives."""
+        if self.kv is None or self.scale is None or other is None:
+            return self
+        alts = [
+            ("kv-scale", Written(self.rows, self.exact, kv=self.kv, scale=s, note=f"quantised with {what}"))
+            for what, s in kv_quant.write_scale_bugs(self.scale, other, self.kv)
+        ]
+        return Written(self.rows, self.exact, self.alternatives + alts, self.kv, self.scale)
 
 
 def init_state(loop: DecodeLoop, device: str) -> LoopState:
-    """Block tables, caches holding each sequence's prefill, and the float64 history."""
+    """Block tables, caches holding each sequence's prefill, and the float64 history. With an FP8 cache: its
+    scales (kv_quant.scales: calibrated, per head different; 1 without poison, as the pos-0 probe passes them),
+    the prefill and stale data quantised as kv_append stores them, the history what they dequantise to."""
     shape, dtype = loop.shape, loop.dtype
     g = generator(loop.seed)
     bs, D, Hkv = shape.block_size, shape.D, shape.Hkv
@@ -121,43 +172,52 @@ def init_state(loop: DecodeLoop, device: str) -> LoopState:
     num_blocks = B * per_seq + shape.free_blocks
     perm = torch.randperm(num_blocks, generator=g)
     tables = perm[: B * per_seq].reshape(B, per_seq).to(torch.int32)
+    kv_scales = {}
+    if loop.kv is not None:
+        kv_scales = kv_quant.scales(loop.kv, () if shape.poison else ("probe",), Hkv, 1.0, "cpu")
     cshape = (num_blocks, bs, Hkv, D)
-    k_cache = torch.empty(cshape, dtype=torch_dtype(dtype))
-    v_cache = torch.empty(cshape, dtype=torch_dtype(dtype))
+    cache_dtype = loop.kv.dtype if loop.kv is not None else torch_dtype(dtype)
+    k_cache = torch.empty(cshape, dtype=cache_dtype)
+    v_cache = torch.empty(cshape, dtype=cache_dtype)
     for t in (k_cache, v_cache):
         if shape.poison:
             fill_canary(t)
         else:
             t.zero_()
-    if shape.stale:  # the sequences' own blocks: finite data left by an earlier request
-        own = tables.reshape(-1).long()
-        for t in (k_cache, v_cache):
-            t[own] = (torch.randn((len(own), bs, Hkv, D), generator=g, dtype=torch.float64) * 2.0).to(t.dtype)
     extra = af.inputs_of(loop.features, shape.Hq, loop.seed, device)  # a generator of their own
-    ref_k = []
-    ref_v = []
-    for b, L in enumerate(lens):  # the prefill: history already in the cache
-        kb, vb = randn((L, Hkv, D), g, dtype, "cpu"), randn((L, Hkv, D), g, dtype, "cpu")
-        j = torch.arange(L)
-        blk = tables[b, j // bs].long()
-        k_cache[blk, j % bs] = kb
-        v_cache[blk, j % bs] = vb
-        ref_k.append(kb.to(torch.float64).permute(1, 0, 2))
-        ref_v.append(vb.to(torch.float64).permute(1, 0, 2))
-    return LoopState(
+    s = LoopState(
         shape,
         g,
         lens,
         tables.to(device),
         tables,
-        paged.from_nhd(k_cache, shape.layout).to(device),
-        paged.from_nhd(v_cache, shape.layout).to(device),
-        ref_k,
-        ref_v,
+        k_cache,
+        v_cache,
+        [],
+        [],
         0.9 * D**-0.5,
         extra,
         af.Features.of(loop.features, extra),
+        loop.kv,
+        kv_scales,
     )
+    if shape.stale:  # the sequences' own blocks: finite data left by an earlier request
+        own = tables.reshape(-1).long()
+        for t, c in ((k_cache, "k"), (v_cache, "v")):
+            old = (torch.randn((len(own) * bs, Hkv, D), generator=g, dtype=torch.float64) * 2.0).to(torch_dtype(dtype))
+            t[own] = s.stored(old, c).reshape(len(own), bs, Hkv, D)
+    for b, L in enumerate(lens):  # the prefill: history already in the cache
+        kb, vb = randn((L, Hkv, D), g, dtype, "cpu"), randn((L, Hkv, D), g, dtype, "cpu")
+        j = torch.arange(L)
+        blk = tables[b, j // bs].long()
+        k_cache[blk, j % bs] = kst = s.stored(kb, "k")
+        v_cache[blk, j % bs] = vst = s.stored(vb, "v")
+        s.ref_k.append(s.history(kst, "k"))
+        s.ref_v.append(s.history(vst, "v"))
+    s.k_cache = paged.from_nhd(k_cache, shape.layout).to(device)
+    s.v_cache = paged.from_nhd(v_cache, shape.layout).to(device)
+    s.kv_scales = {k: v.to(device) for k, v in kv_scales.items()}
+    return s
 
 
 def next_step(s: LoopState, index: int, dtype: str, padding: int = 0) -> Step:
@@ -186,20 +246,27 @@ def step_arguments(s: LoopState, st: Step, device: str) -> dict[str, Any]:
         "kv_lens": torch.tensor(st.kv_lens, dtype=torch.int32, device=device),
         "scale": s.scale,
         **s.extra,  # the attention features' inputs (alibi_slopes, sinks), as the attention ops take them
+        **s.kv_scales,  # an FP8 cache's k_scale and v_scale
     }
 
 
-def step_writes(st: Step, rope: dict[str, Any], D: int) -> tuple[Written, Written]:
+def step_writes(s: LoopState, st: Step, rope: dict[str, Any], D: int) -> tuple[Written, Written]:
     """What a whole step (rotate, then append) writes at its slots of k_cache and v_cache: the new keys
-    rotated at their positions and the new values; and what a known bug writes instead (the key not
-    rotated, the value rotated, the key written as the value)."""
+    rotated at their positions and the new values (with an FP8 cache quantised with the loop's scales); and
+    what a known bug writes instead (the key not rotated, the value rotated, the key written as the value,
+    a wrong scale)."""
     spec = spec_of(rope, D)
     pos = torch.tensor(st.positions, dtype=torch.int64)
     k_rot = spec.rotate(st.k, pos)
     v_rot = spec.rotate(st.v, pos)
-    k_rows = Written(k_rot, exact=False, alternatives=[("kv-unrotated", st.k, True)])
-    v_rows = Written(st.v, exact=True, alternatives=[("rope-value", v_rot, False), ("kv-source", k_rot, False)])
-    return k_rows, v_rows
+    ks, vs = s.kv_scales.get("k_scale"), s.kv_scales.get("v_scale")
+    k_rows = Written(k_rot, False, [("kv-unrotated", Written(st.k, True, kv=s.kv, scale=ks))], s.kv, ks)
+    v_alts = [
+        ("rope-value", Written(v_rot, False, kv=s.kv, scale=vs)),
+        ("kv-source", Written(k_rot, False, kv=s.kv, scale=vs)),
+    ]
+    v_rows = Written(st.v, True, v_alts, s.kv, vs)
+    return k_rows.with_scale_bugs(vs), v_rows.with_scale_bugs(ks)
 
 
 # --------------------------------------------------------------------------- the float64 reference of a step
@@ -214,28 +281,48 @@ def rotated(st: Step, B: int, rope: dict[str, Any] | None, D: int) -> tuple[torc
     return spec.rotate(st.q[:B], pos), spec.rotate(st.k[:B], pos)
 
 
-def advance(s: LoopState, st: Step, k_ref: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """The step's tokens appended to the float64 history (their keys `k_ref`), each sequence one longer;
-    returns the history before the step."""
+def new_rows(s: LoopState, st: Step, k_ref: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The float64 keys and values [B, Hkv, D] the step adds to the history: `k_ref` (rotated) and the new
+    values; with an FP8 cache, what the slots hold once the step wrote them (s.k_cache and s.v_cache, which
+    the cache check found right), dequantised: attention reads those bytes."""
+    B = len(st.kv_lens)
+    if s.kv is None:
+        return k_ref[:B], st.v[:B].to(torch.float64)
+    bs = s.shape.block_size
+    slot = torch.tensor(st.slots[:B], dtype=torch.int64)
+    kc, vc = paged.nhd(s.k_cache, s.shape.layout).to("cpu"), paged.nhd(s.v_cache, s.shape.layout).to("cpu")
+    rows = [s.history(c[slot // bs, slot % bs], n).permute(1, 0, 2) for c, n in ((kc, "k"), (vc, "v"))]
+    return rows[0], rows[1]
+
+
+def advance(
+    s: LoopState, st: Step, k_new: torch.Tensor, v_new: torch.Tensor
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The step's tokens appended to the float64 history (their keys `k_new` and values `v_new`: `new_rows`),
+    each sequence one longer; returns the history before the step."""
     old_k, old_v = [x.clone() for x in s.ref_k], [x.clone() for x in s.ref_v]
     for b in range(len(st.kv_lens)):
-        s.ref_k[b] = torch.cat([s.ref_k[b], k_ref[b][:, None, :]], dim=1)
-        s.ref_v[b] = torch.cat([s.ref_v[b], st.v[b].to(torch.float64)[:, None, :]], dim=1)
+        s.ref_k[b] = torch.cat([s.ref_k[b], k_new[b][:, None, :]], dim=1)
+        s.ref_v[b] = torch.cat([s.ref_v[b], v_new[b][:, None, :]], dim=1)
     s.lens = list(st.kv_lens)
     return old_k, old_v
 
 
-def attend_history(s: LoopState, q_ref: torch.Tensor) -> torch.Tensor:
+def attend_history(s: LoopState, q_ref: torch.Tensor, dtype: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of the step's queries over each sequence's float64 history (the step's token included),
-    with the loop's attention features."""
-    return ac.attend(q_ref, s.ref_k, s.ref_v, s.scale, ac.head_map(s.shape.Hq, s.shape.Hkv), feat=s.feat)
+    with the loop's attention features, and each output row's slack (attention_common.reference_out, as the
+    attention ops define both: with sinks the underflow in `dtype`, with an FP8 cache the rounding of the
+    dequantised values to it)."""
+    out, slack = ac.reference_out(
+        q_ref, s.ref_k, s.ref_v, s.scale, s.shape.Hkv, s.feat, s.kv is not None, torch_dtype(dtype)
+    )
+    return out, slack.get("out", torch.zeros(out.shape[0] * out.shape[1], dtype=torch.float64))
 
 
 def output_fingerprints(
     s: LoopState,
     st: Step,
     q_ref: torch.Tensor,
-    k_ref: torch.Tensor,
     old_k: list[torch.Tensor],
     old_v: list[torch.Tensor],
     kb: torch.Tensor,
@@ -254,17 +341,34 @@ def output_fingerprints(
     stale_k, stale_v, twice_k, twice_v = [], [], [], []
     for b in range(B):
         blk, off = divmod(st.slots[b], bs)
-        sk = kprev[blk, off].to(torch.float64)[:, None, :]
-        sv = vprev[blk, off].to(torch.float64)[:, None, :]
-        stale_k.append(torch.cat([old_k[b], sk], dim=1))
-        stale_v.append(torch.cat([old_v[b], sv], dim=1))
-        twice_k.append(torch.cat([s.ref_k[b], k_ref[b][:, None, :]], dim=1))
-        twice_v.append(torch.cat([s.ref_v[b], st.v[b].to(torch.float64)[:, None, :]], dim=1))
+        stale_k.append(torch.cat([old_k[b], s.history(kprev[blk, off][None], "k")], dim=1))
+        stale_v.append(torch.cat([old_v[b], s.history(vprev[blk, off][None], "v")], dim=1))
+        twice_k.append(torch.cat([s.ref_k[b], s.ref_k[b][:, -1:]], dim=1))
+        twice_v.append(torch.cat([s.ref_v[b], s.ref_v[b][:, -1:]], dim=1))
     scale, feat = s.scale, s.feat
     fps = [
         ("step-order", ac.attend(q_ref, stale_k, stale_v, scale, hmap, feat=feat)),
         ("new-token-twice", ac.attend(q_ref, twice_k, twice_v, scale, hmap, feat=feat)),
     ]
+    if s.kv is not None:  # the caches read with a wrong scale: the history rescaled
+        right = {n: kv_quant.per_head(s.kv_scales[n], sh.Hkv).reshape(-1, 1, 1) for n in ("k_scale", "v_scale")}
+
+        def rescaled(hist: list[torch.Tensor], n: str) -> Any:
+            return lambda b, L, sc: hist[b][:, :L] / right[n] * kv_quant.per_head(sc, sh.Hkv).reshape(-1, 1, 1)
+
+        for cls, alt in ac.fp8_fingerprints(
+            q_ref,
+            rescaled(s.ref_k, "k_scale"),
+            rescaled(s.ref_v, "v_scale"),
+            st.kv_lens,
+            scale,
+            sh.Hq,
+            sh.Hkv,
+            s.kv,
+            s.kv_scales,
+            feat,
+        ):
+            fps.append((cls, alt["out"]))
     if rope is not None:  # q left unrotated, or rotated at position 0
         q0 = st.q[:B].to(torch.float64)
         fps.append(("rope-position", ac.attend(q0, s.ref_k, s.ref_v, scale, hmap, feat=feat)))
@@ -340,6 +444,7 @@ def pipeline_loop(
         rope_params(params) if rope else None,
         padding=1,
         features=af.of_params(params),
+        kv=kv_quant.spec_of(params),
     )
 
 

@@ -19,7 +19,7 @@ from kernalin_ci.device import DEVICES
 from kernalin_ci.lazy import torch
 from kernalin_ci.ops import attention_common as ac
 from kernalin_ci.ops import attention_features as af
-from kernalin_ci.ops import paged
+from kernalin_ci.ops import kv_quant, paged
 from kernalin_ci.ops.attention_decode_paged import gather
 from kernalin_ci.ops.base import (
     Case,
@@ -61,6 +61,7 @@ PARAMS = tuple(p for p in ROPE_PARAMS if p.name in ("style", "base", "rotary_dim
     Param("num_q_heads", None, int, "pin Hq", check=positive),
     Param("num_kv_heads", None, int, "pin Hkv", check=positive),
     *af.FEATURE_PARAMS,  # the step's attention, as the attention ops define them (docs/ops.md)
+    *kv_quant.KV_PARAMS,  # an FP8 cache: the step quantises on write and dequantises on read
 )
 
 
@@ -119,9 +120,17 @@ class DecodeStep(Op):
                 )
         return cases
 
+    @staticmethod
+    def check_params(params: Params) -> str | None:
+        return kv_quant.check_params(params)
+
+    def redraws(self, params: Params) -> bool:
+        """An FP8 cache and its positive scales are not redrawn (standard normal): each round builds them anew."""
+        return self.redraw_inputs and not kv_quant.spec_of(params)
+
     def unanalysed(self, params: Params) -> list[str]:
-        """The attention features switched on: the structural analysis does not model them."""
-        return af.unanalysed(params)
+        """The attention features and an FP8 cache switched on: the structural analysis does not model them."""
+        return af.unanalysed(params) + kv_quant.unanalysed(params)
 
     def probe(self, params: Params, dtype: str | None) -> Case:
         return Case("pos0-probe", self._dims(params, 8, 2, 64, [0], 1, poison=False), dtype or "float32", 0, ("probe",))
@@ -159,7 +168,13 @@ class DecodeStep(Op):
             bool(d.get("poison", True)) and poison,
         )
         return DecodeLoop(
-            shape, case.dtype, case.seed, int(d["steps"]), rope_params(params), features=af.of_params(params)
+            shape,
+            case.dtype,
+            case.seed,
+            int(d["steps"]),
+            rope_params(params),
+            features=af.of_params(params),
+            kv=kv_quant.spec_of(params),
         )
 
     def inputs(self, case: Case, params: Params, device: str, poison: bool = True) -> Tensors:
@@ -173,7 +188,9 @@ class DecodeStep(Op):
 
     def reference(self, kw: Tensors, params: Params) -> Expected:
         """One step in float64 from the inputs before the call: q and k rotated, the new token's rotated key
-        and value placed at position kv_len - 1, attention over kv_len positions (with the features)."""
+        and value placed at position kv_len - 1, attention over kv_len positions (with the features). With an
+        FP8 cache the cache read with its scales and the new token quantised as it is stored, with the
+        attention ops' FP8 slack."""
         D = kw["q"].shape[-1]
         r = params.get("rotary_dim") or D
         pos = kw["positions"].to("cpu")
@@ -183,14 +200,20 @@ class DecodeStep(Op):
         lay = paged.layout_of(params)
         kc, vc = paged.nhd(kw["k_cache"], lay).to("cpu"), paged.nhd(kw["v_cache"], lay).to("cpu")
         tb = kw["block_tables"].to("cpu")
+        quant = kv_quant.spec_of(params)
+        ks, vs = kw.get("k_scale"), kw.get("v_scale")
+        if quant:  # the new token as the cache stores it
+            kr = kv_quant.dequantise(kv_quant.quantise(kr, ks, quant, 1).permute(1, 0, 2), ks).permute(1, 0, 2)
+            v = kv_quant.dequantise(kv_quant.quantise(v, vs, quant, 1).permute(1, 0, 2), vs).permute(1, 0, 2)
         K, V = [], []
         for b, L in enumerate(kw["kv_lens"].tolist()):
-            old_k = gather(kc, tb, b, L - 1).to(torch.float64)
-            old_v = gather(vc, tb, b, L - 1).to(torch.float64)
+            old_k = kv_quant.dequantise(gather(kc, tb, b, L - 1), ks).to(torch.float64)
+            old_v = kv_quant.dequantise(gather(vc, tb, b, L - 1), vs).to(torch.float64)
             K.append(torch.cat([old_k, kr[b][:, None, :]], dim=1))
             V.append(torch.cat([old_v, v[b][:, None, :]], dim=1))
-        hm = ac.head_map(qr.shape[1], kc.shape[2])
-        return Expected({"out": ac.attend(qr, K, V, kw["scale"], hm, feat=af.Features.of(params, kw))})
+        feat = af.Features.of(params, kw)
+        out, slack = ac.reference_out(qr, K, V, kw["scale"], kc.shape[2], feat, quant is not None, kw["q"].dtype)
+        return Expected({"out": out}, row_slack=slack)
 
     def row_label(self, case: Case, kw: Tensors, name: str, row: int) -> str:
         b, h = divmod(row, case.dims["Hq"])

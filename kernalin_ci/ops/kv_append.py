@@ -59,7 +59,12 @@ class KvAppend(Op):
 
     @staticmethod
     def check_params(params: Params) -> str | None:
-        return kv_quant.check_params(params)
+        return kv_quant.check_params(params, token_head=True)
+
+    def written_names(self, params: Params) -> tuple[str, ...]:
+        """Per-token-head FP8 scales: the kernel also writes the scale caches."""
+        q = kv_quant.spec_of(params)
+        return self.written + (("k_scale", "v_scale") if q and q.per_token_head else ())
 
     def unanalysed(self, params: Params) -> list[str]:
         return kv_quant.unanalysed(params)
@@ -97,7 +102,8 @@ class KvAppend(Op):
             # the order of its programs
             Case("free-low-slots", self._dims(params, 23, 2, 64, 13, 6, free_low=2), main, 7),
         ]
-        if kv_quant.spec_of(params):  # the format's largest and smallest normals, subnormals, saturation, ties
+        quant = kv_quant.spec_of(params)
+        if quant and not quant.per_token_head:  # the format's largest and smallest normals, subnormals, ties
             hkv = params.get("num_kv_heads") or 4
             cases.append(Case("fp8-edges", self._dims(params, 17, hkv, 64, 7, 2), main, 8, ("fp8-edges",)))
         if dtype is None:
@@ -153,7 +159,9 @@ class KvAppend(Op):
         key = randn((T, Hkv, D), g, case.dtype, "cpu")
         value = randn((T, Hkv, D), g, case.dtype, "cpu")
         quant = kv_quant.spec_of(params)
-        scales = kv_quant.scales(quant, case, Hkv, 1.0, device) if quant else {}
+        scales = kv_quant.scales(quant, case.tags, Hkv, 1.0, device) if quant and not quant.per_token_head else {}
+        if quant and quant.per_token_head:  # the scale caches the kernel writes
+            scales = kv_quant.scale_caches((nb, bs, Hkv), poison and "huge" not in case.tags, device)
         if quant and "fp8-edges" in case.tags:
             kv_quant.place_edges(key, scales["k_scale"], quant)
             kv_quant.place_edges(value, scales["v_scale"], quant)
@@ -206,7 +214,10 @@ class KvAppend(Op):
             dev = cache.device
             b_idx, o_idx = (idx // bs).to(dev), (idx % bs).to(dev)
             got = cache[b_idx, o_idx]  # [n, Hkv, D]
-            if quant:
+            if quant and quant.per_token_head:
+                found = self._token_head_mismatch(name, got, before, kw, src, tok, slots, bs, quant)
+                findings += found
+            elif quant:
                 bad = self._quantised_mismatch(got, before, src, tok, quant)
                 if bool(bad.any()):
                     findings.append(self._explain_quantised(name, got, bad, before, src, other, tok, slots, quant))
@@ -238,9 +249,82 @@ class KvAppend(Op):
                 continue
             if bool(changed.any()):
                 pad_rows = before[src][pads]
-                if quant and pads:  # a padding token's row as a kernel that writes it would store it
+                if quant and quant.per_token_head and pads:  # the row with its own scale
+                    pad_x = pad_rows.to("cpu", torch.float64)
+                    pad_s = kv_quant.broadcast(kv_quant.token_head_scales(pad_x, quant), pad_x)
+                    pad_rows = kv_quant.round_to(pad_x / pad_s, quant).to(dev)
+                elif quant and pads:  # a padding token's row as a kernel that writes it would store it
                     pad_rows = kv_quant.quantise(pad_rows, before[self._scale_of(name)], quant, 1).to(dev)
                 findings.append(self._explain_stray(name, cache, changed, pad_rows, pads, bs))
+        return findings
+
+    def _token_head_mismatch(
+        self,
+        name: str,
+        got: Any,
+        before: Tensors,
+        kw: Tensors,
+        src: str,
+        tok: list[int],
+        slots: list[int],
+        bs: int,
+        quant: Any,
+    ) -> list[Finding]:
+        """Per-token-head scales: each written slot's scale entries hold its rows' scales (kv_quant.
+        token_head_scales, to SCALE_EPS), its bytes the rows quantised with the scales stored beside them
+        (kv_append's FP8 contract), and nothing else in the scale cache changed."""
+        sname, oname = self._scale_of(name), "v_scale" if name == "k_cache" else "k_scale"
+        idx = torch.tensor([slots[t] for t in tok], dtype=torch.int64)
+        after_s = kw[sname].to("cpu")
+        got_s = after_s[idx // bs, idx % bs]  # [n, Hkv]
+        x = before[src].to("cpu", torch.float64)[tok]
+        want_s = kv_quant.token_head_scales(x, quant)
+        findings = []
+        bad_s = ~((got_s.double() - want_s.double()).abs() <= kv_quant.SCALE_EPS * want_s.double())
+        if bool(bad_s.any()):
+            i, h = (int(v) for v in bad_s.nonzero()[0])
+            findings.append(
+                Finding(
+                    "kv-written-slots",
+                    "kv-scale",
+                    f"{sname}: {int(bad_s.sum())} of {bad_s.numel()} (token, head) scales wrong; e.g. token {tok[i]} "
+                    f"(slot {slots[tok[i]]}) head {h} holds {float(got_s[i, h])!r}, expected max |{src}| / "
+                    f"{quant.max:g} = {float(want_s[i, h])!r}",
+                )
+            )
+        lo, hi = kv_quant.expected_bytes(x, got_s, quant)
+        g = bits(got.cpu())
+        bad = (g != lo) & (g != hi)
+        if bool(bad.any()) and not findings:
+            other_s = kw[oname].to("cpu")[idx // bs, idx % bs]
+            olo, ohi = kv_quant.expected_bytes(x, other_s, quant)
+            cls, what = "kv-slot", f"do not hold their token's {src} quantised with the scale stored beside it"
+            if bool(((g == olo) | (g == ohi) | ~bad).all()):
+                cls, what = "kv-scale", f"hold {src} quantised with the {oname} stored beside it, not the {sname}"
+            i = int(bad.flatten(1).any(1).nonzero()[0])
+            findings.append(
+                Finding(
+                    "kv-written-slots",
+                    cls,
+                    f"{name}: {int(bad.flatten(1).any(1).sum())} of {len(tok)} written slots {what} ({quant.label}); "
+                    f"e.g. token {tok[i]} (slot {slots[tok[i]]})",
+                )
+            )
+        prev = before.get(sname)
+        if prev is not None:  # the scale cache: only the written slots change
+            after_s = after_s.clone()
+            after_s[idx // bs, idx % bs] = prev.to("cpu")[idx // bs, idx % bs]
+            changed = bits(after_s) != bits(prev.to("cpu"))
+            if bool(changed.any()):
+                blk, off, h = (int(v) for v in changed.nonzero()[0])
+                findings.append(
+                    Finding(
+                        "kv-whole-cache",
+                        "stray-write",
+                        f"{sname}: {int(changed.sum())} scales outside the written slots changed; first at block "
+                        f"{blk}, slot {off} (slot index {blk * bs + off}), head {h}",
+                    )
+                )
         return findings
 
     @staticmethod
@@ -420,7 +504,8 @@ class KvAppend(Op):
         cache; no arithmetic."""
         d = case.dims
         row = int(d["Hkv"]) * int(d["D"]) * DTYPE_BYTES[case.dtype]
-        cache_row = row if not kv_quant.spec_of(params) else int(d["Hkv"]) * int(d["D"])  # FP8: one byte
+        q = kv_quant.spec_of(params)
+        cache_row = row if not q else int(d["Hkv"]) * (int(d["D"]) + (4 if q.per_token_head else 0))  # FP8: a byte
         T, pad = int(d["T"]), int(d.get("padding", 0))
         return Traffic(2 * T * row + 8 * T, 2 * (T - pad) * cache_row, 0)
 

@@ -91,6 +91,11 @@ def feature_conflicts(spec: ModelSpec, r: Role) -> None:
             raise UsageError(f"model: {r.kernel} has {key}={got}, the model has {want} (docs/tokens.md)")
     if r.params.get("kv_scale") is not None and "kv_dtype" not in model:
         raise UsageError(f"model: {r.kernel} has kv_scale={r.params['kv_scale']}, the model has no kv_dtype")
+    if r.params.get("kv_scale") == "per-token-head":  # its scale caches: no place of the step reads them
+        raise UsageError(
+            f"model: {r.kernel} has kv_scale=per-token-head; the step's attention reads given per-tensor or "
+            "per-head scales (docs/ops.md)"
+        )
 
 
 def check_roles(spec: ModelSpec, roles: list[Role]) -> tuple[dict, dict]:

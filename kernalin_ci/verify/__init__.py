@@ -392,8 +392,6 @@ def pipeline_params(entries: dict, raw_params: dict) -> dict:
     unknown = set(raw_params) - used
     if unknown:
         raise UsageError(f"pipeline: unknown param {sorted(unknown)[0]!r} (params: {', '.join(sorted(used))})")
-    if merged.get("kv_dtype"):  # the loop builds and checks float caches (docs/ops.md, "FP8 KV caches")
-        raise UsageError("pipeline: param kv_dtype: an FP8 cache is not supported in a decode loop yet")
     if merged.get("mrope_section"):
         raise UsageError(
             "pipeline: param mrope_section: M-RoPE is not supported in a decode loop (its positions are [S, T])"

@@ -88,8 +88,9 @@ def drive_op_loop(fn: Callable[..., Any], loop: DecodeLoop, device: str, hand_ba
 
 def drive_pipeline(fns: dict[str, Any], loop: DecodeLoop, device: str, hand_back: HandBack) -> int:
     """The pipeline's loop: each step, B decode tokens plus one padding token (slot -1) that must change
-    nothing, through rope (when given), kv_append and attention (given the features' inputs); handed back:
-    the rope outputs, both caches after kv_append and after attention, the attention output."""
+    nothing, through rope (when given), kv_append and attention (given the features' inputs and an FP8
+    cache's scales); handed back: the rope outputs, both caches after kv_append and after attention, the
+    attention output."""
     s = init_state(loop, device)
     rope_fn, kv_append, attention = (fns.get(pipeline_op(role)) for role in ("rope", "kv_append", "attention"))
 
@@ -108,6 +109,7 @@ def drive_pipeline(fns: dict[str, Any], loop: DecodeLoop, device: str, hand_back
             k_cache=s.k_cache,
             v_cache=s.v_cache,
             slot_mapping=torch.tensor(st.slots, dtype=torch.int64, device=device),
+            **s.kv_scales,  # an FP8 cache: k_scale and v_scale, as kv_append takes them
         )
         _sync(device)
         # copies: on the CPU plain() keeps the live cache, which attention could still change
@@ -121,6 +123,7 @@ def drive_pipeline(fns: dict[str, Any], loop: DecodeLoop, device: str, hand_back
                 kv_lens=torch.tensor(st.kv_lens, dtype=torch.int32, device=device),
                 scale=s.scale,
                 **s.extra,  # the attention features' inputs (alibi_slopes, sinks), as the attention ops pass them
+                **s.kv_scales,
             )
             _sync(device)
         raw["k_cache"], raw["v_cache"], raw["out"] = plain(s.k_cache), plain(s.v_cache), raw_out(out)
