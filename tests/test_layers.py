@@ -453,3 +453,26 @@ def test_a_device_name_comparison_is_found(tmp_path):
         "also_fine = DEVICES[device].gpu\n"
     )
     assert device_name_comparisons(pkg) == {"b.py": [1, 2, 3, 4]}
+
+
+MAX_MODULE_LINES = 800  # issue 34: a module that grows past this is split by concern, not let grow
+
+
+def oversized(root: Path) -> list[str]:
+    return [
+        f"{p.relative_to(root.parent)}: {n} lines"
+        for p in sorted(root.rglob("*.py"))
+        if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
+    ]
+
+
+def test_no_module_is_above_800_lines():
+    assert oversized(PKG) == []
+
+
+def test_an_oversized_module_is_found(tmp_path):
+    pkg = tmp_path / "kernalin_ci"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "sub" / "big.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    (pkg / "small.py").write_text("x = 1\n" * MAX_MODULE_LINES)
+    assert oversized(pkg) == [f"kernalin_ci/sub/big.py: {MAX_MODULE_LINES + 1} lines"]
