@@ -9,6 +9,10 @@ build and call a CUDA kernel (docs/cuda.md), and the way the CUDA catalogue (che
 The compiled code (a cubin for the GPU in use) is cached on disk by the hash of the source, every repository
 header it includes, the options and the NVRTC version (caches.py: one cache per worker view, shared by the run's
 workers), and per process. `compile_source` needs no GPU: with a virtual architecture (compute_80) it gives PTX.
+
+`recording(on_launch)` is the structural capture's way in (verify/structural/capture.py): while it is active,
+`load` compiles PTX for RECORD_ARCH on the CPU (no GPU, no cubin) and calling a kernel hands a `RecordedLaunch`
+(the kernel's own PTX, grid, block and arguments as given) to ON_LAUNCH instead of launching it.
 """
 
 from __future__ import annotations
@@ -16,7 +20,11 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import re
 import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from kernalin_ci.cuda.caches import cache_dir
@@ -24,6 +32,9 @@ from kernalin_ci.cuda.includes import INCLUDE
 
 _modules: dict[str, CudaModule] = {}
 _lock = threading.Lock()
+RECORD_ARCH = "compute_90"  # the PTX a recorded launch carries (the structural engines' target: sm_90)
+_recorder: Callable[[RecordedLaunch], None] | None = None
+_recorded: dict[str, PtxModule] = {}
 
 
 class CudaError(RuntimeError):
@@ -89,13 +100,15 @@ def compile_source(path: str | Path, arch: str, options=(), include_dirs=()) -> 
         nvrtc.nvrtcDestroyProgram(prog)
 
 
-def load(path: str | Path, options=(), include_dirs=()) -> CudaModule:
+def load(path: str | Path, options=(), include_dirs=()) -> CudaModule | PtxModule:
     """The module of the source at PATH compiled for the current GPU: from this process's memory, else the disk
-    cache, else NVRTC."""
-    import torch
-
+    cache, else NVRTC. While `recording`: its PTX, whose kernels record their launches."""
     path = Path(path).resolve()
     dirs = [Path(d).resolve() for d in include_dirs]
+    if _recorder is not None:
+        return _ptx_module(path, list(options), dirs)
+    import torch
+
     major, minor = torch.cuda.get_device_capability()
     arch = f"sm_{major}{minor}"
     h = hashlib.sha256(f"{nvrtc_version()}\0{arch}\0{list(options)}".encode())
@@ -181,3 +194,93 @@ class CudaKernel:
             _check(driver.cuLaunchCooperativeKernel(self.handle, *g, *b, shared, stream, params), self.name)
         else:
             _check(driver.cuLaunchKernel(self.handle, *g, *b, shared, stream, params, 0), self.name)
+
+
+# ------------------------------------------------------------------ recording (the structural capture)
+
+
+@dataclass
+class RecordedLaunch:
+    """One kernel call made while `recording`: nothing ran."""
+
+    kernel: str
+    source: Path  # the .cu file
+    line: int  # the line of the kernel's name in it (0 when not found)
+    ptx: str  # the module's PTX reduced to this kernel's `.entry` (with the module's declarations)
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    args: list  # as the entry passed them: tensors, ctypes values, bools, ints, floats
+    shared: int
+    cooperative: bool
+
+
+@contextmanager
+def recording(on_launch: Callable[[RecordedLaunch], None]) -> Iterator[None]:
+    """While active, `load` gives PTX modules and their kernels call ON_LAUNCH instead of launching."""
+    global _recorder
+    saved, _recorder = _recorder, on_launch
+    try:
+        yield
+    finally:
+        _recorder = saved
+
+
+def _ptx_module(path: Path, options: list[str], dirs: list[Path]) -> PtxModule:
+    key = f"{path}\0{options}\0{dirs}"
+    if key not in _recorded:
+        text = compile_source(path, RECORD_ARCH, ["-lineinfo", *options], dirs)
+        _recorded[key] = PtxModule(path, text.rstrip(b"\0").decode(errors="replace"))
+    return _recorded[key]
+
+
+class PtxModule:
+    """A source compiled to PTX on the CPU, while `recording`."""
+
+    def __init__(self, path: Path, ptx: str):
+        self.path, self.ptx = path, ptx
+
+    def kernel(self, name: str) -> RecordedKernel:
+        return RecordedKernel(name, self)
+
+
+class RecordedKernel:
+    """A kernel of a PtxModule: called like a CudaKernel, it records the launch."""
+
+    def __init__(self, name: str, module: PtxModule):
+        self.name, self.module = name, module
+
+    def __call__(self, grid, block, args, shared: int = 0, cooperative: bool = False) -> None:
+        g = tuple(int(x) for x in grid) + (1,) * (3 - len(grid))
+        b = tuple(int(x) for x in block) + (1,) * (3 - len(block))
+        source = self.module.path.read_text(errors="replace")
+        at = re.search(rf"__global__[^;{{]*?\b{re.escape(self.name)}\s*\(", source)
+        line = source.count("\n", 0, at.end()) + 1 if at else 0
+        launch = RecordedLaunch(
+            self.name,
+            self.module.path,
+            line,
+            entry_ptx(self.module.ptx, self.name),
+            g,
+            b,
+            list(args),
+            shared,
+            cooperative,
+        )
+        if _recorder is not None:
+            _recorder(launch)
+
+
+_ENTRY = re.compile(r"^\s*(?:\.visible\s+|\.weak\s+)?\.entry\s+([\w$]+)", re.M)
+
+
+def entry_ptx(text: str, name: str) -> str:
+    """The PTX module TEXT with only kernel NAME's `.entry` (the declarations before the first kernel, and
+    every `.file` line, kept); "" when the module has no such kernel."""
+    starts = [(m.start(), m.group(1)) for m in _ENTRY.finditer(text)]
+    for i, (at, n) in enumerate(starts):
+        if n == name:
+            end = starts[i + 1][0] if i + 1 < len(starts) else len(text)
+            head = text[: starts[0][0]]
+            files = "".join(ln + "\n" for ln in text[end:].splitlines() if ln.lstrip().startswith(".file"))
+            return head + text[at:end] + files
+    return ""

@@ -8,6 +8,10 @@ divisibility hints, a GPU launch would compile), resolves the grid, and
 returns without launching. Nothing is computed; the analyses never need the
 kernel's results, only its structure and the launch parameters.
 
+CUDA C++ kernels launched through `kernalin_ci.cuda.nvrtc` are recorded the same way (`nvrtc.recording`):
+the source is compiled to PTX on the CPU and each call's grid, block and arguments are kept (pointers,
+and the C types of the scalars: a Python int is an `int`, a float a `float`, a ctypes value its own type).
+
 Every pointer argument is mapped back to the tensor it points into: an op
 argument (q, k_cache, slot_mapping, ...; a pointer into the middle of a tensor
 still belongs to it), the tensor the entry returns (the output), or a scratch
@@ -133,6 +137,8 @@ class Launch:
     attrs: dict = field(default_factory=dict)
     options: Any = None
     autotuned: bool = False
+    ptx: str = ""  # a CUDA C++ kernel (recorded through kernalin_ci.cuda.nvrtc): its PTX; Triton's: ""
+    block: tuple = ()  # a CUDA C++ kernel's threads per block (x, y, z); Triton's: ()
 
     def arg(self, name: str) -> KernelArg | None:
         return next((a for a in self.args if a.name == name), None)
@@ -372,6 +378,64 @@ class LaunchRecorder:
             )
         )
 
+    def record_cuda(self, rec) -> None:
+        """A CUDA C++ launch (nvrtc.RecordedLaunch): its arguments in the kernel's order, named arg0, arg1, ..."""
+        if self.moves is None:
+            return self._record_cuda(rec)
+        with self.moves.paused():
+            return self._record_cuda(rec)
+
+    def _record_cuda(self, rec) -> None:
+        import ctypes
+
+        import torch
+
+        if not rec.ptx:
+            raise CaptureError(f"kernel {rec.kernel}: not in the PTX of {rec.source.name}")
+        kargs, signature = [], {}
+        for i, value in enumerate(rec.args):
+            name = f"arg{i}"
+            if isinstance(value, torch.Tensor):
+                info, off = self.registry.find(value)
+                if info is None:
+                    self.registry.n_scratch += 1
+                    info = self.registry.add(
+                        f"scratch{self.registry.n_scratch}", value, "scratch", _initial_content(value, self.kw)
+                    )
+                    self._set_origin(info, value)
+                    off = 0
+                signature[name] = "*" + _dtype_name(value)
+                kargs.append(
+                    KernelArg(name, "pointer", tensor=info.name, byte_offset=int(off), pointee=signature[name][1:])
+                )
+                continue
+            if isinstance(value, ctypes._SimpleCData):
+                kind = "float" if isinstance(value, (ctypes.c_float, ctypes.c_double)) else "int"
+                signature[name] = type(value).__name__
+                value = value.value
+            elif isinstance(value, bool):
+                kind, signature[name] = "bool", "c_bool"
+            elif isinstance(value, int):
+                kind, signature[name] = "int", "c_int"
+            elif isinstance(value, float):
+                kind, signature[name] = "float", "c_float"
+            else:
+                raise CaptureError(f"kernel {rec.kernel}: argument {i} is a {type(value).__name__}, not followed")
+            kargs.append(KernelArg(name, kind, bool(value) if kind == "bool" else value))
+        self.launches.append(
+            Launch(
+                len(self.launches),
+                rec.kernel,
+                str(rec.source),
+                rec.line,
+                rec.grid,
+                kargs,
+                signature=signature,
+                ptx=rec.ptx,
+                block=rec.block,
+            )
+        )
+
     def _set_origin(self, info: TensorInfo, t) -> None:
         """A scratch tensor the host filled with an input's elements: a copy, or a gather (host.py)."""
         # deferred: host.py imports torch: only the capture itself needs it
@@ -482,6 +546,7 @@ def _capture_once(
     import torch
 
     # deferred: host.py imports torch: only the capture itself needs it
+    from kernalin_ci.cuda import nvrtc
     from kernalin_ci.verify.structural.host import HostMoves
 
     kw = op.capture_inputs(case, params) if inputs is None else inputs
@@ -495,7 +560,7 @@ def _capture_once(
     recorder = LaunchRecorder(registry, snapshot, moves, all_configs)
     saved = recorder.install()
     try:
-        with poisoned_allocations(), moves:
+        with poisoned_allocations(), moves, nvrtc.recording(recorder.record_cuda):
             ret = entry_fn(**kw)
     except Exception as e:  # the user's code: report, never crash
         msg = " ".join(str(e).split())[:300]

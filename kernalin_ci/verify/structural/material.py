@@ -14,8 +14,9 @@ The material (a dict):
   refused    [str]: why each earlier shape was refused (so len(refused) == shape)
   tensors    {name: {role, dtype, shape, strides, elsize, storage (a uint8 tensor: the whole storage),
              base, init, also, origin (None or [input name, int64 tensor])}}: capture.TensorInfo
-  launches   [{kernel, path, line, grid, args, signature, autotuned, ttir}]: capture.Launch, each
-             argument {name, kind, value, tensor, byte_offset, pointee}, and its kernel's TTIR text
+  launches   [{kernel, path, line, grid, args, signature, autotuned, ttir, block}]: capture.Launch, each
+             argument {name, kind, value, tensor, byte_offset, pointee}, and its kernel's TTIR text ("" for
+             a CUDA C++ kernel, whose `ptx` is its own and `block` its threads per block; [] for Triton)
   outputs    {op output name: tensor name}
   kwargs     {name: tensor or scalar}: the capture call's arguments (the analyses read kv_lens, ...)
   notes      [str]: what the capture could not follow
@@ -112,6 +113,7 @@ def pack(
                 "autotuned": bool(la.autotuned),
                 "ttir": text,
                 "ptx": (ptx or [])[i] if i < len(ptx or []) else "",
+                "block": [int(b) for b in la.block],
             }
         )
     raw["outputs"] = dict(cap.outputs)
@@ -297,6 +299,8 @@ def _launches(items, tensors: dict) -> tuple[list, list[str]]:
             f"{what}: signature: expected types by name",
         )
         _need(isinstance(d.get("autotuned"), bool), f"{what}: autotuned: expected true or false")
+        block = _ints(d.get("block", []), f"{what}: block", 1)
+        _need(len(block) in (0, 3), f"{what}: block: expected three sizes or none")
         launches.append(
             Launch(
                 i,
@@ -308,6 +312,7 @@ def _launches(items, tensors: dict) -> tuple[list, list[str]]:
                 None,
                 dict(sig),
                 autotuned=d["autotuned"],
+                block=block,
             )
         )
         texts.append(_str(d.get("ttir"), f"{what}: ttir", MAX_FILE_BYTES))

@@ -149,7 +149,13 @@ def _build(op: Op, op_params: dict, cap, launch, twin: dict | None, n_params: in
         params = [replace(p, value=p.value.pin(pinned)) if isinstance(p.value, Expr) else p for p in params]
         grid = tuple(g.pin(pinned) for g in grid)
         symbols = {n: (replace(s, lo=s.hi) if n in pinned else s) for n, s in symbols.items()}
-    facts = LaunchFacts(launch.kernel, params, grid, tensors, symbols, distinct=("slot_mapping",))
+    block = tuple(launch.block)
+    if block and block[1:] != (1, 1):  # the executor enumerates the lanes of tid.x only
+        raise FactsError(f"a block of {block[0]}x{block[1]}x{block[2]} threads (only tid.x is followed)")
+    threads = block[0] if block else 0  # Triton's PTX declares its own (.reqntid)
+    facts = LaunchFacts(
+        launch.kernel, params, grid, tensors, symbols, distinct=("slot_mapping",), block_threads=threads
+    )
     contract = Contract(op.name, block_size=bs, slots="slot_mapping" if "slot_mapping" in tensors else "")
     if op.cache_copies:
         contract.caches = dict(op.cache_copies)

@@ -46,10 +46,14 @@ def capture_material(op_name: str, fn, params: dict, domain=None, engine: str = 
         if not cap.launches:
             refused.append(f"at {shape}: the entry launched no Triton kernel")
             continue
+        cuda = next((la.kernel for la in cap.launches if la.ptx), None)
+        if cuda is not None and engine != "ptx":  # the TTIR engine reads Triton kernels only
+            refused.append(f"at {shape}: kernel {cuda} is CUDA C++ (only the PTX engine analyses it: --engine ptx)")
+            continue
         t1 = time.perf_counter()
         try:
-            texts = [ttir(la) for la in cap.launches]
-            for text in texts:
+            texts = [ttir(la) if not la.ptx else "" for la in cap.launches]
+            for text in filter(None, texts):
                 parse_module(text)  # the parent parses it again; a text it cannot parse tries the next shape
         except (CompileError, ParseError) as e:
             refused.append(f"at {shape}: a kernel does not compile: {e}")
@@ -69,7 +73,7 @@ def _for_ptx(op, fn, params: dict, case, cap, times: dict) -> tuple[list[str], d
     texts = []
     for la in cap.launches:
         try:
-            texts.append(ptx(la))
+            texts.append(la.ptx or ptx(la))
         except CompileError:
             texts.append("")
     times["compile"] += time.perf_counter() - t0
