@@ -172,8 +172,8 @@ def run_one(kernel: CatalogueKernel, kind: str, device: str) -> Cell:
 
     entry = f"{kernel.path}:entry"
     cuda = CudaSpec.from_json(kernel.cuda)
-    if cuda is not None and kind in ("structural", "ptx"):
-        return Cell(False, not_checked="n/a yet (no structural analysis of CUDA code)")
+    if cuda is not None and kind == "structural":  # the TTIR engine reads Triton only; the PTX engine reads both
+        return Cell(False, not_checked="n/a (the TTIR engine reads Triton kernels only)")
     try:
         common = {"progress": False, "root": kernel.root, "cuda": cuda}
         if kind == "probe":
@@ -191,7 +191,7 @@ def run_one(kernel: CatalogueKernel, kind: str, device: str) -> Cell:
     found = [f for f in r.findings if kind != "sanitizer" or f.kind in ("sanitizer", "build")]
     if not found and kind == "sanitizer" and r.sanitizer.status != "checked":
         return Cell(False, not_checked=f"not checked ({r.sanitizer.cause})", seconds=r.seconds)
-    whole = kind == "structural" and r.structural.status == "not-analysed"
+    whole = kind in ("structural", "ptx") and r.structural.status == "not-analysed"
     said = [t for t in ([r.structural.cause or ""] if whole else r.structural.gaps) if "not analysed for" in t]
     said = said if kind == "structural" else []
     if whole:

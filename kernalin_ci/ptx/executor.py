@@ -496,6 +496,12 @@ class Executor:
             self._set(s, ins, reg, pack(vals))
 
     def _global_load(self, s: State, ins: Instr, lane: int, g: T.Term, a: T.Term, w: int) -> T.Term:
+        cases = pointer_cases(a)
+        if len(cases) > 1:  # a pointer chosen by a select: one load per choice, under its condition
+            v = self._global_load(s, ins, lane, T.and_(g, cases[-1][0]), cases[-1][1], w)
+            for c, x in reversed(cases[:-1]):
+                v = T.ite(c, self._global_load(s, ins, lane, T.and_(g, c), x, w), v)
+            return v
         tensor, off = split_base(a)
         if tensor.startswith("global:"):
             return T.fresh(f"table {tensor[7:]}", w)  # a library constant table (libdevice): not checked
@@ -537,9 +543,12 @@ class Executor:
                     else:
                         s.local[lane] = None
                 else:
-                    tensor, off = split_base(a)
                     g = T.and_(g, *(T.mk("lanecont", (lp.id, lane), "bool", 1) for lp in s.loops))
-                    self.accesses.append(PtxAccess("st", ins, lane, g, s.cond, tensor, off, w // 8, x, s.order))
+                    for c, choice in pointer_cases(a):  # one store per pointer a select may choose
+                        if T.and_(g, c) is not T.FALSE:
+                            tensor, off = split_base(choice)
+                            acc = PtxAccess("st", ins, lane, T.and_(g, c), s.cond, tensor, off, w // 8, x, s.order)
+                            self.accesses.append(acc)
 
     def _cp_async(self, s: State, ins: Instr) -> None:
         """cp.async.*.shared.global [smem], [gmem], bytes(, src-bytes): a global load into shared memory."""
@@ -682,6 +691,32 @@ def _write_map(mem: dict, a: T.Term, x: T.Term, g: T.Term, w: int) -> None:
         old = mem.get(addr)
         x = T.ite(g, x, old if old is not None and old.width == w else T.fresh("shared memory", w))
     mem[addr] = x
+
+
+def _is_pointer(x: T.Term) -> bool:
+    return x.op == "sym" and x.args[0].startswith(("ptr:", "global:"))
+
+
+def pointer_cases(a: T.Term) -> list[tuple[T.Term, T.Term]]:
+    """An address as (condition, address) cases: a term of its sum that selects between pointers
+    (`base = c ? q : k`, CUDA C++ code choosing its tensor) gives one case per choice, the condition
+    substituted in it; any other address is the one case (TRUE, a)."""
+    atoms, stack = [], [a]
+    while stack:
+        x = stack.pop()
+        if x.op == "add":
+            stack.extend(x.args)
+        else:
+            atoms.append(x)
+    for x in atoms:
+        if x.op == "ite" and any(_is_pointer(y) for y in T.walk(x)):
+            c = x.args[0]
+            out = []
+            for cond, value in ((c, T.TRUE), (T.not_(c), T.FALSE)):
+                chosen = T.substitute(a, {c: value})
+                out += [(T.and_(cond, c2), y) for c2, y in pointer_cases(chosen)]
+            return out
+    return [(T.TRUE, a)]
 
 
 def split_base(a: T.Term) -> tuple[str, T.Term]:

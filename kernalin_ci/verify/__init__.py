@@ -129,7 +129,7 @@ def verify(
     structural = None
     if only in (None, "structural") and not probe and not case_json:
         unmodelled = not_modelled(op, params)
-        if cuda is not None:
+        if cuda is not None and engine != "ptx":
             result.structural = StructuralStatus("not-analysed", NO_STRUCTURAL_CUDA)
         elif unmodelled:  # its checks would judge the kernel by a definition without these features
             result.structural = StructuralStatus("not-analysed", unmodelled)
@@ -257,10 +257,14 @@ def verify(
                 )
         if pending is not None:
             found, notices, status = pending.result()
-            if engine == "ptx" and cuda is None:
+            if engine == "ptx" and (cuda is None or DEVICES[device].gpu):
                 replay(
                     op, found, params, dom, main_dtype, device, root, timeout_s, entry, op_name, raw_params, raw_domain
                 )
+            elif engine == "ptx":
+                for f in found:
+                    if f.check.startswith("structural:ptx-") and f.case:
+                        f.message += f"; not replayed ({NEEDS_GPU})"
             result.findings += found
             result.notices += notices
             result.structural = status
@@ -313,7 +317,7 @@ def replay(
 
 
 NEEDS_GPU = "a CUDA C++ kernel runs only on a GPU"
-NO_STRUCTURAL_CUDA = "CUDA C++ kernel: no structural analysis of CUDA code yet"
+NO_STRUCTURAL_CUDA = "CUDA C++ kernel: the TTIR engine reads Triton kernels only; --engine ptx analyses CUDA C++"
 
 
 def cuda_build(result: VerifyResult, spec, entry, op_name, params, device, root, timeout_s, dtype, progress) -> bool:
