@@ -195,6 +195,8 @@ def bv(op: str, a: Term, b: Term) -> Term:
             return a
         if c == mask(w) and op == "and":
             return a
+        if op == "or" and a.op == "mul" and is_const(a.args[1]) and c < (value(a.args[1]) & -value(a.args[1])):
+            return bv("add", a, b)  # (x * 2^k m) | c == x * 2^k m + c when c < 2^k: the low bits are zero
         if op == "and" and a.op == "or" and is_const(a.args[1]) and value(a.args[1]) & c == 0:
             return bv("and", a.args[0], b)  # (x | k) & m == x & m when k & m == 0
         if op == "sub":
