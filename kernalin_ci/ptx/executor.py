@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from kernalin_ci.ptx import terms as T
 from kernalin_ci.ptx.facts import LaunchFacts
+from kernalin_ci.ptx.pointers import pointer_cases
 from kernalin_ci.ptx.semantics import Unsupported, alu, as_bits, as_float, fit, types_of
 from kernalin_ci.ptx.syntax import Instr, Mem, PtxKernel
 
@@ -691,32 +692,6 @@ def _write_map(mem: dict, a: T.Term, x: T.Term, g: T.Term, w: int) -> None:
         old = mem.get(addr)
         x = T.ite(g, x, old if old is not None and old.width == w else T.fresh("shared memory", w))
     mem[addr] = x
-
-
-def _is_pointer(x: T.Term) -> bool:
-    return x.op == "sym" and x.args[0].startswith(("ptr:", "global:"))
-
-
-def pointer_cases(a: T.Term) -> list[tuple[T.Term, T.Term]]:
-    """An address as (condition, address) cases: a term of its sum that selects between pointers
-    (`base = c ? q : k`, CUDA C++ code choosing its tensor) gives one case per choice, the condition
-    substituted in it; any other address is the one case (TRUE, a)."""
-    atoms, stack = [], [a]
-    while stack:
-        x = stack.pop()
-        if x.op == "add":
-            stack.extend(x.args)
-        else:
-            atoms.append(x)
-    for x in atoms:
-        if x.op == "ite" and any(_is_pointer(y) for y in T.walk(x)):
-            c = x.args[0]
-            out = []
-            for cond, value in ((c, T.TRUE), (T.not_(c), T.FALSE)):
-                chosen = T.substitute(a, {c: value})
-                out += [(T.and_(cond, c2), y) for c2, y in pointer_cases(chosen)]
-            return out
-    return [(T.TRUE, a)]
 
 
 def split_base(a: T.Term) -> tuple[str, T.Term]:

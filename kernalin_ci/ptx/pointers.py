@@ -1,0 +1,33 @@
+"""Addresses that choose their tensor at run time: CUDA C++ code such as `void* base = head < Hq ? q : k`
+compiles to a select between two pointer parameters, then an offset. The executor records such an access as one
+access per choice, each under its condition (`pointer_cases`), so each is one pointer parameter plus an offset."""
+
+from __future__ import annotations
+
+from kernalin_ci.ptx import terms as T
+
+
+def is_pointer(x: T.Term) -> bool:
+    return x.op == "sym" and x.args[0].startswith(("ptr:", "global:"))
+
+
+def pointer_cases(a: T.Term) -> list[tuple[T.Term, T.Term]]:
+    """An address as (condition, address) cases: a term of its sum that selects between pointers
+    (`base = c ? q : k`, CUDA C++ code choosing its tensor) gives one case per choice, the condition
+    substituted in it; any other address is the one case (TRUE, a)."""
+    atoms, stack = [], [a]
+    while stack:
+        x = stack.pop()
+        if x.op == "add":
+            stack.extend(x.args)
+        else:
+            atoms.append(x)
+    for x in atoms:
+        if x.op == "ite" and any(is_pointer(y) for y in T.walk(x)):
+            c = x.args[0]
+            out = []
+            for cond, value in ((c, T.TRUE), (T.not_(c), T.FALSE)):
+                chosen = T.substitute(a, {c: value})
+                out += [(T.and_(cond, c2), y) for c2, y in pointer_cases(chosen)]
+            return out
+    return [(T.TRUE, a)]
