@@ -13,13 +13,11 @@ The dynamic (64-step decode loop) and structural cells of these files run with t
 """
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
+from catalogue_probe import probe_classes
 from conftest import CHECKS, REPO, cli
-from test_catalogue_rope_kv import PROBE_SCRIPT, changed_lines, code_lines, read_catalogue
+from test_catalogue_rope_kv import changed_lines, code_lines, read_catalogue
 
 from kernalin_ci.findings import BUG_CLASSES
 from kernalin_ci.ops import get_op
@@ -63,22 +61,11 @@ def test_header_and_catalogue(path):
 
 
 def test_pos0_labels_are_what_the_probe_finds():
-    job = [(OP, str(p.relative_to(REPO)), read_catalogue(p)[1]["params"]) for p in FILES]
-    env = dict(os.environ, TRITON_INTERPRET="1", TRITON_DEFAULT_FP_FUSION="1")
-    r = subprocess.run(
-        [sys.executable, "-c", PROBE_SCRIPT, json.dumps(job)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert r.returncode == 0, r.stderr[-2000:]
-    found = json.loads(r.stdout.strip().splitlines()[-1])
+    found = probe_classes([(OP, p, read_catalogue(p)[1]["params"]) for p in FILES], timeout=600)
     wrong = []
     for p in FILES:
         cat = read_catalogue(p)[1]
-        classes = found[str(p.relative_to(REPO))]
+        classes = found[p]
         want = [cat["bug_class"]] if cat["pos0"] == "caught" else []
         if classes != want:
             wrong.append(f"{p.name}: labelled {cat['pos0']} ({cat['bug_class']}), probe found {classes or 'nothing'}")

@@ -12,14 +12,10 @@ catalogue command's test; this file checks what each entry claims about itself:
 
 import ast
 import difflib
-import json
-import os
 import re
-import subprocess
-import sys
-import textwrap
 
 import pytest
+from catalogue_probe import probe_classes
 from conftest import CHECKS, REPO, cli
 
 from kernalin_ci.findings import BUG_CLASSES
@@ -95,58 +91,13 @@ def test_bug_is_a_small_diff_from_a_correct_kernel(op, path):
     assert 0 < n <= MAX_DIFF_LINES, f"{path.name} differs from {base.name} in {n} code lines"
 
 
-PROBE_SCRIPT = textwrap.dedent("""
-    import json, os, sys
-    from kernalin_ci.entry import load_entry
-    from kernalin_ci.ops import get_op
-    from kernalin_ci.ops.base import resolve_params
-    from kernalin_ci.verify.dynamic import run_case
-    from kernalin_ci.verify.judge import judge
-    from kernalin_ci.verify.loop_judge import op_loop_judge
-    from kernalin_ci.runtime.interp_patches import fp8_conversions
-    fp8_conversions()  # as the worker does: FP8 casts round and saturate as on the GPU
-    out = {}
-    for op_name, path, raw in json.loads(sys.argv[1]):
-        op = get_op(op_name)
-        params = resolve_params(op_name, op.params, raw)
-        os.environ["KERNALIN_PARAMS"] = json.dumps(params)
-        fn = load_entry(path + ":entry")
-        case = op.probe(params, None)
-        loop = op.loop(case, params, False)
-        if loop is not None:  # a loop of calls (decode_step): each step judged as the parent does
-            loop_judge = op_loop_judge(loop)
-            found = []
-            def hand_back(step, raw, seconds):
-                if not found:
-                    found.extend(loop_judge.step(step, {k: (v.clone() if hasattr(v, "clone") else v)
-                                                  for k, v in raw.items()}))
-            run_case(op, fn, case, params, "cpu", poison=False, hand_back=hand_back)
-        else:
-            found, _, _ = judge(op, case, params, "cpu", run_case(op, fn, case, params, "cpu", poison=False), {},
-                                poison=False)
-        out[path] = sorted({f.bug_class for f in found})
-    print(json.dumps(out))
-""")
-
-
 def test_pos0_labels_are_what_the_probe_finds():
     files = catalogue_files()
-    job = [(op, str(p.relative_to(REPO)), read_catalogue(p)[1]["params"]) for op, p in files]
-    env = dict(os.environ, TRITON_INTERPRET="1", TRITON_DEFAULT_FP_FUSION="1")
-    r = subprocess.run(
-        [sys.executable, "-c", PROBE_SCRIPT, json.dumps(job)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert r.returncode == 0, r.stderr[-2000:]
-    found = json.loads(r.stdout.strip().splitlines()[-1])
+    found = probe_classes([(op, p, read_catalogue(p)[1]["params"]) for op, p in files])
     wrong = []
     for _op, p in files:
         label = read_catalogue(p)[1]["pos0"]
-        classes = found[str(p.relative_to(REPO))]
+        classes = found[p]
         if bool(classes) != (label == "caught"):
             wrong.append(f"{p.name}: labelled {label}, probe found {classes or 'nothing'}")
     assert not wrong, "\n".join(wrong)
