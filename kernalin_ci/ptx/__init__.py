@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from kernalin_ci.ptx import attention_reads, memory, rope_reads, softmax, solver, terms
+from kernalin_ci.ptx import attention_reads, memory, rope_angles, rope_reads, softmax, solver, terms
 from kernalin_ci.ptx.context import Context, Contract, Result
 from kernalin_ci.ptx.executor import execute
 from kernalin_ci.ptx.facts import LaunchFacts
@@ -69,5 +69,6 @@ def analyse(ptx: str, facts: LaunchFacts, contract: Contract) -> KernelAnalysis:
         out.results += softmax.check(trace, ctx)
     if contract.rotations:
         out.results += rope_reads.rope_reads(trace, ctx)
+        out.results += rope_angles.rope_angles(trace, ctx)
     out.seconds = {"parse": t1 - t0, "execute": t2 - t1, "prove": time.perf_counter() - t2}
     return out

@@ -43,6 +43,9 @@ class Contract:
     rotations: dict[str, str] = field(default_factory=dict)  # rope: rotated output -> the input it rotates
     rotary_dim: int = 0
     style: str = "neox"
+    positions: str = ""  # rope: the positions tensor
+    base: float = 10000.0  # rope: theta_j = base^(-2j/rotary_dim)
+    angle_skip: str = ""  # rope: why the angle's position and frequency are not checked (scaled tables)
     scale: float = 0.0  # the softmax scale of the call
 
 

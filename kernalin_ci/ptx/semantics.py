@@ -190,7 +190,8 @@ def _cvt(mods: tuple[str, ...], a: Term) -> Term:
     if dst[0] == "f" and src[0] == "f":
         x = as_float(a, ws)
         if wd == ws:
-            return T.fop("frnd", x, w=wd) if any(m.startswith("r") and m.endswith("i") for m in mods) else x
+            rnd = next((m for m in mods if m in ("rni", "rzi", "rmi", "rpi")), None)
+            return T.mk("frnd", (x, rnd), "f", wd) if rnd else x
         if x.op == "fconst":
             return _round_const(x.args[0], dst)
         return T.mk("fcvt", (x, dst), "f", wd)
@@ -201,7 +202,8 @@ def _cvt(mods: tuple[str, ...], a: Term) -> Term:
             return _round_const(float(n), dst)
         return T.mk("i2f", (v, src), "f", wd)
     if src[0] == "f":
-        return T.mk("f2i", (as_float(a, ws), dst), "bv", wd)
+        rnd = next((m for m in mods if m in ("rni", "rzi", "rmi", "rpi")), "rzi")  # the integer rounding
+        return T.mk("f2i", (as_float(a, ws), dst, rnd), "bv", wd)
     v = as_bits(a, ws)
     if wd <= ws:
         return T.extract(v, 0, wd)

@@ -173,6 +173,12 @@ def _build(op: Op, op_params: dict, cap, launch, twin: dict | None, n_params: in
         contract.rotations = rotations
         contract.rotary_dim = int(op_params.get("rotary_dim") or cap.tensors["q"].shape[-1])
         contract.style = str(op_params.get("style") or "neox")
+        contract.positions = "positions" if "positions" in tensors else ""
+        contract.base = float(op_params.get("base") or 10000.0)
+        if str(op_params.get("scaling") or "none") != "none":
+            contract.angle_skip = f"{op_params['scaling']}-scaled frequencies"
+        elif op_params.get("mrope_section") or op_params.get("sections"):
+            contract.angle_skip = "M-RoPE sections"
     return facts, contract
 
 

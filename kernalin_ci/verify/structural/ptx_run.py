@@ -111,6 +111,8 @@ def _check(r) -> str:
         return "structural:ptx-bounds"
     if r.bug_class in ("softmax-no-max", "scale", "online-rescale", "softmax-no-normalize", "split-combine"):
         return "structural:ptx-softmax"
+    if r.bug_class in ("rope-pairing", "rope-passthrough", "rope-sign", "rope-position", "rope-frequency", "precision"):
+        return "structural:ptx-rope"
     if r.bug_class in ("stride", "gqa-mapping", "paged-index", "kv-mask", "unmasked-load"):
         return "structural:ptx-kv-reads"
     return "structural:ptx-cache-store"

@@ -1,0 +1,455 @@
+"""RoPE's rotation: signs, the angle's position, its frequency and its precision, from the float graph.
+
+Each rotated element out[t, h, i] (i < rotary_dim) must be x[i] cos a -/+ x[p] sin a, p the partner of
+i: minus for the first of a pair (neox i < r/2, gptj i even), plus for the second, and
+a = positions[t] * base^(-2j/r), j the pair's frequency index (neox i mod r/2, gptj i // 2).
+- The stored value is put in linear form over the loaded x elements (masked loads count as the element;
+  the store's guard carries the mask); each element's coefficient must be +/- one factor.
+- A factor is recognised as sin(a) or cos(a) of one angle a, the argument of libdevice's range reduction
+  (a * 2/pi): evaluated through the term graph (evaluate.py) it agrees with sin or cos at a dozen points
+  of the fast path. A factor that is neither (a cos/sin table element, say) leaves the signs and the
+  angle *not proved*, never a finding.
+- Signs (`rope-sign`): proved per element with the solver: the element itself carries +cos a, the
+  partner -sin a for the first of a pair and +sin a for the second.
+- Precision (`precision`): the angle is formed at float32 or wider (no rounding to f16/bf16 inside a).
+- Position (`rope-position`): a is a product whose only integer-to-float factor is positions[t'], loaded
+  at the row t' == t of the element's own token (solver); any other integer there is a finding.
+- Frequency (`rope-frequency`): the other factors evaluate to base^(-2j'/r) with j' an integer (else a
+  finding), and j' is the element's frequency index (solver).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from kernalin_ci.ptx import terms as T
+from kernalin_ci.ptx.context import Context, Result, decode, lanes_as_one
+from kernalin_ci.ptx.evaluate import Evaluator, Unknown, evaluate
+from kernalin_ci.ptx.executor import PtxAccess, PtxTrace
+from kernalin_ci.ptx.softmax import as_float
+
+TWO_OVER_PI = 0.6366197466850281  # libdevice's sinf/cosf reduce a by the quadrant round(a * 2/pi)
+SAMPLES = (0, 1, 2, 3, 5, 17, 100, 1234, 4097, 30001, 65535, 99999)  # positions (angles below 105615)
+TOL = 2e-6
+
+Linear = dict  # x leaf -> list of (sign, factors tuple)
+
+
+def _is_leaf(t: T.Term, src: str) -> bool:
+    return t.op == "load" and t.args[0] == src
+
+
+def _strip(t: T.Term) -> T.Term:
+    """An input element as used: its float, widened (fcvt), masked to 0 off the tile (fite(m, x, 0))."""
+    while True:
+        if t.op == "fite" and t.args[2].op == "fconst" and t.args[2].args[0] == 0.0:
+            t = t.args[1]
+        elif t.op == "fcvt":
+            t = t.args[0]
+        elif t.op == "fbits":
+            t = t.args[0]
+        else:
+            return t
+
+
+def _has_src(t: T.Term, src: str, memo: dict) -> bool:
+    r = memo.get(id(t))
+    if r is None:
+        r = _is_leaf(t, src) or any(isinstance(a, T.Term) and _has_src(a, src, memo) for a in t.args)
+        memo[id(t)] = r
+    return r
+
+
+def linear(v: T.Term, src: str, memo: dict) -> Linear | None:
+    """v as sum of sign * (product of x-free factors) * x_leaf; None when it is not of that form."""
+    s = _strip(v)
+    if _is_leaf(s, src):
+        return {s: [(1, ())]}
+    if not _has_src(v, src, memo):
+        return {} if v.op == "fconst" and v.args[0] == 0.0 else None
+    op, a = v.op, v.args
+    if op == "fcvt":
+        return linear(a[0], src, memo)
+    if op == "fneg":
+        f = linear(a[0], src, memo)
+        return None if f is None else {k: [(-s_, fs) for s_, fs in m] for k, m in f.items()}
+    if op in ("fadd", "fsub"):
+        f, g = linear(a[0], src, memo), linear(a[1], src, memo)
+        if f is None or g is None:
+            return None
+        out = {k: list(m) for k, m in f.items()}
+        for k, m in g.items():
+            out.setdefault(k, []).extend((-s_ if op == "fsub" else s_, fs) for s_, fs in m)
+        return out
+    if op == "fmul":
+        return _scaled(a[0], a[1], src, memo)
+    if op == "ffma":
+        f, g = _scaled(a[0], a[1], src, memo), linear(a[2], src, memo)
+        if f is None or g is None:
+            return None
+        out = {k: list(m) for k, m in f.items()}
+        for k, m in g.items():
+            out.setdefault(k, []).extend(m)
+        return out
+    return None
+
+
+def _scaled(x: T.Term, y: T.Term, src: str, memo: dict) -> Linear | None:
+    if _has_src(x, src, memo) and _has_src(y, src, memo):
+        return None
+    if _has_src(y, src, memo):
+        x, y = y, x
+    f = linear(x, src, memo)
+    if f is None:
+        return None
+    sign = 1
+    while y.op == "fneg":
+        y, sign = y.args[0], -sign
+    return {k: [(sign * s_, (*fs, y)) for s_, fs in m] for k, m in f.items()}
+
+
+def trig_arg(f: T.Term) -> T.Term | None:
+    """The angle a of libdevice's reduction round(a * 2/pi) inside f, when there is exactly one."""
+    found = set()
+    for x in T.walk(f):
+        if x.op == "fmul":
+            c = [y for y in x.args if y.op == "fconst" and abs(y.args[0] - TWO_OVER_PI) < 1e-7]
+            if c:
+                found.add(next((y for y in x.args if y is not c[0]), c[0]))
+    return next(iter(found)) if len(found) == 1 else None
+
+
+def recognise(f: T.Term, env: dict[str, int], cache: dict) -> tuple[str, T.Term] | None:
+    """("sin" | "cos", a) when f evaluates to sin a or cos a at every sample: every index element (the
+    positions) set to one of SAMPLES, every other loaded element (an inverse-frequency table) to 0.5, the
+    block indices and shape symbols to `env`; else None."""
+    if id(f) in cache:
+        return cache[id(f)]
+    a = trig_arg(f)
+    out = None
+    if a is not None:
+        atoms = [x for x in T.walk(f) if x.op in ("select", "sym", "load")]
+        got = []
+        try:
+            for p in SAMPLES:
+                given = {x: _sample_value(x, p, env) for x in atoms}
+                given = {x: v for x, v in given.items() if v is not None}
+                ev = Evaluator(given)
+                got.append((float(ev(a)), float(ev(f))))
+        except (Unknown, KeyError, ValueError, OverflowError):
+            got = []
+        for name, fn in (("sin", math.sin), ("cos", math.cos)):
+            if got and all(abs(y - fn(x)) <= TOL if math.isfinite(x) else math.isnan(y) for x, y in got):
+                out = (name, a)
+    cache[id(f)] = out
+    return out
+
+
+def _sample_value(x: T.Term, p: int, env: dict[str, int]) -> int | None:
+    if x.op == "select":
+        return p
+    if x.op == "load":
+        return T.bits_of_float(0.5, x.width) if x.width in (16, 32, 64) else None
+    return env.get(x.args[0])
+
+
+def _factors(a: T.Term) -> list[T.Term]:
+    if a.op == "fmul":
+        return _factors(a.args[0]) + _factors(a.args[1])
+    return [a]
+
+
+def _integer_of(f: T.Term) -> T.Term | None:
+    while f.op == "fcvt":
+        f = f.args[0]
+    if f.op != "i2f":
+        return None
+    p = f.args[0]
+    while p.op in ("sext", "zext", "extract"):
+        p = p.args[0]
+    return p
+
+
+def _narrow(a: T.Term) -> str | None:
+    for x in T.walk(a):
+        if x.op == "fcvt" and x.args[1] in ("f16", "bf16"):
+            return x.args[1]
+    return None
+
+
+class InnerDims:
+    """The last coordinate of an element from its byte offset X + c, proved once per X: when X is a
+    multiple of the row pitch M (the second-to-last stride, every outer stride a multiple of it, the last
+    stride 1), the element's dim is (c mod M) / elsize in every program. One solver query per distinct X."""
+
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+        self.proved: dict[tuple[int, int], bool] = {}
+
+    def __call__(self, info, off: T.Term) -> int | None:
+        st, shape = info.strides, info.shape
+        if len(st) < 2:
+            return None
+        last, pitch, dim = _const(st[-1]), _const(st[-2]), _const(shape[-1])
+        if last != 1 or pitch is None or dim is None or not 0 < dim <= pitch:
+            return None
+        if any(c % pitch for e in st[:-2] for _, c in e.terms):
+            return None
+        if off.op == "add" and T.is_const(off.args[1]):
+            x, c = off.args[0], T.signed(T.value(off.args[1]), off.width)
+        elif T.is_const(off):
+            x, c = T.const(0, off.width), T.signed(T.value(off), off.width)
+        else:
+            x, c = off, 0
+        m = pitch * info.elsize
+        key = (id(x), m)
+        if key not in self.proved:
+            rest = T.bv("urem", x, T.const(m, x.width))
+            self.proved[key] = (
+                T.is_const(x) or self.ctx.ask(T.not_(T.cmp("eq", rest, T.const(0, x.width)))).status == "unsat"
+            )
+        if not self.proved[key] or (c % m) % info.elsize:
+            return None
+        i = (c % m) // info.elsize
+        return i if i < dim else None
+
+
+def _const(e) -> int | None:
+    return e.at({}) if all(not m for m, _ in e.terms) else None
+
+
+def _sample(ctx: Context) -> dict[str, int]:
+    """Block indices and shape symbols at program 0 of the captured sizes (for recognising sin/cos)."""
+    return {f"ctaid.{x}": 0 for x in "xyz"} | {n: s.captured for n, s in ctx.facts.symbols.items()}
+
+
+def _partner(style: str, r: int, i: int) -> int:
+    if style == "gptj":
+        return i ^ 1
+    return i + r // 2 if i < r // 2 else i - r // 2
+
+
+def _first(style: str, r: int, i: int) -> bool:
+    return i % 2 == 0 if style == "gptj" else i < r // 2
+
+
+@dataclass
+class _Group:
+    """What the stores of one instruction showed: violations found, formulas to prove, why not proved."""
+
+    why: str = ""  # why the signs (and everything after them) are not proved
+    why_angle: str = ""  # why the angle's frequency is not proved
+    signs: list[Result] = field(default_factory=list)
+    freqs: list[Result] = field(default_factory=list)
+    findings: list[Result] = field(default_factory=list)
+    rows: list[T.Term] = field(default_factory=list)  # the angle's (or table row's) position: another token's
+    pitch: list[T.Term] = field(default_factory=list)  # a table read at a row other than its position
+    n_signs: int = 0
+    n_freqs: int = 0
+
+    def cannot(self, why: str) -> None:
+        self.why = self.why or why
+
+
+class RopeAngles:
+    def __init__(self, trace: PtxTrace, ctx: Context):
+        self.ctx, self.c = ctx, ctx.contract
+        self.pos_info = ctx.facts.tensors.get(self.c.positions) if self.c.positions else None
+        self.cache: dict = {}
+        self.env = _sample(ctx)
+        self.inner = InnerDims(ctx)
+        self.r, self.half = self.c.rotary_dim, self.c.rotary_dim // 2
+        self.trace = trace
+
+    def run(self) -> list[Result]:
+        out: list[Result] = []
+        for dst_name, src_name in self.c.rotations.items():
+            dst, src = self.ctx.facts.tensors.get(dst_name), self.ctx.facts.tensors.get(src_name)
+            stores = [a for a in self.trace.accesses if a.kind == "st" and a.tensor == dst_name]
+            if dst is None or src is None or not stores:
+                continue
+            by_instr: dict[int, list[PtxAccess]] = {}
+            for a in stores:
+                by_instr.setdefault(a.instr.index, []).append(a)
+            for group in by_instr.values():
+                g = _Group()
+                memo: dict = {}
+                for a in group:
+                    self.store(g, a, dst_name, dst, src_name, src, memo)
+                out += self.verdicts(g, group, dst_name)
+        return out
+
+    def coefficient(self, f: T.Term, src_name: str, src) -> tuple[str, tuple] | None:
+        """("cos" | "sin", source): source ("angle", a) for libdevice's sin/cos of a, ("table", load, dim)
+        for an element of a [rows, rotary_dim] float table laid out [cos | sin] (vLLM's cos_sin_cache)."""
+        got = recognise(f, self.env, self.cache)
+        if got is not None:
+            return got[0], ("angle", got[1])
+        x = self.table_of(f, src_name)
+        if x is None:
+            return None
+        col = self.inner(self.ctx.facts.tensors[x.args[0]], x.args[1])
+        if col is None:
+            return None
+        return ("cos" if col < self.half else "sin"), ("table", x, col)
+
+    def store(self, g: _Group, a: PtxAccess, dst_name: str, dst, src_name: str, src, memo: dict) -> None:
+        c, ctx, r, half = self.c, self.ctx, self.r, self.half
+        ins = a.instr
+        form = linear(as_float(a.value), src_name, memo)
+        if form is None:
+            return g.cannot("a stored value is not a linear form of the input")
+        if all(m == [(1, ())] for m in form.values()):
+            return None  # a copy (the pass-through dims: rope_reads proves which)
+        (t, _h, _i), ok = decode(ctx, dst, a.offset, "out", shared=True)
+        base = T.and_(ctx.path(a), ok, ctx.lane_is(a))
+        ci = self.inner(dst, a.offset)
+        if ci is None:
+            return g.cannot("a stored element's dim is not proved a constant of its thread")
+        sources = []
+        if not c.angle_skip:
+            tables = {self.table_of(fs[0], src_name) for m in form.values() for _, fs in m if len(fs) == 1}
+            for n, load in enumerate(x for x in tables if x is not None):
+                self.table_rows(g, a, load, n, base, t, dst_name)
+        for leaf, mono in form.items():
+            got = self.coefficient(mono[0][1][0], src_name, src) if len(mono) == 1 and len(mono[0][1]) == 1 else None
+            cj = self.inner(src, leaf.args[1])
+            if got is None or cj is None:
+                return g.cannot("a coefficient is not recognised as sin or cos of an angle or a [cos | sin] table")
+            (name, source), sign = got, mono[0][0]
+            sources.append(source)
+            term = f"{'+' if sign > 0 else '-'}x[{cj}] {name} a"
+            if cj == ci:
+                g.n_signs += 1
+                if not (name == "cos" and sign > 0):
+                    g.signs.append(_found("rope-sign", ins, a, f"dim {ci} = ... {term}: wants +x[{ci}] cos a"))
+            elif cj == _partner(c.style, r, ci) and ci < r:
+                g.n_signs += 1
+                want = -1 if _first(c.style, r, ci) else 1
+                if not (name == "sin" and sign == want):
+                    wants = f"{'-' if want < 0 else '+'}x[{cj}] sin a"
+                    g.signs.append(_found("rope-sign", ins, a, f"dim {ci} = ... {term}: wants {wants}"))
+        want_j = ci % half if c.style != "gptj" else ci // 2
+        if all(s[0] == "table" for s in sources):
+            return self.table(g, a, sources, base, t, want_j, src, dst_name)
+        angles = {s[1] if s[0] == "angle" else None for s in sources}
+        if len(angles) != 1 or None in angles:
+            return g.cannot("the coefficients of one element do not share one angle")
+        ang = next(iter(angles))
+        narrow = _narrow(ang)
+        if narrow:
+            what = f"{dst_name}'s angle is formed at float32"
+            return g.findings.append(
+                _found("precision", ins, a, f"the angle of dim {ci} passes through {narrow}", what)
+            )
+        if c.angle_skip:
+            return None
+        fs = _factors(ang)
+        ints = [p for p in (_integer_of(f) for f in fs) if p is not None]
+        if len(ints) != 1:
+            return g.cannot("the angle is not a product of one integer and frequency factors")
+        if not self.position(g, a, ints[0], base, t, dst_name):
+            return None
+        try:
+            f = 1.0
+            for x in fs:
+                if _integer_of(x) is None:
+                    f *= float(evaluate(x, {}))
+        except Unknown:
+            g.why_angle = (
+                g.why_angle or "the frequency is not a constant of the launch (a loaded inverse-frequency table?)"
+            )
+            return None
+        jf = -math.log(f) / math.log(c.base) * half if f > 0 else math.nan
+        g.n_freqs += 1
+        if not (math.isfinite(jf) and abs(jf - want_j) < 1e-3):
+            wrong = f"dim {ci}'s frequency is {f:.6g} = base^(-2*{jf:.3f}/{r}), not base^(-2*{want_j}/{r})"
+            g.freqs.append(_found("rope-frequency", ins, a, wrong))
+        return None
+
+    def position(self, g: _Group, a: PtxAccess, p: T.Term, base: T.Term, t: T.Term, dst_name: str) -> bool:
+        """The integer p (the angle's factor, or a table's row) is positions[t] of the element's token."""
+        c = self.c
+        if p.op == "select" and p.args[0] == c.positions and self.pos_info is not None:
+            (tp,), okp = decode(self.ctx, self.pos_info, p.args[1], "pos", shared=True)
+            g.rows.append(T.and_(base, okp, T.not_(T.cmp("eq", tp, t))))
+            return True
+        if not any(x.op == "select" and x.args[0] == c.positions for x in T.walk(p)):
+            what = f"{dst_name}'s angle takes positions[t] of its own token"
+            g.findings.append(_found("rope-position", a.instr, a, f"its position term is {T.show(p, 4)}", what))
+            return False
+        g.cannot("the angle's position term is not one positions element")
+        return False
+
+    def table(self, g: _Group, a: PtxAccess, sources: list, base: T.Term, t: T.Term, want_j: int, src, dst_name):
+        loads = {s[1].args[0] for s in sources}
+        if len(loads) != 1 or {s[2] < self.half for s in sources} != {True, False}:
+            return g.cannot("the cos and sin of one element are not one [cos | sin] table row")
+        info = self.ctx.facts.tensors[next(iter(loads))]
+        if info.elsize < src.elsize:
+            what = f"{dst_name}'s cos/sin table is as precise as its input"
+            detail = f"a {8 * info.elsize}-bit table for {8 * src.elsize}-bit input"
+            return g.findings.append(_found("precision", a.instr, a, detail, what))
+        for _, _load, col in sources:
+            g.n_freqs += 1
+            if col % self.half != want_j:
+                wrong = f"the table column {col} (frequency {col % self.half}) for frequency {want_j}"
+                g.freqs.append(_found("rope-frequency", a.instr, a, wrong))
+        if self.c.angle_skip:
+            return None
+        return None
+
+    def table_rows(self, g: _Group, a: PtxAccess, load: T.Term, n: int, base: T.Term, t: T.Term, dst_name: str):
+        """A [rows, rotary_dim] table element is read at row positions[t] of the element's own token."""
+        info = self.ctx.facts.tensors[load.args[0]]
+        ps = {x for x in T.walk(load.args[1]) if x.op == "select" and x.args[0] == self.c.positions}
+        if len(ps) != 1:
+            self.position(g, a, load.args[1], base, t, dst_name)
+            return
+        p = next(iter(ps))
+        if self.position(g, a, p, base, t, dst_name):
+            (row, _), okt = decode(self.ctx, info, load.args[1], f"tbl{n}", shared=True)
+            g.pitch.append(T.and_(base, okt, T.not_(T.cmp("eq", row, T.zext(p, 64)))))
+
+    def table_of(self, f: T.Term, src_name: str):
+        """The load, when f is an element of a [rows, rotary_dim] float table."""
+        x = _strip(f)
+        info = self.ctx.facts.tensors.get(x.args[0]) if x.op == "load" else None
+        if info is None or x.args[0] == src_name or info.index or len(info.shape) != 2:
+            return None
+        return x if _const(info.shape[1]) == self.r else None
+
+    def verdicts(self, g: _Group, group: list[PtxAccess], dst_name: str) -> list[Result]:
+        ctx, ins, c = self.ctx, group[0].instr, self.c
+        out = [replace(f, domain=ctx.domain) for f in g.findings[:1]]
+        for what, found, n, why in (
+            (f"{dst_name} = x[i] cos a -/+ x[partner] sin a (the {c.style} signs)", g.signs, g.n_signs, g.why),
+            (
+                f"{dst_name}'s angle at dim i has frequency base^(-2j/{self.r}) of i's pair",
+                g.freqs,
+                g.n_freqs,
+                g.why_angle or (g.why if g.n_freqs else ""),
+            ),
+        ):
+            if found:
+                out.append(replace(found[0], name=what, domain=ctx.domain))
+            elif why and (n or what.endswith("signs)") or why is g.why_angle):
+                out.append(Result(what, "not-proved", ctx.domain, where=ins, cause=why))
+            elif n:
+                out.append(Result(what, "proved", ctx.domain, where=ins))
+        for what, formulas, cls in (
+            (f"{dst_name}'s angle takes positions[t] of its own token", g.rows, "rope-position"),
+            (f"{dst_name}'s cos/sin table row is its position", g.pitch, "stride"),
+        ):
+            if formulas:
+                out.append(ctx.result(what, ctx.ask(lanes_as_one(formulas)), cls, ins, group))
+        return out
+
+
+def rope_angles(trace: PtxTrace, ctx: Context) -> list[Result]:
+    return RopeAngles(trace, ctx).run() if ctx.contract.rotations else []
+
+
+def _found(cls: str, ins, a: PtxAccess, detail: str, what: str = "") -> Result:
+    return Result(what, "violated", "", cls, ins, cause=detail, lane=a.lane)
