@@ -4,6 +4,7 @@ solver's exact arithmetic, and the properties proved or violated with a countere
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 from dataclasses import replace
@@ -36,8 +37,16 @@ def _capture(path: str):
     params = resolve_params(meta.op, op.params, meta.params)
     fn = load_entry(str(ROOT / path) + ":entry", None)
     case = capture_cases(op, params)[0]
-    cap = capture_at(op, fn, params, case)
-    other = capture_at(op, fn, params, replace(case, dims=op.capture_twin(case.dims)))
+    before = os.environ.get("KERNALIN_PARAMS")
+    os.environ["KERNALIN_PARAMS"] = json.dumps(params)  # what the worker gives the entry (current_params())
+    try:
+        cap = capture_at(op, fn, params, case)
+        other = capture_at(op, fn, params, replace(case, dims=op.capture_twin(case.dims)))
+    finally:
+        if before is None:
+            del os.environ["KERNALIN_PARAMS"]
+        else:
+            os.environ["KERNALIN_PARAMS"] = before
     twin = {
         "tensors": {n: [list(t.shape), list(t.strides)] for n, t in other.tensors.items()},
         "launches": [
@@ -282,6 +291,61 @@ def test_rope_reads_are_proved_against_the_pairing_of_the_configured_style():
     by_class = {r.bug_class for r in out.results if r.status == "violated"}
     assert by_class == {"rope-pairing"}
     assert any(r.status == "proved" and "reads q of its own token and head" in r.name for r in out.results)
+
+
+def _rope_angles(path: str):
+    """rope_angles alone on a catalogue kernel's trace (the rope_reads proofs take the solver minutes)."""
+    from kernalin_ci.ptx import rope_angles, terms
+    from kernalin_ci.ptx.context import Context
+    from kernalin_ci.ptx.executor import execute
+    from kernalin_ci.ptx.syntax import parse
+
+    text, facts, contract = _launch(path)
+    terms.reset()
+    symbols = {f"ctaid.{x}": terms.sym(f"ctaid.{x}", 32) for x in "xyz"}
+    symbols |= {name: terms.sym(name, 64) for name in facts.symbols}
+    trace = execute(parse(text), facts, symbols)
+    return rope_angles.rope_angles(trace, Context(facts, contract, trace, symbols))
+
+
+@pytest.mark.parametrize(
+    "path, cls",
+    [
+        ("checks/rope/correct_neox.py", None),
+        ("checks/rope/bug_sign_one_output.py", "rope-sign"),
+        ("checks/rope/bug_frequency_head_dim.py", "rope-frequency"),
+        ("checks/rope/bug_table_row_stride.py", "stride"),
+    ],
+)
+def test_the_rotation_is_read_from_libdevice_sin_cos_or_a_cos_sin_table(path, cls):
+    """Signs, the angle's position, frequency and precision, a table's row: from the float graph."""
+    out = _rope_angles(path)
+    found = {r.bug_class for r in out if r.status == "violated"}
+    assert found == ({cls} if cls else set()), [(r.name, r.status, r.cause) for r in out]
+    if cls is None:  # every property of the in-kernel angle proved on the correct kernel
+        names = {r.name.split(" ", 1)[1] for r in out if r.status == "proved"}
+        assert any("cos a -/+" in n for n in names) and any("frequency" in n for n in names)
+        assert any("positions[t]" in n for n in names)
+        assert all(r.status == "proved" for r in out), [(r.name, r.cause) for r in out if r.status != "proved"]
+
+
+def test_evaluation_follows_only_the_branch_taken():
+    """evaluate.py: float32 rounding, integer wrap, and an unknown atom on the untaken side of an ite."""
+    import numpy as np
+
+    from kernalin_ci.ptx import terms as T
+    from kernalin_ci.ptx.evaluate import Unknown, evaluate
+
+    x, n = T.mk("fparam", ("x", 0.1), "f", 32), T.sym("n", 32)
+    unknown = T.fresh("havoc", 32, "f")
+    big = T.fop("fadd", T.fop("fmul", x, x), T.fconst(1.0))
+    t = T.fite(T.cmp("ult", n, T.const(4, 32)), big, unknown)
+    assert evaluate(t, {n: 3}) == float(np.float32(np.float32(0.1) * np.float32(0.1)) + np.float32(1.0))
+    with pytest.raises(Unknown):
+        evaluate(t, {n: 5})
+    assert evaluate(T.bv("add", n, T.const(-1, 32)), {n: 0}) == 2**32 - 1
+    both = T.and_(T.cmp("ult", n, T.const(4, 32)), T.mk("fcmp", ("lt", unknown, big), "bool", 1))
+    assert evaluate(both, {n: 9}) is False  # a false conjunct decides, the unknown one is never needed
 
 
 def test_a_counterexample_becomes_the_ops_case_at_its_values():

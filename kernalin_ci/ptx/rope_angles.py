@@ -317,6 +317,8 @@ class RopeAngles:
             cj = self.inner(src, leaf.args[1])
             if got is None or cj is None:
                 return g.cannot("a coefficient is not recognised as sin or cos of an angle or a [cos | sin] table")
+            if ci >= r or cj not in (ci, _partner(c.style, r, ci)):
+                return g.cannot(f"dim {ci} is not rotated with its {c.style} partner (rope_reads says which)")
             (name, source), sign = got, mono[0][0]
             sources.append(source)
             term = f"{'+' if sign > 0 else '-'}x[{cj}] {name} a"
@@ -324,7 +326,7 @@ class RopeAngles:
                 g.n_signs += 1
                 if not (name == "cos" and sign > 0):
                     g.signs.append(_found("rope-sign", ins, a, f"dim {ci} = ... {term}: wants +x[{ci}] cos a"))
-            elif cj == _partner(c.style, r, ci) and ci < r:
+            else:
                 g.n_signs += 1
                 want = -1 if _first(c.style, r, ci) else 1
                 if not (name == "sin" and sign == want):
