@@ -307,11 +307,11 @@ class RopeAngles:
         ci = self.inner(dst, a.offset)
         if ci is None:
             return g.cannot("a stored element's dim is not proved a constant of its thread")
-        sources = []
-        if not c.angle_skip:
-            tables = {self.table_of(fs[0], src_name) for m in form.values() for _, fs in m if len(fs) == 1}
-            for n, load in enumerate(x for x in tables if x is not None):
+        if not c.angle_skip:  # a [positions, rotary_dim] table's row, whatever its layout
+            loads = {self.table_of(fs[0], src_name) for m in form.values() for _, fs in m if len(fs) == 1}
+            for n, load in enumerate(x for x in loads if x is not None):
                 self.table_rows(g, a, load, n, base, t, dst_name)
+        coefs = []
         for leaf, mono in form.items():
             got = self.coefficient(mono[0][1][0], src_name, src) if len(mono) == 1 and len(mono[0][1]) == 1 else None
             cj = self.inner(src, leaf.args[1])
@@ -319,15 +319,19 @@ class RopeAngles:
                 return g.cannot("a coefficient is not recognised as sin or cos of an angle or a [cos | sin] table")
             if ci >= r or cj not in (ci, _partner(c.style, r, ci)):
                 return g.cannot(f"dim {ci} is not rotated with its {c.style} partner (rope_reads says which)")
-            (name, source), sign = got, mono[0][0]
-            sources.append(source)
+            coefs.append((cj, got[0], got[1], mono[0][0]))
+        sources = [s for _, _, s, _ in coefs]
+        tables = {s[1].args[0] for s in sources if s[0] == "table"}
+        if tables and (len(tables) > 1 or any(s[0] != "table" for s in sources)):
+            return g.cannot("the cos and sin of one element are not one [cos | sin] table row")
+        if tables and {s[2] < half for s in sources} != {True, False}:
+            return g.cannot("the cos and sin of one element are not one [cos | sin] table row (separate tables?)")
+        for cj, name, _source, sign in coefs:
             term = f"{'+' if sign > 0 else '-'}x[{cj}] {name} a"
-            if cj == ci:
-                g.n_signs += 1
-                if not (name == "cos" and sign > 0):
-                    g.signs.append(_found("rope-sign", ins, a, f"dim {ci} = ... {term}: wants +x[{ci}] cos a"))
-            else:
-                g.n_signs += 1
+            g.n_signs += 1
+            if cj == ci and not (name == "cos" and sign > 0):
+                g.signs.append(_found("rope-sign", ins, a, f"dim {ci} = ... {term}: wants +x[{ci}] cos a"))
+            elif cj != ci:
                 want = -1 if _first(c.style, r, ci) else 1
                 if not (name == "sin" and sign == want):
                     wants = f"{'-' if want < 0 else '+'}x[{cj}] sin a"
@@ -385,10 +389,7 @@ class RopeAngles:
         return False
 
     def table(self, g: _Group, a: PtxAccess, sources: list, base: T.Term, t: T.Term, want_j: int, src, dst_name):
-        loads = {s[1].args[0] for s in sources}
-        if len(loads) != 1 or {s[2] < self.half for s in sources} != {True, False}:
-            return g.cannot("the cos and sin of one element are not one [cos | sin] table row")
-        info = self.ctx.facts.tensors[next(iter(loads))]
+        info = self.ctx.facts.tensors[sources[0][1].args[0]]
         if info.elsize < src.elsize:
             what = f"{dst_name}'s cos/sin table is as precise as its input"
             detail = f"a {8 * info.elsize}-bit table for {8 * src.elsize}-bit input"
@@ -406,8 +407,8 @@ class RopeAngles:
         """A [rows, rotary_dim] table element is read at row positions[t] of the element's own token."""
         info = self.ctx.facts.tensors[load.args[0]]
         ps = {x for x in T.walk(load.args[1]) if x.op == "select" and x.args[0] == self.c.positions}
-        if len(ps) != 1:
-            self.position(g, a, load.args[1], base, t, dst_name)
+        if len(ps) != 1:  # a table of one row per token (gathered by the caller) is read by token, not position
+            g.why_angle = g.why_angle or "the table's row is not one positions element (a table per token?)"
             return
         p = next(iter(ps))
         if self.position(g, a, p, base, t, dst_name):
