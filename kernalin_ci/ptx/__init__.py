@@ -8,7 +8,8 @@ semantics.py (instruction arithmetic), executor.py (every lane of a block, symbo
 pointers.py (a pointer chosen by a select),
 solver.py (z3), context.py (the domain's constraints, verdicts), memory.py (memory properties),
 attention_reads.py (attention's K/V reads), softmax.py (the softmax, from the float dataflow),
-rope_reads.py (what each rotated element reads).
+rope_reads.py (what each rotated element reads), rope_angles.py (its signs, angle and table row), evaluate.py
+(concrete evaluation of terms).
 Nothing here imports the rest of kernalin_ci: verify/structural/ptx_*.py plugs it in.
 """
 

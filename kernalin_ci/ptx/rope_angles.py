@@ -126,6 +126,8 @@ def recognise(f: T.Term, env: dict[str, int], cache: dict) -> tuple[str, T.Term]
     block indices and shape symbols to `env`; else None."""
     if id(f) in cache:
         return cache[id(f)]
+    if f.op in ("sin", "cos"):  # sin.approx / cos.approx (CUDA's __sinf, __cosf)
+        return f.op, f.args[0]
     a = trig_arg(f)
     out = None
     if a is not None:
