@@ -5,17 +5,21 @@ i: minus for the first of a pair (neox i < r/2, gptj i even), plus for the secon
 a = positions[t] * base^(-2j/r), j the pair's frequency index (neox i mod r/2, gptj i // 2).
 - The stored value is put in linear form over the loaded x elements (masked loads count as the element;
   the store's guard carries the mask); each element's coefficient must be +/- one factor.
-- A factor is recognised as sin(a) or cos(a) of one angle a, the argument of libdevice's range reduction
-  (a * 2/pi): evaluated through the term graph (evaluate.py) it agrees with sin or cos at a dozen points
-  of the fast path. A factor that is neither (a cos/sin table element, say) leaves the signs and the
-  angle *not proved*, never a finding.
-- Signs (`rope-sign`): proved per element with the solver: the element itself carries +cos a, the
-  partner -sin a for the first of a pair and +sin a for the second.
-- Precision (`precision`): the angle is formed at float32 or wider (no rounding to f16/bf16 inside a).
-- Position (`rope-position`): a is a product whose only integer-to-float factor is positions[t'], loaded
-  at the row t' == t of the element's own token (solver); any other integer there is a finding.
-- Frequency (`rope-frequency`): the other factors evaluate to base^(-2j'/r) with j' an integer (else a
-  finding), and j' is the element's frequency index (solver).
+- A factor is sin a or cos a when it is `sin.approx`/`cos.approx` of a, or when, a being the operand of
+  libdevice's range reduction round(a * 2/pi), evaluating both (evaluate.py) at 12 positions gives sin a
+  or cos a; or it is an element of a [rows, rotary_dim] table holding [cos | sin] (one tensor for both).
+  A factor that is none of these leaves the rotation *not proved*, never a finding.
+- Each element's dim (of the output and of x) is proved a constant of its thread (InnerDims: one query
+  per distinct lane-independent offset part), so the rest is read per element: a wrong sign, frequency
+  or precision found there holds in every program that stores the element.
+- Signs (`rope-sign`): x[i] carries +cos a, its partner -sin a for the first of a pair, +sin a for the
+  second. An element rotated with another partner is rope_reads.py's (`rope-pairing`), not checked here.
+- Precision (`precision`): a is formed at float32 or wider; a table is as wide as x.
+- Position (`rope-position`): a's only integer-to-float factor, or the table row's position element, is
+  positions[t'] with t' == t (solver); an angle whose integer is not from positions is a finding, a table
+  row without one (a table per token, gathered by the caller) is not proved.
+- Frequency (`rope-frequency`): a's other factors evaluate to base^(-2j/r) for the element's j, or the
+  table column is j (mod r/2). Table row (`stride`): the row decoded from the offset is the position.
 """
 
 from __future__ import annotations
