@@ -83,20 +83,37 @@ class Context:
         self.domain = facts.domain_text()
         self._resolved: dict[int, T.Term] = {}
         self.bounds = self._bounds()
+        self.select_bounds = self._select_bounds()
         for lp in trace.loops.values():
             self.bounds[lp.k.args[0]] = (0, self._iterations(lp) - 1)
+        self.intervals = solver.Intervals(self.bounds, self.select_bounds)
 
     def _bounds(self) -> dict[str, tuple[int, int]]:
         """The declared range of every symbol the frame bounds, for the solver's intervals: the shape
         symbols, each block index below its grid size's largest value, each loop iteration below 2^40
         (the frame constrains them so; the intervals only spare wrap witnesses)."""
-        out = {s.name: (s.lo, s.hi) for s in self.facts.symbols.values()}
-        highest = {s.name: s.hi for s in self.facts.symbols.values()}
+        out = _tightened({s.name: (s.lo, s.hi) for s in self.facts.symbols.values()}, self.facts)
+        highest = {name: hi for name, (_, hi) in out.items()}
         for x, g in zip("xyz", self.facts.grid):
             if all(c >= 0 for _, c in g.terms) and g.symbols <= set(highest):
                 out[f"ctaid.{x}"] = (0, max(g.at(highest) - 1, 0))
         for lp in self.trace.loops.values():
             out[lp.k.args[0]] = (0, (1 << 40) - 1)
+        return out
+
+    def _select_bounds(self) -> dict[str, tuple[int, int]]:
+        """The contract's range of each index tensor's values over the whole domain (a kv_len is in
+        [1, 131072]), for the solver's intervals: a value known non-negative needs no sign case split. The
+        same bounds `index_constraints` puts on every element a query reads; none for a tensor whose
+        values may be negative (a padding slot)."""
+        sym = {name: self.bounds[name] for name in self.facts.symbols}
+        out = {}
+        for name, t in self.facts.tensors.items():
+            if t.value_range is None or t.allow_negative_one:
+                continue
+            lo, hi = (_extremes(e, sym) for e in t.value_range)
+            if lo is not None and hi is not None and lo[0] >= 0:
+                out[name] = (lo[0], hi[1])
         return out
 
     def _iterations(self, lp) -> int:
@@ -161,7 +178,7 @@ class Context:
     # ------------------------------------------------------------ queries
 
     def query(self) -> solver.Query:
-        q = solver.Query(self.bounds | _HOLE_BOUNDS)
+        q = solver.Query(self.bounds | _HOLE_BOUNDS, self.select_bounds)
         q.add(*self.frame())
         return q
 
@@ -254,6 +271,51 @@ class Context:
         return out
 
 
+def _tightened(sym: dict[str, tuple[int, int]], facts: LaunchFacts) -> dict[str, tuple[int, int]]:
+    """The symbols' ranges narrowed by the frame's tensor sizes (each tensor's extent at most its
+    max_elements): B * 12582912 <= 2^31 keeps B <= 170. Every query holds the frame, so the narrower
+    ranges bound the same models."""
+    out = dict(sym)
+    for t in facts.tensors.values():
+        if t.extent.constant is not None or any(c < 0 for _, c in t.extent.terms):
+            continue
+        if any(out[s][0] < 0 for m, _ in t.extent.terms for s in m if s in out):
+            continue
+        if any(s not in out for m, _ in t.extent.terms for s in m):
+            continue
+        mins = []
+        for m, c in t.extent.terms:
+            for s in m:
+                c *= out[s][0]
+            mins.append(c)
+        for i, (m, c) in enumerate(t.extent.terms):
+            if len(m) == 0 or len(set(m)) != len(m):
+                continue
+            rest = t.max_elements - (sum(mins) - mins[i])
+            for s in m:
+                k = c
+                for s2 in m:
+                    if s2 != s:
+                        k *= out[s2][0]
+                lo, hi = out[s]
+                if k > 0:
+                    out[s] = (lo, max(lo, min(hi, rest // k)))
+    return out
+
+
+def _extremes(e: Expr, sym: dict[str, tuple[int, int]]) -> tuple[int, int] | None:
+    """The least and the largest value of e over the symbols' box (None when a symbol may be negative)."""
+    lo = hi = 0
+    for m, c in e.terms:
+        if any(s not in sym or sym[s][0] < 0 for s in m):
+            return None
+        a = b = c
+        for s in m:
+            a, b = a * sym[s][0], b * sym[s][1]
+        lo, hi = lo + min(a, b), hi + max(a, b)
+    return lo, hi
+
+
 def _lane(ans: solver.SolverAnswer, group: list[PtxAccess]) -> int | None:
     return ans.model.get("__lane") if group else None
 
@@ -271,18 +333,109 @@ def _coords(info: TensorFacts, elem: int, model: dict, facts: LaunchFacts) -> st
 
 
 def decode(ctx: Context, info: TensorFacts, off: T.Term, tag: str, shared: bool = False) -> tuple[list[T.Term], T.Term]:
-    """Coordinates of the element at byte offset `off` of a tensor: symbols, and the constraint tying
-    them to the offset (each below its dimension; strides as the tensor has them). shared: the same
-    symbols for every call with this tag (per-lane alternatives of one disjunction)."""
+    """Coordinates of the element at byte offset `off` of a tensor, and the constraint tying them to the
+    offset (each below its dimension; strides as the tensor has them). shared: the same symbols for every
+    call with this tag (per-lane alternatives of one disjunction).
+
+    The coordinates are read off the offset's linear form where they can be (`_direct`): the offset is
+    sum(e_d * stride_d) with each e_d a term; where the intervals show every inner e_d below its dimension,
+    the coordinates are the e_d themselves (the decomposition of an in-bounds offset is unique). Elsewhere
+    they are symbols, with the lemma "if every inner e_d is below its dimension, the coordinates are the
+    e_d" added: the same set of models, and the solver need not find the decomposition itself."""
+    sizes = [ctx.expr(x) for x in info.shape]
+    direct = _direct(ctx, info, off)
+    if direct is not None and not direct[1]:
+        e = direct[0]
+        conds = [T.cmp("ult", x, size) for x, size in zip(e, sizes)]
+        return e, T.and_(*conds)
     n = 0 if shared else next(_TAGS)
     coords = [T.sym(f"{tag}_{n}_{d}", 64) for d in range(len(info.shape))]
+    sym = {s.name: (s.lo, s.hi) for s in ctx.facts.symbols.values()}
     flat = T.const(0, 64)
     conds = []
-    for c, size, stride in zip(coords, info.shape, info.strides):
+    for c, size, stride, dim in zip(coords, sizes, info.strides, info.shape):
         flat = T.bv("add", flat, T.bv("mul", c, ctx.expr(stride)))
-        conds.append(T.cmp("ult", c, ctx.expr(size)))
+        conds.append(T.cmp("ult", c, size))
+        top = _extremes(dim, sym)
+        if top is not None and top[1] >= 1:  # implied by the constraint; spares the flat sum's wrap witnesses
+            _HOLE_BOUNDS[c.args[0]] = (0, top[1] - 1)
     conds.append(T.cmp("eq", off, T.bv("mul", flat, T.const(info.elsize, 64))))
+    if direct is not None:
+        e, inner = direct
+        conds.append(T.or_(T.not_(T.and_(*inner)), T.and_(*(T.cmp("eq", c, x) for c, x in zip(coords, e)))))
     return coords, T.and_(*conds)
+
+
+def _linear(t: T.Term, iv: solver.Intervals) -> tuple[dict[T.Term, int], int]:
+    """t's value as an integer sum `sum(c * atom) + c0` that holds exactly (no operation on the way
+    wraps, by the intervals): through additions, products by constants and sign/zero extensions of
+    non-negative values; any other term is an atom."""
+    w = t.width
+    if t.op == "const":
+        return {}, T.value(t)
+    if t.op == "add" and iv.span(t.args[0])[1] + iv.span(t.args[1])[1] < 1 << w:
+        (a, ca), (b, cb) = _linear(t.args[0], iv), _linear(t.args[1], iv)
+        out = dict(a)
+        for x, c in b.items():
+            out[x] = out.get(x, 0) + c
+        return out, ca + cb
+    if t.op == "mul" and T.is_const(t.args[1]) and iv.span(t.args[0])[1] * T.value(t.args[1]) < 1 << w:
+        a, ca = _linear(t.args[0], iv)
+        k = T.value(t.args[1])
+        return {x: c * k for x, c in a.items()}, ca * k
+    if t.op == "zext" or t.op == "sext" and iv.nonneg(t.args[0]):
+        return _linear(t.args[0], iv)
+    return {t: 1}, 0
+
+
+def _direct(ctx: Context, info: TensorFacts, off: T.Term) -> tuple[list[T.Term], list[T.Term]] | None:
+    """The offset as coordinates read off its linear form: e_d (64-bit terms, sum(e_d * stride_d) *
+    elsize equal to the offset as integers), and the conditions `e_d < size_d` of the inner dimensions
+    the intervals do not show. None where the strides are not constants of a mixed radix (each stride
+    above the largest offset the dimensions inside it reach: then the decomposition of an offset into
+    coordinates below their sizes is unique) or a term of the form does not fall on one dimension."""
+    sym = {s.name: (s.lo, s.hi) for s in ctx.facts.symbols.values()}
+    strides = [st.constant for st in info.strides]
+    if any(st is None or st <= 0 for st in strides):
+        return None
+    order = sorted(range(len(strides)), key=lambda d: -strides[d])
+    tops = [_extremes(x, sym) for x in info.shape]
+    inside = 0  # the largest element offset the dimensions inside the current one reach
+    for d in reversed(order):
+        if strides[d] <= inside:
+            return None
+        top = tops[d]
+        if top is None:
+            return None
+        inside += strides[d] * (top[1] - 1)
+    iv = ctx.intervals
+    atoms, c0 = _linear(iv.simplify(off), iv)
+    per: list[list[tuple[T.Term, int]]] = [[] for _ in strides]
+    for x, c in atoms.items():
+        d = next((d for d in order if c > 0 and c % (strides[d] * info.elsize) == 0), None)
+        if d is None:
+            return None
+        per[d].append((x, c // (strides[d] * info.elsize)))
+    if c0 < 0 or c0 % info.elsize:
+        return None
+    rest, consts = c0 // info.elsize, [0] * len(strides)
+    for d in order:
+        consts[d], rest = divmod(rest, strides[d])
+    if rest:
+        return None
+    e, inner = [], []
+    for d in range(len(strides)):
+        hi = consts[d] + sum(c * iv.span(x)[1] for x, c in per[d])
+        if hi >= 1 << 64:
+            return None
+        x = T.const(consts[d], 64)
+        for a, c in per[d]:
+            x = T.bv("add", x, T.bv("mul", T.zext(a, 64), T.const(c, 64)))
+        e.append(x)
+        size = info.shape[d].constant
+        if d != order[0] and (size is None or hi > size - 1):
+            inner.append(T.cmp("ult", x, T.const(tops[d][1], 64)))
+    return e, inner
 
 
 def lanes_as_one(formulas: list[T.Term]) -> T.Term:

@@ -38,6 +38,126 @@ class SolverAnswer:
     approximated: tuple[str, ...] = ()  # operations not modelled exactly: a "sat" is then no counterexample
 
 
+class Intervals:
+    """Inclusive bounds on each bit-vector term's unsigned value (sound, not tight), from the symbols'
+    declared ranges (`bounds`), the contract's range of each index tensor's values (`select_bounds`) and the
+    operations. Shared by the translation (no wrap witness where none can wrap) and the query builders (an
+    offset's linear form, context.decode)."""
+
+    def __init__(
+        self,
+        bounds: dict[str, tuple[int, int]] | None = None,
+        select_bounds: dict[str, tuple[int, int]] | None = None,
+    ):
+        self.bounds = bounds or {}
+        self.select_bounds = select_bounds or {}
+        self.spans: dict[int, tuple[int, int]] = {}
+
+    def span(self, t: T.Term) -> tuple[int, int]:
+        """Inclusive bounds on a bit-vector term's unsigned value (sound, not tight)."""
+        r = self.spans.get(id(t))
+        if r is None:
+            r = self._span(t)
+            self.spans[id(t)] = r
+        return r
+
+    def _span(self, t: T.Term) -> tuple[int, int]:
+        op, a, w = t.op, t.args, t.width
+        full = (0, (1 << w) - 1)
+        if t.sort != "bv":
+            return full
+        if op == "const":
+            return (a[0], a[0])
+        if op == "sym":
+            lo, hi = self.bounds.get(a[0], full)
+            return (max(lo, 0), min(hi, full[1]))
+        if op == "ite":
+            (l1, h1), (l2, h2) = self.span(a[1]), self.span(a[2])
+            return (min(l1, l2), max(h1, h2))
+        if op == "extract":
+            lo, hi = self.span(a[0])
+            lo, hi = lo >> a[1], hi >> a[1]
+            return (lo, hi) if hi <= full[1] else full
+        if op == "select":
+            lo, hi = self.select_bounds.get(a[0], full)
+            return (max(lo, 0), min(hi, full[1]))
+        if op in ("zext", "add", "sub", "mul", "udiv", "urem", "lshr", "shl", "and", "sext", "umin", "umax") or (
+            op in ("ashr", "sdiv", "srem", "smin", "smax") and self.nonneg(*a)
+        ):
+            x = [self.span(y) if isinstance(y, T.Term) else None for y in a]
+        else:
+            return full
+        if op == "zext":
+            return x[0]
+        if op == "sext":
+            return x[0] if x[0][1] < (1 << (a[0].width - 1)) else full
+        if op == "add":
+            r = (x[0][0] + x[1][0], x[0][1] + x[1][1])
+        elif op == "sub":
+            r = (x[0][0] - x[1][1], x[0][1] - x[1][0])
+        elif op == "mul":
+            r = (x[0][0] * x[1][0], x[0][1] * x[1][1])
+        elif op in ("udiv", "lshr", "sdiv", "ashr") and T.is_const(a[1]):
+            c = T.value(a[1]) if op in ("udiv", "sdiv") else 1 << min(T.value(a[1]), w)
+            r = (x[0][0] // c, x[0][1] // c) if c > 0 else full
+        elif op == "shl" and T.is_const(a[1]) and T.value(a[1]) < w:
+            r = (x[0][0] << T.value(a[1]), x[0][1] << T.value(a[1]))
+        elif op in ("urem", "srem") and T.is_const(a[1]) and T.value(a[1]) > 0:
+            r = (0, min(T.value(a[1]) - 1, x[0][1])) if x[0][1] >= T.value(a[1]) else x[0]
+        elif op == "and":
+            r = (0, min(x[0][1], x[1][1]))
+        elif op in ("umin", "smin"):
+            r = (min(x[0][0], x[1][0]), min(x[0][1], x[1][1]))
+        elif op in ("umax", "smax"):
+            r = (max(x[0][0], x[1][0]), max(x[0][1], x[1][1]))
+        else:
+            return full
+        return r if 0 <= r[0] and r[1] <= full[1] else full
+
+    def nonneg(self, *ts) -> bool:
+        """Every bit-vector operand is below 2^(w-1): its signed and unsigned values are the same, so a
+        signed operation on it is the unsigned one (no case split on the sign)."""
+        return all(self.span(t)[1] < 1 << (t.width - 1) for t in ts if isinstance(t, T.Term))
+
+    def simplify(self, t: T.Term) -> T.Term:
+        """t rewritten by what the intervals show, the same value everywhere in the domain: a term of one
+        value is that constant (`x >> 31` of a non-negative x), signed operations on non-negative operands
+        are the unsigned ones (`sext`, `ashr`, `sdiv`, `srem`, `slt`, ...), and `x - (x & -2^k)` is
+        `x & (2^k - 1)`. Compilers' signed-division idioms become plain divisions and remainders."""
+        memo: dict[int, T.Term] = {}
+
+        def go(x: T.Term) -> T.Term:
+            r = memo.get(id(x))
+            if r is None:
+                r = self._rewrite(x, tuple(go(a) if isinstance(a, T.Term) else a for a in x.args))
+                memo[id(x)] = r
+            return r
+
+        return go(t)
+
+    def _rewrite(self, t: T.Term, args: tuple) -> T.Term:
+        if any(x is not y for x, y in zip(args, t.args)):
+            t = T.rebuild(t, args)
+        op, a = t.op, t.args
+        if t.sort == "bv" and op != "const":
+            lo, hi = self.span(t)
+            if lo == hi:
+                return T.const(lo, t.width)
+        unsigned = {"sdiv": "udiv", "srem": "urem", "ashr": "lshr", "smin": "umin", "smax": "umax"}
+        if op in unsigned and self.nonneg(*a):
+            return T.bv(unsigned[op], a[0], a[1])
+        if op in ("slt", "sle") and self.nonneg(*a):
+            return T.cmp("u" + op[1:], a[0], a[1])
+        if op == "sext" and self.nonneg(a[0]):
+            return T.zext(a[0], t.width)
+        if op == "sub" and a[1].op == "and" and a[1].args[0] is a[0] and T.is_const(a[1].args[1]):
+            low = ~T.value(a[1].args[1]) & T.mask(t.width)  # x - (x & ~m) == x & m
+            if (low + 1) & low == 0:
+                return T.bv("and", a[0], T.const(low, t.width))
+        return t
+
+
+
 class Translator:
     """Terms to z3 over the integers: a bit-vector term of width w is its unsigned value in [0, 2^w), each
     operation exact modulo 2^w through a bounded integer witness (`a + b - 2^w * o`, o in {0, 1}). Address
@@ -48,12 +168,16 @@ class Translator:
     and the operations: an operation whose result provably stays in [0, 2^w) needs no wrap witness, and a
     witness' range is only the wraps that can happen. Fewer witnesses, fewer case splits for the solver."""
 
-    def __init__(self, bounds: dict[str, tuple[int, int]] | None = None):
+    def __init__(
+        self,
+        bounds: dict[str, tuple[int, int]] | None = None,
+        select_bounds: dict[str, tuple[int, int]] | None = None,
+    ):
         import z3
 
-        self.bounds = bounds or {}
-        self.spans: dict[int, tuple[int, int]] = {}
-
+        self.intervals = Intervals(bounds, select_bounds)
+        self.span = self.intervals.span
+        self.nonneg = self.intervals.nonneg
         self.z3 = z3
         self.memo: dict[int, Any] = {}
         self.funcs: dict[tuple, Any] = {}
@@ -88,62 +212,6 @@ class Translator:
                 v = self._int(f"u_{t.op}_", 0, 1 << t.width)
             self.unknowns[id(t)] = v
         return v
-
-    def span(self, t: T.Term) -> tuple[int, int]:
-        """Inclusive bounds on a bit-vector term's unsigned value (sound, not tight)."""
-        r = self.spans.get(id(t))
-        if r is None:
-            r = self._span(t)
-            self.spans[id(t)] = r
-        return r
-
-    def _span(self, t: T.Term) -> tuple[int, int]:
-        op, a, w = t.op, t.args, t.width
-        full = (0, (1 << w) - 1)
-        if t.sort != "bv":
-            return full
-        if op == "const":
-            return (a[0], a[0])
-        if op == "sym":
-            lo, hi = self.bounds.get(a[0], full)
-            return (max(lo, 0), min(hi, full[1]))
-        if op == "ite":
-            (l1, h1), (l2, h2) = self.span(a[1]), self.span(a[2])
-            return (min(l1, l2), max(h1, h2))
-        if op == "extract":
-            lo, hi = self.span(a[0])
-            lo, hi = lo >> a[1], hi >> a[1]
-            return (lo, hi) if hi <= full[1] else full
-        if op in ("zext", "add", "sub", "mul", "udiv", "urem", "lshr", "shl", "and", "sext", "umin", "umax"):
-            x = [self.span(y) if isinstance(y, T.Term) else None for y in a]
-        else:
-            return full
-        if op == "zext":
-            return x[0]
-        if op == "sext":
-            return x[0] if x[0][1] < (1 << (a[0].width - 1)) else full
-        if op == "add":
-            r = (x[0][0] + x[1][0], x[0][1] + x[1][1])
-        elif op == "sub":
-            r = (x[0][0] - x[1][1], x[0][1] - x[1][0])
-        elif op == "mul":
-            r = (x[0][0] * x[1][0], x[0][1] * x[1][1])
-        elif op in ("udiv", "lshr") and T.is_const(a[1]):
-            c = T.value(a[1]) if op == "udiv" else 1 << min(T.value(a[1]), w)
-            r = (x[0][0] // c, x[0][1] // c) if c > 0 else full
-        elif op == "shl" and T.is_const(a[1]) and T.value(a[1]) < w:
-            r = (x[0][0] << T.value(a[1]), x[0][1] << T.value(a[1]))
-        elif op == "urem" and T.is_const(a[1]) and T.value(a[1]) > 0:
-            r = (0, min(T.value(a[1]) - 1, x[0][1])) if x[0][1] >= T.value(a[1]) else x[0]
-        elif op == "and":
-            r = (0, min(x[0][1], x[1][1]))
-        elif op == "umin":
-            r = (min(x[0][0], x[1][0]), min(x[0][1], x[1][1]))
-        elif op == "umax":
-            r = (max(x[0][0], x[1][0]), max(x[0][1], x[1][1]))
-        else:
-            return full
-        return r if 0 <= r[0] and r[1] <= full[1] else full
 
     def _wrap(self, x, t: T.Term, lo: int, hi: int):
         """x (the exact result of t's operation, in [lo, hi]) modulo 2^w."""
@@ -186,10 +254,15 @@ class Translator:
                 self.funcs[(a[0], w)] = f
             self.selects.append((t, None))
             v = f(self(a[1]))
-            self.side.append(z3.And(v >= 0, v < (1 << w)))
+            lo, hi = self.span(t)
+            self.side.append(z3.And(v >= lo, v <= hi))
             return v
         if t.sort == "f" or op in ("load", "phi", "fresh", "fbitsof", "f2i", "fcmp", "ftest", "loopinv"):
             return self._unknown(t)
+        if t.sort == "bv":
+            lo, hi = self.span(t)
+            if lo == hi:  # one value over the whole domain (`x >> 31` of a non-negative x)
+                return z3.IntVal(lo)
         x = [self(y) if isinstance(y, T.Term) else y for y in a]
         if t.sort == "bool":
             if op == "and":
@@ -204,6 +277,8 @@ class Translator:
                 return x[0] < x[1]
             if op == "ule":
                 return x[0] <= x[1]
+            if op in ("slt", "sle") and self.nonneg(a[0], a[1]):
+                return x[0] < x[1] if op == "slt" else x[0] <= x[1]
             if op == "slt":
                 return self.signed(x[0], a[0].width) < self.signed(x[1], a[1].width)
             if op == "sle":
@@ -227,6 +302,8 @@ class Translator:
             return x[0]
         if op == "sext":
             iw = a[0].width
+            if self.nonneg(a[0]):
+                return x[0]
             return z3.If(x[0] >= (1 << (iw - 1)), x[0] + ((1 << w) - (1 << iw)), x[0])
         if op == "extract":
             lo = a[1]
@@ -262,6 +339,15 @@ class Translator:
             if (hi_mask + 1) & hi_mask == 0:
                 m = hi_mask + 1
                 return m * self._div(x[0], m, w)
+        if op in ("sdiv", "srem", "ashr", "smin", "smax") and self.nonneg(*a):
+            op = {"sdiv": "udiv", "srem": "urem", "ashr": "lshr", "smin": "umin", "smax": "umax"}[op]
+        if op in ("udiv", "urem") and T.is_const(a[1]) and T.value(a[1]) > 0:
+            c = T.value(a[1])
+            q = self._div(x[0], c, w)
+            return q if op == "udiv" else x[0] - c * q
+        if op == "lshr" and T.is_const(a[1]):
+            c = T.value(a[1])
+            return z3.IntVal(0) if c >= w else self._div(x[0], 1 << c, w - c)
         if op in ("umin", "umax", "smin", "smax"):
             if op[0] == "u":
                 less = x[0] < x[1]
@@ -295,11 +381,15 @@ class Translator:
 class Query:
     """Conditions over one translator; `check()` gives an SolverAnswer."""
 
-    def __init__(self, bounds: dict[str, tuple[int, int]] | None = None):
+    def __init__(
+        self,
+        bounds: dict[str, tuple[int, int]] | None = None,
+        select_bounds: dict[str, tuple[int, int]] | None = None,
+    ):
         import z3
 
         self.z3 = z3
-        self.tr = Translator(bounds)
+        self.tr = Translator(bounds, select_bounds)
         self.solver = z3.Solver()
         self.solver.set("timeout", TIMEOUT_MS)
         self.solver.set("rlimit", RLIMIT)
