@@ -157,7 +157,6 @@ class Intervals:
         return t
 
 
-
 class Translator:
     """Terms to z3 over the integers: a bit-vector term of width w is its unsigned value in [0, 2^w), each
     operation exact modulo 2^w through a bounded integer witness (`a + b - 2^w * o`, o in {0, 1}). Address
