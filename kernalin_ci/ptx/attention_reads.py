@@ -17,7 +17,7 @@ from kernalin_ci.ptx.executor import PtxTrace
 
 
 def _table_reads(t: T.Term, table: str) -> list[T.Term]:
-    return [x for x in T.walk(t) if x.op == "select" and x.args[0] == table]
+    return [x for x in T.below(t, "select") if x.args[0] == table]
 
 
 def kv_reads(trace: PtxTrace, ctx: Context) -> list[Result]:

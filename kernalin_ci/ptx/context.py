@@ -125,13 +125,29 @@ class Context:
         lo, hi = 0, len(cands)  # the answer's index: cands[hi], or 2^40 when hi == len(cands)
         while lo < hi:
             mid = (lo + hi) // 2
-            q = self.query()
-            q.add(T.cmp("ule", T.const(1 << cands[mid], 64), lp.k))
-            if self.finish(q).status == "unsat":
+            if self._below(lp, 1 << cands[mid]):
                 hi = mid
             else:
                 lo = mid + 1
-        return 1 << (cands[hi] if hi < len(cands) else 40)
+        if hi == len(cands):
+            return 1 << 40
+        # then the least bound itself, by bisection below that power of two (a dozen more small queries):
+        # k * 64 < kv_len <= 131072 gives k < 2048, and the intervals see k * 64 below the cache's length
+        low, high = (1 << cands[hi - 1]) if hi else 1, 1 << cands[hi]
+        if high > 1 << 16:
+            return high
+        while low < high:
+            mid = (low + high) // 2
+            if self._below(lp, mid):
+                high = mid
+            else:
+                low = mid + 1
+        return high
+
+    def _below(self, lp, bound: int) -> bool:
+        q = self.query()
+        q.add(T.cmp("ule", T.const(bound, 64), lp.k))
+        return self.finish(q).status == "unsat"
 
     # ------------------------------------------------------------ terms
 
@@ -145,7 +161,7 @@ class Context:
             self._resolved[id(a.cond)] = c
         g = self._resolved.get(id(a.guard))
         if g is None:
-            g = self.trace.resolve(a.guard) if any(x.op == "lanecont" for x in T.walk(a.guard)) else a.guard
+            g = self.trace.resolve(a.guard) if T.below(a.guard, "lanecont") else a.guard
             self._resolved[id(a.guard)] = g
         return T.and_(c, g)
 
@@ -283,6 +299,9 @@ def _tightened(sym: dict[str, tuple[int, int]], facts: LaunchFacts) -> dict[str,
             continue
         if any(s not in out for m, _ in t.extent.terms for s in m):
             continue
+        top = _extremes(t.extent, out)
+        if top is None or top[1] >= 1 << 64:  # the frame's 64-bit size wraps: no bound from it
+            continue
         mins = []
         for m, c in t.extent.terms:
             for s in m:
@@ -358,7 +377,9 @@ def decode(ctx: Context, info: TensorFacts, off: T.Term, tag: str, shared: bool 
         conds.append(T.cmp("ult", c, size))
         top = _extremes(dim, sym)
         if top is not None and top[1] >= 1:  # implied by the constraint; spares the flat sum's wrap witnesses
-            _HOLE_BOUNDS[c.args[0]] = (0, top[1] - 1)
+            # (a shared symbol may name coordinates of several tensors: the widest range holds them all)
+            seen = _HOLE_BOUNDS.get(c.args[0], (0, 0))[1]
+            _HOLE_BOUNDS[c.args[0]] = (0, max(seen, top[1] - 1))
     conds.append(T.cmp("eq", off, T.bv("mul", flat, T.const(info.elsize, 64))))
     if direct is not None:
         e, inner = direct
@@ -408,6 +429,8 @@ def _direct(ctx: Context, info: TensorFacts, off: T.Term) -> tuple[list[T.Term],
         if top is None:
             return None
         inside += strides[d] * (top[1] - 1)
+    if (inside + 1) * info.elsize >= 1 << 64:  # the offsets of the tensor's elements do not wrap
+        return None
     iv = ctx.intervals
     atoms, c0 = _linear(iv.simplify(off), iv)
     per: list[list[tuple[T.Term, int]]] = [[] for _ in strides]

@@ -709,7 +709,7 @@ def split_base(a: T.Term) -> tuple[str, T.Term]:
         raise Unsupported("an address that is not one pointer parameter plus an offset")
     rest = [x for x in atoms if x is not bases[0]]
     for x in rest:
-        if any(y.op == "sym" and y.args[0].startswith(("ptr:", "global:")) for y in T.walk(x)):
+        if any(y.args[0].startswith(("ptr:", "global:")) for y in T.below(x, "sym")):
             raise Unsupported("an address computed from a pointer in a way the engine does not follow")
     off = T.const(0, 64)
     for x in rest:

@@ -52,6 +52,7 @@ class Intervals:
         self.bounds = bounds or {}
         self.select_bounds = select_bounds or {}
         self.spans: dict[int, tuple[int, int]] = {}
+        self.simple: dict[int, T.Term] = {}
 
     def span(self, t: T.Term) -> tuple[int, int]:
         """Inclusive bounds on a bit-vector term's unsigned value (sound, not tight)."""
@@ -124,7 +125,7 @@ class Intervals:
         value is that constant (`x >> 31` of a non-negative x), signed operations on non-negative operands
         are the unsigned ones (`sext`, `ashr`, `sdiv`, `srem`, `slt`, ...), and `x - (x & -2^k)` is
         `x & (2^k - 1)`. Compilers' signed-division idioms become plain divisions and remainders."""
-        memo: dict[int, T.Term] = {}
+        memo = self.simple
 
         def go(x: T.Term) -> T.Term:
             r = memo.get(id(x))
@@ -139,7 +140,7 @@ class Intervals:
         if any(x is not y for x, y in zip(args, t.args)):
             t = T.rebuild(t, args)
         op, a = t.op, t.args
-        if t.sort == "bv" and op != "const":
+        if t.sort == "bv" and op not in ("const", "sym", "select"):  # leaves stay (a model names them)
             lo, hi = self.span(t)
             if lo == hi:
                 return T.const(lo, t.width)

@@ -47,6 +47,7 @@ def mk(op: str, args: tuple, sort: str, width: int) -> Term:
 def reset() -> None:
     """Forget every interned term (between analyses: the table only grows)."""
     _TABLE.clear()
+    _BELOW.clear()
 
 
 def mask(w: int) -> int:
@@ -456,6 +457,34 @@ def walk(t: Term, seen: set | None = None):
         seen.add(id(x))
         yield x
         stack.extend(a for a in x.args if isinstance(a, Term))
+
+
+_BELOW: dict[tuple[str, int], tuple[Term, ...]] = {}
+
+
+def below(t: Term, op: str) -> tuple[Term, ...]:
+    """The distinct terms of operation `op` below t (t included), a term before its arguments, arguments
+    left to right. Memoised per term (until `reset`): the lanes' offsets, which share most of their
+    subterms, are walked once between them."""
+    stack: list[tuple[Term, bool]] = [(t, False)]
+    while stack:
+        x, ready = stack.pop()
+        if (op, id(x)) in _BELOW:
+            continue
+        kids = [a for a in x.args if isinstance(a, Term)]
+        if not ready:
+            stack.append((x, True))
+            stack.extend((a, False) for a in kids if (op, id(a)) not in _BELOW)
+            continue
+        out = [x] if x.op == op else []
+        seen = {id(y) for y in out}
+        for a in kids:
+            for y in _BELOW[(op, id(a))]:
+                if id(y) not in seen:
+                    seen.add(id(y))
+                    out.append(y)
+        _BELOW[(op, id(x))] = tuple(out)
+    return _BELOW[(op, id(t))]
 
 
 def substitute(t: Term, table: dict, memo: dict | None = None) -> Term:
