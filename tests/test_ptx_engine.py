@@ -128,6 +128,81 @@ def test_the_solver_keeps_wraps_only_where_a_declared_range_allows_them():
     assert ans.status == "sat" and (ans.model["x"] * 96 + ans.model["y"]) & 0x80000000
 
 
+def _exprs(xs: tuple) -> tuple:
+    from kernalin_ci.ptx.facts import Expr
+
+    return tuple(Expr.of(x) for x in xs)
+
+
+def _frame(tensors: dict, symbols: dict):
+    """A Context over plain facts and no trace: what the query builders see."""
+    from kernalin_ci.ptx import terms as T
+    from kernalin_ci.ptx.context import Context, Contract
+    from kernalin_ci.ptx.executor import PtxTrace
+    from kernalin_ci.ptx.facts import Expr, LaunchFacts, ShapeSymbol, TensorFacts
+
+    facts = LaunchFacts(
+        "k",
+        [],
+        (Expr.of("B"), Expr.of(1), Expr.of(1)),
+        {n: TensorFacts(n, "float16", 2, _exprs(a), _exprs(b)) for n, (a, b) in tensors.items()},
+        {n: ShapeSymbol(n, lo, hi, lo) for n, (lo, hi) in symbols.items()},
+    )
+    syms = {f"ctaid.{x}": T.sym(f"ctaid.{x}", 32) for x in "xyz"} | {n: T.sym(n, 64) for n in symbols}
+    trace = PtxTrace(None, 1, [], {}, [], syms)  # type: ignore[arg-type]
+    return Context(facts, Contract("attention.decode"), trace, syms), syms
+
+
+def test_an_offset_is_decoded_from_its_linear_form_and_a_lane_past_its_row_stays_exact():
+    """k[B, 2, 48]: the offset 2 * (96 b + 48 h + d) gives the coordinates (b, h, d) as terms, no symbols for
+    the solver to find. A dim d in [0, 63] (a padded tile) is not shown below 48: then the coordinates are
+    symbols with the lemma "(b, h, d) when d < 48", the same models as the plain decomposition, so d = 50
+    still lands in the next head, and from the last head in the next row."""
+    from kernalin_ci.ptx import terms as T
+    from kernalin_ci.ptx.context import decode
+
+    ctx, syms = _frame({"k": (("B", 2, 48), (96, 48, 1))}, {"B": (1, 4096), "D": (0, 63)})
+    b, d = T.zext(syms["ctaid.x"], 64), syms["D"]
+    info = ctx.facts.tensors["k"]
+
+    def off(h: int, d: T.Term) -> T.Term:
+        flat = T.bv("add", T.bv("add", T.bv("mul", b, T.const(96, 64)), T.const(48 * h, 64)), d)
+        return T.bv("mul", flat, T.const(2, 64))
+
+    coords, _ = decode(ctx, info, off(1, T.const(5, 64)), "t")
+    assert coords[0] is b and [T.value(c) for c in coords[1:]] == [1, 5]
+    for h, want in ((0, (b, T.const(1, 64))), (1, (T.bv("add", b, T.const(1, 64)), T.const(0, 64)))):
+        coords, ok = decode(ctx, info, off(h, d), "t")
+        assert coords[0].op == "sym"
+        at50 = T.cmp("eq", d, T.const(50, 64))
+        right = T.and_(*(T.cmp("eq", c, w) for c, w in zip(coords, (*want, T.const(2, 64)))))
+        assert ctx.ask(T.and_(ok, at50, T.not_(right))).status == "unsat"
+        assert ctx.ask(T.and_(ok, at50, right)).status == "sat"
+        # and where d < 48 the coordinates are (b, h, d)
+        plain = T.and_(T.cmp("eq", coords[0], b), T.cmp("eq", coords[1], T.const(h, 64)), T.cmp("eq", coords[2], d))
+        assert ctx.ask(T.and_(ok, T.cmp("ult", d, T.const(48, 64)), T.not_(plain))).status == "unsat"
+
+
+def test_signed_idioms_of_non_negative_values_become_unsigned_and_sizes_bound_the_symbols():
+    """Compilers divide by 16 as `(x + (x >> 31 >>> 28)) >> 4`: for x known non-negative that is x / 16 and
+    `x - (x & -16)` is x % 16; for x of any sign nothing changes. The frame's tensor sizes bound the shape
+    symbols: 12582912 * B elements under 2^31 keeps B <= 170, and the block index below it."""
+    from kernalin_ci.ptx import solver
+    from kernalin_ci.ptx import terms as T
+
+    x = T.sym("x", 32)
+    bias = T.bv("lshr", T.bv("ashr", x, T.const(31, 32)), T.const(28, 32))
+    q = T.bv("ashr", T.bv("add", x, bias), T.const(4, 32))
+    r = T.mk("sub", (x, T.bv("and", T.bv("add", x, bias), T.const(-16, 32))), "bv", 32)
+    small = solver.Intervals({"x": (0, 1 << 20)})
+    assert small.simplify(q) is T.bv("lshr", x, T.const(4, 32))
+    assert small.simplify(r) is T.bv("and", x, T.const(15, 32))
+    assert solver.Intervals({}).simplify(q) is q
+
+    ctx, _ = _frame({"k": (("B", 2, 131072, 48), (12582912, 6291456, 48, 1))}, {"B": (1, 4096)})
+    assert ctx.bounds["B"] == (1, 170) and ctx.bounds["ctaid.x"] == (0, 169)
+
+
 def test_a_correct_kv_append_is_proved_for_every_shape_of_the_domain():
     out, facts = _analyse("checks/kv_append/correct_per_token.py")
     assert out.not_analysed is None
@@ -201,6 +276,15 @@ def test_the_softmax_is_read_from_the_float_dataflow_of_the_ptx(path, cls):
     assert soft and all(r.status != "not-proved" for r in soft)
     found = {r.bug_class for r in soft if r.status == "violated"}
     assert found == ({cls} if cls else set()), [(r.name, r.status, r.cause) for r in soft]
+
+
+def test_paged_kv_reads_are_proved_through_the_block_table():
+    """Every K/V read of a paged kernel, for every program, lane, kv_len and block table of the domain: q's
+    sequence, KV head h // group, below kv_len, through the block table (the offsets decoded from their
+    linear form: the solver used to give up on these six)."""
+    out, _ = _analyse("checks/attention_decode_paged/correct_online_paged.py")
+    reads = [r for r in out.results if r.name.startswith(("k_cache", "v_cache"))]
+    assert len(reads) == 6 and all(r.status == "proved" for r in reads), [(r.name, r.cause) for r in reads]
 
 
 # ---------------------------------------------------------------- a CUDA C++ kernel, compiled by NVRTC
