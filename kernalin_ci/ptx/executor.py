@@ -452,6 +452,8 @@ class Executor:
             )
         else:
             v = self._operand(s, src, ins)
+            if "pred" in ins.mods:  # mov.pred %p, -1: an immediate predicate is true where it is not 0
+                v = _lanes(v, self.n, lambda x: T.not_(T.cmp("eq", x, T.const(0, x.width))) if x.sort == "bv" else x)
         self._set(s, ins, d, v)
         self.results[ins.index] = s.regs[d]
 
