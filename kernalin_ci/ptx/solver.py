@@ -199,7 +199,7 @@ class Translator:
     def _int(self, what: str, lo: int, hi: int):
         self.n += 1
         v = self.z3.Int(f"{what}{self.n}")
-        self.side.append(self.z3.And(v >= lo, v < hi))
+        self.side += (v >= lo, v < hi)
         return v
 
     def _unknown(self, t: T.Term):
@@ -224,7 +224,7 @@ class Translator:
             return x
         o = self._int("o", lo, hi)
         r = x - (1 << w) * o
-        self.side.append(self.z3.And(r >= 0, r < (1 << w)))
+        self.side += (r >= 0, r < (1 << w))
         return r
 
     def signed(self, x, w: int):
@@ -245,7 +245,7 @@ class Translator:
                 v = z3.Int(a[0])
                 self.syms[a[0]] = v
                 lo, hi = self.span(t)
-                self.side.append(z3.And(v >= lo, v <= hi))
+                self.side += (v >= lo, v <= hi)
             return v
         if op == "select":
             f = self.funcs.get((a[0], w))
@@ -255,7 +255,7 @@ class Translator:
             self.selects.append((t, None))
             v = f(self(a[1]))
             lo, hi = self.span(t)
-            self.side.append(z3.And(v >= lo, v <= hi))
+            self.side += (v >= lo, v <= hi)
             return v
         if t.sort == "f" or op in ("load", "phi", "fresh", "fbitsof", "f2i", "fcmp", "ftest", "loopinv"):
             return self._unknown(t)
@@ -374,7 +374,7 @@ class Translator:
     def _div(self, x, c: int, w: int):
         """floor(x / c) for 0 <= x (a witness q with q * c <= x < (q + 1) * c)."""
         q = self._int("d", 0, 1 << w)
-        self.side.append(self.z3.And(q * c <= x, x < q * c + c))
+        self.side += (q * c <= x, x < q * c + c)
         return q
 
 
@@ -400,8 +400,8 @@ class Query:
         self._flush()
 
     def _flush(self) -> None:
-        for c in self.tr.side:
-            self.solver.add(c)
+        if self.tr.side:
+            self.solver.add(*self.tr.side)
         self.tr.side = []
 
     def check(self, extra: list | None = None) -> SolverAnswer:
