@@ -265,7 +265,7 @@ def test_verify_engine_ptx_runs_the_engine_in_the_structural_worker():
     ],
 )
 def test_the_softmax_is_read_from_the_float_dataflow_of_the_ptx(path, cls):
-    """The softmax properties alone (the K/V read proofs take the solver tens of seconds: ptx_bench.py)."""
+    """The softmax properties alone (the K/V reads: test_paged_kv_reads_are_proved_through_the_block_table)."""
     from dataclasses import replace as dc_replace
 
     from kernalin_ci import ptx as engine
