@@ -203,6 +203,48 @@ def test_signed_idioms_of_non_negative_values_become_unsigned_and_sizes_bound_th
     assert ctx.bounds["B"] == (1, 170) and ctx.bounds["ctaid.x"] == (0, 169)
 
 
+_MOV_PRED = """
+.version 8.0
+.target sm_90
+.address_size 64
+.visible .entry k(
+	.param .u64 k_param_0
+)
+{
+	.reg .pred 	%p<3>;
+	.reg .b32 	%r<3>;
+	.reg .b64 	%rd<3>;
+	mov.pred 	%p1, -1;
+	mov.pred 	%p2, 0;
+	ld.param.u64 	%rd1, [k_param_0];
+	mov.u32 	%r1, 7;
+	@%p1 st.global.b32 	[%rd1], %r1;
+	@%p2 st.global.b32 	[%rd1+4], %r1;
+	ret;
+}
+"""
+
+
+def test_an_immediate_predicate_is_a_boolean():
+    """`mov.pred %p1, -1` (Triton emits it: rope/bug_mrope_section_boundary): the store it guards always
+    runs and is proved in bounds; the one under `mov.pred %p2, 0` never runs (it would be out of bounds)."""
+    from kernalin_ci import ptx as engine
+    from kernalin_ci.ptx.facts import Expr, LaunchFacts, ParamFacts, TensorFacts
+
+    one = (Expr.of(1),)
+    facts = LaunchFacts(
+        "k",
+        [ParamFacts("pointer", tensor="out")],
+        (Expr.of(1), Expr.of(1), Expr.of(1)),
+        {"out": TensorFacts("out", "int32", 4, one, one, role="output")},
+        {},
+        block_threads=1,
+    )
+    out = engine.analyse(_MOV_PRED, facts, engine.Contract("custom"))
+    assert out.not_analysed is None
+    assert [(r.name, r.status) for r in out.results] == [("store to out in bounds", "proved")]
+
+
 def test_a_correct_kv_append_is_proved_for_every_shape_of_the_domain():
     out, facts = _analyse("checks/kv_append/correct_per_token.py")
     assert out.not_analysed is None
