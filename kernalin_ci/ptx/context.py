@@ -83,6 +83,7 @@ class Context:
         self.domain = facts.domain_text()
         self._resolved: dict[int, T.Term] = {}
         self.bounds = self._bounds()
+        self.coord_bounds: dict[str, tuple[int, int]] = {}  # decode's coordinate symbols, below their sizes
         self.select_bounds = self._select_bounds()
         for lp in trace.loops.values():
             self.bounds[lp.k.args[0]] = (0, self._iterations(lp) - 1)
@@ -194,7 +195,7 @@ class Context:
     # ------------------------------------------------------------ queries
 
     def query(self) -> solver.Query:
-        q = solver.Query(self.bounds | _HOLE_BOUNDS, self.select_bounds)
+        q = solver.Query(self.bounds | _HOLE_BOUNDS | self.coord_bounds, self.select_bounds)
         q.add(*self.frame())
         return q
 
@@ -378,8 +379,8 @@ def decode(ctx: Context, info: TensorFacts, off: T.Term, tag: str, shared: bool 
         top = _extremes(dim, sym)
         if top is not None and top[1] >= 1:  # implied by the constraint; spares the flat sum's wrap witnesses
             # (a shared symbol may name coordinates of several tensors: the widest range holds them all)
-            seen = _HOLE_BOUNDS.get(c.args[0], (0, 0))[1]
-            _HOLE_BOUNDS[c.args[0]] = (0, max(seen, top[1] - 1))
+            seen = ctx.coord_bounds.get(c.args[0], (0, 0))[1]
+            ctx.coord_bounds[c.args[0]] = (0, max(seen, top[1] - 1))
     conds.append(T.cmp("eq", off, T.bv("mul", flat, T.const(info.elsize, 64))))
     if direct is not None:
         e, inner = direct
