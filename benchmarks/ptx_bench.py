@@ -62,6 +62,23 @@ def run_one(path: str) -> dict:
     }
 
 
+def crashed(path: str, e: Exception) -> dict:
+    """The row of a file whose analysis raised: verdict ERROR, the exception as the cause."""
+    from kernalin_ci.catalogue import read_meta
+
+    try:
+        meta = read_meta(Path(path))
+        op, expected = meta.op, meta.bug_class
+    except Exception:
+        op, expected = "?", None
+    first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+    status = {"status": "error", "cause": f"engine error: {type(e).__name__}: {first}"}
+    return {
+        "file": os.path.relpath(path, ROOT), "op": op, "expected": expected, "verdict": "ERROR", "classes": [],
+        "status": status, "proved": [], "notices": [], "seconds": 0.0, "cpu": 0.0, "kernels": [],
+    }  # fmt: skip
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("files", nargs="*")
@@ -70,7 +87,10 @@ def main() -> int:
     files = args.files or sorted(glob.glob(str(ROOT / "checks" / "*" / "*.py")))
     rows = []
     for f in files:
-        r = run_one(f)
+        try:
+            r = run_one(f)
+        except Exception as e:  # an engine crash on one file is that file's row, not the end of the run
+            r = crashed(f, e)
         rows.append(r)
         cause = "" if r["status"]["status"] == "analysed" else f" ({r['status']['cause'][:90]})"
         print(f"{r['file']}: {r['verdict']} {','.join(r['classes'])} {r['seconds']}s{cause}", flush=True)
@@ -89,6 +109,9 @@ def main() -> int:
             f"| {sum(r['verdict'] == 'FALSE' for r in good)}/{len(good)} "
             f"| {sum(r['verdict'] == 'clean' for r in good)}/{len(good)} |"
         )
+    errors = [r["file"] for r in rows if r["verdict"] == "ERROR"]
+    if errors:
+        print(f"\nengine errors ({len(errors)}): {', '.join(errors)}")
     secs = sorted(r["seconds"] for r in rows)
     if secs:
         print(f"\nseconds per entry: median {secs[len(secs) // 2]}, max {secs[-1]}")
