@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from kernalin_ci.ptx import terms as T
 from kernalin_ci.ptx.facts import LaunchFacts
-from kernalin_ci.ptx.pointers import pointer_cases
+from kernalin_ci.ptx.pointers import is_pointer, pointer_cases, summands
 from kernalin_ci.ptx.semantics import Unsupported, alu, as_bits, as_float, fit, types_of
 from kernalin_ci.ptx.syntax import Instr, Mem, PtxKernel
 
@@ -698,20 +698,13 @@ def _write_map(mem: dict, a: T.Term, x: T.Term, g: T.Term, w: int) -> None:
 
 def split_base(a: T.Term) -> tuple[str, T.Term]:
     """An address as (tensor, byte offset): the one pointer symbol of its sum, and the rest."""
-    atoms: list[T.Term] = []
-    stack = [a]
-    while stack:
-        x = stack.pop()
-        if x.op == "add":
-            stack.extend(x.args)
-        else:
-            atoms.append(x)
-    bases = [x for x in atoms if x.op == "sym" and x.args[0].startswith(("ptr:", "global:"))]
+    atoms = summands(a)
+    bases = [x for x in atoms if is_pointer(x)]
     if len(bases) != 1:
         raise Unsupported("an address that is not one pointer parameter plus an offset")
     rest = [x for x in atoms if x is not bases[0]]
     for x in rest:
-        if any(y.args[0].startswith(("ptr:", "global:")) for y in T.below(x, "sym")):
+        if any(is_pointer(y) for y in T.below(x, "sym")):
             raise Unsupported("an address computed from a pointer in a way the engine does not follow")
     off = T.const(0, 64)
     for x in rest:

@@ -11,10 +11,8 @@ def is_pointer(x: T.Term) -> bool:
     return x.op == "sym" and x.args[0].startswith(("ptr:", "global:"))
 
 
-def pointer_cases(a: T.Term) -> list[tuple[T.Term, T.Term]]:
-    """An address as (condition, address) cases: a term of its sum that selects between pointers
-    (`base = c ? q : k`, CUDA C++ code choosing its tensor) gives one case per choice, the condition
-    substituted in it; any other address is the one case (TRUE, a)."""
+def summands(a: T.Term) -> list[T.Term]:
+    """The terms of an address's sum (nested adds flattened)."""
     atoms, stack = [], [a]
     while stack:
         x = stack.pop()
@@ -22,7 +20,14 @@ def pointer_cases(a: T.Term) -> list[tuple[T.Term, T.Term]]:
             stack.extend(x.args)
         else:
             atoms.append(x)
-    for x in atoms:
+    return atoms
+
+
+def pointer_cases(a: T.Term) -> list[tuple[T.Term, T.Term]]:
+    """An address as (condition, address) cases: a term of its sum that selects between pointers
+    (`base = c ? q : k`, CUDA C++ code choosing its tensor) gives one case per choice, the condition
+    substituted in it; any other address is the one case (TRUE, a)."""
+    for x in summands(a):
         if x.op == "ite" and any(is_pointer(y) for y in T.walk(x)):
             c = x.args[0]
             out = []

@@ -94,22 +94,15 @@ PRESETS: dict[str, dict] = {
         "4096 on layer_types' default 'sliding_attention' layers 0, 2, 4, ..., attn_logit_softcapping 50.0, "
         "query_pre_attn_scalar 256 = head_dim (so the scale is head_dim^-0.5)",
     },
-    # An FP8 KV cache as a public checkpoint's model card states it: amd/Llama-3.1-8B-Instruct-FP8-KV ("KV
-    # Cache: FP8 symmetric per-tensor"; vLLM's `fp8` KV cache, which it reads with those per-tensor scales, is
-    # E4M3). Its shapes are the base model's, meta-llama/Llama-3.1-8B-Instruct (= llama-3.1-8b above).
-    "llama-3.1-8b-fp8-kv": {
-        "layers": 32,
-        "hidden_size": 4096,
-        "num_heads": 32,
-        "num_kv_heads": 8,
-        "head_dim": 128,
-        "intermediate_size": 14336,
-        "vocab_size": 128256,
-        "dtype": "bfloat16",
-        "kv_dtype": "fp8_e4m3",
-        "source": "amd/Llama-3.1-8B-Instruct-FP8-KV model card: KV cache FP8 (E4M3) symmetric per-tensor; "
-        "shapes: meta-llama/Llama-3.1-8B config.json",
-    },
+}
+# An FP8 KV cache as a public checkpoint's model card states it: amd/Llama-3.1-8B-Instruct-FP8-KV ("KV Cache: FP8
+# symmetric per-tensor"; vLLM's `fp8` KV cache, which it reads with those per-tensor scales, is E4M3). Its shapes
+# are the base model's, meta-llama/Llama-3.1-8B-Instruct (= llama-3.1-8b above).
+PRESETS["llama-3.1-8b-fp8-kv"] = {
+    **PRESETS["llama-3.1-8b"],
+    "kv_dtype": "fp8_e4m3",
+    "source": "amd/Llama-3.1-8B-Instruct-FP8-KV model card: KV cache FP8 (E4M3) symmetric per-tensor; "
+    "shapes: meta-llama/Llama-3.1-8B config.json",
 }
 SHAPE_KEYS = ("layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size", "vocab_size")
 MODEL_DTYPES = ("bfloat16", "float16", "float32")

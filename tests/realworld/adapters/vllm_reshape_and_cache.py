@@ -6,8 +6,8 @@ Hkv x D elements, writing key and value into the paged caches at the token's slo
 The cache is vLLM's flash layout [num_blocks, block_size, Hkv, D]: our NHD cache as it is. The adapter
 launches the kernel with the launcher's grid, strides and constants for an unquantized cache on a
 Hopper GPU (TILE_SIZE up to 2048, 16 warps, 10 stages): the launcher itself asks the CUDA runtime for
-the device's capability, which the CPU interpreter has not. The module imports vLLM's platform object,
-its Triton re-export and two quantization helpers; the stand-ins are our own lines.
+the device's capability, which the CPU interpreter has not. vLLM's module is loaded by
+_vllm_cache_flash.py.
 
 FP8 caches (docs/ops.md, "FP8 KV caches"): with `kv_dtype` set the caches are FP8 and the entry gets `k_scale`
 and `v_scale`; the launch sets FP8_KV_CACHE as vLLM's launcher does for an fp8 `kv_cache_dtype`, and the kernel
@@ -16,22 +16,7 @@ divides by one element of each scale (`tl.load(k_scale)`): per-tensor scales onl
 
 import torch
 import triton
-import triton.language as tl
-from _source import load
-
-_m = load(
-    "vllm-0.34.0",
-    "vllm/v1/attention/ops/triton_reshape_and_cache_flash.py",
-    stubs={
-        "vllm.model_executor.layers.quantization.utils.quant_utils": {
-            "FP8_DTYPE": torch.float8_e4m3fn,
-            "get_fp8_min_max": lambda: (-448.0, 448.0),
-        },
-        "vllm.platforms": {"current_platform": None},
-        "vllm.triton_utils": {"tl": tl, "triton": triton},
-        "vllm.v1.kv_cache_interface": {"KVQuantMode": None, "is_quantized_kv_cache": lambda dtype: False},
-    },
-)
+from _vllm_cache_flash import module as _m  # the vLLM module, loaded with its stand-ins
 
 
 def entry(key, value, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=None):

@@ -10,28 +10,13 @@ caches are vLLM's flash layout [num_blocks, block_size, Hkv, D], our NHD caches 
 `v_scale` are the scale caches [num_blocks, block_size, Hkv] float32. The adapter launches the kernel as vLLM's
 launcher `triton_reshape_and_cache_flash_per_token_head_quant` does for an FP8 cache on CUDA (its grid, strides,
 QUANT_MAX / QUANT_MIN of e4m3 and its warp rule); the launcher itself asks vLLM's platform object, which the CPU
-interpreter has not. The module imports vLLM's platform object, its Triton re-export and two quantization
-helpers; the stand-ins are our own lines.
+interpreter has not. vLLM's module is loaded by
+_vllm_cache_flash.py.
 """
 
 import torch
 import triton
-import triton.language as tl
-from _source import load
-
-_m = load(
-    "vllm-0.34.0",
-    "vllm/v1/attention/ops/triton_reshape_and_cache_flash.py",
-    stubs={
-        "vllm.model_executor.layers.quantization.utils.quant_utils": {
-            "FP8_DTYPE": torch.float8_e4m3fn,
-            "get_fp8_min_max": lambda: (-448.0, 448.0),
-        },
-        "vllm.platforms": {"current_platform": None},
-        "vllm.triton_utils": {"tl": tl, "triton": triton},
-        "vllm.v1.kv_cache_interface": {"KVQuantMode": None, "is_quantized_kv_cache": lambda dtype: False},
-    },
-)
+from _vllm_cache_flash import module as _m  # the vLLM module, loaded with its stand-ins
 
 
 def entry(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale):
