@@ -1,6 +1,7 @@
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,21 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def tmp_path(tmp_path):
+    """pytest's own, reachable by other users when the tests run as root: its folders are 0700, and a kernel
+    worker of an unprivileged uid of its own (KERNALIN_SANDBOX=uid, root without bubblewrap, as on the GPU
+    machine) refuses an entry or checkout it cannot read (sandbox/uid.py)."""
+    if os.geteuid() == 0:
+        top = Path(tempfile.gettempdir()).resolve()
+        for folder in [tmp_path, *tmp_path.parents]:
+            if folder == top or top not in folder.parents:
+                break
+            folder.chmod(folder.stat().st_mode | 0o011)
+        tmp_path.chmod(tmp_path.stat().st_mode | 0o055)
+    return tmp_path
 
 
 def cli(*args, cwd=None, timeout=900, env=None):
