@@ -133,6 +133,36 @@ def test_the_decode_loop_attends_with_the_features_and_crosses_the_window():
     assert torch.equal(dl.attend_history(s, q_ref, "float32")[0], want)
 
 
+def test_decode_step_loops_put_the_scores_where_the_cap_and_the_sinks_matter():
+    """decode_step's cases with a soft-cap and sinks: besides the main loop (which crosses the window), a
+    short loop whose scaled scores lie far past the cap (tanh saturated) and one whose sinks take nearly all
+    the mass; neither without its feature."""
+    o = get_op("decode_step")
+    params = resolve_params(o.name, o.params, STEP_PARAMS)
+    cases = {c.name: c for c in o.cases(params, "cpu", "float32")}
+    assert {"decode-loop", "cap-saturation", "sink-dominates"} <= set(cases)
+    assert 24 - dl.WINDOW_CROSSING_STEP in cases["cap-saturation"].dims["start_lens"]
+    plain = resolve_params(o.name, o.params, {**STEP_PARAMS, "logit_cap": None, "sinks": False})
+    assert not {"cap-saturation", "sink-dominates"} & {c.name for c in o.cases(plain, "cpu", "float32")}
+
+    def first_step(name):
+        s = dl.init_state(o.loop(cases[name], params, True), "cpu")
+        st = dl.next_step(s, 0, "float32")
+        q_ref, k_ref = dl.rotated(st, len(s.lens), dl.rope_params(params), s.shape.D)
+        dl.advance(s, st, *dl.new_rows(s, st, k_ref))
+        return s, q_ref
+
+    s, q = first_step("cap-saturation")
+    scores = torch.cat([torch.einsum("hd,hld->hl", q[b, ::2], s.ref_k[b]) * s.scale for b in range(len(s.lens))], 1)
+    assert (scores.abs() > 3 * 20.0).float().mean() > 0.7  # tanh(3) = 0.995: saturated
+    s, q = first_step("sink-dominates")
+    out, _ = dl.attend_history(s, q, "float32")
+    f = s.feat
+    no_sink = ac.attend(q, s.ref_k, s.ref_v, s.scale, ac.head_map(4, 2), feat=af.Features(f.window, f.cap, f.slopes))
+    kept = out.norm(dim=-1) / no_sink.norm(dim=-1)  # the mass the keys keep beside the sink
+    assert kept.median() < 0.01 and kept.max() < 0.2, kept
+
+
 def _pipeline(attention: str, window: int, steps: int):
     entries = {
         "kv_append": f"{CHECKS / 'kv_append' / 'correct_per_token.py'}:entry",
@@ -177,6 +207,7 @@ def _case(op, params, name):
 
 
 # (op, file, params, the case where the bug shows, the class it must be named with; None: correct)
+STEP_PARAMS = {"block_size": 16, **ALL, "window": 24, "steps": 24}  # the decode_step catalogue's feature params
 FEATURE_KERNELS = [
     ("attention.decode", "correct_features", ALL, "window-edge", None),
     ("attention.decode", "correct_features", ALL, "sink-dominates", None),
@@ -186,6 +217,8 @@ FEATURE_KERNELS = [
     ("attention.decode", "bug_sink_every_tile", ALL, "sink-dominates", "wrong-output"),
     ("attention.decode_paged", "correct_features_paged", {"block_size": 16, **ALL}, "window-edge", None),
     ("attention.decode_paged", "bug_sink_kv_head", {"block_size": 16, **ALL}, "alibi-ends", "attention-sink"),
+    # decode_step's feature kernels run their whole plan in the catch matrix; here the loop where the cap saturates
+    ("decode_step", "bug_step_softcap_before_scale", {**STEP_PARAMS, "sinks": False}, "cap-saturation", "soft-cap"),
 ]
 
 

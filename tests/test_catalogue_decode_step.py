@@ -25,6 +25,7 @@ from kernalin_ci.ops.base import resolve_params
 
 OP = "decode_step"
 SIGNATURE = ["q", "k", "v", "positions", "k_cache", "v_cache", "slot_mapping", "block_tables", "kv_lens", "scale"]
+FEATURE_INPUTS = ["alibi_slopes", "sinks"]  # the attention features' inputs (docs/ops.md), after the contract's
 FILES = sorted((CHECKS / "decode_step").glob("*.py"))
 MAX_DIFF_LINES = 10
 
@@ -34,6 +35,17 @@ def test_the_catalogue_has_both_fused_shapes_and_every_step_level_bug():
     assert {"correct_fused", "correct_two_launches"} <= names
     classes = {read_catalogue(p)[1]["bug_class"] for p in FILES}
     assert {"step-order", "kv-unrotated", "stray-write", "new-token-twice", "rope-value"} <= classes
+    assert {"window-mask", "soft-cap", "alibi", "attention-sink"} <= classes  # one per attention feature
+
+
+def test_the_feature_kernels_say_the_structural_analysis_does_not_model_them():
+    """Every file that switches an attention feature on says the structural analysis does not model it
+    (the catch matrix then asks its dynamic catch only), and every feature bug is one the pos-0 probe misses."""
+    for p in FILES:
+        cat = read_catalogue(p)[1]
+        if any(cat["params"].get(k) for k in ("window", "logit_cap", "alibi", "sinks")):
+            assert cat.get("structural") == "not-analysed", p.name
+            assert cat["pos0"] in (None, "missed"), p.name
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
@@ -44,7 +56,8 @@ def test_header_and_catalogue(path):
     assert doc and doc.splitlines()[0].strip()
     assert cat["op"] == OP
     resolve_params(OP, get_op(OP).params, cat["params"])
-    assert [a.arg for a in entry.args.kwonlyargs + entry.args.args] == SIGNATURE
+    args = [a.arg for a in entry.args.kwonlyargs + entry.args.args]
+    assert args[: len(SIGNATURE)] == SIGNATURE and args[len(SIGNATURE) :] in ([], FEATURE_INPUTS), args
     if path.name.startswith("correct_"):
         assert cat["bug_class"] is None and cat["pos0"] is None and cat["modelled_on"] is None
         return

@@ -59,7 +59,9 @@ class DecodeLoop:
     """One loop case: its shape, dtype, seed and number of steps; `rope`: the rope params when the step
     rotates q and k (None: it does not); `padding`: tokens per step at slot -1, which must change nothing;
     `features`: the attention feature params switched on (docs/ops.md, "Attention features"; none: plain
-    attention), each step's attention as the attention ops define it, with their extra inputs."""
+    attention), each step's attention as the attention ops define it, with their extra inputs; `q_std` and
+    `sink_shift` put the scores where a feature matters (a saturated soft-cap, a dominating sink: the
+    attention ops' `cap-saturation` and `sink-dominates`, attention_features.plan_cases)."""
 
     shape: LoopShape
     dtype: str
@@ -69,6 +71,8 @@ class DecodeLoop:
     padding: int = 0
     features: dict[str, Any] = field(default_factory=dict)
     kv: kv_quant.KvQuant | None = None  # an FP8 cache (None: the caches are in the loop's dtype)
+    q_std: float = 1.0  # the queries' standard deviation: |scale * q.k| about 0.9 q_std
+    sink_shift: float = 0.0  # added to every sink logit (attention_features.inputs_of)
 
 
 @dataclass
@@ -91,6 +95,7 @@ class LoopState:
     feat: af.Features  # the features of each step's attention, with those inputs in float64
     kv: kv_quant.KvQuant | None = None
     kv_scales: dict[str, torch.Tensor] = field(default_factory=dict)
+    q_std: float = 1.0  # DecodeLoop.q_std
 
     def stored(self, rows: torch.Tensor, cache: str) -> torch.Tensor:
         """Rows [n, Hkv, D] as the cache `cache` ('k' or 'v') stores them: quantised with its scale (FP8),
@@ -184,7 +189,7 @@ def init_state(loop: DecodeLoop, device: str) -> LoopState:
             fill_canary(t)
         else:
             t.zero_()
-    extra = af.inputs_of(loop.features, shape.Hq, loop.seed, device)  # a generator of their own
+    extra = af.inputs_of(loop.features, shape.Hq, loop.seed, device, loop.sink_shift)  # a generator of their own
     s = LoopState(
         shape,
         g,
@@ -200,6 +205,7 @@ def init_state(loop: DecodeLoop, device: str) -> LoopState:
         af.Features.of(loop.features, extra),
         loop.kv,
         kv_scales,
+        loop.q_std,
     )
     if shape.stale:  # the sequences' own blocks: finite data left by an earlier request
         own = tables.reshape(-1).long()
@@ -225,7 +231,7 @@ def next_step(s: LoopState, index: int, dtype: str, padding: int = 0) -> Step:
     sh = s.shape
     g, bs, lens, tables = s.g, sh.block_size, s.lens, s.tables_cpu
     n = len(lens) + padding
-    q = randn((n, sh.Hq, sh.D), g, dtype, "cpu")
+    q = randn((n, sh.Hq, sh.D), g, dtype, "cpu", s.q_std)
     k = randn((n, sh.Hkv, sh.D), g, dtype, "cpu")
     v = randn((n, sh.Hkv, sh.D), g, dtype, "cpu")
     slots = [int(tables[b, L // bs]) * bs + L % bs for b, L in enumerate(lens)] + [-1] * padding

@@ -13,6 +13,7 @@ judges it: kernalin_ci.verify's loop_drive.py and loop_judge.py).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from kernalin_ci.device import DEVICES
@@ -93,7 +94,8 @@ class DecodeStep(Op):
         free blocks canary-filled. `stale`: the free slots of the sequences' own blocks hold finite data
         left by an earlier request, so a step that attends the new token's slot before writing it gives a
         finite wrong output whose cause can be named; without it the same read is the canary. With a
-        sliding window, each loop has one more sequence that crosses it mid-loop (`crossing_window`)."""
+        sliding window, each loop has one more sequence that crosses it mid-loop (`crossing_window`); with a
+        soft-cap or sinks, a short loop where each matters (`feature_loops`)."""
         main = dtype or "float32"
         steps = int(params["steps"])
 
@@ -101,7 +103,8 @@ class DecodeStep(Op):
             return crossing_window(start, params, n)
 
         if DEVICES[device].interpreted:  # the interpreter: small heads, one loop
-            return [Case("decode-loop", self._dims(params, 4, 2, 40, lens([0, 17], steps), steps, stale=True), main, 1)]
+            loop = Case("decode-loop", self._dims(params, 4, 2, 40, lens([0, 17], steps), steps, stale=True), main, 1)
+            return [loop, *self.feature_loops(params, main, 4, 2, 40)]
         long = lens([0, 5, 17, 63, 200], 2 * steps)
         cases = [
             Case("decode-loop", self._dims(params, 8, 2, 128, long, 2 * steps, stale=True), main, 1),
@@ -118,6 +121,24 @@ class DecodeStep(Op):
                         10 + i,
                     )
                 )
+        return cases + self.feature_loops(params, main, 8, 2, 128)
+
+    def feature_loops(self, params: Params, dtype: str, hq: int, hkv: int, D: int) -> list[Case]:
+        """The attention ops' `cap-saturation` and `sink-dominates` (docs/ops.md, "Attention features") as short
+        loops (4 steps; a sequence starting empty, one across 32- and 64-key tiles, and the one crossing the
+        window): queries that put |scale * q.k| around 8 caps (tanh saturated for most keys, its slope still
+        there for a few), every sink 7 above N(0, 1) (the sink takes ~99.9% of the mass). The window's edge is
+        in every loop (`crossing_window`), ALiBi's ends are every step's first and last key."""
+        n = min(int(params["steps"]), 4)
+        start = crossing_window([0, 30, 61], params, n)
+        cases = []
+        if params.get("logit_cap"):  # scale = 0.9 / sqrt(D): |scale * q.k| ~ 0.9 q_std
+            q_std = 8.0 * float(params["logit_cap"]) / 0.9
+            dims = self._dims(params, hq, hkv, D, start, n, stale=True, q_std=q_std)
+            cases.append(Case("cap-saturation", dims, dtype, 61, ("cap",)))
+        if params.get("sinks"):
+            dims = self._dims(params, hq, hkv, D, start, n, stale=True, sink_shift=7.0)
+            cases.append(Case("sink-dominates", dims, dtype, 62, ("sinks",)))
         return cases
 
     @staticmethod
@@ -150,6 +171,12 @@ class DecodeStep(Op):
         lens = d.get("start_lens")
         if not isinstance(lens, list) or not lens or not all(isinstance(x, int) and x >= 0 for x in lens):
             return "start_lens must be a non-empty list of lengths >= 0"
+        q_std, shift = d.get("q_std", 1.0), d.get("sink_shift", 0.0)
+        numbers = (q_std, shift)
+        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in numbers):
+            return "q_std and sink_shift must be finite numbers"
+        if q_std <= 0:
+            return "q_std must be positive"
         return None
 
     def loop(self, case: Case, params: Params, poison: bool) -> DecodeLoop:
@@ -175,6 +202,8 @@ class DecodeStep(Op):
             rope_params(params),
             features=af.of_params(params),
             kv=kv_quant.spec_of(params),
+            q_std=float(d.get("q_std", 1.0)),
+            sink_shift=float(d.get("sink_shift", 0.0)),
         )
 
     def inputs(self, case: Case, params: Params, device: str, poison: bool = True) -> Tensors:
