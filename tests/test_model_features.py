@@ -3,6 +3,7 @@ carry them, and the step handing them to the attention kernel as its op params."
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import shutil
@@ -101,8 +102,24 @@ def test_a_kernel_whose_features_are_not_the_models_is_a_usage_error():
     with pytest.raises(UsageError, match="t has kv_scale=per-token-head; the step's attention reads given"):
         check_roles(from_cli("llama-3.1-8b-fp8-kv"), [token_head])
     step = Role("decode_step", "decode_step", "fused", "k.py:f", "k.py:f", {})
-    with pytest.raises(UsageError, match=r"fused \(decode_step\) takes no attention features"):
+    with pytest.raises(UsageError, match=r"fused \(decode_step\) takes no attention features; the model sets window"):
         check_roles(from_cli("gemma-2-2b"), [step])
+
+
+def test_a_decode_step_kernel_takes_the_models_features_its_params_declare():
+    """A fused step serves a model with features when its params (those it is verified with) set each one to
+    the model's value; one it leaves out is named, with the same line."""
+    both = Role("decode_step", "decode_step", "fused", "k.py:f", "k.py:f", {"window": 4096, "logit_cap": 50.0})
+    params, layout = check_roles(from_cli("gemma-2-2b"), [both])
+    assert "window" not in params and "logit_cap" not in params and layout["block_size"] == 16
+    half = Role("decode_step", "decode_step", "fused", "k.py:f", "k.py:f", {"window": 4096})
+    with pytest.raises(UsageError, match=r"fused \(decode_step\) takes no logit_cap=50.0; the model sets window"):
+        check_roles(from_cli("gemma-2-2b"), [half])
+    fp8 = Role("decode_step", "decode_step", "fused", "k.py:f", "k.py:f", {"window": 4096})
+    with pytest.raises(
+        UsageError, match=r"takes no kv_dtype=fp8_e4m3; the model sets window=4096, window_layers=all, kv_dtype"
+    ):
+        check_roles(dataclasses.replace(from_cli("mistral-7b-v0.1"), kv_dtype="fp8_e4m3"), [fp8])
 
 
 TINY = ModelSpec(
@@ -137,22 +154,29 @@ def test_the_torch_attention_applies_the_layers_features():
 
 
 @pytest.mark.parametrize(
-    "op, kernel",
+    "role, op, kernel, params",
     [
-        ("attention.decode", REPO / "checks" / "attention_decode" / "correct_features.py"),
-        ("attention.decode_paged", REPO / "checks" / "attention_decode_paged" / "correct_features_paged.py"),
+        ("attention", "attention.decode", REPO / "checks" / "attention_decode" / "correct_features.py", {}),
+        (
+            "attention",
+            "attention.decode_paged",
+            REPO / "checks" / "attention_decode_paged" / "correct_features_paged.py",
+            {},
+        ),
+        ("decode_step", "decode_step", REPO / "checks" / "decode_step" / "correct_features_step.py", {"window": 4096}),
     ],
 )
-def test_a_model_window_reaches_a_real_triton_kernel_in_the_step(tmp_path, op, kernel):
-    """The catalogue's feature kernel in the attention place, in the worker under the interpreter: with the
-    model's window it agrees with itself, and a head that ignores the window disagrees, so the base masked."""
+def test_a_model_window_reaches_a_real_triton_kernel_in_the_step(tmp_path, role, op, kernel, params):
+    """The catalogue's feature kernel in the attention place (or the fused place, its params declaring the
+    window), in the worker under the interpreter: with the model's window it agrees with itself, and a head
+    that ignores the window disagrees, so the base masked."""
     spec = from_cli("mistral-7b-v0.1")  # window 4096 -> 8 keys of the tiny step's 21
     src = kernel.read_text()
     assert src.count('USE_WINDOW=bool(prm.get("window"))') == 1
     for side, text in (("base", src), ("head", src.replace('USE_WINDOW=bool(prm.get("window"))', "USE_WINDOW=False"))):
         (tmp_path / side).mkdir()
         (tmp_path / side / "k.py").write_text(text)
-    roles = [Role("attention", op, "features", "k.py:entry", "k.py:entry", {})]
+    roles = [Role(role, op, "features", "k.py:entry", "k.py:entry", params)]
     base = str(tmp_path / "base")
     same = bench_model(spec, roles, base, base, "cpu")
     assert same.error is None, same.error

@@ -98,6 +98,21 @@ def feature_conflicts(spec: ModelSpec, r: Role) -> None:
         )
 
 
+def undeclared_features(spec: ModelSpec, fused: Role) -> None:
+    """UsageError when the model sets an attention feature that the decode_step kernel's params do not declare:
+    a fused step takes a feature only where it was verified with it (its params set it, to the model's value:
+    `feature_conflicts`)."""
+    model = spec.features()
+    missing = [k for k in FEATURE_PARAMS if k in model and fused.params.get(k) in (None, False)]
+    if missing:
+        declared = any(fused.params.get(k) not in (None, False) for k in FEATURE_PARAMS)
+        what = ", ".join(f"{k}={model[k]}" for k in missing) if declared else "attention features"
+        raise UsageError(
+            f"model: {fused.kernel} (decode_step) takes no {what}; the model sets "
+            + ", ".join(f"{k}={v}" for k, v in model.items())
+        )
+
+
 def check_roles(spec: ModelSpec, roles: list[Role]) -> tuple[dict, dict]:
     """-> (the worker's params: the union of the roles' params, the cache layout). UsageError when a kernel's
     params cannot serve the model (a pinned head dim or head count, kv_append and attention on different caches)
@@ -133,11 +148,8 @@ def check_roles(spec: ModelSpec, roles: list[Role]) -> tuple[dict, dict]:
         params.update({k: v for k, v in r.params.items() if v is not None or k not in params})
     for key in FEATURE_PARAMS:  # the model sets them, layer by layer (ModelSpec.attention_params)
         params.pop(key, None)
-    if fused and spec.features():
-        raise UsageError(
-            f"model: {fused.kernel} (decode_step) takes no attention features; the model sets "
-            + ", ".join(f"{k}={v}" for k, v in spec.features().items())
-        )
+    if fused:
+        undeclared_features(spec, fused)
     att = by.get("attention")
     layout = {"attention_op": att.op if att else None, "block_size": 16, "layout": "nhd"}
     app = by.get("kv_append")

@@ -284,6 +284,8 @@ def _attention(
             block_tables=pi.block_tables,
             kv_lens=pi.kv_lens,
             scale=scale,
+            **extra,
+            **quant,
         )
         return o.reshape(B, Hq * D)
     if k.rope is not None:
