@@ -199,6 +199,10 @@ def test_the_structural_status_names_each_feature_switched_on():
         "not analysed for sliding window (param window), attention sinks (param sinks): "
         "the structural analysis does not model them"
     )
+    step = f"{CHECKS / 'decode_step' / 'correct_features_step.py'}:entry"  # the fused step: the same rule
+    r = verify("decode_step", step, {"logit_cap": 20.0, "alibi": True}, "cpu", only="structural", progress=False)
+    assert r.structural.status == "not-analysed" and not r.findings
+    assert r.structural.cause.startswith("not analysed for soft-cap (param logit_cap), ALiBi (param alibi): ")
 
 
 def _case(op, params, name):
