@@ -163,6 +163,26 @@ def test_decode_step_loops_put_the_scores_where_the_cap_and_the_sinks_matter():
     assert kept.median() < 0.01 and kept.max() < 0.2, kept
 
 
+@pytest.mark.parametrize("name", ["decode-loop", "cap-saturation", "sink-dominates"])
+def test_the_decode_step_reference_applies_the_features_as_its_loop_does(name):
+    """decode_step's one-call reference (the first step of a case's loop: its inputs, sinks and scaled queries
+    included) equals the loop's own step reference with the features, and differs from plain attention."""
+    o = get_op("decode_step")
+    params = resolve_params(o.name, o.params, STEP_PARAMS)
+    case = next(c for c in o.cases(params, "cpu", "float32") if c.name == name)
+    kw = o.inputs(case, params, "cpu")
+    got = o.reference(kw, params).tensors["out"]
+    s = dl.init_state(o.loop(case, params, True), "cpu")
+    assert torch.equal(kw["sinks"], s.extra["sinks"]) and torch.equal(kw["alibi_slopes"], s.extra["alibi_slopes"])
+    st = dl.next_step(s, 0, "float32")
+    assert torch.equal(kw["q"], st.q)
+    q_ref, k_ref = dl.rotated(st, len(s.lens), dl.rope_params(params), s.shape.D)
+    dl.advance(s, st, *dl.new_rows(s, st, k_ref))
+    assert torch.allclose(got, dl.attend_history(s, q_ref, "float32")[0], rtol=1e-12, atol=1e-12)
+    plain = ac.attend(q_ref, s.ref_k, s.ref_v, s.scale, ac.head_map(s.shape.Hq, s.shape.Hkv))
+    assert not torch.allclose(got, plain, atol=1e-3)
+
+
 def _pipeline(attention: str, window: int, steps: int):
     entries = {
         "kv_append": f"{CHECKS / 'kv_append' / 'correct_per_token.py'}:entry",
