@@ -38,6 +38,7 @@ from kernalin_ci.jobs import (
 from kernalin_ci.runtime.interp_patches import (
     aliased_builtins,
     autotune_first_config,
+    boolean_operators,
     fp8_conversions,
     int1_comparisons,
     libdevice_math,
@@ -194,6 +195,7 @@ def main(argv: list[str]) -> int:
             libdevice_math()  # libdevice calls with a tl.math counterpart
             aliased_builtins()  # `tl_exp2 = tl.exp2` in a kernel's module
             fp8_conversions()  # FP8 casts round to nearest even and saturate, as the GPU's cvt.rn.satfinite
+            boolean_operators()  # `a and b` on blocks elementwise, as compiled
         task.run(job, device, emit)
     except UsageError as e:
         emit({"event": "usage-error", "message": str(e), "setting": e.setting})

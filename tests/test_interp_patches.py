@@ -1,6 +1,6 @@
 """The Triton interpreter patches (kernalin_ci/runtime/interp_patches.py): int32-typed comparison results (a
 scalar test and-ed with a block mask fails unpatched and computes what the GPU computes patched),
-libdevice.pow and aliased language builtins."""
+libdevice.pow, aliased language builtins, FP8 conversions and `and` / `or` between blocks."""
 
 import json
 import os
@@ -28,6 +28,27 @@ def test_scalar_comparison_in_a_mask_runs_patched_and_fails_unpatched():
     want = [float(v) for v in range(5)] + [-1.0] * 3 + [float(v) for v in range(8, 13)] + [-1.0] * 3 + [-1.0] * 8
     assert _run("patched") == {"y": want}
     assert "mask has unsupported dtype" in _run("unpatched").get("error", "")
+
+
+def test_boolean_operators_on_blocks_are_elementwise_patched_and_not_unpatched():
+    """`hi < w and w <= lo` on blocks is the elementwise conjunction, as compiled (xformers' Llama-3.1 band);
+    unpatched the interpreter takes a block as true and gives `w <= lo` alone (and `w < hi` for the `or`)."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    got = {}
+    for mode in ("patched", "unpatched"):
+        p = subprocess.run(
+            [sys.executable, str(KERNELS / "interp_bool_ops.py"), mode],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert p.returncode == 0, p.stderr[-3000:]
+        got[mode] = json.loads(p.stdout.strip().splitlines()[-1])["flags"]
+    # w = 0..7, band (2, 5]: mid at 3, 4, 5; out (w < 2 or w > 5) at 0, 1, 6, 7; the scalar test true (4)
+    assert got["patched"] == [6, 6, 4, 5, 5, 5, 6, 6], got
+    assert got["unpatched"] == [7, 7, 5, 5, 5, 5, 4, 4], got
 
 
 def _run_pow_alias(mode: str) -> dict:

@@ -137,6 +137,19 @@ def test_entry_without_kernels_is_not_analysed(analyze, tmp_path):
     assert "the entry launched no Triton kernel" in res["status"]["cause"]
 
 
+def test_a_scaled_angle_that_is_minus_the_plain_one_is_no_sign_flip(analyze):
+    """Llama-3.1's table computed in the kernel: at the capture's position 24593 one scaled angle is minus the
+    plain table's; the signs are judged against the scaled angle (no finding), the angles said not analysed."""
+    cat, res = analyze(ROOT / "tests" / "kernels" / "rope_llama3_bands.py")
+    assert res["findings"] == [], res["findings"]
+    st = res["status"]
+    assert st["status"] == "analysed" and "rotation values of q" in st["proved"], st
+    assert st["gaps"] == [
+        "angles (positions, frequencies): not analysed for scaled frequency tables (scaling=llama3): the angles "
+        "are not compared with the definition (the pairing, signs, pass-through and addressing are)"
+    ], st
+
+
 def test_a_correct_kernel_is_analysed_at_the_first_shape(analyze):
     cat, res = analyze(FIX / "rope_correct_neox.py")
     st = res["status"]

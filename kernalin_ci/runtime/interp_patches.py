@@ -45,9 +45,18 @@ even, a finite value past the largest normal saturates to it (sign kept), NaN st
 converts float32/float16/bfloat16/float64 <-> float8e4nv (torch.float8_e4m3fn) and float8e5
 (torch.float8_e5m2) through torch's conversions on values clamped to the format's range, which is
 that rule; the other FP8 formats keep the interpreter's own code.
+
+`boolean_operators()`: the interpreter (3.9) runs `a and b` / `a or b` as Python does, and a block's truth
+value there is always True (`_get_bool`), so `lo < w and w <= hi` on blocks gives `w <= hi` alone.
+Compiled, Triton applies `logical_and` / `logical_or` elementwise to blocks (xformers' rope_padded picks
+Llama-3.1's middle wavelength band so). The patch rewrites each boolean operator of an interpreted function
+into a call that does the same: on a block, both sides elementwise; on a scalar or constant, Python's
+short circuit (as compiled code short-circuits a constant).
 """
 
 from __future__ import annotations
+
+import ast
 
 from kernalin_ci.lazy import torch
 from kernalin_ci.runtime.interp_bf16 import note_unfaithful
@@ -402,4 +411,55 @@ def fp8_conversions() -> bool:
 
     fp_to_fp._kernalin = True
     builder.create_fp_to_fp = fp_to_fp
+    return True
+
+
+_BOOLEAN = "_kernalin_boolean_op"
+
+
+def _boolean_op(is_and: bool, first, *rest):
+    """`first and rest[0]() and ...` (`or`: is_and False) as compiled Triton computes it: a block operand
+    combines elementwise with the next (both evaluated); a scalar or constant short-circuits as in Python."""
+    import triton.language as tl
+
+    value = first
+    for later in rest:
+        if isinstance(value, tl.tensor) and value.type.is_block():
+            other = later()
+            value = value.logical_and(other) if is_and else value.logical_or(other)
+        elif bool(value) != is_and:  # `and` stops at a false value, `or` at a true one
+            return value
+        else:
+            value = later()
+    return value
+
+
+def boolean_operators() -> bool:
+    """Under the interpreter, `and` / `or` on blocks are elementwise, as compiled (see the module doc);
+    idempotent. Takes effect for functions the interpreter rewrites after the call. False when this Triton's
+    interpreter has no AST transformer (nothing patched)."""
+    try:
+        from triton.runtime import interpreter
+    except ImportError:
+        return False
+    transformer = getattr(interpreter, "ASTTransformer", None)
+    if transformer is None:
+        return False
+    if getattr(getattr(transformer, "visit_BoolOp", None), "_kernalin", False):
+        return True
+
+    def visit_BoolOp(self, node):  # noqa: N802 (ast.NodeTransformer's name)
+        node = self.generic_visit(node)
+        no_args = ast.arguments(posonlyargs=[], args=[], kwonlyargs=[], kw_defaults=[], defaults=[])
+        later = [ast.Lambda(args=no_args, body=v) for v in node.values[1:]]  # evaluated only when reached
+        call = ast.Call(
+            func=ast.Name(id=_BOOLEAN, ctx=ast.Load()),
+            args=[ast.Constant(isinstance(node.op, ast.And)), node.values[0], *later],
+            keywords=[],
+        )
+        return ast.copy_location(call, node)
+
+    visit_BoolOp._kernalin = True
+    setattr(interpreter, _BOOLEAN, _boolean_op)  # the rewriter copies the interpreter's globals into a kernel's
+    transformer.visit_BoolOp = visit_BoolOp
     return True

@@ -9,9 +9,12 @@ built). Each output element is then compared with the definition:
 * out[i] = x[i] cos a - x[p] sin a (first of a pair) / x[i] cos a + x[p] sin a
   (second), with p the partner of the configured style (`rope-pairing`) and
   the signs of the definition (`rope-sign`);
-* a = positions[t] * base^(-2j/r): an angle that matches another position
-  (a program id, the first token) is `rope-position`, any other mismatch is
-  `rope-frequency`, and angles computed in float16/bfloat16 are `precision`;
+* a = positions[t] * theta_j, the op's own rotation (docs/ops.md: base^(-2j/r), or
+  its scaled table; with M-RoPE each frequency's position row): an angle that
+  matches another position (a program id, the first token) is `rope-position`,
+  any other mismatch is `rope-frequency`, and angles computed in float16/bfloat16
+  are `precision` (with a scaled table or M-RoPE the angles are not compared, but
+  the sign is judged against the true angle, never the plain table's);
 * dims >= rotary_dim are x[i] itself (or left untouched in a tensor that
   already holds x) (`rope-passthrough`);
 * each output element reads its own token and head of its own tensor (`stride`),
@@ -24,6 +27,8 @@ import math
 
 import numpy as np
 
+from kernalin_ci.lazy import torch
+from kernalin_ci.ops.rope import PARAMS, spec_of
 from kernalin_ci.verify.structural.abstract_values import PID, FloatValue, src_bit
 from kernalin_ci.verify.structural.common import LOW, Analysis, StructuralFindings, kname
 from kernalin_ci.verify.structural.dataflow import KernelView, peel
@@ -187,7 +192,7 @@ def analyze(cap, views: list, rep: StructuralFindings, model: RopeModel) -> None
         rep.gap(
             "angles (positions, frequencies)",
             "structural:rope",
-            f"not analysed for {unanalysed}: the angles are compared with the plain table only "
+            f"not analysed for {unanalysed}: the angles are not compared with the definition "
             "(the pairing, signs, pass-through and addressing are)",
         )
     low = None
@@ -228,6 +233,7 @@ def analyze(cap, views: list, rep: StructuralFindings, model: RopeModel) -> None
             base,
             positions,
             skip_angles=table_wrong or rep.has("precision") or bool(unanalysed),
+            section_positions=pos if pos.dim() == 2 else None,
         )
 
 
@@ -318,7 +324,9 @@ def _check_tables(cap, views, rep, positions) -> bool:
     return wrong
 
 
-def _check_output(cap, views, rep, src, out_name, names, style, base, positions, skip_angles) -> None:
+def _check_output(
+    cap, views, rep, src, out_name, names, style, base, positions, skip_angles, section_positions=None
+) -> None:
     oinfo = cap.tensors[out_name]
     shape = tuple(oinfo.shape)
     lead = len(shape) - 3  # an output allocated with leading unit dims ([1, T, H, D]) and returned as [T, H, D]
@@ -330,7 +338,20 @@ def _check_output(cap, views, rep, src, out_name, names, style, base, positions,
     forms = stored_forms(views, out_name, names)
     rows = {oinfo.coord(e)[lead:]: forms.get(e) for e in range(oinfo.numel)}
     in_place = out_name == src or oinfo.init == f"copy:{src}"
-    check_rotation(cap, views, rep, src, rows, shape[lead:], in_place, style, base, positions, skip_angles)
+    check_rotation(
+        cap,
+        views,
+        rep,
+        src,
+        rows,
+        shape[lead:],
+        in_place,
+        style,
+        base,
+        positions,
+        skip_angles,
+        section_positions=section_positions,
+    )
 
 
 def check_rotation(
@@ -346,12 +367,15 @@ def check_rotation(
     positions: list,
     skip_angles: bool,
     unwritten: str = "unwritten-output",
+    section_positions=None,
 ) -> None:
     """Judge the stored form of every element (t, h, i) of the rotated `src` (`rows`: (t, h, i) -> the form
     `stored_forms` gives, or None where nothing was stored) against the definition. `unwritten`: the class
-    of a rotated element never stored."""
+    of a rotated element never stored. `section_positions`: M-RoPE's [S, T] positions (`positions` is then
+    their first row)."""
     T, H, D = shape
-    r = int(cap.params.get("rotary_dim") or D)
+    theta, angle = expected_angles(cap.params, style, base, D, positions, section_positions)
+    r = 2 * theta.size
     src_info = cap.tensors[src]
     problems: dict = {}  # (key, bug class) -> first message, view, op and a count; CHECK_IDS names the key
 
@@ -362,7 +386,6 @@ def check_rotation(
 
     opaque = 0
     angles: dict = {}  # token -> [(dim, frequency index, angle found, view)]
-    theta = base ** (-2.0 * np.arange(r // 2) / r)
     for (t, h, i), form in rows.items():
         if form is None:
             if i >= r and in_place:
@@ -432,7 +455,7 @@ def check_rotation(
                 _partner_load(views, atoms, src, i) or sop,
             )
             continue
-        a = positions[t] * theta[j]
+        a = float(angle[t, j])
         cs, cp = dims.get(i, 0.0), dims.get(p, 0.0)
         want_c, want_p = math.cos(a), s * math.sin(a)
         if abs(cs - want_c) < TOL and abs(cp - want_p) < TOL:
@@ -470,6 +493,15 @@ def check_rotation(
         where = None if op is not None else (view.launch.path, view.launch.line)
         unit = "token(s)" if key.startswith("angle") else "element(s)"
         rep.finding(CHECK_IDS[key.split("-")[0]], cls, f"{kname(view)}: {msg} ({n} {unit})", op, view, where=where)
+
+
+def expected_angles(params, style: str, base: float, D: int, positions, section_positions=None):
+    """(theta [r/2], angle [T, r/2]) of the op's rotation at head dim D (ops/rope.py's spec: the scaled table,
+    M-RoPE's row per frequency from `section_positions` [S, T]), as float64 numpy arrays."""
+    full = {p.name: p.default for p in PARAMS} | dict(params) | {"style": style, "base": base}
+    spec = spec_of(full, D)
+    pos = section_positions if section_positions is not None else torch.tensor(positions, dtype=torch.int64)
+    return spec.theta.numpy(), spec.angles(pos).numpy()
 
 
 def _same_row(info, elem: int, t: int, h: int) -> bool:
@@ -522,7 +554,7 @@ def _explain_angles(lanes, positions, t, theta, r) -> tuple[str, str]:
     want = positions[t] * theta[j]
     return "rope-frequency", (
         f"dim {i}: the angle is {got:.5f} (mod 2 pi) but position {positions[t]} * "
-        f"base^(-2*{j}/{r}) = {(want + math.pi) % (2 * math.pi) - math.pi:.5f}"
+        f"theta_{j} (base^(-2*{j}/{r}) with its scaling) = {(want + math.pi) % (2 * math.pi) - math.pi:.5f}"
     )
 
 
