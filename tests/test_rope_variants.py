@@ -93,6 +93,30 @@ def test_reference_passes_itself_and_the_fingerprints_differ():
             assert any(cls == "rope-frequency" for cls, _ in fps) or "mrope_section" in raw
 
 
+def _named(raw: dict, wrong) -> list[str]:
+    """The classes check_reference gives an output rotated by `wrong` (a RopeSpec) at the first scaled or
+    multi-section case."""
+    from kernalin_ci.verify.reference import check_reference
+
+    op, p = get_op("rope"), params(**raw)
+    case = next(c for c in op.cases(p, "cpu", "float32") if c.name in ("beyond-original", "mrope-sections"))
+    kw = op.inputs(case, p, "cpu")
+    outs = {n: wrong.rotate(kw[n], kw["positions"]).to(torch.float32) for n in ("q", "k")}
+    return [f.bug_class for f in check_reference(op, case, kw, outs, p, {})]
+
+
+def test_a_section_boundary_off_by_one_and_a_llama3_band_edge_mixed_up_are_named():
+    """vLLM's M-RoPE with its height/width boundary one frequency late (sections [16, 25, 23]) is `rope-position`;
+    Llama-3.1's table with its low-frequency edge from the high factor (xformers' band-edge mutant) is
+    `rope-frequency`: both were `wrong-output` before their fingerprints."""
+    mrope = {"base": 1e6, "mrope_section": [16, 24, 24]}
+    assert _named(mrope, spec_of(params(**mrope), 128).replace(sections=(16, 25, 23))) == ["rope-position"] * 2
+    p = params(**LLAMA31)
+    plain = plain_theta(500000.0, 128)
+    collapsed = torch.where(2 * math.pi / plain > 8192 / 4, plain / 8, plain)
+    assert _named(LLAMA31, spec_of(p, 128).replace(theta=collapsed)) == ["rope-frequency"] * 2
+
+
 @pytest.mark.parametrize(
     "raw, line",
     [

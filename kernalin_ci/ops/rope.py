@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -198,6 +199,21 @@ def yarn_range(params: Params, r: int) -> tuple[float, float]:
     low = max(math.floor(dim(float(params["beta_fast"]))), 0)
     high = min(math.ceil(dim(float(params["beta_slow"]))), r - 1)
     return float(low), float(high) + (0.001 if low == high else 0.0)
+
+
+def shifted_sections(sections: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """M-RoPE sections with their boundaries moved by one (each boundary -1, 0 or +1, not all 0; every section
+    kept non-empty): an off-by-one row choice at a boundary, the first or last frequency of a section rotated
+    by its neighbour's position row."""
+    out = []
+    for moves in itertools.product((-1, 0, 1), repeat=len(sections) - 1):
+        if not any(moves):
+            continue
+        ends = [e + m for e, m in zip(itertools.accumulate(sections), moves)] + [sum(sections)]
+        alt = tuple(b - a for a, b in zip([0, *ends[:-1]], ends))
+        if min(alt) > 0:
+            out.append(alt)
+    return out
 
 
 def rotary_dim_of(params: Params, D: int) -> int:
@@ -467,8 +483,15 @@ class Rope(Op):
             fps.append(("rope-frequency", both(whole, positions=pos if pos.dim() == 1 else pos[0])))
         if not torch.equal(spec.theta, plain_theta(spec.base, spec.r)) or spec.magnitude != 1.0:
             fps.append(("rope-frequency", both(spec.replace(theta=plain_theta(spec.base, spec.r), magnitude=1.0))))
+        if params.get("scaling") == "llama3":  # one band edge computed from the other's factor: no blend band
+            low, high = params["low_freq_factor"], params["high_freq_factor"]
+            for edges in ({"low_freq_factor": high}, {"high_freq_factor": low}):
+                theta = scaled_theta({**params, **edges}, spec.r)[0]
+                fps.append(("rope-frequency", both(spec.replace(theta=theta))))
         if spec.sections is not None:  # every frequency rotated by the first row (text positions)
             fps.append(("rope-position", both(positions=pos[:1].expand_as(pos))))
+            for alt in shifted_sections(spec.sections):  # a section boundary off by one: a frequency on the wrong row
+                fps.append(("rope-position", both(spec.replace(sections=alt))))
         if kw["q"].dtype == torch.float32:  # a cos/sin table in half precision
             fps += [("precision", both(table=torch.float16)), ("precision", both(table=torch.bfloat16))]
         return fps
