@@ -4,6 +4,7 @@ solver's exact arithmetic, and the properties proved or violated with a countere
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import os
 import re
@@ -66,7 +67,7 @@ def _launch(path: str):
 
     op_name, params, cap, twin = _capture(path)
     la = cap.launches[0]
-    text = ptx(la)
+    text = la.ptx or ptx(la)  # a CUDA C++ kernel's is NVRTC's, recorded at its launch
     facts, contract = build(get_op(op_name), params, cap, la, twin, len(parse(text).params), None)
     return text, facts, contract
 
@@ -441,10 +442,18 @@ def _rope_angles(path: str):
         ("checks/rope/bug_sign_one_output.py", "rope-sign"),
         ("checks/rope/bug_frequency_head_dim.py", "rope-frequency"),
         ("checks/rope/bug_table_row_stride.py", "stride"),
+        # CUDA C++ (NVRTC): sincosf and expf inlined, a thread striding over (head, pair) by blockDim (its
+        # dims differ between iterations: one instance per iteration), q or k chosen by a pointer select
+        ("checks/cuda/rope/correct_neox.py", None),
+        ("checks/cuda/rope/bug_sign_inverse.py", "rope-sign"),
+        ("checks/cuda/rope/bug_position_token_index.py", "rope-position"),
+        ("checks/cuda/rope/bug_frequency_head_dim.py", "rope-frequency"),
     ],
 )
 def test_the_rotation_is_read_from_libdevice_sin_cos_or_a_cos_sin_table(path, cls):
     """Signs, the angle's position, frequency and precision, a table's row: from the float graph."""
+    if path.startswith("checks/cuda/") and (_libnvrtc() is None or importlib.util.find_spec("cuda.bindings") is None):
+        pytest.skip("no NVRTC (pip install 'kernalin-ci[cuda]')")
     out = _rope_angles(path)
     found = {r.bug_class for r in out if r.status == "violated"}
     assert found == ({cls} if cls else set()), [(r.name, r.status, r.cause) for r in out]

@@ -148,6 +148,8 @@ class Context:
     def _below(self, lp, bound: int) -> bool:
         q = self.query()
         q.add(T.cmp("ule", T.const(bound, 64), lp.k))
+        if lp.lane_constraint:  # lanes leaving at different iterations: iteration k runs while one lane does
+            q.add(lanes_as_one(list(lp.lane_constraint.values())))
         return self.finish(q).status == "unsat"
 
     # ------------------------------------------------------------ terms
@@ -386,6 +388,11 @@ def decode(ctx: Context, info: TensorFacts, off: T.Term, tag: str, shared: bool 
         e, inner = direct
         conds.append(T.or_(T.not_(T.and_(*inner)), T.and_(*(T.cmp("eq", c, x) for c, x in zip(coords, e)))))
     return coords, T.and_(*conds)
+
+
+def linear_offset(ctx: Context, off: T.Term) -> tuple[dict[T.Term, int], int]:
+    """An offset as an exact integer sum `sum(c * atom) + c0` (see _linear), after the intervals' rewrites."""
+    return _linear(ctx.intervals.simplify(off), ctx.intervals)
 
 
 def _linear(t: T.Term, iv: solver.Intervals) -> tuple[dict[T.Term, int], int]:

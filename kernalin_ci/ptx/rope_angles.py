@@ -27,15 +27,23 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from kernalin_ci.ptx import terms as T
-from kernalin_ci.ptx.context import Context, Result, decode, lanes_as_one
+from kernalin_ci.ptx.context import Context, Result, decode, lanes_as_one, linear_offset
 from kernalin_ci.ptx.evaluate import Evaluator, Unknown, evaluate
 from kernalin_ci.ptx.executor import PtxAccess, PtxTrace
 from kernalin_ci.ptx.softmax import as_float
 
 TWO_OVER_PI = 0.6366197466850281  # libdevice's sinf/cosf reduce a by the quadrant round(a * 2/pi)
-SAMPLES = (0, 1, 2, 3, 5, 17, 100, 1234, 4097, 30001, 65535, 99999)  # positions (angles below 105615)
+# angles at which a coefficient must be sin or cos (float32 values; below 105615, where libdevice switches to
+# Payne-Hanek reduction, and past every quadrant boundary of the first turns)
+ANGLES = tuple(
+    float(np.float32(x))
+    for x in (0, 0.5, 1, 1.5707964, 2, 3.1415927, 4, 5.5, 17.25, 100.1, 1234.5, 4097.3, 30001.7, 99999.9)
+)
 TOL = 2e-6
+ITERATIONS = 64  # a store's element that depends on a loop of at most this many iterations: one instance each
 
 Linear = dict  # x leaf -> list of (sign, factors tuple)
 
@@ -125,39 +133,47 @@ def trig_arg(f: T.Term) -> T.Term | None:
 
 
 def recognise(f: T.Term, env: dict[str, int], cache: dict) -> tuple[str, T.Term] | None:
-    """("sin" | "cos", a) when f evaluates to sin a or cos a at every sample: every index element (the
-    positions) set to one of SAMPLES, every other loaded element (an inverse-frequency table) to 0.5, the
-    block indices and shape symbols to `env`; else None."""
+    """("sin" | "cos", a) when f, as a function of the operand a of its range reduction, evaluates to
+    sin a or cos a at every angle of ANGLES; else None. f with a replaced by one symbol is the same term for
+    the lanes and iterations that share their code, so it is evaluated once. Any other atom f reads (in
+    lockstep, a loop's exit may test other lanes' angles) is set as at program 0: every index element (the
+    positions) 1, every other loaded element 0.5, block indices and shape symbols from `env`."""
     if id(f) in cache:
         return cache[id(f)]
     if f.op in ("sin", "cos"):  # sin.approx / cos.approx (CUDA's __sinf, __cosf)
         return f.op, f.args[0]
     a = trig_arg(f)
     out = None
-    if a is not None:
-        atoms = [x for x in T.walk(f) if x.op in ("select", "sym", "load")]
-        got = []
-        try:
-            for p in SAMPLES:
-                given = {x: _sample_value(x, p, env) for x in atoms}
-                given = {x: v for x, v in given.items() if v is not None}
-                ev = Evaluator(given)
-                got.append((float(ev(a)), float(ev(f))))
-        except (Unknown, KeyError, ValueError, OverflowError):
+    if a is not None and a.width == 32:
+        angle = T.mk("sym", ("__angle",), "f", 32)  # a's place in f, for evaluating f at ANGLES
+        g = T.substitute(f, {a: angle})
+        if id(g) not in cache:
+            given = {x: _sample_value(x, env) for x in T.walk(g) if x.op in ("select", "sym", "load")}
+            given = {x: v for x, v in given.items() if v is not None}
             got = []
-        for name, fn in (("sin", math.sin), ("cos", math.cos)):
-            if got and all(abs(y - fn(x)) <= TOL if math.isfinite(x) else math.isnan(y) for x, y in got):
-                out = (name, a)
+            try:
+                for x in ANGLES:
+                    got.append((x, float(Evaluator({**given, angle: x})(g))))
+            except (Unknown, KeyError, ValueError, OverflowError):
+                got = []
+            fits = [n for n, fn in (("sin", math.sin), ("cos", math.cos)) if all(abs(y - fn(x)) <= TOL for x, y in got)]
+            cache[id(g)] = fits[0] if got and fits else None
+        out = (cache[id(g)], a) if cache[id(g)] else None
     cache[id(f)] = out
     return out
 
 
-def _sample_value(x: T.Term, p: int, env: dict[str, int]) -> int | None:
+def _sample_value(x: T.Term, env: dict[str, int]) -> int | None:
     if x.op == "select":
-        return p
+        return 1
     if x.op == "load":
         return T.bits_of_float(0.5, x.width) if x.width in (16, 32, 64) else None
     return env.get(x.args[0])
+
+
+def _sample(ctx: Context) -> dict[str, int]:
+    """Block indices and shape symbols at program 0 of the captured sizes (for recognising sin/cos)."""
+    return {f"ctaid.{x}": 0 for x in "xyz"} | {n: s.captured for n, s in ctx.facts.symbols.items()}
 
 
 def _factors(a: T.Term) -> list[T.Term]:
@@ -202,13 +218,17 @@ class InnerDims:
             return None
         if any(c % pitch for e in st[:-2] for _, c in e.terms):
             return None
+        m = pitch * info.elsize
+        atoms, c0 = linear_offset(self.ctx, off)
+        if all(k % m == 0 for k in atoms.values()):  # X = sum(k * atom), k multiples of the pitch: exact
+            i = (c0 % m) // info.elsize
+            return i if c0 % info.elsize == 0 and i < dim else None
         if off.op == "add" and T.is_const(off.args[1]):
             x, c = off.args[0], T.signed(T.value(off.args[1]), off.width)
         elif T.is_const(off):
             x, c = T.const(0, off.width), T.signed(T.value(off), off.width)
         else:
             x, c = off, 0
-        m = pitch * info.elsize
         key = (id(x), m)
         if key not in self.proved:
             rest = T.bv("urem", x, T.const(m, x.width))
@@ -264,6 +284,7 @@ class RopeAngles:
         self.pos_info = ctx.facts.tensors.get(self.c.positions) if self.c.positions else None
         self.cache: dict = {}
         self.env = _sample(ctx)
+        self.env = _sample(ctx)
         self.inner = InnerDims(ctx)
         self.r, self.half = self.c.rotary_dim, self.c.rotary_dim // 2
         self.trace = trace
@@ -282,8 +303,55 @@ class RopeAngles:
                 g = _Group()
                 memo: dict = {}
                 for a in group:
-                    self.store(g, a, dst_name, dst, src_name, src, memo)
+                    for inst, enumerated in self.instances(a):
+                        seen = (len(g.signs), len(g.freqs), len(g.findings))
+                        self.store(g, inst, dst_name, dst, src_name, src, memo)
+                        grown = [n for n, x in zip(seen, (g.signs, g.freqs, g.findings)) if len(x) > n]
+                        # an iteration's finding stands when the iteration runs (one query; a kind of finding
+                        # already shown by an earlier one needs none: the verdict names the first)
+                        if enumerated and grown and (min(grown) > 0 or self.ctx.ask(inst.guard).status != "sat"):
+                            del g.signs[seen[0] :], g.freqs[seen[1] :], g.findings[seen[2] :]
                 out += self.verdicts(g, group, dst_name)
+        return out
+
+    def instances(self, a: PtxAccess) -> list[tuple[PtxAccess, bool]]:
+        """The store as it happens, under its own path: the value with the path's conditions decided (a
+        pointer chosen by `c ? q : k` loads q where the store is to q), and, where its element depends on
+        the iteration of a loop that provably runs at most ITERATIONS times (a thread striding over
+        (head, pair) by blockDim), one instance per iteration: each with its dims constant again. The
+        bool: the instance is one iteration (a finding there asks the solver that the iteration runs)."""
+        path = self.ctx.path(a)
+        known: dict = {}
+        for x in path.args if path.op == "and" else (path,):
+            if x.op == "not":
+                known[x.args[0]] = T.FALSE
+            elif x.sort == "bool":
+                known[x] = T.TRUE
+        ks = [
+            lp.k
+            for lp in self.trace.loops.values()
+            if lp.k in T.below(a.offset, "sym") or lp.k in T.below(a.value, "sym")
+        ]
+        spans = [self.ctx.bounds.get(k.args[0], (0, 1 << 40))[1] + 1 for k in ks]
+        if not ks or math.prod(spans) > ITERATIONS:
+            return [(replace(a, value=T.substitute(a.value, known)), False)]
+        out = []
+        for n in range(math.prod(spans)):
+            table, rest = {}, n
+            for k, span in zip(ks, spans):
+                table[k], rest = T.const(rest % span, k.width), rest // span
+            guard = T.substitute(path, table)
+            if guard is T.FALSE:
+                continue
+            done = {**table, **known}
+            inst = replace(
+                a,
+                offset=T.substitute(a.offset, table),
+                value=T.substitute(a.value, done),
+                guard=guard,
+                cond=(),
+            )
+            out.append((inst, True))
         return out
 
     def coefficient(self, f: T.Term, src_name: str, src) -> tuple[str, tuple] | None:

@@ -356,15 +356,36 @@ def or_(*xs: Term) -> Term:
                 out.append(y)
     if not out:
         return FALSE
-    if len(out) == 2:  # (A and p) or (A and not p) == A: two paths of one split meeting again
-        a, b = (set(x.args) if x.op == "and" else {x} for x in out)
-        diff_a, diff_b = a - b, b - a
-        if len(diff_a) == 1 and len(diff_b) == 1 and not_(next(iter(diff_a))) is next(iter(diff_b)):
-            keep = [y for y in (out[0].args if out[0].op == "and" else (out[0],)) if y in b]
-            return and_(*keep)
+    if 1 < len(out) <= 8:
+        out = _rejoin(out)
+        if any(x is TRUE for x in out):
+            return TRUE
     if len(out) == 1:
         return out[0]
     return mk("or", tuple(out), "bool", 1)
+
+
+def _rejoin(out: list[Term]) -> list[Term]:
+    """Paths of one split meeting again: (A and p) or (A and not p) is A, repeated while two disjuncts
+    differ in one complementary conjunct (three paths of a two-level split, (p) or (not p and q) or
+    (not p and not q), are TRUE)."""
+    while True:
+        sets = [set(x.args) if x.op == "and" else {x} for x in out]
+        for i in range(len(out)):
+            for j in range(i + 1, len(out)):
+                da, db = sets[i] - sets[j], sets[j] - sets[i]
+                if len(da) == 1 and len(db) == 1 and not_(next(iter(da))) is next(iter(db)):
+                    keep = and_(*(y for y in (out[i].args if out[i].op == "and" else (out[i],)) if y in sets[j]))
+                    rest = [x for n, x in enumerate(out) if n not in (i, j)]
+                    out = [keep, *(x for x in rest if x is not keep)]
+                    break
+            else:
+                continue
+            break
+        else:
+            return out
+        if len(out) == 1 or keep is TRUE:
+            return out
 
 
 def bool_to_bv(p: Term, w: int) -> Term:
