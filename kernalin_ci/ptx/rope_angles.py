@@ -3,15 +3,20 @@
 Each rotated element out[t, h, i] (i < rotary_dim) must be x[i] cos a -/+ x[p] sin a, p the partner of
 i: minus for the first of a pair (neox i < r/2, gptj i even), plus for the second, and
 a = positions[t] * base^(-2j/r), j the pair's frequency index (neox i mod r/2, gptj i // 2).
-- The stored value is put in linear form over the loaded x elements (masked loads count as the element;
+- The stored value, taken under the store's own path (a tensor chosen by `c ? q : k` loads q where the
+  store is to q), is put in linear form over the loaded x elements (masked loads count as the element;
   the store's guard carries the mask); each element's coefficient must be +/- one factor.
-- A factor is sin a or cos a when it is `sin.approx`/`cos.approx` of a, or when, a being the operand of
-  libdevice's range reduction round(a * 2/pi), evaluating both (evaluate.py) at 12 positions gives sin a
-  or cos a; or it is an element of a [rows, rotary_dim] table holding [cos | sin] (one tensor for both).
-  A factor that is none of these leaves the rotation *not proved*, never a finding.
-- Each element's dim (of the output and of x) is proved a constant of its thread (InnerDims: one query
-  per distinct lane-independent offset part), so the rest is read per element: a wrong sign, frequency
-  or precision found there holds in every program that stores the element.
+- A factor f is sin a or cos a when it is `sin.approx`/`cos.approx` of a, or when, a being the operand of
+  the range reduction round(a * 2/pi) of libdevice's or CUDA's sinf/cosf/sincosf, f with a replaced by a
+  symbol evaluates (evaluate.py) to sin or cos of it at the 14 ANGLES; or it is an element of a
+  [rows, rotary_dim] table holding [cos | sin] (one tensor for both). A factor that is none of these
+  leaves the rotation *not proved*, never a finding.
+- Each element's dim (of the output and of x) is proved a constant of its thread (InnerDims: from the
+  offset's linear form, else one query per distinct lane-independent offset part), so the rest is read per
+  element: a wrong sign, frequency or precision found there holds in every program that stores the
+  element. A store whose element depends on a loop of at most ITERATIONS iterations (a CUDA thread
+  striding over (head, pair) by blockDim: its dim changes between iterations) is read once per
+  iteration, the iteration substituted; a finding of an iteration stands when the solver shows it runs.
 - Signs (`rope-sign`): x[i] carries +cos a, its partner -sin a for the first of a pair, +sin a for the
   second. An element rotated with another partner is rope_reads.py's (`rope-pairing`), not checked here.
 - Precision (`precision`): a is formed at float32 or wider; a table is as wide as x.
