@@ -457,6 +457,8 @@ def test_the_rotation_is_read_from_libdevice_sin_cos_or_a_cos_sin_table(path, cl
     out = _rope_angles(path)
     found = {r.bug_class for r in out if r.status == "violated"}
     assert found == ({cls} if cls else set()), [(r.name, r.status, r.cause) for r in out]
+    if path.startswith("checks/cuda/"):  # the store is a helper of common/kernalin_cuda.cuh: the line calling it
+        assert all(r.where.file.endswith("rope.cu") for r in out), {r.where.file for r in out}
     if cls is None:  # every property of the in-kernel angle proved on the correct kernel
         names = {r.name.split(" ", 1)[1] for r in out if r.status == "proved"}
         assert any("cos a -/+" in n for n in names) and any("frequency" in n for n in names)

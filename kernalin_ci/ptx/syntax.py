@@ -4,7 +4,9 @@ A tolerant line parser for the PTX that LLVM's NVPTX back end writes (Triton's `
 NVRTC's `-ptx`): module-level `.global` constant tables and `.shared`/`.local` declarations, one
 `.entry` with its `.param` list and `.reqntid`/`.maxntid`, and in its body labels, predicated
 instructions (`@%p`, `@!%p`), vector operands (`{%r1, %r2}`), memory operands (`[%rd1+8]`) and `.loc`
-directives (each instruction carries the source file and line of the last `.loc` before it). Comments,
+directives (each instruction carries the source file and line of the last `.loc` before it; within a
+helper of another file inlined into the kernel, a header's or triton/language/standard.py's, the kernel's
+line that calls it: `.loc`'s `inlined_at`). Comments,
 inline-asm markers and the DWARF sections are skipped. Device functions (`.func`) are not inlined:
 a kernel that calls one is refused by the executor, not here.
 """
@@ -82,6 +84,7 @@ _GLOBAL = re.compile(
     r"^(?:\.extern\s+|\.visible\s+)?\.(global|shared|local|const)\s+(?:\.align\s+\d+\s+)?\.(\w+)\s+([\w$]+)\[(\d*)\]\s*(?:=\s*\{([^}]*)\})?"
 )
 _LOC = re.compile(r"^\.loc\s+(\d+)\s+(\d+)\s+(\d+)")
+_INLINED_AT = re.compile(r"inlined_at\s+(\d+)\s+(\d+)\s+(\d+)")  # the call site of an inlined helper
 _FILE = re.compile(r'^\.file\s+(\d+)\s+"([^"]*)"(?:\s*,\s*"([^"]*)")?')
 _LABEL = re.compile(r"^([$\w.]+):\s*(?://\s*(.*))?$")
 _SIZES = {"b8": 1, "u8": 1, "s8": 1, "b16": 2, "u16": 2, "s16": 2, "f16": 2, "bf16": 2, "b32": 4, "u32": 4}
@@ -172,6 +175,7 @@ def parse(text: str) -> PtxKernel:
     labels: dict[str, int] = {}
     notes: dict[str, str] = {}
     file, line_no = "", 0
+    own = ""  # the number of the kernel's own source file (of its first .loc)
     depth = 0
     started = False
     for raw in lines[i + 1 :]:
@@ -197,6 +201,10 @@ def parse(text: str) -> PtxKernel:
             continue
         lm = _LOC.match(s)
         if lm:
+            own = own or lm.group(1)  # the kernel's own source: the file of its first line
+            at = _INLINED_AT.search(s)
+            if at and lm.group(1) != own and at.group(1) == own:  # a helper of another file (a header,
+                lm = at  # triton/language/standard.py) inlined into the kernel: the line that calls it
             f = files.get(int(lm.group(1)), "")
             if int(lm.group(2)) != 0:
                 file, line_no = f, int(lm.group(2))
