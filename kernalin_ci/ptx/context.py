@@ -148,8 +148,8 @@ class Context:
     def _below(self, lp, bound: int) -> bool:
         q = self.query()
         q.add(T.cmp("ule", T.const(bound, 64), lp.k))
-        if lp.lane_constraint:  # lanes leaving at different iterations: iteration k runs while one lane does
-            q.add(lanes_as_one(list(lp.lane_constraint.values())))
+        if len(lp.lane_constraint) == self.trace.lanes:  # lanes leaving at different iterations: iteration k
+            q.add(lanes_as_one(list(lp.lane_constraint.values())))  # runs while one of them does
         return self.finish(q).status == "unsat"
 
     # ------------------------------------------------------------ terms
