@@ -156,7 +156,7 @@ def test_decode_step_loops_put_the_scores_where_the_cap_and_the_sinks_matter():
     scores = torch.cat([torch.einsum("hd,hld->hl", q[b, ::2], s.ref_k[b]) * s.scale for b in range(len(s.lens))], 1)
     assert (scores.abs() > 3 * 20.0).float().mean() > 0.7  # tanh(3) = 0.995: saturated
     s, q = first_step("sink-dominates")
-    out, _ = dl.attend_history(s, q, "float32")
+    out, *_ = dl.attend_history(s, q, "float32")
     f = s.feat
     no_sink = ac.attend(q, s.ref_k, s.ref_v, s.scale, ac.head_map(4, 2), feat=af.Features(f.window, f.cap, f.slopes))
     kept = out.norm(dim=-1) / no_sink.norm(dim=-1)  # the mass the keys keep beside the sink

@@ -145,12 +145,14 @@ def reference_out(
     feat: af.Features,
     quantised: bool,
     dtype: Any = None,
-) -> tuple[torch.Tensor, dict[str, Any]]:
-    """The float64 output and its per-row slack (Expected.row_slack) over the caches' float64 keys and values.
-    With sinks: the output's underflow in the kernel's dtype (`dtype`, default q's). With an FP8 cache: a kernel
-    may round each dequantised value to that dtype before its dot (a tensor-core FP8 kernel must), a second
-    rounding the stored bytes do not show; the slack is how far that rounding moves each row (the same
-    definition over the rounded values)."""
+) -> tuple[torch.Tensor, dict[str, Any], dict[str, Any]]:
+    """The float64 output, its per-row slack (Expected.row_slack) and its per-row TF32 slack
+    (Expected.tf32_slack) over the caches' float64 keys and values. With sinks: the output's underflow in the
+    kernel's dtype (`dtype`, default q's). With an FP8 cache: a kernel may round each dequantised value to that
+    dtype before its dot (a tensor-core FP8 kernel must), a second rounding the stored bytes do not show; the
+    slack is how far that rounding moves each row (the same definition over the rounded values). With sinks in
+    a float32 case: how far TF32 operands of q.k move each row (`tf32_scores_slack`), added only where the
+    case's dots run on TF32."""
     dtype = dtype or q.dtype
     hmap = head_map(q.shape[1], Hkv)
     out = attend(q, K, V, scale, hmap, feat=feat)
@@ -162,7 +164,34 @@ def reference_out(
 
         alt = attend(q, rounded(K), rounded(V), scale, hmap, feat=feat)
         slack = slack.reshape(-1) + row_errors(alt, out)
-    return out, ({"out": slack.reshape(-1).to(torch.float64)} if feat.sinks is not None or quantised else {})
+    row_slack = {"out": slack.reshape(-1).to(torch.float64)} if feat.sinks is not None or quantised else {}
+    tf32 = {}
+    if feat.sinks is not None and dtype == torch.float32:
+        tf32 = {"out": tf32_scores_slack(q, K, V, scale, hmap, feat, out)}
+    return out, row_slack, tf32
+
+
+def tf32_operand(t: torch.Tensor) -> torch.Tensor:
+    """T as a tensor core reads a float32 operand in TF32: its mantissa truncated to 10 bits (float64 back)."""
+    bits = t.to(torch.float32).contiguous().view(torch.int32)
+    return (bits & ~0x1FFF).view(torch.float32).to(torch.float64)
+
+
+def tf32_scores_slack(
+    q: torch.Tensor,
+    K: list[torch.Tensor],
+    V: list[torch.Tensor],
+    scale: float,
+    hmap: list[int],
+    feat: af.Features,
+    out: torch.Tensor,
+) -> torch.Tensor:
+    """Per output row, how far TF32 operands of q.k move it: the same definition over q and keys truncated to
+    TF32. Softmax's normalisation cancels most of a score's error (TF32_TOLERANCE covers what is left), but a
+    sink's exact logit in the denominator does not share it: where the sink takes most of the mass, a row's
+    relative error is the scores' own error (2^-10 of |score|; 0.017 at scores near 100, measured on an H100)."""
+    alt = attend(tf32_operand(q), [tf32_operand(k) for k in K], V, scale, hmap, feat=feat)
+    return row_errors(alt, out).reshape(-1).to(torch.float64)
 
 
 def attend(

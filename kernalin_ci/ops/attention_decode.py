@@ -72,8 +72,8 @@ class AttentionDecode(ac.AttentionOp):
         K = [kv_quant.dequantise(kw["k_cache"][b, :, :L], ks) for b, L in enumerate(lens)]
         V = [kv_quant.dequantise(kw["v_cache"][b, :, :L], vs) for b, L in enumerate(lens)]
         feat = af.Features.of(params, kw)
-        out, slack = ac.reference_out(q, K, V, kw["scale"], Hkv, feat, quantised=ks is not None)
-        return Expected({"out": out}, row_slack=slack)
+        out, slack, tf32 = ac.reference_out(q, K, V, kw["scale"], Hkv, feat, quantised=ks is not None)
+        return Expected({"out": out}, row_slack=slack, tf32_slack=tf32)
 
     def fingerprints(self, kw: Tensors, params: Params, case: Case) -> list[tuple[str, Tensors]]:
         S = kw["k_cache"].shape[2]

@@ -112,6 +112,9 @@ class Expected:
     # per output name: extra tolerance per row (a float64 vector over the rows of that output), added to
     # the dtype's tolerance where a correct kernel's error provably grows with the input (rope: position)
     row_slack: dict[str, Any] = field(default_factory=dict)
+    # per output name: extra tolerance per row added only where the case's dots run on TF32 (a float32 case on
+    # a GPU, verify/precision.py): what TF32 operands provably move a row that normalisation does not protect
+    tf32_slack: dict[str, Any] = field(default_factory=dict)
     # the relative tolerance when the op holds this dtype to a tighter one than TOLERANCE (float32 rope)
     tolerance: float | None = None
 

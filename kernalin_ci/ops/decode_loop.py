@@ -314,15 +314,16 @@ def advance(
     return old_k, old_v
 
 
-def attend_history(s: LoopState, q_ref: torch.Tensor, dtype: str) -> tuple[torch.Tensor, torch.Tensor]:
+def attend_history(s: LoopState, q_ref: torch.Tensor, dtype: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Attention of the step's queries over each sequence's float64 history (the step's token included),
-    with the loop's attention features, and each output row's slack (attention_common.reference_out, as the
-    attention ops define both: with sinks the underflow in `dtype`, with an FP8 cache the rounding of the
-    dequantised values to it)."""
-    out, slack = ac.reference_out(
+    with the loop's attention features, each output row's slack and its TF32 slack (attention_common.
+    reference_out, as the attention ops define them: with sinks the underflow in `dtype`, with an FP8 cache the
+    rounding of the dequantised values to it; with sinks in float32 what TF32 operands of q.k move a row)."""
+    out, slack, tf32 = ac.reference_out(
         q_ref, s.ref_k, s.ref_v, s.scale, s.shape.Hkv, s.feat, s.kv is not None, torch_dtype(dtype)
     )
-    return out, slack.get("out", torch.zeros(out.shape[0] * out.shape[1], dtype=torch.float64))
+    none = torch.zeros(out.shape[0] * out.shape[1], dtype=torch.float64)
+    return out, slack.get("out", none), tf32.get("out", none)
 
 
 def output_fingerprints(

@@ -30,7 +30,8 @@ def check_reference(
     expected: Expected | None = None,
 ) -> list[Finding]:
     """Every output against op.reference(before) (or `expected`, already computed); explain failures
-    with fingerprints. `tolerance` raises the case's own (float32 computed on TF32), never lowers it."""
+    with fingerprints. `tolerance` raises the case's own (float32 computed on TF32), never lowers it; with it,
+    each output's Expected.tf32_slack is added to its rows' tolerance."""
     expected = expected if expected is not None else op.reference(before, params)
     tol = expected.tolerance or TOLERANCE.get(case.dtype, TOLERANCE["float32"])
     tol = max(tol, tolerance or 0.0)
@@ -83,8 +84,10 @@ def check_reference(
                 )
             )
         err = row_errors(a64, exp)
-        slack = expected.row_slack.get(name)
-        limit = torch.full_like(err, tol) if slack is None else tol + slack.to(err.dtype).reshape(-1)
+        limit = torch.full_like(err, tol)
+        for slack in (expected.row_slack.get(name), expected.tf32_slack.get(name) if tolerance else None):
+            if slack is not None:
+                limit = limit + slack.to(err.dtype).reshape(-1)
         bad = ~(err <= limit) & ~canary & ~nonfinite
         if not bool(bad.any()):
             continue
