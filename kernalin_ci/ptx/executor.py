@@ -422,7 +422,9 @@ class Executor:
             return self._cp_async(s, ins)
         if op == "shfl":
             return self._shfl(s, ins)
-        if op in ("mma", "wgmma", "ldmatrix", "stmatrix", "atom", "red", "call", "vote", "match", "tex"):
+        if op in ("ldmatrix", "stmatrix"):
+            return self._matrix(s, ins)
+        if op in ("mma", "wgmma", "atom", "red", "call", "vote", "match", "tex"):
             raise Unsupported(f"instruction {op}")
         outs = ins.operands[0]
         srcs = [self._operand(s, t, ins) for t in ins.operands[1:]]
@@ -568,6 +570,54 @@ class Executor:
                 v = self._global_load(s, ins, lane, g, a, 32) if g is not T.FALSE else T.const(0, 32)
                 da = T.bv("add", lane_of(daddr, lane), T.const(j, 32))
                 _write_map(s.smem, da, T.ite(g, v, T.const(0, 32)), T.TRUE, 32)
+
+    def _matrix(self, s: State, ins: Instr) -> None:
+        """ldmatrix / stmatrix .m8n8.x{1,2,4}(.trans).shared.b16: a warp moves 8x8 tiles of 16-bit elements
+        between shared memory and registers. Lane i*8 + r of the warp gives the address of row r of tile i;
+        lane t holds, in its register i, row t // 4, elements 2 (t % 4) and 2 (t % 4) + 1 of tile i (with
+        .trans: column t // 4, rows 2 (t % 4) and 2 (t % 4) + 1). Every element is a concrete shared address,
+        so the move is exact: what a layout conversion stores is what it loads back. `.sync.aligned`: the
+        whole warp executes it, so every lane's row address is read, as a shuffle reads its source lane."""
+        mods = set(ins.mods)
+        if "m8n8" not in mods or "b16" not in mods or "shared" not in mods:
+            raise Unsupported(f"{ins.opcode}.{'.'.join(ins.mods)}")
+        tiles = next((int(m[1:]) for m in ins.mods if m in ("x1", "x2", "x4")), 1)
+        load = ins.opcode == "ldmatrix"
+        m, regs = (ins.operands[1], ins.operands[0]) if load else (ins.operands[0], ins.operands[1])
+        regs = list(regs) if isinstance(regs, tuple) else [regs]
+        if len(regs) != tiles or self.n % 32:
+            raise Unsupported(f"{ins.opcode} with {len(regs)} registers for {tiles} tiles")
+        guard = self._guard(s, ins)
+        addr = self._address(s, m, ins)
+        trans = "trans" in mods
+
+        def element(lane: int, i: int, half: int) -> T.Term:
+            """The shared address of 16-bit half `half` of lane's register i."""
+            base, t = lane - lane % 32, lane % 32
+            row, col = (2 * (t % 4) + half, t // 4) if trans else (t // 4, 2 * (t % 4) + half)
+            a = lane_of(addr, base + 8 * i + row)
+            return T.bv("add", a, T.const(2 * col, a.width))
+
+        if load:
+            for i, reg in enumerate(regs):
+                vals = []
+                for lane in range(self.n):
+                    if trans:
+                        halves = [_read_map(s.smem, element(lane, i, h), 16) for h in (0, 1)]
+                        vals.append(T.concat(halves))
+                    else:
+                        vals.append(_read_map(s.smem, element(lane, i, 0), 32))
+                self._set(s, ins, reg, pack(vals))
+            return
+        for i, reg in enumerate(regs):
+            v = self._operand(s, reg, ins)
+            for lane in range(self.n):
+                x = as_bits(lane_of(v, lane), 32)
+                if trans:
+                    for h in (0, 1):
+                        _write_map(s.smem, element(lane, i, h), T.extract(x, 16 * h, 16), lane_of(guard, lane), 16)
+                else:
+                    _write_map(s.smem, element(lane, i, 0), x, T.TRUE, 32)
 
     def _shfl(self, s: State, ins: Instr) -> None:
         mode = ins.mods[1] if ins.mods[0] == "sync" else ins.mods[0]

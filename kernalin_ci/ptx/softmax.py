@@ -2,7 +2,9 @@
 
 Every exponential in the PTX is `ex2.approx(x)`. Its argument is put in linear form over atoms (a masked
 score `selp(mask, s, -inf)`, a max, a loop-carried value, a product q_i * k_i of two loaded elements);
-kernel float parameters (the scale) count as constants with their launch values.
+kernel float parameters (the scale) count as constants with their launch values. A masked value
+`selp(mask, s, c)` is one atom per mask and linear forms of s and c: the compiler may compute the same
+score twice in two layouts, summing q_i * k_i in another order (float rounding is not modelled).
 - max subtracted (`softmax-no-max`): the argument is c * (R - M) with M a max (a `max.f32` tree, through
   shuffles and shared memory, or a running max carried by a loop) one of whose operands is R itself, so
   that R - M <= 0; an M over the same scores scaled differently is `scale`.
@@ -42,6 +44,7 @@ class FloatGraph:
         self.trace = trace
         self.forms: dict[int, Form] = {}
         self.has_exp: dict[int, bool] = {}
+        self.selects: dict[tuple, T.Term] = {}  # a masked value's canonical term, by its condition and forms
 
     def update(self, phi_atom: T.Term) -> list[T.Term]:
         """The values a loop-carried float takes at the back edge (one per path)."""
@@ -78,6 +81,9 @@ class FloatGraph:
             return _add(_mul(self.form(a[0]), self.form(a[1]), t), self.form(a[2]), 1.0)
         if op == "fcvt" and t.width >= 32:
             return self.form(a[0])
+        if op == "fite":  # one atom per condition and branch forms: a sum reassociated is the same score
+            key = (id(a[0]), _frozen(self.form(a[1])), _frozen(self.form(a[2])))
+            return {(self.selects.setdefault(key, t),): 1.0}
         return {(t,): 1.0}
 
     def exps(self, roots: list[T.Term]) -> list[T.Term]:
@@ -140,6 +146,10 @@ class FloatGraph:
                 if set(k) == {()} and k[()] > 0:
                     return [T.fop("fmul", y, c) for y in self.max_operands(x, seen)]
         return []
+
+
+def _frozen(f: Form) -> tuple:
+    return tuple(sorted((tuple(id(x) for x in m), c) for m, c in f.items()))
 
 
 def _add(f: Form, g: Form, k: float) -> Form:
