@@ -99,6 +99,7 @@ class State:
     local: list  # per lane: {address: term} or None (havocked)
     loops: tuple = ()
     order: int = 0
+    reconverge: tuple = ()  # (instruction index, lanes' activity): where lanes split by a branch meet again
 
 
 def lane_of(v: Val, lane: int) -> T.Term:
@@ -124,6 +125,8 @@ class Executor:
         self.steps = 0
         self.results: dict[int, Val] = {}
         self.back_edges = self._back_edges()
+        self.ipdom = _post_dominators(kernel)
+        self.ended_in: list[int] = []  # how many states had ended when each divergence began
         self.params = self._param_terms()
 
     # ---------------------------------------------------------------- setup
@@ -170,6 +173,9 @@ class Executor:
             for w in same:
                 work.remove(w)
                 s = merge(s, w, lanes)
+            if s.reconverge and s.reconverge[-1][0] == s.index and not work_inside(work, s):
+                s.active = s.reconverge[-1][1]  # every lane split at the branch is here again
+                s.reconverge = s.reconverge[:-1]
             work.extend(self._go(s))
             if len(work) > MAX_STATES:
                 raise Unsupported("too many paths")
@@ -256,7 +262,11 @@ class Executor:
                 t.index = index
                 out.append(t)
             return out
-        # lanes diverge: split their activity
+        # lanes diverge: split their activity; where the branch's paths meet again (its immediate
+        # post-dominator) the lanes are those of the branch again, unless one of them returns on the way
+        join = self.ipdom.get(ins.index)
+        if join is not None and not s.loops or join is not None and all(join <= lp.latch for lp in s.loops):
+            s.reconverge = s.reconverge + ((join, s.active),)
         a = clone(s)
         a.active = tuple(T.and_(act, lane_of(taken, i)) for i, act in enumerate(s.active))
         a.index = target
@@ -784,7 +794,14 @@ def clone(s: State) -> State:
         [dict(x) if x is not None else None for x in s.local],
         s.loops,
         s.order,
+        s.reconverge,
     )
+
+
+def work_inside(work: list, s: State) -> bool:
+    """Whether another state may still reach s's reconvergence point (it carries the same divergence)."""
+    mark = s.reconverge[-1]
+    return any(mark in w.reconverge for w in work)
 
 
 def merge(a: State, b: State, lanes: int) -> State:
@@ -808,7 +825,61 @@ def merge(a: State, b: State, lanes: int) -> State:
         smem[addr] = x if x is y or y is None else y if x is None else T.ite(ca, x, fit(y, x.width))
     local = [None if x is None or y is None or x != y else x for x, y in zip(a.local, b.local)]
     cond = a.cond[:n] + ((T.or_(ca, cb),) if T.or_(ca, cb) is not T.TRUE else ())
-    return State(a.index, regs, cond, active, smem, local, a.loops, max(a.order, b.order))
+    rec = a.reconverge if len(a.reconverge) <= len(b.reconverge) else b.reconverge
+    return State(a.index, regs, cond, active, smem, local, a.loops, max(a.order, b.order), rec)
+
+
+def _post_dominators(k: PtxKernel) -> dict[int, int]:
+    """For each conditional forward branch, the index of its immediate post-dominator: the first
+    instruction every path from the branch reaches (where split lanes meet again); none when a path
+    returns first."""
+    instrs = k.instrs
+    n = len(instrs)
+    leaders = {0} | set(k.labels.values()) | {i + 1 for i, x in enumerate(instrs) if x.opcode in ("bra", "ret", "exit")}
+    starts = sorted(x for x in leaders if x < n)
+    block_of = {}
+    for bi, st in enumerate(starts):
+        end = starts[bi + 1] if bi + 1 < len(starts) else n
+        for i in range(st, end):
+            block_of[i] = bi
+    succ: list[list[int]] = []
+    for bi in range(len(starts)):
+        last = (starts[bi + 1] if bi + 1 < len(starts) else n) - 1
+        x = instrs[last]
+        out = []
+        if x.opcode == "bra":
+            out.append(block_of[k.labels[x.operands[0]]])
+            if x.guard is not None and last + 1 < n:
+                out.append(block_of[last + 1])
+        elif x.opcode in ("ret", "exit") and x.guard is None:
+            pass
+        elif last + 1 < n:
+            out.append(block_of[last + 1])
+        succ.append(out)
+    nb = len(starts)
+    every = (1 << nb) - 1
+    pdom = [every] * nb
+    changed = True
+    while changed:
+        changed = False
+        for b in reversed(range(nb)):
+            new = every
+            for c in succ[b]:
+                new &= pdom[c]
+            new = (new if succ[b] else 0) | (1 << b)
+            if new != pdom[b]:
+                pdom[b], changed = new, True
+    out = {}
+    for bi in range(len(starts)):
+        last = (starts[bi + 1] if bi + 1 < len(starts) else n) - 1
+        x = instrs[last]
+        if x.opcode != "bra" or x.guard is None or k.labels[x.operands[0]] <= last:
+            continue
+        later = pdom[bi] & ~(1 << bi)
+        cands = [c for c in range(bi + 1, nb) if later >> c & 1]
+        if cands:
+            out[last] = starts[min(cands)]  # the nearest: forward code, so the lowest block
+    return out
 
 
 def execute(kernel: PtxKernel, facts: LaunchFacts, symbols: dict[str, T.Term]) -> PtxTrace:

@@ -44,7 +44,8 @@ class FloatGraph:
         self.trace = trace
         self.forms: dict[int, Form] = {}
         self.has_exp: dict[int, bool] = {}
-        self.selects: dict[tuple, T.Term] = {}  # a masked value's canonical term, by its condition and forms
+        self.selects: dict[tuple, T.Term] = {}  # a masked value's canonical term, by its condition and sums
+        self.sums: dict[int, tuple] = {}
 
     def update(self, phi_atom: T.Term) -> list[T.Term]:
         """The values a loop-carried float takes at the back edge (one per path)."""
@@ -81,10 +82,43 @@ class FloatGraph:
             return _add(_mul(self.form(a[0]), self.form(a[1]), t), self.form(a[2]), 1.0)
         if op == "fcvt" and t.width >= 32:
             return self.form(a[0])
-        if op == "fite":  # one atom per condition and branch forms: a sum reassociated is the same score
-            key = (id(a[0]), _frozen(self.form(a[1])), _frozen(self.form(a[2])))
+        if op == "fite":  # one atom per condition and branch sums: a sum reassociated is the same score
+            key = (id(a[0]), self.sum_key(a[1]), self.sum_key(a[2]))
             return {(self.selects.setdefault(key, t),): 1.0}
         return {(t,): 1.0}
+
+    def sum_key(self, t: T.Term) -> tuple:
+        """t as a sum, up to the order of its terms: the sorted summands of its fadd/ffma tree (a product
+        x * y as the pair of its factors), a product by a constant as the constant and the sum's key."""
+        k = self.sums.get(id(t))
+        if k is None:
+            k = self._sum_key(t)
+            self.sums[id(t)] = k
+        return k
+
+    def _sum_key(self, t: T.Term) -> tuple:
+        op, a = t.op, t.args
+        if op == "fadd":
+            return tuple(sorted(self.sum_key(a[0]) + self.sum_key(a[1]), key=repr))
+        if op == "ffma":
+            return tuple(sorted(self.sum_key(a[2]) + self._product(a[0], a[1]), key=repr))
+        if op == "fmul":
+            for x, c in ((a[0], a[1]), (a[1], a[0])):
+                if c.op == "fconst" and c.args[0] == 0:
+                    return ()
+                if c.op in ("fconst", "fparam"):
+                    return (("scaled", id(c), self.sum_key(x)),)
+            return self._product(a[0], a[1])
+        if op == "fconst" and a[0] == 0:
+            return ()
+        return (id(t),)
+
+    @staticmethod
+    def _product(x: T.Term, y: T.Term) -> tuple:
+        """x * y as one summand; none when a factor is the constant 0 (a padded lane's product)."""
+        if any(f.op == "fconst" and f.args[0] == 0 for f in (x, y)):
+            return ()
+        return (("*", *sorted((id(x), id(y)))),)
 
     def exps(self, roots: list[T.Term]) -> list[T.Term]:
         seen: set[int] = set()
@@ -146,10 +180,6 @@ class FloatGraph:
                 if set(k) == {()} and k[()] > 0:
                     return [T.fop("fmul", y, c) for y in self.max_operands(x, seen)]
         return []
-
-
-def _frozen(f: Form) -> tuple:
-    return tuple(sorted((tuple(id(x) for x in m), c) for m, c in f.items()))
 
 
 def _add(f: Form, g: Form, k: float) -> Form:
