@@ -50,6 +50,7 @@ class PtxAccess:
     size: int  # bytes
     value: T.Term  # loaded term, or stored bits
     order: int  # program order of the access within its lane
+    epoch: int = 0  # barriers (bar.sync) the block passed before the access
 
 
 @dataclass(eq=False)
@@ -100,6 +101,7 @@ class State:
     loops: tuple = ()
     order: int = 0
     reconverge: tuple = ()  # (instruction index, lanes' activity): where lanes split by a branch meet again
+    barriers: int = 0  # bar.sync passed
 
 
 def lane_of(v: Val, lane: int) -> T.Term:
@@ -416,6 +418,9 @@ class Executor:
 
     def _exec(self, s: State, ins: Instr) -> None:
         op = ins.opcode
+        if op in ("bar", "barrier") and ins.guard is None:
+            s.barriers += 1  # orders memory between the block's threads (step order: a write, then reads)
+            return
         if op in ("bar", "barrier", "membar", "fence") or (
             op == "cp" and "async" in ins.mods and "shared" not in ins.mods
         ):
@@ -529,7 +534,7 @@ class Executor:
         if g is not T.FALSE:
             s.order += 1
             g = T.and_(g, *(T.mk("lanecont", (lp.id, lane), "bool", 1) for lp in s.loops))
-            self.accesses.append(PtxAccess("ld", ins, lane, g, s.cond, tensor, off, w // 8, v, s.order))
+            self.accesses.append(PtxAccess("ld", ins, lane, g, s.cond, tensor, off, w // 8, v, s.order, s.barriers))
         return v
 
     def _st(self, s: State, ins: Instr) -> None:
@@ -562,7 +567,9 @@ class Executor:
                     for c, choice in pointer_cases(a):  # one store per pointer a select may choose
                         if T.and_(g, c) is not T.FALSE:
                             tensor, off = split_base(choice)
-                            acc = PtxAccess("st", ins, lane, T.and_(g, c), s.cond, tensor, off, w // 8, x, s.order)
+                            acc = PtxAccess(
+                                "st", ins, lane, T.and_(g, c), s.cond, tensor, off, w // 8, x, s.order, s.barriers
+                            )
                             self.accesses.append(acc)
 
     def _cp_async(self, s: State, ins: Instr) -> None:
@@ -613,8 +620,7 @@ class Executor:
                 vals = []
                 for lane in range(self.n):
                     if trans:
-                        halves = [_read_map(s.smem, element(lane, i, h), 16) for h in (0, 1)]
-                        vals.append(T.concat(halves))
+                        vals.append(T.concat([_read_half(s.smem, element(lane, i, h)) for h in (0, 1)]))
                     else:
                         vals.append(_read_map(s.smem, element(lane, i, 0), 32))
                 self._set(s, ins, reg, pack(vals))
@@ -625,7 +631,7 @@ class Executor:
                 x = as_bits(lane_of(v, lane), 32)
                 if trans:
                     for h in (0, 1):
-                        _write_map(s.smem, element(lane, i, h), T.extract(x, 16 * h, 16), lane_of(guard, lane), 16)
+                        _write_half(s.smem, element(lane, i, h), T.extract(x, 16 * h, 16), lane_of(guard, lane))
                 else:
                     _write_map(s.smem, element(lane, i, 0), x, T.TRUE, 32)
 
@@ -756,6 +762,25 @@ def _write_map(mem: dict, a: T.Term, x: T.Term, g: T.Term, w: int) -> None:
     mem[addr] = x
 
 
+def _read_half(mem: dict, a: T.Term) -> T.Term:
+    """The 16-bit element at a, a half of the 32-bit word the map holds it in."""
+    if not T.is_const(a):
+        raise Unsupported("a shared or local memory address that is not known")
+    addr = T.value(a)
+    return T.extract(_read_map(mem, T.const(addr & ~3, a.width), 32), 8 * (addr & 3), 16)
+
+
+def _write_half(mem: dict, a: T.Term, x: T.Term, g: T.Term) -> None:
+    """Write the 16-bit element at a into the 32-bit word holding it (the other half kept)."""
+    if not T.is_const(a):
+        raise Unsupported("a shared or local memory address that is not known")
+    addr = T.value(a)
+    word = T.const(addr & ~3, a.width)
+    old = _read_map(mem, word, 32)
+    lo, hi = (x, T.extract(old, 16, 16)) if addr & 3 == 0 else (T.extract(old, 0, 16), x)
+    _write_map(mem, word, T.concat([lo, hi]), g, 32)
+
+
 def split_base(a: T.Term) -> tuple[str, T.Term]:
     """An address as (tensor, byte offset): the one pointer symbol of its sum, and the rest."""
     atoms = summands(a)
@@ -795,6 +820,7 @@ def clone(s: State) -> State:
         s.loops,
         s.order,
         s.reconverge,
+        s.barriers,
     )
 
 
@@ -826,7 +852,8 @@ def merge(a: State, b: State, lanes: int) -> State:
     local = [None if x is None or y is None or x != y else x for x, y in zip(a.local, b.local)]
     cond = a.cond[:n] + ((T.or_(ca, cb),) if T.or_(ca, cb) is not T.TRUE else ())
     rec = a.reconverge if len(a.reconverge) <= len(b.reconverge) else b.reconverge
-    return State(a.index, regs, cond, active, smem, local, a.loops, max(a.order, b.order), rec)
+    order, barriers = max(a.order, b.order), min(a.barriers, b.barriers)
+    return State(a.index, regs, cond, active, smem, local, a.loops, order, rec, barriers)
 
 
 def _post_dominators(k: PtxKernel) -> dict[int, int]:
