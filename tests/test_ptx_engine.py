@@ -395,6 +395,29 @@ def test_paged_kv_reads_are_proved_through_the_block_table():
     assert len(reads) == 6 and all(r.status == "proved" for r in reads), [(r.name, r.cause) for r in reads]
 
 
+@pytest.mark.parametrize(
+    "path, cls",
+    [
+        ("checks/decode_step/correct_fused.py", None),
+        ("checks/decode_step/bug_read_before_write.py", "step-order"),
+    ],
+)
+def test_a_fused_decode_step_is_followed_through_its_layout_conversions(path, cls):
+    """The fused step compiles its tile reshapes to ldmatrix/stmatrix through shared memory; followed
+    exactly, its own properties are proved (the new slots hold the rotated k and v at the token's slot,
+    head and dim; every read of the new token's position after its write, a barrier between) or violated:
+    the store moved after the attention loop reads the slot before writing it."""
+    out, _ = _analyse(path)
+    assert out.not_analysed is None
+    step = [r for r in out.results if "new token" in r.name or "holds" in r.name or "owning the slot" in r.name]
+    assert len(step) >= 10 and all(r.status != "not-proved" for r in step), [(r.name, r.cause) for r in step]
+    found = {r.bug_class for r in out.results if r.status == "violated"}
+    assert found == ({cls} if cls else set()), [(r.name, r.cause) for r in out.results if r.status == "violated"]
+    if cls:
+        r = next(r for r in out.results if r.bug_class == cls)
+        assert any(k.startswith("kv_lens[") for k in r.counterexample)
+
+
 # ---------------------------------------------------------------- a CUDA C++ kernel, compiled by NVRTC
 
 

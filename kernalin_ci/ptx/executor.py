@@ -18,7 +18,11 @@ Model (docs/structural.md, "The PTX engine"):
   of the iteration; the latch condition at iteration k - 1 constrains k (`loopinv`), loop counters do not
   wrap. The exit continues with the body's final values and the negated latch condition.
 - Shared memory: a block-wide map from concrete byte addresses to terms; warp shuffles read the source
-  lane's register; barriers are no-ops in lockstep. Local memory: per lane, concrete addresses or havoc.
+  lane's register; `ldmatrix`/`stmatrix` move 8x8 tiles between lanes and addresses exactly; barriers
+  order nothing in lockstep, but each access records how many the block passed (`epoch`). Local memory:
+  per lane, concrete addresses or havoc.
+- Lanes split by a branch are active again at its immediate post-dominator (`_post_dominators`), when no
+  path between returns.
 """
 
 from __future__ import annotations
