@@ -23,6 +23,7 @@ from __future__ import annotations
 from kernalin_ci.ptx import terms as T
 from kernalin_ci.ptx.context import Context, Result, decode, lanes_as_one
 from kernalin_ci.ptx.executor import PtxAccess, PtxTrace
+from kernalin_ci.ptx.softmax import FloatGraph, as_float
 
 
 def _loads(t: T.Term, tensor: str) -> list[T.Term]:
@@ -160,8 +161,6 @@ def step_order(trace: PtxTrace, stores: dict[str, list[PtxAccess]], ctx: Context
 
 
 def new_token_twice(trace: PtxTrace, ctx: Context) -> list[Result]:
-    from kernalin_ci.ptx.softmax import FloatGraph, as_float
-
     c = ctx.contract
     g = FloatGraph(trace)
     roots = [as_float(a.value) for a in trace.accesses if a.kind == "st" and a.tensor == c.output]
