@@ -72,7 +72,7 @@ def new_slots(stores: dict[str, list[PtxAccess]], ctx: Context) -> list[Result]:
             for a in group:
                 base = T.and_(ctx.path(a), ctx.lane_is(a))
                 (blk, sl, hc, dc), dst_ok = decode(ctx, dst, a.offset, "dst", shared=True)
-                right = []
+                right: list[T.Term] = []
                 for x in _loads(a.value, src_name):
                     (t, h, d), src_ok = decode(ctx, src, x.args[1], f"src{len(right)}", shared=True)
                     slots = ctx.facts.tensors[c.slots]
@@ -90,20 +90,23 @@ def _value(cache: str, src_name: str, group: list[PtxAccess], ctx: Context) -> R
     c = ctx.contract
     ins = group[0].instr
     live = [a for a in group if a.guard is not T.FALSE and _loads(a.value, src_name)]
-    if cache == c.kcache:
-        what = f"{cache} holds the rotated {src_name}, not {src_name} itself"
+    is_key = cache == c.kcache
+    what = (
+        f"{cache} holds the rotated {src_name}, not {src_name} itself" if is_key else f"{cache} holds {src_name} itself"
+    )
+    if not live:  # no lane stores a value read from the input: the slot property says where it lands
+        return Result(what, "not-proved", ctx.domain, where=ins, cause=f"no stored value reads {src_name}")
+    if is_key:
         for a in live:
             x = _copy_of(a.value)
             if x is not None and x.args[0] == src_name:
                 cause = f"the stored value is {src_name} itself (the key stored before its rotation)"
                 return Result(what, "violated", ctx.domain, "kv-unrotated", ins, cause=cause, lane=a.lane)
-        if c.positions and not any(
-            s.args[0] == c.positions for a in live for s in T.below(a.value, "select")
-        ):  # fmt: skip
+        reads = {x.args[0] for a in live for x in T.below(a.value, "select")}
+        if c.positions and c.positions not in reads:
             cause = f"the stored key does not depend on {c.positions}"
             return Result(what, "violated", ctx.domain, "kv-unrotated", ins, cause=cause, lane=live[0].lane)
         return Result(what, "proved", ctx.domain, where=ins)
-    what = f"{cache} holds {src_name} itself"
     for a in live:
         x = _copy_of(a.value)
         if x is None or x.args[0] != src_name:
