@@ -21,7 +21,7 @@ Model (docs/structural.md, "The PTX engine"):
   lane's register; `ldmatrix`/`stmatrix` move 8x8 tiles between lanes and addresses exactly; barriers
   order nothing in lockstep, but each access records how many the block passed (`epoch`). Local memory:
   per lane, concrete addresses or havoc.
-- Lanes split by a branch are active again at its immediate post-dominator (`_post_dominators`), when no
+- Lanes split by a branch are active again at its immediate post-dominator (`cfg.py`), when no
   path between returns.
 """
 
@@ -30,9 +30,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kernalin_ci.ptx import terms as T
+from kernalin_ci.ptx.cfg import post_dominators
 from kernalin_ci.ptx.facts import LaunchFacts
 from kernalin_ci.ptx.pointers import is_pointer, pointer_cases, summands
 from kernalin_ci.ptx.semantics import Unsupported, alu, as_bits, as_float, fit, types_of
+from kernalin_ci.ptx.smem import matrix_load, matrix_store, read_map, write_map
 from kernalin_ci.ptx.syntax import Instr, Mem, PtxKernel
 
 Val = T.Term | tuple  # one term for all lanes, or one per lane
@@ -131,7 +133,7 @@ class Executor:
         self.steps = 0
         self.results: dict[int, Val] = {}
         self.back_edges = self._back_edges()
-        self.ipdom = _post_dominators(kernel)
+        self.ipdom = post_dominators(kernel)
         self.ended_in: list[int] = []  # how many states had ended when each divergence began
         self.params = self._param_terms()
 
@@ -511,9 +513,9 @@ class Executor:
                 a = T.bv("add", lane_of(addr, lane), T.const(j * w // 8, lane_of(addr, lane).width))
                 g = lane_of(guard, lane)
                 if space == "shared":
-                    v = _read_map(s.smem, a, w) if g is not T.FALSE else T.const(0, w)
+                    v = read_map(s.smem, a, w) if g is not T.FALSE else T.const(0, w)
                 elif space == "local":
-                    v = _read_map(s.local[lane], a, w) if s.local[lane] is not None else T.fresh("local", w)
+                    v = read_map(s.local[lane], a, w) if s.local[lane] is not None else T.fresh("local", w)
                 else:
                     v = self._global_load(s, ins, lane, g, a, w)
                 vals.append(v)
@@ -560,10 +562,10 @@ class Executor:
                 a = T.bv("add", lane_of(addr, lane), T.const(j * w // 8, lane_of(addr, lane).width))
                 x = as_bits(lane_of(v, lane), w)
                 if space == "shared":
-                    _write_map(s.smem, a, x, g, w)
+                    write_map(s.smem, a, x, g, w)
                 elif space == "local":
                     if s.local[lane] is not None and T.is_const(a):
-                        _write_map(s.local[lane], a, x, g, w)
+                        write_map(s.local[lane], a, x, g, w)
                     else:
                         s.local[lane] = None
                 else:
@@ -590,15 +592,11 @@ class Executor:
                 a = T.bv("add", lane_of(gaddr, lane), T.const(j, 64))
                 v = self._global_load(s, ins, lane, g, a, 32) if g is not T.FALSE else T.const(0, 32)
                 da = T.bv("add", lane_of(daddr, lane), T.const(j, 32))
-                _write_map(s.smem, da, T.ite(g, v, T.const(0, 32)), T.TRUE, 32)
+                write_map(s.smem, da, T.ite(g, v, T.const(0, 32)), T.TRUE, 32)
 
     def _matrix(self, s: State, ins: Instr) -> None:
-        """ldmatrix / stmatrix .m8n8.x{1,2,4}(.trans).shared.b16: a warp moves 8x8 tiles of 16-bit elements
-        between shared memory and registers. Lane i*8 + r of the warp gives the address of row r of tile i;
-        lane t holds, in its register i, row t // 4, elements 2 (t % 4) and 2 (t % 4) + 1 of tile i (with
-        .trans: column t // 4, rows 2 (t % 4) and 2 (t % 4) + 1). Every element is a concrete shared address,
-        so the move is exact: what a layout conversion stores is what it loads back. `.sync.aligned`: the
-        whole warp executes it, so every lane's row address is read, as a shuffle reads its source lane."""
+        """ldmatrix / stmatrix .m8n8 (smem.py). `.sync.aligned`: the whole warp executes it, so every lane's
+        row address is read, as a shuffle reads its source lane."""
         mods = set(ins.mods)
         if "m8n8" not in mods or "b16" not in mods or "shared" not in mods:
             raise Unsupported(f"{ins.opcode}.{'.'.join(ins.mods)}")
@@ -608,36 +606,15 @@ class Executor:
         regs = list(regs) if isinstance(regs, tuple) else [regs]
         if len(regs) != tiles or self.n % 32:
             raise Unsupported(f"{ins.opcode} with {len(regs)} registers for {tiles} tiles")
-        guard = self._guard(s, ins)
         addr = self._address(s, m, ins)
-        trans = "trans" in mods
-
-        def element(lane: int, i: int, half: int) -> T.Term:
-            """The shared address of 16-bit half `half` of lane's register i."""
-            base, t = lane - lane % 32, lane % 32
-            row, col = (2 * (t % 4) + half, t // 4) if trans else (t // 4, 2 * (t % 4) + half)
-            a = lane_of(addr, base + 8 * i + row)
-            return T.bv("add", a, T.const(2 * col, a.width))
-
+        addrs = [lane_of(addr, lane) for lane in range(self.n)]
         if load:
-            for i, reg in enumerate(regs):
-                vals = []
-                for lane in range(self.n):
-                    if trans:
-                        vals.append(T.concat([_read_half(s.smem, element(lane, i, h)) for h in (0, 1)]))
-                    else:
-                        vals.append(_read_map(s.smem, element(lane, i, 0), 32))
+            for reg, vals in zip(regs, matrix_load(s.smem, addrs, tiles, "trans" in mods)):
                 self._set(s, ins, reg, pack(vals))
             return
-        for i, reg in enumerate(regs):
-            v = self._operand(s, reg, ins)
-            for lane in range(self.n):
-                x = as_bits(lane_of(v, lane), 32)
-                if trans:
-                    for h in (0, 1):
-                        _write_half(s.smem, element(lane, i, h), T.extract(x, 16 * h, 16), lane_of(guard, lane))
-                else:
-                    _write_map(s.smem, element(lane, i, 0), x, T.TRUE, 32)
+        guard = self._guard(s, ins)
+        values = [[as_bits(lane_of(self._operand(s, r, ins), lane), 32) for lane in range(self.n)] for r in regs]
+        matrix_store(s.smem, addrs, values, [lane_of(guard, lane) for lane in range(self.n)], "trans" in mods)
 
     def _shfl(self, s: State, ins: Instr) -> None:
         mode = ins.mods[1] if ins.mods[0] == "sync" else ins.mods[0]
@@ -735,56 +712,6 @@ def _ite(c: T.Term, a: T.Term, b: T.Term) -> T.Term:
     return T.ite(c, a, b)
 
 
-def _read_map(mem: dict, a: T.Term, w: int) -> T.Term:
-    if not T.is_const(a):
-        raise Unsupported("a shared or local memory address that is not known")
-    addr = T.value(a)
-    hit = mem.get(addr)
-    if hit is not None and hit.width == w:
-        return hit
-    if hit is not None and hit.width > w:
-        return T.extract(hit, 0, w)
-    parts, pos = [], 0
-    while pos < w:
-        x = mem.get(addr + pos // 8)
-        if x is None:
-            return T.fresh("uninitialised shared memory", w)
-        parts.append(x)
-        pos += x.width
-    if pos != w:
-        return T.fresh("shared memory", w)
-    return T.concat(parts)
-
-
-def _write_map(mem: dict, a: T.Term, x: T.Term, g: T.Term, w: int) -> None:
-    if not T.is_const(a):
-        raise Unsupported("a shared or local memory address that is not known")
-    addr = T.value(a)
-    if g is not T.TRUE:
-        old = mem.get(addr)
-        x = T.ite(g, x, old if old is not None and old.width == w else T.fresh("shared memory", w))
-    mem[addr] = x
-
-
-def _read_half(mem: dict, a: T.Term) -> T.Term:
-    """The 16-bit element at a, a half of the 32-bit word the map holds it in."""
-    if not T.is_const(a):
-        raise Unsupported("a shared or local memory address that is not known")
-    addr = T.value(a)
-    return T.extract(_read_map(mem, T.const(addr & ~3, a.width), 32), 8 * (addr & 3), 16)
-
-
-def _write_half(mem: dict, a: T.Term, x: T.Term, g: T.Term) -> None:
-    """Write the 16-bit element at a into the 32-bit word holding it (the other half kept)."""
-    if not T.is_const(a):
-        raise Unsupported("a shared or local memory address that is not known")
-    addr = T.value(a)
-    word = T.const(addr & ~3, a.width)
-    old = _read_map(mem, word, 32)
-    lo, hi = (x, T.extract(old, 16, 16)) if addr & 3 == 0 else (T.extract(old, 0, 16), x)
-    _write_map(mem, word, T.concat([lo, hi]), g, 32)
-
-
 def split_base(a: T.Term) -> tuple[str, T.Term]:
     """An address as (tensor, byte offset): the one pointer symbol of its sum, and the rest."""
     atoms = summands(a)
@@ -858,59 +785,6 @@ def merge(a: State, b: State, lanes: int) -> State:
     rec = a.reconverge if len(a.reconverge) <= len(b.reconverge) else b.reconverge
     order, barriers = max(a.order, b.order), min(a.barriers, b.barriers)
     return State(a.index, regs, cond, active, smem, local, a.loops, order, rec, barriers)
-
-
-def _post_dominators(k: PtxKernel) -> dict[int, int]:
-    """For each conditional forward branch, the index of its immediate post-dominator: the first
-    instruction every path from the branch reaches (where split lanes meet again); none when a path
-    returns first."""
-    instrs = k.instrs
-    n = len(instrs)
-    leaders = {0} | set(k.labels.values()) | {i + 1 for i, x in enumerate(instrs) if x.opcode in ("bra", "ret", "exit")}
-    starts = sorted(x for x in leaders if x < n)
-    block_of = {}
-    for bi, st in enumerate(starts):
-        end = starts[bi + 1] if bi + 1 < len(starts) else n
-        for i in range(st, end):
-            block_of[i] = bi
-    succ: list[list[int]] = []
-    for bi in range(len(starts)):
-        last = (starts[bi + 1] if bi + 1 < len(starts) else n) - 1
-        x = instrs[last]
-        out = []
-        if x.opcode == "bra":
-            out.append(block_of[k.labels[x.operands[0]]])
-            if x.guard is not None and last + 1 < n:
-                out.append(block_of[last + 1])
-        elif x.opcode in ("ret", "exit") and x.guard is None:
-            pass
-        elif last + 1 < n:
-            out.append(block_of[last + 1])
-        succ.append(out)
-    nb = len(starts)
-    every = (1 << nb) - 1
-    pdom = [every] * nb
-    changed = True
-    while changed:
-        changed = False
-        for b in reversed(range(nb)):
-            new = every
-            for c in succ[b]:
-                new &= pdom[c]
-            new = (new if succ[b] else 0) | (1 << b)
-            if new != pdom[b]:
-                pdom[b], changed = new, True
-    out = {}
-    for bi in range(len(starts)):
-        last = (starts[bi + 1] if bi + 1 < len(starts) else n) - 1
-        x = instrs[last]
-        if x.opcode != "bra" or x.guard is None or k.labels[x.operands[0]] <= last:
-            continue
-        later = pdom[bi] & ~(1 << bi)
-        cands = [c for c in range(bi + 1, nb) if later >> c & 1]
-        if cands:
-            out[last] = starts[min(cands)]  # the nearest: forward code, so the lowest block
-    return out
 
 
 def execute(kernel: PtxKernel, facts: LaunchFacts, symbols: dict[str, T.Term]) -> PtxTrace:
