@@ -246,6 +246,71 @@ def test_an_immediate_predicate_is_a_boolean():
     assert [(r.name, r.status) for r in out.results] == [("store to out in bounds", "proved")]
 
 
+_LDMATRIX = """
+.version 8.0
+.target sm_90
+.address_size 64
+.visible .entry k(
+	.param .u64 k_param_0
+)
+.reqntid 32, 1, 1
+{
+	.reg .pred 	%p<3>;
+	.reg .b32 	%r<20>;
+	.reg .b64 	%rd<5>;
+	.shared .align 16 .b8 smem[1024];
+	mov.u32 	%r1, %tid.x;
+	shl.b32 	%r2, %r1, 2;
+	add.s32 	%r3, %r2, 1;
+	add.s32 	%r4, %r2, 2;
+	add.s32 	%r5, %r2, 3;
+	shl.b32 	%r6, %r1, 4;
+	st.shared.v4.b32 	[%r6], {%r2, %r3, %r4, %r5};
+	bar.sync 	0;
+	ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%r7, %r8, %r9, %r10}, [%r6];
+	ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16 {%r11}, [%r6];
+	add.s32 	%r12, %r6, 512;
+	stmatrix.sync.aligned.m8n8.x4.shared.b16 [%r12], {%r7, %r8, %r9, %r10};
+	ld.shared.v4.b32 	{%r13, %r14, %r15, %r16}, [%r12];
+	ld.param.u64 	%rd1, [k_param_0];
+	mul.wide.u32 	%rd2, %r1, 16;
+	add.s64 	%rd3, %rd1, %rd2;
+	st.global.v4.b32 	[%rd3], {%r8, %r11, %r13, %r16};
+	ret;
+}
+"""
+
+
+def test_ldmatrix_and_stmatrix_move_each_lanes_words_exactly():
+    """The layout conversions Triton compiles through shared memory (`ldmatrix`/`stmatrix` .m8n8, no mma):
+    lane t's register i holds row t // 4 of tile i, word t % 4 (with .trans, its 16-bit halves come from
+    rows 2 (t % 4) and 2 (t % 4) + 1, column t // 4); stmatrix is the inverse, so a round trip is the
+    identity. Shared word w holds 2w .. 2w + 1 as 16-bit halves here (word w = w, little-endian)."""
+    from kernalin_ci.ptx import terms as T
+    from kernalin_ci.ptx.executor import execute
+    from kernalin_ci.ptx.facts import Expr, LaunchFacts, ParamFacts, TensorFacts
+    from kernalin_ci.ptx.syntax import parse
+
+    n = (Expr.of(128),)
+    facts = LaunchFacts(
+        "k",
+        [ParamFacts("pointer", tensor="out")],
+        (Expr.of(1), Expr.of(1), Expr.of(1)),
+        {"out": TensorFacts("out", "int32", 4, n, (Expr.of(1),), role="output")},
+        {},
+        block_threads=32,
+    )
+    T.reset()
+    trace = execute(parse(_LDMATRIX), facts, {f"ctaid.{x}": T.sym(f"ctaid.{x}", 32) for x in "xyz"})
+    got = {(a.lane, T.value(a.offset) // 4 % 4): a.value for a in trace.accesses if a.kind == "st"}
+    for t in range(32):
+        assert got[(t, 0)] is T.const(4 * (8 + t // 4) + t % 4, 32)  # x4: tile 1, row t // 4, word t % 4
+        lo, hi = (4 * (2 * (t % 4) + h) + t // 8 for h in (0, 1))  # .trans: the words holding column t // 4
+        halves = [(w >> (16 * (t // 4 % 2))) & 0xFFFF for w in (lo, hi)]  # the 16-bit half of that column
+        assert T.value(got[(t, 1)]) == halves[0] | halves[1] << 16
+        assert got[(t, 2)] is T.const(4 * t, 32) and got[(t, 3)] is T.const(4 * t + 3, 32)  # stmatrix: back
+
+
 def test_a_correct_kv_append_is_proved_for_every_shape_of_the_domain():
     out, facts = _analyse("checks/kv_append/correct_per_token.py")
     assert out.not_analysed is None
@@ -328,6 +393,25 @@ def test_paged_kv_reads_are_proved_through_the_block_table():
     out, _ = _analyse("checks/attention_decode_paged/correct_online_paged.py")
     reads = [r for r in out.results if r.name.startswith(("k_cache", "v_cache"))]
     assert len(reads) == 6 and all(r.status == "proved" for r in reads), [(r.name, r.cause) for r in reads]
+
+
+def test_a_fused_decode_step_is_followed_through_its_layout_conversions():
+    """The fused step compiles its tile reshapes to ldmatrix/stmatrix through shared memory; followed
+    exactly, its properties are proved (the new slots hold the rotated k and v at the token's slot, head and
+    dim; the softmax; the K/V reads) but one: its store moved after the attention loop reads the new token's
+    slot before writing it (`step-order`, with a kv_len in the counterexample). One kernel for both sides:
+    the correct parent differs only in the store's place (the catalogue run: 0 false findings on it)."""
+    out, _ = _analyse("checks/decode_step/bug_read_before_write.py")
+    assert out.not_analysed is None
+    assert not [r for r in out.results if r.status == "not-proved"], [r.name for r in out.results]
+    step = [r for r in out.results if "new token" in r.name or "holds" in r.name or "owning the slot" in r.name]
+    assert len(step) >= 10 and {r.name for r in out.results if r.status == "violated"} == {
+        "every read of the new token's slot of k_cache comes after its write",
+        "every read of the new token's slot of v_cache comes after its write",
+    }
+    r = next(r for r in out.results if r.status == "violated")
+    assert r.bug_class == "step-order" and any(k.startswith("kv_lens[") for k in r.counterexample)
+    assert {r.status for r in out.results if r.name.startswith("every exponential")} == {"proved"}
 
 
 # ---------------------------------------------------------------- a CUDA C++ kernel, compiled by NVRTC

@@ -5,10 +5,12 @@ Inputs are plain data, the same for a Triton kernel (its `asm["ptx"]`) and a CUD
 expressions over shape symbols, which tensors are index tensors and the contract's bounds on them) plus
 the op's contract (context.Contract). Modules: syntax.py (the parser), terms.py (symbolic values),
 semantics.py (instruction arithmetic), executor.py (every lane of a block, symbolic blocks, data, loops),
+smem.py (shared memory, ldmatrix/stmatrix), cfg.py (where split lanes meet again),
 pointers.py (a pointer chosen by a select),
 solver.py (z3), context.py (the domain's constraints, verdicts), memory.py (memory properties),
 attention_reads.py (attention's K/V reads), softmax.py (the softmax, from the float dataflow),
-rope_reads.py (what each rotated element reads), rope_angles.py (its signs, angle and table row), evaluate.py
+rope_reads.py (what each rotated element reads), rope_angles.py (its signs, angle and table row),
+decode_step.py (a fused decode step's cache stores and step order), evaluate.py
 (concrete evaluation of terms).
 Nothing here imports the rest of kernalin_ci: verify/structural/ptx_*.py plugs it in.
 """
@@ -18,7 +20,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from kernalin_ci.ptx import attention_reads, memory, rope_angles, rope_reads, softmax, solver, terms
+from kernalin_ci.ptx import attention_reads, decode_step, memory, rope_angles, rope_reads, softmax, solver, terms
 from kernalin_ci.ptx.context import Context, Contract, Result
 from kernalin_ci.ptx.executor import execute
 from kernalin_ci.ptx.facts import LaunchFacts
@@ -68,6 +70,8 @@ def analyse(ptx: str, facts: LaunchFacts, contract: Contract) -> KernelAnalysis:
         out.results += attention_reads.kv_reads(trace, ctx)
     if contract.output:
         out.results += softmax.check(trace, ctx)
+    if contract.new_key:
+        out.results += decode_step.check(trace, ctx)
     if contract.rotations:
         out.results += rope_reads.rope_reads(trace, ctx)
         out.results += rope_angles.rope_angles(trace, ctx)

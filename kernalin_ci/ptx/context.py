@@ -47,6 +47,8 @@ class Contract:
     base: float = 10000.0  # rope: theta_j = base^(-2j/rotary_dim)
     angle_skip: str = ""  # rope: why the angle's position and frequency are not checked (scaled tables)
     scale: float = 0.0  # the softmax scale of the call
+    new_key: str = ""  # a fused decode step: the new token's key and value (k, v) stored into the caches
+    new_value: str = ""
 
 
 @dataclass

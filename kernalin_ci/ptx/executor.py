@@ -18,7 +18,11 @@ Model (docs/structural.md, "The PTX engine"):
   of the iteration; the latch condition at iteration k - 1 constrains k (`loopinv`), loop counters do not
   wrap. The exit continues with the body's final values and the negated latch condition.
 - Shared memory: a block-wide map from concrete byte addresses to terms; warp shuffles read the source
-  lane's register; barriers are no-ops in lockstep. Local memory: per lane, concrete addresses or havoc.
+  lane's register; `ldmatrix`/`stmatrix` move 8x8 tiles between lanes and addresses exactly; barriers
+  order nothing in lockstep, but each access records how many the block passed (`epoch`). Local memory:
+  per lane, concrete addresses or havoc.
+- Lanes split by a branch are active again at its immediate post-dominator (`cfg.py`), when no
+  path between returns.
 """
 
 from __future__ import annotations
@@ -26,9 +30,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kernalin_ci.ptx import terms as T
+from kernalin_ci.ptx.cfg import post_dominators
 from kernalin_ci.ptx.facts import LaunchFacts
 from kernalin_ci.ptx.pointers import is_pointer, pointer_cases, summands
 from kernalin_ci.ptx.semantics import Unsupported, alu, as_bits, as_float, fit, types_of
+from kernalin_ci.ptx.smem import matrix_load, matrix_store, read_map, write_map
 from kernalin_ci.ptx.syntax import Instr, Mem, PtxKernel
 
 Val = T.Term | tuple  # one term for all lanes, or one per lane
@@ -50,6 +56,7 @@ class PtxAccess:
     size: int  # bytes
     value: T.Term  # loaded term, or stored bits
     order: int  # program order of the access within its lane
+    epoch: int = 0  # barriers (bar.sync) the block passed before the access
 
 
 @dataclass(eq=False)
@@ -99,6 +106,8 @@ class State:
     local: list  # per lane: {address: term} or None (havocked)
     loops: tuple = ()
     order: int = 0
+    reconverge: tuple = ()  # (instruction index, lanes' activity): where lanes split by a branch meet again
+    barriers: int = 0  # bar.sync passed
 
 
 def lane_of(v: Val, lane: int) -> T.Term:
@@ -124,6 +133,8 @@ class Executor:
         self.steps = 0
         self.results: dict[int, Val] = {}
         self.back_edges = self._back_edges()
+        self.ipdom = post_dominators(kernel)
+        self.ended_in: list[int] = []  # how many states had ended when each divergence began
         self.params = self._param_terms()
 
     # ---------------------------------------------------------------- setup
@@ -170,6 +181,9 @@ class Executor:
             for w in same:
                 work.remove(w)
                 s = merge(s, w, lanes)
+            if s.reconverge and s.reconverge[-1][0] == s.index and not work_inside(work, s):
+                s.active = s.reconverge[-1][1]  # every lane split at the branch is here again
+                s.reconverge = s.reconverge[:-1]
             work.extend(self._go(s))
             if len(work) > MAX_STATES:
                 raise Unsupported("too many paths")
@@ -256,7 +270,11 @@ class Executor:
                 t.index = index
                 out.append(t)
             return out
-        # lanes diverge: split their activity
+        # lanes diverge: split their activity; where the branch's paths meet again (its immediate
+        # post-dominator) the lanes are those of the branch again, unless one of them returns on the way
+        join = self.ipdom.get(ins.index)
+        if join is not None and not s.loops or join is not None and all(join <= lp.latch for lp in s.loops):
+            s.reconverge = s.reconverge + ((join, s.active),)
         a = clone(s)
         a.active = tuple(T.and_(act, lane_of(taken, i)) for i, act in enumerate(s.active))
         a.index = target
@@ -406,6 +424,9 @@ class Executor:
 
     def _exec(self, s: State, ins: Instr) -> None:
         op = ins.opcode
+        if op in ("bar", "barrier") and ins.guard is None:
+            s.barriers += 1  # orders memory between the block's threads (step order: a write, then reads)
+            return
         if op in ("bar", "barrier", "membar", "fence") or (
             op == "cp" and "async" in ins.mods and "shared" not in ins.mods
         ):
@@ -422,7 +443,9 @@ class Executor:
             return self._cp_async(s, ins)
         if op == "shfl":
             return self._shfl(s, ins)
-        if op in ("mma", "wgmma", "ldmatrix", "stmatrix", "atom", "red", "call", "vote", "match", "tex"):
+        if op in ("ldmatrix", "stmatrix"):
+            return self._matrix(s, ins)
+        if op in ("mma", "wgmma", "atom", "red", "call", "vote", "match", "tex"):
             raise Unsupported(f"instruction {op}")
         outs = ins.operands[0]
         srcs = [self._operand(s, t, ins) for t in ins.operands[1:]]
@@ -490,9 +513,9 @@ class Executor:
                 a = T.bv("add", lane_of(addr, lane), T.const(j * w // 8, lane_of(addr, lane).width))
                 g = lane_of(guard, lane)
                 if space == "shared":
-                    v = _read_map(s.smem, a, w) if g is not T.FALSE else T.const(0, w)
+                    v = read_map(s.smem, a, w) if g is not T.FALSE else T.const(0, w)
                 elif space == "local":
-                    v = _read_map(s.local[lane], a, w) if s.local[lane] is not None else T.fresh("local", w)
+                    v = read_map(s.local[lane], a, w) if s.local[lane] is not None else T.fresh("local", w)
                 else:
                     v = self._global_load(s, ins, lane, g, a, w)
                 vals.append(v)
@@ -517,7 +540,7 @@ class Executor:
         if g is not T.FALSE:
             s.order += 1
             g = T.and_(g, *(T.mk("lanecont", (lp.id, lane), "bool", 1) for lp in s.loops))
-            self.accesses.append(PtxAccess("ld", ins, lane, g, s.cond, tensor, off, w // 8, v, s.order))
+            self.accesses.append(PtxAccess("ld", ins, lane, g, s.cond, tensor, off, w // 8, v, s.order, s.barriers))
         return v
 
     def _st(self, s: State, ins: Instr) -> None:
@@ -539,10 +562,10 @@ class Executor:
                 a = T.bv("add", lane_of(addr, lane), T.const(j * w // 8, lane_of(addr, lane).width))
                 x = as_bits(lane_of(v, lane), w)
                 if space == "shared":
-                    _write_map(s.smem, a, x, g, w)
+                    write_map(s.smem, a, x, g, w)
                 elif space == "local":
                     if s.local[lane] is not None and T.is_const(a):
-                        _write_map(s.local[lane], a, x, g, w)
+                        write_map(s.local[lane], a, x, g, w)
                     else:
                         s.local[lane] = None
                 else:
@@ -550,7 +573,9 @@ class Executor:
                     for c, choice in pointer_cases(a):  # one store per pointer a select may choose
                         if T.and_(g, c) is not T.FALSE:
                             tensor, off = split_base(choice)
-                            acc = PtxAccess("st", ins, lane, T.and_(g, c), s.cond, tensor, off, w // 8, x, s.order)
+                            acc = PtxAccess(
+                                "st", ins, lane, T.and_(g, c), s.cond, tensor, off, w // 8, x, s.order, s.barriers
+                            )
                             self.accesses.append(acc)
 
     def _cp_async(self, s: State, ins: Instr) -> None:
@@ -567,7 +592,29 @@ class Executor:
                 a = T.bv("add", lane_of(gaddr, lane), T.const(j, 64))
                 v = self._global_load(s, ins, lane, g, a, 32) if g is not T.FALSE else T.const(0, 32)
                 da = T.bv("add", lane_of(daddr, lane), T.const(j, 32))
-                _write_map(s.smem, da, T.ite(g, v, T.const(0, 32)), T.TRUE, 32)
+                write_map(s.smem, da, T.ite(g, v, T.const(0, 32)), T.TRUE, 32)
+
+    def _matrix(self, s: State, ins: Instr) -> None:
+        """ldmatrix / stmatrix .m8n8 (smem.py). `.sync.aligned`: the whole warp executes it, so every lane's
+        row address is read, as a shuffle reads its source lane."""
+        mods = set(ins.mods)
+        if "m8n8" not in mods or "b16" not in mods or "shared" not in mods:
+            raise Unsupported(f"{ins.opcode}.{'.'.join(ins.mods)}")
+        tiles = next((int(m[1:]) for m in ins.mods if m in ("x1", "x2", "x4")), 1)
+        load = ins.opcode == "ldmatrix"
+        m, regs = (ins.operands[1], ins.operands[0]) if load else (ins.operands[0], ins.operands[1])
+        regs = list(regs) if isinstance(regs, tuple) else [regs]
+        if len(regs) != tiles or self.n % 32:
+            raise Unsupported(f"{ins.opcode} with {len(regs)} registers for {tiles} tiles")
+        addr = self._address(s, m, ins)
+        addrs = [lane_of(addr, lane) for lane in range(self.n)]
+        if load:
+            for reg, vals in zip(regs, matrix_load(s.smem, addrs, tiles, "trans" in mods)):
+                self._set(s, ins, reg, pack(vals))
+            return
+        guard = self._guard(s, ins)
+        values = [[as_bits(lane_of(self._operand(s, r, ins), lane), 32) for lane in range(self.n)] for r in regs]
+        matrix_store(s.smem, addrs, values, [lane_of(guard, lane) for lane in range(self.n)], "trans" in mods)
 
     def _shfl(self, s: State, ins: Instr) -> None:
         mode = ins.mods[1] if ins.mods[0] == "sync" else ins.mods[0]
@@ -665,37 +712,6 @@ def _ite(c: T.Term, a: T.Term, b: T.Term) -> T.Term:
     return T.ite(c, a, b)
 
 
-def _read_map(mem: dict, a: T.Term, w: int) -> T.Term:
-    if not T.is_const(a):
-        raise Unsupported("a shared or local memory address that is not known")
-    addr = T.value(a)
-    hit = mem.get(addr)
-    if hit is not None and hit.width == w:
-        return hit
-    if hit is not None and hit.width > w:
-        return T.extract(hit, 0, w)
-    parts, pos = [], 0
-    while pos < w:
-        x = mem.get(addr + pos // 8)
-        if x is None:
-            return T.fresh("uninitialised shared memory", w)
-        parts.append(x)
-        pos += x.width
-    if pos != w:
-        return T.fresh("shared memory", w)
-    return T.concat(parts)
-
-
-def _write_map(mem: dict, a: T.Term, x: T.Term, g: T.Term, w: int) -> None:
-    if not T.is_const(a):
-        raise Unsupported("a shared or local memory address that is not known")
-    addr = T.value(a)
-    if g is not T.TRUE:
-        old = mem.get(addr)
-        x = T.ite(g, x, old if old is not None and old.width == w else T.fresh("shared memory", w))
-    mem[addr] = x
-
-
 def split_base(a: T.Term) -> tuple[str, T.Term]:
     """An address as (tensor, byte offset): the one pointer symbol of its sum, and the rest."""
     atoms = summands(a)
@@ -734,7 +750,15 @@ def clone(s: State) -> State:
         [dict(x) if x is not None else None for x in s.local],
         s.loops,
         s.order,
+        s.reconverge,
+        s.barriers,
     )
+
+
+def work_inside(work: list, s: State) -> bool:
+    """Whether another state may still reach s's reconvergence point (it carries the same divergence)."""
+    mark = s.reconverge[-1]
+    return any(mark in w.reconverge for w in work)
 
 
 def merge(a: State, b: State, lanes: int) -> State:
@@ -758,7 +782,9 @@ def merge(a: State, b: State, lanes: int) -> State:
         smem[addr] = x if x is y or y is None else y if x is None else T.ite(ca, x, fit(y, x.width))
     local = [None if x is None or y is None or x != y else x for x, y in zip(a.local, b.local)]
     cond = a.cond[:n] + ((T.or_(ca, cb),) if T.or_(ca, cb) is not T.TRUE else ())
-    return State(a.index, regs, cond, active, smem, local, a.loops, max(a.order, b.order))
+    rec = a.reconverge if len(a.reconverge) <= len(b.reconverge) else b.reconverge
+    order, barriers = max(a.order, b.order), min(a.barriers, b.barriers)
+    return State(a.index, regs, cond, active, smem, local, a.loops, order, rec, barriers)
 
 
 def execute(kernel: PtxKernel, facts: LaunchFacts, symbols: dict[str, T.Term]) -> PtxTrace:

@@ -2,7 +2,9 @@
 
 Every exponential in the PTX is `ex2.approx(x)`. Its argument is put in linear form over atoms (a masked
 score `selp(mask, s, -inf)`, a max, a loop-carried value, a product q_i * k_i of two loaded elements);
-kernel float parameters (the scale) count as constants with their launch values.
+kernel float parameters (the scale) count as constants with their launch values. A masked value
+`selp(mask, s, c)` is one atom per mask and linear forms of s and c: the compiler may compute the same
+score twice in two layouts, summing q_i * k_i in another order (float rounding is not modelled).
 - max subtracted (`softmax-no-max`): the argument is c * (R - M) with M a max (a `max.f32` tree, through
   shuffles and shared memory, or a running max carried by a loop) one of whose operands is R itself, so
   that R - M <= 0; an M over the same scores scaled differently is `scale`.
@@ -42,6 +44,8 @@ class FloatGraph:
         self.trace = trace
         self.forms: dict[int, Form] = {}
         self.has_exp: dict[int, bool] = {}
+        self.selects: dict[tuple, T.Term] = {}  # a masked value's canonical term, by its condition and sums
+        self.sums: dict[int, tuple] = {}
 
     def update(self, phi_atom: T.Term) -> list[T.Term]:
         """The values a loop-carried float takes at the back edge (one per path)."""
@@ -78,7 +82,43 @@ class FloatGraph:
             return _add(_mul(self.form(a[0]), self.form(a[1]), t), self.form(a[2]), 1.0)
         if op == "fcvt" and t.width >= 32:
             return self.form(a[0])
+        if op == "fite":  # one atom per condition and branch sums: a sum reassociated is the same score
+            key = (id(a[0]), self.sum_key(a[1]), self.sum_key(a[2]))
+            return {(self.selects.setdefault(key, t),): 1.0}
         return {(t,): 1.0}
+
+    def sum_key(self, t: T.Term) -> tuple:
+        """t as a sum, up to the order of its terms: the sorted summands of its fadd/ffma tree (a product
+        x * y as the pair of its factors), a product by a constant as the constant and the sum's key."""
+        k = self.sums.get(id(t))
+        if k is None:
+            k = self._sum_key(t)
+            self.sums[id(t)] = k
+        return k
+
+    def _sum_key(self, t: T.Term) -> tuple:
+        op, a = t.op, t.args
+        if op == "fadd":
+            return tuple(sorted(self.sum_key(a[0]) + self.sum_key(a[1]), key=repr))
+        if op == "ffma":
+            return tuple(sorted(self.sum_key(a[2]) + self._product(a[0], a[1]), key=repr))
+        if op == "fmul":
+            for x, c in ((a[0], a[1]), (a[1], a[0])):
+                if c.op == "fconst" and c.args[0] == 0:
+                    return ()
+                if c.op in ("fconst", "fparam"):
+                    return (("scaled", id(c), self.sum_key(x)),)
+            return self._product(a[0], a[1])
+        if op == "fconst" and a[0] == 0:
+            return ()
+        return (id(t),)
+
+    @staticmethod
+    def _product(x: T.Term, y: T.Term) -> tuple:
+        """x * y as one summand; none when a factor is the constant 0 (a padded lane's product)."""
+        if any(f.op == "fconst" and f.args[0] == 0 for f in (x, y)):
+            return ()
+        return (("*", *sorted((id(x), id(y)))),)
 
     def exps(self, roots: list[T.Term]) -> list[T.Term]:
         seen: set[int] = set()

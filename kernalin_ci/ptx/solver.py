@@ -331,11 +331,16 @@ class Translator:
                 return self._div(x[0], 1 << c, w - c)
             lo, hi = self.span(a[0])
             return self._wrap(x[0] * (1 << c), t, lo << c, hi << c)
-        if op == "and" and T.is_const(a[1]) and (T.value(a[1]) + 1) & T.value(a[1]) == 0:
-            m = T.value(a[1]) + 1
+        mask = T.value(a[1]) if op == "and" and T.is_const(a[1]) else None
+        if mask is not None:  # bits above x's highest possible bit are free: x & 0x3ff..f0 is x & ~15 there
+            top = max(self.span(a[0])[1], 0).bit_length()
+            low = mask & ((1 << top) - 1)
+            mask = low if (low + 1) & low == 0 else low | (T.mask(w) & ~((1 << top) - 1))
+        if mask is not None and (mask + 1) & mask == 0:
+            m = mask + 1
             return x[0] - m * self._div(x[0], m, w)
-        if op == "and" and T.is_const(a[1]):
-            hi_mask = (~T.value(a[1])) & T.mask(w)  # x & ~(m - 1) for m a power of two: m * floor(x / m)
+        if mask is not None:
+            hi_mask = (~mask) & T.mask(w)  # x & ~(m - 1) for m a power of two: m * floor(x / m)
             if (hi_mask + 1) & hi_mask == 0:
                 m = hi_mask + 1
                 return m * self._div(x[0], m, w)

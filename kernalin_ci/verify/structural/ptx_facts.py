@@ -168,6 +168,8 @@ def _build(op: Op, op_params: dict, cap, launch, twin: dict | None, n_params: in
         contract.output = cap.outputs.get("out", "")
         scale = cap.kwargs.get("scale")
         contract.scale = float(scale) if isinstance(scale, (int, float)) else 0.0
+    if op.attends and op.appends and op.rotates and {"k", "v", "positions"} <= set(tensors):  # a decode step
+        contract.new_key, contract.new_value, contract.positions = "k", "v", "positions"
     rotations = {cap.outputs[x]: x for x in ("q", "k") if x in cap.outputs and x in tensors}
     if op.rotates and rotations:  # rope hands the rotated q and k back; a decode step keeps them inside
         contract.rotations = rotations

@@ -1,0 +1,98 @@
+"""Shared memory: a block-wide map from concrete byte addresses to terms, and the warp's tile moves.
+
+`read_map`/`write_map` read and write one value at a concrete address (a read spanning several narrower
+writes is their concatenation; an address that is not a constant is not followed). `matrix_load` and
+`matrix_store` are `ldmatrix`/`stmatrix` .m8n8.x{1,2,4}(.trans).b16: a warp moves 8x8 tiles of 16-bit
+elements between shared memory and registers. Lane 8 i + r of the warp gives the address of row r of tile
+i; lane t holds, in its register i, row t // 4, elements 2 (t % 4) and 2 (t % 4) + 1 of tile i (with .trans:
+column t // 4, rows 2 (t % 4) and 2 (t % 4) + 1). Every element has a concrete address, so the move is
+exact: what a layout conversion stores is what it loads back.
+"""
+
+from __future__ import annotations
+
+from kernalin_ci.ptx import terms as T
+from kernalin_ci.ptx.semantics import Unsupported
+
+
+def read_map(mem: dict, a: T.Term, w: int) -> T.Term:
+    if not T.is_const(a):
+        raise Unsupported("a shared or local memory address that is not known")
+    addr = T.value(a)
+    hit = mem.get(addr)
+    if hit is not None and hit.width == w:
+        return hit
+    if hit is not None and hit.width > w:
+        return T.extract(hit, 0, w)
+    parts, pos = [], 0
+    while pos < w:
+        x = mem.get(addr + pos // 8)
+        if x is None:
+            return T.fresh("uninitialised shared memory", w)
+        parts.append(x)
+        pos += x.width
+    if pos != w:
+        return T.fresh("shared memory", w)
+    return T.concat(parts)
+
+
+def write_map(mem: dict, a: T.Term, x: T.Term, g: T.Term, w: int) -> None:
+    if not T.is_const(a):
+        raise Unsupported("a shared or local memory address that is not known")
+    addr = T.value(a)
+    if g is not T.TRUE:
+        old = mem.get(addr)
+        x = T.ite(g, x, old if old is not None and old.width == w else T.fresh("shared memory", w))
+    mem[addr] = x
+
+
+def read_half(mem: dict, a: T.Term) -> T.Term:
+    """The 16-bit element at a, a half of the 32-bit word the map holds it in."""
+    if not T.is_const(a):
+        raise Unsupported("a shared or local memory address that is not known")
+    addr = T.value(a)
+    return T.extract(read_map(mem, T.const(addr & ~3, a.width), 32), 8 * (addr & 3), 16)
+
+
+def write_half(mem: dict, a: T.Term, x: T.Term, g: T.Term) -> None:
+    """Write the 16-bit element at a into the 32-bit word holding it (the other half kept)."""
+    if not T.is_const(a):
+        raise Unsupported("a shared or local memory address that is not known")
+    addr = T.value(a)
+    word = T.const(addr & ~3, a.width)
+    old = read_map(mem, word, 32)
+    lo, hi = (x, T.extract(old, 16, 16)) if addr & 3 == 0 else (T.extract(old, 0, 16), x)
+    write_map(mem, word, T.concat([lo, hi]), g, 32)
+
+
+def _element(addrs: list[T.Term], lane: int, i: int, half: int, trans: bool) -> T.Term:
+    """The shared address of 16-bit half `half` of lane's register i (addrs: every lane's row address)."""
+    base, t = lane - lane % 32, lane % 32
+    row, col = (2 * (t % 4) + half, t // 4) if trans else (t // 4, 2 * (t % 4) + half)
+    a = addrs[base + 8 * i + row]
+    return T.bv("add", a, T.const(2 * col, a.width))
+
+
+def matrix_load(mem: dict, addrs: list[T.Term], tiles: int, trans: bool) -> list[list[T.Term]]:
+    """ldmatrix: per register i, per lane, its 32 bits."""
+    out = []
+    for i in range(tiles):
+        vals = []
+        for lane in range(len(addrs)):
+            if trans:
+                vals.append(T.concat([read_half(mem, _element(addrs, lane, i, h, True)) for h in (0, 1)]))
+            else:
+                vals.append(read_map(mem, _element(addrs, lane, i, 0, False), 32))
+        out.append(vals)
+    return out
+
+
+def matrix_store(mem: dict, addrs: list[T.Term], values: list[list[T.Term]], guards: list[T.Term], trans: bool) -> None:
+    """stmatrix: per register i, per lane, its 32 bits (values) into the tiles, where the lane executes."""
+    for i, regs in enumerate(values):
+        for lane, x in enumerate(regs):
+            if trans:
+                for h in (0, 1):
+                    write_half(mem, _element(addrs, lane, i, h, True), T.extract(x, 16 * h, 16), guards[lane])
+            else:
+                write_map(mem, _element(addrs, lane, i, 0, False), x, guards[lane], 32)
