@@ -100,6 +100,8 @@ class Context:
                 out[f"ctaid.{x}"] = (0, max(g.at(highest) - 1, 0))
         for lp in self.trace.loops.values():
             out[lp.k.args[0]] = (0, (1 << 40) - 1)
+        for name in self.facts.tensors:  # a tensor's address is never null (CUDA C++ `p == nullptr` tests)
+            out[f"ptr:{name}"] = (1 << 16, (1 << 48) - 1)
         return out
 
     def _select_bounds(self) -> dict[str, tuple[int, int]]:
