@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from kernalin_ci.ptx import terms as T
 from kernalin_ci.ptx.facts import LaunchFacts
+from kernalin_ci.ptx.loops import induction_step, until_equal
 from kernalin_ci.ptx.pointers import is_pointer, pointer_cases, summands
 from kernalin_ci.ptx.semantics import Unsupported, alu, as_bits, as_float, fit, types_of
 from kernalin_ci.ptx.shared import SharedMemory
@@ -294,7 +295,7 @@ class Executor:
             init = s.regs.get(reg)
             if init is None:
                 continue
-            step = _induction(reg, ws, written, inner_targets)
+            step = induction_step(reg, ws, written, inner_targets)
             if step is not None:
                 sv = self._operand(s, step, ws[0])
                 loop.ivs[reg] = (init, sv)
@@ -331,7 +332,7 @@ class Executor:
                 if any(x.op in ("phi", "fresh") for x in T.walk(c)):
                     conds = [T.TRUE]
                     break
-                conds.append(T.substitute(_until_equal(c, lp, 0), prev))
+                conds.append(T.substitute(until_equal(c, lp, 0), prev))
             wrap = []
             for init, step in lp.ivs.values():
                 i0, s0 = lane_of(init, 0), lane_of(step, 0)  # per-lane counters of a uniform loop: lane 0's
@@ -352,7 +353,7 @@ class Executor:
                             wide = T.bv("add", T.sext(i0, 64), T.bv("mul", k, T.sext(s0, 64)))
                             narrow = T.bv("add", i0, T.bv("mul", T.extract(k, 0, 32), s0))
                             own_wrap.append(T.cmp("eq", wide, T.sext(narrow, 64)))
-                    cont = T.or_(first, *(T.substitute(_until_equal(c, lp, lane), prev) for c in taken))
+                    cont = T.or_(first, *(T.substitute(until_equal(c, lp, lane), prev) for c in taken))
                     lp.lane_constraint[lane] = T.and_(cont, *own_wrap)
             bounded = T.cmp("ult", k, T.const(1 << 40, 64))  # no loop runs 2^40 times
             lp.constraint = T.and_(T.or_(first, T.or_(*conds) if conds else T.FALSE), bounded, *wrap)
@@ -639,80 +640,6 @@ def dests(ins: Instr) -> list[str]:
     if isinstance(d, str) and d.startswith("%"):
         return [x for x in d.split("|")]
     return []
-
-
-def _induction(reg: str, writes: list[Instr], written: dict, inner_targets: list) -> str | None:
-    """The step operand when reg is updated once per iteration as reg = reg + step (step invariant)."""
-    if len(writes) != 1:
-        return None
-    ins = writes[0]
-    if ins.opcode != "add" or ins.guard is not None or any(t[0] == "f" for t in types_of(ins.mods)):
-        return None
-    if any(b < ins.index < t for b, t in inner_targets):
-        return None  # conditional: under a branch inside the body
-    a, b = ins.operands[1], ins.operands[2]
-    step = b if a == reg else a if b == reg else None
-    if step is None:
-        return _chained(reg, ins, written, inner_targets)
-    if isinstance(step, str) and step in written:
-        return None
-    return step
-
-
-def _chained(reg: str, ins: Instr, written: dict, inner_targets: list) -> str | None:
-    """The total step, as an immediate, when reg's one update is a chain of additions of constants starting
-    from reg (an unrolled loop: `x1 = reg + 128; x2 = x1 + 128; ...; reg = x3 + 128`), each link written once
-    in the body, unconditionally, before the next."""
-    total, cur, at = 0, ins, ins.index
-    for _ in range(16):
-        a, b = cur.operands[1], cur.operands[2]
-        if not isinstance(b, str) or b.startswith("%"):
-            a, b = b, a
-        if not isinstance(b, str) or b.startswith("%") or not isinstance(a, str):
-            return None
-        try:
-            total += int(b, 0)
-        except ValueError:
-            return None
-        if a == reg:
-            return str(total)
-        ws = written.get(a, [])
-        if len(ws) != 1:
-            return None
-        cur = ws[0]
-        if cur.opcode != "add" or cur.guard is not None or cur.index >= at or cur.mods != ins.mods:
-            return None
-        if any(bb < cur.index < t for bb, t in inner_targets):
-            return None
-        at = cur.index
-    return None
-
-
-def _until_equal(c: T.Term, lp: Loop, lane: int) -> T.Term:
-    """A back edge taken while a counter differs from a constant (`x != c`, x = init + k * step with step
-    +-1, not wrapping: the compilers' counted loops) as the condition that held at every iteration up to k:
-    x never met c on the way, i.e. it is still on init's side of c (x > c going down, x < c going up), or it
-    started past c. The back edge's test at k - 1 alone would let k run past the counter's stop."""
-    if c.op != "not" or c.args[0].op != "eq":
-        return c
-    a, b = c.args[0].args
-    for x, stop in ((a, b), (b, a)):
-        if not T.is_const(stop):
-            continue
-        for reg, (init, step) in lp.ivs.items():
-            st = lane_of(step, lane)
-            if reg not in lp.iv_terms or not T.is_const(st) or st.width != x.width:
-                continue
-            iv, i0 = lane_of(lp.iv_terms[reg], lane), lane_of(init, lane)
-            if x is T.bv("add", iv, st):  # the counter after its update (the usual latch)
-                iv, i0 = x, T.bv("add", i0, st)
-            if x is not iv:
-                continue
-            if T.signed(T.value(st), st.width) == -1:
-                return T.or_(T.cmp("slt", stop, x), T.cmp("slt", i0, stop))
-            if T.value(st) == 1:
-                return T.or_(T.cmp("slt", x, stop), T.cmp("slt", stop, i0))
-    return c
 
 
 def _reg_width(r: str) -> int:

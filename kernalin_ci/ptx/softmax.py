@@ -311,7 +311,7 @@ def _rescaled(g: FloatGraph, trace: PtxTrace, ctx: Context) -> list[Result]:
             atom = T.fbits(lane_of(phi, 0), 32) if lane_of(phi, 0).sort == "bv" else None
             if atom is None:
                 continue
-            if any(u.op == "fmax" and atom in g.max_operands(u) for u in g.update(atom)):
+            if any(u.op == "fmax" and atom in g.max_operands(u) for u in _updates(g, atom)):
                 running.append(atom)
         if not running:
             continue
@@ -332,6 +332,19 @@ def _rescaled(g: FloatGraph, trace: PtxTrace, ctx: Context) -> list[Result]:
             if bad
             else Result(what, "proved", ctx.domain)
         )
+    return out
+
+
+def _updates(g: FloatGraph, atom: T.Term) -> list[T.Term]:
+    """The values a carried float takes at the back edge, each path's choice apart (`fite` of a path that
+    keeps the value as it was, such as lanes that skip the update, is its other branch)."""
+    out, stack = [], list(g.update(atom))
+    while stack:
+        u = stack.pop()
+        if u.op == "fite":
+            stack.extend(x for x in u.args[1:] if x is not atom)
+        else:
+            out.append(u)
     return out
 
 
@@ -357,11 +370,11 @@ def _is_zero(x: T.Term) -> bool:
 
 
 def _power_of_two(x: T.Term) -> bool:
-    """2^n as expf builds it: the bits of n shifted into the exponent field of a float32."""
-    if x.op != "fbits" or x.args[0].op != "shl":
+    """2^n as expf builds it: the bits of n shifted into the exponent field of a float32 (`n << 23`, `n * 2^23`)."""
+    if x.op != "fbits" or x.args[0].op not in ("shl", "mul"):
         return False
     n = x.args[0].args[1]
-    return T.is_const(n) and T.value(n) == 23
+    return T.is_const(n) and T.value(n) == (23 if x.args[0].op == "shl" else 1 << 23)
 
 
 def _only_rescaled(t: T.Term, atom: T.Term, running: list[T.Term]) -> bool:
