@@ -110,6 +110,24 @@ def test_the_solver_computes_modulo_the_register_width():
     assert ans.status == "sat" and (ans.model["x"] * 96) & 0x80000000
 
 
+def test_a_remainder_spelled_with_a_division_is_a_remainder_and_shares_its_quotient():
+    """nvcc writes e % D as e - (e / D) * D: the intervals read it as urem (in [0, D - 1]), and the quotient
+    of x / 48 is one witness wherever it appears (a signed division of a non-negative x included), so
+    x == 48 * (x / 48) + x % 48 is proved at once."""
+    from kernalin_ci.ptx import solver
+    from kernalin_ci.ptx import terms as T
+
+    x, c = T.sym("x", 32), T.const(48, 32)
+    rem = T.bv("sub", x, T.bv("mul", T.bv("sdiv", x, c), c))
+    iv = solver.Intervals({"x": (0, 100_000)})
+    simple = iv.simplify(rem)
+    assert simple.op == "urem" and iv.span(simple) == (0, 47)
+    q = solver.Query({"x": (0, 100_000)})
+    whole = T.bv("add", T.bv("mul", T.bv("udiv", x, c), c), simple)
+    q.add(T.not_(T.cmp("eq", whole, x)))
+    assert q.check().status == "unsat"
+
+
 def test_the_solver_keeps_wraps_only_where_a_declared_range_allows_them():
     """Address arithmetic within the symbols' declared ranges gets no wrap witness (the solver's case
     splits); beyond them the wrap is still exact: 96 * x + y wraps in 32 bits for a large x."""
