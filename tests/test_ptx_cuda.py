@@ -78,3 +78,76 @@ def test_verify_engine_ptx_catches_a_cuda_bug_on_the_cpu_with_a_counterexample()
     assert re.search(r"slot_mapping\[\d+\]=-1", f.message)  # the counterexample: a padding token
     assert f.location.path.endswith("kv_append.cu")  # the CUDA source line, from the PTX's line info
     assert "not replayed (a CUDA C++ kernel runs only on a GPU)" in f.message
+
+
+def _cuda_launch(rel: str):
+    """(PTX, facts, contract) of a CUDA catalogue kernel's launch, as the structural worker makes them."""
+    import json
+    from dataclasses import replace
+
+    from kernalin_ci.catalogue import read_meta
+    from kernalin_ci.entry import load_entry
+    from kernalin_ci.ops import get_op
+    from kernalin_ci.ops.base import resolve_params
+    from kernalin_ci.ptx.syntax import parse
+    from kernalin_ci.verify.structural.capture import capture_at, capture_cases
+    from kernalin_ci.verify.structural.ptx_facts import build
+
+    meta = read_meta(CUDA / rel)
+    op = get_op(meta.op)
+    params = resolve_params(meta.op, op.params, meta.params)
+    fn = load_entry(f"{CUDA / rel}:entry", None)
+    case = capture_cases(op, params)[0]
+    os.environ["KERNALIN_PARAMS"] = json.dumps(params)
+    try:
+        cap = capture_at(op, fn, params, case)
+        other = capture_at(op, fn, params, replace(case, dims=op.capture_twin(case.dims)))
+    finally:
+        del os.environ["KERNALIN_PARAMS"]
+    twin = {
+        "tensors": {n: [list(t.shape), list(t.strides)] for n, t in other.tensors.items()},
+        "launches": [
+            {"kernel": la.kernel, "grid": list(la.grid), "args": {a.name: a.value for a in la.args if a.kind == "int"}}
+            for la in other.launches
+        ],
+    }
+    (la,) = cap.launches
+    facts, contract = build(op, params, cap, la, twin, len(parse(la.ptx).params), None)
+    return la.ptx, facts, contract
+
+
+@pytest.mark.parametrize(
+    "rel, cls",
+    [
+        ("attention_decode_paged/correct_online_smem.py", None),
+        ("attention_decode_paged/bug_softmax_no_max.py", "softmax-no-max"),
+        ("attention_decode_paged/bug_online_no_rescale.py", "online-rescale"),
+    ],
+)
+def test_the_softmax_of_a_cuda_kernel_is_followed_through_its_shared_memory(rel, cls):
+    """The CUDA attention's scores go through shared memory at addresses that depend on a loop over the
+    runtime head dim (`sm.kv[e / D][e % D]`, `sm.scores[j]`): the engine executes it (shared.py), reads the
+    max over the scores and each exponential of the same score (one term per address between stores), CUDA's
+    expf (range reduction, 2^n) and the rescale `m == -inf ? 0 : expf(m - m_new)`. The scale is not proved
+    (the q.k products are in the tile's shared memory), never passed."""
+    _nvrtc_or_skip()
+    from kernalin_ci.ptx import softmax, terms
+    from kernalin_ci.ptx.context import Context
+    from kernalin_ci.ptx.executor import execute
+    from kernalin_ci.ptx.syntax import parse
+
+    text, facts, contract = _cuda_launch(rel)
+    terms.reset()
+    symbols = {f"ctaid.{x}": terms.sym(f"ctaid.{x}", 32) for x in "xyz"}
+    symbols |= {name: terms.sym(name, 64) for name in facts.symbols}
+    trace = execute(parse(text), facts, symbols)
+    results = {r.name: r for r in softmax.check(trace, Context(facts, contract, trace, symbols))}
+    violated = {r.bug_class for r in results.values() if r.status == "violated"}
+    assert violated == ({cls} if cls else set()), [(r.name, r.status, r.cause) for r in results.values()]
+    if cls is None:
+        assert {n for n, r in results.items() if r.status == "proved"} == {
+            "every exponential is exp(s - m) with m a max over s",
+            "every accumulation of exponentials is rescaled when the running max changes",
+            "the output is divided by a sum of the exponentials",
+        }
+        assert results["the scale multiplies q.k once"].status == "not-proved"

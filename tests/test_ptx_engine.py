@@ -110,6 +110,24 @@ def test_the_solver_computes_modulo_the_register_width():
     assert ans.status == "sat" and (ans.model["x"] * 96) & 0x80000000
 
 
+def test_a_remainder_spelled_with_a_division_is_a_remainder_and_shares_its_quotient():
+    """nvcc writes e % D as e - (e / D) * D: the intervals read it as urem (in [0, D - 1]), and the quotient
+    of x / 48 is one witness wherever it appears (a signed division of a non-negative x included), so
+    x == 48 * (x / 48) + x % 48 is proved at once."""
+    from kernalin_ci.ptx import solver
+    from kernalin_ci.ptx import terms as T
+
+    x, c = T.sym("x", 32), T.const(48, 32)
+    rem = T.bv("sub", x, T.bv("mul", T.bv("sdiv", x, c), c))
+    iv = solver.Intervals({"x": (0, 100_000)})
+    simple = iv.simplify(rem)
+    assert simple.op == "urem" and iv.span(simple) == (0, 47)
+    q = solver.Query({"x": (0, 100_000)})
+    whole = T.bv("add", T.bv("mul", T.bv("udiv", x, c), c), simple)
+    q.add(T.not_(T.cmp("eq", whole, x)))
+    assert q.check().status == "unsat"
+
+
 def test_the_solver_keeps_wraps_only_where_a_declared_range_allows_them():
     """Address arithmetic within the symbols' declared ranges gets no wrap witness (the solver's case
     splits); beyond them the wrap is still exact: 96 * x + y wraps in 32 bits for a large x."""
@@ -589,3 +607,75 @@ def test_a_counterexample_becomes_the_ops_case_at_its_values():
     case = op.counterexample_case(base, params, {"B": 3}, {"kv_lens": {(1,): 65}})
     assert case.dims["kv_lens"] == [base.dims["kv_lens"][0], 65, base.dims["kv_lens"][0]]
     assert op.validate_case(case) is None
+
+
+def test_shared_memory_keeps_stored_values_and_one_unknown_per_address_between_stores():
+    """shared.py: a value stored then read back at the same (constant or symbolic) address is that value;
+    two reads of unknown content with no store between them are one term, a read after a store is not; a
+    store at a symbolic address may land anywhere (the constant entries go)."""
+    from kernalin_ci.ptx import terms as T
+    from kernalin_ci.ptx.shared import SharedMemory, merge
+
+    T.reset()
+    x, y, i = T.sym("x", 32), T.sym("y", 32), T.sym("i", 32)
+    at = T.bv("add", T.const(64, 32), T.bv("mul", i, T.const(4, 32)))
+    m = SharedMemory.unknown().store([(at, x, T.TRUE)])  # sm[16 + i] = x (a loop over a runtime size)
+    assert m.read(at, 32) is x
+    first = m.read(T.const(8, 32), 32)
+    assert first.op == "fresh" and m.read(T.const(8, 32), 32) is first  # the score read twice: one value
+    m2 = m.store([(T.const(0, 32), y, T.TRUE)])
+    assert m2.read(T.const(0, 32), 32) is y and m2.read(T.const(8, 32), 32) is not first  # a store between
+    assert m2.read(at, 32) is not x  # the constant store may have landed on sm[16 + i]
+    m3 = m2.store([(at, x, T.TRUE)])
+    assert m3.read(T.const(0, 32), 32) is not y  # and the symbolic one on sm[0]
+    joined = merge(m2, m2.store([(T.const(0, 32), x, T.TRUE)]), T.sym("c", 1))
+    assert joined.read(T.const(0, 32), 32).op == "ite"
+
+
+_COUNTED = """
+.version 8.0
+.target sm_90
+.address_size 64
+.visible .entry k(
+	.param .u64 k_param_0
+)
+{
+	.reg .pred 	%p<2>;
+	.reg .b32 	%r<4>;
+	.reg .b64 	%rd<4>;
+	ld.param.u64 	%rd1, [k_param_0];
+	mov.u32 	%r1, COUNT;
+	mov.u32 	%r2, 0;
+$L_loop:
+	mul.wide.u32 	%rd2, %r2, 4;
+	add.s64 	%rd3, %rd1, %rd2;
+	st.global.b32 	[%rd3], %r2;
+	add.s32 	%r3, %r2, 1;
+	add.s32 	%r2, %r3, 1;
+	add.s32 	%r1, %r1, -1;
+	setp.ne.s32 	%p1, %r1, 0;
+	@%p1 bra 	$L_loop;
+	ret;
+}
+"""
+
+
+@pytest.mark.parametrize("count, status", [(4, "proved"), (5, "violated")])
+def test_a_counted_loop_stops_at_its_count_and_a_chained_index_is_an_induction_variable(count, status):
+    """nvcc's counted loops (a counter down to 0, `!= 0` at the back edge) run exactly COUNT times, and an
+    index advanced by a chain of additions (an unrolled loop: i + 1 + 1) is an induction variable: 4
+    iterations of out[2k] stay in out's 8 elements, 5 do not."""
+    from kernalin_ci import ptx as engine
+    from kernalin_ci.ptx.facts import Expr, LaunchFacts, ParamFacts, TensorFacts
+
+    facts = LaunchFacts(
+        "k",
+        [ParamFacts("pointer", tensor="out")],
+        (Expr.of(1), Expr.of(1), Expr.of(1)),
+        {"out": TensorFacts("out", "int32", 4, (Expr.of(8),), (Expr.of(1),), role="output")},
+        {},
+        block_threads=1,
+    )
+    out = engine.analyse(_COUNTED.replace("COUNT", str(count)), facts, engine.Contract("custom"))
+    assert out.not_analysed is None
+    assert [(r.name, r.status) for r in out.results] == [("store to out in bounds", status)]

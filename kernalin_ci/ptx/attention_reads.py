@@ -44,6 +44,14 @@ def kv_reads(trace: PtxTrace, ctx: Context) -> list[Result]:
         ins = loads[0].instr
         if c.table:
             missing = [a for a in loads if not _table_reads(a.offset, c.table)]
+            if (
+                missing
+                and ctx.ask(lanes_as_one([T.and_(ctx.path(a), ctx.lane_is(a)) for a in missing])).status == "unsat"
+            ):
+                # loads on a path the domain excludes (CUDA C++'s `block_tables == nullptr` branch: a tensor's
+                # address is never null) never run
+                gone = {id(a) for a in missing}
+                loads, missing = [a for a in loads if id(a) not in gone], []
             if missing:
                 out.append(
                     Result(

@@ -84,6 +84,7 @@ class Context:
         self.symbols = symbols
         self.domain = facts.domain_text()
         self._resolved: dict[int, T.Term] = {}
+        self._frame: list[T.Term] | None = None
         self.bounds = self._bounds()
         self.coord_bounds: dict[str, tuple[int, int]] = {}  # decode's coordinate symbols, below their sizes
         self.select_bounds = self._select_bounds()
@@ -102,6 +103,8 @@ class Context:
                 out[f"ctaid.{x}"] = (0, max(g.at(highest) - 1, 0))
         for lp in self.trace.loops.values():
             out[lp.k.args[0]] = (0, (1 << 40) - 1)
+        for name in self.facts.tensors:  # a tensor's address is never null (CUDA C++ `p == nullptr` tests)
+            out[f"ptr:{name}"] = (1 << 16, (1 << 48) - 1)
         return out
 
     def _select_bounds(self) -> dict[str, tuple[int, int]]:
@@ -148,11 +151,28 @@ class Context:
         return high
 
     def _below(self, lp, bound: int) -> bool:
-        q = self.query()
-        q.add(T.cmp("ule", T.const(bound, 64), lp.k))
-        if len(lp.lane_constraint) == self.trace.lanes:  # lanes leaving at different iterations: iteration k
-            q.add(lanes_as_one(list(lp.lane_constraint.values())))  # runs while one of them does
+        # the frame of this loop and of the loops its constraints name (fewer constraints: a bound proved
+        # without the others holds with them)
+        lanes = len(lp.lane_constraint) == self.trace.lanes  # lanes leaving at different iterations
+        own = [T.cmp("ule", T.const(bound, 64), lp.k)]
+        if lanes:  # iteration k runs while one of them does
+            own.append(lanes_as_one(list(lp.lane_constraint.values())))
+        q = solver.Query(self.bounds | _HOLE_BOUNDS | self.coord_bounds, self.select_bounds)
+        q.add(*self.frame(self._related(lp, own)))
+        q.add(*own)
         return self.finish(q).status == "unsat"
+
+    def _related(self, lp, terms: list[T.Term]) -> list:
+        """lp and every loop whose iteration its constraint (or `terms`) mentions, transitively."""
+        by_k = {other.k.args[0]: other for other in self.trace.loops.values()}
+        out, todo = [lp], [self.trace.resolve(lp.constraint), *terms]
+        while todo:
+            for x in T.below(todo.pop(), "sym"):
+                other = by_k.get(x.args[0])
+                if other is not None and other not in out:
+                    out.append(other)
+                    todo.append(self.trace.resolve(other.constraint))
+        return out
 
     # ------------------------------------------------------------ terms
 
@@ -177,16 +197,19 @@ class Context:
     def program_vars(self, trace: PtxTrace) -> list[T.Term]:
         return [self.symbols[f"ctaid.{x}"] for x in "xyz"] + [lp.k for lp in trace.loops.values()]
 
-    def program_frame(self, trace: PtxTrace) -> list[T.Term]:
+    def program_frame(self, trace: PtxTrace, loops: list | None = None) -> list[T.Term]:
         out = []
         for x, g in zip("xyz", self.facts.grid):
             cta = T.zext(self.symbols[f"ctaid.{x}"], 64)
             out.append(T.cmp("ult", cta, self.expr(g)))
-        for lp in trace.loops.values():
+        for lp in trace.loops.values() if loops is None else loops:
             out.append(self.trace.resolve(lp.constraint))
         return out
 
-    def frame(self) -> list[T.Term]:
+    def frame(self, loops: list | None = None) -> list[T.Term]:
+        """The domain's constraints (every loop's, or those of `loops`); the whole frame is computed once."""
+        if loops is None and self._frame is not None:
+            return self._frame
         out = []
         for s in self.facts.symbols.values():
             v = self.symbols[s.name]
@@ -194,7 +217,10 @@ class Context:
         for t in self.facts.tensors.values():
             if t.extent.constant is None:
                 out.append(T.cmp("ule", self.expr(t.extent), T.const(t.max_elements, 64)))
-        return out + self.program_frame(self.trace)
+        out += self.program_frame(self.trace, loops)
+        if loops is None:
+            self._frame = out
+        return out
 
     # ------------------------------------------------------------ queries
 

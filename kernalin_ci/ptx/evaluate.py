@@ -123,6 +123,9 @@ class Evaluator:
             if not math.isfinite(x):
                 return x
             return float({"rni": round, "rzi": math.trunc, "rmi": math.floor, "rpi": math.ceil}[a[1]](x))
+        if op == "fsat":
+            x = self(a[0])
+            return 0.0 if math.isnan(x) else min(max(x, 0.0), 1.0)
         if op == "fcmp":
             return _fcmp(a[0], self(a[1]), self(a[2]))
         if op == "ftest":

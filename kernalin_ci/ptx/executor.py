@@ -17,10 +17,10 @@ Model (docs/structural.md, "The PTX engine"):
   (`r = r + step`, step invariant) are `init + k * step`, every other loop-carried register is a `phi` atom
   of the iteration; the latch condition at iteration k - 1 constrains k (`loopinv`), loop counters do not
   wrap. The exit continues with the body's final values and the negated latch condition.
-- Shared memory: a block-wide map from concrete byte addresses to terms; warp shuffles read the source
-  lane's register; `ldmatrix`/`stmatrix` move 8x8 tiles between lanes and addresses exactly; barriers
-  order nothing in lockstep, but each access records how many the block passed (`epoch`). Local memory:
-  per lane, concrete addresses or havoc.
+- Shared memory (shared.py): the entries stored (at constant or symbolic addresses) over an epoch's unknown
+  content; warp shuffles read the source lane's register; `ldmatrix`/`stmatrix` move 8x8 tiles between lanes
+  and addresses exactly (smem.py); barriers order nothing in lockstep, but each access records how many the
+  block passed (`epoch`). Local memory: per lane, concrete addresses or havoc.
 - Lanes split by a branch are active again at its immediate post-dominator (`cfg.py`), when no
   path between returns.
 """
@@ -32,8 +32,12 @@ from dataclasses import dataclass, field
 from kernalin_ci.ptx import terms as T
 from kernalin_ci.ptx.cfg import post_dominators
 from kernalin_ci.ptx.facts import LaunchFacts
+from kernalin_ci.ptx.loops import induction_step, until_equal
 from kernalin_ci.ptx.pointers import is_pointer, pointer_cases, summands
 from kernalin_ci.ptx.semantics import Unsupported, alu, as_bits, as_float, fit, types_of
+from kernalin_ci.ptx.shared import SharedMemory
+from kernalin_ci.ptx.shared import layout as shared_layout
+from kernalin_ci.ptx.shared import merge as merge_shared
 from kernalin_ci.ptx.smem import matrix_load, matrix_store, read_map, write_map
 from kernalin_ci.ptx.syntax import Instr, Mem, PtxKernel
 
@@ -73,6 +77,7 @@ class Loop:
     constraint: T.Term = T.TRUE
     lane_conds: list = field(default_factory=list)  # a back edge that differs between lanes: per lane
     lane_constraint: dict = field(default_factory=dict)  # lane -> the lane is still iterating at k
+    iv_terms: dict = field(default_factory=dict)  # reg -> Val: the induction variable at iteration k
 
 
 @dataclass
@@ -85,6 +90,7 @@ class PtxTrace:
     symbols: dict[str, T.Term]  # name -> term of the launch's symbols (ctaid, shape symbols)
     instrs_run: int = 0
     results: dict = field(default_factory=dict)  # per instruction index: Val of its destination (dataflow)
+    shared_stored: list = field(default_factory=list)  # every value stored to shared memory (bits)
 
     def resolve(self, t: T.Term) -> T.Term:
         """t with every `loopinv` atom replaced by its loop's constraint, and every `lanecont` atom by
@@ -102,7 +108,7 @@ class State:
     regs: dict
     cond: tuple
     active: tuple  # per lane: bool term
-    smem: dict
+    smem: SharedMemory
     local: list  # per lane: {address: term} or None (havocked)
     loops: tuple = ()
     order: int = 0
@@ -132,6 +138,8 @@ class Executor:
         self.ends: list[tuple] = []
         self.steps = 0
         self.results: dict[int, Val] = {}
+        self.shared_stored: list[T.Term] = []
+        self.shared_base = shared_layout(kernel.globals)
         self.back_edges = self._back_edges()
         self.ipdom = post_dominators(kernel)
         self.ended_in: list[int] = []  # how many states had ended when each divergence began
@@ -172,7 +180,7 @@ class Executor:
 
     def run(self) -> PtxTrace:
         lanes = self.n
-        start = State(0, {}, (), tuple([T.TRUE] * lanes), {}, [{} for _ in range(lanes)])
+        start = State(0, {}, (), tuple([T.TRUE] * lanes), SharedMemory.unknown(), [{} for _ in range(lanes)])
         work: list[State] = [start]
         while work:
             work.sort(key=lambda s: s.index)
@@ -187,7 +195,9 @@ class Executor:
             work.extend(self._go(s))
             if len(work) > MAX_STATES:
                 raise Unsupported("too many paths")
-        return PtxTrace(self.k, lanes, self.accesses, self.loops, self.ends, self.symbols, self.steps, self.results)
+        trace = PtxTrace(self.k, lanes, self.accesses, self.loops, self.ends, self.symbols, self.steps, self.results)
+        trace.shared_stored = self.shared_stored
+        return trace
 
     def _go(self, s: State) -> list[State]:
         """Run s until it forks, meets a join point (a label) or ends."""
@@ -302,7 +312,7 @@ class Executor:
             init = s.regs.get(reg)
             if init is None:
                 continue
-            step = _induction(reg, ws, written, inner_targets)
+            step = induction_step(reg, ws, written, inner_targets)
             if step is not None:
                 sv = self._operand(s, step, ws[0])
                 loop.ivs[reg] = (init, sv)
@@ -311,6 +321,7 @@ class Executor:
                 s.regs[reg] = pack(
                     [T.bv("add", lane_of(init, i), T.bv("mul", kk, lane_of(sv, i))) for i in range(self.n)]
                 )
+                loop.iv_terms[reg] = s.regs[reg]
             else:
                 w = lane_of(init, 0)
                 sort, width = ("bool", 1) if w.sort == "bool" else ("bv", w.width if w.sort == "bv" else w.width)
@@ -322,7 +333,7 @@ class Executor:
                 )
                 loop.phis[reg] = (init, phi)
                 s.regs[reg] = phi
-        s.smem = {}
+        s.smem = SharedMemory.unknown()
         s.local = [None] * self.n
         s.loops = s.loops + (loop,)
         s.cond = s.cond + (T.mk("loopinv", (lid,), "bool", 1),)
@@ -338,11 +349,12 @@ class Executor:
                 if any(x.op in ("phi", "fresh") for x in T.walk(c)):
                     conds = [T.TRUE]
                     break
-                conds.append(T.substitute(c, prev))
+                conds.append(T.substitute(until_equal(c, lp, 0), prev))
             wrap = []
             for init, step in lp.ivs.values():
-                i0, s0 = lane_of(init, 0), lane_of(step, 0)
-                if isinstance(init, T.Term) and isinstance(step, T.Term) and i0.width == 32 and i0.sort == "bv":
+                i0, s0 = lane_of(init, 0), lane_of(step, 0)  # per-lane counters of a uniform loop: lane 0's
+                uniform = isinstance(init, T.Term) and isinstance(step, T.Term) or not lp.lane_conds
+                if uniform and i0.width == 32 and i0.sort == "bv" and s0.sort == "bv":
                     wide = T.bv("add", T.sext(i0, 64), T.bv("mul", k, T.sext(s0, 64)))
                     narrow = T.bv("add", i0, T.bv("mul", T.extract(k, 0, 32), s0))
                     wrap.append(T.cmp("eq", wide, T.sext(narrow, 64)))
@@ -358,7 +370,7 @@ class Executor:
                             wide = T.bv("add", T.sext(i0, 64), T.bv("mul", k, T.sext(s0, 64)))
                             narrow = T.bv("add", i0, T.bv("mul", T.extract(k, 0, 32), s0))
                             own_wrap.append(T.cmp("eq", wide, T.sext(narrow, 64)))
-                    cont = T.or_(first, *(T.substitute(c, prev) for c in taken))
+                    cont = T.or_(first, *(T.substitute(until_equal(c, lp, lane), prev) for c in taken))
                     lp.lane_constraint[lane] = T.and_(cont, *own_wrap)
             bounded = T.cmp("ult", k, T.const(1 << 40, 64))  # no loop runs 2^40 times
             lp.constraint = T.and_(T.or_(first, T.or_(*conds) if conds else T.FALSE), bounded, *wrap)
@@ -409,7 +421,9 @@ class Executor:
             pass
         if tok in self.k.globals:
             g = self.k.globals[tok]
-            return T.const(0, w) if g.space in ("shared", "local") else T.sym(f"global:{tok}", 64)
+            if g.space == "shared":
+                return T.const(self.shared_base[tok], w)
+            return T.const(0, w) if g.space == "local" else T.sym(f"global:{tok}", 64)
         if tok in self.params:
             return self.params[tok]
         raise Unsupported(f"operand {tok!r}")
@@ -513,7 +527,7 @@ class Executor:
                 a = T.bv("add", lane_of(addr, lane), T.const(j * w // 8, lane_of(addr, lane).width))
                 g = lane_of(guard, lane)
                 if space == "shared":
-                    v = read_map(s.smem, a, w) if g is not T.FALSE else T.const(0, w)
+                    v = s.smem.read(a, w) if g is not T.FALSE else T.const(0, w)
                 elif space == "local":
                     v = read_map(s.local[lane], a, w) if s.local[lane] is not None else T.fresh("local", w)
                 else:
@@ -553,6 +567,7 @@ class Executor:
         guard = self._guard(s, ins)
         if space == "global":
             s.order += 1
+        batch = []  # shared memory: the instruction's stores, as one
         for j, reg in enumerate(regs):
             v = self._operand(s, reg, ins)
             for lane in range(self.n):
@@ -562,7 +577,7 @@ class Executor:
                 a = T.bv("add", lane_of(addr, lane), T.const(j * w // 8, lane_of(addr, lane).width))
                 x = as_bits(lane_of(v, lane), w)
                 if space == "shared":
-                    write_map(s.smem, a, x, g, w)
+                    batch.append((a, x, g))
                 elif space == "local":
                     if s.local[lane] is not None and T.is_const(a):
                         write_map(s.local[lane], a, x, g, w)
@@ -577,6 +592,9 @@ class Executor:
                                 "st", ins, lane, T.and_(g, c), s.cond, tensor, off, w // 8, x, s.order, s.barriers
                             )
                             self.accesses.append(acc)
+        if batch:
+            s.smem = s.smem.store(batch)
+            self.shared_stored += [x for _, x, _ in batch]
 
     def _cp_async(self, s: State, ins: Instr) -> None:
         """cp.async.*.shared.global [smem], [gmem], bytes(, src-bytes): a global load into shared memory."""
@@ -584,6 +602,7 @@ class Executor:
         srcsize = self._operand(s, ins.operands[3], ins) if len(ins.operands) > 3 else None
         daddr, gaddr = self._address(s, dst, ins), self._address(s, src, ins)
         guard = self._guard(s, ins)
+        batch = []
         for lane in range(self.n):
             g = lane_of(guard, lane)
             if srcsize is not None:
@@ -592,7 +611,9 @@ class Executor:
                 a = T.bv("add", lane_of(gaddr, lane), T.const(j, 64))
                 v = self._global_load(s, ins, lane, g, a, 32) if g is not T.FALSE else T.const(0, 32)
                 da = T.bv("add", lane_of(daddr, lane), T.const(j, 32))
-                write_map(s.smem, da, T.ite(g, v, T.const(0, 32)), T.TRUE, 32)
+                batch.append((da, T.ite(g, v, T.const(0, 32)), T.TRUE))
+        s.smem = s.smem.store(batch)
+        self.shared_stored += [x for _, x, _ in batch]
 
     def _matrix(self, s: State, ins: Instr) -> None:
         """ldmatrix / stmatrix .m8n8 (smem.py). `.sync.aligned`: the whole warp executes it, so every lane's
@@ -614,7 +635,9 @@ class Executor:
             return
         guard = self._guard(s, ins)
         values = [[as_bits(lane_of(self._operand(s, r, ins), lane), 32) for lane in range(self.n)] for r in regs]
-        matrix_store(s.smem, addrs, values, [lane_of(guard, lane) for lane in range(self.n)], "trans" in mods)
+        batch = matrix_store(addrs, values, [lane_of(guard, lane) for lane in range(self.n)], "trans" in mods)
+        s.smem = s.smem.store(batch)
+        self.shared_stored += [x for _, x, _ in batch]
 
     def _shfl(self, s: State, ins: Instr) -> None:
         mode = ins.mods[1] if ins.mods[0] == "sync" else ins.mods[0]
@@ -665,22 +688,6 @@ def dests(ins: Instr) -> list[str]:
     if isinstance(d, str) and d.startswith("%"):
         return [x for x in d.split("|")]
     return []
-
-
-def _induction(reg: str, writes: list[Instr], written: dict, inner_targets: list) -> str | None:
-    """The step operand when reg is updated once per iteration as reg = reg + step (step invariant)."""
-    if len(writes) != 1:
-        return None
-    ins = writes[0]
-    if ins.opcode != "add" or ins.guard is not None or any(t[0] == "f" for t in types_of(ins.mods)):
-        return None
-    if any(b < ins.index < t for b, t in inner_targets):
-        return None  # conditional: under a branch inside the body
-    a, b = ins.operands[1], ins.operands[2]
-    step = b if a == reg else a if b == reg else None
-    if step is None or (isinstance(step, str) and step in written):
-        return None
-    return step
 
 
 def _reg_width(r: str) -> int:
@@ -746,7 +753,7 @@ def clone(s: State) -> State:
         dict(s.regs),
         s.cond,
         s.active,
-        dict(s.smem),
+        s.smem,
         [dict(x) if x is not None else None for x in s.local],
         s.loops,
         s.order,
@@ -776,10 +783,7 @@ def merge(a: State, b: State, lanes: int) -> State:
             continue
         regs[r] = pack([_ite(sel[i], lane_of(x, i), lane_of(y, i)) for i in range(lanes)])
     active = tuple(T.or_(T.and_(ca, a.active[i]), T.and_(cb, b.active[i])) for i in range(lanes))
-    smem = {}
-    for addr in set(a.smem) | set(b.smem):
-        x, y = a.smem.get(addr), b.smem.get(addr)
-        smem[addr] = x if x is y or y is None else y if x is None else T.ite(ca, x, fit(y, x.width))
+    smem = merge_shared(a.smem, b.smem, ca)
     local = [None if x is None or y is None or x != y else x for x, y in zip(a.local, b.local)]
     cond = a.cond[:n] + ((T.or_(ca, cb),) if T.or_(ca, cb) is not T.TRUE else ())
     rec = a.reconverge if len(a.reconverge) <= len(b.reconverge) else b.reconverge

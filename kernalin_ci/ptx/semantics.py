@@ -191,7 +191,8 @@ def _cvt(mods: tuple[str, ...], a: Term) -> Term:
         x = as_float(a, ws)
         if wd == ws:
             rnd = next((m for m in mods if m in ("rni", "rzi", "rmi", "rpi")), None)
-            return T.mk("frnd", (x, rnd), "f", wd) if rnd else x
+            x = T.mk("frnd", (x, rnd), "f", wd) if rnd else x
+            return T.mk("fsat", (x,), "f", wd) if "sat" in mods else x  # clamped to [0, 1] (NaN: 0)
         if x.op == "fconst":
             return _round_const(x.args[0], dst)
         return T.mk("fcvt", (x, dst), "f", wd)

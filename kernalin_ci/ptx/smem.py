@@ -1,4 +1,5 @@
-"""Shared memory: a block-wide map from concrete byte addresses to terms, and the warp's tile moves.
+"""A lane's local memory (a map from concrete byte addresses to terms) and the warp's tile moves through
+shared memory (shared.py's SharedMemory).
 
 `read_map`/`write_map` read and write one value at a concrete address (a read spanning several narrower
 writes is their concatenation; an address that is not a constant is not followed). `matrix_load` and
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 from kernalin_ci.ptx import terms as T
 from kernalin_ci.ptx.semantics import Unsupported
+from kernalin_ci.ptx.shared import SharedMemory
 
 
 def read_map(mem: dict, a: T.Term, w: int) -> T.Term:
@@ -46,23 +48,12 @@ def write_map(mem: dict, a: T.Term, x: T.Term, g: T.Term, w: int) -> None:
     mem[addr] = x
 
 
-def read_half(mem: dict, a: T.Term) -> T.Term:
-    """The 16-bit element at a, a half of the 32-bit word the map holds it in."""
+def read_half(mem: SharedMemory, a: T.Term) -> T.Term:
+    """The 16-bit element at a, a half of the 32-bit word holding it."""
     if not T.is_const(a):
-        raise Unsupported("a shared or local memory address that is not known")
+        raise Unsupported("a shared memory address that is not known")
     addr = T.value(a)
-    return T.extract(read_map(mem, T.const(addr & ~3, a.width), 32), 8 * (addr & 3), 16)
-
-
-def write_half(mem: dict, a: T.Term, x: T.Term, g: T.Term) -> None:
-    """Write the 16-bit element at a into the 32-bit word holding it (the other half kept)."""
-    if not T.is_const(a):
-        raise Unsupported("a shared or local memory address that is not known")
-    addr = T.value(a)
-    word = T.const(addr & ~3, a.width)
-    old = read_map(mem, word, 32)
-    lo, hi = (x, T.extract(old, 16, 16)) if addr & 3 == 0 else (T.extract(old, 0, 16), x)
-    write_map(mem, word, T.concat([lo, hi]), g, 32)
+    return T.extract(mem.read(T.const(addr & ~3, a.width), 32), 8 * (addr & 3), 16)
 
 
 def _element(addrs: list[T.Term], lane: int, i: int, half: int, trans: bool) -> T.Term:
@@ -73,7 +64,7 @@ def _element(addrs: list[T.Term], lane: int, i: int, half: int, trans: bool) -> 
     return T.bv("add", a, T.const(2 * col, a.width))
 
 
-def matrix_load(mem: dict, addrs: list[T.Term], tiles: int, trans: bool) -> list[list[T.Term]]:
+def matrix_load(mem: SharedMemory, addrs: list[T.Term], tiles: int, trans: bool) -> list[list[T.Term]]:
     """ldmatrix: per register i, per lane, its 32 bits."""
     out = []
     for i in range(tiles):
@@ -82,17 +73,23 @@ def matrix_load(mem: dict, addrs: list[T.Term], tiles: int, trans: bool) -> list
             if trans:
                 vals.append(T.concat([read_half(mem, _element(addrs, lane, i, h, True)) for h in (0, 1)]))
             else:
-                vals.append(read_map(mem, _element(addrs, lane, i, 0, False), 32))
+                vals.append(mem.read(_element(addrs, lane, i, 0, False), 32))
         out.append(vals)
     return out
 
 
-def matrix_store(mem: dict, addrs: list[T.Term], values: list[list[T.Term]], guards: list[T.Term], trans: bool) -> None:
-    """stmatrix: per register i, per lane, its 32 bits (values) into the tiles, where the lane executes."""
+def matrix_store(
+    addrs: list[T.Term], values: list[list[T.Term]], guards: list[T.Term], trans: bool
+) -> list[tuple[T.Term, T.Term, T.Term]]:
+    """stmatrix: per register i, per lane, its 32 bits (values) into the tiles, where the lane executes; the
+    instruction's stores as one batch for SharedMemory.store, (address, bits, guard) each (.trans: each 16-bit
+    half at its own address)."""
+    batch = []
     for i, regs in enumerate(values):
         for lane, x in enumerate(regs):
             if trans:
                 for h in (0, 1):
-                    write_half(mem, _element(addrs, lane, i, h, True), T.extract(x, 16 * h, 16), guards[lane])
+                    batch.append((_element(addrs, lane, i, h, True), T.extract(x, 16 * h, 16), guards[lane]))
             else:
-                write_map(mem, _element(addrs, lane, i, 0, False), x, guards[lane], 32)
+                batch.append((_element(addrs, lane, i, 0, False), x, guards[lane]))
+    return batch

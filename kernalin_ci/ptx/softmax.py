@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 
+from kernalin_ci.ptx import shared
 from kernalin_ci.ptx import terms as T
 from kernalin_ci.ptx.context import Context, Result
 from kernalin_ci.ptx.executor import PtxTrace, lane_of
@@ -136,6 +137,20 @@ class FloatGraph:
             stack.extend(y for y in x.args if isinstance(y, T.Term))
         return out
 
+    def reach(self, t: T.Term) -> list[T.Term]:
+        """Every term t is computed from, through loop-carried values' updates."""
+        seen: dict[int, T.Term] = {}
+        stack = [t]
+        while stack:
+            x = stack.pop()
+            if id(x) in seen:
+                continue
+            seen[id(x)] = x
+            if _phi(x) is not None:
+                stack.extend(self.update(x))
+            stack.extend(y for y in x.args if isinstance(y, T.Term))
+        return list(seen.values())
+
     def involves_exp(self, t: T.Term) -> bool:
         """Whether an ex2 is reachable from t: the walk stops at the first ex2 or at a term already known
         to reach one; when none is reachable, none is from any term the walk met either."""
@@ -224,6 +239,8 @@ def check(trace: PtxTrace, ctx: Context) -> list[Result]:
     if not exps:
         return []
     results = [_max_subtracted(g, exps, ctx)]
+    if results[0].status == "proved":
+        results += _scale_followed(g, exps, ctx)
     results += _rescaled(g, trace, ctx)
     outs = [a for a in stores if a.tensor == out_name]
     if outs:
@@ -233,7 +250,7 @@ def check(trace: PtxTrace, ctx: Context) -> list[Result]:
 
 def _score_exp(g: FloatGraph, e: T.Term) -> tuple[str, object]:
     """("ok", None), ("no-max", None), ("scale", k) or ("skip", None) for one exponential."""
-    f = g.form(e.args[0])
+    f = _without_reduction(g, g.form(e.args[0]))
     if set(f) <= {()}:
         return "skip", None
     for m, c in f.items():
@@ -253,10 +270,40 @@ def _score_exp(g: FloatGraph, e: T.Term) -> tuple[str, object]:
     return "no-max", None
 
 
+def _without_reduction(g: FloatGraph, f: Form) -> Form:
+    """f without the integer part of an exponential's range reduction (CUDA's expf is ex2(x log2(e) - n) * 2^n,
+    n = round(x log2(e)) computed through `cvt.sat` and a rounding fma): a term of degree 1 whose atom rounds
+    (`cvt.sat`, `cvt.rni`) a multiple of the rest of the exponent adds no score and no max."""
+    for m in [m for m in f if len(m) == 1]:
+        rest = {x: c for x, c in f.items() if x != m and x != ()}
+        if not rest:
+            continue
+        for x in T.walk(m[0]):  # the rounding of a multiple of the rest: the reduction's integer part
+            if x.op in ("fsat", "frnd") and _proportional(_nonconst(g.form(x.args[0])), rest) is not None:
+                return _without_reduction(g, {x: c for x, c in f.items() if x != m})
+    return f
+
+
+def _nonconst(f: Form) -> Form:
+    return {m: c for m, c in f.items() if m != ()}
+
+
+def _shared_content(g: FloatGraph, t: T.Term) -> bool:
+    """t reads shared memory the executor could not resolve (an epoch's unknown content, shared.py)."""
+    return any(x.op == "fresh" and x.args[0] == shared.WHAT for x in g.reach(t))
+
+
 def _max_subtracted(g: FloatGraph, exps: list[T.Term], ctx: Context) -> Result:
     what = "every exponential is exp(s - m) with m a max over s"
     for e in exps:
         verdict, k = _score_exp(g, e)
+        if (
+            verdict == "no-max"
+            and _shared_content(g, e)
+            and any(x.op == "fmax" for v in g.trace.shared_stored for x in g.reach(as_float(v)))
+        ):  # an unresolved shared value may be one stored with a max in it: not a violation we can tell
+            cause = "the exponent reads shared memory the engine does not resolve, and a max was stored there"
+            return Result(what, "not-proved", ctx.domain, cause=cause)
         if verdict == "no-max":
             return Result(what, "violated", ctx.domain, "softmax-no-max", cause="an exponent with no max subtracted")
         if verdict == "scale":
@@ -264,6 +311,18 @@ def _max_subtracted(g: FloatGraph, exps: list[T.Term], ctx: Context) -> Result:
             return Result(what, "violated", ctx.domain, "scale", cause=cause)
     scale = _scale(g, exps, ctx)
     return scale or Result(what, "proved", ctx.domain)
+
+
+def _scale_followed(g: FloatGraph, exps: list[T.Term], ctx: Context) -> list[Result]:
+    """The scale is checked on the q.k products that reach an exponent; where none does because the scores
+    pass through shared memory the engine does not resolve, the scale is not proved (never a pass)."""
+    if not ctx.contract.scale:
+        return []
+    forms = [_without_reduction(g, g.form(e.args[0])) for e in exps]
+    if any(len(m) == 2 for f in forms for m in f) or not any(_shared_content(g, e) for e in exps):
+        return []
+    cause = "the scores reach the exponentials through shared memory the engine does not resolve"
+    return [Result("the scale multiplies q.k once", "not-proved", ctx.domain, cause=cause)]
 
 
 def _scale(g: FloatGraph, exps: list[T.Term], ctx: Context) -> Result | None:
@@ -292,7 +351,7 @@ def _rescaled(g: FloatGraph, trace: PtxTrace, ctx: Context) -> list[Result]:
             atom = T.fbits(lane_of(phi, 0), 32) if lane_of(phi, 0).sort == "bv" else None
             if atom is None:
                 continue
-            if any(u.op == "fmax" and atom in g.max_operands(u) for u in g.update(atom)):
+            if any(u.op == "fmax" and atom in g.max_operands(u) for u in _updates(g, atom)):
                 running.append(atom)
         if not running:
             continue
@@ -316,14 +375,46 @@ def _rescaled(g: FloatGraph, trace: PtxTrace, ctx: Context) -> list[Result]:
     return out
 
 
+def _updates(g: FloatGraph, atom: T.Term) -> list[T.Term]:
+    """The values a carried float takes at the back edge, each path's choice apart (`fite` of a path that
+    keeps the value as it was, such as lanes that skip the update, is its other branch)."""
+    out, stack = [], list(g.update(atom))
+    while stack:
+        u = stack.pop()
+        if u.op == "fite":
+            stack.extend(x for x in u.args[1:] if x is not atom)
+        else:
+            out.append(u)
+    return out
+
+
 def _uses(t: T.Term, atom: T.Term) -> bool:
     return any(x is atom for x in T.walk(t))
 
 
 def _rescale_factor(x: T.Term, running: list[T.Term]) -> bool:
+    """x is an ex2 of the running max; or expf's ex2(...) * 2^n (the power of two built in the exponent
+    field, `shl n, 23`); or a choice between such a factor and 0 (`m == -inf ? 0 : exp(m - m_new)`)."""
     while x.op == "fcvt":
         x = x.args[0]
+    if x.op == "fite":
+        return all(_is_zero(y) or _rescale_factor(y, running) for y in x.args[1:])
+    if x.op == "fmul":
+        a, b = x.args
+        return any(_rescale_factor(p, running) and _power_of_two(q) for p, q in ((a, b), (b, a)))
     return x.op == "ex2" and any(_uses(x, m) for m in running)
+
+
+def _is_zero(x: T.Term) -> bool:
+    return x.op == "fconst" and x.args[0] == 0.0
+
+
+def _power_of_two(x: T.Term) -> bool:
+    """2^n as expf builds it: the bits of n shifted into the exponent field of a float32 (`n << 23`, `n * 2^23`)."""
+    if x.op != "fbits" or x.args[0].op not in ("shl", "mul"):
+        return False
+    n = x.args[0].args[1]
+    return T.is_const(n) and T.value(n) == (23 if x.args[0].op == "shl" else 1 << 23)
 
 
 def _only_rescaled(t: T.Term, atom: T.Term, running: list[T.Term]) -> bool:
@@ -335,6 +426,9 @@ def _only_rescaled(t: T.Term, atom: T.Term, running: list[T.Term]) -> bool:
         if id(x) in seen or x is atom:
             continue
         seen.add(id(x))
+        if x.op == "fite":  # a path that keeps the accumulator as it was adds nothing to it
+            stack.extend(y for y in x.args[1:] if y is not atom)
+            continue
         if x.op in ("fmul", "ffma") and atom in x.args[:2]:
             other = x.args[1] if x.args[0] is atom else x.args[0]
             if not _rescale_factor(other, running):

@@ -123,8 +123,9 @@ class Intervals:
     def simplify(self, t: T.Term) -> T.Term:
         """t rewritten by what the intervals show, the same value everywhere in the domain: a term of one
         value is that constant (`x >> 31` of a non-negative x), signed operations on non-negative operands
-        are the unsigned ones (`sext`, `ashr`, `sdiv`, `srem`, `slt`, ...), and `x - (x & -2^k)` is
-        `x & (2^k - 1)`. Compilers' signed-division idioms become plain divisions and remainders."""
+        are the unsigned ones (`sext`, `ashr`, `sdiv`, `srem`, `slt`, ...), `x - (x & -2^k)` is
+        `x & (2^k - 1)` and `x - (x / c) * c` is `x % c` (the remainder of a division by a runtime size nvcc
+        spells so: a head dim's `e % D`). Compilers' signed-division idioms become plain divisions and remainders."""
         memo = self.simple
 
         def go(x: T.Term) -> T.Term:
@@ -155,6 +156,10 @@ class Intervals:
             low = ~T.value(a[1].args[1]) & T.mask(t.width)  # x - (x & ~m) == x & m
             if (low + 1) & low == 0:
                 return T.bv("and", a[0], T.const(low, t.width))
+        if op == "sub" and a[1].op == "mul" and T.is_const(a[1].args[1]):  # x - (x / c) * c == x % c
+            q, c = a[1].args
+            if q.op == "udiv" and q.args[0] is a[0] and q.args[1] is c and T.value(c) > 0:
+                return T.bv("urem", a[0], c)
         return t
 
 
@@ -180,6 +185,7 @@ class Translator:
         self.nonneg = self.intervals.nonneg
         self.z3 = z3
         self.memo: dict[int, Any] = {}
+        self.divs: dict[tuple, Any] = {}  # (dividend's z3 id, divisor) -> the quotient's witness
         self.funcs: dict[tuple, Any] = {}
         self.unknowns: dict[int, Any] = {}
         self.selects: list[tuple[T.Term, Any]] = []  # every select term met, for the contract's constraints
@@ -377,9 +383,15 @@ class Translator:
         return self._unknown(t)
 
     def _div(self, x, c: int, w: int):
-        """floor(x / c) for 0 <= x (a witness q with q * c <= x < (q + 1) * c)."""
-        q = self._int("d", 0, 1 << w)
-        self.side += (q * c <= x, x < q * c + c)
+        """floor(x / c) for 0 <= x (a witness q with q * c <= x < (q + 1) * c), one per dividend and divisor
+        (z3's terms are shared by structure: `x / 16` and `x % 16`, or a signed division and the unsigned one
+        it became, use the same witness, so x == 16 * (x / 16) + x % 16 holds without a search)."""
+        key = (x.get_id(), c)
+        q = self.divs.get(key)
+        if q is None:
+            q = self._int("d", 0, 1 << w)
+            self.side += (q * c <= x, x < q * c + c)
+            self.divs[key] = q
         return q
 
 
