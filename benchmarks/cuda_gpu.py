@@ -8,8 +8,9 @@ the parts after it say "not run (deadline)": the run fits a 10-minute command wi
 
 - `env`: what the machine has (python, torch, Triton, cupy, cuda-bindings/NVRTC, nvcc, ninja, compute-sanitizer,
   bubblewrap, pytest) and what is missing -> env.json;
-- `tests`: `pytest tests/test_cuda_gpu.py` (five ways of launching CUDA code, the CUDA catalogue's matrix with
-  Compute Sanitizer, a dropped barrier and a correct change gated end to end, the sanitizer on a Triton kernel)
+- `tests`: `pytest tests/test_cuda_gpu.py` in three groups, shortest first (five ways of launching CUDA code; a
+  dropped barrier and a correct change gated end to end, the sanitizer on a Triton kernel; the CUDA catalogue's
+  matrix with Compute Sanitizer)
   -> tests.json (written by the tests: every result, and every failing command's exit code and output),
   tests-output.txt (pytest's whole output) and the matrix as catalogue.md;
 - `timing`: `kernalin-ci verify` wall time of CUDA C++ kernels against Triton kernels of the same op (twice each,
@@ -143,19 +144,31 @@ def _first_line(cmd: list[str]) -> str:
 # ------------------------------------------------------------------ tests
 
 
+TEST_GROUPS = (  # short groups first: a run cut by its deadline still has their results (and their failures')
+    ("ways", "way"),
+    ("gates", "end_to_end or triton_kernel"),
+    ("matrix", "catalogue_row"),
+)
+
+
 def part_tests() -> bool:
-    r = run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", "tests/test_cuda_gpu.py"],
-        timeout=3000,
-        env={"KERNALIN_CUDA_OUT": str(OUT)},
-    )
-    (OUT / "tests-output.txt").write_text(r.stdout[-2_000_000:] + "\n" + r.stderr[-1_000_000:])
+    ok, outputs = True, []
+    for name, select in TEST_GROUPS:
+        r = run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", "--tb=short", "-k", select,
+             "tests/test_cuda_gpu.py"],
+            timeout=3000,
+            env={"KERNALIN_CUDA_OUT": str(OUT)},
+        )  # fmt: skip
+        outputs.append(f"===== {name} (exit {r.returncode})\n{r.stdout[-1_000_000:]}\n{r.stderr[-500_000:]}")
+        (OUT / "tests-output.txt").write_text("\n".join(outputs))
+        ok = ok and r.returncode == 0
     path = OUT / "tests.json"
     if path.is_file():
         rows = json.loads(path.read_text()).get("cuda catalogue") or []
         if rows:
             (OUT / "catalogue.md").write_text(render_matrix(rows) + "\n")
-    return r.returncode == 0
+    return ok
 
 
 def render_matrix(rows: list[dict]) -> str:
