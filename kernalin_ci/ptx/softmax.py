@@ -278,8 +278,9 @@ def _without_reduction(g: FloatGraph, f: Form) -> Form:
         rest = {x: c for x, c in f.items() if x != m and x != ()}
         if not rest:
             continue
-        for x in T.walk(m[0]):  # the rounding of a multiple of the rest: the reduction's integer part
-            if x.op in ("fsat", "frnd") and _proportional(_nonconst(g.form(x.args[0])), rest) is not None:
+        roundings = (*T.below(m[0], "fsat"), *T.below(m[0], "frnd"))  # memoised per term: scores recur
+        for x in roundings:  # the rounding of a multiple of the rest: the reduction's integer part
+            if _proportional(_nonconst(g.form(x.args[0])), rest) is not None:
                 return _without_reduction(g, {x: c for x, c in f.items() if x != m})
     return f
 
