@@ -61,14 +61,14 @@ class CappedFolder:
         self._fd, self.least_free = fd, None
         self.sample()
         if self.shared:  # the worker starts with what the folder holds (what does not fit is left out)
-            _copy_new(self.path, self.view, self.cap, dir_mode=0o777, file_mode=0o666)
+            copy_new(self.path, self.view, self.cap, dir_mode=0o777, file_mode=0o666)
 
     def harvest(self) -> int:
         """After a worker of a SHARED folder ended: copy the plain files it added to the host folder (at
         most `cap` bytes by their sizes); the bytes copied."""
         if not self.shared or self._fd is None:
             return 0
-        return _copy_new(self.view, self.path, self.cap, dir_mode=0o755, file_mode=0o644)
+        return copy_new(self.view, self.path, self.cap, dir_mode=0o755, file_mode=0o644)
 
     def sample(self) -> None:
         if self._fd is not None:
@@ -123,7 +123,7 @@ def start(plan: Plan | None, argv: list[str], **popen):
     return proc, (hs.attach(proc, plan.folders) if hs else None)
 
 
-def _copy_new(src: str, dst: str, budget: int, dir_mode: int, file_mode: int) -> int:
+def copy_new(src: str, dst: str, budget: int, dir_mode: int, file_mode: int) -> int:
     """Copy each plain file under SRC that DST lacks into DST, at most BUDGET bytes by the files' sizes
     (a sparse file counts whole); never a link, never through one, never over an existing file. The
     bytes copied; a file that cannot be copied (the destination is full) is left out."""

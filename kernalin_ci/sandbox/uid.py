@@ -16,8 +16,8 @@ from pathlib import Path
 
 import kernalin_ci
 from kernalin_ci.sandbox.bwrap import Plan
-from kernalin_ci.sandbox.capped import CappedFolder
-from kernalin_ci.sandbox.options import ENV_WORKER_SANDBOX, SandboxError
+from kernalin_ci.sandbox.capped import CappedFolder, copy_new
+from kernalin_ci.sandbox.options import ENV_WORKER_SANDBOX, SandboxError, worker_disk
 
 UID_BASE = 0x2A000000  # KERNALIN_SANDBOX=uid: each worker gets a uid of its own from here (no passwd entry)
 _uids = itertools.count(1)  # next() is atomic: workers start from several threads at once
@@ -65,11 +65,16 @@ def others_can_read(path: str) -> bool:
     return bool(st.st_mode & 0o004) and (not os.path.isdir(path) or bool(st.st_mode & 0o001))
 
 
-def uid_plan(readonly: list[str], workdir: str, here: str, writable: tuple[CappedFolder, ...]) -> tuple[Plan, dict]:
+def uid_plan(
+    readonly: list[str], workdir: str, here: str, writable: tuple[CappedFolder, ...], cache: str | None = None
+) -> tuple[Plan, dict]:
     """KERNALIN_SANDBOX=uid: the worker as a uid of its own (UID_BASE + n, no passwd entry) through setpriv,
     in a session of its own, killed with its parent. It reads what every user may read, writes only its
     own HOME/TMPDIR and its results folders (handed to its uid), and `end_worker` kills every process of
-    its uid. No namespaces: it sees the network and the host's processes, and its disk is not capped."""
+    its uid. No namespaces: it sees the network and the host's processes, and its disk is not capped.
+    CACHE: the run's compile cache its workers of the same code share (workers.compile_cache): the worker
+    gets a copy of it in its HOME (TRITON_CACHE_DIR), its own, and after it ended the plain files it added
+    are copied back (`harvest_cache`), as the bubblewrap sandbox's tmpfs copy is."""
     closed = [p for p in [*readonly, workdir] if not _reachable(p)]
     if closed:
         raise SandboxError(
@@ -85,12 +90,39 @@ def uid_plan(readonly: list[str], workdir: str, here: str, writable: tuple[Cappe
         os.chmod(f.path, 0o700)
     setpriv = shutil.which("setpriv")
     argv = [setpriv, "--reuid", str(uid), "--regid", str(uid), "--clear-groups", "--pdeathsig", "KILL", "--"]
-    plan = Plan(argv, None, {"uid": uid, "network": "host", "home": home}, [], home=home, tmp=home)
+    limits: dict = {"uid": uid, "network": "host", "home": home}
+    compiled = f"{home}/.triton"
+    if cache is not None:
+        compiled = _seed(cache, home, uid)
+        limits["cache"] = (compiled, cache)
+    plan = Plan(argv, None, limits, [], home=home, tmp=home)
     # the uid has no passwd entry: name it, or getpass.getuser() (torch's compile caches) raises KeyError
     name = f"kernalin-{uid}"
-    env = {"HOME": home, "TMPDIR": home, "XDG_CACHE_HOME": f"{home}/.cache", "TRITON_CACHE_DIR": f"{home}/.triton",
+    env = {"HOME": home, "TMPDIR": home, "XDG_CACHE_HOME": f"{home}/.cache", "TRITON_CACHE_DIR": compiled,
            "USER": name, "LOGNAME": name}  # fmt: skip
     return plan, env
+
+
+def _seed(cache: str, home: str, uid: int) -> str:
+    """HOME/compiled: a copy of CACHE's plain files (never a link), every part of it the worker uid's."""
+    path = os.path.join(home, "compiled")
+    os.mkdir(path, 0o700)
+    copy_new(cache, path, worker_disk(), dir_mode=0o700, file_mode=0o600)
+    for folder, dirs, files in os.walk(path):
+        for name in [*dirs, *files]:
+            os.lchown(os.path.join(folder, name), uid, uid)
+    os.chown(path, uid, uid)
+    return path
+
+
+def harvest_cache(plan: Plan) -> int:
+    """After a uid worker ended (every process of its uid killed): copy the plain files it added to its copy
+    of the run's compile cache back to that cache (never a link, never over a file there); the bytes."""
+    pair = plan.limits.get("cache")
+    if not pair:
+        return 0
+    compiled, cache = pair
+    return copy_new(compiled, cache, worker_disk(), dir_mode=0o700, file_mode=0o600)
 
 
 def kill_uid(uid: int, wait_s: float = 5.0) -> int:

@@ -22,7 +22,7 @@ from kernalin_ci.sandbox.cgroup import cleanup
 from kernalin_ci.sandbox.isolation import proc_args, worker_isolation
 from kernalin_ci.sandbox.options import worker_settings
 from kernalin_ci.sandbox.staging import staged
-from kernalin_ci.sandbox.uid import kill_uid, others_can_read, uid_plan
+from kernalin_ci.sandbox.uid import harvest_cache, kill_uid, others_can_read, uid_plan
 from kernalin_ci.trust import NONE, UID
 
 _worker_ids = itertools.count(1)  # next() is atomic: workers start from several threads at once
@@ -64,8 +64,9 @@ def worker_plan(
         | {here}
         | {os.path.realpath(p) for p in readonly if os.path.exists(p)}
     )
-    if iso.mode == UID:
-        return uid_plan(readonly, workdir, here, writable)
+    if iso.mode == UID:  # the run's compile cache of this view: a copy in the worker's HOME, harvested after it
+        plan, env = uid_plan(readonly, workdir, here, writable, compile_cache((device, UID, *readonly)))
+        return plan, {**env, **cuda_caches.cache_env(plan.limits["cache"][0])}
     settings = worker_settings()
     worker_id = f"worker-{os.getpid()}-{next(_worker_ids)}"  # its own cgroup: end_worker kills all of it
     copies = []
@@ -131,12 +132,13 @@ _caches_lock = threading.Lock()
 
 def compile_cache(view: tuple[str, ...]) -> str:
     """The Triton cache (compiled kernels, the launcher and driver stubs gcc builds; and the CUDA builds of
-    kernalin_ci/cuda/caches.py: torch extensions, CuPy, NVRTC, PTX) shared by this
-    process's sandboxed workers that see the same files (VIEW: the device and every folder bound into the
-    worker). Each worker would otherwise compile all of it again in an empty cache: seconds per worker on
-    a GPU. Code a worker runs can write to the cache, so it can poison it only for workers that run the
-    same code as itself (the base and head of a pull request see different checkouts: two caches); none
-    outlives this process, so nothing reaches a later run."""
+    kernalin_ci/cuda/caches.py: torch extensions, CuPy, NVRTC, PTX) shared by this process's sandboxed
+    workers that see the same files (VIEW: the device and every folder bound into the worker), each through
+    a copy of its own (bubblewrap: a tmpfs; KERNALIN_SANDBOX=uid: in its HOME). Each worker would otherwise
+    compile all of it again in an empty cache: seconds per worker on a GPU. Code a worker runs can write to
+    the cache, so it can poison it only for workers that run the same code as itself (the base and head of
+    a pull request see different checkouts: two caches); none outlives this process, so nothing reaches a
+    later run."""
     with _caches_lock:
         if view not in _caches:
             path = tempfile.mkdtemp(prefix="kernalin-triton-")
@@ -152,6 +154,7 @@ def end_worker(plan: Plan | None) -> None:
     After a worker of its own uid: kill every process of that uid, remove its HOME."""
     if plan is not None and plan.limits.get("home"):
         kill_uid(plan.limits["uid"])
+        harvest_cache(plan)
         shutil.rmtree(plan.limits["home"], ignore_errors=True)
         return
     if plan is not None and plan.limits.get("cgroup"):

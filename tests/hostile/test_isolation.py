@@ -166,3 +166,44 @@ def test_a_uid_worker_without_a_passwd_entry_still_has_a_user_name(closed_dir):
     assert p.returncode == 0, p.stderr[-2000:]
     uid, name = p.stdout.split()
     assert int(uid) >= sandbox.UID_BASE and name == f"kernalin-{uid}", p.stdout + p.stderr
+
+
+@pytest.mark.skipif(not (ROOT and shutil.which("setpriv")), reason="KERNALIN_SANDBOX=uid needs root and setpriv")
+def test_uid_workers_share_the_runs_compile_cache_through_their_own_copies(closed_dir, tmp_path):
+    """On the GPU image (no bubblewrap: workers of their own uid) every worker compiled its Triton kernels and
+    built its torch extensions again in an empty HOME. Now each gets its own copy of the run's cache and what it
+    adds is copied back after it ended: the next worker finds it, plain files only (a link it leaves is not)."""
+    from kernalin_ci.sandbox.uid import _reachable, uid_plan
+    from kernalin_ci.sandbox.workers import end_worker
+
+    python = next((p for p in PYTHONS if _reachable(p)), None)
+    if python is None:
+        pytest.skip("no Python installation an unprivileged uid can read")
+    folder, _ = closed_dir
+    folder.chmod(0o755)
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+
+    def worker(code: str) -> subprocess.CompletedProcess:
+        plan, env = uid_plan([], str(folder), str(folder), (), str(cache))
+        try:
+            return subprocess.run(
+                [*plan.argv_prefix, python, "-c", code], env={"PATH": os.environ["PATH"], **env},
+                capture_output=True, text=True, timeout=60, cwd=folder,
+            )  # fmt: skip
+        finally:
+            end_worker(plan)
+
+    first = worker(
+        "import os; d = os.environ['TRITON_CACHE_DIR']; os.makedirs(d + '/k1'); open(d + '/k1/kernel.bin', 'w')"
+        ".write('compiled'); os.symlink('/etc/shadow', d + '/k1/leak')"
+    )
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert (cache / "k1" / "kernel.bin").read_text() == "compiled"
+    assert not os.path.lexists(cache / "k1" / "leak")  # a link is never copied back
+    second = worker(
+        "import os; d = os.environ['TRITON_CACHE_DIR']; print(open(d + '/k1/kernel.bin').read()); "
+        "open(d + '/k1/other.bin', 'w').write('x')"  # its copy is its own: it adds to a folder it did not make
+    )
+    assert second.returncode == 0 and second.stdout.strip() == "compiled", second.stderr[-2000:]
+    assert (cache / "k1" / "other.bin").exists()
