@@ -241,9 +241,7 @@ class DecodeStep(Op):
             K.append(torch.cat([old_k, kr[b][:, None, :]], dim=1))
             V.append(torch.cat([old_v, v[b][:, None, :]], dim=1))
         feat = af.Features.of(params, kw)
-        out, slack, tf32 = ac.reference_out(
-            qr, K, V, kw["scale"], kc.shape[2], feat, quant is not None, kw["q"].dtype
-        )
+        out, slack, tf32 = ac.reference_out(qr, K, V, kw["scale"], kc.shape[2], feat, quant is not None, kw["q"].dtype)
         return Expected({"out": out}, row_slack=slack, tf32_slack=tf32)
 
     def row_label(self, case: Case, kw: Tensors, name: str, row: int) -> str:
