@@ -115,9 +115,16 @@ def _seed(cache: str, home: str, uid: int) -> str:
     return path
 
 
+def _zombie(proc: str) -> bool:
+    """Whether the process at /proc/PID has ended and waits for its parent to reap it (it runs nothing)."""
+    with open(f"{proc}/stat", "rb") as f:
+        return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+
+
 def harvest_cache(plan: Plan) -> int:
-    """After a uid worker ended (every process of its uid killed): copy the plain files it added to its copy
-    of the run's compile cache back to that cache (never a link, never over a file there); the bytes."""
+    """After a uid worker ended, every process of its uid killed (`kill_uid` returned 0: none left to swap a
+    folder for a link while root walks it): copy the plain files it added to its copy of the run's compile
+    cache back to that cache (never a link, never over a file there); the bytes."""
     pair = plan.limits.get("cache")
     if not pair:
         return 0
@@ -126,22 +133,21 @@ def harvest_cache(plan: Plan) -> int:
 
 
 def kill_uid(uid: int, wait_s: float = 5.0) -> int:
-    """SIGKILL every process of UID until none is left; how many there were."""
-    seen: set[int] = set()
+    """SIGKILL every process of UID until none is left, for at most WAIT_S; how many are left (0: none; an
+    ended process not yet reaped by its parent is not counted)."""
     deadline = time.monotonic() + wait_s
     while True:
         pids = []
         for entry in os.scandir("/proc"):
             if entry.name.isdigit():
                 try:
-                    if os.stat(entry.path).st_uid == uid:
+                    if os.stat(entry.path).st_uid == uid and not _zombie(entry.path):
                         pids.append(int(entry.name))
                 except OSError:
                     continue
         if not pids or time.monotonic() > deadline:
-            return len(seen)
+            return len(pids)
         for pid in pids:
-            seen.add(pid)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.02)

@@ -153,8 +153,8 @@ def end_worker(plan: Plan | None) -> None:
     the sandbox runs any more) copy back what it added to its shared folders, and let go of their tmpfs.
     After a worker of its own uid: kill every process of that uid, remove its HOME."""
     if plan is not None and plan.limits.get("home"):
-        kill_uid(plan.limits["uid"])
-        harvest_cache(plan)
+        if kill_uid(plan.limits["uid"]) == 0:  # a survivor could race root's walk: its additions are dropped
+            harvest_cache(plan)
         shutil.rmtree(plan.limits["home"], ignore_errors=True)
         return
     if plan is not None and plan.limits.get("cgroup"):

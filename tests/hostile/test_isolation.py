@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -207,3 +208,24 @@ def test_uid_workers_share_the_runs_compile_cache_through_their_own_copies(close
     )
     assert second.returncode == 0 and second.stdout.strip() == "compiled", second.stderr[-2000:]
     assert (cache / "k1" / "other.bin").exists()
+
+
+@pytest.mark.skipif(not (ROOT and shutil.which("setpriv")), reason="KERNALIN_SANDBOX=uid needs root and setpriv")
+def test_kill_uid_says_how_many_processes_are_left(closed_dir):
+    """end_worker copies a uid worker's cache additions back only when none of its processes is left (one could
+    swap a folder for a link while root walks it): kill_uid says how many are left when it gives up."""
+    from kernalin_ci.sandbox.uid import kill_uid, uid_plan
+
+    folder, _ = closed_dir
+    folder.chmod(0o755)
+    plan, env = uid_plan([], str(folder), str(folder), ())
+    try:
+        proc = subprocess.Popen([*plan.argv_prefix, "/bin/sleep", "60"], env={"PATH": os.environ["PATH"], **env})
+        deadline = time.monotonic() + 10
+        while kill_uid(plan.limits["uid"], wait_s=0) == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)  # until setpriv has dropped to the uid
+        assert kill_uid(plan.limits["uid"], wait_s=0) == 1  # given no time: the sleeper is still there
+        assert kill_uid(plan.limits["uid"]) == 0
+        proc.wait(10)
+    finally:
+        shutil.rmtree(plan.home, ignore_errors=True)
