@@ -34,14 +34,12 @@ from kernalin_ci.ptx.cfg import post_dominators
 from kernalin_ci.ptx.facts import LaunchFacts
 from kernalin_ci.ptx.loops import induction_step, until_equal
 from kernalin_ci.ptx.pointers import is_pointer, pointer_cases, summands
-from kernalin_ci.ptx.semantics import Unsupported, alu, as_bits, as_float, fit, types_of
+from kernalin_ci.ptx.semantics import Unsupported, alu, as_bits, fit, types_of
 from kernalin_ci.ptx.shared import SharedMemory
 from kernalin_ci.ptx.shared import layout as shared_layout
-from kernalin_ci.ptx.shared import merge as merge_shared
 from kernalin_ci.ptx.smem import matrix_load, matrix_store, read_map, write_map
+from kernalin_ci.ptx.state import State, Val, clone, dests, ite, lane_of, lanes, merge, pack, reg_width, work_inside
 from kernalin_ci.ptx.syntax import Instr, Mem, PtxKernel
-
-Val = T.Term | tuple  # one term for all lanes, or one per lane
 
 MAX_STATES = 64
 MAX_STEPS = 200_000
@@ -100,31 +98,6 @@ class PtxTrace:
             for lane in range(self.lanes):
                 table[T.mk("lanecont", (i, lane), "bool", 1)] = lp.lane_constraint.get(lane, T.TRUE)
         return T.substitute(t, table)
-
-
-@dataclass
-class State:
-    index: int
-    regs: dict
-    cond: tuple
-    active: tuple  # per lane: bool term
-    smem: SharedMemory
-    local: list  # per lane: {address: term} or None (havocked)
-    loops: tuple = ()
-    order: int = 0
-    reconverge: tuple = ()  # (instruction index, lanes' activity): where lanes split by a branch meet again
-    barriers: int = 0  # bar.sync passed
-
-
-def lane_of(v: Val, lane: int) -> T.Term:
-    return v if isinstance(v, T.Term) else v[lane]
-
-
-def pack(vals: list) -> Val:
-    first = vals[0]
-    if all(v is first for v in vals):
-        return first
-    return tuple(vals)
 
 
 class Executor:
@@ -385,7 +358,7 @@ class Executor:
                 special = self._special(tok)
                 if special is not None:
                     return special
-                return T.fresh(f"undefined {tok}", _reg_width(tok))
+                return T.fresh(f"undefined {tok}", reg_width(tok))
             return self._immediate(tok, ins)
         raise Unsupported(f"operand {tok!r}")
 
@@ -433,7 +406,7 @@ class Executor:
             g = self._guard(s, ins)
             old = s.regs.get(reg)
             if old is not None:
-                v = pack([_ite(lane_of(g, i), lane_of(v, i), lane_of(old, i)) for i in range(self.n)])
+                v = pack([ite(lane_of(g, i), lane_of(v, i), lane_of(old, i)) for i in range(self.n)])
         s.regs[reg] = v
 
     def _exec(self, s: State, ins: Instr) -> None:
@@ -476,21 +449,21 @@ class Executor:
         d, src = ins.operands[0], ins.operands[1]
         if isinstance(d, tuple):  # unpack: mov.b32 {%lo, %hi}, %r
             v = self._operand(s, src, ins)
-            parts = [(_reg_width(r), r) for r in d]
+            parts = [(reg_width(r), r) for r in d]
             pos = 0
             for w, r in parts:
-                self._set(s, ins, r, _lanes(v, self.n, lambda x, p=pos, w=w: T.extract(as_bits(x, x.width), p, w)))
+                self._set(s, ins, r, lanes(v, self.n, lambda x, p=pos, w=w: T.extract(as_bits(x, x.width), p, w)))
                 pos += w
             return
         if isinstance(src, tuple):  # pack: mov.b32 %r, {%lo, %hi}
             vals = [self._operand(s, r, ins) for r in src]
             v = pack(
-                [T.concat([as_bits(lane_of(x, i), _reg_width(r)) for x, r in zip(vals, src)]) for i in range(self.n)]
+                [T.concat([as_bits(lane_of(x, i), reg_width(r)) for x, r in zip(vals, src)]) for i in range(self.n)]
             )
         else:
             v = self._operand(s, src, ins)
             if "pred" in ins.mods:  # mov.pred %p, -1: an immediate predicate is true where it is not 0
-                v = _lanes(v, self.n, lambda x: T.not_(T.cmp("eq", x, T.const(0, x.width))) if x.sort == "bv" else x)
+                v = lanes(v, self.n, lambda x: T.not_(T.cmp("eq", x, T.const(0, x.width))) if x.sort == "bv" else x)
         self._set(s, ins, d, v)
         self.results[ins.index] = s.regs[d]
 
@@ -499,7 +472,7 @@ class Executor:
             base = self._operand(s, m.base, ins)
         else:
             base = self._immediate(m.base, ins)
-        return _lanes(base, self.n, lambda b: T.bv("add", b, T.const(m.offset, b.width)))
+        return lanes(base, self.n, lambda b: T.bv("add", b, T.const(m.offset, b.width)))
 
     def _space(self, ins: Instr) -> str:
         for sp in ("global", "shared", "local", "param", "const"):
@@ -674,49 +647,7 @@ class Executor:
         self._set(s, ins, dreg, pack(vals))
 
 
-# -------------------------------------------------------------------- helpers
-
-
-def dests(ins: Instr) -> list[str]:
-    if ins.opcode in ("st", "bra", "bar", "barrier", "ret", "exit", "membar", "fence") or not ins.operands:
-        return []
-    if ins.opcode == "cp":
-        return []
-    d = ins.operands[0]
-    if isinstance(d, tuple):
-        return [x for x in d if x.startswith("%")]
-    if isinstance(d, str) and d.startswith("%"):
-        return [x for x in d.split("|")]
-    return []
-
-
-def _reg_width(r: str) -> int:
-    if r.startswith("%rd"):
-        return 64
-    if r.startswith("%rs"):
-        return 16
-    if r.startswith("%p"):
-        return 1
-    return 32
-
-
-def _lanes(v: Val, n: int, fn) -> Val:
-    if isinstance(v, T.Term):
-        return fn(v)
-    return pack([fn(x) for x in v])
-
-
-def _ite(c: T.Term, a: T.Term, b: T.Term) -> T.Term:
-    if a.sort == "f" or b.sort == "f":
-        w = a.width if a.sort == "f" else b.width
-        return T.fite(c, as_float(a, w), as_float(b, w))
-    if a.sort == "bool" or b.sort == "bool":
-        if a.sort != b.sort:
-            return T.ite(c, as_bits(a, 1), as_bits(b, 1))
-        return T.or_(T.and_(c, a), T.and_(T.not_(c), b)) if a is not b else a
-    if a.width != b.width:
-        b = fit(b, a.width)
-    return T.ite(c, a, b)
+# -------------------------------------------------------------------- addresses
 
 
 def split_base(a: T.Term) -> tuple[str, T.Term]:
@@ -745,50 +676,6 @@ def expr_term(e, symbols: dict[str, T.Term], w: int) -> T.Term:
             p = T.bv("mul", p, fit(symbols[name], w))
         out = T.bv("add", out, p)
     return out
-
-
-def clone(s: State) -> State:
-    return State(
-        s.index,
-        dict(s.regs),
-        s.cond,
-        s.active,
-        s.smem,
-        [dict(x) if x is not None else None for x in s.local],
-        s.loops,
-        s.order,
-        s.reconverge,
-        s.barriers,
-    )
-
-
-def work_inside(work: list, s: State) -> bool:
-    """Whether another state may still reach s's reconvergence point (it carries the same divergence)."""
-    mark = s.reconverge[-1]
-    return any(mark in w.reconverge for w in work)
-
-
-def merge(a: State, b: State, lanes: int) -> State:
-    """Two states at the same instruction as one: values chosen by which path each lane came by."""
-    n = 0
-    while n < min(len(a.cond), len(b.cond)) and a.cond[n] is b.cond[n]:
-        n += 1
-    ca, cb = T.and_(*a.cond[n:]), T.and_(*b.cond[n:])
-    sel = [T.and_(ca, a.active[i]) for i in range(lanes)]
-    regs = {}
-    for r in set(a.regs) | set(b.regs):
-        x, y = a.regs.get(r), b.regs.get(r)
-        if x is None or y is None or x is y:
-            regs[r] = x if y is None else y if x is None else x
-            continue
-        regs[r] = pack([_ite(sel[i], lane_of(x, i), lane_of(y, i)) for i in range(lanes)])
-    active = tuple(T.or_(T.and_(ca, a.active[i]), T.and_(cb, b.active[i])) for i in range(lanes))
-    smem = merge_shared(a.smem, b.smem, ca)
-    local = [None if x is None or y is None or x != y else x for x, y in zip(a.local, b.local)]
-    cond = a.cond[:n] + ((T.or_(ca, cb),) if T.or_(ca, cb) is not T.TRUE else ())
-    rec = a.reconverge if len(a.reconverge) <= len(b.reconverge) else b.reconverge
-    order, barriers = max(a.order, b.order), min(a.barriers, b.barriers)
-    return State(a.index, regs, cond, active, smem, local, a.loops, order, rec, barriers)
 
 
 def execute(kernel: PtxKernel, facts: LaunchFacts, symbols: dict[str, T.Term]) -> PtxTrace:

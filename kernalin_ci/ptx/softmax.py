@@ -22,7 +22,8 @@ import math
 from kernalin_ci.ptx import shared
 from kernalin_ci.ptx import terms as T
 from kernalin_ci.ptx.context import Context, Result
-from kernalin_ci.ptx.executor import PtxTrace, lane_of
+from kernalin_ci.ptx.executor import PtxTrace
+from kernalin_ci.ptx.state import lane_of
 
 LOG2E = 1.0 / math.log(2.0)
 Form = dict  # monomial (tuple of atoms) -> coefficient; () is the constant
