@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from kernalin_ci.ptx import solver
+from kernalin_ci.ptx import atomics, solver
 from kernalin_ci.ptx import terms as T
 from kernalin_ci.ptx.executor import PtxAccess, PtxTrace, expr_term
 from kernalin_ci.ptx.facts import Expr, LaunchFacts, TensorFacts
@@ -105,7 +105,9 @@ class Context:
             out[lp.k.args[0]] = (0, (1 << 40) - 1)
         for name in self.facts.tensors:  # a tensor's address is never null (CUDA C++ `p == nullptr` tests)
             out[f"ptr:{name}"] = (1 << 16, (1 << 48) - 1)
-        return out
+        initial = {n: t.initial for n, t in self.facts.tensors.items()}
+        self.take_ranges = atomics.take_ranges(self.trace.takes, self.trace.accesses, initial)
+        return out | self.take_ranges
 
     def _select_bounds(self) -> dict[str, tuple[int, int]]:
         """The contract's range of each index tensor's values over the whole domain (a kv_len is in
@@ -218,6 +220,11 @@ class Context:
             if t.extent.constant is None:
                 out.append(T.cmp("ule", self.expr(t.extent), T.const(t.max_elements, 64)))
         out += self.program_frame(self.trace, loops)
+        for t in self.trace.takes.values():  # a counter's takes hand out init, init + 1, ... (atomics.py)
+            lo, hi = self.take_ranges.get(str(t.term.args[0]), (None, None))
+            if lo is not None:
+                w = t.term.width
+                out += [T.cmp("ule", T.const(lo, w), t.term), T.cmp("ule", t.term, T.const(hi, w))]
         if loops is None:
             self._frame = out
         return out

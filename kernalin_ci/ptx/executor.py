@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kernalin_ci.ptx import atomics
 from kernalin_ci.ptx import terms as T
 from kernalin_ci.ptx.cfg import post_dominators
 from kernalin_ci.ptx.facts import LaunchFacts
@@ -76,6 +77,7 @@ class Loop:
     lane_conds: list = field(default_factory=list)  # a back edge that differs between lanes: per lane
     lane_constraint: dict = field(default_factory=dict)  # lane -> the lane is still iterating at k
     iv_terms: dict = field(default_factory=dict)  # reg -> Val: the induction variable at iteration k
+    queue: atomics.Queue | None = None  # a persistent loop: the registers carrying its take (atomics.py)
 
 
 @dataclass
@@ -89,6 +91,7 @@ class PtxTrace:
     instrs_run: int = 0
     results: dict = field(default_factory=dict)  # per instruction index: Val of its destination (dataflow)
     shared_stored: list = field(default_factory=list)  # every value stored to shared memory (bits)
+    takes: dict = field(default_factory=dict)  # id(take symbol) -> atomics.Take
 
     def resolve(self, t: T.Term) -> T.Term:
         """t with every `loopinv` atom replaced by its loop's constraint, and every `lanecont` atom by
@@ -117,6 +120,7 @@ class Executor:
         self.ipdom = post_dominators(kernel)
         self.ended_in: list[int] = []  # how many states had ended when each divergence began
         self.params = self._param_terms()
+        self.takes: dict[int, atomics.Take] = {}
 
     # ---------------------------------------------------------------- setup
 
@@ -170,6 +174,7 @@ class Executor:
                 raise Unsupported("too many paths")
         trace = PtxTrace(self.k, lanes, self.accesses, self.loops, self.ends, self.symbols, self.steps, self.results)
         trace.shared_stored = self.shared_stored
+        trace.takes = self.takes
         return trace
 
     def _go(self, s: State) -> list[State]:
@@ -221,22 +226,23 @@ class Executor:
             taken = T.not_(p) if ins.guard[1] and isinstance(p, T.Term) else p
             if not isinstance(p, T.Term):
                 taken = pack([T.not_(x) if ins.guard[1] else x for x in p])
-        if back:
-            loop = next((lp for lp in reversed(s.loops) if lp.header == target), None)
-            if loop is None:
+        loop = next((lp for lp in reversed(s.loops) if lp.header == target), None) if back else None
+        if back:  # from outside the loop: its latch run once before it (a rotated loop), a forward branch
+            if loop is None and self.back_edges.get(target) != ins.index:
                 raise Unsupported("a backward branch into a loop not entered at its header")
+        if back and loop is not None:
             if not isinstance(taken, T.Term):
                 # lanes leave at different iterations (libdevice's argument reduction): the iteration k
                 # is left unconstrained and each lane's exit keeps it active where its own test fails
                 loop.latch_conds.append(T.TRUE)
                 loop.lane_conds.append(taken)
-                loop.updates.append({r: s.regs.get(r) for r in loop.phis} | {r: s.regs.get(r) for r in loop.ivs})
+                loop.updates.append({r: s.regs.get(r) for r in (*loop.phis, *loop.ivs, *_queue_regs(loop))})
                 s.active = tuple(T.and_(act, T.not_(lane_of(taken, i))) for i, act in enumerate(s.active))
                 s.loops = tuple(lp for lp in s.loops if lp is not loop)
                 s.index += 1
                 return [s] if any(v is not T.FALSE for v in s.active) else []
             loop.latch_conds.append(taken)
-            loop.updates.append({r: s.regs.get(r) for r in loop.phis} | {r: s.regs.get(r) for r in loop.ivs})
+            loop.updates.append({r: s.regs.get(r) for r in (*loop.phis, *loop.ivs, *_queue_regs(loop))})
             if taken is T.TRUE:
                 return []
             s.cond = s.cond + (T.not_(taken),)
@@ -281,9 +287,10 @@ class Executor:
             if ins.opcode == "bra" and header < self.k.labels[ins.operands[0]] <= latch
         ]
         loop = Loop(lid, header, latch, k, {}, {})
+        loop.queue = self._queue(s, lid, written)
         for reg, ws in written.items():
             init = s.regs.get(reg)
-            if init is None:
+            if init is None or loop.queue is not None and reg in loop.queue.regs:
                 continue
             step = induction_step(reg, ws, written, inner_targets)
             if step is not None:
@@ -317,9 +324,13 @@ class Executor:
         for lp in self.loops.values():
             k = lp.k
             prev = {k: T.bv("add", k, T.const(-1, 64))}
+            if lp.queue is not None:
+                why = atomics.check_latch(lp.queue, lp.updates, lp.latch_conds, self.takes)
+                if why:
+                    raise Unsupported(f"a loop over a work queue: {why}")
             conds = []
             for c in lp.latch_conds:
-                if any(x.op in ("phi", "fresh") for x in T.walk(c)):
+                if any(x.op in ("phi", "fresh") or atomics.is_take(x) for x in T.walk(c)):
                     conds = [T.TRUE]
                     break
                 conds.append(T.substitute(until_equal(c, lp, 0), prev))
@@ -347,6 +358,54 @@ class Executor:
                     lp.lane_constraint[lane] = T.and_(cont, *own_wrap)
             bounded = T.cmp("ult", k, T.const(1 << 40, 64))  # no loop runs 2^40 times
             lp.constraint = T.and_(T.or_(first, T.or_(*conds) if conds else T.FALSE), bounded, *wrap)
+
+    def _queue(self, s: State, lid: int, written: dict) -> atomics.Queue | None:
+        """A loop entered with registers computed from one take (atomics.py): they become the same function
+        of the iteration's own take, under the entry's conditions on it."""
+        carried = {r: s.regs[r] for r in written if isinstance(s.regs.get(r), T.Term) and atomics.takes_in(s.regs[r])}
+        found = {x for v in carried.values() for x in atomics.takes_in(v)}
+        if not found:
+            return None
+        if len(found) > 1:
+            raise Unsupported("a loop entered with values of two takes of a work queue")
+        t0 = found.pop()
+        first = self.takes[id(t0)]
+        tl = atomics.take_symbol(first.tensor, f"L{lid}", t0.width)
+        self.takes[id(tl)] = atomics.Take(tl, first.tensor, first.instr, first.increment, first.lane)
+        q = atomics.Queue(t0, tl, carried, atomics.renamed_conds(s.cond, t0, tl))
+        for r, v in carried.items():
+            s.regs[r] = T.substitute(v, {t0: tl})
+        s.cond = s.cond + q.conds
+        return q
+
+    def _atom(self, s: State, ins: Instr) -> None:
+        """atom.global.add / red.global.add on integers (atomics.py): each lane's take is a symbol, its
+        write a store to the counter's tensor."""
+        try:
+            ty = atomics.check_op(ins.mods, ins.opcode)
+        except ValueError as e:
+            raise Unsupported(f"instruction {e}") from None
+        w = int(ty[1:])
+        red = ins.opcode == "red"
+        m, src = (ins.operands[0], ins.operands[1]) if red else (ins.operands[1], ins.operands[2])
+        addr, inc, guard = self._address(s, m, ins), self._operand(s, src, ins), self._guard(s, ins)
+        s.order += 1
+        vals = []
+        for lane in range(self.n):
+            g = lane_of(guard, lane)
+            if g is T.FALSE:
+                vals.append(T.const(0, w))
+                continue
+            tensor, off = split_base(lane_of(addr, lane))
+            t = atomics.take_symbol(tensor, f"{len(self.takes)}", w)
+            self.takes[id(t)] = atomics.Take(t, tensor, ins.index, as_bits(lane_of(inc, lane), w), lane)
+            g = T.and_(g, *(T.mk("lanecont", (lp.id, lane), "bool", 1) for lp in s.loops))
+            new = T.bv("add", t, as_bits(lane_of(inc, lane), w))
+            self.accesses.append(PtxAccess("st", ins, lane, g, s.cond, tensor, off, w // 8, new, s.order, s.barriers))
+            vals.append(t)
+        if not red:
+            self._set(s, ins, ins.operands[0], pack(vals))
+            self.results[ins.index] = s.regs[ins.operands[0]]
 
     # ---------------------------------------------------------------- instructions
 
@@ -432,7 +491,9 @@ class Executor:
             return self._shfl(s, ins)
         if op in ("ldmatrix", "stmatrix"):
             return self._matrix(s, ins)
-        if op in ("mma", "wgmma", "atom", "red", "call", "vote", "match", "tex"):
+        if op in ("atom", "red"):
+            return self._atom(s, ins)
+        if op in ("mma", "wgmma", "call", "vote", "match", "tex"):
             raise Unsupported(f"instruction {op}")
         outs = ins.operands[0]
         srcs = [self._operand(s, t, ins) for t in ins.operands[1:]]
@@ -676,6 +737,10 @@ def expr_term(e, symbols: dict[str, T.Term], w: int) -> T.Term:
             p = T.bv("mul", p, fit(symbols[name], w))
         out = T.bv("add", out, p)
     return out
+
+
+def _queue_regs(loop: Loop) -> tuple:
+    return tuple(loop.queue.regs) if loop.queue is not None else ()
 
 
 def execute(kernel: PtxKernel, facts: LaunchFacts, symbols: dict[str, T.Term]) -> PtxTrace:

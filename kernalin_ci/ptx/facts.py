@@ -112,6 +112,7 @@ class TensorFacts:
     allow_negative_one: bool = False  # -1 also allowed (a padding slot)
     role: str = "input"  # "input" | "written" | "output" | "scratch"
     max_elements: int = 1 << 31  # the domain holds tensors up to this size (elements from element 0)
+    initial: int | None = None  # every element's value at the launch, where known (a counter of zeros: 0)
 
     @property
     def extent(self) -> Expr:

@@ -81,7 +81,7 @@ _PARAM = re.compile(
     r"\.param\s+(?:\.align\s+\d+\s+)?\.(\w+)\s+(\.ptr\s+)?(?:\.\w+\s+|\.align\s+\d+\s+)*([A-Za-z_$][\w$]*)(\[\d+\])?"
 )
 _GLOBAL = re.compile(
-    r"^(?:\.extern\s+|\.visible\s+)?\.(global|shared|local|const)\s+(?:\.align\s+\d+\s+)?\.(\w+)\s+([\w$]+)\[(\d*)\]\s*(?:=\s*\{([^}]*)\})?"
+    r"^(?:\.extern\s+|\.visible\s+)?\.(global|shared|local|const)\s+(?:\.align\s+\d+\s+)?\.(\w+)\s+([\w$]+)(?:\[(\d*)\])?\s*(?:=\s*\{([^}]*)\})?"
 )
 _LOC = re.compile(r"^\.loc\s+(\d+)\s+(\d+)\s+(\d+)")
 _INLINED_AT = re.compile(r"inlined_at\s+(\d+)\s+(\d+)\s+(\d+)")  # the call site of an inlined helper
@@ -149,7 +149,7 @@ def parse(text: str) -> PtxKernel:
             data = None
             if g.group(5) is not None:
                 data = bytes(int(x, 0) & 0xFF for x in g.group(5).split(",") if x.strip())
-            size = int(g.group(4) or 0) * type_size(g.group(2))
+            size = _count(g.group(4)) * type_size(g.group(2))
             space = "global" if g.group(1) == "const" else g.group(1)
             globals_[g.group(3)] = Global(g.group(3), space, size, data)
         m = re.match(r"^(?:\.visible\s+|\.weak\s+)?\.entry\s+([\w$]+)\s*\(?", s)
@@ -218,7 +218,7 @@ def parse(text: str) -> PtxKernel:
         if not s or s.startswith("."):
             g = _GLOBAL.match(s) if s.startswith(".") else None
             if g:  # a .local depot or .shared array declared inside the body
-                size = int(g.group(4) or 0) * type_size(g.group(2))
+                size = _count(g.group(4)) * type_size(g.group(2))
                 globals_[g.group(3)] = Global(g.group(3), g.group(1), size)
             continue
         for stmt in s.split(";"):
@@ -247,3 +247,8 @@ def _instr(stmt: str, index: int, file: str, line: int) -> Instr:
     except PtxSyntaxError as e:
         raise PtxSyntaxError(f"line {line}: {stmt}: {e}") from None
     return Instr(index, parts[0], tuple(p for p in parts[1:] if p), operands, guard, file, line)
+
+
+def _count(n: str | None) -> int:
+    """Elements of a declaration: `[N]`, `[]` (extern: 0), or none (a scalar: 1)."""
+    return 1 if n is None else int(n or 0)

@@ -23,6 +23,8 @@ canaries, so a scratch tensor's initial content is known ("uninitialized",
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -139,6 +141,7 @@ class Launch:
     autotuned: bool = False
     ptx: str = ""  # a CUDA C++ kernel (recorded through kernalin_ci.cuda.nvrtc): its PTX; Triton's: ""
     block: tuple = ()  # a CUDA C++ kernel's threads per block (x, y, z); Triton's: ()
+    device_query: bool = False  # the entry asked the device for its properties before this launch
 
     def arg(self, name: str) -> KernelArg | None:
         return next((a for a in self.args if a.name == name), None)
@@ -295,6 +298,7 @@ class LaunchRecorder:
         self.launches: list[Launch] = []
         self.notes: list[str] = []
         self.all_configs = all_configs  # autotuned kernels: record every config (kernalin_ci.explain)
+        self.device_asked = False  # the entry asked the device (answered as DEVICE): later grids are symbols
 
     def binder(self, jit):
         import triton.runtime.jit as J
@@ -375,6 +379,7 @@ class LaunchRecorder:
                 attrs,
                 options,
                 autotuned,
+                device_query=self.device_asked,
             )
         )
 
@@ -433,6 +438,7 @@ class LaunchRecorder:
                 signature=signature,
                 ptx=rec.ptx,
                 block=rec.block,
+                device_query=self.device_asked,
             )
         )
 
@@ -560,7 +566,7 @@ def _capture_once(
     recorder = LaunchRecorder(registry, snapshot, moves, all_configs)
     saved = recorder.install()
     try:
-        with poisoned_allocations(), moves, nvrtc.recording(recorder.record_cuda):
+        with poisoned_allocations(), moves, nvrtc.recording(recorder.record_cuda), device_answers(recorder):
             ret = entry_fn(**kw)
     except Exception as e:  # the user's code: report, never crash
         msg = " ".join(str(e).split())[:300]
@@ -598,6 +604,54 @@ def _capture_once(
         logical,
         recorder.notes,
     )
+
+
+@dataclass(frozen=True)
+class DeviceProperties:
+    """What the capture answers an entry that asks the GPU (there is none): the target the PTX is compiled
+    for (sm_90: an H100 SXM). A launch made after the question has its grid as a symbol G (ptx_facts.py):
+    a persistent kernel sized by `multi_processor_count` is proved for every grid, not for this answer's."""
+
+    name: str = "NVIDIA H100 80GB HBM3 (the capture's target, sm_90; no GPU asked)"
+    major: int = 9
+    minor: int = 0
+    multi_processor_count: int = 132
+    total_memory: int = 80 * (1 << 30)
+    warp_size: int = 32
+    max_threads_per_multi_processor: int = 2048
+    regs_per_multiprocessor: int = 65536
+    shared_memory_per_block: int = 48 * 1024
+    shared_memory_per_block_optin: int = 227 * 1024
+    shared_memory_per_multiprocessor: int = 228 * 1024
+    L2_cache_size: int = 50 * (1 << 20)
+    is_integrated: bool = False
+    is_multi_gpu_board: bool = False
+
+
+DEVICE = DeviceProperties()
+
+
+@contextmanager
+def device_answers(recorder: LaunchRecorder) -> Iterator[None]:
+    """While the capture call runs: `torch.cuda.get_device_properties` and `get_device_capability` answer
+    DEVICE's, and the recorder notes that the entry asked."""
+    import torch
+
+    saved = torch.cuda.get_device_properties, torch.cuda.get_device_capability
+
+    def properties(device=None) -> DeviceProperties:
+        recorder.device_asked = True
+        return DEVICE
+
+    def capability(device=None) -> tuple[int, int]:
+        recorder.device_asked = True
+        return DEVICE.major, DEVICE.minor
+
+    torch.cuda.get_device_properties, torch.cuda.get_device_capability = properties, capability
+    try:
+        yield
+    finally:
+        torch.cuda.get_device_properties, torch.cuda.get_device_capability = saved
 
 
 def _logical(op: Op, params: dict, name: str, v):

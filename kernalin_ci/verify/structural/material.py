@@ -114,6 +114,7 @@ def pack(
                 "ttir": text,
                 "ptx": (ptx or [])[i] if i < len(ptx or []) else "",
                 "block": [int(b) for b in la.block],
+                "device_query": bool(la.device_query),
             }
         )
     raw["outputs"] = dict(cap.outputs)
@@ -301,6 +302,7 @@ def _launches(items, tensors: dict) -> tuple[list, list[str]]:
         _need(isinstance(d.get("autotuned"), bool), f"{what}: autotuned: expected true or false")
         block = _ints(d.get("block", []), f"{what}: block", 1)
         _need(len(block) in (0, 3), f"{what}: block: expected three sizes or none")
+        _need(isinstance(d.get("device_query", False), bool), f"{what}: device_query: expected true or false")
         launches.append(
             Launch(
                 i,
@@ -313,6 +315,7 @@ def _launches(items, tensors: dict) -> tuple[list, list[str]]:
                 dict(sig),
                 autotuned=d["autotuned"],
                 block=block,
+                device_query=d.get("device_query", False),
             )
         )
         texts.append(_str(d.get("ttir"), f"{what}: ttir", MAX_FILE_BYTES))

@@ -96,7 +96,10 @@ def _build(op: Op, op_params: dict, cap, launch, twin: dict | None, n_params: in
             if other and tuple(other[1]) != tuple(info.strides):
                 raise FactsError(f"tensor {name}: its strides do not follow its shape")
             strides = tuple(Expr.of(int(s)) for s in info.strides)
-        tensors[name] = TensorFacts(name, info.dtype, info.elsize, tuple(shape), strides, role=info.role)
+        initial = 0 if info.init == "zeros" else None  # a counter the entry zeroed (a work queue)
+        tensors[name] = TensorFacts(
+            name, info.dtype, info.elsize, tuple(shape), strides, role=info.role, initial=initial
+        )
     symbols = {}
     for s, v in values1.items():
         lo, hi = RANGES.get(s, (1, 1 << 16))
@@ -130,8 +133,12 @@ def _build(op: Op, op_params: dict, cap, launch, twin: dict | None, n_params: in
     grid2 = twin_args.get("__grid") if twin_args is not None else None
     grid = tuple(
         _explain("the grid", int(g), int(grid2[i]) if grid2 else int(g), candidates, values1, values2, grid=True)
+        if i or not launch.device_query
+        else Expr.of("G")
         for i, g in enumerate(launch.grid)
     )
+    if launch.device_query:  # sized from the device's answer (capture.DEVICE): proved for every grid
+        symbols["G"] = ShapeSymbol("G", 1, (1 << 31) - 1, int(launch.grid[0]))
     # A cache capacity (S, W) multiplies the batch index in the kernel's offsets: kept symbolic it makes
     # every query non-linear. It is held at the domain's largest value, so that kv_len still takes every
     # value up to max_position; the domain says so.
