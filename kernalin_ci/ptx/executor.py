@@ -121,6 +121,7 @@ class Executor:
         self.ended_in: list[int] = []  # how many states had ended when each divergence began
         self.params = self._param_terms()
         self.takes: dict[int, atomics.Take] = {}
+        self.lanes_left = False  # some lanes returned while others went on: a barrier no longer means all
 
     # ---------------------------------------------------------------- setup
 
@@ -197,6 +198,7 @@ class Executor:
                 raise Unsupported("the kernel is too long to follow")
             if ins.opcode in ("ret", "exit") and ins.guard is None:
                 self.ends.append(s.cond)
+                self.lanes_left = self.lanes_left or any(a is not T.TRUE for a in s.active)
                 return []
             if ins.opcode == "bra":
                 return self._branch(s, ins)
@@ -263,7 +265,7 @@ class Executor:
         # post-dominator) the lanes are those of the branch again, unless one of them returns on the way
         join = self.ipdom.get(ins.index)
         if join is not None and not s.loops or join is not None and all(join <= lp.latch for lp in s.loops):
-            s.reconverge = s.reconverge + ((join, s.active),)
+            s.reconverge = s.reconverge + ((join, s.active, s.smem),)
         a = clone(s)
         a.active = tuple(T.and_(act, lane_of(taken, i)) for i, act in enumerate(s.active))
         a.index = target
@@ -472,6 +474,8 @@ class Executor:
         op = ins.opcode
         if op in ("bar", "barrier") and ins.guard is None:
             s.barriers += 1  # orders memory between the block's threads (step order: a write, then reads)
+            if not self.lanes_left and not s.reconverge:  # every thread of the block arrives at a barrier
+                s.active = tuple([T.TRUE] * self.n)
             return
         if op in ("bar", "barrier", "membar", "fence") or (
             op == "cp" and "async" in ins.mods and "shared" not in ins.mods

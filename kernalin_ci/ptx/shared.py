@@ -118,6 +118,24 @@ def merge(a: SharedMemory, b: SharedMemory, ca: T.Term) -> SharedMemory:
     return SharedMemory(const, sym, a.epoch if a.epoch == b.epoch else next(_EPOCHS))
 
 
+def merge_split(a: SharedMemory, b: SharedMemory, base: SharedMemory) -> SharedMemory:
+    """Lanes split by a branch meet again: both sides ran (`if (tid == 0) item = ...`), so what either
+    stored since the split (BASE, the memory there) is in the block's memory; an address both changed, or
+    any symbolic entry they do not share, is unknown content."""
+    if a is base or a == base:
+        return b
+    if b is base or b == base:
+        return a
+    const = {}
+    for addr in set(a.const) | set(b.const) | set(base.const):
+        x, y, o = a.const.get(addr), b.const.get(addr), base.const.get(addr)
+        v = y if x is o else x if y is o else None
+        if v is not None:
+            const[addr] = v
+    sym = {k: v for k, v in a.sym.items() if b.sym.get(k) is v}
+    return SharedMemory(const, sym, next(_EPOCHS))
+
+
 def layout(globals_: dict) -> dict[str, int]:
     """Each `.shared` array's byte offset: the static arrays one after another (16-byte aligned), then the
     extern (dynamic) ones, which all start where the static ones end."""

@@ -251,6 +251,8 @@ def check(trace: PtxTrace, ctx: Context) -> list[Result]:
 
 def _score_exp(g: FloatGraph, e: T.Term) -> tuple[str, object]:
     """("ok", None), ("no-max", None), ("scale", k) or ("skip", None) for one exponential."""
+    if not any(T.below(e, op) for op in ("load", "fresh", "phi", "select")):
+        return "skip", None  # of the launch's constants and parameters (a RoPE frequency expf(-2i/r ln base))
     f = _without_reduction(g, g.form(e.args[0]))
     if set(f) <= {()}:
         return "skip", None

@@ -12,6 +12,7 @@ from kernalin_ci.ptx import terms as T
 from kernalin_ci.ptx.semantics import as_bits, as_float, fit
 from kernalin_ci.ptx.shared import SharedMemory
 from kernalin_ci.ptx.shared import merge as merge_shared
+from kernalin_ci.ptx.shared import merge_split
 from kernalin_ci.ptx.syntax import Instr
 
 Val = T.Term | tuple  # one term for all lanes, or one per lane
@@ -27,7 +28,8 @@ class State:
     local: list  # per lane: {address: term} or None (havocked)
     loops: tuple = ()
     order: int = 0
-    reconverge: tuple = ()  # (instruction index, lanes' activity): where lanes split by a branch meet again
+    reconverge: tuple = ()  # (instruction index, lanes' activity, shared memory): where lanes split by a branch
+    #                         meet again, and the shared memory at the split
     barriers: int = 0  # bar.sync passed
 
 
@@ -119,8 +121,17 @@ def merge(a: State, b: State, lanes: int) -> State:
             regs[r] = x if y is None else y if x is None else x
             continue
         regs[r] = pack([ite(sel[i], lane_of(x, i), lane_of(y, i)) for i in range(lanes)])
-    active = tuple(T.or_(T.and_(ca, a.active[i]), T.and_(cb, b.active[i])) for i in range(lanes))
-    smem = merge_shared(a.smem, b.smem, ca)
+    # a lane active on both paths is active under the merged path condition (ca or cb): every use of the
+    # activity is under it
+    active = tuple(
+        a.active[i] if a.active[i] is b.active[i] else T.or_(T.and_(ca, a.active[i]), T.and_(cb, b.active[i]))
+        for i in range(lanes)
+    )
+    split = a.reconverge[-1] if a.reconverge and b.reconverge and a.reconverge[-1] is b.reconverge[-1] else None
+    if split is not None and ca is T.TRUE and cb is T.TRUE:  # lanes split by a branch: both sides ran
+        smem = merge_split(a.smem, b.smem, split[2])
+    else:
+        smem = merge_shared(a.smem, b.smem, ca)
     local = [None if x is None or y is None or x != y else x for x, y in zip(a.local, b.local)]
     cond = a.cond[:n] + ((T.or_(ca, cb),) if T.or_(ca, cb) is not T.TRUE else ())
     rec = a.reconverge if len(a.reconverge) <= len(b.reconverge) else b.reconverge
