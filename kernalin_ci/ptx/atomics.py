@@ -3,8 +3,8 @@
 A take (`atomicAdd(counter, n)`) returns the counter's value before its own addition: a symbol
 `take:<tensor>#<id>` constrained only by what is true. Where the counter's initial content is known (a
 tensor the entry filled with zeros) and every addition to it is of 1, the values handed out are init,
-init + 1, ... (one per take, in some order), so a take is in [init, 2^31 - 1]: the domain holds fewer than
-2^31 - init takes of one counter. Otherwise the value is any 32-bit value. The atomic's write is recorded
+init + 1, ... (one per take, in some order), so a take is in [init, init + 2^30 - 1]: the domain holds
+fewer than 2^30 takes of one counter in a launch (a persistent kernel takes B + G times). Otherwise the value is any 32-bit value. The atomic's write is recorded
 as a store to the counter's tensor (its bounds are checked like any store).
 
 A persistent loop takes its next item at the end of each iteration (nvcc rotates `for (;;) { take; if
@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from kernalin_ci.ptx import terms as T
 
+MAX_TAKES = 1 << 30  # the domain: fewer takes of one counter in a launch
 INT_TYPES = ("u32", "s32", "u64", "s64", "b32", "b64")
 
 
@@ -108,7 +109,7 @@ def _term(v) -> T.Term:
 
 def take_ranges(takes: dict[int, Take], accesses: list, initial: dict[str, int | None]) -> dict[str, tuple[int, int]]:
     """Each take's range (by symbol name) where the counter hands out init, init + 1, ...: its initial
-    content known and every write to it an atomic addition of 1. Fewer than 2^31 - init takes (the domain)."""
+    content known and every write to it an atomic addition of 1. Fewer than MAX_TAKES takes (the domain)."""
     counting = {}
     for tensor, init in initial.items():
         if init is None:
@@ -120,7 +121,7 @@ def take_ranges(takes: dict[int, Take], accesses: list, initial: dict[str, int |
         ):
             counting[tensor] = init
     return {
-        str(t.term.args[0]): (counting[t.tensor], (1 << 31) - 1)
+        str(t.term.args[0]): (counting[t.tensor], counting[t.tensor] + MAX_TAKES - 1)
         for t in takes.values()
-        if t.tensor in counting and 0 <= counting[t.tensor] < 1 << 31
+        if t.tensor in counting and 0 <= counting[t.tensor] < 1 << 30
     }

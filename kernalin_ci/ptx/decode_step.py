@@ -20,8 +20,10 @@ barriers and which inputs a value reads.
 
 from __future__ import annotations
 
+from kernalin_ci.ptx import atomics
 from kernalin_ci.ptx import terms as T
 from kernalin_ci.ptx.context import Context, Result, decode, lanes_as_one
+from kernalin_ci.ptx.evaluate import Unknown, evaluate
 from kernalin_ci.ptx.executor import PtxAccess, PtxTrace
 from kernalin_ci.ptx.softmax import FloatGraph, as_float
 
@@ -52,6 +54,7 @@ def check(trace: PtxTrace, ctx: Context) -> list[Result]:
     out = new_slots(stores, ctx)
     out += step_order(trace, stores, ctx)
     out += new_token_twice(trace, ctx)
+    out += queue_coverage(trace, ctx)
     return out
 
 
@@ -179,3 +182,85 @@ def new_token_twice(trace: PtxTrace, ctx: Context) -> list[Result]:
     if res.status == "violated":
         res.cause = "a score of the new key from registers, and the cache reads cover its position too"
     return [res]
+
+
+def queue_coverage(trace: PtxTrace, ctx: Context) -> list[Result]:
+    """A persistent kernel (a loop over a work queue, atomics.py): every sequence in [0, B) is the q row of
+    some take the loop runs (`kv-coverage`). The counter hands out init, init + 1, ... and every block
+    takes until its take fails the loop's entry test, so when that test, once failed, fails for every
+    later value, the takes run are exactly those from init below the first failing one. The item must be
+    the take plus a constant d (proved); a sequence s is then processed iff s - d >= init passes the test."""
+    c = ctx.contract
+    info = ctx.facts.tensors.get(c.query)
+    out: list[Result] = []
+    for lp in trace.loops.values():
+        qu = lp.queue
+        if qu is None or info is None:
+            continue
+        tl = qu.loop_take
+        what = f"every sequence in [0, {info.shape[0]}) is processed by a take of the work queue"
+        loads = [a for a in trace.accesses if a.kind == "ld" and a.tensor == c.query and tl in T.below(a.offset, "sym")]
+        rng = ctx.take_ranges.get(str(tl.args[0]))
+        if not loads or rng is None:
+            cause = "no q row is read from the queue's item" if not loads else "the counter's start is not known"
+            out.append(Result(what, "not-proved", ctx.domain, cause=cause))
+            continue
+        q0 = min(loads, key=lambda a: (a.lane, a.order))
+        coords, row_ok = decode(ctx, info, q0.offset, "cov", shared=True)
+        row = coords[0]
+        enter = T.and_(*qu.conds)
+        v64 = T.sext(tl, 64)
+        d = _offset(ctx, row, T.and_(ctx.path(q0), row_ok), tl, rng[0])
+        if d is None:
+            out.append(Result(what, "not-proved", ctx.domain, cause="the q row is no function of the take alone"))
+            continue
+        affine = ctx.ask(T.and_(ctx.path(q0), row_ok, T.not_(T.cmp("eq", row, T.bv("add", v64, T.const(d, 64))))))
+        nxt = T.bv("add", tl, T.const(1, tl.width))
+        later = ctx.ask(
+            T.and_(T.not_(enter), T.substitute(enter, {tl: nxt}), T.cmp("ult", tl, T.const(rng[1], tl.width)))
+        )
+        if affine.status != "unsat" or later.status != "unsat":
+            cause = "the q row is not the take plus a constant"
+            if affine.status == "unsat":
+                cause = "a take that fails the loop's test may be followed by one that passes it"
+            out.append(Result(what, "not-proved", ctx.domain, where=q0.instr, cause=cause))
+            continue
+        s = T.sym("cov:sequence", 64)
+        v = T.bv("add", s, T.const(-d, 64))
+        runs = T.and_(
+            T.cmp("sle", T.const(rng[0], 64), v),
+            T.cmp("sle", v, T.const(rng[1], 64)),
+            T.substitute(enter, {tl: T.extract(v, 0, tl.width) if tl.width < 64 else v}),
+        )
+        rows = ctx.expr(info.shape[0])
+        ans = ctx.ask(T.and_(T.cmp("sle", T.const(0, 64), s), T.cmp("slt", s, rows), T.not_(runs)))
+        res = ctx.result(what, ans, "kv-coverage", q0.instr, [q0])
+        if res.status == "violated":
+            seq = T.signed(ans.model.get("cov:sequence", 0), 64)
+            res.counterexample["sequence"] = seq
+            res.cause = (
+                f"sequence {seq} is never processed: no take of the counter {_counter(tl, trace)} runs with the"
+                f" value {seq - d} the kernel turns into it"
+            )
+        out.append(res)
+    return out
+
+
+def _offset(ctx: Context, row: T.Term, where: T.Term, tl: T.Term, init: int) -> int | None:
+    """d with row == take + d, read off one value (checked for every take by the caller): by evaluation, or
+    where the row is a coordinate symbol, from one model."""
+    try:
+        return T.signed(evaluate(row, {tl: T.const(init, tl.width)}), 64) - init
+    except Unknown:
+        pass
+    if row.op != "sym":
+        return None
+    ans = ctx.ask(where)
+    if ans.status != "sat" or row.args[0] not in ans.model or tl.args[0] not in ans.model:
+        return None
+    return T.signed(ans.model[row.args[0]], 64) - T.signed(ans.model[tl.args[0]], tl.width)
+
+
+def _counter(tl: T.Term, trace: PtxTrace) -> str:
+    t = atomics.takes_of(tl, trace.takes)
+    return t.tensor if t is not None else "?"

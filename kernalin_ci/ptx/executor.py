@@ -229,9 +229,10 @@ class Executor:
             if not isinstance(p, T.Term):
                 taken = pack([T.not_(x) if ins.guard[1] else x for x in p])
         loop = next((lp for lp in reversed(s.loops) if lp.header == target), None) if back else None
-        if back:  # from outside the loop: its latch run once before it (a rotated loop), a forward branch
-            if loop is None and self.back_edges.get(target) != ins.index:
-                raise Unsupported("a backward branch into a loop not entered at its header")
+        if back and loop is None and target not in self.back_edges:
+            raise Unsupported("a backward branch into a loop not entered at its header")
+        # from outside the loop to its header (its latch, or the rest of its first iteration, run once before
+        # it: a rotated loop, or one entered past its header): a forward branch
         if back and loop is not None:
             if not isinstance(taken, T.Term):
                 # lanes leave at different iterations (libdevice's argument reduction): the iteration k
@@ -574,6 +575,8 @@ class Executor:
             self._set(s, ins, reg, pack(vals))
 
     def _global_load(self, s: State, ins: Instr, lane: int, g: T.Term, a: T.Term, w: int) -> T.Term:
+        if g is T.FALSE:  # the lane does not run it (or not with this choice): its address may be no pointer
+            return T.const(0, w)
         cases = pointer_cases(a)
         if len(cases) > 1:  # a pointer chosen by a select: one load per choice, under its condition
             v = self._global_load(s, ins, lane, T.and_(g, cases[-1][0]), cases[-1][1], w)

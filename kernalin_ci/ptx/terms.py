@@ -341,6 +341,9 @@ def and_(*xs: Term) -> Term:
         return TRUE
     if len(out) == 1:
         return out[0]
+    negated = [y.args[0] for y in out if y.op == "not"]
+    if negated and not {id(y) for y in negated}.isdisjoint(id(y) for y in out):
+        return FALSE  # x and not x
     return mk("and", tuple(out), "bool", 1)
 
 
