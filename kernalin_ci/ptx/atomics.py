@@ -4,8 +4,10 @@ A take (`atomicAdd(counter, n)`) returns the counter's value before its own addi
 `take:<tensor>#<id>` constrained only by what is true. Where the counter's initial content is known (a
 tensor the entry filled with zeros) and every addition to it is of 1, the values handed out are init,
 init + 1, ... (one per take, in some order), so a take is in [init, init + 2^30 - 1]: the domain holds
-fewer than 2^30 takes of one counter in a launch (a persistent kernel takes B + G times). Otherwise the value is any 32-bit value. The atomic's write is recorded
-as a store to the counter's tensor (its bounds are checked like any store).
+fewer than 2^30 takes of one counter in a launch (a persistent kernel takes B + G times). Otherwise the
+value is any value of its width. The atomic's write is recorded as a store to the counter's tensor (its
+bounds are checked like any store). Any other atomic (exch, cas, min, max, a float add, shared memory)
+leaves the kernel *not analysed*.
 
 A persistent loop takes its next item at the end of each iteration (nvcc rotates `for (;;) { take; if
 (item >= B) return; work(item); }` into a prologue take and a loop whose body starts at the work): a

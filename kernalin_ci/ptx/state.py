@@ -10,9 +10,8 @@ from dataclasses import dataclass
 
 from kernalin_ci.ptx import terms as T
 from kernalin_ci.ptx.semantics import as_bits, as_float, fit
-from kernalin_ci.ptx.shared import SharedMemory
+from kernalin_ci.ptx.shared import SharedMemory, merge_split
 from kernalin_ci.ptx.shared import merge as merge_shared
-from kernalin_ci.ptx.shared import merge_split
 from kernalin_ci.ptx.syntax import Instr
 
 Val = T.Term | tuple  # one term for all lanes, or one per lane
