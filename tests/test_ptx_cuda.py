@@ -4,6 +4,7 @@ from it like a Triton kernel's, and the catalogue's CUDA kv_append is proved cor
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -151,3 +152,95 @@ def test_the_softmax_of_a_cuda_kernel_is_followed_through_its_shared_memory(rel,
             "the output is divided by a sum of the exponentials",
         }
         assert results["the scale multiplies q.k once"].status == "not-proved"
+
+
+QUEUE = """
+extern "C" __global__ void queue_copy(const float* q, float* out, int* next, int B) {
+    __shared__ int item;
+    for (;;) {
+        if (threadIdx.x == 0) item = atomicAdd(next, 1) + SKIP;
+        __syncthreads();
+        const int b = item;
+        __syncthreads();
+        if (b >= B) return;
+        out[b * 128 + threadIdx.x] = q[b * 128 + threadIdx.x];
+    }
+}
+"""
+
+
+@pytest.mark.parametrize("skip", [0, 1])
+def test_a_persistent_work_queue_covers_every_sequence_or_names_the_one_it_skips(tmp_path, skip):
+    """atomicAdd's takes of a zeroed counter: the loop over them is followed for every grid G, its accesses
+    proved in bounds, and kv-coverage proved, or violated at sequence 0 when the item is the take plus 1."""
+    _nvrtc_or_skip()
+    from kernalin_ci.cuda import nvrtc
+    from kernalin_ci.ptx import analyse, decode_step
+    from kernalin_ci.ptx import terms as T
+    from kernalin_ci.ptx.context import Context, Contract
+    from kernalin_ci.ptx.executor import execute
+    from kernalin_ci.ptx.facts import Expr, LaunchFacts, ParamFacts, ShapeSymbol, TensorFacts
+    from kernalin_ci.ptx.syntax import parse
+
+    src = tmp_path / "queue.cu"
+    src.write_text(QUEUE)
+    ptx = nvrtc.compile_source(src, "compute_90", ["-lineinfo", f"-DSKIP={skip}"]).rstrip(b"\0").decode()
+    assert "atom.global.add" in ptx
+    B = Expr.of("B")
+
+    def rows(name):
+        return TensorFacts(name, "float32", 4, (B, Expr.of(128)), (Expr.of(128), Expr.of(1)))
+
+    counter = TensorFacts("next", "int32", 4, (Expr.of(1),), (Expr.of(1),), role="scratch", initial=0)
+    facts = LaunchFacts(
+        "queue_copy",
+        [ParamFacts("pointer", t) for t in ("q", "out", "next")] + [ParamFacts("int", value=B)],
+        (Expr.of("G"), Expr.of(1), Expr.of(1)),
+        {"q": rows("q"), "out": rows("out"), "next": counter},
+        {"B": ShapeSymbol("B", 1, 4096, 3), "G": ShapeSymbol("G", 1, (1 << 31) - 1, 3)},
+        block_threads=128,
+    )
+    contract = Contract("decode_step", query="q")
+    out = analyse(ptx, facts, contract)
+    assert out.not_analysed is None
+    assert {r.name: r.status for r in out.results} == {
+        "load from q in bounds": "proved",
+        "store to out in bounds": "proved",
+        "store to next in bounds": "proved",  # the atomic's write to its counter
+    }
+    kernel = parse(ptx)
+    symbols = {f"ctaid.{x}": T.sym(f"ctaid.{x}", 32) for x in "xyz"} | {n: T.sym(n, 64) for n in facts.symbols}
+    trace = execute(kernel, facts, symbols)
+    (cov,) = decode_step.queue_coverage(trace, Context(facts, contract, trace, symbols))
+    if not skip:
+        assert cov.status == "proved", cov
+    else:
+        assert cov.status == "violated" and cov.bug_class == "kv-coverage", cov
+        assert cov.counterexample["sequence"] == 0 and "sequence 0 is never processed" in cov.cause
+
+
+def test_an_entry_asking_the_device_gets_the_target_and_its_grid_is_a_symbol(monkeypatch):
+    """The CUDA fused step sizes its persistent grid from multi_processor_count: the capture answers with the
+    sm_90 target's properties, and the launch's grid is the symbol G (proved for every grid)."""
+    _nvrtc_or_skip()
+    os.environ["TRITON_INTERPRET"] = "0"
+    from kernalin_ci.catalogue import read_meta
+    from kernalin_ci.entry import load_entry
+    from kernalin_ci.ops import get_op
+    from kernalin_ci.ops.base import resolve_params
+    from kernalin_ci.ptx.syntax import parse
+    from kernalin_ci.verify.structural import ptx_facts
+    from kernalin_ci.verify.structural.capture import DEVICE, capture_at, capture_cases
+
+    path = CUDA / "decode_step" / "correct_persistent_queue.py"
+    meta = read_meta(path)
+    op = get_op(meta.op)
+    params = resolve_params(meta.op, op.params, meta.params)
+    monkeypatch.setenv("KERNALIN_PARAMS", json.dumps(params))  # the entry reads current_params()
+    cap = capture_at(op, load_entry(f"{path}:entry", None), params, capture_cases(op, params)[0])
+    (la,) = cap.launches
+    assert la.device_query and la.grid[0] == min(3, 4 * DEVICE.multi_processor_count)  # B = 3 at capture
+    assert "atom.global.add" in la.ptx
+    facts, _ = ptx_facts.build(op, params, cap, la, None, len(parse(la.ptx).params), None)
+    assert str(facts.grid[0]) == "G" and "G in [1, 2147483647]" in facts.domain_text()
+    assert [t.initial for t in facts.tensors.values() if t.role == "scratch"] == [0]  # the zeroed queue head

@@ -250,7 +250,7 @@ def _offset(ctx: Context, row: T.Term, where: T.Term, tl: T.Term, init: int) -> 
     """d with row == take + d, read off one value (checked for every take by the caller): by evaluation, or
     where the row is a coordinate symbol, from one model."""
     try:
-        return T.signed(evaluate(row, {tl: T.const(init, tl.width)}), 64) - init
+        return T.signed(evaluate(row, {tl: init}), 64) - init
     except Unknown:
         pass
     if row.op != "sym":
