@@ -10,7 +10,8 @@ pointers.py (a pointer chosen by a select),
 solver.py (z3), context.py (the domain's constraints, verdicts), memory.py (memory properties),
 attention_reads.py (attention's K/V reads), softmax.py (the softmax, from the float dataflow),
 rope_reads.py (what each rotated element reads), rope_angles.py (its signs, angle and table row),
-decode_step.py (a fused decode step's cache stores and step order), evaluate.py
+decode_step.py (a fused decode step's cache stores, step order and a work queue's coverage), atomics.py
+(integer atomic additions: takes of a counter, a persistent loop over them), evaluate.py
 (concrete evaluation of terms).
 Nothing here imports the rest of kernalin_ci: verify/structural/ptx_*.py plugs it in.
 """
