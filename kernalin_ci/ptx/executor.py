@@ -219,7 +219,7 @@ class Executor:
         return pack(vals)
 
     def _branch(self, s: State, ins: Instr) -> list[State]:
-        target = self.k.labels[ins.operands[0]]
+        target = self._past_header(s, self.k.labels[ins.operands[0]])
         back = target <= ins.index
         if ins.guard is None:
             taken: Val = T.TRUE
@@ -234,6 +234,14 @@ class Executor:
         # from outside the loop to its header (its latch, or the rest of its first iteration, run once before
         # it: a rotated loop, or one entered past its header): a forward branch
         if back and loop is not None:
+            if not isinstance(taken, T.Term) and ins.index < loop.latch:
+                # some lanes go on to the next iteration before the latch (`if (tid < n) { ... }` ending at the
+                # back edge): inactive for the rest of this one; k is left unconstrained (their iteration k + 1)
+                loop.latch_conds.append(T.TRUE)
+                loop.updates.append({r: s.regs.get(r) for r in (*loop.phis, *loop.ivs, *_queue_regs(loop))})
+                s.active = tuple(T.and_(act, T.not_(lane_of(taken, i))) for i, act in enumerate(s.active))
+                s.index += 1
+                return [s] if any(v is not T.FALSE for v in s.active) else []
             if not isinstance(taken, T.Term):
                 # lanes leave at different iterations (libdevice's argument reduction): the iteration k
                 # is left unconstrained and each lane's exit keeps it active where its own test fails
@@ -274,6 +282,15 @@ class Executor:
         b.active = tuple(T.and_(act, T.not_(lane_of(taken, i))) for i, act in enumerate(s.active))
         b.index = ins.index + 1
         return [x for x in (a, b) if any(v is not T.FALSE for v in x.active)]
+
+    def _past_header(self, s: State, target: int) -> int:
+        """A branch from outside a loop to just past its header's barrier (nvcc's `for (;;) { __syncthreads();
+        ... }` entered below the barrier) enters at the header: only an unpredicated barrier is skipped."""
+        for header, latch in self.back_edges.items():
+            if header < target <= latch and not any(lp.header == header for lp in s.loops):
+                if all(i.opcode in ("bar", "barrier") and i.guard is None for i in self.k.instrs[header:target]):
+                    return header
+        return target
 
     def _enter_loop(self, s: State) -> None:
         header, latch = s.index, self.back_edges[s.index]
