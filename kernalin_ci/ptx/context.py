@@ -509,11 +509,10 @@ def lanes_as_one(formulas: list[T.Term]) -> T.Term:
     formula with those constants as symbols (`__h<n>`), plus the finite choice of their per-lane values.
     The same set of models; the solver then reasons about the shared structure once, not once per lane."""
     groups: dict[object, list[T.Term]] = {}
-    sigs: dict[int, object] = {}
     for f in formulas:
         if f is T.FALSE:
             continue
-        groups.setdefault(_shape(f, sigs), []).append(f)
+        groups.setdefault(_shape(f, T.SHAPES), []).append(f)
     out = []
     for members in groups.values():
         if len(members) == 1:

@@ -93,14 +93,19 @@ class PtxTrace:
     shared_stored: list = field(default_factory=list)  # every value stored to shared memory (bits)
     takes: dict = field(default_factory=dict)  # id(take symbol) -> atomics.Take
 
+    _resolved: tuple[dict, dict] | None = field(default=None, repr=False)  # resolve's table and memo
+
     def resolve(self, t: T.Term) -> T.Term:
         """t with every `loopinv` atom replaced by its loop's constraint, and every `lanecont` atom by
-        its lane's (a loop whose lanes leave at different iterations)."""
-        table = {T.mk("loopinv", (i,), "bool", 1): lp.constraint for i, lp in self.loops.items()}
-        for i, lp in self.loops.items():
-            for lane in range(self.lanes):
-                table[T.mk("lanecont", (i, lane), "bool", 1)] = lp.lane_constraint.get(lane, T.TRUE)
-        return T.substitute(t, table)
+        its lane's (a loop whose lanes leave at different iterations). The loops are final once the trace
+        exists: the table and the substitution's memo are built once and shared by every call."""
+        if self._resolved is None:
+            table = {T.mk("loopinv", (i,), "bool", 1): lp.constraint for i, lp in self.loops.items()}
+            for i, lp in self.loops.items():
+                for lane in range(self.lanes):
+                    table[T.mk("lanecont", (i, lane), "bool", 1)] = lp.lane_constraint.get(lane, T.TRUE)
+            self._resolved = (table, {})
+        return T.substitute(t, *self._resolved)
 
 
 class Executor:

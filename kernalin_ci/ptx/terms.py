@@ -48,6 +48,7 @@ def reset() -> None:
     """Forget every interned term (between analyses: the table only grows)."""
     _TABLE.clear()
     _BELOW.clear()
+    SHAPES.clear()
 
 
 def mask(w: int) -> int:
@@ -484,6 +485,7 @@ def walk(t: Term, seen: set | None = None):
 
 
 _BELOW: dict[tuple[str, int], tuple[Term, ...]] = {}
+SHAPES: dict[int, int] = {}  # id(term) -> the hash of its structure with constants blanked (context._shape)
 
 
 def below(t: Term, op: str) -> tuple[Term, ...]:
