@@ -127,13 +127,19 @@ class Context:
     def _iterations(self, lp) -> int:
         """A bound on a loop's iterations, proved from the frame (its latch condition against the index
         values' and shapes' ranges: a loop up to kv_len runs at most capacity / step times): the smallest
-        2^m of a few candidates that k provably stays below, else 2^40. A few small queries per loop; the
-        solver's intervals then see k's real range (no wrap witness for k * step in 32 bits)."""
+        2^m of a few candidates that k provably stays below, else 2^40. A few small checks per loop, on
+        one solver (the loop's frame asserted once); the solver's intervals then see k's real range (no
+        wrap witness for k * step in 32 bits)."""
+        q = self._loop_query(lp)
+
+        def below(bound: int) -> bool:
+            return q.check([T.cmp("ule", T.const(bound, 64), lp.k)]).status == "unsat"
+
         cands = (8, 12, 16, 20, 24, 32)
         lo, hi = 0, len(cands)  # the answer's index: cands[hi], or 2^40 when hi == len(cands)
         while lo < hi:
             mid = (lo + hi) // 2
-            if self._below(lp, 1 << cands[mid]):
+            if below(1 << cands[mid]):
                 hi = mid
             else:
                 lo = mid + 1
@@ -146,23 +152,22 @@ class Context:
             return high
         while low < high:
             mid = (low + high) // 2
-            if self._below(lp, mid):
+            if below(mid):
                 high = mid
             else:
                 low = mid + 1
         return high
 
-    def _below(self, lp, bound: int) -> bool:
-        # the frame of this loop and of the loops its constraints name (fewer constraints: a bound proved
-        # without the others holds with them)
+    def _loop_query(self, lp) -> solver.Query:
+        """The frame of this loop and of the loops its constraints name (fewer constraints: a bound proved
+        without the others holds with them), with the index facts."""
         lanes = len(lp.lane_constraint) == self.trace.lanes  # lanes leaving at different iterations
-        own = [T.cmp("ule", T.const(bound, 64), lp.k)]
-        if lanes:  # iteration k runs while one of them does
-            own.append(lanes_as_one(list(lp.lane_constraint.values())))
+        own = [lanes_as_one(list(lp.lane_constraint.values()))] if lanes else []  # k runs while one does
         q = solver.Query(self.bounds | _HOLE_BOUNDS | self.coord_bounds, self.select_bounds)
         q.add(*self.frame(self._related(lp, own)))
         q.add(*own)
-        return self.finish(q).status == "unsat"
+        self._index_facts(q)
+        return q
 
     def _related(self, lp, terms: list[T.Term]) -> list:
         """lp and every loop whose iteration its constraint (or `terms`) mentions, transitively."""
@@ -257,6 +262,11 @@ class Context:
 
     def finish(self, q: solver.Query) -> solver.SolverAnswer:
         """Add the contract's constraints on every index element the query mentions, then decide."""
+        self._index_facts(q)
+        return q.check()
+
+    def _index_facts(self, q: solver.Query) -> None:
+        """The contract's constraints on every index element the query mentions."""
         done: set[int] = set()
         slots_seen: list[T.Term] = []
         while True:
@@ -267,7 +277,6 @@ class Context:
                 done.add(id(t))
                 for c in self.index_constraints(t, slots_seen):
                     q.add(c)
-        return q.check()
 
     def index_constraints(self, t: T.Term, slots_seen: list[T.Term]) -> list[T.Term]:
         """The contract's bounds on one index element. They hold for every read, in bounds or not: each

@@ -422,11 +422,14 @@ class Query:
         self.tr.side = []
 
     def check(self, extra: list | None = None) -> SolverAnswer:
+        """Can the assertions and `extra` all hold? `extra` is dropped after the check (its witnesses'
+        bounds stay: definitions, true whatever is asked), so one query answers several checks on the same
+        assertions, the solver keeping what it learnt between them."""
         z3 = self.z3
-        self.solver.push()
-        for c in extra or []:
-            self.solver.add(self.tr(c) if isinstance(c, T.Term) else c)
+        conds = [self.tr(c) if isinstance(c, T.Term) else c for c in extra or []]
         self._flush()
+        self.solver.push()
+        self.solver.add(*conds)
         r = self.solver.check()
         if os.environ.get("KERNALIN_PTX_STATS"):
             st = self.solver.statistics()
