@@ -171,8 +171,13 @@ class Context:
 
     def _related(self, lp, terms: list[T.Term]) -> list:
         """lp and every loop whose iteration its constraint (or `terms`) mentions, transitively."""
+        return self._loops_of([lp.k, *terms])
+
+    def _loops_of(self, terms: list[T.Term]) -> list:
+        """Every loop whose iteration `terms` mention, and those their constraints mention, transitively."""
         by_k = {other.k.args[0]: other for other in self.trace.loops.values()}
-        out, todo = [lp], [self.trace.resolve(lp.constraint), *terms]
+        out: list = []
+        todo = list(terms)
         while todo:
             for x in T.below(todo.pop(), "sym"):
                 other = by_k.get(x.args[0])
@@ -242,6 +247,16 @@ class Context:
         return q
 
     def ask(self, cond: T.Term, extra: list | None = None) -> solver.SolverAnswer:
+        """Can cond (and extra) hold in the domain? First with only the constraints of the loops cond
+        mentions: `unsat` there is a proof (the other loops' constraints only narrow the models further),
+        and the solver is spared every unrelated loop. Otherwise the whole frame decides."""
+        loops = self._loops_of([cond, *(extra or [])])
+        if len(loops) < len(self.trace.loops):
+            q = solver.Query(self.bounds | _HOLE_BOUNDS | self.coord_bounds, self.select_bounds)
+            q.add(*self.frame(loops), cond, *(extra or []))
+            ans = self.finish(q)
+            if ans.status == "unsat":
+                return ans
         q = self.query()
         q.add(cond, *(extra or []))
         ans = self.finish(q)
