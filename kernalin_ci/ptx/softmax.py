@@ -46,6 +46,7 @@ class FloatGraph:
         self.trace = trace
         self.forms: dict[int, Form] = {}
         self.has_exp: dict[int, bool] = {}
+        self.has_shared: dict[int, bool] = {}
         self.selects: dict[tuple, T.Term] = {}  # a masked value's canonical term, by its condition and sums
         self.sums: dict[int, tuple] = {}
 
@@ -153,9 +154,18 @@ class FloatGraph:
         return list(seen.values())
 
     def involves_exp(self, t: T.Term) -> bool:
-        """Whether an ex2 is reachable from t: the walk stops at the first ex2 or at a term already known
-        to reach one; when none is reachable, none is from any term the walk met either."""
-        r = self.has_exp.get(id(t))
+        """Whether an ex2 is reachable from t."""
+        return self._reaches(t, lambda x: x.op == "ex2", self.has_exp)
+
+    def reads_unresolved_shared(self, t: T.Term) -> bool:
+        """Whether t reads shared memory the executor could not resolve (an epoch's unknown content)."""
+        return self._reaches(t, lambda x: x.op == "fresh" and x.args[0] == shared.WHAT, self.has_shared)
+
+    def _reaches(self, t: T.Term, hit, known_of: dict[int, bool]) -> bool:
+        """Whether a term `hit` accepts is reachable from t: the walk stops at the first such term or at
+        a term already known to reach one; when none is reachable, none is from any term the walk met
+        either (known_of keeps both answers for the next walks)."""
+        r = known_of.get(id(t))
         if r is not None:
             return r
         seen: set[int] = set()
@@ -165,17 +175,17 @@ class FloatGraph:
             if id(x) in seen:
                 continue
             seen.add(id(x))
-            known = self.has_exp.get(id(x))
+            known = known_of.get(id(x))
             if known is False:
                 continue
-            if x.op == "ex2" or known:
-                self.has_exp[id(t)] = True
+            if known or hit(x):
+                known_of[id(t)] = True
                 return True
             if _phi(x) is not None:
                 stack.extend(self.update(x))
             stack.extend(y for y in x.args if isinstance(y, T.Term))
         for i in seen:
-            self.has_exp[i] = False
+            known_of[i] = False
         return False
 
     def max_operands(self, t: T.Term, seen: set | None = None) -> list[T.Term]:
@@ -294,7 +304,7 @@ def _nonconst(f: Form) -> Form:
 
 def _shared_content(g: FloatGraph, t: T.Term) -> bool:
     """t reads shared memory the executor could not resolve (an epoch's unknown content, shared.py)."""
-    return any(x.op == "fresh" and x.args[0] == shared.WHAT for x in g.reach(t))
+    return g.reads_unresolved_shared(t)
 
 
 def _max_subtracted(g: FloatGraph, exps: list[T.Term], ctx: Context) -> Result:
