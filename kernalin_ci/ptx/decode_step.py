@@ -170,9 +170,9 @@ def new_token_twice(trace: PtxTrace, ctx: Context) -> list[Result]:
     c = ctx.contract
     g = FloatGraph(trace)
     roots = [as_float(a.value) for a in trace.accesses if a.kind == "st" and a.tensor == c.output]
-    from_registers = [e for e in g.exps(roots) if _loads(e, c.new_key)]
-    if not from_registers:
-        return []
+    known: dict[int, bool] = {}
+    if not any(T.reaches(e, lambda x: x.op == "load" and x.args[0] == c.new_key, known) for e in g.exps(roots)):
+        return []  # no score of the new key from registers
     what = "the new token enters the softmax once"
     loads = [a for a in trace.accesses if a.kind == "ld" and a.tensor == c.kcache]
     ans = ctx.ask(_reads_new_position(trace, loads, ctx)) if loads else None

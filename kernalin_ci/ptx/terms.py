@@ -484,6 +484,32 @@ def walk(t: Term, seen: set | None = None):
         stack.extend(a for a in x.args if isinstance(a, Term))
 
 
+def reaches(t: Term, hit: Callable[[Term], bool], known: dict[int, bool]) -> bool:
+    """Whether a term `hit` accepts is below t (t included). The walk stops at the first such term or at
+    one already known to reach one; when none is reachable, none is from any term the walk met either:
+    `known` keeps both answers for the next calls with the same `hit`."""
+    r = known.get(id(t))
+    if r is not None:
+        return r
+    seen: set[int] = set()
+    stack = [t]
+    while stack:
+        x = stack.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        k = known.get(id(x))
+        if k is False:
+            continue
+        if k or hit(x):
+            known[id(t)] = True
+            return True
+        stack.extend(a for a in x.args if isinstance(a, Term))
+    for i in seen:
+        known[i] = False
+    return False
+
+
 _BELOW: dict[tuple[str, int], tuple[Term, ...]] = {}
 SHAPES: dict[int, int] = {}  # id(term) -> the hash of its structure with constants blanked (context._shape)
 
