@@ -129,11 +129,17 @@ class Context:
         values' and shapes' ranges: a loop up to kv_len runs at most capacity / step times): the smallest
         2^m of a few candidates that k provably stays below, else 2^40. A few small checks per loop, on
         one solver (the loop's frame asserted once); the solver's intervals then see k's real range (no
-        wrap witness for k * step in 32 bits)."""
+        wrap witness for k * step in 32 bits). A counterexample to a bound (an iteration k = v that runs)
+        refutes every bound up to v at once."""
         q = self._loop_query(lp)
+        reached = [0]  # the highest iteration a counterexample showed running
 
         def below(bound: int) -> bool:
-            return q.check([T.cmp("ule", T.const(bound, 64), lp.k)]).status == "unsat"
+            ans = q.check([T.cmp("ule", T.const(bound, 64), lp.k)])
+            if ans.status == "unsat":
+                return True
+            reached[0] = max(reached[0], ans.model.get(lp.k.args[0], bound))
+            return False
 
         cands = (8, 12, 16, 20, 24, 32)
         lo, hi = 0, len(cands)  # the answer's index: cands[hi], or 2^40 when hi == len(cands)
@@ -142,7 +148,7 @@ class Context:
             if below(1 << cands[mid]):
                 hi = mid
             else:
-                lo = mid + 1
+                lo = max(mid + 1, next((i for i, c in enumerate(cands) if 1 << c > reached[0]), len(cands)))
         if hi == len(cands):
             return 1 << 40
         # then the least bound itself, by bisection below that power of two (a dozen more small queries):
@@ -151,6 +157,9 @@ class Context:
         if high > 1 << 16:
             return high
         while low < high:
+            low = max(low, reached[0] + 1)
+            if low >= high:
+                break
             mid = (low + high) // 2
             if below(mid):
                 high = mid
