@@ -85,6 +85,7 @@ class Context:
         self.domain = facts.domain_text()
         self._resolved: dict[int, T.Term] = {}
         self._frame: list[T.Term] | None = None
+        self._translator: solver.Translator | None = None
         self.bounds = self._bounds()
         self.coord_bounds: dict[str, tuple[int, int]] = {}  # decode's coordinate symbols, below their sizes
         self.select_bounds = self._select_bounds()
@@ -172,7 +173,7 @@ class Context:
         without the others holds with them), with the index facts."""
         lanes = len(lp.lane_constraint) == self.trace.lanes  # lanes leaving at different iterations
         own = [lanes_as_one(list(lp.lane_constraint.values()))] if lanes else []  # k runs while one does
-        q = solver.Query(self.bounds | _HOLE_BOUNDS | self.coord_bounds, self.select_bounds)
+        q = solver.Query(translator=self.translator())
         q.add(*self.frame(self._related(lp, own)))
         q.add(*own)
         self._index_facts(q)
@@ -250,8 +251,20 @@ class Context:
 
     # ------------------------------------------------------------ queries
 
+    def translator(self) -> solver.Translator:
+        """The translation to z3 the context's queries share (each term translated once), while the
+        symbols' bounds stay those it was made with: a bound that changes (a loop's iteration bound, once
+        proved; a shared coordinate's, widened) starts a new one."""
+        mine = self.bounds | self.coord_bounds  # (a template symbol's bounds never change)
+        tr = self._translator
+        if tr is None or any(tr.intervals.bounds.get(k, v) != v for k, v in mine.items()):
+            tr = self._translator = solver.Translator(mine | _HOLE_BOUNDS, self.select_bounds)
+        else:
+            tr.intervals.bounds.update(mine | _HOLE_BOUNDS)
+        return tr
+
     def query(self) -> solver.Query:
-        q = solver.Query(self.bounds | _HOLE_BOUNDS | self.coord_bounds, self.select_bounds)
+        q = solver.Query(translator=self.translator())
         q.add(*self.frame())
         return q
 
@@ -261,7 +274,7 @@ class Context:
         and the solver is spared every unrelated loop. Otherwise the whole frame decides."""
         loops = self._loops_of([cond, *(extra or [])])
         if len(loops) < len(self.trace.loops):
-            q = solver.Query(self.bounds | _HOLE_BOUNDS | self.coord_bounds, self.select_bounds)
+            q = solver.Query(translator=self.translator())
             q.add(*self.frame(loops), cond, *(extra or []))
             ans = self.finish(q)
             if ans.status == "unsat":
@@ -294,7 +307,7 @@ class Context:
         done: set[int] = set()
         slots_seen: list[T.Term] = []
         while True:
-            new = [t for t, _ in q.tr.selects if id(t) not in done]
+            new = [t for t in q.selects() if id(t) not in done]
             if not new:
                 break
             for t in new:

@@ -163,6 +163,9 @@ class Intervals:
         return t
 
 
+_UNKNOWN = ("load", "phi", "fresh", "fbitsof", "f2i", "fcmp", "ftest", "loopinv")  # unknowns of their sort
+
+
 class Translator:
     """Terms to z3 over the integers: a bit-vector term of width w is its unsigned value in [0, 2^w), each
     operation exact modulo 2^w through a bounded integer witness (`a + b - 2^w * o`, o in {0, 1}). Address
@@ -190,17 +193,39 @@ class Translator:
         self.unknowns: dict[int, Any] = {}
         self.selects: list[tuple[T.Term, Any]] = []  # every select term met, for the contract's constraints
         self.syms: dict[str, Any] = {}
-        self.side: list = []  # the witnesses' bounds, added to every query with the translated terms
+        self.side: list = []  # the bounds of the witnesses the term being translated introduces or reuses
+        self.own: dict[int, list] = {}  # id(term) -> those bounds (a query asserts those of its terms)
+        self.shared_side: dict[object, list] = {}  # a witness shared by several terms -> its bounds
         self.n = 0
-        self.approximated: set[str] = set()  # operations translated as unknowns (a model may then be spurious)
+        self.approximated: dict[int, str] = {}  # id(term) -> its operation, translated as an unknown (a model
+        # may then be spurious)
 
     def __call__(self, t: T.Term):
         key = id(t)
         r = self.memo.get(key)
         if r is None:
+            outer, self.side = self.side, []
             r = self._tr(t)
+            self.own[key], self.side = self.side, outer
             self.memo[key] = r
         return r
+
+    def reached(self, ts: list[T.Term], skip: set[int] | frozenset = frozenset()) -> list[T.Term]:
+        """The terms translating ts translates, each once (not below those in `skip`): the arguments of a
+        leaf, an unknown or a term of one value are never translated."""
+        out, seen, stack = [], set(skip), list(ts)
+        while stack:
+            t = stack.pop()
+            if id(t) in seen:
+                continue
+            seen.add(id(t))
+            out.append(t)
+            if t.op == "sym" or t.sort == "f" or t.op in _UNKNOWN:
+                continue
+            if t.sort == "bv" and t.op not in ("const", "select") and self.span(t)[0] == self.span(t)[1]:
+                continue
+            stack.extend(a for a in t.args if isinstance(a, T.Term))
+        return out
 
     def _int(self, what: str, lo: int, hi: int):
         self.n += 1
@@ -251,7 +276,8 @@ class Translator:
                 v = z3.Int(a[0])
                 self.syms[a[0]] = v
                 lo, hi = self.span(t)
-                self.side += (v >= lo, v <= hi)
+                self.shared_side[a[0]] = [v >= lo, v <= hi]
+            self.side += self.shared_side[a[0]]  # (one symbol of two widths: the first one's bounds)
             return v
         if op == "select":
             f = self.funcs.get((a[0], w))
@@ -263,7 +289,7 @@ class Translator:
             lo, hi = self.span(t)
             self.side += (v >= lo, v <= hi)
             return v
-        if t.sort == "f" or op in ("load", "phi", "fresh", "fbitsof", "f2i", "fcmp", "ftest", "loopinv"):
+        if t.sort == "f" or op in _UNKNOWN:
             return self._unknown(t)
         if t.sort == "bv":
             lo, hi = self.span(t)
@@ -291,7 +317,7 @@ class Translator:
                 return self.signed(x[0], a[0].width) <= self.signed(x[1], a[1].width)
             if op == "ite":
                 return z3.If(x[0], x[1], x[2])
-            self.approximated.add(op)
+            self.approximated[id(t)] = op
             return self._unknown(t)
         if op in ("add", "sub", "mul"):
             (l0, h0), (l1, h1) = self.span(a[0]), self.span(a[1])
@@ -379,7 +405,7 @@ class Translator:
             q = self._int("q", -(1 << w), 1 << w)
             self.side.append(z3.And(q * (1 << c) <= sv, sv < q * (1 << c) + (1 << c)))
             return z3.If(q >= 0, q, q + (1 << w))
-        self.approximated.add(op)
+        self.approximated[id(t)] = op
         return self._unknown(t)
 
     def _div(self, x, c: int, w: int):
@@ -389,37 +415,56 @@ class Translator:
         key = (x.get_id(), c)
         q = self.divs.get(key)
         if q is None:
+            outer, self.side = self.side, []
             q = self._int("d", 0, 1 << w)
             self.side += (q * c <= x, x < q * c + c)
+            self.shared_side[key], self.side = self.side, outer
             self.divs[key] = q
+        self.side += self.shared_side[key]
         return q
 
 
 class Query:
-    """Conditions over one translator; `check()` gives an SolverAnswer."""
+    """Conditions over one translator; `check()` gives an SolverAnswer. The translator may be shared by
+    several queries (its translations memoised): each asserts the witnesses' bounds of its own terms."""
 
     def __init__(
         self,
         bounds: dict[str, tuple[int, int]] | None = None,
         select_bounds: dict[str, tuple[int, int]] | None = None,
+        translator: Translator | None = None,
     ):
         import z3
 
         self.z3 = z3
-        self.tr = Translator(bounds, select_bounds)
+        self.tr = translator or Translator(bounds, select_bounds)
         self.solver = z3.Solver()
         self.solver.set("timeout", TIMEOUT_MS)
         self.solver.set("rlimit", RLIMIT)
+        self.terms: list[T.Term] = []  # what add asserted
+        self.sided: set[int] = set()  # the terms whose witnesses' bounds are asserted
 
     def add(self, *conds: T.Term | Any) -> None:
         for c in conds:
-            self.solver.add(self.tr(c) if isinstance(c, T.Term) else c)
-        self._flush()
+            if isinstance(c, T.Term):
+                self.terms.append(c)
+                self.solver.add(self.tr(c))
+            else:
+                self.solver.add(c)
+        self._flush([c for c in conds if isinstance(c, T.Term)])
 
-    def _flush(self) -> None:
-        if self.tr.side:
-            self.solver.add(*self.tr.side)
-        self.tr.side = []
+    def _flush(self, terms: list[T.Term]) -> None:
+        """Assert the bounds of the witnesses below terms (each once)."""
+        side = []
+        for t in self.tr.reached(terms, self.sided):
+            self.sided.add(id(t))
+            side += self.tr.own.get(id(t), ())
+        if side:
+            self.solver.add(*side)
+
+    def selects(self) -> list[T.Term]:
+        """The index elements the query's terms read."""
+        return [t for t in self.tr.reached(self.terms) if t.op == "select"]
 
     def check(self, extra: list | None = None) -> SolverAnswer:
         """Can the assertions and `extra` all hold? `extra` is dropped after the check (its witnesses'
@@ -427,7 +472,7 @@ class Query:
         assertions, the solver keeping what it learnt between them."""
         z3 = self.z3
         conds = [self.tr(c) if isinstance(c, T.Term) else c for c in extra or []]
-        self._flush()
+        self._flush([c for c in extra or [] if isinstance(c, T.Term)])
         self.solver.push()
         self.solver.add(*conds)
         r = self.solver.check()
@@ -438,21 +483,26 @@ class Query:
             if r == z3.unsat:
                 return SolverAnswer("unsat")
             if r == z3.sat:
-                return SolverAnswer(
-                    "sat", self._model(self.solver.model()), approximated=tuple(sorted(self.tr.approximated))
-                )
+                about = self.tr.reached([*self.terms, *(c for c in extra or [] if isinstance(c, T.Term))])
+                ops = {self.tr.approximated[id(t)] for t in about if id(t) in self.tr.approximated}
+                return SolverAnswer("sat", self._model(self.solver.model(), about), approximated=tuple(sorted(ops)))
             return SolverAnswer("unknown", cause=str(self.solver.reason_unknown()))
         finally:
             self.solver.pop()
 
-    def _model(self, m) -> dict[str, int]:
+    def _model(self, m, about: list[T.Term]) -> dict[str, int]:
+        """The values of the symbols and index elements among `about` (the terms the query translated)."""
+        names = {t.args[0] for t in about if t.op == "sym"}
+        mine = {id(t) for t in about if t.op == "select"}
         out: dict[str, int] = {}
         for name, v in self.tr.syms.items():
+            if name not in names:
+                continue
             val = m.eval(v, model_completion=True)
             out[name] = val.as_long()
         seen = set()
         for t, _ in self.tr.selects:
-            if id(t) in seen:
+            if id(t) in seen or id(t) not in mine:
                 continue
             seen.add(id(t))
             off = m.eval(self.tr(t.args[1]), model_completion=True).as_long()
