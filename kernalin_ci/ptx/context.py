@@ -86,6 +86,7 @@ class Context:
         self._resolved: dict[int, T.Term] = {}
         self._frame: list[T.Term] | None = None
         self._translator: solver.Translator | None = None
+        _HOLE_BOUNDS.clear()  # the template symbols of an earlier analysis (its terms are gone: terms.reset)
         self.bounds = self._bounds()
         self.coord_bounds: dict[str, tuple[int, int]] = {}  # decode's coordinate symbols, below their sizes
         self.select_bounds = self._select_bounds()
