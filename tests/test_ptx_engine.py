@@ -128,6 +128,27 @@ def test_a_remainder_spelled_with_a_division_is_a_remainder_and_shares_its_quoti
     assert q.check().status == "unsat"
 
 
+def test_queries_sharing_a_translator_each_assert_the_witnesses_their_terms_use():
+    """A context's queries share one translation: x % 16 reuses the quotient witness that x / 16 made in
+    an earlier query, and a later query with only x % 16 still bounds it (else x % 16 > 15 would be sat).
+    A model names only the query's own symbols."""
+    from kernalin_ci.ptx import solver
+    from kernalin_ci.ptx import terms as T
+
+    tr = solver.Translator({"x": (0, 1000), "y": (0, 7)})
+    x, y, c = T.sym("x", 64), T.sym("y", 64), T.const(16, 64)
+    first = solver.Query(translator=tr)
+    first.add(T.cmp("eq", T.bv("udiv", x, c), T.bv("add", y, T.const(3, 64))))
+    assert first.check().status == "sat"
+    second = solver.Query(translator=tr)
+    second.add(T.cmp("ult", T.const(15, 64), T.bv("urem", x, c)))
+    assert second.check().status == "unsat"
+    third = solver.Query(translator=tr)
+    third.add(T.cmp("ult", T.const(990, 64), x))
+    ans = third.check()
+    assert ans.status == "sat" and set(ans.model) == {"x"} and ans.model["x"] <= 1000
+
+
 def test_the_solver_keeps_wraps_only_where_a_declared_range_allows_them():
     """Address arithmetic within the symbols' declared ranges gets no wrap witness (the solver's case
     splits); beyond them the wrap is still exact: 96 * x + y wraps in 32 bits for a large x."""
