@@ -93,7 +93,8 @@ def main() -> int:
             r = crashed(f, e)
         rows.append(r)
         cause = "" if r["status"]["status"] == "analysed" else f" ({r['status']['cause'][:90]})"
-        print(f"{r['file']}: {r['verdict']} {','.join(r['classes'])} {r['seconds']}s{cause}", flush=True)
+        took = f"{r['seconds']}s ({r['cpu']}s CPU)"
+        print(f"{r['file']}: {r['verdict']} {','.join(r['classes'])} {took}{cause}", flush=True)
     print()
     print("| op | bug classes caught (PTX alone) | bug kernels caught | false findings | correct kernels analysed |")
     print("|---|---|---|---|---|")
@@ -112,9 +113,10 @@ def main() -> int:
     errors = [r["file"] for r in rows if r["verdict"] == "ERROR"]
     if errors:
         print(f"\nengine errors ({len(errors)}): {', '.join(errors)}")
-    secs = sorted(r["seconds"] for r in rows)
+    secs, cpus = sorted(r["seconds"] for r in rows), sorted(r["cpu"] for r in rows)
     if secs:
         print(f"\nseconds per entry: median {secs[len(secs) // 2]}, max {secs[-1]}")
+        print(f"CPU seconds per entry: median {cpus[len(cpus) // 2]}, max {cpus[-1]}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0
