@@ -187,6 +187,9 @@ class Translator:
         self.span = self.intervals.span
         self.nonneg = self.intervals.nonneg
         self.z3 = z3
+        # a z3 context of its own: z3's global one grows with every query of the process (the same kernel
+        # took 8 s first and 13 to 16 s after one analysis in the same process); it goes with the translator
+        self.ctx = z3.Context()
         self.memo: dict[int, Any] = {}
         self.divs: dict[tuple, Any] = {}  # (dividend's z3 id, divisor) -> the quotient's witness
         self.funcs: dict[tuple, Any] = {}
@@ -229,7 +232,7 @@ class Translator:
 
     def _int(self, what: str, lo: int, hi: int):
         self.n += 1
-        v = self.z3.Int(f"{what}{self.n}")
+        v = self.z3.Int(f"{what}{self.n}", self.ctx)
         self.side += (v >= lo, v < hi)
         return v
 
@@ -238,7 +241,7 @@ class Translator:
         v = self.unknowns.get(id(t))
         if v is None:
             if t.sort == "bool":
-                v = z3.Bool(f"u{len(self.unknowns)}_{t.op}")
+                v = z3.Bool(f"u{len(self.unknowns)}_{t.op}", self.ctx)
             else:
                 v = self._int(f"u_{t.op}_", 0, 1 << t.width)
             self.unknowns[id(t)] = v
@@ -265,15 +268,15 @@ class Translator:
         z3 = self.z3
         op, a, w = t.op, t.args, t.width
         if op == "const":
-            return z3.IntVal(a[0])
+            return z3.IntVal(a[0], self.ctx)
         if op == "true":
-            return z3.BoolVal(True)
+            return z3.BoolVal(True, self.ctx)
         if op == "false":
-            return z3.BoolVal(False)
+            return z3.BoolVal(False, self.ctx)
         if op == "sym":
             v = self.syms.get(a[0])
             if v is None:
-                v = z3.Int(a[0])
+                v = z3.Int(a[0], self.ctx)
                 self.syms[a[0]] = v
                 lo, hi = self.span(t)
                 self.shared_side[a[0]] = [v >= lo, v <= hi]
@@ -282,7 +285,7 @@ class Translator:
         if op == "select":
             f = self.funcs.get((a[0], w))
             if f is None:
-                f = z3.Function(f"sel_{a[0]}", z3.IntSort(), z3.IntSort())
+                f = z3.Function(f"sel_{a[0]}", z3.IntSort(self.ctx), z3.IntSort(self.ctx))
                 self.funcs[(a[0], w)] = f
             self.selects.append((t, None))
             v = f(self(a[1]))
@@ -294,7 +297,7 @@ class Translator:
         if t.sort == "bv":
             lo, hi = self.span(t)
             if lo == hi:  # one value over the whole domain (`x >> 31` of a non-negative x)
-                return z3.IntVal(lo)
+                return z3.IntVal(lo, self.ctx)
         x = [self(y) if isinstance(y, T.Term) else y for y in a]
         if t.sort == "bool":
             if op == "and":
@@ -358,7 +361,7 @@ class Translator:
         if op in ("lshr", "shl") and T.is_const(a[1]):
             c = T.value(a[1])
             if c >= w:
-                return z3.IntVal(0)
+                return z3.IntVal(0, self.ctx)
             if op == "lshr":
                 return self._div(x[0], 1 << c, w - c)
             lo, hi = self.span(a[0])
@@ -384,7 +387,7 @@ class Translator:
             return q if op == "udiv" else x[0] - c * q
         if op == "lshr" and T.is_const(a[1]):
             c = T.value(a[1])
-            return z3.IntVal(0) if c >= w else self._div(x[0], 1 << c, w - c)
+            return z3.IntVal(0, self.ctx) if c >= w else self._div(x[0], 1 << c, w - c)
         if op in ("umin", "umax", "smin", "smax"):
             if op[0] == "u":
                 less = x[0] < x[1]
@@ -438,7 +441,7 @@ class Query:
 
         self.z3 = z3
         self.tr = translator or Translator(bounds, select_bounds)
-        self.solver = z3.Solver()
+        self.solver = z3.Solver(ctx=self.tr.ctx)
         self.solver.set("timeout", TIMEOUT_MS)
         self.solver.set("rlimit", RLIMIT)
         self.terms: list[T.Term] = []  # what add asserted
