@@ -20,7 +20,8 @@ Model (docs/structural.md, "The PTX engine"):
 - Shared memory (shared.py): the entries stored (at constant or symbolic addresses) over an epoch's unknown
   content; warp shuffles read the source lane's register; `ldmatrix`/`stmatrix` move 8x8 tiles between lanes
   and addresses exactly (smem.py); barriers order nothing in lockstep, but each access records how many the
-  block passed (`epoch`). Local memory: per lane, concrete addresses or havoc.
+  block passed (`epoch`; per merged path: `sync`), and each shared access is recorded (`shared`: races.py).
+  Local memory: per lane, concrete addresses or havoc.
 - Lanes split by a branch are active again at its immediate post-dominator (`cfg.py`), when no
   path between returns.
 """
@@ -39,7 +40,20 @@ from kernalin_ci.ptx.semantics import Unsupported, alu, as_bits, fit, types_of
 from kernalin_ci.ptx.shared import SharedMemory
 from kernalin_ci.ptx.shared import layout as shared_layout
 from kernalin_ci.ptx.smem import matrix_load, matrix_store, read_map, write_map
-from kernalin_ci.ptx.state import State, Val, clone, dests, ite, lane_of, lanes, merge, pack, reg_width, work_inside
+from kernalin_ci.ptx.state import (
+    State,
+    Val,
+    clone,
+    dests,
+    ite,
+    lane_of,
+    lanes,
+    merge,
+    pack,
+    reg_width,
+    sync_of,
+    work_inside,
+)
 from kernalin_ci.ptx.syntax import Instr, Mem, PtxKernel
 
 MAX_STATES = 64
@@ -60,6 +74,8 @@ class PtxAccess:
     value: T.Term  # loaded term, or stored bits
     order: int  # program order of the access within its lane
     epoch: int = 0  # barriers (bar.sync) the block passed before the access
+    loops: tuple = ()  # ids of the loops the access is in, outermost first
+    sync: T.Term | None = None  # shared accesses: the barriers passed as a term (per merged path)
 
 
 @dataclass(eq=False)
@@ -78,6 +94,8 @@ class Loop:
     lane_constraint: dict = field(default_factory=dict)  # lane -> the lane is still iterating at k
     iv_terms: dict = field(default_factory=dict)  # reg -> Val: the induction variable at iteration k
     queue: atomics.Queue | None = None  # a persistent loop: the registers carrying its take (atomics.py)
+    barriers_in: T.Term | None = None  # barriers the block had passed at the loop's header (a term)
+    barriers_out: list = field(default_factory=list)  # ... at each back edge
 
 
 @dataclass
@@ -92,6 +110,7 @@ class PtxTrace:
     results: dict = field(default_factory=dict)  # per instruction index: Val of its destination (dataflow)
     shared_stored: list = field(default_factory=list)  # every value stored to shared memory (bits)
     takes: dict = field(default_factory=dict)  # id(take symbol) -> atomics.Take
+    shared: list = field(default_factory=list)  # every shared-memory access (tensor "shared": offset = address)
 
     def resolve(self, t: T.Term) -> T.Term:
         """t with every `loopinv` atom replaced by its loop's constraint, and every `lanecont` atom by
@@ -115,6 +134,7 @@ class Executor:
         self.steps = 0
         self.results: dict[int, Val] = {}
         self.shared_stored: list[T.Term] = []
+        self.shared: list[PtxAccess] = []
         self.shared_base = shared_layout(kernel.globals)
         self.back_edges = self._back_edges()
         self.ipdom = post_dominators(kernel)
@@ -176,6 +196,7 @@ class Executor:
         trace = PtxTrace(self.k, lanes, self.accesses, self.loops, self.ends, self.symbols, self.steps, self.results)
         trace.shared_stored = self.shared_stored
         trace.takes = self.takes
+        trace.shared = self.shared
         return trace
 
     def _go(self, s: State) -> list[State]:
@@ -234,6 +255,7 @@ class Executor:
         # from outside the loop to its header (its latch, or the rest of its first iteration, run once before
         # it: a rotated loop, or one entered past its header): a forward branch
         if back and loop is not None:
+            loop.barriers_out.append(sync_of(s))
             if not isinstance(taken, T.Term) and ins.index < loop.latch:
                 # some lanes go on to the next iteration before the latch (`if (tid < n) { ... }` ending at the
                 # back edge): inactive for the rest of this one; k is left unconstrained (their iteration k + 1)
@@ -306,7 +328,7 @@ class Executor:
             for ins in body
             if ins.opcode == "bra" and header < self.k.labels[ins.operands[0]] <= latch
         ]
-        loop = Loop(lid, header, latch, k, {}, {})
+        loop = Loop(lid, header, latch, k, {}, {}, barriers_in=sync_of(s))
         loop.queue = self._queue(s, lid, written)
         for reg, ws in written.items():
             init = s.regs.get(reg)
@@ -490,8 +512,9 @@ class Executor:
 
     def _exec(self, s: State, ins: Instr) -> None:
         op = ins.opcode
-        if op in ("bar", "barrier") and ins.guard is None:
+        if op in ("bar", "barrier") and ins.guard is None and not {"warp", "arrive"} & set(ins.mods):
             s.barriers += 1  # orders memory between the block's threads (step order: a write, then reads)
+            s.sync = T.bv("add", s.sync, T.const(1, 32)) if s.sync is not None else None
             if not self.lanes_left and not s.reconverge:  # every thread of the block arrives at a barrier
                 s.active = tuple([T.TRUE] * self.n)
             return
@@ -584,6 +607,7 @@ class Executor:
                 g = lane_of(guard, lane)
                 if space == "shared":
                     v = s.smem.read(a, w) if g is not T.FALSE else T.const(0, w)
+                    self._note_shared(s, "ld", ins, lane, g, a, w // 8, v)
                 elif space == "local":
                     v = read_map(s.local[lane], a, w) if s.local[lane] is not None else T.fresh("local", w)
                 else:
@@ -636,6 +660,7 @@ class Executor:
                 x = as_bits(lane_of(v, lane), w)
                 if space == "shared":
                     batch.append((a, x, g))
+                    self._note_shared(s, "st", ins, lane, g, a, w // 8, x)
                 elif space == "local":
                     if s.local[lane] is not None and T.is_const(a):
                         write_map(s.local[lane], a, x, g, w)
@@ -654,6 +679,15 @@ class Executor:
             s.smem = s.smem.store(batch)
             self.shared_stored += [x for _, x, _ in batch]
 
+    def _note_shared(self, s: State, kind: str, ins: Instr, lane: int, g: T.Term, a: T.Term, size: int, v) -> None:
+        """Record one lane's shared-memory access (races.py): its barrier count and its loops."""
+        if g is T.FALSE:
+            return
+        g = T.and_(g, *(T.mk("lanecont", (lp.id, lane), "bool", 1) for lp in s.loops))
+        loops = tuple(lp.id for lp in s.loops)
+        args = (kind, ins, lane, g, s.cond, "shared", a, size, v, s.order, s.barriers, loops, sync_of(s))
+        self.shared.append(PtxAccess(*args))
+
     def _cp_async(self, s: State, ins: Instr) -> None:
         """cp.async.*.shared.global [smem], [gmem], bytes(, src-bytes): a global load into shared memory."""
         dst, src, size = ins.operands[0], ins.operands[1], int(ins.operands[2], 0)
@@ -663,6 +697,7 @@ class Executor:
         batch = []
         for lane in range(self.n):
             g = lane_of(guard, lane)
+            self._note_shared(s, "st", ins, lane, g, lane_of(daddr, lane), size, T.fresh("cp.async", 8 * size))
             if srcsize is not None:
                 g = T.and_(g, T.not_(T.cmp("eq", as_bits(lane_of(srcsize, lane), 32), T.const(0, 32))))
             for j in range(0, size, 4):
@@ -687,11 +722,14 @@ class Executor:
             raise Unsupported(f"{ins.opcode} with {len(regs)} registers for {tiles} tiles")
         addr = self._address(s, m, ins)
         addrs = [lane_of(addr, lane) for lane in range(self.n)]
+        guard = self._guard(s, ins)
+        for lane in range(self.n):  # lane 8 i + r gives row r of tile i: its 16 bytes are its access
+            if lane % 32 < 8 * tiles:
+                self._note_shared(s, "ld" if load else "st", ins, lane, lane_of(guard, lane), addrs[lane], 16, T.TRUE)
         if load:
             for reg, vals in zip(regs, matrix_load(s.smem, addrs, tiles, "trans" in mods)):
                 self._set(s, ins, reg, pack(vals))
             return
-        guard = self._guard(s, ins)
         values = [[as_bits(lane_of(self._operand(s, r, ins), lane), 32) for lane in range(self.n)] for r in regs]
         batch = matrix_store(addrs, values, [lane_of(guard, lane) for lane in range(self.n)], "trans" in mods)
         s.smem = s.smem.store(batch)
