@@ -40,20 +40,7 @@ from kernalin_ci.ptx.semantics import Unsupported, alu, as_bits, fit, types_of
 from kernalin_ci.ptx.shared import SharedMemory
 from kernalin_ci.ptx.shared import layout as shared_layout
 from kernalin_ci.ptx.smem import matrix_load, matrix_store, read_map, write_map
-from kernalin_ci.ptx.state import (
-    State,
-    Val,
-    clone,
-    dests,
-    ite,
-    lane_of,
-    lanes,
-    merge,
-    pack,
-    reg_width,
-    sync_of,
-    work_inside,
-)
+from kernalin_ci.ptx.state import State, Val, clone, dests, ite, lane_of, lanes, merge, pack, reg_width, work_inside
 from kernalin_ci.ptx.syntax import Instr, Mem, PtxKernel
 
 MAX_STATES = 64
@@ -255,7 +242,7 @@ class Executor:
         # from outside the loop to its header (its latch, or the rest of its first iteration, run once before
         # it: a rotated loop, or one entered past its header): a forward branch
         if back and loop is not None:
-            loop.barriers_out.append(sync_of(s))
+            loop.barriers_out.append(s.sync_term())
             if not isinstance(taken, T.Term) and ins.index < loop.latch:
                 # some lanes go on to the next iteration before the latch (`if (tid < n) { ... }` ending at the
                 # back edge): inactive for the rest of this one; k is left unconstrained (their iteration k + 1)
@@ -328,7 +315,7 @@ class Executor:
             for ins in body
             if ins.opcode == "bra" and header < self.k.labels[ins.operands[0]] <= latch
         ]
-        loop = Loop(lid, header, latch, k, {}, {}, barriers_in=sync_of(s))
+        loop = Loop(lid, header, latch, k, {}, {}, barriers_in=s.sync_term())
         loop.queue = self._queue(s, lid, written)
         for reg, ws in written.items():
             init = s.regs.get(reg)
@@ -685,7 +672,7 @@ class Executor:
             return
         g = T.and_(g, *(T.mk("lanecont", (lp.id, lane), "bool", 1) for lp in s.loops))
         loops = tuple(lp.id for lp in s.loops)
-        args = (kind, ins, lane, g, s.cond, "shared", a, size, v, s.order, s.barriers, loops, sync_of(s))
+        args = (kind, ins, lane, g, s.cond, "shared", a, size, v, s.order, s.barriers, loops, s.sync_term())
         self.shared.append(PtxAccess(*args))
 
     def _cp_async(self, s: State, ins: Instr) -> None:

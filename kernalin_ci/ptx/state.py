@@ -32,6 +32,10 @@ class State:
     barriers: int = 0  # bar.sync passed (the fewest of the paths merged here)
     sync: T.Term | None = None  # bar.sync passed, per path merged here (an if-then-else); None: `barriers`
 
+    def sync_term(self) -> T.Term:
+        """The barriers passed, as a term (32 bits): which path came here chooses among merged counts."""
+        return self.sync if self.sync is not None else T.const(self.barriers, 32)
+
 
 def lane_of(v: Val, lane: int) -> T.Term:
     return v if isinstance(v, T.Term) else v[lane]
@@ -137,10 +141,5 @@ def merge(a: State, b: State, lanes: int) -> State:
     cond = a.cond[:n] + ((T.or_(ca, cb),) if T.or_(ca, cb) is not T.TRUE else ())
     rec = a.reconverge if len(a.reconverge) <= len(b.reconverge) else b.reconverge
     order, barriers = max(a.order, b.order), min(a.barriers, b.barriers)
-    sync = None if a.sync is b.sync and a.barriers == b.barriers else T.ite(ca, sync_of(a), sync_of(b))
+    sync = None if a.sync is b.sync and a.barriers == b.barriers else T.ite(ca, a.sync_term(), b.sync_term())
     return State(a.index, regs, cond, active, smem, local, a.loops, order, rec, barriers, sync)
-
-
-def sync_of(s: State) -> T.Term:
-    """The barriers s passed, as a term (32 bits): which path came here chooses among merged counts."""
-    return s.sync if s.sync is not None else T.const(s.barriers, 32)
