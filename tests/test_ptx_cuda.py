@@ -207,6 +207,8 @@ def test_a_persistent_work_queue_covers_every_sequence_or_names_the_one_it_skips
         "load from q in bounds": "proved",
         "store to out in bounds": "proved",
         "store to next in bounds": "proved",  # the atomic's write to its counter
+        # thread 0 writes `item`, every thread reads it after a barrier, the next write after another (races.py)
+        "shared memory: no two threads touch the same bytes between barriers (one writing)": "proved",
     }
     kernel = parse(ptx)
     symbols = {f"ctaid.{x}": T.sym(f"ctaid.{x}", 32) for x in "xyz"} | {n: T.sym(n, 64) for n in facts.symbols}
@@ -244,3 +246,83 @@ def test_an_entry_asking_the_device_gets_the_target_and_its_grid_is_a_symbol(mon
     facts, _ = ptx_facts.build(op, params, cap, la, None, len(parse(la.ptx).params), None)
     assert str(facts.grid[0]) == "G" and "G in [1, 2147483647]" in facts.domain_text()
     assert [t.initial for t in facts.tensors.values() if t.role == "scratch"] == [0]  # the zeroed queue head
+
+
+_TILES = """
+.version 8.0
+.target sm_90
+.address_size 64
+.shared .align 4 .b8 buf[1024];
+.visible .entry tiles(
+  .param .u64 out,
+  .param .u32 n
+)
+.maxntid 128, 1, 1
+{
+  .reg .pred %p<3>;
+  .reg .b32 %r<20>;
+  .reg .b64 %rd<4>;
+  mov.u32 %r1, %tid.x;
+  shl.b32 %r2, %r1, 2;
+  mov.u32 %r3, buf;
+  add.s32 %r4, %r3, %r2;
+  xor.b32 %r5, %r1, 32;
+  shl.b32 %r6, %r5, 2;
+  add.s32 %r7, %r3, %r6;
+  ld.param.u32 %r8, [n];
+  mov.u32 %r9, 0;
+  mov.u32 %r10, 0;
+$L_tile:
+  st.shared.u32 [%r4], %r9;
+  STORED
+  ld.shared.u32 %r11, [%r7];
+  add.s32 %r10, %r10, %r11;
+  READ
+  add.s32 %r9, %r9, 1;
+  setp.lt.u32 %p1, %r9, %r8;
+  @%p1 bra $L_tile;
+  ld.param.u64 %rd1, [out];
+  cvta.to.global.u64 %rd2, %rd1;
+  mul.wide.u32 %rd3, %r1, 4;
+  add.s64 %rd2, %rd2, %rd3;
+  st.global.u32 [%rd2], %r10;
+  ret;
+}
+"""
+
+
+@pytest.mark.parametrize(
+    "stored, read, race",
+    [
+        ("bar.sync 0;", "bar.sync 0;", None),
+        ("", "bar.sync 0;", "same"),  # thread t reads t ^ 32's element before it is written
+        ("bar.sync 0;", "", "next"),  # ... while t ^ 32, a tile ahead, overwrites it (write after read)
+        ("bar.warp.sync -1;", "bar.sync 0;", "same"),  # a warp's barrier does not order another warp
+    ],
+)
+def test_a_shared_memory_race_between_threads_is_found_within_and_across_loop_iterations(stored, read, race):
+    """Each tile every thread writes its element of a shared buffer and reads the element of thread t ^ 32
+    (another warp): a barrier between the write and the read, and one before the next tile's write, make it
+    race-free (proved for every tile count N); without the first, or with only a warp's barrier, t reads before
+    t ^ 32 wrote (the same iteration); without the second, t ^ 32's next write lands before t read (iteration k
+    against k + 1). The counterexample names both threads and both accesses."""
+    from kernalin_ci.ptx import analyse
+    from kernalin_ci.ptx.context import Contract
+    from kernalin_ci.ptx.facts import Expr, LaunchFacts, ParamFacts, ShapeSymbol, TensorFacts
+
+    out = TensorFacts("out", "int32", 4, (Expr.of(128),), (Expr.of(1),), role="output")
+    params = [ParamFacts("pointer", "out"), ParamFacts("int", value=Expr.of("N"))]
+    facts = LaunchFacts(
+        "tiles", params, (Expr.of(1),) * 3, {"out": out}, {"N": ShapeSymbol("N", 1, 64, 3)}, block_threads=128
+    )
+    text = _TILES.replace("STORED", stored).replace("READ", read)
+    res = analyse(text, facts, Contract("x"))
+    assert res.not_analysed is None, res.not_analysed
+    (r,) = [r for r in res.results if r.name.startswith("shared memory")]
+    if race is None:
+        assert r.status == "proved", r.cause
+        return
+    assert (r.status, r.bug_class) == ("violated", "shared-race"), r.cause
+    a, b = (int(x) for x in r.counterexample["__threads"].split(","))
+    assert a ^ b == 32 and r.where.opcode == "st" and "reads shared byte" in r.cause, r.cause
+    assert ("one iteration" in r.cause) == (race == "next"), r.cause

@@ -11,7 +11,8 @@ solver.py (z3), context.py (the domain's constraints, verdicts), memory.py (memo
 attention_reads.py (attention's K/V reads), softmax.py (the softmax, from the float dataflow),
 rope_reads.py (what each rotated element reads), rope_angles.py (its signs, angle and table row),
 decode_step.py (a fused decode step's cache stores, step order and a work queue's coverage), atomics.py
-(integer atomic additions: takes of a counter, a persistent loop over them), evaluate.py
+(integer atomic additions: takes of a counter, a persistent loop over them), races.py (shared-memory races
+between a block's threads), evaluate.py
 (concrete evaluation of terms).
 Nothing here imports the rest of kernalin_ci: verify/structural/ptx_*.py plugs it in.
 """
@@ -21,7 +22,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from kernalin_ci.ptx import attention_reads, decode_step, memory, rope_angles, rope_reads, softmax, solver, terms
+from kernalin_ci.ptx import attention_reads, decode_step, memory, races, rope_angles, rope_reads, softmax, solver, terms
 from kernalin_ci.ptx.context import Context, Contract, Result
 from kernalin_ci.ptx.executor import execute
 from kernalin_ci.ptx.facts import LaunchFacts
@@ -65,6 +66,7 @@ def analyse(ptx: str, facts: LaunchFacts, contract: Contract) -> KernelAnalysis:
     out.instructions = len(kernel.instrs)
     ctx = Context(facts, contract, trace, symbols)
     out.results += memory.bounds(trace, ctx)
+    out.results += races.check(trace, ctx)
     if contract.caches:
         out.results += memory.cache_stores(trace, ctx)
     if contract.query:

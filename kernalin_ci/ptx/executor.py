@@ -20,7 +20,8 @@ Model (docs/structural.md, "The PTX engine"):
 - Shared memory (shared.py): the entries stored (at constant or symbolic addresses) over an epoch's unknown
   content; warp shuffles read the source lane's register; `ldmatrix`/`stmatrix` move 8x8 tiles between lanes
   and addresses exactly (smem.py); barriers order nothing in lockstep, but each access records how many the
-  block passed (`epoch`). Local memory: per lane, concrete addresses or havoc.
+  block passed (`epoch`; per merged path: `sync`), and each shared access is recorded (`shared`: races.py).
+  Local memory: per lane, concrete addresses or havoc.
 - Lanes split by a branch are active again at its immediate post-dominator (`cfg.py`), when no
   path between returns.
 """
@@ -34,7 +35,7 @@ from kernalin_ci.ptx import terms as T
 from kernalin_ci.ptx.cfg import post_dominators
 from kernalin_ci.ptx.facts import LaunchFacts
 from kernalin_ci.ptx.loops import induction_step, until_equal
-from kernalin_ci.ptx.pointers import is_pointer, pointer_cases, summands
+from kernalin_ci.ptx.pointers import pointer_cases, split_base
 from kernalin_ci.ptx.semantics import Unsupported, alu, as_bits, fit, types_of
 from kernalin_ci.ptx.shared import SharedMemory
 from kernalin_ci.ptx.shared import layout as shared_layout
@@ -60,6 +61,8 @@ class PtxAccess:
     value: T.Term  # loaded term, or stored bits
     order: int  # program order of the access within its lane
     epoch: int = 0  # barriers (bar.sync) the block passed before the access
+    loops: tuple = ()  # ids of the loops the access is in, outermost first
+    sync: T.Term | None = None  # shared accesses: the barriers passed as a term (per merged path)
 
 
 @dataclass(eq=False)
@@ -78,6 +81,8 @@ class Loop:
     lane_constraint: dict = field(default_factory=dict)  # lane -> the lane is still iterating at k
     iv_terms: dict = field(default_factory=dict)  # reg -> Val: the induction variable at iteration k
     queue: atomics.Queue | None = None  # a persistent loop: the registers carrying its take (atomics.py)
+    barriers_in: T.Term | None = None  # barriers the block had passed at the loop's header (a term)
+    barriers_out: list = field(default_factory=list)  # ... at each back edge
 
 
 @dataclass
@@ -92,6 +97,7 @@ class PtxTrace:
     results: dict = field(default_factory=dict)  # per instruction index: Val of its destination (dataflow)
     shared_stored: list = field(default_factory=list)  # every value stored to shared memory (bits)
     takes: dict = field(default_factory=dict)  # id(take symbol) -> atomics.Take
+    shared: list = field(default_factory=list)  # every shared-memory access (tensor "shared": offset = address)
 
     _resolved: tuple[dict, dict] | None = field(default=None, repr=False)  # resolve's table and memo
 
@@ -120,6 +126,7 @@ class Executor:
         self.steps = 0
         self.results: dict[int, Val] = {}
         self.shared_stored: list[T.Term] = []
+        self.shared: list[PtxAccess] = []
         self.shared_base = shared_layout(kernel.globals)
         self.back_edges = self._back_edges()
         self.ipdom = post_dominators(kernel)
@@ -181,6 +188,7 @@ class Executor:
         trace = PtxTrace(self.k, lanes, self.accesses, self.loops, self.ends, self.symbols, self.steps, self.results)
         trace.shared_stored = self.shared_stored
         trace.takes = self.takes
+        trace.shared = self.shared
         return trace
 
     def _go(self, s: State) -> list[State]:
@@ -239,6 +247,7 @@ class Executor:
         # from outside the loop to its header (its latch, or the rest of its first iteration, run once before
         # it: a rotated loop, or one entered past its header): a forward branch
         if back and loop is not None:
+            loop.barriers_out.append(s.sync_term())
             if not isinstance(taken, T.Term) and ins.index < loop.latch:
                 # some lanes go on to the next iteration before the latch (`if (tid < n) { ... }` ending at the
                 # back edge): inactive for the rest of this one; k is left unconstrained (their iteration k + 1)
@@ -311,7 +320,7 @@ class Executor:
             for ins in body
             if ins.opcode == "bra" and header < self.k.labels[ins.operands[0]] <= latch
         ]
-        loop = Loop(lid, header, latch, k, {}, {})
+        loop = Loop(lid, header, latch, k, {}, {}, barriers_in=s.sync_term())
         loop.queue = self._queue(s, lid, written)
         for reg, ws in written.items():
             init = s.regs.get(reg)
@@ -495,8 +504,9 @@ class Executor:
 
     def _exec(self, s: State, ins: Instr) -> None:
         op = ins.opcode
-        if op in ("bar", "barrier") and ins.guard is None:
+        if op in ("bar", "barrier") and ins.guard is None and not {"warp", "arrive"} & set(ins.mods):
             s.barriers += 1  # orders memory between the block's threads (step order: a write, then reads)
+            s.sync = T.bv("add", s.sync, T.const(1, 32)) if s.sync is not None else None
             if not self.lanes_left and not s.reconverge:  # every thread of the block arrives at a barrier
                 s.active = tuple([T.TRUE] * self.n)
             return
@@ -589,6 +599,7 @@ class Executor:
                 g = lane_of(guard, lane)
                 if space == "shared":
                     v = s.smem.read(a, w) if g is not T.FALSE else T.const(0, w)
+                    self._note_shared(s, "ld", ins, lane, g, a, w // 8, v)
                 elif space == "local":
                     v = read_map(s.local[lane], a, w) if s.local[lane] is not None else T.fresh("local", w)
                 else:
@@ -641,6 +652,7 @@ class Executor:
                 x = as_bits(lane_of(v, lane), w)
                 if space == "shared":
                     batch.append((a, x, g))
+                    self._note_shared(s, "st", ins, lane, g, a, w // 8, x)
                 elif space == "local":
                     if s.local[lane] is not None and T.is_const(a):
                         write_map(s.local[lane], a, x, g, w)
@@ -659,6 +671,15 @@ class Executor:
             s.smem = s.smem.store(batch)
             self.shared_stored += [x for _, x, _ in batch]
 
+    def _note_shared(self, s: State, kind: str, ins: Instr, lane: int, g: T.Term, a: T.Term, size: int, v) -> None:
+        """Record one lane's shared-memory access (races.py): its barrier count and its loops."""
+        if g is T.FALSE:
+            return
+        g = T.and_(g, *(T.mk("lanecont", (lp.id, lane), "bool", 1) for lp in s.loops))
+        loops = tuple(lp.id for lp in s.loops)
+        args = (kind, ins, lane, g, s.cond, "shared", a, size, v, s.order, s.barriers, loops, s.sync_term())
+        self.shared.append(PtxAccess(*args))
+
     def _cp_async(self, s: State, ins: Instr) -> None:
         """cp.async.*.shared.global [smem], [gmem], bytes(, src-bytes): a global load into shared memory."""
         dst, src, size = ins.operands[0], ins.operands[1], int(ins.operands[2], 0)
@@ -668,6 +689,7 @@ class Executor:
         batch = []
         for lane in range(self.n):
             g = lane_of(guard, lane)
+            self._note_shared(s, "st", ins, lane, g, lane_of(daddr, lane), size, T.fresh("cp.async", 8 * size))
             if srcsize is not None:
                 g = T.and_(g, T.not_(T.cmp("eq", as_bits(lane_of(srcsize, lane), 32), T.const(0, 32))))
             for j in range(0, size, 4):
@@ -692,11 +714,14 @@ class Executor:
             raise Unsupported(f"{ins.opcode} with {len(regs)} registers for {tiles} tiles")
         addr = self._address(s, m, ins)
         addrs = [lane_of(addr, lane) for lane in range(self.n)]
+        guard = self._guard(s, ins)
+        for lane in range(self.n):  # lane 8 i + r gives row r of tile i: its 16 bytes are its access
+            if lane % 32 < 8 * tiles:
+                self._note_shared(s, "ld" if load else "st", ins, lane, lane_of(guard, lane), addrs[lane], 16, T.TRUE)
         if load:
             for reg, vals in zip(regs, matrix_load(s.smem, addrs, tiles, "trans" in mods)):
                 self._set(s, ins, reg, pack(vals))
             return
-        guard = self._guard(s, ins)
         values = [[as_bits(lane_of(self._operand(s, r, ins), lane), 32) for lane in range(self.n)] for r in regs]
         batch = matrix_store(addrs, values, [lane_of(guard, lane) for lane in range(self.n)], "trans" in mods)
         s.smem = s.smem.store(batch)
@@ -735,26 +760,6 @@ class Executor:
                 raise Unsupported(f"shfl.{mode}")
             vals.append(lane_of(a, base + j) if ok and base + j < self.n else lane_of(a, lane))
         self._set(s, ins, dreg, pack(vals))
-
-
-# -------------------------------------------------------------------- addresses
-
-
-def split_base(a: T.Term) -> tuple[str, T.Term]:
-    """An address as (tensor, byte offset): the one pointer symbol of its sum, and the rest."""
-    atoms = summands(a)
-    bases = [x for x in atoms if is_pointer(x)]
-    if len(bases) != 1:
-        raise Unsupported("an address that is not one pointer parameter plus an offset")
-    rest = [x for x in atoms if x is not bases[0]]
-    for x in rest:
-        if any(is_pointer(y) for y in T.below(x, "sym")):
-            raise Unsupported("an address computed from a pointer in a way the engine does not follow")
-    off = T.const(0, 64)
-    for x in rest:
-        off = T.bv("add", off, x)
-    name = bases[0].args[0]
-    return (name[4:] if name.startswith("ptr:") else name), off
 
 
 def expr_term(e, symbols: dict[str, T.Term], w: int) -> T.Term:

@@ -1,10 +1,12 @@
 """Addresses that choose their tensor at run time: CUDA C++ code such as `void* base = head < Hq ? q : k`
 compiles to a select between two pointer parameters, then an offset. The executor records such an access as one
-access per choice, each under its condition (`pointer_cases`), so each is one pointer parameter plus an offset."""
+access per choice, each under its condition (`pointer_cases`), so each is one pointer parameter plus an offset,
+which `split_base` reads as (tensor, byte offset)."""
 
 from __future__ import annotations
 
 from kernalin_ci.ptx import terms as T
+from kernalin_ci.ptx.semantics import Unsupported
 
 
 def is_pointer(x: T.Term) -> bool:
@@ -36,3 +38,20 @@ def pointer_cases(a: T.Term) -> list[tuple[T.Term, T.Term]]:
                 out += [(T.and_(cond, c2), y) for c2, y in pointer_cases(chosen)]
             return out
     return [(T.TRUE, a)]
+
+
+def split_base(a: T.Term) -> tuple[str, T.Term]:
+    """An address as (tensor, byte offset): the one pointer symbol of its sum, and the rest."""
+    atoms = summands(a)
+    bases = [x for x in atoms if is_pointer(x)]
+    if len(bases) != 1:
+        raise Unsupported("an address that is not one pointer parameter plus an offset")
+    rest = [x for x in atoms if x is not bases[0]]
+    for x in rest:
+        if any(is_pointer(y) for y in T.below(x, "sym")):
+            raise Unsupported("an address computed from a pointer in a way the engine does not follow")
+    off = T.const(0, 64)
+    for x in rest:
+        off = T.bv("add", off, x)
+    name = bases[0].args[0]
+    return (name[4:] if name.startswith("ptr:") else name), off

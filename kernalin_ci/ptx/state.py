@@ -29,7 +29,12 @@ class State:
     order: int = 0
     reconverge: tuple = ()  # (instruction index, lanes' activity, shared memory): where lanes split by a branch
     #                         meet again, and the shared memory at the split
-    barriers: int = 0  # bar.sync passed
+    barriers: int = 0  # bar.sync passed (the fewest of the paths merged here)
+    sync: T.Term | None = None  # bar.sync passed, per path merged here (an if-then-else); None: `barriers`
+
+    def sync_term(self) -> T.Term:
+        """The barriers passed, as a term (32 bits): which path came here chooses among merged counts."""
+        return self.sync if self.sync is not None else T.const(self.barriers, 32)
 
 
 def lane_of(v: Val, lane: int) -> T.Term:
@@ -97,6 +102,7 @@ def clone(s: State) -> State:
         s.order,
         s.reconverge,
         s.barriers,
+        s.sync,
     )
 
 
@@ -135,4 +141,5 @@ def merge(a: State, b: State, lanes: int) -> State:
     cond = a.cond[:n] + ((T.or_(ca, cb),) if T.or_(ca, cb) is not T.TRUE else ())
     rec = a.reconverge if len(a.reconverge) <= len(b.reconverge) else b.reconverge
     order, barriers = max(a.order, b.order), min(a.barriers, b.barriers)
-    return State(a.index, regs, cond, active, smem, local, a.loops, order, rec, barriers)
+    sync = None if a.sync is b.sync and a.barriers == b.barriers else T.ite(ca, a.sync_term(), b.sync_term())
+    return State(a.index, regs, cond, active, smem, local, a.loops, order, rec, barriers, sync)

@@ -115,6 +115,8 @@ def _check(r) -> str:
         return "structural:ptx-rope"
     if r.bug_class in ("stride", "gqa-mapping", "paged-index", "kv-mask", "unmasked-load"):
         return "structural:ptx-kv-reads"
+    if r.bug_class == "shared-race":
+        return "structural:ptx-races"
     if r.bug_class in ("step-order", "new-token-twice"):
         return "structural:ptx-step-order"
     return "structural:ptx-cache-store"
