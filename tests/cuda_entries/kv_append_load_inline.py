@@ -19,14 +19,16 @@ void kv_append(torch::Tensor key, torch::Tensor value, torch::Tensor k_cache, to
     const int T = key.size(0), Hkv = key.size(1), D = key.size(2), bs = k_cache.size(1);
     if (key.element_size() == 4) {
         kv_append32<<<T, 128, 0, stream>>>(key.data_ptr<float>(), value.data_ptr<float>(),
-            k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), static_cast<const i64*>(slot_mapping.data_ptr()), Hkv, D, bs,
+            k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), static_cast<const i64*>(slot_mapping.data_ptr()),
+            Hkv, D, bs,
             key.stride(0), key.stride(1), value.stride(0), value.stride(1),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2));
     } else {
         using u16 = unsigned short;
         kv_append16<<<T, 128, 0, stream>>>(static_cast<const u16*>(key.data_ptr()),
             static_cast<const u16*>(value.data_ptr()), static_cast<u16*>(k_cache.data_ptr()),
-            static_cast<u16*>(v_cache.data_ptr()), static_cast<const i64*>(slot_mapping.data_ptr()), Hkv, D, bs,
+            static_cast<u16*>(v_cache.data_ptr()), static_cast<const i64*>(slot_mapping.data_ptr()),
+            Hkv, D, bs,
             key.stride(0), key.stride(1), value.stride(0), value.stride(1),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2));
     }
