@@ -10,7 +10,6 @@ counterexample: symbol values, index values, the lane), or not proved (with the 
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 
 from kernalin_ci.ptx import atomics, solver
@@ -19,7 +18,6 @@ from kernalin_ci.ptx.executor import PtxAccess, PtxTrace, expr_term
 from kernalin_ci.ptx.facts import Expr, LaunchFacts, TensorFacts
 from kernalin_ci.ptx.syntax import Instr
 
-_TAGS = itertools.count()
 # The values each template symbol (`__h<n>`, `__r<n>`, see lanes_as_one) takes: bounds for the solver's
 # intervals (the symbols are constrained to those values anyway).
 _HOLE_BOUNDS: dict[str, tuple[int, int]] = {}
@@ -452,7 +450,7 @@ def decode(ctx: Context, info: TensorFacts, off: T.Term, tag: str, shared: bool 
         e = direct[0]
         conds = [T.cmp("ult", x, size) for x, size in zip(e, sizes)]
         return e, T.and_(*conds)
-    n = 0 if shared else next(_TAGS)
+    n = 0 if shared else T.next_id()
     coords = [T.sym(f"{tag}_{n}_{d}", 64) for d in range(len(info.shape))]
     sym = {s.name: (s.lo, s.hi) for s in ctx.facts.symbols.values()}
     flat = T.const(0, 64)
@@ -587,7 +585,7 @@ def _pick(holes: list, rows: list[tuple], runs: bool = True) -> T.Term:
         if len(run) < 3 or not runs:
             out += [T.and_(*(T.cmp("eq", h, T.const(x, h.width)) for (h, _), x in zip(holes, row))) for row in run]
             continue
-        r = T.sym(f"__r{next(_TAGS)}", 64)
+        r = T.sym(f"__r{T.next_id()}", 64)
         _HOLE_BOUNDS[r.args[0]] = (0, len(run) - 1)
         step = _diff(run[0], run[1])
         eqs = [T.cmp("ult", r, T.const(len(run), 64))]
@@ -622,7 +620,7 @@ def _antiunify(ts: list[T.Term], holes: list, memo: dict) -> T.Term:
     if key in memo:
         return memo[key]
     if first.op == "const":
-        h = T.sym(f"__h{next(_TAGS)}", first.width)
+        h = T.sym(f"__h{T.next_id()}", first.width)
         holes.append((h, [T.value(t) for t in ts]))
         _HOLE_BOUNDS[h.args[0]] = (min(holes[-1][1]), max(holes[-1][1]))
         r = h

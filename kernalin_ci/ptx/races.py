@@ -20,7 +20,6 @@ other, not recorded) and warp-synchronous code that relies on lockstep within a 
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 
 from kernalin_ci.ptx import terms as T
@@ -28,7 +27,6 @@ from kernalin_ci.ptx.context import Context, Result, lanes_as_one
 from kernalin_ci.ptx.executor import Loop, PtxAccess, PtxTrace
 from kernalin_ci.ptx.solver import SolverAnswer
 
-_NAMES = itertools.count()
 MAX_QUERIES = 200  # beyond: not proved
 RLIMIT = 2_000_000  # the solver's resource count per query (solver.RLIMIT / 10)
 Group = list[PtxAccess]  # the lanes' records of one execution of one instruction
@@ -141,7 +139,7 @@ class _Renaming:
 
     @staticmethod
     def _new(ctx: Context, k: T.Term) -> T.Term:
-        k2 = T.sym(f"__{k.args[0]}_{next(_NAMES)}", 64)
+        k2 = T.sym(f"__{k.args[0]}_{T.next_id()}", 64)
         ctx.bounds[k2.args[0]] = ctx.bounds[k.args[0]]
         return k2
 
@@ -153,7 +151,7 @@ class _Renaming:
             if x in self.table or x in extra:
                 continue
             if x.op == "phi" and x.args[0] in self.moved or x.op in ("fresh", "load"):
-                extra[x] = T.mk("fresh", ("other iteration", next(_NAMES)), x.sort, x.width)
+                extra[x] = T.mk("fresh", ("other iteration", T.next_id()), x.sort, x.width)
         self.table |= extra
         return T.substitute(t, self.table)
 

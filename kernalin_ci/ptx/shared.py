@@ -19,12 +19,10 @@ read of unknown content may be.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 
 from kernalin_ci.ptx import terms as T
 
-_EPOCHS = itertools.count(1)
 WHAT = "shared memory"  # the unknown content's `fresh` tag
 
 
@@ -38,7 +36,7 @@ class SharedMemory:
     def unknown() -> SharedMemory:
         """Content nothing is known of (a new epoch): at the start, and at a loop's header (earlier
         iterations may have stored anything)."""
-        return SharedMemory({}, {}, next(_EPOCHS))
+        return SharedMemory({}, {}, T.next_id())
 
     def read(self, a: T.Term, w: int) -> T.Term:
         if not T.is_const(a):
@@ -86,7 +84,7 @@ class SharedMemory:
                     y = const.get(b)
                     if y is not None and b + y.width // 8 > addr and (b != addr or y.width != x.width):
                         del const[b]
-        out = SharedMemory(const, sym, next(_EPOCHS))
+        out = SharedMemory(const, sym, T.next_id())
         for a, x, g in writes:
             key = T.value(a) if T.is_const(a) else a
             table = const if T.is_const(a) else sym
@@ -115,7 +113,7 @@ def merge(a: SharedMemory, b: SharedMemory, ca: T.Term) -> SharedMemory:
         y = y if y is not None and y.width == w else b._read_const(addr, w)
         const[addr] = T.ite(ca, x, y)
     sym = {k: v for k, v in a.sym.items() if b.sym.get(k) is v}
-    return SharedMemory(const, sym, a.epoch if a.epoch == b.epoch else next(_EPOCHS))
+    return SharedMemory(const, sym, a.epoch if a.epoch == b.epoch else T.next_id())
 
 
 def merge_split(a: SharedMemory, b: SharedMemory, base: SharedMemory) -> SharedMemory:
@@ -133,7 +131,7 @@ def merge_split(a: SharedMemory, b: SharedMemory, base: SharedMemory) -> SharedM
         if v is not None:
             const[addr] = v
     sym = {k: v for k, v in a.sym.items() if b.sym.get(k) is v}
-    return SharedMemory(const, sym, next(_EPOCHS))
+    return SharedMemory(const, sym, T.next_id())
 
 
 def layout(globals_: dict) -> dict[str, int]:

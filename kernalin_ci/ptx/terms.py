@@ -19,7 +19,7 @@ import struct
 from collections.abc import Callable
 
 _TABLE: dict[tuple, Term] = {}
-_FRESH = [0]
+_IDS = [0]  # serial numbers of one analysis (fresh terms, symbol names, shared-memory epochs)
 
 
 class Term:
@@ -49,6 +49,13 @@ def reset() -> None:
     _TABLE.clear()
     _BELOW.clear()
     SHAPES.clear()
+    _IDS[0] = 0  # names restart too: an analysis asks the solver the same queries whatever ran before it
+
+
+def next_id() -> int:
+    """A number not given before in this analysis (from 1)."""
+    _IDS[0] += 1
+    return _IDS[0]
 
 
 def mask(w: int) -> int:
@@ -72,8 +79,7 @@ def sym(name: str, w: int) -> Term:
 
 
 def fresh(what: str, w: int, sort: str = "bv") -> Term:
-    _FRESH[0] += 1
-    return mk("fresh", (what, _FRESH[0]), sort, w)
+    return mk("fresh", (what, next_id()), sort, w)
 
 
 TRUE = mk("true", (), "bool", 1)
