@@ -162,31 +162,8 @@ class FloatGraph:
         return self._reaches(t, lambda x: x.op == "fresh" and x.args[0] == shared.WHAT, self.has_shared)
 
     def _reaches(self, t: T.Term, hit, known_of: dict[int, bool]) -> bool:
-        """Whether a term `hit` accepts is reachable from t: the walk stops at the first such term or at
-        a term already known to reach one; when none is reachable, none is from any term the walk met
-        either (known_of keeps both answers for the next walks)."""
-        r = known_of.get(id(t))
-        if r is not None:
-            return r
-        seen: set[int] = set()
-        stack = [t]
-        while stack:
-            x = stack.pop()
-            if id(x) in seen:
-                continue
-            seen.add(id(x))
-            known = known_of.get(id(x))
-            if known is False:
-                continue
-            if known or hit(x):
-                known_of[id(t)] = True
-                return True
-            if _phi(x) is not None:
-                stack.extend(self.update(x))
-            stack.extend(y for y in x.args if isinstance(y, T.Term))
-        for i in seen:
-            known_of[i] = False
-        return False
+        """Whether a term `hit` accepts is reachable from t, a loop's phi reaching its updates."""
+        return T.reaches(t, hit, known_of, lambda x: self.update(x) if _phi(x) is not None else ())
 
     def max_operands(self, t: T.Term, seen: set | None = None) -> list[T.Term]:
         """The values a max takes the maximum of (through max trees and running maxima)."""

@@ -16,7 +16,7 @@ bv/bool part into z3; `fcmp`, float bits and `load` become uninterpreted there.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 _TABLE: dict[tuple, Term] = {}
 _IDS = [0]  # serial numbers of one analysis (fresh terms, symbol names, shared-memory epochs)
@@ -490,10 +490,13 @@ def walk(t: Term, seen: set | None = None):
         stack.extend(a for a in x.args if isinstance(a, Term))
 
 
-def reaches(t: Term, hit: Callable[[Term], bool], known: dict[int, bool]) -> bool:
-    """Whether a term `hit` accepts is below t (t included). The walk stops at the first such term or at
-    one already known to reach one; when none is reachable, none is from any term the walk met either:
-    `known` keeps both answers for the next calls with the same `hit`."""
+def reaches(
+    t: Term, hit: Callable[[Term], bool], known: dict[int, bool], more: Callable[[Term], Iterable[Term]] | None = None
+) -> bool:
+    """Whether a term `hit` accepts is below t (t included; `more(x)`: terms that count as below x besides its
+    arguments). The walk stops at the first such term or at one already known to reach one; when none is
+    reachable, none is from any term the walk met either: `known` keeps both answers for the next calls with
+    the same `hit` and `more`."""
     r = known.get(id(t))
     if r is not None:
         return r
@@ -510,6 +513,8 @@ def reaches(t: Term, hit: Callable[[Term], bool], known: dict[int, bool]) -> boo
         if k or hit(x):
             known[id(t)] = True
             return True
+        if more is not None:
+            stack.extend(more(x))
         stack.extend(a for a in x.args if isinstance(a, Term))
     for i in seen:
         known[i] = False
