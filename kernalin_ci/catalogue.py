@@ -122,6 +122,7 @@ def default_dir() -> Path:
 def discover(root: Path, ops: list[str] | None = None) -> list[CatalogueKernel]:
     if not root.is_dir():
         raise UsageError(f"catalogue directory not found: {root}")
+    root = root.resolve()  # a CUDA kernel's entry is read relative to its root (CatalogueKernel.root)
     kernels = []
     for path in sorted([*root.glob("*/*.py"), *root.glob(f"{CUDA_DIR}/*/*.py")]):
         if path.name.startswith("_"):

@@ -73,6 +73,7 @@ def test_verify_engine_ptx_catches_a_cuda_bug_on_the_cpu_with_a_counterexample()
         root=str(CUDA),
     )
     assert r.structural.status == "analysed"
+    assert any(p.endswith("load from key in bounds") for p in r.structural.proved), r.structural  # listed, as TTIR's
     padding = [f for f in r.findings if f.bug_class == "kv-padding"]
     assert padding and all(f.check.startswith("structural:ptx-") for f in padding)
     f = padding[0]
@@ -326,3 +327,15 @@ def test_a_shared_memory_race_between_threads_is_found_within_and_across_loop_it
     a, b = (int(x) for x in r.counterexample["__threads"].split(","))
     assert a ^ b == 32 and r.where.opcode == "st" and "reads shared byte" in r.cause, r.cause
     assert ("one iteration" in r.cause) == (race == "next"), r.cause
+
+
+def test_the_catalogue_of_a_relative_directory_proves_a_cuda_kernel(monkeypatch):
+    """`catalogue --dir` named relative to the current directory: a CUDA kernel's entry is still found (it was read
+    relative to its root a second time: 'file not found: checks/cuda/checks/cuda/...'), and its proofs list."""
+    _nvrtc_or_skip()
+    from kernalin_ci import catalogue as cat
+
+    monkeypatch.chdir(ROOT)
+    kernel = next(k for k in cat.discover(Path("checks"), ["kv_append"]) if k.cuda and not k.is_bug)
+    cell = cat.run_one(kernel, "ptx", "cpu")
+    assert cell.error is None and not cell.caught, cell

@@ -279,6 +279,7 @@ class Outcome:
     not_checked: list[str] = field(default_factory=list)  # cases kernalin-ci reported as not checked, and why
     proved: list[str] = field(default_factory=list)  # structural properties proved (issue 30, item 4)
     gaps: list[str] = field(default_factory=list)  # structural properties not verified, with why
+    notices: list[dict] = field(default_factory=list)  # kernalin-ci's notices (the PTX engine's "not proved")
 
 
 def verify(
@@ -356,6 +357,7 @@ def verify(
         not_checked=not_checked,
         proved=list(st.get("proved") or []),
         gaps=list(st.get("gaps") or []),
+        notices=list(res.get("notices") or []),
     )
 
 

@@ -1,10 +1,16 @@
 """Verify every kernel of the real-world corpus and its mutant; print the matrix as a markdown table.
 
     python tests/realworld/matrix.py [--device cpu|cuda] [--jobs N] [--only ID[,ID]] [--json PATH]
+    python tests/realworld/matrix.py --engine ptx [--jobs N] [--only ID[,ID]] [--json PATH]
 
 Fetches the corpus first (tests/realworld/fetch.py). Exit code 0 when every original is as the manifest
 expects (clean, its documented true finding, or findings of a known cause) and every mutant is caught.
 The CUDA C++ kernels (manifest `device: cuda`) run only with --device cuda.
+
+--engine ptx runs the PTX engine alone (`verify --only structural --engine ptx`, on the CPU) on every kernel,
+the CUDA C++ ones included: per original its verdict (clean, its documented true finding, FALSE findings, or not
+analysed with the cause), the properties proved and not proved; per mutant whether the engine alone reports its
+class. Exit code 0 when no original has a false finding (a missed mutant is a figure, not a failure).
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=1, help="verifies at once (each uses its own workers)")
     ap.add_argument("--only", help="comma-separated kernel ids")
     ap.add_argument("--json", help="also write every outcome as JSON to this path")
+    ap.add_argument("--engine", choices=("ptx",), help="the PTX engine alone, on the CPU (above)")
     args = ap.parse_args(argv)
     kernels = corpus.load_manifest()
     if args.only:
@@ -53,6 +60,8 @@ def main(argv=None) -> int:
             print(f"matrix: unknown kernel id(s): {', '.join(sorted(unknown))}", file=sys.stderr)
             return 2
         kernels = [k for k in kernels if k.id in wanted]
+    if args.engine == "ptx":
+        return ptx_matrix(kernels, args.jobs, args.json)
     gpu_only = [k.id for k in kernels if k.device == "cuda" and args.device != "cuda"]
     if gpu_only:  # CUDA C++ kernels run on a GPU only (docs/cuda.md), as in tests/test_realworld.py
         print(f"matrix: left out (GPU only, --device cuda): {', '.join(gpu_only)}", file=sys.stderr)
@@ -84,6 +93,51 @@ def main(argv=None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps([asdict(o) for o in outcomes], indent=1))
     bad = [o for o in outcomes if corpus.judge(next(k for k in kernels if k.id == o.kernel), o).problems]
+    return 1 if bad else 0
+
+
+PTX_ONLY = ("--only", "structural", "--engine", "ptx")
+
+
+def ptx_cell(k: corpus.Kernel, o: corpus.Outcome) -> tuple[str, bool]:
+    """(the cell of one outcome of the PTX engine alone, whether it is a false finding on an original)."""
+    if o.error:
+        return f"ERROR: {o.error[:160]}", o.variant == "original"
+    if o.structural != "ran":
+        return o.structural.replace("not-analysed:", "not analysed:")[:200], False
+    if o.variant == "mutant":
+        if k.mutant.bug_class in o.classes:
+            return "caught", False
+        return ("other: " + ", ".join(o.classes)) if o.classes else "missed", False
+    true = [f for f in o.findings if any(corpus.matches(f, r) for r in k.true_findings)]
+    false = [f for f in o.findings if f not in true]
+    if false:
+        return "FALSE: " + "; ".join(f"[{f['bug_class']}] {f['message'][:160]}" for f in false), True
+    return ("true finding: " + ", ".join(sorted({f["bug_class"] for f in true}))) if true else "clean", False
+
+
+def ptx_matrix(kernels: list[corpus.Kernel], jobs: int, json_path: str | None) -> int:
+    corpus.fetch(kernels)
+    work = [(k, v) for k in kernels for v in ("original", "mutant")]
+    with ThreadPoolExecutor(jobs) as pool:
+        outcomes = list(pool.map(lambda kv: corpus.verify(kv[0], kv[1], "cpu", PTX_ONLY), work))
+    by = {(o.kernel, o.variant): o for o in outcomes}
+    print("| kernel | op | original (PTX engine) | proved / not proved | mutant | mutant (PTX engine) | seconds |")
+    print("|---|---|---|---|---|---|---|")
+    bad, notes = False, []
+    for k in kernels:
+        orig, mut = by[k.id, "original"], by[k.id, "mutant"]
+        (oc, false), (mc, _) = ptx_cell(k, orig), ptx_cell(k, mut)
+        bad = bad or false
+        unproved = [n["message"] for n in orig.notices if n.get("check") == "structural:ptx-proof"]
+        counts = f"{len(orig.proved)} / {len(unproved)}" if orig.structural == "ran" else "-"
+        seconds = f"{orig.seconds:.0f} + {mut.seconds:.0f}"
+        print(f"| {k.id} | {k.op} | {oc} | {counts} | {k.mutant.bug_class} | {mc} | {seconds} |")
+        notes += [f"- {k.id}: {m[:240]}" for m in unproved]
+    if notes:
+        print("\n" + "\n".join(notes))
+    if json_path:
+        Path(json_path).write_text(json.dumps([asdict(o) for o in outcomes], indent=1))
     return 1 if bad else 0
 
 
