@@ -9,8 +9,10 @@ sample: up to INTERVAL of a process's final CPU time is missed, so the CPU figur
 
 from __future__ import annotations
 
+import json
 import os
 import threading
+import time
 
 INTERVAL = 0.2
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -47,22 +49,57 @@ def _tree(snap: dict, root: int) -> list[int]:
     return found
 
 
+def label(pid: int) -> str:
+    """What a process is, for a breakdown: a kernel worker by its task (and the case it starts from, read from
+    its job file), `python -m MODULE` by its module, anything else by its program's name."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return "?"
+    if not argv:
+        return "?"
+    if os.path.basename(argv[0]) in ("bwrap", "setpriv", "timeout"):  # a wrapper: its own time, apart
+        return os.path.basename(argv[0])
+    if "kernalin_ci.kernel_worker" in argv:
+        i = argv.index("kernalin_ci.kernel_worker")
+        try:
+            with open(argv[i + 1]) as f:
+                job = json.load(f)
+            start = (job.get("job") or {}).get("start")
+            return f"worker {job.get('task')}" + (f" from case {start}" if start is not None else "")
+        except (OSError, ValueError, IndexError):
+            return "worker"
+    if "-m" in argv[:-1]:
+        return f"{os.path.basename(argv[0])} -m {argv[argv.index('-m') + 1]}"
+    if "-c" in argv[:3]:
+        return f"{os.path.basename(argv[0])} -c"
+    return os.path.basename(argv[0])
+
+
 class TreeSampler:
-    """`with TreeSampler(pid) as s: ...` then s.peak_rss_mb and s.cpu_seconds of PID and its descendants."""
+    """`with TreeSampler(pid) as s: ...` then s.peak_rss_mb and s.cpu_seconds of PID and its descendants;
+    s.processes: each process's label, when it was first and last seen (seconds after the start) and its CPU."""
 
     def __init__(self, pid: int):
         self.pid = pid
         self.peak_rss = 0
         self._cpu: dict[int, float] = {}  # pid -> the last CPU seconds seen
+        self._seen: dict[int, list] = {}  # pid -> [label, first seen, last seen]
+        self._t0 = time.monotonic()
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _sample(self) -> None:
         snap = _snapshot()
         pids = _tree(snap, self.pid)
+        now = time.monotonic() - self._t0
         self.peak_rss = max(self.peak_rss, sum(snap[p][1] for p in pids))
         for p in pids:
             self._cpu[p] = max(self._cpu.get(p, 0.0), snap[p][2])
+            if p not in self._seen:
+                self._seen[p] = [label(p), now, now]
+            self._seen[p][2] = now
 
     def _run(self) -> None:
         while not self._done.is_set():
@@ -84,3 +121,12 @@ class TreeSampler:
     @property
     def cpu_seconds(self) -> float:
         return round(sum(self._cpu.values()), 1)
+
+    @property
+    def processes(self) -> list[dict]:
+        """Every process seen, in the order they appeared (the sampling's INTERVAL is the resolution)."""
+        rows = [
+            {"label": lab, "start": round(a, 1), "end": round(b, 1), "cpu": round(self._cpu.get(p, 0.0), 2)}
+            for p, (lab, a, b) in self._seen.items()
+        ]
+        return sorted(rows, key=lambda r: r["start"])

@@ -10,7 +10,9 @@ system time sampled from /proc (benchmarks/proc_tree.py: the sandboxed workers i
 what a shared machine's load does not inflate. Prints one row
 per kernel and a summary (median, max) with the load average. `--jobs N` verifies N kernels at once (the
 issue-36 goal is stated for four at once on a GPU); `--sanitizer off` leaves Compute Sanitizer out (a GPU's
-default runs it beside the dynamic checks). Figures: docs/verification.md.
+default runs it beside the dynamic checks); `--breakdown` prints every process of each verify (when it was
+seen, its CPU seconds: the parent, each worker by its task and cases, compilers) and the CPU per kind of
+process over the run. Figures: docs/verification.md.
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ def measure(kernel, device: str, kind: str, sanitizer: str | None = None) -> dic
         "cpu_seconds": tree.cpu_seconds,
         "peak_rss_mb": round(m["peak_rss_mb"]),
         "error": None if m["rc"] in (0, 1) else m["stderr"][-300:],
+        "processes": tree.processes,
     }
 
 
@@ -95,6 +98,7 @@ def main() -> int:
     ap.add_argument("--only", default="correct", choices=("correct", "bug", "all"))
     ap.add_argument("--jobs", type=int, default=1, help="kernels verified at once")
     ap.add_argument("--sanitizer", choices=("on", "off"), help="Compute Sanitizer on a GPU (default: verify's)")
+    ap.add_argument("--breakdown", action="store_true", help="per kernel, every process: when it ran, its CPU")
     ap.add_argument("--json")
     args = ap.parse_args()
     kernels = [k for k in discover(default_dir(), args.op) if args.only == "all" or (args.only == "bug") == k.is_bug]
@@ -108,7 +112,11 @@ def main() -> int:
             r["load"] = os.getloadavg()[0]  # the 1-minute load average after the run (a shared machine)
             rows.append(r)
             _print(r)
+            if args.breakdown:
+                _print_processes(r["processes"])
     _summary(rows, args)
+    if args.breakdown:
+        _by_label(rows)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     return 0
@@ -121,6 +129,26 @@ def _print(r: dict) -> None:
         + (f"  ERROR {r['error']}" if r["error"] else ""),
         flush=True,
     )
+
+
+def _print_processes(procs: list[dict]) -> None:
+    for p in procs:
+        if p["cpu"] >= 0.05 or p["end"] - p["start"] >= 0.5:
+            print(f"    {p['start']:6.1f} -> {p['end']:6.1f} s  CPU {p['cpu']:6.2f}  {p['label']}")
+
+
+def _by_label(rows: list[dict]) -> None:
+    """CPU seconds per kind of process, summed over each verify, then the median over the verifies."""
+    per: dict[str, list[float]] = {}
+    for r in rows:
+        sums: dict[str, float] = {}
+        for p in r["processes"]:
+            sums[p["label"]] = sums.get(p["label"], 0.0) + p["cpu"]
+        for lab, cpu in sums.items():
+            per.setdefault(lab, []).append(cpu)
+    print("\nCPU seconds per kind of process (median over the verifies that had one; how many had one):")
+    for lab, cpus in sorted(per.items(), key=lambda kv: -statistics.median(kv[1])):
+        print(f"  {statistics.median(cpus):7.2f}  ({len(cpus):3d})  {lab}")
 
 
 def _summary(rows: list[dict], args) -> None:
