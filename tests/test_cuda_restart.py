@@ -22,4 +22,5 @@ def test_cases_after_a_lost_cuda_context_run_in_a_fresh_worker(tmp_path):
     assert "bad-result" not in classes, res["findings"]
     # only the two-kv-head cases lose the context: the others ran, in fresh workers, and passed
     lost = {(f.get("case") or {}).get("name") for f in res["findings"]}
-    assert lost <= {"slots", "fresh-inputs", "free-low-slots"}, lost
+    caseless = [(f["check"], f["bug_class"], f["message"][:300]) for f in res["findings"] if not f.get("case")]
+    assert lost <= {"slots", "fresh-inputs", "free-low-slots"}, (lost, caseless)  # H100, s9: a None here

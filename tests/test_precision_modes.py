@@ -418,3 +418,17 @@ def test_tf32_decode_loops_pass_with_the_notice_and_a_mutant_is_still_caught_on_
         "16",
     )
     assert rc == 0 and len(notes) == 1 and f"tf32_paged.py:{line}" in notes[0], (res["findings"], notes)
+
+
+def test_a_notice_every_case_gives_is_said_once():
+    """The TF32 notice of the decode pipeline's five cases is one notice (on an H100 it was five), a different
+    one is kept beside it."""
+    from kernalin_ci.findings import Notice
+    from kernalin_ci.verify.supervisor import CasesRun
+
+    run = CasesRun()
+    tf32 = Notice("tf32", "float32 attention output judged at TF32 tolerance (0.015): tl.dot at k.py:44")
+    for _ in range(5):
+        run.note([Notice(tf32.check, tf32.message)])
+    run.note([Notice("tf32", "another dot at k.py:50")])
+    assert [n.message for n in run.notices] == [tf32.message, "another dot at k.py:50"]

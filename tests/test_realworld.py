@@ -195,3 +195,22 @@ def test_a_cuda_kernel_this_toolchain_cannot_build_is_not_checked_never_failed_n
     other = "stride" if k.mutant.bug_class != "stride" else "scale"
     j = corpus.judge(k, corpus.Outcome(k.id, "mutant", 1, [other], [], "not analysed", device="cuda"))
     assert not j.not_checked and j.word == "MISSED"  # what builds is judged as before
+
+
+PTX_HOST_FILLED = ("lightllm-destindex-copy-kv", "colossalai-kvcache-copy", "xformers-rope-padded")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kid", PTX_HOST_FILLED)
+def test_the_ptx_engine_finds_nothing_on_an_original_that_prepares_its_inputs_on_the_host(kid):
+    """The PTX engine alone (`--only structural --engine ptx`) on originals whose entries give the kernel tensors
+    made on the host (`key[slot_mapping >= 0]`, a padded copy of q): no finding, and the properties whose
+    counterexamples went through such a tensor are *not proved* with that cause (they were false findings: a
+    store out of bounds, a cache holding scratch1 instead of key; and the analysis failed on a 4-dim copy)."""
+    pytest.importorskip("z3")
+    k = next(k for k in MANIFEST if k.id == kid)
+    corpus.fetch([k])
+    o = corpus.verify(k, "original", "cpu", matrix.PTX_ONLY)
+    assert o.exit_code == 0 and o.structural == "ran" and o.findings == [], (o.error, o.structural, o.findings)
+    causes = [n["message"] for n in o.notices if n.get("check") == "structural:ptx-proof"]
+    assert any("a tensor the entry filled on the host" in c for c in causes), causes

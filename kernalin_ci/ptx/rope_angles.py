@@ -301,6 +301,11 @@ class RopeAngles:
             stores = [a for a in self.trace.accesses if a.kind == "st" and a.tensor == dst_name]
             if dst is None or src is None or not stores:
                 continue
+            if len(dst.shape) != 3 or len(src.shape) != 3:  # an entry's own layout (a padded [B, S, H, D] copy)
+                cause = f"{dst_name} or {src_name} is not a [tokens, heads, dim] tensor ({dst.shape}, {src.shape})"
+                what = f"{dst_name}'s rotation angles and signs"
+                out.append(Result(what, "not-proved", self.ctx.domain, cause=cause))
+                continue
             by_instr: dict[int, list[PtxAccess]] = {}
             for a in stores:
                 by_instr.setdefault(a.instr.index, []).append(a)

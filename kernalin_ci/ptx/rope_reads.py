@@ -45,6 +45,11 @@ def rope_reads(trace: PtxTrace, ctx: Context) -> list[Result]:
         stores = [a for a in trace.accesses if a.kind == "st" and a.tensor == dst_name]
         if dst is None or src is None or not stores:
             continue
+        if len(dst.shape) != 3 or len(src.shape) != 3:  # an entry's own layout (a padded [B, S, H, D] copy)
+            cause = f"{dst_name} or {src_name} is not a [tokens, heads, dim] tensor (shapes {dst.shape}, {src.shape})"
+            for what in (f"{dst_name} reads {src_name} of its own token and head", f"{dst_name} rotates pairs"):
+                out.append(Result(what, "not-proved", ctx.domain, cause=cause))
+            continue
         by_instr: dict[int, list] = {}
         for a in stores:
             by_instr.setdefault(a.instr.index, []).append(a)

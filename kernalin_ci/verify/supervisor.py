@@ -99,6 +99,11 @@ class CasesRun:
     not_checked: list[tuple[str, dict]] = field(default_factory=list)  # (case name, the worker's note)
     verdicts: list[CaseVerdict] = field(default_factory=list)  # each finished case's own verdict
 
+    def note(self, notices: list[Notice]) -> None:
+        """Keep a case's notices, each once: a cause every case shares (a TF32 dot) is one notice, not one per
+        case (the decode pipeline's five cases said the same TF32 notice five times)."""
+        self.notices.extend(n for n in notices if n not in self.notices)
+
 
 def bad_result(message: str, case: Case | None = None, repro=None) -> Finding:
     """The worker's report for a case cannot be accepted (the case is attached by `record`)."""
@@ -242,7 +247,7 @@ def run_cases(
                 except BadResult as e:  # this case's result: a finding; the next case may still be reported
                     record(i, None, [bad_result(str(e))])
                     return True
-                run.notices.extend(r.notices)
+                run.note(r.notices)
                 nc = r.not_checked
                 if nc:
                     run.not_checked.append((case.name, nc))

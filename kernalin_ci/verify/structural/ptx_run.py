@@ -41,6 +41,7 @@ def analyse_ptx(
             rep, [], times, root, not_analysed=mat.refused[0] if mat.refused else "no capture call"
         )
     kernels, unfollowed, proved = [], [], []
+    host_filled = {n for n, i in cap.tensors.items() if i.role == "scratch" and i.init.startswith(HOST_FILLED)}
     max_position = getattr(domain, "max_position", None)
     for la, text in zip(cap.launches, mat.ptx or [""] * len(cap.launches)):
         where = (la.path, la.line)
@@ -68,6 +69,13 @@ def analyse_ptx(
             at = (r.where.file, r.where.line) if r.where is not None and r.where.file else where
             if r.status == "proved":
                 proved.append(f"{la.kernel}: {r.name}")
+            elif r.status == "violated" and _through_host_data(r, host_filled):
+                cause = (
+                    f"its counterexample goes through {_through_host_data(r, host_filled)}, a tensor the entry filled "
+                    "on the host (a copy or gather of its inputs): the PTX engine does not relate its size or "
+                    "elements to the op's inputs"
+                )
+                rep.notice("structural:ptx-proof", f"PTX engine: not proved: {r.name} ({cause})", where=at)
             elif r.status == "violated":
                 n = len(rep.findings)
                 rep.finding(_check(r), r.bug_class or "stray-write", _message(r), where=at)
@@ -104,6 +112,20 @@ def replay_case(op, params: dict, mat, counterexample: dict, domain=None):
         elif not k.startswith(("ctaid.", "__")) and not re.fullmatch(r"k\d+", k):
             shape[k] = int(v)
     return op.counterexample_case(cases[mat.shape], params, shape, index)
+
+
+HOST_FILLED = ("data", "copy:", "gather:")  # a scratch tensor's initial content the host put there (capture.py)
+
+
+def _through_host_data(r, host_filled: set[str]) -> str | None:
+    """The host-filled scratch tensor a violated property's counterexample assigns (its size or an element) or
+    its cause names (a cache store of its elements), if any: a counterexample over values the entry derived
+    from its inputs on the host (`key[slot_mapping >= 0]`) that the facts leave free is no counterexample."""
+    for name in sorted(host_filled):
+        word = re.compile(rf"\b{re.escape(name)}\b")
+        if any(word.match(k) for k in r.counterexample) or word.search(r.cause or ""):
+            return name
+    return None
 
 
 def _check(r) -> str:
