@@ -128,6 +128,26 @@ def test_a_remainder_spelled_with_a_division_is_a_remainder_and_shares_its_quoti
     assert q.check().status == "unsat"
 
 
+def test_an_or_of_bits_no_operand_shares_is_their_sum():
+    """Triton writes pid * 4 + (tid >> 3) % 4 as `shl` then `or`: no bit can be 1 in both, so the or is the sum
+    (exact, proved below 4 * P); with bits both can set (tid | 2) it stays an operation not modelled exactly,
+    and a model through it is no counterexample."""
+    from kernalin_ci.ptx import solver
+    from kernalin_ci.ptx import terms as T
+
+    pid, tid, P = T.sym("pid", 32), T.sym("tid", 32), T.sym("P", 32)
+    lane = T.bv("and", T.bv("lshr", tid, T.const(3, 32)), T.const(3, 32))
+    row = T.bv("or", lane, T.bv("shl", pid, T.const(2, 32)))
+    bounds = {"pid": (0, 1000), "tid": (0, 127), "P": (1, 1001)}
+    q = solver.Query(bounds)
+    q.add(T.cmp("ult", pid, P), T.not_(T.cmp("ult", row, T.bv("mul", P, T.const(4, 32)))))
+    assert q.check().status == "unsat"
+    q = solver.Query(bounds)
+    q.add(T.cmp("ult", T.const(127, 32), T.bv("or", tid, T.const(2, 32))))
+    ans = q.check()
+    assert ans.status == "sat" and ans.approximated == ("or",)
+
+
 def test_queries_sharing_a_translator_each_assert_the_witnesses_their_terms_use():
     """A context's queries share one translation: x % 16 reuses the quotient witness that x / 16 made in
     an earlier query, and a later query with only x % 16 still bounds it (else x % 16 > 15 would be sat).

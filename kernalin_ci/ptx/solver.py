@@ -53,6 +53,7 @@ class Intervals:
         self.select_bounds = select_bounds or {}
         self.spans: dict[int, tuple[int, int]] = {}
         self.simple: dict[int, T.Term] = {}
+        self.ones_memo: dict[int, int] = {}
 
     def span(self, t: T.Term) -> tuple[int, int]:
         """Inclusive bounds on a bit-vector term's unsigned value (sound, not tight)."""
@@ -115,6 +116,36 @@ class Intervals:
             return full
         return r if 0 <= r[0] and r[1] <= full[1] else full
 
+    def ones(self, t: T.Term) -> int:
+        """The bits of a bit-vector term that can be 1 anywhere in the domain (sound, not tight): those below
+        its span's top, less the low bits a shift or a product by a constant clears, less what a mask clears."""
+        r = self.ones_memo.get(id(t))
+        if r is not None:
+            return r
+        op, a = t.op, t.args
+        r = (1 << max(self.span(t)[1], 0).bit_length()) - 1
+        if op == "const":
+            r &= a[0]
+        elif op == "shl" and T.is_const(a[1]) and T.value(a[1]) < t.width:
+            r &= self.ones(a[0]) << T.value(a[1])
+        elif op == "lshr" and T.is_const(a[1]):
+            r &= self.ones(a[0]) >> T.value(a[1])
+        elif op == "and":
+            r &= self.ones(a[0]) & self.ones(a[1])
+        elif op == "or":
+            r &= self.ones(a[0]) | self.ones(a[1])
+        elif op == "mul" and T.is_const(a[1]) and T.value(a[1]):
+            low = self._low_zeros(a[0]) + (T.value(a[1]) & -T.value(a[1])).bit_length() - 1
+            r &= ~((1 << low) - 1)
+        elif op == "zext":
+            r &= self.ones(a[0])
+        self.ones_memo[id(t)] = r
+        return r
+
+    def _low_zeros(self, t: T.Term) -> int:
+        ones = self.ones(t)
+        return (ones & -ones).bit_length() - 1 if ones else t.width
+
     def nonneg(self, *ts) -> bool:
         """Every bit-vector operand is below 2^(w-1): its signed and unsigned values are the same, so a
         signed operation on it is the unsigned one (no case split on the sign)."""
@@ -152,6 +183,8 @@ class Intervals:
             return T.cmp("u" + op[1:], a[0], a[1])
         if op == "sext" and self.nonneg(a[0]):
             return T.zext(a[0], t.width)
+        if op == "or" and t.sort == "bv" and not self.ones(a[0]) & self.ones(a[1]):
+            return T.bv("add", a[0], a[1])  # no bit can be 1 in both: no carry (`pid << 2 | (tid >> 3) & 3`)
         if op == "sub" and a[1].op == "and" and a[1].args[0] is a[0] and T.is_const(a[1].args[1]):
             low = ~T.value(a[1].args[1]) & T.mask(t.width)  # x - (x & ~m) == x & m
             if (low + 1) & low == 0:
@@ -388,6 +421,8 @@ class Translator:
         if op == "lshr" and T.is_const(a[1]):
             c = T.value(a[1])
             return z3.IntVal(0, self.ctx) if c >= w else self._div(x[0], 1 << c, w - c)
+        if op == "or" and not self.intervals.ones(a[0]) & self.intervals.ones(a[1]):
+            return x[0] + x[1]  # no bit can be 1 in both: the sum, no carry (Intervals.ones)
         if op in ("umin", "umax", "smin", "smax"):
             if op[0] == "u":
                 less = x[0] < x[1]
