@@ -183,8 +183,6 @@ class Intervals:
             return T.cmp("u" + op[1:], a[0], a[1])
         if op == "sext" and self.nonneg(a[0]):
             return T.zext(a[0], t.width)
-        if op == "or" and t.sort == "bv" and not self.ones(a[0]) & self.ones(a[1]):
-            return T.bv("add", a[0], a[1])  # no bit can be 1 in both: no carry (`pid << 2 | (tid >> 3) & 3`)
         if op == "sub" and a[1].op == "and" and a[1].args[0] is a[0] and T.is_const(a[1].args[1]):
             low = ~T.value(a[1].args[1]) & T.mask(t.width)  # x - (x & ~m) == x & m
             if (low + 1) & low == 0:
