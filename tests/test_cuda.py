@@ -191,6 +191,29 @@ def test_verify_on_the_cpu_says_not_checked_and_never_passes(tmp_path):
     assert "not checked (needs a GPU)" in r.stderr and "NOT CHECKED" in r.stderr
 
 
+def test_the_decode_loop_of_cuda_entries_on_the_cpu_is_not_checked_and_never_an_error():
+    """`pipeline` with CUDA C++ rope, kv_append and attention entries, their sources named: built once, every case
+    not checked (needs a GPU), no finding (without the sources named, each case was an entry-error: 'Torch not
+    compiled with CUDA enabled'); a source that does not compile is the build-error finding, as in verify."""
+    entries = {"--rope": "rope/correct_neox.py", "--kv-append": "kv_append/correct_per_token.py",
+               "--attention": "attention_decode_paged/correct_online_smem.py"}  # fmt: skip
+    args = ["pipeline", "--device", "cpu", "--steps", "8", "--quiet", "--json", "-", "--cuda-flag=-Icommon"]
+    for flag, path in entries.items():
+        args += [flag, f"{path}:entry"]
+    for src in ("rope/rope.cu", "kv_append/kv_append.cu", "attention_decode_paged/paged_decode.cu"):
+        args += ["--cuda-source", src]
+    r = cli(*args, cwd=CUDA)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["verdict"] == "not-checked" and out["cases_run"] == 0 and out["findings"] == [], out["findings"]
+    assert out["build"]["status"] == "built" and len(out["build"]["sources"]) == 3
+    assert {n["reason"] for n in out["not_checked"]} == {"needs-gpu"} and len(out["not_checked"]) >= 4
+    broken = [a if a != "--cuda-flag=-Icommon" else "--cuda-flag=-Inowhere" for a in args]
+    r = cli(*broken, cwd=CUDA)
+    assert r.returncode == 1, r.stderr
+    assert [f["bug_class"] for f in json.loads(r.stdout)["findings"]] == ["build-error"]
+
+
 @needs_nvcc
 def test_a_source_that_does_not_compile_is_a_build_error_finding(tmp_path):
     shutil.copytree(CUDA / "common", tmp_path / "common")

@@ -24,6 +24,12 @@ def add_arguments(p):
     p.add_argument("--steps", type=int, default=64, help="decode steps (default 64)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=positive_seconds, metavar="S", help="seconds the whole loop may go without a step")
+    p.add_argument(
+        "--cuda-source", action="append", metavar="FILE",
+        help="a CUDA C++ source the entries build (repeatable): built once before the loop; without a GPU the "
+        "loop is not checked (docs/cuda.md)",
+    )  # fmt: skip
+    p.add_argument("--cuda-flag", action="append", metavar="FLAG", help="a compiler flag of the CUDA sources")
     p.add_argument("--json", metavar="PATH|-")
     p.add_argument("--quiet", action="store_true")
 
@@ -31,6 +37,7 @@ def add_arguments(p):
 def run(args) -> int:
     device = resolve_device(args.device)
     # deferred: keeps the CLI's startup light (`--help` loads every command module)
+    from kernalin_ci.commands.verify import cuda_spec
     from kernalin_ci.verify import verify_pipeline
 
     entries = {pipeline_op(role): getattr(args, role) for role in PIPELINE}
@@ -43,6 +50,7 @@ def run(args) -> int:
         seed=args.seed,
         timeout_s=args.timeout,
         progress=not args.quiet,
+        cuda=cuda_spec(args.cuda_source, args.cuda_flag),
     )
     write_json(result.to_json(), args.json)
     print_result(result, sys.stderr if args.json == "-" else sys.stdout)

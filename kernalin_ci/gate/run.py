@@ -19,6 +19,7 @@ from kernalin_ci import config as config_mod
 from kernalin_ci import explain, sandbox
 from kernalin_ci.bench.pair import bench_pair
 from kernalin_ci.config import Config
+from kernalin_ci.cuda.sources import CudaSpec
 from kernalin_ci.device import DEVICES
 from kernalin_ci.domain import one_shape
 from kernalin_ci.domain import resolve as resolve_domain
@@ -316,18 +317,24 @@ def check_pipeline(p, members: dict, cfg: Config, device: str, head_root: Path, 
     entries = {}
     params: dict = {}
     dtype = None
+    sources: list[str] = []
+    flags: list[str] = []
     for role, name in members.items():
         if name:
             k = cfg.kernel(name)
             entries[role] = k.entry
+            if k.cuda is not None:  # CUDA C++ members: their sources built once for the loop
+                sources += [s for s in k.cuda.sources if s not in sources]
+                flags += [f for f in k.cuda.flags if f not in flags]
             p_role, dt = one_shape(get_op(k.op), k.params, k.domain)  # one shape: the first declared one
             params.update(p_role)
             dtype = dtype or dt
     pr = PipelineReport(p.name, {r: n for r, n in members.items() if n})
     log(f"pipeline {p.name}: {' -> '.join(pr.members.values())}, {p.steps} steps", progress)
     try:
+        cuda = CudaSpec(tuple(sources), tuple(flags)) if sources else None
         vr = verify_pipeline(
-            entries, params, device, dtype=dtype, steps=p.steps, root=str(head_root), progress=progress
+            entries, params, device, dtype=dtype, steps=p.steps, root=str(head_root), progress=progress, cuda=cuda
         )
         pr.verification = vr
         if vr.findings and "finding" in cfg.gate.fail_on:

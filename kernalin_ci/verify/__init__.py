@@ -416,8 +416,11 @@ def verify_pipeline(
     root: str | None = None,
     timeout_s: float | None = None,
     progress: bool | ProgressSink = True,
+    cuda: CudaSpec | None = None,
 ) -> VerifyResult:
-    """The decode-pipeline check over kv_append + attention.decode_paged (+ rope) entries."""
+    """The decode-pipeline check over kv_append + attention.decode_paged (+ rope) entries. CUDA: the entries'
+    CUDA C++ sources and flags, built once before the loop (as verify's); without a GPU the loop's cases are
+    not checked (needs a GPU), never run and never a finding."""
 
     roles = {pipeline_op(role): role for role in PIPELINE}  # the members' ops, in the step's order
     for role in PIPELINE_REQUIRED:
@@ -450,11 +453,22 @@ def verify_pipeline(
         return " ".join(shlex.quote(p) for p in parts)
 
     cases = pipeline_cases(params, steps, dtype, seed)
+    timeout_s = timeout_s or DEVICES[device].verify_timeout_s
+    if cuda is not None:  # one build for the three entries; on a GPU the attention entry's launch warms it
+        att = pipeline_op("attention")
+        if not cuda_build(result, cuda, entries[att], att, params, device, root, timeout_s, dtype, progress):
+            result.seconds = time.perf_counter() - t0
+            return result
+        if not DEVICES[device].gpu:  # nothing of a CUDA kernel runs without a GPU
+            nc = {"reason": "needs-gpu", "error": NEEDS_GPU}
+            result.not_checked = [NotChecked(f"D={c.dims['D']}", nc["reason"], nc["error"], [c.name]) for c in cases]
+            result.seconds = time.perf_counter() - t0
+            return result
     prog = Progress(progress, len(cases), "decode-pipeline")
     job = PipelineJob(entries={k: v for k, v in entries.items() if v}, root=root, params=params, dtype=dtype, seed=seed)
     _warm_torch(2)
     reader = PipelineReader(params, dtype, seed, device, bool(entries.get(pipeline_op("rope"))), on_step, root)
-    run = run_cases(job, cases, device, timeout_s or DEVICES[device].verify_timeout_s, prog, repro, reader)
+    run = run_cases(job, cases, device, timeout_s, prog, repro, reader)
     result.findings = dedupe(run.findings)
     if not reader.ran_dims and not run.findings and any(nc["reason"] == "unsupported" for _, nc in run.not_checked):
         error = next(nc["error"] for _, nc in run.not_checked if nc["reason"] == "unsupported")
