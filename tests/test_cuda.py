@@ -292,6 +292,37 @@ MEMCHECK = """\
 """
 
 
+@needs_nvcc
+def test_a_gated_decode_loop_of_cuda_members_on_the_cpu_is_not_checked(cuda_repo):
+    """A `.kernalin.yml` pipeline whose members are CUDA C++ kernels: the gate builds their sources for the loop
+    and, on the CPU, the loop is not checked (needs a GPU), no finding (each case was an entry-error)."""
+    (cuda_repo / "kv_append").mkdir()
+    for name in ("kv_append.cu", "correct_per_token.py"):
+        shutil.copy(CUDA / "kv_append" / name, cuda_repo / "kv_append" / name)
+    config = CONFIG.replace(
+        "gate:",
+        """  - name: append
+    op: kv_append
+    entry: kv_append/correct_per_token.py:entry
+    params: {block_size: 16}
+    cuda: {sources: [kv_append/kv_append.cu], flags: [-Icommon]}
+pipelines:
+  - {name: loop, kv_append: append, attention: paged_decode, steps: 8}
+gate:""",
+    )
+    (cuda_repo / ".kernalin.yml").write_text(config)
+    git(cuda_repo, "add", "-A")
+    git(cuda_repo, "commit", "-qm", "a kv_append and a decode loop")
+    pr_to_cuda_repo(cuda_repo, VALUES_LOOP, UNROLLED, "unroll the values loop")
+    out = cuda_repo / "out"
+    r = cli("run", "--device", "cpu", "--quiet", "--base", "main", "--out", str(out), cwd=cuda_repo)
+    assert r.returncode == 0, r.stderr
+    [loop] = json.loads((out / "report.json").read_text())["pipelines"]
+    v = loop["verification"]
+    assert v["verdict"] == "not-checked" and v["findings"] == [] and loop["failed_by"] == [], v
+    assert v["build"]["status"] == "built" and {n["reason"] for n in v["not_checked"]} == {"needs-gpu"}
+
+
 def test_sanitizer_reports_map_to_bug_classes():
     from kernalin_ci.cuda.sanitizer import findings, parse
 
