@@ -38,6 +38,7 @@ from kernalin_ci.ptx import terms as T
 from kernalin_ci.ptx.context import Context, Result, decode, lanes_as_one, linear_offset
 from kernalin_ci.ptx.evaluate import Evaluator, Unknown, evaluate
 from kernalin_ci.ptx.executor import PtxAccess, PtxTrace
+from kernalin_ci.ptx.rope_reads import not_tokens_heads_dim
 from kernalin_ci.ptx.softmax import as_float
 
 TWO_OVER_PI = 0.6366197466850281  # libdevice's sinf/cosf reduce a by the quadrant round(a * 2/pi)
@@ -301,10 +302,11 @@ class RopeAngles:
             stores = [a for a in self.trace.accesses if a.kind == "st" and a.tensor == dst_name]
             if dst is None or src is None or not stores:
                 continue
-            if len(dst.shape) != 3 or len(src.shape) != 3:  # an entry's own layout (a padded [B, S, H, D] copy)
-                cause = f"{dst_name} or {src_name} is not a [tokens, heads, dim] tensor ({dst.shape}, {src.shape})"
-                what = f"{dst_name}'s rotation angles and signs"
-                out.append(Result(what, "not-proved", self.ctx.domain, cause=cause))
+            cause = not_tokens_heads_dim(dst_name, dst, src_name, src)
+            if cause:
+                out.append(
+                    Result(f"{dst_name}'s rotation angles and signs", "not-proved", self.ctx.domain, cause=cause)
+                )
                 continue
             by_instr: dict[int, list[PtxAccess]] = {}
             for a in stores:

@@ -37,6 +37,14 @@ def _partner_ok(style: str, r: int, i: T.Term, j: T.Term) -> T.Term:
     return T.or_(same, pair)
 
 
+def not_tokens_heads_dim(dst_name: str, dst, src_name: str, src) -> str | None:
+    """Why a rotation's tensors cannot be read as [tokens, heads, dim] (an entry's own layout: a padded [B, S, H, D]
+    copy), or None. Both RoPE analyses then say *not proved* with it."""
+    if len(dst.shape) == 3 and len(src.shape) == 3:
+        return None
+    return f"{dst_name} or {src_name} is not a [tokens, heads, dim] tensor (shapes {dst.shape}, {src.shape})"
+
+
 def rope_reads(trace: PtxTrace, ctx: Context) -> list[Result]:
     c = ctx.contract
     out: list[Result] = []
@@ -45,8 +53,8 @@ def rope_reads(trace: PtxTrace, ctx: Context) -> list[Result]:
         stores = [a for a in trace.accesses if a.kind == "st" and a.tensor == dst_name]
         if dst is None or src is None or not stores:
             continue
-        if len(dst.shape) != 3 or len(src.shape) != 3:  # an entry's own layout (a padded [B, S, H, D] copy)
-            cause = f"{dst_name} or {src_name} is not a [tokens, heads, dim] tensor (shapes {dst.shape}, {src.shape})"
+        cause = not_tokens_heads_dim(dst_name, dst, src_name, src)
+        if cause:
             for what in (f"{dst_name} reads {src_name} of its own token and head", f"{dst_name} rotates pairs"):
                 out.append(Result(what, "not-proved", ctx.domain, cause=cause))
             continue

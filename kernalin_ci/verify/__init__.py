@@ -34,14 +34,14 @@ from kernalin_ci.findings import (
 from kernalin_ci.jobs import DynamicJob, PipelineJob
 from kernalin_ci.ops import get_op
 from kernalin_ci.ops.base import Case, resolve_params
-from kernalin_ci.ops.decode_loop import pipeline_cases
+from kernalin_ci.ops.decode_loop import pipeline_cases, pipeline_shape_text
 from kernalin_ci.ops.roles import PIPELINE, PIPELINE_REQUIRED, pipeline_op
 from kernalin_ci.progress import ProgressSink
 from kernalin_ci.verify.judge import CaseReader
 from kernalin_ci.verify.loop_judge import PipelineReader
 from kernalin_ci.verify.structural import verify_structural
 from kernalin_ci.verify.structural.registry import not_modelled
-from kernalin_ci.verify.supervisor import Progress, run_cases, shard, threads_each
+from kernalin_ci.verify.supervisor import CasesRun, Progress, run_cases, shard, threads_each
 
 
 def reproduce_command(
@@ -459,16 +459,17 @@ def verify_pipeline(
         if not cuda_build(result, cuda, entries[att], att, params, device, root, timeout_s, dtype, progress):
             result.seconds = time.perf_counter() - t0
             return result
-        if not DEVICES[device].gpu:  # nothing of a CUDA kernel runs without a GPU
-            nc = {"reason": "needs-gpu", "error": NEEDS_GPU}
-            result.not_checked = [NotChecked(f"D={c.dims['D']}", nc["reason"], nc["error"], [c.name]) for c in cases]
-            result.seconds = time.perf_counter() - t0
-            return result
     prog = Progress(progress, len(cases), "decode-pipeline")
     job = PipelineJob(entries={k: v for k, v in entries.items() if v}, root=root, params=params, dtype=dtype, seed=seed)
-    _warm_torch(2)
     reader = PipelineReader(params, dtype, seed, device, bool(entries.get(pipeline_op("rope"))), on_step, root)
-    run = run_cases(job, cases, device, timeout_s, prog, repro, reader)
+    if cuda is not None and not DEVICES[device].gpu:  # nothing of a CUDA kernel runs without a GPU
+        needs = {"reason": "needs-gpu", "error": NEEDS_GPU}
+        run = CasesRun(
+            not_checked=[(c.name, {**needs, "shape": pipeline_shape_text(params, c.dims["D"], dtype)}) for c in cases]
+        )
+    else:
+        _warm_torch(2)
+        run = run_cases(job, cases, device, timeout_s, prog, repro, reader)
     result.findings = dedupe(run.findings)
     if not reader.ran_dims and not run.findings and any(nc["reason"] == "unsupported" for _, nc in run.not_checked):
         error = next(nc["error"] for _, nc in run.not_checked if nc["reason"] == "unsupported")

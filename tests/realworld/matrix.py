@@ -60,15 +60,15 @@ def main(argv=None) -> int:
             print(f"matrix: unknown kernel id(s): {', '.join(sorted(unknown))}", file=sys.stderr)
             return 2
         kernels = [k for k in kernels if k.id in wanted]
+    if args.jobs < 1:
+        print("matrix: --jobs must be at least 1", file=sys.stderr)
+        return 2
     if args.engine == "ptx":
         return ptx_matrix(kernels, args.jobs, args.json)
     gpu_only = [k.id for k in kernels if k.device == "cuda" and args.device != "cuda"]
     if gpu_only:  # CUDA C++ kernels run on a GPU only (docs/cuda.md), as in tests/test_realworld.py
         print(f"matrix: left out (GPU only, --device cuda): {', '.join(gpu_only)}", file=sys.stderr)
         kernels = [k for k in kernels if k.id not in gpu_only]
-    if args.jobs < 1:
-        print("matrix: --jobs must be at least 1", file=sys.stderr)
-        return 2
     corpus.fetch(kernels)
     jobs = [(k, v) for k in kernels for v in ("original", "mutant")]
     with ThreadPoolExecutor(args.jobs) as pool:

@@ -69,11 +69,10 @@ def analyse_ptx(
             at = (r.where.file, r.where.line) if r.where is not None and r.where.file else where
             if r.status == "proved":
                 proved.append(f"{la.kernel}: {r.name}")
-            elif r.status == "violated" and _through_host_data(r, host_filled):
+            elif r.status == "violated" and (through := _through_host_data(r, host_filled)):
                 cause = (
-                    f"its counterexample goes through {_through_host_data(r, host_filled)}, a tensor the entry filled "
-                    "on the host (a copy or gather of its inputs): the PTX engine does not relate its size or "
-                    "elements to the op's inputs"
+                    f"its counterexample goes through {through}, a tensor the entry filled on the host (a copy or "
+                    "gather of its inputs): the PTX engine does not relate its size or elements to the op's inputs"
                 )
                 rep.notice("structural:ptx-proof", f"PTX engine: not proved: {r.name} ({cause})", where=at)
             elif r.status == "violated":
