@@ -196,7 +196,7 @@ def _mul(f: Form, g: Form, t: T.Term) -> Form:
     out: Form = {}
     for m1, c1 in f.items():
         for m2, c2 in g.items():
-            m = tuple(sorted(m1 + m2, key=id))
+            m = tuple(sorted(m1 + m2, key=lambda x: x.serial))
             if len(m) > 2:
                 return {(t,): 1.0}
             out[m] = out.get(m, 0.0) + c1 * c2

@@ -120,7 +120,7 @@ def merge(a: State, b: State, lanes: int) -> State:
     ca, cb = T.and_(*a.cond[n:]), T.and_(*b.cond[n:])
     sel = [T.and_(ca, a.active[i]) for i in range(lanes)]
     regs = {}
-    for r in set(a.regs) | set(b.regs):
+    for r in [*a.regs, *(r for r in b.regs if r not in a.regs)]:  # in a fixed order (names hash per process)
         x, y = a.regs.get(r), b.regs.get(r)
         if x is None or y is None or x is y:
             regs[r] = x if y is None else y if x is None else x

@@ -23,15 +23,21 @@ _IDS = [0]  # serial numbers of one analysis (fresh terms, symbol names, shared-
 
 
 class Term:
-    __slots__ = ("op", "args", "sort", "width", "_hash", "__weakref__")
+    __slots__ = ("op", "args", "sort", "width", "serial", "__weakref__")
 
     op: str
     args: tuple
     sort: str
     width: int
+    serial: int  # the order of its making in this analysis: what orders terms, never their address
 
     def __repr__(self) -> str:
         return show(self)
+
+    def __hash__(self) -> int:
+        # equal terms are the same object; hashing by the serial, not the address, makes a set of terms
+        # iterate in the same order in every run
+        return self.serial
 
 
 def mk(op: str, args: tuple, sort: str, width: int) -> Term:
@@ -39,7 +45,7 @@ def mk(op: str, args: tuple, sort: str, width: int) -> Term:
     t = _TABLE.get(key)
     if t is None:
         t = Term()
-        t.op, t.args, t.sort, t.width = op, args, sort, width
+        t.op, t.args, t.sort, t.width, t.serial = op, args, sort, width, len(_TABLE)
         _TABLE[key] = t
     return t
 
@@ -50,6 +56,10 @@ def reset() -> None:
     _BELOW.clear()
     SHAPES.clear()
     _IDS[0] = 0  # names restart too: an analysis asks the solver the same queries whatever ran before it
+
+
+def _serial(t: Term) -> int:
+    return t.serial
 
 
 def next_id() -> int:
@@ -176,7 +186,7 @@ def _sum(a: Term, b: Term) -> Term:
                 c += y.args[0]
             else:
                 atoms.append(y)
-    atoms.sort(key=id)
+    atoms.sort(key=_serial)  # a sum's order: the same in every run (the solver's time depends on it)
     if not atoms:
         return const(c, w)
     out = atoms[0]
@@ -412,7 +422,7 @@ def fop(op: str, *args: Term, w: int = 32) -> Term:
     """A float operation; constants fold (in float32 where w == 32, through numpy). The operands of a
     commutative operation are put in a fixed order, so that the lanes of a butterfly reduction, which
     combine the same values in mirrored order, hold the same term."""
-    if op in FCOMMUTATIVE | {"ffma"} and len(args) >= 2 and id(args[1]) < id(args[0]):
+    if op in FCOMMUTATIVE | {"ffma"} and len(args) >= 2 and args[1].serial < args[0].serial:
         args = (args[1], args[0], *args[2:])
     if all(a.op == "fconst" for a in args) and op in _FFOLD:
         import numpy as np
