@@ -749,3 +749,33 @@ def test_an_analysis_asks_the_same_queries_in_the_same_order_every_time(monkeypa
     del keep[::2]
     engine.analyse(text, facts, contract)
     assert len(first) > 5 and first == asked
+
+
+@pytest.mark.parametrize(
+    "fn, cls",
+    [("entry", None), ("entry_by_position", None), ("entry_sign", "rope-sign"), ("entry_swapped", "rope-sign"),
+     ("entry_row0", "stride")],
+)  # fmt: skip
+def test_separate_cos_and_sin_tables_are_read_as_the_capture_call_filled_them(fn, cls, monkeypatch):
+    """A kernel given separate cos and sin tensors only loads them: which is which comes from their data at the
+    capture call (verify/structural/trig_tables.py). The rotation's signs, each column's frequency and each
+    row's token (or position) are then proved, or violated; before, every such kernel was *not proved (separate
+    tables?)* and a flipped sign (LightLLM's, Liger's, LMDeploy's, Unsloth's mutants) was missed."""
+    from kernalin_ci.entry import load_entry
+    from kernalin_ci.ops.base import resolve_params
+    from kernalin_ci.verify.structural.in_process import analyze_entry
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    params = resolve_params("rope", get_op("rope").params, {"head_dim": 64, "max_position": 2048})
+    monkeypatch.setenv("KERNALIN_PARAMS", json.dumps(params))
+    fn_ = load_entry(f"tests/kernels/rope_cos_sin_tables.py:{fn}", str(ROOT))
+    out = analyze_entry("rope", fn_, params, str(ROOT), engine="ptx")
+    found = {f["bug_class"] for f in out["findings"]}
+    assert found == ({cls} if cls else set()), out["findings"]
+    if cls is None:
+        proved = " | ".join(out["proved"])
+        assert "cos a -/+ x[partner] sin a (the neox signs)" in proved and "frequency base^" in proved, proved
+        row = "row is its position" if fn == "entry_by_position" else "rows are its own token's"
+        assert row in proved, proved
+    else:  # the domain says what the proof assumes of the tables
+        assert all("of each token's angles (as at the capture call)" in f["message"] for f in out["findings"])

@@ -214,3 +214,21 @@ def test_the_ptx_engine_finds_nothing_on_an_original_that_prepares_its_inputs_on
     assert o.exit_code == 0 and o.structural == "ran" and o.findings == [], (o.error, o.structural, o.findings)
     causes = [n["message"] for n in o.notices if n.get("check") == "structural:ptx-proof"]
     assert any("a tensor the entry filled on the host" in c for c in causes), causes
+
+
+PTX_COS_SIN = ("liger-rope", "unsloth-rope")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kid", PTX_COS_SIN)
+def test_the_ptx_engine_reads_the_rotation_through_separate_cos_and_sin_tables(kid):
+    """Liger's and Unsloth's kernels take HF-style cos and sin tensors the entry fills: the engine alone proves the
+    original's signs and catches the mutant's flipped sign (before: *not proved (separate tables?)*, missed)."""
+    pytest.importorskip("z3")
+    k = next(k for k in MANIFEST if k.id == kid)
+    corpus.fetch([k])
+    o = corpus.verify(k, "original", "cpu", matrix.PTX_ONLY)
+    assert o.exit_code == 0 and o.structural == "ran" and o.findings == [], (o.error, o.structural, o.findings)
+    assert any("(the neox signs)" in p for p in o.proved), o.proved
+    m = corpus.verify(k, "mutant", "cpu", matrix.PTX_ONLY)
+    assert k.mutant.bug_class == "rope-sign" and "rope-sign" in m.classes, (m.classes, m.error)

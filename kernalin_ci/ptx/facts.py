@@ -9,6 +9,8 @@ holds for every value of those symbols (the domain), not only at the shape the k
                 sorted tuple of symbol names (() is the constant)
   TensorFacts   one buffer: dtype, element size, shape and strides as Exprs, whether it is an index
                 tensor (its loaded values are symbols, bounded by `value_range`), and its role
+  TrigTable     a float table the entry filled with cos or sin of its tokens' RoPE angles (HF-style
+                separate cos and sin tensors), as recognised on the capture call's data
   ParamFacts    one kernel parameter, in PTX order: a pointer into a tensor (plus a byte offset), an
                 integer (an Expr), a float (its value), or unknown
   IndexRelation a contract relation between index tensors (slot = table[b, p // bs] * bs + p % bs)
@@ -101,6 +103,19 @@ class ShapeSymbol:
 
 
 @dataclass(frozen=True)
+class TrigTable:
+    """A float table whose element [row, column] held `fn` of one RoPE angle at the capture call (checked on
+    its data there: an assumption about the entry's tables, not a proof for every input)."""
+
+    fn: str  # "cos" | "sin"
+    rows: str  # "token": row t is token t's angles; "position": row p is position p's
+    columns: str  # the frequency of column c: "half" c; "repeat" c mod r/2 (HF's [cos | cos]); "interleave" c // 2
+
+    def frequency(self, column: int, half: int) -> int:
+        return {"half": column, "repeat": column % half, "interleave": column // 2}[self.columns]
+
+
+@dataclass(frozen=True)
 class TensorFacts:
     name: str
     dtype: str  # "float16", "int32", ...
@@ -113,6 +128,7 @@ class TensorFacts:
     role: str = "input"  # "input" | "written" | "output" | "scratch"
     max_elements: int = 1 << 31  # the domain holds tensors up to this size (elements from element 0)
     initial: int | None = None  # every element's value at the launch, where known (a counter of zeros: 0)
+    trig: TrigTable | None = None  # a cos or sin table the entry filled (rope_angles reads the rotation through it)
 
     @property
     def extent(self) -> Expr:
@@ -169,4 +185,6 @@ class LaunchFacts:
                 lo, hi = t.value_range
                 extra = " or -1" if t.allow_negative_one else ""
                 parts.append(f"every {t.name} entry in [{lo}, {hi}]{extra}")
+            if t.trig is not None:
+                parts.append(f"{t.name} holding {t.trig.fn} of each {t.trig.rows}'s angles (as at the capture call)")
         return ", ".join(parts + ([self.note] if self.note else []))

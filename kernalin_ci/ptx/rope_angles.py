@@ -9,8 +9,9 @@ a = positions[t] * base^(-2j/r), j the pair's frequency index (neox i mod r/2, g
 - A factor f is sin a or cos a when it is `sin.approx`/`cos.approx` of a, or when, a being the operand of
   the range reduction round(a * 2/pi) of libdevice's or CUDA's sinf/cosf/sincosf, f with a replaced by a
   symbol evaluates (evaluate.py) to sin or cos of it at the 14 ANGLES; or it is an element of a
-  [rows, rotary_dim] table holding [cos | sin] (one tensor for both). A factor that is none of these
-  leaves the rotation *not proved*, never a finding.
+  [rows, rotary_dim] table holding [cos | sin] (one tensor for both), or of a separate cos or sin table
+  (the facts' `TrigTable`: which one is which, recognised on the capture call's data). A factor that is
+  none of these leaves the rotation *not proved*, never a finding.
 - Each element's dim (of the output and of x) is proved a constant of its thread (InnerDims: from the
   offset's linear form, else one query per distinct lane-independent offset part), so the rest is read per
   element: a wrong sign, frequency or precision found there holds in every program that stores the
@@ -24,7 +25,8 @@ a = positions[t] * base^(-2j/r), j the pair's frequency index (neox i mod r/2, g
   positions[t'] with t' == t (solver); an angle whose integer is not from positions is a finding, a table
   row without one (a table per token, gathered by the caller) is not proved.
 - Frequency (`rope-frequency`): a's other factors evaluate to base^(-2j/r) for the element's j, or the
-  table column is j (mod r/2). Table row (`stride`): the row decoded from the offset is the position.
+  table column is j (mod r/2), or a separate table's column holds frequency j. Table row (`stride`): the
+  row decoded from the offset is the position (a separate table by token: the element's own token).
 """
 
 from __future__ import annotations
@@ -277,6 +279,7 @@ class _Group:
     findings: list[Result] = field(default_factory=list)
     rows: list[T.Term] = field(default_factory=list)  # the angle's (or table row's) position: another token's
     pitch: list[T.Term] = field(default_factory=list)  # a table read at a row other than its position
+    token_rows: list[T.Term] = field(default_factory=list)  # a per-token cos or sin table read at another token's row
     n_signs: int = 0
     n_freqs: int = 0
 
@@ -372,6 +375,11 @@ class RopeAngles:
         got = recognise(f, self.env, self.cache)
         if got is not None:
             return got[0], ("angle", got[1])
+        x = _strip(f)
+        info = self.ctx.facts.tensors.get(x.args[0]) if x.op == "load" else None
+        if info is not None and info.trig is not None:  # a separate cos or sin table (the facts say which)
+            col = self.inner(info, x.args[1])
+            return None if col is None else (info.trig.fn, ("trig", x, info.trig.frequency(col, self.half)))
         x = self.table_of(f, src_name)
         if x is None:
             return None
@@ -412,6 +420,8 @@ class RopeAngles:
             return g.cannot("the cos and sin of one element are not one [cos | sin] table row")
         if tables and {s[2] < half for s in sources} != {True, False}:
             return g.cannot("the cos and sin of one element are not one [cos | sin] table row (separate tables?)")
+        if any(s[0] == "trig" for s in sources) and any(s[0] != "trig" for s in sources):
+            return g.cannot("the cos and sin of one element come from a table and from the kernel's own angle")
         for cj, name, _source, sign in coefs:
             term = f"{'+' if sign > 0 else '-'}x[{cj}] {name} a"
             g.n_signs += 1
@@ -425,6 +435,8 @@ class RopeAngles:
         want_j = ci % half if c.style != "gptj" else ci // 2
         if all(s[0] == "table" for s in sources):
             return self.table(g, a, sources, base, t, want_j, src, dst_name)
+        if all(s[0] == "trig" for s in sources):
+            return self.trig(g, a, sources, base, t, want_j, src, dst_name)
         angles = {s[1] if s[0] == "angle" else None for s in sources}
         if len(angles) != 1 or None in angles:
             return g.cannot("the coefficients of one element do not share one angle")
@@ -489,6 +501,26 @@ class RopeAngles:
             return None
         return None
 
+    def trig(self, g: _Group, a: PtxAccess, sources: list, base: T.Term, t: T.Term, want_j: int, src, dst_name):
+        """Separate cos and sin tables: each as precise as the input, read at the column of the element's
+        frequency and at the row of its own token (or of its position, for a table by position)."""
+        for n, (_, load, freq) in enumerate(sources):
+            info = self.ctx.facts.tensors[load.args[0]]
+            if info.elsize < src.elsize:
+                what = f"{dst_name}'s cos/sin table is as precise as its input"
+                detail = f"a {8 * info.elsize}-bit {info.trig.fn} table for {8 * src.elsize}-bit input"
+                return g.findings.append(_found("precision", a.instr, a, detail, what))
+            g.n_freqs += 1
+            if freq != want_j:
+                wrong = f"the {info.trig.fn} table's column holds frequency {freq}, the element's is {want_j}"
+                g.freqs.append(_found("rope-frequency", a.instr, a, wrong))
+            if info.trig.rows == "position":
+                self.table_rows(g, a, load, n, base, t, dst_name)
+                continue
+            coords, okt = decode(self.ctx, info, load.args[1], f"trig{n}", shared=True)
+            g.token_rows.append(T.and_(base, okt, T.not_(T.cmp("eq", coords[-2], t))))
+        return None
+
     def table_rows(self, g: _Group, a: PtxAccess, load: T.Term, n: int, base: T.Term, t: T.Term, dst_name: str):
         """A [rows, rotary_dim] table element is read at row positions[t] of the element's own token."""
         info = self.ctx.facts.tensors[load.args[0]]
@@ -505,7 +537,7 @@ class RopeAngles:
         """The load, when f is an element of a [rows, rotary_dim] float table."""
         x = _strip(f)
         info = self.ctx.facts.tensors.get(x.args[0]) if x.op == "load" else None
-        if info is None or x.args[0] == src_name or info.index or len(info.shape) != 2:
+        if info is None or x.args[0] == src_name or info.index or info.trig is not None or len(info.shape) != 2:
             return None
         return x if _const(info.shape[1]) == self.r else None
 
@@ -530,6 +562,7 @@ class RopeAngles:
         for what, formulas, cls in (
             (f"{dst_name}'s angle takes positions[t] of its own token", g.rows, "rope-position"),
             (f"{dst_name}'s cos/sin table row is its position", g.pitch, "stride"),
+            (f"{dst_name}'s cos and sin table rows are its own token's", g.token_rows, "stride"),
         ):
             if formulas:
                 out.append(ctx.result(what, ctx.ask(lanes_as_one(formulas)), cls, ins, group))

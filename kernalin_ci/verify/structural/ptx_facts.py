@@ -17,6 +17,7 @@ from dataclasses import replace
 from kernalin_ci.ops.base import Op
 from kernalin_ci.ptx.context import Contract
 from kernalin_ci.ptx.facts import Expr, LaunchFacts, ParamFacts, ShapeSymbol, TensorFacts
+from kernalin_ci.verify.structural import trig_tables
 
 MAX_POSITION = 131072
 INDEX = ("kv_lens", "block_tables", "slot_mapping", "positions")
@@ -109,6 +110,9 @@ def _build(op: Op, op_params: dict, cap, launch, twin: dict | None, n_params: in
             hi = -(-max_pos // bs)
         symbols[s] = ShapeSymbol(s, lo, hi, v)
     _index_ranges(op, tensors, bs, max_pos)
+    if op.rotates:  # cos and sin tables the entry filled, recognised on the capture's data
+        for name, trig in trig_tables.identify(op_params, cap).items():
+            tensors[name] = replace(tensors[name], trig=trig)
     if op.appends:  # the contract of an op that appends: slot offsets in 64-bit (offset-overflow)
         for name in ("k_cache", "v_cache"):
             if name in tensors:
