@@ -200,6 +200,7 @@ def check(trace: PtxTrace, ctx: Context) -> list[Result]:
     if len(queries) > MAX_QUERIES:
         return [Result(what, "not-proved", ctx.domain, cause=f"{len(queries)} queries about shared accesses")]
     unsure = ""
+    sides: dict[tuple, T.Term] = {}  # a side's formula, built (and translated) once for every query it is in
     for gx, plan, gys in queries.values():
         if "any" in dict(plan).values():
             # both in one loop without a barrier, at any two iterations: the engine bounds a loop's iterations
@@ -207,12 +208,12 @@ def check(trace: PtxTrace, ctx: Context) -> list[Result]:
             # addresses of such loops (`e / D`, `e % D`) are seldom decided: not asked
             unsure = unsure or f"accesses in one loop without a barrier, for the write at {_where(gx[0])}"
             continue
-        ans = _ask(ctx, gx, gys, plan)
+        ans = _ask(ctx, gx, gys, plan, sides)
         if ans.status == "sat" and not ans.approximated:
             # the witness again at the first iteration of each loop without a barrier: the engine bounds such a
             # loop's iterations more loosely than its lanes' exits (a loop unrolled with a remainder), so a
             # witness at a later iteration may be one that never runs
-            first = _ask(ctx, gx, gys, plan, first=True)
+            first = _ask(ctx, gx, gys, plan, sides, first=True)
             if first.status == "sat" and not first.approximated and _plain(gx, gys, first):
                 return [_violation(ctx, what, gx, gys, plan, first)]
             if first.status == "sat" and not first.approximated:
@@ -232,12 +233,19 @@ def check(trace: PtxTrace, ctx: Context) -> list[Result]:
     return [Result(what, "proved", ctx.domain)] if groups else []
 
 
-def _ask(ctx: Context, gx: Group, gys: list[Group], plan: Plan, first: bool = False) -> SolverAnswer:
+def _ask(ctx: Context, gx: Group, gys: list[Group], plan: Plan, sides: dict, first: bool = False) -> SolverAnswer:
     ren = _Renaming(ctx, plan, gx[0].loops, gys[0][0].loops)
     la, lb = T.sym("__lane_a", 32), T.sym("__lane_b", 32)
+    a_key, b_key = ("a", id(gx[0])), ("b", *(id(g[0]) for g in gys))
+    if a_key not in sides:
+        sides[a_key] = _side(ctx, [gx], "a", lambda t: t)
+    if ren.moved:  # renamed apart: this plan's own
+        b_side = _side(ctx, gys, "b", ren)
+    else:
+        b_side = sides[b_key] = sides.get(b_key) or _side(ctx, gys, "b", ren)
     cond = T.and_(
-        _side(ctx, [gx], "a", lambda t: t),
-        _side(ctx, gys, "b", ren),
+        sides[a_key],
+        b_side,
         T.not_(T.cmp("eq", la, lb)),
         # lanes writing through one instruction store the same value where a layout replicates it over lanes
         # and warps (Triton's reductions): not compared
