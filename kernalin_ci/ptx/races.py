@@ -242,7 +242,9 @@ def _ask(ctx: Context, gx: Group, gys: list[Group], plan: Plan, sides: dict, fir
     if ren.moved:  # renamed apart: this plan's own
         b_side = _side(ctx, gys, "b", ren)
     else:
-        b_side = sides[b_key] = sides.get(b_key) or _side(ctx, gys, "b", ren)
+        if b_key not in sides:
+            sides[b_key] = _side(ctx, gys, "b", ren)
+        b_side = sides[b_key]
     cond = T.and_(
         sides[a_key],
         b_side,

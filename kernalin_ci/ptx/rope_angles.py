@@ -488,10 +488,8 @@ class RopeAngles:
 
     def table(self, g: _Group, a: PtxAccess, sources: list, base: T.Term, t: T.Term, want_j: int, src, dst_name):
         info = self.ctx.facts.tensors[sources[0][1].args[0]]
-        if info.elsize < src.elsize:
-            what = f"{dst_name}'s cos/sin table is as precise as its input"
-            detail = f"a {8 * info.elsize}-bit table for {8 * src.elsize}-bit input"
-            return g.findings.append(_found("precision", a.instr, a, detail, what))
+        if _narrow_table(g, a, info, src, dst_name, "table"):
+            return None
         for _, _load, col in sources:
             g.n_freqs += 1
             if col % self.half != want_j:
@@ -506,10 +504,8 @@ class RopeAngles:
         frequency and at the row of its own token (or of its position, for a table by position)."""
         for n, (_, load, freq) in enumerate(sources):
             info = self.ctx.facts.tensors[load.args[0]]
-            if info.elsize < src.elsize:
-                what = f"{dst_name}'s cos/sin table is as precise as its input"
-                detail = f"a {8 * info.elsize}-bit {info.trig.fn} table for {8 * src.elsize}-bit input"
-                return g.findings.append(_found("precision", a.instr, a, detail, what))
+            if _narrow_table(g, a, info, src, dst_name, f"{info.trig.fn} table"):
+                return None
             g.n_freqs += 1
             if freq != want_j:
                 wrong = f"the {info.trig.fn} table's column holds frequency {freq}, the element's is {want_j}"
@@ -571,6 +567,16 @@ class RopeAngles:
 
 def rope_angles(trace: PtxTrace, ctx: Context) -> list[Result]:
     return RopeAngles(trace, ctx).run() if ctx.contract.rotations else []
+
+
+def _narrow_table(g: _Group, a: PtxAccess, info, src, dst_name: str, kind: str) -> bool:
+    """A cos/sin table narrower than the input it rotates: a `precision` finding."""
+    if info.elsize >= src.elsize:
+        return False
+    what = f"{dst_name}'s cos/sin table is as precise as its input"
+    detail = f"a {8 * info.elsize}-bit {kind} for {8 * src.elsize}-bit input"
+    g.findings.append(_found("precision", a.instr, a, detail, what))
+    return True
 
 
 def _found(cls: str, ins, a: PtxAccess, detail: str, what: str = "") -> Result:

@@ -58,10 +58,6 @@ def reset() -> None:
     _IDS[0] = 0  # names restart too: an analysis asks the solver the same queries whatever ran before it
 
 
-def _serial(t: Term) -> int:
-    return t.serial
-
-
 def next_id() -> int:
     """A number not given before in this analysis (from 1)."""
     _IDS[0] += 1
@@ -186,7 +182,7 @@ def _sum(a: Term, b: Term) -> Term:
                 c += y.args[0]
             else:
                 atoms.append(y)
-    atoms.sort(key=_serial)  # a sum's order: the same in every run (the solver's time depends on it)
+    atoms.sort(key=lambda t: t.serial)  # a sum's order: the same in every run (the solver's time depends on it)
     if not atoms:
         return const(c, w)
     out = atoms[0]

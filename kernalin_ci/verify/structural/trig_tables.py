@@ -18,22 +18,25 @@ from kernalin_ci.ops.rope import spec_of
 from kernalin_ci.ptx.facts import TrigTable
 
 TOL = {8: 1e-6, 4: 1e-3, 2: 2e-2}  # |table - expected| by element size (float32 tables come from float32 angles)
-_NP = {"float64": np.float64, "float32": np.float32, "float16": np.float16}
+_NP = {"float64": np.float64, "float32": np.float32, "float16": np.float16}  # and bfloat16 (read as its bits)
 
 
 def identify(op_params: dict, cap) -> dict[str, TrigTable]:
     """The scratch tensors of a capture that hold cos or sin of the capture's RoPE angles."""
-    pos_info, q = cap.tensors.get("positions"), cap.tensors.get("q")
+    pos, q = cap.kwargs.get("positions"), cap.tensors.get("q")
     candidates = {
         name: info
         for name, info in cap.tensors.items()
-        if info.role == "scratch" and info.is_float and len(info.shape) >= 2 and all(n == 1 for n in info.shape[:-2])
+        if info.role == "scratch"
+        and info.dtype in (*_NP, "bfloat16")
+        and len(info.shape) >= 2
+        and all(n == 1 for n in info.shape[:-2])
     }
-    if pos_info is None or q is None or not q.shape or not candidates:
+    if pos is None or q is None or not q.shape or not candidates:
         return {}
-    positions = values(pos_info).astype(np.int64)
-    spec = spec_of({"style": "neox", "base": 10000.0, **op_params}, int(q.shape[-1]))
-    angles = spec.angles(torch.as_tensor(positions)).numpy()  # [T, r/2]
+    positions = pos.to("cpu", torch.int64).numpy()
+    spec = spec_of(op_params, int(q.shape[-1]))
+    angles = spec.angles(pos).numpy()  # [T, r/2]
     want = {"cos": spec.magnitude * np.cos(angles), "sin": spec.magnitude * np.sin(angles)}
     if np.abs(want["cos"] - want["sin"]).max() < 0.5:  # the capture's angles cannot tell cos from sin
         return {}
@@ -51,7 +54,7 @@ def identify(op_params: dict, cap) -> dict[str, TrigTable]:
             by_row["token"] = _rows(info, np.arange(rows))
         if positions.ndim == 1 and rows > int(positions.max()):
             by_row["position"] = _rows(info, positions)
-        tol = TOL.get(info.elsize, 2e-2)
+        tol = TOL[info.elsize]
         for fn, expected in want.items():
             found = [
                 TrigTable(fn, row, col)
@@ -64,13 +67,6 @@ def identify(op_params: dict, cap) -> dict[str, TrigTable]:
     return out
 
 
-def values(info) -> np.ndarray:
-    """A captured tensor's elements (float64 for floats, int64 for integers), in its shape."""
-    idx = np.indices(info.shape).reshape(len(info.shape), -1) if info.shape else np.zeros((0, 1), dtype=np.int64)
-    elem = sum((idx[d] * int(s) for d, s in enumerate(info.strides)), np.zeros(idx.shape[1], dtype=np.int64))
-    return _read(info, elem).reshape(info.shape)
-
-
 def _rows(info, rows: np.ndarray) -> np.ndarray:
     """[len(rows), width]: these rows of a table (its dims before the last two all of size 1)."""
     cols = np.arange(int(info.shape[-1]))
@@ -79,14 +75,10 @@ def _rows(info, rows: np.ndarray) -> np.ndarray:
 
 
 def _read(info, elem: np.ndarray) -> np.ndarray:
+    """A float tensor's elements at these element offsets, as float64."""
     byte = elem * info.elsize
     if info.dtype == "bfloat16":
         raw, _ = info.read(byte, np.uint16)
-        flat = (raw.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-    elif info.dtype in _NP:
-        raw, _ = info.read(byte, _NP[info.dtype])
-        flat = raw.astype(np.float64)
-    else:
-        raw, _ = info.read(byte, np.dtype(f"int{8 * info.elsize}"))
-        flat = raw.astype(np.int64)
-    return flat
+        return (raw.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    raw, _ = info.read(byte, _NP[info.dtype])
+    return raw.astype(np.float64)
