@@ -128,6 +128,34 @@ def test_a_remainder_spelled_with_a_division_is_a_remainder_and_shares_its_quoti
     assert q.check().status == "unsat"
 
 
+def test_a_remainder_by_a_runtime_size_is_below_it_and_the_dividend_below_it_is_itself():
+    """LMDeploy's rope indexes its tables with `pos % seq_len`, seq_len a kernel argument (signed, as Triton
+    emits it): the remainder is below seq_len (a load of row pos % seq_len of a seq_len-row table is in bounds),
+    it is pos itself where pos < seq_len, and nothing more is claimed: a model of it is no counterexample."""
+    from kernalin_ci.ptx import solver
+    from kernalin_ci.ptx import terms as T
+
+    pos, n = T.sym("pos", 32), T.sym("n", 32)
+    bounds = {"pos": (0, 1 << 20), "n": (1, 1 << 16)}
+    for op in ("srem", "urem"):
+        rem = T.bv(op, pos, n)
+        assert solver.Intervals(bounds).span(rem) == (0, (1 << 16) - 1)
+        q = solver.Query(bounds)
+        q.add(T.not_(T.cmp("ult", rem, n)))
+        assert q.check().status == "unsat"
+        q = solver.Query(bounds)
+        q.add(T.cmp("ult", pos, n), T.not_(T.cmp("eq", rem, pos)))
+        assert q.check().status == "unsat"
+        q = solver.Query(bounds)
+        q.add(T.cmp("eq", rem, T.const(5, 32)))  # true of some pos and n; the answer says it is approximated
+        ans = q.check()
+        assert ans.status == "sat" and ans.approximated == (op,)
+    neg = T.bv("srem", T.bv("sub", T.const(0, 32), pos), n)  # of a negative dividend: never positive
+    q = solver.Query(bounds)
+    q.add(T.cmp("slt", T.const(0, 32), neg))
+    assert q.check().status == "unsat"
+
+
 def test_an_or_of_bits_no_operand_shares_is_their_sum():
     """Triton writes pid * 4 + (tid >> 3) % 4 as `shl` then `or`: no bit can be 1 in both, so the or is the sum
     (exact, proved below 4 * P); with bits both can set (tid | 2) it stays an operation not modelled exactly,
@@ -454,6 +482,40 @@ def test_paged_kv_reads_are_proved_through_the_block_table():
     assert len(reads) == 6 and all(r.status == "proved" for r in reads), [(r.name, r.cause) for r in reads]
 
 
+@pytest.mark.parametrize(
+    "path, cls",
+    [
+        ("checks/attention_decode/correct_gqa_dot.py", None),
+        ("checks/attention_decode/bug_gqa_interleaved.py", "gqa-mapping"),
+    ],
+)
+def test_a_tl_dot_attention_is_followed_through_its_mma(path, cls):
+    """A GQA decode kernel whose q.k and p.v are `tl.dot`s (`mma.sync.m16n8k16` between `ldmatrix` moves, one
+    `.trans`ed at a symbolic address): followed. The correct one has no violation: its bounds, K/V reads, max
+    subtraction, rescale and normalisation proved through the mma's products; two properties stay *not
+    proved* with their causes (the scores reach the exponentials through a layout conversion in shared
+    memory at symbolic addresses, and the race check's query cap). The interleaved head mapping is a
+    `gqa-mapping` violation. Before, both were *not analysed* (the mma, then the `.trans` address)."""
+    out, _ = _analyse(path)
+    assert out.not_analysed is None
+    bad = {r.bug_class for r in out.results if r.status == "violated"}
+    if cls is not None:
+        assert cls in bad, bad
+        return
+    assert not bad, bad
+    status = {r.name: r.status for r in out.results if "in bounds" not in r.name}
+    for name in (
+        "every exponential is exp(s - m) with m a max over s",
+        "every accumulation of exponentials is rescaled when the running max changes",
+        "the output is divided by a sum of the exponentials",
+        "k_cache head h // 3 for query head h",
+        "v_cache read only below kv_len",
+    ):
+        assert status[name] == "proved", (name, status)
+    assert all(r.status == "proved" for r in out.results if "in bounds" in r.name)
+    assert status["the scale multiplies q.k once"] == "not-proved"
+
+
 def test_a_fused_decode_step_is_followed_through_its_layout_conversions():
     """The fused step compiles its tile reshapes to ldmatrix/stmatrix through shared memory; followed
     exactly, its properties are proved (the new slots hold the rotated k and v at the token's slot, head and
@@ -724,6 +786,55 @@ def test_a_counted_loop_stops_at_its_count_and_a_chained_index_is_an_induction_v
     assert [(r.name, r.status) for r in out.results] == [("store to out in bounds", status)]
 
 
+_PIPELINED = """
+.version 8.0
+.target sm_90
+.address_size 64
+.visible .entry k(
+	.param .u64 k_param_0
+)
+{
+	.reg .pred 	%p<3>;
+	.reg .b32 	%r<6>;
+	.reg .b64 	%rd<4>;
+	ld.param.u64 	%rd1, [k_param_0];
+	mov.u32 	%r2, 0;
+$L_loop:
+	add.s32 	%r3, %r2, 2;
+	setp.lt.s32 	%p2, %r3, LIMIT;
+	mul.wide.s32 	%rd2, %r3, 4;
+	add.s64 	%rd3, %rd1, %rd2;
+	@%p2 st.global.b32 	[%rd3], %r2;
+	setp.lt.s32 	%p1, %r3, 8;
+	mov.b32 	%r2, %r3;
+	@%p1 bra 	$L_loop;
+	ret;
+}
+"""
+
+
+@pytest.mark.parametrize("limit, status", [(8, "proved"), (9, "violated")])
+def test_an_index_copied_back_at_the_latch_is_an_induction_variable(limit, status):
+    """Triton's pipelined `tl.range` loops compute the next index in the body and copy it back at the latch
+    (`x = i + 2; ...; mov i, x`): i is 0, 2, 4, ..., so the look-ahead store to out[i + 2] masked by i + 2 < 8
+    stays in out's 8 elements, and one masked by < 9 does not. Before, i was an unknown of the iteration
+    (a phi): any int, negative ones included, so the first was a false finding (vLLM's decode attention)."""
+    from kernalin_ci import ptx as engine
+    from kernalin_ci.ptx.facts import Expr, LaunchFacts, ParamFacts, TensorFacts
+
+    facts = LaunchFacts(
+        "k",
+        [ParamFacts("pointer", tensor="out")],
+        (Expr.of(1), Expr.of(1), Expr.of(1)),
+        {"out": TensorFacts("out", "int32", 4, (Expr.of(8),), (Expr.of(1),), role="output")},
+        {},
+        block_threads=1,
+    )
+    out = engine.analyse(_PIPELINED.replace("LIMIT", str(limit)), facts, engine.Contract("custom"))
+    assert out.not_analysed is None
+    assert [(r.name, r.status) for r in out.results] == [("store to out in bounds", status)]
+
+
 def test_an_analysis_asks_the_same_queries_in_the_same_order_every_time(monkeypatch):
     """The solver's time (and, at its resource limit, its answer) depends on the order of what it is given:
     terms are ordered by when they were made, never by their address. Before, a sum's operands were sorted
@@ -779,3 +890,43 @@ def test_separate_cos_and_sin_tables_are_read_as_the_capture_call_filled_them(fn
         assert row in proved, proved
     else:  # the domain says what the proof assumes of the tables
         assert all("of each token's angles (as at the capture call)" in f["message"] for f in out["findings"])
+
+
+@pytest.mark.parametrize("k, ty", [(16, "f16"), (16, "bf16"), (8, "f16")])
+def test_an_mma_gives_each_lane_its_elements_of_the_warps_product(k, ty):
+    """`mma.sync.aligned.m16n8k{16,8}.row.col.f32` (Triton's tl.dot on sm_80+): from the PTX ISA's fragment
+    layouts, each lane's four D registers are its elements of A @ B + C. A (16 x k) and B (k x 8) of small
+    integers (exact in f16 and bf16) are packed into each lane's registers as the ISA places them, C is a
+    constant; every lane's D, evaluated, is numpy's product. Other types (tf32, integers) are refused."""
+    import numpy as np
+
+    from kernalin_ci.ptx import mma
+    from kernalin_ci.ptx import terms as T
+    from kernalin_ci.ptx.evaluate import evaluate
+
+    rng = np.random.default_rng(k)
+    a, b = rng.integers(-4, 5, (16, k)), rng.integers(-4, 5, (k, 8))
+    c = np.arange(128).reshape(16, 8) / 4
+    lanes = [divmod(L, 4) for L in range(32)]  # lane L is in group g = L >> 2, thread t = L & 3
+    f32 = lambda v: int(np.float32(v).view(np.uint32))  # noqa: E731
+    half = {"f16": lambda v: int(np.float16(v).view(np.uint16)), "bf16": lambda v: f32(v) >> 16}[ty]
+    pack = lambda lo, hi: T.const(half(lo) | half(hi) << 16, 32)  # noqa: E731
+    # two per register: A [g + 8 (i % 2), 2 t + 8 (i // 2) + h], B [2 t + 8 i + h, g], h the half
+    ar = [
+        [pack(*(a[g + 8 * (i % 2), 2 * t + 8 * (i // 2) + h] for h in (0, 1))) for g, t in lanes] for i in range(k // 4)
+    ]
+    br = [[pack(*(b[2 * t + 8 * i + h, g] for h in (0, 1))) for g, t in lanes] for i in range(k // 8)]
+    cr = [[T.const(f32(c[g + 8 * (i // 2), 2 * t + i % 2]), 32) for g, t in lanes] for i in range(4)]
+    T.reset()
+    mods = ("sync", "aligned", f"m16n8k{k}", "row", "col", "f32", ty, ty, "f32")
+    d = mma.warp_product(mma.shape_of(mods), ar, br, cr)
+    want = a @ b + c
+    for lane in range(32):
+        g, t = divmod(lane, 4)
+        for i in range(4):
+            got = np.uint32(evaluate(d[i][lane], {})).view(np.float32)
+            assert got == want[g + 8 * (i // 2), 2 * t + i % 2], (lane, i)
+    with pytest.raises(Exception, match="mma"):
+        mma.shape_of(("sync", "aligned", "m16n8k16", "row", "col", "f32", "s8", "s8", "s32"))
+    with pytest.raises(Exception, match="mma"):
+        mma.shape_of(("sync", "aligned", "m16n8k8", "row", "col", "f32", "tf32", "tf32", "f32"))

@@ -216,14 +216,16 @@ def test_the_ptx_engine_finds_nothing_on_an_original_that_prepares_its_inputs_on
     assert any("a tensor the entry filled on the host" in c for c in causes), causes
 
 
-PTX_COS_SIN = ("liger-rope", "unsloth-rope")
+PTX_COS_SIN = ("liger-rope", "unsloth-rope", "lmdeploy-rotary")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kid", PTX_COS_SIN)
 def test_the_ptx_engine_reads_the_rotation_through_separate_cos_and_sin_tables(kid):
-    """Liger's and Unsloth's kernels take HF-style cos and sin tensors the entry fills: the engine alone proves the
-    original's signs and catches the mutant's flipped sign (before: *not proved (separate tables?)*, missed)."""
+    """Liger's, Unsloth's and LMDeploy's kernels take HF-style cos and sin tensors the entry fills: the engine alone
+    proves the original's signs and catches the mutant's flipped sign (before: *not proved (separate tables?)*,
+    missed). LMDeploy's reads row `pos % seq_len` (a runtime divisor) and its K heads at `(head - BLOCK_QH) * stride`
+    (a multiple of the row only on the K branch's path): before, its loads and signs were not proved."""
     pytest.importorskip("z3")
     k = next(k for k in MANIFEST if k.id == kid)
     corpus.fetch([k])

@@ -5,7 +5,7 @@ Inputs are plain data, the same for a Triton kernel (its `asm["ptx"]`) and a CUD
 expressions over shape symbols, which tensors are index tensors and the contract's bounds on them) plus
 the op's contract (context.Contract). Modules: syntax.py (the parser), terms.py (symbolic values),
 semantics.py (instruction arithmetic), executor.py (every lane of a block, symbolic blocks, data, loops),
-smem.py (shared memory, ldmatrix/stmatrix), cfg.py (where split lanes meet again),
+smem.py (shared memory, ldmatrix/stmatrix), mma.py (tensor-core products), cfg.py (where split lanes meet again),
 pointers.py (a pointer chosen by a select),
 solver.py (z3), context.py (the domain's constraints, verdicts), memory.py (memory properties),
 attention_reads.py (attention's K/V reads), softmax.py (the softmax, from the float dataflow),

@@ -53,6 +53,8 @@ def kv_reads(trace: PtxTrace, ctx: Context) -> list[Result]:
                 gone = {id(a) for a in missing}
                 loads, missing = [a for a in loads if id(a) not in gone], []
             if missing:
+                via = sorted({x.args[0] for x in T.walk(missing[0].offset) if x.op in ("load", "select")} - {cache})
+                cause = "the block is not a block-table entry" + (f" (it is read from {', '.join(via)})" if via else "")
                 out.append(
                     Result(
                         f"{cache} read through the block table",
@@ -60,7 +62,7 @@ def kv_reads(trace: PtxTrace, ctx: Context) -> list[Result]:
                         ctx.domain,
                         "paged-index",
                         missing[0].instr,
-                        cause="the block is not a block-table entry",
+                        cause=cause,
                         lane=missing[0].lane,
                     )
                 )

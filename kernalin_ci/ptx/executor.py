@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kernalin_ci.ptx import atomics
+from kernalin_ci.ptx import atomics, mma
 from kernalin_ci.ptx import terms as T
 from kernalin_ci.ptx.cfg import post_dominators
 from kernalin_ci.ptx.facts import LaunchFacts
@@ -530,7 +530,9 @@ class Executor:
             return self._matrix(s, ins)
         if op in ("atom", "red"):
             return self._atom(s, ins)
-        if op in ("mma", "wgmma", "call", "vote", "match", "tex"):
+        if op == "mma":
+            return self._mma(s, ins)
+        if op in ("wgmma", "call", "vote", "match", "tex"):
             raise Unsupported(f"instruction {op}")
         outs = ins.operands[0]
         srcs = [self._operand(s, t, ins) for t in ins.operands[1:]]
@@ -726,6 +728,15 @@ class Executor:
         batch = matrix_store(addrs, values, [lane_of(guard, lane) for lane in range(self.n)], "trans" in mods)
         s.smem = s.smem.store(batch)
         self.shared_stored += [x for _, x, _ in batch]
+
+    def _mma(self, s: State, ins: Instr) -> None:
+        """mma.sync.aligned (mma.py): the whole warp executes it; each lane's D from the warp's fragments."""
+        d, a, b, c = ins.operands
+        if not all(isinstance(x, tuple) for x in (d, a, b, c)):
+            raise Unsupported("mma without register vectors")
+        regs = [[[lane_of(self._operand(s, r, ins), lane) for lane in range(self.n)] for r in x] for x in (a, b, c)]
+        for reg, vals in zip(d, mma.block_product(mma.shape_of(tuple(ins.mods)), *regs)):
+            self._set(s, ins, reg, pack(vals))
 
     def _shfl(self, s: State, ins: Instr) -> None:
         mode = ins.mods[1] if ins.mods[0] == "sync" else ins.mods[0]

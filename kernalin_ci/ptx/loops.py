@@ -19,6 +19,10 @@ def induction_step(reg: str, writes: list[Instr], written: dict, inner_targets: 
     if len(writes) != 1:
         return None
     ins = writes[0]
+    if ins.opcode == "mov":  # Triton's pipelined loops: `x = reg + step; ...; mov reg, x` at the latch
+        ins = _moved_from(ins, written, inner_targets)
+        if ins is None:
+            return None
     if ins.opcode != "add" or ins.guard is not None or any(t[0] == "f" for t in types_of(ins.mods)):
         return None
     if any(b < ins.index < t for b, t in inner_targets):
@@ -30,6 +34,19 @@ def induction_step(reg: str, writes: list[Instr], written: dict, inner_targets: 
     if isinstance(step, str) and step in written:
         return None
     return step
+
+
+def _moved_from(mov: Instr, written: dict, inner_targets: list) -> Instr | None:
+    """The one unconditional write of the register a plain `mov` copies, made earlier in the body."""
+    src = mov.operands[1]
+    if mov.guard is not None or not isinstance(src, str) or not src.startswith("%"):
+        return None
+    ws = written.get(src, [])
+    if len(ws) != 1 or ws[0].index >= mov.index or ws[0].guard is not None:
+        return None
+    if any(b < i < t for b, t in inner_targets for i in (mov.index, ws[0].index)):
+        return None
+    return ws[0]
 
 
 def _chained(reg: str, ins: Instr, written: dict, inner_targets: list) -> str | None:

@@ -211,13 +211,15 @@ def _narrow(a: T.Term) -> str | None:
 class InnerDims:
     """The last coordinate of an element from its byte offset X + c, proved once per X: when X is a
     multiple of the row pitch M (the second-to-last stride, every outer stride a multiple of it, the last
-    stride 1), the element's dim is (c mod M) / elsize in every program. One solver query per distinct X."""
+    stride 1), the element's dim is (c mod M) / elsize in every program. One solver query per distinct X
+    (and path: `under`, the access's path condition, where X is a multiple of M only on it: LMDeploy's
+    `(head_id - BLOCK_QH) * stride` for the K heads, negative on the Q side)."""
 
     def __init__(self, ctx: Context):
         self.ctx = ctx
         self.proved: dict[tuple[int, int], bool] = {}
 
-    def __call__(self, info, off: T.Term) -> int | None:
+    def __call__(self, info, off: T.Term, under: T.Term = T.TRUE) -> int | None:
         st, shape = info.strides, info.shape
         if len(st) < 2:
             return None
@@ -237,11 +239,12 @@ class InnerDims:
             x, c = T.const(0, off.width), T.signed(T.value(off), off.width)
         else:
             x, c = off, 0
-        key = (id(x), m)
+        key = (id(x), m, under.serial)
         if key not in self.proved:
             rest = T.bv("urem", x, T.const(m, x.width))
             self.proved[key] = (
-                T.is_const(x) or self.ctx.ask(T.not_(T.cmp("eq", rest, T.const(0, x.width)))).status == "unsat"
+                T.is_const(x)
+                or self.ctx.ask(T.and_(under, T.not_(T.cmp("eq", rest, T.const(0, x.width))))).status == "unsat"
             )
         if not self.proved[key] or (c % m) % info.elsize:
             return None
@@ -398,7 +401,7 @@ class RopeAngles:
             return None  # a copy (the pass-through dims: rope_reads proves which)
         (t, _h, _i), ok = decode(ctx, dst, a.offset, "out", shared=True)
         base = T.and_(ctx.path(a), ok, ctx.lane_is(a))
-        ci = self.inner(dst, a.offset)
+        ci = self.inner(dst, a.offset, ctx.path(a))
         if ci is None:
             return g.cannot("a stored element's dim is not proved a constant of its thread")
         if not c.angle_skip:  # a [positions, rotary_dim] table's row, whatever its layout
@@ -408,7 +411,7 @@ class RopeAngles:
         coefs = []
         for leaf, mono in form.items():
             got = self.coefficient(mono[0][1][0], src_name, src) if len(mono) == 1 and len(mono[0][1]) == 1 else None
-            cj = self.inner(src, leaf.args[1])
+            cj = self.inner(src, leaf.args[1], ctx.path(a))
             if got is None or cj is None:
                 return g.cannot("a coefficient is not recognised as sin or cos of an angle or a [cos | sin] table")
             if ci >= r or cj not in (ci, _partner(c.style, r, ci)):

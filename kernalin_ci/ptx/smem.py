@@ -49,9 +49,12 @@ def write_map(mem: dict, a: T.Term, x: T.Term, g: T.Term, w: int) -> None:
 
 
 def read_half(mem: SharedMemory, a: T.Term) -> T.Term:
-    """The 16-bit element at a, a half of the 32-bit word holding it."""
+    """The 16-bit element at a, a half of the 32-bit word holding it (at a symbolic address, the word at
+    a & ~3 and the half a & 2 selects: elements are 2-byte aligned)."""
     if not T.is_const(a):
-        raise Unsupported("a shared memory address that is not known")
+        word = mem.read(T.bv("and", a, T.const(T.mask(a.width) & ~3, a.width)), 32)
+        high = T.cmp("eq", T.bv("and", a, T.const(2, a.width)), T.const(2, a.width))
+        return T.ite(high, T.extract(word, 16, 16), T.extract(word, 0, 16))
     addr = T.value(a)
     return T.extract(mem.read(T.const(addr & ~3, a.width), 32), 8 * (addr & 3), 16)
 

@@ -243,6 +243,8 @@ def _score_exp(g: FloatGraph, e: T.Term) -> tuple[str, object]:
     f = _without_reduction(g, g.form(e.args[0]))
     if set(f) <= {()}:
         return "skip", None
+    if f.get(()) == -math.inf and all(math.isfinite(c) for m, c in f.items() if m != ()):
+        return "skip", None  # exp(-inf - m) = 0: a running sum's first rescale (vLLM's combine: e_max starts at -inf)
     for m, c in f.items():
         if len(m) != 1 or c >= 0:
             continue

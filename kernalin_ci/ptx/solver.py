@@ -106,6 +106,10 @@ class Intervals:
             r = (x[0][0] << T.value(a[1]), x[0][1] << T.value(a[1]))
         elif op in ("urem", "srem") and T.is_const(a[1]) and T.value(a[1]) > 0:
             r = (0, min(T.value(a[1]) - 1, x[0][1])) if x[0][1] >= T.value(a[1]) else x[0]
+        elif op in ("urem", "srem"):  # by a runtime value: below it (or x itself, where it is 0)
+            r = (0, x[0][1]) if x[1][0] == 0 else (0, min(x[0][1], x[1][1] - 1))
+        elif op in ("udiv", "sdiv"):
+            r = (0, x[0][1])
         elif op == "and":
             r = (0, min(x[0][1], x[1][1]))
         elif op in ("umin", "smin"):
@@ -419,6 +423,10 @@ class Translator:
         if op == "lshr" and T.is_const(a[1]):
             c = T.value(a[1])
             return z3.IntVal(0, self.ctx) if c >= w else self._div(x[0], 1 << c, w - c)
+        if op in ("udiv", "urem", "sdiv", "srem") and not T.is_const(
+            a[1]
+        ):  # by a runtime value (`pos % seq_len`): bounds, exact below it
+            return self._by_symbol(t, op, x[0], x[1])
         if op == "or" and not self.intervals.ones(a[0]) & self.intervals.ones(a[1]):
             return x[0] + x[1]  # no bit can be 1 in both: the sum, no carry (Intervals.ones)
         if op in ("umin", "umax", "smin", "smax"):
@@ -443,6 +451,32 @@ class Translator:
             return z3.If(q >= 0, q, q + (1 << w))
         self.approximated[id(t)] = op
         return self._unknown(t)
+
+    def _by_symbol(self, t: T.Term, op: str, x, y):
+        """x / y or x % y (signed: truncating) for a divisor known only at run time (`pos % seq_len`): the
+        result's bounds (a remainder of x's sign, below y and x in size; a quotient at most x in size), and x
+        itself (or 0) where 0 <= x < y; no more, so the term is approximated (a model of it is no
+        counterexample). PTX leaves a division by 0 undefined: here x % 0 is x, as terms.py."""
+        z3, w = self.z3, t.width
+        self.approximated[id(t)] = t.op
+        if op in ("udiv", "urem"):  # (a signed one of non-negative operands included)
+            v = self._int(op[1], 0, 1 << w)
+            if op == "urem":
+                self.side.append(z3.If(y == 0, v == x, z3.And(v < y, v <= x, z3.Implies(x < y, v == x))))
+            else:
+                self.side.append(z3.And(v <= x, z3.Implies(x < y, v == 0)))
+            return v
+        x, y = self.signed(x, w), self.signed(y, w)
+        v = self._int(op[1], -(1 << w), 1 << w)
+        size = z3.If(x >= 0, z3.And(v >= 0, v <= x), z3.And(v <= 0, v >= x))
+        small = z3.And(x >= 0, x < y)
+        if op == "srem":
+            below = z3.If(v >= 0, v, -v) < z3.If(y >= 0, y, -y)
+            self.side.append(z3.If(y == 0, v == x, z3.And(size, below, z3.Implies(small, v == x))))
+        else:
+            self.side.append(z3.And(z3.If(x >= 0, v >= 0, v <= 0), z3.If(v >= 0, v, -v) <= z3.If(x >= 0, x, -x)))
+            self.side.append(z3.Implies(small, v == 0))
+        return z3.If(v >= 0, v, v + (1 << w))
 
     def _div(self, x, c: int, w: int):
         """floor(x / c) for 0 <= x (a witness q with q * c <= x < (q + 1) * c), one per dividend and divisor

@@ -21,6 +21,7 @@ from kernalin_ci.verify.structural import trig_tables
 
 MAX_POSITION = 131072
 INDEX = ("kv_lens", "block_tables", "slot_mapping", "positions")
+HOST_FILLED = ("data", "copy:", "gather:")  # a scratch tensor's initial content the host put there (capture.py)
 # (tensor, dim) -> the symbol's usual name, where an op's contract names it (an op may name some otherwise:
 # Op.shape_symbols)
 SYMBOLS = {
@@ -110,6 +111,9 @@ def _build(op: Op, op_params: dict, cap, launch, twin: dict | None, n_params: in
             hi = -(-max_pos // bs)
         symbols[s] = ShapeSymbol(s, lo, hi, v)
     _index_ranges(op, tensors, bs, max_pos)
+    for name in host_filled(cap):  # its integers (a batch id per program) are symbols, unbounded: a counter-
+        if tensors[name].dtype.startswith(("int", "uint")):  # example through them names them (ptx_run.py)
+            tensors[name] = replace(tensors[name], index=True)
     if op.rotates:  # cos and sin tables the entry filled, recognised on the capture's data
         for name, trig in trig_tables.identify(op_params, cap).items():
             tensors[name] = replace(tensors[name], trig=trig)
@@ -193,6 +197,12 @@ def _build(op: Op, op_params: dict, cap, launch, twin: dict | None, n_params: in
         elif op_params.get("mrope_section") or op_params.get("sections"):
             contract.angle_skip = "M-RoPE sections"
     return facts, contract
+
+
+def host_filled(cap) -> set[str]:
+    """The scratch tensors whose content the entry made on the host (a copy or gather of its inputs, a
+    host-built index): nothing relates their sizes or elements to the op's inputs."""
+    return {n for n, i in cap.tensors.items() if i.role == "scratch" and i.init.startswith(HOST_FILLED)}
 
 
 def _index_ranges(op: Op, tensors: dict[str, TensorFacts], bs: int, max_pos: int) -> None:

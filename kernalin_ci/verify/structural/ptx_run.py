@@ -41,7 +41,7 @@ def analyse_ptx(
             rep, [], times, root, not_analysed=mat.refused[0] if mat.refused else "no capture call"
         )
     kernels, unfollowed, proved = [], [], []
-    host_filled = {n for n, i in cap.tensors.items() if i.role == "scratch" and i.init.startswith(HOST_FILLED)}
+    host_filled = ptx_facts.host_filled(cap)
     max_position = getattr(domain, "max_position", None)
     for la, text in zip(cap.launches, mat.ptx or [""] * len(cap.launches)):
         where = (la.path, la.line)
@@ -111,9 +111,6 @@ def replay_case(op, params: dict, mat, counterexample: dict, domain=None):
         elif not k.startswith(("ctaid.", "__")) and not re.fullmatch(r"k\d+", k):
             shape[k] = int(v)
     return op.counterexample_case(cases[mat.shape], params, shape, index)
-
-
-HOST_FILLED = ("data", "copy:", "gather:")  # a scratch tensor's initial content the host put there (capture.py)
 
 
 def _through_host_data(r, host_filled: set[str]) -> str | None:
