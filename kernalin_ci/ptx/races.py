@@ -186,6 +186,7 @@ def check(trace: PtxTrace, ctx: Context) -> list[Result]:
     what = "shared memory: no two threads touch the same bytes between barriers (one writing)"
     groups = _groups(trace)
     span = {id(g[0]): _span(ctx, g) for g in groups}
+    bytes_of: dict[int, dict[int, set[int]] | None] = {}
     queries: dict[tuple[int, Plan, tuple[int, ...]], tuple[Group, Plan, list[Group]]] = {}
     for gx in groups:
         if gx[0].kind != "st":
@@ -195,6 +196,8 @@ def check(trace: PtxTrace, ctx: Context) -> list[Result]:
             (ly, hy) = span[id(gy[0])]
             if hx + gx[0].size <= ly or hy + gy[0].size <= lx:
                 continue  # byte ranges that never meet (different arrays)
+            if gy is gx or not _may_overlap(gx, gy, bytes_of):
+                continue  # one instruction's lanes (not compared), or constant addresses no two lanes share
             for plan in _schedules(gx[0], gy[0], trace.loops):
                 queries.setdefault((id(gx[0]), plan, gy[0].loops), (gx, plan, []))[2].append(gy)
     if len(queries) > MAX_QUERIES:
@@ -287,6 +290,30 @@ def _plain(gx: Group, gys: list[Group], ans: SolverAnswer) -> bool:
 def _when(plan: Plan) -> str:
     ways = dict(plan).values()
     return " one iteration later" if "next" in ways else " one iteration earlier" if "prev" in ways else ""
+
+
+def _lanes_at(group: Group, memo: dict) -> dict[int, set[int]] | None:
+    """Each shared byte the group's lanes touch -> those lanes, when every address is a constant; else None."""
+    key = id(group[0])
+    if key not in memo:
+        out: dict[int, set[int]] | None = {}
+        for a in group:
+            if not T.is_const(a.offset):
+                out = None
+                break
+            for b in range(T.value(a.offset), T.value(a.offset) + a.size):
+                out.setdefault(b, set()).add(a.lane)
+        memo[key] = out
+    return memo[key]
+
+
+def _may_overlap(gx: Group, gy: Group, memo: dict) -> bool:
+    """Some byte two different lanes of gx and gy may both touch (true unless both are at constant addresses
+    and no such byte exists: then the pair needs no query, whatever the paths and barriers)."""
+    bx, by = _lanes_at(gx, memo), _lanes_at(gy, memo)
+    if bx is None or by is None:
+        return True
+    return any(len(bx[b] | lanes) > 1 for b, lanes in by.items() if b in bx)
 
 
 def _span(ctx: Context, group: list[PtxAccess]) -> tuple[int, int]:
