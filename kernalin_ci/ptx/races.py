@@ -114,6 +114,8 @@ class _Renaming:
 
     def __init__(self, ctx: Context, plan: Plan, x_loops: tuple[int, ...], y_loops: tuple[int, ...]):
         self.table: dict[T.Term, T.Term] = {}
+        self.seen: set[int] = set()
+        self.memo: dict[T.Term, T.Term] = {}
         self.frame: list[T.Term] = []
         self.moved: set[int] = set()
         loops, ways = ctx.trace.loops, dict(plan)
@@ -146,14 +148,11 @@ class _Renaming:
     def __call__(self, t: T.Term) -> T.Term:
         if not self.moved:
             return t
-        extra = {}
-        for x in T.walk(t):
-            if x in self.table or x in extra:
-                continue
-            if x.op == "phi" and x.args[0] in self.moved or x.op in ("fresh", "load"):
-                extra[x] = T.mk("fresh", ("other iteration", T.next_id()), x.sort, x.width)
-        self.table |= extra
-        return T.substitute(t, self.table)
+        for x in T.walk(t, self.seen):  # each term once over every call: the table only grows, so a term
+            # substituted earlier had every unknown below it renamed already (the memo stays right)
+            if x not in self.table and (x.op == "phi" and x.args[0] in self.moved or x.op in ("fresh", "load")):
+                self.table[x] = T.mk("fresh", ("other iteration", T.next_id()), x.sort, x.width)
+        return T.substitute(t, self.table, self.memo)
 
 
 def _side(ctx: Context, groups: list[Group], who: str, rename: Callable[[T.Term], T.Term]) -> T.Term:
