@@ -185,19 +185,43 @@ def check(trace: PtxTrace, ctx: Context) -> list[Result]:
     what = "shared memory: no two threads touch the same bytes between barriers (one writing)"
     groups = _groups(trace)
     span = {id(g[0]): _span(ctx, g) for g in groups}
-    bytes_of: dict[int, dict[int, set[int]] | None] = {}
+    bytes_of: dict = {}
+    fixed: dict[int, list[Group]] = {}  # a shared byte -> the groups at constant addresses touching it
+    moving: list[Group] = []  # the other groups
+    for g in groups:
+        at = _lanes_at(g, bytes_of)
+        if at is not None and T.is_const(at[0]):
+            for b in at[1]:
+                fixed.setdefault(b, []).append(g)
+        else:
+            moving.append(g)
     queries: dict[tuple[int, Plan, tuple[int, ...]], tuple[Group, Plan, list[Group]]] = {}
+    plans: dict[tuple, list[Plan]] = {}  # by both sides' loops and barrier counts
     for gx in groups:
         if gx[0].kind != "st":
             continue
         (lx, hx) = span[id(gx[0])]
-        for gy in groups:
+        at = _lanes_at(gx, bytes_of)
+        if at is not None and T.is_const(at[0]):  # partners: the groups touching one of its bytes, and the rest
+            near = {id(g[0]): g for b in at[1] for g in fixed.get(b, ())}
+            partners = [*near.values(), *moving]
+        else:
+            partners = groups
+        for gy in partners:
             (ly, hy) = span[id(gy[0])]
             if hx + gx[0].size <= ly or hy + gy[0].size <= lx:
                 continue  # byte ranges that never meet (different arrays)
-            if gy is gx or not _may_overlap(gx, gy, bytes_of):
-                continue  # one instruction's lanes (not compared), or constant addresses no two lanes share
-            for plan in _schedules(gx[0], gy[0], trace.loops):
+            if gy is gx:
+                continue  # one instruction's lanes: not compared
+            if not _may_overlap(gx, gy, bytes_of, False):
+                continue  # constant addresses no two threads share: under every plan
+            x, y = gx[0], gy[0]
+            key = (x.loops, _sync(x), y.loops, _sync(y))
+            if key not in plans:
+                plans[key] = _schedules(x, y, trace.loops)
+            for plan in plans[key]:
+                if not _may_overlap(gx, gy, bytes_of, _unrenamed(plan, gx, gy)):
+                    continue  # addresses no two threads share (constants, or one base both sides read alike)
                 queries.setdefault((id(gx[0]), plan, gy[0].loops), (gx, plan, []))[2].append(gy)
     if len(queries) > MAX_QUERIES:
         return [Result(what, "not-proved", ctx.domain, cause=f"{len(queries)} queries about shared accesses")]
@@ -291,28 +315,54 @@ def _when(plan: Plan) -> str:
     return " one iteration later" if "next" in ways else " one iteration earlier" if "prev" in ways else ""
 
 
-def _lanes_at(group: Group, memo: dict) -> dict[int, set[int]] | None:
-    """Each shared byte the group's lanes touch -> those lanes, when every address is a constant; else None."""
+def _lanes_at(group: Group, memo: dict) -> tuple[T.Term, dict[int, set[int]]] | None:
+    """(U, each byte offset from U the group's lanes touch -> those lanes) when every lane's address is one
+    term U plus a constant of its own (U the constant 0: constant addresses); else None."""
     key = id(group[0])
     if key not in memo:
-        out: dict[int, set[int]] | None = {}
+        base, out = None, {}
         for a in group:
-            if not T.is_const(a.offset):
+            u, c = _split(a.offset)
+            if base is not None and u is not base:
                 out = None
                 break
-            for b in range(T.value(a.offset), T.value(a.offset) + a.size):
+            base = u
+            for b in range(c, c + a.size):
                 out.setdefault(b, set()).add(a.lane)
-        memo[key] = out
+        memo[key] = (base, out) if out is not None else None
     return memo[key]
 
 
-def _may_overlap(gx: Group, gy: Group, memo: dict) -> bool:
-    """Some byte two different lanes of gx and gy may both touch (true unless both are at constant addresses
-    and no such byte exists: then the pair needs no query, whatever the paths and barriers)."""
-    bx, by = _lanes_at(gx, memo), _lanes_at(gy, memo)
-    if bx is None or by is None:
+def _unrenamed(plan: Plan, gx: Group, gy: Group) -> bool:
+    """The partner's terms are the write's own under this plan (the same iterations of the same loops)."""
+    return gx[0].loops == gy[0].loops and all(how == "same" for _, how in plan)
+
+
+def _may_overlap(gx: Group, gy: Group, memo: dict, same_terms: bool) -> bool:
+    """Some byte two different threads of gx and gy may both touch. False only when every address of both
+    is U + a constant of its lane, with one U for both that takes one value for both (a constant, or any term
+    where the partner's terms are the write's own), and no byte is touched by two threads: then the pair
+    needs no query, whatever the paths and barriers."""
+    x, y = _lanes_at(gx, memo), _lanes_at(gy, memo)
+    if x is None or y is None or x[0] is not y[0] or not (T.is_const(x[0]) or same_terms):
         return True
+    bx, by = x[1], y[1]
     return any(len(bx[b] | lanes) > 1 for b, lanes in by.items() if b in bx)
+
+
+def _split(off: T.Term) -> tuple[T.Term, int]:
+    """off as U + c (c a constant): through an if-then-else whose arms share c (a pipeline's buffer
+    choice `k > 1 ? tile : tile + k * size`)."""
+    if off.op == "ite":
+        (ua, ca), (ub, cb) = _split(off.args[1]), _split(off.args[2])
+        if ca == cb:
+            return T.ite(off.args[0], ua, ub), ca
+        return off, 0
+    if off.op == "add" and T.is_const(off.args[1]):
+        return off.args[0], T.signed(T.value(off.args[1]), off.width)
+    if T.is_const(off):
+        return T.const(0, off.width), T.signed(T.value(off), off.width)
+    return off, 0
 
 
 def _span(ctx: Context, group: list[PtxAccess]) -> tuple[int, int]:
