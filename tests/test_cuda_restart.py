@@ -20,7 +20,11 @@ def test_cases_after_a_lost_cuda_context_run_in_a_fresh_worker(tmp_path):
     classes = [f["bug_class"] for f in res["findings"]]
     assert "cuda-error" in classes, classes
     assert "bad-result" not in classes, res["findings"]
-    # only the two-kv-head cases lose the context: the others ran, in fresh workers, and passed
-    lost = {(f.get("case") or {}).get("name") for f in res["findings"]}
-    caseless = [(f["check"], f["bug_class"], f["message"][:300]) for f in res["findings"] if not f.get("case")]
-    assert lost <= {"slots", "fresh-inputs", "free-low-slots"}, (lost, caseless)  # H100, s9: a None here
+    # only the two-kv-head cases lose the context: the others ran, in fresh workers, and passed. Compute
+    # Sanitizer runs a few cases in one process: its findings name those cases in their message, not one case
+    # (on an H100, sessions 9 and 11: a memcheck `stray-write` of the wild store, "(cases: slots, heads)")
+    dynamic = [f for f in res["findings"] if not f["check"].startswith("sanitizer:")]
+    lost = {(f.get("case") or {}).get("name") for f in dynamic}
+    caseless = [(f["check"], f["bug_class"], f["message"][:300]) for f in dynamic if not f.get("case")]
+    assert lost <= {"slots", "fresh-inputs", "free-low-slots"}, (lost, caseless)
+    assert all("(cases: " in f["message"] for f in res["findings"] if f["check"].startswith("sanitizer:"))
