@@ -737,6 +737,26 @@ def test_shared_memory_keeps_stored_values_and_one_unknown_per_address_between_s
     assert joined.read(T.const(0, 32), 32).op == "ite"
 
 
+def _one_thread_storing_to_eight_ints(text: str) -> str:
+    """The status of the one property of a one-thread kernel whose only access is a store into out[8] (int32)."""
+    from kernalin_ci import ptx as engine
+    from kernalin_ci.ptx.facts import Expr, LaunchFacts, ParamFacts, TensorFacts
+
+    facts = LaunchFacts(
+        "k",
+        [ParamFacts("pointer", tensor="out")],
+        (Expr.of(1), Expr.of(1), Expr.of(1)),
+        {"out": TensorFacts("out", "int32", 4, (Expr.of(8),), (Expr.of(1),), role="output")},
+        {},
+        block_threads=1,
+    )
+    out = engine.analyse(text, facts, engine.Contract("custom"))
+    assert out.not_analysed is None
+    ((name, status),) = [(r.name, r.status) for r in out.results]
+    assert name == "store to out in bounds"
+    return status
+
+
 _COUNTED = """
 .version 8.0
 .target sm_90
@@ -770,20 +790,7 @@ def test_a_counted_loop_stops_at_its_count_and_a_chained_index_is_an_induction_v
     """nvcc's counted loops (a counter down to 0, `!= 0` at the back edge) run exactly COUNT times, and an
     index advanced by a chain of additions (an unrolled loop: i + 1 + 1) is an induction variable: 4
     iterations of out[2k] stay in out's 8 elements, 5 do not."""
-    from kernalin_ci import ptx as engine
-    from kernalin_ci.ptx.facts import Expr, LaunchFacts, ParamFacts, TensorFacts
-
-    facts = LaunchFacts(
-        "k",
-        [ParamFacts("pointer", tensor="out")],
-        (Expr.of(1), Expr.of(1), Expr.of(1)),
-        {"out": TensorFacts("out", "int32", 4, (Expr.of(8),), (Expr.of(1),), role="output")},
-        {},
-        block_threads=1,
-    )
-    out = engine.analyse(_COUNTED.replace("COUNT", str(count)), facts, engine.Contract("custom"))
-    assert out.not_analysed is None
-    assert [(r.name, r.status) for r in out.results] == [("store to out in bounds", status)]
+    assert _one_thread_storing_to_eight_ints(_COUNTED.replace("COUNT", str(count))) == status
 
 
 _PIPELINED = """
@@ -819,20 +826,7 @@ def test_an_index_copied_back_at_the_latch_is_an_induction_variable(limit, statu
     (`x = i + 2; ...; mov i, x`): i is 0, 2, 4, ..., so the look-ahead store to out[i + 2] masked by i + 2 < 8
     stays in out's 8 elements, and one masked by < 9 does not. Before, i was an unknown of the iteration
     (a phi): any int, negative ones included, so the first was a false finding (vLLM's decode attention)."""
-    from kernalin_ci import ptx as engine
-    from kernalin_ci.ptx.facts import Expr, LaunchFacts, ParamFacts, TensorFacts
-
-    facts = LaunchFacts(
-        "k",
-        [ParamFacts("pointer", tensor="out")],
-        (Expr.of(1), Expr.of(1), Expr.of(1)),
-        {"out": TensorFacts("out", "int32", 4, (Expr.of(8),), (Expr.of(1),), role="output")},
-        {},
-        block_threads=1,
-    )
-    out = engine.analyse(_PIPELINED.replace("LIMIT", str(limit)), facts, engine.Contract("custom"))
-    assert out.not_analysed is None
-    assert [(r.name, r.status) for r in out.results] == [("store to out in bounds", status)]
+    assert _one_thread_storing_to_eight_ints(_PIPELINED.replace("LIMIT", str(limit))) == status
 
 
 def test_an_analysis_asks_the_same_queries_in_the_same_order_every_time(monkeypatch):
