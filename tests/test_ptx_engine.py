@@ -924,3 +924,53 @@ def test_an_mma_gives_each_lane_its_elements_of_the_warps_product(k, ty):
         mma.shape_of(("sync", "aligned", "m16n8k16", "row", "col", "f32", "s8", "s8", "s32"))
     with pytest.raises(Exception, match="mma"):
         mma.shape_of(("sync", "aligned", "m16n8k8", "row", "col", "f32", "tf32", "tf32", "f32"))
+
+
+_LANE_BELOW = """
+.version 8.0
+.target sm_90
+.address_size 64
+.visible .entry k(
+	.param .u64 k_param_0,
+	.param .u32 k_param_1
+)
+{
+	.reg .pred 	%p<2>;
+	.reg .b32 	%r<4>;
+	.reg .b64 	%rd<9>;
+	ld.param.u64 	%rd1, [k_param_0];
+	ld.param.u32 	%r1, [k_param_1];
+	mov.u32 	%r2, %tid.x;
+	setp.lt.u32 	%p1, %r1, 7;
+	cvt.u64.u32 	%rd2, %r1;
+	shl.b64 	%rd3, %rd2, 2;
+	cvt.u64.u32 	%rd4, %r2;
+	shl.b64 	%rd5, %rd4, 2;
+	add.s64 	%rd6, %rd3, %rd5;
+	add.s64 	%rd7, %rd6, OFFSET;
+	add.s64 	%rd8, %rd1, %rd7;
+	@%p1 st.global.b32 	[%rd8], %r2;
+	ret;
+}
+"""
+
+
+@pytest.mark.parametrize("offset, status", [(0, "proved"), (-4, "violated")])
+def test_a_lane_below_the_others_is_the_lowest(offset, status):
+    """Two threads store to out[n + tid + offset / 4] for any n < 7 (out has 8 ints). At offset -4, thread 0
+    stores at out[-1] when n = 0. The lanes' addresses are U + c with c = -4 and 0: c is signed, so the lane
+    at U - 4 is the lowest and its start is checked against 0. Read unsigned, it was the highest, and the
+    store was proved in bounds."""
+    from kernalin_ci import ptx as engine
+    from kernalin_ci.ptx.facts import Expr, LaunchFacts, ParamFacts, TensorFacts
+
+    facts = LaunchFacts(
+        "k",
+        [ParamFacts("pointer", tensor="out"), ParamFacts("unknown")],
+        (Expr.of(1), Expr.of(1), Expr.of(1)),
+        {"out": TensorFacts("out", "int32", 4, (Expr.of(8),), (Expr.of(1),), role="output")},
+        {},
+        block_threads=2,
+    )
+    out = engine.analyse(_LANE_BELOW.replace("OFFSET", str(offset)), facts, engine.Contract("custom"))
+    assert [(r.name, r.status) for r in out.results] == [("store to out in bounds", status)]

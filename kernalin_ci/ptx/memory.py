@@ -16,6 +16,7 @@ from __future__ import annotations
 from kernalin_ci.ptx import terms as T
 from kernalin_ci.ptx.context import Context, Result, decode, lanes_as_one
 from kernalin_ci.ptx.executor import PtxAccess, PtxTrace
+from kernalin_ci.ptx.pointers import base_plus_constant
 
 
 def bounds(trace: PtxTrace, ctx: Context) -> list[Result]:
@@ -38,12 +39,12 @@ def bounds(trace: PtxTrace, ctx: Context) -> list[Result]:
         bad = []
         classes: dict[tuple, list[tuple[PtxAccess, int]]] = {}
         for a in _distinct(group):
-            u, c = _split(a.offset)
+            u, c = base_plus_constant(a.offset)
             classes.setdefault((id(u), id(a.guard), a.cond), []).append((a, c))
         for members in classes.values():
             # lanes at U + c: the lowest and the highest c bound them all
             (lo_a, lo), (hi_a, hi) = min(members, key=lambda m: m[1]), max(members, key=lambda m: m[1])
-            u = _split(lo_a.offset)[0]
+            u = base_plus_constant(lo_a.offset)[0]
             first = T.bv("add", u, T.const(lo, 64))
             end = T.bv("add", u, T.const(hi + hi_a.size, 64))
             bad.append(T.and_(ctx.path(lo_a), T.cmp("slt", first, T.const(0, 64)), ctx.lane_is(lo_a)))
@@ -67,14 +68,6 @@ def _distinct(group: list[PtxAccess]) -> list[PtxAccess]:
     for a in group:
         seen.setdefault((id(a.guard), id(a.offset), a.cond), a)
     return list(seen.values())
-
-
-def _split(off: T.Term) -> tuple[T.Term, int]:
-    if off.op == "add" and T.is_const(off.args[1]):
-        return off.args[0], T.value(off.args[1])
-    if T.is_const(off):
-        return T.const(0, 64), T.value(off)
-    return off, 0
 
 
 def source_element(value: T.Term) -> tuple[str, T.Term] | None:

@@ -1,7 +1,8 @@
 """Addresses that choose their tensor at run time: CUDA C++ code such as `void* base = head < Hq ? q : k`
 compiles to a select between two pointer parameters, then an offset. The executor records such an access as one
 access per choice, each under its condition (`pointer_cases`), so each is one pointer parameter plus an offset,
-which `split_base` reads as (tensor, byte offset)."""
+which `split_base` reads as (tensor, byte offset). `base_plus_constant` reads an offset as U + c, the form the memory
+and race properties group lanes by."""
 
 from __future__ import annotations
 
@@ -55,3 +56,18 @@ def split_base(a: T.Term) -> tuple[str, T.Term]:
         off = T.bv("add", off, x)
     name = bases[0].args[0]
     return (name[4:] if name.startswith("ptr:") else name), off
+
+
+def base_plus_constant(off: T.Term) -> tuple[T.Term, int]:
+    """off as U + c, c a signed constant (a lane 4 bytes below U has c = -4), through an if-then-else whose
+    arms share c (a pipeline's buffer choice `k > 1 ? tile : tile + k * size`); a constant is 0 + c."""
+    if off.op == "ite":
+        (ua, ca), (ub, cb) = base_plus_constant(off.args[1]), base_plus_constant(off.args[2])
+        if ca == cb:
+            return T.ite(off.args[0], ua, ub), ca
+        return off, 0
+    if off.op == "add" and T.is_const(off.args[1]):
+        return off.args[0], T.signed(T.value(off.args[1]), off.width)
+    if T.is_const(off):
+        return T.const(0, off.width), T.signed(T.value(off), off.width)
+    return off, 0

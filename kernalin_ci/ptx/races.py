@@ -25,6 +25,7 @@ from collections.abc import Callable
 from kernalin_ci.ptx import terms as T
 from kernalin_ci.ptx.context import Context, Result, lanes_as_one
 from kernalin_ci.ptx.executor import Loop, PtxAccess, PtxTrace
+from kernalin_ci.ptx.pointers import base_plus_constant
 from kernalin_ci.ptx.solver import SolverAnswer
 
 MAX_QUERIES = 200  # beyond: not proved
@@ -322,7 +323,7 @@ def _lanes_at(group: Group, memo: dict) -> tuple[T.Term, dict[int, set[int]]] | 
     if key not in memo:
         base, out = None, {}
         for a in group:
-            u, c = _split(a.offset)
+            u, c = base_plus_constant(a.offset)
             if base is not None and u is not base:
                 out = None
                 break
@@ -348,21 +349,6 @@ def _may_overlap(gx: Group, gy: Group, memo: dict, same_terms: bool) -> bool:
         return True
     bx, by = x[1], y[1]
     return any(len(bx[b] | lanes) > 1 for b, lanes in by.items() if b in bx)
-
-
-def _split(off: T.Term) -> tuple[T.Term, int]:
-    """off as U + c (c a constant): through an if-then-else whose arms share c (a pipeline's buffer
-    choice `k > 1 ? tile : tile + k * size`)."""
-    if off.op == "ite":
-        (ua, ca), (ub, cb) = _split(off.args[1]), _split(off.args[2])
-        if ca == cb:
-            return T.ite(off.args[0], ua, ub), ca
-        return off, 0
-    if off.op == "add" and T.is_const(off.args[1]):
-        return off.args[0], T.signed(T.value(off.args[1]), off.width)
-    if T.is_const(off):
-        return T.const(0, off.width), T.signed(T.value(off), off.width)
-    return off, 0
 
 
 def _span(ctx: Context, group: list[PtxAccess]) -> tuple[int, int]:
