@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from conftest import KERNELS, REPO
 
 
@@ -120,3 +121,23 @@ def test_fp8_conversion_rounds_and_saturates_patched_and_not_unpatched():
     for name, dtype in formats.items():
         assert unpatched[name]["stored"] != _satfinite(unpatched[name]["x"], dtype), name
     assert unpatched["e4m3"]["stored"][0] == 0x68  # 64: the carry or-ed into an odd exponent
+
+
+def test_a_launch_patches_the_language_once_whatever_device_functions_it_calls():
+    """The interpreter repatches the whole language at every device function call (3 programs x 2 calls:
+    6 more walks of `triton.language`, 40% of an interpreted attention kernel's time); inside the launch the
+    launch's patch is in force, so the calls' patches are skipped, and the result (an aliased builtin in a
+    device function included) is the same."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    p = subprocess.run(
+        [sys.executable, str(KERNELS / "interp_nested_calls.py"), "patched"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert got["patches"] == 1, got
+    assert got["y"] == pytest.approx([2.0 ** (2 * i / 4) for i in range(12)], rel=1e-6), got

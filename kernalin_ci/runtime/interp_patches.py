@@ -26,7 +26,8 @@ so that a case launching one is *not checked (interpreter)*, never the kernel's 
 where a kernel reaches them through the `triton.language` module; a builtin the kernel's module holds
 under another name (`tl_exp2 = tl.exp2`, as LMDeploy's kernels do) raises "Did you forget to add
 @triton.jit ?". Compiled, it is the same builtin; the patch gives such aliases the interpreter's
-semantics too.
+semantics too. The same wrapper skips the interpreter's repatching of the whole language at every device
+function call made inside a launch, whose patch is still in force (40% of an interpreted attention kernel's time).
 
 `libdevice_math()`: the interpreter (3.9) cannot call libdevice (`libdevice.exp2(x)` fails with "cannot
 convert None ... to tensor"). The patch gives the libdevice functions that have an exact counterpart
@@ -250,10 +251,24 @@ def aliased_builtins() -> bool:
         return True
     import triton.language as tl
 
+    new_scope = getattr(interpreter, "_LangPatchScope", None)
+
+    def patched_now(module) -> bool:
+        return not tl.core.is_builtin(getattr(module, "load", None))
+
     def patch_lang(fn):
-        scope = original(fn)
+        # The interpreter patches the language again at every call of a device function (an
+        # @triton.jit function a kernel calls), walking the whole of `triton.language` each time: 40% of an
+        # interpreted attention kernel's time. Inside a launch, the launch's own patch is still in force;
+        # the call's patch (never restored) changes nothing, so it is skipped.
+        items = list(fn.__globals__.items())
+        mods = [v for _, v in items if v is tl or v is tl.core]
+        if new_scope is not None and mods and all(patched_now(m) for m in mods):
+            scope = new_scope()
+        else:
+            scope = original(fn)
         namespace = _Globals(fn.__globals__)
-        for name, value in list(fn.__globals__.items()):
+        for name, value in items:
             if tl.core.is_builtin(value):
                 patch_attr(namespace, name, value, interpreter.interpreter_builder, scope)
         return scope
