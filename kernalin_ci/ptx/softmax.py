@@ -10,7 +10,10 @@ score twice in two layouts, summing q_i * k_i in another order (float rounding i
   that R - M <= 0; an M over the same scores scaled differently is `scale`.
 - scale (`scale`): the q·k products reach the exponent with the factor scale * log2(e).
 - rescale (`online-rescale`): in a loop that carries a running max, every carried accumulation of
-  exponentials is multiplied by an `ex2` of (old max - new max) before anything is added to it.
+  exponentials is multiplied by an `ex2` of (old max - new max) before anything is added to it. In a kernel
+  without loops (a combine over a constant number of splits, unrolled: SGLang's stage 2), the same of every
+  sum that adds exponentials of a new max M = max(x, P), P an earlier running max, to an accumulation whose
+  exponentials all took P or an earlier max.
 - normalised (`softmax-no-normalize`): a stored output computed from exponentials is divided by a sum of
   exponentials (`div`, or a product by `rcp`).
 """
@@ -229,7 +232,7 @@ def check(trace: PtxTrace, ctx: Context) -> list[Result]:
     results = [_max_subtracted(g, exps, ctx)]
     if results[0].status == "proved":
         results += _scale_followed(g, exps, ctx)
-    results += _rescaled(g, trace, ctx)
+    results += _rescaled(g, trace, ctx) if trace.loops else _rescaled_unrolled(g, roots, ctx)
     outs = [a for a in stores if a.tensor == out_name]
     if outs:
         results.append(_normalised(g, outs, ctx))
@@ -365,6 +368,72 @@ def _rescaled(g: FloatGraph, trace: PtxTrace, ctx: Context) -> list[Result]:
             if bad
             else Result(what, "proved", ctx.domain)
         )
+    return out
+
+
+def _rescaled_unrolled(g: FloatGraph, roots: list[T.Term], ctx: Context) -> list[Result]:
+    """The rescale rule over straight-line code: each sum (`fadd`, `ffma`) whose newest exponentials take a
+    max M = max(x, P), P itself a running max, and one of whose operands accumulates only exponentials of P
+    or earlier maxima: that operand must be multiplied by an ex2 of M (as `_only_rescaled` asks in a loop)."""
+    maxes: dict[int, frozenset] = {}  # a term's exponentials' max atoms
+
+    def max_atom(e: T.Term) -> T.Term | None:
+        f = _without_reduction(g, g.form(e.args[0]))
+        atoms = [m[0] for m, c in f.items() if len(m) == 1 and c < 0 and m[0].op == "fmax"]
+        return atoms[0] if len(atoms) == 1 else None
+
+    def maxes_of(t: T.Term) -> frozenset:
+        stack = [(t, False)]
+        while stack:  # arguments before the terms made of them
+            x, ready = stack.pop()
+            if id(x) in maxes:
+                continue
+            args = [a for a in x.args if isinstance(a, T.Term)]
+            if not ready:
+                stack.append((x, True))
+                stack.extend((a, False) for a in args if id(a) not in maxes)
+                continue
+            got = frozenset().union(*(maxes[id(a)] for a in args))
+            if x.op == "ex2" and (m := max_atom(x)) is not None:
+                got |= {m}
+            maxes[id(x)] = got
+        return maxes[id(t)]
+
+    what = "every accumulation of exponentials is rescaled when the running max changes"
+    sums = [x for r in roots for x in T.walk(r) if x.op in ("fadd", "ffma")]
+    checked = bad = False
+    for x in sums:
+        ms = maxes_of(x)
+        below = {id(y) for m in ms for y in _maxes_below(m.args)}
+        newest = [m for m in ms if id(m) not in below]
+        if len(newest) != 1:
+            continue
+        older = {id(y) for y in _maxes_below(newest[0].args)}
+        for o in x.args:
+            mo = maxes_of(o)
+            if not mo or not all(id(m) in older for m in mo):
+                continue
+            checked = True
+            if not _only_rescaled(x, o, [newest[0]]):
+                bad = True
+    if bad:
+        return [Result(what, "violated", ctx.domain, "online-rescale", cause="an accumulation is not rescaled")]
+    return [Result(what, "proved", ctx.domain)] if checked else []
+
+
+def _maxes_below(terms: tuple) -> list[T.Term]:
+    """The maxima the terms are or choose between (`fmax`, through `fite` branches and `fmax` operands)."""
+    out, seen, stack = [], set(), [t for t in terms if isinstance(t, T.Term)]
+    while stack:
+        x = stack.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if x.op == "fmax":
+            out.append(x)
+            stack.extend(x.args)
+        elif x.op == "fite":
+            stack.extend(x.args[1:])
     return out
 
 
