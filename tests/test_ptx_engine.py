@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @functools.cache
-def _capture(path: str):
+def _capture(path: str, name: str = "entry"):
     """(op name, params, capture, twin) of a catalogue kernel, as the structural worker makes them."""
     os.environ["TRITON_INTERPRET"] = "0"
     from kernalin_ci.catalogue import read_meta
@@ -36,7 +36,7 @@ def _capture(path: str):
     meta = read_meta(ROOT / path)
     op = get_op(meta.op)
     params = resolve_params(meta.op, op.params, meta.params)
-    fn = load_entry(str(ROOT / path) + ":entry", None)
+    fn = load_entry(f"{ROOT / path}:{name}", None)
     case = capture_cases(op, params)[0]
     before = os.environ.get("KERNALIN_PARAMS")
     os.environ["KERNALIN_PARAMS"] = json.dumps(params)  # what the worker gives the entry (current_params())
@@ -59,14 +59,14 @@ def _capture(path: str):
 
 
 @functools.cache
-def _launch(path: str):
-    """(PTX text, facts, contract) of the first launch of a catalogue kernel."""
+def _launch(path: str, index: int = 0, name: str = "entry"):
+    """(PTX text, facts, contract) of a launch (the first by default) of a catalogue kernel."""
     from kernalin_ci.ptx.syntax import parse
     from kernalin_ci.verify.structural.compile import ptx
     from kernalin_ci.verify.structural.ptx_facts import build
 
-    op_name, params, cap, twin = _capture(path)
-    la = cap.launches[0]
+    op_name, params, cap, twin = _capture(path, name)
+    la = cap.launches[index]
     text = la.ptx or ptx(la)  # a CUDA C++ kernel's is NVRTC's, recorded at its launch
     facts, contract = build(get_op(op_name), params, cap, la, twin, len(parse(text).params), None)
     return text, facts, contract
@@ -471,6 +471,25 @@ def test_the_softmax_is_read_from_the_float_dataflow_of_the_ptx(path, cls):
     assert soft and all(r.status != "not-proved" for r in soft)
     found = {r.bug_class for r in soft if r.status == "violated"}
     assert found == ({cls} if cls else set()), [(r.name, r.status, r.cause) for r in soft]
+
+
+@pytest.mark.parametrize("name, status", [("entry", "proved"), ("entry_no_rescale", "violated")])
+def test_an_unrolled_online_combine_rescales_what_it_accumulated(name, status):
+    """A combine over a constant number of splits, unrolled by the compiler (SGLang's stage 2): no loop is
+    left in the PTX, so the rescale is read from the sums themselves. Adding the exponentials of a new max
+    to an accumulation of earlier maxima's without multiplying it by exp(old max - new max) is
+    `online-rescale` (SGLang's mutant: `old_scale = 1.0`); the correct combine is proved."""
+    from kernalin_ci import ptx as engine
+
+    text, facts, contract = _launch("tests/kernels/split_online_combine.py", 1, name)
+    out = engine.analyse(text, facts, contract)
+    rescale = [r for r in out.results if r.name.startswith("every accumulation")]
+    assert [(r.status, r.bug_class) for r in rescale] == [
+        (status, "online-rescale" if status == "violated" else None)
+    ], [(r.name, r.status, r.cause) for r in out.results]
+    assert all(r.status == "proved" for r in out.results if r not in rescale), [
+        (r.name, r.status, r.cause) for r in out.results if r.status != "proved"
+    ]
 
 
 def test_paged_kv_reads_are_proved_through_the_block_table():
