@@ -234,3 +234,18 @@ def test_the_ptx_engine_reads_the_rotation_through_separate_cos_and_sin_tables(k
     assert any("(the neox signs)" in p for p in o.proved), o.proved
     m = corpus.verify(k, "mutant", "cpu", matrix.PTX_ONLY)
     assert k.mutant.bug_class == "rope-sign" and "rope-sign" in m.classes, (m.classes, m.error)
+
+
+@pytest.mark.slow
+def test_the_ptx_engine_reads_the_rescale_of_a_combine_the_compiler_unrolled():
+    """SGLang's stage 2 combines a constant number of splits in a loop the compiler unrolls, so no loop is left
+    in its PTX: the engine alone proves the original's rescale (before: no rescale property for that kernel)
+    and catches the mutant's `old_scale = 1.0` as `online-rescale` (before: missed)."""
+    pytest.importorskip("z3")
+    k = next(k for k in MANIFEST if k.id == "sglang-decode-attention")
+    corpus.fetch([k])
+    o = corpus.verify(k, "original", "cpu", matrix.PTX_ONLY)
+    assert o.exit_code == 0 and o.structural == "ran" and o.findings == [], (o.error, o.structural, o.findings)
+    assert any(p.startswith("_fwd_kernel_stage2") and "rescaled" in p for p in o.proved), o.proved
+    m = corpus.verify(k, "mutant", "cpu", matrix.PTX_ONLY)
+    assert k.mutant.bug_class == "online-rescale" and "online-rescale" in m.classes, (m.classes, m.error)
