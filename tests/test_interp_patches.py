@@ -11,10 +11,11 @@ import pytest
 from conftest import KERNELS, REPO
 
 
-def _run(mode: str) -> dict:
+def _run(script: str, mode: str) -> dict:
+    """The last line of a test kernel script (tests/kernels/interp_*.py) run under the interpreter, as JSON."""
     env = dict(os.environ, TRITON_INTERPRET="1")
     p = subprocess.run(
-        [sys.executable, str(KERNELS / "interp_scalar_mask.py"), mode],
+        [sys.executable, str(KERNELS / script), mode],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -27,68 +28,28 @@ def _run(mode: str) -> dict:
 
 def test_scalar_comparison_in_a_mask_runs_patched_and_fails_unpatched():
     want = [float(v) for v in range(5)] + [-1.0] * 3 + [float(v) for v in range(8, 13)] + [-1.0] * 3 + [-1.0] * 8
-    assert _run("patched") == {"y": want}
-    assert "mask has unsupported dtype" in _run("unpatched").get("error", "")
+    assert _run("interp_scalar_mask.py", "patched") == {"y": want}
+    assert "mask has unsupported dtype" in _run("interp_scalar_mask.py", "unpatched").get("error", "")
 
 
 def test_boolean_operators_on_blocks_are_elementwise_patched_and_not_unpatched():
     """`hi < w and w <= lo` on blocks is the elementwise conjunction, as compiled (xformers' Llama-3.1 band);
     unpatched the interpreter takes a block as true and gives `w <= lo` alone (and `w < hi` for the `or`)."""
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    got = {}
-    for mode in ("patched", "unpatched"):
-        p = subprocess.run(
-            [sys.executable, str(KERNELS / "interp_bool_ops.py"), mode],
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert p.returncode == 0, p.stderr[-3000:]
-        got[mode] = json.loads(p.stdout.strip().splitlines()[-1])["flags"]
+    got = {mode: _run("interp_bool_ops.py", mode)["flags"] for mode in ("patched", "unpatched")}
     # w = 0..7, band (2, 5]: mid at 3, 4, 5; out (w < 2 or w > 5) at 0, 1, 6, 7; the scalar test true (4)
     assert got["patched"] == [6, 6, 4, 5, 5, 5, 6, 6], got
     assert got["unpatched"] == [7, 7, 5, 5, 5, 5, 4, 4], got
-
-
-def _run_pow_alias(mode: str) -> dict:
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    p = subprocess.run(
-        [sys.executable, str(KERNELS / "interp_pow_alias.py"), mode],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert p.returncode == 0, p.stderr[-3000:]
-    return json.loads(p.stdout.strip().splitlines()[-1])
 
 
 def test_libdevice_pow_and_aliased_builtins_run_patched_and_fail_unpatched():
     """libdevice.pow runs as its definition (x^y, negative bases with whole exponents, 0^0 = 1) and a
     builtin held under another name (`tl_exp2 = tl.exp2`) runs as the builtin (issue 30: xformers' and
     LMDeploy's kernels); unpatched the interpreter cannot run either."""
-    got = _run_pow_alias("patched")
+    got = _run("interp_pow_alias.py", "patched")
     assert all(abs(a - b) <= 1e-6 * abs(b) for a, b in zip(got["pow"], [2.0**0.5, -8.0, 0.1, 1.0])), got
     assert got["exp2"] == [1.0, 2.0, 0.5, 8.0], got
-    raw = _run_pow_alias("unpatched")
+    raw = _run("interp_pow_alias.py", "unpatched")
     assert str(raw["pow"]).startswith("error") and str(raw["exp2"]).startswith("error"), raw
-
-
-def _run_fp8(mode: str) -> dict:
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    p = subprocess.run(
-        [sys.executable, str(KERNELS / "interp_fp8_cast.py"), mode],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert p.returncode == 0, p.stderr[-3000:]
-    return json.loads(p.stdout.strip().splitlines()[-1])
 
 
 def _satfinite(x: list[float], dtype) -> list[int]:
@@ -107,7 +68,7 @@ def test_fp8_conversion_rounds_and_saturates_patched_and_not_unpatched():
     import torch
 
     formats = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
-    patched = _run_fp8("patched")
+    patched = _run("interp_fp8_cast.py", "patched")
     for name, dtype in formats.items():
         got = patched[name]
         assert got["stored"] == _satfinite(got["x"], dtype), name
@@ -117,7 +78,7 @@ def test_fp8_conversion_rounds_and_saturates_patched_and_not_unpatched():
         assert got["every_byte"] == every, name
     assert patched["e4m3"]["stored"][0] == 0x70  # 124.9 -> 128
     assert patched["e5m2"]["stored"][6] == 0x7B  # 4 x the largest normal saturates to it, not inf
-    unpatched = _run_fp8("unpatched")
+    unpatched = _run("interp_fp8_cast.py", "unpatched")
     for name, dtype in formats.items():
         assert unpatched[name]["stored"] != _satfinite(unpatched[name]["x"], dtype), name
     assert unpatched["e4m3"]["stored"][0] == 0x68  # 64: the carry or-ed into an odd exponent
@@ -128,16 +89,6 @@ def test_a_launch_patches_the_language_once_whatever_device_functions_it_calls()
     6 more walks of `triton.language`, 40% of an interpreted attention kernel's time); inside the launch the
     launch's patch is in force, so the calls' patches are skipped, and the result (an aliased builtin in a
     device function included) is the same."""
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    p = subprocess.run(
-        [sys.executable, str(KERNELS / "interp_nested_calls.py"), "patched"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert p.returncode == 0, p.stderr[-3000:]
-    got = json.loads(p.stdout.strip().splitlines()[-1])
+    got = _run("interp_nested_calls.py", "patched")
     assert got["patches"] == 1, got
     assert got["y"] == pytest.approx([2.0 ** (2 * i / 4) for i in range(12)], rel=1e-6), got

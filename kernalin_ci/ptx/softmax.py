@@ -400,7 +400,8 @@ def _rescaled_unrolled(g: FloatGraph, roots: list[T.Term], ctx: Context) -> list
         return maxes[id(t)]
 
     what = "every accumulation of exponentials is rescaled when the running max changes"
-    sums = [x for r in roots for x in T.walk(r) if x.op in ("fadd", "ffma")]
+    seen: set[int] = set()  # one walk over every store's value: a sum they share is checked once
+    sums = [x for r in roots for x in T.walk(r, seen) if x.op in ("fadd", "ffma")]
     checked = bad = False
     for x in sums:
         ms = maxes_of(x)
